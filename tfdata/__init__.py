@@ -1,0 +1,21 @@
+"""tfdata: numba-compiled replay buffers and datasets over numpy, for constrained hardware.
+
+Importing tfdata does not import numba and compiles nothing; the kernels are loaded (from
+numba's on-disk cache when warm) when the first buffer is built.
+"""
+
+from __future__ import annotations
+
+from . import _config
+
+_config.install_cache_dir()
+
+from .buffer import Batch, ReplayBuffer  # noqa: E402
+from .errors import SpecError  # noqa: E402
+from .spec import Field, Spec  # noqa: E402
+from .storage import AoSStorage, SoAStorage, make_storage  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["Batch", "ReplayBuffer", "Spec", "Field", "SpecError", "AoSStorage", "SoAStorage",
+           "make_storage", "__version__"]

@@ -1,0 +1,13 @@
+"""Exceptions raised by tfdata."""
+
+from __future__ import annotations
+
+
+class SpecError(ValueError, TypeError):
+    """Input does not match the schema: a missing, unknown or misspelled field, a wrong shape,
+    an unsafe dtype cast, or a value that is not numeric data.
+
+    The message names the field, what was expected and what was given. It subclasses both
+    ValueError and TypeError so either ``except`` clause catches it. Whatever raised it has changed
+    nothing.
+    """

@@ -1,0 +1,19 @@
+"""Private numba kernels. Nothing here allocates: every kernel writes into arrays it is given.
+
+One module per layout (:mod:`.aos`, :mod:`.soa`) with the same function names and signatures;
+a storage picks its module once, when it is built. Importing this package decorates the kernels
+but compiles nothing: numba compiles (or loads from its cache) on the first call.
+"""
+
+from __future__ import annotations
+
+from .. import _config
+
+_config.install_cache_dir()
+
+from . import aos, soa  # noqa: E402
+from ._rng import draw_indices  # noqa: E402
+
+BY_LAYOUT = {"aos": aos, "soa": soa}
+
+__all__ = ["aos", "soa", "draw_indices", "BY_LAYOUT"]

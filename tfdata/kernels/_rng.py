@@ -1,0 +1,69 @@
+"""Counter-based random numbers: output ``k`` is ``mix(key + k * GOLDEN)`` (splitmix64's finaliser).
+
+The whole generator state is two uint64 words ``state = [key, counter]``; kernels advance
+``state[1]`` in place. Because output ``k`` depends only on ``(key, k)``, a restored state continues
+the exact sequence, and both layouts draw the same indices for the same state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_TWO32 = np.uint64(1 << 32)
+_ONE = np.uint64(1)
+
+
+@njit(**INLINE_OPTIONS)
+def mix64(z):
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@njit(**INLINE_OPTIONS)
+def fill_indices(n, state, idx):
+    """Fill ``idx`` (int64[batch]) with uniform draws from ``[0, n)``, advancing ``state[1]``.
+
+    Lemire's multiply-shift on the top 32 bits with rejection, so every index is exactly
+    equally likely (n < 2**32).
+    """
+    nn = np.uint64(n)
+    threshold = (_TWO32 - nn) % nn
+    key = state[0]
+    ctr = state[1]
+    for i in range(idx.shape[0]):
+        while True:
+            r = mix64(key + ctr * GOLDEN)
+            ctr += _ONE
+            m = (r >> _S32) * nn
+            if (m & _LOW32) >= threshold:
+                break
+        idx[i] = np.int64(m >> _S32)
+    state[1] = ctr
+
+
+@njit(**NJIT_OPTIONS)
+def draw_indices(n, state, idx):
+    """Draw uniform indices without gathering.
+
+    Parameters
+    ----------
+    n : int
+        Number of valid rows, ``1 <= n < 2**32``.
+    state : ndarray of uint64, shape (2,)
+        ``[key, counter]``; the counter is advanced in place.
+    idx : ndarray of int64, shape (batch,)
+        Output.
+    """
+    fill_indices(n, state, idx)

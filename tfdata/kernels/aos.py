@@ -1,0 +1,58 @@
+"""Array-of-structs kernels.
+
+The storage is one structured array whose itemsize is a multiple of 8 bytes, seen here as
+``uint64[capacity, words]``: a row is copied as whole 64-bit words. One compiled kernel serves
+every schema (the row width is a runtime value), so a new schema never triggers a compile.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._rng import fill_indices
+
+
+@njit(**INLINE_OPTIONS)
+def _copy_rows(store, idx, out):
+    words = store.shape[1]
+    for i in range(idx.shape[0]):
+        j = idx[i]
+        for k in range(words):
+            out[i, k] = store[j, k]
+
+
+@njit(**NJIT_OPTIONS)
+def gather(store, idx, out):
+    """Copy rows ``store[idx]`` into ``out``.
+
+    Parameters
+    ----------
+    store : ndarray of uint64, shape (capacity, words)
+        The record array viewed as 64-bit words.
+    idx : ndarray of int64, shape (batch,)
+        Row numbers, each in ``[0, capacity)`` (checked by the caller).
+    out : ndarray of uint64, shape (>= batch, words)
+        Destination rows.
+    """
+    _copy_rows(store, idx, out)
+
+
+@njit(**NJIT_OPTIONS)
+def sample_uniform(store, n, state, idx, out):
+    """Draw ``len(idx)`` uniform row numbers in ``[0, n)`` into ``idx`` and gather them into ``out``.
+
+    Parameters
+    ----------
+    store : ndarray of uint64, shape (capacity, words)
+    n : int
+        Number of valid rows, ``1 <= n <= capacity``.
+    state : ndarray of uint64, shape (2,)
+        Counter-based RNG state ``[key, counter]``; advanced in place.
+    idx : ndarray of int64, shape (batch,)
+        Output: the sampled row numbers.
+    out : ndarray of uint64, shape (batch, words)
+        Output: the sampled rows.
+    """
+    fill_indices(n, state, idx)
+    _copy_rows(store, idx, out)

@@ -1,0 +1,75 @@
+"""Struct-of-arrays kernels.
+
+The storage is one C-contiguous array per field. Kernels see a tuple of byte views
+``uint8[capacity, field_bytes]`` (one per field) and copy each field with the widest word that
+divides its row width, so a float32[4] field moves as two 64-bit words, not sixteen bytes.
+The tuple length is part of the compiled signature: one compile per number of fields.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._rng import fill_indices
+
+
+@njit(**INLINE_OPTIONS)
+def _copy_words(src, idx, dst):
+    width = src.shape[1]
+    for i in range(idx.shape[0]):
+        j = idx[i]
+        for k in range(width):
+            dst[i, k] = src[j, k]
+
+
+@njit(**INLINE_OPTIONS)
+def _copy_field(src, idx, dst):
+    width = src.shape[1]
+    if width % 8 == 0:
+        _copy_words(src.view(np.uint64), idx, dst.view(np.uint64))
+    elif width % 4 == 0:
+        _copy_words(src.view(np.uint32), idx, dst.view(np.uint32))
+    elif width % 2 == 0:
+        _copy_words(src.view(np.uint16), idx, dst.view(np.uint16))
+    else:
+        _copy_words(src, idx, dst)
+
+
+@njit(**NJIT_OPTIONS)
+def gather(store, idx, out):
+    """Copy rows ``idx`` of every field into ``out``.
+
+    Parameters
+    ----------
+    store : tuple of ndarray of uint8, each shape (capacity, field_bytes)
+        Byte views of the field arrays.
+    idx : ndarray of int64, shape (batch,)
+        Row numbers, each in ``[0, capacity)`` (checked by the caller).
+    out : tuple of ndarray of uint8, each shape (>= batch, field_bytes)
+        Byte views of the destination field arrays, in the same order.
+    """
+    for f in range(len(store)):
+        _copy_field(store[f], idx, out[f])
+
+
+@njit(**NJIT_OPTIONS)
+def sample_uniform(store, n, state, idx, out):
+    """Draw ``len(idx)`` uniform row numbers in ``[0, n)`` into ``idx`` and gather them into ``out``.
+
+    Parameters
+    ----------
+    store : tuple of ndarray of uint8, each shape (capacity, field_bytes)
+    n : int
+        Number of valid rows, ``1 <= n <= capacity``.
+    state : ndarray of uint64, shape (2,)
+        Counter-based RNG state ``[key, counter]``; advanced in place.
+    idx : ndarray of int64, shape (batch,)
+        Output: the sampled row numbers.
+    out : tuple of ndarray of uint8, each shape (batch, field_bytes)
+        Output: the sampled rows of every field.
+    """
+    fill_indices(n, state, idx)
+    for f in range(len(store)):
+        _copy_field(store[f], idx, out[f])

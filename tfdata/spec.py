@@ -1,0 +1,439 @@
+"""The schema of a row: named fields, each a numeric (or bool) numpy dtype and a shape.
+
+A :class:`Spec` knows both physical forms of a row:
+
+* array-of-structs: :attr:`Spec.aos_dtype`, an aligned structured dtype, padded so that its
+  itemsize is a multiple of 8 bytes (rows are copied as whole 64-bit words);
+* struct-of-arrays: one C-contiguous array of shape ``(capacity, *field.shape)`` per field.
+
+It also validates input (:meth:`Spec.check_row`, :meth:`Spec.check_batch`) before anything is
+written, so a rejected row leaves every buffer untouched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import SpecError
+
+_ALLOWED_KINDS = "biufc"
+_MISSING = object()
+# numpy scalar types that stand for one value of a numeric kind
+_NUMERIC_SCALARS = (np.bool_, np.integer, np.floating, np.complexfloating)
+
+
+def _as_dtype(dtype, name: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise SpecError(f"field {name!r}: {dtype!r} is not a numpy dtype ({exc})") from None
+    if dt.kind not in _ALLOWED_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise SpecError(
+            f"field {name!r}: dtype must be bool or numeric (kinds {_ALLOWED_KINDS!r}), got {dt!r}"
+        )
+    return dt.newbyteorder("=") if not dt.isnative else dt
+
+
+def _as_shape(shape, name: str) -> tuple[int, ...]:
+    if isinstance(shape, numbers.Integral):
+        shape = (int(shape),)
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise SpecError(f"field {name!r}: shape must be a tuple of ints, got {shape!r}") from None
+    if any(s <= 0 for s in shape):
+        raise SpecError(f"field {name!r}: every dimension must be >= 1, got shape {shape}")
+    return shape
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named field: a dtype and the shape of one row's value."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError(f"field names must be non-empty strings, got {self.name!r}")
+        object.__setattr__(self, "dtype", _as_dtype(self.dtype, self.name))
+        object.__setattr__(self, "shape", _as_shape(self.shape, self.name))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one row of this field."""
+        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+    # -- validation -------------------------------------------------------------------------
+    def coerce(self, value, lead: tuple[int, ...] = ()):
+        """Return ``value`` in a form that numpy can assign into this field without loss.
+
+        Parameters
+        ----------
+        value : array_like or scalar
+            For one row, shape ``self.shape``; for ``n`` rows, shape ``lead + self.shape``.
+        lead : tuple of int
+            ``()`` for one row, ``(n,)`` for a batch of ``n`` rows.
+
+        Raises
+        ------
+        SpecError
+            Wrong shape, a cast that could lose data (float into an integer field, an integer out
+            of the field's range, a non-0/1 value into a bool field), or non-numeric junk.
+        """
+        expected = lead + self.shape
+        t = type(value)
+        # fast paths: the exact dtype and shape, or a Python scalar for a scalar field
+        if t is np.ndarray:
+            if value.dtype == self.dtype and value.shape == expected:
+                return value
+            arr = value
+        elif not expected and (t is float or t is int or t is bool):
+            return self._coerce_python_scalar(value)
+        else:
+            arr = self.to_array(value)
+        if arr.dtype.kind not in _ALLOWED_KINDS:
+            raise SpecError(
+                f"field {self.name!r}: expected dtype {self.dtype} and shape {expected}, "
+                f"got non-numeric data of dtype {arr.dtype}"
+            )
+        if arr.shape != expected:
+            raise SpecError(f"field {self.name!r}: expected shape {expected}, got shape {arr.shape}")
+        self._check_cast(arr)
+        return arr
+
+    def to_array(self, value) -> np.ndarray:
+        """Read ``value`` as a numeric ndarray, or raise SpecError naming this field."""
+        t = type(value)
+        if t is np.ndarray:
+            arr = value
+        elif (isinstance(value, (_NUMERIC_SCALARS, list, tuple, numbers.Number))
+              or hasattr(value, "__array__") or hasattr(value, "__array_interface__")):
+            # numbers, nested sequences, and other array libraries (torch, jax) via numpy's protocol
+            try:
+                arr = np.asarray(value)
+            except (ValueError, TypeError, RuntimeError) as exc:
+                raise SpecError(f"field {self.name!r}: cannot read {t.__name__} as an array ({exc})") from None
+        else:
+            raise SpecError(f"field {self.name!r}: expected a numeric array of dtype {self.dtype}, "
+                            f"got {t.__name__}")
+        if arr.dtype.kind not in _ALLOWED_KINDS:
+            raise SpecError(f"field {self.name!r}: expected dtype {self.dtype}, got non-numeric data "
+                            f"of dtype {arr.dtype} ({t.__name__})")
+        return arr
+
+    def _coerce_python_scalar(self, value):
+        kind = self.dtype.kind
+        if type(value) is float:
+            if kind in "fc":
+                return value
+            raise SpecError(f"field {self.name!r}: expected dtype {self.dtype}, got a float ({value!r}); "
+                            "casting float to an integer or bool field would lose data")
+        if kind in "fc":
+            return value
+        if kind == "b":
+            if value in (0, 1):
+                return bool(value)
+            raise SpecError(f"field {self.name!r}: expected dtype bool, got {value!r} (only 0 and 1 cast safely)")
+        info = np.iinfo(self.dtype)
+        if info.min <= value <= info.max:
+            return value
+        raise SpecError(f"field {self.name!r}: value {value!r} out of range for dtype {self.dtype} "
+                        f"[{info.min}, {info.max}]")
+
+    def _check_cast(self, arr: np.ndarray) -> None:
+        src, dst = arr.dtype, self.dtype
+        if src == dst or np.can_cast(src, dst, casting="safe"):
+            return
+        kind = dst.kind
+        if kind in "fc" and src.kind in "biuf" and (kind == "c" or src.kind != "c"):
+            return  # same kind or int -> float: precision may round, no value class is lost
+        if kind in "iu" and src.kind in "iu":
+            if arr.size == 0:
+                return
+            info = np.iinfo(dst)
+            lo, hi = arr.min(), arr.max()
+            if lo >= info.min and hi <= info.max:
+                return
+            raise SpecError(f"field {self.name!r}: values in [{lo}, {hi}] of dtype {src} do not fit "
+                            f"dtype {dst} [{info.min}, {info.max}]")
+        if kind == "b" and src.kind in "iu":
+            if arr.size == 0 or (arr.min() >= 0 and arr.max() <= 1):
+                return
+            raise SpecError(f"field {self.name!r}: expected dtype bool, got {src} values other than 0 and 1")
+        raise SpecError(f"field {self.name!r}: expected dtype {dst}, got dtype {src}; "
+                        f"casting {src} to {dst} could lose data")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
+
+
+class Spec:
+    """An ordered set of named fields.
+
+    Parameters
+    ----------
+    fields : mapping or iterable of Field
+        ``{"obs": ("f4", (4,)), "action": "i8", "reward": ("f4", ())}``: each value is a dtype,
+        a ``(dtype, shape)`` pair, or a :class:`Field`. Order is kept: it is the column order of
+        the AoS record and of saved files.
+
+    Notes
+    -----
+    Padding policy of :attr:`aos_dtype`: fields keep their declared order, each at its natural
+    alignment (numpy's ``align=True``), and the itemsize is rounded up to a multiple of 8 bytes.
+    Padding bytes carry no data; compare rows by field, never by raw bytes.
+    """
+
+    def __init__(self, fields):
+        if isinstance(fields, Spec):
+            fields = fields.fields
+        items: list[Field] = []
+        if isinstance(fields, Mapping):
+            for name, desc in fields.items():
+                items.append(self._field_from_desc(name, desc))
+        else:
+            for f in fields:
+                if not isinstance(f, Field):
+                    raise SpecError(f"expected Field objects or a mapping, got {type(f).__name__}")
+                items.append(f)
+        if not items:
+            raise SpecError("a spec needs at least one field")
+        names = [f.name for f in items]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise SpecError(f"duplicate field names: {sorted(dup)}")
+        self._fields: tuple[Field, ...] = tuple(items)
+        self._by_name = {f.name: f for f in items}
+        self._nested = any("." in n for n in names)
+        base = np.dtype([(f.name, f.dtype, f.shape) for f in items], align=True)
+        itemsize = -(-base.itemsize // 8) * 8
+        self._aos_dtype = np.dtype({
+            "names": list(base.names),
+            "formats": [base.fields[n][0] for n in base.names],
+            "offsets": [base.fields[n][1] for n in base.names],
+            "itemsize": itemsize,
+            "aligned": True,
+        })
+
+    @staticmethod
+    def _field_from_desc(name, desc) -> Field:
+        if isinstance(desc, Field):
+            if desc.name != name:
+                raise SpecError(f"field {name!r}: Field object is named {desc.name!r}")
+            return desc
+        if isinstance(desc, tuple) and len(desc) == 2:
+            return Field(name, desc[0], desc[1])
+        return Field(name, desc, ())
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_example(cls, row: Mapping) -> "Spec":
+        """Build a spec from one example row (mapping of field name to array or scalar).
+
+        Python floats become float64, ints int64 and bools bool; arrays keep dtype and shape.
+        Nested mappings become dotted field names (``{"obs": {"pos": ...}}`` -> ``"obs.pos"``).
+        """
+        if not isinstance(row, Mapping):
+            raise SpecError(f"from_example expects a mapping, got {type(row).__name__}")
+        fields = []
+        for name, value in _flatten(row).items():
+            try:
+                arr = np.asarray(value)
+            except (ValueError, TypeError) as exc:
+                raise SpecError(f"field {name!r}: cannot read {type(value).__name__} as an array ({exc})") from None
+            fields.append(Field(name, arr.dtype, arr.shape))
+        return cls(fields)
+
+    @classmethod
+    def from_spaces(cls, observation_space, action_space, *, reward_dtype="f4",
+                    next_obs: bool = True) -> "Spec":
+        """Build the usual transition spec from gymnasium spaces.
+
+        Fields: ``obs``, ``action``, ``reward`` (``reward_dtype``), ``next_obs`` (if
+        ``next_obs``), ``terminated`` and ``truncated`` (bool). A Dict space gives dotted
+        fields (``obs.<key>``). gymnasium is imported only by this method.
+        """
+        fields = []
+        fields += space_fields(observation_space, "obs")
+        fields += space_fields(action_space, "action")
+        fields.append(Field("reward", reward_dtype, ()))
+        if next_obs:
+            fields += space_fields(observation_space, "next_obs")
+        fields.append(Field("terminated", np.bool_, ()))
+        fields.append(Field("truncated", np.bool_, ()))
+        return cls(fields)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Spec":
+        """Inverse of :meth:`to_dict`."""
+        try:
+            return cls([Field(f["name"], np.dtype(f["dtype"]), tuple(f["shape"])) for f in d["fields"]])
+        except (KeyError, TypeError) as exc:
+            raise SpecError(f"not a spec dictionary: {exc}") from None
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable description (dtype strings are numpy's ``dtype.str``)."""
+        return {"fields": [f.to_dict() for f in self._fields]}
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        return self._fields
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self._fields)
+
+    @property
+    def aos_dtype(self) -> np.dtype:
+        """Aligned structured dtype of one row, itemsize a multiple of 8."""
+        return self._aos_dtype
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of data in one row, without padding (the SoA cost per row)."""
+        return sum(f.nbytes for f in self._fields)
+
+    def __getitem__(self, name: str) -> Field:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise SpecError(self._unknown_message(name)) from None
+
+    def __contains__(self, name) -> bool:
+        return name in self._by_name
+
+    def __iter__(self):
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Spec) and self._fields == other._fields
+
+    def __hash__(self) -> int:
+        return hash(self._fields)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f.name!r}: ({f.dtype.str!r}, {f.shape})" for f in self._fields)
+        return f"Spec({{{inner}}})"
+
+    # -- validation -------------------------------------------------------------------------
+    def _unknown_message(self, name) -> str:
+        close = difflib.get_close_matches(str(name), list(self._by_name), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown field {name!r}{hint} (fields: {', '.join(self._by_name)})"
+
+    def _check_names(self, data: Mapping, what: str) -> None:
+        missing = [f.name for f in self._fields if f.name not in data]
+        unknown = [k for k in data if k not in self._by_name]
+        if unknown:
+            msgs = [self._unknown_message(k) for k in unknown]
+            if missing:
+                msgs.append(f"missing field(s) {missing}")
+            raise SpecError(f"{what}: " + "; ".join(msgs))
+        if missing:
+            raise SpecError(f"{what}: missing field(s) {missing} (fields: {', '.join(self._by_name)})")
+
+    def check_row(self, row: Mapping) -> list:
+        """Validate one row and return its values in field order, ready to assign.
+
+        Raises
+        ------
+        SpecError
+            If a field is missing or unknown, or a value has the wrong shape or an unsafe dtype.
+        """
+        if type(row) is not dict:
+            if not isinstance(row, Mapping):
+                raise SpecError(f"push expects a mapping of field name to value, got {type(row).__name__}")
+        if self._nested:
+            row = _flatten(row)
+        values = []
+        get = row.get
+        for f in self._fields:
+            v = get(f.name, _MISSING)
+            if v is _MISSING:
+                self._check_names(row, "push")
+            values.append(f.coerce(v, ()))
+        if len(row) != len(self._fields):
+            self._check_names(row, "push")
+        return values
+
+    def check_batch(self, batch: Mapping) -> tuple[int, list]:
+        """Validate ``n`` rows (every field with the same leading dimension ``n``).
+
+        Returns
+        -------
+        n : int
+        values : list of ndarray
+            In field order, each of shape ``(n, *field.shape)``.
+
+        Raises
+        ------
+        SpecError
+            As :meth:`check_row`, and when fields disagree on the number of rows.
+        """
+        if not isinstance(batch, Mapping):
+            raise SpecError(f"extend expects a mapping of field name to array, got {type(batch).__name__}")
+        if self._nested:
+            batch = _flatten(batch)
+        if len(batch) != len(self._fields) or any(f.name not in batch for f in self._fields):
+            self._check_names(batch, "extend")
+        n, first = None, None
+        values = []
+        for f in self._fields:
+            v = batch[f.name]
+            if type(v) is not np.ndarray:
+                v = f.to_array(v)
+            if v.ndim != 1 + len(f.shape):
+                raise SpecError(f"field {f.name!r}: extend expects shape (n, {', '.join(map(str, f.shape))}) "
+                                f"with n rows, got shape {v.shape}".replace(", )", ")"))
+            if n is None:
+                n, first = v.shape[0], f
+            elif v.shape[0] != n:
+                raise SpecError(f"extend: leading dimensions differ: field {first.name!r} has {n} rows, "
+                                f"field {f.name!r} has {v.shape[0]} rows")
+            values.append(f.coerce(v, (n,)))
+        return n, values
+
+
+def _flatten(row: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in row.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def space_fields(space, name: str) -> list[Field]:
+    """Fields for one gymnasium space: Box, Discrete, MultiDiscrete, MultiBinary or Dict."""
+    try:
+        from gymnasium import spaces
+    except ImportError as exc:  # pragma: no cover - exercised only without gymnasium
+        raise ImportError("Spec.from_spaces needs gymnasium: pip install 'tfdata[rl]'") from exc
+    if isinstance(space, spaces.Box):
+        return [Field(name, space.dtype, space.shape)]
+    if isinstance(space, spaces.Discrete):
+        return [Field(name, np.int64, ())]
+    if isinstance(space, spaces.MultiDiscrete):
+        return [Field(name, np.int64, space.nvec.shape)]
+    if isinstance(space, spaces.MultiBinary):
+        return [Field(name, np.int8, tuple(np.atleast_1d(space.n)))]
+    if isinstance(space, spaces.Dict):
+        out = []
+        for key, sub in space.spaces.items():
+            out += space_fields(sub, f"{name}.{key}")
+        return out
+    raise SpecError(f"field {name!r}: unsupported gymnasium space {type(space).__name__} "
+                    "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict)")

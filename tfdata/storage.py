@@ -1,0 +1,176 @@
+"""Storages: where rows live. Two layouts behind one contract.
+
+``AoSStorage``
+    One structured array, ``spec.aos_dtype``, one record per row.
+``SoAStorage``
+    One C-contiguous array per field, shape ``(capacity, *field.shape)``.
+
+Both offer the same operations: ``capacity``, ``nbytes``, ``write_row``, ``write_rows``,
+``field`` (a view of one field), ``gather`` (rows by index into a given output), ``new_output``
+(a preallocated output block for a batch size) and ``state_dict``/``load_state_dict``. A storage
+binds its kernel module (``tfdata.kernels.aos`` or ``.soa``) when it is built; nothing downstream
+branches on the layout again.
+
+Storages do no validation of row contents and no locking: :class:`tfdata.ReplayBuffer` validates
+with the :class:`~tfdata.spec.Spec` and serialises writers and samplers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._config import resolve_layout
+from .spec import Spec
+
+
+class Output:
+    """A preallocated batch of ``batch_size`` rows for one storage.
+
+    Attributes
+    ----------
+    indices : ndarray of int64, shape (batch_size,)
+        Row numbers of the last gather into this output.
+    fields : dict of str to ndarray
+        One array per field, shape ``(batch_size, *field.shape)``. For the AoS layout these are
+        strided views of one structured array; for SoA each is C-contiguous.
+    kernel_out : ndarray or tuple of ndarray
+        The same memory as the kernels see it.
+    """
+
+    __slots__ = ("indices", "fields", "kernel_out", "records")
+
+    def __init__(self, indices, fields, kernel_out, records=None):
+        self.indices = indices
+        self.fields = fields
+        self.kernel_out = kernel_out
+        self.records = records
+
+
+class _Storage:
+    layout: str
+
+    def __init__(self, spec: Spec, capacity: int):
+        from . import kernels  # numba is imported when the first storage is built, not at import
+
+        self.spec = spec
+        self.capacity = capacity
+        self._kernels = kernels.BY_LAYOUT[self.layout]
+
+    # the kernel-facing view of the data; see subclasses
+    kernel_store = None
+
+    @property
+    def kernels(self):
+        """The kernel module bound to this layout."""
+        return self._kernels
+
+    def gather(self, indices: np.ndarray, out: Output) -> None:
+        """Copy rows ``indices`` (int64, each in ``[0, capacity)``) into ``out``; no checks."""
+        self._kernels.gather(self.kernel_store, indices, out.kernel_out)
+
+    def field(self, name: str) -> np.ndarray:
+        """View of one field for all ``capacity`` rows, shape ``(capacity, *field.shape)``."""
+        self.spec[name]  # raises SpecError naming the field if unknown
+        return self._fields[name]
+
+    def state_dict(self, n_rows: int) -> dict:
+        """Copies of the first ``n_rows`` physical rows of every field (layout-neutral)."""
+        return {name: np.array(self._fields[name][:n_rows]) for name in self.spec.names}
+
+    def load_state_dict(self, data: dict, n_rows: int) -> None:
+        """Write rows ``[0, n_rows)`` from ``data`` (as made by :meth:`state_dict`); checked by caller."""
+        for name in self.spec.names:
+            self._fields[name][:n_rows] = data[name]
+
+    def write_row(self, pos: int, values: list) -> None:
+        """Write one validated row (values in field order) at ``pos``."""
+        for view, v in zip(self._field_list, values):
+            view[pos] = v
+
+    def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:
+        """Write ``values[f][src_start:src_start+count]`` at rows ``[start, start+count)``."""
+        stop = start + count
+        src_stop = src_start + count
+        for view, v in zip(self._field_list, values):
+            view[start:stop] = v[src_start:src_stop]
+
+    def wipe(self) -> None:
+        """Overwrite every row with zeros."""
+        for view in self._field_list:
+            view[...] = 0
+
+
+class AoSStorage(_Storage):
+    """One structured array of ``capacity`` records (see :attr:`Spec.aos_dtype`).
+
+    Attributes
+    ----------
+    data : ndarray of spec.aos_dtype, shape (capacity,)
+    kernel_store : ndarray of uint64, shape (capacity, itemsize // 8)
+        The same memory, as the kernels copy it.
+    """
+
+    layout = "aos"
+
+    def __init__(self, spec: Spec, capacity: int):
+        super().__init__(spec, capacity)
+        dtype = spec.aos_dtype
+        # zeros: pages are mapped lazily and padding bytes are deterministic
+        self.data = np.zeros(capacity, dtype=dtype)
+        self.kernel_store = self.data.view(np.uint64).reshape(capacity, dtype.itemsize // 8)
+        self._fields = {name: self.data[name] for name in spec.names}
+        self._field_list = [self._fields[name] for name in spec.names]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def new_output(self, batch_size: int) -> Output:
+        dtype = self.spec.aos_dtype
+        records = np.zeros(batch_size, dtype=dtype)
+        fields = {name: records[name] for name in self.spec.names}
+        words = records.view(np.uint64).reshape(batch_size, dtype.itemsize // 8)
+        return Output(np.zeros(batch_size, np.int64), fields, words, records)
+
+
+class SoAStorage(_Storage):
+    """One C-contiguous array per field.
+
+    Attributes
+    ----------
+    columns : dict of str to ndarray
+        ``columns[name]`` has dtype ``spec[name].dtype`` and shape ``(capacity, *spec[name].shape)``.
+    kernel_store : tuple of ndarray of uint8, each shape (capacity, field_bytes)
+        Byte views of the columns, in field order.
+    """
+
+    layout = "soa"
+
+    def __init__(self, spec: Spec, capacity: int):
+        super().__init__(spec, capacity)
+        self.columns = {f.name: np.zeros((capacity,) + f.shape, dtype=f.dtype) for f in spec}
+        self._fields = self.columns
+        self._field_list = [self.columns[name] for name in spec.names]
+        self.kernel_store = tuple(_bytes2d(c) for c in self._field_list)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(c.nbytes for c in self._field_list))
+
+    def new_output(self, batch_size: int) -> Output:
+        fields = {f.name: np.zeros((batch_size,) + f.shape, dtype=f.dtype) for f in self.spec}
+        kernel_out = tuple(_bytes2d(fields[name]) for name in self.spec.names)
+        return Output(np.zeros(batch_size, np.int64), fields, kernel_out)
+
+
+def _bytes2d(arr: np.ndarray) -> np.ndarray:
+    """uint8 view ``(rows, row_bytes)`` of a C-contiguous array ``(rows, ...)``."""
+    return arr.reshape(arr.shape[0], -1).view(np.uint8)
+
+
+STORAGES = {"aos": AoSStorage, "soa": SoAStorage}
+
+
+def make_storage(spec: Spec, capacity: int, layout: str | None = None) -> _Storage:
+    """Build the storage for ``layout`` (argument, else ``TFDATA_LAYOUT``, else the default)."""
+    return STORAGES[resolve_layout(layout)](spec, capacity)
