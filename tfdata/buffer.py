@@ -31,8 +31,8 @@ class Batch(dict):
     Notes
     -----
     Arrays returned by ``sample(copy=False)`` are views into the buffer's output ring. They stay
-    valid until ``ring_size`` more calls of ``sample`` with the same batch size; after that the
-    same memory holds a newer batch. Keep a batch longer with ``sample(copy=True)`` or
+    valid until the same thread has called ``sample`` with the same batch size ``ring_size`` more
+    times; after that the same memory holds a newer batch. Each thread has its own ring. Keep a batch longer with ``sample(copy=True)`` or
     :meth:`copy`.
     """
 
@@ -114,7 +114,9 @@ class ReplayBuffer:
         self._writer = RingWriter(capacity)
         self._sampler = UniformSampler(seed)
         self._lock = threading.Lock()
-        self._rings: dict[int, _OutputRing] = {}
+        # output rings are per thread: a thread's batch stays valid until that same thread has
+        # sampled ring_size more times, whatever other threads do
+        self._local = threading.local()
         # bound once: the sample path does no attribute lookups through the storage
         self._sample_kernel = self._storage.kernels.sample_uniform
         self._kernel_store = self._storage.kernel_store
@@ -203,8 +205,9 @@ class ReplayBuffer:
         batch_size : int
             ``1 <= batch_size <= len(self)``.
         copy : bool, default False
-            False returns views into the output ring (valid for ``ring_size`` further samples of
-            this batch size); True returns arrays that are the caller's to keep.
+            False returns views into this thread's output ring (valid until this thread has
+            sampled ``ring_size`` more batches of this size); True returns arrays that are the
+            caller's to keep.
 
         Returns
         -------
@@ -213,10 +216,10 @@ class ReplayBuffer:
             ``(batch_size, *spec[name].shape)``; ``batch.indices`` (int64, ``(batch_size,)``)
             holds the storage slots.
         """
-        ring = self._rings.get(batch_size)
-        if ring is None:
-            batch_size = _check_int("batch_size", batch_size, 1)
-            ring = self._rings[batch_size] = _OutputRing(self._storage, batch_size, self._ring_size)
+        try:
+            ring = self._local.rings[batch_size]
+        except (AttributeError, KeyError, TypeError):
+            ring = self._new_ring(batch_size)
         with self._lock:
             n = self._writer.size
             if batch_size > n:
@@ -228,6 +231,14 @@ class ReplayBuffer:
                                 slot.kernel_out)
         batch = ring.batches[i]
         return batch.copy() if copy else batch
+
+    def _new_ring(self, batch_size) -> _OutputRing:
+        batch_size = _check_int("batch_size", batch_size, 1)
+        rings = getattr(self._local, "rings", None)
+        if rings is None:
+            rings = self._local.rings = {}
+        ring = rings[batch_size] = _OutputRing(self._storage, batch_size, self._ring_size)
+        return ring
 
     def _too_few_rows(self, batch_size: int, n: int) -> str:
         if n == 0:

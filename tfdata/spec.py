@@ -44,7 +44,7 @@ def _as_shape(shape, name: str) -> tuple[int, ...]:
         shape = (int(shape),)
     try:
         shape = tuple(int(s) for s in shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise SpecError(f"field {name!r}: shape must be a tuple of ints, got {shape!r}") from None
     if any(s <= 0 for s in shape):
         raise SpecError(f"field {name!r}: every dimension must be >= 1, got shape {shape}")
@@ -99,10 +99,8 @@ class Field:
         else:
             arr = self.to_array(value)
         if arr.dtype.kind not in _ALLOWED_KINDS:
-            raise SpecError(
-                f"field {self.name!r}: expected dtype {self.dtype} and shape {expected}, "
-                f"got non-numeric data of dtype {arr.dtype}"
-            )
+            raise SpecError(f"field {self.name!r}: expected dtype {self.dtype}, got non-numeric data "
+                            f"of dtype {arr.dtype}")
         if arr.shape != expected:
             raise SpecError(f"field {self.name!r}: expected shape {expected}, got shape {arr.shape}")
         self._check_cast(arr)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfdata
+
+LAYOUTS = ["aos", "soa"]
+CARTPOLE = {
+    "obs": ("f4", (4,)),
+    "action": "i8",
+    "reward": "f4",
+    "next_obs": ("f4", (4,)),
+    "terminated": "?",
+    "truncated": "?",
+}
+# awkward widths: 1, 2, 3, 4, 8, 12 and 24 bytes, so every word-size path of the kernels runs
+ODD = {
+    "a": ("u1", (3,)),
+    "b": "i2",
+    "c": ("f4", (3,)),
+    "d": "f8",
+    "e": "?",
+    "f": ("i8", (3,)),
+    "g": "i4",
+}
+
+
+@pytest.fixture(params=LAYOUTS)
+def layout(request):
+    return request.param
+
+
+@pytest.fixture(params=[CARTPOLE, ODD], ids=["cartpole", "odd"])
+def spec(request):
+    return tfdata.Spec(request.param)
+
+
+def random_rows(spec: tfdata.Spec, n: int, rng: np.random.Generator, start: int = 0) -> dict:
+    """n rows of exact dtypes; field values encode the row number where the dtype allows."""
+    out = {}
+    for f in spec:
+        shape = (n,) + f.shape
+        if f.dtype.kind == "b":
+            out[f.name] = rng.random(shape) < 0.5
+        elif f.dtype.kind in "iu":
+            info = np.iinfo(f.dtype)
+            out[f.name] = rng.integers(max(info.min, -1000), min(info.max, 1000), shape, dtype=f.dtype)
+        else:
+            out[f.name] = rng.standard_normal(shape).astype(f.dtype)
+    return out
+
+
+def row(batch: dict, i: int) -> dict:
+    return {k: v[i] for k, v in batch.items()}
+
+
+def assert_batches_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        assert a[k].dtype == b[k].dtype, k

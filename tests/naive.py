@@ -1,0 +1,72 @@
+"""Slow, obviously-correct references for every kernel and for the buffer (pure Python / numpy).
+
+Nothing here imports tfdata: the references are independent of the code they check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def mix64(z: int) -> int:
+    z &= MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def key_of(seed: int) -> int:
+    return mix64(seed & MASK64)
+
+
+def draw_indices(key: int, counter: int, n: int, batch: int) -> tuple[np.ndarray, int]:
+    """Uniform draws in [0, n) as the kernels define them; returns (indices, new counter).
+
+    Word ``k`` is ``mix64(key + k * GOLDEN)``; its top 32 bits ``x`` give ``(x * n) >> 32``
+    unless ``(x * n) mod 2**32 < (2**32 - n) mod n`` (Lemire's rejection), which redraws.
+    """
+    threshold = (2**32 - n) % n
+    out = []
+    while len(out) < batch:
+        r = mix64(key + counter * GOLDEN)
+        counter += 1
+        m = (r >> 32) * n
+        if m & 0xFFFFFFFF >= threshold:
+            out.append(m >> 32)
+    return np.array(out, dtype=np.int64), counter
+
+
+def gather_fields(fields: dict, idx: np.ndarray) -> dict:
+    """Rows ``idx`` of every field, by fancy indexing."""
+    return {k: v[idx] for k, v in fields.items()}
+
+
+class RingModel:
+    """The buffer as a Python list of rows in slot order, with a cursor."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.slots: list = [None] * capacity
+        self.cursor = 0
+        self.size = 0
+
+    def push(self, row: dict) -> None:
+        self.slots[self.cursor] = {k: np.array(v) for k, v in row.items()}
+        self.cursor = (self.cursor + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def extend(self, batch: dict) -> None:
+        n = len(next(iter(batch.values())))
+        for i in range(n):
+            self.push({k: v[i] for k, v in batch.items()})
+
+    def clear(self) -> None:
+        self.cursor = 0
+        self.size = 0
+
+    def rows(self, idx) -> dict:
+        names = self.slots[0].keys()
+        return {k: np.stack([self.slots[i][k] for i in idx]) for k in names}
