@@ -64,6 +64,18 @@ class Field:
             raise SpecError(f"field names must be non-empty strings, got {self.name!r}")
         object.__setattr__(self, "dtype", _as_dtype(self.dtype, self.name))
         object.__setattr__(self, "shape", _as_shape(self.shape, self.name))
+        # bounds for the Python-int fast path of check_row (inf for float fields, None = no path)
+        kind = self.dtype.kind
+        if kind in "iu":
+            info = np.iinfo(self.dtype)
+            bounds = (int(info.min), int(info.max))
+        elif kind in "fc":
+            bounds = (-float("inf"), float("inf"))
+        else:
+            bounds = None
+        object.__setattr__(self, "_int_bounds", bounds if not self.shape else None)
+        object.__setattr__(self, "_float_ok", kind in "fc" and not self.shape)
+        object.__setattr__(self, "_bool_ok", not self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -71,6 +83,24 @@ class Field:
         return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
 
     # -- validation -------------------------------------------------------------------------
+    def coerce_one(self, value):
+        """:meth:`coerce` for one row, with fast paths for the common exact inputs."""
+        t = type(value)
+        if t is np.ndarray:
+            if value.dtype is self.dtype and value.shape == self.shape:
+                return value
+        elif t is float:
+            if self._float_ok:
+                return value
+        elif t is int:
+            b = self._int_bounds
+            if b is not None and b[0] <= value <= b[1]:
+                return value
+        elif t is bool:
+            if self._bool_ok:
+                return value
+        return self.coerce(value, ())
+
     def coerce(self, value, lead: tuple[int, ...] = ()):
         """Return ``value`` in a form that numpy can assign into this field without loss.
 
@@ -210,6 +240,7 @@ class Spec:
         self._fields: tuple[Field, ...] = tuple(items)
         self._by_name = {f.name: f for f in items}
         self._nested = any("." in n for n in names)
+        self._row_checks = tuple((f.name, f.coerce_one) for f in items)
         base = np.dtype([(f.name, f.dtype, f.shape) for f in items], align=True)
         itemsize = -(-base.itemsize // 8) * 8
         self._aos_dtype = np.dtype({
@@ -349,21 +380,17 @@ class Spec:
         SpecError
             If a field is missing or unknown, or a value has the wrong shape or an unsafe dtype.
         """
-        if type(row) is not dict:
-            if not isinstance(row, Mapping):
-                raise SpecError(f"push expects a mapping of field name to value, got {type(row).__name__}")
+        if type(row) is not dict and not isinstance(row, Mapping):
+            raise SpecError(f"push expects a mapping of field name to value, got {type(row).__name__}")
         if self._nested:
             row = _flatten(row)
-        values = []
-        get = row.get
-        for f in self._fields:
-            v = get(f.name, _MISSING)
-            if v is _MISSING:
-                self._check_names(row, "push")
-            values.append(f.coerce(v, ()))
         if len(row) != len(self._fields):
             self._check_names(row, "push")
-        return values
+        try:
+            return [coerce(row[name]) for name, coerce in self._row_checks]
+        except KeyError:
+            self._check_names(row, "push")
+            raise
 
     def check_batch(self, batch: Mapping) -> tuple[int, list]:
         """Validate ``n`` rows (every field with the same leading dimension ``n``).
