@@ -133,8 +133,11 @@ def test_bad_batch_size(layout):
     with pytest.raises(ValueError, match="empty buffer"):
         buf.sample(1)
     buf.extend(random_rows(buf.spec, 4, np.random.default_rng(0)))
+    buf.sample(2)
+    buf.sample(1)
     state = buf.state_dict()
-    for bad, error in [(0, ValueError), (-3, ValueError), (2.0, TypeError), (None, TypeError)]:
+    for bad, error in [(0, ValueError), (-3, ValueError), (2.0, TypeError), (None, TypeError),
+                       (True, TypeError), ("2", TypeError)]:
         with pytest.raises(error, match="batch_size"):
             buf.sample(bad)
     with pytest.raises(ValueError, match="batch_size 5 is larger than the 4 rows held"):

@@ -88,6 +88,9 @@ def test_sample_returns_ring_views_and_copies(layout):
     b3 = buf.sample(8)
     assert b3 is b1  # the ring came round: same memory, newer data
     assert not np.array_equal(b3.indices, kept.indices)
+    with pytest.raises(TypeError):
+        b1["obs"] = np.zeros((8, 4), np.float32)  # the ring's mapping is read-only
+    assert dict(b1).keys() == set(buf.spec.names)
     c = buf.sample(8, copy=True)
     assert all(v.flags.c_contiguous and v.flags.owndata for v in c.values())
     assert c is not buf.sample(8)

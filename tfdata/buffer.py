@@ -20,8 +20,8 @@ _STATE_VERSION = 1
 MAX_CAPACITY = (1 << 32) - 1
 
 
-class Batch(dict):
-    """A sampled batch: a dict of field name to ndarray, plus the sampled row numbers.
+class Batch(Mapping):
+    """A sampled batch: a read-only mapping of field name to ndarray, plus the sampled slots.
 
     Attributes
     ----------
@@ -32,22 +32,32 @@ class Batch(dict):
     -----
     Arrays returned by ``sample(copy=False)`` are views into the buffer's output ring. They stay
     valid until the same thread has called ``sample`` with the same batch size ``ring_size`` more
-    times; after that the same memory holds a newer batch. Each thread has its own ring. Keep a batch longer with ``sample(copy=True)`` or
-    :meth:`copy`.
+    times; after that the same memory holds a newer batch. Each thread has its own ring.
+    Keep a batch longer with ``sample(copy=True)`` or :meth:`copy`. The mapping itself is
+    read-only (it is reused by the ring); ``dict(batch)`` gives a mutable one.
     """
 
-    __slots__ = ("indices",)
+    __slots__ = ("_fields", "indices")
 
     def __init__(self, fields, indices):
-        super().__init__(fields)
+        self._fields = dict(fields)
         self.indices = indices
+
+    def __getitem__(self, name):
+        return self._fields[name]
+
+    def __iter__(self):
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
 
     def copy(self) -> "Batch":
         """A deep copy with C-contiguous arrays, valid forever."""
-        return Batch({k: np.array(v, order="C") for k, v in self.items()}, self.indices.copy())
+        return Batch({k: np.array(v, order="C") for k, v in self._fields.items()}, self.indices.copy())
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self.items())
+        inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
         return f"Batch({{{inner}}}, indices=int64[{len(self.indices)}])"
 
 
@@ -216,6 +226,8 @@ class ReplayBuffer:
             ``(batch_size, *spec[name].shape)``; ``batch.indices`` (int64, ``(batch_size,)``)
             holds the storage slots.
         """
+        if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
+            batch_size = _check_int("batch_size", batch_size, 1)
         try:
             ring = self._local.rings[batch_size]
         except (AttributeError, KeyError, TypeError):
