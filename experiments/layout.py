@@ -1,0 +1,1044 @@
+"""AoS or SoA: which layout samples faster, by row size, batch size and capacity, and what does
+each cost in memory?
+
+A self-contained experiment (one file, parameters at the top, cleanrl style). It compares, in the
+same run and interleaved in time:
+
+* ``tfdata.ReplayBuffer(layout="aos")``: one structured array, a sampled row is one copy;
+* ``tfdata.ReplayBuffer(layout="soa")``: one array per field, a sampled row is one copy per field;
+* ``numpy``: the plain baseline people write by hand, one array per field, ``rng.integers`` and
+  fancy indexing (a fresh output array per field per call, no input validation).
+
+For every row kind x capacity x batch size it records the per-call latency of ``sample`` (median,
+p99, mean, across seeds), the throughput of ``push`` and ``extend(1000)``, the storage bytes, and
+the RSS growth of building and filling one buffer (measured in a fresh forked process).
+
+    python experiments/layout.py --quick      # under ~3 minutes: the demo (python3 dev.py demo)
+    python experiments/layout.py              # the full run, under ~20 minutes
+    python experiments/layout.py --seeds 0,1,2
+
+Writes ``reports/layout/README.md``, ``results.json`` and ``*.png`` (the last run wins: the
+published report is a full run), and creates ``reports/README.md`` (the index) if it is missing.
+Only the public tfdata API is used, plus numpy, psutil and matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import multiprocessing
+import os
+import sys
+import time
+
+import numpy as np
+import psutil
+
+import tfdata
+
+sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
+from _methodology import RunRecord, cache_size, markdown as methodology_markdown, write_json
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------------------------
+EXPERIMENT = "layout"
+IMPLS = ("aos", "soa", "numpy")  # two tfdata layouts and the plain numpy baseline
+LAYOUTS = ("aos", "soa")
+BATCH_SIZES = (32, 256, 1024)
+
+ROW_KINDS = {
+    # 2 scalar fields: 12 bytes of data, 16-byte AoS record (rounded up to 8-byte words)
+    "tiny": {"action": "i8", "reward": "f4"},
+    # a CartPole-v1 transition
+    "cartpole": {"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
+                 "terminated": "?", "truncated": "?"},
+    # a 64-float observation (MuJoCo-like state)
+    "medium": {"obs": ("f4", (64,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (64,)),
+               "terminated": "?", "truncated": "?"},
+    # an Atari frame stack, obs and next_obs stored (as a naive DQN buffer does)
+    "image": {"obs": ("u1", (4, 84, 84)), "action": "i8", "reward": "f4",
+              "next_obs": ("u1", (4, 84, 84)), "terminated": "?", "truncated": "?"},
+}
+# 1e4 rows is the "cache-resident" capacity for small rows; 1e6 (and 1e7 for the tiny row, whose
+# 1e6 rows are only 16 MB) is "beyond cache". The report states where each one really lands.
+CAPACITIES = {
+    "full": {"tiny": (10_000, 1_000_000, 10_000_000), "cartpole": (10_000, 1_000_000),
+             "medium": (10_000, 100_000), "image": (10_000,)},
+    "quick": {"tiny": (10_000, 1_000_000), "cartpole": (10_000, 1_000_000),
+              "medium": (10_000,), "image": (5_000,)},
+}
+DEFAULT_SEEDS = {"full": 5, "quick": 3}
+SAMPLE_BUDGET_S = {"full": 1.0, "quick": 0.12}  # timed seconds per (config, impl, batch, seed)
+MIN_CALLS = {"full": 60, "quick": 20}          # at least this many timed calls ...
+MAX_CALLS = {"full": 20_000, "quick": 5_000}    # ... and at most this many
+ROUNDS = {"full": 8, "quick": 3}                # calls are split in rounds, impls alternate
+WARMUP_CALLS = 10                               # untimed calls before each measurement
+WRITE_BUDGET_S = {"full": 0.25, "quick": 0.04}  # timed seconds per push / extend measurement
+MIN_WRITE_CALLS = {"full": 20, "quick": 5}
+EXTEND_ROWS = 1000                              # rows per extend call (and per fill call)
+RING_SIZE = 2                                   # tfdata's default output ring
+VERDICT_MARGIN = 0.03  # a winner needs every seed on its side and a mean ratio beyond 1 +- 3%
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(ROOT, "reports", EXPERIMENT)
+INDEX = os.path.join(ROOT, "reports", "README.md")
+COLORS = {"aos": "tab:blue", "soa": "tab:orange", "numpy": "tab:gray"}
+LABELS = {"aos": "tfdata AoS", "soa": "tfdata SoA", "numpy": "numpy baseline"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The plain numpy baseline
+# ---------------------------------------------------------------------------------------------
+class NumpyBuffer:
+    """The hand-written buffer tfdata replaces: per-field arrays, a cursor, numpy's RNG."""
+
+    def __init__(self, spec: tfdata.Spec, capacity: int, seed: int):
+        self.arrays = {f.name: np.zeros((capacity,) + f.shape, dtype=f.dtype) for f in spec}
+        self.capacity = capacity
+        self.cursor = 0
+        self.size = 0
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def push(self, row) -> None:
+        i = self.cursor
+        for name, a in self.arrays.items():
+            a[i] = row[name]
+        self.cursor = (i + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def extend(self, batch) -> None:  # n <= capacity
+        i = self.cursor
+        n = len(next(iter(batch.values())))
+        first = min(n, self.capacity - i)
+        for name, a in self.arrays.items():
+            v = batch[name]
+            a[i:i + first] = v[:first]
+            if n > first:
+                a[:n - first] = v[first:]
+        self.cursor = (i + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int) -> dict:
+        idx = self.rng.integers(0, self.size, batch_size)
+        return {name: a[idx] for name, a in self.arrays.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+def make_spec(kind: str) -> tfdata.Spec:
+    return tfdata.Spec(ROW_KINDS[kind])
+
+
+def make_chunk(spec: tfdata.Spec, n: int, rng: np.random.Generator) -> dict:
+    """``n`` random rows, one array per field, exact dtypes."""
+    out = {}
+    for f in spec:
+        shape = (n,) + f.shape
+        if f.dtype.kind == "f":
+            out[f.name] = rng.standard_normal(shape, dtype=np.float32).astype(f.dtype, copy=False)
+        elif f.dtype.kind == "b":
+            out[f.name] = rng.random(shape) < 0.05
+        elif f.dtype == np.uint8:
+            out[f.name] = rng.integers(0, 256, shape, dtype=np.uint8)
+        else:
+            out[f.name] = rng.integers(0, 4, shape).astype(f.dtype)
+    return out
+
+
+def env_row(chunk: dict, i: int = 0) -> dict:
+    """One row as a gymnasium loop hands it over: arrays for obs, Python scalars for the rest."""
+    row = {}
+    for name, col in chunk.items():
+        v = col[i]
+        row[name] = v if col.ndim > 1 else v.item()
+    return row
+
+
+def build(impl: str, spec: tfdata.Spec, capacity: int, seed: int):
+    if impl == "numpy":
+        return NumpyBuffer(spec, capacity, seed)
+    return tfdata.ReplayBuffer(spec, capacity, layout=impl, seed=seed, ring_size=RING_SIZE)
+
+
+def fill(buf, chunk: dict, capacity: int) -> None:
+    n = len(next(iter(chunk.values())))
+    for _ in range(capacity // n):
+        buf.extend(chunk)
+    rest = capacity % n
+    if rest:
+        buf.extend({k: v[:rest] for k, v in chunk.items()})
+
+
+def time_calls(fn, arg, n: int) -> np.ndarray:
+    """Per-call wall time (ns) of ``n`` calls of ``fn(arg)``."""
+    out = np.empty(n, dtype=np.int64)
+    pc = time.perf_counter_ns
+    for i in range(n):
+        t0 = pc()
+        fn(arg)
+        out[i] = pc() - t0
+    return out
+
+
+def n_calls(fn, arg, budget_s: float, lo: int, hi: int) -> int:
+    """Warm up and pick a number of calls that fits the time budget."""
+    est = float(np.median(time_calls(fn, arg, WARMUP_CALLS)))
+    return int(min(hi, max(lo, budget_s * 1e9 / max(est, 1.0))))
+
+
+def stats(ns: np.ndarray) -> dict:
+    us = ns / 1e3
+    return {"n": int(len(us)), "median_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
+            "mean_us": float(us.mean()), "std_us": float(us.std()), "min_us": float(us.min()),
+            "p10_us": float(np.percentile(us, 10)), "p90_us": float(np.percentile(us, 90))}
+
+
+def rotated(seq, k: int) -> list:
+    k %= len(seq)
+    return list(seq[k:]) + list(seq[:k])
+
+
+def rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def mean_std(xs) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
+
+
+def gmean(xs) -> float:
+    return float(np.exp(np.mean(np.log(xs))))
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_us(x: float) -> str:
+    if math.isnan(x):
+        return "?"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def fmt_rate(x: float) -> str:
+    if math.isnan(x):
+        return "?"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f}{unit}" if x < 10 * scale else f"{x / scale:.0f}{unit}"
+    return f"{x:.0f}"
+
+
+def fmt_cap(c: int) -> str:
+    e = int(round(math.log10(c)))
+    return f"1e{e}" if 10 ** e == c else f"{c // 1000}k"
+
+
+def verdict(ratios: list[float], a: str, b: str) -> str:
+    """``ratios`` are time(a) / time(b) per seed."""
+    m = float(np.mean(ratios))
+    if all(r < 1 for r in ratios) and m < 1 - VERDICT_MARGIN:
+        return a
+    if all(r > 1 for r in ratios) and m > 1 + VERDICT_MARGIN:
+        return b
+    return "tie"
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: one fresh forked process per (kind, capacity, impl)
+# ---------------------------------------------------------------------------------------------
+def _fresh_pages_allocator() -> bool:
+    """Make every allocation above 4 KiB a fresh mmap (glibc only), so RSS growth is the buffer's.
+
+    Without this, a forked child reuses heap memory its parent already touched and freed, and a
+    small buffer shows no RSS growth at all. Returns False where it cannot be done.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+        return libc.mallopt(-3, 4096) == 1  # M_MMAP_THRESHOLD: fixed, no dynamic raising
+    except (OSError, AttributeError):
+        return False
+
+
+def _memory_probe(kind: str, capacity: int, impl: str) -> dict:
+    fresh = _fresh_pages_allocator()
+    spec = make_spec(kind)
+    chunk = make_chunk(spec, min(EXTEND_ROWS, capacity), np.random.default_rng(0))
+    gc.collect()
+    r0 = rss()
+    buf = build(impl, spec, capacity, 0)
+    r1 = rss()
+    fill(buf, chunk, capacity)
+    r2 = rss()
+    for b in BATCH_SIZES:  # tfdata allocates its output ring here; numpy's outputs are temporary
+        buf.sample(b)
+        buf.sample(b)
+    r3 = rss()
+    import resource
+
+    return {"storage_bytes": int(buf.nbytes), "rss_build_bytes": r1 - r0, "rss_fill_bytes": r2 - r0,
+            "rss_after_samples_bytes": r3 - r0,
+            "probe_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "fresh_mmap_allocations": fresh}
+
+
+def _memory_child(conn, kind, capacity, impl):
+    try:
+        conn.send(_memory_probe(kind, capacity, impl))
+    except BaseException as exc:  # report, never hang the parent
+        conn.send({"error": repr(exc)})
+    finally:
+        conn.close()
+
+
+def measure_memory(kind: str, capacity: int, impl: str) -> dict:
+    try:
+        ctx = multiprocessing.get_context("fork")
+    except ValueError:  # no fork on this platform: measure in process (less clean)
+        out = _memory_probe(kind, capacity, impl)
+        out["process"] = "in-process"
+        return out
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_memory_child, args=(child, kind, capacity, impl))
+    p.start()
+    child.close()
+    out = parent.recv()
+    p.join()
+    out["process"] = "fresh forked process"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing: one (row kind, capacity, seed), all impls interleaved
+# ---------------------------------------------------------------------------------------------
+def run_config(kind: str, capacity: int, seed: int, mode: str, order_key: int) -> dict:
+    spec = make_spec(kind)
+    rng = np.random.default_rng([seed, list(ROW_KINDS).index(kind), capacity])
+    chunk = make_chunk(spec, min(EXTEND_ROWS, capacity), rng)
+    row = env_row(chunk, 0)
+    order = rotated(IMPLS, order_key)
+    out = {"kind": kind, "capacity": capacity, "seed": seed, "impl_order": order,
+           "fill": {}, "push": {}, "extend": {}, "sample": {}}
+
+    bufs = {}
+    for impl in order:
+        gc.collect()
+        t0 = time.perf_counter()
+        bufs[impl] = buf = build(impl, spec, capacity, seed)
+        fill(buf, chunk, capacity)
+        dt = time.perf_counter() - t0
+        out["fill"][impl] = {"seconds": dt, "rows_per_s": capacity / dt}
+        assert (len(buf) if impl != "numpy" else buf.size) == capacity
+
+    gc.collect()
+    gc.disable()
+    try:
+        budget, lo = WRITE_BUDGET_S[mode], MIN_WRITE_CALLS[mode]
+        for op, arg, rows in (("push", row, 1), ("extend", chunk, EXTEND_ROWS)):
+            for impl in order:
+                fn = getattr(bufs[impl], op)
+                n = n_calls(fn, arg, budget, lo, 100_000)
+                s = stats(time_calls(fn, arg, n))
+                s["rows_per_s"] = rows * 1e6 / s["median_us"]
+                s["rows_per_s_mean"] = rows * 1e6 / s["mean_us"]
+                out[op][impl] = s
+
+        budget, lo, hi, rounds = (SAMPLE_BUDGET_S[mode], MIN_CALLS[mode], MAX_CALLS[mode],
+                                  ROUNDS[mode])
+        for b in BATCH_SIZES:
+            counts = {impl: n_calls(bufs[impl].sample, b, budget, lo, hi) for impl in order}
+            parts = {impl: [] for impl in order}
+            for r in range(rounds):
+                for impl in rotated(order, r):
+                    k = counts[impl] // rounds + (1 if r < counts[impl] % rounds else 0)
+                    parts[impl].append(time_calls(bufs[impl].sample, b, k))
+            out["sample"][b] = {impl: stats(np.concatenate(parts[impl])) for impl in order}
+    finally:
+        gc.enable()
+    del bufs
+    gc.collect()
+    return out
+
+
+def warm_kernels() -> float:
+    """Load (or compile) every kernel used, so no measurement pays for it."""
+    t0 = time.perf_counter()
+    for kind in ROW_KINDS:
+        spec = make_spec(kind)
+        chunk = make_chunk(spec, 64, np.random.default_rng(0))
+        for layout in LAYOUTS:
+            buf = tfdata.ReplayBuffer(spec, 64, layout=layout, seed=0)
+            buf.extend(chunk)
+            buf.push(env_row(chunk))
+            buf.sample(32)
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation
+# ---------------------------------------------------------------------------------------------
+def aggregate(raw: list[dict], memory: dict, kinds_caps: list[tuple[str, int]]) -> dict:
+    l2, l3 = cache_size(2), cache_size(3)
+    configs = []
+    for kind, cap in kinds_caps:
+        runs = [r for r in raw if r["kind"] == kind and r["capacity"] == cap]
+        spec = make_spec(kind)
+        aos_bytes = spec.aos_dtype.itemsize * cap
+        if l2 and aos_bytes <= l2:
+            where = "fits L2"
+        elif l3 and aos_bytes <= l3:
+            where = "fits L3"
+        elif l3:
+            where = "exceeds L3"
+        else:
+            where = "cache size unknown"
+        c = {"kind": kind, "capacity": cap, "row_nbytes": spec.row_nbytes,
+             "aos_itemsize": spec.aos_dtype.itemsize, "aos_storage_bytes": aos_bytes,
+             "cache_placement": where, "memory": memory.get((kind, cap), {}),
+             "fill": {}, "push": {}, "extend": {}, "sample": {}}
+        for impl in IMPLS:
+            c["fill"][impl] = dict(zip(("rows_per_s_mean", "rows_per_s_std"),
+                                       mean_std([r["fill"][impl]["rows_per_s"] for r in runs])))
+            for op in ("push", "extend"):
+                c[op][impl] = dict(zip(("rows_per_s_mean", "rows_per_s_std"),
+                                       mean_std([r[op][impl]["rows_per_s"] for r in runs])))
+                c[op][impl]["median_us_mean"] = mean_std([r[op][impl]["median_us"] for r in runs])[0]
+        for op in ("push", "extend"):
+            # throughput ratio SoA/AoS (>1: SoA faster); verdict on time ratios
+            rs = [r[op]["aos"]["median_us"] / r[op]["soa"]["median_us"] for r in runs]
+            m, sd = mean_std(rs)
+            c[op]["soa_vs_aos"] = {"mean": m, "std": sd, "per_seed": rs,
+                                   "faster": verdict([1 / x for x in rs], "soa", "aos")}
+        for b in BATCH_SIZES:
+            s = {}
+            for impl in IMPLS:
+                per_seed = [r["sample"][b][impl] for r in runs]
+                med = mean_std([p["median_us"] for p in per_seed])
+                p99 = mean_std([p["p99_us"] for p in per_seed])
+                mean = mean_std([p["mean_us"] for p in per_seed])
+                s[impl] = {"median_us_mean": med[0], "median_us_std": med[1],
+                           "p99_us_mean": p99[0], "p99_us_std": p99[1],
+                           "mean_us_mean": mean[0], "mean_us_std": mean[1],
+                           "calls_per_seed": [p["n"] for p in per_seed],
+                           "ns_per_row": med[0] * 1e3 / b,
+                           "per_seed": per_seed}
+            ratios = {}
+            for num, den in (("soa", "aos"), ("numpy", "aos"), ("numpy", "soa")):
+                rs = [r["sample"][b][num]["median_us"] / r["sample"][b][den]["median_us"] for r in runs]
+                m, sd = mean_std(rs)
+                ratios[f"{num}/{den}"] = {"mean": m, "std": sd, "per_seed": rs,
+                                          "faster": verdict(rs, num, den)}
+            best = [min(r["sample"][b]["aos"]["median_us"], r["sample"][b]["soa"]["median_us"])
+                    for r in runs]
+            rs = [r["sample"][b]["numpy"]["median_us"] / bt for r, bt in zip(runs, best)]
+            m, sd = mean_std(rs)
+            ratios["numpy/best_tfdata"] = {"mean": m, "std": sd, "per_seed": rs,
+                                           "faster": verdict(rs, "numpy", "tfdata")}
+            s["ratios"] = ratios
+            c["sample"][b] = s
+        configs.append(c)
+    return {"configs": configs}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+def plot(agg: dict, mode: str, n_seeds: int) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda y, _: f"{y:g}")
+
+    def style_axes(ax):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(BATCH_SIZES, [str(b) for b in BATCH_SIZES])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("batch size")
+        ax.grid(True, which="both", alpha=0.3)
+
+    files = []
+    kinds = list(dict.fromkeys(c["kind"] for c in agg["configs"]))
+    for kind in kinds:
+        cs = [c for c in agg["configs"] if c["kind"] == kind]
+        fig, axes = plt.subplots(1, len(cs), figsize=(max(7.5, 4.6 * len(cs) + 0.6), 4.8),
+                                 squeeze=False, sharey=True)
+        for ax, c in zip(axes[0], cs):
+            for impl in IMPLS:
+                med = [c["sample"][b][impl]["median_us_mean"] for b in BATCH_SIZES]
+                sd = [c["sample"][b][impl]["median_us_std"] for b in BATCH_SIZES]
+                p99 = [c["sample"][b][impl]["p99_us_mean"] for b in BATCH_SIZES]
+                ax.errorbar(BATCH_SIZES, med, yerr=sd, color=COLORS[impl], marker="o", capsize=3,
+                            label=f"{LABELS[impl]} median")
+                ax.plot(BATCH_SIZES, p99, color=COLORS[impl], ls=":", marker=".", alpha=0.7,
+                        label=f"{LABELS[impl]} p99")
+            style_axes(ax)
+            ax.set_title(f"capacity {c['capacity']:,} ({fmt_bytes(c['aos_storage_bytes'])}, "
+                         f"{c['cache_placement']})", fontsize=9)
+        axes[0][0].set_ylabel("sample() latency per call, µs (log)")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        order = [labels.index(f"{LABELS[i]} {w}") for i in IMPLS for w in ("median", "p99")]
+        fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="lower center",
+                   ncol=len(IMPLS), fontsize=8, frameon=False)
+        c0 = cs[0]
+        fig.suptitle(f"{kind} row ({c0['row_nbytes']} B of data, {c0['aos_itemsize']} B AoS record): "
+                     f"sample() latency per call\n{mode} run, {n_seeds} seeds; solid = median "
+                     f"(error bar: std across seeds), dotted = p99", fontsize=9.5)
+        fig.tight_layout(rect=(0, 0.11, 1, 1))
+        name = f"latency_{kind}.png"
+        fig.savefig(os.path.join(OUT_DIR, name), dpi=110)
+        plt.close(fig)
+        files.append(name)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    markers = dict(zip(kinds, "osD^v"))
+    kcolors = dict(zip(kinds, ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:cyan")))
+    styles = ["-", "--", ":"]
+    for ax, key, title in ((axes[0], "soa/aos", "SoA / AoS median latency (>1: AoS faster)"),
+                           (axes[1], "numpy/best_tfdata",
+                            "numpy / faster tfdata layout (>1: tfdata faster)")):
+        for kind in kinds:
+            cs = [c for c in agg["configs"] if c["kind"] == kind]
+            for i, c in enumerate(cs):
+                m = [c["sample"][b]["ratios"][key]["mean"] for b in BATCH_SIZES]
+                sd = [c["sample"][b]["ratios"][key]["std"] for b in BATCH_SIZES]
+                ax.errorbar(BATCH_SIZES, m, yerr=sd, marker=markers[kind], ls=styles[i % 3],
+                            color=kcolors[kind], capsize=2,
+                            label=f"{kind}, capacity {fmt_cap(c['capacity'])}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        style_axes(ax)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 1.5, 2, 3, 5, 7)))
+        ax.set_title(title, fontsize=10)
+    # one legend column per row kind, padded with blanks so capacities line up
+    from matplotlib.lines import Line2D
+
+    handles, labels = axes[0].get_legend_handles_labels()
+    rows = max(sum(c["kind"] == k for c in agg["configs"]) for k in kinds)
+    h2, l2 = [], []
+    for kind in kinds:
+        mine = [(h, lab) for h, lab in zip(handles, labels) if lab.startswith(f"{kind},")]
+        mine += [(Line2D([], [], alpha=0), "")] * (rows - len(mine))
+        h2 += [h for h, _ in mine]
+        l2 += [lab for _, lab in mine]
+    fig.legend(h2, l2, loc="lower center", ncol=len(kinds), fontsize=8, frameon=False)
+    fig.suptitle(f"sample() median-latency ratios, {mode} run, {n_seeds} seeds "
+                 "(mean ± std of per-seed ratios; line style = capacity)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * rows, 1, 1))
+    fig.savefig(os.path.join(OUT_DIR, "ratios.png"), dpi=110)
+    plt.close(fig)
+    files.append("ratios.png")
+    return files
+
+
+def sample_table(agg: dict, kind: str) -> list[str]:
+    lines = ["| capacity | batch | AoS median µs | SoA median µs | numpy median µs | "
+             "p99 µs AoS / SoA / numpy | SoA/AoS | numpy/AoS | numpy/SoA | faster layout |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for c in agg["configs"]:
+        if c["kind"] != kind:
+            continue
+        for b in BATCH_SIZES:
+            s = c["sample"][b]
+            cell = [f"{fmt_us(s[i]['median_us_mean'])} ± {fmt_us(s[i]['median_us_std'])}" for i in IMPLS]
+            p99 = " / ".join(fmt_us(s[i]["p99_us_mean"]) for i in IMPLS)
+            r = s["ratios"]
+            v = r["soa/aos"]["faster"]
+            v = {"aos": "**AoS**", "soa": "**SoA**", "tie": "tie"}[v]
+            lines.append(f"| {c['capacity']:,} | {b} | {cell[0]} | {cell[1]} | {cell[2]} | {p99} | "
+                         f"{r['soa/aos']['mean']:.2f} ± {r['soa/aos']['std']:.2f} | "
+                         f"{r['numpy/aos']['mean']:.2f} | {r['numpy/soa']['mean']:.2f} | {v} |")
+    return lines
+
+
+def conclusions(agg: dict) -> list[str]:
+    cells = [(c, b) for c in agg["configs"] for b in BATCH_SIZES]
+    n = len(cells)
+    by = {"aos": [], "soa": [], "tie": []}
+    for c, b in cells:
+        by[c["sample"][b]["ratios"]["soa/aos"]["faster"]].append((c, b))
+
+    def where(items):
+        return ", ".join(f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} "
+                         f"(SoA/AoS {c['sample'][b]['ratios']['soa/aos']['mean']:.2f})" for c, b in items)
+
+    out = []
+    ratios = [c["sample"][b]["ratios"]["soa/aos"]["mean"] for c, b in cells]
+    out.append(f"**Sampling, AoS vs SoA.** Of {n} configurations (row kind x capacity x batch size), "
+               f"AoS samples faster in {len(by['aos'])}, SoA in {len(by['soa'])}, and {len(by['tie'])} "
+               f"{'is a tie' if len(by['tie']) == 1 else 'are ties'} (within {VERDICT_MARGIN:.0%} or seeds "
+               f"disagree). SoA/AoS median-latency ratio: "
+               f"geometric mean {gmean(ratios):.2f}, range {min(ratios):.2f} to {max(ratios):.2f}.")
+    if by["soa"]:
+        out.append(f"**SoA wins** in: {where(by['soa'])}.")
+    else:
+        out.append("**SoA wins nowhere** in this grid.")
+    if by["tie"]:
+        def why(c, b):
+            r = c["sample"][b]["ratios"]["soa/aos"]
+            if all(x < 1 for x in r["per_seed"]) or all(x > 1 for x in r["per_seed"]):
+                return f"within {VERDICT_MARGIN:.0%}"
+            return "seeds disagree: " + ", ".join(f"{x:.2f}" for x in r["per_seed"])
+
+        out.append("Ties: " + ", ".join(
+            f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} (SoA/AoS "
+            f"{c['sample'][b]['ratios']['soa/aos']['mean']:.2f}; {why(c, b)})" for c, b in by["tie"]) + ".")
+
+    kinds = list(dict.fromkeys(c["kind"] for c in agg["configs"]))
+    per_kind = []
+    for kind in kinds:
+        rs = [c["sample"][b]["ratios"]["soa/aos"]["mean"] for c, b in cells if c["kind"] == kind]
+        row = agg["configs"][[c["kind"] for c in agg["configs"]].index(kind)]
+        per_kind.append(f"{kind} ({row['row_nbytes']} B, {len(make_spec(kind))} fields): "
+                        f"{gmean(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})")
+    out.append("**By row size** (SoA/AoS, geometric mean and range over capacities and batch sizes): "
+               + "; ".join(per_kind) + ".")
+    by_b = [f"batch {b}: {gmean([c['sample'][b]['ratios']['soa/aos']['mean'] for c in agg['configs']]):.2f}"
+            for b in BATCH_SIZES]
+    out.append("**By batch size** (SoA/AoS, geometric mean over row kinds and capacities): "
+               + "; ".join(by_b) + ".")
+    caps = []
+    for kind in kinds:
+        cs = [c for c in agg["configs"] if c["kind"] == kind]
+        if len(cs) > 1:
+            caps.append(f"{kind} " + " -> ".join(
+                f"{fmt_cap(c['capacity'])}: {gmean([c['sample'][b]['ratios']['soa/aos']['mean'] for b in BATCH_SIZES]):.2f}"
+                for c in cs))
+    if caps:
+        out.append("**By capacity** (SoA/AoS, geometric mean over batch sizes): " + "; ".join(caps) + ".")
+
+    crossovers = []
+    for c in agg["configs"]:
+        vs = [c["sample"][b]["ratios"]["soa/aos"]["faster"] for b in BATCH_SIZES]
+        if "aos" in vs and "soa" in vs:
+            crossovers.append(f"{c['kind']} {fmt_cap(c['capacity'])} ("
+                              + ", ".join(f"{b}: {v}" for b, v in zip(BATCH_SIZES, vs)) + ")")
+    kind_winners = {}
+    for c, b in cells:
+        kind_winners.setdefault(c["kind"], set()).add(c["sample"][b]["ratios"]["soa/aos"]["faster"])
+    if not by["soa"] and len(by["aos"]) >= len(by["tie"]):
+        out.append("**Why (an interpretation consistent with these numbers, not measured directly).** "
+                   "AoS gathers a sampled row with one copy from one place; SoA makes one copy per field, "
+                   "each from a different array (2 for the tiny row, 6 for the others), so a sampled row "
+                   "costs several independent random memory accesses instead of one or two, plus a "
+                   "separate loop per field. That overhead is largest relative to the bytes moved when "
+                   "rows are small and many-fielded and the buffer is beyond cache, and it disappears "
+                   "when each field is a long contiguous run (the image row's 28 KB frame stacks).")
+    if crossovers:
+        out.append("**Crossover** (the faster layout changes with batch size): " + "; ".join(crossovers) + ".")
+    elif not by["soa"]:
+        out.append("**No crossover**: no row size, batch size or capacity in this grid makes SoA "
+                   "the faster layout" + (" (some are ties)." if by["tie"] else "."))
+    else:
+        flips = [k for k, w in kind_winners.items() if "soa" in w]
+        out.append("**No crossover within a (row kind, capacity) across batch sizes**; SoA wins only "
+                   f"for: {', '.join(flips)}.")
+
+    np_rs = [(c, b, c["sample"][b]["ratios"]["numpy/best_tfdata"]) for c, b in cells]
+    np_wins = [(c, b) for c, b, r in np_rs if r["faster"] == "numpy"]
+    np_ties = [(c, b) for c, b, r in np_rs if r["faster"] == "tie"]
+    vals = [r["mean"] for _, _, r in np_rs]
+    out.append(f"**numpy baseline.** numpy / faster-tfdata-layout latency: geometric mean {gmean(vals):.2f}, "
+               f"range {min(vals):.2f} to {max(vals):.2f}; tfdata is faster in "
+               f"{n - len(np_wins) - len(np_ties)} of {n} configurations.")
+    if np_wins:
+        out.append("**numpy wins** in: " + ", ".join(
+            f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} "
+            f"({c['sample'][b]['ratios']['numpy/best_tfdata']['mean']:.2f})" for c, b in np_wins) + ".")
+    else:
+        out.append("**numpy wins nowhere** in this grid" + (
+            "; ties: " + ", ".join(f"{c['kind']} {fmt_cap(c['capacity'])} batch {b}" for c, b in np_ties)
+            if np_ties else "") + ".")
+
+    np_soa = [(c, b) for c, b in cells if c["sample"][b]["ratios"]["numpy/soa"]["faster"] == "numpy"]
+    if np_soa:
+        out.append("numpy is faster than tfdata **SoA** (not AoS) in: " + ", ".join(
+            f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} "
+            f"(numpy/SoA {c['sample'][b]['ratios']['numpy/soa']['mean']:.2f})" for c, b in np_soa) + ".")
+
+    mem = []
+    for kind in kinds:
+        c = next(c for c in agg["configs"] if c["kind"] == kind)
+        pad = c["aos_itemsize"] / c["row_nbytes"] - 1
+        mem.append(f"{kind} {c['aos_itemsize']} vs {c['row_nbytes']} B/row (+{pad:.1%})")
+    out.append("**Memory.** Storage is allocated once; AoS pays record padding to a multiple of 8 bytes, "
+               "SoA and numpy store the data bytes only: " + "; ".join(mem) + ". RSS grows by about the "
+               "storage bytes when a buffer is filled, not when it is built (pages are zero-mapped "
+               "until written); tfdata adds its output ring per batch size used "
+               f"({RING_SIZE} x batch x row bytes), numpy allocates a fresh batch per call instead.")
+    push_r = [c["push"]["numpy"]["rows_per_s_mean"] / max(c["push"][l]["rows_per_s_mean"] for l in LAYOUTS)
+              for c in agg["configs"]]
+    ext_r = [c["extend"]["numpy"]["rows_per_s_mean"] / max(c["extend"][l]["rows_per_s_mean"] for l in LAYOUTS)
+             for c in agg["configs"]]
+    def write_wins(op):
+        wins = {"aos": [], "soa": [], "tie": []}
+        for c in agg["configs"]:
+            wins[c[op]["soa_vs_aos"]["faster"]].append(f"{c['kind']} {fmt_cap(c['capacity'])}")
+        return wins
+
+    push_sa = [c["push"]["soa_vs_aos"]["mean"] for c in agg["configs"]]
+    ext_sa = [c["extend"]["soa_vs_aos"]["mean"] for c in agg["configs"]]
+    pw, ew = write_wins("push"), write_wins("extend")
+
+    def wins_text(w):
+        return "; ".join(f"{'SoA' if k == 'soa' else 'AoS' if k == 'aos' else 'tie'}: {', '.join(v)}"
+                         for k, v in w.items() if v)
+
+    head = "**Writes: SoA wins extend.**" if ew["soa"] else "**Writes.**"
+    out.append(f"{head} extend(1000) rows/s, SoA/AoS {min(ext_sa):.2f}-{max(ext_sa):.2f}x "
+               f"({wins_text(ew)}); in SoA a block of rows lands as one contiguous copy per field, in AoS "
+               f"as one strided copy per field into the records. push rows/s, SoA/AoS "
+               f"{min(push_sa):.2f}-{max(push_sa):.2f}x ({wins_text(pw)}); a single row's cost is mostly "
+               f"per-call Python work (validation, lock), the same for both layouts. The "
+               f"unvalidated numpy baseline pushes {min(push_r):.1f}-{max(push_r):.1f}x and extends "
+               f"{min(ext_r):.2f}-{max(ext_r):.2f}x the rows/s of the faster tfdata layout.")
+    return out
+
+
+def short_answer(agg: dict) -> str:
+    """The answer in three sentences, from the data."""
+    cells = [(c, b) for c in agg["configs"] for b in BATCH_SIZES]
+    rat = {(c["kind"], c["capacity"], b): c["sample"][b]["ratios"]["soa/aos"] for c, b in cells}
+    n = len(cells)
+    wins = {k: [key for key, r in rat.items() if r["faster"] == k] for k in ("aos", "soa", "tie")}
+    hi = max(rat, key=lambda k: rat[k]["mean"])
+    lo = min(rat, key=lambda k: rat[k]["mean"])
+    name = lambda k: f"{k[0]} row, capacity {k[1]:,}, batch {k[2]}"  # noqa: E731
+    g = gmean([r["mean"] for r in rat.values()])
+    if not wins["soa"]:
+        head = (f"**AoS samples faster.** It wins {len(wins['aos'])} of {n} configurations and loses none"
+                + (f" ({len(wins['tie'])} tied)" if wins["tie"] else "") + ".")
+    elif len(wins["soa"]) > len(wins["aos"]):
+        head = f"**SoA samples faster in most configurations** ({len(wins['soa'])} of {n}; AoS {len(wins['aos'])})."
+    else:
+        head = (f"**AoS samples faster in most configurations** ({len(wins['aos'])} of {n}); SoA wins "
+                f"{len(wins['soa'])}: " + "; ".join(name(k) for k in wins["soa"]) + ".")
+    kinds = list(dict.fromkeys(c["kind"] for c in agg["configs"]))
+    per_kind = {k: gmean([r["mean"] for key, r in rat.items() if key[0] == k]) for k in kinds}
+    kw, kn = max(per_kind, key=per_kind.get), min(per_kind, key=per_kind.get)
+    desc = lambda k: (f"{k} row ({make_spec(k).row_nbytes} B in {len(make_spec(k))} fields, "  # noqa: E731
+                      f"{per_kind[k]:.2f}x)")
+    body = (f" A SoA sample takes {g:.2f}x as long as an AoS one on geometric mean, from {rat[lo]['mean']:.2f}x "
+            f"({name(lo)}) to {rat[hi]['mean']:.2f}x ({name(hi)}). By row kind the gap is widest for the "
+            f"{desc(kw)} and smallest for the {desc(kn)}.")
+    pads = [(c["aos_itemsize"] / c["row_nbytes"] - 1, c["kind"]) for c in agg["configs"]]
+    pad, pk = max(pads)
+    ext = [c["extend"]["soa_vs_aos"]["faster"] for c in agg["configs"]]
+    ext_txt = (f"; SoA extends faster in {ext.count('soa')} of {len(ext)} (row kind, capacity) pairs"
+               if ext.count("soa") else "")
+    mem = (f" In memory SoA is never larger and saves the AoS record padding, which matters only for "
+           f"rows whose fields do not fill 8-byte words ({pk}: AoS is {pad:.0%} larger){ext_txt}. "
+           "The hand-written numpy baseline is slower than the faster tfdata layout in "
+           f"{sum(c['sample'][b]['ratios']['numpy/best_tfdata']['faster'] == 'tfdata' for c, b in cells)} "
+           f"of {n} configurations.")
+    return head + body + mem
+
+
+def write_report(agg: dict, run: dict, files: list[str]) -> None:
+    mode, seeds = run["mode"], run["seeds"]
+    n_seeds = len(seeds)
+    L = []
+    L.append("# AoS or SoA: which replay-buffer layout samples faster, and what does each cost?\n")
+    L.append(f"> Produced by the **{mode}** run `{run['run_name']}` ({n_seeds} seeds, "
+             f"{run['wall_clock_s']:.0f} s wall clock, started {run['started_utc']}). Every table, figure "
+             f"and conclusion below comes from that run; rerunning overwrites this directory. "
+             + ("The published report is the full run (`python experiments/layout.py`)."
+                if mode == "quick" else "The quick demo (`python3 dev.py demo`) writes a smaller run "
+                "to the same place."))
+    L.append("")
+    L.append("## Answer\n")
+    L.append(short_answer(agg) + "\n")
+    L.append("Headline figures (median µs per `sample()` call, mean ± std across seeds):\n")
+    L.append("| row kind | capacity | batch | tfdata AoS | tfdata SoA | numpy | SoA/AoS |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|")
+    for kind, b in (("cartpole", 256), ("image", 32), ("tiny", 256), ("medium", 256)):
+        cs = [c for c in agg["configs"] if c["kind"] == kind]
+        if not cs:
+            continue
+        c = cs[-1]  # the largest capacity of that row kind
+        sb = c["sample"][b]
+        L.append(f"| {kind} | {c['capacity']:,} | {b} | "
+                 + " | ".join(f"{fmt_us(sb[i]['median_us_mean'])} ± {fmt_us(sb[i]['median_us_std'])}"
+                              for i in IMPLS)
+                 + f" | {sb['ratios']['soa/aos']['mean']:.2f} |")
+    L.append("")
+    L.append("Details (all from this run):\n")
+    for line in conclusions(agg):
+        L.append(f"- {line}")
+    L.append("")
+    L.append("## Reproduce\n")
+    L.append("```sh\npython3 dev.py demo                                  # = python experiments/layout.py --quick"
+             "  (< ~3 min)\n.venv/bin/python experiments/layout.py               # full run (< ~20 min), "
+             "the published one\n.venv/bin/python experiments/layout.py --seeds 0,1,2  # explicit seeds\n```\n")
+    L.append("Files: `README.md` (this), `results.json` (every number, per seed; `schema_version` "
+             "field), " + ", ".join(f"`{f}`" for f in files) + ".\n")
+
+    L.append("## What is compared\n")
+    L.append("* **tfdata AoS**: `tfdata.ReplayBuffer(spec, capacity, layout=\"aos\")`, one structured array; "
+             "a sampled row is one contiguous copy of the whole record.")
+    L.append("* **tfdata SoA**: `layout=\"soa\"`, one array per field; a sampled row is one copy per field, "
+             "each from a different array.")
+    L.append("* **numpy baseline**: what one writes by hand: one array per field, "
+             "`idx = rng.integers(0, size, batch)`, `{k: a[idx] for k, a in arrays.items()}`. It allocates "
+             "fresh output arrays every call and validates nothing on push/extend.")
+    L.append("")
+    L.append("tfdata's `sample(batch)` is called with its defaults (`copy=False`): it returns views into a "
+             f"preallocated output ring of {RING_SIZE} batches, drawing indices with its counter-based RNG "
+             "inside the same numba kernel that gathers the rows.\n")
+    L.append("| row kind | fields | data bytes/row | AoS record bytes | capacities (AoS storage, where it fits) |")
+    L.append("|---|---|---:|---:|---|")
+    for kind in dict.fromkeys(c["kind"] for c in agg["configs"]):
+        cs = [c for c in agg["configs"] if c["kind"] == kind]
+        spec = make_spec(kind)
+        fields = ", ".join(f"{f.name} {f.dtype.str[1:]}{list(f.shape) if f.shape else ''}" for f in spec)
+        caps = "; ".join(f"{c['capacity']:,} ({fmt_bytes(c['aos_storage_bytes'])}, {c['cache_placement']})"
+                         for c in cs)
+        L.append(f"| {kind} | {fields} | {spec.row_nbytes} | {spec.aos_dtype.itemsize} | {caps} |")
+    env_cpu = run["environment"]["cpu"]
+    l2, l3 = cache_size(2), cache_size(3)
+    L.append(f"\nBatch sizes: {', '.join(map(str, BATCH_SIZES))}. Cache placement compares the AoS "
+             f"storage with this machine's L2 ({fmt_bytes(l2) if l2 else '?'} per core) and L3 "
+             f"({fmt_bytes(l3) if l3 else '?'}, shared): a \"cache-resident\" 10,000-row buffer of a "
+             "large row is not cache-resident.\n")
+
+    L.append("## Method\n")
+    L.append(f"* **Seeds.** Each seed is a full repetition: fresh buffers, seed-specific random data, "
+             f"sampler seed = seed, and a different order of the three implementations. Seeds: "
+             f"{', '.join(map(str, seeds))}; seeds run one after another (outer loop), so the spread "
+             "across seeds includes drift of the machine over the run.")
+    L.append(f"* **Fill before timing.** Every buffer is filled to capacity with `extend` of "
+             f"{EXTEND_ROWS}-row chunks before anything is timed; kernels are loaded (or compiled) once "
+             f"before the first measurement ({run['parameters'].get('kernel_warmup_s', float('nan')):.1f} s).")
+    L.append(f"* **Sample latency.** Each `sample(batch)` call is timed alone with `time.perf_counter_ns` "
+             f"(Python call overhead included, as a training loop sees it). Per (configuration, implementation, "
+             f"seed): {WARMUP_CALLS} untimed warm-up calls, then as many calls as fit "
+             f"{SAMPLE_BUDGET_S[mode]} s (at least {MIN_CALLS[mode]}, at most {MAX_CALLS[mode]:,}), split into "
+             f"{ROUNDS[mode]} rounds in which the three implementations alternate, so load changes hit all of "
+             "them. The garbage collector is off while timing.")
+    L.append("* **Statistics.** Per seed: median, p99 and mean of the per-call times. Tables give the mean ± "
+             "std across seeds of the per-seed medians; p99 is the mean of per-seed p99s (with fewer than "
+             "~100 calls a p99 is close to the maximum; the call counts are in `results.json`). Ratios are "
+             "computed per seed on medians (same seed, same data, interleaved in time), then averaged.")
+    L.append(f"* **Verdict.** A layout is called faster when it is faster in every seed and the mean ratio "
+             f"is beyond 1 ± {VERDICT_MARGIN:.0%}; anything else is a tie.")
+    L.append(f"* **Writes.** `push` of one gymnasium-style row (arrays for observations, Python scalars for "
+             f"the rest) and `extend` of {EXTEND_ROWS} rows, timed per call on a full buffer (overwriting), "
+             f"~{WRITE_BUDGET_S[mode]} s each; rows/s = rows per call / median call time. \"First fill\" is "
+             "build + fill from empty, which also pays the first-touch page faults.")
+    L.append("* **Memory.** For each (row kind, capacity, implementation), a fresh forked process records "
+             "its RSS (psutil) before building, after building, after filling, and after one sample of "
+             "every batch size (twice, so both slots of tfdata's output ring exist); storage bytes are `buf.nbytes` (numpy: sum of array bytes).")
+    L.append("")
+
+    L.append("## Sample latency\n")
+    for f in files:
+        if f.startswith("latency_"):
+            L.append(f"![{f}]({f})\n")
+    L.append("![ratios.png](ratios.png)\n")
+    for kind in dict.fromkeys(c["kind"] for c in agg["configs"]):
+        L.append(f"### {kind}\n")
+        L.extend(sample_table(agg, kind))
+        L.append("")
+
+    L.append("## Write throughput (rows/s, mean ± std across seeds)\n")
+    L.append("| row kind | capacity | push AoS | push SoA | push numpy | extend(1000) AoS | extend SoA | "
+             "extend numpy | first fill AoS / SoA / numpy |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in agg["configs"]:
+        p = [f"{fmt_rate(c['push'][i]['rows_per_s_mean'])} ± {fmt_rate(c['push'][i]['rows_per_s_std'])}"
+             for i in IMPLS]
+        e = [f"{fmt_rate(c['extend'][i]['rows_per_s_mean'])} ± {fmt_rate(c['extend'][i]['rows_per_s_std'])}"
+             for i in IMPLS]
+        fl = " / ".join(fmt_rate(c["fill"][i]["rows_per_s_mean"]) for i in IMPLS)
+        L.append(f"| {c['kind']} | {c['capacity']:,} | {' | '.join(p)} | {' | '.join(e)} | {fl} |")
+    L.append("")
+
+    L.append("## Memory\n")
+    L.append("| row kind | capacity | impl | storage | RSS after build | RSS after fill | fill RSS / storage | "
+             "RSS after sampling each batch size twice |")
+    L.append("|---|---:|---|---:|---:|---:|---:|---:|")
+    for c in agg["configs"]:
+        for impl in IMPLS:
+            m = c["memory"].get(impl, {})
+            if not m or "error" in m:
+                L.append(f"| {c['kind']} | {c['capacity']:,} | {impl} | ? | ? | ? | ? | {m.get('error', '?')} |")
+                continue
+            L.append(f"| {c['kind']} | {c['capacity']:,} | {impl} | {fmt_bytes(m['storage_bytes'])} | "
+                     f"{fmt_bytes(m['rss_build_bytes'])} | {fmt_bytes(m['rss_fill_bytes'])} | "
+                     f"{m['rss_fill_bytes'] / m['storage_bytes']:.2f} | {fmt_bytes(m['rss_after_samples_bytes'])} |")
+    big = max(agg["configs"], key=lambda c: c["aos_itemsize"])
+    ring = RING_SIZE * max(BATCH_SIZES) * big["aos_itemsize"]
+    L.append("\nRSS figures are growth over the probe process's RSS just before the buffer was built "
+             "(the fill data was already allocated); in the probe, glibc's mmap threshold is pinned to "
+             "4 KiB so every array gets pages of its own (otherwise a small buffer reuses freed heap "
+             "and shows no growth). A tfdata output ring holds "
+             f"{RING_SIZE} x batch x record bytes per batch size: for the {big['kind']} row and batch "
+             f"{max(BATCH_SIZES)} that alone is {fmt_bytes(ring)}, which is why the last column grows "
+             "for tfdata and not for numpy (whose batches are freed after each call).\n")
+
+    L.append("## Caveats\n")
+    L.append("* One machine, a small shared virtual machine (see below): absolute times move with the host; "
+             "the interleaved ratios are the robust part. The load average and CPU steal during the run "
+             "are recorded below.")
+    cv_abs = [s[i]["median_us_std"] / s[i]["median_us_mean"] for c in agg["configs"]
+              for s in c["sample"].values() for i in IMPLS]
+    cv_rat = [s["ratios"]["soa/aos"]["std"] / s["ratios"]["soa/aos"]["mean"] for c in agg["configs"]
+              for s in c["sample"].values()]
+    spread = (f"Across seeds, a per-seed median latency varies by {np.median(cv_abs):.0%} (coefficient of "
+              f"variation, median over configurations; worst {max(cv_abs):.0%}), the SoA/AoS ratio by "
+              f"{np.median(cv_rat):.0%} (worst {max(cv_rat):.0%}).")
+    busy = run.get("machine_busy_fraction")
+    if busy is not None and busy > 0.6:
+        L.append(f"* The machine was not idle: both CPUs together were busy {busy:.0%} of the run while "
+                 "this experiment kept one busy, so other processes competed for the second core, memory "
+                 f"bandwidth and the shared L3. {spread}")
+    else:
+        L.append(f"* {spread}")
+    L.append("* The numpy baseline uses numpy's PCG64 generator and allocates each batch; tfdata uses a "
+             "counter-based generator inside the kernel and reuses its output ring. The comparison is of "
+             "the two ways of getting a batch, not of the gather alone.")
+    L.append("* `push`/`extend` of tfdata include input validation (dtype, shape, safe casts); numpy's do not.")
+    L.append("* Sampling is uniform with replacement over a full buffer; prioritized sampling, "
+             "multi-threaded use and `copy=True` are not measured here.")
+    L.append("")
+    L.append("## Machine and run\n")
+    L.append(methodology_markdown(run))
+    with open(os.path.join(OUT_DIR, "README.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(L))
+
+
+INDEX_TEXT = """# Reports
+
+Results produced by code in this repository. Each report says which command and which run produced
+it, on what machine, and keeps its raw numbers in a JSON file beside it.
+
+## Sections
+
+- [Layout: AoS or SoA?](layout/README.md): which storage layout samples faster, by row size,
+  batch size and capacity, and what each costs in memory; with a plain numpy baseline.
+  Made by `experiments/layout.py` (`python3 dev.py demo` runs its quick mode).
+- [Benchmarks](benchmarks.md): the asv benchmark suite (`python3 dev.py bench`).
+
+<!-- Add new reports above this line, one bullet each: [title](path): what it answers, what made it. -->
+"""
+
+
+def print_table(agg: dict) -> None:
+    print()
+    print(f"{'row':<9}{'capacity':>10}{'batch':>6} | {'median µs: AoS':>14}{'SoA':>9}{'numpy':>9} | "
+          f"{'SoA/AoS':>7}{'np/AoS':>7}  faster")
+    print("-" * 86)
+    for c in agg["configs"]:
+        for b in BATCH_SIZES:
+            s = c["sample"][b]
+            r = s["ratios"]
+            print(f"{c['kind']:<9}{c['capacity']:>10,}{b:>6} | {fmt_us(s['aos']['median_us_mean']):>14}"
+                  f"{fmt_us(s['soa']['median_us_mean']):>9}{fmt_us(s['numpy']['median_us_mean']):>9} | "
+                  f"{r['soa/aos']['mean']:>7.2f}{r['numpy/aos']['mean']:>7.2f}  {r['soa/aos']['faster']}")
+    print()
+    print(f"{'row':<9}{'capacity':>10} | {'storage AoS':>12}{'SoA':>11} | {'RSS fill AoS':>12}{'SoA':>11}"
+          f"{'numpy':>11} | {'push rows/s AoS':>15}{'SoA':>8}{'numpy':>8}")
+    print("-" * 106)
+    for c in agg["configs"]:
+        m = c["memory"]
+        g = lambda impl, k: fmt_bytes(m[impl][k]) if impl in m and k in m[impl] else "?"  # noqa: E731
+        print(f"{c['kind']:<9}{c['capacity']:>10,} | {g('aos', 'storage_bytes'):>12}{g('soa', 'storage_bytes'):>11} | "
+              f"{g('aos', 'rss_fill_bytes'):>12}{g('soa', 'rss_fill_bytes'):>11}{g('numpy', 'rss_fill_bytes'):>11} | "
+              f"{fmt_rate(c['push']['aos']['rows_per_s_mean']):>15}{fmt_rate(c['push']['soa']['rows_per_s_mean']):>8}"
+              f"{fmt_rate(c['push']['numpy']['rows_per_s_mean']):>8}")
+    print(flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+def parse_seeds(text: str | None, mode: str) -> list[int]:
+    if text is None:
+        return list(range(DEFAULT_SEEDS[mode]))
+    if "," in text:
+        return [int(s) for s in text.split(",") if s.strip()]
+    n = int(text)
+    if n < 1:
+        raise SystemExit("--seeds: need at least one seed")
+    return list(range(n))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="small grid, short timing budgets (under ~3 minutes)")
+    ap.add_argument("--seeds", default=None,
+                    help="number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
+                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
+    args = ap.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    seeds = parse_seeds(args.seeds, mode)
+    command = " ".join(["python experiments/layout.py", *(sys.argv[1:] if argv is None else argv)])
+    kinds_caps = [(k, c) for k, caps in CAPACITIES[mode].items() for c in caps]
+    params = {"impls": IMPLS, "batch_sizes": BATCH_SIZES, "row_kinds": ROW_KINDS,
+              "capacities": CAPACITIES[mode], "sample_budget_s": SAMPLE_BUDGET_S[mode],
+              "min_calls": MIN_CALLS[mode], "max_calls": MAX_CALLS[mode], "rounds": ROUNDS[mode],
+              "warmup_calls": WARMUP_CALLS, "write_budget_s": WRITE_BUDGET_S[mode],
+              "extend_rows": EXTEND_ROWS, "ring_size": RING_SIZE, "verdict_margin": VERDICT_MARGIN}
+    rec = RunRecord(EXPERIMENT, mode=mode, seeds=seeds, command=command, parameters=params)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    log = lambda msg: print(f"[{rec.elapsed():6.1f}s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log(f"run {rec.run_name}: {len(kinds_caps)} (row kind, capacity) x {len(BATCH_SIZES)} batch sizes "
+        f"x {len(IMPLS)} implementations x {len(seeds)} seeds")
+
+    params["kernel_warmup_s"] = round(warm_kernels(), 2)
+    log(f"kernels ready ({params['kernel_warmup_s']} s)")
+
+    memory = {}
+    for kind, cap in kinds_caps:
+        memory[(kind, cap)] = {impl: measure_memory(kind, cap, impl) for impl in IMPLS}
+    log("memory probes done")
+
+    raw = []
+    for si, seed in enumerate(seeds):
+        for ci, (kind, cap) in enumerate(kinds_caps):
+            raw.append(run_config(kind, cap, seed, mode, order_key=si + ci))
+            s = raw[-1]["sample"][256]
+            log(f"seed {seed} {kind:<8} cap {cap:>10,}: batch 256 median µs "
+                + " ".join(f"{i} {s[i]['median_us']:.1f}" for i in IMPLS))
+
+    agg = aggregate(raw, memory, kinds_caps)
+    print_table(agg)
+    files = plot(agg, mode, len(seeds))
+    child_peak = max((m.get("probe_peak_rss_bytes", 0) for per in memory.values() for m in per.values()),
+                     default=None)
+    run = rec.finish(child_peak_rss_bytes=child_peak)
+    write_json(os.path.join(OUT_DIR, "results.json"),
+               {"methodology": run, "configs": agg["configs"], "raw": raw})
+    write_report(agg, run, files)
+    if not os.path.exists(INDEX):
+        with open(INDEX, "w", encoding="utf-8") as f:
+            f.write(INDEX_TEXT)
+    rel = os.path.relpath(OUT_DIR, ROOT)
+    print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; "
+          f"report: {rel}/README.md, data: {rel}/results.json, plots: {', '.join(files)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
