@@ -188,3 +188,48 @@ def test_repr_and_introspection(layout):
     assert buf.storage.field("obs").shape == (1000, 4)
     with pytest.raises(SpecError, match="did you mean 'obs'"):
         buf.storage.field("ob")
+
+
+FAST_AND_SLOW_ROWS = [
+    # exact types: the generated fast path takes these
+    {"obs": np.arange(4, dtype=np.float32), "action": 2, "reward": 0.5,
+     "next_obs": np.ones(4, np.float32), "terminated": False, "truncated": True},
+    # numpy scalars as a policy's argmax or an env return them: also the fast path
+    {"obs": np.arange(4, dtype=np.float32), "action": np.int64(1), "reward": np.float32(-1.5),
+     "next_obs": np.ones(4, np.float32), "terminated": np.bool_(True), "truncated": np.bool_(False)},
+    # narrower ints and wider floats: safe, fast path for scalars
+    {"obs": np.arange(4, dtype=np.float32), "action": np.uint8(200), "reward": np.float64(0.1),
+     "next_obs": np.ones(4, np.float32), "terminated": True, "truncated": False},
+    # needs the generic path: lists, other dtypes, 0-d arrays, a non-dict mapping
+    {"obs": [1, 2, 3, 4], "action": np.array(3), "reward": np.array(2.0),
+     "next_obs": np.ones(4, np.float64), "terminated": 1, "truncated": np.int8(0)},
+]
+
+
+@pytest.mark.parametrize("i", range(len(FAST_AND_SLOW_ROWS)))
+def test_fast_push_writes_what_the_checked_push_writes(layout, i):
+    r = FAST_AND_SLOW_ROWS[i]
+    fast = ReplayBuffer(CARTPOLE, 3, layout=layout, seed=0)
+    slow = ReplayBuffer(CARTPOLE, 3, layout=layout, seed=0)
+    for _ in range(4):  # wraps
+        fast.push(r)
+        slow._checked_push(r)
+    fast.push(types_mapping(r))
+    slow._checked_push(r)
+    a, b = fast.state_dict(), slow.state_dict()
+    assert a["writer"] == b["writer"] == {"cursor": 2, "size": 3}
+    assert_batches_equal(a["data"], b["data"])
+    assert a["data"]["reward"][0] == np.float32(np.asarray(r["reward"]).item())
+
+
+def types_mapping(r):
+    """The same row as a read-only mapping that is not a dict (takes the generic path)."""
+    import types
+
+    return types.MappingProxyType(dict(r))
+
+
+def test_fast_push_is_generated_per_spec():
+    buf = ReplayBuffer(CARTPOLE, 3, seed=0)
+    src = buf._fast_push.__source__
+    assert "row['next_obs']" in src and "return slow(row)" in src

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ._fastpath import make_push
 from .errors import SpecError
 from .sampler import UniformSampler
 from .spec import Spec
@@ -130,6 +131,8 @@ class ReplayBuffer:
         # bound once: the sample path does no attribute lookups through the storage
         self._sample_kernel = self._storage.kernels.sample_uniform
         self._kernel_store = self._storage.kernel_store
+        self._fast_push = make_push(self.spec, self._storage.field_views(), self._writer,
+                                    self._lock, self._checked_push)
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -173,6 +176,10 @@ class ReplayBuffer:
             Missing, unknown or misspelled fields, wrong shapes, unsafe casts, junk. The buffer is
             unchanged.
         """
+        self._fast_push(row)
+
+    def _checked_push(self, row: Mapping) -> None:
+        # the generic path: full validation with precise errors, then the same writes
         values = self.spec.check_row(row)
         with self._lock:
             w = self._writer
@@ -195,8 +202,11 @@ class ReplayBuffer:
             return
         with self._lock:
             w = self._writer
-            for dst, src, count in w.spans(n):
-                self._storage.write_rows(dst, values, src, count)
+            if n <= w.capacity - w.cursor:  # no wrap: one span
+                self._storage.write_rows(w.cursor, values, 0, n)
+            else:
+                for dst, src, count in w.spans(n):
+                    self._storage.write_rows(dst, values, src, count)
             w.advance(n)
 
     def clear(self, *, wipe: bool = False) -> None:

@@ -22,6 +22,9 @@ import numpy as np
 from .errors import SpecError
 
 _ALLOWED_KINDS = "biufc"
+_NUMPY_SCALAR_TYPES = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                       np.uint32, np.uint64, np.float16, np.float32, np.float64, np.complex64,
+                       np.complex128)
 _MISSING = object()
 # numpy scalar types that stand for one value of a numeric kind
 _NUMERIC_SCALARS = (np.bool_, np.integer, np.floating, np.complexfloating)
@@ -36,7 +39,8 @@ def _as_dtype(dtype, name: str) -> np.dtype:
         raise SpecError(
             f"field {name!r}: dtype must be bool or numeric (kinds {_ALLOWED_KINDS!r}), got {dt!r}"
         )
-    return dt.newbyteorder("=") if not dt.isnative else dt
+    # the canonical native instance, so fast paths can compare dtypes with `is`
+    return np.dtype(dt.type)
 
 
 def _as_shape(shape, name: str) -> tuple[int, ...]:
@@ -70,12 +74,18 @@ class Field:
             info = np.iinfo(self.dtype)
             bounds = (int(info.min), int(info.max))
         elif kind in "fc":
-            bounds = (-float("inf"), float("inf"))
+            bounds = (-(2**1023), 2**1023)  # beyond this float() of a Python int overflows
         else:
             bounds = None
         object.__setattr__(self, "_int_bounds", bounds if not self.shape else None)
-        object.__setattr__(self, "_float_ok", kind in "fc" and not self.shape)
-        object.__setattr__(self, "_bool_ok", not self.shape)
+        # scalar types (Python and numpy) that always enter a scalar field without loss
+        ok = set()
+        if not self.shape:
+            ok = {t for t in _NUMPY_SCALAR_TYPES if self.cast_rule(np.dtype(t)) == "ok"}
+            ok.add(bool)
+            if kind in "fc":
+                ok.add(float)
+        object.__setattr__(self, "_scalar_types", frozenset(ok))
 
     @property
     def nbytes(self) -> int:
@@ -89,15 +99,11 @@ class Field:
         if t is np.ndarray:
             if value.dtype is self.dtype and value.shape == self.shape:
                 return value
-        elif t is float:
-            if self._float_ok:
-                return value
+        elif t in self._scalar_types:
+            return value
         elif t is int:
             b = self._int_bounds
             if b is not None and b[0] <= value <= b[1]:
-                return value
-        elif t is bool:
-            if self._bool_ok:
                 return value
         return self.coerce(value, ())
 
@@ -164,6 +170,10 @@ class Field:
             raise SpecError(f"field {self.name!r}: expected dtype {self.dtype}, got a float ({value!r}); "
                             "casting float to an integer or bool field would lose data")
         if kind in "fc":
+            try:
+                float(value)
+            except OverflowError:
+                raise SpecError(f"field {self.name!r}: integer {value} is too large for dtype {self.dtype}") from None
             return value
         if kind == "b":
             if value in (0, 1):
@@ -175,26 +185,36 @@ class Field:
         raise SpecError(f"field {self.name!r}: value {value!r} out of range for dtype {self.dtype} "
                         f"[{info.min}, {info.max}]")
 
+    def cast_rule(self, src: np.dtype) -> str:
+        """How values of dtype ``src`` enter this field: ``"ok"`` (no value class can be lost),
+        ``"range"`` (only if every value fits: integer narrowing, integers into bool) or ``"no"``."""
+        dst = self.dtype
+        if src == dst or np.can_cast(src, dst, casting="safe"):
+            return "ok"
+        if dst.kind in "fc" and src.kind in "biuf" and (dst.kind == "c" or src.kind != "c"):
+            return "ok"  # same kind or int -> float: precision may round, no value class is lost
+        if dst.kind in "iub" and src.kind in "iu":
+            return "range"
+        return "no"
+
     def _check_cast(self, arr: np.ndarray) -> None:
         src, dst = arr.dtype, self.dtype
-        if src == dst or np.can_cast(src, dst, casting="safe"):
+        rule = self.cast_rule(src)
+        if rule == "ok":
             return
-        kind = dst.kind
-        if kind in "fc" and src.kind in "biuf" and (kind == "c" or src.kind != "c"):
-            return  # same kind or int -> float: precision may round, no value class is lost
-        if kind in "iu" and src.kind in "iu":
+        if rule == "range":
             if arr.size == 0:
                 return
-            info = np.iinfo(dst)
             lo, hi = arr.min(), arr.max()
+            if dst.kind == "b":
+                if lo >= 0 and hi <= 1:
+                    return
+                raise SpecError(f"field {self.name!r}: expected dtype bool, got {src} values other than 0 and 1")
+            info = np.iinfo(dst)
             if lo >= info.min and hi <= info.max:
                 return
             raise SpecError(f"field {self.name!r}: values in [{lo}, {hi}] of dtype {src} do not fit "
                             f"dtype {dst} [{info.min}, {info.max}]")
-        if kind == "b" and src.kind in "iu":
-            if arr.size == 0 or (arr.min() >= 0 and arr.max() <= 1):
-                return
-            raise SpecError(f"field {self.name!r}: expected dtype bool, got {src} values other than 0 and 1")
         raise SpecError(f"field {self.name!r}: expected dtype {dst}, got dtype {src}; "
                         f"casting {src} to {dst} could lose data")
 
@@ -241,6 +261,8 @@ class Spec:
         self._by_name = {f.name: f for f in items}
         self._nested = any("." in n for n in names)
         self._row_checks = tuple((f.name, f.coerce_one) for f in items)
+        self._dtypes = tuple(f.dtype for f in items)
+        self._batch_shapes = (-1, ())
         base = np.dtype([(f.name, f.dtype, f.shape) for f in items], align=True)
         itemsize = -(-base.itemsize // 8) * 8
         self._aos_dtype = np.dtype({
@@ -406,12 +428,29 @@ class Spec:
         SpecError
             As :meth:`check_row`, and when fields disagree on the number of rows.
         """
-        if not isinstance(batch, Mapping):
+        if type(batch) is not dict and not isinstance(batch, Mapping):
             raise SpecError(f"extend expects a mapping of field name to array, got {type(batch).__name__}")
         if self._nested:
             batch = _flatten(batch)
-        if len(batch) != len(self._fields) or any(f.name not in batch for f in self._fields):
+        if len(batch) != len(self._fields):
             self._check_names(batch, "extend")
+        try:
+            values = [batch[name] for name, _ in self._row_checks]
+        except KeyError:
+            self._check_names(batch, "extend")
+            raise
+        # fast path: every value an ndarray of the exact dtype and row shape, same n
+        v = values[0]
+        if type(v) is np.ndarray and v.ndim:
+            n = v.shape[0]
+            shapes = self._batch_shapes
+            if shapes[0] != n:  # cached per n: callers extend with the same n again and again
+                shapes = self._batch_shapes = (n, tuple((n, *f.shape) for f in self._fields))
+            for v, dt, shape in zip(values, self._dtypes, shapes[1]):
+                if type(v) is not np.ndarray or v.dtype is not dt or v.shape != shape:
+                    break
+            else:
+                return n, values
         n, first = None, None
         values = []
         for f in self._fields:

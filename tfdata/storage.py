@@ -73,6 +73,10 @@ class _Storage:
         self.spec[name]  # raises SpecError naming the field if unknown
         return self._fields[name]
 
+    def field_views(self) -> list:
+        """Views of every field in spec order, each ``(capacity, *field.shape)``."""
+        return list(self._field_list)
+
     def state_dict(self, n_rows: int) -> dict:
         """Copies of the first ``n_rows`` physical rows of every field (layout-neutral)."""
         return {name: np.array(self._fields[name][:n_rows]) for name in self.spec.names}
@@ -90,6 +94,10 @@ class _Storage:
     def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:
         """Write ``values[f][src_start:src_start+count]`` at rows ``[start, start+count)``."""
         stop = start + count
+        if src_start == 0 and count == len(values[0]):  # the common case: no slicing of the input
+            for view, v in zip(self._field_list, values):
+                view[start:stop] = v
+            return
         src_stop = src_start + count
         for view, v in zip(self._field_list, values):
             view[start:stop] = v[src_start:src_stop]

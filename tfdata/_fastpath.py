@@ -1,0 +1,73 @@
+"""A per-buffer ``push`` specialised to its spec, for the one-row-per-step hot path.
+
+A generic push loops over fields, calls a checker per field and a writer per field: about
+0.3 µs of interpreter work per field before any byte moves. For a given spec the checks are
+known when the buffer is built, so this module writes them out once, field by field, as the
+source of one small function (the technique of ``dataclasses`` and ``namedtuple``), and
+compiles it with ``exec``. The generated function only accepts the inputs it can prove safe
+without help (exact ndarray dtype and shape, scalar types that cast without loss, ints in
+range, a plain dict with exactly the spec's keys); anything else goes to the generic path,
+which validates in full and raises the precise error. Both paths write the same values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .spec import Spec
+
+
+def make_push(spec: Spec, arrays: list, writer, lock, slow):
+    """Return ``push(row)`` for ``spec``.
+
+    Parameters
+    ----------
+    spec : Spec
+    arrays : list of ndarray
+        Field views of the storage in spec order, each ``(capacity, *field.shape)``.
+    writer : RingWriter
+        Its ``cursor`` and ``size`` are advanced under ``lock``.
+    lock : context manager
+        The buffer's lock.
+    slow : callable
+        ``slow(row)``: the generic validated push, used for any input the fast path does not
+        accept.
+    """
+    ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity}
+    reads, checks, writes = [], [], []
+    for i, f in enumerate(spec):
+        v = f"v{i}"
+        ns[f"a{i}"] = arrays[i]
+        reads.append(f"        {v} = row[{f.name!r}]")
+        if f.shape:
+            ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
+            checks.append(f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}")
+        else:
+            ns[f"ok{i}"] = f._scalar_types
+            if f._int_bounds is not None:
+                ns[f"lo{i}"], ns[f"hi{i}"] = f._int_bounds
+                checks.append(f"(type({v}) in ok{i} or type({v}) is int and lo{i} <= {v} <= hi{i})")
+            else:
+                checks.append(f"type({v}) in ok{i}")
+        writes.append(f"        a{i}[p] = {v}")
+    src = "\n".join([
+        "def push(row):",
+        f"    if type(row) is not dict or len(row) != {len(spec)}:",
+        "        return slow(row)",
+        "    try:",
+        *reads,
+        "    except KeyError:",
+        "        return slow(row)",
+        "    if not (" + "\n            and ".join(checks) + "):",
+        "        return slow(row)",
+        "    with lock:",
+        "        p = w.cursor",
+        *writes,
+        "        w.cursor = p + 1 if p + 1 != cap else 0",
+        "        if w.size != cap:",
+        "            w.size += 1",
+    ])
+    exec(compile(src, f"<tfdata push for {len(spec)} fields>", "exec"), ns)
+    push = ns["push"]
+    push.__source__ = src
+    return push
