@@ -9,17 +9,9 @@ from __future__ import annotations
 
 from numba import njit
 
-from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from .._config import NJIT_OPTIONS
+from ._copy import copy_rows
 from ._rng import fill_indices
-
-
-@njit(**INLINE_OPTIONS)
-def _copy_rows(store, idx, out):
-    words = store.shape[1]
-    for i in range(idx.shape[0]):
-        j = idx[i]
-        for k in range(words):
-            out[i, k] = store[j, k]
 
 
 @njit(**NJIT_OPTIONS)
@@ -35,7 +27,7 @@ def gather(store, idx, out):
     out : ndarray of uint64, shape (>= batch, words)
         Destination rows.
     """
-    _copy_rows(store, idx, out)
+    copy_rows(store, idx, out)
 
 
 @njit(**NJIT_OPTIONS)
@@ -55,4 +47,4 @@ def sample_uniform(store, n, state, idx, out):
         Output: the sampled rows.
     """
     fill_indices(n, state, idx)
-    _copy_rows(store, idx, out)
+    copy_rows(store, idx, out)

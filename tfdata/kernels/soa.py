@@ -12,29 +12,21 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._copy import copy_rows
 from ._rng import fill_indices
-
-
-@njit(**INLINE_OPTIONS)
-def _copy_words(src, idx, dst):
-    width = src.shape[1]
-    for i in range(idx.shape[0]):
-        j = idx[i]
-        for k in range(width):
-            dst[i, k] = src[j, k]
 
 
 @njit(**INLINE_OPTIONS)
 def _copy_field(src, idx, dst):
     width = src.shape[1]
     if width % 8 == 0:
-        _copy_words(src.view(np.uint64), idx, dst.view(np.uint64))
+        copy_rows(src.view(np.uint64), idx, dst.view(np.uint64))
     elif width % 4 == 0:
-        _copy_words(src.view(np.uint32), idx, dst.view(np.uint32))
+        copy_rows(src.view(np.uint32), idx, dst.view(np.uint32))
     elif width % 2 == 0:
-        _copy_words(src.view(np.uint16), idx, dst.view(np.uint16))
+        copy_rows(src.view(np.uint16), idx, dst.view(np.uint16))
     else:
-        _copy_words(src, idx, dst)
+        copy_rows(src, idx, dst)
 
 
 @njit(**NJIT_OPTIONS)
