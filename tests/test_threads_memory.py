@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 import tracemalloc
@@ -130,29 +131,53 @@ def test_torn_rows_are_detected_without_the_lock():
     assert torn > 0
 
 
-def test_kernels_release_the_gil(layout):
-    """A Python thread keeps counting while big samples are gathered."""
-    buf = ReplayBuffer({"img": ("u1", (4, 84, 84))}, 2000, layout=layout, seed=0)
-    buf.extend({"img": np.ones((2000, 4, 84, 84), np.uint8)})
-    buf.sample(512)
+def _progress_of_other_thread_during(action) -> int:
+    """How far a counting thread gets while ``action`` runs in this thread.
+
+    The switch interval is raised to 1 s, so this thread keeps the GIL unless it releases it
+    itself: the count can only move while ``action`` runs if ``action`` releases the GIL.
+    """
     counter = [0]
     stop = threading.Event()
 
     def count():
         while not stop.is_set():
             counter[0] += 1
+            if counter[0] % 64 == 0:
+                time.sleep(0)  # hand the GIL back to the main thread
 
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
     t = threading.Thread(target=count)
-    t.start()
-    time.sleep(0.05)
-    before = counter[0]
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.3:
-        buf.sample(512)
-    during = counter[0] - before
-    stop.set()
-    t.join()
-    assert during > 1000
+    try:
+        t.start()
+        time.sleep(0.02)
+        before = counter[0]
+        action()
+        during = counter[0] - before
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+    return during
+
+
+def test_kernels_release_the_gil(layout):
+    """A Python thread runs while one large sample is gathered (nogil kernels)."""
+    buf = ReplayBuffer({"img": ("u1", (4, 84, 84))}, 1000, layout=layout, seed=0)
+    buf.extend({"img": np.ones((1000, 4, 84, 84), np.uint8)})
+    buf.sample(1000)
+    assert _progress_of_other_thread_during(lambda: buf.sample(1000)) > 100
+
+
+def test_gil_probe_can_fail():
+    """Control: a GIL-holding action of similar length lets the other thread make no progress."""
+    def busy():
+        end = time.perf_counter() + 0.03
+        while time.perf_counter() < end:
+            pass
+
+    assert _progress_of_other_thread_during(busy) == 0
 
 
 def test_output_rings_are_per_thread(layout):
