@@ -70,3 +70,35 @@ class RingModel:
     def rows(self, idx) -> dict:
         names = self.slots[0].keys()
         return {k: np.stack([self.slots[i][k] for i in idx]) for k in names}
+
+
+def tree_levels(leaves: np.ndarray, size: int):
+    """Sum, min and max trees built bottom-up from ``leaves`` padded to ``size`` (a power of 2),
+    in the kernels' array layout (root at 1, leaves at ``size + s``)."""
+    s = np.zeros(2 * size)
+    mn = np.full(2 * size, np.inf)
+    mx = np.zeros(2 * size)
+    s[size:size + len(leaves)] = leaves
+    mx[size:size + len(leaves)] = leaves
+    mn[size:size + len(leaves)] = np.where(leaves > 0, leaves, np.inf)
+    for i in range(size - 1, 0, -1):
+        s[i] = s[2 * i] + s[2 * i + 1]
+        mn[i] = min(mn[2 * i], mn[2 * i + 1])
+        mx[i] = max(mx[2 * i], mx[2 * i + 1])
+    return s, mn, mx
+
+
+def stratified_slots(key: int, counter: int, leaves: np.ndarray, batch: int):
+    """Stratified proportional draws by cumulative sums: slot of mass (i + r_i) * total / batch."""
+    total = float(np.sum(leaves)) if len(leaves) else 0.0
+    cums = np.cumsum(leaves)
+    out = []
+    for i in range(batch):
+        r = mix64(key + counter * GOLDEN)
+        counter += 1
+        u = (i + (r >> 11) * 2.0**-53) * (total / batch)
+        slot = int(np.searchsorted(cums, u, side="right"))
+        while leaves[min(slot, len(leaves) - 1)] <= 0 or slot >= len(leaves):
+            slot -= 1  # past the end by rounding: the last positive leaf
+        out.append(slot)
+    return np.array(out, dtype=np.int64), counter

@@ -12,10 +12,11 @@ _config.install_cache_dir()
 
 from .buffer import Batch, ReplayBuffer  # noqa: E402
 from .errors import SpecError  # noqa: E402
+from .prioritized import PrioritizedReplayBuffer  # noqa: E402
 from .spec import Field, Spec  # noqa: E402
 from .storage import AoSStorage, SoAStorage, make_storage  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Batch", "ReplayBuffer", "Spec", "Field", "SpecError", "AoSStorage", "SoAStorage",
+__all__ = ["Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "Spec", "Field", "SpecError", "AoSStorage", "SoAStorage",
            "make_storage", "__version__"]

@@ -28,6 +28,8 @@ class Batch(Mapping):
     ----------
     indices : ndarray of int64, shape (batch_size,)
         Storage slots the rows came from (what a prioritized buffer updates).
+    weights : ndarray of float32, shape (batch_size,), or None
+        Importance-sampling weights (prioritized buffers only).
 
     Notes
     -----
@@ -38,11 +40,12 @@ class Batch(Mapping):
     read-only (it is reused by the ring); ``dict(batch)`` gives a mutable one.
     """
 
-    __slots__ = ("_fields", "indices")
+    __slots__ = ("_fields", "indices", "weights")
 
-    def __init__(self, fields, indices):
+    def __init__(self, fields, indices, weights=None):
         self._fields = dict(fields)
         self.indices = indices
+        self.weights = weights
 
     def __getitem__(self, name):
         return self._fields[name]
@@ -55,7 +58,9 @@ class Batch(Mapping):
 
     def copy(self) -> "Batch":
         """A deep copy with C-contiguous arrays, valid forever."""
-        return Batch({k: np.array(v, order="C") for k, v in self._fields.items()}, self.indices.copy())
+        weights = None if self.weights is None else self.weights.copy()
+        return Batch({k: np.array(v, order="C") for k, v in self._fields.items()}, self.indices.copy(),
+                     weights)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
@@ -65,11 +70,14 @@ class Batch(Mapping):
 class _OutputRing:
     """``ring_size`` preallocated outputs for one batch size, handed out in turn."""
 
-    __slots__ = ("slots", "batches", "next")
+    __slots__ = ("slots", "batches", "next", "weights", "scratch")
 
-    def __init__(self, storage, batch_size: int, ring_size: int):
+    def __init__(self, storage, batch_size: int, ring_size: int, weighted: bool = False):
         self.slots: list[Output] = [storage.new_output(batch_size) for _ in range(ring_size)]
-        self.batches = [Batch(o.fields, o.indices) for o in self.slots]
+        # per slot: importance weights (float32) and float64 scratch, for weighted samplers
+        self.weights = [np.zeros(batch_size, np.float32) if weighted else None for _ in self.slots]
+        self.scratch = [np.zeros(batch_size, np.float64) if weighted else None for _ in self.slots]
+        self.batches = [Batch(o.fields, o.indices, w) for o, w in zip(self.slots, self.weights)]
         self.next = 0
 
 
@@ -84,6 +92,7 @@ def _check_int(name: str, value, low: int, high: int | None = None) -> int:
 
 
 class ReplayBuffer:
+    _weighted = False  # whether sampled batches carry importance weights
     """A fixed-capacity circular replay buffer with uniform sampling.
 
     Parameters
@@ -259,7 +268,8 @@ class ReplayBuffer:
         rings = getattr(self._local, "rings", None)
         if rings is None:
             rings = self._local.rings = {}
-        ring = rings[batch_size] = _OutputRing(self._storage, batch_size, self._ring_size)
+        ring = rings[batch_size] = _OutputRing(self._storage, batch_size, self._ring_size,
+                                               self._weighted)
         return ring
 
     def _too_few_rows(self, batch_size: int, n: int) -> str:
@@ -277,16 +287,19 @@ class ReplayBuffer:
         only: no pickle is needed to store it.
         """
         with self._lock:
-            return {
-                "format": _STATE_FORMAT,
-                "version": _STATE_VERSION,
-                "spec": self.spec.to_dict(),
-                "capacity": self.capacity,
-                "layout": self.layout,
-                "writer": self._writer.state_dict(),
-                "sampler": self._sampler.state_dict(),
-                "data": self._storage.state_dict(self._writer.size),
-            }
+            return self._state_unlocked()
+
+    def _state_unlocked(self) -> dict:
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "spec": self.spec.to_dict(),
+            "capacity": self.capacity,
+            "layout": self.layout,
+            "writer": self._writer.state_dict(),
+            "sampler": self._sampler.state_dict(),
+            "data": self._storage.state_dict(self._writer.size),
+        }
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing."""
@@ -314,7 +327,16 @@ class ReplayBuffer:
             if arr.shape != (size,) + f.shape or arr.dtype != f.dtype:
                 raise SpecError(f"state data: field {f.name!r}: expected {f.dtype}{(size,) + f.shape}, "
                                 f"got {arr.dtype}{arr.shape}")
+        extra = self._check_extra_state(state, size)
         with self._lock:
             self._storage.load_state_dict(data, size)
             self._writer.load_state_dict(writer.state_dict())
             self._sampler.load_state_dict(sampler.state_dict())
+            self._load_extra_state(extra)
+
+    def _check_extra_state(self, state: Mapping, size: int):
+        """Validate what a subclass adds to the state; return what ``_load_extra_state`` needs."""
+        return None
+
+    def _load_extra_state(self, extra) -> None:
+        """Apply a subclass's validated extra state (called under the lock)."""

@@ -12,6 +12,7 @@ from numba import njit
 from .._config import NJIT_OPTIONS
 from ._copy import copy_rows
 from ._rng import fill_indices
+from ._tree import is_weights, stratified_find
 
 
 @njit(**NJIT_OPTIONS)
@@ -47,4 +48,31 @@ def sample_uniform(store, n, state, idx, out):
         Output: the sampled rows.
     """
     fill_indices(n, state, idx)
+    copy_rows(store, idx, out)
+
+
+@njit(**NJIT_OPTIONS)
+def sample_prioritized(store, sumt, mint, state, beta, idx, u, weights, out):
+    """Stratified proportional sample with importance weights, gathered into ``out``.
+
+    Parameters
+    ----------
+    store : ndarray of uint64, shape (capacity, words)
+    sumt, mint : ndarray of float64, shape (2 * P,)
+        Sum and min trees (see ``tfdata.kernels._tree``); the root mass must be positive.
+    state : ndarray of uint64, shape (2,)
+        Counter-based RNG state, advanced in place (one word per draw).
+    beta : float
+        Importance-sampling exponent.
+    idx : ndarray of int64, shape (batch,)
+        Output: sampled slots.
+    u : ndarray of float64, shape (batch,)
+        Scratch.
+    weights : ndarray of float32, shape (batch,)
+        Output: ``(p_min / p_i) ** beta``, so the largest possible weight is 1.
+    out : ndarray of uint64, shape (batch, words)
+        Output: the sampled rows.
+    """
+    stratified_find(sumt, state, idx, u)
+    is_weights(sumt, mint, idx, beta, weights)
     copy_rows(store, idx, out)

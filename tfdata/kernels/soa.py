@@ -14,6 +14,7 @@ from numba import njit
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._copy import copy_rows
 from ._rng import fill_indices
+from ._tree import is_weights, stratified_find
 
 
 @njit(**INLINE_OPTIONS)
@@ -63,5 +64,28 @@ def sample_uniform(store, n, state, idx, out):
         Output: the sampled rows of every field.
     """
     fill_indices(n, state, idx)
+    for f in range(len(store)):
+        _copy_field(store[f], idx, out[f])
+
+
+@njit(**NJIT_OPTIONS)
+def sample_prioritized(store, sumt, mint, state, beta, idx, u, weights, out):
+    """Stratified proportional sample with importance weights, gathered into ``out``.
+
+    Parameters
+    ----------
+    store : tuple of ndarray of uint8, each shape (capacity, field_bytes)
+    sumt, mint : ndarray of float64, shape (2 * P,)
+    state : ndarray of uint64, shape (2,)
+    beta : float
+    idx : ndarray of int64, shape (batch,)
+    u : ndarray of float64, shape (batch,)
+    weights : ndarray of float32, shape (batch,)
+    out : tuple of ndarray of uint8, each shape (batch, field_bytes)
+
+    See ``tfdata.kernels.aos.sample_prioritized``; only the row copy differs.
+    """
+    stratified_find(sumt, state, idx, u)
+    is_weights(sumt, mint, idx, beta, weights)
     for f in range(len(store)):
         _copy_field(store[f], idx, out[f])

@@ -1,0 +1,214 @@
+"""PrioritizedReplayBuffer and the tree kernels against slow references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tfdata import PrioritizedReplayBuffer, SpecError
+from tfdata import kernels
+
+from . import naive
+from .conftest import CARTPOLE, assert_batches_equal, random_rows
+
+
+def trees(capacity):
+    size = 1 << max(0, (capacity - 1).bit_length())
+    return np.zeros(2 * size), np.full(2 * size, np.inf), np.zeros(2 * size), size
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 33, 1000])
+def test_tree_updates_match_a_fresh_build(capacity):
+    rng = np.random.default_rng(capacity)
+    s, mn, mx, size = trees(capacity)
+    leaves = np.zeros(capacity)
+    for step in range(60):
+        op = step % 4
+        if op == 0:
+            slots = rng.integers(0, capacity, 5)
+            vals = rng.random(5) * 10
+            kernels.tree_set(s, mn, mx, slots, vals)
+            for a, b in zip(slots, vals):
+                leaves[a] = b
+        elif op == 1:
+            start = int(rng.integers(0, capacity))
+            count = int(rng.integers(0, capacity - start + 1))
+            v = float(rng.random())
+            kernels.tree_fill(s, mn, mx, start, count, v)
+            leaves[start:start + count] = v
+        elif op == 2:
+            start = int(rng.integers(0, capacity))
+            vals = rng.random(int(rng.integers(0, capacity - start + 1)))
+            kernels.tree_fill_values(s, mn, mx, start, vals)
+            leaves[start:start + len(vals)] = vals
+        else:  # empty a slot again
+            slot = int(rng.integers(0, capacity))
+            kernels.tree_set(s, mn, mx, np.array([slot]), np.zeros(1))
+            leaves[slot] = 0.0
+        ref = naive.tree_levels(leaves, size)
+        # recomputed from children every time: bit-identical to a fresh build, no drift
+        np.testing.assert_array_equal(s, ref[0])
+        np.testing.assert_array_equal(mn, ref[1])
+        np.testing.assert_array_equal(mx, ref[2])
+    kernels.tree_build(s, mn, mx, leaves[:3].copy())
+    ref = naive.tree_levels(leaves[:3], size)
+    np.testing.assert_array_equal(s, ref[0])
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+@pytest.mark.parametrize("capacity", [1, 7, 33])
+def test_sample_matches_stratified_reference(layout, capacity):
+    # alpha=1, eps=0.5 and integer priorities: half-integer leaves, so every sum is exact and the
+    # tree descent must agree with searchsorted on the cumulative sums
+    buf = PrioritizedReplayBuffer(CARTPOLE, capacity, alpha=1.0, eps=0.5, beta=0.7,
+                                  layout=layout, seed=3)
+    rng = np.random.default_rng(0)
+    data = random_rows(buf.spec, capacity, rng)
+    buf.extend(data, priorities=rng.integers(0, 9, capacity).astype(float))
+    key, counter = naive.key_of(3), 0
+    for _ in range(10):
+        leaves = buf.priorities()
+        b = buf.sample(min(5, capacity) if capacity > 1 else 1)
+        ref, counter = naive.stratified_slots(key, counter, leaves, len(b.indices))
+        np.testing.assert_array_equal(b.indices, ref)
+        assert_batches_equal(b, {k: v[ref] for k, v in data.items()})
+        expected_w = (leaves.min() / leaves[ref]) ** 0.7
+        np.testing.assert_allclose(b.weights, expected_w.astype(np.float32), rtol=1e-6)
+        buf.update_priorities(b.indices, rng.integers(0, 9, len(b.indices)).astype(float))
+
+
+def test_sampling_frequencies_follow_priorities():
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 8, alpha=0.6, eps=1e-6, seed=11)
+    pri = np.array([0.1, 0.5, 1.0, 2.0, 4.0, 0.0, 3.0, 0.7])
+    buf.extend({"x": np.arange(8)}, priorities=pri)
+    counts = np.zeros(8)
+    for _ in range(12_000):
+        counts += np.bincount(buf.sample(8).indices, minlength=8)
+    p = (pri + 1e-6) ** 0.6
+    expected = p / p.sum() * counts.sum()
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 24.32, (counts, expected)  # chi-square 0.999 quantile, 7 dof
+
+
+def test_new_rows_get_the_current_maximum():
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 4, alpha=1.0, eps=1e-9, seed=0)
+    buf.push({"x": 0})
+    assert buf.priorities()[0] == pytest.approx(1.0)  # empty buffer: 1.0
+    buf.extend({"x": np.array([1, 2])}, priorities=[5.0, 3.0])
+    buf.push({"x": 3})
+    assert buf.priorities()[3] == pytest.approx(5.0)
+    buf.update_priorities([1], [2.0])  # the maximum decreases: new rows follow it down
+    buf.push({"x": 4})  # overwrites slot 0 (priority 1.0)
+    assert buf.priorities()[0] == pytest.approx(5.0)  # slot 3 still holds 5.0
+    buf.update_priorities([3, 0], [0.5, 0.5])
+    buf.push({"x": 5})  # overwrites slot 1 (2.0): live max is now slot 2's 3.0
+    assert buf.priorities()[1] == pytest.approx(3.0)
+    buf.extend({"x": np.array([6, 7])})  # overwrites slots 2 (3.0) and 3: max excludes them
+    np.testing.assert_allclose(buf.priorities(), [0.5, 3.0, 3.0, 3.0])
+
+
+def test_priorities_survive_wrap_around(layout):
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 5, alpha=1.0, eps=1e-9, seed=0, layout=layout)
+    buf.extend({"x": np.arange(3)}, priorities=[1.0, 2.0, 3.0])
+    buf.extend({"x": np.arange(3, 7)}, priorities=[4.0, 5.0, 6.0, 7.0])
+    np.testing.assert_allclose(buf.priorities(), [6.0, 7.0, 3.0, 4.0, 5.0])
+    assert buf.state_dict()["data"]["x"].tolist() == [5, 6, 2, 3, 4]
+
+
+def test_aos_and_soa_identical():
+    bufs = [PrioritizedReplayBuffer(CARTPOLE, 33, layout=lay, seed=9, beta_steps=10)
+            for lay in ("aos", "soa")]
+    rng = np.random.default_rng(1)
+    for step in range(15):
+        data = random_rows(bufs[0].spec, 7, rng)
+        for b in bufs:
+            b.extend(data)
+        a, s = (b.sample(min(16, len(b))) for b in bufs)
+        np.testing.assert_array_equal(a.indices, s.indices)
+        np.testing.assert_array_equal(a.weights, s.weights)
+        assert_batches_equal(a, s)
+        new = rng.random(len(a.indices)) * 3
+        for b, batch in zip(bufs, (a, s)):
+            b.update_priorities(batch.indices, new)
+
+
+def test_beta_schedule():
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 8, beta=0.4, beta_final=1.0, beta_steps=4, seed=0)
+    buf.extend({"x": np.arange(8)})
+    betas = []
+    for _ in range(6):
+        betas.append(buf.beta)
+        buf.sample(2)
+    np.testing.assert_allclose(betas, [0.4, 0.55, 0.7, 0.85, 1.0, 1.0])
+    assert PrioritizedReplayBuffer({"x": "i8"}, 8, beta=0.3).beta == 0.3
+
+
+def test_state_round_trip_continues(layout):
+    a = PrioritizedReplayBuffer(CARTPOLE, 33, layout=layout, seed=4, beta_steps=50)
+    rng = np.random.default_rng(2)
+    a.extend(random_rows(a.spec, 40, rng))
+    b0 = a.sample(8)
+    a.update_priorities(b0.indices, rng.random(8))
+    state = a.state_dict()
+    for other in ("aos", "soa"):
+        b = PrioritizedReplayBuffer(CARTPOLE, 33, layout=other, seed=0, beta_steps=50)
+        b.load_state_dict(state)
+        c = PrioritizedReplayBuffer(CARTPOLE, 33, layout=layout, seed=0, beta_steps=50)
+        c.load_state_dict(state)
+        for _ in range(3):
+            x, y = b.sample(8), c.sample(8)
+            np.testing.assert_array_equal(x.indices, y.indices)
+            np.testing.assert_array_equal(x.weights, y.weights)
+            assert_batches_equal(x, y)
+        np.testing.assert_array_equal(b.priorities(), c.priorities())
+
+
+@pytest.mark.parametrize("indices,priorities,error,message", [
+    ([0, 1], [1.0, np.nan], ValueError, r"finite and >= 0, got nan at position 1"),
+    ([0, 1], [np.inf, 1.0], ValueError, r"got inf at position 0"),
+    ([0, 1], [1.0, -0.5], ValueError, r"got -0.5 at position 1"),
+    ([0, 9], [1.0, 1.0], ValueError, r"indices must be in \[0, 5\), got values in \[0, 9\]"),
+    ([-1, 2], [1.0, 1.0], ValueError, r"indices must be in \[0, 5\)"),
+    ([0, 1, 2], [1.0, 1.0], SpecError, r"expected priorities of shape \(3,\), got shape \(2,\)"),
+    ([0.0, 1.0], [1.0, 1.0], SpecError, r"indices must be a 1-D integer array"),
+    ([[0, 1]], [1.0, 1.0], SpecError, r"indices must be a 1-D integer array"),
+    ([0, 1], ["a", "b"], SpecError, r"priorities must be numbers"),
+])
+def test_bad_updates_change_nothing(layout, indices, priorities, error, message):
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 8, seed=0, layout=layout)
+    buf.extend({"x": np.arange(5)}, priorities=[1, 2, 3, 4, 5])
+    before = buf.priorities()
+    with pytest.raises(error, match=message):
+        buf.update_priorities(indices, priorities)
+    np.testing.assert_array_equal(buf.priorities(), before)
+
+
+def test_bad_push_priorities_change_nothing():
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 4, seed=0)
+    buf.push({"x": 1})
+    before = buf.state_dict()
+    for bad in (-1.0, np.nan, "x"):
+        with pytest.raises((ValueError, TypeError)):
+            buf.push({"x": 2}, priority=bad)
+    with pytest.raises(SpecError, match=r"shape \(2,\)"):
+        buf.extend({"x": np.arange(2)}, priorities=[1.0])
+    after = buf.state_dict()
+    assert after["writer"] == before["writer"]
+    np.testing.assert_array_equal(after["prioritized"]["leaves"], before["prioritized"]["leaves"])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"alpha": -1}, "alpha"), ({"beta": float("nan")}, "beta"), ({"eps": 0}, "eps"),
+    ({"beta_steps": 0}, "beta_steps"), ({"alpha": "x"}, "alpha"),
+])
+def test_bad_construction(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        PrioritizedReplayBuffer({"x": "i8"}, 4, **kwargs)
+
+
+def test_clear_forgets_priorities():
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 4, seed=0, alpha=1.0, eps=1e-9)
+    buf.extend({"x": np.arange(4)}, priorities=[9, 9, 9, 9])
+    buf.clear()
+    buf.push({"x": 1})
+    assert buf.priorities()[0] == pytest.approx(1.0)

@@ -1,0 +1,252 @@
+"""Proportional prioritized replay (Schaul et al. 2016) on the same storages and writer."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from .buffer import Batch, ReplayBuffer, _check_int
+from .errors import SpecError
+
+
+def _check_float(name: str, value, low: float, *, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < low or (low_open and value == low):
+        raise ValueError(f"{name} must be finite and {'>' if low_open else '>='} {low}, got {value}")
+    return value
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """A replay buffer that samples rows in proportion to ``(priority + eps) ** alpha``.
+
+    Parameters
+    ----------
+    spec, capacity, layout, seed, ring_size
+        As for :class:`ReplayBuffer`.
+    alpha : float, default 0.6
+        Priority exponent, fixed at construction (0 gives uniform sampling).
+    beta : float, default 0.4
+        Importance-sampling exponent at the first sample.
+    beta_final : float, default 1.0
+        Value ``beta`` reaches after ``beta_steps`` calls of :meth:`sample`.
+    beta_steps : int, optional
+        Length of the linear annealing, in sample calls; None keeps ``beta`` constant.
+    eps : float, default 1e-6
+        Added to every priority, so no row has zero probability.
+
+    Notes
+    -----
+    *Storage of priorities.* Three binary trees over the slots, in float64: sums (sampling),
+    minimum (weight normalisation) and maximum (priority of new rows). float64 because the
+    root sums up to 2**32 leaves; parents are always recomputed from their children, so there is
+    no drift to correct by rebuilding.
+
+    *New rows* get the maximum priority over the rows that are live once the rows being
+    overwritten are gone (1.0, before ``alpha``, in an empty buffer), unless ``push``/``extend``
+    are given explicit priorities.
+
+    *Sampling* is stratified: the total mass is cut into ``batch_size`` equal segments and one
+    row is drawn in each, with replacement across segments. Each sample returns importance
+    weights ``w_i = (N P(i))**-beta / max_j (N P(j))**-beta``, where ``N = len(buffer)``,
+    ``P(i) = p_i**alpha / sum_k p_k**alpha`` and the max runs over **all live rows** (not only
+    the batch), so ``w_i = (min_k p_k**alpha / p_i**alpha)**beta <= 1``.
+    """
+
+    _weighted = True
+
+    def __init__(self, spec, capacity: int, *, alpha: float = 0.6, beta: float = 0.4,
+                 beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
+                 layout: str | None = None, seed: int | None = None, ring_size: int = 2):
+        self.alpha = _check_float("alpha", alpha, 0.0)
+        self.beta_start = _check_float("beta", beta, 0.0)
+        self.beta_final = _check_float("beta_final", beta_final, 0.0)
+        self.beta_steps = None if beta_steps is None else _check_int("beta_steps", beta_steps, 1)
+        self.eps = _check_float("eps", eps, 0.0, low_open=True)
+        super().__init__(spec, capacity, layout=layout, seed=seed, ring_size=ring_size)
+        from . import kernels
+
+        self._k = kernels
+        leaves = 1 << max(0, (self.capacity - 1).bit_length())
+        self._sum = np.zeros(2 * leaves, np.float64)
+        self._min = np.full(2 * leaves, np.inf, np.float64)
+        self._max = np.zeros(2 * leaves, np.float64)
+        self._samples = 0  # sample calls so far: the position in the beta schedule
+        self._psample = self._storage.kernels.sample_prioritized
+        self._fast_push = self._checked_push  # every write also sets priorities
+
+    # -- priorities -------------------------------------------------------------------------
+    @property
+    def beta(self) -> float:
+        """The exponent the next :meth:`sample` uses."""
+        if self.beta_steps is None:
+            return self.beta_start
+        frac = min(1.0, self._samples / self.beta_steps)
+        return self.beta_start + (self.beta_final - self.beta_start) * frac
+
+    def priorities(self) -> np.ndarray:
+        """``(priority + eps) ** alpha`` of slots ``[0, len(self))`` (a copy, float64)."""
+        leaves = self._sum.shape[0] // 2
+        with self._lock:
+            return self._sum[leaves:leaves + len(self)].copy()
+
+    def _leaf_values(self, priorities, n: int, what: str):
+        if priorities is None:
+            return None
+        try:
+            p = np.asarray(priorities, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"{what}: priorities must be numbers ({exc})") from None
+        if p.shape != (n,):
+            raise SpecError(f"{what}: expected priorities of shape ({n},), got shape {p.shape}")
+        bad = ~np.isfinite(p) | (p < 0)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"{what}: priorities must be finite and >= 0, got {p[k]} at position {k}")
+        return (p + self.eps) ** self.alpha
+
+    def _set_new_rows(self, spans, leaves) -> None:
+        s, mn, mx, k = self._sum, self._min, self._max, self._k
+        for dst, _, count in spans:  # evict first: the overwritten rows are no longer live
+            k.tree_fill(s, mn, mx, dst, count, 0.0)
+        if leaves is None:
+            value = mx[1] if mx[1] > 0.0 else 1.0
+            for dst, _, count in spans:
+                k.tree_fill(s, mn, mx, dst, count, value)
+        else:
+            for dst, src, count in spans:
+                k.tree_fill_values(s, mn, mx, dst, leaves[src:src + count])
+
+    def update_priorities(self, indices, priorities) -> None:
+        """Set the priorities of slots ``indices`` (as in ``batch.indices``).
+
+        Parameters
+        ----------
+        indices : array_like of int, shape (k,)
+            Slots in ``[0, len(self))``; a slot listed twice takes its last priority.
+        priorities : array_like of float, shape (k,)
+            Finite and ``>= 0`` (typically ``abs(td_error)``); ``eps`` is added.
+
+        Raises
+        ------
+        ValueError, TypeError
+            NaN, inf or negative priorities, out-of-range indices, mismatched shapes. Nothing
+            is changed.
+        """
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise SpecError(f"update_priorities: indices must be a 1-D integer array, got "
+                            f"{idx.dtype}{list(idx.shape)}")
+        leaves = self._leaf_values(priorities, idx.shape[0], "update_priorities")
+        if idx.size == 0:
+            return
+        idx = idx.astype(np.int64, copy=False)
+        with self._lock:
+            n = len(self)
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"update_priorities: indices must be in [0, {n}), got values in "
+                                 f"[{lo}, {hi}]")
+            self._k.tree_set(self._sum, self._min, self._max, idx, leaves)
+
+    # -- writing ----------------------------------------------------------------------------
+    def push(self, row: Mapping, priority=None) -> None:
+        """Append one row (see :meth:`ReplayBuffer.push`), with the maximum priority unless
+        ``priority`` (a number ``>= 0``) is given."""
+        self._checked_push(row, priority)
+
+    def _checked_push(self, row: Mapping, priority=None) -> None:
+        values = self.spec.check_row(row)
+        leaves = None if priority is None else self._leaf_values([priority], 1, "push")
+        with self._lock:
+            w = self._writer
+            pos = w.cursor
+            self._storage.write_row(pos, values)
+            self._set_new_rows([(pos, 0, 1)], leaves)
+            w.advance(1)
+
+    def extend(self, batch: Mapping, priorities=None) -> None:
+        """Append ``n`` rows (see :meth:`ReplayBuffer.extend`), with the maximum priority unless
+        ``priorities`` (shape ``(n,)``) are given."""
+        n, values = self.spec.check_batch(batch)
+        leaves = self._leaf_values(priorities, n, "extend")
+        if n == 0:
+            return
+        with self._lock:
+            w = self._writer
+            spans = w.spans(n)
+            for dst, src, count in spans:
+                self._storage.write_rows(dst, values, src, count)
+            self._set_new_rows(spans, leaves)
+            w.advance(n)
+
+    def clear(self, *, wipe: bool = False) -> None:
+        """Forget every row and priority (see :meth:`ReplayBuffer.clear`)."""
+        with self._lock:
+            self._writer.reset()
+            if wipe:
+                self._storage.wipe()
+            self._k.tree_build(self._sum, self._min, self._max, np.zeros(0, np.float64))
+
+    # -- sampling ---------------------------------------------------------------------------
+    def sample(self, batch_size: int, *, copy: bool = False) -> Batch:
+        """Draw ``batch_size`` rows by stratified proportional sampling.
+
+        Returns
+        -------
+        Batch
+            Fields as in :meth:`ReplayBuffer.sample`; ``batch.indices`` (int64) are the slots to
+            pass to :meth:`update_priorities`; ``batch.weights`` (float32, ``(batch_size,)``) are
+            the importance weights, at most 1.
+        """
+        if type(batch_size) is not int:
+            batch_size = _check_int("batch_size", batch_size, 1)
+        try:
+            ring = self._local.rings[batch_size]
+        except (AttributeError, KeyError, TypeError):
+            ring = self._new_ring(batch_size)
+        with self._lock:
+            n = self._writer.size
+            if batch_size > n:
+                raise ValueError(self._too_few_rows(batch_size, n))
+            i = ring.next
+            ring.next = (i + 1) % len(ring.slots)
+            slot = ring.slots[i]
+            self._psample(self._kernel_store, self._sum, self._min, self._sampler.state, self.beta,
+                          slot.indices, ring.scratch[i], ring.weights[i], slot.kernel_out)
+            self._samples += 1
+        batch = ring.batches[i]
+        return batch.copy() if copy else batch
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """As :meth:`ReplayBuffer.state_dict`, plus priorities and the beta schedule position."""
+        with self._lock:
+            state = self._state_unlocked()
+            leaves = self._sum.shape[0] // 2
+            state["prioritized"] = {
+                "alpha": self.alpha, "eps": self.eps, "samples": self._samples,
+                "leaves": self._sum[leaves:leaves + self._writer.size].copy(),
+            }
+        return state
+
+    def _check_extra_state(self, state: Mapping, size: int):
+        pri = state.get("prioritized")
+        if not isinstance(pri, Mapping):
+            raise ValueError("not a PrioritizedReplayBuffer state dict (no 'prioritized' entry)")
+        if pri.get("alpha") != self.alpha or pri.get("eps") != self.eps:
+            raise ValueError(f"state alpha/eps {pri.get('alpha')}/{pri.get('eps')} differ from this "
+                             f"buffer's {self.alpha}/{self.eps}")
+        leaves = pri.get("leaves")
+        if (not isinstance(leaves, np.ndarray) or leaves.dtype != np.float64 or leaves.shape != (size,)
+                or not np.isfinite(leaves).all() or (leaves <= 0).any()):
+            raise ValueError(f"state priorities must be positive finite float64 of shape ({size},)")
+        return leaves, _check_int("state samples", pri.get("samples"), 0)
+
+    def _load_extra_state(self, extra) -> None:
+        leaves, samples = extra
+        self._k.tree_build(self._sum, self._min, self._max, leaves)
+        self._samples = samples
