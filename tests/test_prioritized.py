@@ -212,3 +212,19 @@ def test_clear_forgets_priorities():
     buf.clear()
     buf.push({"x": 1})
     assert buf.priorities()[0] == pytest.approx(1.0)
+
+
+def test_stale_batches_are_refused(layout):
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 4, seed=0, layout=layout, alpha=1.0, eps=1e-9)
+    buf.extend({"x": np.arange(4)}, priorities=[1, 2, 3, 4])
+    b = buf.sample(4, copy=True)
+    buf.update_priorities(b, np.ones(4))  # fresh: accepted
+    buf.push({"x": 9})  # overwrites slot 0
+    before = buf.priorities()
+    if 0 in b.indices:
+        with pytest.raises(ValueError, match=r"stale batch: slots \[0"):
+            buf.update_priorities(b, np.full(4, 5.0))
+        np.testing.assert_array_equal(buf.priorities(), before)
+    fresh = buf.sample(4)
+    buf.update_priorities(fresh, np.full(4, 2.0))
+    assert set(np.flatnonzero(np.isclose(buf.priorities(), 2.0))) == set(fresh.indices.tolist())

@@ -11,7 +11,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from tfdata import ReplayBuffer
+from tfdata import PrioritizedReplayBuffer, ReplayBuffer
 
 from .conftest import CARTPOLE, random_rows, row
 
@@ -108,8 +108,9 @@ def hammer(buf, seconds: float, n_samplers: int = 2) -> tuple[int, int]:
     return sum(torn), sum(sampled)
 
 
-def test_no_torn_rows_with_one_writer_and_two_samplers(layout):
-    buf = ReplayBuffer(SEQ_SPEC, 200, layout=layout, seed=0)
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_no_torn_rows_with_one_writer_and_two_samplers(layout, cls):
+    buf = cls(SEQ_SPEC, 200, layout=layout, seed=0)
     buf.extend(seq_rows(0, 200))
     buf.sample(128)  # compile (cold cache) or load the kernel before the clock starts
     torn, sampled = hammer(buf, 1.5)

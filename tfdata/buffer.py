@@ -30,6 +30,9 @@ class Batch(Mapping):
         Storage slots the rows came from (what a prioritized buffer updates).
     weights : ndarray of float32, shape (batch_size,), or None
         Importance-sampling weights (prioritized buffers only).
+    versions : ndarray of uint64, shape (batch_size,), or None
+        How many times each sampled slot had been written (prioritized buffers only): lets
+        ``update_priorities(batch, ...)`` refuse slots overwritten since the sample.
 
     Notes
     -----
@@ -40,12 +43,13 @@ class Batch(Mapping):
     read-only (it is reused by the ring); ``dict(batch)`` gives a mutable one.
     """
 
-    __slots__ = ("_fields", "indices", "weights")
+    __slots__ = ("_fields", "indices", "weights", "versions")
 
-    def __init__(self, fields, indices, weights=None):
+    def __init__(self, fields, indices, weights=None, versions=None):
         self._fields = dict(fields)
         self.indices = indices
         self.weights = weights
+        self.versions = versions
 
     def __getitem__(self, name):
         return self._fields[name]
@@ -59,8 +63,9 @@ class Batch(Mapping):
     def copy(self) -> "Batch":
         """A deep copy with C-contiguous arrays, valid forever."""
         weights = None if self.weights is None else self.weights.copy()
+        versions = None if self.versions is None else self.versions.copy()
         return Batch({k: np.array(v, order="C") for k, v in self._fields.items()}, self.indices.copy(),
-                     weights)
+                     weights, versions)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
@@ -70,14 +75,16 @@ class Batch(Mapping):
 class _OutputRing:
     """``ring_size`` preallocated outputs for one batch size, handed out in turn."""
 
-    __slots__ = ("slots", "batches", "next", "weights", "scratch")
+    __slots__ = ("slots", "batches", "next", "weights", "scratch", "versions")
 
     def __init__(self, storage, batch_size: int, ring_size: int, weighted: bool = False):
         self.slots: list[Output] = [storage.new_output(batch_size) for _ in range(ring_size)]
         # per slot: importance weights (float32) and float64 scratch, for weighted samplers
         self.weights = [np.zeros(batch_size, np.float32) if weighted else None for _ in self.slots]
         self.scratch = [np.zeros(batch_size, np.float64) if weighted else None for _ in self.slots]
-        self.batches = [Batch(o.fields, o.indices, w) for o, w in zip(self.slots, self.weights)]
+        self.versions = [np.zeros(batch_size, np.uint64) if weighted else None for _ in self.slots]
+        self.batches = [Batch(o.fields, o.indices, w, v)
+                        for o, w, v in zip(self.slots, self.weights, self.versions)]
         self.next = 0
 
 

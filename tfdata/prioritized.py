@@ -75,6 +75,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._min = np.full(2 * leaves, np.inf, np.float64)
         self._max = np.zeros(2 * leaves, np.float64)
         self._samples = 0  # sample calls so far: the position in the beta schedule
+        # writes per slot, so an update for a row that has since been overwritten is refused
+        self._version = np.zeros(self.capacity, np.uint64)
         self._psample = self._storage.kernels.sample_prioritized
         self._fast_push = self._checked_push  # every write also sets priorities
 
@@ -112,6 +114,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         s, mn, mx, k = self._sum, self._min, self._max, self._k
         for dst, _, count in spans:  # evict first: the overwritten rows are no longer live
             k.tree_fill(s, mn, mx, dst, count, 0.0)
+            self._version[dst:dst + count] += np.uint64(1)
         if leaves is None:
             value = mx[1] if mx[1] > 0.0 else 1.0
             for dst, _, count in spans:
@@ -125,8 +128,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
         Parameters
         ----------
-        indices : array_like of int, shape (k,)
-            Slots in ``[0, len(self))``; a slot listed twice takes its last priority.
+        indices : Batch or array_like of int, shape (k,)
+            A batch from :meth:`sample` (recommended: slots overwritten since that sample are
+            detected and refused), or slots in ``[0, len(self))``. A slot listed twice takes its
+            last priority.
         priorities : array_like of float, shape (k,)
             Finite and ``>= 0`` (typically ``abs(td_error)``); ``eps`` is added.
 
@@ -136,6 +141,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             NaN, inf or negative priorities, out-of-range indices, mismatched shapes. Nothing
             is changed.
         """
+        versions = None
+        if isinstance(indices, Batch):
+            versions = indices.versions
+            indices = indices.indices
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise SpecError(f"update_priorities: indices must be a 1-D integer array, got "
@@ -150,6 +159,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if lo < 0 or hi >= n:
                 raise ValueError(f"update_priorities: indices must be in [0, {n}), got values in "
                                  f"[{lo}, {hi}]")
+            if versions is not None:
+                stale = self._version[idx] != versions
+                if stale.any():
+                    raise ValueError(f"update_priorities: stale batch: slots {idx[stale].tolist()[:10]} "
+                                     "were overwritten after it was sampled")
             self._k.tree_set(self._sum, self._min, self._max, idx, leaves)
 
     # -- writing ----------------------------------------------------------------------------
@@ -217,6 +231,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             slot = ring.slots[i]
             self._psample(self._kernel_store, self._sum, self._min, self._sampler.state, self.beta,
                           slot.indices, ring.scratch[i], ring.weights[i], slot.kernel_out)
+            np.take(self._version, slot.indices, out=ring.versions[i])
             self._samples += 1
         batch = ring.batches[i]
         return batch.copy() if copy else batch
@@ -230,6 +245,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             state["prioritized"] = {
                 "alpha": self.alpha, "eps": self.eps, "samples": self._samples,
                 "leaves": self._sum[leaves:leaves + self._writer.size].copy(),
+                "versions": self._version.copy(),
             }
         return state
 
@@ -244,9 +260,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if (not isinstance(leaves, np.ndarray) or leaves.dtype != np.float64 or leaves.shape != (size,)
                 or not np.isfinite(leaves).all() or (leaves <= 0).any()):
             raise ValueError(f"state priorities must be positive finite float64 of shape ({size},)")
-        return leaves, _check_int("state samples", pri.get("samples"), 0)
+        versions = pri.get("versions")
+        if (not isinstance(versions, np.ndarray) or versions.dtype != np.uint64
+                or versions.shape != (self.capacity,)):
+            raise ValueError(f"state versions must be uint64 of shape ({self.capacity},)")
+        return leaves, versions, _check_int("state samples", pri.get("samples"), 0)
 
     def _load_extra_state(self, extra) -> None:
-        leaves, samples = extra
+        leaves, versions, samples = extra
         self._k.tree_build(self._sum, self._min, self._max, leaves)
+        self._version[:] = versions
         self._samples = samples
