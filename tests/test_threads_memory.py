@@ -193,3 +193,30 @@ def test_output_rings_are_per_thread(layout):
     assert all(b is not mine for b in other)
     np.testing.assert_array_equal(mine.indices, kept.indices)
     np.testing.assert_array_equal(mine["obs"], kept["obs"])
+
+
+def test_prioritized_steady_state_allocates_nothing(layout):
+    buf = PrioritizedReplayBuffer(CARTPOLE, 5000, layout=layout, seed=0)
+    rows = random_rows(buf.spec, 1000, np.random.default_rng(0))
+    one = row(rows, 0)
+    buf.extend(rows)
+    buf.extend(rows)
+    prios = np.linspace(0.1, 2.0, 256)
+    for _ in range(3):
+        buf.push(one)
+        b = buf.sample(256)
+        buf.update_priorities(b, prios)
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for _ in range(200):
+            buf.push(one)
+            buf.extend(rows)
+            b = buf.sample(256)
+            buf.update_priorities(b, prios)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert current - base < 1024, current - base
+    assert peak - base < 2048, peak - base  # one batch of float64 priorities would be 2048

@@ -95,20 +95,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         with self._lock:
             return self._sum[leaves:leaves + len(self)].copy()
 
-    def _leaf_values(self, priorities, n: int, what: str):
-        if priorities is None:
-            return None
+    def _checked_priorities(self, priorities, n: int, what: str) -> np.ndarray:
         try:
             p = np.asarray(priorities, dtype=np.float64)
         except (TypeError, ValueError) as exc:
             raise SpecError(f"{what}: priorities must be numbers ({exc})") from None
         if p.shape != (n,):
             raise SpecError(f"{what}: expected priorities of shape ({n},), got shape {p.shape}")
-        bad = ~np.isfinite(p) | (p < 0)
-        if bad.any():
-            k = int(np.argmax(bad))
+        k = self._k.first_bad_priority(p)
+        if k >= 0:
             raise ValueError(f"{what}: priorities must be finite and >= 0, got {p[k]} at position {k}")
-        return (p + self.eps) ** self.alpha
+        return p
+
+    def _leaf_values(self, priorities, n: int, what: str):
+        if priorities is None:
+            return None
+        return (self._checked_priorities(priorities, n, what) + self.eps) ** self.alpha
 
     def _set_new_rows(self, spans, leaves) -> None:
         s, mn, mx, k = self._sum, self._min, self._max, self._k
@@ -149,7 +151,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise SpecError(f"update_priorities: indices must be a 1-D integer array, got "
                             f"{idx.dtype}{list(idx.shape)}")
-        leaves = self._leaf_values(priorities, idx.shape[0], "update_priorities")
+        p = self._checked_priorities(priorities, idx.shape[0], "update_priorities")
         if idx.size == 0:
             return
         idx = idx.astype(np.int64, copy=False)
@@ -159,12 +161,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if lo < 0 or hi >= n:
                 raise ValueError(f"update_priorities: indices must be in [0, {n}), got values in "
                                  f"[{lo}, {hi}]")
-            if versions is not None:
-                stale = self._version[idx] != versions
-                if stale.any():
-                    raise ValueError(f"update_priorities: stale batch: slots {idx[stale].tolist()[:10]} "
-                                     "were overwritten after it was sampled")
-            self._k.tree_set(self._sum, self._min, self._max, idx, leaves)
+            if versions is not None and self._k.first_stale(self._version, idx, versions) >= 0:
+                stale = idx[self._version[idx] != versions]
+                raise ValueError(f"update_priorities: stale batch: slots {stale.tolist()[:10]} "
+                                 "were overwritten after it was sampled")
+            self._k.tree_set_priorities(self._sum, self._min, self._max, idx, p, self.eps, self.alpha)
 
     # -- writing ----------------------------------------------------------------------------
     def push(self, row: Mapping, priority=None) -> None:
@@ -229,9 +230,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             i = ring.next
             ring.next = (i + 1) % len(ring.slots)
             slot = ring.slots[i]
-            self._psample(self._kernel_store, self._sum, self._min, self._sampler.state, self.beta,
-                          slot.indices, ring.scratch[i], ring.weights[i], slot.kernel_out)
-            np.take(self._version, slot.indices, out=ring.versions[i])
+            self._psample(self._kernel_store, self._sum, self._min, self._version,
+                          self._sampler.state, self.beta, slot.indices, ring.scratch[i],
+                          ring.weights[i], ring.versions[i], slot.kernel_out)
             self._samples += 1
         batch = ring.batches[i]
         return batch.copy() if copy else batch

@@ -13,7 +13,8 @@ _config.install_cache_dir()
 
 from . import aos, soa  # noqa: E402
 from ._rng import draw_indices  # noqa: E402
-from ._tree import tree_build, tree_fill, tree_fill_values, tree_set  # noqa: E402
+from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # noqa: E402
+                    tree_fill_values, tree_set, tree_set_priorities)  # noqa: E402
 
 BY_LAYOUT = {"aos": aos, "soa": soa}
 

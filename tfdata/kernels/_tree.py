@@ -54,6 +54,38 @@ def tree_set(sumt, mint, maxt, slots, values):
 
 
 @njit(**NJIT_OPTIONS)
+def tree_set_priorities(sumt, mint, maxt, slots, priorities, eps, alpha):
+    """As :func:`tree_set` with leaf values ``(priorities + eps) ** alpha`` (float64[k])."""
+    p = sumt.shape[0] // 2
+    for j in range(slots.shape[0]):
+        i = p + slots[j]
+        _set_leaf(sumt, mint, maxt, i, (priorities[j] + eps) ** alpha)
+        i >>= 1
+        while i >= 1:
+            _pull(sumt, mint, maxt, i)
+            i >>= 1
+
+
+@njit(**NJIT_OPTIONS)
+def first_bad_priority(priorities):
+    """Position of the first NaN, infinite or negative value of ``priorities``, or -1."""
+    for j in range(priorities.shape[0]):
+        v = priorities[j]
+        if not (v >= 0.0 and v < np.inf):
+            return j
+    return -1
+
+
+@njit(**NJIT_OPTIONS)
+def first_stale(version, slots, versions):
+    """Position of the first ``slots[j]`` whose write count differs from ``versions[j]``, or -1."""
+    for j in range(slots.shape[0]):
+        if version[slots[j]] != versions[j]:
+            return j
+    return -1
+
+
+@njit(**NJIT_OPTIONS)
 def tree_fill(sumt, mint, maxt, start, count, value):
     """Set leaves ``[start, start + count)`` (no wrap) to ``value``; update ancestors level by level."""
     if count <= 0:

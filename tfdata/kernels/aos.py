@@ -52,7 +52,7 @@ def sample_uniform(store, n, state, idx, out):
 
 
 @njit(**NJIT_OPTIONS)
-def sample_prioritized(store, sumt, mint, state, beta, idx, u, weights, out):
+def sample_prioritized(store, sumt, mint, version, state, beta, idx, u, weights, versions, out):
     """Stratified proportional sample with importance weights, gathered into ``out``.
 
     Parameters
@@ -60,6 +60,8 @@ def sample_prioritized(store, sumt, mint, state, beta, idx, u, weights, out):
     store : ndarray of uint64, shape (capacity, words)
     sumt, mint : ndarray of float64, shape (2 * P,)
         Sum and min trees (see ``tfdata.kernels._tree``); the root mass must be positive.
+    version : ndarray of uint64, shape (capacity,)
+        Write count of every slot.
     state : ndarray of uint64, shape (2,)
         Counter-based RNG state, advanced in place (one word per draw).
     beta : float
@@ -70,9 +72,13 @@ def sample_prioritized(store, sumt, mint, state, beta, idx, u, weights, out):
         Scratch.
     weights : ndarray of float32, shape (batch,)
         Output: ``(p_min / p_i) ** beta``, so the largest possible weight is 1.
+    versions : ndarray of uint64, shape (batch,)
+        Output: ``version[idx]``, to detect stale priority updates.
     out : ndarray of uint64, shape (batch, words)
         Output: the sampled rows.
     """
     stratified_find(sumt, state, idx, u)
     is_weights(sumt, mint, idx, beta, weights)
+    for i in range(idx.shape[0]):
+        versions[i] = version[idx[i]]
     copy_rows(store, idx, out)

@@ -69,23 +69,27 @@ def sample_uniform(store, n, state, idx, out):
 
 
 @njit(**NJIT_OPTIONS)
-def sample_prioritized(store, sumt, mint, state, beta, idx, u, weights, out):
+def sample_prioritized(store, sumt, mint, version, state, beta, idx, u, weights, versions, out):
     """Stratified proportional sample with importance weights, gathered into ``out``.
 
     Parameters
     ----------
     store : tuple of ndarray of uint8, each shape (capacity, field_bytes)
     sumt, mint : ndarray of float64, shape (2 * P,)
+    version : ndarray of uint64, shape (capacity,)
     state : ndarray of uint64, shape (2,)
     beta : float
     idx : ndarray of int64, shape (batch,)
     u : ndarray of float64, shape (batch,)
     weights : ndarray of float32, shape (batch,)
+    versions : ndarray of uint64, shape (batch,)
     out : tuple of ndarray of uint8, each shape (batch, field_bytes)
 
     See ``tfdata.kernels.aos.sample_prioritized``; only the row copy differs.
     """
     stratified_find(sumt, state, idx, u)
     is_weights(sumt, mint, idx, beta, weights)
+    for i in range(idx.shape[0]):
+        versions[i] = version[idx[i]]
     for f in range(len(store)):
         _copy_field(store[f], idx, out[f])
