@@ -250,7 +250,8 @@ class ReplayBuffer:
         Batch
             ``batch[name]`` has dtype ``spec[name].dtype`` and shape
             ``(batch_size, *spec[name].shape)``; ``batch.indices`` (int64, ``(batch_size,)``)
-            holds the storage slots.
+            holds the storage slots. A prioritized buffer also sets ``batch.weights`` (float32
+            importance weights, at most 1) and ``batch.versions``.
         """
         if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
             batch_size = _check_int("batch_size", batch_size, 1)
@@ -264,11 +265,15 @@ class ReplayBuffer:
                 raise ValueError(self._too_few_rows(batch_size, n))
             i = ring.next
             ring.next = (i + 1) % len(ring.slots)
-            slot = ring.slots[i]
-            self._sample_kernel(self._kernel_store, n, self._sampler.state, slot.indices,
-                                slot.kernel_out)
+            self._gather(ring, i, n)
         batch = ring.batches[i]
         return batch.copy() if copy else batch
+
+    def _gather(self, ring: _OutputRing, i: int, n: int) -> None:
+        """Fill slot ``i`` of ``ring`` with a sample of the ``n`` valid rows (lock held)."""
+        slot = ring.slots[i]
+        self._sample_kernel(self._kernel_store, n, self._sampler.state, slot.indices,
+                            slot.kernel_out)
 
     def _new_ring(self, batch_size) -> _OutputRing:
         batch_size = _check_int("batch_size", batch_size, 1)

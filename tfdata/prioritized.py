@@ -207,35 +207,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._k.tree_build(self._sum, self._min, self._max, np.zeros(0, np.float64))
 
     # -- sampling ---------------------------------------------------------------------------
-    def sample(self, batch_size: int, *, copy: bool = False) -> Batch:
-        """Draw ``batch_size`` rows by stratified proportional sampling.
-
-        Returns
-        -------
-        Batch
-            Fields as in :meth:`ReplayBuffer.sample`; ``batch.indices`` (int64) are the slots to
-            pass to :meth:`update_priorities`; ``batch.weights`` (float32, ``(batch_size,)``) are
-            the importance weights, at most 1.
-        """
-        if type(batch_size) is not int:
-            batch_size = _check_int("batch_size", batch_size, 1)
-        try:
-            ring = self._local.rings[batch_size]
-        except (AttributeError, KeyError, TypeError):
-            ring = self._new_ring(batch_size)
-        with self._lock:
-            n = self._writer.size
-            if batch_size > n:
-                raise ValueError(self._too_few_rows(batch_size, n))
-            i = ring.next
-            ring.next = (i + 1) % len(ring.slots)
-            slot = ring.slots[i]
-            self._psample(self._kernel_store, self._sum, self._min, self._version,
-                          self._sampler.state, self.beta, slot.indices, ring.scratch[i],
-                          ring.weights[i], ring.versions[i], slot.kernel_out)
-            self._samples += 1
-        batch = ring.batches[i]
-        return batch.copy() if copy else batch
+    def _gather(self, ring, i: int, n: int) -> None:
+        # stratified proportional draws, IS weights, versions and rows in one kernel call
+        slot = ring.slots[i]
+        self._psample(self._kernel_store, self._sum, self._min, self._version, self._sampler.state,
+                      self.beta, slot.indices, ring.scratch[i], ring.weights[i], ring.versions[i],
+                      slot.kernel_out)
+        self._samples += 1
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

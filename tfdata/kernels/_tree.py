@@ -85,16 +85,9 @@ def first_stale(version, slots, versions):
     return -1
 
 
-@njit(**NJIT_OPTIONS)
-def tree_fill(sumt, mint, maxt, start, count, value):
-    """Set leaves ``[start, start + count)`` (no wrap) to ``value``; update ancestors level by level."""
-    if count <= 0:
-        return
-    p = sumt.shape[0] // 2
-    lo = p + start
-    hi = lo + count - 1
-    for i in range(lo, hi + 1):
-        _set_leaf(sumt, mint, maxt, i, value)
+@njit(**INLINE_OPTIONS)
+def _pull_range(sumt, mint, maxt, lo, hi):
+    """Recompute the ancestors of leaves ``[lo, hi]`` (tree indices), one level per pass."""
     lo >>= 1
     hi >>= 1
     while lo >= 1:
@@ -102,6 +95,17 @@ def tree_fill(sumt, mint, maxt, start, count, value):
             _pull(sumt, mint, maxt, i)
         lo >>= 1
         hi >>= 1
+
+
+@njit(**NJIT_OPTIONS)
+def tree_fill(sumt, mint, maxt, start, count, value):
+    """Set leaves ``[start, start + count)`` (no wrap) to ``value``; update ancestors level by level."""
+    if count <= 0:
+        return
+    lo = sumt.shape[0] // 2 + start
+    for i in range(lo, lo + count):
+        _set_leaf(sumt, mint, maxt, i, value)
+    _pull_range(sumt, mint, maxt, lo, lo + count - 1)
 
 
 @njit(**NJIT_OPTIONS)
@@ -110,18 +114,10 @@ def tree_fill_values(sumt, mint, maxt, start, values):
     count = values.shape[0]
     if count <= 0:
         return
-    p = sumt.shape[0] // 2
-    lo = p + start
-    hi = lo + count - 1
+    lo = sumt.shape[0] // 2 + start
     for k in range(count):
         _set_leaf(sumt, mint, maxt, lo + k, values[k])
-    lo >>= 1
-    hi >>= 1
-    while lo >= 1:
-        for i in range(lo, hi + 1):
-            _pull(sumt, mint, maxt, i)
-        lo >>= 1
-        hi >>= 1
+    _pull_range(sumt, mint, maxt, lo, lo + count - 1)
 
 
 @njit(**NJIT_OPTIONS)
