@@ -1,0 +1,311 @@
+"""Prioritized replay: sample, priority update, both in one step, and the step's tail latency.
+
+Every class takes the layout as its first parameter; ``"numpy"`` is :class:`NumpySumTreeBuffer`
+below, a vectorised numpy sum tree written the way one would by hand, measured in the same run
+as tfdata so that every figure has its ratio to the baseline taken side by side.
+
+Filled buffers are built once per process, then given random priorities over every slot (the
+same ones for every layout), so the trees are not flat when timing starts. As everywhere in
+this suite, asv_runner calls ``setup`` before every timed call, so ``setup`` only looks things
+up in per-process caches (and, for the update, draws the batch whose priorities are updated).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import tfdata
+
+from .common import (CAPACITIES, CARTPOLE, LAYOUTS, NumpyBuffer, TFDATA_LAYOUTS, fill, fill_chunk,
+                     first_time, random_rows, warm_kernels)
+
+# every operation below is timed one call per sample (asv forces number=1 when a class has a
+# setup), so take many samples: the median of thousands of single calls is stable
+_MANY_SAMPLES = (200, 2000, 2.0)
+BATCHES = [32, 256]
+ALPHA, BETA, EPS = 0.6, 0.4, 1e-6  # tfdata's defaults, used by the baseline too
+
+
+# -- the numpy baseline ---------------------------------------------------------------------
+class NumpyBatch:
+    """What :meth:`NumpySumTreeBuffer.sample` returns: slots, IS weights and the gathered rows."""
+
+    __slots__ = ("indices", "weights", "fields")
+
+    def __init__(self, indices, weights, fields):
+        self.indices = indices
+        self.weights = weights
+        self.fields = fields
+
+    def __getitem__(self, name):
+        return self.fields[name]
+
+
+class NumpySumTreeBuffer(NumpyBuffer):
+    """Proportional prioritized replay written by hand with numpy: a binary sum tree, vectorised.
+
+    * Storage: :class:`benchmarks.common.NumpyBuffer` (one preallocated array per field).
+    * Priorities: one float64 array ``tree`` of ``2 * P`` nodes, ``P`` the power of two
+      ``>= capacity``; ``tree[1]`` is the root, node ``i`` has children ``2i`` and ``2i + 1``,
+      slot ``s`` is leaf ``P + s``. A leaf holds ``(priority + eps) ** alpha``; empty slots 0.
+    * ``sample(B)``: stratified, ``u = (arange(B) + rng.random(B)) * total / B``, and the whole
+      batch descends one level per step with array operations (``left = 2 * idx``; go right
+      where ``u >= tree[left]``, subtracting the left mass). IS weights
+      ``(p_min / p_i) ** beta``, with ``p_min`` an ``np.min`` over the live leaves (no min
+      tree: the simple choice, and an O(capacity) pass per sample). Rows are gathered by fancy
+      indexing each field (new arrays every call).
+    * ``update_priorities``: set the leaves (a slot given twice keeps the last value, as numpy
+      assignment does), then recompute the parents one level at a time from their children,
+      the whole batch at once (shared parents are recomputed once per child given, to the
+      same value: cheaper than deduplicating them with ``np.unique``).
+    * New rows get the largest leaf value seen so far (1.0 at first), a running scalar.
+
+    No validation and no lock, like ``NumpyBuffer``: the cheapest honest baseline.
+    """
+
+    def __init__(self, spec: tfdata.Spec, capacity: int, *, alpha: float = ALPHA,
+                 beta: float = BETA, eps: float = EPS, seed: int = 0):
+        super().__init__(spec, capacity, seed=seed)
+        self.alpha, self.beta, self.eps = alpha, beta, eps
+        self.leaves = 1 << max(0, (capacity - 1).bit_length())
+        self.depth = self.leaves.bit_length() - 1  # levels between the root and the leaves
+        self.tree = np.zeros(2 * self.leaves, np.float64)
+        self.max_leaf = 1.0
+
+    def _pull_up(self, nodes) -> None:
+        """Recompute every ancestor of tree ``nodes`` (int64 array), one level at a time.
+
+        A parent shared by several nodes is listed several times and written several times,
+        with the same value (its children are final by then), which is cheaper than
+        ``np.unique`` per level: that sort made the update 3-5x slower (measured at batch 32
+        and 256, 10k and 1M slots).
+        """
+        tree = self.tree
+        nodes = nodes >> 1
+        for _ in range(self.depth):
+            left = nodes << 1
+            tree[nodes] = tree.take(left) + tree.take(left + 1)
+            nodes >>= 1
+
+    def extend(self, batch) -> None:
+        super().extend(batch)
+        n = min(len(batch[self._items[0][0]]), self.capacity)  # the rows that were kept
+        slots = (np.arange(self.cursor - n, self.cursor) + self.capacity) % self.capacity
+        nodes = slots + self.leaves
+        self.tree[nodes] = self.max_leaf
+        self._pull_up(nodes)
+
+    def sample(self, batch_size: int) -> NumpyBatch:
+        tree, leaves = self.tree, self.leaves
+        u = (np.arange(batch_size) + self.rng.random(batch_size)) * (tree[1] / batch_size)
+        idx = np.ones(batch_size, np.int64)
+        for _ in range(self.depth):  # idx: the batch's nodes at this level; u: mass left to skip
+            idx <<= 1  # left children
+            mass = tree.take(idx)
+            right = u >= mass
+            u -= mass * right
+            idx += right
+        slots = idx - leaves
+        # rounding can push a draw past the last live leaf, into the empty slots: take the last
+        np.minimum(slots, self.size - 1, out=slots)
+        p_min = tree[leaves:leaves + self.size].min()
+        weights = ((p_min / tree[slots + leaves]) ** self.beta).astype(np.float32)
+        self.indices = slots
+        return NumpyBatch(slots, weights, {name: arr[slots] for name, arr in self._items})
+
+    def update_priorities(self, indices, priorities) -> None:
+        values = (np.asarray(priorities, np.float64) + self.eps) ** self.alpha
+        nodes = np.asarray(indices, np.int64) + self.leaves
+        self.tree[nodes] = values
+        self.max_leaf = max(self.max_leaf, float(values.max()))
+        self._pull_up(nodes)
+
+
+def check_baseline(draws: int = 200_000) -> None:
+    """The baseline against exact answers on a small tree; raises AssertionError if wrong.
+
+    Capacity 6 (8 leaves, two of them padding), filled past capacity so that the cursor wraps,
+    then known priorities, one of them 0 and one slot given twice: the tree equals a bottom-up
+    rebuild, sampled frequencies match ``p_i / sum p`` (alpha = 1) within 5 standard errors,
+    the zero-priority slot and the padding are never drawn, the weights are
+    ``(p_min / p_i) ** beta`` and never above 1, and rows follow their slots. Then, with equal
+    priorities, a stratified batch of B = 8 rows out of 8 draws every row exactly once.
+    """
+    spec = tfdata.Spec({"x": "i8"})
+    buf = NumpySumTreeBuffer(spec, 6, alpha=1.0, beta=0.5, eps=1e-12, seed=123)
+    buf.extend({"x": np.arange(7, dtype=np.int64)})  # wraps: slot 0 holds 6, slots 1-5 hold 1-5
+    buf.update_priorities(np.array([0, 1, 2, 3, 4, 5, 2]), np.array([1., 2., 9., 4., 0., 6., 3.]))
+    leaves = buf.tree[buf.leaves:].copy()
+    live_eps = np.array([1, 1, 1, 1, 1, 1, 0, 0]) * 1e-12
+    expected_leaves = np.array([1., 2., 3., 4., 0., 6., 0., 0.]) + live_eps
+    assert np.allclose(leaves, expected_leaves, rtol=0, atol=1e-15), leaves
+    rebuilt = np.zeros_like(buf.tree)
+    rebuilt[buf.leaves:] = leaves
+    for i in range(buf.leaves - 1, 0, -1):
+        rebuilt[i] = rebuilt[2 * i] + rebuilt[2 * i + 1]
+    assert np.array_equal(rebuilt, buf.tree), (rebuilt, buf.tree)
+
+    counts = np.zeros(buf.leaves, np.int64)
+    batch = 1000
+    for _ in range(draws // batch):
+        b = buf.sample(batch)
+        assert b.indices.min() >= 0 and b.indices.max() < len(buf)
+        assert np.array_equal(b["x"], np.where(b.indices == 0, 6, b.indices))
+        p = leaves[b.indices]
+        live = leaves[:len(buf)]
+        expected_w = (live.min() / p) ** 0.5
+        assert b.weights.dtype == np.float32 and np.allclose(b.weights, expected_w, rtol=1e-6)
+        assert b.weights.max() <= 1.0
+        counts += np.bincount(b.indices, minlength=buf.leaves)
+    prob = leaves / leaves.sum()
+    n = counts.sum()
+    # stratified draws vary less than independent ones: the binomial error is an upper bound
+    tol = 5 * np.sqrt(n * prob * (1 - prob)) + 1
+    assert np.all(np.abs(counts - n * prob) <= tol), (counts, n * prob)
+    assert counts[4] == 0 and counts[6:].sum() == 0  # the zero priority and the padding
+
+    # stratification: with equal masses every stratum of B = live rows holds exactly one row
+    flat = NumpySumTreeBuffer(spec, 8, alpha=1.0, eps=0.0, seed=7)
+    flat.extend({"x": np.arange(8, dtype=np.int64)})
+    for _ in range(20):
+        assert np.array_equal(np.sort(flat.sample(8).indices), np.arange(8))
+
+
+# -- buffers ----------------------------------------------------------------------------------
+def new_prioritized(layout: str, capacity: int, seed: int = 0):
+    """An empty prioritized buffer: tfdata's for "aos"/"soa", the numpy sum tree for "numpy"."""
+    if layout == "numpy":
+        return NumpySumTreeBuffer(CARTPOLE, capacity, alpha=ALPHA, beta=BETA, eps=EPS, seed=seed)
+    return tfdata.PrioritizedReplayBuffer(CARTPOLE, capacity, alpha=ALPHA, beta=BETA, eps=EPS,
+                                          layout=layout, seed=seed)
+
+
+def initial_priorities(capacity: int) -> np.ndarray:
+    """Priorities given to every slot after filling: |N(0, 1)|, like absolute TD errors."""
+    return np.abs(np.random.default_rng(4).standard_normal(capacity))
+
+
+_FILLED: dict = {}
+
+
+def filled_prioritized(layout: str, capacity: int):
+    """A full buffer with random priorities on every slot, built once per process and cached."""
+    buf = _FILLED.get((layout, capacity))
+    if buf is None:
+        buf = new_prioritized(layout, capacity)
+        fill(buf, capacity, fill_chunk(CARTPOLE))
+        buf.update_priorities(np.arange(capacity, dtype=np.int64), initial_priorities(capacity))
+        _FILLED[(layout, capacity)] = buf
+    return buf
+
+
+_NEW_PRIORITIES: dict = {}
+
+
+def new_priorities(batch: int) -> np.ndarray:
+    """The priorities every timed update writes: |N(0, 1)| of length ``batch`` (cached)."""
+    p = _NEW_PRIORITIES.get(batch)
+    if p is None:
+        p = _NEW_PRIORITIES[batch] = np.abs(np.random.default_rng(5).standard_normal(batch))
+    return p
+
+
+_WARM = False
+
+
+def warm_prioritized() -> None:
+    """Load (or compile) every kernel of both tfdata layouts and check the baseline, once per
+    process, in every process (the baseline's included), so all have the same code resident."""
+    global _WARM
+    if _WARM:
+        return
+    warm_kernels()
+    rows = random_rows(CARTPOLE, max(BATCHES))  # sample() wants batch_size <= len(buffer)
+    for layout in TFDATA_LAYOUTS:
+        buf = new_prioritized(layout, max(BATCHES))
+        buf.extend(rows)
+        for batch in BATCHES:
+            b = buf.sample(batch)
+            buf.update_priorities(b.indices, new_priorities(batch))
+            buf.update_priorities(buf.sample(batch), new_priorities(batch))
+    check_baseline()
+    _WARM = True
+
+
+def _setup(layout, capacity, batch):
+    warm_prioritized()
+    buf = filled_prioritized(layout, capacity)
+    if first_time("prioritized", layout, capacity, batch):
+        for _ in range(3):  # allocates this batch size's output ring
+            b = buf.sample(batch)
+            buf.update_priorities(b.indices, new_priorities(batch))
+    return buf
+
+
+# -- benchmarks -------------------------------------------------------------------------------
+class SampleUpdate:
+    """One prioritized-replay step on a full buffer of CartPole rows with random priorities.
+
+    ``time_sample_update``: ``b = sample(batch)`` then ``update_priorities(b.indices, p)``.
+    ``time_sample``: the sample alone. ``time_update``: the update alone, of the slots of a
+    batch drawn in ``setup`` just before (so, as in training, right after their sample).
+    """
+
+    params = [LAYOUTS, CAPACITIES, BATCHES]
+    param_names = ["layout", "capacity", "batch"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, capacity, batch):
+        self.buf = _setup(layout, capacity, batch)
+        self.priorities = new_priorities(batch)
+        self.indices = self.buf.sample(batch).indices.copy()
+
+    def time_sample_update(self, layout, capacity, batch):
+        buf = self.buf
+        b = buf.sample(batch)
+        buf.update_priorities(b.indices, self.priorities)
+
+    def time_sample(self, layout, capacity, batch):
+        self.buf.sample(batch)
+
+    def time_update(self, layout, capacity, batch):
+        self.buf.update_priorities(self.indices, self.priorities)
+
+
+class SampleTail:
+    """Tail latency of one step, ``sample(256)`` + ``update_priorities``, at 1M CartPole rows:
+    p99 over median of 2000 steps.
+
+    Each step is timed on its own with ``perf_counter_ns``, garbage collector left on (as in a
+    training loop), after 200 warm-up steps.
+    """
+
+    params = [LAYOUTS]
+    param_names = ["layout"]
+    capacity = 1_000_000
+    batch = 256
+    calls = 2000
+    timeout = 300
+
+    def setup(self, layout):
+        self.buf = _setup(layout, self.capacity, self.batch)
+        self.priorities = new_priorities(self.batch)
+        for _ in range(200):
+            b = self.buf.sample(self.batch)
+            self.buf.update_priorities(b.indices, self.priorities)
+
+    def track_p99_over_median(self, layout):
+        sample, update = self.buf.sample, self.buf.update_priorities
+        batch, priorities, clock = self.batch, self.priorities, time.perf_counter_ns
+        times = []
+        append = times.append
+        for _ in range(self.calls):
+            t0 = clock()
+            update(sample(batch).indices, priorities)
+            append(clock() - t0)
+        times = np.asarray(times, dtype=np.float64)
+        return float(np.percentile(times, 99) / np.median(times))
+
+    track_p99_over_median.unit = "ratio"
