@@ -231,6 +231,10 @@ class ReplayBuffer:
             self._writer.reset()
             if wipe:
                 self._storage.wipe()
+            self._on_clear()
+
+    def _on_clear(self) -> None:
+        """Reset what a subclass keeps per row (called under the lock)."""
 
     # -- sampling ---------------------------------------------------------------------------
     def sample(self, batch_size: int, *, copy: bool = False) -> Batch:

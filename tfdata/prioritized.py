@@ -198,13 +198,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._set_new_rows(spans, leaves)
             w.advance(n)
 
-    def clear(self, *, wipe: bool = False) -> None:
-        """Forget every row and priority (see :meth:`ReplayBuffer.clear`)."""
-        with self._lock:
-            self._writer.reset()
-            if wipe:
-                self._storage.wipe()
-            self._k.tree_build(self._sum, self._min, self._max, np.zeros(0, np.float64))
+    def _on_clear(self) -> None:
+        self._k.tree_build(self._sum, self._min, self._max, np.zeros(0, np.float64))
 
     # -- sampling ---------------------------------------------------------------------------
     def _gather(self, ring, i: int, n: int) -> None:
