@@ -19,7 +19,7 @@ import numpy as np
 import tfdata
 
 from .common import (CAPACITIES, CARTPOLE, LAYOUTS, NumpyBuffer, TFDATA_LAYOUTS, fill, fill_chunk,
-                     first_time, random_rows, warm_kernels)
+                     first_time, p99_over_median, random_rows, warm_kernels)
 
 # every operation below is timed one call per sample (asv forces number=1 when a class has a
 # setup), so take many samples: the median of thousands of single calls is stable
@@ -298,14 +298,7 @@ class SampleTail:
 
     def track_p99_over_median(self, layout):
         sample, update = self.buf.sample, self.buf.update_priorities
-        batch, priorities, clock = self.batch, self.priorities, time.perf_counter_ns
-        times = []
-        append = times.append
-        for _ in range(self.calls):
-            t0 = clock()
-            update(sample(batch).indices, priorities)
-            append(clock() - t0)
-        times = np.asarray(times, dtype=np.float64)
-        return float(np.percentile(times, 99) / np.median(times))
+        batch, priorities = self.batch, self.priorities
+        return p99_over_median(lambda: update(sample(batch).indices, priorities), self.calls)
 
     track_p99_over_median.unit = "ratio"

@@ -9,15 +9,13 @@ the first touch of fresh memory costs page faults that would swamp the operation
 from __future__ import annotations
 
 import gc
-import time
 from functools import partial
 
-import numpy as np
 import psutil
 
 from .common import (CAPACITIES, CARTPOLE, IMAGE, IMAGE_CAPACITY, LAYOUTS, build_and_fill,
-                     fill_chunk, filled_buffer, first_time, memcpy_reference, one_row, random_rows,
-                     warm_kernels)
+                     fill_chunk, filled_buffer, first_time, memcpy_reference, one_row,
+                     p99_over_median, random_rows, warm_kernels)
 
 # every operation below is timed one call per sample (asv forces number=1 when a class has a
 # setup), so take many samples: the median of thousands of single calls is stable
@@ -185,14 +183,7 @@ class SampleTail:
             self.buf.sample(self.batch)
 
     def track_p99_over_median(self, layout):
-        sample, batch, clock = self.buf.sample, self.batch, time.perf_counter_ns
-        times = []
-        append = times.append
-        for _ in range(self.calls):
-            t0 = clock()
-            sample(batch)
-            append(clock() - t0)
-        times = np.asarray(times, dtype=np.float64)
-        return float(np.percentile(times, 99) / np.median(times))
+        sample, batch = self.buf.sample, self.batch
+        return p99_over_median(lambda: sample(batch), self.calls)
 
     track_p99_over_median.unit = "ratio"

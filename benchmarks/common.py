@@ -14,6 +14,8 @@ never leaks state from one benchmark into another.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 import tfdata
@@ -240,3 +242,16 @@ def first_time(*key) -> bool:
         return False
     _ONCE.add(key)
     return True
+
+
+def p99_over_median(step, calls: int) -> float:
+    """Time ``step()`` ``calls`` times, one call per reading; return p99 / median."""
+    clock = time.perf_counter_ns
+    times = []
+    append = times.append
+    for _ in range(calls):
+        t0 = clock()
+        step()
+        append(clock() - t0)
+    times = np.asarray(times, dtype=np.float64)
+    return float(np.percentile(times, 99) / np.median(times))
