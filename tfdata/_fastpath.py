@@ -25,7 +25,7 @@ def _compiled(src: str):
     return compile(src, "<tfdata generated push>", "exec")
 
 
-def make_push(spec: Spec, arrays: list, writer, lock, slow):
+def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None):
     """Return ``push(row)`` for ``spec``.
 
     Parameters
@@ -40,8 +40,13 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow):
     slow : callable
         ``slow(row)``: the generic validated push, used for any input the fast path does not
         accept.
+    episodes : tuple, optional
+        ``(episode, current, term_i, trunc_i)`` of a single-stream buffer that tracks episodes:
+        the row's slot gets ``current[0]``, which a terminated or truncated row then advances.
     """
     ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity}
+    if episodes is not None:
+        ns["ep"], ns["cur"] = episodes[0], episodes[1]
     reads, checks, writes = [], [], []
     for i, f in enumerate(spec):
         v = f"v{i}"
@@ -71,6 +76,11 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow):
         "    with lock:",
         "        p = w.cursor",
         *writes,
+        *([] if episodes is None else [
+            "        ep[p] = cur[0]",
+            f"        if v{episodes[2]} or v{episodes[3]}:",
+            "            cur[0] += 1",
+        ]),
         "        w.cursor = p + 1 if p + 1 != cap else 0",
         "        if w.size != cap:",
         "            w.size += 1",

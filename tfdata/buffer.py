@@ -12,13 +12,16 @@ from ._fastpath import make_push
 from .errors import SpecError
 from .sampler import UniformSampler
 from .spec import Spec
-from .storage import Output, make_storage
+from .episodes import Episodes, resolve_next_of, resolve_roles
+from .storage import WORD_TYPES, Output, make_storage, word_size
 from .writer import RingWriter
 
 _STATE_FORMAT = "tfdata.ReplayBuffer"
 _STATE_VERSION = 1
 # Lemire's multiply-shift draws from the top 32 bits of each random word
 MAX_CAPACITY = (1 << 32) - 1
+# sample_sequences(policy="reject"): draws per slice before concluding no slice exists
+_MAX_DRAWS = 10_000
 
 
 class Batch(Mapping):
@@ -33,6 +36,11 @@ class Batch(Mapping):
     versions : ndarray of uint64, shape (batch_size,), or None
         How many times each sampled slot had been written (prioritized buffers only): lets
         ``update_priorities(batch, ...)`` refuse slots overwritten since the sample.
+    discounts : ndarray of float32, shape (batch_size,), or None
+        ``gamma ** k`` for the ``k`` steps each n-step window took (buffers built with
+        ``n_step``): the bootstrap target is ``reward + discounts * (1 - terminated) * V(next_obs)``.
+    mask : ndarray of bool, shape (batch_size, length), or None
+        Which rows of a :meth:`ReplayBuffer.sample_sequences` slice belong to its episode.
 
     Notes
     -----
@@ -43,13 +51,15 @@ class Batch(Mapping):
     read-only (it is reused by the ring); ``dict(batch)`` gives a mutable one.
     """
 
-    __slots__ = ("_fields", "indices", "weights", "versions")
+    __slots__ = ("_fields", "indices", "weights", "versions", "discounts", "mask")
 
-    def __init__(self, fields, indices, weights=None, versions=None):
+    def __init__(self, fields, indices, weights=None, versions=None, discounts=None, mask=None):
         self._fields = dict(fields)
         self.indices = indices
         self.weights = weights
         self.versions = versions
+        self.discounts = discounts
+        self.mask = mask
 
     def __getitem__(self, name):
         return self._fields[name]
@@ -62,29 +72,48 @@ class Batch(Mapping):
 
     def copy(self) -> "Batch":
         """A deep copy with C-contiguous arrays, valid forever."""
-        weights = None if self.weights is None else self.weights.copy()
-        versions = None if self.versions is None else self.versions.copy()
+        def dup(a):
+            return None if a is None else a.copy()
+
         return Batch({k: np.array(v, order="C") for k, v in self._fields.items()}, self.indices.copy(),
-                     weights, versions)
+                     dup(self.weights), dup(self.versions), dup(self.discounts), dup(self.mask))
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
-        return f"Batch({{{inner}}}, indices=int64[{len(self.indices)}])"
+        return f"Batch({{{inner}}}, indices=int64{list(self.indices.shape)})"
 
 
 class _OutputRing:
-    """``ring_size`` preallocated outputs for one batch size, handed out in turn."""
+    """``ring_size`` preallocated outputs for one batch shape, handed out in turn.
 
-    __slots__ = ("slots", "batches", "next", "weights", "scratch", "versions")
+    ``length`` None: batches of ``batch_size`` rows. ``length`` L: ``batch_size`` slices of L rows,
+    gathered as ``batch_size * L`` rows and shown as ``(batch_size, L, ...)`` views.
+    """
 
-    def __init__(self, storage, batch_size: int, ring_size: int, weighted: bool = False):
-        self.slots: list[Output] = [storage.new_output(batch_size) for _ in range(ring_size)]
+    __slots__ = ("slots", "batches", "next", "weights", "scratch", "versions", "extra")
+
+    def __init__(self, buffer: "ReplayBuffer", batch_size: int, ring_size: int,
+                 length: int | None = None):
+        rows = batch_size * (length or 1)
+        weighted = buffer._weighted and length is None
+        self.slots: list[Output] = [buffer._storage.new_output(rows) for _ in range(ring_size)]
         # per slot: importance weights (float32) and float64 scratch, for weighted samplers
         self.weights = [np.zeros(batch_size, np.float32) if weighted else None for _ in self.slots]
         self.scratch = [np.zeros(batch_size, np.float64) if weighted else None for _ in self.slots]
         self.versions = [np.zeros(batch_size, np.uint64) if weighted else None for _ in self.slots]
-        self.batches = [Batch(o.fields, o.indices, w, v)
-                        for o, w, v in zip(self.slots, self.weights, self.versions)]
+        # per slot: what the episode post-processing writes (see ReplayBuffer._make_extra)
+        self.extra = [buffer._make_extra(o, rows, length is not None) for o in self.slots]
+        self.batches = []
+        for o, w, v, x in zip(self.slots, self.weights, self.versions, self.extra):
+            fields = {}
+            for name in buffer.spec.names:
+                arr = o.fields[name] if name in o.fields else x["next"][name]
+                fields[name] = arr if length is None else arr.reshape((batch_size, length) + arr.shape[1:])
+            if length is None:
+                self.batches.append(Batch(fields, o.indices, w, v, x.get("discount")))
+            else:
+                self.batches.append(Batch(fields, o.indices.reshape(batch_size, length),
+                                          mask=x["mask"].reshape(batch_size, length)))
         self.next = 0
 
 
@@ -95,6 +124,15 @@ def _check_int(name: str, value, low: int, high: int | None = None) -> int:
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _check_unit(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
     return value
 
 
@@ -133,11 +171,45 @@ class ReplayBuffer:
     """
 
     def __init__(self, spec, capacity: int, *, layout: str | None = None, seed: int | None = None,
-                 ring_size: int = 2):
+                 ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
+                 gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None):
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = _check_int("capacity", capacity, 1, MAX_CAPACITY)
         self._ring_size = _check_int("ring_size", ring_size, 1)
-        self._storage = make_storage(self.spec, capacity, layout)
+        self.num_envs = _check_int("num_envs", num_envs, 1)
+        if capacity % self.num_envs:
+            lo = capacity - capacity % self.num_envs
+            raise ValueError(f"capacity must be a multiple of num_envs={self.num_envs} (streams are "
+                             f"interleaved step by step), got {capacity}; use {lo or self.num_envs} or "
+                             f"{lo + self.num_envs}")
+        self.n_step = None if n_step is None else _check_int("n_step", n_step, 1)
+        self.gamma = _check_unit("gamma", gamma)
+        self._roles = resolve_roles(self.spec, roles)
+        self.next_of = resolve_next_of(self.spec, next_of)
+        self.elide_next = bool(elide_next)
+        has_flags = "terminated" in self._roles and "truncated" in self._roles
+        self._episodes = None
+        if has_flags:
+            self._episodes = Episodes(self.spec, capacity, self.num_envs, self._roles, self.next_of,
+                                      self.elide_next)
+        elif self.n_step is not None or self.elide_next:
+            what = "n_step" if self.n_step is not None else "elide_next"
+            raise SpecError(f"{what} needs episode boundaries: the spec must have bool fields "
+                            f"'terminated' and 'truncated' (or name them with roles=), has "
+                            f"{list(self.spec.names)}")
+        if self.elide_next and not self.next_of:
+            raise SpecError("elide_next=True but no field is the next of another: declare "
+                            "next_of={'next_obs': 'obs'} (or name fields next_X and X)")
+        if self.n_step is not None:
+            if "reward" not in self._roles:
+                raise SpecError(f"n_step needs a 'reward' field (or name it with roles=), fields: "
+                                f"{list(self.spec.names)}")
+            rf = self.spec[self._roles["reward"]]
+            if rf.shape or rf.dtype.kind != "f":
+                raise SpecError(f"field {rf.name!r} (reward) must be a float scalar for n-step "
+                                f"returns, got {rf.dtype}{list(rf.shape)}")
+        stored = self.spec if self._episodes is None else self._episodes.stored_spec
+        self._storage = make_storage(stored, capacity, layout)
         self._writer = RingWriter(capacity)
         self._sampler = UniformSampler(seed)
         self._lock = threading.Lock()
@@ -147,8 +219,63 @@ class ReplayBuffer:
         # bound once: the sample path does no attribute lookups through the storage
         self._sample_kernel = self._storage.kernels.sample_uniform
         self._kernel_store = self._storage.kernel_store
-        self._fast_push = make_push(self.spec, self._storage.field_views(), self._writer,
-                                    self._lock, self._checked_push)
+        self._plan_episode_kernels()
+        ep = self._episodes
+        if self.num_envs == 1 and (ep is None or not ep.elide):
+            self._fast_push = make_push(self.spec, self._storage.field_views(), self._writer,
+                                        self._lock, self._checked_push,
+                                        None if ep is None else (ep.episode, ep.current,
+                                                                 ep.term_i, ep.trunc_i))
+        else:
+            self._fast_push = self._checked_push
+
+    def _plan_episode_kernels(self) -> None:
+        """Bind what the episode post-processing of a sample needs (once, at construction)."""
+        from . import kernels
+
+        self._k = kernels
+        ep = self._episodes
+        self._post = ep is not None and (self.n_step is not None or ep.elide)
+        if ep is None:
+            return
+        st = self._storage
+        names = st.spec.names
+        self._flag_views = (st.field(self._roles["terminated"]), st.field(self._roles["truncated"]))
+        self._reward_view = st.field(self._roles["reward"]) if "reward" in self._roles else None
+        # full mode: next fields are stored; n-step re-reads them at the window's last row
+        self._copy_pairs = []
+        # elision: next fields are read from the source field of the stream's next row
+        self._elide_pairs = []
+        for nxt, src in self.next_of.items():
+            width = self.spec[nxt].nbytes
+            if nxt in names:
+                word = word_size(st.field_offset(nxt), width)
+                self._copy_pairs.append((nxt, word, st.field_words(nxt, word)))
+            else:
+                word = word_size(st.field_offset(src), width)
+                self._elide_pairs.append((nxt, word, st.field_words(src, word)))
+
+    def _make_extra(self, out: Output, rows: int, sequences: bool) -> dict:
+        """Per-output arrays of the episode post-processing (and the elided fields' outputs)."""
+        x = {"next": {}}
+        ep = self._episodes
+        if ep is None:
+            return x
+        for nxt, word, _ in self._elide_pairs:
+            f = self.spec[nxt]
+            arr = np.zeros((rows,) + f.shape, f.dtype)
+            x["next"][nxt] = arr
+            x.setdefault("next_words", {})[nxt] = arr.reshape(rows, -1).view(np.uint8).view(
+                WORD_TYPES[word])
+        if sequences:
+            x["mask"] = np.zeros((rows,), bool)
+            return x
+        if self.n_step is not None:
+            x["discount"] = np.zeros(rows, np.float32)
+            x["last"] = np.zeros(rows, np.int64)
+            x["copy_words"] = [self._storage.output_words(out, nxt, word)
+                               for nxt, word, _ in self._copy_pairs]
+        return x
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -166,8 +293,9 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of row storage (output rings not included)."""
-        return self._storage.nbytes
+        """Bytes of row storage plus episode bookkeeping (output rings not included)."""
+        extra = 0 if self._episodes is None else self._episodes.nbytes
+        return self._storage.nbytes + extra
 
     def __len__(self) -> int:
         return self._writer.size
@@ -196,34 +324,76 @@ class ReplayBuffer:
 
     def _checked_push(self, row: Mapping) -> None:
         # the generic path: full validation with precise errors, then the same writes
-        values = self.spec.check_row(row)
+        self._push_values(self.spec.check_row(row))
+
+    def _push_values(self, values: list, extra=None) -> None:
+        """Write one validated row (values in field order) and run the write hooks."""
+        if self.num_envs > 1:
+            raise SpecError(f"push appends one row, but this buffer interleaves num_envs="
+                            f"{self.num_envs} streams: extend with {self.num_envs} rows per step")
+        ep = self._episodes
+        if ep is None or not ep.elide:  # write the values as they are
+            with self._lock:
+                w = self._writer
+                pos = w.cursor
+                self._storage.write_row(pos, values)
+                if ep is not None:
+                    ep.stamp_one(pos, values)
+                self._on_write([(pos, 0, 1)], extra)
+                w.advance(1)
+            return
+        # elision checks and keeps rows as arrays: go through the batch path
+        arrays = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
         with self._lock:
-            w = self._writer
-            self._storage.write_row(w.cursor, values)
-            w.advance(1)
+            self._write_locked(arrays, 1, extra)
 
     def extend(self, batch: Mapping) -> None:
         """Append ``n`` rows given as one array per field, each with leading dimension ``n``.
 
-        The step of a gymnasium vector env (``num_envs`` rows) fits as is. When ``n`` exceeds the
-        capacity, the result is that of ``n`` pushes: the last ``capacity`` rows remain.
+        The step of a gymnasium vector env (``num_envs`` rows) fits as is; several steps fit as
+        ``steps * num_envs`` rows in time-major order. When ``n`` exceeds the capacity, the result
+        is that of ``n`` pushes: the last ``capacity`` rows remain.
 
         Raises
         ------
         SpecError
-            As :meth:`push`, and when fields disagree on ``n``. The buffer is unchanged.
+            As :meth:`push`, when fields disagree on ``n``, when ``n`` is not a multiple of
+            ``num_envs``, and (``elide_next``) when a stream is not continuous. The buffer is
+            unchanged.
         """
         n, values = self.spec.check_batch(batch)
         if n == 0:
             return
         with self._lock:
-            w = self._writer
-            if n <= w.capacity - w.cursor:  # no wrap: one span
-                self._storage.write_rows(w.cursor, values, 0, n)
-            else:
-                for dst, src, count in w.spans(n):
-                    self._storage.write_rows(dst, values, src, count)
-            w.advance(n)
+            self._write_locked(values, n, None)
+
+    def _write_locked(self, values: list, n: int, extra) -> None:
+        """Write ``n`` validated rows (lock held). Everything that can refuse runs first."""
+        w = self._writer
+        if n <= w.capacity - w.cursor:  # no wrap: one span
+            spans = [(w.cursor, 0, n)]
+        else:
+            spans = w.spans(n)
+        ep = self._episodes
+        stored = values
+        if ep is not None:
+            ends = ep.ends(values) if ep.elide else None
+            ep.check(values, n, ends)
+            ep.reserve(ends, spans)
+            if ep.elide:
+                stored = [values[i] for i in ep.stored_pos]
+        elif n % self.num_envs:
+            raise SpecError(f"this buffer interleaves num_envs={self.num_envs} streams: extend "
+                            f"takes whole steps of {self.num_envs} rows each, got {n} rows")
+        for dst, src, count in spans:
+            self._storage.write_rows(dst, stored, src, count)
+        if ep is not None:
+            ep.write(values, n, ends, spans)
+        self._on_write(spans, extra)
+        w.advance(n)
+
+    def _on_write(self, spans: list, extra) -> None:
+        """Update what a subclass keeps per row for rows just written at ``spans`` (lock held)."""
 
     def clear(self, *, wipe: bool = False) -> None:
         """Forget every row. ``wipe=True`` also overwrites the storage with zeros."""
@@ -231,6 +401,8 @@ class ReplayBuffer:
             self._writer.reset()
             if wipe:
                 self._storage.wipe()
+            if self._episodes is not None:
+                self._episodes.clear()
             self._on_clear()
 
     def _on_clear(self) -> None:
@@ -270,6 +442,97 @@ class ReplayBuffer:
             i = ring.next
             ring.next = (i + 1) % len(ring.slots)
             self._gather(ring, i, n)
+            if self._post:
+                self._post_sample(ring.slots[i], ring.extra[i], ring.slots[i].indices)
+        batch = ring.batches[i]
+        return batch.copy() if copy else batch
+
+    def _post_sample(self, out: Output, x: dict, idx: np.ndarray) -> None:
+        """n-step windows and elided next fields for the rows sampled at ``idx`` (lock held)."""
+        rows = idx
+        if self.n_step is not None:
+            k, f, r = self._k, out.fields, self._roles
+            k.nstep_windows(idx, self._writer.cursor, self.num_envs, self.capacity, self.n_step,
+                            self.gamma, self._reward_view, self._flag_views[0], self._flag_views[1],
+                            f[r["reward"]], f[r["terminated"]], f[r["truncated"]], x["discount"],
+                            x["last"])
+            rows = x["last"]
+            for (_, _, (src, off, width)), (dst, doff, _) in zip(self._copy_pairs, x["copy_words"]):
+                k.copy_field_rows(src, off, rows, idx, dst, doff, width)
+        if self._elide_pairs:
+            self._read_elided(rows, x)
+
+    def _read_elided(self, rows: np.ndarray, x: dict) -> None:
+        """Fill the elided next fields of ``x`` with the next values of slots ``rows``."""
+        ep = self._episodes
+        for nxt, word, (src, off, width) in self._elide_pairs:
+            self._k.copy_next_elided(rows, self._writer.cursor, self.num_envs, self.capacity, src,
+                                     off, ep.final_idx, ep.final_words(nxt, word),
+                                     ep.pending_words(nxt, word), x["next_words"][nxt], 0, width)
+
+    def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
+                         copy: bool = False) -> Batch:
+        """Draw ``batch_size`` slices of ``length`` consecutive steps of one stream and episode.
+
+        Parameters
+        ----------
+        batch_size, length : int
+            ``batch_size >= 1``; ``length >= 1``.
+        policy : {"mask", "reject"}
+            What to do with a slice that would run past its episode's end (or past the newest
+            row): ``"mask"`` keeps it, repeats its last valid row in the remaining positions and
+            marks them False in ``batch.mask``; ``"reject"`` redraws the start until the whole
+            slice lies in one episode (each check O(1)), and raises ValueError if no slice can
+            be found (episodes shorter than ``length``).
+        copy : bool
+            As in :meth:`sample`.
+
+        Returns
+        -------
+        Batch
+            ``batch[name]`` has shape ``(batch_size, length, *spec[name].shape)``,
+            ``batch.indices`` int64 ``(batch_size, length)``, ``batch.mask`` bool
+            ``(batch_size, length)``. Start rows are uniform over the rows held (over the valid
+            starts with ``"reject"``). Rows are the stored rows: no n-step processing.
+        """
+        ep = self._episodes
+        if ep is None:
+            raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
+                            "fields 'terminated' and 'truncated' (or name them with roles=)")
+        if policy not in ("mask", "reject"):
+            raise ValueError(f"policy must be 'mask' or 'reject', got {policy!r}")
+        batch_size = _check_int("batch_size", batch_size, 1)
+        length = _check_int("length", length, 1)
+        key = ("seq", batch_size, length)
+        try:
+            ring = self._local.rings[key]
+        except (AttributeError, KeyError):
+            ring = self._new_ring(batch_size, length)
+        with self._lock:
+            n = self._writer.size
+            if n == 0:
+                raise ValueError("cannot sample from an empty buffer")
+            steps = n // self.num_envs
+            if policy == "reject" and length > steps:
+                raise ValueError(f"no slice of length {length} exists: the buffer holds {steps} "
+                                 f"steps per stream")
+            i = ring.next
+            slot, x = ring.slots[i], ring.extra[i]
+            idx = slot.indices.reshape(batch_size, length)
+            state = self._sampler.state
+            counter = state[1]
+            failed = self._k.sample_slices(n, self._writer.cursor, self.num_envs, self.capacity,
+                                           state, ep.episode, policy == "reject", _MAX_DRAWS, idx,
+                                           x["mask"].reshape(batch_size, length))
+            if failed >= 0:
+                state[1] = counter  # a refused sample consumes no randomness
+                raise ValueError(f"policy='reject': {_MAX_DRAWS} random starts found no slice of "
+                                 f"{length} steps within one episode; episodes held are shorter "
+                                 f"than that (use policy='mask')")
+            ring.next = (i + 1) % len(ring.slots)
+            self._storage.gather(slot.indices, slot)
+            if self._elide_pairs:
+                self._read_elided(slot.indices, x)
         batch = ring.batches[i]
         return batch.copy() if copy else batch
 
@@ -279,13 +542,13 @@ class ReplayBuffer:
         self._sample_kernel(self._kernel_store, n, self._sampler.state, slot.indices,
                             slot.kernel_out)
 
-    def _new_ring(self, batch_size) -> _OutputRing:
+    def _new_ring(self, batch_size, length: int | None = None) -> _OutputRing:
         batch_size = _check_int("batch_size", batch_size, 1)
         rings = getattr(self._local, "rings", None)
         if rings is None:
             rings = self._local.rings = {}
-        ring = rings[batch_size] = _OutputRing(self._storage, batch_size, self._ring_size,
-                                               self._weighted)
+        key = batch_size if length is None else ("seq", batch_size, length)
+        ring = rings[key] = _OutputRing(self, batch_size, self._ring_size, length)
         return ring
 
     def _too_few_rows(self, batch_size: int, n: int) -> str:
@@ -315,6 +578,8 @@ class ReplayBuffer:
             "writer": self._writer.state_dict(),
             "sampler": self._sampler.state_dict(),
             "data": self._storage.state_dict(self._writer.size),
+            "num_envs": self.num_envs,
+            "episodes": None if self._episodes is None else self._episodes.state_dict(self._writer.size),
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -336,7 +601,15 @@ class ReplayBuffer:
         sampler.load_state_dict(state["sampler"])
         data = state["data"]
         size = writer.size
-        for f in self.spec:
+        if state.get("num_envs", 1) != self.num_envs:
+            raise ValueError(f"state num_envs {state.get('num_envs')} differs from this buffer's "
+                             f"{self.num_envs}")
+        if size % self.num_envs:
+            raise ValueError(f"writer state: size {size} is not a multiple of num_envs {self.num_envs}")
+        episodes = None
+        if self._episodes is not None:
+            episodes = self._episodes.check_state(state.get("episodes"), size)
+        for f in self._storage.spec:
             arr = data.get(f.name) if isinstance(data, Mapping) else None
             if not isinstance(arr, np.ndarray):
                 raise SpecError(f"state data: field {f.name!r} missing or not an ndarray")
@@ -348,6 +621,8 @@ class ReplayBuffer:
             self._storage.load_state_dict(data, size)
             self._writer.load_state_dict(writer.state_dict())
             self._sampler.load_state_dict(sampler.state_dict())
+            if episodes is not None:
+                self._episodes.load_state(episodes, size)
             self._load_extra_state(extra)
 
     def _check_extra_state(self, state: Mapping, size: int):

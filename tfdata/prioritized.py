@@ -25,8 +25,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Parameters
     ----------
-    spec, capacity, layout, seed, ring_size
-        As for :class:`ReplayBuffer`.
+    spec, capacity, layout, seed, ring_size, num_envs, n_step, gamma, next_of, elide_next, roles
+        As for :class:`ReplayBuffer`. With ``n_step`` the priority belongs to the window's first
+        row (the sampled slot).
     alpha : float, default 0.6
         Priority exponent, fixed at construction (0 gives uniform sampling).
     beta : float, default 0.4
@@ -60,13 +61,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def __init__(self, spec, capacity: int, *, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
-                 layout: str | None = None, seed: int | None = None, ring_size: int = 2):
+                 layout: str | None = None, seed: int | None = None, ring_size: int = 2,
+                 **episode_options):
         self.alpha = _check_float("alpha", alpha, 0.0)
         self.beta_start = _check_float("beta", beta, 0.0)
         self.beta_final = _check_float("beta_final", beta_final, 0.0)
         self.beta_steps = None if beta_steps is None else _check_int("beta_steps", beta_steps, 1)
         self.eps = _check_float("eps", eps, 0.0, low_open=True)
-        super().__init__(spec, capacity, layout=layout, seed=seed, ring_size=ring_size)
+        super().__init__(spec, capacity, layout=layout, seed=seed, ring_size=ring_size,
+                         **episode_options)
         from . import kernels
 
         self._k = kernels
@@ -112,7 +115,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             return None
         return (self._checked_priorities(priorities, n, what) + self.eps) ** self.alpha
 
-    def _set_new_rows(self, spans, leaves) -> None:
+    def _on_write(self, spans, leaves) -> None:
         s, mn, mx, k = self._sum, self._min, self._max, self._k
         for dst, _, count in spans:  # evict first: the overwritten rows are no longer live
             k.tree_fill(s, mn, mx, dst, count, 0.0)
@@ -176,12 +179,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _checked_push(self, row: Mapping, priority=None) -> None:
         values = self.spec.check_row(row)
         leaves = None if priority is None else self._leaf_values([priority], 1, "push")
-        with self._lock:
-            w = self._writer
-            pos = w.cursor
-            self._storage.write_row(pos, values)
-            self._set_new_rows([(pos, 0, 1)], leaves)
-            w.advance(1)
+        self._push_values(values, leaves)
 
     def extend(self, batch: Mapping, priorities=None) -> None:
         """Append ``n`` rows (see :meth:`ReplayBuffer.extend`), with the maximum priority unless
@@ -191,12 +189,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if n == 0:
             return
         with self._lock:
-            w = self._writer
-            spans = w.spans(n)
-            for dst, src, count in spans:
-                self._storage.write_rows(dst, values, src, count)
-            self._set_new_rows(spans, leaves)
-            w.advance(n)
+            self._write_locked(values, n, leaves)
+
+    def sample_sequences(self, batch_size: int, length: int, **kwargs) -> Batch:
+        """Not available: sequence slices are drawn uniformly, which would ignore the priorities."""
+        raise NotImplementedError("prioritized sequence sampling is not implemented; use a "
+                                  "ReplayBuffer for sample_sequences")
 
     def _on_clear(self) -> None:
         self._k.tree_build(self._sum, self._min, self._max, np.zeros(0, np.float64))

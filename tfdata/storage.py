@@ -107,6 +107,23 @@ class _Storage:
         for view in self._field_list:
             view[...] = 0
 
+    def field_offset(self, name: str) -> int:
+        """Byte offset of field ``name`` within the 2-D array :meth:`field_words` returns."""
+        return 0
+
+    def field_words(self, name: str, word: int):
+        """Field ``name`` of every row as ``(words, offset, width)`` for the episode kernels.
+
+        ``words`` is a C-contiguous ``uint{8*word}`` array ``(capacity, row_words)`` holding the
+        field at word ``offset``, ``width`` words wide. ``word`` must divide the field's byte
+        offset and width (see :func:`word_size`).
+        """
+        return self._words(self._fields[name], name, word, self.field_offset(name))
+
+    def output_words(self, out: Output, name: str, word: int):
+        """As :meth:`field_words`, for the rows of an output made by :meth:`new_output`."""
+        return self._words(out.fields[name], name, word, self.field_offset(name), out.records)
+
 
 class AoSStorage(_Storage):
     """One structured array of ``capacity`` records (see :attr:`Spec.aos_dtype`).
@@ -132,6 +149,16 @@ class AoSStorage(_Storage):
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
+
+    def field_offset(self, name: str) -> int:
+        self.spec[name]
+        return int(self.spec.aos_dtype.fields[name][1])
+
+    def _words(self, view, name, word, offset, records=None):
+        rec = self.data if records is None else records
+        dtype = WORD_TYPES[word]
+        width = self.spec[name].nbytes // word
+        return rec.view(dtype).reshape(rec.shape[0], -1), offset // word, width
 
     def new_output(self, batch_size: int) -> Output:
         dtype = self.spec.aos_dtype
@@ -165,6 +192,10 @@ class SoAStorage(_Storage):
     def nbytes(self) -> int:
         return int(sum(c.nbytes for c in self._field_list))
 
+    def _words(self, view, name, word, offset, records=None):
+        width = self.spec[name].nbytes // word
+        return _bytes2d(view).view(WORD_TYPES[word]), 0, width
+
     def new_output(self, batch_size: int) -> Output:
         fields = {f.name: np.zeros((batch_size,) + f.shape, dtype=f.dtype) for f in self.spec}
         kernel_out = tuple(_bytes2d(fields[name]) for name in self.spec.names)
@@ -174,6 +205,17 @@ class SoAStorage(_Storage):
 def _bytes2d(arr: np.ndarray) -> np.ndarray:
     """uint8 view ``(rows, row_bytes)`` of a C-contiguous array ``(rows, ...)``."""
     return arr.reshape(arr.shape[0], -1).view(np.uint8)
+
+
+WORD_TYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def word_size(*sizes: int) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing every byte offset and width in ``sizes``."""
+    for word in (8, 4, 2):
+        if all(s % word == 0 for s in sizes):
+            return word
+    return 1
 
 
 STORAGES = {"aos": AoSStorage, "soa": SoAStorage}

@@ -1,0 +1,386 @@
+"""Episode bookkeeping for a ring of interleaved environment streams.
+
+Storage scheme
+--------------
+A buffer built with ``num_envs=E`` stores the rows of a vector environment step by step: the
+``E`` rows of one ``extend`` (one step of every environment) go to ``E`` consecutive slots, so
+environment ``e``'s row of step ``t`` is in slot ``(t * E + e) % capacity`` (the capacity is a
+multiple of ``E``). Each stream is contiguous in time with stride ``E``; the next row of a slot's
+stream is ``slot + E`` (mod capacity), and the ``E`` slots before the write cursor hold the newest
+step. The writer is the plain ring writer; nothing moves when the ring wraps.
+
+Bookkeeping, stamped at insert
+------------------------------
+``episode[slot]`` (uint32) numbers the episodes of each stream: a row that is ``terminated`` or
+``truncated`` ends its episode and the stream's next row starts the next number. Two rows of a
+stream at most ``capacity / E`` steps apart are in the same episode exactly when their numbers
+are equal, which makes a slice's validity an O(1) check.
+
+Next-field elision
+------------------
+With ``elide_next=True`` a field declared as the next of another (``next_obs`` of ``obs``) is
+not stored: a row's ``next_obs`` is the ``obs`` of its stream's next row. Where that row does not
+exist, the value is kept aside:
+
+* an episode-ending row (terminated or truncated) keeps its ``next_obs`` (the final observation)
+  in the *final table*, entry ``final_idx[slot]``; entries are recycled when their row is
+  overwritten, and the table doubles when episodes end more often than it was sized for;
+* a stream's newest row keeps its ``next_obs`` in ``pending[e]`` until the next step arrives.
+
+Elision is exact only if the stream is continuous: the ``obs`` of each row equals the ``next_obs``
+pushed with the previous row of the same stream, unless that row ended an episode. This is
+checked at insert (bytewise) and a violation is refused, so samples are identical to the full mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .errors import SpecError
+from .spec import Spec
+from .storage import WORD_TYPES
+
+ROLE_NAMES = ("reward", "terminated", "truncated")
+
+
+def resolve_next_of(spec: Spec, next_of) -> dict:
+    """``{next_field: source_field}``: explicit, or ``"auto"`` pairs ``next_X`` with ``X``."""
+    if next_of is None:
+        return {}
+    if isinstance(next_of, str):
+        if next_of != "auto":
+            raise ValueError(f"next_of must be 'auto', None or a mapping, got {next_of!r}")
+        pairs = {}
+        for f in spec:
+            if f.name.startswith("next_") and f.name[5:] in spec:
+                src = spec[f.name[5:]]
+                if src.dtype == f.dtype and src.shape == f.shape:
+                    pairs[f.name] = src.name
+        return pairs
+    if not isinstance(next_of, Mapping):
+        raise TypeError(f"next_of must be 'auto', None or a mapping, got {type(next_of).__name__}")
+    pairs = {}
+    for nxt, src in next_of.items():
+        for name in (nxt, src):
+            if name not in spec:
+                raise SpecError(f"next_of: {spec._unknown_message(name)}")
+        a, b = spec[nxt], spec[src]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            raise SpecError(f"next_of: field {nxt!r} ({a.dtype}{list(a.shape)}) must have the dtype "
+                            f"and shape of {src!r} ({b.dtype}{list(b.shape)})")
+        if nxt == src:
+            raise SpecError(f"next_of: field {nxt!r} cannot be the next of itself")
+        pairs[nxt] = src
+    if set(pairs) & set(pairs.values()):
+        raise SpecError(f"next_of: a field cannot be both a next field and a source: {pairs}")
+    return pairs
+
+
+def resolve_roles(spec: Spec, roles) -> dict:
+    """``{"reward": name, "terminated": name, "truncated": name}`` for the names present."""
+    roles = dict(roles or {})
+    unknown = set(roles) - set(ROLE_NAMES)
+    if unknown:
+        raise ValueError(f"roles: unknown role(s) {sorted(unknown)} (roles: {', '.join(ROLE_NAMES)})")
+    out = {}
+    for role in ROLE_NAMES:
+        name = roles.get(role, role)
+        if name in spec:
+            out[role] = name
+        elif role in roles:
+            raise SpecError(f"roles: {role} field: {spec._unknown_message(name)}")
+    for role in ("terminated", "truncated"):
+        if role in out:
+            f = spec[out[role]]
+            if f.dtype != np.bool_ or f.shape:
+                raise SpecError(f"field {f.name!r} ({role}) must be a bool scalar, got "
+                                f"{f.dtype}{list(f.shape)}")
+    return out
+
+
+class Episodes:
+    """Per-slot episode numbers, stream geometry and (optionally) elided next fields.
+
+    Parameters
+    ----------
+    spec : Spec
+        The row schema as the user pushes it (next fields included).
+    capacity : int
+        Slots; a multiple of ``num_envs``.
+    num_envs : int
+        Interleaved streams.
+    roles : dict
+        From :func:`resolve_roles`; must name ``terminated`` and ``truncated``.
+    next_of : dict
+        From :func:`resolve_next_of`.
+    elide : bool
+        Do not store the next fields.
+
+    Attributes
+    ----------
+    episode : ndarray of uint32, shape (capacity,)
+    current : ndarray of uint32, shape (num_envs,)
+        Episode number the next row of each stream gets.
+    final_idx : ndarray of int32, shape (capacity,)
+        Final-table entry of episode-ending rows (elision only, else shape (0,)).
+    stored_spec : Spec
+        What the storage holds: ``spec`` without the elided fields.
+    """
+
+    def __init__(self, spec: Spec, capacity: int, num_envs: int, roles: dict, next_of: dict,
+                 elide: bool):
+        self.spec = spec
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.roles = roles
+        self.next_of = dict(next_of)
+        self.elide = bool(elide)
+        from .kernels import stamp_episodes
+
+        self._stamp = stamp_episodes
+        self.term_i = spec.names.index(roles["terminated"])
+        self.trunc_i = spec.names.index(roles["truncated"])
+        self.episode = np.zeros(capacity, np.uint32)
+        self.current = np.zeros(num_envs, np.uint32)
+        elided = set(self.next_of) if self.elide else set()
+        self.stored_spec = Spec([f for f in spec if f.name not in elided]) if elided else spec
+        # positions in the user's value list of the fields the storage keeps
+        self.stored_pos = [i for i, f in enumerate(spec) if f.name not in elided]
+        self.pairs = [(spec.names.index(n), spec.names.index(s), n, s) for n, s in self.next_of.items()]
+        if self.elide:
+            self.final_idx = np.full(capacity, -1, np.int32)
+            k = num_envs + capacity // 64
+            self.finals = {n: np.zeros((k,) + spec[n].shape, spec[n].dtype) for n in self.next_of}
+            self.free = np.arange(k - 1, -1, -1, dtype=np.int32)  # a stack: pop from the end
+            self.n_free = k
+            self.pending = {n: np.zeros((num_envs,) + spec[n].shape, spec[n].dtype)
+                            for n in self.next_of}
+            self.has_pending = np.zeros(num_envs, bool)
+        else:
+            self.final_idx = np.zeros(0, np.int32)
+            self.finals, self.pending = {}, {}
+            self.n_free = 0
+
+    # -- memory -----------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bookkeeping bytes: episode numbers, final table, pending values."""
+        total = self.episode.nbytes + self.current.nbytes + self.final_idx.nbytes
+        if self.elide:
+            total += self.free.nbytes + self.has_pending.nbytes
+            total += sum(a.nbytes for a in self.finals.values())
+            total += sum(a.nbytes for a in self.pending.values())
+        return int(total)
+
+    @property
+    def final_capacity(self) -> int:
+        """Entries of the final table (0 without elision)."""
+        return int(self.free.shape[0]) if self.elide else 0
+
+    # -- writing ----------------------------------------------------------------------------
+    def ends(self, values: list) -> np.ndarray:
+        """bool[n]: rows that end an episode (terminated or truncated)."""
+        return np.logical_or(values[self.term_i], values[self.trunc_i])
+
+    def check(self, values: list, n: int, ends) -> None:
+        """Refuse a write that breaks the stream geometry or (with elision) stream continuity.
+
+        Called under the buffer's lock, before anything is written; raises SpecError.
+        """
+        e = self.num_envs
+        if n % e:
+            raise SpecError(f"this buffer interleaves num_envs={e} streams: extend takes whole "
+                            f"steps of {e} rows each (time-major), got {n} rows")
+        if not self.elide:
+            return
+        for i_next, i_src, name_next, name_src in self.pairs:
+            src = _rows_bytes(values[i_src], n)
+            nxt = _rows_bytes(values[i_next], n)
+            pend = _rows_bytes(self.pending[name_next], e)
+            bad = self.has_pending & (src[:e] != pend).any(axis=1)
+            if bad.any():
+                env = int(np.flatnonzero(bad)[0])
+                raise SpecError(
+                    f"field {name_src!r} of env {env} differs from the {name_next!r} pushed with that "
+                    f"stream's previous row, which did not end an episode: with elide_next=True "
+                    f"{name_next!r} is read from the next row, so the stream must be continuous "
+                    f"(mark the previous row terminated or truncated, or build the buffer without "
+                    f"elide_next)")
+            if n > e:
+                bad = ~ends[:-e] & (src[e:] != nxt[:-e]).any(axis=1)
+                if bad.any():
+                    r = int(np.flatnonzero(bad)[0])
+                    raise SpecError(
+                        f"row {r + e} (env {(r + e) % e}): field {name_src!r} differs from "
+                        f"{name_next!r} of row {r}, the same stream's previous row, which did not "
+                        f"end an episode: with elide_next=True the stream must be continuous")
+
+    def reserve(self, ends, spans: list) -> None:
+        """Make room in the final table for the episode ends of a write (before the write)."""
+        if not self.elide:
+            return
+        need = int(np.count_nonzero(ends[spans[0][1]:]))
+        freed = sum(int(np.count_nonzero(self.final_idx[d:d + c] >= 0)) for d, _, c in spans)
+        if self.n_free + freed < need:
+            self._grow(need - freed - self.n_free)
+
+    def _grow(self, extra: int) -> None:
+        old = self.free.shape[0]
+        new = max(2 * old, old + extra)
+        for name, table in self.finals.items():
+            grown = np.zeros((new,) + table.shape[1:], table.dtype)
+            grown[:old] = table
+            self.finals[name] = grown
+        free = np.empty(new, np.int32)
+        free[:self.n_free] = self.free[:self.n_free]
+        added = np.arange(new - 1, old - 1, -1, dtype=np.int32)
+        free[self.n_free:self.n_free + added.shape[0]] = added
+        self.free = free
+        self.n_free += added.shape[0]
+
+    def stamp_one(self, pos: int, values: list) -> None:
+        """:meth:`write` for one row of a single stream without elision (values in field order)."""
+        self.episode[pos] = self.current[0]
+        if values[self.term_i] or values[self.trunc_i]:
+            self.current[0] += np.uint32(1)
+
+    def write(self, values: list, n: int, ends, spans: list) -> None:
+        """Stamp episode numbers (and elided next values) of ``n`` rows written at ``spans``.
+
+        ``ends`` (bool[n], from :meth:`ends`) is needed with elision only; else None.
+        """
+        e = self.num_envs
+        self._stamp(values[self.term_i], values[self.trunc_i], spans[0][1], spans[0][0],
+                    self.current, self.episode)
+        if not self.elide:
+            return
+        fi = self.final_idx
+        for dst, _, count in spans:  # recycle the entries of overwritten rows
+            old = fi[dst:dst + count]
+            freed = old[old >= 0]
+            self.free[self.n_free:self.n_free + freed.shape[0]] = freed
+            self.n_free += freed.shape[0]
+            old[:] = -1
+        for dst, src, count in spans:
+            rows = np.flatnonzero(ends[src:src + count])
+            if rows.shape[0]:
+                k = rows.shape[0]
+                entries = self.free[self.n_free - k:self.n_free][::-1].copy()
+                self.n_free -= k
+                for i_next, _, name, _ in self.pairs:
+                    self.finals[name][entries] = values[i_next][src + rows]
+                fi[dst + rows] = entries
+        last = slice(n - e, n)
+        for i_next, _, name, _ in self.pairs:
+            self.pending[name][...] = values[i_next][last]
+        self.has_pending[...] = ~ends[last]
+
+    def clear(self) -> None:
+        self.episode[...] = 0
+        self.current[...] = 0
+        if self.elide:
+            self.final_idx[...] = -1
+            k = self.free.shape[0]
+            self.free[:] = np.arange(k - 1, -1, -1, dtype=np.int32)
+            self.n_free = k
+            self.has_pending[...] = False
+
+    # -- reading ----------------------------------------------------------------------------
+    def final_words(self, name: str, word: int) -> np.ndarray:
+        """The final table of ``name`` as ``uint{8*word}[K, width]`` (what the kernels copy)."""
+        return _words(self.finals[name], word)
+
+    def pending_words(self, name: str, word: int) -> np.ndarray:
+        """``pending[name]`` as ``uint{8*word}[num_envs, width]``."""
+        return _words(self.pending[name], word)
+
+    def next_value(self, name: str, slot: int, cursor: int):
+        """The elided next field of one held slot (slow path for tests and introspection)."""
+        f = self.final_idx[slot]
+        if f >= 0:
+            return self.finals[name][f]
+        e = self.num_envs
+        newest = (cursor - e) % self.capacity
+        if slot - slot % e == newest:
+            return self.pending[name][slot % e]
+        return None  # read it from the stream's next row
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self, size: int) -> dict:
+        state = {"num_envs": self.num_envs, "elide": self.elide, "next_of": dict(self.next_of),
+                 "episode": self.episode[:size].copy(), "current": self.current.copy()}
+        if self.elide:
+            slots = np.flatnonzero(self.final_idx[:size] >= 0)
+            entries = self.final_idx[slots]
+            state["final_slots"] = slots.astype(np.int64)
+            state["finals"] = {n: t[entries].copy() for n, t in self.finals.items()}
+            state["pending"] = {n: p.copy() for n, p in self.pending.items()}
+            state["has_pending"] = self.has_pending.copy()
+        return state
+
+    def check_state(self, state, size: int):
+        """Validate a :meth:`state_dict`; return it normalised for :meth:`load_state`."""
+        if not isinstance(state, Mapping):
+            raise ValueError("state has no episode bookkeeping ('episodes' entry)")
+        if (state.get("num_envs") != self.num_envs or state.get("elide") != self.elide
+                or state.get("next_of") != self.next_of):
+            raise ValueError(f"state episodes config (num_envs={state.get('num_envs')}, elide="
+                             f"{state.get('elide')}, next_of={state.get('next_of')}) differs from this "
+                             f"buffer's (num_envs={self.num_envs}, elide={self.elide}, "
+                             f"next_of={self.next_of})")
+        _expect(state.get("episode"), np.uint32, (size,), "episodes.episode")
+        _expect(state.get("current"), np.uint32, (self.num_envs,), "episodes.current")
+        if self.elide:
+            slots = state.get("final_slots")
+            if not isinstance(slots, np.ndarray) or slots.dtype != np.int64 or slots.ndim != 1:
+                raise ValueError("state episodes.final_slots must be a 1-D int64 array")
+            if slots.size and (slots.min() < 0 or slots.max() >= size or np.unique(slots).size != slots.size):
+                raise ValueError(f"state episodes.final_slots must be distinct slots in [0, {size})")
+            k = slots.shape[0]
+            for name in self.next_of:
+                f = self.spec[name]
+                _expect((state.get("finals") or {}).get(name), f.dtype, (k,) + f.shape,
+                        f"episodes.finals[{name!r}]")
+                _expect((state.get("pending") or {}).get(name), f.dtype, (self.num_envs,) + f.shape,
+                        f"episodes.pending[{name!r}]")
+            _expect(state.get("has_pending"), np.bool_, (self.num_envs,), "episodes.has_pending")
+        return state
+
+    def load_state(self, state, size: int) -> None:
+        self.clear()
+        self.episode[:size] = state["episode"]
+        self.current[:] = state["current"]
+        if not self.elide:
+            return
+        slots = state["final_slots"]
+        k = slots.shape[0]
+        if k > self.free.shape[0]:
+            self._grow(k - self.free.shape[0])
+        entries = np.arange(k, dtype=np.int32)
+        for name in self.next_of:
+            self.finals[name][:k] = state["finals"][name]
+            self.pending[name][...] = state["pending"][name]
+        self.final_idx[slots] = entries
+        total = self.free.shape[0]
+        self.free[:total - k] = np.arange(total - 1, k - 1, -1, dtype=np.int32)
+        self.n_free = total - k
+        self.has_pending[...] = state["has_pending"]
+
+
+def _words(arr: np.ndarray, word: int) -> np.ndarray:
+    return arr.reshape(arr.shape[0], -1).view(np.uint8).view(WORD_TYPES[word])
+
+
+def _rows_bytes(arr: np.ndarray, n: int) -> np.ndarray:
+    """uint8 view ``(n, row_bytes)`` of ``n`` rows (copied to C order if needed)."""
+    return np.ascontiguousarray(arr).view(np.uint8).reshape(n, -1)
+
+
+def _expect(arr, dtype, shape, what: str) -> None:
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
+        got = f"{arr.dtype}{arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise ValueError(f"state {what}: expected {np.dtype(dtype)}{shape}, got {got}")
+
+

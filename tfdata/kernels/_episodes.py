@@ -1,0 +1,266 @@
+"""Episode-aware kernels: n-step windows, next-field reads and sequence slices.
+
+They work on the *interleaved ring* of :mod:`tfdata.episodes`: with ``E`` environments and a
+capacity ``C`` that is a multiple of ``E``, environment ``e``'s row of step ``t`` is in slot
+``(t * E + e) % C``. The next row of the same stream is ``slot + E`` (mod ``C``), and the newest
+step occupies the ``E`` slots just before the write cursor. The *age* of a slot is how many steps
+are newer than it in its own stream, so a forward window from a slot may take ``age + 1`` rows
+without reaching rows that are not written yet (or, after a wrap, rows that are older).
+
+Nothing here depends on the layout: kernels read fields through 1-D views (strided for the
+array-of-structs layout) and copy fields through 2-D word views ``(rows, words)`` with a word
+offset, which both layouts provide. Nothing here allocates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._rng import GOLDEN, mix64
+
+_ONE = np.uint64(1)
+_S32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_TWO32 = np.uint64(1 << 32)
+
+
+@njit(**INLINE_OPTIONS)
+def _age(slot, cursor, num_envs, capacity):
+    """Steps newer than ``slot`` in its own stream (0 for the newest step)."""
+    newest = cursor - num_envs
+    if newest < 0:
+        newest += capacity
+    d = newest - (slot - slot % num_envs)
+    if d < 0:
+        d += capacity
+    return d // num_envs
+
+
+@njit(**NJIT_OPTIONS)
+def stamp_episodes(term, trunc, skip, dst, current, episode):
+    """Give rows their stream's episode number; rows ``[skip, n)`` are written from slot ``dst``.
+
+    Parameters
+    ----------
+    term, trunc : ndarray of bool, shape (n,), any stride
+        The rows' flags, time-major (``n`` a multiple of ``len(current)``); a row with either
+        flag ends its episode.
+    skip : int
+        Leading rows that are not stored (an extend longer than the capacity); they still count.
+    dst : int
+        Slot of row ``skip``; later rows follow, wrapping at the capacity.
+    current : ndarray of uint32, shape (num_envs,)
+        Episode number of each stream's next row; advanced in place.
+    episode : ndarray of uint32, shape (capacity,)
+        Output.
+    """
+    num_envs = current.shape[0]
+    capacity = episode.shape[0]
+    slot = dst
+    for r in range(term.shape[0]):
+        e = r % num_envs
+        if r >= skip:
+            episode[slot] = current[e]
+            slot += 1
+            if slot == capacity:
+                slot = 0
+        if term[r] or trunc[r]:
+            current[e] += np.uint32(1)
+
+
+@njit(**NJIT_OPTIONS)
+def nstep_windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc,
+                  ret, term_out, trunc_out, discount, last):
+    """Discounted n-step returns of the windows that start at ``idx``.
+
+    A window takes rows ``t, t+1, ...`` of the start row's stream and stops after ``n`` rows, at
+    the first row that is terminated or truncated (included), or at the newest row written,
+    whichever comes first; ``k`` is the number of rows taken (``1 <= k <= n``).
+
+    Parameters
+    ----------
+    idx : ndarray of int64, shape (B,)
+        Start slots (held rows).
+    cursor, num_envs, capacity : int
+        Write cursor (a multiple of ``num_envs``), streams, slots.
+    n : int
+        Longest window.
+    gamma : float
+        Discount per step.
+    reward : ndarray, shape (capacity,), any numeric dtype, any stride
+    term, trunc : ndarray of bool, shape (capacity,), any stride
+        Row fields.
+    ret : ndarray, shape (B,), float dtype, any stride
+        Output: ``sum_{j<k} gamma**j * reward[t+j]``, accumulated in float64 in order of j.
+    term_out, trunc_out : ndarray of bool, shape (B,), any stride
+        Output: the flags of the window's last row.
+    discount : ndarray of float32, shape (B,)
+        Output: ``gamma**k``, the factor of the bootstrap value (use it with ``1 - terminated``).
+    last : ndarray of int64, shape (B,)
+        Output: slot of the window's last row (its next observation is the bootstrap one).
+    """
+    for i in range(idx.shape[0]):
+        s = idx[i]
+        kmax = min(n, _age(s, cursor, num_envs, capacity) + 1)
+        acc = 0.0
+        g = 1.0
+        j = s
+        k = 0
+        while True:
+            acc += g * np.float64(reward[j])
+            g *= gamma
+            k += 1
+            if term[j] or trunc[j] or k == kmax:
+                break
+            j += num_envs
+            if j >= capacity:
+                j -= capacity
+        ret[i] = acc
+        term_out[i] = term[j]
+        trunc_out[i] = trunc[j]
+        discount[i] = g
+        last[i] = j
+
+
+@njit(**NJIT_OPTIONS)
+def copy_field_rows(src, src_off, rows, skip, dst, dst_off, width):
+    """``dst[i, dst_off:+width] = src[rows[i], src_off:+width]`` where ``rows[i] != skip[i]``.
+
+    Parameters
+    ----------
+    src : ndarray of uintX, shape (capacity, src_words)
+    rows, skip : ndarray of int64, shape (B,)
+        Rows to read; a row equal to ``skip[i]`` is already in place and is not copied again.
+    dst : ndarray of uintX, shape (B, dst_words)
+    src_off, dst_off, width : int
+        Field position and width, in words.
+    """
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r == skip[i]:
+            continue
+        for w in range(width):
+            dst[i, dst_off + w] = src[r, src_off + w]
+
+
+@njit(**NJIT_OPTIONS)
+def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, final_idx, finals, pending,
+                     dst, dst_off, width):
+    """The elided next-field of ``rows``: from the stream's next row, the final table or pending.
+
+    Parameters
+    ----------
+    rows : ndarray of int64, shape (B,)
+        Slots whose next value is wanted.
+    src : ndarray of uintX, shape (capacity, src_words)
+        Storage words; the *source* field (``obs`` for ``next_obs``) is at ``src_off``.
+    final_idx : ndarray of int32, shape (capacity,)
+        Entry of the final table holding the slot's next value (episode-ending rows), else -1.
+    finals : ndarray of uintX, shape (K, width)
+        Final table: next values of episode-ending rows.
+    pending : ndarray of uintX, shape (num_envs, width)
+        Next value of each stream's newest row (not in the ring yet).
+    dst : ndarray of uintX, shape (B, dst_words)
+    dst_off, width : int
+        In words.
+    """
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        f = final_idx[r]
+        if f >= 0:
+            for w in range(width):
+                dst[i, dst_off + w] = finals[f, w]
+        elif _age(r, cursor, num_envs, capacity) == 0:
+            e = r % num_envs
+            for w in range(width):
+                dst[i, dst_off + w] = pending[e, w]
+        else:
+            nxt = r + num_envs
+            if nxt >= capacity:
+                nxt -= capacity
+            for w in range(width):
+                dst[i, dst_off + w] = src[nxt, src_off + w]
+
+
+@njit(**INLINE_OPTIONS)
+def _draw(n, state):
+    """One uniform draw from ``[0, n)`` (Lemire, unbiased), advancing ``state[1]``."""
+    nn = np.uint64(n)
+    threshold = (_TWO32 - nn) % nn
+    key = state[0]
+    ctr = state[1]
+    while True:
+        r = mix64(key + ctr * GOLDEN)
+        ctr += _ONE
+        m = (r >> _S32) * nn
+        if (m & _LOW32) >= threshold:
+            break
+    state[1] = ctr
+    return np.int64(m >> _S32)
+
+
+@njit(**NJIT_OPTIONS)
+def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, max_draws,
+                  idx, mask):
+    """Draw ``B`` slices of ``L`` consecutive rows of one stream within one episode.
+
+    Parameters
+    ----------
+    n_rows : int
+        Rows held (start slots are drawn uniformly from ``[0, n_rows)``).
+    state : ndarray of uint64, shape (2,)
+        Counter-based RNG state, advanced in place.
+    episode : ndarray of uint32, shape (capacity,)
+        Episode number of every slot within its stream (stamped at insert).
+    reject : bool
+        True: redraw starts until the whole slice lies in one episode and is written (checked in
+        O(1): the ages and the episode numbers of the first and last rows). False: keep the first
+        start; rows past the episode's end or the newest row repeat the last valid row and get
+        ``mask == False``.
+    max_draws : int
+        With ``reject``, the most draws per slice before giving up.
+    idx : ndarray of int64, shape (B, L)
+        Output: slots of the slice rows.
+    mask : ndarray of bool, shape (B, L)
+        Output: True where the row belongs to the slice's episode.
+
+    Returns
+    -------
+    int
+        -1 on success, else the slice number for which ``max_draws`` draws found nothing.
+    """
+    length = idx.shape[1]
+    span = (length - 1) * num_envs
+    for b in range(idx.shape[0]):
+        s = _draw(n_rows, state)
+        if reject:
+            tries = 1
+            while True:
+                if _age(s, cursor, num_envs, capacity) >= length - 1:
+                    end = s + span
+                    end %= capacity
+                    if episode[end] == episode[s]:
+                        break
+                if tries >= max_draws:
+                    return b
+                s = _draw(n_rows, state)
+                tries += 1
+        kmax = min(length, _age(s, cursor, num_envs, capacity) + 1)
+        ep = episode[s]
+        j = s
+        last = s
+        for k in range(length):
+            if k < kmax and episode[j] == ep:
+                idx[b, k] = j
+                mask[b, k] = True
+                last = j
+                j += num_envs
+                if j >= capacity:
+                    j -= capacity
+            else:
+                idx[b, k] = last
+                mask[b, k] = False
+                kmax = 0  # every later row is masked too
+    return -1
