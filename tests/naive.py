@@ -102,3 +102,90 @@ def stratified_slots(key: int, counter: int, leaves: np.ndarray, batch: int):
             slot -= 1  # past the end by rounding: the last positive leaf
         out.append(slot)
     return np.array(out, dtype=np.int64), counter
+
+
+class StreamModel:
+    """The raw streams as pushed: every step of every environment since the last clear.
+
+    The buffer holds the last ``capacity // num_envs`` steps; environment ``e``'s row of step
+    ``t`` is in slot ``(t * num_envs + e) % capacity`` (the documented storage scheme). Windows and
+    slices are computed from the raw rows and their flags: no episode numbers, no ages.
+    """
+
+    def __init__(self, capacity: int, num_envs: int):
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.steps: list[list[dict]] = []  # steps[t][e] is a row
+
+    @property
+    def held_steps(self) -> int:
+        return min(len(self.steps), self.capacity // self.num_envs)
+
+    @property
+    def size(self) -> int:
+        return self.held_steps * self.num_envs
+
+    def extend(self, batch: dict) -> None:
+        n = len(next(iter(batch.values())))
+        for t in range(n // self.num_envs):
+            self.steps.append([{k: np.array(v[t * self.num_envs + e]) for k, v in batch.items()}
+                               for e in range(self.num_envs)])
+
+    def clear(self) -> None:
+        self.steps = []
+
+    def locate(self, slot: int) -> tuple[int, int]:
+        """(step, env) of the row held in ``slot``."""
+        e = slot % self.num_envs
+        for t in range(len(self.steps) - 1, len(self.steps) - 1 - self.held_steps, -1):
+            if (t * self.num_envs + e) % self.capacity == slot:
+                return t, e
+        raise AssertionError(f"slot {slot} holds no row")
+
+    def slot_of(self, t: int, e: int) -> int:
+        return (t * self.num_envs + e) % self.capacity
+
+    @staticmethod
+    def ends(row: dict) -> bool:
+        return bool(row["terminated"]) or bool(row["truncated"])
+
+    def nstep(self, slot: int, n: int, gamma: float) -> dict:
+        """The n-step transition that starts at ``slot``, as the buffer must return it."""
+        t, e = self.locate(slot)
+        first = self.steps[t][e]
+        acc, g, k = 0.0, 1.0, 0
+        while True:
+            last = self.steps[t + k][e]
+            acc += g * float(last["reward"])
+            g *= gamma
+            k += 1
+            if self.ends(last) or k == n or t + k == len(self.steps):
+                break
+        out = dict(first)
+        out["reward"] = np.array(acc, dtype=first["reward"].dtype)
+        out["terminated"] = last["terminated"]
+        out["truncated"] = last["truncated"]
+        out["next_obs"] = last["next_obs"]
+        return {"row": out, "discount": np.float32(g), "k": k,
+                "last": self.slot_of(t + k - 1, e)}
+
+    def slice(self, slot: int, length: int) -> tuple[list[dict], np.ndarray]:
+        """Rows of the slice starting at ``slot``, padded with its last valid row, and the mask."""
+        t, e = self.locate(slot)
+        rows, mask = [], []
+        for j in range(length):
+            ok = t + j < len(self.steps) and (j == 0 or not self.ends(self.steps[t + j - 1][e]))
+            if ok and mask and not mask[-1]:
+                ok = False
+            rows.append(self.steps[t + j][e] if ok else rows[-1])
+            mask.append(ok)
+        return rows, np.array(mask)
+
+    def slice_valid(self, slot: int, length: int) -> bool:
+        return bool(self.slice(slot, length)[1].all())
+
+
+def draw_one(key: int, counter: int, n: int) -> tuple[int, int]:
+    """One uniform draw in [0, n) (see :func:`draw_indices`)."""
+    idx, counter = draw_indices(key, counter, n, 1)
+    return int(idx[0]), counter
