@@ -220,3 +220,27 @@ def test_prioritized_steady_state_allocates_nothing(layout):
         tracemalloc.stop()
     assert current - base < 1024, current - base
     assert peak - base < 2048, peak - base  # one batch of float64 priorities would be 2048
+
+
+@pytest.mark.parametrize("elide", [False, True])
+def test_nstep_and_elided_sampling_allocate_nothing(layout, elide):
+    from .test_episodes import VEC, Streams
+
+    buf = ReplayBuffer(VEC, 4000, layout=layout, num_envs=2, n_step=3, elide_next=elide, seed=0)
+    streams = Streams(VEC, 2, np.random.default_rng(0))
+    buf.extend(streams.steps(2500))
+    for _ in range(3):
+        buf.sample(256)
+        buf.sample_sequences(16, 8)
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for _ in range(300):
+            buf.sample(256)
+            buf.sample_sequences(16, 8)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert current - base < 1024, current - base
+    assert peak - base < 2048, peak - base  # one batch of rewards alone would be 1024
