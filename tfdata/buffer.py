@@ -137,7 +137,6 @@ def _check_unit(name: str, value) -> float:
 
 
 class ReplayBuffer:
-    _weighted = False  # whether sampled batches carry importance weights
     """A fixed-capacity circular replay buffer with uniform sampling.
 
     Parameters
@@ -154,6 +153,27 @@ class ReplayBuffer:
         Seed of the sampling generator; None draws one (recorded in :meth:`state_dict`).
     ring_size : int, default 2
         Number of preallocated output batches per batch size (see :class:`Batch`).
+    num_envs : int, default 1
+        Parallel environment streams. Rows are interleaved step by step (env ``e``'s row of step
+        ``t`` in slot ``(t * num_envs + e) % capacity``); the capacity must be a multiple of
+        ``num_envs``, ``extend`` takes whole steps and ``push`` needs ``num_envs == 1``.
+    n_step : int, optional
+        Sample n-step transitions: ``reward`` holds the discounted return of up to ``n_step``
+        rows of the stream, ``terminated``/``truncated``/``next_obs`` those of the window's last
+        row, and ``batch.discounts`` is ``gamma ** k`` for the ``k`` rows taken. Windows stop at
+        an episode end and at the newest row. Needs ``terminated``, ``truncated`` and a float
+        ``reward`` field.
+    gamma : float, default 0.99
+        Discount of the n-step return, in ``[0, 1]``.
+    next_of : "auto", mapping or None
+        Which fields hold the next value of another (``{"next_obs": "obs"}``); "auto" pairs every
+        ``next_X`` with ``X`` of the same dtype and shape. n-step reads them at the window's end.
+    elide_next : bool, default False
+        Do not store the next fields: read them from the stream's next row (episode-ending rows
+        keep theirs aside). Same samples, less memory; each row's ``obs`` must then equal the
+        previous row's ``next_obs`` unless that row ended an episode (else SpecError).
+    roles : mapping, optional
+        Field names of the roles ``reward``, ``terminated``, ``truncated`` if not those.
 
     Notes
     -----
@@ -168,7 +188,12 @@ class ReplayBuffer:
 
     *Steady state allocates nothing*: push and extend write in place; sample reuses its output
     ring. The first ``sample`` with a new batch size allocates that size's ring.
+
+    *Episodes* are tracked when the spec has bool ``terminated`` and ``truncated`` fields: each
+    row gets its stream's episode number at insert, which :meth:`sample_sequences` uses.
     """
+
+    _weighted = False  # whether sampled batches carry importance weights
 
     def __init__(self, spec, capacity: int, *, layout: str | None = None, seed: int | None = None,
                  ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
