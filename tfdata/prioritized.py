@@ -42,7 +42,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     Notes
     -----
     *Storage of priorities.* Three binary trees over the slots, in float64: sums (sampling),
-    minimum (weight normalisation) and maximum (priority of new rows). float64 because the
+    minimum (weight normalisation) and maximum (priority of new rows), interleaved node by node
+    in one ``(2P, 4)`` array. float64 because the
     root sums up to 2**32 leaves; parents are always recomputed from their children, so there is
     no drift to correct by rebuilding.
 
@@ -74,9 +75,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
         self._k = kernels
         leaves = 1 << max(0, (self.capacity - 1).bit_length())
-        self._sum = np.zeros(2 * leaves, np.float64)
-        self._min = np.full(2 * leaves, np.inf, np.float64)
-        self._max = np.zeros(2 * leaves, np.float64)
+        # one 32-byte record per node, [sum, min, max, unused]: an update reads a node's
+        # children and writes the node in two cache lines for all three trees, not six
+        # (measured 0.88x of the step with three separate arrays at 1M rows, reports/prioritized.md)
+        self._tree = np.zeros((2 * leaves, 4), np.float64)
+        self._sum, self._min, self._max = self._tree[:, 0], self._tree[:, 1], self._tree[:, 2]
+        self._min[:] = np.inf
         self._samples = 0  # sample calls so far: the position in the beta schedule
         # writes per slot, so an update for a row that has since been overwritten is refused
         self._version = np.zeros(self.capacity, np.uint64)

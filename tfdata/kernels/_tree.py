@@ -2,7 +2,8 @@
 
 Layout: ``tree[1]`` is the root, node ``i`` has children ``2i`` and ``2i+1``, leaf of slot ``s``
 is ``tree[P + s]``. Three arrays share that layout: ``sumt`` (subtree mass), ``mint`` (smallest
-positive leaf, ``inf`` when empty) and ``maxt`` (largest leaf, 0 when empty). An empty slot has
+positive leaf, ``inf`` when empty) and ``maxt`` (largest leaf, 0 when empty); they may be
+strided views of one record array (the prioritized buffer interleaves them). An empty slot has
 mass 0. Parents are always recomputed from their children, never adjusted by differences, so no
 rounding error accumulates: after any sequence of updates each node holds exactly what a fresh
 build from the same leaves would hold.
