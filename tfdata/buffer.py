@@ -298,6 +298,7 @@ class ReplayBuffer:
         if self.n_step is not None:
             x["discount"] = np.zeros(rows, np.float32)
             x["last"] = np.zeros(rows, np.int64)
+            x["acc"] = np.zeros(rows, np.float64)
             x["copy_words"] = [self._storage.output_words(out, nxt, word)
                                for nxt, word, _ in self._copy_pairs]
         return x
@@ -476,11 +477,13 @@ class ReplayBuffer:
         """n-step windows and elided next fields for the rows sampled at ``idx`` (lock held)."""
         rows = idx
         if self.n_step is not None:
+            # after the gather, so the window's first row is in cache (a kernel fusing the two
+            # measured slower: 54 vs 46 µs at 1M rows, AoS)
             k, f, r = self._k, out.fields, self._roles
             k.nstep_windows(idx, self._writer.cursor, self.num_envs, self.capacity, self.n_step,
                             self.gamma, self._reward_view, self._flag_views[0], self._flag_views[1],
-                            f[r["reward"]], f[r["terminated"]], f[r["truncated"]], x["discount"],
-                            x["last"])
+                            x["acc"], f[r["reward"]], f[r["terminated"]], f[r["truncated"]],
+                            x["discount"], x["last"])
             rows = x["last"]
             for (_, _, (src, off, width)), (dst, doff, _) in zip(self._copy_pairs, x["copy_words"]):
                 k.copy_field_rows(src, off, rows, idx, dst, doff, width)

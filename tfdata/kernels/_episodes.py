@@ -27,6 +27,15 @@ _TWO32 = np.uint64(1 << 32)
 
 
 @njit(**INLINE_OPTIONS)
+def _newest(cursor, num_envs, capacity):
+    """First slot of the newest step; the step holds slots ``[newest, newest + num_envs)``."""
+    newest = cursor - num_envs
+    if newest < 0:
+        newest += capacity
+    return newest
+
+
+@njit(**INLINE_OPTIONS)
 def _age(slot, cursor, num_envs, capacity):
     """Steps newer than ``slot`` in its own stream (0 for the newest step)."""
     newest = cursor - num_envs
@@ -70,10 +79,9 @@ def stamp_episodes(term, trunc, skip, dst, current, episode):
             current[e] += np.uint32(1)
 
 
-@njit(**NJIT_OPTIONS)
-def nstep_windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc,
-                  ret, term_out, trunc_out, discount, last):
-    """Discounted n-step returns of the windows that start at ``idx``.
+@njit(**INLINE_OPTIONS)
+def windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc, acc, discount, last):
+    """Discounted n-step returns of the windows that start at ``idx`` (inlined into kernels).
 
     A window takes rows ``t, t+1, ...`` of the start row's stream and stops after ``n`` rows, at
     the first row that is terminated or truncated (included), or at the newest row written,
@@ -92,36 +100,58 @@ def nstep_windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc
     reward : ndarray, shape (capacity,), any numeric dtype, any stride
     term, trunc : ndarray of bool, shape (capacity,), any stride
         Row fields.
-    ret : ndarray, shape (B,), float dtype, any stride
-        Output: ``sum_{j<k} gamma**j * reward[t+j]``, accumulated in float64 in order of j.
-    term_out, trunc_out : ndarray of bool, shape (B,), any stride
-        Output: the flags of the window's last row.
+    acc : ndarray of float64, shape (B,)
+        Output: ``sum_{j<k} gamma**j * reward[t+j]``, accumulated in order of j.
     discount : ndarray of float32, shape (B,)
         Output: ``gamma**k``, the factor of the bootstrap value (use it with ``1 - terminated``).
     last : ndarray of int64, shape (B,)
         Output: slot of the window's last row (its next observation is the bootstrap one).
     """
-    for i in range(idx.shape[0]):
-        s = idx[i]
-        kmax = min(n, _age(s, cursor, num_envs, capacity) + 1)
-        acc = 0.0
-        g = 1.0
-        j = s
-        k = 0
-        while True:
-            acc += g * np.float64(reward[j])
-            g *= gamma
-            k += 1
-            if term[j] or trunc[j] or k == kmax:
-                break
-            j += num_envs
-            if j >= capacity:
-                j -= capacity
-        ret[i] = acc
+    # the newest step is a slot range: no integer division per row (tens of cycles each)
+    lo = _newest(cursor, num_envs, capacity)
+    hi = lo + num_envs
+    batch = idx.shape[0]
+    for i in range(batch):
+        acc[i] = 0.0
+        last[i] = idx[i]
+        discount[i] = -1.0  # open window
+    # step by step over all windows, not window by window: the loads of different windows are
+    # independent, so their cache misses overlap (measured 0.6-0.8x of the per-window loop)
+    g = 1.0
+    for k in range(n):
+        gn = g * gamma
+        for i in range(batch):
+            if discount[i] >= 0.0:
+                continue
+            j = last[i]
+            acc[i] += g * np.float64(reward[j])
+            if term[j] or trunc[j] or k == n - 1 or (lo <= j and j < hi):
+                discount[i] = gn
+            else:
+                j += num_envs
+                if j >= capacity:
+                    j -= capacity
+                last[i] = j
+        g = gn
+
+
+@njit(**INLINE_OPTIONS)
+def finish_windows(last, term, trunc, acc, ret, term_out, trunc_out):
+    """Write the windows into a batch: the return (cast to the reward dtype) and the flags of
+    each window's last row. ``ret``, ``term_out``, ``trunc_out``: shape (B,), any stride."""
+    for i in range(last.shape[0]):
+        j = last[i]
+        ret[i] = acc[i]
         term_out[i] = term[j]
         trunc_out[i] = trunc[j]
-        discount[i] = g
-        last[i] = j
+
+
+@njit(**NJIT_OPTIONS)
+def nstep_windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc,
+                  acc, ret, term_out, trunc_out, discount, last):
+    """:func:`windows` then :func:`finish_windows`, as one kernel (after a prioritized draw)."""
+    windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc, acc, discount, last)
+    finish_windows(last, term, trunc, acc, ret, term_out, trunc_out)
 
 
 @njit(**NJIT_OPTIONS)
@@ -166,14 +196,16 @@ def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, final_idx, 
     dst_off, width : int
         In words.
     """
+    lo = _newest(cursor, num_envs, capacity)
+    hi = lo + num_envs
     for i in range(rows.shape[0]):
         r = rows[i]
         f = final_idx[r]
         if f >= 0:
             for w in range(width):
                 dst[i, dst_off + w] = finals[f, w]
-        elif _age(r, cursor, num_envs, capacity) == 0:
-            e = r % num_envs
+        elif lo <= r and r < hi:  # the newest step
+            e = r - lo
             for w in range(width):
                 dst[i, dst_off + w] = pending[e, w]
         else:
