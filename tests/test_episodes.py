@@ -408,3 +408,13 @@ def test_gymnasium_vector_env_same_step_autoreset(layout):
     assert_batches_equal(dict(full.sample(128)), dict(cut.sample(128)))
     a, b = full.sample_sequences(8, 10), cut.sample_sequences(8, 10)
     assert_batches_equal(dict(a), dict(b))
+
+
+def test_clear_wipe_also_forgets_the_kept_next_values(layout):
+    buf = ReplayBuffer(VEC, 32, layout=layout, elide_next=True)
+    buf.extend(Streams(VEC, 1, np.random.default_rng(0), p_term=0.5).steps(20))
+    ep = buf._episodes
+    assert any(a.any() for a in ep.finals.values()) and ep.pending["next_obs"].any()
+    buf.clear(wipe=True)
+    assert not any(a.any() for a in ep.finals.values()) and not ep.pending["next_obs"].any()
+    assert not buf.storage.field("obs").any() and len(buf) == 0

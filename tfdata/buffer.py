@@ -428,7 +428,7 @@ class ReplayBuffer:
             if wipe:
                 self._storage.wipe()
             if self._episodes is not None:
-                self._episodes.clear()
+                self._episodes.clear(wipe)
             self._on_clear()
 
     def _on_clear(self) -> None:

@@ -277,7 +277,11 @@ class Episodes:
             self.pending[name][...] = values[i_next][last]
         self.has_pending[...] = ~ends[last]
 
-    def clear(self) -> None:
+    def clear(self, wipe: bool = False) -> None:
+        """Forget every row; ``wipe`` also zeroes the kept next values (they are row data)."""
+        if wipe:
+            for a in list(self.finals.values()) + list(self.pending.values()):
+                a[...] = 0
         self.episode[...] = 0
         self.current[...] = 0
         if self.elide:
