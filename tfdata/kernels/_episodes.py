@@ -18,12 +18,8 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._rng import GOLDEN, mix64
+from ._rng import fill_indices
 
-_ONE = np.uint64(1)
-_S32 = np.uint64(32)
-_LOW32 = np.uint64(0xFFFFFFFF)
-_TWO32 = np.uint64(1 << 32)
 
 
 @njit(**INLINE_OPTIONS)
@@ -216,23 +212,6 @@ def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, final_idx, 
                 dst[i, dst_off + w] = src[nxt, src_off + w]
 
 
-@njit(**INLINE_OPTIONS)
-def _draw(n, state):
-    """One uniform draw from ``[0, n)`` (Lemire, unbiased), advancing ``state[1]``."""
-    nn = np.uint64(n)
-    threshold = (_TWO32 - nn) % nn
-    key = state[0]
-    ctr = state[1]
-    while True:
-        r = mix64(key + ctr * GOLDEN)
-        ctr += _ONE
-        m = (r >> _S32) * nn
-        if (m & _LOW32) >= threshold:
-            break
-    state[1] = ctr
-    return np.int64(m >> _S32)
-
-
 @njit(**NJIT_OPTIONS)
 def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, max_draws,
                   idx, mask):
@@ -266,7 +245,9 @@ def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, ma
     length = idx.shape[1]
     span = (length - 1) * num_envs
     for b in range(idx.shape[0]):
-        s = _draw(n_rows, state)
+        first = idx[b, :1]  # one draw at a time: a rejected start draws again
+        fill_indices(n_rows, state, first)
+        s = first[0]
         if reject:
             tries = 1
             while True:
@@ -277,7 +258,8 @@ def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, ma
                         break
                 if tries >= max_draws:
                     return b
-                s = _draw(n_rows, state)
+                fill_indices(n_rows, state, first)
+                s = first[0]
                 tries += 1
         kmax = min(length, _age(s, cursor, num_envs, capacity) + 1)
         ep = episode[s]
