@@ -404,7 +404,7 @@ class ReplayBuffer:
         stored = values
         if ep is not None:
             ends = ep.ends(values) if ep.elide else None
-            ep.check(values, n, ends)
+            ep.check(values, n)
             ep.reserve(ends, spans)
             if ep.elide:
                 stored = [values[i] for i in ep.stored_pos]
@@ -495,7 +495,7 @@ class ReplayBuffer:
         ep = self._episodes
         for nxt, word, (src, off, width) in self._elide_pairs:
             self._k.copy_next_elided(rows, self._writer.cursor, self.num_envs, self.capacity, src,
-                                     off, ep.final_idx, ep.final_words(nxt, word),
+                                     off, self._flag_views[0], self._flag_views[1], ep.final_idx, ep.final_words(nxt, word),
                                      ep.pending_words(nxt, word), x["next_words"][nxt], 0, width)
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",

@@ -16,10 +16,11 @@ from ._rng import draw_indices  # noqa: E402
 from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # noqa: E402
                     tree_fill_values, tree_set, tree_set_priorities)  # noqa: E402
 
-from ._episodes import (copy_field_rows, copy_next_elided, nstep_windows,  # noqa: E402
+from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity,  # noqa: E402
+                        nstep_windows,  # noqa: E402
                         sample_slices, stamp_episodes)  # noqa: E402
 
 BY_LAYOUT = {"aos": aos, "soa": soa}
 
 __all__ = ["aos", "soa", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
-           "copy_field_rows", "copy_next_elided", "nstep_windows", "sample_slices", "stamp_episodes"]
+           "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "stamp_episodes"]

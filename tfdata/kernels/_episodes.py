@@ -172,8 +172,8 @@ def copy_field_rows(src, src_off, rows, skip, dst, dst_off, width):
 
 
 @njit(**NJIT_OPTIONS)
-def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, final_idx, finals, pending,
-                     dst, dst_off, width):
+def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, term, trunc, final_idx,
+                     finals, pending, dst, dst_off, width):
     """The elided next-field of ``rows``: from the stream's next row, the final table or pending.
 
     Parameters
@@ -182,6 +182,8 @@ def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, final_idx, 
         Slots whose next value is wanted.
     src : ndarray of uintX, shape (capacity, src_words)
         Storage words; the *source* field (``obs`` for ``next_obs``) is at ``src_off``.
+    term, trunc : ndarray of bool, shape (capacity,), any stride
+        Row flags: a row has a final-table entry exactly when one of them is set.
     final_idx : ndarray of int32, shape (capacity,)
         Entry of the final table holding the slot's next value (episode-ending rows), else -1.
     finals : ndarray of uintX, shape (K, width)
@@ -196,7 +198,9 @@ def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, final_idx, 
     hi = lo + num_envs
     for i in range(rows.shape[0]):
         r = rows[i]
-        f = final_idx[r]
+        # only episode-ending rows have an entry: test the flags (in the row just gathered,
+        # so in cache) before touching final_idx (a random read of a capacity-long array)
+        f = final_idx[r] if term[r] or trunc[r] else -1
         if f >= 0:
             for w in range(width):
                 dst[i, dst_off + w] = finals[f, w]
@@ -210,6 +214,43 @@ def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, final_idx, 
                 nxt -= capacity
             for w in range(width):
                 dst[i, dst_off + w] = src[nxt, src_off + w]
+
+
+@njit(**NJIT_OPTIONS)
+def first_discontinuity(src, nxt, term, trunc, pending, has_pending):
+    """First row whose source value does not continue its stream, or -1 (elision's insert check).
+
+    Row ``r`` (time-major, ``E = len(pending)`` streams) must have ``src[r] == nxt[r - E]``
+    bytewise unless row ``r - E`` ended an episode; the first step is compared with ``pending``
+    where ``has_pending``.
+
+    Parameters
+    ----------
+    src, nxt : ndarray of uint8, shape (n, field_bytes)
+        The rows' source field (``obs``) and next field (``next_obs``), as bytes.
+    term, trunc : ndarray of bool, shape (n,), any stride
+    pending : ndarray of uint8, shape (E, field_bytes)
+        Next value of each stream's newest row already stored.
+    has_pending : ndarray of bool, shape (E,)
+        False where that row ended an episode (or nothing is stored).
+    """
+    num_envs = pending.shape[0]
+    width = src.shape[1]
+    for r in range(src.shape[0]):
+        if r < num_envs:
+            if not has_pending[r]:
+                continue
+            for w in range(width):
+                if src[r, w] != pending[r, w]:
+                    return r
+        else:
+            p = r - num_envs
+            if term[p] or trunc[p]:
+                continue
+            for w in range(width):
+                if src[r, w] != nxt[p, w]:
+                    return r
+    return -1
 
 
 @njit(**NJIT_OPTIONS)
