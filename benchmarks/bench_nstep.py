@@ -53,8 +53,8 @@ MEAN_EPISODE = {"cartpole": 200, "image": 1000}
 #: rows of the block of consistent rows built once per process: a multiple of the mean
 #: episode length (500 CartPole episodes, 4 image episodes of random lengths)
 _BLOCK_ROWS = {"cartpole": 100_000, "image": 4_000}
-#: rows per extend when filling: cache-sized, and small enough that the continuity check of
-#: elide_next (a bool temporary of rows x obs bytes) stays small next to the buffer
+#: rows per extend when filling: a few MB per call, so that the input block (the only
+#: temporary of a fill) stays small next to the buffer whose peak memory is measured
 _EXTEND_ROWS = {"cartpole": 25_000, "image": 1_000}
 
 GAMMA = 0.99
