@@ -189,3 +189,43 @@ def draw_one(key: int, counter: int, n: int) -> tuple[int, int]:
     """One uniform draw in [0, n) (see :func:`draw_indices`)."""
     idx, counter = draw_indices(key, counter, n, 1)
     return int(idx[0]), counter
+
+
+# -- data loader ---------------------------------------------------------------------------------
+
+
+def epoch_key(seed: int, epoch: int) -> int:
+    """Key of one epoch's generator: mix64(mix64(seed) + (epoch + 1) * GOLDEN)."""
+    return mix64((mix64(seed & MASK64) + (epoch + 1) * GOLDEN) & MASK64)
+
+
+def fisher_yates(items: list, key: int, counter: int) -> int:
+    """Shuffle ``items`` in place: for i from the top, swap with a uniform j in [0, i]."""
+    for i in range(len(items) - 1, 0, -1):
+        j, counter = draw_one(key, counter, i + 1)
+        items[i], items[j] = items[j], items[i]
+    return counter
+
+
+def loader_order(n: int, batch: int, mode: str, seed: int, epoch: int, drop_last: bool,
+                 block_rows: int = 1, window_blocks: int = 1) -> list:
+    """Row numbers of every batch of one epoch, as the loader defines them."""
+    key = epoch_key(seed, epoch)
+    if mode == "none":
+        order = list(range(n))
+    elif mode == "full":
+        order = list(range(n))
+        fisher_yates(order, key, 0)
+    else:
+        n_blocks = -(-n // block_rows)
+        blocks = list(range(n_blocks))
+        ctr = fisher_yates(blocks, key, 0)
+        order = []
+        for w in range(0, n_blocks, window_blocks):
+            rows = [r for b in blocks[w:w + window_blocks] for r in range(b * block_rows, min((b + 1) * block_rows, n))]
+            ctr = fisher_yates(rows, key, ctr)
+            order.extend(rows)
+    batches = [order[s:s + batch] for s in range(0, n, batch)]
+    if drop_last and batches and len(batches[-1]) < batch:
+        batches.pop()
+    return [np.array(b, dtype=np.int64) for b in batches]

@@ -11,3 +11,12 @@ class SpecError(ValueError, TypeError):
     ValueError and TypeError so either ``except`` clause catches it. Whatever raised it has changed
     nothing.
     """
+
+
+class FormatError(ValueError):
+    """A file is not a dataset tfdata can read: wrong magic, an unknown version, a header that
+    disagrees with the file's size, or fields that are not numeric data.
+
+    The message names the file and what is wrong. Nothing is mapped or read beyond the header
+    when it is raised.
+    """

@@ -20,7 +20,10 @@ from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity, 
                         nstep_windows,  # noqa: E402
                         sample_slices, stamp_episodes)  # noqa: E402
 
+from ._loader import permutation, touch_pages, window_order  # noqa: E402
+
 BY_LAYOUT = {"aos": aos, "soa": soa}
 
 __all__ = ["aos", "soa", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
-           "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "stamp_episodes"]
+           "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "stamp_episodes",
+           "permutation", "touch_pages", "window_order"]

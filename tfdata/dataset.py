@@ -1,0 +1,309 @@
+"""Datasets: fixed collections of rows that a :class:`~tfdata.loader.DataLoader` reads in batches.
+
+:class:`Dataset` is the contract: a length, a :class:`~tfdata.spec.Spec`, a layout, a
+vectorised ``gather(indices, out)`` into an output made by ``new_output``, and zero-copy
+``rows(start, stop)``. Two implementations share all of that code:
+
+:class:`ArrayDataset`
+    Over in-memory arrays: a structured array (AoS) or a mapping of per-field arrays (SoA).
+:class:`MmapDataset`
+    Over a file on disk, memory-mapped read-only (``tfdata.io`` reads and checks the file). It
+    also implements the page advice (``willneed``, ``release``) that keeps a long scan's
+    resident set bounded; for in-memory data those calls do nothing.
+
+An AoS record may have any itemsize (a file written by another program need not be padded the
+way :attr:`Spec.aos_dtype` is): the gather kernel copies whole records as byte rows, with the
+widest word that divides the record size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import io as _io
+from ._config import resolve_layout
+from .errors import FormatError, SpecError
+from .spec import Field, Spec
+from .storage import Output
+
+PAGE = _io.PAGE
+
+
+def _byte_rows(arr: np.ndarray, row_bytes: int) -> np.ndarray:
+    """uint8 view ``(rows, row_bytes)`` of a C-contiguous array of ``rows`` rows (rows may be 0)."""
+    return arr.reshape(-1).view(np.uint8).reshape(arr.shape[0], row_bytes)
+
+
+class Dataset:
+    """The dataset contract, with the shared implementation over records or columns.
+
+    Attributes
+    ----------
+    spec : Spec
+        Field names, dtypes and per-row shapes.
+    layout : {"aos", "soa"}
+        ``"aos"``: one structured array, ``records``; ``"soa"``: one array per field, ``columns``.
+    row_nbytes : int
+        Bytes of one row as stored (the record size for AoS, the sum of field sizes for SoA).
+    """
+
+    spec: Spec
+    layout: str
+
+    def _bind(self, spec: Spec, records=None, columns=None) -> None:
+        # Subclasses call this once they hold their arrays.
+        from . import kernels  # numba is imported when the first dataset is built, not at import
+
+        self.spec = spec
+        self._gather = kernels.soa.gather
+        if records is not None:
+            self.layout = "aos"
+            self.records = records
+            self.dtype = records.dtype
+            self._n = int(records.shape[0])
+            self.row_nbytes = int(records.dtype.itemsize)
+            self._fields = {name: records[name] for name in spec.names}
+            # a record is one byte row: the SoA gather kernel with a single "field"
+            self._kernel_store = (_byte_rows(records, self.row_nbytes),)
+        else:
+            self.layout = "soa"
+            self.columns = columns
+            self._n = int(next(iter(columns.values())).shape[0])
+            self.row_nbytes = int(sum(f.nbytes for f in spec))
+            self._fields = columns
+            self._kernel_store = tuple(_byte_rows(columns[f.name], f.nbytes) for f in spec)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def new_output(self, batch_size: int) -> Output:
+        """A preallocated output block of ``batch_size`` rows for :meth:`gather`."""
+        if self.layout == "aos":
+            records = np.zeros(batch_size, dtype=self.dtype)
+            fields = {name: records[name] for name in self.spec.names}
+            return Output(np.zeros(batch_size, np.int64), fields,
+                          (_byte_rows(records, self.row_nbytes),), records)
+        fields = {f.name: np.zeros((batch_size,) + f.shape, dtype=f.dtype) for f in self.spec}
+        kernel_out = tuple(_byte_rows(fields[f.name], f.nbytes) for f in self.spec)
+        return Output(np.zeros(batch_size, np.int64), fields, kernel_out)
+
+    def gather(self, indices: np.ndarray, out: Output) -> None:
+        """Copy rows ``indices`` into the first ``len(indices)`` rows of ``out``.
+
+        Parameters
+        ----------
+        indices : ndarray of int64, shape (m,)
+            Row numbers in ``[0, len(self))``; checked here.
+        out : Output
+            Made by :meth:`new_output` with at least ``m`` rows.
+
+        The copy runs in a numba kernel without the GIL.
+        """
+        indices = np.asarray(indices)
+        if indices.dtype != np.int64 or indices.ndim != 1:
+            raise SpecError(f"indices: expected a 1-D int64 array, got {indices.dtype}{list(indices.shape)}")
+        if indices.shape[0] > out.indices.shape[0]:
+            raise SpecError(f"indices: {indices.shape[0]} rows do not fit an output of {out.indices.shape[0]}")
+        if indices.shape[0] and (indices.min() < 0 or indices.max() >= self._n):
+            raise IndexError(f"indices: expected rows in [0, {self._n}), got [{indices.min()}, {indices.max()}]")
+        self._gather(self._kernel_store, indices, out.kernel_out)
+
+    def _gather_unchecked(self, indices: np.ndarray, out: Output, at: int = 0) -> None:
+        # the loader's path: indices come from its own permutation, in range by construction;
+        # rows land at out[at:at + len(indices)]
+        kout = out.kernel_out if at == 0 else tuple(k[at:] for k in out.kernel_out)
+        self._gather(self._kernel_store, indices, kout)
+
+    def rows(self, start: int, stop: int) -> dict:
+        """Zero-copy views of rows ``[start, stop)`` of every field, ``{name: (stop-start, *shape)}``."""
+        return {name: v[start:stop] for name, v in self._fields.items()}
+
+    def field(self, name: str) -> np.ndarray:
+        """View of one field for every row, shape ``(len(self), *shape)``."""
+        self.spec[name]
+        return self._fields[name]
+
+    # -- page advice: no-ops for data in memory ---------------------------------------------------
+    mapped_nbytes = 0
+
+    def willneed(self, start: int, stop: int) -> None:
+        """Read rows ``[start, stop)`` ahead (memory-mapped datasets)."""
+
+    def release(self, start: int, stop: int) -> None:
+        """Drop the pages of rows ``[start, stop)`` from this process (memory-mapped datasets)."""
+
+    def release_all(self) -> None:
+        """Drop every mapped page from this process (memory-mapped datasets)."""
+
+    def touch(self, start: int, stop: int) -> None:
+        """Fault in the pages of rows ``[start, stop)`` (memory-mapped datasets)."""
+
+    def close(self) -> None:
+        """Release what the dataset holds (files, maps)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}: {f.dtype}{list(f.shape)}" for f in self.spec)
+        return f"{type(self).__name__}({self._n} rows, layout={self.layout!r}, {{{fields}}})"
+
+
+class ArrayDataset(Dataset):
+    """A dataset over arrays in memory.
+
+    Parameters
+    ----------
+    data : structured ndarray of shape (n,), or mapping of str to ndarray of shape (n, ...)
+        A structured array is AoS, a mapping of arrays SoA. Arrays that are already C-contiguous
+        (and, for a mapping, of a numeric or bool dtype) are used without a copy.
+    layout : {"aos", "soa"} or None
+        None keeps the layout of ``data``. Asking for the other layout copies once, here:
+        to :attr:`Spec.aos_dtype` records, or to one C-contiguous array per field.
+
+    Raises
+    ------
+    SpecError
+        Fields of different lengths, a 0-d field, a non-numeric dtype, or a record array that is
+        not 1-D.
+    """
+
+    def __init__(self, data, layout: str | None = None):
+        if isinstance(data, np.ndarray) and data.dtype.names is not None:
+            if data.ndim != 1:
+                raise SpecError(f"records: expected a 1-D structured array, got shape {data.shape}")
+            spec = _spec_of_records(data.dtype)
+            native = "aos"
+        elif isinstance(data, Mapping):
+            if not data:
+                raise SpecError("data: expected at least one field")
+            cols = {}
+            lengths = {}
+            for name, v in data.items():
+                arr = np.asarray(v)
+                if arr.ndim == 0:
+                    raise SpecError(f"field {name!r}: expected an array of shape (rows, ...), got a scalar")
+                cols[name] = arr
+                lengths[name] = arr.shape[0]
+            if len(set(lengths.values())) != 1:
+                raise SpecError(f"every field needs the same number of rows, got {lengths}")
+            spec = Spec({k: Field(k, v.dtype, v.shape[1:]) for k, v in cols.items()})
+            native = "soa"
+        else:
+            raise SpecError(f"data: expected a structured ndarray or a mapping of arrays, got {type(data).__name__}")
+        layout = native if layout is None else resolve_layout(layout)
+        if layout == "aos":
+            if native == "aos":
+                records = np.ascontiguousarray(data)
+            else:
+                records = np.empty(len(next(iter(cols.values()))), spec.aos_dtype)
+                for name in spec.names:
+                    records[name] = cols[name]
+            self._bind(spec, records=records)
+        else:
+            if native == "aos":
+                cols = {name: data[name] for name in spec.names}
+            columns = {f.name: np.ascontiguousarray(cols[f.name], dtype=f.dtype) for f in spec}
+            self._bind(spec, columns=columns)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows held in memory."""
+        return self._n * self.row_nbytes
+
+
+def _spec_of_records(dtype: np.dtype) -> Spec:
+    fields = []
+    for name in dtype.names:
+        sub = dtype.fields[name][0]
+        fields.append(Field(name, sub.base, sub.shape))  # SpecError names a non-numeric field
+    return Spec(fields)
+
+
+class MmapDataset(Dataset):
+    """A dataset over a file, memory-mapped read-only: rows are read from the page cache on demand.
+
+    Open one with :meth:`open`. The data is never loaded as a whole: only the pages a batch
+    touches are read, and a :class:`~tfdata.loader.DataLoader` releases pages it has consumed
+    (``release``), so a file far larger than memory can be streamed with a bounded resident set.
+
+    Attributes
+    ----------
+    path : str
+    mapped_nbytes : int
+        Bytes of data mapped (the file sizes minus headers).
+    """
+
+    @classmethod
+    def open(cls, path) -> "MmapDataset":
+        """Open an AoS ``.npy`` file or an SoA directory written by :func:`tfdata.io.save` (or numpy).
+
+        Raises
+        ------
+        FileNotFoundError
+            ``path`` does not exist.
+        tfdata.errors.FormatError
+            A header that disagrees with the file size, an unknown manifest version, a non-numeric
+            or object field, a record array that is not 1-D: the message names the file.
+        """
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such dataset file or directory")
+        self = cls.__new__(cls)
+        self.path = path
+        if os.path.isdir(path):
+            spec, columns, maps = _io.map_soa(path)
+            self._maps = [(mf, f.nbytes) for mf, f in zip(maps, spec)]
+            self._bind(spec, columns=columns)
+        else:
+            records, mf = _io.map_npy(path)
+            if records.dtype.names is None or records.ndim != 1:
+                mf.close()
+                raise FormatError(f"{path}: expected a 1-D structured array (one record per row), "
+                                      f"got {records.dtype}{list(records.shape)}; "
+                                      "use a directory of per-field .npy files for columns")
+            spec = _io.spec_of_dtype(records.dtype, path)
+            self._maps = [(mf, records.dtype.itemsize)]
+            self._bind(spec, records=records)
+        self.mapped_nbytes = self._n * self.row_nbytes
+        return self
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use MmapDataset.open(path)")
+
+    def willneed(self, start: int, stop: int) -> None:
+        for mf, width in self._maps:
+            mf.willneed(start * width, stop * width)
+
+    def release(self, start: int, stop: int) -> None:
+        for mf, width in self._maps:
+            mf.release(start * width, stop * width)
+
+    def release_all(self) -> None:
+        self.release(0, self._n)
+
+    def sequential(self) -> None:
+        """Advise the kernel that the file will be read front to back."""
+        for mf, _ in self._maps:
+            mf.sequential()
+
+    def touch(self, start: int, stop: int) -> None:
+        from .kernels import touch_pages
+
+        for view in self._kernel_store:
+            touch_pages(view[start:stop].reshape(-1), PAGE)
+
+    def close(self) -> None:
+        """Unmap the file(s) once no batch view still uses them."""
+        maps, self._maps = getattr(self, "_maps", []), []
+        self._fields = {}
+        self._kernel_store = ()
+        self.records = self.columns = None
+        for mf, _ in maps:
+            mf.close()

@@ -1,0 +1,544 @@
+"""DataLoader: batches of a :class:`~tfdata.dataset.Dataset`, prefetched by one thread.
+
+No worker processes: one background thread per epoch gathers the next batches with a numba
+kernel that releases the GIL, into a ring of ``prefetch + 1`` preallocated batch buffers. The
+order of an epoch is a function of ``(seed, epoch)`` only, so the batches are the same whatever
+the prefetch depth and however the previous epoch ended.
+
+Orders (``shuffle=``)
+    ``False``: rows in file order; with ``zero_copy=True`` a batch is a view of the dataset.
+    ``True``: a uniform random permutation of all rows per epoch (Fisher-Yates; ``n`` int32 or
+    int64 indices held by the loader).
+    ``"block"``: for data far larger than memory. Rows are cut into blocks of ``block_rows``
+    consecutive rows; each epoch permutes the blocks, takes them ``window_blocks`` at a time,
+    and permutes the rows of each window. Reads are sequential within a block and only one
+    window is resident at a time. See ARCHITECTURE.md for what that does to randomness.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from .buffer import Batch
+from .dataset import PAGE, Dataset
+from .sampler import splitmix64
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+#: a quarter of the resident target is read between two measurements, assuming each row may map
+#: a 2 MiB folio: the resident set stays within about 1.25x ``resident_bytes``
+_FOLIO_GUESS = 4 * (2 << 20)
+_MODES = {False: "none", "none": "none", True: "full", "full": "full", "block": "block"}
+
+
+def epoch_key(seed: int, epoch: int) -> int:
+    """The generator key of epoch ``epoch``: ``splitmix64(splitmix64(seed) + (epoch + 1) * GOLDEN)``."""
+    return splitmix64((splitmix64(seed) + (epoch + 1) * _GOLDEN) & _MASK64)
+
+
+def _int(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Everything that decides what a :class:`DataLoader` yields and how much memory it holds.
+
+    Parameters
+    ----------
+    batch_size : int
+        Rows per batch, >= 1.
+    shuffle : bool or {"block"}
+        False: file order. True: a full permutation per epoch. "block": block shuffle (see the
+        module docstring) for data larger than memory.
+    drop_last : bool
+        Drop the last, shorter batch. A dataset shorter than one batch is then an error.
+    seed : int or None
+        Seed of every epoch's order; None draws one from the OS (kept in :attr:`seed`).
+    prefetch : int
+        Batches the background thread prepares ahead; 0 gathers in the caller's thread.
+    zero_copy : bool
+        Unshuffled batches are views of the dataset (no copy). False copies them into the ring.
+    block_rows : int or None
+        Block shuffle: rows per block; None picks about 1 MiB of rows.
+    window_blocks : int
+        Block shuffle: blocks whose rows are shuffled together (the shuffle buffer).
+    resident_bytes : int or None
+        Memory-mapped datasets larger than this have pages already consumed released
+        (``MADV_DONTNEED``) so that about this many bytes of the file stay mapped; None never
+        releases.
+    """
+
+    batch_size: int
+    shuffle: object = False
+    drop_last: bool = False
+    seed: int | None = None
+    prefetch: int = 2
+    zero_copy: bool = True
+    block_rows: int | None = None
+    window_blocks: int = 32
+    resident_bytes: int | None = 64 << 20
+
+    def __post_init__(self):
+        _int("batch_size", self.batch_size, 1)
+        _int("prefetch", self.prefetch, 0)
+        _int("window_blocks", self.window_blocks, 1)
+        if self.block_rows is not None:
+            _int("block_rows", self.block_rows, 1)
+        if self.resident_bytes is not None:
+            _int("resident_bytes", self.resident_bytes, PAGE)
+        try:
+            _MODES[self.shuffle]
+        except (KeyError, TypeError):
+            raise ValueError(f"shuffle must be False, True or 'block', got {self.shuffle!r}") from None
+        seed = self.seed
+        if seed is None:
+            seed = secrets.randbits(63)
+        elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        object.__setattr__(self, "seed", int(seed) & _MASK64)
+
+    @property
+    def mode(self) -> str:
+        """``"none"``, ``"full"`` or ``"block"``."""
+        return _MODES[self.shuffle]
+
+
+class DataLoader:
+    """Iterate a dataset in batches, with background prefetch and optional shuffling.
+
+    Parameters
+    ----------
+    dataset : Dataset
+        :class:`~tfdata.ArrayDataset`, :class:`~tfdata.MmapDataset` or another implementation
+        of the contract.
+    batch_size, shuffle, drop_last, seed, prefetch
+        See :class:`LoaderConfig`.
+    config : LoaderConfig, optional
+        Instead of the keywords.
+    **options
+        The other :class:`LoaderConfig` fields (``zero_copy``, ``block_rows``, ...).
+
+    Notes
+    -----
+    Each ``iter(loader)`` is one epoch; epochs are numbered from 0 (:attr:`epoch` is the next
+    one) and epoch ``e``'s order depends only on ``(seed, e)``. Starting an epoch stops the
+    previous one.
+
+    A yielded :class:`~tfdata.Batch` maps field names to arrays of shape
+    ``(rows, *field.shape)``; ``batch.indices`` (int64) gives the dataset rows. Gathered batches
+    live in the loader's ring and stay valid until the next batch is requested: keep one longer
+    with ``batch.copy()``. Unshuffled zero-copy batches are read-only views of the dataset.
+
+    The background thread stops at the end of the epoch, on :meth:`close`, when the iterator is
+    garbage collected (``break`` out of a ``for`` loop drops it), and when a new epoch starts.
+    An exception raised while preparing batch ``k`` is raised by the request for batch ``k``,
+    after batches ``0 .. k-1`` have been delivered.
+
+    ``async for batch in loader`` waits for batches in an executor thread, so the event loop
+    keeps running.
+
+    Examples
+    --------
+    >>> ds = tfdata.MmapDataset.open("data.npy")                      # doctest: +SKIP
+    >>> for batch in tfdata.DataLoader(ds, 256, shuffle=True, seed=0):  # doctest: +SKIP
+    ...     x = torch.from_numpy(batch["obs"])  # no copy
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int | None = None, shuffle=False, drop_last: bool = False,
+                 seed: int | None = None, prefetch: int = 2, *, config: LoaderConfig | None = None, **options):
+        if config is None:
+            if batch_size is None:
+                raise TypeError("DataLoader needs batch_size (or config=LoaderConfig(...))")
+            config = LoaderConfig(batch_size, shuffle, drop_last, seed, prefetch, **options)
+        elif batch_size is not None or options:
+            raise TypeError("pass either config= or the keyword options, not both")
+        for attr in ("gather", "new_output", "rows", "spec"):
+            if not hasattr(dataset, attr):
+                raise TypeError(f"dataset: {type(dataset).__name__} has no {attr!r} (see tfdata.Dataset)")
+        n = len(dataset)
+        b = config.batch_size
+        if config.drop_last and n < b:
+            raise ValueError(f"drop_last=True: the dataset has {n} rows, fewer than one batch of {b}; "
+                             "it would yield nothing")
+        if n >= 1 << 32 and config.mode != "none":
+            raise ValueError(f"shuffling supports fewer than 2**32 rows, the dataset has {n}")
+        self.dataset = dataset
+        self.config = config
+        self.epoch = 0
+        self._n = n
+        self._batches = n // b if config.drop_last else -(-n // b)
+        self._gathers = config.mode != "none" or not config.zero_copy
+        ring = config.prefetch + 1
+        if self._gathers:
+            self._ring = [dataset.new_output(b) for _ in range(ring)]
+        else:
+            self._ring = [None] * ring
+        self._idx = [np.zeros(b, np.int64) for _ in range(ring)]
+        self._base = np.arange(b, dtype=np.int64)
+        self._perm = self._blocks = self._window = None
+        if config.mode == "full":
+            self._perm = np.zeros(n, np.int32 if n < 1 << 31 else np.int64)
+        elif config.mode == "block":
+            block_rows = config.block_rows or max(1, (1 << 20) // max(1, dataset.row_nbytes))
+            self.block_rows = block_rows
+            n_blocks = -(-n // block_rows)
+            self._blocks = np.zeros(n_blocks, np.int64)
+            self._window = np.zeros(min(n, config.window_blocks * block_rows), np.int64)
+        self._active = None
+        self._lock = threading.Lock()
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self._batches
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the loader holds: batch ring, index arrays, permutation or block-shuffle scratch."""
+        total = sum(i.nbytes for i in self._idx) + self._base.nbytes
+        for out in self._ring:
+            if out is not None:
+                total += sum(v.nbytes for v in out.fields.values()) if out.records is None else out.records.nbytes
+        for a in (self._perm, self._blocks, self._window):
+            if a is not None:
+                total += a.nbytes
+        return total
+
+    def __iter__(self) -> "_Epoch":
+        with self._lock:
+            self._stop_active(superseded=True)
+            it = _Epoch(self, self.epoch)
+            self.epoch += 1
+            self._active = weakref.ref(it)
+        return it
+
+    def __aiter__(self) -> "_AsyncEpoch":
+        return _AsyncEpoch(iter(self))
+
+    def close(self) -> None:
+        """Stop the running epoch, if any, and its thread."""
+        self._stop_active(superseded=False)
+
+    def _stop_active(self, superseded: bool) -> None:
+        active = self._active() if self._active is not None else None
+        self._active = None
+        if active is not None:
+            active.close()
+            active._superseded = superseded and active._k < active._batches
+
+    def state_dict(self) -> dict:
+        """``{"seed", "epoch"}``: enough to resume at the start of epoch ``epoch``."""
+        return {"seed": self.config.seed, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        epoch = _int("epoch", state.get("epoch"), 0)
+        seed = _int("seed", state.get("seed"), 0)
+        self.close()
+        object.__setattr__(self.config, "seed", seed & _MASK64)
+        self.epoch = epoch
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"DataLoader({self.dataset!r}, batch_size={c.batch_size}, shuffle={c.shuffle!r}, "
+                f"drop_last={c.drop_last}, seed={c.seed}, prefetch={c.prefetch})")
+
+
+class _Plan:
+    """What one epoch produces, batch after batch, in order. Used by one thread at a time.
+
+    Holds no reference to the iterator, so dropping the iterator lets it be collected.
+    """
+
+    def __init__(self, loader: DataLoader, epoch: int):
+        c = loader.config
+        self.ds = loader.dataset
+        self.n = loader._n
+        self.b = c.batch_size
+        self.batches = loader._batches
+        self.mode = c.mode
+        self.gathers = loader._gathers
+        self.ring = loader._ring
+        self.idx = loader._idx
+        self.base = loader._base
+        self.perm = loader._perm
+        self.blocks = loader._blocks
+        self.window = loader._window
+        self.key = np.uint64(epoch_key(c.seed, epoch))
+        self.ctr = np.uint64(0)
+        self.started = False
+        mapped = getattr(self.ds, "mapped_nbytes", 0)
+        self.limit = c.resident_bytes if (c.resident_bytes is not None and mapped > c.resident_bytes) else None
+        self.lag = c.prefetch + 1
+        self.released = 0  # rows [0, released) already released (file order)
+        if self.limit is not None and self.mode == "full":
+            self.probe = _ResidentFile()
+            self.probe_base = self.probe.file_bytes()
+            self.chunk = max(1, self.limit // _FOLIO_GUESS)
+        if self.mode == "block":
+            self.block_rows = loader.block_rows
+            self.window_blocks = c.window_blocks
+            self.w_next = 0  # next window's first position in self.blocks
+            self.w_len = 0
+            self.w_pos = 0
+            self.w_blocks = (0, 0)
+            self.to_release: list = []
+
+    def _start(self) -> None:
+        from . import kernels
+
+        self.started = True
+        if self.mode == "full":
+            self.ctr = np.uint64(kernels.permutation(self.key, self.ctr, self.perm))
+        elif self.mode == "block":
+            self.ctr = np.uint64(kernels.permutation(self.key, self.ctr, self.blocks))
+        elif self.limit is not None and hasattr(self.ds, "sequential"):
+            self.ds.sequential()
+
+    def produce(self, k: int) -> Batch:
+        """Batch ``k`` of the epoch; must be called for k = 0, 1, 2, ... in order."""
+        if not self.started:
+            self._start()
+        start = k * self.b
+        m = min(self.b, self.n - start)
+        slot = k % len(self.ring)
+        idx = self.idx[slot][:m]
+        if self.mode == "none":
+            np.add(self.base[:m], start, out=idx)
+            if self.limit is not None:
+                self._release_behind(k)
+                self.ds.willneed(start, start + m)
+            if not self.gathers:
+                if len(self.ring) > 1:  # prefetching: fault the pages in now, off the consumer's thread
+                    self.ds.touch(start, start + m)
+                return Batch(self.ds.rows(start, start + m), idx)
+        elif self.mode == "full":
+            idx[:] = self.perm[start:start + m]
+            if self.limit is not None:
+                return self._gather_bounded(idx, slot, m)
+        else:
+            self._take_block_rows(idx)
+        out = self.ring[slot]
+        if hasattr(self.ds, "_gather_unchecked"):
+            self.ds._gather_unchecked(idx, out)
+        else:
+            self.ds.gather(idx, out)
+        if self.mode == "block" and self.to_release:
+            for b0 in self.to_release:
+                self.ds.release(b0, min(b0 + self.block_rows, self.n))
+            self.to_release = []
+        fields = out.fields if m == self.b else {name: v[:m] for name, v in out.fields.items()}
+        return Batch(fields, idx)
+
+    def _gather_bounded(self, idx: np.ndarray, slot: int, m: int) -> Batch:
+        # Random reads of a mapped file: one row can map a whole large folio of the page cache
+        # (2 MiB on ext4 with a recent kernel, measured), so the resident set is measured
+        # (~2 us) and the map released between chunks of rows, not estimated per batch.
+        out = self.ring[slot]
+        step = self.chunk
+        for c0 in range(0, m, step):
+            c1 = min(m, c0 + step)
+            self.ds._gather_unchecked(idx[c0:c1], out, c0)
+            if self.probe.file_bytes() - self.probe_base > self.limit:
+                self.ds.release_all()
+        fields = out.fields if m == self.b else {name: v[:m] for name, v in out.fields.items()}
+        return Batch(fields, idx)
+
+    def _release_behind(self, k: int) -> None:
+        # rows of batches before k - lag are no longer the consumer's (the ring contract)
+        upto = max(0, (k - self.lag) * self.b)
+        if (upto - self.released) * self.ds.row_nbytes >= self.limit // 2:
+            self.ds.release(self.released, upto)
+            self.released = upto
+
+    def _take_block_rows(self, idx: np.ndarray) -> None:
+        from . import kernels
+
+        filled = 0
+        m = idx.shape[0]
+        while filled < m:
+            if self.w_pos == self.w_len:
+                self._next_window(kernels)
+            take = min(m - filled, self.w_len - self.w_pos)
+            idx[filled:filled + take] = self.window[self.w_pos:self.w_pos + take]
+            self.w_pos += take
+            filled += take
+
+    def _next_window(self, kernels) -> None:
+        if self.limit is not None:  # the finished window's pages go once this batch is gathered
+            b0, b1 = self.w_blocks
+            self.to_release.extend(int(x) * self.block_rows for x in self.blocks[b0:b1])
+        b0 = self.w_next
+        b1 = min(b0 + self.window_blocks, self.blocks.shape[0])
+        self.w_len, ctr = kernels.window_order(self.blocks, b0, b1, self.block_rows, self.n,
+                                               self.key, self.ctr, self.window)
+        self.ctr = np.uint64(ctr)  # numba hands uint64 back as a Python int
+        self.w_pos = 0
+        self.w_blocks = (b0, b1)
+        self.w_next = b1
+        if self.limit is not None:
+            for blk in self.blocks[b0:b1]:  # read the whole window ahead, block by block
+                s = int(blk) * self.block_rows
+                self.ds.willneed(s, min(s + self.block_rows, self.n))
+
+
+class _ResidentFile:
+    """File-backed resident bytes of this process (``/proc/self/statm``, field 3), in ~2 µs a read.
+
+    Where that file does not exist (not Linux), reports 0: pages are then never released early.
+    """
+
+    def __init__(self):
+        try:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def file_bytes(self) -> int:
+        if self._fd is None:
+            return 0
+        return int(os.pread(self._fd, 128, 0).split()[2]) * PAGE
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _produce_all(plan: _Plan, q: queue.SimpleQueue, free: threading.Semaphore, stop: threading.Event) -> None:
+    try:
+        for k in range(plan.batches):
+            free.acquire()
+            if stop.is_set():
+                return
+            q.put(plan.produce(k))
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+        q.put(_Failure(exc))
+
+
+class _Epoch:
+    """Iterator over one epoch's batches (what ``iter(loader)`` returns)."""
+
+    def __init__(self, loader: DataLoader, epoch: int):
+        self.epoch = epoch
+        self._plan = _Plan(loader, epoch)
+        self._k = 0
+        self._batches = loader._batches
+        self._closed = False
+        self._superseded = False
+        self._thread = None
+        if loader.config.prefetch > 0 and self._batches > 0:
+            self._q = queue.SimpleQueue()
+            self._free = threading.Semaphore(len(loader._ring))
+            self._stop = threading.Event()
+            self._held = False
+            self._thread = threading.Thread(target=_produce_all, args=(self._plan, self._q, self._free, self._stop),
+                                            name=f"tfdata-prefetch-epoch{epoch}", daemon=True)
+            self._thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self._batches - self._k
+
+    def __next__(self) -> Batch:
+        if self._superseded:
+            raise RuntimeError(f"epoch {self.epoch} was stopped after {self._k} of {self._batches} batches "
+                               "because a new epoch of the same loader started (the epochs share one "
+                               "batch ring); finish or close an epoch before starting the next")
+        if self._closed or self._k >= self._batches:
+            self.close()
+            raise StopIteration
+        if self._thread is None:
+            try:
+                batch = self._plan.produce(self._k)
+            except BaseException:
+                self.close()  # as with prefetch: a failed epoch yields nothing more
+                raise
+        else:
+            if self._held:
+                self._free.release()  # the previous batch's slot goes back to the producer
+            item = self._q.get()
+            self._held = True
+            if isinstance(item, _Failure):
+                self.close()
+                raise item.exc
+            batch = item
+        self._k += 1
+        return batch
+
+    def close(self) -> None:
+        """Stop the producer thread (waits for the batch it is gathering, if any)."""
+        if self._closed:
+            return
+        self._closed = True
+        t = self._thread
+        if t is not None:
+            self._stop.set()
+            self._free.release()  # wake it if it waits for a free slot
+            if t is not threading.current_thread():
+                t.join()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+_DONE = object()
+
+
+class _AsyncEpoch:
+    """``async for`` over an epoch: each wait runs in the event loop's default executor."""
+
+    def __init__(self, epoch: _Epoch):
+        self._epoch = epoch
+
+    def __aiter__(self):
+        return self
+
+    def _next(self):
+        try:
+            return next(self._epoch)
+        except StopIteration:
+            return _DONE
+
+    async def __anext__(self) -> Batch:
+        import asyncio  # here, not at module level: it costs ~10 ms of import time
+
+        loop = asyncio.get_running_loop()
+        batch = await loop.run_in_executor(None, self._next)
+        if batch is _DONE:
+            raise StopAsyncIteration
+        return batch
+
+    async def aclose(self) -> None:
+        self._epoch.close()
+
+    def close(self) -> None:
+        self._epoch.close()
