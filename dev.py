@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.environ.get("TFDATA_VENV", os.path.join(ROOT, ".venv"))
 BIN = os.path.join(VENV, "bin")
 PY = os.path.join(BIN, "python")
-EXTRAS = "test,bench,rl"
+EXTRAS = "test,bench,rl,torch"
 
 
 def _stamp() -> str:
