@@ -69,9 +69,12 @@ class LoaderConfig:
     zero_copy : bool
         Unshuffled batches are views of the dataset (no copy). False copies them into the ring.
     block_rows : int or None
-        Block shuffle: rows per block; None picks about 1 MiB of rows.
+        Block shuffle: rows per block; None picks about 64 KiB of rows (at least one row).
     window_blocks : int
-        Block shuffle: blocks whose rows are shuffled together (the shuffle buffer).
+        Block shuffle: blocks whose rows are shuffled together (the shuffle buffer). The
+        default, 512 blocks of 64 KiB (a 32 MiB window), brings the label mix of batches from a
+        file sorted by label to within 20% of a full permutation's (``reports/shuffle``); a
+        window of W blocks mixes at most W file regions, so W matters more than the block size.
     resident_bytes : int or None
         Memory-mapped datasets larger than this have pages already consumed released
         (``MADV_DONTNEED``) so that about this many bytes of the file stay mapped; None never
@@ -85,7 +88,7 @@ class LoaderConfig:
     prefetch: int = 2
     zero_copy: bool = True
     block_rows: int | None = None
-    window_blocks: int = 32
+    window_blocks: int = 512
     resident_bytes: int | None = 64 << 20
 
     def __post_init__(self):
@@ -189,7 +192,7 @@ class DataLoader:
         if config.mode == "full":
             self._perm = np.zeros(n, np.int32 if n < 1 << 31 else np.int64)
         elif config.mode == "block":
-            block_rows = config.block_rows or max(1, (1 << 20) // max(1, dataset.row_nbytes))
+            block_rows = config.block_rows or max(1, (64 << 10) // max(1, dataset.row_nbytes))
             self.block_rows = block_rows
             n_blocks = -(-n // block_rows)
             self._blocks = np.zeros(n_blocks, np.int64)
