@@ -187,6 +187,8 @@ class DataLoader:
         else:
             self._ring = [None] * ring
         self._idx = [np.zeros(b, np.int64) for _ in range(ring)]
+        # full gathered batches are the same objects every time their slot comes round
+        self._full = [Batch(out.fields, idx) for out, idx in zip(self._ring, self._idx)] if self._gathers else None
         self._base = np.arange(b, dtype=np.int64)
         self._perm = self._blocks = self._window = None
         if config.mode == "full":
@@ -279,6 +281,7 @@ class _Plan:
         self.gathers = loader._gathers
         self.ring = loader._ring
         self.idx = loader._idx
+        self.full = loader._full
         self.base = loader._base
         self.perm = loader._perm
         self.blocks = loader._blocks
@@ -346,8 +349,13 @@ class _Plan:
             for b0 in self.to_release:
                 self.ds.release(b0, min(b0 + self.block_rows, self.n))
             self.to_release = []
-        fields = out.fields if m == self.b else {name: v[:m] for name, v in out.fields.items()}
-        return Batch(fields, idx)
+        return self._batch(slot, m)
+
+    def _batch(self, slot: int, m: int) -> Batch:
+        if m == self.b:
+            return self.full[slot]
+        out = self.ring[slot]
+        return Batch({name: v[:m] for name, v in out.fields.items()}, self.idx[slot][:m])
 
     def _gather_bounded(self, idx: np.ndarray, slot: int, m: int) -> Batch:
         # Random reads of a mapped file: one row can map a whole large folio of the page cache
@@ -360,8 +368,7 @@ class _Plan:
             self.ds._gather_unchecked(idx[c0:c1], out, c0)
             if self.probe.file_bytes() - self.probe_base > self.limit:
                 self.ds.release_all()
-        fields = out.fields if m == self.b else {name: v[:m] for name, v in out.fields.items()}
-        return Batch(fields, idx)
+        return self._batch(slot, m)
 
     def _release_behind(self, k: int) -> None:
         # rows of batches before k - lag are no longer the consumer's (the ring contract)
