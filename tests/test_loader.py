@@ -532,3 +532,29 @@ def test_steady_state_iteration_allocates_nothing(layout, mode):
     # one batch is 256 x 48 bytes = 12 KiB: a per-batch array would blow these bounds
     assert current - base < 1024, current - base
     assert peak - base < 4096, peak - base
+
+
+def test_empty_datasets_yield_nothing(tmp_path, layout):
+    spec, cols = make_data(CARTPOLE, 0)
+    for ds in (make_dataset("array", layout, cols, spec=spec), make_dataset("mmap", layout, cols, tmp_path, spec)):
+        assert len(ds) == 0
+        for mode in MODES:
+            loader = tfdata.DataLoader(ds, 4, shuffle=mode, seed=0)
+            assert len(loader) == 0 and list(loader) == []
+        with pytest.raises(ValueError, match="0 rows, fewer than one batch of 4"):
+            tfdata.DataLoader(ds, 4, drop_last=True)
+
+
+def test_config_object_and_keywords():
+    spec, cols = make_data(CARTPOLE, 20)
+    ds = tfdata.ArrayDataset(cols)
+    cfg = tfdata.LoaderConfig(batch_size=6, shuffle="block", seed=3, block_rows=4, window_blocks=2)
+    a = tfdata.DataLoader(ds, config=cfg)
+    b = tfdata.DataLoader(ds, 6, shuffle="block", seed=3, block_rows=4, window_blocks=2)
+    assert [x.tolist() for x, _ in collect(a)] == [x.tolist() for x, _ in collect(b)]
+    with pytest.raises(TypeError, match="either config"):
+        tfdata.DataLoader(ds, 6, config=cfg)
+    with pytest.raises(TypeError, match="batch_size"):
+        tfdata.DataLoader(ds)
+    with pytest.raises(TypeError, match="no 'gather'"):
+        tfdata.DataLoader(object(), 4)

@@ -17,12 +17,12 @@ Orders (``shuffle=``)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import secrets
 import threading
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def _int(name, value, low):
     return int(value)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class LoaderConfig:
     """Everything that decides what a :class:`DataLoader` yields and how much memory it holds.
 
@@ -256,7 +256,7 @@ class DataLoader:
         epoch = _int("epoch", state.get("epoch"), 0)
         seed = _int("seed", state.get("seed"), 0)
         self.close()
-        object.__setattr__(self.config, "seed", seed & _MASK64)
+        self.config = dataclasses.replace(self.config, seed=seed & _MASK64)
         self.epoch = epoch
 
     def __repr__(self) -> str:
