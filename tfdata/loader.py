@@ -334,6 +334,9 @@ class _Plan:
                 if len(self.ring) > 1:  # prefetching: fault the pages in now, off the consumer's thread
                     self.ds.touch(start, start + m)
                 return Batch(self.ds.rows(start, start + m), idx)
+            if hasattr(self.ds, "_copy_range"):
+                self.ds._copy_range(start, m, self.ring[slot])
+                return self._batch(slot, m)
         elif self.mode == "full":
             idx[:] = self.perm[start:start + m]
             if self.limit is not None:
