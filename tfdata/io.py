@@ -1,26 +1,36 @@
 """Files: the only module that knows the on-disk byte layout and the only one that maps files.
 
-Two forms, both readable without tfdata:
+Two forms, both readable without tfdata (``numpy.load(path, mmap_mode="r")``, or any NPY reader):
 
 AoS file
-    One ``.npy`` file (NPY format 1.0 or 2.0) holding a 1-D C-ordered structured array:
-    ``numpy.load(path, mmap_mode="r")`` opens it.
+    One ``.npy`` file (NPY format 1.0; 2.0 only for dtypes whose description exceeds 64 KiB)
+    holding a 1-D C-ordered structured array, one record per row.
 SoA directory
     One ``.npy`` file per field, shape ``(rows, *field.shape)``, plus ``manifest.json``::
 
         {"format": "tfdata.soa", "version": [1, 0], "rows": 1000,
          "fields": [{"name": "obs", "dtype": "<f4", "shape": [4], "file": "obs.npy"}, ...]}
 
-    A reader refuses a major version it does not know.
+Files tfdata writes (format 1.0):
+
+* The NPY header is padded to a multiple of :data:`HEADER_BYTES` (4 KiB, or the page size if
+  larger), so the data is page-aligned, and has room for any row count, so a commit rewrites
+  it in place.
+* The header dict is followed by a comment, ``# tfdata 1.0``: the format version. numpy's
+  parser ignores comments; tfdata refuses another major version.
+* The header's row count (the manifest's, for a directory) is the number of **committed**
+  rows. Bytes after them are rows appended but not committed: readers ignore them, and
+  ``numpy.load`` does too.
 
 Headers are parsed with numpy's own header reader (``ast.literal_eval``, never pickle) and then
 checked against the file size before anything is mapped: a header that promises more bytes
 than the file holds, a dtype with object or non-numeric fields, a Fortran-ordered or
 non-1-D record array are refused with a :class:`~tfdata.errors.FormatError` naming the file.
+A mapping never extends past the end of the file, so a hostile file cannot make a read fault.
 
 Memory mapping goes through :class:`MappedFile`, which also gives the page advice that keeps the
 resident set of a long scan bounded (``release``: ``MADV_DONTNEED`` on pages already consumed;
-``willneed``: read ahead).
+``willneed``: read ahead). Writing goes through :class:`Writer` (append, commit).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import mmap
 import os
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,31 +50,46 @@ from .spec import Field, Spec
 MANIFEST = "manifest.json"
 SOA_FORMAT = "tfdata.soa"
 SOA_VERSION = (1, 0)
+#: Version of the files tfdata writes (the ``# tfdata X.Y`` header comment). A reader refuses
+#: another major version.
+FORMAT_VERSION = (1, 0)
 PAGE = mmap.PAGESIZE
+#: Data of every file tfdata writes starts at a multiple of this: page-aligned on 4 KiB and
+#: 16 KiB page systems, so memory-mapped views are aligned.
+HEADER_BYTES = max(4096, PAGE)
+_MARK = re.compile(r"# tfdata (\d+)\.(\d+)")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
 # -- NPY headers ------------------------------------------------------------------------------
 
 
-def read_npy_header(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
+class NpyHeader(NamedTuple):
+    """What :func:`read_npy_header` found."""
+
+    dtype: np.dtype
+    shape: tuple
+    offset: int  # byte offset of the data
+    file_size: int
+    version: tuple | None  # tfdata format version, None for a file tfdata did not write
+
+
+def read_npy_header(path: str) -> NpyHeader:
     """Parse and check the header of the ``.npy`` file at ``path``.
 
-    Returns
-    -------
-    dtype : numpy.dtype
-    shape : tuple of int
-    offset : int
-        Byte offset of the data.
-    file_size : int
+    A file tfdata wrote carries its format version in a comment inside the header
+    (``# tfdata 1.0``; numpy ignores it) and may hold bytes past the committed rows: rows
+    appended but not committed, which a reader must not see. Any other file must hold exactly
+    the bytes its header promises.
 
     Raises
     ------
     FileNotFoundError
         No such file.
     FormatError
-        Not an NPY file, an unsupported version, a header numpy cannot parse, Fortran order, an
-        object dtype, or a data size different from what the file holds.
+        Not an NPY file, an unsupported NPY or tfdata format version, a header numpy cannot
+        parse, Fortran order, an object dtype, fewer data bytes than the header promises, or
+        (for a file tfdata did not write) more.
     """
     fmt = np.lib.format
     size = os.path.getsize(path)
@@ -78,38 +104,54 @@ def read_npy_header(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
         try:
             # numpy parses the header dict with ast.literal_eval: no code runs, no pickle
             shape, fortran, dtype = read(f, max_header_size=1 << 20)
-        except (ValueError, SyntaxError, TypeError) as exc:
-            raise FormatError(f"{path}: unreadable NPY header ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - any parse failure of a hostile header
+            raise FormatError(f"{path}: unreadable NPY header ({type(exc).__name__}: {exc})") from None
         offset = f.tell()
+        f.seek(8)
+        hlen = int.from_bytes(f.read(2 if version == (1, 0) else 4), "little")
+        text = f.read(hlen).decode("latin1")
+    mark = _MARK.search(text)
+    tf_version = (int(mark.group(1)), int(mark.group(2))) if mark else None
+    if tf_version is not None and tf_version[0] != FORMAT_VERSION[0]:
+        raise FormatError(f"{path}: tfdata format {tf_version[0]}.{tf_version[1]} is not supported "
+                          f"(this tfdata reads {FORMAT_VERSION[0]}.x)")
     if fortran and len(shape) > 1:
         raise FormatError(f"{path}: Fortran-ordered arrays are not supported; save C-ordered data")
     if dtype.hasobject:
         raise FormatError(f"{path}: dtype {dtype} holds Python objects; refusing (no pickle)")
-    if any((not isinstance(s, int)) or s < 0 for s in shape):
+    if any((not isinstance(s, int)) or isinstance(s, bool) or s < 0 for s in shape):
         raise FormatError(f"{path}: invalid shape {shape} in header")
     expected = int(np.prod(shape, dtype=object)) * dtype.itemsize  # Python ints: no overflow
-    if offset + expected != size:
+    if offset + expected > size or (offset + expected < size and tf_version is None):
         raise FormatError(
             f"{path}: header says shape {shape} of dtype {dtype} ({expected} bytes of data from "
             f"byte {offset}), but the file has {size - offset} bytes of data"
             + (" (truncated?)" if offset + expected > size else " (trailing bytes)"))
-    return dtype, tuple(shape), offset, size
+    return NpyHeader(dtype, tuple(shape), offset, size, tf_version)
 
 
-def _npy_header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    import io
+def _header_text(dtype: np.dtype, shape: tuple) -> str:
+    descr = np.lib.format.dtype_to_descr(dtype)
+    shape = tuple(int(x) for x in shape)
+    return "{'descr': %r, 'fortran_order': False, 'shape': %r, } # tfdata %d.%d" % (descr, shape, *FORMAT_VERSION)
 
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_2_0(
-        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
-    header = buf.getvalue()
-    # version 1.0 when the header fits in it, as numpy.save does
-    if len(header) - 12 < 65536:
-        buf = io.BytesIO()
-        np.lib.format.write_array_header_1_0(
-            buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
-        header = buf.getvalue()
-    return header
+
+def header_nbytes(dtype: np.dtype, row_shape: tuple = ()) -> int:
+    """Bytes of the header tfdata writes for this dtype: a multiple of :data:`HEADER_BYTES`,
+    with room for any row count, so the header is rewritten in place on every commit."""
+    longest = len(_header_text(dtype, (2**63 - 1,) + tuple(row_shape))) + 1 + 12
+    return -(-longest // HEADER_BYTES) * HEADER_BYTES
+
+
+def npy_header(dtype: np.dtype, shape: tuple) -> bytes:
+    """The header tfdata writes: NPY 1.0 (2.0 for huge dtypes) padded so data starts page-aligned."""
+    total = header_nbytes(dtype, shape[1:])
+    text = _header_text(dtype, shape)
+    if total - 10 <= 0xFFFF:
+        prefix, hlen = b"\x93NUMPY\x01\x00", total - 10
+        return prefix + hlen.to_bytes(2, "little") + (text.ljust(hlen - 1) + "\n").encode("latin1")
+    hlen = total - 12
+    return b"\x93NUMPY\x02\x00" + hlen.to_bytes(4, "little") + (text.ljust(hlen - 1) + "\n").encode("latin1")
 
 
 # -- memory maps ------------------------------------------------------------------------------
@@ -181,9 +223,9 @@ class MappedFile:
 
 def map_npy(path: str) -> tuple[np.ndarray, MappedFile]:
     """Memory-map a checked ``.npy`` file read-only; returns ``(array, mapped_file)``."""
-    dtype, shape, offset, _ = read_npy_header(path)
-    mf = MappedFile(path, offset)
-    return mf.array(dtype, shape), mf
+    h = read_npy_header(path)
+    mf = MappedFile(path, h.offset)
+    return mf.array(h.dtype, h.shape), mf
 
 
 def spec_of_dtype(dtype: np.dtype, path: str = "") -> Spec:
@@ -259,13 +301,16 @@ def map_soa(path: str) -> tuple[Spec, dict, list[MappedFile]]:
     rows, entries = read_manifest(path)
     columns, maps = {}, []
     for field, fpath in entries:
-        dtype, shape, offset, _ = read_npy_header(fpath)
+        h = read_npy_header(fpath)
         want = (rows,) + field.shape
-        if dtype != field.dtype or shape != want:
+        # a field file may hold more rows than the manifest: a commit that stopped between the
+        # field headers and the manifest; the manifest's count is the committed one
+        if (h.dtype != field.dtype or h.shape[1:] != field.shape or not h.shape
+                or h.shape[0] < rows or (h.shape[0] > rows and h.version is None)):
             raise FormatError(f"{fpath}: field {field.name!r}: manifest says {field.dtype}{list(want)}, "
-                              f"file holds {dtype}{list(shape)}")
-        mf = MappedFile(fpath, offset)
-        columns[field.name] = mf.array(dtype, shape)
+                              f"file holds {h.dtype}{list(h.shape)}")
+        mf = MappedFile(fpath, h.offset)
+        columns[field.name] = mf.array(h.dtype, want)
         maps.append(mf)
     return Spec([f for f, _ in entries]), columns, maps
 
@@ -273,65 +318,71 @@ def map_soa(path: str) -> tuple[Spec, dict, list[MappedFile]]:
 # -- writing ----------------------------------------------------------------------------------
 
 
-def _columns_of(data) -> tuple[Spec, dict]:
+def _columns_of(data) -> tuple[Spec, dict, np.dtype | None]:
     if isinstance(data, np.ndarray) and data.dtype.names is not None:
+        if data.ndim != 1:
+            raise SpecError(f"records: expected a 1-D structured array, got shape {data.shape}")
         spec = spec_of_dtype(data.dtype)
-        return spec, {name: data[name] for name in spec.names}
+        return spec, {name: data[name] for name in spec.names}, data.dtype
     if isinstance(data, Mapping):
         cols = {k: np.asarray(v) for k, v in data.items()}
         lengths = {k: (v.shape[0] if v.ndim else None) for k, v in cols.items()}
         if len(set(lengths.values())) != 1 or None in lengths.values():
             raise SpecError(f"every field needs the same number of rows, got {lengths}")
         spec = Spec({k: (v.dtype, v.shape[1:]) for k, v in cols.items()})
-        return spec, cols
+        return spec, cols, None
     raise TypeError(f"expected a structured ndarray or a mapping of arrays, got {type(data).__name__}")
 
 
+def _chunk_rows(row_nbytes: int, chunk_bytes: int = 16 << 20) -> int:
+    return max(1, chunk_bytes // max(1, row_nbytes))
+
+
 def save(path: str, data, layout: str = "aos") -> None:
-    """Write ``data`` as an AoS ``.npy`` file or an SoA directory.
+    """Write ``data`` as an AoS ``.npy`` file or an SoA directory (replacing what is there).
 
     Parameters
     ----------
     path : str
-        File (``layout="aos"``) or directory (``"soa"``) to create; an existing one is replaced.
+        File (``layout="aos"``) or directory (``"soa"``).
     data : structured ndarray of shape (rows,), or mapping of str to ndarray of shape (rows, ...)
     layout : {"aos", "soa"}
 
     Notes
     -----
     The AoS record is :attr:`Spec.aos_dtype` (aligned, itemsize a multiple of 8) unless ``data``
-    already is a structured array, whose dtype is kept. The SoA manifest is written last and
-    atomically (temporary file, then rename), so a directory with a manifest is complete.
+    already is a structured array, whose dtype is kept. Rows go through a :class:`Writer` in
+    chunks of about 16 MiB, so saving needs no second copy of ``data``.
     """
-    spec, cols = _columns_of(data)
+    spec, cols, dtype = _columns_of(data)
     rows = len(next(iter(cols.values())))
-    if layout == "aos":
-        if isinstance(data, np.ndarray) and data.dtype.names is not None:
-            records = np.ascontiguousarray(data)
-        else:
-            records = np.empty(rows, spec.aos_dtype)
-            for name in spec.names:
-                records[name] = cols[name]
-        np.save(path, records, allow_pickle=False)
-        return
-    if layout != "soa":
-        raise ValueError(f"layout: expected 'aos' or 'soa', got {layout!r}")
-    entries = _soa_entries(spec)
-    os.makedirs(path, exist_ok=True)
-    for field, fname in entries:
-        np.save(os.path.join(path, fname), np.ascontiguousarray(cols[field.name], field.dtype),
-                allow_pickle=False)
-    _write_manifest(path, rows, entries)
+    with Writer(path, spec, layout, dtype=dtype if layout == "aos" else None) as w:
+        step = _chunk_rows(spec.row_nbytes)
+        for start in range(0, rows, step):
+            w.append({k: v[start:start + step] for k, v in cols.items()})
 
 
 def _soa_entries(spec: Spec) -> list[tuple[Field, str]]:
     entries = []
     for field in spec:
         fname = field.name + ".npy"
-        if not _SAFE_NAME.match(fname):
+        if not _SAFE_NAME.match(fname) or ".." in fname:
             raise SpecError(f"field {field.name!r}: not usable as a file name (letters, digits, '_', '.', '-')")
         entries.append((field, fname))
     return entries
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
 
 
 def _write_manifest(path: str, rows: int, entries) -> None:
@@ -343,11 +394,227 @@ def _write_manifest(path: str, rows: int, entries) -> None:
         json.dump(doc, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(path, MANIFEST))
+    os.replace(tmp, os.path.join(path, MANIFEST))  # atomic: a reader sees the old or the new count
+    _fsync_dir(path)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+class _Part:
+    """One data file a writer appends to: the AoS file, or one field file of an SoA directory."""
+
+    def __init__(self, path: str, dtype: np.dtype, row_shape: tuple, rows: int, create: bool):
+        self.path = path
+        self.dtype = dtype
+        self.row_shape = tuple(row_shape)
+        self.row_nbytes = int(dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64)))
+        self.offset = header_nbytes(dtype, self.row_shape)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        if create:
+            _pwrite_all(self.fd, npy_header(dtype, (rows,) + self.row_shape), 0)
+
+    def write(self, row: int, data: np.ndarray) -> None:
+        _pwrite_all(self.fd, np.ascontiguousarray(data), self.offset + row * self.row_nbytes)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def set_rows(self, rows: int) -> None:
+        _pwrite_all(self.fd, npy_header(self.dtype, (rows,) + self.row_shape), 0)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Writer:
+    """Append rows to a dataset file and commit them; readers see exactly the committed rows.
+
+    Parameters
+    ----------
+    path : str
+        The AoS ``.npy`` file or the SoA directory to create (an existing one is replaced). To
+        append to an existing dataset use :meth:`open`.
+    spec : Spec or mapping
+        The fields of a row.
+    layout : {"aos", "soa"}
+    dtype : numpy.dtype, optional
+        AoS only: the record dtype (default :attr:`Spec.aos_dtype`).
+
+    Notes
+    -----
+    Protocol of :meth:`commit`: the appended data is written past the committed rows and
+    flushed to disk (``fdatasync``) first; then the row count in each file's header is
+    rewritten in place (one write of the header, which never changes length), flushed; for an
+    SoA directory the manifest, which holds the count readers trust, is replaced last
+    (write, fsync, atomic rename). A process killed at any point leaves a dataset whose readers
+    see the rows of the last completed commit, intact, and which :meth:`open` can append to.
+    The uncommitted tail is overwritten by the next append. (A power failure additionally relies
+    on the filesystem ordering the header write after the flushed data, which ext4 and xfs do
+    for an ``fdatasync`` that returned.)
+
+    One writer per dataset: the writer holds an exclusive ``flock`` on its first file and a
+    second writer gets an error. Readers need no lock.
+    """
+
+    def __init__(self, path: str, spec, layout: str = "aos", *, dtype: np.dtype | None = None,
+                 _append: bool = False, _rows: int = 0):
+        self.path = os.fspath(path)
+        self.spec = Spec(spec)
+        if layout not in ("aos", "soa"):
+            raise ValueError(f"layout: expected 'aos' or 'soa', got {layout!r}")
+        self.layout = layout
+        self.rows = _rows  # committed
+        self.pending = 0
+        create = not _append
+        if layout == "aos":
+            self.dtype = np.dtype(dtype) if dtype is not None else self.spec.aos_dtype
+            if self.dtype.names is None or spec_of_dtype(self.dtype) != self.spec:
+                raise SpecError(f"dtype {self.dtype} does not hold the fields of {self.spec}")
+            self._parts = [_Part(self.path, self.dtype, (), self.rows, create)]
+        else:
+            self._entries = _soa_entries(self.spec)
+            if create:
+                os.makedirs(self.path, exist_ok=True)
+            self._parts = [_Part(os.path.join(self.path, fname), f.dtype, f.shape, self.rows, create)
+                           for f, fname in self._entries]
+            if create:
+                _write_manifest(self.path, 0, self._entries)
+        try:
+            import fcntl
+
+            fcntl.flock(self._parts[0].fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # not POSIX: no lock
+            pass
+        except OSError:
+            self._close_parts()
+            raise RuntimeError(f"{self.path}: another writer has it open") from None
+
+    @classmethod
+    def open(cls, path: str) -> "Writer":
+        """Open a dataset tfdata wrote for appending after its committed rows."""
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            rows, entries = read_manifest(path)
+            for field, fpath in entries:
+                h = read_npy_header(fpath)
+                if h.version is None:
+                    raise FormatError(f"{fpath}: not written by tfdata; copy it with tfdata.io.convert to append")
+            return cls(path, Spec([f for f, _ in entries]), "soa", _append=True, _rows=rows)
+        h = read_npy_header(path)
+        if h.version is None:
+            raise FormatError(f"{path}: not written by tfdata (its header cannot grow in place); "
+                              "copy it with tfdata.io.convert to append")
+        if h.dtype.names is None or len(h.shape) != 1:
+            raise FormatError(f"{path}: expected a 1-D structured array, got {h.dtype}{list(h.shape)}")
+        if h.offset != header_nbytes(h.dtype):
+            raise FormatError(f"{path}: header of {h.offset} bytes, expected {header_nbytes(h.dtype)}")
+        return cls(path, spec_of_dtype(h.dtype, path), "aos", dtype=h.dtype, _append=True, _rows=h.shape[0])
+
+    def append(self, batch) -> int:
+        """Write ``n`` rows after the last appended ones (not yet visible to readers).
+
+        Parameters
+        ----------
+        batch : mapping of str to array of shape (n, *field.shape)
+            Validated by the spec first: a rejected batch writes nothing.
+
+        Returns
+        -------
+        int
+            ``n``.
+        """
+        if self._parts is None:
+            raise ValueError(f"{self.path}: writer is closed")
+        n, values = self.spec.check_batch(batch)
+        if n == 0:
+            return 0
+        row = self.rows + self.pending
+        if self.layout == "aos":
+            records = np.empty(n, self.dtype)
+            for name, v in zip(self.spec.names, values):
+                records[name] = v
+            self._parts[0].write(row, records)
+        else:
+            for part, v in zip(self._parts, values):
+                part.write(row, v)
+        self.pending += n  # only once every byte is written: a failed write commits nothing
+        return n
+
+    def commit(self) -> int:
+        """Make every appended row visible to readers (see the class notes); returns the row count."""
+        if self._parts is None:
+            raise ValueError(f"{self.path}: writer is closed")
+        if self.pending == 0:
+            return self.rows
+        rows = self.rows + self.pending
+        for part in self._parts:
+            part.sync()
+        for part in self._parts:
+            part.set_rows(rows)
+            part.sync()
+        if self.layout == "soa":
+            _write_manifest(self.path, rows, self._entries)
+        self.rows, self.pending = rows, 0
+        return rows
+
+    def _close_parts(self) -> None:
+        for part in self._parts or ():
+            part.close()
+        self._parts = None
+
+    def close(self, commit: bool = True) -> None:
+        """Commit (unless ``commit=False``) and close the files."""
+        if self._parts is None:
+            return
+        try:
+            if commit:
+                self.commit()
+        finally:
+            self._close_parts()
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(commit=exc_type is None)  # an exception inside the block commits nothing more
+
+    def __del__(self):
+        try:
+            self._close_parts()  # no commit from a finalizer: only what was committed counts
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20) -> None:
+    """Copy the dataset at ``src`` to ``dst`` in ``layout``, streaming, in bounded memory.
+
+    Reads ``chunk_bytes`` of rows at a time from the memory-mapped source, appends them to a
+    :class:`Writer`, and releases the source pages it has read, so memory stays around two
+    chunks whatever the size of the dataset. Converts an AoS file to an SoA directory and back
+    (or copies a plain numpy file into tfdata's format).
+    """
+    from .dataset import MmapDataset
+
+    with MmapDataset.open(src) as ds:
+        step = _chunk_rows(ds.row_nbytes, chunk_bytes)
+        with Writer(dst, ds.spec, layout) as w:
+            for start in range(0, len(ds), step):
+                stop = min(start + step, len(ds))
+                w.append(ds.rows(start, stop))
+                ds.release(start, stop)
 
 
 def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
-    """Create a dataset file of ``rows`` zero rows and return writable memory-mapped fields.
+    """Create a dataset of ``rows`` zero rows and return writable memory-mapped fields.
 
     For filling a dataset larger than memory chunk by chunk::
 
@@ -369,7 +636,7 @@ def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
         ``cols[name]`` has shape ``(rows, *field.shape)``. The file is sparse until written.
     """
     spec = Spec(spec)
-    if not isinstance(rows, (int, np.integer)) or rows < 0:
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
         raise ValueError(f"rows must be a non-negative int, got {rows!r}")
     rows = int(rows)
     if layout == "aos":
@@ -386,7 +653,7 @@ def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
 
 
 def _create_npy(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    header = _npy_header_bytes(dtype, shape)
+    header = npy_header(dtype, shape)
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
     with open(path, "wb") as f:
         f.write(header)
