@@ -596,8 +596,10 @@ class ReplayBuffer:
         with self._lock:
             return self._state_unlocked()
 
-    def _state_unlocked(self) -> dict:
-        return {
+    def _state_unlocked(self, copy: bool = True) -> dict:
+        # copy=False: views of the live arrays, for a checkpoint written under the lock
+        size = self._writer.size
+        state = {
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
             "spec": self.spec.to_dict(),
@@ -605,12 +607,50 @@ class ReplayBuffer:
             "layout": self.layout,
             "writer": self._writer.state_dict(),
             "sampler": self._sampler.state_dict(),
-            "data": self._storage.state_dict(self._writer.size),
+            "data": self._storage.state_dict(size, copy),
             "num_envs": self.num_envs,
-            "episodes": None if self._episodes is None else self._episodes.state_dict(self._writer.size),
+            "episodes": None if self._episodes is None else self._episodes.state_dict(size, copy),
         }
+        state.update(self._extra_state(copy))
+        return state
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def _extra_state(self, copy: bool) -> dict:
+        """What a subclass adds to the state dict."""
+        return {}
+
+    def _config(self) -> dict:
+        """The constructor's keyword arguments that rebuild this buffer (for checkpoints)."""
+        return {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
+                "num_envs": self.num_envs, "n_step": self.n_step, "gamma": self.gamma,
+                "next_of": dict(self.next_of), "elide_next": self.elide_next, "roles": dict(self._roles)}
+
+    def save(self, path) -> None:
+        """Write a checkpoint directory: rows, cursor, RNG state, episode bookkeeping, config.
+
+        The rows go straight from the storage to the file (no second copy in memory), and the
+        checkpoint appears at ``path`` atomically (written beside it, then renamed). Readable
+        without tfdata: ``state.json``, ``arrays/*.npy`` and the rows as a dataset file (see
+        :mod:`tfdata.checkpoint`). Holds the buffer's lock while writing.
+        """
+        from .checkpoint import save
+
+        save(self, path)
+
+    @classmethod
+    def load(cls, path) -> "ReplayBuffer":
+        """Rebuild a buffer saved with :meth:`save`; it continues exactly where it stopped.
+
+        ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
+        ``PrioritizedReplayBuffer``); ``PrioritizedReplayBuffer.load`` insists on that class.
+        """
+        from .checkpoint import load
+
+        buf = load(path)
+        if not isinstance(buf, cls):
+            raise TypeError(f"{path}: holds a {type(buf).__name__}, not a {cls.__name__}")
+        return buf
+
+    def load_state_dict(self, state: Mapping, _release=None) -> None:
         """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing."""
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
             raise ValueError(f"not a {_STATE_FORMAT} state dict")
@@ -646,7 +686,7 @@ class ReplayBuffer:
                                 f"got {arr.dtype}{arr.shape}")
         extra = self._check_extra_state(state, size)
         with self._lock:
-            self._storage.load_state_dict(data, size)
+            self._storage.load_state_dict(data, size, _release)
             self._writer.load_state_dict(writer.state_dict())
             self._sampler.load_state_dict(sampler.state_dict())
             if episodes is not None:

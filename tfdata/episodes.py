@@ -310,9 +310,10 @@ class Episodes:
         return None  # read it from the stream's next row
 
     # -- state ------------------------------------------------------------------------------
-    def state_dict(self, size: int) -> dict:
+    def state_dict(self, size: int, copy: bool = True) -> dict:
+        episode = self.episode[:size].copy() if copy else self.episode[:size]
         state = {"num_envs": self.num_envs, "elide": self.elide, "next_of": dict(self.next_of),
-                 "episode": self.episode[:size].copy(), "current": self.current.copy()}
+                 "episode": episode, "current": self.current.copy()}
         if self.elide:
             slots = np.flatnonzero(self.final_idx[:size] >= 0)
             entries = self.final_idx[slots]

@@ -549,6 +549,22 @@ class Writer:
         self.pending += n  # only once every byte is written: a failed write commits nothing
         return n
 
+    def append_records(self, records: np.ndarray) -> int:
+        """AoS only: append a 1-D structured array of exactly this file's record dtype, as is
+        (no per-field copy: a contiguous block is written straight from its memory)."""
+        if self._parts is None:
+            raise ValueError(f"{self.path}: writer is closed")
+        if self.layout != "aos":
+            raise ValueError(f"{self.path}: append_records needs an AoS file; use append")
+        if not isinstance(records, np.ndarray) or records.dtype != self.dtype or records.ndim != 1:
+            got = f"{records.dtype}{list(records.shape)}" if isinstance(records, np.ndarray) else type(records).__name__
+            raise SpecError(f"records: expected a 1-D array of dtype {self.dtype}, got {got}")
+        n = records.shape[0]
+        if n:
+            self._parts[0].write(self.rows + self.pending, records)
+            self.pending += n
+        return n
+
     def commit(self) -> int:
         """Make every appended row visible to readers (see the class notes); returns the row count."""
         if self._parts is None:

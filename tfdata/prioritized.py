@@ -213,17 +213,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._samples += 1
 
     # -- state ------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """As :meth:`ReplayBuffer.state_dict`, plus priorities and the beta schedule position."""
-        with self._lock:
-            state = self._state_unlocked()
-            leaves = self._sum.shape[0] // 2
-            state["prioritized"] = {
-                "alpha": self.alpha, "eps": self.eps, "samples": self._samples,
-                "leaves": self._sum[leaves:leaves + self._writer.size].copy(),
-                "versions": self._version.copy(),
-            }
-        return state
+    def _extra_state(self, copy: bool) -> dict:
+        # state_dict() is ReplayBuffer's plus this: priorities and the beta schedule position
+        leaves = self._sum.shape[0] // 2
+        live = self._sum[leaves:leaves + self._writer.size]
+        return {"prioritized": {
+            "alpha": self.alpha, "eps": self.eps, "samples": self._samples,
+            "leaves": live.copy() if copy else live,
+            "versions": self._version.copy() if copy else self._version,
+        }}
+
+    def _config(self) -> dict:
+        return {**super()._config(), "alpha": self.alpha, "beta": self.beta_start,
+                "beta_final": self.beta_final, "beta_steps": self.beta_steps, "eps": self.eps}
 
     def _check_extra_state(self, state: Mapping, size: int):
         pri = state.get("prioritized")

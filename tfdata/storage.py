@@ -77,14 +77,26 @@ class _Storage:
         """Views of every field in spec order, each ``(capacity, *field.shape)``."""
         return list(self._field_list)
 
-    def state_dict(self, n_rows: int) -> dict:
-        """Copies of the first ``n_rows`` physical rows of every field (layout-neutral)."""
+    def state_dict(self, n_rows: int, copy: bool = True) -> dict:
+        """The first ``n_rows`` physical rows of every field (layout-neutral): copies, or views
+        (``copy=False``, valid while nothing writes to the storage)."""
+        if not copy:
+            return {name: self._fields[name][:n_rows] for name in self.spec.names}
         return {name: np.array(self._fields[name][:n_rows]) for name in self.spec.names}
 
-    def load_state_dict(self, data: dict, n_rows: int) -> None:
-        """Write rows ``[0, n_rows)`` from ``data`` (as made by :meth:`state_dict`); checked by caller."""
-        for name in self.spec.names:
-            self._fields[name][:n_rows] = data[name]
+    def load_state_dict(self, data: dict, n_rows: int, release=None) -> None:
+        """Write rows ``[0, n_rows)`` from ``data`` (as made by :meth:`state_dict`); checked by caller.
+
+        Copies about 16 MiB of rows at a time and calls ``release(start, stop)`` after each
+        chunk, so a memory-mapped source never has more than a chunk resident.
+        """
+        step = max(1, (16 << 20) // max(1, self.spec.row_nbytes))
+        for start in range(0, n_rows, step):
+            stop = min(n_rows, start + step)
+            for name in self.spec.names:
+                self._fields[name][start:stop] = data[name][start:stop]
+            if release is not None:
+                release(start, stop)
 
     def write_row(self, pos: int, values: list) -> None:
         """Write one validated row (values in field order) at ``pos``."""
