@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 import threading
 from collections.abc import Mapping
 
@@ -117,6 +118,24 @@ class _OutputRing:
         self.next = 0
 
 
+def _parse_bytes(name: str, value) -> int:
+    """Bytes from an int or a string such as "400MB", "1.5 GiB" (k, M, G in powers of 1024)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"{name} must be positive, got {value}")
+        return int(value)
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(value))
+    if not m:
+        raise ValueError(f"{name}: expected bytes as an int or a string like '400MB', got {value!r}")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    n = int(float(m.group(1)) * scale)
+    if n < 1:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return n
+
+
 def _check_int(name: str, value, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
@@ -174,6 +193,16 @@ class ReplayBuffer:
         previous row's ``next_obs`` unless that row ended an episode (else SpecError).
     roles : mapping, optional
         Field names of the roles ``reward``, ``terminated``, ``truncated`` if not those.
+    spill_path : str or path, optional
+        Keep the rows in this file (an AoS ``.npy`` or an SoA directory, created sparse; an
+        existing one is replaced) instead of RAM: a capacity larger than memory. Sampling,
+        writing and wrap-around are unchanged (one true ring); only the ``hot_rows`` newest rows
+        stay resident, older pages are released (see :mod:`tfdata.spill`). Needs exactly one
+        of ``hot_rows`` and ``hot_bytes``.
+    hot_rows : int, optional
+        Rows kept resident by a spilling buffer.
+    hot_bytes : int or str, optional
+        The same as bytes (``"64MB"``, ``"1.5GiB"``; k, M, G are powers of 1024).
 
     Notes
     -----
@@ -197,7 +226,8 @@ class ReplayBuffer:
 
     def __init__(self, spec, capacity: int, *, layout: str | None = None, seed: int | None = None,
                  ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
-                 gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None):
+                 gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
+                 spill_path=None, hot_rows: int | None = None, hot_bytes=None):
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = _check_int("capacity", capacity, 1, MAX_CAPACITY)
         self._ring_size = _check_int("ring_size", ring_size, 1)
@@ -234,7 +264,15 @@ class ReplayBuffer:
                 raise SpecError(f"field {rf.name!r} (reward) must be a float scalar for n-step "
                                 f"returns, got {rf.dtype}{list(rf.shape)}")
         stored = self.spec if self._episodes is None else self._episodes.stored_spec
-        self._storage = make_storage(stored, capacity, layout)
+        self._spill = None
+        self.hot_rows = None  # rows kept resident, for a spilling buffer
+        self.spill_path = None if spill_path is None else os.fspath(spill_path)
+        if self.spill_path is None:
+            if hot_rows is not None or hot_bytes is not None:
+                raise ValueError("hot_rows / hot_bytes need spill_path (the file that holds the cold rows)")
+            self._storage = make_storage(stored, capacity, layout)
+        else:
+            self._storage = self._spill_storage(stored, capacity, layout, hot_rows, hot_bytes)
         self._writer = RingWriter(capacity)
         self._sampler = UniformSampler(seed)
         self._lock = threading.Lock()
@@ -246,13 +284,31 @@ class ReplayBuffer:
         self._kernel_store = self._storage.kernel_store
         self._plan_episode_kernels()
         ep = self._episodes
-        if self.num_envs == 1 and (ep is None or not ep.elide):
+        if self.num_envs == 1 and (ep is None or not ep.elide) and self._spill is None:
             self._fast_push = make_push(self.spec, self._storage.field_views(), self._writer,
                                         self._lock, self._checked_push,
                                         None if ep is None else (ep.episode, ep.current,
                                                                  ep.term_i, ep.trunc_i))
         else:
             self._fast_push = self._checked_push
+
+    def _spill_storage(self, stored: Spec, capacity: int, layout, hot_rows, hot_bytes):
+        from ._config import resolve_layout
+        from .io import map_storage
+        from .spill import Spill
+
+        if (hot_rows is None) == (hot_bytes is None):
+            raise ValueError("spill_path needs exactly one of hot_rows= or hot_bytes= (the part kept in RAM)")
+        layout = resolve_layout(layout)
+        row = stored.aos_dtype.itemsize if layout == "aos" else stored.row_nbytes
+        if hot_bytes is not None:
+            hot_rows = _parse_bytes("hot_bytes", hot_bytes) // row
+        hot_rows = _check_int("hot_rows", hot_rows, 1)
+        hot_rows = min(hot_rows, capacity)
+        data, maps = map_storage(self.spill_path, stored, capacity, layout)
+        self._spill = Spill(maps, capacity, hot_rows, row)
+        self.hot_rows = hot_rows
+        return make_storage(stored, capacity, layout, backing=data)
 
     def _plan_episode_kernels(self) -> None:
         """Bind what the episode post-processing of a sample needs (once, at construction)."""
@@ -367,6 +423,8 @@ class ReplayBuffer:
                     ep.stamp_one(pos, values)
                 self._on_write([(pos, 0, 1)], extra)
                 w.advance(1)
+                if self._spill is not None:
+                    self._spill.after_write(1)
             return
         # elision checks and keeps rows as arrays: go through the batch path
         arrays = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
@@ -417,6 +475,8 @@ class ReplayBuffer:
             ep.write(values, n, ends, spans)
         self._on_write(spans, extra)
         w.advance(n)
+        if self._spill is not None:
+            self._spill.after_write(n)
 
     def _on_write(self, spans: list, extra) -> None:
         """Update what a subclass keeps per row for rows just written at ``spans`` (lock held)."""
@@ -427,6 +487,8 @@ class ReplayBuffer:
             self._writer.reset()
             if wipe:
                 self._storage.wipe()
+            if self._spill is not None:
+                self._spill.reset()
             if self._episodes is not None:
                 self._episodes.clear(wipe)
             self._on_clear()
@@ -470,6 +532,8 @@ class ReplayBuffer:
             self._gather(ring, i, n)
             if self._post:
                 self._post_sample(ring.slots[i], ring.extra[i], ring.slots[i].indices)
+            if self._spill is not None:
+                self._spill.after_sample()
         batch = ring.batches[i]
         return batch.copy() if copy else batch
 
@@ -561,6 +625,8 @@ class ReplayBuffer:
             self._storage.gather(slot.indices, slot)
             if self._elide_pairs:
                 self._read_elided(slot.indices, x)
+            if self._spill is not None:
+                self._spill.after_sample()
         batch = ring.batches[i]
         return batch.copy() if copy else batch
 

@@ -172,16 +172,18 @@ class MappedFile:
         Size of the file.
     """
 
-    def __init__(self, path: str, offset: int):
+    def __init__(self, path: str, offset: int, writable: bool = False):
         self.path = path
         self.offset = offset
-        with open(path, "rb") as f:
+        with open(path, "r+b" if writable else "rb") as f:
             self.nbytes = os.fstat(f.fileno()).st_size
-            # length 0 is not mappable: an empty dataset maps nothing
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.nbytes else None
+            # length 0 is not mappable: an empty dataset maps nothing. A writable map is shared:
+            # writes reach the page cache and the file, and released pages lose nothing.
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._mm = mmap.mmap(f.fileno(), 0, access=access) if self.nbytes else None
 
     def array(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """A read-only ndarray over the mapped data (no copy)."""
+        """An ndarray over the mapped data (no copy); read-only unless the map is writable."""
         if self._mm is None:
             return np.empty(shape, dtype)
         count = int(np.prod(shape, dtype=object))
@@ -629,6 +631,36 @@ def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20) -> Non
                 ds.release(start, stop)
 
 
+def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:
+    """Create a dataset file of ``rows`` zero rows (sparse) and map it writable, shared.
+
+    The backing of a spilling replay buffer: its storage arrays live in the file's pages.
+
+    Returns
+    -------
+    data : structured ndarray of spec.aos_dtype, shape (rows,) for "aos"; for "soa" a dict of
+        ndarray of shape (rows, *field.shape)
+    maps : list of (MappedFile, row_bytes)
+    """
+    spec = Spec(spec)
+    rows = int(rows)
+    if layout == "aos":
+        _create_npy(path, spec.aos_dtype, (rows,), memmap=False)
+        mf = MappedFile(path, header_nbytes(spec.aos_dtype), writable=True)
+        return mf.array(spec.aos_dtype, (rows,)), [(mf, spec.aos_dtype.itemsize)]
+    entries = _soa_entries(spec)
+    os.makedirs(path, exist_ok=True)
+    cols, maps = {}, []
+    for f, fname in entries:
+        fpath = os.path.join(path, fname)
+        _create_npy(fpath, f.dtype, (rows,) + f.shape, memmap=False)
+        mf = MappedFile(fpath, header_nbytes(f.dtype, f.shape), writable=True)
+        cols[f.name] = mf.array(f.dtype, (rows,) + f.shape)
+        maps.append((mf, f.nbytes))
+    _write_manifest(path, rows, entries)
+    return cols, maps
+
+
 def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
     """Create a dataset of ``rows`` zero rows and return writable memory-mapped fields.
 
@@ -668,12 +700,14 @@ def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
     return cols
 
 
-def _create_npy(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _create_npy(path: str, dtype: np.dtype, shape: tuple[int, ...], memmap: bool = True) -> np.ndarray | None:
     header = npy_header(dtype, shape)
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
     with open(path, "wb") as f:
         f.write(header)
         f.truncate(len(header) + nbytes)  # sparse: no page is written until the caller writes it
+    if not memmap:
+        return None
     if nbytes == 0:
         return np.zeros(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r+", offset=len(header), shape=shape)

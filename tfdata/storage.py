@@ -149,11 +149,12 @@ class AoSStorage(_Storage):
 
     layout = "aos"
 
-    def __init__(self, spec: Spec, capacity: int):
+    def __init__(self, spec: Spec, capacity: int, backing=None):
         super().__init__(spec, capacity)
         dtype = spec.aos_dtype
-        # zeros: pages are mapped lazily and padding bytes are deterministic
-        self.data = np.zeros(capacity, dtype=dtype)
+        # zeros: pages are mapped lazily and padding bytes are deterministic; or the caller's
+        # memory (a file mapping, for a spilling buffer)
+        self.data = np.zeros(capacity, dtype=dtype) if backing is None else backing
         self.kernel_store = self.data.view(np.uint64).reshape(capacity, dtype.itemsize // 8)
         self._fields = {name: self.data[name] for name in spec.names}
         self._field_list = [self._fields[name] for name in spec.names]
@@ -193,9 +194,10 @@ class SoAStorage(_Storage):
 
     layout = "soa"
 
-    def __init__(self, spec: Spec, capacity: int):
+    def __init__(self, spec: Spec, capacity: int, backing=None):
         super().__init__(spec, capacity)
-        self.columns = {f.name: np.zeros((capacity,) + f.shape, dtype=f.dtype) for f in spec}
+        self.columns = ({f.name: np.zeros((capacity,) + f.shape, dtype=f.dtype) for f in spec}
+                        if backing is None else dict(backing))
         self._fields = self.columns
         self._field_list = [self.columns[name] for name in spec.names]
         self.kernel_store = tuple(_bytes2d(c) for c in self._field_list)
@@ -233,6 +235,10 @@ def word_size(*sizes: int) -> int:
 STORAGES = {"aos": AoSStorage, "soa": SoAStorage}
 
 
-def make_storage(spec: Spec, capacity: int, layout: str | None = None) -> _Storage:
-    """Build the storage for ``layout`` (argument, else ``TFDATA_LAYOUT``, else the default)."""
-    return STORAGES[resolve_layout(layout)](spec, capacity)
+def make_storage(spec: Spec, capacity: int, layout: str | None = None, backing=None) -> _Storage:
+    """Build the storage for ``layout`` (argument, else ``TFDATA_LAYOUT``, else the default).
+
+    ``backing``: arrays to use instead of fresh memory (records for AoS, a dict of columns for
+    SoA), of the exact dtypes and shapes the storage would allocate.
+    """
+    return STORAGES[resolve_layout(layout)](spec, capacity, backing)

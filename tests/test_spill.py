@@ -1,0 +1,89 @@
+"""Hot/cold spilling buffers: identical to the in-RAM buffer, file-backed, RSS near the hot size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfdata
+
+from .conftest import CARTPOLE, LAYOUTS
+from .test_checkpoint import Streams, same_future
+
+VARIANTS = {
+    "plain": (tfdata.ReplayBuffer, {}),
+    "nstep": (tfdata.ReplayBuffer, {"n_step": 3}),
+    "elided": (tfdata.ReplayBuffer, {"elide_next": True, "num_envs": 1}),
+    "per": (tfdata.PrioritizedReplayBuffer, {}),
+}
+
+
+def spill_path(tmp_path, layout):
+    return tmp_path / ("spill.npy" if layout == "aos" else "spill")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("capacity,hot,n_steps", [(1, 1, 3), (7, 2, 20), (33, 5, 50), (33, 40, 10)])
+def test_spilling_buffer_behaves_exactly_like_the_ram_buffer(tmp_path, layout, variant, capacity, hot, n_steps):
+    cls, kw = VARIANTS[variant]
+    ram = cls(CARTPOLE, capacity, layout=layout, seed=3, **kw)
+    disk = cls(CARTPOLE, capacity, layout=layout, seed=3, spill_path=spill_path(tmp_path, layout), hot_rows=hot, **kw)
+    streams = Streams(np.random.default_rng(capacity + n_steps), 1)
+    for s in streams.take(n_steps):
+        ram.extend(s)
+        disk.extend(s)
+        m = min(4, len(ram))
+        x, y = ram.sample(m), disk.sample(m)
+        np.testing.assert_array_equal(x.indices, y.indices)
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    same_future(ram, disk, streams.take(6), per=cls is tfdata.PrioritizedReplayBuffer)
+
+
+def test_the_spill_file_is_a_dataset_of_every_slot(tmp_path, layout):
+    buf = tfdata.ReplayBuffer(CARTPOLE, 10, layout=layout, seed=0, spill_path=spill_path(tmp_path, layout),
+                              hot_rows=2)
+    for s in Streams(np.random.default_rng(0), 1).take(13):
+        buf.extend(s)
+    ds = tfdata.MmapDataset.open(spill_path(tmp_path, layout))
+    assert len(ds) == 10
+    np.testing.assert_array_equal(ds.field("obs"), buf.state_dict()["data"]["obs"])
+
+
+def test_rss_stays_near_the_hot_size_while_the_total_exceeds_it(tmp_path, layout):
+    import psutil
+
+    spec = {"obs": ("u1", (2000,)), "action": "i8", "reward": "f4", "terminated": "?", "truncated": "?"}
+    rows = {"obs": np.full((500, 2000), 7, "u1"), "action": np.arange(500), "reward": np.ones(500, "f4"),
+            "terminated": np.zeros(500, bool), "truncated": np.zeros(500, bool)}
+    warm = tfdata.ReplayBuffer(spec, 1000, layout=layout, seed=0)  # compile outside the measurement
+    warm.extend(rows)
+    warm.sample(256)
+    proc = psutil.Process()
+    base = proc.memory_info().rss
+    # 100,000 rows of ~2 KB = 200 MB in the file, 16 MiB hot
+    buf = tfdata.ReplayBuffer(spec, 100_000, layout=layout, seed=0, spill_path=spill_path(tmp_path, layout),
+                              hot_bytes="16MiB")
+    peak = 0
+    for k in range(240):  # 120,000 rows: the ring wraps
+        rows["action"] = np.arange(k * 500, (k + 1) * 500)
+        buf.extend(rows)
+        b = buf.sample(128)
+        peak = max(peak, proc.memory_info().rss - base)
+    assert (b["action"] >= 20_000).all() and (b["obs"] == 7).all()
+    assert buf.nbytes > 190 << 20
+    assert peak < 64 << 20, f"RSS grew by {peak >> 20} MiB with 16 MiB hot and a 200 MB buffer"
+
+
+def test_spill_configuration_errors(tmp_path):
+    with pytest.raises(ValueError, match="need spill_path"):
+        tfdata.ReplayBuffer(CARTPOLE, 10, hot_rows=3)
+    with pytest.raises(ValueError, match="exactly one of"):
+        tfdata.ReplayBuffer(CARTPOLE, 10, spill_path=tmp_path / "s.npy")
+    with pytest.raises(ValueError, match="exactly one of"):
+        tfdata.ReplayBuffer(CARTPOLE, 10, spill_path=tmp_path / "s.npy", hot_rows=2, hot_bytes=100)
+    with pytest.raises(ValueError, match="hot_bytes: expected bytes"):
+        tfdata.ReplayBuffer(CARTPOLE, 10, spill_path=tmp_path / "s.npy", hot_bytes="lots")
+    b = tfdata.ReplayBuffer(CARTPOLE, 100, spill_path=tmp_path / "s.npy", hot_bytes="1 KiB")
+    assert b.hot_rows == 1024 // 48
+    assert tfdata.ReplayBuffer(CARTPOLE, 10).hot_rows is None

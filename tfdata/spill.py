@@ -1,0 +1,89 @@
+"""Hot/cold spilling: a replay buffer whose rows live in a file, with only the recent ones in RAM.
+
+The storage arrays of a spilling buffer are a writable shared mapping of a dataset file
+(``tfdata.io.map_storage``): one true ring of ``capacity`` slots, the file's rows, so sampling,
+writing and wrap-around work exactly as in RAM and the oldest row anywhere is the one
+overwritten. What changes is which pages stay in the process:
+
+* **hot**: the ``hot_rows`` rows just behind the write cursor stay resident (the rows a
+  training loop writes and samples most);
+* **cold**: rows that leave the hot window are released (``MADV_DONTNEED`` on the shared map:
+  their data stays in the page cache and reaches the file; a later sample faults the page in
+  again);
+* rows a sample pulls in from the cold part are released again once the file-backed resident
+  set exceeds the hot size by a margin, measured from ``/proc/self/statm`` (one row can map a
+  2 MiB folio of the page cache, so estimating does not work).
+
+The spill file is the storage, not a checkpoint: it is not committed or synced, and a new
+buffer replaces it. Use :meth:`ReplayBuffer.save` for a checkpoint.
+"""
+
+from __future__ import annotations
+
+from .io import PAGE
+
+
+class Spill:
+    """The release policy of one spilling buffer; called by the buffer under its lock.
+
+    Parameters
+    ----------
+    storage_maps : list of (MappedFile, row_bytes)
+    capacity, hot_rows : int
+    row_nbytes : int
+        Bytes of one stored row (all files together).
+    """
+
+    def __init__(self, storage_maps: list, capacity: int, hot_rows: int, row_nbytes: int):
+        from .loader import _ResidentFile
+
+        self.maps = storage_maps
+        self.capacity = capacity
+        self.hot_rows = hot_rows
+        self.hot_bytes = hot_rows * row_nbytes
+        # release in chunks of 1/8 of the hot window (at least 64 pages): few syscalls
+        self.chunk = max(1, hot_rows // 8, (64 * PAGE) // max(1, row_nbytes))
+        self.released_to = 0  # rows before this position (ring order, behind the hot window) are released
+        self.written = 0  # rows written in total
+        self.probe = _ResidentFile()
+        self.base = self.probe.file_bytes()
+        self.slack = max(self.hot_bytes // 4, 16 << 20)
+        self.samples = 0
+
+    def _release(self, start: int, stop: int) -> None:
+        """Release ring rows ``[start, stop)`` (positions may exceed capacity: taken mod capacity)."""
+        c = self.capacity
+        if stop - start >= c:
+            start, stop = 0, c
+        a, b = start % c, stop % c
+        spans = [(a, b)] if a < b else [(a, c), (0, b)]
+        for s, e in spans:
+            if e > s:
+                for mf, width in self.maps:
+                    mf.release(s * width, e * width)
+
+    def after_write(self, n: int) -> None:
+        """``n`` rows were just written at the cursor: release what left the hot window."""
+        self.written += n
+        cold_end = self.written - self.hot_rows  # rows before this are cold
+        if cold_end - self.released_to >= self.chunk:
+            self._release(self.released_to, cold_end)
+            self.released_to = cold_end
+
+    def after_sample(self) -> None:
+        """After a sample: release the cold part if samples have made too much of it resident.
+
+        Checked after every sample (one read of /proc/self/statm, ~2 us): a single sample of
+        256 rows can map tens of MiB of folios, so checking less often lets RSS run away.
+        """
+        self.samples += 1
+        if self.probe.file_bytes() - self.base > self.hot_bytes + self.slack:
+            cold_end = self.written - self.hot_rows
+            if cold_end > 0:
+                # the cold part of the ring: everything but the hot window (wrap-aware)
+                self._release(self.written, self.written + self.capacity - self.hot_rows)
+                self.released_to = cold_end
+
+    def reset(self) -> None:
+        self._release(0, self.capacity)
+        self.written = self.released_to = 0
