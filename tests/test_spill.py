@@ -87,3 +87,20 @@ def test_spill_configuration_errors(tmp_path):
     b = tfdata.ReplayBuffer(CARTPOLE, 100, spill_path=tmp_path / "s.npy", hot_bytes="1 KiB")
     assert b.hot_rows == 1024 // 48
     assert tfdata.ReplayBuffer(CARTPOLE, 10).hot_rows is None
+
+
+def test_a_checkpoint_of_a_spilling_buffer_loads_spilling_or_in_ram(tmp_path, layout):
+    kw = dict(layout=layout, seed=1)
+    buf = tfdata.PrioritizedReplayBuffer(CARTPOLE, 20, spill_path=spill_path(tmp_path, layout), hot_rows=4, **kw)
+    streams = Streams(np.random.default_rng(0), 1)
+    for s in streams.take(27):
+        buf.extend(s)
+    buf.save(tmp_path / "ck")
+    ram = tfdata.PrioritizedReplayBuffer.load(tmp_path / "ck")
+    spilled = tfdata.PrioritizedReplayBuffer.load(tmp_path / "ck", spill_path=tmp_path / ("s2" + (".npy" if layout == "aos" else "")),
+                                                  hot_rows=3)
+    assert ram.spill_path is None and spilled.hot_rows == 3
+    later = streams.take(6)
+    same_future(ram, spilled, later, per=True)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        tfdata.ReplayBuffer.load(tmp_path / "ck", capacity=5)

@@ -703,15 +703,17 @@ class ReplayBuffer:
         save(self, path)
 
     @classmethod
-    def load(cls, path) -> "ReplayBuffer":
+    def load(cls, path, **spill) -> "ReplayBuffer":
         """Rebuild a buffer saved with :meth:`save`; it continues exactly where it stopped.
 
         ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
         ``PrioritizedReplayBuffer``); ``PrioritizedReplayBuffer.load`` insists on that class.
+        ``spill_path=`` with ``hot_rows=`` or ``hot_bytes=`` rebuilds it as a spilling buffer
+        (a checkpoint does not record where, or whether, a buffer spilled).
         """
         from .checkpoint import load
 
-        buf = load(path)
+        buf = load(path, **spill)
         if not isinstance(buf, cls):
             raise TypeError(f"{path}: holds a {type(buf).__name__}, not a {cls.__name__}")
         return buf

@@ -122,8 +122,18 @@ def save(buffer, path) -> None:
         shutil.rmtree(old)
 
 
-def load(path):
-    """Rebuild the buffer saved in ``path``; raises :class:`FormatError` for a bad checkpoint."""
+_OVERRIDES = ("spill_path", "hot_rows", "hot_bytes")
+
+
+def load(path, **overrides):
+    """Rebuild the buffer saved in ``path``; raises :class:`FormatError` for a bad checkpoint.
+
+    ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
+    than memory as a spilling buffer (a checkpoint does not record where a buffer spilled).
+    """
+    bad = set(overrides) - set(_OVERRIDES)
+    if bad:
+        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: {_OVERRIDES}")
     from .dataset import MmapDataset
 
     path = os.fspath(path)
@@ -154,7 +164,7 @@ def load(path):
         raise FormatError(f"{spath}: rows must be 'rows.npy' or 'rows', got {rows_name!r}")
     try:
         spec = Spec.from_dict(state["spec"])
-        buf = cls(spec, **config)
+        buf = cls(spec, **config, **overrides)
     except (KeyError, TypeError, ValueError) as exc:
         raise FormatError(f"{spath}: cannot rebuild the buffer ({type(exc).__name__}: {exc})") from None
     with MmapDataset.open(os.path.join(path, rows_name)) as ds:
