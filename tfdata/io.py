@@ -16,8 +16,10 @@ Files tfdata writes (format 1.0):
 * The NPY header is padded to a multiple of :data:`HEADER_BYTES` (4 KiB, or the page size if
   larger), so the data is page-aligned, and has room for any row count, so a commit rewrites
   it in place.
-* The header dict is followed by a comment, ``# tfdata 1.0``: the format version. numpy's
-  parser ignores comments; tfdata refuses another major version.
+* Version: in an AoS file the header dict is followed by a comment, ``# tfdata 1.0`` (numpy's
+  literal parser ignores it); in an SoA directory the manifest holds it and the field files'
+  headers are padded with spaces only, as the NPY specification has it, so strict readers
+  (checked: npyjs in JavaScript) read them. tfdata refuses another major version.
 * The header's row count (the manifest's, for a directory) is the number of **committed**
   rows. Bytes after them are rows appended but not committed: readers ignore them, and
   ``numpy.load`` does too.
@@ -74,7 +76,7 @@ class NpyHeader(NamedTuple):
     version: tuple | None  # tfdata format version, None for a file tfdata did not write
 
 
-def read_npy_header(path: str) -> NpyHeader:
+def read_npy_header(path: str, allow_tail: bool = False) -> NpyHeader:
     """Parse and check the header of the ``.npy`` file at ``path``.
 
     A file tfdata wrote carries its format version in a comment inside the header
@@ -122,7 +124,7 @@ def read_npy_header(path: str) -> NpyHeader:
     if any((not isinstance(s, int)) or isinstance(s, bool) or s < 0 for s in shape):
         raise FormatError(f"{path}: invalid shape {shape} in header")
     expected = int(np.prod(shape, dtype=object)) * dtype.itemsize  # Python ints: no overflow
-    if offset + expected > size or (offset + expected < size and tf_version is None):
+    if offset + expected > size or (offset + expected < size and tf_version is None and not allow_tail):
         raise FormatError(
             f"{path}: header says shape {shape} of dtype {dtype} ({expected} bytes of data from "
             f"byte {offset}), but the file has {size - offset} bytes of data"
@@ -130,23 +132,29 @@ def read_npy_header(path: str) -> NpyHeader:
     return NpyHeader(dtype, tuple(shape), offset, size, tf_version)
 
 
-def _header_text(dtype: np.dtype, shape: tuple) -> str:
+def _header_text(dtype: np.dtype, shape: tuple, mark: bool = True) -> str:
     descr = np.lib.format.dtype_to_descr(dtype)
     shape = tuple(int(x) for x in shape)
-    return "{'descr': %r, 'fortran_order': False, 'shape': %r, } # tfdata %d.%d" % (descr, shape, *FORMAT_VERSION)
+    text = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (descr, shape)
+    return text + (" # tfdata %d.%d" % FORMAT_VERSION if mark else "")
 
 
 def header_nbytes(dtype: np.dtype, row_shape: tuple = ()) -> int:
     """Bytes of the header tfdata writes for this dtype: a multiple of :data:`HEADER_BYTES`,
     with room for any row count, so the header is rewritten in place on every commit."""
-    longest = len(_header_text(dtype, (2**63 - 1,) + tuple(row_shape))) + 1 + 12
+    longest = len(_header_text(dtype, (2**63 - 1,) + tuple(row_shape), True)) + 1 + 12
     return -(-longest // HEADER_BYTES) * HEADER_BYTES
 
 
-def npy_header(dtype: np.dtype, shape: tuple) -> bytes:
-    """The header tfdata writes: NPY 1.0 (2.0 for huge dtypes) padded so data starts page-aligned."""
+def npy_header(dtype: np.dtype, shape: tuple, mark: bool = True) -> bytes:
+    """The header tfdata writes: NPY 1.0 (2.0 for huge dtypes) padded so data starts page-aligned.
+
+    ``mark``: append the ``# tfdata X.Y`` version comment (AoS files). The field files of an SoA
+    directory go without it (the manifest carries the version), so their headers are padded
+    with spaces only, as the NPY specification writes them, for strict readers.
+    """
     total = header_nbytes(dtype, shape[1:])
-    text = _header_text(dtype, shape)
+    text = _header_text(dtype, shape, mark)
     if total - 10 <= 0xFFFF:
         prefix, hlen = b"\x93NUMPY\x01\x00", total - 10
         return prefix + hlen.to_bytes(2, "little") + (text.ljust(hlen - 1) + "\n").encode("latin1")
@@ -303,12 +311,12 @@ def map_soa(path: str) -> tuple[Spec, dict, list[MappedFile]]:
     rows, entries = read_manifest(path)
     columns, maps = {}, []
     for field, fpath in entries:
-        h = read_npy_header(fpath)
+        h = read_npy_header(fpath, allow_tail=True)  # the manifest is this directory's version mark
         want = (rows,) + field.shape
         # a field file may hold more rows than the manifest: a commit that stopped between the
         # field headers and the manifest; the manifest's count is the committed one
         if (h.dtype != field.dtype or h.shape[1:] != field.shape or not h.shape
-                or h.shape[0] < rows or (h.shape[0] > rows and h.version is None)):
+                or h.shape[0] < rows):
             raise FormatError(f"{fpath}: field {field.name!r}: manifest says {field.dtype}{list(want)}, "
                               f"file holds {h.dtype}{list(h.shape)}")
         mf = MappedFile(fpath, h.offset)
@@ -411,8 +419,9 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
 class _Part:
     """One data file a writer appends to: the AoS file, or one field file of an SoA directory."""
 
-    def __init__(self, path: str, dtype: np.dtype, row_shape: tuple, rows: int, create: bool):
+    def __init__(self, path: str, dtype: np.dtype, row_shape: tuple, rows: int, create: bool, mark: bool):
         self.path = path
+        self.mark = mark
         self.dtype = dtype
         self.row_shape = tuple(row_shape)
         self.row_nbytes = int(dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64)))
@@ -420,7 +429,7 @@ class _Part:
         flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         self.fd = os.open(path, flags, 0o644)
         if create:
-            _pwrite_all(self.fd, npy_header(dtype, (rows,) + self.row_shape), 0)
+            _pwrite_all(self.fd, npy_header(dtype, (rows,) + self.row_shape, mark), 0)
 
     def write(self, row: int, data: np.ndarray) -> None:
         _pwrite_all(self.fd, np.ascontiguousarray(data), self.offset + row * self.row_nbytes)
@@ -429,7 +438,7 @@ class _Part:
         os.fdatasync(self.fd)
 
     def set_rows(self, rows: int) -> None:
-        _pwrite_all(self.fd, npy_header(self.dtype, (rows,) + self.row_shape), 0)
+        _pwrite_all(self.fd, npy_header(self.dtype, (rows,) + self.row_shape, self.mark), 0)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -481,12 +490,12 @@ class Writer:
             self.dtype = np.dtype(dtype) if dtype is not None else self.spec.aos_dtype
             if self.dtype.names is None or spec_of_dtype(self.dtype) != self.spec:
                 raise SpecError(f"dtype {self.dtype} does not hold the fields of {self.spec}")
-            self._parts = [_Part(self.path, self.dtype, (), self.rows, create)]
+            self._parts = [_Part(self.path, self.dtype, (), self.rows, create, True)]
         else:
             self._entries = _soa_entries(self.spec)
             if create:
                 os.makedirs(self.path, exist_ok=True)
-            self._parts = [_Part(os.path.join(self.path, fname), f.dtype, f.shape, self.rows, create)
+            self._parts = [_Part(os.path.join(self.path, fname), f.dtype, f.shape, self.rows, create, False)
                            for f, fname in self._entries]
             if create:
                 _write_manifest(self.path, 0, self._entries)
@@ -507,9 +516,10 @@ class Writer:
         if os.path.isdir(path):
             rows, entries = read_manifest(path)
             for field, fpath in entries:
-                h = read_npy_header(fpath)
-                if h.version is None:
-                    raise FormatError(f"{fpath}: not written by tfdata; copy it with tfdata.io.convert to append")
+                h = read_npy_header(fpath, allow_tail=True)
+                if h.offset != header_nbytes(field.dtype, field.shape):
+                    raise FormatError(f"{fpath}: not written by tfdata (its header cannot grow in place); "
+                                      "copy it with tfdata.io.convert to append")
             return cls(path, Spec([f for f, _ in entries]), "soa", _append=True, _rows=rows)
         h = read_npy_header(path)
         if h.version is None:
@@ -653,7 +663,7 @@ def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:
     cols, maps = {}, []
     for f, fname in entries:
         fpath = os.path.join(path, fname)
-        _create_npy(fpath, f.dtype, (rows,) + f.shape, memmap=False)
+        _create_npy(fpath, f.dtype, (rows,) + f.shape, memmap=False, mark=False)
         mf = MappedFile(fpath, header_nbytes(f.dtype, f.shape), writable=True)
         cols[f.name] = mf.array(f.dtype, (rows,) + f.shape)
         maps.append((mf, f.nbytes))
@@ -694,14 +704,15 @@ def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
         raise ValueError(f"layout: expected 'aos' or 'soa', got {layout!r}")
     entries = _soa_entries(spec)
     os.makedirs(path, exist_ok=True)
-    cols = {f.name: _create_npy(os.path.join(path, fname), f.dtype, (rows,) + f.shape)
+    cols = {f.name: _create_npy(os.path.join(path, fname), f.dtype, (rows,) + f.shape, mark=False)
             for f, fname in entries}
     _write_manifest(path, rows, entries)
     return cols
 
 
-def _create_npy(path: str, dtype: np.dtype, shape: tuple[int, ...], memmap: bool = True) -> np.ndarray | None:
-    header = npy_header(dtype, shape)
+def _create_npy(path: str, dtype: np.dtype, shape: tuple[int, ...], memmap: bool = True,
+                mark: bool = True) -> np.ndarray | None:
+    header = npy_header(dtype, shape, mark)
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
     with open(path, "wb") as f:
         f.write(header)
