@@ -263,6 +263,7 @@ def test_torch_from_numpy_shares_memory():
     (dict(batch_size=4, shuffle="yes"), "shuffle must be"),
     (dict(batch_size=4, shuffle="block", block_rows=0), "block_rows"),
     (dict(batch_size=4, resident_bytes=10), "resident_bytes"),
+    (dict(batch_size=4, resident_bytes="lots"), "resident_bytes"),
 ])
 def test_bad_loader_options(kwargs, match):
     spec, cols = make_data(CARTPOLE, 10)
@@ -477,8 +478,10 @@ def _rss():
     return psutil.Process().memory_info().rss
 
 
-@pytest.mark.parametrize("mode", [False, "block", True], ids=["sequential", "block", "full"])
-def test_streaming_a_file_larger_than_the_bound_keeps_rss_bounded(tmp_path, mode):
+@pytest.mark.parametrize("mode,block_rows,window_blocks", [(False, None, 1), ("block", 1024, 8), ("block", 64, 256),
+                                                          (True, None, 1)],
+                         ids=["sequential", "block-1MiB", "block-64KiB", "full"])
+def test_streaming_a_file_larger_than_the_bound_keeps_rss_bounded(tmp_path, mode, block_rows, window_blocks):
     # a 192 MiB file read with a 16 MiB resident target; RSS may grow by at most 48 MiB
     rows = 192 * 1024  # 1 KiB rows
     spec = tfdata.Spec({"x": ("u1", (1016,)), "i": "i8"})
@@ -497,7 +500,7 @@ def test_streaming_a_file_larger_than_the_bound_keeps_rss_bounded(tmp_path, mode
         pass
     ds = tfdata.MmapDataset.open(path)
     loader = tfdata.DataLoader(ds, 256, shuffle=mode, seed=0, prefetch=2, resident_bytes=16 << 20,
-                               block_rows=1024, window_blocks=8)
+                               block_rows=block_rows, window_blocks=window_blocks)
     base = _rss()
     peak = 0
     total = 0

@@ -35,6 +35,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 #: a quarter of the resident target is read between two measurements, assuming each row may map
 #: a 2 MiB folio: the resident set stays within about 1.25x ``resident_bytes``
 _FOLIO_GUESS = 4 * (2 << 20)
+_AUTO_RESIDENT = 64 << 20
 _MODES = {False: "none", "none": "none", True: "full", "full": "full", "block": "block"}
 
 
@@ -75,10 +76,13 @@ class LoaderConfig:
         default, 512 blocks of 64 KiB (a 32 MiB window), brings the label mix of batches from a
         file sorted by label to within 20% of a full permutation's (``reports/shuffle``); a
         window of W blocks mixes at most W file regions, so W matters more than the block size.
-    resident_bytes : int or None
+    resident_bytes : int, None or "auto"
         Memory-mapped datasets larger than this have pages already consumed released
         (``MADV_DONTNEED``) so that about this many bytes of the file stay mapped; None never
-        releases.
+        releases. "auto" (the default): 64 MiB for file order and block shuffle, where releasing
+        costs little; None for ``shuffle=True``, where bounding the resident set means re-reading
+        pages and measured ~10x slower epochs (use block shuffle for files larger than memory, or
+        set a number).
     """
 
     batch_size: int
@@ -89,7 +93,7 @@ class LoaderConfig:
     zero_copy: bool = True
     block_rows: int | None = None
     window_blocks: int = 512
-    resident_bytes: int | None = 64 << 20
+    resident_bytes: object = "auto"
 
     def __post_init__(self):
         _int("batch_size", self.batch_size, 1)
@@ -97,7 +101,7 @@ class LoaderConfig:
         _int("window_blocks", self.window_blocks, 1)
         if self.block_rows is not None:
             _int("block_rows", self.block_rows, 1)
-        if self.resident_bytes is not None:
+        if self.resident_bytes is not None and self.resident_bytes != "auto":
             _int("resident_bytes", self.resident_bytes, PAGE)
         try:
             _MODES[self.shuffle]
@@ -114,6 +118,13 @@ class LoaderConfig:
     def mode(self) -> str:
         """``"none"``, ``"full"`` or ``"block"``."""
         return _MODES[self.shuffle]
+
+    @property
+    def resident_limit(self) -> int | None:
+        """``resident_bytes`` with "auto" resolved for this order."""
+        if self.resident_bytes == "auto":
+            return None if self.mode == "full" else _AUTO_RESIDENT
+        return self.resident_bytes
 
 
 class DataLoader:
@@ -290,10 +301,13 @@ class _Plan:
         self.ctr = np.uint64(0)
         self.started = False
         mapped = getattr(self.ds, "mapped_nbytes", 0)
-        self.limit = c.resident_bytes if (c.resident_bytes is not None and mapped > c.resident_bytes) else None
+        limit = c.resident_limit
+        self.limit = limit if (limit is not None and mapped > limit) else None
         self.lag = c.prefetch + 1
         self.released = 0  # rows [0, released) already released (file order)
-        if self.limit is not None and self.mode == "full":
+        if self.limit is not None and self.mode != "none":
+            # shuffled reads: how much a fault maps depends on the kernel (fault-around, large
+            # folios), so the resident set is measured, not estimated
             self.probe = _ResidentFile()
             self.probe_base = self.probe.file_bytes()
             self.chunk = max(1, self.limit // _FOLIO_GUESS)
@@ -303,8 +317,7 @@ class _Plan:
             self.w_next = 0  # next window's first position in self.blocks
             self.w_len = 0
             self.w_pos = 0
-            self.w_blocks = (0, 0)
-            self.to_release: list = []
+            self.window_done = False
 
     def _start(self) -> None:
         from . import kernels
@@ -343,15 +356,17 @@ class _Plan:
                 return self._gather_bounded(idx, slot, m)
         else:
             self._take_block_rows(idx)
+            if self.limit is not None:
+                batch = self._gather_bounded(idx, slot, m)
+                if self.window_done:  # its last rows are gathered now: what it mapped can go
+                    self.ds.release_all()
+                    self.window_done = False
+                return batch
         out = self.ring[slot]
         if hasattr(self.ds, "_gather_unchecked"):
             self.ds._gather_unchecked(idx, out)
         else:
             self.ds.gather(idx, out)
-        if self.mode == "block" and self.to_release:
-            for b0 in self.to_release:
-                self.ds.release(b0, min(b0 + self.block_rows, self.n))
-            self.to_release = []
         return self._batch(slot, m)
 
     def _batch(self, slot: int, m: int) -> Batch:
@@ -394,16 +409,15 @@ class _Plan:
             filled += take
 
     def _next_window(self, kernels) -> None:
-        if self.limit is not None:  # the finished window's pages go once this batch is gathered
-            b0, b1 = self.w_blocks
-            self.to_release.extend(int(x) * self.block_rows for x in self.blocks[b0:b1])
+        # the finished window's pages go once this batch is gathered (measured: releasing block
+        # by block leaves the fault-around pages between blocks mapped, nearly the whole file)
+        self.window_done = self.w_next > 0
         b0 = self.w_next
         b1 = min(b0 + self.window_blocks, self.blocks.shape[0])
         self.w_len, ctr = kernels.window_order(self.blocks, b0, b1, self.block_rows, self.n,
                                                self.key, self.ctr, self.window)
         self.ctr = np.uint64(ctr)  # numba hands uint64 back as a Python int
         self.w_pos = 0
-        self.w_blocks = (b0, b1)
         self.w_next = b1
         if self.limit is not None:
             for blk in self.blocks[b0:b1]:  # read the whole window ahead, block by block
