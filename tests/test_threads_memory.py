@@ -244,3 +244,30 @@ def test_nstep_and_elided_sampling_allocate_nothing(layout, elide):
         tracemalloc.stop()
     assert current - base < 1024, current - base
     assert peak - base < 2048, peak - base  # one batch of rewards alone would be 1024
+
+
+@pytest.mark.parametrize("kind", ["plain", "nstep", "elided", "per", "vector"])
+def test_a_dropped_buffer_is_freed_at_once(layout, kind):
+    # no reference cycle: `del buf` frees the storage without waiting for the cyclic collector
+    import gc
+    import weakref
+
+    kw = {"nstep": {"n_step": 3}, "elided": {"elide_next": True}, "vector": {"num_envs": 2}}.get(kind, {})
+    cls = PrioritizedReplayBuffer if kind == "per" else ReplayBuffer
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        buf = cls(CARTPOLE, 10, layout=layout, seed=0, **kw)
+        rows = random_rows(buf.spec, 4, np.random.default_rng(0))
+        rows["obs"][1:] = rows["next_obs"][:-1]  # a continuous stream, for elision
+        rows["terminated"][:] = rows["truncated"][:] = False
+        buf.extend(rows)
+        if kind != "vector":
+            buf.push(row(rows, 3) | {"obs": rows["next_obs"][3]})
+        buf.sample(2)
+        ref = weakref.ref(buf)
+        del buf
+        assert ref() is None
+    finally:
+        if enabled:
+            gc.enable()

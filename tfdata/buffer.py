@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
@@ -116,6 +117,21 @@ class _OutputRing:
                 self.batches.append(Batch(fields, o.indices.reshape(batch_size, length),
                                           mask=x["mask"].reshape(batch_size, length)))
         self.next = 0
+
+
+def _weak_method(obj, name: str):
+    """``getattr(obj, name)`` as a function that does not keep ``obj`` alive.
+
+    A bound method stored on its own object is a reference cycle: the buffer (and its storage,
+    possibly gigabytes) would then wait for the cyclic garbage collector after ``del``.
+    """
+    ref = weakref.ref(obj)
+    func = getattr(type(obj), name)
+
+    def call(*args):
+        return func(ref(), *args)
+
+    return call
 
 
 def _parse_bytes(name: str, value) -> int:
@@ -286,11 +302,11 @@ class ReplayBuffer:
         ep = self._episodes
         if self.num_envs == 1 and (ep is None or not ep.elide) and self._spill is None:
             self._fast_push = make_push(self.spec, self._storage.field_views(), self._writer,
-                                        self._lock, self._checked_push,
+                                        self._lock, _weak_method(self, "_checked_push"),
                                         None if ep is None else (ep.episode, ep.current,
                                                                  ep.term_i, ep.trunc_i))
         else:
-            self._fast_push = self._checked_push
+            self._fast_push = _weak_method(self, "_checked_push")
 
     def _spill_storage(self, stored: Spec, capacity: int, layout, hot_rows, hot_bytes):
         from ._config import resolve_layout
@@ -718,7 +734,7 @@ class ReplayBuffer:
             raise TypeError(f"{path}: holds a {type(buf).__name__}, not a {cls.__name__}")
         return buf
 
-    def load_state_dict(self, state: Mapping, _release=None) -> None:
+    def load_state_dict(self, state: Mapping, _release=None, _records=None) -> None:
         """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing."""
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
             raise ValueError(f"not a {_STATE_FORMAT} state dict")
@@ -754,7 +770,7 @@ class ReplayBuffer:
                                 f"got {arr.dtype}{arr.shape}")
         extra = self._check_extra_state(state, size)
         with self._lock:
-            self._storage.load_state_dict(data, size, _release)
+            self._storage.load_state_dict(data, size, _release, _records)
             self._writer.load_state_dict(writer.state_dict())
             self._sampler.load_state_dict(sampler.state_dict())
             if episodes is not None:

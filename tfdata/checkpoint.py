@@ -175,6 +175,6 @@ def load(path, **overrides):
         if size != len(ds):
             raise FormatError(f"{path}/{rows_name}: holds {len(ds)} rows, the state says {size}")
         state["data"] = {name: ds.field(name) for name in stored.names}
-        buf.load_state_dict(state, _release=ds.release)
+        buf.load_state_dict(state, _release=ds.release, _records=ds.records if ds.layout == "aos" else None)
         state["data"] = None
     return buf

@@ -369,7 +369,10 @@ def save(path: str, data, layout: str = "aos") -> None:
     with Writer(path, spec, layout, dtype=dtype if layout == "aos" else None) as w:
         step = _chunk_rows(spec.row_nbytes)
         for start in range(0, rows, step):
-            w.append({k: v[start:start + step] for k, v in cols.items()})
+            if dtype is not None and layout == "aos":  # records as they are: no per-field copy
+                w.append_records(data[start:start + step])
+            else:
+                w.append({k: v[start:start + step] for k, v in cols.items()})
 
 
 def _soa_entries(spec: Spec) -> list[tuple[Field, str]]:

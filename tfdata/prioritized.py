@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .buffer import Batch, ReplayBuffer, _check_int
+from .buffer import Batch, ReplayBuffer, _check_int, _weak_method
 from .errors import SpecError
 
 
@@ -85,7 +85,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # writes per slot, so an update for a row that has since been overwritten is refused
         self._version = np.zeros(self.capacity, np.uint64)
         self._psample = self._storage.kernels.sample_prioritized
-        self._fast_push = self._checked_push  # every write also sets priorities
+        self._fast_push = _weak_method(self, "_checked_push")  # every write also sets priorities
 
     # -- priorities -------------------------------------------------------------------------
     @property

@@ -84,17 +84,24 @@ class _Storage:
             return {name: self._fields[name][:n_rows] for name in self.spec.names}
         return {name: np.array(self._fields[name][:n_rows]) for name in self.spec.names}
 
-    def load_state_dict(self, data: dict, n_rows: int, release=None) -> None:
+    def load_state_dict(self, data: dict, n_rows: int, release=None, records=None) -> None:
         """Write rows ``[0, n_rows)`` from ``data`` (as made by :meth:`state_dict`); checked by caller.
 
         Copies about 16 MiB of rows at a time and calls ``release(start, stop)`` after each
-        chunk, so a memory-mapped source never has more than a chunk resident.
+        chunk, so a memory-mapped source never has more than a chunk resident. ``records``: the
+        same rows as one structured array; an AoS storage of that exact dtype copies whole
+        records instead of field by field (3-4x faster).
         """
         step = max(1, (16 << 20) // max(1, self.spec.row_nbytes))
+        whole = (records is not None and self.layout == "aos" and records.dtype == self.data.dtype
+                 and records.shape[0] >= n_rows)
         for start in range(0, n_rows, step):
             stop = min(n_rows, start + step)
-            for name in self.spec.names:
-                self._fields[name][start:stop] = data[name][start:stop]
+            if whole:
+                self.data[start:stop] = records[start:stop]
+            else:
+                for name in self.spec.names:
+                    self._fields[name][start:stop] = data[name][start:stop]
             if release is not None:
                 release(start, stop)
 
