@@ -1,0 +1,1252 @@
+"""Prefetch: how much of the data loading does the DataLoader's background thread hide from a
+training step?
+
+A self-contained experiment (one file, parameters at the top, cleanrl style). A consumer loop
+stands in for a training step of fixed duration while a ``tfdata.DataLoader`` over a
+memory-mapped file (``tfdata.io.create`` + ``tfdata.MmapDataset.open``) prepares the batches.
+For every configuration it records the share of the epoch the consumer spends waiting inside
+``next(it)`` ("stall %", the analog of GPU idle time), the per-batch wait latency (median, p99)
+and the wall clock of the epoch.
+
+Grid: case (Atari-like rows with the loader's defaults; the same rows with the resident set
+bounded to 64 MiB; CartPole-like rows) x order (shuffled, sequential) x consumer (sleep;
+busy numpy matmul loop, which releases the GIL; busy pure-Python loop, which holds it) x step
+duration (multiples of the measured prefetch=0 gather time of that case and layout) x layout
+(aos, soa) x prefetch depth (0, 1, 2, 4).
+
+    python experiments/prefetch.py --quick      # about a minute: small files, 2 seeds
+    python experiments/prefetch.py              # the full run, under ~10 minutes, 5 seeds
+    python experiments/prefetch.py --seeds 0,1,2
+
+Writes only under ``reports/prefetch/``: ``README.md``, ``results.json`` and ``*.png`` (the last
+run wins). The dataset files live in a temporary directory that is deleted at the end. Only the
+public tfdata API is used, plus numpy, psutil (through the shared methodology) and matplotlib.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS thread, set before numpy is imported: the "numpy" consumer stands for a training step
+# that keeps one core busy, and the prefetch thread gets the other core of a 2-core machine. An
+# explicit setting in the environment wins (and is recorded).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import tfdata  # noqa: E402
+
+sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
+from _methodology import RunRecord, markdown as methodology_markdown, write_json  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------------------------
+EXPERIMENT = "prefetch"
+PREFETCH = (0, 1, 2, 4)
+LAYOUTS = ("aos", "soa")
+ORDERS = ("shuffled", "sequential")
+CONSUMERS = ("sleep", "numpy", "python")
+CONSUMER_LABEL = {
+    "sleep": "sleep (no CPU, GIL free)",
+    "numpy": "numpy matmul loop (busy, GIL released in BLAS)",
+    "python": "pure-Python loop (busy, holds the GIL)",
+}
+ROW_KINDS = {
+    # a CartPole-v1 transition: 46 bytes of data, a 48-byte AoS record
+    "cartpole": {"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
+                 "terminated": "?", "truncated": "?"},
+    # an Atari transition with obs and next_obs frame stacks: 56,462 bytes of data
+    "image": {"obs": ("u1", (4, 84, 84)), "action": "i8", "reward": "f4",
+              "next_obs": ("u1", (4, 84, 84)), "terminated": "?", "truncated": "?"},
+}
+DEFAULT = "default"  # resident_bytes left at the loader's default ("auto")
+BOUND = 64 << 20     # the explicit resident bound of the "image-bounded" case
+# A case is a row kind, a loader setting and the orders measured. With the loader's default
+# (resident_bytes="auto") a shuffled epoch leaves the whole file mapped and a sequential one keeps
+# about 64 MiB of a larger file mapped (pages behind are released, pages ahead read ahead). The
+# image files are larger than 64 MiB: "image-bounded" sets resident_bytes=64 MiB explicitly, so a
+# shuffled epoch measures the mapped bytes as it gathers and releases the whole map when they pass
+# the bound (shuffled only). The cartpole files are under 64 MiB and stay mapped in any case.
+CASES = {
+    "image": {"kind": "image", "resident_bytes": DEFAULT, "orders": ("shuffled", "sequential")},
+    "image-bounded": {"kind": "image", "resident_bytes": BOUND, "orders": ("shuffled",)},
+    "cartpole": {"kind": "cartpole", "resident_bytes": DEFAULT, "orders": ("shuffled", "sequential")},
+}
+# Batch sizes: large enough that a shuffled gather takes a few hundred µs, so that steps of
+# 0.5x its duration are still longer than the overshoot of time.sleep (~80 µs here).
+BATCH = {"cartpole": 8192, "image": 64}
+# Rows per file: 64 batches per epoch in full mode (image 231 MB, cartpole 25 MB per layout),
+# 20 in quick mode (image 72 MB, still above the 64 MiB bound; cartpole 8 MB).
+ROWS = {"full": {"cartpole": 524_288, "image": 4096},
+        "quick": {"cartpole": 163_840, "image": 1280}}
+# Step duration = multiple x the shuffled prefetch=0 gather time of the (case, layout).
+STEP_MULTS = {"full": (0.5, 1.0, 2.0), "quick": (0.5, 2.0)}
+DEFAULT_SEEDS = {"full": 5, "quick": 2}
+CALIB_EPOCHS = {"full": 5, "quick": 3}  # prefetch=0 epochs that measure the gather time (min)
+MAIN = ("image", "shuffled", "aos")   # the headline: default loader, shuffled, default layout
+MATMUL_N = 96        # float32 matrices of the numpy consumer: one matmul is ~15-30 µs
+PY_CHUNK = 50        # loop iterations of the Python consumer between two clock reads (~2 µs)
+MARGIN_PP = 2.0      # a stall difference counts when every seed agrees and it exceeds 2 points
+PAGE = 4096
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(ROOT, "reports", EXPERIMENT)
+MULT_COLORS = {0.25: "tab:gray", 0.5: "tab:red", 1.0: "tab:orange", 2.0: "tab:green",
+               4.0: "tab:blue"}
+LAYOUT_COLORS = {"aos": "tab:blue", "soa": "tab:orange"}
+LNAME = {"aos": "AoS", "soa": "SoA"}
+
+
+def case_label(case: str) -> str:
+    c = CASES[case]
+    rb = ("loader defaults" if c["resident_bytes"] == DEFAULT
+          else f"resident_bytes={fmt_bytes(c['resident_bytes'])}" if c["resident_bytes"] else "resident_bytes=None")
+    return f"{c['kind']} rows, {rb}"
+
+
+def loader_options(case: str) -> dict:
+    rb = CASES[case]["resident_bytes"]
+    return {} if rb == DEFAULT else {"resident_bytes": rb}
+
+
+def case_orders():
+    return [(case, o) for case in CASES for o in CASES[case]["orders"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+def make_spec(kind: str) -> tfdata.Spec:
+    return tfdata.Spec(ROW_KINDS[kind])
+
+
+def create_file(directory: str, kind: str, layout: str, rows: int, seed: int) -> str:
+    """Write a dataset of ``rows`` random rows with ``tfdata.io.create``, 8 MiB at a time."""
+    spec = make_spec(kind)
+    path = os.path.join(directory, f"{kind}_{layout}" + (".npy" if layout == "aos" else ""))
+    cols = tfdata.io.create(path, spec, rows, layout=layout)
+    rng = np.random.default_rng([seed, list(ROW_KINDS).index(kind)])
+    chunk = max(1, (8 << 20) // spec.row_nbytes)
+    for s in range(0, rows, chunk):
+        e = min(rows, s + chunk)
+        for f in spec:
+            shape = (e - s,) + f.shape
+            if f.dtype == np.uint8:
+                cols[f.name][s:e] = rng.integers(0, 256, shape, dtype=np.uint8)
+            elif f.dtype.kind == "f":
+                cols[f.name][s:e] = rng.standard_normal(shape, dtype=np.float32)
+            elif f.dtype.kind == "b":
+                cols[f.name][s:e] = rng.random(shape) < 0.05
+            else:
+                cols[f.name][s:e] = rng.integers(0, 2, shape)
+    for v in cols.values():
+        if hasattr(v, "flush"):
+            v.flush()
+    del cols  # unmap: the data is in the file
+    return path
+
+
+def file_bytes(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    return os.path.getsize(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The consumer: touch the batch, then a step of fixed duration
+# ---------------------------------------------------------------------------------------------
+def touch_batch(batch) -> int:
+    """Read one element per 4 KiB page of every field of the batch (a few µs when mapped).
+
+    A zero-copy batch is a view of the file: its pages may not be mapped yet, and a real step
+    reads them. This makes those page faults land where a real step would meet them, without
+    adding the cost of a full copy. Timed separately from the step's compute.
+    """
+    acc = 0
+    for arr in batch.values():
+        if arr.shape[0] == 0:
+            continue
+        a = arr.reshape(arr.shape[0], -1)  # a view: inner dimensions are contiguous
+        if a.shape[1] == 0:
+            continue
+        rs = max(1, PAGE // max(1, abs(arr.strides[0])))
+        cs = max(1, PAGE // a.itemsize)
+        acc += int(np.count_nonzero(a[::rs, ::cs]))
+    return acc
+
+
+_A = np.random.default_rng(0).standard_normal((MATMUL_N, MATMUL_N), dtype=np.float32)
+_B = _A.T.copy()
+_C = np.empty_like(_A)
+_pc = time.perf_counter_ns
+
+
+# Every step lasts a fixed time: it runs until ``deadline`` (a perf_counter_ns value) and returns
+# the units of work it did, so a step slowed by the loader shows as less work, not a longer step.
+def work_sleep(deadline: int, overshoot_ns: int = 0) -> int:
+    left = deadline - _pc() - overshoot_ns
+    if left > 0:
+        time.sleep(left / 1e9)  # sleeps without the GIL
+    return 0
+
+
+def work_numpy(deadline: int, overshoot_ns: int = 0) -> int:
+    a, b, c, mm, pc = _A, _B, _C, np.matmul, _pc
+    n = 0
+    while pc() < deadline:
+        mm(a, b, out=c)  # float32 BLAS: numpy releases the GIL inside
+        n += 1
+    return n
+
+
+def work_python(deadline: int, overshoot_ns: int = 0) -> int:
+    pc = _pc
+    n = 0
+    while pc() < deadline:  # bytecode: holds the GIL (dropped on the 5 ms switch request only)
+        x = 0
+        for i in range(PY_CHUNK):
+            x += i
+        n += 1
+    return n
+
+
+WORK = {"sleep": work_sleep, "numpy": work_numpy, "python": work_python}
+
+
+def calibrate_consumers() -> dict:
+    """Wake-up overshoot of time.sleep, and the work rate of the busy steps alone (no loader)."""
+    req = 300_000
+    xs = []
+    for _ in range(60):
+        t0 = _pc()
+        time.sleep(req / 1e9)
+        xs.append(_pc() - t0 - req)
+    out = {"sleep_overshoot_ns": int(np.median(xs))}
+    for name in ("numpy", "python"):
+        rates = []
+        for _ in range(7):
+            t0 = _pc()
+            n = WORK[name](t0 + 5_000_000)
+            rates.append(n / ((_pc() - t0) / 1e9))
+        out[f"{name}_units_per_s"] = float(np.median(rates))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# One epoch
+# ---------------------------------------------------------------------------------------------
+def prepare_residency(ds, loader) -> None:
+    """Put the map in the same state before every timed epoch, whatever ran before it.
+
+    A file above the loader's resident bound starts with nothing mapped (``release_all``, as the
+    loader itself leaves it after a release); any other file starts fully mapped (``touch``), the
+    steady state of a dataset the loader never releases.
+    """
+    cfg = loader.config
+    bound = getattr(cfg, "resident_limit", cfg.resident_bytes)  # "auto" resolved for this order
+    bound = bound if isinstance(bound, (int, np.integer)) else None
+    if bound is not None and ds.mapped_nbytes > bound:
+        ds.release_all()
+    else:
+        ds.touch(0, len(ds))
+
+
+def run_epoch(ds, case: str, order: str, prefetch: int, seed: int, consumer: str | None,
+              step_ns: int = 0, overshoot_ns: int = 0, check: bool = False) -> dict:
+    """One timed epoch; every wait, touch and step timed.
+
+    The loader is used as a training loop uses it: its first epoch (epoch 0 of ``seed``) is
+    started untimed and closed after ``prefetch + 2`` batches (so the ring buffers have been
+    written once, as after any earlier epoch); the timed epoch is epoch 1, which the loader
+    starts from scratch (permutation, thread start, first gather). All depths of a seed see the
+    same batches.
+    """
+    kind = CASES[case]["kind"]
+    loader = tfdata.DataLoader(ds, BATCH[kind], shuffle=(order == "shuffled"), seed=seed,
+                               prefetch=prefetch, **loader_options(case))
+    n = len(loader)
+    warm = iter(loader)
+    for _ in range(min(n, prefetch + 2)):
+        next(warm)
+    warm.close()
+    del warm
+    prepare_residency(ds, loader)
+    waits = np.zeros(n, np.int64)
+    touches = np.zeros(n, np.int64)
+    steps = np.zeros(n, np.int64)
+    units = np.zeros(n, np.int64)
+    work = WORK[consumer] if consumer else None
+    seen = np.zeros(len(ds), np.int64) if check else None
+    pc = _pc
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = pc()
+        it = iter(loader)
+        t_iter = pc()
+        k = 0
+        t_first = t_last = t_iter
+        while True:
+            a = pc()
+            try:
+                batch = next(it)
+            except StopIteration:
+                t_stop = pc() - a
+                break
+            b = pc()
+            touch_batch(batch)
+            c = pc()
+            if work is not None:
+                units[k] = work(c + step_ns, overshoot_ns)
+            d = pc()
+            waits[k], touches[k], steps[k] = b - a, c - b, d - c
+            if k == 0:
+                t_first = b
+            t_last = d
+            if check:
+                np.add.at(seen, batch.indices, 1)
+            k += 1
+        t_end = pc()
+    finally:
+        gc.enable()
+        loader.close()
+    if k != n:
+        raise RuntimeError(f"{case}/{order}/prefetch={prefetch}: {k} batches, expected {n}")
+    if check and not (seen == 1).all():
+        raise RuntimeError(f"{case}/{order}/prefetch={prefetch}: the epoch did not yield every row "
+                           f"exactly once ({int((seen == 0).sum())} missing, {int((seen > 1).sum())} repeated)")
+    epoch = t_end - t0
+    stall = (t_iter - t0) + int(waits.sum()) + t_stop
+    steady_window = t_last - t_first
+    w_us = waits / 1e3
+    rest = w_us[1:] if n > 1 else w_us
+    step_total = int(steps.sum())
+    return {
+        "batches": n,
+        "epoch_s": epoch / 1e9,
+        "stall_pct": 100.0 * stall / epoch,
+        "stall_steady_pct": (100.0 * int(waits[1:].sum()) / steady_window if steady_window > 0
+                             else float("nan")),
+        "stall_touch_pct": 100.0 * (stall + int(touches.sum())) / epoch,
+        "first_wait_us": ((t_iter - t0) + waits[0]) / 1e3,
+        "iter_us": (t_iter - t0) / 1e3,
+        "stop_us": t_stop / 1e3,
+        "wait_median_us": float(np.median(w_us)),
+        "wait_mean_us": float(w_us.mean()),
+        "wait_steady_mean_us": float(rest.mean()),
+        "wait_steady_median_us": float(np.median(rest)),
+        "wait_steady_p99_us": float(np.percentile(rest, 99)),
+        "wait_steady_max_us": float(rest.max()),
+        "touch_median_us": float(np.median(touches) / 1e3),
+        "touch_mean_us": float(touches.mean() / 1e3),
+        "step_median_us": float(np.median(steps) / 1e3),
+        "step_mean_us": float(steps.mean() / 1e3),
+        "work_units_per_s": float(units.sum() / (step_total / 1e9)) if step_total > 0 else 0.0,
+    }
+
+
+def cpu_snapshot():
+    """(machine busy CPU-seconds, this process's CPU-seconds), or None where /proc/stat is missing."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            parts = f.readline().split()
+        ticks = [int(x) for x in parts[1:9]]
+        busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+        t = os.times()
+        return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def other_cpu_share(before, after, wall_s: float) -> float | None:
+    """Share of the machine's CPUs used by other processes between two snapshots."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    other = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, other) / (wall_s * (os.cpu_count() or 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------
+def mean_std(xs) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
+
+
+def rotated(seq, k: int) -> list:
+    seq = list(seq)
+    k %= len(seq)
+    return seq[k:] + seq[:k]
+
+
+def model_stall(g: float, s: float) -> tuple[float, float]:
+    """Stall % of an ideal loader with gather time g and step s: serial (prefetch=0) and fully
+    overlapped (prefetch >= 1, a free core, no overhead)."""
+    serial = 100.0 * g / (g + s)
+    overlap = 100.0 * max(0.0, g - s) / max(g, s)
+    return serial, overlap
+
+
+METRICS = ("stall_pct", "stall_steady_pct", "stall_touch_pct", "epoch_s", "first_wait_us",
+           "wait_median_us", "wait_steady_median_us", "wait_steady_p99_us", "wait_steady_max_us",
+           "wait_steady_mean_us", "touch_median_us", "step_median_us", "step_mean_us",
+           "work_units_per_s")
+
+
+def key_of(c: dict) -> tuple:
+    return (c["case"], c["order"], c["consumer"], c["mult"], c["layout"], c["prefetch"])
+
+
+def aggregate(raw: list[dict], calib: dict) -> list[dict]:
+    groups: dict = {}
+    for r in raw:
+        groups.setdefault(key_of(r), []).append(r)
+    case_names = list(CASES)
+    cells = []
+    for key in sorted(groups, key=lambda k: (case_names.index(k[0]), ORDERS.index(k[1]),
+                                             CONSUMERS.index(k[2]), k[3], LAYOUTS.index(k[4]), k[5])):
+        case, order, consumer, mult, layout, p = key
+        runs = sorted(groups[key], key=lambda r: r["seed"])
+        c = {"case": case, "order": order, "consumer": consumer, "mult": mult, "layout": layout,
+             "prefetch": p, "seeds": [r["seed"] for r in runs], "step_target_us": runs[0]["step_target_us"],
+             "batches": runs[0]["batches"]}
+        for m in METRICS:
+            c[m] = dict(zip(("mean", "std"), mean_std([r[m] for r in runs])))
+            c[m]["per_seed"] = [r[m] for r in runs]
+        cells.append(c)
+    # paired comparisons with depth 0 and depth 1 of the same seed
+    index = {key_of(c): c for c in cells}
+    for c in cells:
+        k = key_of(c)[:5]
+        # the ideal loader, with g as the consumer met it in this configuration at depth 0 (the
+        # gather time moves with the machine's load; the calibrated g only set the step)
+        base = index.get(k + (0,))
+        g = base["wait_steady_mean_us"]["mean"] if base is not None else calib[c["case"]][c["layout"]]["gather_us"]
+        s = c["step_mean_us"]["mean"] + c["touch_median_us"]["mean"]
+        c["gather_here_us"] = g
+        c["model_stall_serial_pct"], c["model_stall_overlap_pct"] = model_stall(g, s)
+        for name, ref in (("vs_p0", index.get(k + (0,))), ("vs_p1", index.get(k + (1,)))):
+            if ref is None or ref is c:
+                continue
+            d = [a - b for a, b in zip(c["stall_pct"]["per_seed"], ref["stall_pct"]["per_seed"])]
+            sp = [b / a for a, b in zip(c["epoch_s"]["per_seed"], ref["epoch_s"]["per_seed"])]
+            c[name] = {"stall_diff_pp": mean_std(d), "stall_diff_per_seed": d,
+                       "lower": bool(d) and all(x < -MARGIN_PP for x in d),
+                       "higher": bool(d) and all(x > MARGIN_PP for x in d),
+                       "epoch_speedup": mean_std(sp)}
+        base = index.get(k + (0,))
+        if base is not None and base is not c:
+            red = [1 - a / b if b > 0 else float("nan")
+                   for a, b in zip(c["stall_pct"]["per_seed"], base["stall_pct"]["per_seed"])]
+            c["vs_p0"]["stall_reduction"] = mean_std(red)
+            if c["consumer"] != "sleep":
+                rel = [a / b if b > 0 else float("nan")
+                       for a, b in zip(c["work_units_per_s"]["per_seed"], base["work_units_per_s"]["per_seed"])]
+                c["work_vs_p0"] = dict(zip(("mean", "std"), mean_std(rel)))
+                c["work_vs_p0"]["per_seed"] = rel
+    return cells
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------
+def fmt_us(x: float) -> str:
+    if x is None or math.isnan(x):
+        return "?"
+    if x >= 10_000:
+        return f"{x / 1000:.1f} ms"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def fmt_pm(m: dict, digits: int = 1) -> str:
+    if m["mean"] is None or math.isnan(m["mean"]):
+        return "?"
+    return f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f}"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_range(xs, scale: float = 1.0, unit: str = "", signed: bool = False) -> str:
+    lo, hi = scale * min(xs), scale * max(xs)
+    f = "{:+.0f}" if signed else "{:.0f}"
+    if round(lo) == round(hi):
+        return f.format(lo) + unit
+    return f.format(lo) + unit + " to " + f.format(hi) + unit
+
+
+def fmt_us_range(xs) -> str:
+    """'120-850 µs', '1.5-13.1 ms'."""
+    lo, hi = min(xs), max(xs)
+    if hi >= 10_000:
+        return f"{lo / 1000:.1f}-{hi / 1000:.1f} ms"
+    return f"{fmt_us(lo)}-{fmt_us(hi)} µs"
+
+
+def fmt_mult(m: float) -> str:
+    return f"{m:g}x"
+
+
+def reference_mult(mults) -> float:
+    return 1.0 if 1.0 in mults else max(mults)
+
+
+def ref_depth() -> int:
+    return 2 if 2 in PREFETCH else PREFETCH[-1]
+
+
+def short(c: dict) -> str:
+    return f"{c['case']}/{LNAME[c['layout']]}/{c['consumer']}/step {fmt_mult(c['mult'])}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+def _range_err(c: dict, metric: str):
+    """Error bar from the smallest to the largest per-seed value (never below zero on a log axis)."""
+    v = c[metric]["per_seed"]
+    m = c[metric]["mean"]
+    return [m - min(v)], [max(v) - m]
+
+
+def plot(cells: list[dict], calib: dict, mults, mode: str, n_seeds: int) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = {key_of(c): c for c in cells}
+    xs = list(range(len(PREFETCH)))
+    files = []
+    for case, order in case_orders():
+        fig, axes = plt.subplots(len(CONSUMERS), len(LAYOUTS), figsize=(10, 3.0 * len(CONSUMERS) + 1.3),
+                                 sharex=True, sharey=True, squeeze=False)
+        for i, consumer in enumerate(CONSUMERS):
+            for j, layout in enumerate(LAYOUTS):
+                ax = axes[i][j]
+                g = calib[case][layout]["gather_us"]
+                for mult in mults:
+                    cs = [idx[(case, order, consumer, mult, layout, p)] for p in PREFETCH]
+                    color = MULT_COLORS.get(mult)
+                    ax.errorbar(xs, [c["stall_pct"]["mean"] for c in cs], yerr=[c["stall_pct"]["std"] for c in cs],
+                                marker="o", capsize=3, color=color,
+                                label=f"step {fmt_mult(mult)} ({fmt_us(cs[0]['step_target_us'])} µs)")
+                    if order == "shuffled":
+                        ax.plot(xs, [cs[0]["model_stall_serial_pct"]] + [c["model_stall_overlap_pct"] for c in cs[1:]],
+                                ls=":", color=color, alpha=0.6)
+                ax.set_xticks(xs, [str(p) for p in PREFETCH])
+                ax.set_ylim(0, 100)
+                ax.grid(True, alpha=0.3)
+                if i == 0:
+                    ax.set_title(f"{LNAME[layout]} (calibrated gather {fmt_us(g)} µs/batch)", fontsize=9)
+                if j == 0:
+                    ax.set_ylabel(f"{consumer} step: stall %", fontsize=9)
+                if i == len(CONSUMERS) - 1:
+                    ax.set_xlabel("prefetch depth")
+                ax.legend(fontsize=7, loc="upper right")
+        kind = CASES[case]["kind"]
+        model = ("\ndotted: ideal loader, g/(g+s) at depth 0 and max(0, g-s)/max(g, s) with full overlap "
+                 "(g: mean wait at depth 0 of the same configuration)"
+                 if order == "shuffled" else "")
+        fig.suptitle(f"{case_label(case)}, {order} order, batch {BATCH[kind]}: stall % = time in next() / epoch "
+                     f"time\n{mode} run, {n_seeds} seeds, mean ± std across seeds; rows: sleep / numpy (GIL "
+                     f"released) / pure Python (GIL held) step{model}", fontsize=8.5)
+        fig.tight_layout(rect=(0, 0, 1, 0.955 if order == "shuffled" else 0.965))
+        name = f"stall_{case}_{order}.png"
+        fig.savefig(os.path.join(OUT_DIR, name), dpi=100)
+        plt.close(fig)
+        files.append(name)
+
+    ref = max(mults)  # the longest step: where the loader can keep up
+    shuffled_cases = [case for case, o in case_orders() if o == "shuffled"]
+    fig, axes = plt.subplots(len(shuffled_cases), len(CONSUMERS), figsize=(12, 3.2 * len(shuffled_cases) + 0.8),
+                             sharex=True, sharey=True, squeeze=False)
+    for i, case in enumerate(shuffled_cases):
+        for j, consumer in enumerate(CONSUMERS):
+            ax = axes[i][j]
+            for layout in LAYOUTS:
+                cs = [idx[(case, "shuffled", consumer, ref, layout, p)] for p in PREFETCH]
+                color = LAYOUT_COLORS[layout]
+                for metric, ls, mk, lab in (("wait_steady_median_us", "-", "o", "median"),
+                                            ("wait_steady_p99_us", ":", "^", "p99")):
+                    lo = [_range_err(c, metric)[0][0] for c in cs]
+                    hi = [_range_err(c, metric)[1][0] for c in cs]
+                    ax.errorbar(xs, [c[metric]["mean"] for c in cs], yerr=[lo, hi], color=color, ls=ls,
+                                marker=mk, capsize=2, label=f"{LNAME[layout]} {lab}")
+            ax.set_yscale("log")
+            ax.set_xticks(xs, [str(p) for p in PREFETCH])
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(f"{case}, {consumer} step", fontsize=9)
+            if j == 0:
+                ax.set_ylabel("wait in next(), µs (log)")
+            if i == len(shuffled_cases) - 1:
+                ax.set_xlabel("prefetch depth")
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    fig.suptitle(f"Per-batch wait in next() (batches 2..n of the epoch), shuffled order, step {fmt_mult(ref)} "
+                 f"the gather time\n{mode} run, {n_seeds} seeds: mean of per-seed median / p99, bars from the "
+                 "smallest to the largest seed", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.955))
+    fig.savefig(os.path.join(OUT_DIR, "latency.png"), dpi=100)
+    plt.close(fig)
+    files.append("latency.png")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+def stall_table(idx, case, order, layout, mults, with_model: bool) -> list[str]:
+    head = "| step | step µs | " + ("g µs | " if with_model else "") + " | ".join(f"depth {p}" for p in PREFETCH)
+    sep = "|---|---:|" + ("---:|" if with_model else "") + "---:|" + "---:|" * (len(PREFETCH) - 1)
+    if with_model:
+        head += " | ideal: serial / overlap"
+        sep += "---:|"
+    lines = [head.replace("| step |", "| consumer | step |", 1) + " |", "|---" + sep]
+    for consumer in CONSUMERS:
+        for mult in mults:
+            cs = [idx[(case, order, consumer, mult, layout, p)] for p in PREFETCH]
+            cols = []
+            for c in cs:
+                s = fmt_pm(c["stall_pct"])
+                v = c.get("vs_p0")
+                if v and v["lower"]:
+                    s = f"**{s}**"
+                elif v and v["higher"]:
+                    s = f"{s} ↑"
+                cols.append(s)
+            row = f"| {consumer} | {fmt_mult(mult)} | {fmt_us(cs[0]['step_target_us'])} | "
+            if with_model:
+                row += f"{fmt_us(cs[0]['gather_here_us'])} | "
+            row += " | ".join(cols)
+            if with_model:
+                row += f" | {cs[0]['model_stall_serial_pct']:.0f} / {cs[1]['model_stall_overlap_pct']:.0f}"
+            lines.append(row + " |")
+    return lines
+
+
+def overview_table(idx, mults) -> list[str]:
+    d = ref_depth()
+    cols = [(case, lay) for case, o in case_orders() if o == "shuffled" for lay in LAYOUTS]
+    lines = ["| consumer | step | " + " | ".join(f"{case} {LNAME[lay]}" for case, lay in cols) + " |",
+             "|---|---|" + "---:|" * len(cols)]
+    for consumer in CONSUMERS:
+        for mult in mults:
+            row = []
+            for case, lay in cols:
+                c0 = idx[(case, "shuffled", consumer, mult, lay, 0)]
+                c = idx[(case, "shuffled", consumer, mult, lay, d)]
+                s = f"{c0['stall_pct']['mean']:.0f} → {c['stall_pct']['mean']:.0f}"
+                if c["vs_p0"]["lower"]:
+                    s = f"**{s}**"
+                elif c["vs_p0"]["higher"]:
+                    s += " ↑"
+                row.append(s)
+            lines.append(f"| {consumer} | {fmt_mult(mult)} | " + " | ".join(row) + " |")
+    return lines
+
+
+def detail_table(idx, case, order, mults) -> list[str]:
+    lines = ["| consumer | step | layout | depth | stall % | steady stall % | stall + touch % | first wait µs | "
+             "wait median µs | wait p99 µs | epoch ms | epoch speed-up vs depth 0 | step µs | touch µs | "
+             "work vs depth 0 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for consumer in CONSUMERS:
+        for mult in mults:
+            for layout in LAYOUTS:
+                for p in PREFETCH:
+                    c = idx[(case, order, consumer, mult, layout, p)]
+                    sp = c.get("vs_p0", {}).get("epoch_speedup")
+                    wr = c.get("work_vs_p0")
+                    work = "" if wr is None else f"{100 * wr['mean']:.0f}%"
+                    lines.append(
+                        f"| {consumer} | {fmt_mult(mult)} | {LNAME[layout]} | {p} | {fmt_pm(c['stall_pct'])} | "
+                        f"{fmt_pm(c['stall_steady_pct'])} | {c['stall_touch_pct']['mean']:.1f} | "
+                        f"{fmt_us(c['first_wait_us']['mean'])} | {fmt_us(c['wait_steady_median_us']['mean'])} | "
+                        f"{fmt_us(c['wait_steady_p99_us']['mean'])} | "
+                        f"{1e3 * c['epoch_s']['mean']:.1f} ± {1e3 * c['epoch_s']['std']:.1f} | "
+                        f"{'' if sp is None else f'{sp[0]:.2f}x'} | {fmt_us(c['step_mean_us']['mean'])} | "
+                        f"{fmt_us(c['touch_median_us']['mean'])} | {work} |")
+    return lines
+
+
+def conclusions(cells, idx, calib, mults) -> list[str]:
+    out = []
+    case, order, layout = MAIN
+    ref = reference_mult(mults)
+    d = ref_depth()
+    shuffled_cases = [c for c, o in case_orders() if o == "shuffled"]
+
+    # -- the main case, per consumer
+    for consumer in CONSUMERS:
+        parts = []
+        for mult in mults:
+            cs = [idx[(case, order, consumer, mult, layout, p)] for p in PREFETCH]
+            best = min(cs[1:], key=lambda c: c["stall_pct"]["mean"])
+            parts.append(f"step {fmt_mult(mult)}: {cs[0]['stall_pct']['mean']:.0f}% at depth 0, best "
+                         f"{best['stall_pct']['mean']:.0f}% (depth {best['prefetch']}); ideal "
+                         f"{cs[0]['model_stall_serial_pct']:.0f}% and {best['model_stall_overlap_pct']:.0f}%")
+        out.append(f"**Main case ({case}, {order}, {LNAME[layout]}), {consumer} step.** " + "; ".join(parts) + ".")
+
+    # -- how much of the stall is removed, per consumer and step, over every shuffled case
+    for consumer in CONSUMERS:
+        rows = []
+        for mult in mults:
+            cs = [idx[(cs_, "shuffled", consumer, mult, lay, d)] for cs_ in shuffled_cases for lay in LAYOUTS]
+            rows.append(f"step {fmt_mult(mult)}: {fmt_range([c['vs_p0']['stall_reduction'][0] for c in cs], 100, '%')} "
+                        f"of the depth-0 stall removed, {fmt_range([c['stall_pct']['mean'] for c in cs], 1, '%')} "
+                        f"left (ideal {fmt_range([c['model_stall_overlap_pct'] for c in cs], 1, '%')})")
+        out.append(f"**{CONSUMER_LABEL[consumer]}, depth {d}, over the {len(shuffled_cases) * len(LAYOUTS)} shuffled "
+                   "(case, layout) pairs** (a negative share: the stall rose): " + "; ".join(rows) + ".")
+
+    # -- producer-bound regime: the per-batch period of the prefetch thread
+    lo = min(mults)
+    if lo < 1:
+        per = []
+        for cs_ in shuffled_cases:
+            for lay in LAYOUTS:
+                c = idx[(cs_, "shuffled", "sleep", lo, lay, d)]
+                period = 1e6 * c["epoch_s"]["mean"] / c["batches"]
+                per.append((cs_, lay, period, period / c["gather_here_us"]))
+        out.append(f"**Step shorter than the gather (sleep step {fmt_mult(lo)}, depth {d}).** The loader is the "
+                   "bottleneck and the epoch advances one batch per period of the prefetch thread: "
+                   + "; ".join(f"{cs_}/{LNAME[lay]} {fmt_us(pd)} µs = {r:.2f}x g (+{fmt_us(pd - pd / r)} µs)"
+                               for cs_, lay, pd, r in per)
+                   + " (g: the mean wait of the same configuration at depth 0). A period above 1x g means the background loop produces a batch more slowly than the "
+                     "consumer's own gather at depth 0, so the stall stays above the ideal max(0, g−s)/g "
+                     "(interpretation, not measured here: the batch handoff between the threads, "
+                     "through a queue, a semaphore and the GIL, costs the thread time on every batch).")
+
+    # -- helps / does not help / hurts
+    groups = {}
+    for c in cells:
+        if c["order"] == "shuffled" and c["prefetch"] > 0:
+            groups.setdefault(key_of(c)[:5], []).append(c)
+    helps = [k for k, cs in groups.items() if any(c["vs_p0"]["lower"] for c in cs)]
+    hurts = [k for k, cs in groups.items() if all(c["vs_p0"]["higher"] for c in cs)]
+
+    def name(k):
+        c0 = idx[k + (0,)]
+        best = min(groups[k], key=lambda c: c["stall_pct"]["mean"])
+        return f"{short(c0)} ({c0['stall_pct']['mean']:.0f}% → best {best['stall_pct']['mean']:.0f}%)"
+
+    counts = []
+    for cons in CONSUMERS:
+        per = []
+        for mult in mults:
+            ks = [k for k in groups if k[2] == cons and k[3] == mult]
+            per.append(f"{fmt_mult(mult)} {sum(k in helps for k in ks)}/{len(ks)}")
+        counts.append(f"{cons} step " + ", ".join(per))
+    out.append(f"**Where prefetch helps (shuffled).** Some depth >= 1 lowers the stall by more than "
+               f"{MARGIN_PP:g} points in every seed in {len(helps)} of {len(groups)} (case, layout, consumer, "
+               "step) configurations; by consumer and step (of the (case, layout) pairs): " + "; ".join(counts) + ".")
+    if hurts:
+        out.append("**Prefetch makes it worse** (every depth >= 1 raises the stall in every seed): "
+                   + "; ".join(name(k) for k in sorted(hurts)) + ".")
+
+    # -- the resident bound: image vs image-bounded
+    if "image" in CASES and "image-bounded" in CASES:
+        parts = []
+        diffs = []
+        for lay in LAYOUTS:
+            g1, g2 = calib["image-bounded"][lay]["gather_us"], calib["image"][lay]["gather_us"]
+            per = []
+            for consumer in CONSUMERS:
+                a = idx[("image-bounded", "shuffled", consumer, ref, lay, d)]
+                b = idx[("image", "shuffled", consumer, ref, lay, d)]
+                per.append(f"{consumer} {a['stall_pct']['mean']:.0f}% vs {b['stall_pct']['mean']:.0f}%")
+                diffs.append(a["vs_p0"]["stall_reduction"][0] - b["vs_p0"]["stall_reduction"][0])
+            parts.append(f"{LNAME[lay]}: gather {fmt_us(g1)} vs {fmt_us(g2)} µs per batch; stall at depth {d}, step "
+                         f"{fmt_mult(ref)}: " + ", ".join(per))
+        s = ("**Bounding the resident set of a shuffled epoch (image rows, `resident_bytes` = 64 MiB vs the "
+             "default, which leaves the file mapped).** "
+             + "; ".join(parts) + ". ")
+        if np.mean(diffs) < -0.05:
+            s += (f"With the bound, prefetch removes on average {-100 * np.mean(diffs):.0f} points less of the "
+                  "depth-0 stall than with the file left mapped (same step multiple). Interpretation, not "
+                  "measured here: above the bound a shuffled epoch releases the whole map with "
+                  "`madvise(MADV_DONTNEED)` each time the mapped bytes pass the bound, and CPython's "
+                  "`mmap.madvise` keeps the GIL for the duration of the call, so the prefetch thread blocks "
+                  "the consumer's Python code while it releases; it then faults the pages in again.")
+        elif np.mean(diffs) > 0.05:
+            s += (f"With the bound, prefetch removes on average {100 * np.mean(diffs):.0f} points more of the "
+                  "depth-0 stall than with the file left mapped (its gather is slower, so there is more to hide).")
+        else:
+            s += "Prefetch removes about the same share of the depth-0 stall in both."
+        out.append(s)
+
+    # -- depth beyond 1
+    deeper = [c for c in cells if c["order"] == "shuffled" and c["prefetch"] > 1]
+    better = [c for c in deeper if c["vs_p1"]["lower"]]
+    worse = [c for c in deeper if c["vs_p1"]["higher"]]
+    diffs = [c["vs_p1"]["stall_diff_pp"][0] for c in deeper]
+    s = (f"**Depth beyond 1.** Of {len(deeper)} shuffled (configuration, depth {'/'.join(str(p) for p in PREFETCH if p > 1)}) "
+         f"pairs, {len(better)} stall less than depth 1 by more than {MARGIN_PP:g} points in every seed and "
+         f"{len(worse)} stall more; the mean difference from depth 1 is {fmt_range(diffs, 1, '', True)} points "
+         f"(median {np.median(diffs):+.1f}).")
+    if better:
+        by = {}
+        for c in better:
+            by[c["consumer"]] = by.get(c["consumer"], 0) + 1
+        s += " Better: " + ", ".join(f"{n} with the {cons} step" for cons, n in by.items()) + "."
+    out.append(s)
+
+    # -- busy consumers do less work while the prefetch thread runs
+    slow = []
+    for consumer in ("numpy", "python"):
+        r = [idx[(cs_, "shuffled", consumer, mult, lay, p)]["work_vs_p0"]["mean"]
+             for cs_ in shuffled_cases for lay in LAYOUTS for mult in mults for p in PREFETCH[1:]]
+        slow.append(f"{consumer} step: median {100 * np.median(r):.0f}% ({fmt_range(r, 100, '%')})")
+    out.append("**Compute done in a step while the loader prefetches**, relative to the same fixed-time step "
+               "at depth 0 (where no loader work runs during the step), shuffled, over cases, layouts, steps "
+               "and depths >= 1: " + "; ".join(slow) + ". Below 100%, the prefetch thread running beside "
+               "the step (on the other CPU, for memory bandwidth and caches, or for the GIL) cost the step work.")
+
+    # -- epoch start and per-batch latency: at the longest step, where the loader can keep up
+    hi = max(mults)
+    firsts = []
+    for cs_ in shuffled_cases:
+        for lay in LAYOUTS:
+            c = idx[(cs_, "shuffled", "sleep", hi, lay, d)]
+            share = 100 * c["first_wait_us"]["mean"] / (1e6 * c["epoch_s"]["mean"])
+            firsts.append(f"{cs_}/{LNAME[lay]} {fmt_us(c['first_wait_us']['mean'])} µs = {share:.1f}% of the "
+                          f"epoch (stall {c['stall_pct']['mean']:.1f}% overall, {c['stall_steady_pct']['mean']:.1f}% "
+                          "after the first batch)")
+    out.append(f"**The epoch start is not hidden.** The first batch of an epoch waits for the permutation and the "
+               f"first gather at any depth (shuffled, sleep step {fmt_mult(hi)}, depth {d}): " + "; ".join(firsts) + ".")
+
+    # -- latency
+    lat = []
+    for cs_ in shuffled_cases:
+        for lay in LAYOUTS:
+            c0 = idx[(cs_, "shuffled", "sleep", hi, lay, 0)]
+            c2 = idx[(cs_, "shuffled", "sleep", hi, lay, d)]
+            lat.append(f"{cs_}/{LNAME[lay]} median {fmt_us(c0['wait_steady_median_us']['mean'])} → "
+                       f"{fmt_us(c2['wait_steady_median_us']['mean'])} µs, p99 {fmt_us(c0['wait_steady_p99_us']['mean'])} → "
+                       f"{fmt_us(c2['wait_steady_p99_us']['mean'])} µs")
+    out.append(f"**Per-batch wait (shuffled, sleep step {fmt_mult(hi)}, depth 0 → {d}).** " + "; ".join(lat) + ".")
+    gil = []
+    for consumer in ("numpy", "python"):
+        r0 = [idx[(cs_, "shuffled", consumer, hi, lay, 0)]["wait_steady_p99_us"]["mean"]
+              for cs_ in shuffled_cases for lay in LAYOUTS]
+        r1 = [idx[(cs_, "shuffled", consumer, hi, lay, p)]["wait_steady_p99_us"]["mean"]
+              for cs_ in shuffled_cases for lay in LAYOUTS for p in PREFETCH[1:]]
+        m0 = [idx[(cs_, "shuffled", consumer, hi, lay, p)]["wait_steady_median_us"]["mean"]
+              for cs_ in shuffled_cases for lay in LAYOUTS for p in PREFETCH[1:]]
+        gil.append(f"{consumer} step: p99 {fmt_us_range(r0)} at depth 0, {fmt_us_range(r1)} with prefetch "
+                   f"(median {fmt_us_range(m0)})")
+    out.append(f"With a busy step (step {fmt_mult(hi)}): " + "; ".join(gil) + ". The switch interval of the "
+               f"GIL is {1e3 * sys.getswitchinterval():g} ms.")
+
+    # -- sequential
+    seq = [c for c in cells if c["order"] == "sequential"]
+    if seq:
+        worst = max(seq, key=lambda c: c["stall_pct"]["mean"])
+        s0 = [c["stall_pct"]["mean"] for c in seq if c["prefetch"] == 0]
+        sp = [c["stall_pct"]["mean"] for c in seq if c["prefetch"] > 0]
+        t0 = [c["stall_touch_pct"]["mean"] for c in seq if c["prefetch"] == 0]
+        tp = [c["stall_touch_pct"]["mean"] for c in seq if c["prefetch"] > 0]
+        seq_h = [k for k in {key_of(c)[:5] for c in seq}
+                 if any(idx[k + (p,)]["vs_p0"]["lower"] for p in PREFETCH[1:])]
+        seq_w = [k for k in {key_of(c)[:5] for c in seq}
+                 if all(idx[k + (p,)]["vs_p0"]["higher"] for p in PREFETCH[1:])]
+        n_seq = len({key_of(c)[:5] for c in seq})
+        out.append(f"**Sequential order** (batches are zero-copy views of the file): stall {fmt_range(s0, 1, '%')} "
+                   f"at depth 0 and {fmt_range(sp, 1, '%')} with prefetch; counting the consumer's first read of "
+                   f"the batch's pages as loading (stall + touch): {fmt_range(t0, 1, '%')} and {fmt_range(tp, 1, '%')}. "
+                   f"Prefetch lowers the stall in {len(seq_h)} and raises it at every depth in {len(seq_w)} of "
+                   f"{n_seq} configurations; the largest stall is {short(worst)}, depth {worst['prefetch']} "
+                   f"({worst['stall_pct']['mean']:.0f}%).")
+        py = [k for k in {key_of(c)[:5] for c in seq} if k[2] == "python"]
+        py_w = [k for k in py if all(idx[k + (p,)]["vs_p0"]["higher"] for p in PREFETCH[1:])]
+        if py:
+            out.append(f"With the GIL-holding step, prefetch raises the sequential stall at every depth in "
+                       f"{len(py_w)} of {len(py)} configurations: depth 0 "
+                       f"{fmt_range([idx[k + (0,)]['stall_pct']['mean'] for k in py], 1, '%')}, depth {d} "
+                       f"{fmt_range([idx[k + (d,)]['stall_pct']['mean'] for k in py], 1, '%')}. Interpretation: a "
+                       "zero-copy batch costs the loader only Python work, which the prefetch thread cannot do "
+                       "while the step holds the GIL, so it produces mostly while the consumer waits, and every "
+                       "batch pays the handoff between the threads on top.")
+        hand = []
+        for cs_ in [c for c, o in case_orders() if o == "sequential"]:
+            for lay in LAYOUTS:
+                c0 = idx[(cs_, "sequential", "sleep", hi, lay, 0)]
+                c2 = idx[(cs_, "sequential", "sleep", hi, lay, d)]
+                hand.append(f"{cs_}/{LNAME[lay]} {fmt_us(c0['wait_steady_median_us']['mean'])} → "
+                            f"{fmt_us(c2['wait_steady_median_us']['mean'])} µs")
+        out.append(f"Median wait per batch in sequential order (sleep step {fmt_mult(hi)}, depth 0 → {d}): "
+                   + "; ".join(hand) + ". Where the depth-0 wait is already this small, the wait with prefetch "
+                     "is the cost of handing a ready batch over.")
+        if ("image", "sequential") in case_orders():
+            t = []
+            for lay in LAYOUTS:
+                c0 = idx[("image", "sequential", "sleep", ref, lay, 0)]
+                c2 = idx[("image", "sequential", "sleep", ref, lay, d)]
+                t.append(f"{LNAME[lay]} {fmt_us(c0['touch_median_us']['mean'])} µs at depth 0, "
+                         f"{fmt_us(c2['touch_median_us']['mean'])} µs at depth {d}")
+            out.append("What prefetch moves off the consumer in sequential order is the page faults of the batch "
+                       f"(image rows above the bound, sleep step {fmt_mult(ref)}, median touch per batch): "
+                       + "; ".join(t) + ".")
+
+    # -- layouts
+    lay_s = []
+    for cs_ in shuffled_cases:
+        ga, gs = calib[cs_]["aos"]["gather_us"], calib[cs_]["soa"]["gather_us"]
+        ea = idx[(cs_, "shuffled", "sleep", ref, "aos", 0)]["epoch_s"]["mean"]
+        es = idx[(cs_, "shuffled", "sleep", ref, "soa", 0)]["epoch_s"]["mean"]
+        a2 = idx[(cs_, "shuffled", "sleep", ref, "aos", d)]
+        s2 = idx[(cs_, "shuffled", "sleep", ref, "soa", d)]
+        lay_s.append(f"{cs_}: SoA gathers in {gs / ga:.2f}x the AoS time ({fmt_us(ga)} vs {fmt_us(gs)} µs); "
+                     f"depth-{d} stall {a2['stall_pct']['mean']:.0f}% (AoS) vs {s2['stall_pct']['mean']:.0f}% (SoA)")
+    out.append("**Layouts** (sleep step " + fmt_mult(ref) + " of each layout's own gather time): " + "; ".join(lay_s)
+               + ". Because steps scale with each layout's gather time, the stall says how well each layout's "
+                 "loading is hidden, not which is faster; the absolute gather times say that.")
+    return out
+
+
+def write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log=()) -> None:
+    idx = {key_of(c): c for c in cells}
+    seeds = run["seeds"]
+    d = ref_depth()
+    L = []
+    L.append("# Prefetch: how much data loading does the DataLoader hide?\n")
+    L.append(f"> Produced by the **{mode}** run `{run['run_name']}` ({len(seeds)} seeds, "
+             f"{run['wall_clock_s']:.0f} s wall clock, started {run['started_utc']}). Every table, figure "
+             "and conclusion below comes from that run; rerunning overwrites this directory.\n")
+    case, order, layout = MAIN
+    kind = CASES[case]["kind"]
+    L.append("## Answer\n")
+    L.append(f"**Stall %** is the share of an epoch the training loop spends inside `next(it)` waiting for a "
+             f"batch (the analog of GPU idle time). Main case: {case_label(case)}, {order}, {LNAME[layout]} "
+             f"memory-mapped file, batch {BATCH[kind]}, gather {fmt_us(calib[case][layout]['gather_us'])} µs "
+             f"per batch at depth 0 when calibrated; the step lasts {fmt_mult(min(mults))} to {fmt_mult(max(mults))} "
+             f"that. Mean ± std across {len(seeds)} seeds; **bold**: lower than depth 0 by more than "
+             f"{MARGIN_PP:g} points in every seed, ↑: higher in every seed. *g*: the mean wait per batch of the "
+             "same configuration at depth 0 in this run (the gather time the consumer met). Last column: an "
+             "ideal loader, g/(g+s) at depth 0 and max(0, g−s)/max(g, s) with full overlap (s = achieved "
+             "step + touch).\n")
+    L.extend(stall_table(idx, case, order, layout, mults, True))
+    L.append("")
+    L.append(f"Every shuffled case, stall % at depth 0 → depth {d} (**bold**: lower in every seed by more than "
+             f"{MARGIN_PP:g} points, ↑: higher):\n")
+    L.extend(overview_table(idx, mults))
+    L.append("")
+    L.append("Conclusions (computed from this run's numbers):\n")
+    for s in conclusions(cells, idx, calib, mults):
+        L.append(f"- {s}")
+    L.append("")
+
+    L.append("## Reproduce\n")
+    L.append("```sh\n.venv/bin/python experiments/prefetch.py --quick     # about a minute: 2 seeds, small files\n"
+             ".venv/bin/python experiments/prefetch.py             # full run (< ~10 min), 5 seeds\n"
+             ".venv/bin/python experiments/prefetch.py --seeds 0,1,2\n```\n")
+    L.append("Files: `README.md` (this), `results.json` (every number, per seed; `schema_version` field), "
+             + ", ".join(f"`{f}`" for f in files) + ".\n")
+
+    L.append("## What is measured\n")
+    L.append("A training loop, simulated:\n")
+    L.append("```python\nit = iter(loader)          # timed as waiting\n"
+             "for batch in it:           # every next(it) timed: the wait\n"
+             "    touch(batch)           # read one element per 4 KiB page of every field (timed apart)\n"
+             "    step()                 # the simulated training step, fixed duration\n```\n")
+    L.append("* **Loader.** `tfdata.DataLoader(tfdata.MmapDataset.open(path), batch_size, shuffle=..., "
+             "seed=seed, prefetch=depth)`, other options at their defaults (`zero_copy=True`, "
+             "`resident_bytes=\"auto\"`: unbounded for a shuffled epoch, 64 MiB for a sequential one) except in "
+             "the *image-bounded* case (`resident_bytes` = 64 MiB). Depth 0 "
+             "gathers in the consumer's thread; depth k >= 1 in one background thread into a ring of k + 1 "
+             "batches. A fresh loader per configuration and seed: its epoch 0 runs a few batches untimed (so "
+             "the ring buffers have been written once, as in any epoch after the first) and is closed; the "
+             "timed epoch is epoch 1, which starts from scratch (permutation, thread start, first gather). All "
+             "depths of a seed yield the same batches.")
+    L.append("* **Orders.** *shuffled* (`shuffle=True`: a full permutation; every batch is a random gather "
+             "copied by the nogil kernel) and *sequential* (`shuffle=False`: batches are zero-copy views of "
+             "the file; with prefetch the thread faults their pages in ahead).")
+    L.append("* **Consumers** (the step): " + "; ".join(f"*{k}*: {v}" for k, v in CONSUMER_LABEL.items())
+             + f". Every step lasts a fixed time: the busy steps loop until a deadline (numpy: "
+               f"{MATMUL_N}x{MATMUL_N} float32 matmuls, {cons_cal['numpy_units_per_s']:,.0f}/s alone, OpenBLAS "
+               f"threads = {os.environ.get('OPENBLAS_NUM_THREADS')}; Python: chunks of {PY_CHUNK} loop "
+               f"iterations, {cons_cal['python_units_per_s']:,.0f}/s alone, the clock read between chunks) "
+               "and count the work done, so a step slowed by the loader shows as less work (*work vs depth 0* "
+               "in the detail tables), not as a longer step. The sleep step asks `time.sleep` for the time "
+               f"left minus its measured wake-up overshoot ({cons_cal['sleep_overshoot_ns'] / 1e3:.0f} µs).")
+    L.append("  They stand for: *sleep*, a GPU step (the Python thread waits on the device without the GIL "
+             "and leaves both CPUs to the loader); *numpy*, a CPU step in a library that releases the GIL "
+             "(numpy, torch operators) and keeps one CPU busy; *python*, Python-level work that holds the "
+             "GIL (environment stepping, pure-Python preprocessing).")
+    L.append("* **Touch.** A zero-copy batch is a view of the file; a real step reads it, and the page "
+             "faults land there. The consumer reads one element per 4 KiB page of every field (a few µs when "
+             "the pages are mapped), timed apart from the step; *stall + touch* counts it as loading.")
+    L.append(f"* **Step durations** are multiples ({', '.join(fmt_mult(m) for m in mults)}) of the gather "
+             "time g of the (case, layout): the mean `next()` time at depth 0 in shuffled order with no step "
+             f"(batches 2..n, the fastest of {CALIB_EPOCHS[mode]} epochs), measured at the start of the run. "
+             "Sequential order uses the same absolute steps.")
+    L.append("* **Metrics, per epoch.** *stall %* = (time in `iter()` + every `next()`, including the final "
+             "one that raises StopIteration) / epoch wall time. *steady stall %*: batches 2..n only (from the "
+             "return of the first batch to the end of the last step). *first wait*: `iter()` + the first "
+             "`next()`. Wait median and p99: over batches 2..n. *Epoch speed-up*: epoch time at depth 0 / at "
+             "this depth, per seed.")
+    L.append("")
+    L.append("| case | fields | bytes/row (AoS record) | rows | batch | batches/epoch | file AoS / SoA | "
+             "loader `resident_bytes` | g at depth 0, AoS / SoA |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---|---:|")
+    for cs_ in CASES:
+        k = CASES[cs_]["kind"]
+        spec = make_spec(k)
+        fields = ", ".join(f"{f.name} {f.dtype.str[1:]}{list(f.shape) if f.shape else ''}" for f in spec)
+        rows = meta["rows"][k]
+        rb = CASES[cs_]["resident_bytes"]
+        rb = '"auto" (default)' if rb == DEFAULT else fmt_bytes(rb) if rb else "None"
+        L.append(f"| {cs_} | {fields} | {spec.row_nbytes} ({spec.aos_dtype.itemsize}) | {rows:,} | {BATCH[k]} | "
+                 f"{-(-rows // BATCH[k])} | {fmt_bytes(meta['file_bytes'][k]['aos'])} / "
+                 f"{fmt_bytes(meta['file_bytes'][k]['soa'])} | {rb} | {fmt_us(calib[cs_]['aos']['gather_us'])} / "
+                 f"{fmt_us(calib[cs_]['soa']['gather_us'])} µs |")
+    L.append("")
+    L.append("With the defaults a shuffled epoch leaves the whole file mapped; a sequential epoch over the "
+             "image files (larger than 64 MiB) releases pages behind and reads ahead. *image-bounded* opens "
+             "the same files (its own map of them) with `resident_bytes` = 64 MiB: a shuffled epoch then reads "
+             "the mapped bytes after each chunk of rows and releases the whole map when they pass the bound. "
+             "The cartpole files are under 64 MiB and stay mapped. Files are written just before the run and stay in the page cache (plenty of free RAM): "
+             "page faults are minor, no disk is read; this measures mapping and copying, not a disk.\n")
+
+    L.append("## Method\n")
+    L.append(f"* **Seeds.** {', '.join(map(str, seeds))}: the loader seed (the epoch's permutation). Each seed "
+             "repeats every configuration; seeds run one after another.")
+    L.append("* **Order of configurations.** Within a seed, configurations run in a list rotated by a "
+             "different offset for each seed and reversed for every other seed, so a slow spell of the machine "
+             "does not always hit the same depth, layout or case.")
+    L.append("* **Warm-up.** Before anything is timed, every kernel is loaded and every file read (one epoch "
+             "per case, layout, order and depth 0 / 2, each checked to yield every row exactly once); then g "
+             "and the consumers are calibrated.")
+    L.append("* **Residency.** Before each timed epoch a file above the loader's bound is unmapped "
+             "(`ds.release_all()`, the state the loader leaves after a release) and any other file is fully "
+             "mapped (`ds.touch(0, len(ds))`), so every epoch starts in the same state whatever ran before.")
+    L.append("* **Timing.** `time.perf_counter_ns` around every call; the garbage collector is off during an "
+             "epoch. Tables give the mean ± std across seeds of per-seed values; per-seed values are in "
+             "`results.json`.")
+    L.append(f"* **Verdicts.** A stall difference counts when every seed agrees in sign and exceeds "
+             f"{MARGIN_PP:g} points (paired by seed: same permutation).")
+    L.append("")
+
+    for cs_, o in case_orders():
+        L.append(f"## {cs_}, {o}\n")
+        L.append(f"{case_label(cs_)}, {o} order.\n")
+        L.append(f"![stall_{cs_}_{o}.png](stall_{cs_}_{o}.png)\n")
+        for lay in LAYOUTS:
+            L.append(f"**{LNAME[lay]}** (g = {fmt_us(calib[cs_][lay]['gather_us'])} µs per batch at depth 0, "
+                     "shuffled), stall %:\n")
+            L.extend(stall_table(idx, cs_, o, lay, mults, o == "shuffled"))
+            L.append("")
+        L.append("<details><summary>Details: steady stall, first wait, wait latency, epoch time, achieved "
+                 "step, work</summary>\n")
+        L.extend(detail_table(idx, cs_, o, mults))
+        L.append("\n</details>\n")
+
+    L.append("## Per-batch wait latency\n")
+    L.append("![latency.png](latency.png)\n")
+
+    L.append("## Caveats\n")
+    L.append("* One small shared virtual machine with 2 logical CPUs: the prefetch thread and a busy step "
+             "share them with everything else running. Load and CPU steal over the run are recorded below.")
+    shares = [x["other_processes_cpu_share"] for x in seed_log if x.get("other_processes_cpu_share") is not None]
+    if shares:
+        per = ", ".join(f"seed {x['seed']} {100 * x['other_processes_cpu_share']:.0f}%" for x in seed_log
+                        if x.get("other_processes_cpu_share") is not None)
+        if max(shares) > 0.1:
+            L.append(f"* **Other processes were running.** Share of the machine's CPUs used by processes other "
+                     f"than this one while each seed was measured (`/proc/stat` busy time minus this process's "
+                     f"CPU time): {per}. On 2 CPUs, a process that keeps one CPU busy leaves the consumer and "
+                     "the prefetch thread one CPU between them: the busy-step results and the tails are the most "
+                     "affected, and absolute times are slower than on an idle machine.")
+        else:
+            L.append(f"* Other processes used little CPU while the seeds were measured ({per} of the machine's "
+                     "CPUs, `/proc/stat` busy time minus this process's CPU time).")
+    L.append("* Warm page cache only: no disk reads are measured. From a cold cache a shuffled gather would "
+             "wait for the disk, which prefetch could hide only with more requests in flight than one thread "
+             "issues.")
+    L.append("* The cartpole files are under 64 MiB; a bounded shuffled epoch over small rows above the bound "
+             "is not measured here.")
+    L.append("* `time.sleep` wakes late, by more when the other CPU is busy; the sleep step's achieved time is "
+             "in the detail tables.")
+    L.append("* The GIL-holding step drops the GIL only when it blocks or every switch interval "
+             f"({1e3 * sys.getswitchinterval():g} ms); the prefetch thread needs the GIL between kernel calls "
+             "(queue, semaphore, batch object, page advice).")
+    L.append("* Epochs are short (64 batches in the full run, 20 in the quick one), so a p99 is close "
+             "to the largest wait of the epoch.")
+    L.append("")
+    L.append("## Machine and run\n")
+    L.append(methodology_markdown(run))
+    with open(os.path.join(OUT_DIR, "README.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(L))
+
+
+def print_summary(cells, mults) -> None:
+    idx = {key_of(c): c for c in cells}
+    print()
+    print(f"{'case':<13}{'order':<11}{'consumer':<8}{'step':>6} {'layout':<7}| stall % at depth "
+          + "  ".join(f"{p:>5}" for p in PREFETCH))
+    print("-" * 84)
+    for cs_, o in case_orders():
+        for cons in CONSUMERS:
+            for m in mults:
+                for lay in LAYOUTS:
+                    vals = "  ".join(f"{idx[(cs_, o, cons, m, lay, p)]['stall_pct']['mean']:>5.1f}" for p in PREFETCH)
+                    print(f"{cs_:<13}{o:<11}{cons:<8}{fmt_mult(m):>6} {lay:<7}| {'':<16}{vals}")
+    print(flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+def parse_seeds(text: str | None, mode: str) -> list[int]:
+    if text is None:
+        return list(range(DEFAULT_SEEDS[mode]))
+    if "," in text:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    else:
+        seeds = list(range(int(text)))
+    if not seeds:
+        raise SystemExit("--seeds: need at least one seed")
+    return seeds
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small files, 2 seeds, 2 step durations (~1 min)")
+    ap.add_argument("--seeds", default=None,
+                    help="number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
+                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
+    args = ap.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    seeds = parse_seeds(args.seeds, mode)
+    mults = STEP_MULTS[mode]
+    command = " ".join(["python experiments/prefetch.py", *(sys.argv[1:] if argv is None else argv)])
+    params = {"prefetch_depths": PREFETCH, "layouts": LAYOUTS, "orders": ORDERS, "consumers": CONSUMERS,
+              "cases": CASES, "row_kinds": ROW_KINDS, "batch_sizes": BATCH, "rows": ROWS[mode],
+              "step_multiples": mults, "calibration_epochs": CALIB_EPOCHS[mode], "matmul_n": MATMUL_N,
+              "python_chunk": PY_CHUNK, "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+              "switch_interval_s": sys.getswitchinterval(), "margin_pp": MARGIN_PP}
+    rec = RunRecord(EXPERIMENT, mode=mode, seeds=seeds, command=command, parameters=params)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    log = lambda msg: print(f"[{rec.elapsed():6.1f}s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    configs = [(cs_, o, cons, m, lay, p) for cs_, o in case_orders() for cons in CONSUMERS
+               for m in mults for lay in LAYOUTS for p in PREFETCH]
+    log(f"run {rec.run_name}: {len(configs)} configurations x {len(seeds)} seeds")
+
+    tmp = tempfile.mkdtemp(prefix="tfdata-prefetch-")
+    datasets = {}
+    raw = []
+    seed_log = []
+    try:
+        # -- files: one per (row kind, layout); each case opens its own map of it, so one case's
+        # page release does not unmap another's
+        meta = {"rows": ROWS[mode], "file_bytes": {}}
+        t0 = time.perf_counter()
+        for k in dict.fromkeys(c["kind"] for c in CASES.values()):
+            meta["file_bytes"][k] = {}
+            for lay in LAYOUTS:
+                path = create_file(tmp, k, lay, ROWS[mode][k], seed=0)
+                meta["file_bytes"][k][lay] = file_bytes(path)
+                for cs_ in CASES:
+                    if CASES[cs_]["kind"] == k:
+                        datasets[(cs_, lay)] = tfdata.MmapDataset.open(path)
+        params["file_creation_s"] = round(time.perf_counter() - t0, 2)
+        log(f"files written ({params['file_creation_s']} s)")
+
+        def ds_of(case, lay):
+            return datasets[(case, lay)]
+
+        # -- warm-up: kernels, page cache, and a check that every epoch yields each row once
+        t0 = time.perf_counter()
+        for cs_, o in case_orders():
+            for lay in LAYOUTS:
+                for p in (0, 2):
+                    run_epoch(ds_of(cs_, lay), cs_, o, p, seed=12345, consumer=None, check=True)
+        params["warmup_s"] = round(time.perf_counter() - t0, 2)
+        log(f"warm-up done ({params['warmup_s']} s)")
+
+        # -- gather time g per (case, layout), and the consumers' overshoot / work rates
+        calib = {}
+        for cs_ in CASES:
+            calib[cs_] = {}
+            for lay in LAYOUTS:
+                eps = [run_epoch(ds_of(cs_, lay), cs_, "shuffled", 0, seed=1000 + i, consumer=None)
+                       for i in range(CALIB_EPOCHS[mode])]
+                # the fastest epoch: load from other processes only ever slows an epoch down
+                calib[cs_][lay] = {"gather_us": float(min(e["wait_steady_mean_us"] for e in eps)),
+                                   "gather_median_us": float(np.median([e["wait_steady_median_us"] for e in eps])),
+                                   "first_wait_us": float(np.median([e["first_wait_us"] for e in eps])),
+                                   "epochs": eps}
+                log(f"gather {cs_}/{lay}: {calib[cs_][lay]['gather_us']:.0f} µs per batch of "
+                    f"{BATCH[CASES[cs_]['kind']]}")
+        cons_cal = calibrate_consumers()
+        params["consumer_calibration"] = cons_cal
+        log("consumers: sleep overshoot {:.0f} µs, {:.0f} matmuls/s, {:.0f} Python chunks/s".format(
+            cons_cal["sleep_overshoot_ns"] / 1e3, cons_cal["numpy_units_per_s"], cons_cal["python_units_per_s"]))
+
+        # -- measurement
+        ref = reference_mult(mults)
+        for si, seed in enumerate(seeds):
+            order_list = rotated(configs, si * len(configs) // len(seeds) + si)
+            if si % 2:
+                order_list.reverse()
+            t_seed = time.perf_counter()
+            snap = cpu_snapshot()
+            for cs_, o, cons, m, lay, p in order_list:
+                step_us = m * calib[cs_][lay]["gather_us"]
+                r = run_epoch(ds_of(cs_, lay), cs_, o, p, seed, cons, step_ns=int(step_us * 1e3),
+                              overshoot_ns=cons_cal["sleep_overshoot_ns"])
+                r.update({"case": cs_, "order": o, "consumer": cons, "mult": m, "layout": lay, "prefetch": p,
+                          "seed": seed, "step_target_us": step_us})
+                raw.append(r)
+            wall = time.perf_counter() - t_seed
+            seed_log.append({"seed": seed, "wall_s": round(wall, 1), "load_average_end": list(os.getloadavg()),
+                             "other_processes_cpu_share": other_cpu_share(snap, cpu_snapshot(), wall)})
+            main_c = sorted((r for r in raw if r["seed"] == seed and (r["case"], r["order"], r["layout"]) == MAIN
+                             and r["consumer"] == "sleep" and r["mult"] == ref), key=lambda r: r["prefetch"])
+            oc = seed_log[-1]["other_processes_cpu_share"]
+            log(f"seed {seed} done ({wall:.0f} s, load {os.getloadavg()[0]:.2f}, other processes "
+                f"{'?' if oc is None else f'{100 * oc:.0f}%'} of the CPUs); main "
+                f"case, sleep step {fmt_mult(ref)}: stall % "
+                + " ".join(f"depth {r['prefetch']}: {r['stall_pct']:.1f}" for r in main_c))
+    finally:
+        for ds in datasets.values():
+            ds.close()
+        datasets.clear()
+        gc.collect()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    cells = aggregate(raw, calib)
+    print_summary(cells, mults)
+    files = plot(cells, calib, mults, mode, len(seeds))
+    for name in os.listdir(OUT_DIR):  # plots of an earlier run that this one did not draw
+        if name.endswith(".png") and name not in files:
+            os.remove(os.path.join(OUT_DIR, name))
+    run = rec.finish()
+    write_json(os.path.join(OUT_DIR, "results.json"),
+               {"methodology": run, "calibration": calib, "consumer_calibration": cons_cal, "files": meta,
+                "seed_log": seed_log, "cells": cells, "raw": raw})
+    write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log)
+    rel = os.path.relpath(OUT_DIR, ROOT)
+    print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: {rel}/README.md, "
+          f"data: {rel}/results.json, plots: {', '.join(files)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
