@@ -98,7 +98,7 @@ import psutil
 
 import tfdata
 
-from .common import (CARTPOLE, IMAGE, NumpyBuffer, build_and_fill, fill, fill_chunk, first_time,
+from .common import (CARTPOLE, IMAGE, NumpyBuffer, read_through, build_and_fill, fill, fill_chunk, first_time,
                      random_rows, warm_kernels)
 
 #: rows of the big CartPole files (Write, Read): 80 chunks of 65,536 (252 MB of AoS records)
@@ -157,22 +157,6 @@ def remove(path: str | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.exists(path):
         os.unlink(path)
-
-
-def read_through(path: str) -> None:
-    """Read every byte of the file (or the directory's files) once: the page cache holds them."""
-    if os.path.isfile(path):
-        files = [path]
-    else:
-        files = [os.path.join(path, f) for f in sorted(os.listdir(path))]
-    buf = bytearray(4 << 20)
-    for name in files:
-        if os.path.isdir(name):
-            read_through(name)
-            continue
-        with open(name, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
 
 
 def fsync_dir(path: str) -> None:

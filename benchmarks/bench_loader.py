@@ -86,7 +86,7 @@ import psutil
 
 import tfdata
 
-from .common import CARTPOLE, IMAGE, fill_chunk, first_time
+from .common import CARTPOLE, IMAGE, fill_chunk, first_time, read_through
 
 PAGE = 4096
 SPECS = {"cartpole": CARTPOLE, "image": IMAGE}
@@ -179,19 +179,6 @@ def _write_in_child(path: str, kind: str, rows: int, layout: str) -> None:
         raise RuntimeError(f"writing {path} failed in the child (exit code {proc.exitcode})")
 
 
-def _read_through(path: str) -> None:
-    """Read every byte of the file (or the directory's files) once: the page cache holds them."""
-    if os.path.isfile(path):
-        files = [path]
-    else:
-        files = [os.path.join(path, f) for f in sorted(os.listdir(path))]
-    buf = bytearray(4 << 20)
-    for name in files:
-        with open(name, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
-
-
 _FILES: dict = {}
 
 
@@ -202,7 +189,7 @@ def dataset_file(kind: str, rows: int, layout: str) -> str:
     if path is None:
         path = os.path.join(tmpdir(), f"{kind}-{rows}" + (".npy" if layout == "aos" else ".soa"))
         _write_in_child(path, kind, rows, layout)
-        _read_through(path)
+        read_through(path)
         _FILES[key] = path
     return path
 

@@ -14,6 +14,7 @@ never leaks state from one benchmark into another.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -255,3 +256,19 @@ def p99_over_median(step, calls: int) -> float:
         append(clock() - t0)
     times = np.asarray(times, dtype=np.float64)
     return float(np.percentile(times, 99) / np.median(times))
+
+
+def read_through(path: str) -> None:
+    """Read every byte of the file (or the directory's files) once: the page cache holds them."""
+    if os.path.isfile(path):
+        files = [path]
+    else:
+        files = [os.path.join(path, f) for f in sorted(os.listdir(path))]
+    buf = bytearray(4 << 20)
+    for name in files:
+        if os.path.isdir(name):
+            read_through(name)
+            continue
+        with open(name, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
