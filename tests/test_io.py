@@ -285,3 +285,25 @@ def test_hostile_soa_manifests(tmp_path):
         (d / "manifest.json").write_text(json.dumps(doc))
         with pytest.raises(FormatError, match=match):
             tfdata.MmapDataset.open(str(d))
+
+
+def test_writer_bad_input_changes_nothing(tmp_path):
+    path = dataset_path(tmp_path, "aos")
+    w = tfdata.io.Writer(path, ID_SPEC)
+    w.append(id_rows(0, 3))
+    wrong = np.zeros(2, [("id", "<i8")])
+    with pytest.raises(SpecError, match="records: expected a 1-D array of dtype"):
+        w.append_records(wrong)
+    with pytest.raises(SpecError, match="records"):
+        w.append_records(id_rows(3, 2))  # a mapping, not records
+    assert w.pending == 3
+    w.close()
+    check_id_rows(tfdata.MmapDataset.open(path), 3)
+    with pytest.raises(ValueError, match="writer is closed"):
+        w.append(id_rows(3, 1))
+    with pytest.raises(ValueError, match="layout"):
+        tfdata.io.Writer(str(tmp_path / "x"), ID_SPEC, layout="columns")
+    soa = tfdata.io.Writer(dataset_path(tmp_path, "soa", "s"), ID_SPEC, "soa")
+    with pytest.raises(ValueError, match="needs an AoS file"):
+        soa.append_records(np.zeros(1, tfdata.Spec(ID_SPEC).aos_dtype))
+    soa.close()

@@ -137,16 +137,10 @@ def load(path, **overrides):
     from .dataset import MmapDataset
 
     path = os.fspath(path)
+    from .io import read_json_doc
+
     spath = os.path.join(path, _STATE)
-    if not os.path.exists(spath):
-        raise FileNotFoundError(f"{path}: not a tfdata checkpoint (no {_STATE})")
-    try:
-        with open(spath, "rb") as f:
-            doc = json.loads(f.read(64 << 20))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{spath}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise FormatError(f"{spath}: not a {FORMAT} file")
+    doc = read_json_doc(spath, "tfdata checkpoint", FORMAT, 64 << 20)
     version = doc.get("version")
     if not (isinstance(version, list) and len(version) == 2 and version[0] == VERSION[0]):
         raise FormatError(f"{spath}: checkpoint version {version!r} is not supported "

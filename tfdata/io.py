@@ -231,6 +231,29 @@ class MappedFile:
                 pass
 
 
+class ResidentFile:
+    """File-backed resident bytes of this process (``/proc/self/statm``, field 3), one small read.
+
+    Where that file does not exist (not Linux), reports 0: pages are then never released early.
+    """
+
+    def __init__(self):
+        try:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def file_bytes(self) -> int:
+        if self._fd is None:
+            return 0
+        return int(os.pread(self._fd, 128, 0).split()[2]) * PAGE
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def map_npy(path: str) -> tuple[np.ndarray, MappedFile]:
     """Memory-map a checked ``.npy`` file read-only; returns ``(array, mapped_file)``."""
     h = read_npy_header(path)
@@ -255,21 +278,31 @@ def spec_of_dtype(dtype: np.dtype, path: str = "") -> Spec:
 # -- SoA directories --------------------------------------------------------------------------
 
 
+def read_json_doc(path: str, what: str, fmt: str, limit: int) -> dict:
+    """Read the JSON object at ``path`` (at most ``limit`` bytes) whose ``"format"`` is ``fmt``.
+
+    FileNotFoundError names ``what`` the missing file makes the directory not; anything else
+    wrong is a FormatError naming the file.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{os.path.dirname(path)}: not a {what} (no {os.path.basename(path)})")
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(limit))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise FormatError(f"{path}: format is not {fmt!r}")
+    return doc
+
+
 def read_manifest(path: str) -> tuple[int, list[tuple[Field, str]]]:
     """Read and check ``manifest.json`` of the SoA directory ``path``.
 
     Returns ``(rows, [(field, file_path), ...])`` in field order.
     """
     mpath = os.path.join(path, MANIFEST)
-    if not os.path.exists(mpath):
-        raise FileNotFoundError(f"{path}: not a tfdata SoA directory (no {MANIFEST})")
-    try:
-        with open(mpath, "rb") as f:
-            doc = json.loads(f.read(1 << 20))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{mpath}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != SOA_FORMAT:
-        raise FormatError(f"{mpath}: format is not {SOA_FORMAT!r}")
+    doc = read_json_doc(mpath, "tfdata SoA directory", SOA_FORMAT, 1 << 20)
     version = doc.get("version")
     if (not isinstance(version, list) or len(version) != 2
             or not all(isinstance(v, int) for v in version)):

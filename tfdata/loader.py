@@ -18,7 +18,6 @@ Orders (``shuffle=``)
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import secrets
 import threading
@@ -28,6 +27,7 @@ import numpy as np
 
 from .buffer import Batch
 from .dataset import PAGE, Dataset
+from .io import ResidentFile
 from .sampler import splitmix64
 
 _MASK64 = (1 << 64) - 1
@@ -81,7 +81,7 @@ class LoaderConfig:
         (``MADV_DONTNEED``) so that about this many bytes of the file stay mapped; None never
         releases. "auto" (the default): 64 MiB for file order and block shuffle, where releasing
         costs little; None for ``shuffle=True``, where bounding the resident set means re-reading
-        pages, measured 10-60x slower epochs (use block shuffle for files larger than memory, or
+        pages over and over, many times slower (use block shuffle for files larger than memory, or
         set a number).
     """
 
@@ -293,6 +293,10 @@ class _Plan:
         self.ring = loader._ring
         self.idx = loader._idx
         self.full = loader._full
+        # bound once: tfdata's datasets skip the index checks (indices are in range by
+        # construction) and copy consecutive rows as blocks; other datasets get the public calls
+        self.gather = getattr(self.ds, "_gather_unchecked", self.ds.gather)
+        self.copy_range = getattr(self.ds, "_copy_range", None)
         self.base = loader._base
         self.perm = loader._perm
         self.blocks = loader._blocks
@@ -308,7 +312,7 @@ class _Plan:
         if self.limit is not None and self.mode != "none":
             # shuffled reads: how much a fault maps depends on the kernel (fault-around, large
             # folios), so the resident set is measured, not estimated
-            self.probe = _ResidentFile()
+            self.probe = ResidentFile()
             self.probe_base = None  # taken when the epoch starts (see _start)
             self.chunk = max(1, self.limit // _FOLIO_GUESS)
         if self.mode == "block":
@@ -325,7 +329,7 @@ class _Plan:
         self.started = True
         if self.limit is not None and self.mode != "none":
             # start from nothing mapped: pages an earlier epoch left would otherwise count in
-            # the baseline and the bound would grow epoch by epoch (measured: 36, 89, 89 MiB)
+            # the baseline and the bound would grow epoch by epoch (seen in the prefetch experiment)
             self.ds.release_all()
             self.probe_base = self.probe.file_bytes()
         if self.mode == "full":
@@ -352,8 +356,8 @@ class _Plan:
                 if len(self.ring) > 1:  # prefetching: fault the pages in now, off the consumer's thread
                     self.ds.touch(start, start + m)
                 return Batch(self.ds.rows(start, start + m), idx)
-            if hasattr(self.ds, "_copy_range"):
-                self.ds._copy_range(start, m, self.ring[slot])
+            if self.copy_range is not None:
+                self.copy_range(start, m, self.ring[slot])
                 return self._batch(slot, m)
         elif self.mode == "full":
             idx[:] = self.perm[start:start + m]
@@ -367,11 +371,7 @@ class _Plan:
                     self.ds.release_all()
                     self.window_done = False
                 return batch
-        out = self.ring[slot]
-        if hasattr(self.ds, "_gather_unchecked"):
-            self.ds._gather_unchecked(idx, out)
-        else:
-            self.ds.gather(idx, out)
+        self.gather(idx, self.ring[slot])
         return self._batch(slot, m)
 
     def _batch(self, slot: int, m: int) -> Batch:
@@ -383,7 +383,7 @@ class _Plan:
     def _gather_bounded(self, idx: np.ndarray, slot: int, m: int) -> Batch:
         # Random reads of a mapped file: one row can map a whole large folio of the page cache
         # (2 MiB on ext4 with a recent kernel, measured), so the resident set is measured
-        # (~2 us) and the map released between chunks of rows, not estimated per batch.
+        # (one small read) and the map released between chunks of rows, not estimated per batch.
         out = self.ring[slot]
         step = self.chunk
         for c0 in range(0, m, step):
@@ -428,29 +428,6 @@ class _Plan:
             for blk in self.blocks[b0:b1]:  # read the whole window ahead, block by block
                 s = int(blk) * self.block_rows
                 self.ds.willneed(s, min(s + self.block_rows, self.n))
-
-
-class _ResidentFile:
-    """File-backed resident bytes of this process (``/proc/self/statm``, field 3), in ~2 µs a read.
-
-    Where that file does not exist (not Linux), reports 0: pages are then never released early.
-    """
-
-    def __init__(self):
-        try:
-            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
-        except OSError:
-            self._fd = None
-
-    def file_bytes(self) -> int:
-        if self._fd is None:
-            return 0
-        return int(os.pread(self._fd, 128, 0).split()[2]) * PAGE
-
-    def __del__(self):
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class _Failure:

@@ -20,7 +20,7 @@ buffer replaces it. Use :meth:`ReplayBuffer.save` for a checkpoint.
 
 from __future__ import annotations
 
-from .io import PAGE
+from .io import PAGE, ResidentFile
 
 
 class Spill:
@@ -35,8 +35,6 @@ class Spill:
     """
 
     def __init__(self, storage_maps: list, capacity: int, hot_rows: int, row_nbytes: int):
-        from .loader import _ResidentFile
-
         self.maps = storage_maps
         self.capacity = capacity
         self.hot_rows = hot_rows
@@ -45,7 +43,7 @@ class Spill:
         self.chunk = max(1, hot_rows // 8, (64 * PAGE) // max(1, row_nbytes))
         self.released_to = 0  # rows before this position (ring order, behind the hot window) are released
         self.written = 0  # rows written in total
-        self.probe = _ResidentFile()
+        self.probe = ResidentFile()
         self.base = self.probe.file_bytes()
         self.slack = max(self.hot_bytes // 4, 16 << 20)
         self.samples = 0
@@ -73,8 +71,8 @@ class Spill:
     def after_sample(self) -> None:
         """After a sample: release the cold part if samples have made too much of it resident.
 
-        Checked after every sample (one read of /proc/self/statm, ~2 us): a single sample of
-        256 rows can map tens of MiB of folios, so checking less often lets RSS run away.
+        Checked after every sample (one small read of /proc/self/statm): a single sample can
+        map a large folio per row, so checking less often lets RSS run away.
         """
         self.samples += 1
         if self.probe.file_bytes() - self.base > self.hot_bytes + self.slack:

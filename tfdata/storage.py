@@ -90,7 +90,7 @@ class _Storage:
         Copies about 16 MiB of rows at a time and calls ``release(start, stop)`` after each
         chunk, so a memory-mapped source never has more than a chunk resident. ``records``: the
         same rows as one structured array; an AoS storage of that exact dtype copies whole
-        records instead of field by field (3-4x faster).
+        records instead of field by field.
         """
         step = max(1, (16 << 20) // max(1, self.spec.row_nbytes))
         whole = (records is not None and self.layout == "aos" and records.dtype == self.data.dtype
