@@ -292,7 +292,9 @@ def _memory_probe(kind: str, capacity: int, impl: str) -> dict:
     r3 = rss()
     import resource
 
-    return {"storage_bytes": int(buf.nbytes), "rss_build_bytes": r1 - r0, "rss_fill_bytes": r2 - r0,
+    parts = getattr(buf, "nbytes_parts", None)  # tfdata: rows + bookkeeping, not the output rings
+    storage = parts["storage"] + parts["bookkeeping"] if parts else buf.nbytes
+    return {"storage_bytes": int(storage), "rss_build_bytes": r1 - r0, "rss_fill_bytes": r2 - r0,
             "rss_after_samples_bytes": r3 - r0,
             "probe_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "fresh_mmap_allocations": fresh}

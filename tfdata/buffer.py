@@ -14,8 +14,9 @@ from ._fastpath import make_push
 from .errors import SpecError
 from .sampler import UniformSampler
 from .spec import Spec
-from .episodes import Episodes, resolve_next_of, resolve_roles
-from .storage import WORD_TYPES, Output, make_storage, word_size
+from .episodes import Episodes, resolve_next_of, resolve_roles, stored_spec
+from .memory import check_budget, parse_bytes
+from .storage import WORD_TYPES, Output, make_storage, output_nbytes, storage_nbytes, word_size
 from .writer import RingWriter
 
 _STATE_FORMAT = "tfdata.ReplayBuffer"
@@ -24,6 +25,10 @@ _STATE_VERSION = 1
 MAX_CAPACITY = (1 << 32) - 1
 # sample_sequences(policy="reject"): draws per slice before concluding no slice exists
 _MAX_DRAWS = 10_000
+# the constructor's arguments that change what a buffer holds (see ReplayBuffer.plan_memory)
+_CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=0.99,
+                        next_of="auto", elide_next=False, roles=None, spill_path=None,
+                        hot_rows=None, hot_bytes=None)
 
 
 class Batch(Mapping):
@@ -92,17 +97,19 @@ class _OutputRing:
     gathered as ``batch_size * L`` rows and shown as ``(batch_size, L, ...)`` views.
     """
 
-    __slots__ = ("slots", "batches", "next", "weights", "scratch", "versions", "extra")
+    __slots__ = ("slots", "batches", "next", "weights", "scratch", "versions", "extra", "nbytes",
+                 "__weakref__")
 
     def __init__(self, buffer: "ReplayBuffer", batch_size: int, ring_size: int,
                  length: int | None = None):
         rows = batch_size * (length or 1)
         weighted = buffer._weighted and length is None
+        a = buffer.allocator
         self.slots: list[Output] = [buffer._storage.new_output(rows) for _ in range(ring_size)]
         # per slot: importance weights (float32) and float64 scratch, for weighted samplers
-        self.weights = [np.zeros(batch_size, np.float32) if weighted else None for _ in self.slots]
-        self.scratch = [np.zeros(batch_size, np.float64) if weighted else None for _ in self.slots]
-        self.versions = [np.zeros(batch_size, np.uint64) if weighted else None for _ in self.slots]
+        self.weights = [a.zeros(batch_size, np.float32) if weighted else None for _ in self.slots]
+        self.scratch = [a.zeros(batch_size, np.float64) if weighted else None for _ in self.slots]
+        self.versions = [a.zeros(batch_size, np.uint64) if weighted else None for _ in self.slots]
         # per slot: what the episode post-processing writes (see ReplayBuffer._make_extra)
         self.extra = [buffer._make_extra(o, rows, length is not None) for o in self.slots]
         self.batches = []
@@ -117,6 +124,19 @@ class _OutputRing:
                 self.batches.append(Batch(fields, o.indices.reshape(batch_size, length),
                                           mask=x["mask"].reshape(batch_size, length)))
         self.next = 0
+        self.nbytes = _owned_nbytes(self)
+
+
+def _owned_nbytes(ring: "_OutputRing") -> int:
+    """Bytes of the distinct arrays a ring allocated (views counted once, through their owner)."""
+    arrays = []
+    for o, w, sc, v, x in zip(ring.slots, ring.weights, ring.scratch, ring.versions, ring.extra):
+        arrays.append(o.indices)
+        arrays.extend([o.records] if o.records is not None else o.fields.values())
+        arrays.extend(a for a in (w, sc, v) if a is not None)
+        arrays.extend(x.get("next", {}).values())
+        arrays.extend(x[k] for k in ("mask", "discount", "last", "acc") if k in x)
+    return int(sum(arr.nbytes for arr in arrays))
 
 
 def _weak_method(obj, name: str):
@@ -132,24 +152,6 @@ def _weak_method(obj, name: str):
         return func(ref(), *args)
 
     return call
-
-
-def _parse_bytes(name: str, value) -> int:
-    """Bytes from an int or a string such as "400MB", "1.5 GiB" (k, M, G in powers of 1024)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        if value < 1:
-            raise ValueError(f"{name} must be positive, got {value}")
-        return int(value)
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(value))
-    if not m:
-        raise ValueError(f"{name}: expected bytes as an int or a string like '400MB', got {value!r}")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    n = int(float(m.group(1)) * scale)
-    if n < 1:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return n
 
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> int:
@@ -243,52 +245,30 @@ class ReplayBuffer:
     def __init__(self, spec, capacity: int, *, layout: str | None = None, seed: int | None = None,
                  ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
                  gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
-                 spill_path=None, hot_rows: int | None = None, hot_bytes=None):
-        self.spec = spec if isinstance(spec, Spec) else Spec(spec)
-        capacity = _check_int("capacity", capacity, 1, MAX_CAPACITY)
-        self._ring_size = _check_int("ring_size", ring_size, 1)
-        self.num_envs = _check_int("num_envs", num_envs, 1)
-        if capacity % self.num_envs:
-            lo = capacity - capacity % self.num_envs
-            raise ValueError(f"capacity must be a multiple of num_envs={self.num_envs} (streams are "
-                             f"interleaved step by step), got {capacity}; use {lo or self.num_envs} or "
-                             f"{lo + self.num_envs}")
-        self.n_step = None if n_step is None else _check_int("n_step", n_step, 1)
-        self.gamma = _check_unit("gamma", gamma)
-        self._roles = resolve_roles(self.spec, roles)
-        self.next_of = resolve_next_of(self.spec, next_of)
-        self.elide_next = bool(elide_next)
-        has_flags = "terminated" in self._roles and "truncated" in self._roles
+                 spill_path=None, hot_rows: int | None = None, hot_bytes=None,
+                 allocator=None, memory_budget=None):
+        from . import alloc
+
+        self._configure(spec, capacity, layout=layout, ring_size=ring_size, num_envs=num_envs,
+                        n_step=n_step, gamma=gamma, next_of=next_of, elide_next=elide_next,
+                        roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes)
+        capacity = self._capacity
+        self.allocator = alloc.resolve(allocator)
+        self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+        if self.memory_budget is not None:  # refuse before allocating anything
+            self._check_budget(self._planned_parts(), f"{type(self).__name__} of capacity {capacity}",
+                               construction=True)
+        self._rings = weakref.WeakSet()  # every thread's output rings, for nbytes
         self._episodes = None
-        if has_flags:
+        if self._has_flags:
             self._episodes = Episodes(self.spec, capacity, self.num_envs, self._roles, self.next_of,
-                                      self.elide_next)
-        elif self.n_step is not None or self.elide_next:
-            what = "n_step" if self.n_step is not None else "elide_next"
-            raise SpecError(f"{what} needs episode boundaries: the spec must have bool fields "
-                            f"'terminated' and 'truncated' (or name them with roles=), has "
-                            f"{list(self.spec.names)}")
-        if self.elide_next and not self.next_of:
-            raise SpecError("elide_next=True but no field is the next of another: declare "
-                            "next_of={'next_obs': 'obs'} (or name fields next_X and X)")
-        if self.n_step is not None:
-            if "reward" not in self._roles:
-                raise SpecError(f"n_step needs a 'reward' field (or name it with roles=), fields: "
-                                f"{list(self.spec.names)}")
-            rf = self.spec[self._roles["reward"]]
-            if rf.shape or rf.dtype.kind != "f":
-                raise SpecError(f"field {rf.name!r} (reward) must be a float scalar for n-step "
-                                f"returns, got {rf.dtype}{list(rf.shape)}")
-        stored = self.spec if self._episodes is None else self._episodes.stored_spec
+                                      self.elide_next, self.allocator, _weak_method(self, "_grow_budget"))
+        stored = self._stored
         self._spill = None
-        self.hot_rows = None  # rows kept resident, for a spilling buffer
-        self.spill_path = None if spill_path is None else os.fspath(spill_path)
         if self.spill_path is None:
-            if hot_rows is not None or hot_bytes is not None:
-                raise ValueError("hot_rows / hot_bytes need spill_path (the file that holds the cold rows)")
-            self._storage = make_storage(stored, capacity, layout)
+            self._storage = make_storage(stored, capacity, self._layout, allocator=self.allocator)
         else:
-            self._storage = self._spill_storage(stored, capacity, layout, hot_rows, hot_bytes)
+            self._storage = self._spill_storage(stored, capacity, self._layout)
         self._writer = RingWriter(capacity)
         self._sampler = UniformSampler(seed)
         self._lock = threading.Lock()
@@ -308,23 +288,154 @@ class ReplayBuffer:
         else:
             self._fast_push = _weak_method(self, "_checked_push")
 
-    def _spill_storage(self, stored: Spec, capacity: int, layout, hot_rows, hot_bytes):
+    def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
+                   elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:
+        """Check the arguments and derive what the buffer will hold; allocates nothing."""
         from ._config import resolve_layout
+
+        self.spec = spec if isinstance(spec, Spec) else Spec(spec)
+        capacity = _check_int("capacity", capacity, 1, MAX_CAPACITY)
+        self._ring_size = _check_int("ring_size", ring_size, 1)
+        self.num_envs = _check_int("num_envs", num_envs, 1)
+        if capacity % self.num_envs:
+            lo = capacity - capacity % self.num_envs
+            raise ValueError(f"capacity must be a multiple of num_envs={self.num_envs} (streams are "
+                             f"interleaved step by step), got {capacity}; use {lo or self.num_envs} or "
+                             f"{lo + self.num_envs}")
+        self._capacity = capacity
+        self.n_step = None if n_step is None else _check_int("n_step", n_step, 1)
+        self.gamma = _check_unit("gamma", gamma)
+        self._roles = resolve_roles(self.spec, roles)
+        self.next_of = resolve_next_of(self.spec, next_of)
+        self.elide_next = bool(elide_next)
+        self._has_flags = "terminated" in self._roles and "truncated" in self._roles
+        if not self._has_flags and (self.n_step is not None or self.elide_next):
+            what = "n_step" if self.n_step is not None else "elide_next"
+            raise SpecError(f"{what} needs episode boundaries: the spec must have bool fields "
+                            f"'terminated' and 'truncated' (or name them with roles=), has "
+                            f"{list(self.spec.names)}")
+        if self.elide_next and not self.next_of:
+            raise SpecError("elide_next=True but no field is the next of another: declare "
+                            "next_of={'next_obs': 'obs'} (or name fields next_X and X)")
+        if self.n_step is not None:
+            if "reward" not in self._roles:
+                raise SpecError(f"n_step needs a 'reward' field (or name it with roles=), fields: "
+                                f"{list(self.spec.names)}")
+            rf = self.spec[self._roles["reward"]]
+            if rf.shape or rf.dtype.kind != "f":
+                raise SpecError(f"field {rf.name!r} (reward) must be a float scalar for n-step "
+                                f"returns, got {rf.dtype}{list(rf.shape)}")
+        self._stored = stored_spec(self.spec, self.next_of, self._has_flags and self.elide_next)
+        self._layout = resolve_layout(layout)
+        self.hot_rows = None  # rows kept resident, for a spilling buffer
+        self.spill_path = None if spill_path is None else os.fspath(spill_path)
+        if self.spill_path is None:
+            if hot_rows is not None or hot_bytes is not None:
+                raise ValueError("hot_rows / hot_bytes need spill_path (the file that holds the cold rows)")
+            return
+        if (hot_rows is None) == (hot_bytes is None):
+            raise ValueError("spill_path needs exactly one of hot_rows= or hot_bytes= (the part kept in RAM)")
+        row = self._row_nbytes()
+        if hot_bytes is not None:
+            hot_rows = parse_bytes("hot_bytes", hot_bytes) // row
+        self.hot_rows = min(_check_int("hot_rows", hot_rows, 1), capacity)
+
+    def _row_nbytes(self) -> int:
+        return storage_nbytes(self._stored, 1, self._layout)
+
+    def _spill_storage(self, stored: Spec, capacity: int, layout: str):
         from .io import map_storage
         from .spill import Spill
 
-        if (hot_rows is None) == (hot_bytes is None):
-            raise ValueError("spill_path needs exactly one of hot_rows= or hot_bytes= (the part kept in RAM)")
-        layout = resolve_layout(layout)
-        row = stored.aos_dtype.itemsize if layout == "aos" else stored.row_nbytes
-        if hot_bytes is not None:
-            hot_rows = _parse_bytes("hot_bytes", hot_bytes) // row
-        hot_rows = _check_int("hot_rows", hot_rows, 1)
-        hot_rows = min(hot_rows, capacity)
         data, maps = map_storage(self.spill_path, stored, capacity, layout)
-        self._spill = Spill(maps, capacity, hot_rows, row)
-        self.hot_rows = hot_rows
-        return make_storage(stored, capacity, layout, backing=data)
+        self._spill = Spill(maps, capacity, self.hot_rows, self._row_nbytes())
+        return make_storage(stored, capacity, layout, backing=data, allocator=self.allocator)
+
+    # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def plan_memory(cls, spec, capacity: int, *, batch_sizes=(), **options) -> dict:
+        """The bytes a buffer built with these arguments would hold, by part, without building it.
+
+        ``batch_sizes``: batch sizes to be sampled, each adding an output ring (a pair
+        ``(batch_size, length)`` for :meth:`sample_sequences`). Returns the same
+        keys as :attr:`nbytes_parts`. ``memory_budget=`` checks this plan before allocating.
+        """
+        plan = cls.__new__(cls)
+        plan._plan_options(options)
+        plan._configure(spec, capacity, **{k: options.get(k, v) for k, v in _CONFIG_DEFAULTS.items()})
+        return plan._planned_parts(batch_sizes)
+
+    def _plan_options(self, options: dict) -> None:
+        """Validate the keyword arguments of :meth:`plan_memory` (a subclass takes more)."""
+        for k in ("seed", "allocator", "memory_budget"):  # no effect on the bytes held
+            options.pop(k, None)
+        bad = set(options) - set(_CONFIG_DEFAULTS)
+        if bad:
+            raise TypeError(f"plan_memory: unexpected keyword(s) {sorted(bad)}; allowed: "
+                            f"{sorted(_CONFIG_DEFAULTS)}")
+
+    def _planned_parts(self, batch_sizes=()) -> dict:
+        cap = self._capacity
+        storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows, self._layout)
+        book = 0
+        if self._has_flags:
+            book = Episodes.planned_nbytes(self.spec, cap, self.num_envs, self.next_of, self.elide_next)
+        rings = sum(self._ring_size * (self._planned_ring(*b) if isinstance(b, tuple) else self._planned_ring(b))
+                    for b in batch_sizes)
+        return {"storage": storage, "bookkeeping": book, "trees": 0, "output_rings": rings}
+
+    def _planned_ring(self, batch_size: int, length: int | None = None) -> int:
+        """Bytes of one slot of an output ring (see :class:`_OutputRing`)."""
+        rows = batch_size * (length or 1)
+        total = output_nbytes(self._stored, rows, self._layout)
+        if self._weighted and length is None:
+            total += batch_size * (4 + 8 + 8)  # weights, scratch, versions
+        if self._has_flags:
+            if self.elide_next:
+                total += rows * sum(self.spec[n].nbytes for n in self.next_of)
+            if length is not None:
+                total += rows  # mask
+            elif self.n_step is not None:
+                total += rows * (4 + 8 + 8)  # discount, last, acc
+        return total
+
+    @property
+    def nbytes_parts(self) -> dict:
+        """Bytes this buffer holds in memory, by part (all ints).
+
+        ``storage``: the rows (for a spilling buffer, the ``hot_rows`` kept resident; the file
+        holds the rest). ``bookkeeping``: episode numbers, elided final values, slot versions.
+        ``trees``: priority trees. ``output_rings``: the preallocated batches of every thread
+        and batch size sampled so far.
+        """
+        storage = self._storage.nbytes if self.hot_rows is None else self.hot_rows * self._row_nbytes()
+        book = 0 if self._episodes is None else self._episodes.nbytes
+        rings = sum(r.nbytes for r in list(self._rings))
+        return {"storage": int(storage), "bookkeeping": int(book), "trees": 0, "output_rings": int(rings)}
+
+    @property
+    def nbytes(self) -> int:
+        """Total of :attr:`nbytes_parts`: every byte of memory this buffer allocated."""
+        return sum(self.nbytes_parts.values())
+
+    def _check_budget(self, parts: dict, what: str, construction: bool = False) -> None:
+        from .memory import max_capacity
+
+        fits = None
+        if construction and sum(parts.values()) > self.memory_budget:
+            opts = {k: getattr(self, a) for k, a in (("layout", "_layout"), ("num_envs", "num_envs"),
+                                                     ("n_step", "n_step"), ("elide_next", "elide_next"))}
+            cap = max_capacity(self.spec, self.memory_budget, prioritized=self._weighted,
+                               next_of=self.next_of, roles=self._roles, **opts)
+            fits = f"the largest capacity that fits is {cap}" if cap else "no capacity fits"
+        check_budget(self.memory_budget, parts, what, fits)
+
+    def _grow_budget(self, extra: int) -> None:
+        """Refuse (MemoryBudgetError) a growth of ``extra`` bytes that would exceed the budget."""
+        if self.memory_budget is not None:
+            parts = self.nbytes_parts
+            parts["growth"] = extra
+            self._check_budget(parts, "growing the table of episode-final values")
 
     def _plan_episode_kernels(self) -> None:
         """Bind what the episode post-processing of a sample needs (once, at construction)."""
@@ -360,17 +471,17 @@ class ReplayBuffer:
             return x
         for nxt, word, _ in self._elide_pairs:
             f = self.spec[nxt]
-            arr = np.zeros((rows,) + f.shape, f.dtype)
+            arr = self.allocator.zeros((rows,) + f.shape, f.dtype)
             x["next"][nxt] = arr
             x.setdefault("next_words", {})[nxt] = arr.reshape(rows, -1).view(np.uint8).view(
                 WORD_TYPES[word])
         if sequences:
-            x["mask"] = np.zeros((rows,), bool)
+            x["mask"] = self.allocator.zeros(rows, bool)
             return x
         if self.n_step is not None:
-            x["discount"] = np.zeros(rows, np.float32)
-            x["last"] = np.zeros(rows, np.int64)
-            x["acc"] = np.zeros(rows, np.float64)
+            x["discount"] = self.allocator.zeros(rows, np.float32)
+            x["last"] = self.allocator.zeros(rows, np.int64)
+            x["acc"] = self.allocator.zeros(rows, np.float64)
             x["copy_words"] = [self._storage.output_words(out, nxt, word)
                                for nxt, word, _ in self._copy_pairs]
         return x
@@ -388,12 +499,6 @@ class ReplayBuffer:
     def storage(self):
         """The storage object (``AoSStorage`` or ``SoAStorage``)."""
         return self._storage
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of row storage plus episode bookkeeping (output rings not included)."""
-        extra = 0 if self._episodes is None else self._episodes.nbytes
-        return self._storage.nbytes + extra
 
     def __len__(self) -> int:
         return self._writer.size
@@ -658,7 +763,13 @@ class ReplayBuffer:
         if rings is None:
             rings = self._local.rings = {}
         key = batch_size if length is None else ("seq", batch_size, length)
+        if self.memory_budget is not None:  # refuse before allocating the ring
+            parts = self.nbytes_parts
+            parts["new output ring"] = self._ring_size * self._planned_ring(batch_size, length)
+            self._check_budget(parts, f"sampling batches of {batch_size}"
+                               + (f" slices of {length} rows" if length else " rows"))
         ring = rings[key] = _OutputRing(self, batch_size, self._ring_size, length)
+        self._rings.add(ring)
         return ring
 
     def _too_few_rows(self, batch_size: int, n: int) -> str:

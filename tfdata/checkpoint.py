@@ -122,14 +122,15 @@ def save(buffer, path) -> None:
         shutil.rmtree(old)
 
 
-_OVERRIDES = ("spill_path", "hot_rows", "hot_bytes")
+_OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
 
 
 def load(path, **overrides):
     """Rebuild the buffer saved in ``path``; raises :class:`FormatError` for a bad checkpoint.
 
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
-    than memory as a spilling buffer (a checkpoint does not record where a buffer spilled).
+    than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
+    ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either).
     """
     bad = set(overrides) - set(_OVERRIDES)
     if bad:

@@ -79,16 +79,21 @@ class Dataset:
     def __len__(self) -> int:
         return self._n
 
-    def new_output(self, batch_size: int) -> Output:
-        """A preallocated output block of ``batch_size`` rows for :meth:`gather`."""
+    def new_output(self, batch_size: int, allocator=None) -> Output:
+        """A preallocated output block of ``batch_size`` rows for :meth:`gather`: the rows plus
+        int64 indices, ``batch_size * (row_nbytes + 8)`` bytes, from ``allocator`` (see
+        :func:`tfdata.alloc.resolve`)."""
+        from . import alloc
+
+        a = alloc.resolve(allocator)
         if self.layout == "aos":
-            records = np.zeros(batch_size, dtype=self.dtype)
+            records = a.zeros(batch_size, self.dtype)
             fields = {name: records[name] for name in self.spec.names}
-            return Output(np.zeros(batch_size, np.int64), fields,
+            return Output(a.zeros(batch_size, np.int64), fields,
                           (_byte_rows(records, self.row_nbytes),), records)
-        fields = {f.name: np.zeros((batch_size,) + f.shape, dtype=f.dtype) for f in self.spec}
+        fields = {f.name: a.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}
         kernel_out = tuple(_byte_rows(fields[f.name], f.nbytes) for f in self.spec)
-        return Output(np.zeros(batch_size, np.int64), fields, kernel_out)
+        return Output(a.zeros(batch_size, np.int64), fields, kernel_out)
 
     def gather(self, indices: np.ndarray, out: Output) -> None:
         """Copy rows ``indices`` into the first ``len(indices)`` rows of ``out``.

@@ -130,39 +130,55 @@ class Episodes:
     """
 
     def __init__(self, spec: Spec, capacity: int, num_envs: int, roles: dict, next_of: dict,
-                 elide: bool):
+                 elide: bool, allocator=None, on_grow=None):
+        from . import alloc
+        from .kernels import first_discontinuity, stamp_episodes
+
         self.spec = spec
         self.capacity = capacity
         self.num_envs = num_envs
         self.roles = roles
         self.next_of = dict(next_of)
         self.elide = bool(elide)
-        from .kernels import first_discontinuity, stamp_episodes
-
+        self._alloc = a = alloc.resolve(allocator)
+        # called with the bytes a growth of the final table adds, before it allocates (budgets)
+        self._on_grow = on_grow
         self._stamp = stamp_episodes
         self._first_break = first_discontinuity
         self.term_i = spec.names.index(roles["terminated"])
         self.trunc_i = spec.names.index(roles["truncated"])
-        self.episode = np.zeros(capacity, np.uint32)
-        self.current = np.zeros(num_envs, np.uint32)
+        self.episode = a.zeros(capacity, np.uint32)
+        self.current = a.zeros(num_envs, np.uint32)
+        self.stored_spec = stored_spec(spec, self.next_of, self.elide)
         elided = set(self.next_of) if self.elide else set()
-        self.stored_spec = Spec([f for f in spec if f.name not in elided]) if elided else spec
         # positions in the user's value list of the fields the storage keeps
         self.stored_pos = [i for i, f in enumerate(spec) if f.name not in elided]
         self.pairs = [(spec.names.index(n), spec.names.index(s), n, s) for n, s in self.next_of.items()]
         if self.elide:
-            self.final_idx = np.full(capacity, -1, np.int32)
-            k = num_envs + capacity // 64
-            self.finals = {n: np.zeros((k,) + spec[n].shape, spec[n].dtype) for n in self.next_of}
-            self.free = np.arange(k - 1, -1, -1, dtype=np.int32)  # a stack: pop from the end
+            self.final_idx = a.empty(capacity, np.int32)
+            self.final_idx[:] = -1
+            k = _initial_finals(capacity, num_envs)
+            self.finals = {n: a.zeros((k,) + spec[n].shape, spec[n].dtype) for n in self.next_of}
+            self.free = a.empty(k, np.int32)
+            self.free[:] = np.arange(k - 1, -1, -1, dtype=np.int32)  # a stack: pop from the end
             self.n_free = k
-            self.pending = {n: np.zeros((num_envs,) + spec[n].shape, spec[n].dtype)
+            self.pending = {n: a.zeros((num_envs,) + spec[n].shape, spec[n].dtype)
                             for n in self.next_of}
-            self.has_pending = np.zeros(num_envs, bool)
+            self.has_pending = a.zeros(num_envs, bool)
         else:
-            self.final_idx = np.zeros(0, np.int32)
+            self.final_idx = a.zeros(0, np.int32)
             self.finals, self.pending = {}, {}
             self.n_free = 0
+
+    @staticmethod
+    def planned_nbytes(spec: Spec, capacity: int, num_envs: int, next_of: dict, elide: bool) -> int:
+        """:attr:`nbytes` of a new ``Episodes`` with these arguments, without building it."""
+        total = 4 * capacity + 4 * num_envs
+        if elide:
+            k = _initial_finals(capacity, num_envs)
+            row = sum(spec[n].nbytes for n in next_of)
+            total += 4 * capacity + 4 * k + num_envs + k * row + num_envs * row
+        return int(total)
 
     # -- memory -----------------------------------------------------------------------------
     @property
@@ -224,14 +240,27 @@ class Episodes:
         if self.n_free + freed < need:
             self._grow(need - freed - self.n_free)
 
-    def _grow(self, extra: int) -> None:
+    def _grown_size(self, extra: int) -> int:
         old = self.free.shape[0]
-        new = max(2 * old, old + extra)
+        return max(2 * old, old + extra)
+
+    def check_grow(self, extra: int) -> None:
+        """Tell ``on_grow`` what growing the final table by ``extra`` entries would add (it
+        raises to refuse); nothing changes."""
+        if self._on_grow is not None:
+            new = self._grown_size(extra)
+            row = sum(self.spec[n].nbytes for n in self.next_of)
+            self._on_grow((new - self.free.shape[0]) * (row + 4))
+
+    def _grow(self, extra: int) -> None:
+        self.check_grow(extra)
+        old = self.free.shape[0]
+        new = self._grown_size(extra)
         for name, table in self.finals.items():
-            grown = np.zeros((new,) + table.shape[1:], table.dtype)
+            grown = self._alloc.zeros((new,) + table.shape[1:], table.dtype)
             grown[:old] = table
             self.finals[name] = grown
-        free = np.empty(new, np.int32)
+        free = self._alloc.empty(new, np.int32)
         free[:self.n_free] = self.free[:self.n_free]
         added = np.arange(new - 1, old - 1, -1, dtype=np.int32)
         free[self.n_free:self.n_free + added.shape[0]] = added
@@ -349,6 +378,8 @@ class Episodes:
                 _expect((state.get("pending") or {}).get(name), f.dtype, (self.num_envs,) + f.shape,
                         f"episodes.pending[{name!r}]")
             _expect(state.get("has_pending"), np.bool_, (self.num_envs,), "episodes.has_pending")
+            if k > self.free.shape[0]:  # refused now, not after load_state has cleared
+                self.check_grow(k - self.free.shape[0])
         return state
 
     def load_state(self, state, size: int) -> None:
@@ -370,6 +401,19 @@ class Episodes:
         self.free[:total - k] = np.arange(total - 1, k - 1, -1, dtype=np.int32)
         self.n_free = total - k
         self.has_pending[...] = state["has_pending"]
+
+
+def stored_spec(spec: Spec, next_of: dict, elide: bool) -> Spec:
+    """What the storage holds: ``spec`` without the elided next fields."""
+    if not elide or not next_of:
+        return spec
+    return Spec([f for f in spec if f.name not in next_of])
+
+
+def _initial_finals(capacity: int, num_envs: int) -> int:
+    # entries of the final table at first: one per stream plus one per 64 rows (episodes of 64
+    # steps or more need no growth)
+    return num_envs + capacity // 64
 
 
 def _words(arr: np.ndarray, word: int) -> np.ndarray:

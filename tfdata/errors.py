@@ -20,3 +20,16 @@ class FormatError(ValueError):
     The message names the file and what is wrong. Nothing is mapped or read beyond the header
     when it is raised.
     """
+
+
+class AllocatorError(RuntimeError):
+    """An allocator cannot be used: its library is missing, cannot be loaded into this process
+    (the message says exactly what to set or install), or its handle is closed."""
+
+
+class MemoryBudgetError(MemoryError):
+    """Building (or growing) something would exceed its ``memory_budget``.
+
+    Raised before anything is allocated; the message gives the budget, what was asked for, part by
+    part, and the largest size that fits where there is one.
+    """

@@ -169,7 +169,11 @@ class DataLoader:
     """
 
     def __init__(self, dataset: Dataset, batch_size: int | None = None, shuffle=False, drop_last: bool = False,
-                 seed: int | None = None, prefetch: int = 2, *, config: LoaderConfig | None = None, **options):
+                 seed: int | None = None, prefetch: int = 2, *, config: LoaderConfig | None = None,
+                 allocator=None, memory_budget=None, **options):
+        from . import alloc
+        from .memory import check_budget, parse_bytes
+
         if config is None:
             if batch_size is None:
                 raise TypeError("DataLoader needs batch_size (or config=LoaderConfig(...))")
@@ -193,23 +197,31 @@ class DataLoader:
         self._batches = n // b if config.drop_last else -(-n // b)
         self._gathers = config.mode != "none" or not config.zero_copy
         ring = config.prefetch + 1
+        self.allocator = a = alloc.resolve(allocator)
+        self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+        block_rows = None
+        if config.mode == "block":
+            block_rows = config.block_rows or max(1, (64 << 10) // max(1, dataset.row_nbytes))
+        # checked before anything is allocated
+        check_budget(self.memory_budget, self._planned_parts(dataset, config, n, block_rows),
+                     f"DataLoader of batch {b}, prefetch {config.prefetch}, shuffle={config.shuffle!r}")
         if self._gathers:
-            self._ring = [dataset.new_output(b) for _ in range(ring)]
+            self._ring = [self._new_output(dataset, b, allocator) for _ in range(ring)]
         else:
             self._ring = [None] * ring
-        self._idx = [np.zeros(b, np.int64) for _ in range(ring)]
+        self._idx = [a.zeros(b, np.int64) for _ in range(ring)]
         # full gathered batches are the same objects every time their slot comes round
         self._full = [Batch(out.fields, idx) for out, idx in zip(self._ring, self._idx)] if self._gathers else None
-        self._base = np.arange(b, dtype=np.int64)
+        self._base = a.empty(b, np.int64)
+        self._base[:] = np.arange(b, dtype=np.int64)
         self._perm = self._blocks = self._window = None
         if config.mode == "full":
-            self._perm = np.zeros(n, np.int32 if n < 1 << 31 else np.int64)
+            self._perm = a.zeros(n, np.int32 if n < 1 << 31 else np.int64)
         elif config.mode == "block":
-            block_rows = config.block_rows or max(1, (64 << 10) // max(1, dataset.row_nbytes))
             self.block_rows = block_rows
             n_blocks = -(-n // block_rows)
-            self._blocks = np.zeros(n_blocks, np.int64)
-            self._window = np.zeros(min(n, config.window_blocks * block_rows), np.int64)
+            self._blocks = a.zeros(n_blocks, np.int64)
+            self._window = a.zeros(min(n, config.window_blocks * block_rows), np.int64)
         self._active = None
         self._lock = threading.Lock()
 
@@ -225,17 +237,47 @@ class DataLoader:
         """Batches per epoch."""
         return self._batches
 
+    def _new_output(self, dataset, b: int, requested):
+        import inspect
+
+        params = inspect.signature(dataset.new_output).parameters
+        if "allocator" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return dataset.new_output(b, allocator=self.allocator)
+        if requested is not None:  # asked for explicitly: never fall back silently
+            raise TypeError(f"allocator={requested!r}: {type(dataset).__name__}.new_output(batch_size) "
+                            f"takes no allocator= argument, so its batches cannot come from that allocator")
+        return dataset.new_output(b)  # a dataset of the older contract: its own memory
+
+    @staticmethod
+    def _planned_parts(dataset, config: LoaderConfig, n: int, block_rows) -> dict:
+        b, ring = config.batch_size, config.prefetch + 1
+        gathers = config.mode != "none" or not config.zero_copy
+        order = 0
+        if config.mode == "full":
+            order = n * (4 if n < 1 << 31 else 8)
+        elif config.mode == "block":
+            order = 8 * (-(-n // block_rows) + min(n, config.window_blocks * block_rows))
+        return {"output_ring": ring * b * (dataset.row_nbytes + 8) if gathers else 0,
+                "indices": 8 * b * (ring + 1), "order": order}
+
     @property
-    def nbytes(self) -> int:
-        """Bytes the loader holds: batch ring, index arrays, permutation or block-shuffle scratch."""
-        total = sum(i.nbytes for i in self._idx) + self._base.nbytes
+    def nbytes_parts(self) -> dict:
+        """Bytes the loader allocated, by part: ``output_ring`` (gathered batches and their
+        indices), ``indices`` (the index arrays), ``order`` (permutation or block-shuffle
+        scratch). The dataset's own rows are not counted."""
+        ring = 0
         for out in self._ring:
             if out is not None:
-                total += sum(v.nbytes for v in out.fields.values()) if out.records is None else out.records.nbytes
-        for a in (self._perm, self._blocks, self._window):
-            if a is not None:
-                total += a.nbytes
-        return total
+                rows = sum(v.nbytes for v in out.fields.values()) if out.records is None else out.records.nbytes
+                ring += rows + out.indices.nbytes
+        order = sum(a.nbytes for a in (self._perm, self._blocks, self._window) if a is not None)
+        return {"output_ring": int(ring), "indices": int(sum(i.nbytes for i in self._idx) + self._base.nbytes),
+                "order": int(order)}
+
+    @property
+    def nbytes(self) -> int:
+        """Total of :attr:`nbytes_parts`."""
+        return sum(self.nbytes_parts.values())
 
     def __iter__(self) -> "_Epoch":
         with self._lock:

@@ -78,14 +78,36 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # one 32-byte record per node, [sum, min, max, unused]: an update reads a node's
         # children and writes the node in two cache lines for all three trees, not six
         # (measured 0.88x of the step with three separate arrays at 1M rows, reports/prioritized.md)
-        self._tree = np.zeros((2 * leaves, 4), np.float64)
+        self._tree = self.allocator.zeros((2 * leaves, 4), np.float64)
         self._sum, self._min, self._max = self._tree[:, 0], self._tree[:, 1], self._tree[:, 2]
         self._min[:] = np.inf
         self._samples = 0  # sample calls so far: the position in the beta schedule
         # writes per slot, so an update for a row that has since been overwritten is refused
-        self._version = np.zeros(self.capacity, np.uint64)
+        self._version = self.allocator.zeros(self.capacity, np.uint64)
         self._psample = self._storage.kernels.sample_prioritized
         self._fast_push = _weak_method(self, "_checked_push")  # every write also sets priorities
+
+    # -- memory -----------------------------------------------------------------------------
+    _PLAN_ONLY = ("alpha", "beta", "beta_final", "beta_steps", "eps", "seed")
+
+    def _plan_options(self, options: dict) -> None:
+        for k in self._PLAN_ONLY:  # they do not change the memory
+            options.pop(k, None)
+        super()._plan_options(options)
+
+    def _planned_parts(self, batch_sizes=()) -> dict:
+        parts = super()._planned_parts(batch_sizes)
+        leaves = 1 << max(0, (self._capacity - 1).bit_length())
+        parts["trees"] = 2 * leaves * 4 * 8  # (2P, 4) float64 nodes
+        parts["bookkeeping"] += 8 * self._capacity  # slot versions
+        return parts
+
+    @property
+    def nbytes_parts(self) -> dict:
+        parts = super().nbytes_parts
+        parts["trees"] = int(self._tree.nbytes)
+        parts["bookkeeping"] += int(self._version.nbytes)
+        return parts
 
     # -- priorities -------------------------------------------------------------------------
     @property

@@ -49,12 +49,13 @@ class Output:
 class _Storage:
     layout: str
 
-    def __init__(self, spec: Spec, capacity: int):
-        from . import kernels  # numba is imported when the first storage is built, not at import
+    def __init__(self, spec: Spec, capacity: int, allocator=None):
+        from . import alloc, kernels  # numba is imported when the first storage is built, not at import
 
         self.spec = spec
         self.capacity = capacity
         self._kernels = kernels.BY_LAYOUT[self.layout]
+        self.allocator = alloc.resolve(allocator)
 
     # the kernel-facing view of the data; see subclasses
     kernel_store = None
@@ -156,12 +157,12 @@ class AoSStorage(_Storage):
 
     layout = "aos"
 
-    def __init__(self, spec: Spec, capacity: int, backing=None):
-        super().__init__(spec, capacity)
+    def __init__(self, spec: Spec, capacity: int, backing=None, allocator=None):
+        super().__init__(spec, capacity, allocator)
         dtype = spec.aos_dtype
         # zeros: pages are mapped lazily and padding bytes are deterministic; or the caller's
         # memory (a file mapping, for a spilling buffer)
-        self.data = np.zeros(capacity, dtype=dtype) if backing is None else backing
+        self.data = self.allocator.zeros(capacity, dtype) if backing is None else backing
         self.kernel_store = self.data.view(np.uint64).reshape(capacity, dtype.itemsize // 8)
         self._fields = {name: self.data[name] for name in spec.names}
         self._field_list = [self._fields[name] for name in spec.names]
@@ -182,10 +183,10 @@ class AoSStorage(_Storage):
 
     def new_output(self, batch_size: int) -> Output:
         dtype = self.spec.aos_dtype
-        records = np.zeros(batch_size, dtype=dtype)
+        records = self.allocator.zeros(batch_size, dtype)
         fields = {name: records[name] for name in self.spec.names}
         words = records.view(np.uint64).reshape(batch_size, dtype.itemsize // 8)
-        return Output(np.zeros(batch_size, np.int64), fields, words, records)
+        return Output(self.allocator.zeros(batch_size, np.int64), fields, words, records)
 
 
 class SoAStorage(_Storage):
@@ -201,9 +202,9 @@ class SoAStorage(_Storage):
 
     layout = "soa"
 
-    def __init__(self, spec: Spec, capacity: int, backing=None):
-        super().__init__(spec, capacity)
-        self.columns = ({f.name: np.zeros((capacity,) + f.shape, dtype=f.dtype) for f in spec}
+    def __init__(self, spec: Spec, capacity: int, backing=None, allocator=None):
+        super().__init__(spec, capacity, allocator)
+        self.columns = ({f.name: self.allocator.zeros((capacity,) + f.shape, f.dtype) for f in spec}
                         if backing is None else dict(backing))
         self._fields = self.columns
         self._field_list = [self.columns[name] for name in spec.names]
@@ -218,9 +219,9 @@ class SoAStorage(_Storage):
         return _bytes2d(view).view(WORD_TYPES[word]), 0, width
 
     def new_output(self, batch_size: int) -> Output:
-        fields = {f.name: np.zeros((batch_size,) + f.shape, dtype=f.dtype) for f in self.spec}
+        fields = {f.name: self.allocator.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}
         kernel_out = tuple(_bytes2d(fields[name]) for name in self.spec.names)
-        return Output(np.zeros(batch_size, np.int64), fields, kernel_out)
+        return Output(self.allocator.zeros(batch_size, np.int64), fields, kernel_out)
 
 
 def _bytes2d(arr: np.ndarray) -> np.ndarray:
@@ -242,10 +243,23 @@ def word_size(*sizes: int) -> int:
 STORAGES = {"aos": AoSStorage, "soa": SoAStorage}
 
 
-def make_storage(spec: Spec, capacity: int, layout: str | None = None, backing=None) -> _Storage:
+def make_storage(spec: Spec, capacity: int, layout: str | None = None, backing=None,
+                 allocator=None) -> _Storage:
     """Build the storage for ``layout`` (argument, else ``TFDATA_LAYOUT``, else the default).
 
     ``backing``: arrays to use instead of fresh memory (records for AoS, a dict of columns for
-    SoA), of the exact dtypes and shapes the storage would allocate.
+    SoA), of the exact dtypes and shapes the storage would allocate. ``allocator``: where fresh
+    memory (rows and outputs) comes from (see :func:`tfdata.alloc.resolve`).
     """
-    return STORAGES[resolve_layout(layout)](spec, capacity, backing)
+    return STORAGES[resolve_layout(layout)](spec, capacity, backing, allocator)
+
+
+def storage_nbytes(spec: Spec, capacity: int, layout: str) -> int:
+    """Bytes the storage of ``layout`` holds for ``capacity`` rows of ``spec`` (without building it)."""
+    row = spec.aos_dtype.itemsize if layout == "aos" else spec.row_nbytes
+    return int(capacity) * int(row)
+
+
+def output_nbytes(spec: Spec, batch_size: int, layout: str) -> int:
+    """Bytes of one :meth:`new_output` of ``batch_size`` rows: rows plus int64 indices."""
+    return storage_nbytes(spec, batch_size, layout) + 8 * int(batch_size)
