@@ -4,6 +4,7 @@
     python3 dev.py demo    # the main job: quick experiments, report under reports/
     python3 dev.py test    # the whole test suite
     python3 dev.py bench   # asv over the benchmark suite, once, quick (what CI runs)
+    python3 dev.py system  # install the allocator libraries (jemalloc, mimalloc) with apt-get
 
 Each command creates ``.venv`` (once) and installs the package with the extras it needs; a
 change to pyproject.toml triggers a reinstall. Standard library only.
@@ -22,6 +23,9 @@ VENV = os.environ.get("TFDATA_VENV", os.path.join(ROOT, ".venv"))
 BIN = os.path.join(VENV, "bin")
 PY = os.path.join(BIN, "python")
 EXTRAS = "test,bench,rl,torch"
+# Debian's jemalloc can be loaded into Python only with this glibc tunable set before the
+# interpreter starts (see tfdata/alloc.py); every command runs with it
+TUNABLE = "glibc.rtld.optional_static_tls=4096"
 
 
 def _stamp() -> str:
@@ -47,16 +51,68 @@ def ensure_env() -> None:
         f.write(_stamp())
 
 
+# Debian/Ubuntu packages of the allocators tfdata.alloc loads with ctypes
+SYSTEM_PACKAGES = ("libjemalloc2", "libmimalloc2.0")
+LIBRARY_FILES = ("libjemalloc.so.2", "libmimalloc.so.2")
+
+
+def _have_libraries() -> bool:
+    import ctypes.util
+
+    found = [ctypes.util.find_library(n) for n in ("jemalloc", "mimalloc")]
+    return all(found)
+
+
+def system() -> int:
+    """Install the allocator libraries with apt-get (as root, or with sudo without a password).
+
+    Returns 0 when they are present afterwards, else 1 after saying what to do.
+    """
+    if _have_libraries():
+        print("allocator libraries present: " + ", ".join(LIBRARY_FILES))
+        return 0
+    apt = "/usr/bin/apt-get"
+    if os.path.exists(apt):
+        prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+        cmd = prefix + [apt, "install", "-y", "--no-install-recommends", *SYSTEM_PACKAGES]
+        print("installing " + " ".join(SYSTEM_PACKAGES) + ": " + " ".join(cmd), flush=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        rc = subprocess.call(cmd, env=env)
+        if rc and not prefix:  # package lists may be missing on a fresh machine
+            subprocess.call([apt, "update"], env=env)
+            rc = subprocess.call(cmd, env=env)
+        if rc == 0 and _have_libraries():
+            return 0
+    print("could not install the allocator libraries (jemalloc, mimalloc).\n"
+          "  Debian/Ubuntu: sudo apt-get install " + " ".join(SYSTEM_PACKAGES) + "\n"
+          "  elsewhere: install jemalloc and mimalloc and set TFDATA_JEMALLOC / TFDATA_MIMALLOC to\n"
+          "  their shared libraries. Without them tfdata works with allocator='numpy' (the default);\n"
+          "  their tests and benchmarks skip.", file=sys.stderr)
+    return 1
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    old = env.get("GLIBC_TUNABLES", "")
+    if TUNABLE not in old.split(":"):
+        env["GLIBC_TUNABLES"] = f"{old}:{TUNABLE}" if old else TUNABLE
+    return env
+
+
 def run(cmd: list[str], **kw) -> None:
-    rc = subprocess.call(cmd, cwd=ROOT, **kw)
+    rc = subprocess.call(cmd, cwd=ROOT, env=_env(), **kw)
     if rc:
         sys.exit(rc)
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("demo", "test", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "bench", "system"):
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
+    if cmd == "system":
+        sys.exit(system())
+    if not _have_libraries():
+        system()  # best effort: without them only the jemalloc/mimalloc runs skip
     ensure_env()
     if cmd == "demo":
         run([PY, os.path.join("experiments", "layout.py"), "--quick", *rest])
