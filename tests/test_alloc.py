@@ -9,6 +9,7 @@ the static-TLS trap are also simulated, so their error messages are tested on ev
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import gc
 import mmap
 import os
@@ -322,3 +323,20 @@ def test_only_alloc_touches_ctypes():
                     if "ctypes" in fh.read().replace(".ctypes.data", ""):
                         offenders.append(f)
     assert offenders == []
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_steady_state_takes_nothing_from_the_allocator(handle, layout, kind):
+    cls = tfdata.PrioritizedReplayBuffer if kind == "prioritized" else tfdata.ReplayBuffer
+    buf = cls(CARTPOLE, 33, layout=layout, seed=0, allocator=handle, n_step=2)
+    rows = random_rows(tfdata.Spec(CARTPOLE), 40, np.random.default_rng(0))
+    buf.extend(rows)
+    b = buf.sample(8)  # the first sample of a batch size makes its ring
+    before = handle.stats()["allocations"]
+    for i in range(50):
+        buf.push({k: v[i % 40] for k, v in rows.items()})
+        buf.extend({k: v[:7] for k, v in rows.items()})
+        b = buf.sample(8)
+        if kind == "prioritized":
+            buf.update_priorities(b, np.ones(8))
+    assert handle.stats()["allocations"] == before

@@ -31,7 +31,6 @@ This is the only module of tfdata that touches ``ctypes``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import sys
@@ -393,6 +392,8 @@ def madvise(arr: np.ndarray, advice: int) -> None:
 
 def _load(name: str):
     """Load library ``name`` with ``RTLD_LOCAL`` and declare its functions; clear errors."""
+    import ctypes.util  # here, not at import: it pulls in subprocess and friends
+
     override = os.environ.get(f"TFDATA_{name.upper()}")
     candidates = [override] if override else list(LIBRARIES[name])
     if not override:

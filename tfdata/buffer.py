@@ -221,6 +221,17 @@ class ReplayBuffer:
         Rows kept resident by a spilling buffer.
     hot_bytes : int or str, optional
         The same as bytes (``"64MB"``, ``"1.5GiB"``; k, M, G are powers of 1024).
+    allocator : str or tfdata.alloc.Allocator, optional
+        Where every array of the buffer comes from (rows, output rings, trees, bookkeeping):
+        ``"numpy"``, ``"jemalloc"``, ``"mimalloc"``, ``"hugepages"`` or ``"nohugepages"`` (see
+        :mod:`tfdata.alloc`). Default: the ``TFDATA_ALLOCATOR`` environment variable, else
+        ``"numpy"``. Results never depend on it.
+    memory_budget : int or str, optional
+        Bytes (or ``"400MB"``) the buffer may hold in all, as :attr:`nbytes` counts them. Checked
+        before anything is allocated: construction over budget, the output ring of a new batch
+        size, or a growth of the episode-final table (``elide_next``) raises
+        :class:`tfdata.MemoryBudgetError` and changes nothing. :func:`tfdata.memory.max_capacity`
+        gives the largest capacity that fits.
 
     Notes
     -----

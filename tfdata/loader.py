@@ -139,6 +139,12 @@ class DataLoader:
         See :class:`LoaderConfig`.
     config : LoaderConfig, optional
         Instead of the keywords.
+    allocator : str or tfdata.alloc.Allocator, optional
+        Where the batch ring and index arrays come from (as for :class:`~tfdata.ReplayBuffer`).
+    memory_budget : int or str, optional
+        Bytes the loader may allocate (:attr:`nbytes_parts`: batch ring, indices, permutation
+        or block-shuffle scratch; the dataset's rows are not counted). Checked before
+        allocating; :class:`tfdata.MemoryBudgetError` if it does not fit.
     **options
         The other :class:`LoaderConfig` fields (``zero_copy``, ``block_rows``, ...).
 
