@@ -340,3 +340,21 @@ def test_steady_state_takes_nothing_from_the_allocator(handle, layout, kind):
         if kind == "prioritized":
             buf.update_priorities(b, np.ones(8))
     assert handle.stats()["allocations"] == before
+
+
+def test_array_dataset_copies_through_the_allocator(handle):
+    spec = tfdata.Spec(CARTPOLE)
+    cols = random_rows(spec, 50, np.random.default_rng(0))
+    ds = tfdata.ArrayDataset(cols, layout="aos", allocator=handle)
+    assert handle.stats()["live_bytes"] == 50 * spec.aos_dtype.itemsize
+    for name in spec.names:
+        np.testing.assert_array_equal(ds.records[name], cols[name])
+    back = tfdata.ArrayDataset(ds.records, layout="soa", allocator=handle)
+    for name in spec.names:
+        np.testing.assert_array_equal(back.columns[name], cols[name])
+        assert back.columns[name].flags.c_contiguous
+    assert handle.stats()["live_bytes"] == 50 * (spec.aos_dtype.itemsize + spec.row_nbytes)
+    same = tfdata.ArrayDataset(cols, allocator=handle)  # nothing to copy: the caller's arrays
+    assert same.columns["obs"] is cols["obs"]
+    with pytest.raises(tfdata.MemoryBudgetError, match="ArrayDataset of 50 AoS rows"):
+        tfdata.ArrayDataset(cols, layout="aos", allocator=handle, memory_budget=100)

@@ -85,7 +85,7 @@ class Dataset:
         :func:`tfdata.alloc.resolve`)."""
         from . import alloc
 
-        a = alloc.resolve(allocator)
+        a = alloc.resolve(allocator if allocator is not None else getattr(self, "_allocator", None))
         if self.layout == "aos":
             records = a.zeros(batch_size, self.dtype)
             fields = {name: records[name] for name in self.spec.names}
@@ -178,6 +178,11 @@ class ArrayDataset(Dataset):
     layout : {"aos", "soa"} or None
         None keeps the layout of ``data``. Asking for the other layout copies once, here:
         to :attr:`Spec.aos_dtype` records, or to one C-contiguous array per field.
+    allocator : str or tfdata.alloc.Allocator, optional
+        Where that copy (and :meth:`new_output` blocks made without an allocator) comes from;
+        see :mod:`tfdata.alloc`.
+    memory_budget : int or str, optional
+        Bytes the copy may take; :class:`tfdata.MemoryBudgetError` before copying if it is more.
 
     Raises
     ------
@@ -186,7 +191,12 @@ class ArrayDataset(Dataset):
         not 1-D.
     """
 
-    def __init__(self, data, layout: str | None = None):
+    def __init__(self, data, layout: str | None = None, *, allocator=None, memory_budget=None):
+        from . import alloc
+        from .memory import check_budget, parse_bytes
+
+        a = alloc.resolve(allocator)
+        budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if isinstance(data, np.ndarray) and data.dtype.names is not None:
             if data.ndim != 1:
                 raise SpecError(f"records: expected a 1-D structured array, got shape {data.shape}")
@@ -210,24 +220,42 @@ class ArrayDataset(Dataset):
         else:
             raise SpecError(f"data: expected a structured ndarray or a mapping of arrays, got {type(data).__name__}")
         layout = native if layout is None else resolve_layout(layout)
+        if native == "aos":
+            n = data.shape[0]
+            cols = {name: data[name] for name in spec.names}
+        else:
+            n = len(next(iter(cols.values())))
         if layout == "aos":
-            if native == "aos":
-                records = np.ascontiguousarray(data)
+            if native == "aos" and data.flags.c_contiguous:
+                records = data
             else:
-                records = np.empty(len(next(iter(cols.values()))), spec.aos_dtype)
+                check_budget(budget, {"copy": n * spec.aos_dtype.itemsize}, f"ArrayDataset of {n} AoS rows")
+                records = a.zeros(n, data.dtype if native == "aos" else spec.aos_dtype)
                 for name in spec.names:
                     records[name] = cols[name]
             self._bind(spec, records=records)
         else:
-            if native == "aos":
-                cols = {name: data[name] for name in spec.names}
-            columns = {f.name: np.ascontiguousarray(cols[f.name], dtype=f.dtype) for f in spec}
+            copy = {f.name: n * f.nbytes for f in spec if not _is_column(cols[f.name], f)}
+            check_budget(budget, copy, f"ArrayDataset of {n} SoA rows")
+            columns = {}
+            for f in spec:
+                col = cols[f.name]
+                if f.name in copy:
+                    col = a.empty((n,) + f.shape, f.dtype)
+                    col[...] = cols[f.name]
+                columns[f.name] = col
             self._bind(spec, columns=columns)
+        self._allocator = a
 
     @property
     def nbytes(self) -> int:
         """Bytes of the rows held in memory."""
         return self._n * self.row_nbytes
+
+
+def _is_column(arr: np.ndarray, f: Field) -> bool:
+    """Whether ``arr`` can be used as field ``f``'s column as it is (no copy)."""
+    return arr.flags.c_contiguous and arr.dtype == f.dtype
 
 
 def _spec_of_records(dtype: np.dtype) -> Spec:
