@@ -358,3 +358,14 @@ def test_array_dataset_copies_through_the_allocator(handle):
     assert same.columns["obs"] is cols["obs"]
     with pytest.raises(tfdata.MemoryBudgetError, match="ArrayDataset of 50 AoS rows"):
         tfdata.ArrayDataset(cols, layout="aos", allocator=handle, memory_budget=100)
+
+
+def test_checkpoint_loads_onto_the_chosen_allocator(handle, tmp_path):
+    buf = tfdata.PrioritizedReplayBuffer(CARTPOLE, 33, seed=2)
+    buf.extend(random_rows(tfdata.Spec(CARTPOLE), 40, np.random.default_rng(0)))
+    buf.save(tmp_path / "ck")
+    got = tfdata.PrioritizedReplayBuffer.load(tmp_path / "ck", allocator=handle)
+    assert handle.stats()["live_bytes"] == got.nbytes
+    np.testing.assert_array_equal(got.sample(8).indices, buf.sample(8).indices)
+    with pytest.raises(tfdata.MemoryBudgetError, match="largest capacity that fits is 8"):  # not a bad file
+        tfdata.PrioritizedReplayBuffer.load(tmp_path / "ck", memory_budget="1k")
