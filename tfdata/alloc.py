@@ -13,8 +13,10 @@ memory goes back to the allocator that gave it when the last view of the array d
     Debian's ``libmimalloc2.0``: ``mi_malloc_aligned``/``mi_zalloc_aligned``/``mi_free``,
     figures from ``mi_process_info``.
 ``"hugepages"`` / ``"nohugepages"``
-    One anonymous ``mmap`` per array, advised ``MADV_HUGEPAGE`` (start aligned to 2 MiB) or
-    ``MADV_NOHUGEPAGE``: the control that numpy's own advice makes necessary.
+    One anonymous ``mmap`` per array, advised ``MADV_HUGEPAGE`` (arrays of 2 MiB or more, start
+    aligned to 2 MiB) or ``MADV_NOHUGEPAGE``: the control that numpy's own advice makes
+    necessary. A system call per allocation and per free: for buffers built once, not for
+    per-batch temporaries (several times slower than malloc under churn, reports/alloc).
 
 The libraries are loaded with ``RTLD_LOCAL``: they serve tfdata's arrays only and never replace
 the process's ``malloc``. They are never unloaded (memory they gave may outlive any handle).
@@ -131,8 +133,13 @@ class Allocator:
         return self._array(shape, dtype, zero=False)
 
     def zeros(self, shape, dtype=np.float64) -> np.ndarray:
-        """As :meth:`empty`, filled with zeros. Large blocks are zeroed lazily where the
-        allocator can (fresh pages are zero): the first touch, not this call, maps them."""
+        """As :meth:`empty`, filled with zeros.
+
+        numpy (``calloc``), jemalloc (``MALLOCX_ZERO``) and the mmap allocators know fresh pages
+        are zero: a large block is mapped at its first touch, not here. mimalloc 2.0's
+        ``mi_zalloc_aligned`` clears the block at once (measured: every page faults in this
+        call), so a buffer on mimalloc is resident from construction.
+        """
         return self._array(shape, dtype, zero=True)
 
     def stats(self) -> dict:
@@ -238,14 +245,17 @@ class _MmapAllocator(Allocator):
         self.name = "hugepages" if huge else "nohugepages"
 
     def _allocate(self, nbytes, shape, dtype, zero):
-        # room to start the array on a 2 MiB boundary; untouched pages never become resident
-        pad = _HUGE if self.huge else 0
+        # a huge array gets room to start on a 2 MiB boundary (untouched pages never become
+        # resident); a smaller one cannot hold a huge page, and padding it would let the kernel
+        # back its one touched page with a whole 2 MiB page (measured: +2 MiB RSS per small array)
+        huge = self.huge and nbytes >= _HUGE
+        pad = _HUGE if huge else 0
         size = max(mmap.PAGESIZE, -(-(nbytes + pad) // mmap.PAGESIZE) * mmap.PAGESIZE)
         m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        m.madvise(mmap.MADV_HUGEPAGE if self.huge else mmap.MADV_NOHUGEPAGE)
+        m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
         raw = np.frombuffer(m, np.uint8)
-        off = (-raw.ctypes.data) % (_HUGE if self.huge else ALIGN)
+        off = (-raw.ctypes.data) % (_HUGE if huge else ALIGN)
         arr = raw[off:off + nbytes].view(dtype).reshape(shape)  # fresh anonymous pages are zero
         return m, arr
 
