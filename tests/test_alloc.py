@@ -379,3 +379,24 @@ def test_checkpoint_loads_onto_the_chosen_allocator(handle, tmp_path):
     np.testing.assert_array_equal(got.sample(8).indices, buf.sample(8).indices)
     with pytest.raises(tfdata.MemoryBudgetError, match="largest capacity that fits is 8"):  # not a bad file
         tfdata.PrioritizedReplayBuffer.load(tmp_path / "ck", memory_budget="1k")
+
+
+@pytest.mark.parametrize("name", ["jemalloc", "mimalloc"])
+def test_allocation_leaves_nothing_for_the_cycle_collector(name):
+    """A training loop may run with gc disabled: allocating and freeing must not pile up objects
+    only the cycle collector frees (a ctypes array type per distinct size did: 186 MiB per 60k)."""
+    a = usable(name)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _rss()
+        for n in range(4096, 4096 + 20_000):  # 20k distinct sizes
+            x = a.empty(n, np.uint8)
+            x[0] = 1
+            del x
+        a.trim()
+        assert a.stats()["live_blocks"] == 0
+        assert _rss() - before < 16 << 20
+    finally:
+        gc.enable()
+        a.close()
