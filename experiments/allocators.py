@@ -1,0 +1,1246 @@
+"""Allocators: does the allocator behind tfdata's arrays matter, and where?
+
+A self-contained experiment (one file, parameters at the top, cleanrl style). Five allocators of
+``tfdata.alloc`` are compared:
+
+* ``numpy``: the system malloc (glibc) through numpy, which advises transparent huge pages for
+  arrays of 4 MiB and more;
+* ``jemalloc``: Debian's libjemalloc2 through ctypes;
+* ``mimalloc``: Debian's libmimalloc2.0 through ctypes;
+* ``hugepages``: one anonymous mmap per array, ``MADV_HUGEPAGE``, start aligned to 2 MiB;
+* ``nohugepages``: one anonymous mmap per array, ``MADV_NOHUGEPAGE`` (the no-huge-page control).
+
+Cases, each measured in a fresh process per (allocator, layout, seed):
+
+``cartpole``
+    A ``ReplayBuffer`` of CartPole-like rows (1M rows full, 200k quick), both layouts:
+    construction time, first fill with ``extend`` in chunks (faults the pages in), a second fill
+    (pages already resident: the steady ``extend`` rate), peak RSS, ``push`` rate, the latency of
+    single ``sample(256)`` calls (p50 / p99 / p99.9) and the time of ``sample(4096)``.
+``image``
+    A ~2 GiB buffer of image-like rows (4x84x84 uint8 observation, AoS; 256 MiB in quick mode):
+    construction, first fill, second fill, random gathers ``sample(256)`` / ``sample(4096)``, and
+    ``tfdata.memory.snapshot()["huge"]`` (AnonHugePages) to show whether huge pages were used.
+``churn``
+    What a loop that does not preallocate does: a fixed, seeded sequence of allocations of
+    log-uniform random sizes (4 KiB .. 4 MiB) through ``alloc.empty``, one byte written per 4 KiB
+    page, a sliding window of the last K arrays kept alive (older ones freed). RSS over the run,
+    final and peak RSS against the live bytes, allocations per second, and RSS after
+    ``Allocator.trim()``.
+
+    python experiments/allocators.py --quick                      # ~2-3 min, 2 seeds, small sizes
+    python experiments/allocators.py                              # full run, 5 seeds, ~13 min
+    python experiments/allocators.py --render reports/alloc/results.json   # redo report + plots
+    python experiments/allocators.py --allocators numpy,mimalloc  # a subset
+
+Full runs write ``reports/alloc/`` (``README.md``, ``results.json``, ``*.png``); quick runs
+write ``reports/alloc/quick/`` so they never replace a full report. Only the public tfdata API
+is used (``tfdata.ReplayBuffer``, ``tfdata.alloc``, ``tfdata.memory``), plus numpy and matplotlib.
+
+Debian's jemalloc loads only if ``GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096`` is in the
+environment before Python starts: the main process re-executes itself with it
+(``tfdata.alloc.reexec_with_tunables``) and starts every measurement process with
+``tfdata.alloc.tunable_env()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import tfdata
+from tfdata import alloc as talloc
+from tfdata import memory as tmem
+
+sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
+from _methodology import RunRecord, markdown as methodology_markdown, peak_rss_bytes, write_json  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------------------------
+EXPERIMENT = "alloc"
+ALLOCATORS = talloc.NAMES  # numpy, jemalloc, mimalloc, hugepages, nohugepages
+REFERENCE = "numpy"        # differences are stated against the default allocator
+LAYOUTS = ("aos", "soa")
+SEEDS = {"full": 5, "quick": 2}
+SPECS = {
+    # a CartPole-v1 transition: 46 bytes of data, a 48-byte AoS record
+    "cartpole": {"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
+                 "terminated": "?", "truncated": "?"},
+    # an Atari frame stack without next_obs (a frame store): 28,238 bytes of data per row
+    "image": {"obs": ("u1", (4, 84, 84)), "action": "i8", "reward": "f4",
+              "terminated": "?", "truncated": "?"},
+}
+ROWS = {"full": {"cartpole": 1_000_000, "image": 76_000},      # image: ~2.0 GiB
+        "quick": {"cartpole": 200_000, "image": 9_500}}        # image: ~256 MiB
+CASE_LAYOUTS = {"cartpole": LAYOUTS, "image": ("aos",)}        # image rows: obs is 99.9% of a row
+FILL_CHUNK = {"cartpole": 10_000, "image": 500}                # rows per extend call
+PUSHES = {"full": 50_000, "quick": 10_000}                     # single-row pushes timed
+LAT_BATCH = 256
+LAT_CALLS = {"full": 100_000, "quick": 20_000}                 # sample(256) calls timed one by one
+GATHER_BATCHES = (256, 4096)
+GATHER_SECONDS = {"full": 1.0, "quick": 0.3}                   # per batch size (at least GATHER_MIN calls)
+GATHER_MIN = 10
+CHURN = {"full": {"allocations": 60_000, "window": 256},
+         "quick": {"allocations": 8_000, "window": 256}}
+CHURN_MIN, CHURN_MAX = 4 << 10, 4 << 20                        # log-uniform sizes, bytes
+CHURN_POINTS = 200                                             # RSS samples over a churn run
+PAGE = 4096
+HIST_EDGES_NS = np.logspace(3, 9, 301)                         # 1 µs .. 1 s, 50 bins per decade
+MARGIN = 0.05              # a difference counts when every seed agrees in sign and it exceeds 5%
+WORKER_TIMEOUT_S = 900
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIRS = {"full": os.path.join(ROOT, "reports", "alloc"),
+            "quick": os.path.join(ROOT, "reports", "alloc", "quick")}
+COLORS = {"numpy": "tab:blue", "jemalloc": "tab:orange", "mimalloc": "tab:green",
+          "hugepages": "tab:red", "nohugepages": "tab:purple"}
+THP_FILES = ("enabled", "defrag", "khugepaged/defrag", "hpage_pmd_size")
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement (runs in a fresh worker process)
+# ---------------------------------------------------------------------------------------------
+def source_chunk(kind: str, n: int, seed: int) -> dict:
+    """``n`` rows of random data for ``extend`` (allocated before anything is measured)."""
+    rng = np.random.default_rng(seed)
+    spec = SPECS[kind]
+    out = {}
+    for name, s in spec.items():
+        dtype, shape = (s, ()) if isinstance(s, str) else s
+        dtype = np.dtype(dtype)
+        full = (n, *shape)
+        if dtype == np.bool_:
+            out[name] = rng.random(full) < 0.01
+        elif dtype.kind == "u":
+            out[name] = rng.integers(0, 256, full, dtype=dtype)
+        elif dtype.kind == "i":
+            out[name] = rng.integers(0, 2, full).astype(dtype)
+        else:
+            out[name] = rng.standard_normal(full).astype(dtype)
+    return out
+
+
+def one_row(chunk: dict, i: int) -> dict:
+    return {k: (v[i] if v.ndim > 1 else v[i].item()) for k, v in chunk.items()}
+
+
+def snap() -> dict:
+    s = tmem.snapshot(uss=False)
+    return {k: s[k] for k in ("rss", "peak_rss", "huge", "minor_faults", "major_faults")}
+
+
+def latency_stats(ns: np.ndarray) -> dict:
+    ns = np.asarray(ns, dtype=np.float64)
+    return {"calls": int(ns.size), "mean_us": float(ns.mean() / 1e3),
+            "p50_us": float(np.percentile(ns, 50) / 1e3), "p90_us": float(np.percentile(ns, 90) / 1e3),
+            "p99_us": float(np.percentile(ns, 99) / 1e3), "p999_us": float(np.percentile(ns, 99.9) / 1e3),
+            "max_us": float(ns.max() / 1e3)}
+
+
+def fill(buf, chunk: dict, rows: int, step: int) -> float:
+    t0 = time.perf_counter()
+    done = 0
+    while done < rows:
+        n = min(step, rows - done)
+        buf.extend(chunk if n == step else {k: v[:n] for k, v in chunk.items()})
+        done += n
+    return time.perf_counter() - t0
+
+
+def timed_gathers(buf, batch: int, seconds: float) -> dict:
+    t = time.perf_counter_ns
+    a = t()
+    buf.sample(batch)  # first call of this size: allocates and faults in its output ring
+    first_us = (t() - a) / 1e3
+    ns = []
+    end = time.perf_counter() + seconds
+    while len(ns) < GATHER_MIN or time.perf_counter() < end:
+        a = t()
+        buf.sample(batch)
+        ns.append(t() - a)
+    out = latency_stats(np.array(ns))
+    out["first_call_us"] = first_us
+    out["rows_per_s"] = batch / (float(np.median(ns)) / 1e9)
+    return out
+
+
+def warm_up(kind: str, name: str, layout: str) -> None:
+    """Compile the kernels and load the allocator's library before anything is timed."""
+    talloc.get(name)
+    spec = SPECS[kind]
+    chunk = source_chunk(kind, 4096, seed=999)
+    w = tfdata.ReplayBuffer(spec, 8192, layout=layout, seed=999, allocator=name)
+    w.extend(chunk)
+    w.extend(chunk)
+    w.push(one_row(chunk, 0))
+    for b in GATHER_BATCHES:
+        w.sample(b)
+    del w, chunk
+    gc.collect()
+
+
+def measure_buffer(job: dict) -> dict:
+    kind, name, layout, seed, mode = job["case"], job["allocator"], job["layout"], job["seed"], job["mode"]
+    rows = ROWS[mode][kind]
+    step = FILL_CHUNK[kind]
+    warm_up(kind, name, layout)
+    chunk = source_chunk(kind, step, seed)
+    gc.collect()
+    gc.disable()
+    res = {}
+    s0 = snap()
+    tmem.reset_peak()
+    t0 = time.perf_counter()
+    buf = tfdata.ReplayBuffer(SPECS[kind], rows, layout=layout, seed=seed, allocator=name)
+    res["construct_ms"] = (time.perf_counter() - t0) * 1e3
+    s1 = snap()
+    res["first_fill_s"] = fill(buf, chunk, rows, step)
+    s2 = snap()
+    res["refill_s"] = fill(buf, chunk, rows, step)
+    s3 = snap()
+    res["nbytes"] = int(buf.nbytes)
+    res["nbytes_parts"] = {k: int(v) for k, v in buf.nbytes_parts.items()}
+    res["rss_baseline"] = s0["rss"]
+    res["huge_baseline"] = s0["huge"]
+    res["rss_after_construct_over_baseline"] = s1["rss"] - s0["rss"]
+    res["rss_after_fill_over_baseline"] = s2["rss"] - s0["rss"]
+    res["peak_rss_fill_over_baseline"] = s3["peak_rss"] - s0["rss"]
+    res["huge_after_fill"] = s2["huge"]
+    res["minor_faults_construct"] = s1["minor_faults"] - s0["minor_faults"]
+    res["minor_faults_first_fill"] = s2["minor_faults"] - s1["minor_faults"]
+    res["minor_faults_refill"] = s3["minor_faults"] - s2["minor_faults"]
+    res["first_fill_rows_per_s"] = rows / res["first_fill_s"]
+    res["extend_rows_per_s"] = rows / res["refill_s"]
+    res["extend_bytes_per_s"] = res["nbytes_parts"].get("storage", res["nbytes"]) / res["refill_s"]
+    res["first_touch_s"] = res["first_fill_s"] - res["refill_s"]
+    res["construct_and_first_fill_s"] = res["construct_ms"] / 1e3 + res["first_fill_s"]
+
+    if kind == "cartpole":
+        # push: single rows, as an environment loop would
+        row_list = [one_row(chunk, i) for i in range(64)]
+        n = PUSHES[mode]
+        t0 = time.perf_counter()
+        for i in range(n):
+            buf.push(row_list[i & 63])
+        res["push_per_s"] = n / (time.perf_counter() - t0)
+        # sample(256): one call at a time, each timed
+        buf.sample(LAT_BATCH)
+        calls = LAT_CALLS[mode]
+        ns = np.empty(calls, np.int64)
+        t = time.perf_counter_ns
+        sample = buf.sample
+        for i in range(calls):
+            a = t()
+            sample(LAT_BATCH)
+            ns[i] = t() - a
+        res["sample256_latency"] = latency_stats(ns)
+        res["sample256_hist"] = np.histogram(np.clip(ns, HIST_EDGES_NS[0], HIST_EDGES_NS[-1] - 1),
+                                             HIST_EDGES_NS)[0].tolist()
+        res["gather"] = {str(b): timed_gathers(buf, b, GATHER_SECONDS[mode]) for b in (4096,)}
+    else:
+        res["gather"] = {str(b): timed_gathers(buf, b, GATHER_SECONDS[mode]) for b in GATHER_BATCHES}
+    s4 = snap()
+    gc.enable()
+    res["huge_end"] = s4["huge"]
+    res["rss_end_over_baseline"] = s4["rss"] - s0["rss"]
+    res["peak_rss_over_baseline"] = s4["peak_rss"] - s0["rss"]
+    res["allocator_stats"] = talloc.get(name).stats()
+    res["nbytes_end"] = int(buf.nbytes)  # with the output rings sampling allocated
+    res["nbytes_parts_end"] = {k: int(v) for k, v in buf.nbytes_parts.items()}
+    return res
+
+
+def measure_churn(job: dict) -> dict:
+    name, seed, mode = job["allocator"], job["seed"], job["mode"]
+    cfg = CHURN[mode]
+    n, k = cfg["allocations"], cfg["window"]
+    rng = np.random.default_rng(seed)
+    sizes = np.exp(rng.uniform(math.log(CHURN_MIN), math.log(CHURN_MAX), n)).astype(np.int64)
+    every = max(1, n // CHURN_POINTS)
+    h = talloc.open(name)  # a private handle: its counters are the churn's alone
+    # warm the code path (and load the library) with a few tiny blocks
+    for _ in range(16):
+        a = h.empty(PAGE, np.uint8)
+        a[::PAGE] = 1
+    del a
+    gc.collect()
+    gc.disable()
+    window = [None] * k
+    s0 = snap()
+    tmem.reset_peak()
+    trace = {"allocations": [], "t_s": [], "rss_over_baseline": [], "live_bytes": [], "huge": []}
+    t0 = time.perf_counter()
+    pause = 0.0  # time spent taking snapshots, taken out of the rate
+    for i in range(n):
+        arr = h.empty(int(sizes[i]), np.uint8)
+        arr[::PAGE] = 1
+        window[i % k] = arr  # drops the array allocated k steps ago
+        if (i + 1) % every == 0 or i + 1 == n:
+            p = time.perf_counter()
+            s = snap()
+            trace["allocations"].append(i + 1)
+            trace["t_s"].append(p - t0 - pause)
+            trace["rss_over_baseline"].append(s["rss"] - s0["rss"])
+            trace["live_bytes"].append(h.live_bytes)
+            trace["huge"].append(s["huge"])
+            pause += time.perf_counter() - p
+    del arr
+    elapsed = time.perf_counter() - t0 - pause
+    s_end = snap()
+    st_end = h.stats()
+    live_end = st_end["live_bytes"]
+    h.trim()
+    s_trim_live = snap()
+    window = None  # noqa: F841 - frees every array
+    gc.collect()
+    s_free = snap()
+    h.trim()
+    s_free_trim = snap()
+    gc.enable()
+    res = {
+        "allocations": n, "window": k, "elapsed_s": elapsed, "allocations_per_s": n / elapsed,
+        "requested_bytes_total": int(sizes.sum()), "mean_size": float(sizes.mean()),
+        "rss_baseline": s0["rss"],
+        "live_bytes_end": live_end, "peak_live_bytes": st_end["peak_bytes"],
+        "rss_end_over_baseline": s_end["rss"] - s0["rss"],
+        "peak_rss_over_baseline": s_end["peak_rss"] - s0["rss"],
+        "fragmentation_end": (s_end["rss"] - s0["rss"]) / live_end,
+        "rss_after_trim_live_over_baseline": s_trim_live["rss"] - s0["rss"],
+        "rss_after_free_over_baseline": s_free["rss"] - s0["rss"],
+        "rss_after_free_trim_over_baseline": s_free_trim["rss"] - s0["rss"],
+        "huge_end": s_end["huge"], "huge_baseline": s0["huge"],
+        "minor_faults": s_end["minor_faults"] - s0["minor_faults"],
+        "allocator_stats_end": st_end,
+        "trace": trace,
+    }
+    # RSS growth: the second half of the run against the first (after the window has filled)
+    half = len(trace["rss_over_baseline"]) // 2
+    if half:
+        res["rss_growth_second_half"] = trace["rss_over_baseline"][-1] - trace["rss_over_baseline"][half]
+    h.close()
+    return res
+
+
+def worker(job: dict) -> None:
+    ok, why = talloc.available(job["allocator"])
+    if not ok:
+        out = {"skipped": why}
+    else:
+        t0 = time.perf_counter()
+        out = measure_churn(job) if job["case"] == "churn" else measure_buffer(job)
+        out["worker_measure_s"] = time.perf_counter() - t0
+        out["worker_peak_rss"] = peak_rss_bytes()
+    sys.stdout.write("RESULT " + json.dumps(out, default=float) + "\n")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration (main process)
+# ---------------------------------------------------------------------------------------------
+def cpu_snapshot():
+    """(machine busy CPU-seconds, this process's and its waited children's CPU-seconds)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            parts = f.readline().split()
+        ticks = [int(x) for x in parts[1:9]]
+        busy = sum(ticks) - ticks[3] - ticks[4]
+        t = os.times()
+        return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system + t.children_user + t.children_system
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def other_cpu_share(before, after, wall_s: float):
+    if before is None or after is None or wall_s <= 0:
+        return None
+    other = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, other) / (wall_s * (os.cpu_count() or 1))
+
+
+def run_worker(job: dict, log) -> dict:
+    env = talloc.tunable_env()
+    env.pop("_TFDATA_REEXEC", None)
+    c0, t0 = cpu_snapshot(), time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)],
+                           env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"failed": f"timed out after {WORKER_TIMEOUT_S} s"}
+    wall = time.perf_counter() - t0
+    share = other_cpu_share(c0, cpu_snapshot(), wall)
+    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+    if p.returncode != 0 or line is None:
+        tail = (p.stderr or "").strip().splitlines()[-5:]
+        log(f"worker failed ({p.returncode}): {job}: {' | '.join(tail)}")
+        return {"failed": f"exit {p.returncode}: {' | '.join(tail)}"}
+    out = json.loads(line[len("RESULT "):])
+    out["worker_wall_s"] = wall
+    out["other_processes_cpu_share"] = share
+    out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def thp_settings() -> dict:
+    out = {}
+    for f in THP_FILES:
+        try:
+            with open(f"/sys/kernel/mm/transparent_hugepage/{f}") as fh:
+                out[f] = fh.read().strip()
+        except OSError:
+            out[f] = None
+    return out
+
+
+def library_versions() -> dict:
+    """Versions of the Debian packages behind jemalloc / mimalloc (dpkg-query; None if unknown)."""
+    out = {}
+    for pkg in ("libjemalloc2", "libmimalloc2.0", "libc6"):
+        try:
+            r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True,
+                               text=True, timeout=10)
+            out[pkg] = r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            out[pkg] = None
+    return out
+
+
+def rotated(seq, k: int) -> list:
+    seq = list(seq)
+    k %= len(seq)
+    return seq[k:] + seq[:k]
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------
+def get_path(d: dict, path: str):
+    for p in path.split("."):
+        if d is None or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+def mean_std(xs) -> tuple[float, float]:
+    xs = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    if not xs:
+        return float("nan"), float("nan")
+    return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
+
+
+def cell_runs(raw, case, name, layout):
+    return [r for r in raw if r["case"] == case and r["allocator"] == name and r["layout"] == layout
+            and "result" in r]
+
+
+def metric(raw, case, name, layout, path) -> dict:
+    vals = {r["seed"]: get_path(r["result"], path) for r in cell_runs(raw, case, name, layout)}
+    vals = {s: v for s, v in vals.items() if v is not None}
+    m, s = mean_std(vals.values())
+    return {"mean": m, "std": s, "per_seed": vals}
+
+
+def compare(raw, case, name, layout, path, ref=REFERENCE) -> dict:
+    """``name`` against ``ref`` on ``path``, paired by seed: relative difference of the means and
+    whether every seed agrees in sign with a mean difference above MARGIN."""
+    a = metric(raw, case, name, layout, path)
+    b = metric(raw, case, ref, layout, path)
+    seeds = sorted(set(a["per_seed"]) & set(b["per_seed"]))
+    if not seeds or not b["mean"]:
+        return {"rel": None, "consistent": False}
+    diffs = [a["per_seed"][s] - b["per_seed"][s] for s in seeds]
+    rel = a["mean"] / b["mean"] - 1
+    same = all(d > 0 for d in diffs) or all(d < 0 for d in diffs)
+    return {"rel": rel, "consistent": bool(same and abs(rel) > MARGIN and len(seeds) > 1)}
+
+
+def aggregate(raw, names) -> dict:
+    out = {}
+    paths = {
+        "cartpole": ["construct_ms", "first_fill_s", "construct_and_first_fill_s", "refill_s", "first_touch_s", "extend_rows_per_s",
+                     "push_per_s", "sample256_latency.p50_us", "sample256_latency.p99_us",
+                     "sample256_latency.p999_us", "sample256_latency.mean_us", "gather.4096.p50_us",
+                     "gather.4096.p99_us", "gather.4096.first_call_us", "peak_rss_fill_over_baseline",
+                     "rss_after_construct_over_baseline", "rss_after_fill_over_baseline",
+                     "minor_faults_first_fill", "huge_after_fill", "huge_baseline", "nbytes",
+                     "peak_rss_over_baseline", "minor_faults_construct"],
+        "image": ["construct_ms", "first_fill_s", "construct_and_first_fill_s", "refill_s", "first_touch_s", "extend_rows_per_s",
+                  "extend_bytes_per_s", "gather.256.p50_us", "gather.256.p99_us", "gather.4096.p50_us",
+                  "gather.4096.p99_us", "gather.256.first_call_us", "gather.4096.first_call_us",
+                  "peak_rss_fill_over_baseline", "rss_after_construct_over_baseline",
+                  "rss_after_fill_over_baseline", "minor_faults_first_fill", "huge_after_fill",
+                  "huge_baseline", "huge_end", "nbytes", "peak_rss_over_baseline", "minor_faults_construct"],
+        "churn": ["allocations_per_s", "elapsed_s", "live_bytes_end", "rss_end_over_baseline",
+                  "peak_rss_over_baseline", "fragmentation_end", "rss_after_trim_live_over_baseline",
+                  "rss_after_free_over_baseline", "rss_after_free_trim_over_baseline", "huge_end",
+                  "rss_growth_second_half", "minor_faults", "peak_live_bytes", "library_own_bytes_end",
+                  "library_own_over_live_end", "rss_minus_library_end"],
+    }
+    for case, ps in paths.items():
+        for lay in (CASE_LAYOUTS.get(case, (None,))):
+            for name in names:
+                cell = {p: metric(raw, case, name, lay, p) for p in ps}
+                if name != REFERENCE:
+                    cell["vs_" + REFERENCE] = {p: compare(raw, case, name, lay, p) for p in ps}
+                out[f"{case}/{name}/{lay}"] = cell
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------
+def mib(n) -> str:
+    return "?" if n is None or (isinstance(n, float) and math.isnan(n)) else f"{n / (1 << 20):.1f}"
+
+
+def ms(c, scale=1.0, digits=1) -> str:
+    m, s = c["mean"], c["std"]
+    if m is None or math.isnan(m):
+        return "–"
+    return f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}"
+
+
+def rel_text(cmp) -> str:
+    if cmp is None or cmp["rel"] is None:
+        return ""
+    mark = "" if cmp["consistent"] else "~"
+    return f" ({mark}{cmp['rel'] * 100:+.0f}%)"
+
+
+def cellv(cells, case, name, lay, path):
+    return cells.get(f"{case}/{name}/{lay}", {}).get(path)
+
+
+def fmt(cells, case, name, lay, path, scale=1.0, digits=1, rel=True) -> str:
+    c = cellv(cells, case, name, lay, path)
+    if c is None or c["mean"] is None or math.isnan(c["mean"]):
+        return "–"
+    text = ms(c, scale, digits)
+    if rel and name != REFERENCE:
+        text += rel_text(cells[f"{case}/{name}/{lay}"].get("vs_" + REFERENCE, {}).get(path))
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+def plot(raw, cells, names, out_dir, mode) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    present = [n for n in names if any(r["allocator"] == n and "result" in r for r in raw)]
+
+    # 1. sample(256) latency: survival function (1 - CDF), pooled over seeds
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    centers = np.sqrt(HIST_EDGES_NS[:-1] * HIST_EDGES_NS[1:]) / 1e3
+    for ax, lay in zip(axes, LAYOUTS):
+        for n in present:
+            hs = [r["result"]["sample256_hist"] for r in cell_runs(raw, "cartpole", n, lay)]
+            if not hs:
+                continue
+            h = np.sum(hs, axis=0).astype(float)
+            surv = 1 - np.cumsum(h) / h.sum()
+            ax.step(centers, np.maximum(surv, 1e-7), where="post", color=COLORS[n], label=n)
+        for q in (0.5, 0.99, 0.999):
+            ax.axhline(1 - q, color="0.8", lw=0.8, zorder=0)
+            ax.text(1.05, 1 - q, f"p{q * 100:g}", fontsize=7, color="0.4", va="bottom")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylim(1e-5 if mode == "full" else 1e-4, 1.2)
+        ax.set_xlim(1, 1e5)
+        ax.set_xlabel("sample(256) call latency (µs)")
+        ax.set_title(f"cartpole rows, {ROWS[mode]['cartpole']:,} filled, {lay.upper()}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("fraction of calls slower (1 - CDF)")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend()
+    fig.suptitle("Latency of single sample(256) calls, pooled over seeds")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "latency_sample256.png"), dpi=110)
+    plt.close(fig)
+    files.append("latency_sample256.png")
+
+    # 2. steady-state throughput (cartpole), normalised to numpy per layout
+    metrics = [("extend_rows_per_s", "extend rows/s (refill)", True),
+               ("push_per_s", "push rows/s", True),
+               ("sample256_latency.p50_us", "sample(256) p50 time", False),
+               ("sample256_latency.p99_us", "sample(256) p99 time", False),
+               ("gather.4096.p50_us", "sample(4096) p50 time", False)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(16, 4))
+    for ax, (p, title, higher) in zip(axes, metrics):
+        w = 0.8 / max(1, len(present))
+        for j, n in enumerate(present):
+            for li, lay in enumerate(LAYOUTS):
+                c, ref = cellv(cells, "cartpole", n, lay, p), cellv(cells, "cartpole", REFERENCE, lay, p)
+                if not c or not ref or not ref["mean"] or math.isnan(c["mean"]):
+                    continue
+                ax.bar(li + (j - (len(present) - 1) / 2) * w, c["mean"] / ref["mean"], w,
+                       yerr=c["std"] / ref["mean"], color=COLORS[n], label=n if li == 0 else None, capsize=2)
+        ax.axhline(1, color="k", lw=0.8)
+        ax.set_xticks(range(len(LAYOUTS)), [lay.upper() for lay in LAYOUTS])
+        ax.set_title(f"{title}\n(÷ numpy, {'higher' if higher else 'lower'} is better)", fontsize=9)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
+    fig.suptitle(f"Steady state on a filled buffer ({ROWS[mode]['cartpole']:,} cartpole rows): "
+                 "mean ± std over seeds, relative to numpy")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "steady_state.png"), dpi=110)
+    plt.close(fig)
+    files.append("steady_state.png")
+
+    # 3. huge pages: gather time and huge bytes
+    groups = [("cartpole", "aos", "4096"), ("cartpole", "soa", "4096"), ("image", "aos", "256"),
+              ("image", "aos", "4096")]
+    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(18, 4.3))
+    for ax, (case, lay, b) in zip(axes, groups):
+        xs, ys, es, cs = [], [], [], []
+        for n in present:
+            c = cellv(cells, case, n, lay, f"gather.{b}.p50_us")
+            if c and not math.isnan(c["mean"]):
+                xs.append(n)
+                ys.append(c["mean"])
+                es.append(c["std"])
+                cs.append(COLORS[n])
+        ax.bar(range(len(xs)), ys, yerr=es, color=cs, capsize=3)
+        ax.set_xticks(range(len(xs)), xs, rotation=30, fontsize=8)
+        nb = cellv(cells, case, REFERENCE, lay, "nbytes") or cellv(cells, case, present[0], lay, "nbytes")
+        size = tmem.format_bytes(nb["mean"]) if nb and not math.isnan(nb["mean"]) else "?"
+        ax.set_title(f"{case} {lay.upper()} ({size}): sample({b})\nmedian µs per call", fontsize=9)
+    ax = axes[-1]
+    w = 0.4
+    for ci, case in enumerate(("cartpole", "image")):
+        for j, n in enumerate(present):
+            c = cellv(cells, case, n, "aos", "huge_after_fill")
+            b0 = cellv(cells, case, n, "aos", "huge_baseline")
+            if c and not math.isnan(c["mean"]):
+                ax.bar(j + (ci - 0.5) * w, (c["mean"] - b0["mean"]) / (1 << 20), w,
+                       color=COLORS[n], alpha=1.0 if ci else 0.5, edgecolor="k",
+                       hatch=None if ci else "//")
+    ax.set_xticks(range(len(present)), present, rotation=30, fontsize=8)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_title("AnonHugePages gained by the fill (MiB)\nhatched: cartpole AoS, solid: image", fontsize=9)
+    fig.suptitle("Random gathers from filled buffers, mean ± std over seeds of the per-seed median")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "gather_hugepages.png"), dpi=110)
+    plt.close(fig)
+    files.append("gather_hugepages.png")
+
+    # 4. construction + first touch
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    for ax, (case, lay) in zip(axes, (("cartpole", "aos"), ("cartpole", "soa"), ("image", "aos"))):
+        xs = [n for n in present if cellv(cells, case, n, lay, "first_fill_s")
+              and not math.isnan(cellv(cells, case, n, lay, "first_fill_s")["mean"])]
+        ff = [cellv(cells, case, n, lay, "first_fill_s") for n in xs]
+        rf = [cellv(cells, case, n, lay, "refill_s") for n in xs]
+        cm = [cellv(cells, case, n, lay, "construct_ms")["mean"] / 1e3 for n in xs]
+        x = np.arange(len(xs))
+        ax.bar(x - 0.2, cm, 0.4, color="none", edgecolor="k", hatch="xx", label="construction")
+        ax.bar(x - 0.2, [c["mean"] for c in ff], 0.4, bottom=cm, yerr=[c["std"] for c in ff],
+               color=[COLORS[n] for n in xs], capsize=3, label="first fill (pages faulted in)")
+        ax.bar(x + 0.2, [c["mean"] for c in rf], 0.4, yerr=[c["std"] for c in rf],
+               color=[COLORS[n] for n in xs], alpha=0.45, capsize=3, label="second fill (resident)")
+        ax.set_xticks(x, xs, rotation=30, fontsize=8)
+        ax.set_ylabel("seconds")
+        ax.set_title(f"{case} {lay.upper()}, {ROWS[mode][case]:,} rows: fill with extend", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("Construction + first fill (first touch) against a second fill of the same buffer, "
+                 "mean ± std over seeds")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "first_touch.png"), dpi=110)
+    plt.close(fig)
+    files.append("first_touch.png")
+
+    # 5. churn: RSS over the run
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    live_drawn = False
+    for n in present:
+        runs = cell_runs(raw, "churn", n, None)
+        for i, r in enumerate(runs):
+            tr = r["result"]["trace"]
+            x = np.array(tr["allocations"])
+            axes[0].plot(x, np.array(tr["rss_over_baseline"]) / (1 << 20), color=COLORS[n], lw=1,
+                         alpha=0.9 if i == 0 else 0.35, label=n if i == 0 else None)
+            axes[1].plot(tr["t_s"], np.array(tr["rss_over_baseline"]) / (1 << 20), color=COLORS[n], lw=1,
+                         alpha=0.9 if i == 0 else 0.35, label=n if i == 0 else None)
+            if not live_drawn:
+                axes[0].plot(x, np.array(tr["live_bytes"]) / (1 << 20), color="k", ls="--", lw=1,
+                             label=f"live bytes (seed {r['seed']})", zorder=10)
+                live_drawn = True
+    axes[0].set_xlabel("allocations")
+    axes[1].set_xlabel("seconds (snapshot time excluded)")
+    for ax in axes:
+        ax.set_ylabel("RSS above the baseline (MiB)")
+        ax.grid(True, alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
+    c = CHURN[mode]
+    fig.suptitle(f"Churn: {c['allocations']:,} allocations of 4 KiB-4 MiB (log-uniform), window of "
+                 f"{c['window']} live arrays; one line per seed")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "churn_rss.png"), dpi=110)
+    plt.close(fig)
+    files.append("churn_rss.png")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+def consistent_diffs(cells, case, names, lays, path):
+    """[(name, layout, rel)] of allocators whose difference to numpy on ``path`` is consistent."""
+    out = []
+    for lay in lays:
+        for n in names:
+            if n == REFERENCE:
+                continue
+            cmp = cells.get(f"{case}/{n}/{lay}", {}).get("vs_" + REFERENCE, {}).get(path)
+            if cmp and cmp["consistent"]:
+                out.append((n, lay, cmp["rel"]))
+    return out
+
+
+def spread(cells, case, names, lays, path):
+    """Largest |relative difference| to numpy of any allocator's mean on ``path``."""
+    rels = []
+    for lay in lays:
+        for n in names:
+            cmp = cells.get(f"{case}/{n}/{lay}", {}).get("vs_" + REFERENCE, {}).get(path)
+            if cmp and cmp["rel"] is not None:
+                rels.append(abs(cmp["rel"]))
+    return max(rels) if rels else float("nan")
+
+
+def findings(cells, names, mode) -> list:
+    L = []
+    have = lambda case, n, lay, p: (cellv(cells, case, n, lay, p) is not None  # noqa: E731
+                                    and not math.isnan(cellv(cells, case, n, lay, p)["mean"]))
+    # steady state
+    steady = [("sample256_latency.p50_us", "sample(256) median latency"),
+              ("sample256_latency.p99_us", "sample(256) p99 latency"),
+              ("gather.4096.p50_us", "sample(4096) median time"),
+              ("extend_rows_per_s", "extend throughput on resident pages"),
+              ("push_per_s", "push throughput")]
+    lines = []
+    for p, label in steady:
+        d = consistent_diffs(cells, "cartpole", names, LAYOUTS, p)
+        sp = spread(cells, "cartpole", names, LAYOUTS, p)
+        if not d:
+            lines.append(f"{label}: no allocator differs consistently from numpy "
+                         f"(largest difference of means {sp * 100:.0f}%)")
+        else:
+            lines.append(f"{label}: " + ", ".join(f"{n} {lay.upper()} {r * 100:+.0f}%" for n, lay, r in d)
+                         + " against numpy (every seed agrees)")
+    L.append("* **Steady state on a filled CartPole buffer.** " + "; ".join(lines) + ". tfdata allocates "
+             "a buffer's storage and its output rings once, so in steady state no allocator call is in the "
+             "loop; what can differ is only where the pages are and how large they are.")
+    # huge pages in the gathers
+    for case, lay, b in (("cartpole", "aos", "4096"), ("cartpole", "soa", "4096"), ("image", "aos", "256"),
+                         ("image", "aos", "4096")):
+        p = f"gather.{b}.p50_us"
+        if not (have(case, "hugepages", lay, p) and have(case, "nohugepages", lay, p)):
+            continue
+        h, nh = cellv(cells, case, "hugepages", lay, p), cellv(cells, case, "nohugepages", lay, p)
+        hs, nhs = h["per_seed"], nh["per_seed"]
+        seeds = sorted(set(hs) & set(nhs))
+        agree = all(hs[s] < nhs[s] for s in seeds) or all(hs[s] > nhs[s] for s in seeds)
+        hb = cellv(cells, case, "hugepages", lay, "huge_after_fill")["mean"] - \
+            cellv(cells, case, "hugepages", lay, "huge_baseline")["mean"]
+        nhb = cellv(cells, case, "nohugepages", lay, "huge_after_fill")["mean"] - \
+            cellv(cells, case, "nohugepages", lay, "huge_baseline")["mean"]
+        extra = ""
+        if have(case, "numpy", lay, p):
+            npb = cellv(cells, case, "numpy", lay, "huge_after_fill")["mean"] - \
+                cellv(cells, case, "numpy", lay, "huge_baseline")["mean"]
+            extra = (f"; numpy {cellv(cells, case, 'numpy', lay, p)['mean']:.0f} µs with "
+                     f"{tmem.format_bytes(npb)} in huge pages")
+        L.append(f"* **Huge pages, {case} {lay.upper()} ({tmem.format_bytes(cellv(cells, case, 'hugepages', lay, 'nbytes')['mean'])}), "
+                 f"sample({b}).** hugepages {h['mean']:.0f} ± {h['std']:.0f} µs "
+                 f"({tmem.format_bytes(hb)} in huge pages after the fill) against nohugepages "
+                 f"{nh['mean']:.0f} ± {nh['std']:.0f} µs ({tmem.format_bytes(nhb)}): time ratio nohugepages / "
+                 f"hugepages {nh['mean'] / h['mean']:.2f}"
+                 f"{' (every seed agrees)' if agree and len(seeds) > 1 else ' (seeds disagree)'}{extra}.")
+    # first touch
+    for case, lay in (("cartpole", "aos"), ("image", "aos")):
+        parts = []
+        for n in names:
+            if have(case, n, lay, "first_fill_s"):
+                ff, rf = cellv(cells, case, n, lay, "first_fill_s"), cellv(cells, case, n, lay, "refill_s")
+                fl = cellv(cells, case, n, lay, "minor_faults_first_fill")["mean"]
+                parts.append(f"{n} {ff['mean']:.2f} s (second fill {rf['mean']:.2f} s, "
+                             f"{fl:,.0f} minor faults)")
+        if parts:
+            extra_text = ""
+            huge_ff = {n: cellv(cells, case, n, lay, "first_fill_s") for n in ("numpy", "hugepages")
+                       if have(case, n, lay, "first_fill_s")}
+            small_ff = {n: cellv(cells, case, n, lay, "first_fill_s") for n in ("jemalloc", "nohugepages")
+                        if have(case, n, lay, "first_fill_s")}
+            if huge_ff and small_ff:
+                slower = all(h["mean"] > sm["mean"] for h in huge_ff.values() for sm in small_ff.values())
+                faster = all(h["mean"] < sm["mean"] for h in huge_ff.values() for sm in small_ff.values())
+                verdict = ("slower than" if slower else "faster than" if faster else "not consistently faster "
+                           "or slower than")
+                fh = np.mean([cellv(cells, case, n, lay, "minor_faults_first_fill")["mean"] for n in huge_ff])
+                fs = np.mean([cellv(cells, case, n, lay, "minor_faults_first_fill")["mean"] for n in small_ff])
+                extra_text = (f" With huge pages (numpy, hugepages) the first fill had {fs / max(fh, 1):.0f}x "
+                              f"fewer faults than with 4 KiB pages (jemalloc, nohugepages) but was {verdict} them here "
+                              "(means); a huge-page fault zeroes 2 MiB at once, so the bytes written by the "
+                              "kernel are the same.")
+            L.append(f"* **First fill, {case} {lay.upper()} ({ROWS[mode][case]:,} rows).** " + "; ".join(parts)
+                     + ". The first fill is where the pages are faulted in (see the minor faults); "
+                     "an allocator that leaves no faults to it touched the pages at construction (below)."
+                     + extra_text)
+    # allocators that touch the memory at construction
+    for case in ("cartpole", "image"):
+        for lay in CASE_LAYOUTS[case]:
+            for n in names:
+                if not have(case, n, lay, "rss_after_construct_over_baseline"):
+                    continue
+                rc = cellv(cells, case, n, lay, "rss_after_construct_over_baseline")["mean"]
+                nb = cellv(cells, case, n, lay, "nbytes")["mean"]
+                if rc > 0.5 * nb:
+                    cm = cellv(cells, case, n, lay, "construct_ms")
+                    fc = cellv(cells, case, n, lay, "minor_faults_construct")["mean"]
+                    L.append(f"* **{n} touches the whole buffer at construction** ({case} {lay.upper()}): "
+                             f"constructing takes {cm['mean']:.1f} ± {cm['std']:.1f} ms with {fc:,.0f} minor "
+                             f"faults, and RSS grows by {mib(rc)} MiB of the buffer's {mib(nb)} MiB before a "
+                             "row is written (the other allocators leave the pages to the first write). "
+                             "Its first fill is correspondingly about as fast as its second.")
+    # churn
+    parts = []
+    for n in names:
+        if have("churn", n, None, "allocations_per_s"):
+            a = cellv(cells, "churn", n, None, "allocations_per_s")
+            fr = cellv(cells, "churn", n, None, "fragmentation_end")
+            pk = cellv(cells, "churn", n, None, "peak_rss_over_baseline")
+            tr = cellv(cells, "churn", n, None, "rss_after_trim_live_over_baseline")
+            parts.append(f"{n} {a['mean']:,.0f} allocations/s, RSS {fr['mean']:.2f}x the live bytes at the "
+                         f"end (peak {mib(pk['mean'])} MiB above the baseline; {mib(tr['mean'])} MiB after "
+                         "trim() with the window still alive)")
+    grow = []
+    for n in names:
+        if have("churn", n, None, "rss_growth_second_half"):
+            g = cellv(cells, "churn", n, None, "rss_growth_second_half")
+            live = cellv(cells, "churn", n, None, "live_bytes_end")["mean"]
+            if g["mean"] > 0.1 * live and all(v > 0 for v in g["per_seed"].values()):
+                grow.append(f"{n} +{mib(g['mean'])} ± {mib(g['std'])} MiB")
+    kept = [f"{n} {mib(cellv(cells, 'churn', n, None, 'rss_after_free_trim_over_baseline')['mean'])} MiB"
+            for n in names if have("churn", n, None, "rss_after_free_trim_over_baseline")]
+    if kept:
+        parts.append("after every array was freed and `trim()` called, RSS above the baseline was "
+                     + ", ".join(kept))
+    if grow:
+        parts.append("RSS was still growing at the end of the run for " + ", ".join(grow) + " over its "
+                     "second half (every seed), with the same live bytes (the next point says why)")
+    lib_parts = []
+    for n in names:
+        if have("churn", n, None, "rss_minus_library_end"):
+            own = cellv(cells, "churn", n, None, "library_own_over_live_end")
+            over = cellv(cells, "churn", n, None, "rss_minus_library_end")
+            ft = cellv(cells, "churn", n, None, "rss_after_free_trim_over_baseline")
+            lib_parts.append(f"{n}: its own figure ({'`stats.resident`' if n == 'jemalloc' else '`commit`'}) "
+                             f"was {own['mean']:.2f} ± {own['std']:.2f}x the live bytes, and RSS exceeded it by "
+                             f"{mib(over['mean'])} ± {mib(over['std'])} MiB; after every array was freed and "
+                             f"`trim()` called, {mib(ft['mean'])} MiB stayed resident")
+    if lib_parts:
+        # the process RSS against the allocator's own figure: a large positive remainder would be
+        # memory held outside the allocator (tfdata's per-block wrapper objects, for example)
+        parts.append("for the allocators that report their own memory: " + "; ".join(lib_parts))
+    if parts:
+        L.append("* **Churn (allocating every batch).** " + "; ".join(parts) + ". This is the one place "
+                 "the allocator is in the loop: it matters for a program that allocates per step, not for "
+                 "tfdata's preallocated buffers.")
+    return L
+
+
+def table_buffer(cells, names, case, lays) -> list:
+    L = ["| allocator | layout | construct (ms) | first fill (s) | construct + first fill (s) | second fill (s) "
+         "| minor faults, first fill | RSS after construct (MiB) | peak RSS above baseline (MiB) | buffer "
+         "nbytes (MiB) | huge pages after fill (MiB) |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for lay in lays:
+        for n in names:
+            c = cells.get(f"{case}/{n}/{lay}")
+            if not c or math.isnan(c["first_fill_s"]["mean"]):
+                continue
+            hb = c["huge_after_fill"]["mean"] - c["huge_baseline"]["mean"]
+            L.append(f"| {n} | {lay.upper()} | {fmt(cells, case, n, lay, 'construct_ms', digits=2, rel=False)} | "
+                     f"{fmt(cells, case, n, lay, 'first_fill_s', digits=3)} | "
+                     f"{fmt(cells, case, n, lay, 'construct_and_first_fill_s', digits=3)} | "
+                     f"{fmt(cells, case, n, lay, 'refill_s', digits=3)} | "
+                     f"{c['minor_faults_first_fill']['mean']:,.0f} | "
+                     f"{mib(c['rss_after_construct_over_baseline']['mean'])} | "
+                     f"{mib(c['peak_rss_fill_over_baseline']['mean'])} | {mib(c['nbytes']['mean'])} | "
+                     f"{mib(hb)} |")
+    return L
+
+
+def write_report(out_dir, run, raw, cells, names, skipped, failed, files, mode, extra) -> None:
+    L = []
+    L.append("# Allocators: does the allocator behind tfdata's arrays matter, and where?\n")
+    L.append(f"Made by `experiments/allocators.py` ({mode} run, command `{run['command']}`, "
+             f"{len(run['seeds'])} seeds, {run['wall_clock_s']:.0f} s). Raw numbers: `results.json` beside "
+             "this file. " + ("This is the quick mode's report (`reports/alloc/quick/`); the full run writes "
+                              "`reports/alloc/`." if mode == "quick" else
+                              "`--quick` runs write `reports/alloc/quick/` instead, so they never replace "
+                              "this report."))
+    L.append("")
+    L.append("## Question\n")
+    L.append("tfdata can take the memory of every array it allocates (storage, episode bookkeeping, output "
+             "rings) from one of five allocators (`tfdata.alloc`): **numpy** (glibc malloc through numpy, "
+             "which advises transparent huge pages for arrays of 4 MiB and more), **jemalloc** (Debian "
+             "libjemalloc2), **mimalloc** (Debian libmimalloc2.0), **hugepages** (one anonymous mmap per "
+             "array, `MADV_HUGEPAGE`, 2 MiB aligned) and **nohugepages** (mmap + `MADV_NOHUGEPAGE`, the "
+             "control). Does the choice change construction, first touch, push/extend/sample speed, the "
+             "latency tail, memory, or a workload that allocates all the time?\n")
+    L.append("## Findings\n")
+    L.extend(findings(cells, names, mode))
+    L.append("")
+    if skipped:
+        L.append("Skipped allocators: " + "; ".join(f"**{n}**: {w}" for n, w in skipped.items()) + "\n")
+    if failed:
+        L.append("Failed measurements: " + "; ".join(failed) + "\n")
+    L.append("## Method\n")
+    c = CHURN[mode]
+    L.append(f"* **Processes.** Every (case, allocator, layout, seed) is measured in a fresh process "
+             f"(`allocators.py --worker`), started with `GLIBC_TUNABLES={talloc.TUNABLE}` "
+             "(`tfdata.alloc.tunable_env()`), which Debian's jemalloc needs. A fresh process isolates RSS, "
+             "the peak RSS and the allocator's state. Processes run one at a time; within a seed the "
+             "order of the jobs is rotated by a different offset per seed and reversed every other seed.")
+    L.append("* **Warm-up.** Each process loads its allocator and compiles tfdata's kernels on a small "
+             "buffer of the same spec, layout and allocator before anything is timed; the garbage "
+             "collector is off while measuring.")
+    L.append(f"* **cartpole** ({ROWS[mode]['cartpole']:,} rows, both layouts): construct "
+             f"`ReplayBuffer(spec, {ROWS[mode]['cartpole']:,}, layout=..., allocator=...)` (timed); fill it "
+             f"with `extend` in chunks of {FILL_CHUNK['cartpole']:,} rows (timed: the first write faults the "
+             "pages in); fill it again (the same work on resident pages: the steady extend rate; "
+             f"first fill minus second fill is the first-touch cost); {PUSHES[mode]:,} single-row `push` "
+             f"calls; {LAT_CALLS[mode]:,} `sample({LAT_BATCH})` calls, each timed with "
+             "`time.perf_counter_ns`; then `sample(4096)` calls for "
+             f"{GATHER_SECONDS[mode]:g} s (at least {GATHER_MIN}; the first call of a batch size, which "
+             "allocates its output ring, is reported apart).")
+    L.append(f"* **image** ({ROWS[mode]['image']:,} rows of a 4x84x84 uint8 observation plus action, "
+             "reward and flags, AoS only since the observation is 99.9% of a row): construct, first fill "
+             f"and second fill in chunks of {FILL_CHUNK['image']} rows, then `sample(256)` and "
+             f"`sample(4096)` for {GATHER_SECONDS[mode]:g} s each. `tfdata.memory.snapshot()['huge']` "
+             "(AnonHugePages of the process) is read before construction and after the fill.")
+    L.append(f"* **churn**: {c['allocations']:,} allocations of `alloc.open(name).empty(size, uint8)` with "
+             f"sizes drawn log-uniform in [4 KiB, 4 MiB] from `numpy.random.default_rng(seed)` (the same "
+             f"sequence for every allocator of a seed), one byte written per 4 KiB page (every page is "
+             f"faulted in, the rest is not written: the allocator, not memset, is measured), the last "
+             f"{c['window']} arrays kept alive and older ones dropped. RSS is read {CHURN_POINTS} times "
+             "(the reads are taken out of the rate). At the end: RSS with the window alive, after "
+             "`trim()` with the window alive, after freeing the window, after `trim()` again. "
+             "Fragmentation = (RSS − RSS before the loop) / live bytes, at the end of the loop.")
+    L.append("* **Memory figures** are `tfdata.memory.snapshot(uss=False)` (RSS from psutil, peak RSS = "
+             "`VmHWM` reset by `tfdata.memory.reset_peak()` just before construction / the churn loop, "
+             "huge = AnonHugePages from `/proc/self/smaps_rollup`, minor faults from `getrusage`). RSS "
+             "figures are given above the process's RSS just before the measured phase (the interpreter, "
+             "numba and the source data are in the baseline).")
+    L.append(f"* **Statistics.** Tables give mean ± std (sample std) across seeds of per-seed values; "
+             f"latency percentiles are per seed, then averaged. A percentage after a value is the "
+             f"difference of the means against numpy; it is prefixed with `~` unless every seed agrees in "
+             f"sign (paired by seed) and the difference exceeds {MARGIN * 100:g}%. With 5 seeds, "
+             "every seed agrees in sign by chance with probability 1/16 when there is no difference, and "
+             "the steady-state block alone makes 40 comparisons (5 metrics x 4 allocators x 2 layouts): "
+             "2 or 3 of them can pass the rule by chance. A single flagged difference is a lead, not a "
+             "result; a pattern across metrics and cases is stronger.")
+    L.append("")
+
+    L.append("## 1. Construction and first touch\n")
+    L.append("![first_touch.png](first_touch.png)\n")
+    L.append(f"**cartpole, {ROWS[mode]['cartpole']:,} rows**\n")
+    L.extend(table_buffer(cells, names, "cartpole", LAYOUTS))
+    L.append("")
+    L.append(f"**image, {ROWS[mode]['image']:,} rows**\n")
+    L.extend(table_buffer(cells, names, "image", ("aos",)))
+    L.append("")
+    L.append("## 2. Steady-state throughput (cartpole)\n")
+    L.append("![steady_state.png](steady_state.png)\n")
+    L.append("| allocator | layout | extend (M rows/s, second fill) | push (k rows/s) | sample(4096) p50 (µs) | "
+             "sample(4096) p99 (µs) | sample(4096) first call (µs) |")
+    L.append("|---|---|---:|---:|---:|---:|---:|")
+    for lay in LAYOUTS:
+        for n in names:
+            if f"cartpole/{n}/{lay}" not in cells or math.isnan(cells[f"cartpole/{n}/{lay}"]["push_per_s"]["mean"]):
+                continue
+            L.append(f"| {n} | {lay.upper()} | {fmt(cells, 'cartpole', n, lay, 'extend_rows_per_s', 1e-6, 2)} | "
+                     f"{fmt(cells, 'cartpole', n, lay, 'push_per_s', 1e-3, 1)} | "
+                     f"{fmt(cells, 'cartpole', n, lay, 'gather.4096.p50_us', digits=1)} | "
+                     f"{fmt(cells, 'cartpole', n, lay, 'gather.4096.p99_us', digits=1)} | "
+                     f"{fmt(cells, 'cartpole', n, lay, 'gather.4096.first_call_us', digits=0, rel=False)} |")
+    L.append("")
+    L.append("## 3. sample(256) latency distribution (cartpole)\n")
+    L.append("![latency_sample256.png](latency_sample256.png)\n")
+    L.append(f"{LAT_CALLS[mode]:,} calls per seed, each timed alone.\n")
+    L.append("| allocator | layout | p50 (µs) | p99 (µs) | p99.9 (µs) | mean (µs) |")
+    L.append("|---|---|---:|---:|---:|---:|")
+    for lay in LAYOUTS:
+        for n in names:
+            if f"cartpole/{n}/{lay}" not in cells or math.isnan(cells[f"cartpole/{n}/{lay}"]["sample256_latency.p50_us"]["mean"]):
+                continue
+            L.append(f"| {n} | {lay.upper()} | "
+                     + " | ".join(fmt(cells, "cartpole", n, lay, f"sample256_latency.{q}_us", digits=2)
+                                  for q in ("p50", "p99", "p999", "mean")) + " |")
+    L.append("")
+    L.append("## 4. Huge pages and random gathers\n")
+    L.append("![gather_hugepages.png](gather_hugepages.png)\n")
+    L.append("Median time of one call (per seed, then mean ± std across seeds); huge pages = AnonHugePages "
+             "gained between the start of the phase and the end of the fill.\n")
+    L.append("| case | allocator | buffer (MiB) | huge pages after fill (MiB) | sample(256) p50 (µs) | "
+             "sample(4096) p50 (µs) | sample(4096) p99 (µs) | rows/s at 4096 (M) |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    for case, lay in (("cartpole", "aos"), ("cartpole", "soa"), ("image", "aos")):
+        for n in names:
+            c = cells.get(f"{case}/{n}/{lay}")
+            if not c or math.isnan(c["gather.4096.p50_us"]["mean"]):
+                continue
+            hb = c["huge_after_fill"]["mean"] - c["huge_baseline"]["mean"]
+            s256 = "sample256_latency.p50_us" if case == "cartpole" else "gather.256.p50_us"
+            rows_s = 4096 / (c["gather.4096.p50_us"]["mean"] / 1e6) / 1e6
+            L.append(f"| {case} {lay.upper()} | {n} | {mib(c['nbytes']['mean'])} | {mib(hb)} | "
+                     f"{fmt(cells, case, n, lay, s256, digits=1)} | "
+                     f"{fmt(cells, case, n, lay, 'gather.4096.p50_us', digits=1)} | "
+                     f"{fmt(cells, case, n, lay, 'gather.4096.p99_us', digits=1)} | {rows_s:.2f} |")
+    L.append("")
+    L.append("## 5. Churn: allocating every batch\n")
+    L.append("![churn_rss.png](churn_rss.png)\n")
+    L.append(f"Mean requested size {extra.get('churn_mean_size', float('nan')) / 1024:.0f} KiB. RSS values "
+             "are above the RSS just before the loop (MiB).\n")
+    L.append("| allocator | allocations/s | live bytes at end | RSS at end | fragmentation (RSS / live) | "
+             "peak RSS | RSS growth, 2nd half | after trim (window alive) | after free | after free + trim "
+             "| huge pages at end | library's own figure at end (× live) | RSS − library's own figure |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in names:
+        c = cells.get(f"churn/{n}/None")
+        if not c or math.isnan(c["allocations_per_s"]["mean"]):
+            continue
+        L.append(f"| {n} | {fmt(cells, 'churn', n, None, 'allocations_per_s', digits=0)} | "
+                 f"{ms(c['live_bytes_end'], 1 / (1 << 20))} | {ms(c['rss_end_over_baseline'], 1 / (1 << 20))} | "
+                 f"{ms(c['fragmentation_end'], digits=2)} | {ms(c['peak_rss_over_baseline'], 1 / (1 << 20))} | "
+                 f"{ms(c['rss_growth_second_half'], 1 / (1 << 20))} | "
+                 f"{ms(c['rss_after_trim_live_over_baseline'], 1 / (1 << 20))} | "
+                 f"{ms(c['rss_after_free_over_baseline'], 1 / (1 << 20))} | "
+                 f"{ms(c['rss_after_free_trim_over_baseline'], 1 / (1 << 20))} | "
+                 f"{ms(c['huge_end'], 1 / (1 << 20))} | "
+                 + ("–" if math.isnan(c["library_own_over_live_end"]["mean"]) else
+                    f"{ms(c['library_own_bytes_end'], 1 / (1 << 20))} ({c['library_own_over_live_end']['mean']:.2f}×)")
+                 + " | " + ("–" if math.isnan(c["rss_minus_library_end"]["mean"]) else
+                            ms(c["rss_minus_library_end"], 1 / (1 << 20))) + " |")
+    L.append("")
+    L.append("## Limitations\n")
+    L.append("* One small shared virtual machine (2 vCPUs under KVM, see below); another job may have run "
+             "during the measurements. The share of the CPUs used by other processes while each "
+             "measurement process ran is in `results.json` (`other_processes_cpu_share`); "
+             f"its mean over all measurements was {extra.get('mean_other_share', float('nan')) * 100:.0f}% and "
+             f"its maximum {extra.get('max_other_share', float('nan')) * 100:.0f}%.")
+    L.append("* Transparent huge pages: the kernel settings are recorded below. With `enabled=madvise` only "
+             "memory advised `MADV_HUGEPAGE` (numpy's large arrays, the hugepages allocator) can get huge "
+             "pages; under `enabled=always` the control and the other allocators would behave differently. "
+             "Whether the hypervisor backs guest memory with huge pages is not visible from inside.")
+    L.append("* Debian's packaged jemalloc and mimalloc with their default options; no tuning "
+             "(`MALLOC_CONF`, `MIMALLOC_*` environment variables) was tried. jemalloc returns freed pages "
+             "to the system after a decay time (about 10 s by default), so its RSS in a short churn is not "
+             "its long-run RSS.")
+    L.append("* Single-threaded only: no measurement of allocator contention between threads.")
+    L.append("* The churn writes one byte per page; a loop that writes its whole batch spends more time "
+             "in memset, which dilutes the differences in allocations/s.")
+    L.append("* The image case is AoS only; the cartpole case uses both layouts.")
+    L.append("* The garbage collector is off in every measured phase (`gc.disable()`), as in a "
+             "latency-sensitive loop; anything only the cyclic collector frees would accumulate. "
+             "The column \"RSS − library's own figure\" checks for that in the churn (an earlier run "
+             "found 160 MiB of per-block ctypes types there; tfdata's wrapper was changed before this run).")
+    per_seed = {}
+    for r in raw:
+        v = r.get("result", {}).get("other_processes_cpu_share")
+        if v is not None:
+            per_seed.setdefault(r["seed"], []).append(v)
+    if per_seed:
+        L.append("* Mean share of the CPUs used by other processes while each seed's measurements ran: "
+                 + ", ".join(f"seed {s} {100 * np.mean(v):.0f}%" for s, v in sorted(per_seed.items()))
+                 + ". On 2 CPUs, 50% is one core kept busy by something else.")
+    L.append("")
+    L.append("## Machine and run\n")
+    thp = extra.get("thp", {})
+    L.append("Transparent huge pages: " + ", ".join(f"`{k}` = {v}" for k, v in thp.items()) + ". "
+             "Allocator libraries (Debian package versions): "
+             + ", ".join(f"{k} {v}" for k, v in extra.get("library_versions", {}).items()) + ".\n")
+    L.append(methodology_markdown(run))
+    with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(L))
+
+
+def print_summary(cells, names) -> None:
+    print(f"\n{'cell':<32}{'first fill s':>14}{'extend Mrow/s':>15}{'s256 p50':>10}{'p99':>9}{'s4096 p50':>11}")
+    for case in ("cartpole", "image"):
+        for lay in CASE_LAYOUTS[case]:
+            for n in names:
+                c = cells.get(f"{case}/{n}/{lay}")
+                if not c or math.isnan(c["first_fill_s"]["mean"]):
+                    continue
+                p50 = c.get("sample256_latency.p50_us") or c.get("gather.256.p50_us")
+                p99 = c.get("sample256_latency.p99_us") or c.get("gather.256.p99_us")
+                print(f"{case + '/' + n + '/' + lay:<32}{c['first_fill_s']['mean']:>14.3f}"
+                      f"{c['extend_rows_per_s']['mean'] / 1e6:>15.2f}{p50['mean']:>10.1f}{p99['mean']:>9.1f}"
+                      f"{c['gather.4096.p50_us']['mean']:>11.1f}")
+    for n in names:
+        c = cells.get(f"churn/{n}/None")
+        if c and not math.isnan(c["allocations_per_s"]["mean"]):
+            print(f"churn/{n:<26}{c['allocations_per_s']['mean']:>10.0f} alloc/s  fragmentation "
+                  f"{c['fragmentation_end']['mean']:.2f}  peak {mib(c['peak_rss_over_baseline']['mean'])} MiB")
+    print(flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, 2 seeds (a few minutes)")
+    ap.add_argument("--allocators", default=None, help=f"comma list, subset of {','.join(ALLOCATORS)}")
+    ap.add_argument("--seeds", default=None, help="number of seeds (0..N-1) or a comma list")
+    ap.add_argument("--cases", default="cartpole,image,churn", help="comma list of cartpole,image,churn")
+    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                    help="only redo the report and plots from an existing results.json")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker is not None:
+        worker(json.loads(args.worker))
+        return
+    if args.render is not None:
+        render(args.render)
+        return
+
+    names = list(ALLOCATORS)
+    if args.allocators:
+        names = [n.strip().lower() for n in args.allocators.split(",") if n.strip()]
+        bad = [n for n in names if n not in ALLOCATORS]
+        if bad:
+            raise SystemExit(f"--allocators: unknown {bad}; choose from {','.join(ALLOCATORS)}")
+        if REFERENCE not in names:
+            print(f"note: {REFERENCE} is not in --allocators: no differences against it are computed",
+                  file=sys.stderr)
+    if "jemalloc" in names:
+        talloc.reexec_with_tunables()  # replaces this process when the tunable is missing
+    mode = "quick" if args.quick else "full"
+    if args.seeds is None:
+        seeds = list(range(SEEDS[mode]))
+    elif "," in args.seeds:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    else:
+        seeds = list(range(int(args.seeds)))
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    out_dir = OUT_DIRS[mode]
+    os.makedirs(out_dir, exist_ok=True)
+    argv_shown = [a for a in (sys.argv[1:] if argv is None else argv)]
+    command = " ".join(["python experiments/allocators.py", *argv_shown])
+    params = {"allocators": names, "reference": REFERENCE, "layouts": LAYOUTS, "specs": SPECS,
+              "rows": ROWS[mode], "case_layouts": CASE_LAYOUTS, "fill_chunk": FILL_CHUNK,
+              "pushes": PUSHES[mode], "latency_batch": LAT_BATCH, "latency_calls": LAT_CALLS[mode],
+              "gather_batches": GATHER_BATCHES, "gather_seconds": GATHER_SECONDS[mode],
+              "gather_min_calls": GATHER_MIN, "churn": CHURN[mode], "churn_size_range": [CHURN_MIN, CHURN_MAX],
+              "churn_points": CHURN_POINTS, "margin": MARGIN, "cases": cases, "tunable": talloc.TUNABLE}
+    rec = RunRecord(EXPERIMENT, mode=mode, seeds=seeds, command=command, parameters=params)
+    log = lambda msg: print(f"[{rec.elapsed():7.1f}s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+
+    skipped = {}
+    for n in names:
+        ok, why = talloc.available(n)
+        if not ok:
+            skipped[n] = why
+            log(f"skipping {n}: {why}")
+    usable = [n for n in names if n not in skipped]
+    jobs = []
+    for case in cases:
+        if case == "churn":
+            jobs += [("churn", n, None) for n in usable]
+        else:
+            jobs += [(case, n, lay) for lay in CASE_LAYOUTS[case] for n in usable]
+    log(f"run {rec.run_name}: {len(jobs)} jobs x {len(seeds)} seeds, output {os.path.relpath(out_dir, ROOT)}")
+
+    raw, failed = [], []
+    for si, seed in enumerate(seeds):
+        order = rotated(jobs, si * max(1, len(jobs) // max(1, len(seeds))) + si)
+        if si % 2:
+            order.reverse()
+        t_seed = time.perf_counter()
+        for case, n, lay in order:
+            job = {"case": case, "allocator": n, "layout": lay, "seed": seed, "mode": mode}
+            out = run_worker(job, log)
+            entry = {"case": case, "allocator": n, "layout": lay, "seed": seed}
+            if "failed" in out:
+                entry["failed"] = out["failed"]
+                failed.append(f"{case}/{n}/{lay} seed {seed}: {out['failed']}")
+            elif "skipped" in out:
+                entry["skipped"] = out["skipped"]
+                skipped.setdefault(n, out["skipped"])
+            else:
+                entry["result"] = out
+            raw.append(entry)
+        log(f"seed {seed} done in {time.perf_counter() - t_seed:.0f} s (load {os.getloadavg()[0]:.2f})")
+
+    shares = [r["result"]["other_processes_cpu_share"] for r in raw
+              if "result" in r and r["result"].get("other_processes_cpu_share") is not None]
+    churn_sizes = [r["result"]["mean_size"] for r in raw if r["case"] == "churn" and "result" in r]
+    extra = {"thp": thp_settings(), "library_versions": library_versions(),
+             "mean_other_share": float(np.mean(shares)) if shares else float("nan"),
+             "max_other_share": float(np.max(shares)) if shares else float("nan"),
+             "churn_mean_size": float(np.mean(churn_sizes)) if churn_sizes else float("nan")}
+    child_peaks = [r["result"].get("worker_peak_rss") for r in raw if "result" in r]
+    run = rec.finish(child_peak_rss_bytes=max([p for p in child_peaks if p] or [0]) or None)
+    files = outputs(out_dir, run, raw, usable, skipped, failed, extra)
+    rel = os.path.relpath(out_dir, ROOT)
+    print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: {rel}/README.md, "
+          f"data: {rel}/results.json, plots: {', '.join(files)}", flush=True)
+
+
+def outputs(out_dir, run, raw, names, skipped, failed, extra) -> list:
+    """Aggregate, print, plot, and write results.json and README.md into ``out_dir``."""
+    mode = run["mode"]
+    for r in raw:  # the library's own resident figure at the end of a churn, where it reports one
+        x = r.get("result")
+        if r["case"] == "churn" and x:
+            st = x.get("allocator_stats_end", {})
+            own = st.get("resident", st.get("commit"))
+            if own is not None and own >= 0:
+                x["library_own_bytes_end"] = own
+                x["library_own_over_live_end"] = own / x["live_bytes_end"]
+                x["rss_minus_library_end"] = x["rss_end_over_baseline"] - own
+    cells = aggregate(raw, names)
+    print_summary(cells, names)
+    files = plot(raw, cells, names, out_dir, mode)
+    for fname in os.listdir(out_dir):  # plots of an earlier run that this one did not draw
+        if fname.endswith(".png") and fname not in files:
+            os.remove(os.path.join(out_dir, fname))
+    write_json(os.path.join(out_dir, "results.json"),
+               {"methodology": run, "system": extra, "skipped": skipped, "failed": failed,
+                "cells": cells, "raw": raw})
+    write_report(out_dir, run, raw, cells, names, skipped, failed, files, mode, extra)
+    return files
+
+
+def render(path: str) -> None:
+    """Redo the tables, plots and report from a results.json (no measurement)."""
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    run = d["methodology"]
+    skipped = d.get("skipped", {})
+    names = [n for n in run["parameters"]["allocators"] if n not in skipped]
+    outputs(os.path.dirname(os.path.abspath(path)), run, d["raw"], names, skipped, d.get("failed", []),
+            d["system"])
+
+
+if __name__ == "__main__":
+    main()
