@@ -196,28 +196,33 @@ class Construct:
     track_minor_faults.unit = "faults"
 
 
-class Sample:
-    """``sample(256)`` from a full 1M-row CartPole buffer (steady state: memory resident)."""
+class _SampleFilled:
+    """Time ``sample(batch)`` from a filled buffer of ``spec`` and ``rows`` (subclasses set them)."""
 
-    params = [LAYOUTS, ALLOCATORS]
     param_names = ["layout", "allocator"]
-    repeat = (200, 2000, 2.0)
     timeout = 300
-    batch = 256
 
     def setup(self, layout, allocator):
         require(allocator)
         warm_kernels()
-        self.buf = filled_buffer(layout, CARTPOLE, CAPACITY, allocator)
-        if first_time("alloc-sample", layout, allocator):
-            for _ in range(3):  # allocates this batch size's output ring
+        self.buf = filled_buffer(layout, self.spec, self.rows, allocator)
+        if first_time(type(self).__name__, layout, allocator):
+            for _ in range(3):  # allocates this batch size's output ring, and touches it
                 self.buf.sample(self.batch)
 
     def time_sample(self, layout, allocator):
         self.buf.sample(self.batch)
 
 
-class GatherHugePages:
+class Sample(_SampleFilled):
+    """``sample(256)`` from a full 1M-row CartPole buffer (steady state: memory resident)."""
+
+    params = [LAYOUTS, ALLOCATORS]
+    repeat = (200, 2000, 2.0)
+    spec, rows, batch = CARTPOLE, CAPACITY, 256
+
+
+class GatherHugePages(_SampleFilled):
     """``sample(4096)`` of Atari-like rows (231 MB per batch) from a 484 MiB buffer.
 
     The TLB case: thousands of random 56 KB rows over half a gigabyte. Compare ``hugepages``
@@ -225,21 +230,8 @@ class GatherHugePages:
     """
 
     params = [LAYOUTS, HUGE_ALLOCATORS]
-    param_names = ["layout", "allocator"]
     repeat = (10, 100, 3.0)
-    timeout = 300
-    batch = 4096
-
-    def setup(self, layout, allocator):
-        require(allocator)
-        warm_kernels()
-        self.buf = filled_buffer(layout, IMAGE, IMAGE_ROWS, allocator)
-        if first_time("alloc-gather", layout, allocator):
-            for _ in range(2):  # output ring (two batches) allocated and touched
-                self.buf.sample(self.batch)
-
-    def time_sample(self, layout, allocator):
-        self.buf.sample(self.batch)
+    spec, rows, batch = IMAGE, IMAGE_ROWS, 4096
 
 
 class HugePageCoverage:

@@ -52,20 +52,10 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _status_kib(key: str) -> int:
+def _proc_kib(path: str, key: str) -> int:
+    """The ``key:`` line of a ``/proc/self`` file, in KiB; -1 where it cannot be read."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
-
-
-def _smaps_rollup_kib(key: str) -> int:
-    try:
-        with open("/proc/self/smaps_rollup") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1])
@@ -94,8 +84,8 @@ def snapshot(uss: bool = True) -> dict:
     proc = psutil.Process()
     info = proc.memory_full_info() if uss else proc.memory_info()
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    hwm = _status_kib("VmHWM")
-    huge = _smaps_rollup_kib("AnonHugePages")
+    hwm = _proc_kib("/proc/self/status", "VmHWM")
+    huge = _proc_kib("/proc/self/smaps_rollup", "AnonHugePages")
     return {
         "rss": int(info.rss),
         "uss": int(getattr(info, "uss", -1)),
