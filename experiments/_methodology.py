@@ -34,6 +34,14 @@ SCHEMA_VERSION = 1
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def report_dir(name: str) -> str:
+    """Where experiment ``name`` writes: ``reports/<name>/`` of this checkout, or
+    ``$TFDATA_REPORTS_DIR/<name>/`` when that is set (``tfdata run --quick`` sets it to
+    ``reports/quick``, so quick runs never replace a published report)."""
+    base = os.environ.get("TFDATA_REPORTS_DIR") or os.path.join(os.path.dirname(_HERE), "reports")
+    return os.path.join(base, name)
+
+
 # -- small readers -------------------------------------------------------------------------------
 def _read(path: str) -> str | None:
     try:
@@ -200,6 +208,10 @@ def software_info() -> dict:
         # names only: values may be paths (NUMBA_CACHE_DIR); TFDATA_LAYOUT is a plain word
         "env_vars_set": env_names,
         "TFDATA_LAYOUT": os.environ.get("TFDATA_LAYOUT"),
+        "TFDATA_ALLOCATOR": os.environ.get("TFDATA_ALLOCATOR"),
+        # only where the experiment uses them (never imported here: torch alone takes seconds)
+        "torch": getattr(sys.modules.get("torch"), "__version__", None),
+        "gymnasium": getattr(sys.modules.get("gymnasium"), "__version__", None),
     }
 
 

@@ -61,7 +61,7 @@ from tfdata import alloc as talloc
 from tfdata import memory as tmem
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, markdown as methodology_markdown, peak_rss_bytes, write_json  # noqa: E402
+from _methodology import RunRecord, markdown as methodology_markdown, peak_rss_bytes, report_dir, write_json  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -99,8 +99,9 @@ MARGIN = 0.05              # a difference counts when every seed agrees in sign 
 WORKER_TIMEOUT_S = 900
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT_DIRS = {"full": os.path.join(ROOT, "reports", "alloc"),
-            "quick": os.path.join(ROOT, "reports", "alloc", "quick")}
+# under tfdata's CLI (TFDATA_REPORTS_DIR set) both modes write report_dir("alloc")
+OUT_DIRS = ({"full": report_dir("alloc"), "quick": report_dir("alloc")} if os.environ.get("TFDATA_REPORTS_DIR")
+            else {"full": report_dir("alloc"), "quick": os.path.join(report_dir("alloc"), "quick")})
 COLORS = {"numpy": "tab:blue", "jemalloc": "tab:orange", "mimalloc": "tab:green",
           "hugepages": "tab:red", "nohugepages": "tab:purple"}
 THP_FILES = ("enabled", "defrag", "khugepaged/defrag", "hpage_pmd_size")
@@ -886,6 +887,32 @@ def table_buffer(cells, names, case, lays) -> list:
     return L
 
 
+def headline(cells, names) -> str:
+    """One line for the reports index, from the measured cells."""
+    steady = ("sample256_latency.p50_us", "sample256_latency.p99_us", "gather.4096.p50_us",
+              "extend_rows_per_s", "push_per_s")
+    diffs = [d for p in steady for d in consistent_diffs(cells, "cartpole", names, LAYOUTS, p)]
+    parts = [f"steady state on 1M CartPole rows (sample, extend, push): {len(diffs)} of "
+             f"{len(steady) * 2 * (len(names) - 1)} allocator/layout/metric comparisons with numpy "
+             "differ consistently across seeds"]
+    p = "gather.4096.p50_us"
+    if have_cell(cells, "image", "hugepages", "aos", p) and have_cell(cells, "image", "nohugepages", "aos", p):
+        h = cellv(cells, "image", "hugepages", "aos", p)["mean"]
+        nh = cellv(cells, "image", "nohugepages", "aos", p)["mean"]
+        size = tmem.format_bytes(cellv(cells, "image", "hugepages", "aos", "nbytes")["mean"])
+        parts.append(f"huge pages: sample(4096) from a {size} buffer {nh / h:.2f}x slower without them")
+    fr = [f"{n} {cellv(cells, 'churn', n, None, 'fragmentation_end')['mean']:.2f}x"
+          for n in names if have_cell(cells, "churn", n, None, "fragmentation_end")]
+    if fr:
+        parts.append("churn RSS / live bytes: " + ", ".join(fr))
+    return "; ".join(parts) + "."
+
+
+def have_cell(cells, case, name, lay, path) -> bool:
+    c = cellv(cells, case, name, lay, path)
+    return c is not None and c.get("mean") is not None and not math.isnan(c["mean"])
+
+
 def write_report(out_dir, run, raw, cells, names, skipped, failed, files, mode, extra) -> None:
     L = []
     L.append("# Allocators: does the allocator behind tfdata's arrays matter, and where?\n")
@@ -896,6 +923,7 @@ def write_report(out_dir, run, raw, cells, names, skipped, failed, files, mode, 
                               "`--quick` runs write `reports/alloc/quick/` instead, so they never replace "
                               "this report."))
     L.append("")
+    L.append(f"<!-- headline: {headline(cells, names)} -->\n")
     L.append("## Question\n")
     L.append("tfdata can take the memory of every array it allocates (storage, episode bookkeeping, output "
              "rings) from one of five allocators (`tfdata.alloc`): **numpy** (glibc malloc through numpy, "

@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import tfdata  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, markdown as methodology_markdown, write_json  # noqa: E402
+from _methodology import RunRecord, markdown as methodology_markdown, report_dir, write_json  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -99,7 +99,7 @@ MARGIN_PP = 2.0      # a stall difference counts when every seed agrees and it e
 PAGE = 4096
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT_DIR = os.path.join(ROOT, "reports", EXPERIMENT)
+OUT_DIR = report_dir(EXPERIMENT)
 MULT_COLORS = {0.25: "tab:gray", 0.5: "tab:red", 1.0: "tab:orange", 2.0: "tab:green",
                4.0: "tab:blue"}
 LAYOUT_COLORS = {"aos": "tab:blue", "soa": "tab:orange"}

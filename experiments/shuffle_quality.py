@@ -36,7 +36,7 @@ import numpy as np
 import tfdata
 
 sys.dont_write_bytecode = True  # write nothing outside reports/
-from _methodology import RunRecord, markdown as methodology_markdown, write_json
+from _methodology import RunRecord, markdown as methodology_markdown, report_dir, write_json
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -51,7 +51,7 @@ BLOCK_ROWS = (64, 1024, 16384)
 WINDOW_BLOCKS = (1, 8, 64, 512)
 SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0, 1)
-OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "reports", EXPERIMENT)
+OUT_DIR = report_dir(EXPERIMENT)
 
 
 def epoch_orders(ds, seed: int, shuffle, block_rows: int | None, window_blocks: int) -> list[np.ndarray]:

@@ -50,20 +50,19 @@ Writes only under ``reports/sumtree/``: ``README.md``, ``results.json``, ``sumtr
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import gc
-import json
 import math
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
 
 sys.dont_write_bytecode = True  # write nothing outside reports/sumtree (no __pycache__)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT_DIR = os.path.join(ROOT, "reports", "sumtree")
+from _methodology import RunRecord, report_dir, write_json  # noqa: E402
+
+OUT_DIR = report_dir("sumtree")
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(OUT_DIR, ".numba_cache"))
 
 import numpy as np  # noqa: E402
@@ -1635,8 +1634,10 @@ def main() -> None:
     args = ap.parse_args()
     mode = "quick" if args.quick else "full"
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else DEFAULT_SEEDS[mode]
-    started = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    run_name = f"{EXPERIMENT}__{mode}__seeds{'-'.join(map(str, seeds))}__{int(time.time())}"
+    command = (f"python experiments/sumtree_shape.py{' --quick' if args.quick else ''}"
+               + (f" --seeds {args.seeds}" if args.seeds else ""))
+    rec = RunRecord(EXPERIMENT, mode=mode, seeds=list(seeds), command=command)
+    run_name = rec.run_name
     t_start = time.perf_counter()
     load_start = os.getloadavg()
     os.makedirs(OUT_DIR, exist_ok=True)
@@ -1668,14 +1669,10 @@ def main() -> None:
             else:
                 off = kary_offsets(n, ARITY[s])
                 footprint[str(n)][s] = {"bytes": int(off[-1]) * 8, "depth": len(off) - 2}
-    load_end = os.getloadavg()
-    wall = time.perf_counter() - t_start
-    meth = {"run_name": run_name, "mode": mode, "seeds": list(seeds), "started_utc": started,
-            "wall_s": wall, "loadavg_start": list(load_start), "loadavg_end": list(load_end),
-            "loadavg_per_seed_start": loads,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "command": f"python experiments/sumtree_shape.py{' --quick' if args.quick else ''}"
-                       + (f" --seeds {args.seeds}" if args.seeds else ""),
+    run = rec.finish()
+    # the shared methodology (tfdata's reports index and SCHEMA.md), plus this report's own keys
+    meth = {**run, "wall_s": run["wall_clock_s"], "loadavg_start": run["load_average_start"],
+            "loadavg_end": run["load_average_end"], "loadavg_per_seed_start": loads,
             "parameters": {"sizes": sizes, "batches": list(BATCHES), "rounds": ROUNDS[mode],
                            "budget_s_per_candidate_per_seed": BUDGET_S[mode],
                            "block_target_s": BLOCK_TARGET_S, "warmup_calls": WARMUP_CALLS,
@@ -1685,12 +1682,12 @@ def main() -> None:
                            "tie_margin": TIE_MARGIN},
             "candidates_per_config": len(SHAPES) * (len(OPS) + len(CALL_OPS)) + 5,
             "machine": machine_info(), "software": software_info()}
-    res = {"schema_version": 1, "methodology": meth, "sizes": sizes, "correctness": correctness,
+    res = {"methodology": meth, "sizes": sizes, "correctness": correctness,
            "footprint": footprint, "verdicts": ver, "summary": agg, "per_seed": rows}
     res["conclusion"] = conclusion(agg, ver, sizes, seeds)
     # wall time is recorded before the report/plot are written (they take ~1-2 s)
-    with open(os.path.join(OUT_DIR, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(res, f, indent=1)
+    write_json(os.path.join(OUT_DIR, "results.json"), res)
+    res["schema_version"] = 1
     plot(agg, sizes, run_name, os.path.join(OUT_DIR, "sumtree_shape.png"))
     write_report(res, os.path.join(OUT_DIR, "README.md"))
     log(f"done in {time.perf_counter() - t_start:.0f} s; wrote README.md, results.json, "

@@ -11,7 +11,6 @@ Sizes are in bytes; in strings ``k``, ``M``, ``G``, ``T`` are powers of 1024 (``
 
 from __future__ import annotations
 
-import os
 import re
 import resource
 

@@ -1,0 +1,99 @@
+"""The ``tfdata`` command: finding the checkout, running experiments in their own processes,
+quick runs kept apart from published reports, and the reports index."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tfdata import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fake_checkout(tmp_path, body: str, name: str = "layout"):
+    """A checkout with the real methodology module and one fake experiment ``name``."""
+    exp = tmp_path / "experiments"
+    exp.mkdir()
+    shutil.copy(os.path.join(REPO, "experiments", "_methodology.py"), exp / "_methodology.py")
+    (exp / f"{name}.py").write_text(body)
+    return tmp_path
+
+
+GOOD = '''
+import os, sys
+sys.dont_write_bytecode = True
+from _methodology import RunRecord, report_dir, write_json
+quick = "--quick" in sys.argv
+rec = RunRecord("layout", mode="quick" if quick else "full", seeds=[0, 1], command="x")
+out = report_dir("layout")
+os.makedirs(out, exist_ok=True)
+print("working", flush=True)
+write_json(os.path.join(out, "results.json"), {"methodology": rec.finish(), "argv": sys.argv[1:],
+           "tunables": os.environ.get("GLIBC_TUNABLES", "")})
+open(os.path.join(out, "README.md"), "w").write("# t\\n\\n## Findings\\n\\n* **AoS** wins | by `2x`.\\n")
+open(os.path.join(out, "plot.png"), "wb").write(b"\\x89PNG")
+'''
+
+
+def test_run_quick_writes_apart_and_indexes(tmp_path):
+    root = fake_checkout(tmp_path, GOOD)
+    (root / "reports" / "layout").mkdir(parents=True)
+    (root / "reports" / "layout" / "README.md").write_text("published")
+    rc = cli.main(["--root", str(root), "run", "layout", "--quick", "--", "--seeds", "0"])
+    assert rc == 0
+    assert (root / "reports" / "layout" / "README.md").read_text() == "published"  # untouched
+    out = root / "reports" / "quick" / "layout"
+    res = json.loads((out / "results.json").read_text())
+    assert res["argv"] == ["--quick", "--seeds", "0"]
+    assert "glibc.rtld.optional_static_tls=4096" in res["tunables"]  # jemalloc can load there
+    assert "working" in (out / "run.log").read_text()
+    index = (root / "reports" / "quick" / "README.md").read_text()
+    assert "| [layout](layout/README.md) | quick | 2 |" in index
+    assert "AoS wins / by 2x." in index  # markup stripped, the table not broken
+    assert "![layout](layout/plot.png)" in index
+
+
+def test_a_failing_experiment_fails_the_command(tmp_path, capsys):
+    root = fake_checkout(tmp_path, "import sys\nprint('boom')\nsys.exit(3)\n")
+    assert cli.main(["--root", str(root), "run", "layout", "--quick"]) == 1
+    assert "FAILED (exit 3" in capsys.readouterr().err
+    assert "boom" in (root / "reports" / "quick" / "layout" / "run.log").read_text()
+
+
+def test_unknown_experiment_and_missing_checkout(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="unknown experiment 'layot'"):
+        cli.main(["--root", REPO, "run", "layot"])
+    # no checkout above tmp_path, and the package pretends not to live in one either
+    monkeypatch.setattr(cli, "__file__", str(tmp_path / "site" / "tfdata" / "cli.py"))
+    with pytest.raises(SystemExit, match="no tfdata checkout"):
+        cli.find_root(str(tmp_path))
+
+
+def test_root_is_found_from_a_subfolder():
+    assert cli.find_root(os.path.join(REPO, "tfdata", "kernels")) == REPO
+
+
+def test_entry_points_list_every_experiment():
+    out = subprocess.run([sys.executable, "-m", "tfdata", "list"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for name in cli.EXPERIMENTS:
+        assert f"experiments/{name}.py" in out.stdout
+        assert os.path.exists(os.path.join(REPO, "experiments", f"{name}.py"))
+    script = os.path.join(os.path.dirname(sys.executable), "tfdata")
+    if os.path.exists(script):  # the console script of an installed checkout
+        out2 = subprocess.run([script, "list"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out2.stdout == out.stdout
+
+
+def test_every_experiment_writes_where_the_cli_says(tmp_path):
+    """Each experiment resolves its output folder through report_dir (TFDATA_REPORTS_DIR)."""
+    for name, folder in cli.EXPERIMENTS.items():
+        src = open(os.path.join(REPO, "experiments", f"{name}.py"), encoding="utf-8").read()
+        assert f'report_dir(EXPERIMENT)' in src or f'report_dir("{folder}")' in src, name
