@@ -1,5 +1,5 @@
-"""AoS or SoA: which layout samples faster, by row size, batch size and capacity, and what does
-each cost in memory?
+"""AoS or SoA: which layout samples faster, by row size, batch size, capacity, sampler and number
+of fields, where does the answer flip, and what does each layout cost in memory?
 
 A self-contained experiment (one file, parameters at the top, cleanrl style). It compares, in the
 same run and interleaved in time:
@@ -13,12 +13,23 @@ For every row kind x capacity x batch size it records the per-call latency of ``
 p99, mean, across seeds), the throughput of ``push`` and ``extend(1000)``, the storage bytes, and
 the RSS growth of building and filling one buffer (measured in a fresh forked process).
 
-    python experiments/layout.py --quick      # under ~3 minutes: the demo (python3 dev.py demo)
-    python experiments/layout.py              # the full run, under ~20 minutes
+Two further grids (AoS vs SoA, interleaved the same way):
+
+* **samplers**: uniform ``ReplayBuffer.sample``, prioritized (``PrioritizedReplayBuffer``:
+  ``sample`` + ``update_priorities`` per call) and n-step (``ReplayBuffer(n_step=3)``), on an
+  episode stream, for the cartpole and medium rows at a cache-resident and a beyond-cache capacity;
+* **fields**: a 64-byte float32 row split into 1, 2, 4, 8 or 16 fields (uniform sampling, with the
+  numpy baseline).
+
+From the measured medians it locates where the SoA/AoS ratio crosses 1 along each dimension (row
+size, field count, capacity, batch size), by interpolating between measured points.
+
+    python experiments/layout.py --quick      # under ~2 minutes: the demo (python3 dev.py demo)
+    python experiments/layout.py              # the full run, under ~15 minutes
     python experiments/layout.py --seeds 0,1,2
 
 Writes ``reports/layout/README.md``, ``results.json`` and ``*.png`` (the last run wins: the
-published report is a full run), and creates ``reports/README.md`` (the index) if it is missing.
+published report is a full run; ``tfdata run layout --quick`` writes under ``reports/quick/``).
 Only the public tfdata API is used, plus numpy, psutil and matplotlib.
 """
 
@@ -38,7 +49,7 @@ import psutil
 import tfdata
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, cache_size, markdown as methodology_markdown, write_json
+from _methodology import RunRecord, cache_size, markdown as methodology_markdown, report_dir, write_json
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -81,9 +92,31 @@ EXTEND_ROWS = 1000                              # rows per extend call (and per 
 RING_SIZE = 2                                   # tfdata's default output ring
 VERDICT_MARGIN = 0.03  # a winner needs every seed on its side and a mean ratio beyond 1 +- 3%
 
+# -- sampler grid: AoS vs SoA for each sampler, on an episode stream ---------------------------
+SAMPLERS = ("uniform", "prioritized", "nstep")
+SAMPLER_LABELS = {"uniform": "uniform", "prioritized": "prioritized (sample + update_priorities)",
+                  "nstep": "n-step (n=3)"}
+SAMPLER_CAPACITIES = {  # (row kind -> capacities): one cache-resident, one beyond L3
+    "full": {"cartpole": (10_000, 1_000_000), "medium": (10_000, 100_000)},
+    "quick": {"cartpole": (10_000, 1_000_000), "medium": (10_000, 100_000)},
+}
+SAMPLER_BATCHES = {"full": (32, 256), "quick": (32, 256)}
+N_STEP, GAMMA = 3, 0.99
+TERMINATED_P, TRUNCATED_P = 0.01, 0.0  # the stream: an episode ends with probability 0.01 per row
+STREAM_FLAGS = {"terminated": TERMINATED_P, "truncated": TRUNCATED_P}
+PRIORITY_POOL = 64                      # pre-drawn |N(0,1)| priority vectors, cycled per call
+# -- field-count grid: the same 64 bytes of float32 in 1..16 fields ----------------------------
+FIELD_COUNTS = (1, 2, 4, 8, 16)
+FIELD_ROW_FLOATS = 16                   # 16 x float32 = 64 bytes of data per row
+FIELD_CAPACITIES = {"full": (10_000, 1_000_000), "quick": (10_000, 1_000_000)}
+FIELD_BATCHES = {"full": (32, 256), "quick": (256,)}
+FIELD_KINDS = {f"f{n}": {f"x{i}": ("f4", (FIELD_ROW_FLOATS // n,)) if n < FIELD_ROW_FLOATS else "f4"
+                         for i in range(n)} for n in FIELD_COUNTS}
+# timed seconds per (config, sampler/impl, batch, seed) in the two extra grids
+EXTRA_BUDGET_S = {"full": 0.4, "quick": 0.1}
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT_DIR = os.path.join(ROOT, "reports", EXPERIMENT)
-INDEX = os.path.join(ROOT, "reports", "README.md")
+OUT_DIR = report_dir(EXPERIMENT)
 COLORS = {"aos": "tab:blue", "soa": "tab:orange", "numpy": "tab:gray"}
 LABELS = {"aos": "tfdata AoS", "soa": "tfdata SoA", "numpy": "numpy baseline"}
 
@@ -133,18 +166,19 @@ class NumpyBuffer:
 # Helpers
 # ---------------------------------------------------------------------------------------------
 def make_spec(kind: str) -> tfdata.Spec:
-    return tfdata.Spec(ROW_KINDS[kind])
+    return tfdata.Spec(ROW_KINDS[kind] if kind in ROW_KINDS else FIELD_KINDS[kind])
 
 
-def make_chunk(spec: tfdata.Spec, n: int, rng: np.random.Generator) -> dict:
-    """``n`` random rows, one array per field, exact dtypes."""
+def make_chunk(spec: tfdata.Spec, n: int, rng: np.random.Generator, flag_p=None) -> dict:
+    """``n`` random rows, one array per field, exact dtypes. ``flag_p``: probability of True per
+    bool field (default 0.05 for every one)."""
     out = {}
     for f in spec:
         shape = (n,) + f.shape
         if f.dtype.kind == "f":
             out[f.name] = rng.standard_normal(shape, dtype=np.float32).astype(f.dtype, copy=False)
         elif f.dtype.kind == "b":
-            out[f.name] = rng.random(shape) < 0.05
+            out[f.name] = rng.random(shape) < (flag_p or {}).get(f.name, 0.05)
         elif f.dtype == np.uint8:
             out[f.name] = rng.integers(0, 256, shape, dtype=np.uint8)
         else:
@@ -165,6 +199,35 @@ def build(impl: str, spec: tfdata.Spec, capacity: int, seed: int):
     if impl == "numpy":
         return NumpyBuffer(spec, capacity, seed)
     return tfdata.ReplayBuffer(spec, capacity, layout=impl, seed=seed, ring_size=RING_SIZE)
+
+
+def build_sampler(sampler: str, layout: str, spec: tfdata.Spec, capacity: int, seed: int):
+    """A tfdata buffer for ``sampler`` ("uniform", "prioritized", "nstep") in ``layout``."""
+    if sampler == "prioritized":
+        return tfdata.PrioritizedReplayBuffer(spec, capacity, layout=layout, seed=seed,
+                                              ring_size=RING_SIZE)
+    if sampler == "nstep":
+        return tfdata.ReplayBuffer(spec, capacity, layout=layout, seed=seed, ring_size=RING_SIZE,
+                                   n_step=N_STEP, gamma=GAMMA)
+    return tfdata.ReplayBuffer(spec, capacity, layout=layout, seed=seed, ring_size=RING_SIZE)
+
+
+def sampler_call(sampler: str, buf, pools: dict):
+    """The per-step call a training loop makes with ``sampler``: ``fn(batch_size)``.
+
+    Prioritized: ``sample`` then ``update_priorities(batch, |N(0,1)|)``; the priorities are drawn
+    beforehand (``pools[batch_size]``, cycled) so numpy's RNG is not in the timed call.
+    """
+    if sampler != "prioritized":
+        return buf.sample
+    pos = {b: 0 for b in pools}
+
+    def call(b):
+        batch = buf.sample(b)
+        i = pos[b] = (pos[b] + 1) % PRIORITY_POOL
+        buf.update_priorities(batch, pools[b][i])
+
+    return call
 
 
 def fill(buf, chunk: dict, capacity: int) -> None:
@@ -276,48 +339,53 @@ def _fresh_pages_allocator() -> bool:
         return False
 
 
-def _memory_probe(kind: str, capacity: int, impl: str) -> dict:
+def _memory_probe(kind: str, capacity: int, impl: str, sampler: str | None = None,
+                  batches=BATCH_SIZES) -> dict:
     fresh = _fresh_pages_allocator()
     spec = make_spec(kind)
-    chunk = make_chunk(spec, min(EXTEND_ROWS, capacity), np.random.default_rng(0))
+    flag_p = STREAM_FLAGS if sampler else None
+    chunk = make_chunk(spec, min(EXTEND_ROWS, capacity), np.random.default_rng(0), flag_p)
     gc.collect()
     r0 = rss()
-    buf = build(impl, spec, capacity, 0)
+    buf = build_sampler(sampler, impl, spec, capacity, 0) if sampler else build(impl, spec, capacity, 0)
     r1 = rss()
     fill(buf, chunk, capacity)
     r2 = rss()
-    for b in BATCH_SIZES:  # tfdata allocates its output ring here; numpy's outputs are temporary
+    for b in batches:  # tfdata allocates its output ring here; numpy's outputs are temporary
         buf.sample(b)
         buf.sample(b)
     r3 = rss()
     import resource
 
-    parts = getattr(buf, "nbytes_parts", None)  # tfdata: rows + bookkeeping, not the output rings
-    storage = parts["storage"] + parts["bookkeeping"] if parts else buf.nbytes
-    return {"storage_bytes": int(storage), "rss_build_bytes": r1 - r0, "rss_fill_bytes": r2 - r0,
+    # tfdata: rows + bookkeeping (+ priority trees), not the output rings
+    parts = getattr(buf, "nbytes_parts", None)
+    storage = sum(v for k, v in parts.items() if k != "output_rings") if parts else buf.nbytes
+    return {"storage_bytes": int(storage), "nbytes_parts": dict(parts) if parts else None,
+            "rss_build_bytes": r1 - r0, "rss_fill_bytes": r2 - r0,
             "rss_after_samples_bytes": r3 - r0,
             "probe_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "fresh_mmap_allocations": fresh}
 
 
-def _memory_child(conn, kind, capacity, impl):
+def _memory_child(conn, kind, capacity, impl, sampler, batches):
     try:
-        conn.send(_memory_probe(kind, capacity, impl))
+        conn.send(_memory_probe(kind, capacity, impl, sampler, batches))
     except BaseException as exc:  # report, never hang the parent
         conn.send({"error": repr(exc)})
     finally:
         conn.close()
 
 
-def measure_memory(kind: str, capacity: int, impl: str) -> dict:
+def measure_memory(kind: str, capacity: int, impl: str, sampler: str | None = None,
+                   batches=BATCH_SIZES) -> dict:
     try:
         ctx = multiprocessing.get_context("fork")
     except ValueError:  # no fork on this platform: measure in process (less clean)
-        out = _memory_probe(kind, capacity, impl)
+        out = _memory_probe(kind, capacity, impl, sampler, batches)
         out["process"] = "in-process"
         return out
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_memory_child, args=(child, kind, capacity, impl))
+    p = ctx.Process(target=_memory_child, args=(child, kind, capacity, impl, sampler, batches))
     p.start()
     child.close()
     out = parent.recv()
@@ -389,7 +457,93 @@ def warm_kernels() -> float:
             buf.extend(chunk)
             buf.push(env_row(chunk))
             buf.sample(32)
+    pools = {32: np.abs(np.random.default_rng(0).standard_normal((PRIORITY_POOL, 32)))}
+    for kind in dict.fromkeys(k for m in SAMPLER_CAPACITIES.values() for k in m):
+        spec = make_spec(kind)
+        chunk = make_chunk(spec, 64, np.random.default_rng(0), STREAM_FLAGS)
+        for sampler in SAMPLERS:
+            for layout in LAYOUTS:
+                buf = build_sampler(sampler, layout, spec, 64, 0)
+                buf.extend(chunk)
+                sampler_call(sampler, buf, pools)(32)
+    for kind in FIELD_KINDS:
+        spec = make_spec(kind)
+        chunk = make_chunk(spec, 64, np.random.default_rng(0))
+        for layout in LAYOUTS:
+            buf = tfdata.ReplayBuffer(spec, 64, layout=layout, seed=0)
+            buf.extend(chunk)
+            buf.sample(32)
     return time.perf_counter() - t0
+
+
+def _interleaved_samples(calls: dict, batches, mode: str) -> dict:
+    """Time ``calls[key](b)`` for every key and batch size, keys alternating in rounds."""
+    budget, lo, hi, rounds = EXTRA_BUDGET_S[mode], MIN_CALLS[mode], MAX_CALLS[mode], ROUNDS[mode]
+    keys = list(calls)
+    out = {}
+    for b in batches:
+        counts = {k: n_calls(calls[k], b, budget, lo, hi) for k in keys}
+        parts = {k: [] for k in keys}
+        for r in range(rounds):
+            for k in rotated(keys, r):
+                n = counts[k] // rounds + (1 if r < counts[k] % rounds else 0)
+                parts[k].append(time_calls(calls[k], b, n))
+        out[b] = {k: stats(np.concatenate(parts[k])) for k in keys}
+    return out
+
+
+def run_sampler_config(kind: str, capacity: int, seed: int, mode: str, order_key: int) -> dict:
+    """Every (sampler, layout) on the same episode stream, interleaved in time."""
+    spec = make_spec(kind)
+    rng = np.random.default_rng([seed, 100 + list(ROW_KINDS).index(kind), capacity])
+    chunk = make_chunk(spec, min(EXTEND_ROWS, capacity), rng, STREAM_FLAGS)
+    pools = {b: np.abs(rng.standard_normal((PRIORITY_POOL, b))) for b in SAMPLER_BATCHES[mode]}
+    keys = rotated([f"{s}/{l}" for s in SAMPLERS for l in LAYOUTS], order_key)
+    out = {"kind": kind, "capacity": capacity, "seed": seed, "order": keys, "fill": {}, "sample": {}}
+    bufs, calls = {}, {}
+    for key in keys:
+        sampler, layout = key.split("/")
+        gc.collect()
+        t0 = time.perf_counter()
+        bufs[key] = buf = build_sampler(sampler, layout, spec, capacity, seed)
+        fill(buf, chunk, capacity)
+        dt = time.perf_counter() - t0
+        out["fill"][key] = {"seconds": dt, "rows_per_s": capacity / dt}
+        assert len(buf) == capacity
+        calls[key] = sampler_call(sampler, buf, pools)
+    gc.collect()
+    gc.disable()
+    try:
+        out["sample"] = _interleaved_samples(calls, SAMPLER_BATCHES[mode], mode)
+    finally:
+        gc.enable()
+    del bufs, calls
+    gc.collect()
+    return out
+
+
+def run_field_config(n_fields: int, capacity: int, seed: int, mode: str, order_key: int) -> dict:
+    """AoS, SoA and numpy on the 64-byte row split into ``n_fields`` fields (uniform sampling)."""
+    kind = f"f{n_fields}"
+    spec = make_spec(kind)
+    rng = np.random.default_rng([seed, 200 + n_fields, capacity])
+    chunk = make_chunk(spec, min(EXTEND_ROWS, capacity), rng)
+    order = rotated(IMPLS, order_key)
+    out = {"n_fields": n_fields, "capacity": capacity, "seed": seed, "impl_order": order, "sample": {}}
+    bufs = {}
+    for impl in order:
+        gc.collect()
+        bufs[impl] = buf = build(impl, spec, capacity, seed)
+        fill(buf, chunk, capacity)
+    gc.collect()
+    gc.disable()
+    try:
+        out["sample"] = _interleaved_samples({i: bufs[i].sample for i in order}, FIELD_BATCHES[mode], mode)
+    finally:
+        gc.enable()
+    del bufs
+    gc.collect()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,6 +610,154 @@ def aggregate(raw: list[dict], memory: dict, kinds_caps: list[tuple[str, int]]) 
             c["sample"][b] = s
         configs.append(c)
     return {"configs": configs}
+
+
+def placement(nbytes: int) -> str:
+    l2, l3 = cache_size(2), cache_size(3)
+    if l2 and nbytes <= l2:
+        return "fits L2"
+    if l3 and nbytes <= l3:
+        return "fits L3"
+    return "exceeds L3" if l3 else "cache size unknown"
+
+
+def summary(per_seed: list[dict]) -> dict:
+    med = mean_std([p["median_us"] for p in per_seed])
+    p99 = mean_std([p["p99_us"] for p in per_seed])
+    mean = mean_std([p["mean_us"] for p in per_seed])
+    return {"median_us_mean": med[0], "median_us_std": med[1], "p99_us_mean": p99[0],
+            "p99_us_std": p99[1], "mean_us_mean": mean[0], "mean_us_std": mean[1],
+            "calls_per_seed": [p["n"] for p in per_seed], "per_seed": per_seed}
+
+
+def ratio(runs: list[dict], b: int, num: str, den: str, a_name: str, b_name: str) -> dict:
+    """time(num)/time(den) per seed, on medians; verdict names ``a_name`` (num) / ``b_name``."""
+    rs = [r["sample"][b][num]["median_us"] / r["sample"][b][den]["median_us"] for r in runs]
+    m, sd = mean_std(rs)
+    return {"mean": m, "std": sd, "per_seed": rs, "faster": verdict(rs, a_name, b_name)}
+
+
+def aggregate_samplers(raw: list[dict], memory: dict, kinds_caps, batches) -> list[dict]:
+    configs = []
+    for kind, cap in kinds_caps:
+        runs = [r for r in raw if r["kind"] == kind and r["capacity"] == cap]
+        spec = make_spec(kind)
+        c = {"kind": kind, "capacity": cap, "row_nbytes": spec.row_nbytes,
+             "aos_storage_bytes": spec.aos_dtype.itemsize * cap,
+             "cache_placement": placement(spec.aos_dtype.itemsize * cap),
+             "memory": memory.get((kind, cap), {}), "fill": {}, "sample": {}}
+        keys = [f"{s}/{l}" for s in SAMPLERS for l in LAYOUTS]
+        for key in keys:
+            c["fill"][key] = dict(zip(("rows_per_s_mean", "rows_per_s_std"),
+                                      mean_std([r["fill"][key]["rows_per_s"] for r in runs])))
+        for b in batches:
+            sb = {key: summary([r["sample"][b][key] for r in runs]) for key in keys}
+            sb["ratios"] = {s: ratio(runs, b, f"{s}/soa", f"{s}/aos", "soa", "aos") for s in SAMPLERS}
+            c["sample"][b] = sb
+        configs.append(c)
+    return configs
+
+
+def aggregate_fields(raw: list[dict], caps, batches) -> list[dict]:
+    configs = []
+    for cap in caps:
+        for n in FIELD_COUNTS:
+            runs = [r for r in raw if r["n_fields"] == n and r["capacity"] == cap]
+            spec = make_spec(f"f{n}")
+            c = {"n_fields": n, "field_floats": FIELD_ROW_FLOATS // n, "capacity": cap,
+                 "row_nbytes": spec.row_nbytes, "aos_itemsize": spec.aos_dtype.itemsize,
+                 "cache_placement": placement(spec.aos_dtype.itemsize * cap), "sample": {}}
+            for b in batches:
+                sb = {i: summary([r["sample"][b][i] for r in runs]) for i in IMPLS}
+                sb["ratios"] = {"soa/aos": ratio(runs, b, "soa", "aos", "soa", "aos"),
+                                "numpy/aos": ratio(runs, b, "numpy", "aos", "numpy", "aos"),
+                                "numpy/soa": ratio(runs, b, "numpy", "soa", "numpy", "soa")}
+                c["sample"][b] = sb
+            configs.append(c)
+    return configs
+
+
+# ---------------------------------------------------------------------------------------------
+# Crossovers: where the SoA/AoS ratio crosses 1 along one dimension
+# ---------------------------------------------------------------------------------------------
+def find_crossings(xs, ys, verdicts) -> list[dict]:
+    """Points where the mean SoA/AoS ratio crosses 1 between consecutive measured points,
+    interpolated linearly in log(x) and log(ratio). ``significant``: the verdicts on the two
+    sides are opposite winners (not ties)."""
+    out = []
+    for i in range(len(xs) - 1):
+        y0, y1 = ys[i], ys[i + 1]
+        if (y0 - 1) * (y1 - 1) > 0 or (y0 == 1 and i > 0) or y0 == y1:
+            continue
+        l0, l1 = math.log(y0), math.log(y1)
+        t = -l0 / (l1 - l0)
+        x = math.exp(math.log(xs[i]) + t * (math.log(xs[i + 1]) - math.log(xs[i])))
+        sides = {verdicts[i], verdicts[i + 1]}
+        out.append({"x": x, "between": [xs[i], xs[i + 1]], "verdicts": [verdicts[i], verdicts[i + 1]],
+                    "significant": sides == {"aos", "soa"},
+                    "soa_faster_below": y0 < 1})
+    return out
+
+
+def crossover_series(agg: dict) -> list[dict]:
+    """One series per (dimension, fixed other parameters): the ratio curve and its crossings."""
+    series = []
+
+    def add(dim, label, xlab, pts, group):
+        pts = sorted(pts, key=lambda p: p[0])
+        xs = [p[0] for p in pts]
+        ys = [p[1]["mean"] for p in pts]
+        series.append({"dimension": dim, "series": label, "x_label": xlab, "group": group,
+                       "xs": xs, "ys": ys, "std": [p[1]["std"] for p in pts],
+                       "verdicts": [p[1]["faster"] for p in pts],
+                       "crossings": find_crossings(xs, ys, [p[1]["faster"] for p in pts])})
+
+    main = agg["configs"]
+    kinds = list(dict.fromkeys(c["kind"] for c in main))
+    smallest = [min((c for c in main if c["kind"] == k), key=lambda c: c["capacity"]) for k in kinds]
+    for b in BATCH_SIZES:
+        add("row size", f"uniform, batch {b}, smallest capacity of each row kind", "data bytes per row",
+            [(c["row_nbytes"], c["sample"][b]["ratios"]["soa/aos"]) for c in smallest], b)
+    for cap in dict.fromkeys(c["capacity"] for c in agg["fields"]):
+        for b in FIELD_BATCHES[agg["mode"]]:
+            add("field count", f"uniform, 64 B row, capacity {fmt_cap(cap)}, batch {b}", "fields",
+                [(c["n_fields"], c["sample"][b]["ratios"]["soa/aos"]) for c in agg["fields"]
+                 if c["capacity"] == cap], (cap, b))
+    for kind in kinds:
+        cs = [c for c in main if c["kind"] == kind]
+        if len(cs) > 1:
+            for b in BATCH_SIZES:
+                add("capacity", f"uniform, {kind}, batch {b}", "capacity (rows)",
+                    [(c["capacity"], c["sample"][b]["ratios"]["soa/aos"]) for c in cs], (kind, b))
+    for c in main:
+        add("batch size", f"uniform, {c['kind']}, capacity {fmt_cap(c['capacity'])}", "batch size",
+            [(b, c["sample"][b]["ratios"]["soa/aos"]) for b in BATCH_SIZES], (c["kind"], c["capacity"]))
+    sc = agg["samplers"]
+    skinds = list(dict.fromkeys(c["kind"] for c in sc))
+    for sampler in SAMPLERS:
+        for kind in skinds:
+            cs = [c for c in sc if c["kind"] == kind]
+            for b in SAMPLER_BATCHES[agg["mode"]]:
+                add("capacity, per sampler", f"{sampler}, {kind}, batch {b}", "capacity (rows)",
+                    [(c["capacity"], c["sample"][b]["ratios"][sampler]) for c in cs], (sampler, kind, b))
+        n_caps = min(sum(c["kind"] == k for c in sc) for k in skinds)
+        for j in range(n_caps):
+            cs = [[c for c in sc if c["kind"] == k][j] for k in skinds]
+            where = "cache-resident" if j == 0 else "beyond cache"
+            for b in SAMPLER_BATCHES[agg["mode"]]:
+                add("row size, per sampler",
+                    f"{sampler}, {where} (" + ", ".join(f"{c['kind']} {fmt_cap(c['capacity'])}" for c in cs)
+                    + f"), batch {b}", "data bytes per row",
+                    [(c["row_nbytes"], c["sample"][b]["ratios"][sampler]) for c in cs], (sampler, j, b))
+    return series
+
+
+def fmt_x(x: float, xlab: str) -> str:
+    if xlab.startswith("capacity"):
+        return f"{x:,.0f}" if x < 1e4 else f"{x / 1e3:,.0f}k" if x < 1e6 else f"{x / 1e6:.2g}M"
+    if xlab.startswith("data bytes"):
+        return f"{x:,.0f} B"
+    return f"{x:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,6 +852,133 @@ def plot(agg: dict, mode: str, n_seeds: int) -> list[str]:
     fig.savefig(os.path.join(OUT_DIR, "ratios.png"), dpi=110)
     plt.close(fig)
     files.append("ratios.png")
+    return files
+
+
+def plot_extra(agg: dict, mode: str, n_seeds: int) -> list[str]:
+    """samplers.png, fields.png and crossovers.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda y, _: f"{y:g}")
+    files = []
+
+    # -- samplers: median latency per sampler and layout, one panel per (kind, capacity) ------
+    sc = agg["samplers"]
+    sb = SAMPLER_BATCHES[mode]
+    fig, axes = plt.subplots(len(sb), len(sc), figsize=(3.6 * len(sc) + 0.8, 3.4 * len(sb) + 0.6),
+                             squeeze=False)
+    width = 0.38
+    for row, b in enumerate(sb):
+        for ax, c in zip(axes[row], sc):
+            xs = np.arange(len(SAMPLERS))
+            for j, layout in enumerate(LAYOUTS):
+                med = [c["sample"][b][f"{s}/{layout}"]["median_us_mean"] for s in SAMPLERS]
+                sd = [c["sample"][b][f"{s}/{layout}"]["median_us_std"] for s in SAMPLERS]
+                ax.bar(xs + (j - 0.5) * width, med, width, yerr=sd, capsize=2, color=COLORS[layout],
+                       label=LABELS[layout])
+            for x, smp in zip(xs, SAMPLERS):
+                r = c["sample"][b]["ratios"][smp]
+                top = max(c["sample"][b][f"{smp}/{l}"]["median_us_mean"] for l in LAYOUTS)
+                ax.text(x, top * 1.02, f"{r['mean']:.2f}x", ha="center", va="bottom", fontsize=8)
+            ax.set_xticks(xs, ["uniform", "prioritized", "n-step"], fontsize=8)
+            ax.set_title(f"{c['kind']}, capacity {c['capacity']:,}, batch {b}\n"
+                         f"({fmt_bytes(c['aos_storage_bytes'])}, {c['cache_placement']})", fontsize=8.5)
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+            ax.grid(True, axis="y", alpha=0.3)
+        axes[row][0].set_ylabel("median µs per call")
+    h, l = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, l, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(f"AoS vs SoA per sampler ({mode} run, {n_seeds} seeds; bar = mean of per-seed medians, "
+                 "error bar = std; label = SoA/AoS)", fontsize=9.5)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(os.path.join(OUT_DIR, "samplers.png"), dpi=110)
+    plt.close(fig)
+    files.append("samplers.png")
+
+    # -- fields: latency vs number of fields -------------------------------------------------
+    fc = agg["fields"]
+    caps = list(dict.fromkeys(c["capacity"] for c in fc))
+    fb = FIELD_BATCHES[mode]
+    fig, axes = plt.subplots(len(caps), len(fb), figsize=(5.2 * len(fb) + 0.6, 4.0 * len(caps) + 0.8),
+                             squeeze=False)
+    for ax, (cap, b) in zip(axes.flat, [(cap, b) for cap in caps for b in fb]):
+        cs = [c for c in fc if c["capacity"] == cap]
+        for impl in IMPLS:
+            med = [c["sample"][b][impl]["median_us_mean"] for c in cs]
+            sd = [c["sample"][b][impl]["median_us_std"] for c in cs]
+            p99 = [c["sample"][b][impl]["p99_us_mean"] for c in cs]
+            ax.errorbar(FIELD_COUNTS, med, yerr=sd, color=COLORS[impl], marker="o", capsize=3,
+                        label=f"{LABELS[impl]} median")
+            ax.plot(FIELD_COUNTS, p99, color=COLORS[impl], ls=":", marker=".", alpha=0.7,
+                    label=f"{LABELS[impl]} p99")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(FIELD_COUNTS, [str(n) for n in FIELD_COUNTS])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("fields in the 64-byte row")
+        ax.set_ylabel("sample() µs per call (log)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(f"capacity {cap:,} ({fmt_bytes(64 * cap)}, {cs[0]['cache_placement']}), batch {b}",
+                     fontsize=9)
+    h, l = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, l, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(f"16 float32 (64 B) per row, split into 1..16 fields: uniform sample() latency "
+                 f"({mode} run, {n_seeds} seeds)", fontsize=9.5)
+    fig.tight_layout(rect=(0, 0.05 + 0.05 / len(caps), 1, 1))
+    fig.savefig(os.path.join(OUT_DIR, "fields.png"), dpi=110)
+    plt.close(fig)
+    files.append("fields.png")
+
+    # -- crossovers: ratio curves, crossings marked ------------------------------------------
+    series = agg["crossovers"]
+    panels = [("row size", "uniform: SoA/AoS by row size\n(smallest capacity of each row kind)", None),
+              ("field count", "uniform: SoA/AoS by number of fields\n(64-byte row)", None),
+              ("capacity", "uniform: SoA/AoS by capacity", 256),
+              ("capacity, per sampler", "per sampler: SoA/AoS by capacity", 256)]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9.5))
+    cmap = plt.get_cmap("tab10")
+    for ax, (dim, title, only_b) in zip(axes.flat, panels):
+        ss = [x for x in series if x["dimension"] == dim]
+        if only_b is not None:
+            ss = [x for x in ss if x["group"][-1] == only_b] or ss
+        for i, x in enumerate(ss):
+            col = cmap(i % 10)
+            ax.errorbar(x["xs"], x["ys"], yerr=x["std"], marker="o", ms=4, capsize=2, color=col,
+                        label=(x["series"].replace("uniform, ", "")
+                               .replace(", smallest capacity of each row kind", "")
+                               if dim in ("row size", "field count", "capacity") else x["series"]))
+            for cr in x["crossings"]:
+                ax.plot([cr["x"]], [1.0], marker="X", ms=11, color=col, mec="k",
+                        alpha=1.0 if cr["significant"] else 0.5)
+                ax.annotate(fmt_x(cr["x"], x["x_label"]), (cr["x"], 1.0), xytext=(4, -14),
+                            textcoords="offset points", fontsize=7, color=col)
+        ax.axhline(1.0, color="k", lw=0.9)
+        ax.set_xscale("log", base=2 if dim == "field count" else 10)
+        if dim == "field count":
+            ax.set_xticks(FIELD_COUNTS, [str(n) for n in FIELD_COUNTS])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 1.5, 2, 3, 5, 7)))
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(ss[0]["x_label"] if ss else "")
+        ax.set_ylabel("SoA / AoS median latency (>1: AoS faster)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(title + (f", batch {only_b}" if only_b else ""), fontsize=9.5)
+        ax.legend(fontsize=6.5, loc="best", frameon=False, ncol=1 if len(ss) <= 6 else 2)
+    fig.suptitle(f"Where does SoA/AoS cross 1? ({mode} run, {n_seeds} seeds; mean ± std of per-seed "
+                 "ratios; X = interpolated crossing, faded when one side is a tie)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(os.path.join(OUT_DIR, "crossovers.png"), dpi=110)
+    plt.close(fig)
+    files.append("crossovers.png")
     return files
 
 
@@ -756,11 +1185,220 @@ def short_answer(agg: dict) -> str:
     return head + body + mem
 
 
+VNAME = {"aos": "**AoS**", "soa": "**SoA**", "tie": "tie", "numpy": "**numpy**"}
+
+
+def sampler_findings(agg: dict) -> list[str]:
+    sc, mode = agg["samplers"], agg["mode"]
+    out = []
+    for smp in SAMPLERS:
+        cells = [(c, b, c["sample"][b]["ratios"][smp]) for c in sc for b in SAMPLER_BATCHES[mode]]
+        rs = [r["mean"] for _, _, r in cells]
+        w = {k: sum(r["faster"] == k for _, _, r in cells) for k in ("aos", "soa", "tie")}
+        lo = min(cells, key=lambda t: t[2]["mean"])
+        hi = max(cells, key=lambda t: t[2]["mean"])
+        out.append(f"{SAMPLER_LABELS[smp]}: SoA/AoS geometric mean {gmean(rs):.2f}, from {lo[2]['mean']:.2f} "
+                   f"({lo[0]['kind']} {fmt_cap(lo[0]['capacity'])} batch {lo[1]}) to {hi[2]['mean']:.2f} "
+                   f"({hi[0]['kind']} {fmt_cap(hi[0]['capacity'])} batch {hi[1]}); AoS faster in "
+                   f"{w['aos']}, SoA in {w['soa']}, tie in {w['tie']} of {len(cells)}")
+    return out
+
+
+def field_findings(agg: dict) -> list[str]:
+    fc, mode = agg["fields"], agg["mode"]
+    out = []
+    for cap in dict.fromkeys(c["capacity"] for c in fc):
+        cs = {c["n_fields"]: c for c in fc if c["capacity"] == cap}
+        n0, n1 = FIELD_COUNTS[0], FIELD_COUNTS[-1]
+        for b in FIELD_BATCHES[mode]:
+            a0, a1 = (cs[n]["sample"][b]["aos"]["median_us_mean"] for n in (n0, n1))
+            s0, s1 = (cs[n]["sample"][b]["soa"]["median_us_mean"] for n in (n0, n1))
+            u0, u1 = (cs[n]["sample"][b]["numpy"]["median_us_mean"] for n in (n0, n1))
+            rr = " -> ".join(f"{cs[n]['sample'][b]['ratios']['soa/aos']['mean']:.2f}" for n in FIELD_COUNTS)
+            out.append(f"capacity {fmt_cap(cap)}, batch {b}: from {n0} to {n1} fields AoS goes "
+                       f"{fmt_us(a0)} -> {fmt_us(a1)} µs ({a1 / a0:.2f}x), SoA {fmt_us(s0)} -> {fmt_us(s1)} µs "
+                       f"({s1 / s0:.2f}x, +{(s1 - s0) / (n1 - n0):.2f} µs per extra field, "
+                       f"{(s1 - s0) / (n1 - n0) * 1e3 / b:.1f} ns per field per sampled row), numpy "
+                       f"{fmt_us(u0)} -> {fmt_us(u1)} µs ({u1 / u0:.2f}x); SoA/AoS by field count "
+                       f"{', '.join(map(str, FIELD_COUNTS))}: {rr}")
+    return out
+
+
+def crossing_text(x: dict) -> str:
+    if not x["crossings"]:
+        vs = set(x["verdicts"])
+        if vs == {"aos"}:
+            who = "AoS faster at every point"
+        elif vs == {"soa"}:
+            who = "SoA faster at every point"
+        elif vs == {"tie"}:
+            who = "ties at every point"
+        else:
+            side = "above" if min(x["ys"]) > 1 else "below" if max(x["ys"]) < 1 else "on both sides of"
+            who = f"ratio stays {side} 1; " + ", ".join(f"{fmt_x(a, x['x_label'])}: {v}"
+                                                        for a, v in zip(x["xs"], x["verdicts"]))
+        return f"no crossover in the measured range ({who})"
+    parts = []
+    for cr in x["crossings"]:
+        lo, hi = cr["between"]
+        below = "SoA" if cr["soa_faster_below"] else "AoS"
+        above = "AoS" if cr["soa_faster_below"] else "SoA"
+        parts.append(f"**≈ {fmt_x(cr['x'], x['x_label'])}** (between {fmt_x(lo, x['x_label'])} and "
+                     f"{fmt_x(hi, x['x_label'])}: {below} faster below, {above} above; verdicts "
+                     f"{cr['verdicts'][0]} / {cr['verdicts'][1]}"
+                     + ("" if cr["significant"] else "; one side is a tie, so within noise") + ")")
+    return "; ".join(parts)
+
+
+def crossover_findings(agg: dict) -> tuple[list[str], dict]:
+    """Per dimension: how many series cross, and the significant crossings."""
+    by = {}
+    for x in agg["crossovers"]:
+        by.setdefault(x["dimension"], []).append(x)
+    lines = []
+    for dim, ss in by.items():
+        sig = [(x, cr) for x in ss for cr in x["crossings"] if cr["significant"]]
+        weak = [(x, cr) for x in ss for cr in x["crossings"] if not cr["significant"]]
+        txt = f"{dim}: {len(ss)} ratio curves, "
+        if not sig and not weak:
+            txt += "no crossover in the measured range"
+        else:
+            txt += ((f"{len(sig)} clear crossing(s) (a winner on each side): "
+                     + "; ".join(f"{x['series']} at ≈ {fmt_x(cr['x'], x['x_label'])}" for x, cr in sig))
+                    if sig else "no clear crossing")
+            txt += ((f"; {len(weak)} crossing(s) within noise (one side a tie): "
+                       + "; ".join(f"{x['series']} at ≈ {fmt_x(cr['x'], x['x_label'])}" for x, cr in weak)
+                       if weak else ""))
+        lines.append(txt)
+    return lines, by
+
+
+def extra_sections(agg: dict, run: dict) -> list[str]:
+    mode = run["mode"]
+    L = []
+    # -- samplers ----------------------------------------------------------------------------
+    L.append("## Samplers: uniform, prioritized, n-step\n")
+    L.append(f"The same row kinds on an **episode stream** (`terminated` true with probability "
+             f"{TERMINATED_P}, `truncated` with probability {TRUNCATED_P}, fresh random data per seed), "
+             "each buffer filled to capacity, all six (sampler, layout) buffers of a configuration "
+             "built together and timed interleaved in rounds, exactly as above:\n")
+    L.append("* **uniform**: `ReplayBuffer(spec, cap, layout=...).sample(batch)`;")
+    L.append("* **prioritized**: `PrioritizedReplayBuffer(spec, cap, layout=..., seed=...)` (alpha 0.6, "
+             "beta 0.4); one timed call is `batch = buf.sample(b); buf.update_priorities(batch, p)` "
+             f"with `p = |N(0, 1)|` of length b, drawn before timing ({PRIORITY_POOL} vectors per seed, "
+             "cycled) so numpy's RNG is not in the timed call;")
+    L.append(f"* **n-step**: `ReplayBuffer(spec, cap, layout=..., n_step={N_STEP}, gamma={GAMMA})`, "
+             "`sample(batch)` (returns the discounted n-step reward and the window's last "
+             "`next_obs`/flags).")
+    L.append(f"\nPer (configuration, sampler, layout, batch, seed): {WARMUP_CALLS} warm-up calls, then "
+             f"calls for {EXTRA_BUDGET_S[mode]} s (at least {MIN_CALLS[mode]}) in {ROUNDS[mode]} "
+             "rounds. The numpy baseline is not part of this grid (it has no prioritized or n-step "
+             "counterpart here).\n")
+    L.append("![samplers.png](samplers.png)\n")
+    L.append("- " + "\n- ".join(sampler_findings(agg)) + "\n")
+    offs = ", ".join(f"{k} `next_obs` at byte {make_spec(k).aos_dtype.fields['next_obs'][1]} of a "
+                     f"{make_spec(k).aos_dtype.itemsize}-byte record"
+                     for k in dict.fromkeys(c["kind"] for c in agg["samplers"]))
+    L.append("A fact about the layouts that bears on n-step (the link to speed is an interpretation, "
+             "not measured): after the gather, n-step re-reads the next fields (`next_obs`) at each "
+             "window's last row, copying them in the widest word that divides their offset and width. "
+             f"In AoS the offset is the field's position in the record ({offs}), in SoA it is 0, so "
+             "the AoS re-read of a 4-byte-aligned `next_obs` moves 4-byte words and the SoA one 8-byte "
+             "words.\n")
+    L.append("| row kind | capacity | batch | sampler | AoS median µs | SoA median µs | p99 µs AoS / SoA | "
+             "SoA/AoS | faster layout |")
+    L.append("|---|---:|---:|---|---:|---:|---:|---:|---|")
+    for c in agg["samplers"]:
+        for b in SAMPLER_BATCHES[mode]:
+            sb = c["sample"][b]
+            for smp in SAMPLERS:
+                a, o = sb[f"{smp}/aos"], sb[f"{smp}/soa"]
+                r = sb["ratios"][smp]
+                L.append(f"| {c['kind']} | {c['capacity']:,} ({c['cache_placement']}) | {b} | {smp} | "
+                         f"{fmt_us(a['median_us_mean'])} ± {fmt_us(a['median_us_std'])} | "
+                         f"{fmt_us(o['median_us_mean'])} ± {fmt_us(o['median_us_std'])} | "
+                         f"{fmt_us(a['p99_us_mean'])} / {fmt_us(o['p99_us_mean'])} | "
+                         f"{r['mean']:.2f} ± {r['std']:.2f} | {VNAME[r['faster']]} |")
+    L.append("")
+    L.append("Memory of the sampler buffers (fresh forked process per buffer, as above; storage = "
+             "everything `nbytes_parts` counts except the output rings: rows and bookkeeping, and for "
+             "prioritized also the priority trees (a `(2P, 4)` float64 array, P = capacity rounded up "
+             "to a power of two) and the slot versions; RSS after sampling includes the output rings of "
+             f"batch sizes {', '.join(map(str, SAMPLER_BATCHES[mode]))}):\n")
+    L.append("| row kind | capacity | sampler | layout | storage | RSS after build | RSS after fill | "
+             "RSS after sampling | first fill rows/s |")
+    L.append("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    for c in agg["samplers"]:
+        for smp in SAMPLERS:
+            for layout in LAYOUTS:
+                key = f"{smp}/{layout}"
+                m = c["memory"].get(key, {})
+                fl = fmt_rate(c["fill"][key]["rows_per_s_mean"])
+                if not m or "error" in m:
+                    L.append(f"| {c['kind']} | {c['capacity']:,} | {smp} | {layout} | ? | ? | ? | "
+                             f"{m.get('error', '?')} | {fl} |")
+                    continue
+                L.append(f"| {c['kind']} | {c['capacity']:,} | {smp} | {layout} | "
+                         f"{fmt_bytes(m['storage_bytes'])} | {fmt_bytes(m['rss_build_bytes'])} | "
+                         f"{fmt_bytes(m['rss_fill_bytes'])} | {fmt_bytes(m['rss_after_samples_bytes'])} | {fl} |")
+    L.append("")
+
+    # -- fields ------------------------------------------------------------------------------
+    L.append("## Number of fields (same 64 bytes per row)\n")
+    L.append(f"A row of {FIELD_ROW_FLOATS} float32 (64 bytes, no padding in either layout) split into "
+             + ", ".join(f"{n} field{'s' if n > 1 else ''} of float32[{FIELD_ROW_FLOATS // n}]"
+                         if n < FIELD_ROW_FLOATS else f"{n} float32 scalars" for n in FIELD_COUNTS)
+             + ". Uniform `sample(batch)` only (no sampler needs flags here), with the numpy baseline, "
+             f"interleaved AoS / SoA / numpy in rounds; {EXTRA_BUDGET_S[mode]} s of calls per "
+             "(configuration, implementation, batch, seed). Storage is identical for all field counts "
+             "(64 B per row in both layouts), so no memory table.\n")
+    L.append("![fields.png](fields.png)\n")
+    L.append("- " + "\n- ".join(field_findings(agg)) + "\n")
+    L.append("| capacity | batch | fields | AoS median µs | SoA median µs | numpy median µs | "
+             "p99 µs AoS / SoA / numpy | SoA/AoS | numpy/AoS | faster layout |")
+    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for c in agg["fields"]:
+        for b in FIELD_BATCHES[mode]:
+            sb = c["sample"][b]
+            cell = [f"{fmt_us(sb[i]['median_us_mean'])} ± {fmt_us(sb[i]['median_us_std'])}" for i in IMPLS]
+            r = sb["ratios"]
+            L.append(f"| {c['capacity']:,} ({c['cache_placement']}) | {b} | {c['n_fields']} | "
+                     f"{' | '.join(cell)} | {' / '.join(fmt_us(sb[i]['p99_us_mean']) for i in IMPLS)} | "
+                     f"{r['soa/aos']['mean']:.2f} ± {r['soa/aos']['std']:.2f} | {r['numpy/aos']['mean']:.2f} | "
+                     f"{VNAME[r['soa/aos']['faster']]} |")
+    L.append("")
+
+    # -- crossovers --------------------------------------------------------------------------
+    L.append("## Crossovers\n")
+    L.append("Where the SoA/AoS median-latency ratio crosses 1 along each dimension, with everything "
+             "else fixed. A crossing is interpolated linearly in log(x) and log(ratio) between the two "
+             "measured points whose mean ratios lie on opposite sides of 1; it is a **clear** crossing "
+             f"when both neighbours have a verdict (every seed on one side, beyond ±{VERDICT_MARGIN:.0%}) "
+             "and the verdicts differ, and \"within noise\" when one neighbour is a tie. Nothing is "
+             "extrapolated: a curve that stays on one side of 1 has no crossover in the measured range. "
+             "The row-size curves of the main grid also change the number of fields (tiny 2, the "
+             "others 6); the field-count grid holds the row size fixed.\n")
+    L.append("![crossovers.png](crossovers.png)\n")
+    lines, by = crossover_findings(agg)
+    L.append("Summary:\n")
+    L.append("- " + "\n- ".join(lines) + "\n")
+    for dim, ss in by.items():
+        L.append(f"### By {dim}\n")
+        L.append(f"| series | SoA/AoS at measured {ss[0]['x_label']} | crossover |")
+        L.append("|---|---|---|")
+        for x in ss:
+            pts = ", ".join(f"{fmt_x(a, x['x_label'])}: {y:.2f}" for a, y in zip(x["xs"], x["ys"]))
+            L.append(f"| {x['series']} | {pts} | {crossing_text(x)} |")
+        L.append("")
+    return L
+
+
 def write_report(agg: dict, run: dict, files: list[str]) -> None:
     mode, seeds = run["mode"], run["seeds"]
     n_seeds = len(seeds)
     L = []
-    L.append("# AoS or SoA: which replay-buffer layout samples faster, and what does each cost?\n")
+    L.append("# AoS or SoA: which replay-buffer layout samples faster (by row size, batch, capacity, "
+             "sampler and number of fields), where does it flip, and what does each cost?\n")
     L.append(f"> Produced by the **{mode}** run `{run['run_name']}` ({n_seeds} seeds, "
              f"{run['wall_clock_s']:.0f} s wall clock, started {run['started_utc']}). Every table, figure "
              f"and conclusion below comes from that run; rerunning overwrites this directory. "
@@ -770,6 +1408,15 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
     L.append("")
     L.append("## Answer\n")
     L.append(short_answer(agg) + "\n")
+    cl, _ = crossover_findings(agg)
+    L.append("**Samplers** (SoA/AoS median latency, cartpole and medium rows, cache-resident and "
+             "beyond-cache capacities; details in [Samplers](#samplers-uniform-prioritized-n-step)):\n")
+    L.append("- " + "\n- ".join(sampler_findings(agg)) + "\n")
+    L.append("**Number of fields** (64-byte row, uniform; details in "
+             "[Number of fields](#number-of-fields-same-64-bytes-per-row)):\n")
+    L.append("- " + "\n- ".join(field_findings(agg)) + "\n")
+    L.append("**Crossovers** (where SoA/AoS crosses 1; details in [Crossovers](#crossovers)):\n")
+    L.append("- " + "\n- ".join(cl) + "\n")
     L.append("Headline figures (median µs per `sample()` call, mean ± std across seeds):\n")
     L.append("| row kind | capacity | batch | tfdata AoS | tfdata SoA | numpy | SoA/AoS |")
     L.append("|---|---:|---:|---:|---:|---:|---:|")
@@ -790,7 +1437,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
     L.append("")
     L.append("## Reproduce\n")
     L.append("```sh\npython3 dev.py demo                                  # = python experiments/layout.py --quick"
-             "  (< ~3 min)\n.venv/bin/python experiments/layout.py               # full run (< ~20 min), "
+             "  (< ~2 min)\n.venv/bin/python experiments/layout.py               # full run (< ~15 min), "
              "the published one\n.venv/bin/python experiments/layout.py --seeds 0,1,2  # explicit seeds\n```\n")
     L.append("Files: `README.md` (this), `results.json` (every number, per seed; `schema_version` "
              "field), " + ", ".join(f"`{f}`" for f in files) + ".\n")
@@ -862,6 +1509,8 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
         L.extend(sample_table(agg, kind))
         L.append("")
 
+    L.extend(extra_sections(agg, run))
+
     L.append("## Write throughput (rows/s, mean ± std across seeds)\n")
     L.append("| row kind | capacity | push AoS | push SoA | push numpy | extend(1000) AoS | extend SoA | "
              "extend numpy | first fill AoS / SoA / numpy |")
@@ -920,29 +1569,18 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
              "counter-based generator inside the kernel and reuses its output ring. The comparison is of "
              "the two ways of getting a batch, not of the gather alone.")
     L.append("* `push`/`extend` of tfdata include input validation (dtype, shape, safe casts); numpy's do not.")
-    L.append("* Sampling is uniform with replacement over a full buffer; prioritized sampling, "
-             "multi-threaded use and `copy=True` are not measured here.")
+    L.append("* Buffers are full when sampled; multi-threaded use, `copy=True`, `sample_sequences` and "
+             "the n-step/prioritized writes (extend with priorities, episode bookkeeping) are not timed. "
+             "The prioritized timing includes `update_priorities`, as a training step does; its tree "
+             "work does not depend on the layout, so it dilutes the layout difference.")
+    L.append("* The n-step and prioritized grids use an episode stream whose rows repeat every "
+             f"{EXTEND_ROWS} rows (the fill chunk is reused); the field-count grid changes the number "
+             "of fields only, not the field widths' alignment (every field is a multiple of 4 bytes).")
     L.append("")
     L.append("## Machine and run\n")
     L.append(methodology_markdown(run))
     with open(os.path.join(OUT_DIR, "README.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(L))
-
-
-INDEX_TEXT = """# Reports
-
-Results produced by code in this repository. Each report says which command and which run produced
-it, on what machine, and keeps its raw numbers in a JSON file beside it.
-
-## Sections
-
-- [Layout: AoS or SoA?](layout/README.md): which storage layout samples faster, by row size,
-  batch size and capacity, and what each costs in memory; with a plain numpy baseline.
-  Made by `experiments/layout.py` (`python3 dev.py demo` runs its quick mode).
-- [Benchmarks](benchmarks.md): the asv benchmark suite (`python3 dev.py bench`).
-
-<!-- Add new reports above this line, one bullet each: [title](path): what it answers, what made it. -->
-"""
 
 
 def print_table(agg: dict) -> None:
@@ -968,6 +1606,28 @@ def print_table(agg: dict) -> None:
               f"{g('aos', 'rss_fill_bytes'):>12}{g('soa', 'rss_fill_bytes'):>11}{g('numpy', 'rss_fill_bytes'):>11} | "
               f"{fmt_rate(c['push']['aos']['rows_per_s_mean']):>15}{fmt_rate(c['push']['soa']['rows_per_s_mean']):>8}"
               f"{fmt_rate(c['push']['numpy']['rows_per_s_mean']):>8}")
+    print()
+    mode = agg["mode"]
+    print(f"{'row':<9}{'capacity':>10}{'batch':>6} | " + "".join(f"{s + ' SoA/AoS':>22}" for s in SAMPLERS))
+    print("-" * 92)
+    for c in agg["samplers"]:
+        for b in SAMPLER_BATCHES[mode]:
+            r = c["sample"][b]["ratios"]
+            print(f"{c['kind']:<9}{c['capacity']:>10,}{b:>6} | "
+                  + "".join(f"{r[s]['mean']:>16.2f} {r[s]['faster']:>5}" for s in SAMPLERS))
+    print()
+    print(f"{'fields':>6}{'capacity':>10}{'batch':>6} | {'median µs: AoS':>14}{'SoA':>9}{'numpy':>9} | "
+          f"{'SoA/AoS':>7}  faster")
+    print("-" * 74)
+    for c in agg["fields"]:
+        for b in FIELD_BATCHES[mode]:
+            s = c["sample"][b]
+            print(f"{c['n_fields']:>6}{c['capacity']:>10,}{b:>6} | {fmt_us(s['aos']['median_us_mean']):>14}"
+                  f"{fmt_us(s['soa']['median_us_mean']):>9}{fmt_us(s['numpy']['median_us_mean']):>9} | "
+                  f"{s['ratios']['soa/aos']['mean']:>7.2f}  {s['ratios']['soa/aos']['faster']}")
+    print()
+    for line in crossover_findings(agg)[0]:
+        print("crossovers, " + line)
     print(flush=True)
 
 
@@ -989,7 +1649,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="small grid, short timing budgets (under ~3 minutes)")
+                    help="small grid, short timing budgets (under ~2 minutes)")
     ap.add_argument("--seeds", default=None,
                     help="number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                          f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
@@ -1002,7 +1662,13 @@ def main(argv=None) -> None:
               "capacities": CAPACITIES[mode], "sample_budget_s": SAMPLE_BUDGET_S[mode],
               "min_calls": MIN_CALLS[mode], "max_calls": MAX_CALLS[mode], "rounds": ROUNDS[mode],
               "warmup_calls": WARMUP_CALLS, "write_budget_s": WRITE_BUDGET_S[mode],
-              "extend_rows": EXTEND_ROWS, "ring_size": RING_SIZE, "verdict_margin": VERDICT_MARGIN}
+              "extend_rows": EXTEND_ROWS, "ring_size": RING_SIZE, "verdict_margin": VERDICT_MARGIN,
+              "samplers": SAMPLERS, "sampler_capacities": SAMPLER_CAPACITIES[mode],
+              "sampler_batch_sizes": SAMPLER_BATCHES[mode], "n_step": N_STEP, "gamma": GAMMA,
+              "stream_flag_probability": STREAM_FLAGS, "priority_pool": PRIORITY_POOL,
+              "field_counts": FIELD_COUNTS, "field_row_floats": FIELD_ROW_FLOATS,
+              "field_capacities": FIELD_CAPACITIES[mode], "field_batch_sizes": FIELD_BATCHES[mode],
+              "extra_sample_budget_s": EXTRA_BUDGET_S[mode]}
     rec = RunRecord(EXPERIMENT, mode=mode, seeds=seeds, command=command, parameters=params)
     os.makedirs(OUT_DIR, exist_ok=True)
     log = lambda msg: print(f"[{rec.elapsed():6.1f}s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
@@ -1015,6 +1681,11 @@ def main(argv=None) -> None:
     memory = {}
     for kind, cap in kinds_caps:
         memory[(kind, cap)] = {impl: measure_memory(kind, cap, impl) for impl in IMPLS}
+    sampler_kc = [(k, c) for k, caps in SAMPLER_CAPACITIES[mode].items() for c in caps]
+    smemory = {}
+    for kind, cap in sampler_kc:
+        smemory[(kind, cap)] = {f"{smp}/{l}": measure_memory(kind, cap, l, smp, SAMPLER_BATCHES[mode])
+                                for smp in SAMPLERS for l in LAYOUTS}
     log("memory probes done")
 
     raw = []
@@ -1025,18 +1696,41 @@ def main(argv=None) -> None:
             log(f"seed {seed} {kind:<8} cap {cap:>10,}: batch 256 median µs "
                 + " ".join(f"{i} {s[i]['median_us']:.1f}" for i in IMPLS))
 
+    log(f"sampler grid: {len(sampler_kc)} (row kind, capacity) x {len(SAMPLERS)} samplers x "
+        f"{len(LAYOUTS)} layouts x {len(SAMPLER_BATCHES[mode])} batch sizes")
+    raw_s = []
+    for si, seed in enumerate(seeds):
+        for ci, (kind, cap) in enumerate(sampler_kc):
+            raw_s.append(run_sampler_config(kind, cap, seed, mode, order_key=si + ci))
+            s = raw_s[-1]["sample"][SAMPLER_BATCHES[mode][-1]]
+            log(f"seed {seed} {kind:<8} cap {cap:>10,}: batch {SAMPLER_BATCHES[mode][-1]} median µs "
+                + " ".join(f"{k} {v['median_us']:.1f}" for k, v in s.items()))
+    field_kc = [(n, cap) for cap in FIELD_CAPACITIES[mode] for n in FIELD_COUNTS]
+    log(f"field grid: {len(field_kc)} (fields, capacity) x {len(IMPLS)} impls x "
+        f"{len(FIELD_BATCHES[mode])} batch sizes")
+    raw_f = []
+    for si, seed in enumerate(seeds):
+        for ci, (n, cap) in enumerate(field_kc):
+            raw_f.append(run_field_config(n, cap, seed, mode, order_key=si + ci))
+        s = raw_f[-1]["sample"][FIELD_BATCHES[mode][-1]]
+        log(f"seed {seed} fields done; last (16 fields, cap {field_kc[-1][1]:,}) median µs "
+            + " ".join(f"{k} {v['median_us']:.1f}" for k, v in s.items()))
+
     agg = aggregate(raw, memory, kinds_caps)
+    agg["mode"] = mode
+    agg["samplers"] = aggregate_samplers(raw_s, smemory, sampler_kc, SAMPLER_BATCHES[mode])
+    agg["fields"] = aggregate_fields(raw_f, FIELD_CAPACITIES[mode], FIELD_BATCHES[mode])
+    agg["crossovers"] = crossover_series(agg)
     print_table(agg)
-    files = plot(agg, mode, len(seeds))
-    child_peak = max((m.get("probe_peak_rss_bytes", 0) for per in memory.values() for m in per.values()),
-                     default=None)
+    files = plot(agg, mode, len(seeds)) + plot_extra(agg, mode, len(seeds))
+    child_peak = max((m.get("probe_peak_rss_bytes", 0) for mem in (memory, smemory)
+                      for per in mem.values() for m in per.values()), default=None)
     run = rec.finish(child_peak_rss_bytes=child_peak)
     write_json(os.path.join(OUT_DIR, "results.json"),
-               {"methodology": run, "configs": agg["configs"], "raw": raw})
+               {"methodology": run, "configs": agg["configs"], "samplers": agg["samplers"],
+                "fields": agg["fields"], "crossovers": agg["crossovers"], "raw": raw,
+                "raw_samplers": raw_s, "raw_fields": raw_f})
     write_report(agg, run, files)
-    if not os.path.exists(INDEX):
-        with open(INDEX, "w", encoding="utf-8") as f:
-            f.write(INDEX_TEXT)
     rel = os.path.relpath(OUT_DIR, ROOT)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; "
           f"report: {rel}/README.md, data: {rel}/results.json, plots: {', '.join(files)}", flush=True)
