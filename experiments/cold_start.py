@@ -183,6 +183,10 @@ def write_report(agg: dict, run: dict, png: str) -> None:
              f"AoS: {first_warm * 1e3:.0f} ms with a warm kernel cache, {first_cold:.1f} s with a cold one "
              f"({first_cold / first_warm:.0f}x): the cache is what makes `import tfdata` in a training loop "
              "cheap after the first run on a machine.")
+    L.append(f"* With a warm cache most of that is two one-time costs: the first `ReplayBuffer()` imports numba "
+             f"({w['build']['mean'] * 1e3:.0f} ms with the kernel modules), and the first kernel call of the "
+             f"process, here the first `extend`, takes {w['first_extend']['mean'] * 1e3:.0f} ms (the first call of any numba "
+             f"kernel in a process has a fixed set-up cost even when the kernel comes from the cache); later first calls load their kernel in {w['first_sample']['mean'] * 1e3:.0f} ms.")
     L.append(f"* For scale: a second `sample({BATCH})` takes {w['second_sample']['median'] * 1e6:.0f} µs (median).")
     L.append("")
     L.append(f"![{png}]({png})\n")
