@@ -96,4 +96,4 @@ def test_every_experiment_writes_where_the_cli_says(tmp_path):
     """Each experiment resolves its output folder through report_dir (TFDATA_REPORTS_DIR)."""
     for name, folder in cli.EXPERIMENTS.items():
         src = open(os.path.join(REPO, "experiments", f"{name}.py"), encoding="utf-8").read()
-        assert f'report_dir(EXPERIMENT)' in src or f'report_dir("{folder}")' in src, name
+        assert 'report_dir(EXPERIMENT)' in src or f'report_dir("{folder}")' in src, name
