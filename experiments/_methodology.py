@@ -417,3 +417,11 @@ def markdown(run: dict) -> str:
     ]
     lines = ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: str, lines: list, run: dict) -> str:
+    """Write ``out_dir/README.md``: ``lines``, then the "Machine and run" section for ``run``."""
+    path = os.path.join(out_dir, "README.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(list(lines) + ["## Machine and run\n", markdown(run)]))
+    return path

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, markdown as methodology_markdown, report_dir, write_json  # noqa: E402
+from _methodology import RunRecord, report_dir, write_json, write_report as write_methodology_report  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -211,10 +211,7 @@ def write_report(agg: dict, run: dict, png: str) -> None:
     L.append("* Not measured: a cold *operating-system* file cache (the files were read recently by the "
              "previous process); an installed wheel (this runs from the checkout).")
     L.append("")
-    L.append("## Machine and run\n")
-    L.append(methodology_markdown(run))
-    with open(os.path.join(OUT_DIR, "README.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(L))
+    write_methodology_report(OUT_DIR, L, run)
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ import psutil
 import tfdata
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, cache_size, markdown as methodology_markdown, report_dir, write_json
+from _methodology import RunRecord, cache_size, report_dir, write_json, write_report as write_methodology_report
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -1577,10 +1577,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
              f"{EXTEND_ROWS} rows (the fill chunk is reused); the field-count grid changes the number "
              "of fields only, not the field widths' alignment (every field is a multiple of 4 bytes).")
     L.append("")
-    L.append("## Machine and run\n")
-    L.append(methodology_markdown(run))
-    with open(os.path.join(OUT_DIR, "README.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(L))
+    write_methodology_report(OUT_DIR, L, run)
 
 
 def print_table(agg: dict) -> None:

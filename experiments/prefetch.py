@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import tfdata  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, markdown as methodology_markdown, report_dir, write_json  # noqa: E402
+from _methodology import RunRecord, report_dir, write_json, write_report as write_methodology_report  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -1089,10 +1089,7 @@ def write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log
     L.append("* Epochs are short (64 batches in the full run, 20 in the quick one), so a p99 is close "
              "to the largest wait of the epoch.")
     L.append("")
-    L.append("## Machine and run\n")
-    L.append(methodology_markdown(run))
-    with open(os.path.join(OUT_DIR, "README.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(L))
+    write_methodology_report(OUT_DIR, L, run)
 
 
 def print_summary(cells, mults) -> None:
