@@ -229,3 +229,75 @@ def loader_order(n: int, batch: int, mode: str, seed: int, epoch: int, drop_last
     if drop_last and batches and len(batches[-1]) < batch:
         batches.pop()
     return [np.array(b, dtype=np.int64) for b in batches]
+
+
+# -- small networks (tfdata.nn) ------------------------------------------------------------------
+
+
+def mlp_forward_naive(weights: list, biases: list, x) -> list:
+    """Every layer's output in float64: ``h @ W.T + b``, ReLU on all but the last layer."""
+    h = np.asarray(x, dtype=np.float64)
+    outs = []
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        z = h @ np.asarray(w, dtype=np.float64).T + np.asarray(b, dtype=np.float64)
+        h = np.maximum(z, 0.0) if i < len(weights) - 1 else z
+        outs.append(h)
+    return outs
+
+
+def mlp_preactivations_naive(weights: list, biases: list, x) -> list:
+    """Every hidden layer's input to its ReLU (to keep finite differences away from the kinks)."""
+    outs = mlp_forward_naive(weights, biases, x)
+    inputs = [np.asarray(x, dtype=np.float64)] + outs[:-1]
+    return [inputs[i] @ np.asarray(weights[i], dtype=np.float64).T + biases[i]
+            for i in range(len(weights) - 1)]
+
+
+def mlp_backward_naive(weights: list, biases: list, x, grad_out) -> list:
+    """(dW, db) of every layer by the chain rule, given d loss / d output, in float64."""
+    outs = mlp_forward_naive(weights, biases, x)
+    inputs = [np.asarray(x, dtype=np.float64)] + outs[:-1]
+    d = np.asarray(grad_out, dtype=np.float64)
+    grads = [None] * len(weights)
+    for i in range(len(weights) - 1, -1, -1):
+        dw = np.zeros(np.shape(weights[i]))
+        for r in range(d.shape[0]):  # one outer product per row of the batch
+            dw += np.outer(d[r], inputs[i][r])
+        grads[i] = (dw, d.sum(axis=0))
+        if i > 0:
+            # through layer i's weights, then through the ReLU of layer i - 1 (no gradient at 0)
+            d = (d @ np.asarray(weights[i], dtype=np.float64)) * (inputs[i] > 0)
+    return grads
+
+
+def adam_naive(params, grads: list, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+    """Adam as in the paper (bias-corrected moments), one step per gradient; returns
+    (params, m, v) in float64."""
+    p = np.array(params, dtype=np.float64)
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    b1, b2 = betas
+    for t, g in enumerate(grads, start=1):
+        g = np.asarray(g, dtype=np.float64)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        m_hat = m / (1 - b1 ** t)
+        v_hat = v / (1 - b2 ** t)
+        p = p - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return p, m, v
+
+
+def td_loss_naive(q, q_next, actions, rewards, terminated, discounts, weights):
+    """DQN's loss ``mean(w * (q[a] - y) ** 2)`` with ``y = r + discount * (1 - term) * max q_next``;
+    returns (loss, d loss / d q, |q[a] - y|) in float64."""
+    q = np.asarray(q, dtype=np.float64)
+    n = q.shape[0]
+    rows = np.arange(n)
+    y = (np.asarray(rewards, dtype=np.float64)
+         + np.asarray(discounts, dtype=np.float64) * (1.0 - np.asarray(terminated, dtype=np.float64))
+         * np.asarray(q_next, dtype=np.float64).max(axis=1))
+    err = q[rows, actions] - y
+    w = np.asarray(weights, dtype=np.float64)
+    grad = np.zeros_like(q)
+    grad[rows, actions] = 2.0 * w * err / n
+    return float(np.mean(w * err * err)), grad, np.abs(err)

@@ -10,7 +10,7 @@ from . import _config
 
 _config.install_cache_dir()
 
-from . import alloc, io, memory  # noqa: E402
+from . import alloc, io, memory, nn  # noqa: E402
 from .buffer import Batch, ReplayBuffer  # noqa: E402
 from .dataset import ArrayDataset, Dataset, MmapDataset  # noqa: E402
 from .loader import DataLoader, LoaderConfig  # noqa: E402
@@ -21,5 +21,5 @@ from .storage import AoSStorage, SoAStorage, make_storage  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "Spec", "Field", "SpecError", "AoSStorage", "SoAStorage",
+__all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "nn", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "Spec", "Field", "SpecError", "AoSStorage", "SoAStorage",
            "make_storage", "__version__"]

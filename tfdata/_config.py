@@ -15,6 +15,12 @@ import tempfile
 #: Python wrappers once per call, never per element inside kernels.
 NJIT_OPTIONS = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 
+#: Options of the network kernels (tfdata.nn): as NJIT_OPTIONS, plus the floating-point freedoms
+#: that let LLVM vectorise a dot product (reassociation, fused multiply-add). No assumption that
+#: values are finite: a NaN or inf in an input, or in a weight that meets a nonzero input,
+#: propagates (the backward pass skips exact zeros, so a NaN weight times a zero does not).
+NN_OPTIONS = dict(NJIT_OPTIONS, fastmath={"reassoc", "contract", "nsz", "arcp"})
+
 #: Options of small helpers that are inlined into kernels (never called from Python).
 INLINE_OPTIONS = dict(inline="always", boundscheck=False, error_model="numpy")
 
