@@ -1,0 +1,401 @@
+"""The torch-free learner (``tfdata.nn``): DQN train step, greedy action, forward, backward,
+memory and compile time, next to torch doing the same work.
+
+The network and update are CleanRL's CartPole DQN (``cleanrl/dqn.py``): Q-network 4-120-84-2
+(``Linear``/``ReLU``), batch 128, Adam with lr 2.5e-4, gamma 0.99, a target network, the squared
+TD loss (``F.mse_loss``); batches are sampled from a full 10,000-row tfdata ``ReplayBuffer`` of
+CartPole rows (CleanRL's buffer size; the spec of :data:`benchmarks.common.CARTPOLE`).
+
+What each class measures, with the layout as its first parameter wherever a batch comes from a
+buffer (AoS fields are strided views of the sampled records, SoA fields contiguous columns):
+
+* ``TrainStep``: ``time_train``, one DQN update on a batch of 128 (sampled in ``setup``, not
+  timed). ``"tfdata"``: ``DQN.train(batch)`` (one compiled call, ``kernels._mlp.dqn_step``:
+  target forward, online forward, TD loss, backward, Adam). ``"torch"``: CleanRL's update
+  (``nn.Sequential`` 4-120-84-2 and its target, ``F.mse_loss``, ``torch.optim.Adam``), the batch
+  converted with ``torch.from_numpy`` (zero copy, AoS fields as strided tensors) inside the timed
+  call. Target: tfdata's time <= 1/3 of torch's (the ratio of one run's figures).
+* ``Act``: ``time_act``, the greedy action for one observation: ``DQN.act(obs)`` against
+  ``q(torch.from_numpy(obs).unsqueeze(0)).argmax().item()`` under ``torch.no_grad()``. No
+  layout: one observation is one small contiguous array whatever the buffer.
+* ``Forward`` / ``Backward``: ``time_forward`` and ``time_backward``, ``MLP.forward(x)`` and
+  ``MLP.backward(x, grad_out)`` of the Q-network for batches of 1, 32, 128 and 1024, ``x`` the
+  ``obs`` field of a batch sampled from the buffer (strided for AoS, contiguous for SoA) and
+  ``grad_out`` random. ``Backward`` reuses the layer outputs of one untimed ``forward``.
+* ``Memory``: ``peakmem_train``, the peak RSS of a process that builds a 10,000-row buffer (AoS)
+  and a learner and runs 100 train steps (sample + update), tfdata against torch; numba and the
+  buffer kernels are loaded in both, torch is imported in torch's, tfdata's network kernels in
+  tfdata's. ``track_nbytes`` (tfdata only): ``DQN.nbytes`` after those steps and an act, the
+  bytes the learner keeps (both networks' parameters and gradients, Adam's moments, and the
+  workspaces of batch 128 and 1). No layout: it changes the buffer by 20 KB.
+* ``Compile``: ``track_first_train_and_act``, seconds of ``DQN((4, 120, 84, 2))`` + the first
+  ``train`` of a batch of 128 + the first ``act``, in a fresh interpreter (numba imported
+  before the clock starts): ``"cold"``, an empty ``NUMBA_CACHE_DIR`` (the one-off compile of
+  ``dqn_step`` and ``mlp_argmax``), and ``"warm"``, the kernels loaded from the cache. The
+  batch has the array types of a sampled AoS batch (the default layout; an SoA batch compiles
+  the same code for contiguous arrays, in about the same time).
+
+Torch runs with ``torch.set_num_threads(1)`` (``OMP_NUM_THREADS=1`` set before torch is
+imported, if unset): the single core of a small device, and a fair match for tfdata's
+single-threaded kernels. Where torch cannot be imported its cases are skipped
+(``NotImplementedError`` in ``setup``).
+
+As everywhere in this suite, asv_runner calls ``setup`` before every timed call (see
+:mod:`benchmarks.common`): buffers and learners are built once per process and kept in
+module-level caches, and the kernels (and torch's first-call allocations) are warmed once.
+Learners keep training from reading to reading on fresh random batches (the target network
+is never synced: a stationary regression).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import tfdata
+
+from .common import (CARTPOLE, TFDATA_LAYOUTS, build_and_fill, filled_buffer, first_time, one_row,
+                     warm_kernels)
+
+#: CleanRL's CartPole Q-network and hyperparameters
+SIZES = (4, 120, 84, 2)
+BATCH = 128
+LR = 2.5e-4
+GAMMA = 0.99
+CAPACITY = 10_000
+
+IMPLS = ["tfdata", "torch"]
+FORWARD_BATCHES = [1, 32, 128, 1024]
+#: the buffer of the Memory benchmarks: the default layout
+MEMORY_LAYOUT = "aos"
+
+# every operation below is timed one call per reading (asv forces number=1 when a class has a
+# setup), so take many readings: the median of thousands of single calls is stable
+_MANY_SAMPLES = (200, 2000, 2.0)
+
+
+# -- torch --------------------------------------------------------------------------------------
+def require_torch():
+    """The ``torch`` module, one thread; ``NotImplementedError`` (asv's skip) if not importable."""
+    if importlib.util.find_spec("torch") is None:
+        raise NotImplementedError("torch is not installed")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+    except ImportError as exc:
+        raise NotImplementedError(f"torch cannot be imported: {exc}") from None
+    torch.set_num_threads(1)
+    return torch
+
+
+class TorchDQN:
+    """CleanRL's ``dqn.py`` learner in torch, with :class:`tfdata.nn.DQN`'s ``train``/``act``.
+
+    ``train`` converts the batch with ``torch.from_numpy`` (zero copy) and runs CleanRL's
+    update as written there; ``act`` is the greedy action under ``torch.no_grad()``.
+    """
+
+    def __init__(self, torch, seed: int = 0):
+        from torch import nn
+
+        torch.manual_seed(seed)
+
+        def qnet():
+            return nn.Sequential(nn.Linear(SIZES[0], SIZES[1]), nn.ReLU(),
+                                 nn.Linear(SIZES[1], SIZES[2]), nn.ReLU(),
+                                 nn.Linear(SIZES[2], SIZES[3]))
+
+        self.torch = torch
+        self.mse_loss = torch.nn.functional.mse_loss
+        self.q, self.target = qnet(), qnet()
+        self.target.load_state_dict(self.q.state_dict())
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=LR)
+
+    def train(self, batch) -> None:
+        torch = self.torch
+        from_numpy = torch.from_numpy
+        obs = from_numpy(batch["obs"])
+        actions = from_numpy(batch["action"]).unsqueeze(1)
+        rewards = from_numpy(batch["reward"])
+        next_obs = from_numpy(batch["next_obs"])
+        dones = from_numpy(batch["terminated"]).float()
+        with torch.no_grad():
+            target_max, _ = self.target(next_obs).max(dim=1)
+            td_target = rewards + GAMMA * target_max * (1 - dones)
+        old_val = self.q(obs).gather(1, actions).squeeze()
+        loss = self.mse_loss(td_target, old_val)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+    def act(self, obs) -> int:
+        with self.torch.no_grad():
+            return self.q(self.torch.from_numpy(obs).unsqueeze(0)).argmax().item()
+
+
+# -- learners -----------------------------------------------------------------------------------
+def new_learner(impl: str):
+    """A fresh learner, seed 0: :class:`tfdata.nn.DQN` or :class:`TorchDQN`."""
+    if impl == "torch":
+        return TorchDQN(require_torch())
+    return tfdata.nn.DQN(SIZES, lr=LR, gamma=GAMMA, seed=0)
+
+
+def warm_learner(layout: str, impl: str):
+    """A new learner of ``impl`` that has trained on 3 batches of 128 of ``layout`` and acted once.
+
+    The buffer kernels are loaded first (:func:`benchmarks.common.warm_kernels`), for every
+    contender; the steps then load (on a cold cache, compile) tfdata's network kernels for this
+    layout's array types, or make torch's first-call allocations and lazy imports, and allocate
+    the learner's own state (tfdata's workspaces, Adam's moments in both).
+    """
+    warm_kernels()
+    buf = filled_buffer(layout, CARTPOLE, CAPACITY)
+    net = new_learner(impl)
+    for _ in range(3):
+        net.train(buf.sample(BATCH))
+    net.act(one_row(CARTPOLE)["obs"])
+    return net
+
+
+_LEARNERS: dict = {}
+
+
+def learner(layout: str, impl: str):
+    """The warmed learner of (layout, impl) that this process's benchmark keeps training."""
+    key = (layout, impl)
+    net = _LEARNERS.get(key)
+    if net is None:
+        net = _LEARNERS[key] = warm_learner(layout, impl)
+    return net
+
+
+# -- benchmarks ---------------------------------------------------------------------------------
+class TrainStep:
+    """One DQN update on a batch of 128 CartPole rows from a full 10,000-row buffer.
+
+    ``"tfdata"``: ``DQN.train(batch)``; ``"torch"``: CleanRL's update, ``torch.from_numpy``
+    conversion included. The batch is sampled in ``setup`` (a fresh one per reading).
+    Target: tfdata <= 1/3 of torch's time.
+    """
+
+    params = [TFDATA_LAYOUTS, IMPLS]
+    param_names = ["layout", "impl"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, layout, impl):
+        self.net = learner(layout, impl)
+        self.buf = filled_buffer(layout, CARTPOLE, CAPACITY)
+        self.batch = self.buf.sample(BATCH)
+
+    def time_train(self, layout, impl):
+        self.net.train(self.batch)
+
+
+class Act:
+    """The greedy action for one CartPole observation (float32, shape (4,))."""
+
+    params = [IMPLS]
+    param_names = ["impl"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, impl):
+        self.net = learner("aos", impl)
+        self.obs = one_row(CARTPOLE, seed=2)["obs"]
+
+    def time_act(self, impl):
+        self.net.act(self.obs)
+
+
+_X: dict = {}
+
+
+def sampled_obs(layout: str, batch: int) -> np.ndarray:
+    """The ``obs`` field of one batch sampled from the full buffer of ``layout``, per process."""
+    key = (layout, batch)
+    x = _X.get(key)
+    if x is None:
+        # the only sample of this size in the process: its output ring slot is never reused
+        x = _X[key] = filled_buffer(layout, CARTPOLE, CAPACITY).sample(batch)["obs"]
+    return x
+
+
+_MLPS: dict = {}
+
+
+def mlp_with_forward(layout: str, batch: int):
+    """The Q-network (seed 0) and its input ``x``, after one forward of ``x`` (kernels loaded)."""
+    key = (layout, batch)
+    entry = _MLPS.get(key)
+    if entry is None:
+        warm_kernels()
+        net = tfdata.nn.MLP(SIZES, seed=0)
+        x = sampled_obs(layout, batch)
+        net.forward(x)
+        entry = _MLPS[key] = (net, x)
+    return entry
+
+
+class Forward:
+    """``MLP.forward(x)`` of the 4-120-84-2 Q-network, ``x`` a sampled batch's ``obs`` field."""
+
+    params = [TFDATA_LAYOUTS, FORWARD_BATCHES]
+    param_names = ["layout", "batch"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, layout, batch):
+        self.net, self.x = mlp_with_forward(layout, batch)
+
+    def time_forward(self, layout, batch):
+        self.net.forward(self.x)
+
+
+class Backward:
+    """``MLP.backward(x, grad_out)`` after one ``forward(x)``, ``grad_out`` N(0, 1) float32."""
+
+    params = [TFDATA_LAYOUTS, FORWARD_BATCHES]
+    param_names = ["layout", "batch"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, layout, batch):
+        self.net, self.x = mlp_with_forward(layout, batch)
+        self.grad_out = np.random.default_rng(5).standard_normal((batch, SIZES[-1]),
+                                                                 dtype=np.float32)
+        if first_time("backward", layout, batch):
+            self.net.backward(self.x, self.grad_out)  # loads the kernel
+
+    def time_backward(self, layout, batch):
+        self.net.backward(self.x, self.grad_out)
+
+
+def train_run(impl: str, steps: int):
+    """Build and fill a 10,000-row AoS buffer and a learner, run ``steps`` sample + train steps
+    and one act; return the learner."""
+    buf = build_and_fill(MEMORY_LAYOUT, CARTPOLE, CAPACITY)
+    net = new_learner(impl)
+    for _ in range(steps):
+        net.train(buf.sample(BATCH))
+    net.act(one_row(CARTPOLE)["obs"])
+    return net
+
+
+class Memory:
+    """Memory of a learner: peak RSS of build + 100 train steps, and the bytes ``DQN`` keeps.
+
+    ``peakmem_train``: the process's peak RSS while building a 10,000-row buffer (AoS) and a
+    learner and running 100 sample + train steps (numba and the buffer kernels loaded in every
+    case; torch imported in torch's, the network kernels loaded in tfdata's). ``track_nbytes``:
+    ``DQN.nbytes`` after those steps and an act (tfdata only: torch has no such figure). No
+    layout: at 10,000 rows the two differ by 20 KB (48 or 46 bytes a row).
+    """
+
+    params = [IMPLS]
+    param_names = ["impl"]
+    timeout = 300
+    steps = 100
+
+    def setup(self, impl):
+        if first_time("memory", impl):
+            warm_learner(MEMORY_LAYOUT, impl)  # a throwaway learner, freed before the run
+
+    def peakmem_train(self, impl):
+        train_run(impl, self.steps)
+
+    def track_nbytes(self, impl):
+        return train_run(impl, self.steps).nbytes
+
+    track_nbytes.unit = "bytes"
+    # asv_runner's per-benchmark skip (checked before setup): no torch process is started
+    track_nbytes.skip_params = [("torch",)]
+
+
+# -- compile time -------------------------------------------------------------------------------
+FIRST_TRAIN_AND_ACT = """
+import json, time
+import numpy as np
+import numba  # imported before the clock starts (bench_startup.ImportNumba measures it)
+import tfdata
+spec = tfdata.Spec.from_dict(json.loads(%(spec)r))
+# the array types of a sampled AoS batch (field views of records), without the buffer's kernels
+records = np.zeros(%(batch)d, spec.aos_dtype)
+batch = {f.name: records[f.name] for f in spec}
+rng = np.random.default_rng(0)
+batch["obs"][...] = rng.standard_normal(batch["obs"].shape)
+batch["next_obs"][...] = rng.standard_normal(batch["next_obs"].shape)
+batch["reward"][...] = rng.standard_normal(batch["reward"].shape)
+batch["action"][...] = rng.integers(0, 2, batch["action"].shape)
+obs = np.array(batch["obs"][0])
+t0 = time.perf_counter()
+net = tfdata.nn.DQN(%(sizes)r, seed=0)
+net.train(batch)
+net.act(obs)
+print(time.perf_counter() - t0)
+""" % {"spec": json.dumps(CARTPOLE.to_dict()), "batch": BATCH, "sizes": SIZES}
+
+IMPORTS = """
+import time
+t0 = time.perf_counter()
+import numba
+import tfdata
+print(time.perf_counter() - t0)
+"""
+
+
+def _child_seconds(code: str, env: dict | None = None) -> float:
+    """Run ``code`` in a fresh interpreter, in an empty cwd (so that ``import tfdata`` is the
+    installed package); return the seconds it prints last."""
+    cwd = tempfile.mkdtemp(prefix="tfdata-bench-")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr}")
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+class Compile:
+    """``DQN((4, 120, 84, 2))`` + first ``train(batch of 128)`` + first ``act``, fresh interpreter.
+
+    ``"cold"``: an empty ``NUMBA_CACHE_DIR``, the compile of the network kernels (one run: it
+    takes seconds, a second run would double this benchmark's share of a quick CI run);
+    ``"warm"``: loaded from the kernel cache (median of 3). ``setup`` runs a child first, so
+    the OS page cache and the ``.pyc`` files are warm: for "warm" the measured child once (it
+    fills the kernel cache), for "cold" just ``import numba, tfdata``.
+    """
+
+    params = [["cold", "warm"]]
+    param_names = ["cache"]
+    unit = "seconds"
+    timeout = 300
+    runs = {"cold": 1, "warm": 3}
+
+    def setup(self, cache):
+        _child_seconds(FIRST_TRAIN_AND_ACT if cache == "warm" else IMPORTS)
+
+    def track_first_train_and_act(self, cache):
+        times = []
+        for _ in range(self.runs[cache]):
+            if cache == "warm":
+                times.append(_child_seconds(FIRST_TRAIN_AND_ACT))
+                continue
+            numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
+            try:
+                env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
+                times.append(_child_seconds(FIRST_TRAIN_AND_ACT, env))
+            finally:
+                shutil.rmtree(numba_cache, ignore_errors=True)
+        return statistics.median(times)
