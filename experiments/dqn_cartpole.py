@@ -473,7 +473,9 @@ def plot(agg, total) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for v, a in agg.items():
         m, s = np.asarray(a["curve_mean"]), np.asarray(a["curve_std"])
-        ax.plot(x, m, label=f"{v} ({a['final_return']['n']} seeds)", lw=1.6 if v in (EDGE, REFERENCE) else 1.0)
+        # AoS and SoA runs coincide (same batches): draw AoS dashed so both stay visible
+        ax.plot(x, m, label=f"{v} ({a['final_return']['n']} seeds)", lw=1.6 if v in (EDGE, REFERENCE) else 1.0,
+                ls="--" if v == SAME_BUFFER else "-")
         ax.fill_between(x, m - s, m + s, alpha=0.15)
     ax.set_xlabel("environment step")
     ax.set_ylabel("episodic return (mean ± std over seeds)")
@@ -565,6 +567,20 @@ def write_report(agg, comps, run, pngs, total, learning_starts, versions, same_l
                  f"and learns alike: final return {_pm(edge['final_return'])} vs {_pm(twin['final_return'])} "
                  f"(p = {_p(c['final_p'])}), mean return over the run {_pm(edge['mean_return'])} vs "
                  f"{_pm(twin['mean_return'])} (p = {_p(c['mean_p'])}).")
+        upd = twin["update_us"]["mean"] / edge["update_us"]["mean"]
+        step_us = {k: 1e6 * edge["sections_share"][k]["mean"] / edge["sps"]["mean"] for k in SECTIONS}
+        L.append(f"* Why not more: the update is {100 * edge['sections_share']['update']['mean']:.0f}% of the edge loop "
+                 f"and {100 * twin['sections_share']['update']['mean']:.0f}% of the torch one, and one update takes "
+                 f"{edge['update_us']['mean']:.0f} µs against torch's {twin['update_us']['mean']:.0f} µs ({upd:.1f}x), so the "
+                 f"loop gains about what the update gains. Greedy actions are far cheaper without torch "
+                 f"(act {step_us['act']:.1f} µs per step against {1e6 * twin['sections_share']['act']['mean'] / twin['sps']['mean']:.1f}), "
+                 f"and gymnasium's step ({step_us['env']:.1f} µs per step) is the same in both and now "
+                 f"{100 * edge['sections_share']['env']['mean']:.0f}% of the edge loop.")
+        if ref:
+            L.append(f"* Memory: tfdata's kernels bring numba: the torch loop with tfdata's buffer peaks at "
+                     f"{twin['peak_rss_bytes']['mean'] / 2**20:.0f} MiB against {ref['peak_rss_bytes']['mean'] / 2**20:.0f} MiB "
+                     f"with stable-baselines3's (which needs no numba); the edge loop, numba without torch, at "
+                     f"{edge['peak_rss_bytes']['mean'] / 2**20:.0f} MiB.")
         goals = [("learning equal within seed noise (no significant difference, α = 0.05)",
                   None if c["final_p"] is None else c["final_p"] >= 0.05 and (c["mean_p"] or 0) >= 0.05),
                  ("at least 5x the steps per second", c["sps_ratio"] >= 5.0),
@@ -577,6 +593,18 @@ def write_report(agg, comps, run, pngs, total, learning_starts, versions, same_l
                 f"{c['peak_rss_ratio']:.2f}x"]
         for (g, ok), m in zip(goals, meas):
             L.append(f"| {g} | {'n/a' if ok is None else 'yes' if ok else '**no**'} | {m} |")
+    algo = [c for c in comps if c["against"] == REFERENCE and c["variant"] in ("torch+tfdata-per", "torch+tfdata-nstep3")]
+    if algo:
+        L.append("\n## The algorithm variants\n")
+        for c in algo:
+            a = agg[c["variant"]]
+            L.append(f"* {c['variant']}: mean return over the run {c['mean_diff']:+.1f} against CleanRL's setup "
+                     f"(p = {_p(c['mean_p'])}), final return {c['final_diff']:+.1f} (p = {_p(c['final_p'])}); "
+                     f"add {a['buffer_add_us']['mean']:.1f} µs, sample {a['buffer_sample_us']['mean']:.0f} µs in the loop.")
+        if "torch+tfdata-per" in agg and SAME_BUFFER in agg:
+            L.append(f"* The prioritized buffer's push ({agg['torch+tfdata-per']['buffer_add_us']['mean']:.0f} µs, against "
+                     f"{agg[SAME_BUFFER]['buffer_add_us']['mean']:.1f} µs uniform) does not take the uniform buffer's "
+                     "compiled fast path and updates the trees in two kernel calls: the first thing to fix there.")
     L.append("")
     for p in pngs:
         L.append(f"![{p}]({p})\n")
@@ -661,6 +689,32 @@ def headline(agg, comps) -> str | None:
             f"{agg[SAME_BUFFER]['final_return']['mean']:.0f}")
 
 
+def publish(runs, run, versions, variants, total, learning_starts) -> None:
+    """results.json, plots and README.md from the raw runs."""
+    agg = summarise(runs, variants, total)
+    comps = comparisons(agg)
+    pngs = plot(agg, total)
+    same_layouts = layouts_identical(runs)
+    write_json(os.path.join(OUT_DIR, "results.json"),
+               {"methodology": run, "versions": versions, "summary": {v: {k: x for k, x in a.items()
+                                                                          if k not in ("curve_mean", "curve_std")}
+                                                                      for v, a in agg.items()},
+                "curves": {v: {"mean": a["curve_mean"], "std": a["curve_std"]} for v, a in agg.items()},
+                "comparisons": comps, "same_episodes_aos_soa": same_layouts, "runs": runs})
+    write_report(agg, comps, run, pngs, total, learning_starts, versions, same_layouts)
+
+
+def render(path: str) -> None:
+    """Redo the report of a finished run (its raw runs and methodology are kept as they were)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    runs = data["runs"]
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    publish(runs, data["methodology"], data["versions"], variants, runs[0]["total_steps"],
+            runs[0]["learning_starts"])
+    print(f"report rewritten: {os.path.relpath(OUT_DIR)}/README.md", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, 30k steps (about a minute)")
@@ -668,9 +722,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="environment steps per run")
     ap.add_argument("--learning-starts", type=int, default=HP["learning_starts"])
     ap.add_argument("--variants", nargs="*", default=None, help=f"subset of: {', '.join(VARIANTS)}")
+    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                    help="rewrite the report and plots from a results.json (no runs)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.render:
+        render(args.render)
+        return
     mode = "quick" if args.quick else "full"
     total = args.steps or STEPS[mode]
     if args.worker:
@@ -692,22 +751,12 @@ def main() -> None:
                                 "learning_starts": args.learning_starts, "variants": variants,
                                 "per": PER, "n_step": N_STEP})
     runs = run_all(variants, seeds, total, args.learning_starts, lambda s: print(s, flush=True))
-    agg = summarise(runs, variants, total)
-    comps = comparisons(agg)
-    pngs = plot(agg, total)
     run = rec.finish(child_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs))
     run["timer_overhead_ns"] = rec.timer_overhead_ns
     versions = {}
     for r in runs:
         versions.update(r["versions"])
-    same_layouts = layouts_identical(runs)
-    write_json(os.path.join(OUT_DIR, "results.json"),
-               {"methodology": run, "versions": versions, "summary": {v: {k: x for k, x in a.items()
-                                                                          if k not in ("curve_mean", "curve_std")}
-                                                                      for v, a in agg.items()},
-                "curves": {v: {"mean": a["curve_mean"], "std": a["curve_std"]} for v, a in agg.items()},
-                "comparisons": comps, "same_episodes_aos_soa": same_layouts, "runs": runs})
-    write_report(agg, comps, run, pngs, total, args.learning_starts, versions, same_layouts)
+    publish(runs, run, versions, variants, total, args.learning_starts)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: "
           f"{os.path.relpath(OUT_DIR)}/README.md", flush=True)
 
