@@ -76,7 +76,6 @@ import multiprocessing
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -86,7 +85,7 @@ import psutil
 
 import tfdata
 
-from .common import CARTPOLE, IMAGE, fill_chunk, first_time, read_through
+from .common import CARTPOLE, IMAGE, child_seconds, fill_chunk, first_time, read_through
 
 PAGE = 4096
 SPECS = {"cartpole": CARTPOLE, "image": IMAGE}
@@ -650,17 +649,6 @@ print(time.perf_counter() - t0)
 """
 
 
-def _child_seconds(path: str, env: dict | None = None) -> float:
-    """Run :data:`FIRST_BATCH` in a fresh interpreter, in an empty cwd; return what it prints."""
-    cwd = tempfile.mkdtemp(prefix="tfdata-bench-")
-    try:
-        proc = subprocess.run([sys.executable, "-c", FIRST_BATCH, path], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=300)
-    finally:
-        shutil.rmtree(cwd, ignore_errors=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr}")
-    return float(proc.stdout.strip().splitlines()[-1])
 
 
 class FirstBatch:
@@ -677,18 +665,18 @@ class FirstBatch:
 
     def setup(self, layout, cache):
         self.path = dataset_file("cartpole", SMALL_ROWS, layout)
-        _child_seconds(self.path)  # warms the kernel cache, the page cache and the .pyc files
+        child_seconds(FIRST_BATCH, self.path)  # warms the kernel cache, the page cache and the .pyc files
 
     def track_first_batch(self, layout, cache):
         times = []
         for _ in range(self.runs[cache]):
             if cache == "warm":
-                times.append(_child_seconds(self.path))
+                times.append(child_seconds(FIRST_BATCH, self.path))
                 continue
             numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
             try:
                 env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
-                times.append(_child_seconds(self.path, env))
+                times.append(child_seconds(FIRST_BATCH, self.path, env=env))
             finally:
                 shutil.rmtree(numba_cache, ignore_errors=True)
         return statistics.median(times)

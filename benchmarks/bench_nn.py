@@ -49,21 +49,20 @@ is never synced: a stationary regression).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
 
 import tfdata
 
-from .common import (CARTPOLE, TFDATA_LAYOUTS, build_and_fill, filled_buffer, first_time, one_row,
-                     warm_kernels)
+from .common import (CARTPOLE, TFDATA_LAYOUTS, build_and_fill, child_seconds, filled_buffer,
+                     first_time, one_row, warm_kernels)
 
 #: CleanRL's CartPole Q-network and hyperparameters
 SIZES = (4, 120, 84, 2)
@@ -166,16 +165,10 @@ def warm_learner(layout: str, impl: str):
     return net
 
 
-_LEARNERS: dict = {}
-
-
+@functools.lru_cache(maxsize=None)  # one per (layout, impl) and process
 def learner(layout: str, impl: str):
     """The warmed learner of (layout, impl) that this process's benchmark keeps training."""
-    key = (layout, impl)
-    net = _LEARNERS.get(key)
-    if net is None:
-        net = _LEARNERS[key] = warm_learner(layout, impl)
-    return net
+    return warm_learner(layout, impl)
 
 
 # -- benchmarks ---------------------------------------------------------------------------------
@@ -217,33 +210,21 @@ class Act:
         self.net.act(self.obs)
 
 
-_X: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def sampled_obs(layout: str, batch: int) -> np.ndarray:
     """The ``obs`` field of one batch sampled from the full buffer of ``layout``, per process."""
-    key = (layout, batch)
-    x = _X.get(key)
-    if x is None:
-        # the only sample of this size in the process: its output ring slot is never reused
-        x = _X[key] = filled_buffer(layout, CARTPOLE, CAPACITY).sample(batch)["obs"]
-    return x
+    # the only sample of this size in the process: its output ring slot is never reused
+    return filled_buffer(layout, CARTPOLE, CAPACITY).sample(batch)["obs"]
 
 
-_MLPS: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def mlp_with_forward(layout: str, batch: int):
     """The Q-network (seed 0) and its input ``x``, after one forward of ``x`` (kernels loaded)."""
-    key = (layout, batch)
-    entry = _MLPS.get(key)
-    if entry is None:
-        warm_kernels()
-        net = tfdata.nn.MLP(SIZES, seed=0)
-        x = sampled_obs(layout, batch)
-        net.forward(x)
-        entry = _MLPS[key] = (net, x)
-    return entry
+    warm_kernels()
+    net = tfdata.nn.MLP(SIZES, seed=0)
+    x = sampled_obs(layout, batch)
+    net.forward(x)
+    return net, x
 
 
 class Forward:
@@ -353,18 +334,6 @@ print(time.perf_counter() - t0)
 """
 
 
-def _child_seconds(code: str, env: dict | None = None) -> float:
-    """Run ``code`` in a fresh interpreter, in an empty cwd (so that ``import tfdata`` is the
-    installed package); return the seconds it prints last."""
-    cwd = tempfile.mkdtemp(prefix="tfdata-bench-")
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=300)
-    finally:
-        shutil.rmtree(cwd, ignore_errors=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr}")
-    return float(proc.stdout.strip().splitlines()[-1])
 
 
 class Compile:
@@ -384,18 +353,18 @@ class Compile:
     runs = {"cold": 1, "warm": 3}
 
     def setup(self, cache):
-        _child_seconds(FIRST_TRAIN_AND_ACT if cache == "warm" else IMPORTS)
+        child_seconds(FIRST_TRAIN_AND_ACT if cache == "warm" else IMPORTS)
 
     def track_first_train_and_act(self, cache):
         times = []
         for _ in range(self.runs[cache]):
             if cache == "warm":
-                times.append(_child_seconds(FIRST_TRAIN_AND_ACT))
+                times.append(child_seconds(FIRST_TRAIN_AND_ACT))
                 continue
             numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
             try:
                 env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
-                times.append(_child_seconds(FIRST_TRAIN_AND_ACT, env))
+                times.append(child_seconds(FIRST_TRAIN_AND_ACT, env=env))
             finally:
                 shutil.rmtree(numba_cache, ignore_errors=True)
         return statistics.median(times)

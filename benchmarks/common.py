@@ -15,6 +15,10 @@ never leaks state from one benchmark into another.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -272,3 +276,17 @@ def read_through(path: str) -> None:
         with open(name, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
+
+
+def child_seconds(code: str, *args: str, env: dict | None = None) -> float:
+    """Run ``code`` (with ``args``) in a fresh interpreter, in an empty cwd (so that ``import
+    tfdata`` is the installed package); return the seconds it prints last."""
+    cwd = tempfile.mkdtemp(prefix="tfdata-bench-")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr}")
+    return float(proc.stdout.strip().splitlines()[-1])

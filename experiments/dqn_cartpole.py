@@ -521,6 +521,16 @@ def _pm(cell, fmt="{:.0f}", scale=1.0) -> str:
     return (fmt + " ± " + fmt).format(cell["mean"] * scale, cell["std"] * scale)
 
 
+def _learning_verdict(c) -> str:
+    """How two variants' learning compares, from the permutation tests (alpha 0.05)."""
+    ps = [p for p in (c["final_p"], c["mean_p"]) if p is not None]
+    if not ps:
+        return "learning not compared (1 seed)"
+    if min(ps) >= 0.05:
+        return "no difference in learning detected"
+    return "**learning differs**"
+
+
 def _ratio(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
@@ -563,8 +573,8 @@ def write_report(agg, comps, run, pngs, total, learning_starts, versions, same_l
         L.append(f"* The edge loop (no torch: `tfdata.nn.DQN`, numba kernels) runs {c['sps_ratio']:.1f}x the steps "
                  f"per second of the same loop with torch ({edge['sps']['mean']:.0f} vs {twin['sps']['mean']:.0f}; "
                  f"{_ratio(c['train_sps_ratio'])}x while training) with {c['peak_rss_ratio']:.2f}x its peak memory "
-                 f"({edge['peak_rss_bytes']['mean'] / 2**20:.0f} vs {twin['peak_rss_bytes']['mean'] / 2**20:.0f} MiB), "
-                 f"and learns alike: final return {_pm(edge['final_return'])} vs {_pm(twin['final_return'])} "
+                 f"({edge['peak_rss_bytes']['mean'] / 2**20:.0f} vs {twin['peak_rss_bytes']['mean'] / 2**20:.0f} MiB); "
+                 f"{_learning_verdict(c)}: final return {_pm(edge['final_return'])} vs {_pm(twin['final_return'])} "
                  f"(p = {_p(c['final_p'])}), mean return over the run {_pm(edge['mean_return'])} vs "
                  f"{_pm(twin['mean_return'])} (p = {_p(c['mean_p'])}).")
         upd = twin["update_us"]["mean"] / edge["update_us"]["mean"]

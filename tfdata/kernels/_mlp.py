@@ -78,6 +78,20 @@ def _axpy_rows(dst, src, idx, coef, count):
 
 
 @njit(**INLINE_NN)
+def _nonzeros(values, idx, coef):
+    """List the nonzero entries of ``values`` (1-D): positions into ``idx``, values into ``coef``;
+    return how many."""
+    count = 0
+    for i in range(values.shape[0]):
+        v = values[i]
+        if v != 0.0:
+            idx[count] = i
+            coef[count] = v
+            count += 1
+    return count
+
+
+@njit(**INLINE_NN)
 def _dense(inp, wt, bias, out, relu, tmp, idx, coef):
     """``out = inp @ wt.T + bias`` (then ReLU).
 
@@ -95,13 +109,7 @@ def _dense(inp, wt, bias, out, relu, tmp, idx, coef):
             for i in range(n_in):
                 wtt[i, j] = wt[j, i]
         for b in range(batch):
-            count = 0
-            for i in range(n_in):
-                xi = inp[b, i]
-                if xi != 0.0:
-                    idx[count] = i
-                    coef[count] = xi
-                    count += 1
+            count = _nonzeros(inp[b], idx, coef)
             ob = out[b]
             for j in range(n_out):
                 ob[j] = bias[j]
@@ -167,26 +175,15 @@ def _dense_backward(inp, wt, d, gw, gb, prev, has_prev, relu_in, tmp, idx, coef)
             for j in range(n_out):
                 gw[j, i] += tmp[i * n_out + j]
     for j in range(n_out if n_in >= 8 else 0):
-        count = 0
+        count = _nonzeros(d[:, j], idx, coef)
         s = 0.0
-        for b in range(batch):
-            dj = d[b, j]
-            if dj != 0.0:
-                idx[count] = b
-                coef[count] = dj
-                count += 1
-                s += dj
+        for k in range(count):
+            s += coef[k]
         gb[j] += s
         _axpy_rows(gw[j], inp, idx, coef, count)
     if has_prev:
         for b in range(batch):
-            count = 0
-            for j in range(n_out):
-                dj = d[b, j]
-                if dj != 0.0:
-                    idx[count] = j
-                    coef[count] = dj
-                    count += 1
+            count = _nonzeros(d[b], idx, coef)
             pb = prev[b]
             for i in range(n_in):
                 pb[i] = 0.0
