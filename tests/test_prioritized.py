@@ -228,3 +228,28 @@ def test_stale_batches_are_refused(layout):
     fresh = buf.sample(4)
     buf.update_priorities(fresh, np.full(4, 2.0))
     assert set(np.flatnonzero(np.isclose(buf.priorities(), 2.0))) == set(fresh.indices.tolist())
+
+
+def test_fast_push_sets_what_the_checked_push_sets(layout):
+    """The per-spec push with its one-kernel priority update against the generic path: same rows,
+    trees, versions and samples, through wrap-around and overwrites of the maximum."""
+    import types
+
+    rng = np.random.default_rng(4)
+    rows = random_rows(PrioritizedReplayBuffer(CARTPOLE, 7, seed=0).spec, 40, rng)
+    fast = PrioritizedReplayBuffer(CARTPOLE, 7, layout=layout, alpha=0.7, seed=1)
+    slow = PrioritizedReplayBuffer(CARTPOLE, 7, layout=layout, alpha=0.7, seed=1)
+    for i in range(40):
+        row = {k: (v[i] if v[i].ndim else v[i].item()) for k, v in rows.items()}
+        fast.push(row)
+        slow.push(types.MappingProxyType(row))  # not a dict: the generic path
+        if i % 5 == 4:  # move the maximum around, so new rows must follow it
+            b = fast.sample(3)
+            p = rng.random(3) * 4
+            fast.update_priorities(b, p)
+            slow.update_priorities(slow.sample(3), p)
+    assert "on_write(p)" in fast._fast_push.__source__
+    np.testing.assert_array_equal(fast._tree, slow._tree)
+    np.testing.assert_array_equal(fast._version, slow._version)
+    assert_batches_equal(fast.state_dict()["data"], slow.state_dict()["data"])
+    assert_batches_equal(dict(fast.sample(5)), dict(slow.sample(5)))

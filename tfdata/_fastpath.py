@@ -25,7 +25,7 @@ def _compiled(src: str):
     return compile(src, "<tfdata generated push>", "exec")
 
 
-def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None):
+def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None, on_write=None):
     """Return ``push(row)`` for ``spec``.
 
     Parameters
@@ -43,8 +43,12 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None):
     episodes : tuple, optional
         ``(episode, current, term_i, trunc_i)`` of a single-stream buffer that tracks episodes:
         the row's slot gets ``current[0]``, which a terminated or truncated row then advances.
+    on_write : callable, optional
+        ``on_write(slot)``, called under the lock after the row is written and before the cursor
+        moves (a prioritized buffer sets the slot's priority there).
     """
-    ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity}
+    ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity,
+          "on_write": on_write}
     if episodes is not None:
         ns["ep"], ns["cur"] = episodes[0], episodes[1]
     reads, checks, writes = [], [], []
@@ -81,6 +85,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None):
             f"        if v{episodes[2]} or v{episodes[3]}:",
             "            cur[0] += 1",
         ]),
+        *([] if on_write is None else ["        on_write(p)"]),
         "        w.cursor = p + 1 if p + 1 != cap else 0",
         "        if w.size != cap:",
         "            w.size += 1",

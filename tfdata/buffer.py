@@ -290,14 +290,18 @@ class ReplayBuffer:
         self._sample_kernel = self._storage.kernels.sample_uniform
         self._kernel_store = self._storage.kernel_store
         self._plan_episode_kernels()
+        self._fast_push = self._make_fast_push()
+
+    def _make_fast_push(self, on_write=None):
+        """The per-spec push (``tfdata._fastpath``) where this buffer allows one, else the
+        generic validated push. ``on_write(slot)`` runs under the lock after each row."""
         ep = self._episodes
         if self.num_envs == 1 and (ep is None or not ep.elide) and self._spill is None:
-            self._fast_push = make_push(self.spec, self._storage.field_views(), self._writer,
-                                        self._lock, _weak_method(self, "_checked_push"),
-                                        None if ep is None else (ep.episode, ep.current,
-                                                                 ep.term_i, ep.trunc_i))
-        else:
-            self._fast_push = _weak_method(self, "_checked_push")
+            return make_push(self.spec, self._storage.field_views(), self._writer, self._lock,
+                             _weak_method(self, "_checked_push"),
+                             None if ep is None else (ep.episode, ep.current, ep.term_i, ep.trunc_i),
+                             on_write)
+        return _weak_method(self, "_checked_push")
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:

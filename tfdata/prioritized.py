@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .buffer import Batch, ReplayBuffer, _check_int, _weak_method
+from .buffer import Batch, ReplayBuffer, _check_int
 from .errors import SpecError
 
 
@@ -86,7 +86,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # writes per slot, so an update for a row that has since been overwritten is refused
         self._version = self.allocator.zeros(self.capacity, np.uint64)
         self._psample = self._storage.kernels.sample_prioritized
-        self._fast_push = _weak_method(self, "_checked_push")  # every write also sets priorities
+        # the per-spec push, with the new row's priority set in the same lock (one kernel call;
+        # the arrays are bound, not the buffer, so the closure keeps no cycle)
+        overwrite, trees = kernels.tree_overwrite_max, (self._sum, self._min, self._max, self._version)
+
+        def on_write(slot, _k=overwrite, _t=trees):
+            _k(*_t, slot)
+
+        self._fast_push = self._make_fast_push(on_write)
 
     # -- memory -----------------------------------------------------------------------------
     _PLAN_ONLY = ("alpha", "beta", "beta_final", "beta_steps", "eps", "seed")
@@ -201,7 +208,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def push(self, row: Mapping, priority=None) -> None:
         """Append one row (see :meth:`ReplayBuffer.push`), with the maximum priority unless
         ``priority`` (a number ``>= 0``) is given."""
-        self._checked_push(row, priority)
+        if priority is None:
+            self._fast_push(row)
+        else:
+            self._checked_push(row, priority)
 
     def _checked_push(self, row: Mapping, priority=None) -> None:
         values = self.spec.check_row(row)

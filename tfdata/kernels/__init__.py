@@ -14,7 +14,7 @@ _config.install_cache_dir()
 from . import aos, soa  # noqa: E402
 from ._rng import draw_indices  # noqa: E402
 from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # noqa: E402
-                    tree_fill_values, tree_set, tree_set_priorities)  # noqa: E402
+                    tree_fill_values, tree_overwrite_max, tree_set, tree_set_priorities)  # noqa: E402
 
 from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity,  # noqa: E402
                         nstep_windows,  # noqa: E402

@@ -110,6 +110,19 @@ def tree_fill(sumt, mint, maxt, start, count, value):
 
 
 @njit(**NJIT_OPTIONS)
+def tree_overwrite_max(sumt, mint, maxt, version, slot):
+    """A new row in ``slot``: evict the old one (leaf 0, ``version[slot] += 1``), then give it the
+    maximum priority over the rows still live (1.0 if none): ``tree_fill`` twice in one call."""
+    i = sumt.shape[0] // 2 + slot
+    _set_leaf(sumt, mint, maxt, i, 0.0)
+    _pull_range(sumt, mint, maxt, i, i)
+    version[slot] += 1
+    value = maxt[1] if maxt[1] > 0.0 else 1.0
+    _set_leaf(sumt, mint, maxt, i, value)
+    _pull_range(sumt, mint, maxt, i, i)
+
+
+@njit(**NJIT_OPTIONS)
 def tree_fill_values(sumt, mint, maxt, start, values):
     """Set leaves ``[start, start + len(values))`` (no wrap) to ``values``; update ancestors."""
     count = values.shape[0]
