@@ -197,6 +197,35 @@ def test_bad_push_priorities_change_nothing():
     np.testing.assert_array_equal(after["prioritized"]["leaves"], before["prioritized"]["leaves"])
 
 
+@pytest.mark.parametrize("bad,message", [
+    ({"obs": np.zeros(5, np.float32)}, "obs"),          # wrong shape
+    ({"action": 1.5}, "action"),                        # lossy cast
+    ({"rewrd": 1.0}, "rewrd"),                          # misspelled field
+])
+def test_bad_rows_change_nothing_on_the_fast_path(layout, bad, message):
+    """A row the per-spec push rejects goes to the generic path, which raises before the row or
+    its priority is written: rows, trees, versions and cursor as they were."""
+    buf = PrioritizedReplayBuffer(CARTPOLE, 5, layout=layout, seed=0)
+    rng = np.random.default_rng(0)
+    good = {k: (v[0] if v[0].ndim else v[0].item()) for k, v in random_rows(buf.spec, 1, rng).items()}
+    for _ in range(7):  # wrapped: the next push would overwrite a live row
+        buf.push(good)
+    before = buf.state_dict()
+    tree, version = buf._tree.copy(), buf._version.copy()
+    row = dict(good)
+    if "rewrd" in bad:
+        row["rewrd"] = row.pop("reward")
+    else:
+        row.update(bad)
+    with pytest.raises(SpecError, match=message):
+        buf.push(row)
+    after = buf.state_dict()
+    assert after["writer"] == before["writer"]
+    assert_batches_equal(after["data"], before["data"])
+    np.testing.assert_array_equal(buf._tree, tree)
+    np.testing.assert_array_equal(buf._version, version)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"alpha": -1}, "alpha"), ({"beta": float("nan")}, "beta"), ({"eps": 0}, "eps"),
     ({"beta_steps": 0}, "beta_steps"), ({"alpha": "x"}, "alpha"),
