@@ -33,3 +33,15 @@ class MemoryBudgetError(MemoryError):
     Raised before anything is allocated; the message gives the budget, what was asked for, part by
     part, and the largest size that fits where there is one.
     """
+
+
+class SharedBufferError(RuntimeError):
+    """A shared-memory buffer cannot be used as asked: its owner closed it, a shard already has
+    a live writer, or a row did not hold what the protocol promised (which means memory was
+    changed behind the buffer's back). The message says which buffer, shard and process."""
+
+
+class WriterLostWarning(RuntimeWarning):
+    """A writer process of a shared buffer died without closing its shard. The rows it had
+    published stay available; rows it was writing are never sampled or delivered. The message
+    names the shard, the process and how many slots were left mid-write."""

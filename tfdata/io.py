@@ -197,6 +197,14 @@ class MappedFile:
         count = int(np.prod(shape, dtype=object))
         return np.frombuffer(self._mm, dtype=dtype, count=count, offset=self.offset).reshape(shape)
 
+    def at(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """An ndarray over the mapped bytes from ``offset`` of the file (no copy); the caller
+        guarantees the range lies inside the file."""
+        count = int(np.prod(shape, dtype=object))
+        if count == 0 or self._mm is None:
+            return np.zeros(shape, dtype)
+        return np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset).reshape(shape)
+
     def _advise(self, advice: int, start: int, stop: int) -> None:
         if self._mm is None:
             return
@@ -675,6 +683,31 @@ def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20) -> Non
                 stop = min(start + step, len(ds))
                 w.append(ds.rows(start, stop))
                 ds.release(start, stop)
+
+
+def create_region(path: str, nbytes: int) -> MappedFile:
+    """Create the file ``path`` (which must not exist) of ``nbytes`` zero bytes, with its space
+    reserved, and map it writable and shared (the backing of a shared-memory buffer).
+
+    The space is reserved up front (``posix_fallocate``): on a tmpfs such as ``/dev/shm`` a full
+    file system then fails here, with an OSError naming the file and the size, rather than
+    killing a process with SIGBUS when it first writes a page that cannot be had.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as exc:
+                free = os.statvfs(os.path.dirname(path) or ".")
+                raise OSError(exc.errno, f"{path}: cannot reserve {nbytes} bytes for a shared "
+                              f"buffer ({exc.strerror}); the file system has "
+                              f"{free.f_bavail * free.f_frsize} bytes free") from None
+        else:  # pragma: no cover - every Linux has it
+            os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    return MappedFile(path, 0, writable=True)
 
 
 def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:

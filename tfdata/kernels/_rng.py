@@ -32,24 +32,30 @@ def mix64(z):
 
 
 @njit(**INLINE_OPTIONS)
-def fill_indices(n, state, idx):
-    """Fill ``idx`` (int64[batch]) with uniform draws from ``[0, n)``, advancing ``state[1]``.
+def draw_one(nn, threshold, key, ctr):
+    """One uniform draw from ``[0, nn)`` (nn uint64, ``threshold = (2**32 - nn) % nn``) starting
+    at word ``ctr`` of the stream ``key``; returns ``(index as int64, next counter)``.
 
     Lemire's multiply-shift on the top 32 bits with rejection, so every index is exactly
-    equally likely (n < 2**32).
+    equally likely (nn < 2**32).
     """
+    while True:
+        r = mix64(key + ctr * GOLDEN)
+        ctr += _ONE
+        m = (r >> _S32) * nn
+        if (m & _LOW32) >= threshold:
+            return np.int64(m >> _S32), ctr
+
+
+@njit(**INLINE_OPTIONS)
+def fill_indices(n, state, idx):
+    """Fill ``idx`` (int64[batch]) with uniform draws from ``[0, n)``, advancing ``state[1]``."""
     nn = np.uint64(n)
     threshold = (_TWO32 - nn) % nn
     key = state[0]
     ctr = state[1]
     for i in range(idx.shape[0]):
-        while True:
-            r = mix64(key + ctr * GOLDEN)
-            ctr += _ONE
-            m = (r >> _S32) * nn
-            if (m & _LOW32) >= threshold:
-                break
-        idx[i] = np.int64(m >> _S32)
+        idx[i], ctr = draw_one(nn, threshold, key, ctr)
     state[1] = ctr
 
 

@@ -1,0 +1,870 @@
+"""Shared-memory buffers: many writer processes, one learner, no pickling of rows.
+
+The learner builds a :class:`SharedReplayBuffer`; its rows live in a file in shared memory
+(``/dev/shm`` on Linux) that rollout worker processes attach to by name with
+:class:`SharedWriter` and write into directly, through the same AoS or SoA storage a
+:class:`~tfdata.ReplayBuffer` uses. Nothing is sent through a pipe: a row goes from the worker's
+arrays into the shared pages once, and from there into the learner's batch once.
+
+Each writer owns one *shard*, a ring of ``capacity // num_writers`` slots. Per-slot sequence
+numbers (a seqlock per slot, see :mod:`tfdata.kernels._shared`) let the learner copy only rows
+that are completely written, without any lock between processes and without read-modify-write
+atomics: no word of the region has two writers.
+
+Two modes:
+
+``mode="replay"``
+    A ring per shard that overwrites its oldest rows; the learner ``sample``\\ s uniformly over
+    every complete row of every shard.
+``mode="fifo"``
+    A queue per shard: every row is delivered exactly once by ``get_batch``, in arrival order
+    (shards merged by publication time). When writers outrun the learner they either wait
+    (``policy="block"``) or drop the rows that do not fit and count them (``policy="drop"``).
+
+A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
+``region`` (the mapped words and rows) and one lock file per shard; the lock (``flock``) is
+held by the shard's writer for as long as it lives, so the learner can tell a writer that
+died from one that is busy. This module alone knows the region's byte layout.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import io
+from .buffer import Batch, _check_int
+from .errors import FormatError, SharedBufferError, WriterLostWarning
+from .sampler import UniformSampler
+from .spec import Spec
+from .storage import make_storage
+
+__all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir"]
+
+FORMAT = "tfdata.shared"
+VERSION = 1
+MODES = ("replay", "fifo")
+POLICIES = ("block", "drop")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
+_PREFIX = "tfdata-shm-"
+
+# control words (uint64): global words, then one block of 16 per shard. The writer's words and
+# the consumer's are 64 bytes apart, so the two processes never write to one cache line.
+_CLOSED = 0            # global: set by the owner when it closes the buffer
+_FIRST = 16            # first shard block
+_STRIDE = 16           # words per shard
+_HEAD, _DROPPED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4   # written by the shard's writer
+_TAIL = 8              # written by the consumer
+# shard states (_STATE)
+_NEVER, _ATTACHED, _FINISHED = 0, 1, 2
+_ALIGN = 64
+# sample(): redraws of torn rows allowed per batch before concluding something is wrong
+_MAX_REDRAWS = 1 << 20
+# check the writers' locks at most this often from sample / get_batch
+_WATCH_S = 0.25
+
+
+def shm_dir() -> str:
+    """Where regions live unless ``dir=`` says otherwise: ``TFDATA_SHM_DIR``, else ``/dev/shm``
+    (Linux's shared-memory file system), else the temporary directory."""
+    env = os.environ.get("TFDATA_SHM_DIR")
+    if env:
+        return env
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def _region_path(name: str, dir: str | None) -> str:
+    if os.sep in name:  # a path, as SharedReplayBuffer.path gives it
+        return name
+    if not _NAME.match(name):
+        raise ValueError(f"shared buffer name must be 1-100 letters, digits, '_', '.' or '-' "
+                         f"(not starting with '.' or '-'), got {name!r}")
+    return os.path.join(dir or shm_dir(), _PREFIX + name)
+
+
+def _up(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool) -> dict:
+    """Byte offsets of every section of a region (and its total size)."""
+    slots = shards * cap
+    off = 0
+    out = {"ctrl": (off, _FIRST + _STRIDE * shards)}
+    off = _up(off + 8 * out["ctrl"][1], _ALIGN)
+    out["seq"] = (off, slots)
+    off = _up(off + 8 * slots, _ALIGN)
+    out["stamps"] = (off, slots if fifo else 0)
+    off = _up(off + 8 * out["stamps"][1], io.PAGE)
+    if layout == "aos":
+        out["data"] = off
+        off += slots * spec.aos_dtype.itemsize
+    else:
+        cols = {}
+        for f in spec:
+            cols[f.name] = off
+            off = _up(off + slots * f.nbytes, _ALIGN)
+        out["data"] = cols
+    out["nbytes"] = max(off, 8)
+    return out
+
+
+def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout: str | None = None,
+                  mode: str = "replay") -> int:
+    """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps."""
+    from ._config import resolve_layout
+
+    spec = spec if isinstance(spec, Spec) else Spec(spec)
+    shards, cap = _shards(capacity, num_writers)
+    return _layout(spec, resolve_layout(layout), shards, cap, mode == "fifo")["nbytes"]
+
+
+def _shards(capacity, num_writers) -> tuple[int, int]:
+    num_writers = _check_int("num_writers", num_writers, 1, 4096)
+    capacity = _check_int("capacity", capacity, 1, (1 << 32) - 1)
+    if capacity % num_writers:
+        raise ValueError(f"capacity {capacity} must be a multiple of num_writers={num_writers} "
+                         f"(each writer owns capacity // num_writers slots)")
+    return num_writers, capacity // num_writers
+
+
+class _Region:
+    """A mapped region: its description, its words and a storage over its rows."""
+
+    def __init__(self, path: str, doc: dict, mapped: io.MappedFile):
+        self.path = path
+        self.doc = doc
+        self.spec = Spec.from_dict(doc["spec"])
+        self.layout = doc["layout"]
+        self.mode = doc["mode"]
+        self.policy = doc["policy"]
+        self.shards = int(doc["num_writers"])
+        self.cap = int(doc["shard_capacity"])
+        self.map = mapped
+        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo")
+        if mapped.nbytes < lay["nbytes"]:
+            raise FormatError(f"{path}: region file holds {mapped.nbytes} bytes, its description "
+                              f"needs {lay['nbytes']}")
+        self.nbytes = lay["nbytes"]
+        slots = self.shards * self.cap
+        self.ctrl = mapped.at(lay["ctrl"][0], np.uint64, (lay["ctrl"][1],))
+        self.seq = mapped.at(lay["seq"][0], np.uint64, (slots,))
+        self.stamps = mapped.at(lay["stamps"][0], np.uint64, (lay["stamps"][1],))
+        blocks = self.ctrl[_FIRST:]
+        self.heads = blocks[_HEAD::_STRIDE]
+        self.dropped = blocks[_DROPPED::_STRIDE]
+        self.tails = blocks[_TAIL::_STRIDE]
+        if self.layout == "aos":
+            backing = mapped.at(lay["data"], self.spec.aos_dtype, (slots,))
+        else:
+            backing = {f.name: mapped.at(lay["data"][f.name], f.dtype, (slots,) + f.shape)
+                       for f in self.spec}
+        self.storage = make_storage(self.spec, slots, self.layout, backing=backing)
+
+    def words(self, shard: int) -> np.ndarray:
+        """The 16 control words of ``shard``."""
+        start = _FIRST + _STRIDE * shard
+        return self.ctrl[start:start + _STRIDE]
+
+    def lock_path(self, shard: int) -> str:
+        return os.path.join(self.path, f"writer-{shard}.lock")
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.ctrl[_CLOSED])
+
+
+def _open_region(path: str) -> _Region:
+    doc_path = os.path.join(path, "region.json")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no shared buffer at {path} (closed by its owner, or never made; "
+                                f"the owner's SharedReplayBuffer.name or .path names it)")
+    doc = io.read_json_doc(doc_path, "tfdata shared buffer", FORMAT, 1 << 20)
+    if doc.get("version") != VERSION:
+        raise FormatError(f"{doc_path}: shared buffer version {doc.get('version')!r}, this tfdata "
+                          f"reads version {VERSION}")
+    try:
+        if doc["layout"] not in ("aos", "soa") or doc["mode"] not in MODES:
+            raise ValueError("layout or mode")
+        _shards(doc["shard_capacity"] * doc["num_writers"], doc["num_writers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"{doc_path}: not a valid shared buffer description ({exc})") from None
+    return _Region(path, doc, io.MappedFile(os.path.join(path, "region"), 0, writable=True))
+
+
+def _writer_alive(lock_path: str) -> bool:
+    """Whether a process holds the writer lock at ``lock_path`` (a shared lock is refused)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also releases the shared lock if it was taken
+    return False
+
+
+def _kernels():
+    from . import kernels  # numba is imported when the first buffer is built, not at import
+
+    return kernels
+
+
+class SharedReplayBuffer:
+    """A buffer in shared memory that writer processes fill and this process samples or drains.
+
+    Parameters
+    ----------
+    spec : Spec or mapping
+        The row schema.
+    capacity : int
+        Slots in all, a multiple of ``num_writers``; each writer owns ``capacity // num_writers``
+        consecutive slots (its shard). In ``"fifo"`` mode this is the queue's capacity.
+    num_writers : int, default 1
+        Writer processes (shards). Each attaches with ``SharedWriter(buffer.name, shard)``.
+    mode : {"replay", "fifo"}, default "replay"
+        ``"replay"``: shards are rings (the oldest row is overwritten) and :meth:`sample` draws
+        uniformly from every complete row. ``"fifo"``: shards are queues and :meth:`get_batch`
+        delivers every row exactly once, in arrival order.
+    policy : {"block", "drop"}, optional
+        FIFO only (default ``"block"``): when a writer's shard is full it waits for the learner
+        (``"block"``), or writes the rows that fit and drops the rest, counted in the metrics
+        (``"drop"``).
+    layout : {"aos", "soa"}, optional
+        As for :class:`~tfdata.ReplayBuffer`; samples do not depend on it.
+    seed : int, optional
+        Seed of the sampling generator (None draws one).
+    ring_size : int, default 2
+        Preallocated output batches per batch size (see :class:`~tfdata.Batch`).
+    name : str, optional
+        The name writers attach by; default a fresh unique one.
+    dir : str, optional
+        Directory of the region; default :func:`shm_dir` (``/dev/shm``). Use a tmpfs large
+        enough for the buffer (a container's ``/dev/shm`` may be only 64 MiB), or a disk
+        directory (then the page cache holds the rows).
+
+    Notes
+    -----
+    The owner (this object, in the process that built it) removes the region when it is
+    closed or collected; writers still attached then fail their next write with
+    :class:`~tfdata.SharedBufferError`. Learner threads may share the object: sampling and
+    draining hold a lock of this process (never one shared with the writers).
+    """
+
+    def __init__(self, spec, capacity: int, *, num_writers: int = 1, mode: str = "replay",
+                 policy: str | None = None, layout: str | None = None, seed: int | None = None,
+                 ring_size: int = 2, name: str | None = None, dir: str | None = None):
+        from ._config import resolve_layout
+
+        spec = spec if isinstance(spec, Spec) else Spec(spec)
+        shards, cap = _shards(capacity, num_writers)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "fifo":
+            policy = "block" if policy is None else policy
+            if policy not in POLICIES:
+                raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        elif policy is not None:
+            raise ValueError(f"policy applies to mode='fifo' only (a replay ring overwrites its "
+                             f"oldest rows), got policy={policy!r}")
+        layout = resolve_layout(layout)
+        self._ring_size = _check_int("ring_size", ring_size, 1)
+        if name is None:
+            name = f"{os.getpid()}-{os.urandom(6).hex()}"
+        path = _region_path(name, dir)
+        if os.path.exists(path):
+            raise FileExistsError(f"a shared buffer named {name!r} exists already ({path})")
+        lay = _layout(spec, layout, shards, cap, mode == "fifo")
+        doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
+               "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
+               "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
+        # built under a temporary name and renamed: a writer finds a complete region or none
+        parent = os.path.dirname(path)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", dir=parent)
+        try:
+            mapped = io.create_region(os.path.join(tmp, "region"), lay["nbytes"])
+            for s in range(shards):
+                open(os.path.join(tmp, f"writer-{s}.lock"), "wb").close()
+            with open(os.path.join(tmp, "region.json"), "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.name = name
+        self.path = path
+        self._region = _Region(path, doc, mapped)
+        self._owner = os.getpid()
+        # removes the region when this object is collected or the interpreter exits, in the
+        # owner only (a forked child inherits the object but must not remove the region)
+        self._finalizer = weakref.finalize(self, _remove_region, path, self._region.ctrl, self._owner)
+        self._k = _kernels()
+        st = self._region.storage
+        self._store = st.kernel_store
+        self._sample_kernel = st.kernels.sample_shared
+        self._gather_kernel = st.kernels.gather_checked
+        self._sampler = UniformSampler(seed)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._watch_at = 0.0
+        self._reported: set = set()
+        self._lost: list = []
+        # FIFO bookkeeping of the consumer (under the lock)
+        self._cursors = np.zeros(2 * shards, np.int64)
+        self._info = np.zeros(4, np.int64)
+        self._last = (time.monotonic(), 0, 0)  # time, rows published, rows dropped at the last batch
+        self.redraws = 0
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def spec(self) -> Spec:
+        return self._region.spec
+
+    @property
+    def layout(self) -> str:
+        return self._region.layout
+
+    @property
+    def mode(self) -> str:
+        return self._region.mode
+
+    @property
+    def policy(self) -> str | None:
+        return self._region.policy
+
+    @property
+    def num_writers(self) -> int:
+        return self._region.shards
+
+    @property
+    def capacity(self) -> int:
+        return self._region.shards * self._region.cap
+
+    @property
+    def shard_capacity(self) -> int:
+        return self._region.cap
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the shared region (rows, sequence numbers, stamps, control words)."""
+        return self._region.nbytes
+
+    @property
+    def storage(self):
+        """The storage over the shared rows (``AoSStorage`` or ``SoAStorage``), all shards."""
+        return self._region.storage
+
+    def __len__(self) -> int:
+        """Rows held (replay) or queued (fifo) right now."""
+        heads = self._region.heads.astype(np.int64)
+        if self.mode == "fifo":
+            return int((heads - self._region.tails.astype(np.int64)).sum())
+        return int(np.minimum(heads, self._region.cap).sum())
+
+    def __repr__(self) -> str:
+        return (f"SharedReplayBuffer(name={self.name!r}, mode={self.mode!r}, len={len(self)}, "
+                f"capacity={self.capacity}, num_writers={self.num_writers}, layout={self.layout!r})")
+
+    def writers(self) -> list[dict]:
+        """The state of every shard, one dict each.
+
+        Keys: ``shard``; ``state``, one of ``"waiting"`` (no writer attached yet),
+        ``"attached"``, ``"finished"`` (closed its shard) and ``"dead"`` (its process ended
+        without closing it); ``pid`` (of the last writer, 0 if none); ``published`` (rows it
+        has published, including rows a replay ring has since overwritten); ``dropped`` (rows
+        the ``"drop"`` policy refused); ``queued`` (FIFO rows not yet delivered); ``torn``
+        (slots left mid-write: never sampled or delivered).
+        """
+        r = self._region
+        out = []
+        for s in range(r.shards):
+            w = r.words(s)
+            state = self._state(s)
+            head = int(w[_HEAD])
+            out.append({"shard": s, "state": state, "pid": int(w[_PID]), "published": head,
+                        "dropped": int(w[_DROPPED]),
+                        "queued": head - int(r.tails[s]) if self.mode == "fifo" else 0,
+                        "torn": int(self._k.count_torn(r.seq, s * r.cap, r.cap))})
+        return out
+
+    def _state(self, s: int) -> str:
+        w = self._region.words(s)
+        state = int(w[_STATE])
+        if state == _NEVER:
+            return "waiting"
+        if state == _FINISHED:
+            return "finished"
+        if _writer_alive(self._region.lock_path(s)):
+            return "attached"
+        # re-read: a writer that closed between the two reads is finished, not dead
+        return "finished" if int(w[_STATE]) == _FINISHED else "dead"
+
+    def _watch(self) -> None:
+        """Warn once per incident about writers that died (at most every _WATCH_S seconds)."""
+        now = time.monotonic()
+        if now < self._watch_at:
+            return
+        self._watch_at = now + _WATCH_S
+        r = self._region
+        for s in range(r.shards):
+            w = r.words(s)
+            if int(w[_STATE]) != _ATTACHED:
+                continue
+            key = (s, int(w[_ATTACHES]))
+            if key in self._reported or self._state(s) != "dead":
+                continue
+            self._reported.add(key)
+            torn = int(self._k.count_torn(r.seq, s * r.cap, r.cap))
+            info = {"shard": s, "pid": int(w[_PID]), "published": int(w[_HEAD]), "torn": torn}
+            self._lost.append(info)
+            warnings.warn(WriterLostWarning(
+                f"shared buffer {self.name!r}: the writer of shard {s} (pid {info['pid']}) died "
+                f"without closing it; its {info['published']} published rows stay, {torn} slot(s) "
+                f"it was writing are never sampled or delivered; a new SharedWriter may take the "
+                f"shard over"), stacklevel=3)
+
+    @property
+    def lost_writers(self) -> list[dict]:
+        """Every writer death noticed so far: ``shard``, ``pid``, ``published``, ``torn``."""
+        self._watch_at = 0.0
+        self._watch()
+        return list(self._lost)
+
+    # -- sampling (replay) -----------------------------------------------------------------
+    def sample(self, batch_size: int, *, copy: bool = False) -> Batch:
+        """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard.
+
+        Rows being written while the sample runs are never returned: a row whose sequence
+        number was odd, or changed during the copy, is drawn again. With no writer writing, the
+        same seed and rows give the same batch on both layouts (and, with one writer, the same
+        batch as a :class:`~tfdata.ReplayBuffer` that was given the same rows).
+
+        Parameters
+        ----------
+        batch_size : int
+            ``1 <= batch_size <= len(self)``.
+        copy : bool, default False
+            As :meth:`tfdata.ReplayBuffer.sample`: views into this thread's output ring, or
+            arrays to keep.
+
+        Returns
+        -------
+        Batch
+            ``batch[name]``: dtype ``spec[name].dtype``, shape ``(batch_size, *spec[name].shape)``;
+            ``batch.indices``: int64 ``(batch_size,)``, slots of the region (shard
+            ``slot // shard_capacity``).
+        """
+        if self.mode != "replay":
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch(), "
+                                    f"or build it with mode='replay' to sample")
+        ring = self._ring(batch_size)
+        self._watch()
+        r = self._region
+        with self._lock:
+            i = ring[0]
+            ring[0] = (i + 1) % self._ring_size
+            out, scratch, batch = ring[1][i]
+            got = self._sample_kernel(self._store, r.seq, r.heads, r.cap, scratch,
+                                      self._sampler.state, out.indices, out.kernel_out, _MAX_REDRAWS)
+            if got < 0:
+                ring[0] = i
+                if got == -2:
+                    n = len(self)
+                    raise ValueError("cannot sample from an empty buffer" if n == 0 else
+                                     f"batch_size {batch_size} is larger than the {n} rows held")
+                raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} rows drawn "
+                                        f"were all mid-write")
+            self.redraws += got
+        return batch.copy() if copy else batch
+
+    def _ring(self, batch_size):
+        if type(batch_size) is not int:
+            batch_size = _check_int("batch_size", batch_size, 1)
+        try:
+            return self._local.rings[batch_size]
+        except (AttributeError, KeyError):
+            pass
+        batch_size = _check_int("batch_size", batch_size, 1)
+        if not hasattr(self._local, "rings"):
+            self._local.rings = {}
+        st = self._region.storage
+        slots = []
+        for _ in range(self._ring_size):
+            out = st.new_output(batch_size)
+            scratch = np.zeros(self._region.shards + batch_size, np.int64)
+            slots.append((out, scratch, Batch(out.fields, out.indices)))
+        ring = self._local.rings[batch_size] = [0, slots]
+        return ring
+
+    # -- FIFO ------------------------------------------------------------------------------
+    def get_batch(self, batch_size: int, *, timeout: float | None = None, partial: bool = False,
+                  copy: bool = False) -> Batch:
+        """The next ``batch_size`` rows in arrival order, each delivered exactly once.
+
+        Waits (sleeping, so the GIL is free) until enough rows are queued. Shards are merged by
+        the time each row was published; each shard's rows keep their order.
+
+        Parameters
+        ----------
+        batch_size : int
+        timeout : float, optional
+            Seconds to wait; None waits for ever.
+        partial : bool, default False
+            Return fewer rows (at least one) rather than raise when the timeout ends, or at
+            once when every writer has finished or died and fewer rows remain.
+        copy : bool
+            As :meth:`sample`.
+
+        Returns
+        -------
+        Batch
+            Fields of shape ``(k, ...)`` with ``k == batch_size`` (or ``1 <= k < batch_size``
+            with ``partial``); ``batch.indices`` int64 ``(k,)`` the slots; ``batch.metrics`` a
+            dict: ``rows``, ``queued`` (rows left after this batch), ``oldest_age_s`` (time since
+            the oldest row of the batch was published), ``ingest_rows_per_s`` (rows published
+            by all writers per second since the previous batch), ``dropped`` (rows dropped so
+            far, ``"drop"`` policy), ``dropped_since`` (since the previous batch), ``wait_s``.
+
+        Raises
+        ------
+        TimeoutError
+            No full batch within ``timeout`` (and ``partial`` is False, or nothing is queued).
+            Nothing is consumed.
+        """
+        if self.mode != "fifo":
+            raise SharedBufferError(f"shared buffer {self.name!r} is a replay ring: use sample(), "
+                                    f"or build it with mode='fifo' for exact-once batches")
+        ring = self._fifo_ring(batch_size)
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + float(timeout)
+        pause = 20e-6
+        r = self._region
+        while True:
+            with self._lock:
+                i = ring[0]
+                out, slots, expect, batch, metrics = ring[1][i]
+                k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap, batch_size,
+                                      False, self._cursors, slots, expect, self._info)
+                if k == 0 and partial and self._info[0] > 0:
+                    ends = (deadline is not None and time.monotonic() >= deadline) or self._all_done()
+                    if ends:
+                        k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap,
+                                              batch_size, True, self._cursors, slots, expect, self._info)
+                if k:
+                    bad = self._gather_kernel(self._store, r.seq, slots, expect, k, out.kernel_out)
+                    if bad >= 0:
+                        s = int(slots[bad]) // r.cap
+                        raise SharedBufferError(
+                            f"shared buffer {self.name!r}: slot {int(slots[bad])} of shard {s} does "
+                            f"not hold row {(int(expect[bad]) - 2) // 2} (sequence "
+                            f"{int(r.seq[slots[bad]])}); its memory was changed outside the protocol")
+                    self._k.fifo_commit(r.tails, self._cursors)
+                    ring[0] = (i + 1) % self._ring_size
+                    now = time.monotonic()
+                    self._fill_metrics(metrics, k, now, t0)
+                    if k < batch_size:  # a partial batch: views of the first k rows
+                        batch = _FifoBatch({n: v[:k] for n, v in batch.items()}, batch.indices[:k])
+                        batch.metrics = metrics
+                    break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"shared buffer {self.name!r}: {int(self._info[0])} rows queued "
+                                   f"after {timeout} s, a batch needs {batch_size}")
+            self._watch()
+            time.sleep(pause)  # releases the GIL
+            pause = min(2 * pause, 1e-3)
+        self._watch()
+        return batch.copy_with_metrics() if copy else batch
+
+    def _fill_metrics(self, m: dict, k: int, now: float, t0: float) -> None:
+        info = self._info
+        t_prev, pub_prev, drop_prev = self._last
+        published, dropped = int(info[2]), int(info[3])
+        m["rows"] = k
+        m["queued"] = int(info[0]) - k
+        m["oldest_age_s"] = max(0.0, (time.monotonic_ns() - int(info[1])) * 1e-9)
+        m["ingest_rows_per_s"] = (published - pub_prev) / max(now - t_prev, 1e-9)
+        m["dropped"] = dropped
+        m["dropped_since"] = dropped - drop_prev
+        m["wait_s"] = now - t0
+        self._last = (now, published, dropped)
+
+    def _all_done(self) -> bool:
+        """No writer can publish more: every shard's writer finished or died."""
+        return all(self._state(s) in ("finished", "dead") for s in range(self._region.shards))
+
+    def batches(self, batch_size: int, *, timeout: float | None = None, copy: bool = False):
+        """Iterate over FIFO batches of ``batch_size`` rows until every writer has finished (or
+        died) and the queue is empty; only the last batch may be shorter.
+
+        ``timeout``: seconds without a batch before TimeoutError (None: wait for ever, e.g. for
+        shards whose writer has not attached yet).
+        """
+        since = time.monotonic()
+        while True:
+            try:
+                batch = self.get_batch(batch_size, timeout=0.05, copy=copy)
+            except TimeoutError:
+                if self._all_done():  # nothing more can come: deliver the rest and stop
+                    if len(self) == 0:
+                        return
+                    batch = self.get_batch(batch_size, timeout=0, partial=True, copy=copy)
+                elif timeout is not None and time.monotonic() - since > timeout:
+                    raise TimeoutError(f"shared buffer {self.name!r}: no batch of {batch_size} rows "
+                                       f"within {timeout} s ({len(self)} queued)") from None
+                else:
+                    continue
+            since = time.monotonic()
+            yield batch
+
+    def _fifo_ring(self, batch_size):
+        key = ("fifo", batch_size)
+        try:
+            return self._local.rings[key]
+        except (AttributeError, KeyError):
+            pass
+        batch_size = _check_int("batch_size", batch_size, 1)
+        if batch_size > self.capacity:
+            raise ValueError(f"batch_size {batch_size} is larger than the queue's capacity "
+                             f"{self.capacity}: no batch could ever fill")
+        if not hasattr(self._local, "rings"):
+            self._local.rings = {}
+        st = self._region.storage
+        slots = []
+        for _ in range(self._ring_size):
+            out = st.new_output(batch_size)
+            metrics: dict = {}
+            b = _FifoBatch(out.fields, out.indices)
+            b.metrics = metrics
+            slots.append((out, np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64), b,
+                          metrics))
+        ring = self._local.rings[key] = [0, slots]
+        return ring
+
+    # -- life ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Tell the writers the buffer is closed and remove the region (owner only; idempotent).
+
+        Arrays already handed out stay valid (the mapping lives as long as they do)."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> "SharedReplayBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _FifoBatch(Batch):
+    """A :class:`Batch` with the FIFO metrics of its delivery (``batch.metrics``)."""
+
+    __slots__ = ("metrics",)
+
+    def copy_with_metrics(self) -> "_FifoBatch":
+        b = self.copy()
+        out = _FifoBatch(b._fields, b.indices)
+        out.metrics = dict(self.metrics)
+        return out
+
+
+def _remove_region(path: str, ctrl: np.ndarray, owner: int) -> None:
+    if os.getpid() != owner:
+        return
+    ctrl[_CLOSED] = 1
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class SharedWriter:
+    """One writer process's handle on one shard of a :class:`SharedReplayBuffer`.
+
+    Parameters
+    ----------
+    name : str
+        The buffer's ``name`` (or its ``path``).
+    shard : int
+        Which shard, ``0 <= shard < num_writers``. A shard has at most one live writer; the
+        shard of a writer that died may be taken over.
+    dir : str, optional
+        As given to the buffer (default :func:`shm_dir`); not needed with a path.
+    timeout : float, optional
+        FIFO ``"block"`` policy: seconds a write waits for room before TimeoutError (nothing
+        written); None waits for ever.
+
+    Notes
+    -----
+    Every row is validated against the buffer's spec before a byte is written: a bad row raises
+    :class:`~tfdata.SpecError` naming the field, the expected and the given shape or dtype, and
+    the shard is unchanged. A writer is not thread-safe: one thread per writer.
+    """
+
+    def __init__(self, name: str, shard: int, *, dir: str | None = None,
+                 timeout: float | None = None):
+        path = _region_path(name, dir)
+        region = _open_region(path)
+        shard = _check_int("shard", shard, 0, region.shards - 1)
+        if region.closed:
+            raise SharedBufferError(f"shared buffer at {path} is closed by its owner")
+        self._lockfd = os.open(region.lock_path(shard), os.O_RDWR)
+        deadline = time.monotonic() + 1.0
+        while True:  # the learner's liveness check holds the lock for a moment
+            try:
+                fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self._lockfd)
+                    self._lockfd = None
+                    raise SharedBufferError(
+                        f"shard {shard} of {path} has a live writer (pid {int(region.words(shard)[_PID])})"
+                    ) from None
+                time.sleep(0.001)
+        self._region = region
+        self.shard = shard
+        self.timeout = timeout
+        self._words = region.words(shard)
+        self._base = shard * region.cap
+        self._cap = region.cap
+        self._fifo = region.mode == "fifo"
+        self._drop = region.policy == "drop"
+        self._head = int(self._words[_HEAD])
+        self._dropped = int(self._words[_DROPPED])
+        self._k = _kernels()
+        self._storage = region.storage
+        self.spec = region.spec
+        self._words[_PID] = os.getpid()
+        self._words[_ATTACHES] = int(self._words[_ATTACHES]) + 1
+        self._words[_STATE] = _ATTACHED
+        self._finalizer = weakref.finalize(self, _detach, self._words, self._lockfd, os.getpid())
+
+    @property
+    def published(self) -> int:
+        """Rows this shard has published (by every writer it had)."""
+        return self._head
+
+    @property
+    def dropped(self) -> int:
+        """Rows the ``"drop"`` policy refused on this shard."""
+        return self._dropped
+
+    def push(self, row: Mapping) -> int:
+        """Write one row (a mapping of field name to value); returns the rows written (1, or 0
+        if the ``"drop"`` policy dropped it).
+
+        Raises
+        ------
+        SpecError
+            The row does not match the spec; nothing is written.
+        TimeoutError
+            FIFO ``"block"``: no room within ``timeout``; nothing is written.
+        SharedBufferError
+            The owner closed the buffer, or this writer was closed.
+        """
+        values = self.spec.check_row(row)
+        return self._write(1, values, True)
+
+    def extend(self, batch: Mapping) -> int:
+        """Write ``n`` rows given as one array per field (leading dimension ``n``); returns the
+        rows written (``n``, or fewer when the ``"drop"`` policy drops the newest ones).
+
+        In replay mode more rows than the shard holds leave its last ``shard_capacity``; in FIFO
+        mode ``n`` must not exceed the shard's capacity. Raises as :meth:`push`; a refused
+        batch writes nothing.
+        """
+        n, values = self.spec.check_batch(batch)
+        if n == 0:
+            return 0
+        return self._write(n, values, False)
+
+    def _write(self, n: int, values: list, one: bool) -> int:
+        if not self._finalizer.alive:
+            raise SharedBufferError(f"writer of shard {self.shard} is closed")
+        region, cap = self._region, self._cap
+        if region.closed:
+            raise SharedBufferError(f"shared buffer {region.path} was closed by its owner")
+        head = self._head
+        skip, k, dropped = 0, n, self._dropped
+        if self._fifo:
+            if n > cap:
+                raise ValueError(f"extend of {n} rows into a FIFO shard of {cap} slots: split it")
+            free = cap - (head - int(region.tails[self.shard]))
+            if free < n:
+                if self._drop:
+                    k = free
+                    dropped += n - free
+                else:
+                    free = self._wait_for_room(n)
+        elif n > cap:  # a ring keeps the last cap rows, as n single pushes would
+            skip = n - cap
+            k = cap
+        r0 = head + skip
+        if k:
+            self._k.shard_begin(region.seq, self._base, cap, r0, k)
+            start = r0 % cap
+            if one:
+                self._storage.write_row(self._base + start, values)
+            else:
+                first = min(k, cap - start)
+                self._storage.write_rows(self._base + start, values, skip, first)
+                if k > first:
+                    self._storage.write_rows(self._base, values, skip + first, k - first)
+        new_head = r0 + k
+        self._k.shard_publish(region.seq, region.stamps, self._words, self._base, cap, r0, k,
+                              new_head, dropped, time.monotonic_ns())
+        self._head, self._dropped = new_head, dropped
+        return k
+
+    def _wait_for_room(self, n: int) -> int:
+        region = self._region
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        pause = 20e-6
+        while True:
+            free = self._cap - (self._head - int(region.tails[self.shard]))
+            if free >= n:
+                return free
+            if region.closed:
+                raise SharedBufferError(f"shared buffer {region.path} was closed by its owner")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"shard {self.shard}: no room for {n} rows within {self.timeout} s "
+                                   f"(the learner has not taken rows; {free} slots free)")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+    def close(self) -> None:
+        """Detach: the shard counts as finished, the lock is released (idempotent)."""
+        self._finalizer()
+
+    def __enter__(self) -> "SharedWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SharedWriter(shard={self.shard}, published={self._head}, path={self._region.path!r})"
+
+
+def _detach(words: np.ndarray, lockfd: int, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child must not detach its parent's writer
+        return
+    words[_STATE] = _FINISHED
+    words[_PID] = 0
+    os.close(lockfd)  # releases the lock
