@@ -301,3 +301,28 @@ def td_loss_naive(q, q_next, actions, rewards, terminated, discounts, weights):
     grad = np.zeros_like(q)
     grad[rows, actions] = 2.0 * w * err / n
     return float(np.mean(w * err * err)), grad, np.abs(err)
+
+
+# -- shared-memory buffers ----------------------------------------------------------------------
+def shared_sample_slots(key: int, counter: int, counts: list, cap: int, batch: int):
+    """Slots a shared buffer samples when no row is being written: uniform draws over the
+    ``sum(counts)`` rows held, row ``u`` being the ``u``-th held slot in shard order."""
+    held = [s * cap + j for s, c in enumerate(counts) for j in range(c)]
+    idx, counter = draw_indices(key, counter, len(held), batch)
+    return np.array([held[i] for i in idx], dtype=np.int64), counter
+
+
+def fifo_merge(published: list) -> list:
+    """Delivery order of a FIFO shared buffer: ``published`` holds one list per shard of
+    ``(stamp, row)`` in the shard's order; rows are merged by stamp, ties to the lower shard."""
+    cursors = [0] * len(published)
+    out = []
+    while True:
+        best = None
+        for s, rows in enumerate(published):
+            if cursors[s] < len(rows) and (best is None or rows[cursors[s]][0] < published[best][cursors[best]][0]):
+                best = s
+        if best is None:
+            return out
+        out.append((best, published[best][cursors[best]][1]))
+        cursors[best] += 1

@@ -706,8 +706,8 @@ class SharedWriter:
     dir : str, optional
         As given to the buffer (default :func:`shm_dir`); not needed with a path.
     timeout : float, optional
-        FIFO ``"block"`` policy: seconds a write waits for room before TimeoutError (nothing
-        written); None waits for ever.
+        FIFO ``"block"`` policy: seconds a write waits for the learner to free a slot before
+        TimeoutError; None waits for ever.
 
     Notes
     -----
@@ -774,7 +774,7 @@ class SharedWriter:
         SpecError
             The row does not match the spec; nothing is written.
         TimeoutError
-            FIFO ``"block"``: no room within ``timeout``; nothing is written.
+            FIFO ``"block"``: the learner freed no slot within ``timeout``; nothing is written.
         SharedBufferError
             The owner closed the buffer, or this writer was closed.
         """
@@ -785,9 +785,10 @@ class SharedWriter:
         """Write ``n`` rows given as one array per field (leading dimension ``n``); returns the
         rows written (``n``, or fewer when the ``"drop"`` policy drops the newest ones).
 
-        In replay mode more rows than the shard holds leave its last ``shard_capacity``; in FIFO
-        mode ``n`` must not exceed the shard's capacity. Raises as :meth:`push`; a refused
-        batch writes nothing.
+        In replay mode more rows than the shard holds leave its last ``shard_capacity``. With the
+        FIFO ``"block"`` policy rows go in as room frees up (any ``n``); a TimeoutError then says,
+        and its ``written`` attribute holds, how many of the first rows went in. Raises as
+        :meth:`push`; a batch refused for its content writes nothing.
         """
         n, values = self.spec.check_batch(batch)
         if n == 0:
@@ -801,21 +802,32 @@ class SharedWriter:
         if region.closed:
             raise SharedBufferError(f"shared buffer {region.path} was closed by its owner")
         head = self._head
-        skip, k, dropped = 0, n, self._dropped
-        if self._fifo:
-            if n > cap:
-                raise ValueError(f"extend of {n} rows into a FIFO shard of {cap} slots: split it")
-            free = cap - (head - int(region.tails[self.shard]))
-            if free < n:
-                if self._drop:
-                    k = free
-                    dropped += n - free
-                else:
-                    free = self._wait_for_room(n)
-        elif n > cap:  # a ring keeps the last cap rows, as n single pushes would
-            skip = n - cap
-            k = cap
-        r0 = head + skip
+        if not self._fifo:  # a ring keeps the last cap rows, as n single pushes would
+            skip = max(0, n - cap)
+            self._put(values, one, skip, n - skip, head + skip, head + n, self._dropped)
+            return n - skip
+        free = cap - (head - int(region.tails[self.shard]))
+        if self._drop:  # the rows that fit go in; the newest ones are dropped, and counted
+            k = min(n, free)
+            self._put(values, one, 0, k, head, head + k, self._dropped + n - k)
+            return k
+        # block: write what fits, wait for room, go on. Writing in parts is what guarantees
+        # progress: a writer waits only with its shard full, so the learner can always fill a
+        # batch (batch sizes are at most the capacity)
+        done = 0
+        while done < n:
+            if free == 0:
+                free = self._wait_for_room(done, n)
+            k = min(free, n - done)
+            self._put(values, one, done, k, self._head, self._head + k, self._dropped)
+            done += k
+            free -= k
+        return n
+
+    def _put(self, values: list, one: bool, src: int, k: int, r0: int, head: int, dropped: int) -> None:
+        """Write rows ``values[src:src+k]`` as rows ``r0..r0+k-1`` of the shard and publish
+        them with the new ``head`` and ``dropped`` count."""
+        region, cap = self._region, self._cap
         if k:
             self._k.shard_begin(region.seq, self._base, cap, r0, k)
             start = r0 % cap
@@ -823,29 +835,31 @@ class SharedWriter:
                 self._storage.write_row(self._base + start, values)
             else:
                 first = min(k, cap - start)
-                self._storage.write_rows(self._base + start, values, skip, first)
+                self._storage.write_rows(self._base + start, values, src, first)
                 if k > first:
-                    self._storage.write_rows(self._base, values, skip + first, k - first)
-        new_head = r0 + k
+                    self._storage.write_rows(self._base, values, src + first, k - first)
         self._k.shard_publish(region.seq, region.stamps, self._words, self._base, cap, r0, k,
-                              new_head, dropped, time.monotonic_ns())
-        self._head, self._dropped = new_head, dropped
-        return k
+                              head, dropped, time.monotonic_ns())
+        self._head, self._dropped = head, dropped
 
-    def _wait_for_room(self, n: int) -> int:
+    def _wait_for_room(self, done: int, n: int) -> int:
+        """Sleep until the learner frees a slot; returns the free slots."""
         region = self._region
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 20e-6
         while True:
             free = self._cap - (self._head - int(region.tails[self.shard]))
-            if free >= n:
+            if free > 0:
                 return free
             if region.closed:
-                raise SharedBufferError(f"shared buffer {region.path} was closed by its owner")
+                raise SharedBufferError(f"shared buffer {region.path} was closed by its owner "
+                                        f"({done} of {n} rows written)")
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"shard {self.shard}: no room for {n} rows within {self.timeout} s "
-                                   f"(the learner has not taken rows; {free} slots free)")
-            time.sleep(pause)
+                exc = TimeoutError(f"shard {self.shard}: the learner took no row within "
+                                   f"{self.timeout} s; {done} of {n} rows written (the first {done})")
+                exc.written = done
+                raise exc
+            time.sleep(pause)  # releases the GIL
             pause = min(2 * pause, 1e-3)
 
     def close(self) -> None:

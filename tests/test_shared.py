@@ -1,0 +1,523 @@
+"""Shared-memory buffers: writers in other processes, exact-once FIFO, no torn rows, dead writers.
+
+Multi-process tests start real processes (fork, and one spawn) that attach by name; nothing is
+mocked. References: tests/naive.py (``shared_sample_slots``, ``fifo_merge``, ``draw_indices``) and
+a plain ReplayBuffer given the same rows.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+
+import tfdata
+from tfdata import ReplayBuffer, SpecError
+from tfdata.errors import FormatError, SharedBufferError, WriterLostWarning
+from tfdata.shared import SharedReplayBuffer, SharedWriter, region_nbytes
+
+from . import naive
+from .conftest import CARTPOLE, ODD, assert_batches_equal, random_rows, row
+
+FORK = mp.get_context("fork")
+# every field carries the row's id, so a row mixed from two writes is visible
+ID_SPEC = {"id": "i8", "a": ("i8", (64,)), "b": "f8", "c": ("i2", (33,)), "d": "?"}
+
+
+def id_rows(ids) -> dict:
+    ids = np.asarray(ids, np.int64)
+    return {"id": ids, "a": np.repeat(ids[:, None], 64, axis=1), "b": ids.astype(np.float64),
+            "c": np.repeat((ids % 30000)[:, None], 33, axis=1).astype(np.int16), "d": ids % 2 == 1}
+
+
+def consistent(batch) -> np.ndarray:
+    ids = np.asarray(batch["id"])
+    ok = (np.asarray(batch["a"]) == ids[:, None]).all(1)
+    ok &= np.asarray(batch["b"]) == ids
+    ok &= (np.asarray(batch["c"]) == (ids % 30000)[:, None]).all(1)
+    ok &= np.asarray(batch["d"]) == (ids % 2 == 1)
+    return ok
+
+
+def region_bytes(buf) -> bytes:
+    return bytes(buf._region.map.at(0, np.uint8, (buf.nbytes,)))
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    """Regions of a test go to its own directory, so leftovers are visible and never shared."""
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    return tmp_path
+
+
+# -- one process --------------------------------------------------------------------------
+@pytest.mark.parametrize("cap", [1, 7, 33])
+def test_one_writer_samples_as_a_replay_buffer(layout, spec, cap, shm_dir):
+    """Same seed, same rows (wrapping included): bit-identical batches to a ReplayBuffer."""
+    rng = np.random.default_rng(cap)
+    ref = ReplayBuffer(spec, cap, layout=layout, seed=5)
+    with SharedReplayBuffer(spec, cap, layout=layout, seed=5) as buf, SharedWriter(buf.name, 0) as w:
+        for step in range(6):
+            rows = random_rows(spec, int(rng.integers(1, 2 * cap + 2)), rng)
+            ref.extend(rows)
+            w.extend(rows)
+            one = row(random_rows(spec, 1, rng), 0)
+            ref.push(one)
+            w.push(one)
+            assert len(buf) == len(ref)
+            for b in (1, min(5, len(ref))):
+                got, want = buf.sample(b, copy=True), ref.sample(b, copy=True)
+                assert_batches_equal(dict(got), dict(want))
+                np.testing.assert_array_equal(got.indices, want.indices)
+
+
+def test_sample_matches_the_reference_and_is_layout_free(spec, shm_dir):
+    rng = np.random.default_rng(0)
+    cap, shards = 7, 3
+    streams = [random_rows(spec, n, rng) for n in (3, 7, 12)]  # part full, full, wrapped
+    out = {}
+    for layout in ("aos", "soa"):
+        with SharedReplayBuffer(spec, cap * shards, num_writers=shards, layout=layout, seed=9) as buf:
+            for s, rows in enumerate(streams):
+                with SharedWriter(buf.name, s) as w:
+                    w.extend(rows)
+            state = buf._sampler.state.copy()
+            b = buf.sample(15, copy=True)
+            slots, counter = naive.shared_sample_slots(int(state[0]), int(state[1]), [3, 7, 7], cap, 15)
+            np.testing.assert_array_equal(b.indices, slots)
+            assert buf._sampler.counter == counter
+            for i, g in enumerate(slots):
+                s, j = divmod(int(g), cap)
+                n = len(streams[s][spec.names[0]])
+                src = j if n <= cap else (n - cap) + (j - n) % cap  # row of the stream in slot j
+                for f in spec.names:
+                    np.testing.assert_array_equal(b[f][i], streams[s][f][src], err_msg=f)
+            out[layout] = b
+    assert_batches_equal(dict(out["aos"]), dict(out["soa"]))
+
+
+def test_fifo_delivers_in_publication_order_exactly_once(layout, shm_dir):
+    rng = np.random.default_rng(1)
+    with SharedReplayBuffer(ID_SPEC, 3 * 33, num_writers=3, mode="fifo", layout=layout) as buf:
+        writers = [SharedWriter(buf.name, s) for s in range(3)]
+        published = [[] for _ in writers]
+        got = []
+        next_id = 0
+        for _ in range(60):
+            s = int(rng.integers(3))
+            k = int(rng.integers(1, 9))
+            if buf.writers()[s]["queued"] + k > 33:
+                k = 33 - buf.writers()[s]["queued"]
+            if k:
+                ids = np.arange(next_id, next_id + k) + 1_000_000 * s
+                writers[s].extend(id_rows(ids))
+                stamp = int(buf._region.stamps[s * 33 + (writers[s].published - 1) % 33])
+                published[s] += [(stamp, int(i)) for i in ids]
+                next_id += k
+            if rng.random() < 0.3 and len(buf) >= 4:
+                b = buf.get_batch(4)
+                assert consistent(b).all()
+                got += [int(i) for i in b["id"]]
+        for w in writers:
+            w.close()
+        for b in buf.batches(5):
+            assert consistent(b).all()
+            got += [int(i) for i in b["id"]]
+        want = [r for _, r in naive.fifo_merge(published)]
+        assert got == want
+        assert len(buf) == 0 and [w["queued"] for w in buf.writers()] == [0, 0, 0]
+
+
+def test_fifo_metrics(shm_dir):
+    with SharedReplayBuffer(ID_SPEC, 8, num_writers=2, mode="fifo", policy="drop") as buf:
+        w0, w1 = SharedWriter(buf.name, 0), SharedWriter(buf.name, 1)
+        assert w0.extend(id_rows(range(6))) == 4  # room for 4: the newest 2 are dropped
+        assert w1.push(row(id_rows([100]), 0)) == 1
+        time.sleep(0.02)
+        b = buf.get_batch(3)
+        m = b.metrics
+        assert list(b["id"]) == [0, 1, 2]
+        assert m["rows"] == 3 and m["queued"] == 2
+        assert m["dropped"] == 2 and m["dropped_since"] == 2
+        assert m["oldest_age_s"] >= 0.02 and m["ingest_rows_per_s"] > 0
+        assert w0.extend(id_rows([6, 7])) == 2
+        b = buf.get_batch(3)
+        assert list(b["id"]) == [3, 100, 6] and b.metrics["dropped_since"] == 0
+        assert buf.writers()[0]["dropped"] == 2 and w0.dropped == 2
+
+
+def test_fifo_block_waits_and_times_out(shm_dir):
+    """A full shard makes the writer wait; a timeout says how many of the first rows went in."""
+    with SharedReplayBuffer(ID_SPEC, 4, mode="fifo") as buf:
+        w = SharedWriter(buf.name, 0, timeout=0.05)
+        w.extend(id_rows(range(3)))
+        w.push(row(id_rows([99]), 0))  # the fourth slot
+        before = region_bytes(buf)
+        with pytest.raises(TimeoutError, match="took no row.* 0 of 1 rows written"):
+            w.push(row(id_rows([98]), 0))
+        with pytest.raises(TimeoutError, match="0 of 2 rows written") as info:
+            w.extend(id_rows([4, 5]))
+        assert info.value.written == 0 and region_bytes(buf) == before
+        assert [int(i) for i in buf.get_batch(1)["id"]] == [0]
+        with pytest.raises(TimeoutError, match="1 of 2 rows written") as info:
+            w.extend(id_rows([4, 5]))
+        assert info.value.written == 1
+        assert [int(i) for i in buf.get_batch(4)["id"]] == [1, 2, 99, 4]
+        with pytest.raises(TimeoutError, match="0 rows queued"):
+            buf.get_batch(1, timeout=0.01)
+        with pytest.raises(ValueError, match="larger than the queue's capacity"):
+            buf.get_batch(5)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"id": 1.5}, "field 'id'.*float"),
+    ({"a": np.zeros(63, np.int64)}, "field 'a'.*shape"),
+    ({"c": np.full(33, 70000)}, "field 'c'"),
+    ({"b": "x"}, "field 'b'"),
+    ({"idd": 1}, "unknown field 'idd'"),
+])
+def test_bad_rows_raise_and_change_nothing(layout, bad, match, shm_dir):
+    for mode in ("replay", "fifo"):
+        with SharedReplayBuffer(ID_SPEC, 6, num_writers=2, mode=mode, layout=layout) as buf:
+            w = SharedWriter(buf.name, 1)
+            w.extend(id_rows([1, 2]))
+            before = region_bytes(buf)
+            good = row(id_rows([3]), 0)
+            one = {**good, **bad}
+            if "idd" in bad:
+                del one["id"]
+            with pytest.raises(SpecError, match=match):
+                w.push(one)
+            batch = {k: np.stack([v, v]) if isinstance(v, np.ndarray) else [v, v] for k, v in one.items()}
+            with pytest.raises(SpecError, match=match):
+                w.extend(batch)
+            assert region_bytes(buf) == before
+            assert w.published == 2 and len(buf) == 2
+
+
+def test_attach_errors_and_close(shm_dir):
+    buf = SharedReplayBuffer(ID_SPEC, 4, num_writers=2, name="attach-test")
+    assert buf.path == os.path.join(str(shm_dir), "tfdata-shm-attach-test")
+    with pytest.raises(FileExistsError):
+        SharedReplayBuffer(ID_SPEC, 4, num_writers=2, name="attach-test")
+    w = SharedWriter("attach-test", 0)
+    with pytest.raises(SharedBufferError, match="live writer"):
+        SharedWriter("attach-test", 0)
+    with pytest.raises(ValueError, match="shard must be in"):
+        SharedWriter("attach-test", 2)
+    with pytest.raises(FileNotFoundError, match="no shared buffer"):
+        SharedWriter("no-such-buffer", 0)
+    with pytest.raises(ValueError, match="name must be"):
+        SharedWriter("no spaces!", 0)
+    SharedWriter(buf.path, 1).close()  # by path too
+    w.push(row(id_rows([1]), 0))
+    buf.close()
+    assert not os.path.exists(buf.path) and buf.closed
+    with pytest.raises(SharedBufferError, match="closed by its owner"):
+        w.push(row(id_rows([2]), 0))
+    w.close()
+    with pytest.raises(SharedBufferError, match="closed"):
+        w.push(row(id_rows([2]), 0))
+
+
+def test_wrong_mode_and_arguments(shm_dir):
+    with pytest.raises(ValueError, match="multiple of num_writers"):
+        SharedReplayBuffer(ID_SPEC, 10, num_writers=3)
+    with pytest.raises(ValueError, match="policy applies to mode='fifo'"):
+        SharedReplayBuffer(ID_SPEC, 10, policy="drop")
+    with pytest.raises(ValueError, match="policy must be"):
+        SharedReplayBuffer(ID_SPEC, 10, mode="fifo", policy="overwrite")
+    with pytest.raises(ValueError, match="mode must be"):
+        SharedReplayBuffer(ID_SPEC, 10, mode="lifo")
+    with SharedReplayBuffer(ID_SPEC, 10) as buf:
+        with pytest.raises(SharedBufferError, match="use sample"):
+            buf.get_batch(1)
+        with pytest.raises(ValueError, match="empty"):
+            buf.sample(1)
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(id_rows([1, 2]))
+        with pytest.raises(ValueError, match="larger than the 2 rows held"):
+            buf.sample(3)
+    with SharedReplayBuffer(ID_SPEC, 10, mode="fifo") as buf:
+        with pytest.raises(SharedBufferError, match="use get_batch"):
+            buf.sample(1)
+    assert not os.listdir(shm_dir)
+
+
+def test_hostile_region_descriptions(shm_dir):
+    buf = SharedReplayBuffer(ID_SPEC, 4, name="hostile")
+    doc = os.path.join(buf.path, "region.json")
+    good = open(doc).read()
+    for text, match in [("{", "not valid JSON"), ('{"format": "pickle"}', "format is not"),
+                        (good.replace('"version": 1', '"version": 2'), "version 2"),
+                        (good.replace('"num_writers": 1', '"num_writers": 0'), "not a valid")]:
+        with open(doc, "w") as f:
+            f.write(text)
+        with pytest.raises(FormatError, match=match):
+            SharedWriter("hostile", 0)
+    with open(doc, "w") as f:
+        f.write(good.replace('"shard_capacity": 4', '"shard_capacity": 4000'))
+    with pytest.raises(FormatError, match="region file holds"):
+        SharedWriter("hostile", 0)
+    buf.close()
+
+
+def test_region_size_and_steady_state_allocates_nothing(layout, shm_dir):
+    with SharedReplayBuffer(CARTPOLE, 4096, num_writers=2, layout=layout, seed=0) as buf:
+        assert buf.nbytes == region_nbytes(CARTPOLE, 4096, num_writers=2, layout=layout)
+        row_bytes = buf.spec.aos_dtype.itemsize if layout == "aos" else buf.spec.row_nbytes
+        assert 4096 * (row_bytes + 8) <= buf.nbytes <= 4096 * (row_bytes + 8) + 4 * 4096
+        w = SharedWriter(buf.name, 1)
+        rows = random_rows(buf.spec, 8, np.random.default_rng(0))
+        one = row(rows, 0)
+        for _ in range(300):
+            w.extend(rows)
+            w.push(one)
+        buf.sample(256)
+        tracemalloc.start()
+        try:
+            base, _ = tracemalloc.get_traced_memory()
+            for _ in range(300):
+                w.extend(rows)
+                w.push(one)
+                buf.sample(256)
+            current, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert current - base < 1024, current - base
+        w.close()
+
+
+def test_kernel_fifo_plan_against_reference():
+    from tfdata import kernels
+
+    rng = np.random.default_rng(3)
+    for trial in range(50):
+        shards, cap = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+        tails = rng.integers(0, 20, shards).astype(np.uint64)
+        heads = (tails + rng.integers(0, cap + 1, shards)).astype(np.uint64)
+        stamps = np.zeros(shards * cap, np.uint64)
+        published = []
+        for s in range(shards):
+            rows = list(range(int(tails[s]), int(heads[s])))
+            st = np.sort(rng.integers(0, 50, len(rows)))  # ties across shards are common
+            for r, t in zip(rows, st):
+                stamps[s * cap + r % cap] = t
+            published.append([(int(t), r) for r, t in zip(rows, st)])
+        want = naive.fifo_merge(published)
+        batch = int(rng.integers(1, 12))
+        cursors = np.zeros(2 * shards, np.int64)
+        slots, expect, info = (np.zeros(batch, np.int64), np.zeros(batch, np.int64), np.zeros(4, np.int64))
+        dropped = np.zeros(shards, np.uint64)
+        for partial in (False, True):
+            k = kernels.fifo_plan(heads, tails, dropped, stamps, cap, batch, partial, cursors, slots, expect, info)
+            take = min(batch, len(want)) if partial or len(want) >= batch else 0
+            assert k == take and info[0] == len(want)
+            assert [(int(g) // cap, (int(e) - 2) // 2) for g, e in zip(slots[:k], expect[:k])] == want[:k]
+            assert all(int(g) % cap == ((int(e) - 2) // 2) % cap for g, e in zip(slots[:k], expect[:k]))
+
+
+def test_kernel_count_torn_and_checked_gather(layout, shm_dir):
+    from tfdata import kernels
+
+    with SharedReplayBuffer(ID_SPEC, 14, num_writers=2, layout=layout) as buf, SharedWriter(buf.name, 1) as w:
+        w.extend(id_rows(range(10)))  # rows 3..9 stay: row r in slot 7 + r % 7
+        r = buf._region
+        assert kernels.count_torn(r.seq, 7, 7) == 0
+        kernels.shard_begin(r.seq, 7, 7, 10, 2)  # rows 10, 11 begun in slots 10, 11, not published
+        assert kernels.count_torn(r.seq, 7, 7) == 2 and kernels.count_torn(r.seq, 0, 7) == 0
+        out = r.storage.new_output(3)
+        slots = np.array([12, 8, 13], np.int64)  # rows 5, 8, 6
+        expect = np.array([12, 18, 14], np.int64)
+        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == -1
+        assert list(out.fields["id"]) == [5, 8, 6]
+        slots[1], expect[1] = 10, 22  # row 10 was begun (odd): refused
+        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == 1
+        slots[1], expect[1] = 9, 20  # slot 9 holds row 9 (seq 20): now fine; row 2 would not be
+        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == -1
+        expect[1] = 6
+        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == 1
+
+
+# -- real processes -------------------------------------------------------------------------
+def _fifo_worker(name, shard, n, cap, seed, errors):
+    try:
+        rng = np.random.default_rng(seed)
+        with SharedWriter(name, shard, timeout=60) as w:
+            i = 0
+            while i < n:
+                k = min(int(rng.integers(1, cap + 1)), n - i)
+                ids = np.arange(i, i + k) + 1_000_000 * shard
+                if k == 1 and rng.random() < 0.5:
+                    w.push(row(id_rows(ids), 0))
+                else:
+                    w.extend(id_rows(ids))
+                i += k
+    except BaseException as exc:  # reported to the test, which fails
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_fifo_exact_once_with_worker_processes(layout, shm_dir):
+    """3 processes write known streams through 7-slot shards (so they block often); the learner
+    sees every row exactly once, each shard in order, and the counts match."""
+    n, cap = 3000, 7
+    errors = FORK.Queue()
+    with SharedReplayBuffer(ID_SPEC, 3 * cap, num_writers=3, mode="fifo", layout=layout) as buf:
+        procs = [FORK.Process(target=_fifo_worker, args=(buf.name, s, n, cap, s, errors)) for s in range(3)]
+        for p in procs:
+            p.start()
+        got = []
+        for b in buf.batches(5, timeout=60):
+            assert consistent(b).all()
+            got.append(np.array(b["id"]))
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+        ids = np.concatenate(got)
+        assert len(ids) == 3 * n and len(np.unique(ids)) == 3 * n
+        for s in range(3):
+            mine = ids[ids // 1_000_000 == s] - 1_000_000 * s
+            np.testing.assert_array_equal(mine, np.arange(n))  # each shard in its own order
+        assert [w["published"] for w in buf.writers()] == [n] * 3
+        assert [w["state"] for w in buf.writers()] == ["finished"] * 3
+
+
+def _replay_worker(name, shard, stop, errors):
+    try:
+        with SharedWriter(name, shard) as w:
+            i = 0
+            while not stop.is_set():
+                w.extend(id_rows(np.arange(i, i + 64) + 1_000_000 * shard))
+                w.push(row(id_rows([i + 64 + 1_000_000 * shard]), 0))
+                i += 65
+    except BaseException as exc:
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_no_torn_rows_while_worker_processes_write(layout, shm_dir):
+    """Two processes overwrite their rings as fast as they can while the learner samples. Every
+    sampled row is whole; reading the same memory without the protocol (the control) does see
+    rows mixed from two writes, so this test can fail."""
+    errors, stop = FORK.Queue(), FORK.Event()
+    with SharedReplayBuffer(ID_SPEC, 2 * 512, num_writers=2, layout=layout, seed=0) as buf:
+        procs = [FORK.Process(target=_replay_worker, args=(buf.name, s, stop, errors)) for s in range(2)]
+        for p in procs:
+            p.start()
+        while len(buf) < 2 * 512:
+            time.sleep(0.01)
+        buf.sample(256)  # compiled before the clock starts
+        fields = {f: buf.storage.field(f) for f in ID_SPEC}
+        sampled = torn_raw = 0
+        t_end = time.monotonic() + 1.5
+        while time.monotonic() < t_end:
+            b = buf.sample(256)
+            assert consistent(b).all(), b["id"][~consistent(b)]
+            sampled += 256
+            idx = np.random.default_rng(sampled).integers(0, 1024, 256)
+            raw = {f: v[idx] for f, v in fields.items()}  # no protocol: field by field
+            torn_raw += int((~consistent(raw)).sum())
+        stop.set()
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+    assert sampled > 10_000
+    assert torn_raw > 0, "the control saw no torn row: the writers did not race the reader"
+
+
+def _dying_worker(name, shard, n_ok, n_torn):
+    w = SharedWriter(name, shard)
+    w.extend(id_rows(np.arange(n_ok) + 1_000_000 * shard))
+    # begin writing n_torn rows (marks them odd), write junk into them, and die before publishing
+    r = w._region
+    w._k.shard_begin(r.seq, w._base, w._cap, w.published, n_torn)
+    start = w._base + w.published % w._cap
+    r.storage.write_rows(start, w.spec.check_batch(id_rows(np.full(n_torn, -1)))[1], 0, n_torn)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", ["replay", "fifo"])
+def test_a_writer_killed_mid_write_corrupts_nothing_and_is_reported(layout, mode, shm_dir):
+    cap = 33
+    n_ok = 40 if mode == "replay" else 20  # replay: the ring has wrapped; the torn slots held rows
+    with SharedReplayBuffer(ID_SPEC, 2 * cap, num_writers=2, mode=mode, layout=layout, seed=1) as buf:
+        p = FORK.Process(target=_dying_worker, args=(buf.name, 0, n_ok, 5))
+        p.start()
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL
+        with SharedWriter(buf.name, 1) as w:
+            w.extend(id_rows(1_000_000 + np.arange(10)))
+        state = buf.writers()[0]
+        assert state["state"] == "dead" and state["torn"] == 5 and state["published"] == n_ok
+        with pytest.warns(WriterLostWarning, match="shard 0 .* died"):
+            lost = buf.lost_writers
+        assert lost == [{"shard": 0, "pid": p.pid, "published": n_ok, "torn": 5}]
+        if mode == "replay":
+            ids = np.concatenate([np.array(buf.sample(32)["id"]) for _ in range(200)])
+            assert (ids >= 0).all()  # no junk row
+            held = set(range(n_ok - cap, n_ok)) - set(range(n_ok - cap, n_ok - cap + 5))
+            assert set(ids[ids < 1_000_000]) == held  # the 5 slots being overwritten are out
+        else:
+            ids = np.concatenate([np.array(b["id"]) for b in buf.batches(8, timeout=10)])
+            assert sorted(ids[ids < 1_000_000]) == list(range(n_ok))
+        # a new writer takes the dead writer's shard over and rewrites the torn slots
+        with SharedWriter(buf.name, 0) as w:
+            assert w.published == n_ok
+            w.extend(id_rows(np.arange(n_ok, n_ok + 5)))
+        assert buf.writers()[0]["torn"] == 0 and buf.writers()[0]["state"] == "finished"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the same death is reported once
+            buf.lost_writers
+
+
+def _spawn_worker(name, n):
+    import numpy as np  # noqa: F401 - a fresh interpreter
+
+    from tfdata.shared import SharedWriter as W
+
+    with W(name, 0) as w:
+        w.extend(id_rows(np.arange(n)))
+        try:
+            w.push({"id": 1.5, "a": np.zeros(64, np.int64), "b": 0.0, "c": np.zeros(33, np.int16),
+                    "d": False})
+        except SpecError as exc:
+            assert "field 'id'" in str(exc)
+        else:
+            raise AssertionError("a float id was accepted")
+
+
+def test_a_spawned_process_attaches_by_name(shm_dir):
+    ctx = mp.get_context("spawn")
+    with SharedReplayBuffer(ID_SPEC, 64, mode="fifo", layout="soa") as buf:
+        p = ctx.Process(target=_spawn_worker, args=(buf.name, 50))
+        p.start()
+        ids = np.concatenate([np.array(b["id"]) for b in buf.batches(16, timeout=120)])
+        p.join(60)
+        assert p.exitcode == 0
+        np.testing.assert_array_equal(ids, np.arange(50))
+        assert buf.writers()[0]["published"] == 50
+
+
+def _close_in_child(buf):
+    buf.close()  # the child's copy of the owner object (fork): must leave the region alone
+
+
+def test_a_forked_child_does_not_remove_the_region(shm_dir):
+    with SharedReplayBuffer(ID_SPEC, 4) as buf:
+        p = FORK.Process(target=_close_in_child, args=(buf,))
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0 and os.path.isdir(buf.path) and not buf._region.closed
+        SharedWriter(buf.name, 0).close()
+    assert not os.path.exists(buf.path)
+
+
+def test_public_names():
+    assert tfdata.SharedReplayBuffer is SharedReplayBuffer and tfdata.SharedWriter is SharedWriter
