@@ -272,7 +272,7 @@ def test_region_size_and_steady_state_allocates_nothing(layout, shm_dir):
     with SharedReplayBuffer(CARTPOLE, 4096, num_writers=2, layout=layout, seed=0) as buf:
         assert buf.nbytes == region_nbytes(CARTPOLE, 4096, num_writers=2, layout=layout)
         row_bytes = buf.spec.aos_dtype.itemsize if layout == "aos" else buf.spec.row_nbytes
-        assert 4096 * (row_bytes + 8) <= buf.nbytes <= 4096 * (row_bytes + 8) + 4 * 4096
+        assert 4096 * row_bytes < buf.nbytes <= 4096 * row_bytes + 2 * 4096  # + control words
         w = SharedWriter(buf.name, 1)
         rows = random_rows(buf.spec, 8, np.random.default_rng(0))
         one = row(rows, 0)
@@ -313,36 +313,51 @@ def test_kernel_fifo_plan_against_reference():
         want = naive.fifo_merge(published)
         batch = int(rng.integers(1, 12))
         cursors = np.zeros(2 * shards, np.int64)
-        slots, expect, info = (np.zeros(batch, np.int64), np.zeros(batch, np.int64), np.zeros(4, np.int64))
+        slots, info = np.zeros(batch, np.int64), np.zeros(4, np.int64)
         dropped = np.zeros(shards, np.uint64)
         for partial in (False, True):
-            k = kernels.fifo_plan(heads, tails, dropped, stamps, cap, batch, partial, cursors, slots, expect, info)
+            k = kernels.fifo_plan(heads, tails, dropped, stamps, cap, batch, partial, cursors, slots, info)
             take = min(batch, len(want)) if partial or len(want) >= batch else 0
             assert k == take and info[0] == len(want)
-            assert [(int(g) // cap, (int(e) - 2) // 2) for g, e in zip(slots[:k], expect[:k])] == want[:k]
-            assert all(int(g) % cap == ((int(e) - 2) // 2) % cap for g, e in zip(slots[:k], expect[:k]))
+            assert [(int(g) // cap, int(g) % cap) for g in slots[:k]] == [(s, r % cap) for s, r in want[:k]]
+            got_tails = [int(tails[s]) + sum(1 for b, _ in want[:k] if b == s) for s in range(shards)]
+            assert list(cursors[:shards]) == got_tails
 
 
-def test_kernel_count_torn_and_checked_gather(layout, shm_dir):
-    from tfdata import kernels
+def test_sample_skips_slots_being_written(layout, shm_dir):
+    """Rows a writer has begun and not published are never sampled (nor are the rows their
+    slots held); every other held row is, uniformly (reference: naive.shared_sample_slots)."""
+    with SharedReplayBuffer(ID_SPEC, 14, num_writers=2, layout=layout, seed=4) as buf:
+        with SharedWriter(buf.name, 0) as w0:
+            w0.extend(id_rows(range(3)))  # shard 0 holds rows 0..2 in slots 0..2
+        w = SharedWriter(buf.name, 1)
+        w.extend(id_rows(100 + np.arange(10)))  # rows 3..9 stay: row r in slot 7 + r % 7
+        buf._k.shard_begin(w._words, 12)  # rows 10, 11 begun: slots 10 and 11 (rows 3, 4)
+        assert buf.writers()[1]["torn"] == 2 and buf.writers()[0]["torn"] == 0
+        state = buf._sampler.state.copy()
+        ids = np.concatenate([np.array(buf.sample(10)["id"]) for _ in range(200)])
+        assert set(ids) == {0, 1, 2, 105, 106, 107, 108, 109}
+        # draws follow the reference; a draw that lands in flight is drawn again
+        slots, _ = naive.shared_sample_slots(int(state[0]), int(state[1]), [3, 7], 7, 10)
+        buf._sampler.state[:] = state
+        got = buf.sample(10).indices
+        assert all(int(g) not in (10, 11) for g in got)
+        keep = np.array([g not in (10, 11) for g in slots])
+        assert not keep.all()  # the seed makes at least one draw land in flight
+        np.testing.assert_array_equal(got[keep], slots[keep])  # untouched draws are the reference's
+        w.extend(id_rows([110, 111]))  # published: everything is back
+        ids = np.concatenate([np.array(buf.sample(10)["id"]) for _ in range(200)])
+        assert set(ids) == {0, 1, 2} | set(range(105, 112))
+        assert buf.writers()[1]["torn"] == 0
+        w.close()
 
-    with SharedReplayBuffer(ID_SPEC, 14, num_writers=2, layout=layout) as buf, SharedWriter(buf.name, 1) as w:
-        w.extend(id_rows(range(10)))  # rows 3..9 stay: row r in slot 7 + r % 7
-        r = buf._region
-        assert kernels.count_torn(r.seq, 7, 7) == 0
-        kernels.shard_begin(r.seq, 7, 7, 10, 2)  # rows 10, 11 begun in slots 10, 11, not published
-        assert kernels.count_torn(r.seq, 7, 7) == 2 and kernels.count_torn(r.seq, 0, 7) == 0
-        out = r.storage.new_output(3)
-        slots = np.array([12, 8, 13], np.int64)  # rows 5, 8, 6
-        expect = np.array([12, 18, 14], np.int64)
-        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == -1
-        assert list(out.fields["id"]) == [5, 8, 6]
-        slots[1], expect[1] = 10, 22  # row 10 was begun (odd): refused
-        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == 1
-        slots[1], expect[1] = 9, 20  # slot 9 holds row 9 (seq 20): now fine; row 2 would not be
-        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == -1
-        expect[1] = 6
-        assert buf._gather_kernel(r.storage.kernel_store, r.seq, slots, expect, 3, out.kernel_out) == 1
+
+def test_control_word_positions_agree_with_the_kernels():
+    from tfdata.kernels import _shared
+    from tfdata import shared
+
+    assert (shared._HEAD, shared._DROPPED, shared._RESERVED) == (_shared.HEAD, _shared.DROPPED,
+                                                                 _shared.RESERVED)
 
 
 # -- real processes -------------------------------------------------------------------------
@@ -435,9 +450,9 @@ def test_no_torn_rows_while_worker_processes_write(layout, shm_dir):
 def _dying_worker(name, shard, n_ok, n_torn):
     w = SharedWriter(name, shard)
     w.extend(id_rows(np.arange(n_ok) + 1_000_000 * shard))
-    # begin writing n_torn rows (marks them odd), write junk into them, and die before publishing
+    # begin writing n_torn rows, write junk into their slots, and die before publishing them
     r = w._region
-    w._k.shard_begin(r.seq, w._base, w._cap, w.published, n_torn)
+    w._k.shard_begin(w._words, w.published + n_torn)
     start = w._base + w.published % w._cap
     r.storage.write_rows(start, w.spec.check_batch(id_rows(np.full(n_torn, -1)))[1], 0, n_torn)
     os.kill(os.getpid(), signal.SIGKILL)

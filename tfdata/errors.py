@@ -37,8 +37,8 @@ class MemoryBudgetError(MemoryError):
 
 class SharedBufferError(RuntimeError):
     """A shared-memory buffer cannot be used as asked: its owner closed it, a shard already has
-    a live writer, or a row did not hold what the protocol promised (which means memory was
-    changed behind the buffer's back). The message says which buffer, shard and process."""
+    a live writer, or a method of the other mode was called (``sample`` on a FIFO buffer). The
+    message says which buffer, shard and process."""
 
 
 class WriterLostWarning(RuntimeWarning):

@@ -6,10 +6,11 @@ The learner builds a :class:`SharedReplayBuffer`; its rows live in a file in sha
 :class:`~tfdata.ReplayBuffer` uses. Nothing is sent through a pipe: a row goes from the worker's
 arrays into the shared pages once, and from there into the learner's batch once.
 
-Each writer owns one *shard*, a ring of ``capacity // num_writers`` slots. Per-slot sequence
-numbers (a seqlock per slot, see :mod:`tfdata.kernels._shared`) let the learner copy only rows
-that are completely written, without any lock between processes and without read-modify-write
-atomics: no word of the region has two writers.
+Each writer owns one *shard*, a ring of ``capacity // num_writers`` slots. Two words per
+shard, the rows it has begun (*reserved*) and the rows it has published (*head*), form a
+sequence lock over the slots being written (see :mod:`tfdata.kernels._shared`): the learner
+copies only rows that are complete, without any lock between processes and without
+read-modify-write atomics, since no word of the region has two writers.
 
 Two modes:
 
@@ -64,7 +65,8 @@ _PREFIX = "tfdata-shm-"
 _CLOSED = 0            # global: set by the owner when it closes the buffer
 _FIRST = 16            # first shard block
 _STRIDE = 16           # words per shard
-_HEAD, _DROPPED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4   # written by the shard's writer
+# written by the shard's writer (HEAD, DROPPED, RESERVED: the positions kernels/_shared.py uses)
+_HEAD, _DROPPED, _RESERVED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4, 5
 _TAIL = 8              # written by the consumer
 # shard states (_STATE)
 _NEVER, _ATTACHED, _FINISHED = 0, 1, 2
@@ -102,11 +104,8 @@ def _up(n: int, align: int) -> int:
 def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool) -> dict:
     """Byte offsets of every section of a region (and its total size)."""
     slots = shards * cap
-    off = 0
-    out = {"ctrl": (off, _FIRST + _STRIDE * shards)}
-    off = _up(off + 8 * out["ctrl"][1], _ALIGN)
-    out["seq"] = (off, slots)
-    off = _up(off + 8 * slots, _ALIGN)
+    out = {"ctrl": (0, _FIRST + _STRIDE * shards)}
+    off = _up(8 * out["ctrl"][1], _ALIGN)
     out["stamps"] = (off, slots if fifo else 0)
     off = _up(off + 8 * out["stamps"][1], io.PAGE)
     if layout == "aos":
@@ -161,10 +160,10 @@ class _Region:
         self.nbytes = lay["nbytes"]
         slots = self.shards * self.cap
         self.ctrl = mapped.at(lay["ctrl"][0], np.uint64, (lay["ctrl"][1],))
-        self.seq = mapped.at(lay["seq"][0], np.uint64, (slots,))
         self.stamps = mapped.at(lay["stamps"][0], np.uint64, (lay["stamps"][1],))
         blocks = self.ctrl[_FIRST:]
         self.heads = blocks[_HEAD::_STRIDE]
+        self.reserved = blocks[_RESERVED::_STRIDE]
         self.dropped = blocks[_DROPPED::_STRIDE]
         self.tails = blocks[_TAIL::_STRIDE]
         if self.layout == "aos":
@@ -173,6 +172,11 @@ class _Region:
             backing = {f.name: mapped.at(lay["data"][f.name], f.dtype, (slots,) + f.shape)
                        for f in self.spec}
         self.storage = make_storage(self.spec, slots, self.layout, backing=backing)
+
+    def torn(self, shard: int) -> int:
+        """Slots of ``shard`` a writer began and did not publish (one that died mid-write)."""
+        w = self.words(shard)
+        return min(self.cap, max(0, int(w[_RESERVED]) - int(w[_HEAD])))
 
     def words(self, shard: int) -> np.ndarray:
         """The 16 control words of ``shard``."""
@@ -318,7 +322,7 @@ class SharedReplayBuffer:
         st = self._region.storage
         self._store = st.kernel_store
         self._sample_kernel = st.kernels.sample_shared
-        self._gather_kernel = st.kernels.gather_checked
+        self._gather_kernel = st.kernels.gather
         self._sampler = UniformSampler(seed)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -400,7 +404,7 @@ class SharedReplayBuffer:
             out.append({"shard": s, "state": state, "pid": int(w[_PID]), "published": head,
                         "dropped": int(w[_DROPPED]),
                         "queued": head - int(r.tails[s]) if self.mode == "fifo" else 0,
-                        "torn": int(self._k.count_torn(r.seq, s * r.cap, r.cap))})
+                        "torn": r.torn(s)})
         return out
 
     def _state(self, s: int) -> str:
@@ -430,7 +434,7 @@ class SharedReplayBuffer:
             if key in self._reported or self._state(s) != "dead":
                 continue
             self._reported.add(key)
-            torn = int(self._k.count_torn(r.seq, s * r.cap, r.cap))
+            torn = r.torn(s)
             info = {"shard": s, "pid": int(w[_PID]), "published": int(w[_HEAD]), "torn": torn}
             self._lost.append(info)
             warnings.warn(WriterLostWarning(
@@ -450,8 +454,8 @@ class SharedReplayBuffer:
     def sample(self, batch_size: int, *, copy: bool = False) -> Batch:
         """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard.
 
-        Rows being written while the sample runs are never returned: a row whose sequence
-        number was odd, or changed during the copy, is drawn again. With no writer writing, the
+        Rows being written while the sample runs are never returned: a row whose slot a writer
+        may have written during the copy is drawn again. With no writer writing, the
         same seed and rows give the same batch on both layouts (and, with one writer, the same
         batch as a :class:`~tfdata.ReplayBuffer` that was given the same rows).
 
@@ -480,7 +484,7 @@ class SharedReplayBuffer:
             i = ring[0]
             ring[0] = (i + 1) % self._ring_size
             out, scratch, batch = ring[1][i]
-            got = self._sample_kernel(self._store, r.seq, r.heads, r.cap, scratch,
+            got = self._sample_kernel(self._store, r.heads, r.reserved, r.cap, scratch,
                                       self._sampler.state, out.indices, out.kernel_out, _MAX_REDRAWS)
             if got < 0:
                 ring[0] = i
@@ -507,7 +511,7 @@ class SharedReplayBuffer:
         slots = []
         for _ in range(self._ring_size):
             out = st.new_output(batch_size)
-            scratch = np.zeros(self._region.shards + batch_size, np.int64)
+            scratch = np.zeros(3 * self._region.shards + batch_size, np.int64)
             slots.append((out, scratch, Batch(out.fields, out.indices)))
         ring = self._local.rings[batch_size] = [0, slots]
         return ring
@@ -558,22 +562,18 @@ class SharedReplayBuffer:
         while True:
             with self._lock:
                 i = ring[0]
-                out, slots, expect, batch, metrics = ring[1][i]
+                out, slots, batch, metrics = ring[1][i]
                 k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap, batch_size,
-                                      False, self._cursors, slots, expect, self._info)
+                                      False, self._cursors, slots, self._info)
                 if k == 0 and partial and self._info[0] > 0:
                     ends = (deadline is not None and time.monotonic() >= deadline) or self._all_done()
                     if ends:
                         k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap,
-                                              batch_size, True, self._cursors, slots, expect, self._info)
+                                              batch_size, True, self._cursors, slots, self._info)
                 if k:
-                    bad = self._gather_kernel(self._store, r.seq, slots, expect, k, out.kernel_out)
-                    if bad >= 0:
-                        s = int(slots[bad]) // r.cap
-                        raise SharedBufferError(
-                            f"shared buffer {self.name!r}: slot {int(slots[bad])} of shard {s} does "
-                            f"not hold row {(int(expect[bad]) - 2) // 2} (sequence "
-                            f"{int(r.seq[slots[bad]])}); its memory was changed outside the protocol")
+                    # rows below a head are complete, and their slots are not reused before
+                    # the tail passes them: a plain gather, then the tails
+                    self._gather_kernel(self._store, slots[:k], out.kernel_out)
                     self._k.fifo_commit(r.tails, self._cursors)
                     ring[0] = (i + 1) % self._ring_size
                     now = time.monotonic()
@@ -651,8 +651,7 @@ class SharedReplayBuffer:
             metrics: dict = {}
             b = _FifoBatch(out.fields, out.indices)
             b.metrics = metrics
-            slots.append((out, np.zeros(batch_size, np.int64), np.zeros(batch_size, np.int64), b,
-                          metrics))
+            slots.append((out, np.zeros(batch_size, np.int64), b, metrics))
         ring = self._local.rings[key] = [0, slots]
         return ring
 
@@ -829,7 +828,7 @@ class SharedWriter:
         them with the new ``head`` and ``dropped`` count."""
         region, cap = self._region, self._cap
         if k:
-            self._k.shard_begin(region.seq, self._base, cap, r0, k)
+            self._k.shard_begin(self._words, r0 + k)
             start = r0 % cap
             if one:
                 self._storage.write_row(self._base + start, values)
@@ -838,8 +837,8 @@ class SharedWriter:
                 self._storage.write_rows(self._base + start, values, src, first)
                 if k > first:
                     self._storage.write_rows(self._base, values, src + first, k - first)
-        self._k.shard_publish(region.seq, region.stamps, self._words, self._base, cap, r0, k,
-                              head, dropped, time.monotonic_ns())
+        self._k.shard_publish(region.stamps, self._words, self._base, cap, r0, k, head, dropped,
+                              time.monotonic_ns())
         self._head, self._dropped = head, dropped
 
     def _wait_for_room(self, done: int, n: int) -> int:

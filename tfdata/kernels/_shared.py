@@ -1,24 +1,24 @@
-"""The layout-free half of the shared-memory buffer: the writer's seqlock steps, the sampler's
-draws and checks, and the FIFO consumer's merge of shards by arrival time.
+"""The layout-free half of the shared-memory buffer: the writer's two steps around its rows,
+the sampler's draws and in-flight check, and the FIFO consumer's merge of shards.
 
-Words (all uint64, in the shared region):
+Words (all uint64, in the shared region); each has exactly one writer process:
 
-``seq[slot]``
-    ``2*r + 1`` while row ``r`` of the slot's shard is being written into it, ``2*r + 2`` once it
-    is complete, 0 if never written. A reader that sees the same even value before and after
-    copying a slot copied exactly row ``r``, untorn.
-``heads[s]``
-    Rows shard ``s`` has published (a strided view, one word per shard); stored last, with
-    release order, after the rows' sequence numbers.
+``words[HEAD]`` of a shard (``heads[s]`` in the strided view)
+    Rows the shard's writer has published: stored last, with release order, after the rows.
+``words[RESERVED]`` (``reserved[s]``)
+    Rows the writer has begun: stored, then a release fence, before the first byte of a write.
+    Rows ``heads[s] .. reserved[s] - 1`` are being written; their slots are not to be trusted.
+    Together with the head this is a sequence lock over the range of slots being written.
+``words[DROPPED]``
+    Rows the FIFO ``"drop"`` policy refused.
 ``tails[s]``
     Rows of shard ``s`` the FIFO consumer has taken (written only by the consumer).
 ``stamps[slot]``
     ``CLOCK_MONOTONIC`` nanoseconds at which the slot's row was published (FIFO buffers only).
 
-One writer per shard and one consumer per buffer: no word has two writers, so plain ordered
-loads and stores (``_sync``) suffice, without read-modify-write atomics. The layout kernels
-(``aos.sample_shared``, ``soa.sample_shared``, ``*.gather_checked``) call the inline helpers here
-around their own row copy.
+A reader reads a head (acquire), copies rows, issues an acquire fence and reads the reserve: a
+row whose slot lies outside the range ``[head, reserve)`` (modulo the shard's capacity) was not
+written during the copy. This costs no memory access per row beyond the copy itself.
 """
 
 from __future__ import annotations
@@ -31,41 +31,41 @@ from ._rng import draw_one
 from ._sync import fence_release, load_acquire, store_relaxed, store_release
 
 _TWO32 = np.uint64(1 << 32)
+#: positions in a shard's control words (tfdata/shared.py lays them out the same way)
+HEAD, DROPPED, RESERVED = 0, 1, 2
 
 
 @njit(**NJIT_OPTIONS)
-def shard_begin(seq, base, cap, r0, k):
-    """Mark the slots of rows ``r0 .. r0+k-1`` of one shard as being written.
+def shard_begin(words, end):
+    """Announce that rows up to ``end - 1`` of a shard are about to be written.
 
     Parameters
     ----------
-    seq : ndarray of uint64, shape (slots,)
-    base : int
-        First slot of the shard.
-    cap : int
-        Slots of the shard; row ``r`` lives in slot ``base + r % cap``.
-    r0, k : int
-        First row number and count, ``k <= cap``.
+    words : ndarray of uint64, shape (>= 3,)
+        The shard's control words.
+    end : int
+        One past the last row about to be written.
     """
-    for r in range(r0, r0 + k):
-        store_relaxed(seq, base + r % cap, 2 * r + 1)
-    # the odd marks are visible before any byte of the rows that follow
+    store_relaxed(words, RESERVED, end)
+    # the reserve is visible before any byte of the rows; loads before (a FIFO writer's read
+    # of the tail) complete before those bytes are stored
     fence_release()
 
 
 @njit(**NJIT_OPTIONS)
-def shard_publish(seq, stamps, words, base, cap, r0, k, head, dropped, stamp):
-    """Publish rows ``r0 .. r0+k-1`` (written since :func:`shard_begin`), then the new head.
+def shard_publish(stamps, words, base, cap, r0, k, head, dropped, stamp):
+    """Publish rows ``r0 .. r0+k-1`` (written since :func:`shard_begin`) and the new head.
 
     Parameters
     ----------
-    seq : ndarray of uint64, shape (slots,)
     stamps : ndarray of uint64, shape (slots,) or (0,)
         Publication times; empty when the buffer keeps none.
-    words : ndarray of uint64, shape (>= 2,)
-        The shard's control words: ``words[0]`` its head, ``words[1]`` its count of dropped rows.
-    base, cap, r0, k : int
-        As in :func:`shard_begin`.
+    words : ndarray of uint64, shape (>= 3,)
+        The shard's control words.
+    base, cap : int
+        First slot and number of slots of the shard; row ``r`` lives in slot ``base + r % cap``.
+    r0, k : int
+        First row written and number of rows.
     head : int
         The shard's new head (rows published, counting rows a replay ring skipped).
     dropped : int
@@ -73,60 +73,71 @@ def shard_publish(seq, stamps, words, base, cap, r0, k, head, dropped, stamp):
     stamp : int
         ``CLOCK_MONOTONIC`` nanoseconds.
     """
-    keep = stamps.shape[0] > 0
-    for r in range(r0, r0 + k):
-        s = base + r % cap
-        if keep:
-            stamps[s] = stamp
-        # release: the row's bytes (and stamp) are visible before its even mark
-        store_release(seq, s, 2 * r + 2)
-    store_relaxed(words, 1, dropped)
-    store_release(words, 0, head)
+    if stamps.shape[0] > 0:
+        for r in range(r0, r0 + k):
+            stamps[base + r % cap] = stamp
+    store_relaxed(words, DROPPED, dropped)
+    # release: the rows (and stamps) are visible before the head that publishes them
+    store_release(words, HEAD, head)
 
 
 @njit(**INLINE_OPTIONS)
-def snapshot_counts(heads, cap, counts):
-    """``counts[s] = min(heads[s], cap)``, the rows each shard holds; returns their total."""
+def snapshot_heads(heads, cap, scratch):
+    """Read every head once (acquire). ``scratch[:S]`` gets the rows each shard holds,
+    ``scratch[S:2S]`` the heads, ``scratch[2S:3S]`` the heads modulo ``cap``; returns the rows
+    held in all."""
+    n = heads.shape[0]
     total = 0
-    for s in range(heads.shape[0]):
-        c = min(np.int64(load_acquire(heads, s)), cap)
-        counts[s] = c
+    for s in range(n):
+        h = np.int64(load_acquire(heads, s))
+        c = min(h, cap)
+        scratch[s] = c
+        scratch[n + s] = h
+        scratch[2 * n + s] = h % cap
         total += c
     return total
 
 
 @njit(**INLINE_OPTIONS)
-def draw_slot(counts, cap, total, threshold, key, ctr):
-    """One uniform draw over the ``total`` rows held; returns ``(slot, next counter)``."""
+def draw_slot(scratch, cap, total, threshold, key, ctr):
+    """One uniform draw over the ``total`` rows held; returns ``(slot, shard, next counter)``."""
     u, ctr = draw_one(np.uint64(total), threshold, key, ctr)
     s = 0
-    while u >= counts[s]:
-        u -= counts[s]
+    while u >= scratch[s]:
+        u -= scratch[s]
         s += 1
-    return s * cap + u, ctr
+    return s * cap + u, s, ctr
 
 
 @njit(**INLINE_OPTIONS)
-def draw_and_mark(seq, counts, cap, total, key, ctr, idx, before):
-    """Fill ``idx`` with uniform slots and ``before`` with their sequence numbers (acquire)."""
+def draw_slots(scratch, cap, total, key, ctr, idx, shard):
+    """Fill ``idx`` with uniform slots and ``shard`` with their shards; returns the counter."""
     nn = np.uint64(total)
     threshold = (_TWO32 - nn) % nn
     for i in range(idx.shape[0]):
-        g, ctr = draw_slot(counts, cap, total, threshold, key, ctr)
-        idx[i] = g
-        before[i] = np.int64(load_acquire(seq, g))
+        idx[i], shard[i], ctr = draw_slot(scratch, cap, total, threshold, key, ctr)
     return ctr
 
 
 @njit(**INLINE_OPTIONS)
-def is_torn(seq, g, before):
-    """Whether slot ``g`` was incomplete (odd, or never written) or rewritten since ``before``
-    was read; call after an acquire fence that follows the copy."""
-    return (before & 1) == 1 or before == 0 or np.int64(load_acquire(seq, g)) != before
+def in_flight(reserved, scratch, cap, slot, s):
+    """Whether ``slot`` of shard ``s`` may have been written since the heads were read: its
+    offset from the head's slot is below the number of rows reserved beyond that head. Call
+    after an acquire fence that follows the copy."""
+    n = reserved.shape[0]
+    span = np.int64(load_acquire(reserved, s)) - scratch[n + s]
+    if span <= 0:
+        return False
+    if span >= cap:
+        return True
+    d = slot - s * cap - scratch[2 * n + s]
+    if d < 0:
+        d += cap
+    return d < span
 
 
 @njit(**NJIT_OPTIONS)
-def fifo_plan(heads, tails, dropped, stamps, cap, batch, partial, cursors, slots, expect, info):
+def fifo_plan(heads, tails, dropped, stamps, cap, batch, partial, cursors, slots, info):
     """Choose the next rows of a FIFO buffer: the oldest published rows of all shards.
 
     Shards are merged by publication time (``stamps``; ties go to the lower shard), each shard
@@ -143,8 +154,8 @@ def fifo_plan(heads, tails, dropped, stamps, cap, batch, partial, cursors, slots
     cursors : ndarray of int64, shape (2 * shards,)
         Output: ``cursors[s]`` is shard ``s``'s tail after the chosen rows; ``cursors[shards + s]``
         its head as read here (scratch).
-    slots, expect : ndarray of int64, shape (>= batch,)
-        Output: the chosen slots and the sequence number each must hold (``2*r + 2``).
+    slots : ndarray of int64, shape (>= batch,)
+        Output: the chosen slots.
     info : ndarray of int64, shape (4,)
         Output: rows queued before the choice, the oldest chosen row's stamp, rows published
         by all shards, rows dropped by all shards.
@@ -184,7 +195,6 @@ def fifo_plan(heads, tails, dropped, stamps, cap, batch, partial, cursors, slots
             info[1] = np.int64(best_stamp)
         r = cursors[best]
         slots[i] = best * cap + r % cap
-        expect[i] = 2 * r + 2
         cursors[best] = r + 1
     return take
 
@@ -195,13 +205,3 @@ def fifo_commit(tails, cursors):
     order, so every copy out of them is complete before a writer may reuse them."""
     for s in range(tails.shape[0]):
         store_release(tails, s, cursors[s])
-
-
-@njit(**NJIT_OPTIONS)
-def count_torn(seq, base, cap):
-    """Slots of one shard left mid-write (odd sequence numbers), e.g. by a writer that died."""
-    n = 0
-    for s in range(base, base + cap):
-        if (np.int64(load_acquire(seq, s)) & 1) == 1:
-            n += 1
-    return n

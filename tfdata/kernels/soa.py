@@ -15,8 +15,8 @@ from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._copy import copy_rows
 from ._rng import fill_indices
 from ._tree import is_weights, stratified_find
-from ._shared import draw_and_mark, draw_slot, is_torn, snapshot_counts
-from ._sync import fence_acquire, load_acquire
+from ._shared import draw_slot, draw_slots, in_flight, snapshot_heads
+from ._sync import fence_acquire
 
 _TWO32 = np.uint64(1 << 32)
 
@@ -100,21 +100,22 @@ def sample_prioritized(store, sumt, mint, version, state, beta, idx, u, weights,
 
 
 @njit(**NJIT_OPTIONS)
-def sample_shared(store, seq, heads, cap, scratch, state, idx, out, max_redraws):
-    """Uniform sample of fully written rows from a shared buffer whose writers may be writing.
+def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_redraws):
+    """Uniform sample of complete rows from a shared buffer whose writers may be writing.
 
-    Draws like ``sample_uniform`` over the rows the shards hold (their heads read once, with
-    acquire order), copies the rows, then re-reads each slot's sequence number: a row that was
-    incomplete or rewritten during the copy is drawn again, alone, until it copies cleanly.
+    Reads every shard's head once (acquire), draws like ``sample_uniform`` over the rows the
+    shards hold, copies the rows, then (after an acquire fence) reads each shard's reserve: a
+    row whose slot a writer may have been writing during the copy is drawn again, alone, until
+    one copies cleanly (see ``tfdata.kernels._shared``).
 
     Parameters
     ----------
     store : tuple of ndarray of uint8, each shape (slots, field_bytes)
-    seq : ndarray of uint64, shape (slots,)
-    heads : ndarray of uint64, shape (shards,)
+    heads, reserved : ndarray of uint64, shape (shards,)
+        Strided views of the shards' control words.
     cap : int
         Slots per shard.
-    scratch : ndarray of int64, shape (shards + batch,)
+    scratch : ndarray of int64, shape (3 * shards + batch,)
     state : ndarray of uint64, shape (2,)
         Counter-based RNG state, advanced in place.
     idx : ndarray of int64, shape (batch,)
@@ -130,62 +131,43 @@ def sample_shared(store, seq, heads, cap, scratch, state, idx, out, max_redraws)
         Redraws made (>= 0); -1 if ``max_redraws`` ran out; -2 if the shards hold fewer rows
         than ``batch`` (nothing drawn).
     """
-    counts = scratch[:heads.shape[0]]
-    before = scratch[heads.shape[0]:]
-    total = snapshot_counts(heads, cap, counts)
+    n = heads.shape[0]
+    total = snapshot_heads(heads, cap, scratch)
     batch = idx.shape[0]
     if total < batch:
         return -2
+    shard = scratch[3 * n:]
     key = state[0]
-    ctr = draw_and_mark(seq, counts, cap, total, key, state[1], idx, before)
+    ctr = draw_slots(scratch, cap, total, key, state[1], idx, shard)
     for f in range(len(store)):
         _copy_field(store[f], idx, out[f])
     fence_acquire()
-    nn = np.uint64(total)
-    threshold = (_TWO32 - nn) % nn
-    redraws = 0
+    # first judge every row against the heads read before the copy; then redraw the rejected
+    # ones one at a time, each against heads read afresh (writers keep moving the window)
+    rejected = 0
     for i in range(batch):
-        while is_torn(seq, idx[i], before[i]):
+        if in_flight(reserved, scratch, cap, idx[i], shard[i]):
+            shard[i] = -1
+            rejected += 1
+    redraws = 0
+    i = 0
+    while rejected:
+        while shard[i] >= 0:
+            i += 1
+        while True:
             if redraws == max_redraws:
                 state[1] = ctr
                 return -1
             redraws += 1
-            g, ctr = draw_slot(counts, cap, total, threshold, key, ctr)
-            idx[i] = g
-            before[i] = np.int64(load_acquire(seq, g))
+            total = snapshot_heads(heads, cap, scratch)
+            nn = np.uint64(total)
+            idx[i], s, ctr = draw_slot(scratch, cap, total, (_TWO32 - nn) % nn, key, ctr)
             for f in range(len(store)):
                 _copy_field(store[f], idx[i:i + 1], out[f][i:i + 1])
             fence_acquire()
+            if not in_flight(reserved, scratch, cap, idx[i], s):
+                shard[i] = s
+                break
+        rejected -= 1
     state[1] = ctr
     return redraws
-
-
-@njit(**NJIT_OPTIONS)
-def gather_checked(store, seq, slots, expect, k, out):
-    """Copy the rows at ``slots`` into ``out`` and check each held exactly the expected row.
-
-    Parameters
-    ----------
-    store : tuple of ndarray of uint8, each shape (slots, field_bytes)
-    seq : ndarray of uint64, shape (slots,)
-    slots, expect : ndarray of int64, shape (>= k,)
-        Slots to copy and the sequence number each must hold before and after the copy.
-    k : int
-        Rows to copy.
-    out : tuple of ndarray of uint8, each shape (batch, field_bytes)
-
-    Returns
-    -------
-    int
-        -1 when every row checked, else the position of the first that did not.
-    """
-    for i in range(k):
-        if np.int64(load_acquire(seq, slots[i])) != expect[i]:
-            return i
-    for f in range(len(store)):
-        _copy_field(store[f], slots[:k], out[f])
-    fence_acquire()
-    for i in range(k):
-        if np.int64(load_acquire(seq, slots[i])) != expect[i]:
-            return i
-    return -1
