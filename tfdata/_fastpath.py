@@ -25,7 +25,8 @@ def _compiled(src: str):
     return compile(src, "<tfdata generated push>", "exec")
 
 
-def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None, on_write=None):
+def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None, on_write=None,
+              on_begin=None):
     """Return ``push(row)`` for ``spec``.
 
     Parameters
@@ -45,10 +46,15 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None, on_wr
         the row's slot gets ``current[0]``, which a terminated or truncated row then advances.
     on_write : callable, optional
         ``on_write(slot)``, called under the lock after the row is written and before the cursor
-        moves (a prioritized buffer sets the slot's priority there).
+        moves (a prioritized buffer sets the slot's priority there; a shared buffer's writer
+        publishes the row).
+    on_begin : callable, optional
+        ``on_begin(slot)``, called under the lock before the first byte is written (a shared
+        buffer's writer waits for room and announces the row there); may raise, and then
+        nothing is written.
     """
     ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity,
-          "on_write": on_write}
+          "on_write": on_write, "on_begin": on_begin}
     if episodes is not None:
         ns["ep"], ns["cur"] = episodes[0], episodes[1]
     reads, checks, writes = [], [], []
@@ -79,6 +85,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None, on_wr
         "        return slow(row)",
         "    with lock:",
         "        p = w.cursor",
+        *([] if on_begin is None else ["        on_begin(p)"]),
         *writes,
         *([] if episodes is None else [
             "        ep[p] = cur[0]",

@@ -45,11 +45,13 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import io
-from .buffer import Batch, _check_int
+from ._fastpath import make_push
+from .buffer import Batch, _check_int, _weak_method
 from .errors import FormatError, SharedBufferError, WriterLostWarning
 from .sampler import UniformSampler
 from .spec import Spec
 from .storage import make_storage
+from .writer import RingWriter
 
 __all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir"]
 
@@ -712,7 +714,8 @@ class SharedWriter:
     -----
     Every row is validated against the buffer's spec before a byte is written: a bad row raises
     :class:`~tfdata.SpecError` naming the field, the expected and the given shape or dtype, and
-    the shard is unchanged. A writer is not thread-safe: one thread per writer.
+    the shard is unchanged. Threads of one process may share a writer (its own lock orders
+    their writes).
     """
 
     def __init__(self, name: str, shard: int, *, dir: str | None = None,
@@ -753,6 +756,37 @@ class SharedWriter:
         self._words[_ATTACHES] = int(self._words[_ATTACHES]) + 1
         self._words[_STATE] = _ATTACHED
         self._finalizer = weakref.finalize(self, _detach, self._words, self._lockfd, os.getpid())
+        self._lock = threading.Lock()
+        # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
+        self._ring = RingWriter(self._cap)
+        self._sync_ring()
+        if self._fifo and self._drop:  # a dropped row writes nothing: the generic path decides
+            self._fast_push = _weak_method(self, "_checked_push")
+        else:
+            views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
+            self._fast_push = make_push(self.spec, views, self._ring, self._lock,
+                                        _weak_method(self, "_checked_push"),
+                                        on_write=_weak_method(self, "_publish_one"),
+                                        on_begin=_weak_method(self, "_begin_one"))
+
+    def _sync_ring(self) -> None:
+        self._ring.cursor = self._head % self._cap
+        self._ring.size = min(self._head, self._cap)
+
+    def _begin_one(self, slot: int) -> None:
+        """Before a fast push writes ``slot``: refuse if closed, wait for room, announce it."""
+        if not self._finalizer.alive or self._region.closed:
+            self._write_check()
+        if self._fifo and self._head - int(self._region.tails[self.shard]) >= self._cap:
+            self._wait_for_room(0, 1)
+        self._k.shard_begin(self._words, self._head + 1)
+
+    def _publish_one(self, slot: int) -> None:
+        """After a fast push wrote ``slot``: publish it."""
+        head = self._head
+        self._k.shard_publish(self._region.stamps, self._words, self._base, self._cap, head, 1,
+                              head + 1, self._dropped, time.monotonic_ns())
+        self._head = head + 1
 
     @property
     def published(self) -> int:
@@ -764,9 +798,9 @@ class SharedWriter:
         """Rows the ``"drop"`` policy refused on this shard."""
         return self._dropped
 
-    def push(self, row: Mapping) -> int:
-        """Write one row (a mapping of field name to value); returns the rows written (1, or 0
-        if the ``"drop"`` policy dropped it).
+    def push(self, row: Mapping) -> None:
+        """Write one row (a mapping of field name to value). With the ``"drop"`` policy a row
+        that does not fit is dropped (counted in :attr:`dropped`).
 
         Raises
         ------
@@ -777,8 +811,13 @@ class SharedWriter:
         SharedBufferError
             The owner closed the buffer, or this writer was closed.
         """
+        self._fast_push(row)
+
+    def _checked_push(self, row: Mapping) -> None:
+        # the generic path: full validation with precise errors, then the same writes
         values = self.spec.check_row(row)
-        return self._write(1, values, True)
+        with self._lock:
+            self._write(1, values, True)
 
     def extend(self, batch: Mapping) -> int:
         """Write ``n`` rows given as one array per field (leading dimension ``n``); returns the
@@ -792,14 +831,19 @@ class SharedWriter:
         n, values = self.spec.check_batch(batch)
         if n == 0:
             return 0
-        return self._write(n, values, False)
+        with self._lock:
+            return self._write(n, values, False)
 
-    def _write(self, n: int, values: list, one: bool) -> int:
+    def _write_check(self) -> None:
         if not self._finalizer.alive:
             raise SharedBufferError(f"writer of shard {self.shard} is closed")
+        if self._region.closed:
+            raise SharedBufferError(f"shared buffer {self._region.path} was closed by its owner")
+
+    def _write(self, n: int, values: list, one: bool) -> int:
+        """Write ``n`` validated rows (lock held); returns the rows written."""
+        self._write_check()
         region, cap = self._region, self._cap
-        if region.closed:
-            raise SharedBufferError(f"shared buffer {region.path} was closed by its owner")
         head = self._head
         if not self._fifo:  # a ring keeps the last cap rows, as n single pushes would
             skip = max(0, n - cap)
@@ -840,6 +884,7 @@ class SharedWriter:
         self._k.shard_publish(region.stamps, self._words, self._base, cap, r0, k, head, dropped,
                               time.monotonic_ns())
         self._head, self._dropped = head, dropped
+        self._sync_ring()
 
     def _wait_for_room(self, done: int, n: int) -> int:
         """Sleep until the learner frees a slot; returns the free slots."""
