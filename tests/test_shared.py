@@ -534,5 +534,35 @@ def test_a_forked_child_does_not_remove_the_region(shm_dir):
     assert not os.path.exists(buf.path)
 
 
+def _owner_killed(conn):
+    buf = SharedReplayBuffer(ID_SPEC, 4, name="orphan")
+    with SharedWriter(buf.name, 0) as w:
+        w.extend(id_rows([1, 2]))
+    conn.send(buf.path)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_regions_of_dead_owners_are_swept(shm_dir):
+    """A learner killed without closing leaves its region; the next buffer built removes it,
+    and never a region whose owner lives."""
+    from tfdata.shared import sweep
+
+    live = SharedReplayBuffer(ID_SPEC, 4)
+    here, there = FORK.Pipe()
+    p = FORK.Process(target=_owner_killed, args=(there,))
+    p.start()
+    path = here.recv()
+    p.join(30)
+    assert p.exitcode == -signal.SIGKILL and os.path.isdir(path)
+    w = SharedWriter("orphan", 1 - 1)  # attaching to an orphan works until it is swept
+    with SharedReplayBuffer(ID_SPEC, 4) as other:
+        assert not os.path.exists(path) and os.path.isdir(live.path) and os.path.isdir(other.path)
+    with pytest.raises(SharedBufferError, match="closed by its owner"):
+        w.push(row(id_rows([3]), 0))
+    assert sweep() == [] and os.path.isdir(live.path)
+    live.close()
+    assert not os.listdir(shm_dir)
+
+
 def test_public_names():
     assert tfdata.SharedReplayBuffer is SharedReplayBuffer and tfdata.SharedWriter is SharedWriter

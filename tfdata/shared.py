@@ -23,9 +23,10 @@ Two modes:
     (``policy="block"``) or drop the rows that do not fit and count them (``policy="drop"``).
 
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
-``region`` (the mapped words and rows) and one lock file per shard; the lock (``flock``) is
-held by the shard's writer for as long as it lives, so the learner can tell a writer that
-died from one that is busy. This module alone knows the region's byte layout.
+``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
+(``flock``) is held by its process for as long as it lives and released by the kernel however
+it ends, so the learner can tell a writer that died from one that is busy, and :func:`sweep`
+can tell a region whose owner died (and remove it) from one in use. This module alone knows the region's byte layout.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from .spec import Spec
 from .storage import make_storage
 from .writer import RingWriter
 
-__all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir"]
+__all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
 
 FORMAT = "tfdata.shared"
 VERSION = 1
@@ -226,6 +227,46 @@ def _writer_alive(lock_path: str) -> bool:
     return False
 
 
+def sweep(dir: str | None = None) -> list[str]:
+    """Remove the regions in ``dir`` (default :func:`shm_dir`) whose owner process has ended.
+
+    An owner holds a lock on its region's ``owner.lock`` for as long as it lives, and the
+    kernel releases it however the process ends (SIGKILL included), so a region whose lock is
+    free is an orphan: its rows would otherwise hold memory of ``/dev/shm`` until reboot.
+    Writers still attached to one get :class:`~tfdata.SharedBufferError` at their next write.
+    Every :class:`SharedReplayBuffer` sweeps its directory when it is built. Returns the paths
+    removed.
+    """
+    base = dir or shm_dir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(_PREFIX)]
+    except OSError:
+        return removed
+    for n in names:
+        path = os.path.join(base, n)
+        try:
+            fd = os.open(os.path.join(path, "owner.lock"), os.O_RDWR)
+        except OSError:
+            continue  # not a complete region (or not ours to judge)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # the owner lives
+        try:
+            try:
+                ctrl = io.MappedFile(os.path.join(path, "region"), 0, writable=True)
+                ctrl.at(0, np.uint64, (1,))[_CLOSED] = 1
+            except (OSError, ValueError):
+                pass
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def _kernels():
     from . import kernels  # numba is imported when the first buffer is built, not at import
 
@@ -302,8 +343,13 @@ class SharedReplayBuffer:
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
         # built under a temporary name and renamed: a writer finds a complete region or none
         parent = os.path.dirname(path)
+        sweep(parent)  # regions of owners that died without closing them
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", dir=parent)
+        owner_fd = None
         try:
+            # held for the owner's lifetime: sweep() tells an orphaned region by this lock
+            owner_fd = os.open(os.path.join(tmp, "owner.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(owner_fd, fcntl.LOCK_EX)
             mapped = io.create_region(os.path.join(tmp, "region"), lay["nbytes"])
             for s in range(shards):
                 open(os.path.join(tmp, f"writer-{s}.lock"), "wb").close()
@@ -312,6 +358,8 @@ class SharedReplayBuffer:
             os.rename(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            if owner_fd is not None:
+                os.close(owner_fd)
             raise
         self.name = name
         self.path = path
@@ -319,7 +367,8 @@ class SharedReplayBuffer:
         self._owner = os.getpid()
         # removes the region when this object is collected or the interpreter exits, in the
         # owner only (a forked child inherits the object but must not remove the region)
-        self._finalizer = weakref.finalize(self, _remove_region, path, self._region.ctrl, self._owner)
+        self._finalizer = weakref.finalize(self, _remove_region, path, self._region.ctrl, self._owner,
+                                           owner_fd)
         self._k = _kernels()
         st = self._region.storage
         self._store = st.kernel_store
@@ -687,11 +736,12 @@ class _FifoBatch(Batch):
         return out
 
 
-def _remove_region(path: str, ctrl: np.ndarray, owner: int) -> None:
+def _remove_region(path: str, ctrl: np.ndarray, owner: int, owner_fd: int) -> None:
     if os.getpid() != owner:
         return
     ctrl[_CLOSED] = 1
     shutil.rmtree(path, ignore_errors=True)
+    os.close(owner_fd)
 
 
 class SharedWriter:
