@@ -52,3 +52,15 @@ def test_dev_script_installs_the_dqn_extra():
     extras = re.search(r'EXTRAS = "([^"]+)"', text).group(1).split(",")
     assert set(extras) <= set(_extras()), extras
     assert "dqn" in extras  # the main job runs experiments/dqn_cartpole.py
+
+
+def test_dev_script_installs_the_ray_extra_without_torch():
+    """CI runs the Ray tests (TFDATA_REQUIRE_RAY=1): dev.py installs the extra, and the extra
+    brings no torch dependent that could pull a CUDA build."""
+    with open(os.path.join(ROOT, "dev.py"), encoding="utf-8") as f:
+        extras = re.search(r'EXTRAS = "([^"]+)"', f.read()).group(1).split(",")
+    assert "ray" in extras
+    names = {_name(r) for r in _extras()["ray"]}
+    assert names == {"ray"}
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        assert "TFDATA_REQUIRE_RAY=1" in f.read()
