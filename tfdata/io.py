@@ -225,6 +225,16 @@ class MappedFile:
         """Ask the kernel to read data bytes ``[start, stop)`` ahead (``MADV_WILLNEED``)."""
         self._advise(mmap.MADV_WILLNEED, self.offset + start, self.offset + stop)
 
+    def hugepages(self) -> None:
+        """Advise transparent huge pages over the whole map (``MADV_HUGEPAGE``). For a file in
+        shared memory the kernel honours it only where
+        ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` is ``advise`` or ``always``."""
+        if self._mm is not None and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._mm.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # a kernel without transparent huge pages
+                pass
+
     def sequential(self) -> None:
         """Advise sequential access over the whole map (larger kernel read-ahead)."""
         if self._mm is not None:

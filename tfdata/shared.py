@@ -156,6 +156,8 @@ class _Region:
         self.shards = int(doc["num_writers"])
         self.cap = int(doc["shard_capacity"])
         self.map = mapped
+        # fewer TLB misses for random gathers where the system gives shared memory huge pages
+        mapped.hugepages()
         lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo")
         if mapped.nbytes < lay["nbytes"]:
             raise FormatError(f"{path}: region file holds {mapped.nbytes} bytes, its description "
