@@ -419,7 +419,7 @@ class SharedReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the shared region (rows, sequence numbers, stamps, control words)."""
+        """Bytes of the shared region (rows, FIFO stamps, control words)."""
         return self._region.nbytes
 
     @property

@@ -11,25 +11,16 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._rng import GOLDEN, mix64
+from ._rng import draw_one
 
-_S32 = np.uint64(32)
-_LOW32 = np.uint64(0xFFFFFFFF)
 _TWO32 = np.uint64(1 << 32)
-_ONE = np.uint64(1)
 
 
 @njit(**INLINE_OPTIONS)
 def _below(n, key, ctr):
     """One uniform draw in ``[0, n)`` (Lemire, with rejection) and the advanced counter."""
     nn = np.uint64(n)
-    threshold = (_TWO32 - nn) % nn
-    while True:
-        r = mix64(key + ctr * GOLDEN)
-        ctr += _ONE
-        m = (r >> _S32) * nn
-        if (m & _LOW32) >= threshold:
-            return np.int64(m >> _S32), ctr
+    return draw_one(nn, (_TWO32 - nn) % nn, key, ctr)
 
 
 @njit(**INLINE_OPTIONS)
