@@ -564,5 +564,31 @@ def test_regions_of_dead_owners_are_swept(shm_dir):
     assert not os.listdir(shm_dir)
 
 
+def _learner_then_killed(conn):
+    buf = SharedReplayBuffer(ID_SPEC, 4, mode="fifo", name="doomed")
+    conn.send(buf.path)
+    conn.recv()  # the writer is attached
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_blocked_writer_learns_that_the_learner_died(shm_dir):
+    here, there = FORK.Pipe()
+    p = FORK.Process(target=_learner_then_killed, args=(there,))
+    p.start()
+    here.recv()
+    w = SharedWriter("doomed", 0)
+    w.extend(id_rows(range(4)))  # the queue is full
+    here.send("go")
+    p.join(30)
+    t0 = time.monotonic()
+    with pytest.raises(SharedBufferError, match="has ended: no one will take rows .0 of 1"):
+        w.push(row(id_rows([4]), 0))
+    assert time.monotonic() - t0 < 5
+    w.close()
+    from tfdata.shared import sweep
+
+    assert len(sweep()) == 1 and not os.listdir(shm_dir)
+
+
 def test_public_names():
     assert tfdata.SharedReplayBuffer is SharedReplayBuffer and tfdata.SharedWriter is SharedWriter

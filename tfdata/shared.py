@@ -214,8 +214,32 @@ def _open_region(path: str) -> _Region:
     return _Region(path, doc, io.MappedFile(os.path.join(path, "region"), 0, writable=True))
 
 
+# lock files this process holds (an owner's, its writers'): a forked child closes its copies,
+# so that only the process that took a lock keeps it held (and its death frees it)
+_HELD: set = set()
+
+
+def _close_inherited_locks() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
+def _release(fd: int) -> None:
+    if fd in _HELD:
+        _HELD.discard(fd)
+        os.close(fd)
+
+
 def _writer_alive(lock_path: str) -> bool:
-    """Whether a process holds the writer lock at ``lock_path`` (a shared lock is refused)."""
+    """Whether a process holds the lock at ``lock_path`` (a shared lock is refused)."""
     try:
         fd = os.open(lock_path, os.O_RDONLY)
     except FileNotFoundError:
@@ -350,8 +374,9 @@ class SharedReplayBuffer:
         owner_fd = None
         try:
             # held for the owner's lifetime: sweep() tells an orphaned region by this lock
-            owner_fd = os.open(os.path.join(tmp, "owner.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            owner_fd = os.open(os.path.join(tmp, "owner.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(owner_fd, fcntl.LOCK_EX)
+            _HELD.add(owner_fd)
             mapped = io.create_region(os.path.join(tmp, "region"), lay["nbytes"])
             for s in range(shards):
                 open(os.path.join(tmp, f"writer-{s}.lock"), "wb").close()
@@ -361,6 +386,7 @@ class SharedReplayBuffer:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             if owner_fd is not None:
+                _HELD.discard(owner_fd)
                 os.close(owner_fd)
             raise
         self.name = name
@@ -743,7 +769,7 @@ def _remove_region(path: str, ctrl: np.ndarray, owner: int, owner_fd: int) -> No
         return
     ctrl[_CLOSED] = 1
     shutil.rmtree(path, ignore_errors=True)
-    os.close(owner_fd)
+    _release(owner_fd)
 
 
 class SharedWriter:
@@ -777,11 +803,12 @@ class SharedWriter:
         shard = _check_int("shard", shard, 0, region.shards - 1)
         if region.closed:
             raise SharedBufferError(f"shared buffer at {path} is closed by its owner")
-        self._lockfd = os.open(region.lock_path(shard), os.O_RDWR)
+        self._lockfd = os.open(region.lock_path(shard), os.O_RDWR | os.O_CLOEXEC)
         deadline = time.monotonic() + 1.0
         while True:  # the learner's liveness check holds the lock for a moment
             try:
                 fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _HELD.add(self._lockfd)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
@@ -943,6 +970,7 @@ class SharedWriter:
         region = self._region
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 20e-6
+        check_owner = time.monotonic() + _WATCH_S
         while True:
             free = self._cap - (self._head - int(region.tails[self.shard]))
             if free > 0:
@@ -950,6 +978,11 @@ class SharedWriter:
             if region.closed:
                 raise SharedBufferError(f"shared buffer {region.path} was closed by its owner "
                                         f"({done} of {n} rows written)")
+            if time.monotonic() > check_owner:  # a learner that died takes no more rows
+                check_owner = time.monotonic() + _WATCH_S
+                if not _writer_alive(os.path.join(region.path, "owner.lock")):
+                    raise SharedBufferError(f"the owner of shared buffer {region.path} has ended: "
+                                            f"no one will take rows ({done} of {n} rows written)")
             if deadline is not None and time.monotonic() >= deadline:
                 exc = TimeoutError(f"shard {self.shard}: the learner took no row within "
                                    f"{self.timeout} s; {done} of {n} rows written (the first {done})")
@@ -977,4 +1010,4 @@ def _detach(words: np.ndarray, lockfd: int, pid: int) -> None:
         return
     words[_STATE] = _FINISHED
     words[_PID] = 0
-    os.close(lockfd)  # releases the lock
+    _release(lockfd)  # releases the lock
