@@ -35,8 +35,10 @@ EXPERIMENTS = {
     "sumtree_shape": "sumtree",
     "cold_start": "cold_start",
     "dqn_cartpole": "dqn",
+    "ingestion": "ingest",
 }
-ALIASES = {"dqn": "dqn_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape"}
+ALIASES = {"dqn": "dqn_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
+           "ingest": "ingestion"}
 #: Reports written by asv runs rather than experiments (listed in the index as they are).
 ASV_REPORTS = {
     "benchmarks.md": "The asv suite, figures of one run",
