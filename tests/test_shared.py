@@ -244,6 +244,10 @@ def test_wrong_mode_and_arguments(shm_dir):
             w.extend(id_rows([1, 2]))
         with pytest.raises(ValueError, match="larger than the 2 rows held"):
             buf.sample(3)
+        buf.sample(1)
+        for bad in (True, 1.0, 0, -1):
+            with pytest.raises((TypeError, ValueError), match="batch_size"):
+                buf.sample(bad)
     with SharedReplayBuffer(ID_SPEC, 10, mode="fifo") as buf:
         with pytest.raises(SharedBufferError, match="use get_batch"):
             buf.sample(1)

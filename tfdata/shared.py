@@ -400,6 +400,9 @@ class SharedReplayBuffer:
         self._k = _kernels()
         st = self._region.storage
         self._store = st.kernel_store
+        # bound once: the sample path does no attribute lookups through the region
+        self._fifo = mode == "fifo"
+        self._heads, self._reserved, self._cap = self._region.heads, self._region.reserved, cap
         self._sample_kernel = st.kernels.sample_shared
         self._gather_kernel = st.kernels.gather
         self._sampler = UniformSampler(seed)
@@ -553,17 +556,22 @@ class SharedReplayBuffer:
             ``batch.indices``: int64 ``(batch_size,)``, slots of the region (shard
             ``slot // shard_capacity``).
         """
-        if self.mode != "replay":
+        if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch(), "
                                     f"or build it with mode='replay' to sample")
-        ring = self._ring(batch_size)
-        self._watch()
-        r = self._region
+        if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
+            batch_size = _check_int("batch_size", batch_size, 1)
+        try:
+            ring = self._local.rings[batch_size]
+        except (AttributeError, KeyError, TypeError):
+            ring = self._ring(batch_size)
+        if time.monotonic() >= self._watch_at:
+            self._watch()
         with self._lock:
             i = ring[0]
             ring[0] = (i + 1) % self._ring_size
             out, scratch, batch = ring[1][i]
-            got = self._sample_kernel(self._store, r.heads, r.reserved, r.cap, scratch,
+            got = self._sample_kernel(self._store, self._heads, self._reserved, self._cap, scratch,
                                       self._sampler.state, out.indices, out.kernel_out, _MAX_REDRAWS)
             if got < 0:
                 ring[0] = i
@@ -577,20 +585,18 @@ class SharedReplayBuffer:
         return batch.copy() if copy else batch
 
     def _ring(self, batch_size):
-        if type(batch_size) is not int:
-            batch_size = _check_int("batch_size", batch_size, 1)
+        batch_size = _check_int("batch_size", batch_size, 1)
         try:
             return self._local.rings[batch_size]
         except (AttributeError, KeyError):
             pass
-        batch_size = _check_int("batch_size", batch_size, 1)
         if not hasattr(self._local, "rings"):
             self._local.rings = {}
         st = self._region.storage
         slots = []
         for _ in range(self._ring_size):
             out = st.new_output(batch_size)
-            scratch = np.zeros(3 * self._region.shards + batch_size, np.int64)
+            scratch = np.zeros(7 * self._region.shards + batch_size, np.int64)
             slots.append((out, scratch, Batch(out.fields, out.indices)))
         ring = self._local.rings[batch_size] = [0, slots]
         return ring

@@ -84,8 +84,8 @@ def shard_publish(stamps, words, base, cap, r0, k, head, dropped, stamp):
 @njit(**INLINE_OPTIONS)
 def snapshot_heads(heads, cap, scratch):
     """Read every head once (acquire). ``scratch[:S]`` gets the rows each shard holds,
-    ``scratch[S:2S]`` the heads, ``scratch[2S:3S]`` the heads modulo ``cap``; returns the rows
-    held in all."""
+    ``scratch[S:2S]`` the heads, ``scratch[2S:3S]`` the heads modulo ``cap`` (the slots where
+    writes start); returns the rows held in all."""
     n = heads.shape[0]
     total = 0
     for s in range(n):
@@ -99,41 +99,66 @@ def snapshot_heads(heads, cap, scratch):
 
 
 @njit(**INLINE_OPTIONS)
-def draw_slot(scratch, cap, total, threshold, key, ctr):
-    """One uniform draw over the ``total`` rows held; returns ``(slot, shard, next counter)``."""
+def draw_slot(scratch, cap, total, full, threshold, key, ctr):
+    """One uniform draw over the ``total`` rows held; returns ``(slot, next counter)``.
+
+    Held rows are numbered shard by shard; when every shard is full the number is the slot.
+    """
     u, ctr = draw_one(np.uint64(total), threshold, key, ctr)
+    if full:
+        return u, ctr
     s = 0
     while u >= scratch[s]:
         u -= scratch[s]
         s += 1
-    return s * cap + u, s, ctr
+    return s * cap + u, ctr
 
 
 @njit(**INLINE_OPTIONS)
-def draw_slots(scratch, cap, total, key, ctr, idx, shard):
-    """Fill ``idx`` with uniform slots and ``shard`` with their shards; returns the counter."""
+def draw_slots(scratch, cap, total, full, key, ctr, idx):
+    """Fill ``idx`` with uniform slots; returns the counter."""
     nn = np.uint64(total)
     threshold = (_TWO32 - nn) % nn
     for i in range(idx.shape[0]):
-        idx[i], shard[i], ctr = draw_slot(scratch, cap, total, threshold, key, ctr)
+        idx[i], ctr = draw_slot(scratch, cap, total, full, threshold, key, ctr)
     return ctr
 
 
 @njit(**INLINE_OPTIONS)
-def in_flight(reserved, scratch, cap, slot, s):
-    """Whether ``slot`` of shard ``s`` may have been written since the heads were read: its
-    offset from the head's slot is below the number of rows reserved beyond that head. Call
-    after an acquire fence that follows the copy."""
+def windows(reserved, scratch, cap):
+    """The slots that may have been written since the heads were read, as at most two
+    intervals per shard in ``scratch[3S:7S]`` (``lo, hi`` pairs); returns how many. A shard's
+    are the slots of rows ``head .. reserved - 1``. Call after an acquire fence that follows
+    the copy."""
     n = reserved.shape[0]
-    span = np.int64(load_acquire(reserved, s)) - scratch[n + s]
-    if span <= 0:
-        return False
-    if span >= cap:
-        return True
-    d = slot - s * cap - scratch[2 * n + s]
-    if d < 0:
-        d += cap
-    return d < span
+    at = 3 * n
+    m = 0
+    for s in range(n):
+        span = np.int64(load_acquire(reserved, s)) - scratch[n + s]
+        if span <= 0:
+            continue
+        lo = s * cap
+        top = lo + cap
+        start = lo + scratch[2 * n + s]
+        end = start + min(span, cap)
+        scratch[at + 2 * m] = start
+        scratch[at + 2 * m + 1] = min(end, top)
+        m += 1
+        if end > top:  # the range wraps to the shard's first slots
+            scratch[at + 2 * m] = lo
+            scratch[at + 2 * m + 1] = lo + (end - top)
+            m += 1
+    return m
+
+
+@njit(**INLINE_OPTIONS)
+def in_windows(scratch, n, m, slot):
+    """Whether ``slot`` lies in one of the ``m`` intervals :func:`windows` found."""
+    at = 3 * n
+    for j in range(m):
+        if scratch[at + 2 * j] <= slot < scratch[at + 2 * j + 1]:
+            return True
+    return False
 
 
 @njit(**NJIT_OPTIONS)

@@ -14,7 +14,7 @@ from .._config import NJIT_OPTIONS
 from ._copy import copy_rows
 from ._rng import fill_indices
 from ._tree import is_weights, stratified_find
-from ._shared import draw_slot, draw_slots, in_flight, snapshot_heads
+from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
 
 _TWO32 = np.uint64(1 << 32)
@@ -105,7 +105,7 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
         Strided views of the shards' control words.
     cap : int
         Slots per shard.
-    scratch : ndarray of int64, shape (3 * shards + batch,)
+    scratch : ndarray of int64, shape (7 * shards + batch,)
     state : ndarray of uint64, shape (2,)
         Counter-based RNG state, advanced in place.
     idx : ndarray of int64, shape (batch,)
@@ -126,22 +126,22 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
     batch = idx.shape[0]
     if total < batch:
         return -2
-    shard = scratch[3 * n:]
+    mark = scratch[7 * n:]
     key = state[0]
-    ctr = draw_slots(scratch, cap, total, key, state[1], idx, shard)
+    ctr = draw_slots(scratch, cap, total, total == n * cap, key, state[1], idx)
     copy_rows(store, idx, out)
     fence_acquire()
-    # first judge every row against the heads read before the copy; then redraw the rejected
-    # ones one at a time, each against heads read afresh (writers keep moving the window)
+    # judge every row against the heads read before the copy; then redraw the rejected ones
+    # one at a time, each against heads read afresh (writers keep moving the window)
+    m = windows(reserved, scratch, cap)
     rejected = 0
-    for i in range(batch):
-        if in_flight(reserved, scratch, cap, idx[i], shard[i]):
-            shard[i] = -1
-            rejected += 1
+    for i in range(batch if m else 0):
+        mark[i] = in_windows(scratch, n, m, idx[i])
+        rejected += mark[i]
     redraws = 0
     i = 0
     while rejected:
-        while shard[i] >= 0:
+        while mark[i] == 0:
             i += 1
         while True:
             if redraws == max_redraws:
@@ -150,11 +150,11 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
             redraws += 1
             total = snapshot_heads(heads, cap, scratch)
             nn = np.uint64(total)
-            idx[i], s, ctr = draw_slot(scratch, cap, total, (_TWO32 - nn) % nn, key, ctr)
+            idx[i], ctr = draw_slot(scratch, cap, total, total == n * cap, (_TWO32 - nn) % nn, key, ctr)
             copy_rows(store, idx[i:i + 1], out[i:i + 1])
             fence_acquire()
-            if not in_flight(reserved, scratch, cap, idx[i], s):
-                shard[i] = s
+            if not in_windows(scratch, n, windows(reserved, scratch, cap), idx[i]):
+                mark[i] = 0
                 break
         rejected -= 1
     state[1] = ctr
