@@ -251,7 +251,11 @@ def test_wrong_mode_and_arguments(shm_dir):
     with SharedReplayBuffer(ID_SPEC, 10, mode="fifo") as buf:
         with pytest.raises(SharedBufferError, match="use get_batch"):
             buf.sample(1)
-    assert not os.listdir(shm_dir)
+    with pytest.raises(TypeError, match="seed"):
+        SharedReplayBuffer(ID_SPEC, 10, seed=1.5)
+    with pytest.raises(ValueError, match="ring_size"):
+        SharedReplayBuffer(ID_SPEC, 10, ring_size=0)
+    assert not os.listdir(shm_dir)  # refused constructions leave no region behind
 
 
 def test_hostile_region_descriptions(shm_dir):
@@ -596,3 +600,409 @@ def test_a_blocked_writer_learns_that_the_learner_died(shm_dir):
 
 def test_public_names():
     assert tfdata.SharedReplayBuffer is SharedReplayBuffer and tfdata.SharedWriter is SharedWriter
+
+
+# -- review: tests added for bugs found and for mutants the suite missed -----------------------
+def _slot_of(shard: int, row: int, cap: int) -> int:
+    return shard * cap + row % cap
+
+
+def test_fifo_batch_indices_are_the_slots(layout, shm_dir):
+    """``batch.indices`` of a FIFO batch are the region slots its rows came from (slot
+    ``shard * C + row % C``), as get_batch documents; wrapped rows and a partial batch too."""
+    cap = 5
+    with SharedReplayBuffer(ID_SPEC, 2 * cap, num_writers=2, mode="fifo", layout=layout) as buf:
+        w0, w1 = SharedWriter(buf.name, 0), SharedWriter(buf.name, 1)
+        slot = {}
+        w1.extend(id_rows([10, 11, 12]))  # shard 1, rows 0..2
+        slot.update({10: _slot_of(1, 0, cap), 11: _slot_of(1, 1, cap), 12: _slot_of(1, 2, cap)})
+        w0.extend(id_rows([0, 1]))  # shard 0, rows 0..1
+        slot.update({0: _slot_of(0, 0, cap), 1: _slot_of(0, 1, cap)})
+        b = buf.get_batch(5)
+        assert sorted(int(i) for i in b["id"]) == [0, 1, 10, 11, 12]
+        assert list(b.indices) == [slot[int(i)] for i in b["id"]]
+        w1.extend(id_rows([13, 14, 15, 16]))  # shard 1, rows 3..6: slots 8, 9, then 5, 6 (wrapped)
+        slot.update({13 + j: _slot_of(1, 3 + j, cap) for j in range(4)})
+        b = buf.get_batch(4, copy=True)
+        assert list(b["id"]) == [13, 14, 15, 16] and list(b.indices) == [8, 9, 5, 6]
+        w0.push(row(id_rows([2]), 0))  # shard 0, row 2
+        w0.close()
+        w1.close()
+        b = buf.get_batch(3, timeout=0, partial=True)
+        assert list(b["id"]) == [2] and list(b.indices) == [_slot_of(0, 2, cap)]
+
+
+@pytest.mark.parametrize("kwargs", [{"seed": "1"}, {"seed": 1.5}])
+def test_a_refused_buffer_leaves_no_region(kwargs, shm_dir):
+    """An argument refused by the constructor leaves nothing in the directory, even while the
+    exception (and its traceback, which holds the half-built object) is alive; the name is free."""
+    with pytest.raises(TypeError, match="seed") as info:
+        SharedReplayBuffer(ID_SPEC, 4, name="refused", **kwargs)
+    assert os.listdir(shm_dir) == []
+    SharedReplayBuffer(ID_SPEC, 4, name="refused", seed=1).close()
+    assert info.value is not None and os.listdir(shm_dir) == []
+
+
+def _blocking_worker(name, shard, n, conn):
+    try:
+        with SharedWriter(name, shard, timeout=3) as w:
+            w.extend(id_rows(np.arange(n)))
+        conn.send("done")
+    except BaseException as exc:
+        conn.send(repr(exc))
+
+
+def test_fifo_batch_larger_than_a_shard_cannot_deadlock(shm_dir):
+    """get_batch accepts any batch up to the capacity, but a shard holds only C rows: with the
+    other shard's writer finished, a writer blocked on its full shard and a learner waiting for
+    a batch of more than C rows wait on each other. Such a batch must be refused at once, or
+    every row must still be delivered."""
+    with SharedReplayBuffer(ID_SPEC, 2 * 4, num_writers=2, mode="fifo") as buf:
+        SharedWriter(buf.name, 1).close()  # shard 1's writer is done (it wrote nothing)
+        here, there = FORK.Pipe()
+        p = FORK.Process(target=_blocking_worker, args=(buf.name, 0, 20, there))
+        p.start()
+        try:
+            t0 = time.monotonic()
+            try:
+                ids = np.concatenate([np.array(b["id"]) for b in buf.batches(6, timeout=1.0)])
+            except ValueError as exc:  # refused up front, naming the shard capacity
+                assert "shard" in str(exc) and time.monotonic() - t0 < 0.5
+            else:
+                np.testing.assert_array_equal(ids, np.arange(20))
+                assert here.recv() == "done"
+        finally:
+            p.kill()
+            p.join(10)
+
+
+class _StepClock:
+    """A monotonic clock that advances ``step`` seconds at every read, as on a loaded machine
+    where a thread is preempted between two reads; ``sleep`` returns at once."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 1000.0, step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+    monotonic_ns = staticmethod(time.monotonic_ns)
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
+def test_partial_get_batch_returns_the_queued_rows_when_its_timeout_ends(shm_dir, monkeypatch):
+    """get_batch(partial=True, timeout=t) returns the rows queued when the timeout ends; it
+    raises TimeoutError only with nothing queued. The deadline must be judged once per round:
+    reading the clock twice let the deadline fall between the partial check and the raise."""
+    from tfdata import shared
+
+    with SharedReplayBuffer(ID_SPEC, 8, mode="fifo") as buf, SharedWriter(buf.name, 0) as w:
+        w.extend(id_rows([7, 8]))
+        for step in (0.01, 0.004, 0.0015):
+            monkeypatch.setattr(shared, "time", _StepClock(step))
+            b = buf.get_batch(5, timeout=0.015, partial=True)
+            monkeypatch.undo()
+            assert list(b["id"]) == [7, 8]
+            w.extend(id_rows([7, 8]))
+
+
+def _writer_with_forked_child(name, conn):
+    w = SharedWriter(name, 0)
+    w.extend(id_rows([1, 2]))
+    pid = os.fork()  # e.g. an environment worker the rollout process forks
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    conn.send(pid)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_dead_writer_is_seen_dead_while_its_forked_child_lives(shm_dir):
+    """A child forked by a writer process inherits its descriptors; the writer's lock must not
+    outlive the writer in it, or its death is never noticed and the shard cannot be taken over."""
+    with SharedReplayBuffer(ID_SPEC, 8, num_writers=2) as buf:
+        here, there = FORK.Pipe()
+        p = FORK.Process(target=_writer_with_forked_child, args=(buf.name, there))
+        p.start()
+        child = here.recv()
+        try:
+            deadline = time.monotonic() + 10
+            while p.exitcode is None and time.monotonic() < deadline:  # not join(timeout): that
+                time.sleep(0.005)  # waits on a pipe the grandchild inherited too
+            assert p.exitcode == -signal.SIGKILL
+            assert buf.writers()[0]["state"] == "dead"
+            with pytest.warns(WriterLostWarning):
+                assert [d["shard"] for d in buf.lost_writers] == [0]
+            with SharedWriter(buf.name, 0) as w:
+                assert w.published == 2
+        finally:
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_takeover_writing_fewer_rows_keeps_the_dead_writers_slots_out(layout, k, shm_dir):
+    """A writer killed while writing rows 40..44 of a wrapped 33-slot shard left junk in their
+    slots (which held rows 7..11). A new writer that writes only k rows rewrites k of those
+    slots; the other 5 - k still hold junk and must stay out of samples (and count as torn)."""
+    cap = 33
+    with SharedReplayBuffer(ID_SPEC, 2 * cap, num_writers=2, layout=layout, seed=3) as buf:
+        p = FORK.Process(target=_dying_worker, args=(buf.name, 0, 40, 5))
+        p.start()
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WriterLostWarning)
+            with SharedWriter(buf.name, 0) as w:
+                if k == 1:
+                    w.push(row(id_rows([40]), 0))
+                else:
+                    w.extend(id_rows([40, 41]))
+            assert buf.writers()[0]["torn"] == 5 - k
+            ids = np.concatenate([np.array(buf.sample(32)["id"]) for _ in range(200)])
+        assert (ids >= 0).all(), f"{int((ids < 0).sum())} junk rows sampled"
+        assert set(ids) == set(range(12, 40 + k))
+
+
+def _dying_worker_wrapping(name, shard, n_ok, n_torn):
+    """As _dying_worker, writing the junk rows where a writer puts them: wrapping at the end
+    of the shard."""
+    w = SharedWriter(name, shard)
+    w.extend(id_rows(np.arange(n_ok) + 1_000_000 * shard))
+    w._k.shard_begin(w._words, w.published + n_torn)
+    junk = w.spec.check_batch(id_rows(np.full(n_torn, -1)))[1]
+    for j in range(n_torn):
+        w._region.storage.write_rows(w._base + (w.published + j) % w._cap, junk, j, 1)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("n_ok, shard", [(64, 0), (40, 1)])
+def test_a_writer_killed_mid_write_keeps_its_slots_out_on_any_shard_and_across_the_wrap(
+        layout, n_ok, shard, shm_dir):
+    """As the killed-writer test, with the 5 slots in flight wrapping past the end of the shard
+    (rows 64..68 of 33 slots: slots 31, 32, 0, 1, 2), and on shard 1 whose head's slot differs
+    from shard 0's (the window is per shard)."""
+    cap = 33
+    with SharedReplayBuffer(ID_SPEC, 2 * cap, num_writers=2, layout=layout, seed=2) as buf:
+        other = 1 - shard
+        with SharedWriter(buf.name, other) as w:
+            w.extend(id_rows(1_000_000 * other + np.arange(3)))  # another head's slot: 3
+        p = FORK.Process(target=_dying_worker_wrapping, args=(buf.name, shard, n_ok, 5))
+        p.start()
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WriterLostWarning)
+            ids = np.concatenate([np.array(buf.sample(32)["id"]) for _ in range(300)])
+        mine = ids[ids // 1_000_000 == shard] - 1_000_000 * shard
+        assert (ids >= 0).all(), f"{int((ids < 0).sum())} junk rows sampled"
+        assert set(mine) == set(range(n_ok - cap + 5, n_ok))
+
+
+def _attach_close_loop(name, stop):
+    while not stop.is_set():
+        SharedWriter(name, 0).close()
+
+
+def test_a_writer_that_closes_is_never_reported_dead(shm_dir):
+    """A writer process attaches and closes over and over while the learner watches: between the
+    learner's reads of the state word and of the lock, a writer may finish; it is then
+    finished, never dead, and no WriterLostWarning is raised."""
+    stop = FORK.Event()
+    with SharedReplayBuffer(ID_SPEC, 4) as buf:
+        p = FORK.Process(target=_attach_close_loop, args=(buf.name, stop))
+        p.start()
+        try:
+            states = set()
+            t_end = time.monotonic() + 1.0
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", WriterLostWarning)
+                while time.monotonic() < t_end:
+                    states.add(buf.writers()[0]["state"])
+                    buf.lost_writers
+        finally:
+            stop.set()
+            p.join(10)
+        assert "dead" not in states and states & {"attached", "finished"}
+        assert buf.lost_writers == []
+
+
+def _blocked_writer(name, conn):
+    try:
+        with SharedWriter(name, 0, timeout=5) as w:
+            conn.send("attached")
+            w.extend(id_rows(np.arange(6)))  # the shard holds 2: blocks after 2 rows
+        conn.send("finished")
+    except BaseException as exc:
+        conn.send(repr(exc))
+
+
+def test_a_writer_blocked_on_a_full_shard_fails_when_the_owner_closes(shm_dir):
+    """Writers still attached get SharedBufferError at their next write: a writer already
+    waiting for room too, at once, saying how many rows went in, not after its timeout."""
+    here, there = FORK.Pipe()
+    buf = SharedReplayBuffer(ID_SPEC, 2, mode="fifo")
+    p = FORK.Process(target=_blocked_writer, args=(buf.name, there))
+    p.start()
+    try:
+        assert here.recv() == "attached"
+        while buf.writers()[0]["queued"] < 2:
+            time.sleep(0.005)
+        time.sleep(0.05)  # the writer is waiting for room now
+        t0 = time.monotonic()
+        buf.close()
+        assert here.poll(2), "the blocked writer did not notice the close"
+        msg = here.recv()
+        assert "SharedBufferError" in msg and "closed by its owner" in msg and "2 of 6" in msg
+        assert time.monotonic() - t0 < 2
+    finally:
+        p.kill()
+        p.join(10)
+
+
+def test_fifo_metrics_oldest_age_is_the_batchs_oldest_row(shm_dir):
+    with SharedReplayBuffer(ID_SPEC, 4, num_writers=1, mode="fifo") as buf, SharedWriter(buf.name, 0) as w:
+        w.push(row(id_rows([0]), 0))
+        time.sleep(0.2)
+        w.push(row(id_rows([1]), 0))
+        b = buf.get_batch(2)
+        assert list(b["id"]) == [0, 1] and b.metrics["oldest_age_s"] >= 0.2
+
+
+def _use_and_close(mode):
+    with SharedReplayBuffer(ID_SPEC, 2 * 16, num_writers=2, mode=mode) as buf:
+        for _ in range(3):
+            with SharedWriter(buf.name, 1) as w:
+                w.push(row(id_rows([1]), 0))
+                w.extend(id_rows([2, 3]))
+            t0 = time.monotonic()
+            SharedWriter(buf.name, 1).close()  # the lock was released: no 1 s retry
+            assert time.monotonic() - t0 < 0.5
+
+
+def _fd_targets() -> list:
+    return sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+@pytest.mark.parametrize("mode", ["replay", "fifo"])
+def test_closed_buffers_and_writers_leave_no_descriptor(mode, shm_dir):
+    """Every descriptor a buffer or a writer opened (owner lock, writer lock, the maps' own)
+    is closed once they are closed and collected; a closed writer's shard can be attached
+    again at once."""
+    import gc
+
+    _use_and_close(mode)  # imports and compiles first
+    gc.collect()
+    before = _fd_targets()
+    for _ in range(3):
+        _use_and_close(mode)
+    gc.collect()
+    assert _fd_targets() == before
+    assert os.listdir(shm_dir) == []
+
+
+def _attach_and_drop(name):
+    w = SharedWriter(name, 0)
+    w.push(row(id_rows([1]), 0))
+    w.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+@pytest.mark.parametrize("mode", ["replay", "fifo"])
+def test_a_dropped_writer_unmaps_without_the_cyclic_gc(mode, shm_dir):
+    """A writer that is closed and dropped lets go of its map of the region (and the descriptor
+    the map keeps) at once, by reference counting: a worker that drops its writer must not pin
+    the region's shared memory, after the owner removed it, until a cyclic collection."""
+    import gc
+
+    with SharedReplayBuffer(ID_SPEC, 8, mode=mode) as buf:
+        _attach_and_drop(buf.name)  # imports and compiles first
+        gc.collect()
+        before = _fd_targets()
+        gc.disable()
+        try:
+            for _ in range(3):
+                _attach_and_drop(buf.name)
+            after = _fd_targets()
+        finally:
+            gc.enable()
+        assert after == before
+
+
+def test_fifo_every_shards_tail_advances(shm_dir):
+    """Rows delivered are gone from every shard's queue, the last shard's too."""
+    with SharedReplayBuffer(ID_SPEC, 3 * 4, num_writers=3, mode="fifo") as buf:
+        ws = [SharedWriter(buf.name, s) for s in range(3)]
+        for s, w in enumerate(ws):
+            w.extend(id_rows(100 * s + np.arange(3)))
+        got = [int(i) for _ in range(3) for i in buf.get_batch(3)["id"]]
+        assert sorted(got) == [0, 1, 2, 100, 101, 102, 200, 201, 202]
+        assert len(buf) == 0 and [d["queued"] for d in buf.writers()] == [0, 0, 0]
+        with pytest.raises(TimeoutError):
+            buf.get_batch(1, timeout=0.02)
+        for w in ws:
+            w.extend(id_rows([7, 7, 7, 7]))  # the shard is free again: room for 4 each
+            w.close()
+        assert len(buf) == 12
+
+
+def test_a_death_is_reported_once(shm_dir):
+    with SharedReplayBuffer(ID_SPEC, 2 * 8, num_writers=2) as buf:
+        p = FORK.Process(target=_dying_worker, args=(buf.name, 0, 3, 1))
+        p.start()
+        p.join(30)
+        with pytest.warns(WriterLostWarning) as record:
+            first = buf.lost_writers
+            second = buf.lost_writers
+            buf.writers()
+        assert len([r for r in record if issubclass(r.category, WriterLostWarning)]) == 1
+        assert first == second == [{"shard": 0, "pid": p.pid, "published": 3, "torn": 1}]
+
+
+def test_partial_get_batch_returns_at_once_when_every_writer_is_done(shm_dir):
+    """partial=True: 'at once when every writer has finished or died and fewer rows remain',
+    even without a timeout."""
+    with SharedReplayBuffer(ID_SPEC, 2 * 8, num_writers=2, mode="fifo") as buf:
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(id_rows([1, 2]))
+        SharedWriter(buf.name, 1).close()
+        t0 = time.monotonic()
+        b = buf.get_batch(5, partial=True, timeout=3)
+        assert list(b["id"]) == [1, 2] and time.monotonic() - t0 < 1
+
+
+def test_hostile_region_policy_and_spec_are_format_errors(shm_dir):
+    """A region.json whose policy or spec is not one this tfdata writes is a FormatError naming
+    the file (a writer must not quietly take an unknown policy for "block")."""
+    import json
+
+    buf = SharedReplayBuffer(ID_SPEC, 4, mode="fifo", name="hostile-doc")
+    doc = os.path.join(buf.path, "region.json")
+    good = json.load(open(doc))
+    for key, value in [("policy", "overwrite"), ("spec", 5), ("spec", {"fields": []})]:
+        with open(doc, "w") as f:
+            json.dump({**good, key: value}, f)
+        with pytest.raises(FormatError, match="region.json"):
+            SharedWriter("hostile-doc", 0)
+    buf.close()
+
+
+def test_a_blocked_writer_learns_of_the_learners_death_before_its_timeout(shm_dir):
+    """As test_a_blocked_writer_learns_that_the_learner_died, with a writer timeout, so that a
+    writer that never checks fails this test (TimeoutError) instead of hanging the suite."""
+    here, there = FORK.Pipe()
+    p = FORK.Process(target=_learner_then_killed, args=(there,))
+    p.start()
+    here.recv()
+    with SharedWriter("doomed", 0, timeout=3) as w:
+        w.extend(id_rows(range(4)))  # the queue is full
+        here.send("go")
+        p.join(30)
+        t0 = time.monotonic()
+        with pytest.raises(SharedBufferError, match="has ended: no one will take rows .0 of 2"):
+            w.extend(id_rows([4, 5]))
+        assert time.monotonic() - t0 < 2

@@ -98,6 +98,8 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None, on_wr
         "            w.size += 1",
     ])
     exec(_compiled(src), ns)
-    push = ns["push"]
+    # popped: the function's globals are ns, so ns holding it would be a reference cycle that
+    # keeps the storage's views (and a shared region's map) alive until a cyclic collection
+    push = ns.pop("push")
     push.__source__ = src
     return push

@@ -208,8 +208,12 @@ def _open_region(path: str) -> _Region:
     try:
         if doc["layout"] not in ("aos", "soa") or doc["mode"] not in MODES:
             raise ValueError("layout or mode")
+        if doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
+                doc["mode"] == "fifo" and doc["policy"] not in POLICIES):
+            raise ValueError(f"policy {doc['policy']!r} for mode {doc['mode']!r}")
         _shards(doc["shard_capacity"] * doc["num_writers"], doc["num_writers"])
-    except (KeyError, TypeError, ValueError) as exc:
+        Spec.from_dict(doc["spec"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # SpecError is a ValueError
         raise FormatError(f"{doc_path}: not a valid shared buffer description ({exc})") from None
     return _Region(path, doc, io.MappedFile(os.path.join(path, "region"), 0, writable=True))
 
@@ -358,6 +362,8 @@ class SharedReplayBuffer:
                              f"oldest rows), got policy={policy!r}")
         layout = resolve_layout(layout)
         self._ring_size = _check_int("ring_size", ring_size, 1)
+        sampler = UniformSampler(seed)  # everything that can refuse runs before the region exists
+        self._k = _kernels()
         if name is None:
             name = f"{os.getpid()}-{os.urandom(6).hex()}"
         path = _region_path(name, dir)
@@ -382,7 +388,9 @@ class SharedReplayBuffer:
                 open(os.path.join(tmp, f"writer-{s}.lock"), "wb").close()
             with open(os.path.join(tmp, "region.json"), "w", encoding="utf-8") as f:
                 json.dump(doc, f)
+            region = _Region(tmp, doc, mapped)  # what can still fail, before writers can see it
             os.rename(tmp, path)
+            region.path = path
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             if owner_fd is not None:
@@ -391,13 +399,12 @@ class SharedReplayBuffer:
             raise
         self.name = name
         self.path = path
-        self._region = _Region(path, doc, mapped)
+        self._region = region
         self._owner = os.getpid()
         # removes the region when this object is collected or the interpreter exits, in the
         # owner only (a forked child inherits the object but must not remove the region)
         self._finalizer = weakref.finalize(self, _remove_region, path, self._region.ctrl, self._owner,
                                            owner_fd)
-        self._k = _kernels()
         st = self._region.storage
         self._store = st.kernel_store
         # bound once: the sample path does no attribute lookups through the region
@@ -405,7 +412,7 @@ class SharedReplayBuffer:
         self._heads, self._reserved, self._cap = self._region.heads, self._region.reserved, cap
         self._sample_kernel = st.kernels.sample_shared
         self._gather_kernel = st.kernels.gather
-        self._sampler = UniformSampler(seed)
+        self._sampler = sampler
         self._lock = threading.Lock()
         self._local = threading.local()
         self._watch_at = 0.0
@@ -645,14 +652,16 @@ class SharedReplayBuffer:
         pause = 20e-6
         r = self._region
         while True:
+            # the clock is read once per round: the partial batch and the TimeoutError below
+            # must agree on whether the time is up
+            expired = deadline is not None and time.monotonic() >= deadline
             with self._lock:
                 i = ring[0]
                 out, slots, batch, metrics = ring[1][i]
                 k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap, batch_size,
                                       False, self._cursors, slots, self._info)
                 if k == 0 and partial and self._info[0] > 0:
-                    ends = (deadline is not None and time.monotonic() >= deadline) or self._all_done()
-                    if ends:
+                    if expired or self._all_done():
                         k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap,
                                               batch_size, True, self._cursors, slots, self._info)
                 if k:
@@ -667,7 +676,7 @@ class SharedReplayBuffer:
                         batch = _FifoBatch({n: v[:k] for n, v in batch.items()}, batch.indices[:k])
                         batch.metrics = metrics
                     break
-            if deadline is not None and time.monotonic() >= deadline:
+            if expired:
                 raise TimeoutError(f"shared buffer {self.name!r}: {int(self._info[0])} rows queued "
                                    f"after {timeout} s, a batch needs {batch_size}")
             self._watch()
@@ -727,6 +736,12 @@ class SharedReplayBuffer:
         if batch_size > self.capacity:
             raise ValueError(f"batch_size {batch_size} is larger than the queue's capacity "
                              f"{self.capacity}: no batch could ever fill")
+        if self.policy == "block" and batch_size > self._region.cap:
+            raise ValueError(
+                f"batch_size {batch_size} is larger than a shard's {self._region.cap} slots: with "
+                f"policy='block' a writer waits once its shard is full, so with the other writers "
+                f"idle or finished no batch could fill; use batch_size <= {self._region.cap} or "
+                f"capacity >= {batch_size * self.num_writers}")
         if not hasattr(self._local, "rings"):
             self._local.rings = {}
         st = self._region.storage
@@ -736,7 +751,7 @@ class SharedReplayBuffer:
             metrics: dict = {}
             b = _FifoBatch(out.fields, out.indices)
             b.metrics = metrics
-            slots.append((out, np.zeros(batch_size, np.int64), b, metrics))
+            slots.append((out, out.indices, b, metrics))  # the plan writes the slots there
         ring = self._local.rings[key] = [0, slots]
         return ring
 

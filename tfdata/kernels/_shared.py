@@ -46,7 +46,10 @@ def shard_begin(words, end):
     end : int
         One past the last row about to be written.
     """
-    store_relaxed(words, RESERVED, end)
+    # never lower it: a writer that took over a dead writer's shard must keep the slots that
+    # writer left half-written out of reach until it has rewritten them
+    if np.int64(words[RESERVED]) < end:
+        store_relaxed(words, RESERVED, end)
     # the reserve is visible before any byte of the rows; loads before (a FIFO writer's read
     # of the tail) complete before those bytes are stored
     fence_release()
