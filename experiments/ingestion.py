@@ -20,15 +20,17 @@ A self-contained experiment (one file, parameters at the top). Three questions, 
 3. **Memory.** Peak RSS of the learner and of each worker per condition, and the region size.
 
     python experiments/ingestion.py --quick     # about a minute: 2 repetitions, 1/8 of the rows
-    python experiments/ingestion.py             # the full run, 5 repetitions, ~10-15 minutes
+    python experiments/ingestion.py             # the full run: 5 repetitions, ~10 minutes (2 cores)
+    python experiments/ingestion.py --report-only   # README.md and plots again from results.json
 
 Workers are real processes started with the ``spawn`` method (what macOS, Windows and CUDA
 users get; a fresh interpreter, so a worker's memory is its own). A pool of 4 workers is started
 once per repetition and driven by commands; each measurement releases its workers with an event
 once all are ready (data generated, writer attached). Writes only under ``reports/ingest/``
-(``README.md``, ``results.json``, ``*.png``; a quick run: ``reports/quick/ingest/``, or
-``$TFDATA_REPORTS_DIR/ingest/`` when that is set, as ``tfdata run`` does); the shared regions it makes live in ``/dev/shm``
-for the duration of a condition and are removed. Only the public tfdata API.
+(``README.md``, ``results.json``, ``*.png``); a quick run under ``reports/quick/ingest/``, and
+both under ``$TFDATA_REPORTS_DIR/ingest/`` when that is set (as ``tfdata run`` does). The shared
+regions it makes live in ``/dev/shm`` for the duration of a condition and are removed. Only the
+public tfdata API.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from _methodology import RunRecord, report_dir, write_json, write_report as writ
 # ---------------------------------------------------------------------------------------------
 EXPERIMENT = "ingestion"
 REPORT = "ingest"
-OUT_DIR = report_dir("ingest")  # REPORT
+OUT_DIR = report_dir("ingest")  # reports/ingest/ (a quick run: see main)
 REPS = {"full": 5, "quick": 2}           # repetitions (seeds 0..reps-1); a fresh worker pool each
 START_METHOD = "spawn"
 WORKERS = (1, 2, 4)
@@ -79,10 +81,10 @@ SPECS = {
 # rows per condition (all workers together), per (kind, unit, transport family), in full mode:
 # chosen so that a condition takes about 1-3 s on a 2-core machine. Quick mode divides by 8.
 ROWS = {
-    ("cartpole", "row", "shm"): 393_216, ("cartpole", "row", "queue"): 65_536,
-    ("cartpole", "step", "shm"): 2_097_152, ("cartpole", "step", "queue"): 327_680,
-    ("image", "row", "shm"): 49_152, ("image", "row", "queue"): 16_384,
-    ("image", "step", "shm"): 65_536, ("image", "step", "queue"): 16_384,
+    ("cartpole", "row", "shm"): 655_360, ("cartpole", "row", "queue"): 131_072,
+    ("cartpole", "step", "shm"): 3_145_728, ("cartpole", "step", "queue"): 524_288,
+    ("image", "row", "shm"): 163_840, ("image", "row", "queue"): 32_768,
+    ("image", "step", "shm"): 196_608, ("image", "step", "queue"): 24_576,
 }
 QUICK_DIVISOR = 8
 FIFO_CAPACITY = {"cartpole": 65_536, "image": 2_048}   # rows of the FIFO region (all shards)
@@ -154,6 +156,34 @@ def step_dicts(pool: dict) -> list:
 # ---------------------------------------------------------------------------------------------
 def _peak_rss() -> int:
     return int(tfdata.memory.snapshot(uss=False)["peak_rss"])
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_ticks(pids) -> tuple:
+    """(busy ticks of all CPUs, ticks used by ``pids``): their difference over an interval is the
+    CPU time other processes of the machine took (Linux /proc; zeros elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        busy = sum(v[:8]) - v[3] - v[4]   # all but idle and iowait
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    own = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            own += int(fields[11]) + int(fields[12])  # utime + stime, all threads
+        except (OSError, ValueError, IndexError):
+            pass
+    return busy, own
+
+
+def other_cpus(before: tuple, after: tuple, seconds: float) -> float:
+    """CPUs' worth of time that processes outside this experiment used between two cpu_ticks()."""
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / _TICK / max(seconds, 1e-9))
 
 
 def _start_peak() -> int:
@@ -420,9 +450,11 @@ def run_ingest(pool: Pool, transport: str, kind: str, unit: str, workers: int, t
         for w in range(workers):
             pool.recv(w, "ready")
         load1 = os.getloadavg()[0]
+        pids = [os.getpid()] + [p.pid for p in pool.procs]
         pos = 0
         nb = 0
         if buf is not None:
+            ticks0 = cpu_ticks(pids)
             t0 = time.perf_counter()
             pool.go.set()
             for batch in buf.batches(BATCH, timeout=TIMEOUT_S):
@@ -449,6 +481,7 @@ def run_ingest(pool: Pool, transport: str, kind: str, unit: str, workers: int, t
             done = threading.Event()
             dog = threading.Thread(target=_watchdog, args=(pool, workers, done), daemon=True)
             dog.start()
+            ticks0 = cpu_ticks(pids)
             t0 = time.perf_counter()
             pool.go.set()
             try:
@@ -487,6 +520,7 @@ def run_ingest(pool: Pool, transport: str, kind: str, unit: str, workers: int, t
             finally:
                 done.set()
                 dog.join()
+        ticks1 = cpu_ticks(pids)
         learner_peak = _peak_rss()
         res = [pool.recv(w, "done") for w in range(workers)]
     finally:
@@ -518,7 +552,7 @@ def run_ingest(pool: Pool, transport: str, kind: str, unit: str, workers: int, t
             "worker_peak_rss_max": max(r["peak_rss"] for r in res),
             "worker_peak_growth_max": max(r["peak_growth"] for r in res),
             "region_nbytes": region, "oldest_age_s_median": float(np.median(ages)) if ages else None,
-            "load1": load1, "verified": True}
+            "load1": load1, "other_cpus": other_cpus(ticks0, ticks1, seconds), "verified": True}
 
 
 def sample_times(sample, batch: int, seconds: float) -> np.ndarray:
@@ -572,8 +606,11 @@ def run_latency(pool: Pool, kind: str, layout: str, rep: int, seconds: float) ->
                     pool.recv(w, "ready")
                 pool.go.set()
                 time.sleep(LAT_SETTLE_S)
+            pids = [os.getpid()] + [p.pid for p in pool.procs]
+            ticks0, c0 = cpu_ticks(pids), time.perf_counter()
             try:
                 t = sample_times(local.sample if name == "local" else shm.sample, batch, seconds)
+                ticks1, c1 = cpu_ticks(pids), time.perf_counter()
             finally:
                 if n:
                     pool.stop[0] = 1
@@ -590,7 +627,7 @@ def run_latency(pool: Pool, kind: str, layout: str, rep: int, seconds: float) ->
                 "learner_peak_rss": _peak_rss(),
                 "worker_peak_rss_max": max((x["peak_rss"] for x in res), default=None),
                 "region_nbytes": shm.nbytes if name != "local" else local.nbytes,
-                "processes": 1 + n, "load1": load1})
+                "processes": 1 + n, "load1": load1, "other_cpus": other_cpus(ticks0, ticks1, c1 - c0)})
     return out
 
 
@@ -693,7 +730,8 @@ def summarise(ingest: list, latency: list, costs: list) -> dict:
                         "learner_peak_growth_max": max(x["learner_peak_growth"] for x in xs),
                         "worker_peak_rss_max": max(x["worker_peak_rss_max"] for x in xs),
                         "worker_peak_growth_max": max(x["worker_peak_growth_max"] for x in xs),
-                        "region_nbytes": xs[0]["region_nbytes"], "rows": xs[0]["rows"]}
+                        "region_nbytes": xs[0]["region_nbytes"], "rows": xs[0]["rows"],
+                        "other_cpus": stats([x["other_cpus"] for x in xs])}
                 q = {x["rep"]: x["rows_per_s"] for x in cell if x["transport"] == "queue"}
                 for t in TRANSPORTS[:2]:
                     per_rep = [x["rows_per_s"] / q[x["rep"]] for x in cell if x["transport"] == t]
@@ -721,8 +759,9 @@ def summarise(ingest: list, latency: list, costs: list) -> dict:
                     "median_vs_idle": stats([x["median_ns"] / idle[x["rep"]]["median_ns"] for x in xs]),
                     "p99_vs_idle": stats([x["p99_ns"] / idle[x["rep"]]["p99_ns"] for x in xs])}
     per_call = {k: stats([c[k] for c in costs]) for k in costs[0] if k != "rep"} if costs else {}
+    load = {"ingest": stats([x["other_cpus"] for x in ingest]), "latency": stats([x["other_cpus"] for x in latency])}
     return {"throughput": thr, "ratio_vs_queue": ratios, "latency": lat, "latency_ratio_vs_local": lat_ratio,
-            "per_call_us": per_call}
+            "per_call_us": per_call, "other_cpus": load}
 
 
 def plot(summary: dict) -> list:
@@ -778,32 +817,42 @@ def plot(summary: dict) -> list:
 
     lr = summary["latency_ratio_vs_local"]
     conds = [c[0] for c in LAT_CONDITIONS[1:]]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharey=True)
-    width = 0.2
+    fig, axes = plt.subplots(2, 2, figsize=(13, 7.5), sharex=True)
+    width = 0.38
     x = np.arange(len(conds))
-    for ax, kind in zip(axes, KINDS):
-        k = 0
-        for layout in LAT_LAYOUTS:
-            for stat, hatch in (("median", None), ("p99", "//")):
-                m = [lr[f"{kind}/{layout}/{c}"][stat]["mean"] for c in conds]
-                s = [lr[f"{kind}/{layout}/{c}"][stat]["std"] for c in conds]
-                ax.bar(x + (k - 1.5) * width, m, width, yerr=s, capsize=2, hatch=hatch,
-                       color="tab:blue" if layout == "aos" else "tab:green", alpha=0.8 if hatch else 1,
-                       label=f"{layout} {stat}")
-                k += 1
-        ax.axhline(TARGET_LATENCY, color="k", lw=0.8, ls=":")
-        ax.axhline(1.0, color="grey", lw=0.6)
-        ax.set_xticks(x)
-        ax.set_xticklabels(conds, rotation=20, fontsize=8)
-        ax.set_title(f"{kind}: sample({LAT_BATCH[kind]}) latency / single-process ReplayBuffer "
-                     f"(target {TARGET_LATENCY}x dotted)", fontsize=9)
-    axes[0].set_ylabel("latency ratio")
-    axes[0].legend(fontsize=8)
+    for col, kind in enumerate(KINDS):
+        for row, stat in enumerate(("median", "p99")):
+            ax = axes[row, col]
+            for k, layout in enumerate(LAT_LAYOUTS):
+                cells = [lr[f"{kind}/{layout}/{c}"][stat] for c in conds]
+                mid = np.array([c["median"] for c in cells])
+                lo = mid - np.array([c["min"] for c in cells])
+                hi = np.array([c["max"] for c in cells]) - mid
+                ax.bar(x + (k - 0.5) * width, mid, width, yerr=[lo, hi], capsize=2,
+                       color="tab:blue" if layout == "aos" else "tab:green", label=layout)
+            ax.axhline(TARGET_LATENCY, color="k", lw=0.8, ls=":")
+            ax.axhline(1.0, color="grey", lw=0.6)
+            if stat == "p99":
+                ax.set_yscale("log")
+            ax.set_ylabel(f"{stat} / ReplayBuffer's {stat}")
+            ax.set_title(f"{kind}: sample({LAT_BATCH[kind]}), {stat} per call (target {TARGET_LATENCY}x dotted)",
+                         fontsize=9)
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+        axes[1, col].set_xticks(x)
+        axes[1, col].set_xticklabels(conds, rotation=20, fontsize=8)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("Learner sample latency over a single-process ReplayBuffer (bars: median over repetitions, "
+                 "whiskers: min-max)", fontsize=10)
     fig.tight_layout()
     names.append("latency_ratio.png")
     fig.savefig(os.path.join(OUT_DIR, names[-1]), dpi=110)
     plt.close(fig)
     return names
+
+
+def _span(v) -> str:
+    lo, hi = min(v), max(v)
+    return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
 
 
 def _workers(n: int) -> str:
@@ -857,7 +906,8 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
                      f"over is. Alone in a process, `SharedWriter.push` costs {push:.1f} µs per row "
                      f"(`ReplayBuffer.push`: {lpush:.1f} µs) and `extend` of a {STEP_ROWS}-row step {ext:.1f} µs "
                      f"({ext / STEP_ROWS:.2f} µs per row): validating the row against the spec and one numpy "
-                     f"assignment per field, the same work a local buffer does. The queue pays a pickle and an "
+                     f"assignment per field, as in a local buffer, plus the two steps that publish it to the "
+                     f"learner (two compiled calls and a clock read). The queue pays a pickle and an "
                      f"unpickle ({pk:.0f} µs per row dict, {pks:.0f} µs per step dict) plus two pipe "
                      f"system calls, a lock and the learner's copy into its batch, split between two processes: "
                      f"so the queue is only ~{pk / push:.0f}x slower per row than a shared-memory push before the "
@@ -875,8 +925,18 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
              f"GiB/s) vs {_rate(topq[('image', 'row')])}, by step {_rate(top[('image', 'step')])} "
              f"({top[('image', 'step')] * spec_of('image').row_nbytes / 2**30:.1f} GiB/s) vs "
              f"{_rate(topq[('image', 'step')])}. Image rows, shm-aos over queue with 1, 2, 4 workers: one row per "
-             f"call {ratios('image', 'row', 'shm-aos')}, one step per call {ratios('image', 'step', 'shm-aos')} "
-             f"(56 KB rows: copies dominate both transports).")
+             f"call {ratios('image', 'row', 'shm-aos')}, one step per call {ratios('image', 'step', 'shm-aos')}: "
+             "with 56 KB rows the copies dominate; shared memory copies a row twice (worker into the region, "
+             "region into the batch), the queue five times (pickle, pipe write, pipe read, unpickle, batch) in "
+             "64 KiB pipe-sized pieces.")
+    ld = summary["other_cpus"]
+    L.append(f"* The machine was shared while this ran: processes outside the experiment used on average "
+             f"{ld['ingest']['mean']:.2f} of the {run['environment']['cpu']['logical_cpus']} CPUs during the "
+             f"throughput conditions (median {ld['ingest']['median']:.2f}, max {ld['ingest']['max']:.2f}) and "
+             f"{ld['latency']['mean']:.2f} during the latency ones (from /proc/stat minus this experiment's "
+             "processes; per condition in `results.json`, per cell in the last column of the throughput table). "
+             "Each cell measures its three transports back to back, so the ratios share the conditions, but "
+             "absolute rates move with that load.")
     L.append(f"* Exact-once held everywhere: in every condition and repetition the learner received every row id "
              f"exactly once and in each writer's order, and every {CHECK_EVERY}th batch held exactly what was sent "
              "(a failure stops the run before any report is written).")
@@ -904,16 +964,25 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
              f"1, 2, 4 writers). Writers flat out: {verdict2(fmet, flat)} ({cond_list(flat)}). Writers paced to "
              f"{PACE['cartpole']:,} CartPole / {PACE['image']:,} image rows/s in all: {verdict2(pmet, paced)} "
              f"({cond_list(paced)}).")
-    L.append("* Where it is missed, the protocol itself is the cost, not the writers: with no writer attached the "
-             "shared buffer's median is already " + ", ".join(
-                 f"{idle[(k, lay)]:.2f}x ({k} {lay})" for k in KINDS for lay in LAT_LAYOUTS)
-             + " the local buffer's, and flat-out writers move the median by only "
-             + ", ".join(f"{min(vs_idle[(k, lay, n)] for n in WORKERS):.2f}-{max(vs_idle[(k, lay, n)] for n in WORKERS):.2f}x"
-                         f" ({k} {lay})" for k in KINDS for lay in LAT_LAYOUTS)
-             + f" over that. For CartPole rows (sample({LAT_BATCH['cartpole']}) of 48-byte rows takes a few µs) "
-             f"the fixed costs of the shared sample weigh most: the {max(WORKERS)} shards are walked per drawn "
-             "row to find a row's shard, and the in-flight check reads each shard's reserve word (see "
-             "`benchmarks/bench_shared.py`, `Sample`: one shard vs four).")
+    vs_idle_p = {(k, lay, n): lr[f"{k}/{lay}/shm+{n} paced"]["median_vs_idle"]["median"]
+                 for k in KINDS for lay in LAT_LAYOUTS for n in WORKERS}
+    missed_f = [key for key, v in flat.items() if v > TARGET_LATENCY]
+    missed_idle = [key for key, v in idle.items() if v > TARGET_LATENCY]
+    L.append("* Where the cost comes from (medians): the shared buffer alone, no writer attached, is "
+             + ", ".join(f"{idle[(k, lay)]:.2f}x ({k} {lay})" for k in KINDS for lay in LAT_LAYOUTS)
+             + " the local buffer" + (" (over the target by itself for " + ", ".join(
+                 f"{k} {lay}" for k, lay in missed_idle) + ")" if missed_idle else "")
+             + ". Paced writers leave that unchanged ("
+             + ", ".join(_span([vs_idle_p[(k, lay, n)] for n in WORKERS]) + f" {k} {lay}"
+                         for k in KINDS for lay in LAT_LAYOUTS)
+             + " the writer-free median): writing into rows the learner reads is not what costs. Flat-out "
+             "writers raise it by " + cond_list(vs_idle) + " for 1, 2, 4 writers: with one writer the learner "
+             "keeps a core of its own; from two on it shares the 2 cores, and their caches, with N busy "
+             "processes" + (", which is where the target is missed (" + ", ".join(
+                 f"{k} {lay} with {n} writer{'s' if n > 1 else ''}" for k, lay, n in missed_f) + ")."
+                if missed_f else ".")
+             + " The µs-scale CartPole sample shows this most; the image sample (hundreds of µs of copying) "
+             "barely.")
     L.append(f"* Tails: the learner competes with N writers for {run['environment']['cpu']['logical_cpus']} CPUs "
              f"(1 + N = 2, 3, 5 processes, plus the machine's other load). p99 ratios to the local buffer, flat out: "
              + cond_list(p99) + "; paced: " + cond_list(p99p) + "; no writer: " + ", ".join(
@@ -926,7 +995,8 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
     iml = thr["image/step/4/shm-aos"]
     cp_rec = spec_of("cartpole").aos_dtype.itemsize
     cp_over = cpl["region_nbytes"] / FIFO_CAPACITY["cartpole"] - cp_rec
-    base_w = min(thr[f"cartpole/step/{w}/queue"]["worker_peak_rss_max"] for w in WORKERS) / 2**20
+    wpk = [thr[f"{k}/{u}/{w}/{t}"]["worker_peak_rss_max"] / 2**20 for k in KINDS for u in UNITS for w in WORKERS
+           for t in TRANSPORTS]
     im_l = max(thr[f"image/{u}/{w}/shm-aos"]["learner_peak_growth_max"] for u in UNITS for w in WORKERS) / 2**20
     im_q = max(thr[f"image/{u}/{w}/queue"]["learner_peak_growth_max"] for u in UNITS for w in WORKERS) / 2**20
     L.append(f"* Memory: a FIFO region of {FIFO_CAPACITY['cartpole']:,} CartPole rows is "
@@ -934,15 +1004,18 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
              f"publication stamp per slot, plus control words), of {FIFO_CAPACITY['image']:,} image rows "
              f"{iml['region_nbytes'] / 2**20:.0f} MiB; it exists once, but every process counts in its RSS the "
              f"pages of it that it touched (the learner's peak grows by up to {im_l:.0f} MiB with image rows, "
-             f"against {im_q:.0f} MiB for the queue's learner; a worker's by its shard). A worker process "
-             f"with numpy, numba and tfdata's kernels loaded is ~{base_w:.0f} MiB.")
+             f"against {im_q:.0f} MiB for the queue's learner; a worker's by the part of the region it "
+             f"wrote). Whole processes: the workers of this pool peak at {min(wpk):.0f}-{max(wpk):.0f} MiB "
+             "(numpy, numba and tfdata's kernels, plus heap kept from earlier conditions: the growth column of "
+             "the memory table is what a condition added).")
     L.append("")
     for p in pngs:
         L.append(f"![{p}]({p})\n")
 
     L.append(f"## Throughput (rows/s delivered to the learner, batches of {BATCH}; mean ± std, median)\n")
-    L.append("| rows | per call | workers | shm-aos | shm-soa | queue | shm-aos / queue | shm-soa / queue |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    L.append("| rows | per call | workers | shm-aos | shm-soa | queue | shm-aos / queue | shm-soa / queue | "
+             "other processes' CPUs |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for kind in KINDS:
         for unit in UNITS:
             for w in WORKERS:
@@ -953,6 +1026,8 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
                 for t in TRANSPORTS[:2]:
                     s = rat[f"{kind}/{unit}/{w}/{t}"]
                     cells.append(f"{s['mean']:.1f} ± {s['std']:.1f} ({s['median']:.1f})")
+                oc = [thr[f"{kind}/{unit}/{w}/{t}"]["other_cpus"]["mean"] for t in TRANSPORTS]
+                cells.append(f"{np.mean(oc):.2f}")
                 L.append(f"| {kind} | {'1 row' if unit == 'row' else f'{STEP_ROWS}-row step'} | {w} | " + " | ".join(cells) + " |")
     L.append("")
     L.append(f"## Sample latency while workers write (µs per call; mean ± std over repetitions of the per-run median / p99)\n")
@@ -974,7 +1049,9 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
     L.append("")
     L.append("## Memory (peak RSS, largest over repetitions and sending units)\n")
     L.append("Peak RSS of the process during the condition, and in parentheses its growth over the RSS at "
-             "the condition's start (what the transport itself added).\n")
+             "the condition's start (what the transport itself added). The processes live for a whole "
+             "repetition, so the absolute figures include heap kept from earlier conditions (the learner's, "
+             "from the latency part of the previous repetition, whose buffers it built).\n")
     L.append("| rows | workers | transport | region (`buf.nbytes`) | learner peak RSS (growth) | largest worker peak RSS (growth) |")
     L.append("|---|---:|---|---:|---:|---:|")
     for kind in KINDS:
@@ -1010,8 +1087,10 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
              f"{max(WORKERS)} is started once per repetition (startup "
              + ", ".join(f"{p['startup_s']:.1f} s" for p in pools) + ", not timed) and each warms the writer "
              "kernels on a private buffer. A condition with N workers uses the first N; the others sleep in "
-             "`recv`. The learner is the main process. No CPU pinning; the machine's other load is recorded "
-             "(load average per condition in `results.json`).")
+             "`recv`. The learner is the main process. No CPU pinning; the machine's other load is recorded per "
+             "condition in `results.json`: the 1-minute load average, and `other_cpus`, the CPU time that "
+             "processes outside the experiment took during the measurement (busy time in /proc/stat minus "
+             "the learner's and the workers' own), in CPUs.")
     L.append(f"* **Throughput.** Each worker builds its rows before the clock ({POOL_ROWS['cartpole']} distinct "
              f"CartPole rows or {POOL_ROWS['image']} image rows, reused cyclically; per call only a fresh dict with "
              "the row id in `action` is made, for every transport alike: a `Queue.put` dict is pickled later by "
@@ -1055,6 +1134,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 repetitions, 1/8 of the rows (about a minute)")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite README.md and the plots from the results.json already there (no measuring)")
     args = ap.parse_args()
     mode = "quick" if args.quick else "full"
     reps = args.reps or REPS[mode]
@@ -1064,6 +1145,16 @@ def main() -> None:
         # published full report
         OUT_DIR = os.path.join(os.path.dirname(report_dir("ingest")), "quick", REPORT)
     os.makedirs(OUT_DIR, exist_ok=True)
+    if args.report_only:
+        import json
+
+        with open(os.path.join(OUT_DIR, "results.json"), encoding="utf-8") as f:
+            done = json.load(f)
+        raw = done["raw"]
+        summary = summarise(raw["ingest"], raw["latency"], raw["per_call_us"])
+        write_report(summary, done["methodology"], plot(summary), done["pools"], len(done["methodology"]["seeds"]))
+        print(f"rewrote {os.path.relpath(OUT_DIR)}/README.md from its results.json", flush=True)
+        return
     rec = RunRecord(EXPERIMENT, mode=mode, seeds=list(range(reps)),
                     command="python experiments/ingestion.py" + (" --quick" if args.quick else ""),
                     parameters={"start_method": START_METHOD, "workers": WORKERS, "transports": TRANSPORTS,
