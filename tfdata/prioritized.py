@@ -20,6 +20,21 @@ def _check_float(name: str, value, low: float, *, low_open: bool = False) -> flo
     return value
 
 
+def batch_slots(indices) -> tuple:
+    """What ``update_priorities`` accepts, as ``(slots, versions)``: a :class:`Batch` gives its
+    indices and the write versions captured when it was sampled; a 1-D integer array gives
+    itself and None. Anything else raises SpecError naming the dtype and shape."""
+    versions = None
+    if isinstance(indices, Batch):
+        versions = indices.versions
+        indices = indices.indices
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise SpecError(f"update_priorities: indices must be a 1-D integer array, got "
+                        f"{idx.dtype}{list(idx.shape)}")
+    return idx, versions
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """A replay buffer that samples rows in proportion to ``(priority + eps) ** alpha``.
 
@@ -180,14 +195,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             NaN, inf or negative priorities, out-of-range indices, mismatched shapes. Nothing
             is changed.
         """
-        versions = None
-        if isinstance(indices, Batch):
-            versions = indices.versions
-            indices = indices.indices
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise SpecError(f"update_priorities: indices must be a 1-D integer array, got "
-                            f"{idx.dtype}{list(idx.shape)}")
+        idx, versions = batch_slots(indices)
         p = self._checked_priorities(priorities, idx.shape[0], "update_priorities")
         if idx.size == 0:
             return

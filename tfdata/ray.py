@@ -30,7 +30,7 @@ except ImportError as exc:  # the optional extra is not installed
 
 from .buffer import Batch, ReplayBuffer, _check_int
 from .errors import SpecError
-from .prioritized import PrioritizedReplayBuffer, _check_float
+from .prioritized import PrioritizedReplayBuffer, _check_float, batch_slots
 from .spec import Spec
 
 _STATE_FORMAT = "tfdata.ray.RayReplayBuffer"
@@ -531,14 +531,7 @@ class RayReplayBuffer:
             raise TypeError("update_priorities needs prioritized=True")
         if stale not in ("skip", "raise"):
             raise ValueError(f"stale must be 'skip' or 'raise', got {stale!r}")
-        versions = None
-        if isinstance(batch, Batch):
-            versions = batch.versions
-            batch = batch.indices
-        idx = np.asarray(batch)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise SpecError(f"update_priorities: indices must be a 1-D integer array, got "
-                            f"{idx.dtype}{list(idx.shape)}")
+        idx, versions = batch_slots(batch)
         p = self._check_priorities(priorities, idx.shape[0], "update_priorities")
         if idx.size == 0:
             return
