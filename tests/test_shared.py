@@ -126,7 +126,7 @@ def test_fifo_delivers_in_publication_order_exactly_once(layout, shm_dir):
                 got += [int(i) for i in b["id"]]
         for w in writers:
             w.close()
-        for b in buf.batches(5):
+        for b in buf.batches(5, timeout=10):
             assert consistent(b).all()
             got += [int(i) for i in b["id"]]
         want = [r for _, r in naive.fifo_merge(published)]
@@ -584,7 +584,7 @@ def test_a_blocked_writer_learns_that_the_learner_died(shm_dir):
     p = FORK.Process(target=_learner_then_killed, args=(there,))
     p.start()
     here.recv()
-    w = SharedWriter("doomed", 0)
+    w = SharedWriter("doomed", 0, timeout=20)  # a failure, not a hang, if the death goes unseen
     w.extend(id_rows(range(4)))  # the queue is full
     here.send("go")
     p.join(30)
@@ -712,10 +712,13 @@ def test_partial_get_batch_returns_the_queued_rows_when_its_timeout_ends(shm_dir
 def _writer_with_forked_child(name, conn):
     w = SharedWriter(name, 0)
     w.extend(id_rows([1, 2]))
+    r, wfd = os.pipe()
     pid = os.fork()  # e.g. an environment worker the rollout process forks
     if pid == 0:
+        os.write(wfd, b"x")  # running: whatever it does at fork is done
         time.sleep(5)
         os._exit(0)
+    os.read(r, 1)
     conn.send(pid)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -1006,3 +1009,30 @@ def test_a_blocked_writer_learns_of_the_learners_death_before_its_timeout(shm_di
         with pytest.raises(SharedBufferError, match="has ended: no one will take rows .0 of 2"):
             w.extend(id_rows([4, 5]))
         assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("sizes", [(7, 3, 12), (12, 7, 5)])
+def test_sample_matches_the_reference_with_any_shard_part_full(layout, sizes, shm_dir):
+    """As test_sample_matches_the_reference_and_is_layout_free, with a shard that is not yet
+    full after a full one: held rows are numbered shard by shard, so a draw past a full shard
+    lands at ``shard * C`` plus its rank in that shard, whatever the earlier shards hold."""
+    rng = np.random.default_rng(1)
+    cap = 7
+    spec = tfdata.Spec(ODD)
+    streams = [random_rows(spec, n, rng) for n in sizes]
+    with SharedReplayBuffer(spec, 3 * cap, num_writers=3, layout=layout, seed=11) as buf:
+        for s, rows in enumerate(streams):
+            with SharedWriter(buf.name, s) as w:
+                w.extend(rows)
+        state = buf._sampler.state.copy()
+        b = buf.sample(16, copy=True)  # 17 and 19 rows held
+        counts = [min(n, cap) for n in sizes]
+        slots, counter = naive.shared_sample_slots(int(state[0]), int(state[1]), counts, cap, 16)
+        np.testing.assert_array_equal(b.indices, slots)
+        assert buf._sampler.counter == counter
+        for i, g in enumerate(slots):
+            s, j = divmod(int(g), cap)
+            n = sizes[s]
+            src = j if n <= cap else (n - cap) + (j - n) % cap  # the stream's row in slot j
+            for f in spec.names:
+                np.testing.assert_array_equal(b[f][i], streams[s][f][src], err_msg=f)
