@@ -598,6 +598,28 @@ def test_a_blocked_writer_learns_that_the_learner_died(shm_dir):
     assert len(sweep()) == 1 and not os.listdir(shm_dir)
 
 
+def _write_with_inherited(w, conn):
+    try:
+        w.push(row(id_rows([7]), 0))
+    except SharedBufferError as exc:
+        conn.send(str(exc))
+    else:
+        conn.send("written")
+
+
+def test_a_forked_child_cannot_write_through_its_parents_writer(shm_dir):
+    with SharedReplayBuffer(ID_SPEC, 4) as buf, SharedWriter(buf.name, 0) as w:
+        w.push(row(id_rows([1]), 0))
+        here, there = FORK.Pipe()
+        p = FORK.Process(target=_write_with_inherited, args=(w, there))
+        p.start()
+        assert "made before a fork" in here.recv()
+        p.join(30)
+        assert w.published == 1 and len(buf) == 1
+        w.push(row(id_rows([2]), 0))  # the parent's writer still works
+        assert len(buf) == 2
+
+
 def test_public_names():
     assert tfdata.SharedReplayBuffer is SharedReplayBuffer and tfdata.SharedWriter is SharedWriter
 

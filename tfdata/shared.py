@@ -223,7 +223,12 @@ def _open_region(path: str) -> _Region:
 _HELD: set = set()
 
 
+# bumped in every forked child: a writer made before the fork belongs to the parent
+_GENERATION = [0]
+
+
 def _close_inherited_locks() -> None:
+    _GENERATION[0] += 1
     for fd in list(_HELD):
         try:
             os.close(fd)
@@ -857,6 +862,7 @@ class SharedWriter:
         self._words[_STATE] = _ATTACHED
         self._finalizer = weakref.finalize(self, _detach, self._words, self._lockfd, os.getpid())
         self._lock = threading.Lock()
+        self._generation = _GENERATION[0]
         # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
         self._ring = RingWriter(self._cap)
         self._sync_ring()
@@ -875,7 +881,7 @@ class SharedWriter:
 
     def _begin_one(self, slot: int) -> None:
         """Before a fast push writes ``slot``: refuse if closed, wait for room, announce it."""
-        if not self._finalizer.alive or self._region.closed:
+        if not self._finalizer.alive or self._region.closed or self._generation != _GENERATION[0]:
             self._write_check()
         if self._fifo and self._head - int(self._region.tails[self.shard]) >= self._cap:
             self._wait_for_room(0, 1)
@@ -935,6 +941,10 @@ class SharedWriter:
             return self._write(n, values, False)
 
     def _write_check(self) -> None:
+        if self._generation != _GENERATION[0]:
+            raise SharedBufferError(f"this writer of shard {self.shard} was made before a fork: it "
+                                    f"belongs to the parent process (one writer per shard); a "
+                                    f"child attaches its own SharedWriter")
         if not self._finalizer.alive:
             raise SharedBufferError(f"writer of shard {self.shard} is closed")
         if self._region.closed:
