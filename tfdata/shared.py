@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -62,6 +63,8 @@ MODES = ("replay", "fifo")
 POLICIES = ("block", "drop")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 _PREFIX = "tfdata-shm-"
+# the files of a region directory (see _region_entries)
+_REGION_NAME = re.compile(r"^(region\.json|region|owner\.lock|writer-[0-9]{1,6}\.lock)$")
 
 # control words (uint64): global words, then one block of 16 per shard. The writer's words and
 # the consumer's are 64 bytes apart, so the two processes never write to one cache line.
@@ -196,11 +199,50 @@ class _Region:
         return bool(self.ctrl[_CLOSED])
 
 
+_REGION_FILES = ("region.json", "region", "owner.lock")
+
+
+def _region_entries(path: str) -> list[str] | None:
+    """The names in the region directory ``path`` if it is one tfdata could have made: a real
+    directory (not a link) holding only regular files (no links, no FIFOs) named as a region's
+    files are, all of ``region.json``, ``region`` and ``owner.lock`` among them; else None.
+
+    A region's files are mapped writable and locked: a link planted in its place would make a
+    writer (or ``sweep``) write into a file elsewhere, and a FIFO would block an open.
+    """
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+        names = os.listdir(path)
+        if not all(_REGION_NAME.match(n) and stat.S_ISREG(os.lstat(os.path.join(path, n)).st_mode)
+                   for n in names):
+            return None
+    except OSError:
+        return None
+    return names if all(n in names for n in _REGION_FILES) else None
+
+
+def _remove_region_files(path: str) -> None:
+    """Delete a region's own files, then its directory (kept if anything else is in it)."""
+    for n in _region_entries(path) or ():
+        try:
+            os.unlink(os.path.join(path, n))
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def _open_region(path: str) -> _Region:
     doc_path = os.path.join(path, "region.json")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no shared buffer at {path} (closed by its owner, or never made; "
                                 f"the owner's SharedReplayBuffer.name or .path names it)")
+    if _region_entries(path) is None:
+        raise FormatError(f"{path}: not a shared buffer region (a region is a directory of regular "
+                          f"files region.json, region, owner.lock and writer-N.lock, no links)")
     doc = io.read_json_doc(doc_path, "tfdata shared buffer", FORMAT, 1 << 20)
     if doc.get("version") != VERSION:
         raise FormatError(f"{doc_path}: shared buffer version {doc.get('version')!r}, this tfdata "
@@ -280,8 +322,10 @@ def sweep(dir: str | None = None) -> list[str]:
         return removed
     for n in names:
         path = os.path.join(base, n)
+        if _region_entries(path) is None:
+            continue  # not a region tfdata made: never ours to remove
         try:
-            fd = os.open(os.path.join(path, "owner.lock"), os.O_RDWR)
+            fd = os.open(os.path.join(path, "owner.lock"), os.O_RDWR | os.O_NOFOLLOW)
         except OSError:
             continue  # not a complete region (or not ours to judge)
         try:
@@ -295,7 +339,7 @@ def sweep(dir: str | None = None) -> list[str]:
                 ctrl.at(0, np.uint64, (1,))[_CLOSED] = 1
             except (OSError, ValueError):
                 pass
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_region_files(path)
             removed.append(path)
         finally:
             os.close(fd)
@@ -794,7 +838,7 @@ def _remove_region(path: str, ctrl: np.ndarray, owner: int, owner_fd: int) -> No
     if os.getpid() != owner:
         return
     ctrl[_CLOSED] = 1
-    shutil.rmtree(path, ignore_errors=True)
+    _remove_region_files(path)
     _release(owner_fd)
 
 
