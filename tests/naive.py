@@ -88,9 +88,16 @@ def tree_levels(leaves: np.ndarray, size: int):
     return s, mn, mx
 
 
-def stratified_slots(key: int, counter: int, leaves: np.ndarray, batch: int):
-    """Stratified proportional draws by cumulative sums: slot of mass (i + r_i) * total / batch."""
+def stratified_slots(key: int, counter: int, leaves: np.ndarray, batch: int, n: int | None = None):
+    """Stratified proportional draws by cumulative sums: slot of mass (i + r_i) * total / batch.
+
+    ``n``: the live rows; a slot at or past ``n`` (only possible when leaves past the live rows
+    hold mass, i.e. a corrupt tree) becomes ``n - 1``. The kernels draw nothing (and the buffer
+    raises) when the total is not finite and positive; so does this: it returns None.
+    """
     total = float(np.sum(leaves)) if len(leaves) else 0.0
+    if not (0.0 < total < np.inf) or (n is not None and n < 1):
+        return None
     cums = np.cumsum(leaves)
     out = []
     for i in range(batch):
@@ -100,8 +107,36 @@ def stratified_slots(key: int, counter: int, leaves: np.ndarray, batch: int):
         slot = int(np.searchsorted(cums, u, side="right"))
         while leaves[min(slot, len(leaves) - 1)] <= 0 or slot >= len(leaves):
             slot -= 1  # past the end by rounding: the last positive leaf
+        if n is not None:
+            slot = min(slot, n - 1)
         out.append(slot)
     return np.array(out, dtype=np.int64), counter
+
+
+FLOAT64_MAX = float(np.finfo(np.float64).max)
+FLOAT64_TINY = float(np.finfo(np.float64).tiny)  # the smallest normal float64
+
+
+def leaf_ok(priority: float, eps: float, alpha: float, leaves: int) -> bool:
+    """Whether a priority is accepted: finite, >= 0, and its leaf ``(p + eps) ** alpha`` is at
+    least the smallest normal float64 and at most float64 max / (2 * leaves), so that the sum of
+    all leaves is finite (computed directly, with Python's float power)."""
+    p = float(priority)
+    if not (p >= 0.0 and p < float("inf")):
+        return False
+    try:
+        leaf = (p + eps) ** alpha
+    except OverflowError:
+        return False
+    return FLOAT64_TINY <= leaf <= FLOAT64_MAX / (2 * leaves)
+
+
+def first_bad_priority(priorities, eps: float, alpha: float, leaves: int) -> int:
+    """Position of the first priority :func:`leaf_ok` refuses, or -1."""
+    for j, p in enumerate(priorities):
+        if not leaf_ok(p, eps, alpha, leaves):
+            return j
+    return -1
 
 
 class StreamModel:

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .buffer import Batch, ReplayBuffer, _check_int
+from .buffer import MAX_CAPACITY, Batch, ReplayBuffer, _check_int
 from .errors import SpecError
+from .kernels._tree import MIN_LEAF, leaf_of, max_leaf, priority_bounds
 
 
 def _check_float(name: str, value, low: float, *, low_open: bool = False) -> float:
@@ -55,6 +56,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     eps : float, default 1e-6
         Added to every priority, so no row has zero probability.
 
+    Raises
+    ------
+    ValueError
+        No priority at all would give a leaf ``(p + eps) ** alpha`` in the accepted range (see
+        *Bounds*), e.g. ``eps ** alpha`` already overflows.
+
     Notes
     -----
     *Storage of priorities.* Three binary trees over the slots, in float64: sums (sampling),
@@ -72,6 +79,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     weights ``w_i = (N P(i))**-beta / max_j (N P(j))**-beta``, where ``N = len(buffer)``,
     ``P(i) = p_i**alpha / sum_k p_k**alpha`` and the max runs over **all live rows** (not only
     the batch), so ``w_i = (min_k p_k**alpha / p_i**alpha)**beta <= 1``.
+
+    *Bounds.* Every leaf ``(p + eps) ** alpha`` must lie in ``[MIN_LEAF, max_leaf]``: at least
+    the smallest normal float64 (2.2e-308), so the total mass is positive, and at most
+    ``float64 max / (2 P)`` (``P`` the power of two ``>= capacity``), so the sum of all leaves
+    is finite. A priority whose leaf falls outside (``alpha=60`` with priorities near 1e-7,
+    which underflow to 0; ``1e308`` with ``alpha=1``, whose sum overflows) is refused with a
+    ValueError naming it, by :meth:`update_priorities`, :meth:`push` and :meth:`extend`, and
+    nothing is changed; :attr:`priority_range` gives the accepted priorities. New rows take the
+    current largest leaf (or 1.0), which is within the bounds. A state or checkpoint whose
+    leaves break them is refused. Whatever the trees hold, a sample never returns a slot
+    outside ``[0, len(buffer))``.
     """
 
     _weighted = True
@@ -85,12 +103,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.beta_final = _check_float("beta_final", beta_final, 0.0)
         self.beta_steps = None if beta_steps is None else _check_int("beta_steps", beta_steps, 1)
         self.eps = _check_float("eps", eps, 0.0, low_open=True)
+        leaves = 1 << max(0, (_check_int("capacity", capacity, 1, MAX_CAPACITY) - 1).bit_length())
+        bounds = priority_bounds(self.eps, self.alpha, leaves)
+        if bounds is None:  # refused before anything is allocated
+            raise ValueError(f"alpha={self.alpha}, eps={self.eps}: no priority p gives a leaf "
+                             f"(p + eps) ** alpha in [{MIN_LEAF}, {max_leaf(leaves)}] (eps ** alpha "
+                             f"= {leaf_of(0.0, self.eps, self.alpha)}); use a smaller alpha or eps")
+        self._max_leaf = max_leaf(leaves)
+        self._p_low, self._p_high = bounds
         super().__init__(spec, capacity, layout=layout, seed=seed, ring_size=ring_size,
                          **episode_options)
         from . import kernels
 
         self._k = kernels
-        leaves = 1 << max(0, (self.capacity - 1).bit_length())
         # one 32-byte record per node, [sum, min, max, unused]: an update reads a node's
         # children and writes the node in two cache lines for all three trees, not six
         # (measured 0.88x of the step with three separate arrays at 1M rows, reports/prioritized.md)
@@ -141,6 +166,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         frac = min(1.0, self._samples / self.beta_steps)
         return self.beta_start + (self.beta_final - self.beta_start) * frac
 
+    @property
+    def priority_range(self) -> tuple:
+        """``(low, high)``: the priorities this buffer accepts, those whose leaf
+        ``(p + eps) ** alpha`` lies in ``[MIN_LEAF, float64 max / (2 P)]`` (see *Bounds*)."""
+        return self._p_low, self._p_high
+
     def priorities(self) -> np.ndarray:
         """``(priority + eps) ** alpha`` of slots ``[0, len(self))`` (a copy, float64)."""
         leaves = self._sum.shape[0] // 2
@@ -154,14 +185,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise SpecError(f"{what}: priorities must be numbers ({exc})") from None
         if p.shape != (n,):
             raise SpecError(f"{what}: expected priorities of shape ({n},), got shape {p.shape}")
-        k = self._k.first_bad_priority(p)
+        k = self._k.first_bad_priority(p, self._p_low, self._p_high)
         if k >= 0:
-            raise ValueError(f"{what}: priorities must be finite and >= 0, got {p[k]} at position {k}")
+            v = float(p[k])
+            if not (v >= 0.0 and math.isfinite(v)):
+                raise ValueError(f"{what}: priorities must be finite and >= 0, got {v} at position {k}")
+            raise ValueError(
+                f"{what}: priority {v} at position {k} gives the leaf (p + eps) ** alpha = "
+                f"{leaf_of(v, self.eps, self.alpha)} (alpha={self.alpha}, eps={self.eps}), outside "
+                f"[{MIN_LEAF}, {self._max_leaf}] (positive, and small enough that the sum of all "
+                f"leaves is finite); this buffer accepts priorities in [{self._p_low}, {self._p_high}]")
         return p
 
     def _leaf_values(self, priorities, n: int, what: str):
         if priorities is None:
             return None
+        # checked against the bounds above, so these leaves are in [MIN_LEAF, max_leaf]
         return (self._checked_priorities(priorities, n, what) + self.eps) ** self.alpha
 
     def _on_write(self, spans, leaves) -> None:
@@ -187,13 +226,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             detected and refused), or slots in ``[0, len(self))``. A slot listed twice takes its
             last priority.
         priorities : array_like of float, shape (k,)
-            Finite and ``>= 0`` (typically ``abs(td_error)``); ``eps`` is added.
+            Finite and ``>= 0`` (typically ``abs(td_error)``); ``eps`` is added. Each must be
+            in :attr:`priority_range` (see *Bounds* in the class notes).
 
         Raises
         ------
         ValueError, TypeError
-            NaN, inf or negative priorities, out-of-range indices, mismatched shapes. Nothing
-            is changed.
+            NaN, inf or negative priorities, priorities outside :attr:`priority_range`,
+            out-of-range indices, mismatched shapes, a batch whose rows were overwritten since
+            it was sampled. Nothing is changed.
+        tfdata.StaleBatchError
+            ``indices`` is a batch whose ring slot was reused by a later sample (a ValueError).
         """
         idx, versions = batch_slots(indices)
         p = self._checked_priorities(priorities, idx.shape[0], "update_priorities")
@@ -248,9 +291,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _gather(self, ring, i: int, n: int) -> None:
         # stratified proportional draws, IS weights, versions and rows in one kernel call
         slot = ring.slots[i]
-        self._psample(self._kernel_store, self._sum, self._min, self._version, self._sampler.state,
-                      self.beta, slot.indices, ring.scratch[i], ring.weights[i], ring.versions[i],
-                      slot.kernel_out)
+        if self._psample(self._kernel_store, n, self._sum, self._min, self._version,
+                         self._sampler.state, self.beta, slot.indices, ring.scratch[i],
+                         ring.weights[i], ring.versions[i], slot.kernel_out):
+            # unreachable while the bounds hold (every live leaf is in [MIN_LEAF, max_leaf]);
+            # the kernel drew nothing and wrote nothing
+            raise RuntimeError(f"the priority tree's total mass is {float(self._sum[1])} over {n} "
+                               "rows, not finite and positive: nothing was sampled")
         self._samples += 1
 
     # -- state ------------------------------------------------------------------------------
@@ -276,9 +323,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"state alpha/eps {pri.get('alpha')}/{pri.get('eps')} differ from this "
                              f"buffer's {self.alpha}/{self.eps}")
         leaves = pri.get("leaves")
-        if (not isinstance(leaves, np.ndarray) or leaves.dtype != np.float64 or leaves.shape != (size,)
-                or not np.isfinite(leaves).all() or (leaves <= 0).any()):
-            raise ValueError(f"state priorities must be positive finite float64 of shape ({size},)")
+        if not isinstance(leaves, np.ndarray) or leaves.dtype != np.float64 or leaves.shape != (size,):
+            raise ValueError(f"state priorities must be float64 of shape ({size},), got "
+                             f"{getattr(leaves, 'dtype', type(leaves).__name__)}"
+                             f"{list(getattr(leaves, 'shape', ()))}")
+        # positive, and small enough that their sum (the root the sampler divides) is finite
+        bad = ~((leaves > 0.0) & (leaves <= self._max_leaf))
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"state priorities: leaf {k} is {leaves[k]}; every leaf must be > 0 "
+                             f"and <= {self._max_leaf} (float64 max / 2P, so that their sum is "
+                             f"finite)")
         versions = pri.get("versions")
         if (not isinstance(versions, np.ndarray) or versions.dtype != np.uint64
                 or versions.shape != (self.capacity,)):

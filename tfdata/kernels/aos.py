@@ -13,7 +13,7 @@ from numba import njit
 from .._config import NJIT_OPTIONS
 from ._copy import copy_rows
 from ._rng import fill_indices
-from ._tree import is_weights, stratified_find
+from ._tree import is_weights, live_limit, stratified_find
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
 
@@ -57,14 +57,16 @@ def sample_uniform(store, n, state, idx, out):
 
 
 @njit(**NJIT_OPTIONS)
-def sample_prioritized(store, sumt, mint, version, state, beta, idx, u, weights, versions, out):
+def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weights, versions, out):
     """Stratified proportional sample with importance weights, gathered into ``out``.
 
     Parameters
     ----------
     store : ndarray of uint64, shape (capacity, words)
+    n : int
+        Number of live rows: every slot drawn is in ``[0, n)``.
     sumt, mint : ndarray of float64, shape (2 * P,)
-        Sum and min trees (see ``tfdata.kernels._tree``); the root mass must be positive.
+        Sum and min trees (see ``tfdata.kernels._tree``).
     version : ndarray of uint64, shape (capacity,)
         Write count of every slot.
     state : ndarray of uint64, shape (2,)
@@ -81,12 +83,23 @@ def sample_prioritized(store, sumt, mint, version, state, beta, idx, u, weights,
         Output: ``version[idx]``, to detect stale priority updates.
     out : ndarray of uint64, shape (batch, words)
         Output: the sampled rows.
+
+    Returns
+    -------
+    int
+        0; or -1, with nothing drawn or written, when the root mass is not finite and positive
+        or there are no live rows (the caller raises). Whatever the trees hold, every slot
+        drawn is in ``[0, min(n, capacity))``.
     """
-    stratified_find(sumt, state, idx, u)
+    limit = live_limit(sumt, n, min(version.shape[0], store.shape[0]))
+    if limit == 0:
+        return -1
+    stratified_find(sumt, limit, state, idx, u)
     is_weights(sumt, mint, idx, beta, weights)
     for i in range(idx.shape[0]):
         versions[i] = version[idx[i]]
     copy_rows(store, idx, out)
+    return 0
 
 
 @njit(**NJIT_OPTIONS)

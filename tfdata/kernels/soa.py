@@ -14,7 +14,7 @@ from numba import njit
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._copy import copy_rows
 from ._rng import fill_indices
-from ._tree import is_weights, stratified_find
+from ._tree import is_weights, live_limit, stratified_find
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
 
@@ -73,12 +73,13 @@ def sample_uniform(store, n, state, idx, out):
 
 
 @njit(**NJIT_OPTIONS)
-def sample_prioritized(store, sumt, mint, version, state, beta, idx, u, weights, versions, out):
+def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weights, versions, out):
     """Stratified proportional sample with importance weights, gathered into ``out``.
 
     Parameters
     ----------
     store : tuple of ndarray of uint8, each shape (capacity, field_bytes)
+    n : int
     sumt, mint : ndarray of float64, shape (2 * P,)
     version : ndarray of uint64, shape (capacity,)
     state : ndarray of uint64, shape (2,)
@@ -89,14 +90,22 @@ def sample_prioritized(store, sumt, mint, version, state, beta, idx, u, weights,
     versions : ndarray of uint64, shape (batch,)
     out : tuple of ndarray of uint8, each shape (batch, field_bytes)
 
-    See ``tfdata.kernels.aos.sample_prioritized``; only the row copy differs.
+    See ``tfdata.kernels.aos.sample_prioritized`` (the same return value); only the row copy
+    differs.
     """
-    stratified_find(sumt, state, idx, u)
+    rows = version.shape[0]
+    for f in range(len(store)):
+        rows = min(rows, store[f].shape[0])
+    limit = live_limit(sumt, n, rows)
+    if limit == 0:
+        return -1
+    stratified_find(sumt, limit, state, idx, u)
     is_weights(sumt, mint, idx, beta, weights)
     for i in range(idx.shape[0]):
         versions[i] = version[idx[i]]
     for f in range(len(store)):
         _copy_field(store[f], idx, out[f])
+    return 0
 
 
 @njit(**NJIT_OPTIONS)
