@@ -85,12 +85,16 @@ def test_sample_returns_ring_views_and_copies(layout):
     b2 = buf.sample(8)
     assert b2 is not b1
     assert_batches_equal(b1, kept)  # still valid after one more sample (ring of 2)
+    obs1 = b1["obs"]
     b3 = buf.sample(8)
-    assert b3 is b1  # the ring came round: same memory, newer data
+    # the ring came round: same memory, newer data; b1, still held, is retired (stale)
+    assert b3 is not b1 and np.shares_memory(b3["obs"], obs1)
     assert not np.array_equal(b3.indices, kept.indices)
+    with pytest.raises(tfdata.StaleBatchError):
+        b1["obs"]
     with pytest.raises(TypeError):
-        b1["obs"] = np.zeros((8, 4), np.float32)  # the ring's mapping is read-only
-    assert dict(b1).keys() == set(buf.spec.names)
+        b3["obs"] = np.zeros((8, 4), np.float32)  # the ring's mapping is read-only
+    assert dict(b3).keys() == set(buf.spec.names)
     c = buf.sample(8, copy=True)
     assert all(v.flags.c_contiguous and v.flags.owndata for v in c.values())
     assert c is not buf.sample(8)

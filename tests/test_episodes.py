@@ -126,6 +126,8 @@ class EpisodeMachine(RuleBasedStateMachine):
     def sequences(self, bs, length, reject):
         policy = "reject" if reject else "mask"
         model = self.model
+        # as for sample: at most the rows held, and no slice longer than a stream can hold
+        bs, length = min(bs, model.size), min(length, model.capacity // model.num_envs)
         valid = [s for s in range(model.size) if model.slice_valid(s, length)]
         if reject and not valid:
             for b in (self.full, self.elided):

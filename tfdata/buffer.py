@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ._fastpath import make_push
-from .errors import SpecError
+from .errors import SpecError, StaleBatchError
 from .sampler import UniformSampler
 from .spec import Spec
 from .episodes import Episodes, resolve_next_of, resolve_roles, stored_spec
@@ -56,6 +57,15 @@ class Batch(Mapping):
     times; after that the same memory holds a newer batch. Each thread has its own ring.
     Keep a batch longer with ``sample(copy=True)`` or :meth:`copy`. The mapping itself is
     read-only (it is reused by the ring); ``dict(batch)`` gives a mutable one.
+
+    *A batch knows when it is stale.* When a sample reuses a ring slot whose previous batch is
+    still referenced (kept in a list, held by another thread, ...), that batch is retired: from
+    then on reading a field, its attributes, iterating it, :meth:`copy` or passing it to
+    ``update_priorities`` raise :class:`tfdata.StaleBatchError`, instead of silently showing
+    (or updating the priorities of) the rows of a newer batch. A batch nobody holds any more is
+    reused as it is, so the common loop allocates nothing and reads fields at full speed.
+    Arrays taken out of a batch before that (``obs = batch["obs"]``) are plain views and are
+    not protected. Batches from ``copy=True`` or :meth:`copy` never go stale.
     """
 
     __slots__ = ("_fields", "indices", "weights", "versions", "discounts", "mask")
@@ -88,6 +98,75 @@ class Batch(Mapping):
     def __repr__(self) -> str:
         inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
         return f"Batch({{{inner}}}, indices=int64{list(self.indices.shape)})"
+
+    def _retire(self) -> "Batch":
+        """Make this batch stale and return a fresh one with the same contents (the ring's next
+        batch of this slot). Used when the slot is about to be reused while this batch is held."""
+        cls = type(self)
+        fresh = object.__new__(cls)
+        for name in _slot_names(cls):
+            try:
+                setattr(fresh, name, getattr(self, name))
+            except AttributeError:  # a slot never set
+                pass
+        self.__class__ = _stale_class(cls)
+        return fresh
+
+
+_SLOT_NAMES: dict = {}
+_STALE_CLASSES: dict = {}
+_STALE_MESSAGE = ("this batch is stale: its output-ring slot was reused by a later sample, so its "
+                  "arrays now hold another batch's rows (a batch from sample(copy=False) is valid "
+                  "until this thread has sampled ring_size more batches of the same size); keep a "
+                  "batch longer with sample(copy=True) or batch.copy() while it is valid")
+
+
+def _slot_names(cls) -> tuple:
+    names = _SLOT_NAMES.get(cls)
+    if names is None:
+        names = _SLOT_NAMES[cls] = tuple(n for c in cls.__mro__ for n in getattr(c, "__slots__", ())
+                                         if n not in ("__weakref__", "__dict__"))
+    return names
+
+
+def _stale_class(cls) -> type:
+    """The stale twin of a Batch class: same memory layout (so ``__class__`` can be switched),
+    every field, attribute and method raising :class:`StaleBatchError`; ``repr`` still works."""
+    stale = _STALE_CLASSES.get(cls)
+    if stale is not None:
+        return stale
+
+    def refuse(self, *args, **kwargs):
+        raise StaleBatchError(_STALE_MESSAGE)
+
+    def refused(self):
+        raise StaleBatchError(_STALE_MESSAGE)
+
+    def stale_repr(self):
+        return f"<stale {cls.__name__}: its ring slot was reused by a later sample>"
+
+    ns = {"__slots__": (), "__repr__": stale_repr, "__doc__": f"A stale {cls.__name__}."}
+    for name in ("__getitem__", "__iter__", "__len__", "__contains__", "__eq__", "get", "keys",
+                 "items", "values", "copy", "copy_with_metrics", "__reduce_ex__", "__reduce__",
+                 "__copy__", "__deepcopy__"):
+        ns[name] = refuse
+    for name in _slot_names(cls):
+        if not name.startswith("_"):
+            ns[name] = property(refused)
+    stale = _STALE_CLASSES[cls] = type(f"Stale{cls.__name__}", (cls,), ns)
+    return stale
+
+
+def _unheld_refcount() -> int:
+    """What ``sys.getrefcount(batch)`` gives, in the shape :meth:`ReplayBuffer.sample` calls it,
+    for a batch that only its ring's list refers to (measured: it differs between Pythons)."""
+    batches = [Batch({}, None)]
+    batch = batches[0]
+    return _getrefcount(batch)
+
+
+_getrefcount = sys.getrefcount
+_UNHELD = _unheld_refcount()
 
 
 class _OutputRing:
@@ -642,8 +721,14 @@ class ReplayBuffer:
             ``1 <= batch_size <= len(self)``.
         copy : bool, default False
             False returns views into this thread's output ring (valid until this thread has
-            sampled ``ring_size`` more batches of this size); True returns arrays that are the
-            caller's to keep.
+            sampled ``ring_size`` more batches of this size; a batch still held then is
+            retired, see :class:`Batch`); True returns arrays that are the caller's to keep.
+
+        Raises
+        ------
+        ValueError
+            ``batch_size`` larger than ``len(self)``: checked before the output ring of a new
+            batch size is allocated, so a refused call takes no memory.
 
         Returns
         -------
@@ -658,9 +743,12 @@ class ReplayBuffer:
         try:
             ring = self._local.rings[batch_size]
         except (AttributeError, KeyError, TypeError):
+            n = self._writer.size
+            if batch_size > n:  # check, then allocate: a refused sample builds no ring
+                raise ValueError(self._too_few_rows(batch_size, n))
             ring = self._new_ring(batch_size)
         with self._lock:
-            n = self._writer.size
+            n = self._writer.size  # again: a clear() may have run since
             if batch_size > n:
                 raise ValueError(self._too_few_rows(batch_size, n))
             i = ring.next
@@ -671,6 +759,8 @@ class ReplayBuffer:
             if self._spill is not None:
                 self._spill.after_sample()
         batch = ring.batches[i]
+        if _getrefcount(batch) > _UNHELD:  # the slot's previous batch is still held: retire it
+            batch = ring.batches[i] = batch._retire()
         return batch.copy() if copy else batch
 
     def _post_sample(self, out: Output, x: dict, idx: np.ndarray) -> None:
@@ -705,7 +795,9 @@ class ReplayBuffer:
         Parameters
         ----------
         batch_size, length : int
-            ``batch_size >= 1``; ``length >= 1``.
+            ``1 <= batch_size <= len(self)`` (start rows are drawn with replacement, as in
+            :meth:`sample`); ``1 <= length <= capacity // num_envs`` (no slice is longer than
+            a stream can hold). Both are checked before any output is allocated.
         policy : {"mask", "reject"}
             What to do with a slice that would run past its episode's end (or past the newest
             row): ``"mask"`` keeps it, repeats its last valid row in the remaining positions and
@@ -731,6 +823,9 @@ class ReplayBuffer:
             raise ValueError(f"policy must be 'mask' or 'reject', got {policy!r}")
         batch_size = _check_int("batch_size", batch_size, 1)
         length = _check_int("length", length, 1)
+        reject = policy == "reject"
+        # check, then allocate: a refused call builds no ring
+        self._check_slices(batch_size, length, reject, self._writer.size)
         key = ("seq", batch_size, length)
         try:
             ring = self._local.rings[key]
@@ -738,12 +833,7 @@ class ReplayBuffer:
             ring = self._new_ring(batch_size, length)
         with self._lock:
             n = self._writer.size
-            if n == 0:
-                raise ValueError("cannot sample from an empty buffer")
-            steps = n // self.num_envs
-            if policy == "reject" and length > steps:
-                raise ValueError(f"no slice of length {length} exists: the buffer holds {steps} "
-                                 f"steps per stream")
+            self._check_slices(batch_size, length, reject, n)  # a clear() may have run since
             i = ring.next
             slot, x = ring.slots[i], ring.extra[i]
             idx = slot.indices.reshape(batch_size, length)
@@ -764,7 +854,26 @@ class ReplayBuffer:
             if self._spill is not None:
                 self._spill.after_sample()
         batch = ring.batches[i]
+        if _getrefcount(batch) > _UNHELD:  # see sample()
+            batch = ring.batches[i] = batch._retire()
         return batch.copy() if copy else batch
+
+    def _check_slices(self, batch_size: int, length: int, reject: bool, n: int) -> None:
+        """Refuse slice sizes the rows ``n`` held cannot back (before anything is allocated)."""
+        if n == 0:
+            raise ValueError("cannot sample from an empty buffer")
+        if batch_size > n:
+            raise ValueError(f"batch_size {batch_size} is larger than the {n} rows held; slices "
+                             f"start at rows drawn with replacement but need batch_size <= len(buffer)")
+        steps = self.capacity // self.num_envs
+        if length > steps:
+            raise ValueError(f"length {length} is longer than any slice can be: the buffer keeps "
+                             f"at most {steps} steps per stream (capacity {self.capacity}, num_envs "
+                             f"{self.num_envs})")
+        steps = n // self.num_envs
+        if reject and length > steps:
+            raise ValueError(f"no slice of length {length} exists: the buffer holds {steps} "
+                             f"steps per stream")
 
     def _gather(self, ring: _OutputRing, i: int, n: int) -> None:
         """Fill slot ``i`` of ``ring`` with a sample of the ``n`` valid rows (lock held)."""

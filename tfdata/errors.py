@@ -13,6 +13,14 @@ class SpecError(ValueError, TypeError):
     """
 
 
+class StaleBatchError(ValueError):
+    """A :class:`~tfdata.Batch` was used after its output-ring slot was reused by a later sample:
+    its arrays now hold another batch's rows. Raised by reading its fields or attributes,
+    iterating it, ``copy()`` and ``update_priorities``. Keep a batch longer with
+    ``sample(copy=True)`` or ``batch.copy()`` while it is valid. A ValueError, like the refusal
+    of an update whose rows were overwritten since the sample."""
+
+
 class FormatError(ValueError):
     """A file is not a dataset tfdata can read: wrong magic, an unknown version, a header that
     disagrees with the file's size, or fields that are not numeric data.

@@ -57,7 +57,10 @@ class LoaderConfig:
     Parameters
     ----------
     batch_size : int
-        Rows per batch, >= 1.
+        Rows per batch, >= 1. A batch size above the dataset's length gives one batch of all
+        the rows (or, with ``drop_last``, is refused); the loader's memory is sized by the
+        rows a batch can really hold, ``min(batch_size, len(dataset))``, never by
+        ``batch_size`` alone.
     shuffle : bool or {"block"}
         False: file order. True: a full permutation per epoch. "block": block shuffle (see the
         module docstring) for data larger than memory.
@@ -66,7 +69,8 @@ class LoaderConfig:
     seed : int or None
         Seed of every epoch's order; None draws one from the OS (kept in :attr:`seed`).
     prefetch : int
-        Batches the background thread prepares ahead; 0 gathers in the caller's thread.
+        Batches the background thread prepares ahead; 0 gathers in the caller's thread. The
+        ring has ``min(prefetch, batches per epoch) + 1`` slots.
     zero_copy : bool
         Unshuffled batches are views of the dataset (no copy). False copies them into the ring.
     block_rows : int or None
@@ -202,7 +206,9 @@ class DataLoader:
         self._n = n
         self._batches = n // b if config.drop_last else -(-n // b)
         self._gathers = config.mode != "none" or not config.zero_copy
-        ring = config.prefetch + 1
+        # memory bounded by the data: no batch has more than n rows, and no more than one slot
+        # per batch of the epoch can be in flight (see _sizes)
+        self._rows, ring = self._sizes(config, n)
         self.allocator = a = alloc.resolve(allocator)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         block_rows = None
@@ -211,15 +217,16 @@ class DataLoader:
         # checked before anything is allocated
         check_budget(self.memory_budget, self._planned_parts(dataset, config, n, block_rows),
                      f"DataLoader of batch {b}, prefetch {config.prefetch}, shuffle={config.shuffle!r}")
+        rows = self._rows
         if self._gathers:
-            self._ring = [self._new_output(dataset, b, allocator) for _ in range(ring)]
+            self._ring = [self._new_output(dataset, rows, allocator) for _ in range(ring)]
         else:
             self._ring = [None] * ring
-        self._idx = [a.zeros(b, np.int64) for _ in range(ring)]
+        self._idx = [a.zeros(rows, np.int64) for _ in range(ring)]
         # full gathered batches are the same objects every time their slot comes round
         self._full = [Batch(out.fields, idx) for out, idx in zip(self._ring, self._idx)] if self._gathers else None
-        self._base = a.empty(b, np.int64)
-        self._base[:] = np.arange(b, dtype=np.int64)
+        self._base = a.empty(rows, np.int64)
+        self._base[:] = np.arange(rows, dtype=np.int64)
         self._perm = self._blocks = self._window = None
         if config.mode == "full":
             self._perm = a.zeros(n, np.int32 if n < 1 << 31 else np.int64)
@@ -255,8 +262,18 @@ class DataLoader:
         return dataset.new_output(b)  # a dataset of the older contract: its own memory
 
     @staticmethod
+    def _sizes(config: LoaderConfig, n: int) -> tuple:
+        """``(rows, slots)`` of the batch ring: a batch never holds more than the ``n`` rows of
+        the dataset (``batch_size=5e7`` over 1,000 rows takes 1,000 rows per slot, not 5e7),
+        and the producer is never more than the epoch's batches ahead, so
+        ``prefetch`` beyond that takes no slot. At least one row, for an empty dataset."""
+        b = config.batch_size
+        batches = n // b if config.drop_last else -(-n // b)
+        return max(1, min(b, n)), min(config.prefetch, batches) + 1
+
+    @staticmethod
     def _planned_parts(dataset, config: LoaderConfig, n: int, block_rows) -> dict:
-        b, ring = config.batch_size, config.prefetch + 1
+        b, ring = DataLoader._sizes(config, n)
         gathers = config.mode != "none" or not config.zero_copy
         order = 0
         if config.mode == "full":
@@ -335,6 +352,7 @@ class _Plan:
         self.ds = loader.dataset
         self.n = loader._n
         self.b = c.batch_size
+        self.rows = loader._rows  # rows of a ring slot: min(batch_size, n)
         self.batches = loader._batches
         self.mode = c.mode
         self.gathers = loader._gathers
@@ -355,7 +373,7 @@ class _Plan:
         mapped = getattr(self.ds, "mapped_nbytes", 0)
         limit = c.resident_limit
         self.limit = limit if (limit is not None and mapped > limit) else None
-        self.lag = c.prefetch + 1
+        self.lag = len(loader._ring)
         self.released = 0  # rows [0, released) already released (file order)
         if self.limit is not None and self.mode != "none":
             # shuffled reads: how much a fault maps depends on the kernel (fault-around, large
@@ -423,7 +441,7 @@ class _Plan:
         return self._batch(slot, m)
 
     def _batch(self, slot: int, m: int) -> Batch:
-        if m == self.b:
+        if m == self.rows:
             return self.full[slot]
         out = self.ring[slot]
         return Batch({name: v[:m] for name, v in out.fields.items()}, self.idx[slot][:m])

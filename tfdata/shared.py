@@ -48,7 +48,7 @@ import numpy as np
 
 from . import io
 from ._fastpath import make_push
-from .buffer import Batch, _check_int, _weak_method
+from .buffer import _UNHELD, Batch, _check_int, _getrefcount, _weak_method
 from .errors import FormatError, SharedBufferError, WriterLostWarning
 from .sampler import UniformSampler
 from .spec import Spec
@@ -620,6 +620,10 @@ class SharedReplayBuffer:
         try:
             ring = self._local.rings[batch_size]
         except (AttributeError, KeyError, TypeError):
+            n = len(self)
+            if batch_size > n:  # check, then allocate: a refused sample builds no ring
+                raise ValueError("cannot sample from an empty buffer" if n == 0 else
+                                 f"batch_size {batch_size} is larger than the {n} rows held")
             ring = self._ring(batch_size)
         if time.monotonic() >= self._watch_at:
             self._watch()
@@ -638,6 +642,9 @@ class SharedReplayBuffer:
                 raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} rows drawn "
                                         f"were all mid-write")
             self.redraws += got
+        if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
+            batch = batch._retire()
+            ring[1][i] = (out, scratch, batch)
         return batch.copy() if copy else batch
 
     def _ring(self, batch_size):
@@ -724,6 +731,9 @@ class SharedReplayBuffer:
                     if k < batch_size:  # a partial batch: views of the first k rows
                         batch = _FifoBatch({n: v[:k] for n, v in batch.items()}, batch.indices[:k])
                         batch.metrics = metrics
+                    elif _getrefcount(batch) > _UNHELD:  # still held: retire it (see Batch)
+                        batch = batch._retire()
+                        ring[1][i] = (out, slots, batch, metrics)
                     break
             if expired:
                 raise TimeoutError(f"shared buffer {self.name!r}: {int(self._info[0])} rows queued "
