@@ -108,7 +108,10 @@ def test_saving_again_replaces_the_checkpoint(tmp_path):
     buf.save(tmp_path / "ck")
     for s in ss[1:]:
         buf.extend(s)
-    buf.save(tmp_path / "ck")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        buf.save(tmp_path / "ck")
+    assert len(tfdata.ReplayBuffer.load(tmp_path / "ck")) == 1
+    buf.save(tmp_path / "ck", overwrite=True)
     assert len(tfdata.ReplayBuffer.load(tmp_path / "ck")) == 10
     assert sorted(os.listdir(tmp_path)) == ["ck"]
 
@@ -145,10 +148,11 @@ def test_load_type_check_and_corrupt_checkpoints(tmp_path):
     broken(lambda d: d.update(version=[2, 0]), "version")
     broken(lambda d: d.update(**{"class": "os.system"}), "unknown buffer class")
     broken(lambda d: d["state"]["episodes"].update(episode={"$array": "../../etc/passwd"}), "not a file under arrays")
-    broken(lambda d: d["state"]["writer"].update(size=5), "holds 1 rows, the state says 5")
-    broken(lambda d: d["config"].update(capacity=0), "cannot rebuild")
+    broken(lambda d: d["state"]["writer"].update(size=5, cursor=5), "holds 1 rows, the state says 5")
+    broken(lambda d: d["state"]["writer"].update(size=5), "writer.cursor")
+    broken(lambda d: d["config"].update(capacity=0), "config.capacity")
     broken(lambda d: d.update(rows="/etc"), "rows must be")
-    broken(lambda d: d["state"]["sampler"].update(counter=-1), "sampler state", ValueError)
+    broken(lambda d: d["state"]["sampler"].update(counter=-1), "sampler.counter")
     (tmp_path / "ck" / "state.json").write_text(json.dumps(doc))
     assert len(tfdata.ReplayBuffer.load(tmp_path / "ck")) == 1
     os.remove(tmp_path / "ck" / "state.json")

@@ -941,17 +941,20 @@ class ReplayBuffer:
                 "num_envs": self.num_envs, "n_step": self.n_step, "gamma": self.gamma,
                 "next_of": dict(self.next_of), "elide_next": self.elide_next, "roles": dict(self._roles)}
 
-    def save(self, path) -> None:
+    def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory: rows, cursor, RNG state, episode bookkeeping, config.
 
         The rows go straight from the storage to the file (no second copy in memory), and the
         checkpoint appears at ``path`` atomically (written beside it, then renamed). Readable
         without tfdata: ``state.json``, ``arrays/*.npy`` and the rows as a dataset file (see
         :mod:`tfdata.checkpoint`). Holds the buffer's lock while writing.
+
+        ``overwrite``: an existing ``path`` is refused (``FileExistsError``) unless this is True
+        and ``path`` is a tfdata checkpoint; nothing else is ever replaced or deleted.
         """
         from .checkpoint import save
 
-        save(self, path)
+        save(self, path, overwrite=overwrite)
 
     @classmethod
     def load(cls, path, **spill) -> "ReplayBuffer":

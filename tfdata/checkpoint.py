@@ -9,32 +9,124 @@ Layout of a checkpoint directory (format ``tfdata.checkpoint`` 1.0)::
     rows.npy | rows/  the first ``size`` physical rows of the storage, as a tfdata dataset file
                       (AoS ``.npy`` or SoA directory, the buffer's layout)
 
+Saving
+------
 Saving holds the buffer's lock and streams the rows from the storage into the file in chunks
 of at most 16 MiB (AoS records are written straight from the storage's memory), so the peak
-memory of a save is the buffer plus one chunk. The directory is written beside ``path`` and
-renamed into place: a crash during a save leaves the previous checkpoint intact.
+memory of a save is the buffer plus one chunk.
 
-Loading validates everything through ``load_state_dict`` before a byte of the new buffer is
-written, maps the rows file and copies it in 16 MiB chunks, releasing each chunk's pages.
-No pickle anywhere: JSON and ``.npy`` with ``allow_pickle=False``.
+*Nothing that is not a checkpoint is ever replaced or deleted.* An existing ``path`` is refused
+(``FileExistsError``) unless ``overwrite=True`` and ``path`` is a checkpoint directory: a real
+directory (not a link) whose ``state.json`` is a ``tfdata.checkpoint`` document and which holds
+nothing but checkpoint files (``state.json``, the ``arrays/*.npy`` it names, ``rows.npy`` or
+``rows/`` with its manifest and the field files the manifest names), each a regular file. Any
+other file in it (a project directory with sources, a file at ``path``) makes the save refuse and
+leaves ``path`` untouched.
+
+The new checkpoint is written into a directory this call creates exclusively beside ``path``
+(``tempfile.mkdtemp``, a dot name); every file is flushed (``fsync``) and so are the directories.
+Then an existing checkpoint is renamed aside to a second name this call creates, the new one is
+renamed into place, the parent directory is flushed, and the old one is deleted file by file,
+only after checking again that it holds nothing but checkpoint files (if it does not, it is left
+under its dot name, with a warning). A failure at any point before the rename removes only the
+temporary directory and leaves ``path`` as it was. No other name is ever deleted (earlier
+versions removed ``path + ".tmp-checkpoint"`` and ``path + ".old-checkpoint"``: no longer).
+
+Loading
+-------
+A checkpoint is untrusted input. Nothing read from it reaches a constructor, an allocation size
+or a path before it is checked, and every problem is a :class:`~tfdata.errors.FormatError`
+naming the file and the field (only a missing ``path`` or ``state.json`` is
+``FileNotFoundError``). Checked, in this order, before anything is allocated:
+
+* files: ``state.json``, ``arrays/``, each array file, ``rows.npy`` or ``rows/`` and every entry
+  of ``rows/`` and ``arrays/`` must be a regular file (or directory), never a symbolic link, a
+  FIFO or a device (checked with ``lstat`` before opening; array files are opened with
+  ``O_NOFOLLOW | O_NONBLOCK``, so a FIFO cannot block the load);
+* ``state.json``: at most 8 MiB, standard JSON (no NaN or Infinity, integers of at most 40
+  digits), nested no deeper than the format needs (deeper is a FormatError, never a
+  RecursionError); exactly the keys of the format at every level;
+* ``config``: an allow-list per class, exact JSON types (a bool is not an int):
+  ``capacity`` int in ``[1, 2**32 - 1]``; ``layout`` ``"aos"`` or ``"soa"``; ``ring_size`` int in
+  ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step`` null or int in
+  ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and ``roles`` objects of field
+  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; and for a
+  ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
+  float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
+  ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
+  *loading never writes outside the checkpoint directory* (where a buffer spills is the
+  caller's choice, through the keywords of :func:`load`);
+* spec: at most 32 dimensions per field, each in ``[1, 2**31 - 1]``, at most ``2**31 - 1``
+  bytes per row, dtype strings in numpy's canonical form of a bool or numeric type, names
+  non-empty strings of at most 1024 characters;
+* state: capacity, layout and num_envs equal the config's; writer ``size`` in ``[0, capacity]``
+  and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of num_envs and equal
+  to ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``;
+  prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
+* arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
+  exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
+  ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
+  (leaves) must be finite, positive, at most ``float64 max / 2P`` and sum to a finite total;
+  episode numbers must follow the rows' episode ends (each stream's number grows by one after
+  a terminated or truncated row and only then), the elided-next bookkeeping must name exactly
+  the rows that ended an episode;
+* rows: the dataset's fields equal the spec's and it holds ``size`` rows;
+* memory: the bytes the buffer would hold (:meth:`ReplayBuffer.plan_memory`, with the
+  ``spill_path`` / ``hot_rows`` / ``hot_bytes`` given to :func:`load`) must fit ``memory_budget``
+  if given, else the memory available on the machine: a checkpoint of a few kilobytes cannot
+  make a load allocate more than the machine has.
+
+Then the buffer is built, the rows are mapped and copied in 16 MiB chunks (releasing each
+chunk's pages), and ``load_state_dict`` validates again before a byte of the buffer is
+written. No pickle anywhere: JSON and ``.npy`` read by tfdata's own header check.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
+import stat
+import tempfile
+import warnings
 
 import numpy as np
 
-from .errors import FormatError
-from .spec import Spec
+from .errors import FormatError, SpecError
+from .spec import Field, Spec
 
 FORMAT = "tfdata.checkpoint"
 VERSION = (1, 0)
 _STATE = "state.json"
-_SAFE = re.compile(r"^arrays/[A-Za-z0-9_.\-]+\.npy$")
+_ARRAYS = "arrays"
+_SAFE = re.compile(r"^arrays/[A-Za-z0-9_][A-Za-z0-9_.\-]*\.npy$")
+_SAFE_STEM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,150}$")
+#: Largest ``state.json`` accepted: the arrays are separate files, so a state holds the spec,
+#: the config and a few scalars (about 100 bytes per field).
+STATE_LIMIT = 8 << 20
+#: Largest ``ring_size`` accepted from a checkpoint. A buffer allocates ``ring_size`` output
+#: batches at the first sample of each batch size; the default is 2, and a larger ring only
+#: lets a batch live longer. A checkpoint of a few kilobytes must not make the first sample
+#: allocate gigabytes.
+MAX_RING_SIZE = 64
+MAX_CAPACITY = (1 << 32) - 1
+#: ``n_step`` accepted from a checkpoint: at most ``max(capacity, MAX_SHORT_N_STEP)``.
+MAX_SHORT_N_STEP = 1024
+_U64 = (1 << 64) - 1
+_MAX_NDIM = 32
+_MAX_DIM = (1 << 31) - 1
+_MAX_ROW_BYTES = (1 << 31) - 1
+_MAX_NAME = 1024
+_MAX_INT_DIGITS = 40
+_DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
+_CHUNK = 1 << 20  # rows per chunk of the consistency checks (bounded temporaries)
+# the constructor's keywords a checkpoint may carry, per class, and those it never may
+_CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
+                "elide_next", "roles")
+_PRIORITIZED_KEYS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
+_OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
 
 
 def _classes() -> dict:
@@ -45,11 +137,207 @@ def _classes() -> dict:
     return {"ReplayBuffer": ReplayBuffer, "PrioritizedReplayBuffer": PrioritizedReplayBuffer}
 
 
+# -- files -------------------------------------------------------------------------------------
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory
+        pass
+    finally:
+        os.close(fd)
+
+
+def _lstat(path: str, missing: str | None = None) -> os.stat_result:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: missing{missing or ''}") from None
+
+
+def _regular(path: str) -> os.stat_result:
+    """Refuse a link, FIFO, device, socket or directory at ``path`` (FormatError), unopened."""
+    st = _lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise FormatError(f"{path}: is a symbolic link; a checkpoint holds no links (tfdata never "
+                          f"follows one out of a checkpoint directory)")
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{path}: not a regular file (a directory, FIFO, socket or device)")
+    return st
+
+
+def _directory(path: str) -> None:
+    st = _lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise FormatError(f"{path}: is a symbolic link; a checkpoint holds no links (tfdata never "
+                          f"follows one out of a checkpoint directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise FormatError(f"{path}: not a directory")
+
+
+def _open_regular(path: str):
+    """``path`` opened for reading, refused unless a regular file: no link is followed and a FIFO
+    does not block (``O_NONBLOCK``); the type is checked again on the open descriptor."""
+    _regular(path)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot be opened ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FormatError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(text)} digits")
+    return int(text)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read_state(spath: str) -> dict:
+    """The JSON object in ``state.json``, bounded in size and nesting; FileNotFoundError if
+    there is none (the directory is not a checkpoint), FormatError for anything else wrong."""
+    if not os.path.lexists(spath):
+        raise FileNotFoundError(f"{os.path.dirname(spath)}: not a tfdata checkpoint (no {_STATE})")
+    with _open_regular(spath) as f:
+        data = f.read(STATE_LIMIT + 1)
+    if len(data) > STATE_LIMIT:
+        raise FormatError(f"{spath}: larger than {STATE_LIMIT} bytes; not a checkpoint's state")
+    try:
+        doc = json.loads(data, parse_int=_parse_int, parse_constant=_no_constant)
+    except RecursionError:  # deeper than the parser's stack: no state of ours is
+        raise FormatError(f"{spath}: JSON nested too deeply; not a checkpoint's state") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{spath}: not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise FormatError(f"{spath}: format is not {FORMAT!r}")
+    return doc
+
+
+def _array_refs(doc) -> set:
+    """Every ``{"$array": name}`` string in ``doc`` (an explicit stack: no recursion)."""
+    refs, stack = set(), [doc]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            if set(obj) == {"$array"} and isinstance(obj["$array"], str):
+                refs.add(obj["$array"])
+            stack.extend(obj.values())
+        elif isinstance(obj, list):
+            stack.extend(obj)
+    return refs
+
+
+def _checkpoint_files(path: str) -> tuple[list, list]:
+    """``(files, dirs)`` of the checkpoint directory ``path``, relative, deepest first; raises
+    FormatError if ``path`` is not one or holds anything else (see the module docstring)."""
+    _directory(path)
+    doc = _read_state(os.path.join(path, _STATE))
+    files, dirs = [_STATE], []
+    names = set(os.listdir(path))
+    extra = names - {_STATE, _ARRAYS, "rows.npy", "rows"}
+    if {"rows.npy", "rows"} <= names:
+        extra.add("rows")
+    if _ARRAYS in names:
+        _directory(os.path.join(path, _ARRAYS))
+        refs = _array_refs(doc)
+        for name in os.listdir(os.path.join(path, _ARRAYS)):
+            rel = f"{_ARRAYS}/{name}"
+            if rel not in refs or not _SAFE.match(rel):
+                extra.add(rel)
+                continue
+            _regular(os.path.join(path, rel))
+            files.append(rel)
+        dirs.append(_ARRAYS)
+    if "rows.npy" in names:
+        _regular(os.path.join(path, "rows.npy"))
+        files.append("rows.npy")
+    elif "rows" in names:
+        rows = os.path.join(path, "rows")
+        _directory(rows)
+        mpath = os.path.join(rows, "manifest.json")
+        with _open_regular(mpath) as f:
+            text = f.read(1 << 20)
+        try:
+            manifest = json.loads(text, parse_int=_parse_int, parse_constant=_no_constant)
+            fields = manifest["fields"]
+            known = {e["file"] for e in fields if isinstance(e.get("file"), str)}
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            raise FormatError(f"{mpath}: not a tfdata manifest") from None
+        known |= {"manifest.json", "manifest.json.tmp"}
+        for name in os.listdir(rows):
+            if name not in known or "/" in name:
+                extra.add(f"rows/{name}")
+                continue
+            _regular(os.path.join(rows, name))
+            files.append(f"rows/{name}")
+        dirs.append("rows")
+    if extra:
+        shown = sorted(extra)
+        raise FormatError(f"{path}: holds files that are not part of a checkpoint "
+                          f"({', '.join(shown[:5])}{', ...' if len(shown) > 5 else ''})")
+    return files[::-1], dirs
+
+
+def _check_replaceable(path: str) -> None:
+    try:
+        _checkpoint_files(path)
+    except (FormatError, OSError) as exc:
+        raise FileExistsError(f"{path}: exists and is not a tfdata checkpoint directory, so it is "
+                              f"not replaced ({exc})") from None
+
+
+def _remove_checkpoint(path: str) -> None:
+    """Delete the checkpoint directory ``path`` (moved aside by this module) file by file, after
+    checking that it holds only checkpoint files; otherwise leave it, with a warning."""
+    try:
+        files, dirs = _checkpoint_files(path)
+    except (FormatError, OSError) as exc:
+        warnings.warn(f"{path}: the replaced checkpoint was left there: it holds more than a "
+                      f"checkpoint ({exc})", RuntimeWarning, stacklevel=3)
+        return
+    try:
+        for rel in files:
+            os.unlink(os.path.join(path, rel))
+        for rel in dirs:
+            os.rmdir(os.path.join(path, rel))
+        os.rmdir(path)
+    except OSError as exc:  # a file appeared meanwhile: it stays
+        warnings.warn(f"{path}: the replaced checkpoint could not be removed completely ({exc})",
+                      RuntimeWarning, stacklevel=3)
+
+
+# -- saving ------------------------------------------------------------------------------------
+
+
+def _write_npy(path: str, arr: np.ndarray) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    with os.fdopen(fd, "wb") as f:
+        np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _encode(obj, base: str, prefix: str, arrays: list):
-    """JSON-able copy of ``obj`` with every ndarray written to ``arrays/<prefix>.npy``."""
+    """JSON-able copy of ``obj`` with every ndarray written to ``arrays/<name>.npy``."""
     if isinstance(obj, np.ndarray):
-        rel = f"arrays/{prefix}.npy"
-        np.save(os.path.join(base, rel), obj, allow_pickle=False)
+        # the key path names the file where it is a safe file name (a field name may not be)
+        stem = prefix if _SAFE_STEM.match(prefix) else f"a{len(arrays)}"
+        rel = f"{_ARRAYS}/{stem}.npy"
+        if rel in arrays:
+            rel = f"{_ARRAYS}/a{len(arrays)}.npy"
+        _write_npy(os.path.join(base, rel), obj)
         arrays.append(rel)
         return {"$array": rel}
     if isinstance(obj, dict):
@@ -61,34 +349,31 @@ def _encode(obj, base: str, prefix: str, arrays: list):
     return obj
 
 
-def _decode(obj, base: str):
-    if isinstance(obj, dict):
-        if set(obj) == {"$array"}:
-            rel = obj["$array"]
-            if not isinstance(rel, str) or not _SAFE.match(rel):
-                raise FormatError(f"{base}: array reference {rel!r} is not a file under arrays/")
-            try:
-                return np.load(os.path.join(base, rel), allow_pickle=False)
-            except (ValueError, OSError) as exc:
-                raise FormatError(f"{base}: {rel}: {exc}") from None
-        return {k: _decode(v, base) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(v, base) for v in obj]
-    return obj
+def save(buffer, path, overwrite: bool = False) -> None:
+    """Write ``buffer`` to the checkpoint directory ``path`` (see the module docstring).
 
-
-def save(buffer, path) -> None:
-    """Write ``buffer`` to the checkpoint directory ``path`` (see the module docstring)."""
+    Raises
+    ------
+    FileExistsError
+        ``path`` exists and ``overwrite`` is False, or it is not a checkpoint directory holding
+        only checkpoint files. Nothing is changed.
+    """
     from .io import Writer, _chunk_rows
 
-    path = os.fspath(path).rstrip(os.sep)
-    tmp = path + ".tmp-checkpoint"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(os.path.join(tmp, "arrays"))
+    path = os.fspath(path)
+    path = path.rstrip(os.sep) or path
+    if os.path.lexists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path}: exists; a checkpoint replaces an existing path only "
+                                  f"when asked (overwrite=True), and only a tfdata checkpoint")
+        _check_replaceable(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    stem = "." + os.path.basename(os.path.abspath(path))[:100] + "."
+    tmp = tempfile.mkdtemp(prefix=stem, suffix=".tmp", dir=parent)  # exclusively this call's
     storage = buffer._storage
     rows_name = "rows.npy" if storage.layout == "aos" else "rows"
     try:
+        os.mkdir(os.path.join(tmp, _ARRAYS))
         with buffer._lock:
             state = buffer._state_unlocked(copy=False)
             state.pop("data")
@@ -105,24 +390,369 @@ def save(buffer, path) -> None:
             doc = {"format": FORMAT, "version": list(VERSION), "class": type(buffer).__name__,
                    "config": _encode(buffer._config(), tmp, "config", arrays), "rows": rows_name,
                    "state": _encode(state, tmp, "", arrays)}
-        with open(os.path.join(tmp, _STATE), "w") as f:
-            json.dump(doc, f, indent=1)
+        text = json.dumps(doc, indent=1, allow_nan=False)
+        fd = os.open(os.path.join(tmp, _STATE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        for d in (os.path.join(tmp, _ARRAYS), os.path.join(tmp, rows_name), tmp):
+            if os.path.isdir(d):
+                _fsync_dir(d)
+        _publish(tmp, path, stem, parent, overwrite)
     except BaseException:
+        # the temporary directory is this call's own (mkdtemp, mode 0700): nothing else is removed
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = path + ".old-checkpoint"
-    if os.path.exists(path):
-        if os.path.exists(old):
-            shutil.rmtree(old)
-        os.rename(path, old)
-    os.rename(tmp, path)
-    if os.path.exists(old):
-        shutil.rmtree(old)
 
 
-_OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
+def _publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool) -> None:
+    """Rename the complete checkpoint ``tmp`` to ``path``, replacing only a checkpoint."""
+    if not os.path.lexists(path):
+        # a directory that appeared meanwhile makes this fail unless it is empty (nothing lost)
+        os.rename(tmp, path)
+        _fsync_dir(parent)
+        return
+    if not overwrite:  # it appeared while this call was writing
+        raise FileExistsError(f"{path}: exists; not replaced (overwrite=False)")
+    _check_replaceable(path)  # again: it may have changed while this call was writing
+    aside = tempfile.mkdtemp(prefix=stem, suffix=".old", dir=parent)
+    os.rename(path, aside)  # onto the empty directory just made: a name only this call knows
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.rename(aside, path)  # put the old checkpoint back
+        raise
+    _fsync_dir(parent)
+    _remove_checkpoint(aside)
+
+
+# -- loading: validation of state.json -------------------------------------------------------
+
+
+def _show(v) -> str:
+    """A short description of a JSON value (never a recursive repr)."""
+    if isinstance(v, dict):
+        return f"an object of {len(v)} key(s)"
+    if isinstance(v, list):
+        return f"a list of {len(v)} item(s)"
+    if isinstance(v, str):
+        return repr(v[:80]) + ("..." if len(v) > 80 else "")
+    return f"{type(v).__name__} {str(v)[:80]}"
+
+
+class _Checker:
+    """Validation of one ``state.json``: every failure is a FormatError naming the file and the
+    field (a dotted path from the top of the document)."""
+
+    def __init__(self, spath: str):
+        self.spath = spath
+
+    def fail(self, where: str, expected: str, got=None, *, show: bool = True):
+        tail = f", got {_show(got)}" if show else ""
+        raise FormatError(f"{self.spath}: {where}: expected {expected}{tail}")
+
+    def obj(self, where: str, v, keys, optional=()) -> dict:
+        if not isinstance(v, dict):
+            self.fail(where, "an object", v)
+        unknown = set(v) - set(keys) - set(optional)
+        if unknown:
+            shown = sorted(str(k)[:40] for k in unknown)[:5]
+            self.fail(where, f"only the keys {sorted(set(keys) | set(optional))}",
+                      f"unknown key(s) {shown}", show=False)
+        missing = [k for k in keys if k not in v]
+        if missing:
+            self.fail(where, f"the keys {list(keys)}; missing {missing}", show=False)
+        return v
+
+    def integer(self, where: str, v, lo: int, hi: int) -> int:
+        if type(v) is not int or not lo <= v <= hi:  # a bool is not an int
+            self.fail(where, f"an int in [{lo}, {hi}]", v)
+        return v
+
+    def opt_int(self, where: str, v, lo: int, hi: int):
+        return None if v is None else self.integer(where, v, lo, hi)
+
+    def real(self, where: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
+        if (type(v) is not float or not math.isfinite(v) or v < lo or v > hi
+                or (lo_open and v == lo)):
+            self.fail(where, f"a float in {'(' if lo_open else '['}{lo}, {hi}]", v)
+        return v
+
+    def flag(self, where: str, v) -> bool:
+        if type(v) is not bool:
+            self.fail(where, "true or false", v)
+        return v
+
+    def choice(self, where: str, v, options) -> str:
+        if type(v) is not str or v not in options:
+            self.fail(where, f"one of {list(options)}", v)
+        return v
+
+    def names(self, where: str, v, spec: Spec, keys=None) -> dict:
+        """An object of str to str, every value (and key, unless ``keys``) a field of ``spec``."""
+        if not isinstance(v, dict):
+            self.fail(where, "an object of field names", v)
+        for k, name in v.items():
+            if keys is not None and k not in keys:
+                self.fail(where, f"keys among {list(keys)}", k)
+            if keys is None and k not in spec:
+                self.fail(f"{where} key", f"a field of the spec {list(spec.names)}", k)
+            if type(name) is not str or name not in spec:
+                self.fail(f"{where}[{k[:40]!r}]", f"a field of the spec {list(spec.names)}", name)
+        return v
+
+    # -- parts -------------------------------------------------------------------------------
+    def spec(self, v) -> Spec:
+        self.obj("state.spec", v, ("fields",))
+        fields = v["fields"]
+        if not isinstance(fields, list) or not fields:
+            self.fail("state.spec.fields", "a non-empty list", fields)
+        out, row = [], 0
+        for i, f in enumerate(fields):
+            where = f"state.spec.fields[{i}]"
+            self.obj(where, f, ("name", "dtype", "shape"))
+            name, dtype, shape = f["name"], f["dtype"], f["shape"]
+            if type(name) is not str or not 1 <= len(name) <= _MAX_NAME:
+                self.fail(f"{where}.name", f"a string of 1 to {_MAX_NAME} characters", name)
+            if type(dtype) is not str or not _DTYPE.match(dtype):
+                self.fail(f"{where}.dtype", "a numpy dtype string of a bool or numeric type "
+                          "('<f4', '|b1', ...)", dtype)
+            if (not isinstance(shape, list) or len(shape) > _MAX_NDIM
+                    or any(type(d) is not int or not 1 <= d <= _MAX_DIM for d in shape)):
+                self.fail(f"{where}.shape", f"a list of at most {_MAX_NDIM} ints in [1, {_MAX_DIM}]",
+                          shape)
+            try:
+                field = Field(name, np.dtype(dtype), tuple(shape))
+            except (SpecError, TypeError, ValueError) as exc:
+                self.fail(f"{where}.dtype", f"a bool or numeric dtype ({str(exc)[:200]})", dtype)
+            if field.dtype.str != dtype:  # canonical: what a save writes for this dtype
+                self.fail(f"{where}.dtype", f"{field.dtype.str!r} (numpy's canonical form)", dtype)
+            row += field.dtype.itemsize * math.prod(shape)
+            if row > _MAX_ROW_BYTES:
+                self.fail("state.spec", f"rows of at most {_MAX_ROW_BYTES} bytes",
+                          f"{row} bytes up to field {i}", show=False)
+            out.append(field)
+        try:
+            return Spec(out)
+        except SpecError as exc:
+            raise FormatError(f"{self.spath}: state.spec: {str(exc)[:300]}") from None
+
+    def config(self, v, prioritized: bool, spec: Spec) -> dict:
+        keys = _CONFIG_KEYS + (_PRIORITIZED_KEYS if prioritized else ())
+        if isinstance(v, dict):
+            for k in _OVERRIDES:
+                if k in v:
+                    raise FormatError(
+                        f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
+                        f"never writes outside the checkpoint directory nor takes memory settings "
+                        f"from a file; pass {k}= to load)")
+        self.obj("config", v, keys)
+        c = "config."
+        cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
+        self.choice(c + "layout", v["layout"], ("aos", "soa"))
+        self.integer(c + "ring_size", v["ring_size"], 1, MAX_RING_SIZE)
+        envs = self.integer(c + "num_envs", v["num_envs"], 1, cap)
+        if cap % envs:
+            self.fail(c + "num_envs", f"a divisor of the capacity {cap}", envs)
+        # a window never takes more rows than a stream holds, but each sample loops n_step
+        # times: bounded by the capacity (or 1024, for small buffers with long windows)
+        self.opt_int(c + "n_step", v["n_step"], 1, max(cap, MAX_SHORT_N_STEP))
+        self.real(c + "gamma", v["gamma"], 0.0, 1.0)
+        self.names(c + "next_of", v["next_of"], spec)
+        self.flag(c + "elide_next", v["elide_next"])
+        self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
+        if prioritized:
+            for k in ("alpha", "beta", "beta_final"):
+                self.real(c + k, v[k], 0.0, 1000.0)
+            self.real(c + "eps", v["eps"], 0.0, 1e6, lo_open=True)
+            self.opt_int(c + "beta_steps", v["beta_steps"], 1, (1 << 63) - 1)
+        return dict(v)
+
+
+class _Arrays:
+    """Reads the ``{"$array": ...}`` references of a checkpoint: the name, the file, its header
+    and exactly the dtype and shape the state needs, before any data is read."""
+
+    def __init__(self, path: str, check: _Checker):
+        self.path = path
+        self.check = check
+        self.dir_checked = False
+
+    def read(self, where: str, ref, dtype, shape: tuple) -> np.ndarray:
+        from .io import read_npy_header
+
+        c = self.check
+        if not isinstance(ref, dict) or set(ref) != {"$array"}:
+            c.fail(where, 'an array reference {"$array": "arrays/<name>.npy"}', ref)
+        rel = ref["$array"]
+        if type(rel) is not str or not _SAFE.match(rel):
+            raise FormatError(f"{c.spath}: {where}: array reference {_show(rel)} is not a file "
+                              f"under arrays/")
+        if not self.dir_checked:
+            _directory(os.path.join(self.path, _ARRAYS))
+            self.dir_checked = True
+        fpath = os.path.join(self.path, rel)
+        _regular(fpath)
+        h = read_npy_header(fpath)
+        dtype = np.dtype(dtype)
+        if h.dtype != dtype or tuple(h.shape) != tuple(shape):
+            raise FormatError(f"{fpath}: {where}: expected {dtype}{list(shape)}, the file holds "
+                              f"{h.dtype}{list(h.shape)}")
+        out = np.empty(shape, dtype)
+        view = memoryview(out).cast("B") if out.nbytes else None
+        with _open_regular(fpath) as f:
+            if os.fstat(f.fileno()).st_size < h.offset + out.nbytes:
+                raise FormatError(f"{fpath}: truncated")
+            f.seek(h.offset)
+            if view is not None and f.readinto(view) != out.nbytes:
+                raise FormatError(f"{fpath}: truncated")
+        return out
+
+
+def _check_episodes(c: _Checker, arrays: _Arrays, ep, ds, roles: dict, next_of: dict,
+                    spec: Spec, elide: bool, envs: int, cursor: int, size: int, cap: int) -> dict:
+    """The episode bookkeeping of the state, read and checked against the rows' episode ends."""
+    keys = ("num_envs", "elide", "next_of", "episode", "current")
+    if elide:
+        keys += ("final_slots", "finals", "pending", "has_pending")
+    c.obj("state.episodes", ep, keys)
+    w = "state.episodes."
+    if type(ep["num_envs"]) is not int or ep["num_envs"] != envs:
+        c.fail(w + "num_envs", f"{envs} (config.num_envs)", ep["num_envs"])
+    if type(ep["elide"]) is not bool or ep["elide"] != elide:
+        c.fail(w + "elide", f"{elide} (config.elide_next)", ep["elide"])
+    if not isinstance(ep["next_of"], dict) or ep["next_of"] != next_of:
+        c.fail(w + "next_of", f"{next_of} (from config.next_of)", ep["next_of"])
+    out = {"num_envs": envs, "elide": elide, "next_of": dict(next_of)}
+    out["episode"] = episode = arrays.read(w + "episode", ep["episode"], np.uint32, (size,))
+    out["current"] = current = arrays.read(w + "current", ep["current"], np.uint32, (envs,))
+    term, trunc = ds.field(roles["terminated"]), ds.field(roles["truncated"])
+
+    def ends(a: int, b: int) -> np.ndarray:
+        return np.logical_or(term[a:b], trunc[a:b])
+
+    if size == 0:
+        if current.any():
+            c.fail(w + "current", "zeros in an empty buffer", f"{current.tolist()[:8]}", show=False)
+    else:
+        # each stream's number grows by one after a row that ended an episode and only then:
+        # walk the rows in time order (from the oldest step), a chunk of whole steps at a time
+        start = cursor if size == cap else 0
+        spans = [(start, size), (0, start)] if start else [(0, size)]
+        step = envs * max(1, _CHUNK // envs)
+        prev_ep = prev_end = None
+        for lo, hi in spans:
+            for a in range(lo, hi, step):
+                b = min(hi, a + step)
+                e_chunk = episode[a:b].reshape(-1, envs)
+                d_chunk = ends(a, b).reshape(-1, envs)
+                if prev_ep is not None:
+                    e_chunk = np.concatenate([prev_ep, e_chunk])
+                    d_chunk = np.concatenate([prev_end, d_chunk])
+                grow = (e_chunk[1:] - e_chunk[:-1]).astype(np.uint32)  # modulo 2**32
+                if np.any(grow != d_chunk[:-1]):
+                    c.fail(w + "episode", "episode numbers that grow by one exactly after a row "
+                           "that ended an episode (terminated or truncated), in each stream",
+                           show=False)
+                prev_ep, prev_end = e_chunk[-1:], d_chunk[-1:]
+                ds.release(a, b)
+        if np.any((current - prev_ep[0]).astype(np.uint32) != prev_end[0]):
+            c.fail(w + "current", "each stream's newest episode number, plus one if its newest "
+                   "row ended an episode", f"{current.tolist()[:8]}", show=False)
+    if not elide:
+        return out
+    slots = ep["final_slots"]
+    # k <= size: read the header first, then bound the count by the rows held
+    if not isinstance(slots, dict) or set(slots) != {"$array"}:
+        c.fail(w + "final_slots", 'an array reference {"$array": ...}', slots)
+    from .io import read_npy_header
+
+    rel = slots["$array"]
+    if type(rel) is not str or not _SAFE.match(rel):
+        raise FormatError(f"{c.spath}: {w}final_slots: array reference {_show(rel)} is not a file "
+                          f"under arrays/")
+    fpath = os.path.join(arrays.path, rel)
+    _regular(fpath)
+    h = read_npy_header(fpath)
+    k = h.shape[0] if len(h.shape) == 1 and h.shape[0] <= size else size + 1
+    out["final_slots"] = fs = arrays.read(w + "final_slots", slots, np.int64, (k,))
+    # the final table holds exactly the rows that ended an episode, in slot order
+    pos = 0
+    for a in range(0, size, _CHUNK):
+        b = min(size, a + _CHUNK)
+        nz = np.flatnonzero(ends(a, b)) + a
+        if pos + nz.shape[0] > k or np.any(fs[pos:pos + nz.shape[0]] != nz):
+            c.fail(w + "final_slots", "the slots of the rows that ended an episode, in order",
+                   show=False)
+        pos += nz.shape[0]
+        ds.release(a, b)
+    if pos != k:
+        c.fail(w + "final_slots", "the slots of the rows that ended an episode, in order", show=False)
+    for part, lead in (("finals", k), ("pending", envs)):
+        table = c.obj(w + part, ep[part], tuple(next_of))
+        out[part] = {name: arrays.read(f"{w}{part}[{name!r}]", table[name], spec[name].dtype,
+                                       (lead,) + spec[name].shape) for name in next_of}
+    out["has_pending"] = hp = arrays.read(w + "has_pending", ep["has_pending"], np.bool_, (envs,))
+    want = np.zeros(envs, bool)
+    if size:
+        newest = (cursor - envs) % cap
+        want = ~ends(newest, newest + envs)
+    if np.any(hp.view(np.uint8) != want.view(np.uint8)):
+        c.fail(w + "has_pending", "true exactly for the streams whose newest row did not end an "
+               "episode", show=False)
+    return out
+
+
+def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: int, cap: int) -> dict:
+    from .kernels._tree import max_leaf
+
+    w = "state.prioritized."
+    c.obj("state.prioritized", pri, ("alpha", "eps", "samples", "leaves", "versions"))
+    for k in ("alpha", "eps"):
+        if type(pri[k]) is not float or pri[k] != config[k]:
+            c.fail(w + k, f"{config[k]} (config.{k})", pri[k])
+    samples = c.integer(w + "samples", pri["samples"], 0, _U64)
+    leaves = arrays.read(w + "leaves", pri["leaves"], np.float64, (size,))
+    top = max_leaf(1 << max(0, (cap - 1).bit_length()))
+    # the sampler divides by the total mass and descends by it: every leaf positive and finite,
+    # and small enough that the sum of all of them is finite
+    bad = ~((leaves > 0.0) & (leaves <= top))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise FormatError(f"{os.path.join(arrays.path, pri['leaves']['$array'])}: {w}leaves: leaf "
+                          f"{i} is {leaves[i]}; every leaf must be finite, > 0 and <= {top} "
+                          f"(float64 max / 2P, so that their sum is finite)")
+    total = float(np.sum(leaves))
+    if not math.isfinite(total):
+        raise FormatError(f"{c.spath}: {w}leaves: their sum {total} is not finite")
+    versions = arrays.read(w + "versions", pri["versions"], np.uint64, (cap,))
+    return {"alpha": config["alpha"], "eps": config["eps"], "samples": samples, "leaves": leaves,
+            "versions": versions}
+
+
+def _check_files(path: str, rows_name: str) -> str:
+    """Refuse links and special files at the rows dataset, in an SoA rows directory and in
+    ``arrays/`` (the directories themselves included), before anything is opened."""
+    adir = os.path.join(path, _ARRAYS)
+    if os.path.lexists(adir):
+        _directory(adir)
+        for name in os.listdir(adir):
+            _regular(os.path.join(adir, name))
+    rpath = os.path.join(path, rows_name)
+    if rows_name == "rows.npy":
+        _regular(rpath)
+        return rpath
+    _directory(rpath)
+    for name in os.listdir(rpath):
+        _regular(os.path.join(rpath, name))
+    return rpath
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def load(path, **overrides):
@@ -131,45 +761,146 @@ def load(path, **overrides):
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
     ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either).
+    Everything read from ``path`` is validated first (see the module docstring); the buffer's
+    planned memory must fit ``memory_budget``, or else the memory available on the machine.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` or its ``state.json`` does not exist.
+    tfdata.errors.FormatError
+        Anything wrong with the checkpoint: the message names the file and the field.
     """
     bad = set(overrides) - set(_OVERRIDES)
     if bad:
         raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: {_OVERRIDES}")
+    from . import alloc
     from .dataset import MmapDataset
+    from .episodes import resolve_next_of, resolve_roles
+    from .memory import parse_bytes
+
+    # the caller's own settings: their errors are theirs, not the checkpoint's
+    overrides = dict(overrides)
+    budget = overrides.get("memory_budget")
+    budget = None if budget is None else parse_bytes("memory_budget", budget)
+    if overrides.get("allocator") is not None:
+        overrides["allocator"] = alloc.resolve(overrides["allocator"])
 
     path = os.fspath(path)
-    from .io import read_json_doc
-
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    if not os.path.isdir(path):
+        raise FormatError(f"{path}: not a checkpoint directory")
     spath = os.path.join(path, _STATE)
-    doc = read_json_doc(spath, "tfdata checkpoint", FORMAT, 64 << 20)
-    version = doc.get("version")
-    if not (isinstance(version, list) and len(version) == 2 and version[0] == VERSION[0]):
-        raise FormatError(f"{spath}: checkpoint version {version!r} is not supported "
+    doc = _read_state(spath)
+    c = _Checker(spath)
+    c.obj("(top level)", doc, ("format", "version", "class", "config", "rows", "state"))
+    version = doc["version"]
+    if (not isinstance(version, list) or len(version) != 2
+            or any(type(x) is not int for x in version) or version[0] != VERSION[0] or version[1] < 0):
+        raise FormatError(f"{spath}: checkpoint version {_show(version)} is not supported "
                           f"(this tfdata reads {VERSION[0]}.x)")
     classes = _classes()
-    cls = classes.get(doc.get("class"))
-    if cls is None:
-        raise FormatError(f"{spath}: unknown buffer class {doc.get('class')!r} (known: {sorted(classes)})")
-    config = _decode(doc.get("config"), path)
-    state = _decode(doc.get("state"), path)
-    if not isinstance(config, dict) or not isinstance(state, dict):
-        raise FormatError(f"{spath}: config and state must be objects")
-    rows_name = doc.get("rows")
+    name = doc["class"]
+    if type(name) is not str or name not in classes:
+        raise FormatError(f"{spath}: unknown buffer class {_show(name)} (known: {sorted(classes)})")
+    cls = classes[name]
+    prioritized = name == "PrioritizedReplayBuffer"
+    st = doc["state"]
+    state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
+                  "num_envs", "episodes") + (("prioritized",) if prioritized else ())
+    c.obj("state", st, state_keys)
+    if st["format"] != "tfdata.ReplayBuffer" or type(st["version"]) is not int or st["version"] != 1:
+        raise FormatError(f"{spath}: state: format {_show(st['format'])} version "
+                          f"{_show(st['version'])} is not a tfdata.ReplayBuffer state of version 1")
+    spec = c.spec(st["spec"])
+    config = c.config(doc["config"], prioritized, spec)
+    cap, layout, envs = config["capacity"], config["layout"], config["num_envs"]
+    for k, want in (("capacity", cap), ("layout", layout), ("num_envs", envs)):
+        if type(st[k]) is not type(want) or st[k] != want:
+            c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
+    rows_name = doc["rows"]
     if rows_name not in ("rows.npy", "rows"):
-        raise FormatError(f"{spath}: rows must be 'rows.npy' or 'rows', got {rows_name!r}")
+        raise FormatError(f"{spath}: rows must be 'rows.npy' or 'rows', got {_show(rows_name)}")
+    if rows_name != ("rows.npy" if layout == "aos" else "rows"):
+        c.fail("rows", f"{'rows.npy' if layout == 'aos' else 'rows'} (layout {layout!r})", rows_name)
+    writer = c.obj("state.writer", st["writer"], ("cursor", "size"))
+    size = c.integer("state.writer.size", writer["size"], 0, cap)
+    cursor = c.integer("state.writer.cursor", writer["cursor"], 0, cap - 1)
+    if size % envs:
+        c.fail("state.writer.size", f"a multiple of num_envs {envs}", size)
+    if cursor % envs or (size < cap and cursor != size):
+        c.fail("state.writer.cursor", f"{size} (the size, until the ring is full)"
+               if size < cap else f"a multiple of num_envs {envs}", cursor)
+    sampler = c.obj("state.sampler", st["sampler"], ("seed", "counter"))
+    c.integer("state.sampler.seed", sampler["seed"], 0, _U64)
+    c.integer("state.sampler.counter", sampler["counter"], 0, _U64)
+
+    # what the constructor derives from the config, checked without building anything
     try:
-        spec = Spec.from_dict(state["spec"])
-        buf = cls(spec, **config, **overrides)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise FormatError(f"{spath}: cannot rebuild the buffer ({type(exc).__name__}: {exc})") from None
-    with MmapDataset.open(os.path.join(path, rows_name)) as ds:
-        stored = buf._storage.spec
+        roles = resolve_roles(spec, config["roles"])
+        next_of = resolve_next_of(spec, config["next_of"])
+        opts = {k: v for k, v in config.items() if k != "capacity"}
+        cls.plan_memory(spec, cap, **opts)
+    except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise FormatError(f"{spath}: config: {str(exc)[:300]}") from None
+    if config["roles"] != roles or config["next_of"] != next_of:
+        c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}",
+               show=False)
+    spill = {k: overrides[k] for k in ("spill_path", "hot_rows", "hot_bytes") if k in overrides}
+    plan = cls.plan_memory(spec, cap, **opts, **spill)  # the caller's spill settings: theirs
+    need = int(sum(plan.values()))
+    limit = budget if budget is not None else _available_memory()
+    if need > limit:
+        what = "memory_budget" if budget is not None else "the memory available on this machine"
+        raise FormatError(f"{spath}: config.capacity {cap} would make the buffer hold {need} bytes "
+                          f"({plan}), more than {what} ({limit} bytes); refused before allocating")
+
+    has_flags = "terminated" in roles and "truncated" in roles
+    arrays = _Arrays(path, c)
+    rpath = _check_files(path, rows_name)
+    try:
+        ds = MmapDataset.open(rpath)
+    except FileNotFoundError:
+        raise FormatError(f"{rpath}: missing") from None
+    except RecursionError:
+        raise FormatError(f"{rpath}: manifest nested too deeply") from None
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{rpath}: {str(exc)[:300]}") from None
+    with ds:
+        from .episodes import stored_spec
+
+        stored = stored_spec(spec, next_of, has_flags and config["elide_next"])
         if ds.spec != stored:
-            raise FormatError(f"{path}/{rows_name}: fields {ds.spec} differ from the buffer's {stored}")
-        size = state.get("writer", {}).get("size") if isinstance(state.get("writer"), dict) else None
+            raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {stored}")
         if size != len(ds):
-            raise FormatError(f"{path}/{rows_name}: holds {len(ds)} rows, the state says {size}")
+            raise FormatError(f"{rpath}: holds {len(ds)} rows, the state says {size}")
+        if has_flags:
+            episodes = _check_episodes(c, arrays, st["episodes"], ds, roles, next_of, spec,
+                                       config["elide_next"], envs, cursor, size, cap)
+        elif st["episodes"] is not None:
+            c.fail("state.episodes", "null (the spec has no terminated and truncated fields)",
+                   st["episodes"])
+        else:
+            episodes = None
+        state = {"format": "tfdata.ReplayBuffer", "version": 1, "spec": spec.to_dict(),
+                 "capacity": cap, "layout": layout, "writer": {"cursor": cursor, "size": size},
+                 "sampler": dict(sampler), "num_envs": envs, "episodes": episodes}
+        if prioritized:
+            state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
+        try:
+            buf = cls(spec, **config, **overrides)
+        except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise FormatError(f"{spath}: cannot rebuild the buffer ({type(exc).__name__}: "
+                              f"{str(exc)[:300]})") from None
         state["data"] = {name: ds.field(name) for name in stored.names}
-        buf.load_state_dict(state, _release=ds.release, _records=ds.records if ds.layout == "aos" else None)
-        state["data"] = None
+        try:
+            buf.load_state_dict(state, _release=ds.release,
+                                _records=ds.records if ds.layout == "aos" else None)
+        except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise FormatError(f"{spath}: {type(exc).__name__}: {str(exc)[:300]}") from None
+        finally:
+            state["data"] = None
     return buf
