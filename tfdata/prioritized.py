@@ -9,7 +9,6 @@ import numpy as np
 
 from .buffer import MAX_CAPACITY, Batch, ReplayBuffer, _check_int
 from .errors import SpecError
-from .kernels._tree import MIN_LEAF, leaf_of, max_leaf, priority_bounds
 
 
 def _check_float(name: str, value, low: float, *, low_open: bool = False) -> float:
@@ -104,6 +103,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.beta_steps = None if beta_steps is None else _check_int("beta_steps", beta_steps, 1)
         self.eps = _check_float("eps", eps, 0.0, low_open=True)
         leaves = 1 << max(0, (_check_int("capacity", capacity, 1, MAX_CAPACITY) - 1).bit_length())
+        # numba is imported when the first buffer is built, not by `import tfdata`
+        from .kernels._tree import MIN_LEAF, leaf_of, max_leaf, priority_bounds
+
         bounds = priority_bounds(self.eps, self.alpha, leaves)
         if bounds is None:  # refused before anything is allocated
             raise ValueError(f"alpha={self.alpha}, eps={self.eps}: no priority p gives a leaf "
@@ -190,6 +192,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             v = float(p[k])
             if not (v >= 0.0 and math.isfinite(v)):
                 raise ValueError(f"{what}: priorities must be finite and >= 0, got {v} at position {k}")
+            from .kernels._tree import MIN_LEAF, leaf_of
+
             raise ValueError(
                 f"{what}: priority {v} at position {k} gives the leaf (p + eps) ** alpha = "
                 f"{leaf_of(v, self.eps, self.alpha)} (alpha={self.alpha}, eps={self.eps}), outside "
