@@ -223,7 +223,7 @@ def test_sigkill_at_random_points_loses_no_committed_row(tmp_path, layout):
 
 def _valid_file(tmp_path) -> bytes:
     p = str(tmp_path / "seed.npy")
-    tfdata.io.save(p, id_rows(0, 20))
+    tfdata.io.save(p, id_rows(0, 20), overwrite=True)  # once per example
     return open(p, "rb").read()
 
 

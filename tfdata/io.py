@@ -41,6 +41,8 @@ import json
 import mmap
 import os
 import re
+import stat
+import tempfile
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -76,7 +78,42 @@ class NpyHeader(NamedTuple):
     version: tuple | None  # tfdata format version, None for a file tfdata did not write
 
 
-def read_npy_header(path: str, allow_tail: bool = False) -> NpyHeader:
+#: Most dimensions a header may give an array (numpy's own limit is 64; a row of a dataset has
+#: a handful). Larger counts are a hostile header, refused with the file's name.
+MAX_NDIM = 32
+#: Largest element count times itemsize a header may declare (numpy's own limit).
+MAX_NBYTES = (1 << 63) - 1
+
+
+def check_regular(path: str, *, follow: bool = True, what: str = "file") -> os.stat_result:
+    """Refuse (FormatError) anything at ``path`` that is not a regular file, before opening it.
+
+    ``follow=False``: a symbolic link is refused too (files inside a dataset or checkpoint
+    directory: a link could make tfdata read, or write, a file elsewhere). A FIFO, socket or
+    device is refused without being opened (opening a FIFO blocks until a writer appears).
+    FileNotFoundError if nothing is there.
+    """
+    st = os.stat(path) if follow else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise FormatError(f"{path}: is a symbolic link; tfdata does not follow links inside a "
+                          f"dataset or checkpoint directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{path}: not a regular {what} (a directory, FIFO, socket or device)")
+    return st
+
+
+def check_directory(path: str, *, follow: bool = True) -> None:
+    """Refuse (FormatError) anything at ``path`` that is not a directory (``follow=False``: or is a
+    symbolic link to one)."""
+    st = os.stat(path) if follow else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise FormatError(f"{path}: is a symbolic link; tfdata does not follow links inside a "
+                          f"dataset or checkpoint directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise FormatError(f"{path}: not a directory")
+
+
+def read_npy_header(path: str, allow_tail: bool = False, *, follow: bool = True) -> NpyHeader:
     """Parse and check the header of the ``.npy`` file at ``path``.
 
     A file tfdata wrote carries its format version in a comment inside the header
@@ -94,7 +131,7 @@ def read_npy_header(path: str, allow_tail: bool = False) -> NpyHeader:
         (for a file tfdata did not write) more.
     """
     fmt = np.lib.format
-    size = os.path.getsize(path)
+    size = check_regular(path, follow=follow).st_size
     with open(path, "rb") as f:
         try:
             version = fmt.read_magic(f)
@@ -121,8 +158,15 @@ def read_npy_header(path: str, allow_tail: bool = False) -> NpyHeader:
         raise FormatError(f"{path}: Fortran-ordered arrays are not supported; save C-ordered data")
     if dtype.hasobject:
         raise FormatError(f"{path}: dtype {dtype} holds Python objects; refusing (no pickle)")
-    if any((not isinstance(s, int)) or isinstance(s, bool) or s < 0 for s in shape):
-        raise FormatError(f"{path}: invalid shape {shape} in header")
+    if (not isinstance(shape, tuple) or len(shape) > MAX_NDIM
+            or any((not isinstance(s, int)) or isinstance(s, bool) or s < 0 for s in shape)):
+        raise FormatError(f"{path}: invalid shape {str(shape)[:200]} in header (at most {MAX_NDIM} "
+                          f"non-negative integer dimensions)")
+    nonzero = 1
+    for s in shape:  # numpy refuses any shape whose non-zero dimensions overflow, even with a 0
+        nonzero *= max(s, 1)
+    if nonzero * max(dtype.itemsize, 1) > MAX_NBYTES:
+        raise FormatError(f"{path}: shape {shape} of dtype {dtype} is larger than any array can be")
     expected = int(np.prod(shape, dtype=object)) * dtype.itemsize  # Python ints: no overflow
     if offset + expected > size or (offset + expected < size and tf_version is None and not allow_tail):
         raise FormatError(
@@ -160,6 +204,17 @@ def npy_header(dtype: np.dtype, shape: tuple, mark: bool = True) -> bytes:
         return prefix + hlen.to_bytes(2, "little") + (text.ljust(hlen - 1) + "\n").encode("latin1")
     hlen = total - 12
     return b"\x93NUMPY\x02\x00" + hlen.to_bytes(4, "little") + (text.ljust(hlen - 1) + "\n").encode("latin1")
+
+
+def _check_header_text(dtype: np.dtype, path: str) -> None:
+    """Refuse (SpecError) a record dtype whose NPY header cannot be written: the format stores
+    it as latin-1, so a field name outside latin-1 fails, here before any file is made."""
+    try:
+        _header_text(dtype, (0,)).encode("latin1")
+    except UnicodeEncodeError:
+        bad = [n for n in (dtype.names or ()) if not n.isascii()]
+        raise SpecError(f"{path}: field name(s) {bad} cannot be stored in an NPY header (latin-1 "
+                        f"only); rename them or use layout='soa' with plain names") from None
 
 
 # -- memory maps ------------------------------------------------------------------------------
@@ -302,13 +357,21 @@ def read_json_doc(path: str, what: str, fmt: str, limit: int) -> dict:
     FileNotFoundError names ``what`` the missing file makes the directory not; anything else
     wrong is a FormatError naming the file.
     """
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{os.path.dirname(path)}: not a {what} (no {os.path.basename(path)})")
+    check_regular(path, follow=False)  # inside a directory: no link, no FIFO
     try:
         with open(path, "rb") as f:
-            doc = json.loads(f.read(limit))
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise FormatError(f"{path}: larger than {limit} bytes; not a {what}'s description")
+        doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: not valid JSON ({exc})") from None
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{path}: not valid JSON ({str(exc)[:200]})") from None
+    except RecursionError:  # nesting deeper than the parser's stack: no document of ours is
+        raise FormatError(f"{path}: JSON nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise FormatError(f"{path}: format is not {fmt!r}")
     return doc
@@ -341,15 +404,22 @@ def read_manifest(path: str) -> tuple[int, list[tuple[Field, str]]]:
         name, fname = e.get("name"), e.get("file")
         if not isinstance(fname, str) or not _SAFE_NAME.match(fname) or ".." in fname:
             raise FormatError(f"{mpath}: field {name!r}: file name {fname!r} is not a plain file name")
+        shape = e.get("shape", ())
+        if (not isinstance(shape, list) or len(shape) > MAX_NDIM
+                or not all(type(d) is int and 0 <= d < (1 << 62) for d in shape)
+                or not isinstance(e.get("dtype"), str) or len(e.get("dtype")) > 64):
+            raise FormatError(f"{mpath}: field {str(name)[:100]!r}: dtype must be a short string and "
+                              f"shape a list of at most {MAX_NDIM} non-negative ints, got "
+                              f"{str(e.get('dtype'))[:100]!r}, {str(shape)[:100]}")
         try:
-            field = Field(name, e.get("dtype"), tuple(e.get("shape", ())))
-        except (SpecError, TypeError) as exc:
-            raise FormatError(f"{mpath}: {exc}") from None
+            field = Field(name, e.get("dtype"), tuple(shape))
+        except (SpecError, TypeError, ValueError, OverflowError) as exc:
+            raise FormatError(f"{mpath}: {str(exc)[:300]}") from None
         out.append((field, os.path.join(path, fname)))
     try:
         Spec([f for f, _ in out])
-    except SpecError as exc:
-        raise FormatError(f"{mpath}: {exc}") from None
+    except (SpecError, ValueError, TypeError, OverflowError) as exc:  # numpy's own limits too
+        raise FormatError(f"{mpath}: {str(exc)[:300]}") from None
     return rows, out
 
 
@@ -362,7 +432,8 @@ def map_soa(path: str) -> tuple[Spec, dict, list[MappedFile]]:
     rows, entries = read_manifest(path)
     columns, maps = {}, []
     for field, fpath in entries:
-        h = read_npy_header(fpath, allow_tail=True)  # the manifest is this directory's version mark
+        # the manifest is this directory's version mark; field files are never links
+        h = read_npy_header(fpath, allow_tail=True, follow=False)
         want = (rows,) + field.shape
         # a field file may hold more rows than the manifest: a commit that stopped between the
         # field headers and the manifest; the manifest's count is the committed one
@@ -399,8 +470,8 @@ def _chunk_rows(row_nbytes: int, chunk_bytes: int = 16 << 20) -> int:
     return max(1, chunk_bytes // max(1, row_nbytes))
 
 
-def save(path: str, data, layout: str = "aos") -> None:
-    """Write ``data`` as an AoS ``.npy`` file or an SoA directory (replacing what is there).
+def save(path: str, data, layout: str = "aos", *, overwrite: bool = False) -> None:
+    """Write ``data`` as an AoS ``.npy`` file or an SoA directory.
 
     Parameters
     ----------
@@ -408,6 +479,11 @@ def save(path: str, data, layout: str = "aos") -> None:
         File (``layout="aos"``) or directory (``"soa"``).
     data : structured ndarray of shape (rows,), or mapping of str to ndarray of shape (rows, ...)
     layout : {"aos", "soa"}
+    overwrite : bool, default False
+        An existing ``path`` is refused (FileExistsError) unless this is True and it is a tfdata
+        dataset of the same layout. The new dataset is written under a temporary name beside
+        ``path`` and renamed into place when complete: a failure leaves ``path`` as it was, and
+        a reader that has the old file mapped keeps reading the old data.
 
     Notes
     -----
@@ -417,7 +493,8 @@ def save(path: str, data, layout: str = "aos") -> None:
     """
     spec, cols, dtype = _columns_of(data)
     rows = len(next(iter(cols.values())))
-    with Writer(path, spec, layout, dtype=dtype if layout == "aos" else None) as w:
+    with Writer(path, spec, layout, dtype=dtype if layout == "aos" else None, overwrite=overwrite,
+                _publish_at_close=True) as w:
         step = _chunk_rows(spec.row_nbytes)
         for start in range(0, rows, step):
             if dtype is not None and layout == "aos":  # records as they are: no per-field copy
@@ -462,6 +539,148 @@ def _write_manifest(path: str, rows: int, entries) -> None:
     _fsync_dir(path)
 
 
+# -- creating and replacing paths ---------------------------------------------------------------
+#
+# The rule (ARCHITECTURE.md, "Nothing is lost"): no call deletes or truncates a path it did not
+# create, unless the path is a tfdata artifact of the same kind and the caller asked to
+# overwrite it. Everything is written under a temporary name this call creates exclusively beside
+# the target, then renamed into place; a process that has the old file mapped keeps its inode, so
+# replacing a dataset never takes the pages from under a reader (truncating it did: SIGBUS).
+
+
+def check_replaceable(path: str, layout: str, overwrite: bool) -> bool:
+    """Whether ``path`` exists, refusing (FileExistsError) what may not be replaced.
+
+    An existing path may be replaced only with ``overwrite=True`` and only if it is a dataset of
+    the same kind: for ``"aos"`` a regular file (not a link) with a readable NPY header of a 1-D
+    structured array; for ``"soa"`` a directory (not a link) with a valid manifest that holds
+    nothing but the manifest and the field files it names.
+    """
+    if not os.path.lexists(path):
+        return False
+    if not overwrite:
+        raise FileExistsError(f"{path}: exists; tfdata replaces a path only when asked "
+                              f"(overwrite=True), and only a tfdata dataset of the same layout")
+    try:
+        if layout == "aos":
+            h = read_npy_header(path, allow_tail=True, follow=False)
+            if h.dtype.names is None or len(h.shape) != 1:
+                raise FormatError(f"{path}: holds {h.dtype}{list(h.shape)}, not a 1-D record array")
+        else:
+            check_directory(path, follow=False)
+            _, entries = read_manifest(path)
+            known = {MANIFEST, MANIFEST + ".tmp"} | {os.path.basename(f) for _, f in entries}
+            extra = sorted(set(os.listdir(path)) - known)
+            if extra:
+                raise FormatError(f"{path}: holds files that are not part of the dataset "
+                                  f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''})")
+            for _, f in entries:
+                if os.path.lexists(f):
+                    check_regular(f, follow=False)
+    except (FormatError, OSError) as exc:
+        raise FileExistsError(f"{path}: exists and is not a tfdata {layout.upper()} dataset, so "
+                              f"it is not replaced ({exc})") from None
+    return True
+
+
+def _remove_dataset_dir(path: str) -> None:
+    """Delete an SoA directory this module checked (``check_replaceable``) and moved aside:
+    its manifest and the field files it names, then the directory if nothing else is left."""
+    try:
+        _, entries = read_manifest(path)
+        names = [os.path.basename(f) for _, f in entries]
+    except (FormatError, OSError):
+        names = []
+    for name in names + [MANIFEST, MANIFEST + ".tmp"]:
+        try:
+            os.unlink(os.path.join(path, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+class _Staged:
+    """A new dataset written under a temporary name beside ``path`` (made exclusively by this
+    object: ``mkstemp`` / ``mkdtemp``, a dot name), then renamed into place by :meth:`publish`.
+    :meth:`discard` removes the temporary name and nothing else."""
+
+    def __init__(self, path: str, layout: str, overwrite: bool, what: str = "dataset"):
+        self.path = path
+        self.layout = layout
+        self.overwrite = overwrite
+        check_replaceable(path, layout, overwrite)
+        parent = os.path.dirname(os.path.abspath(path))
+        self.parent = parent
+        prefix = "." + os.path.basename(os.path.abspath(path))[:100] + "."
+        if layout == "soa":
+            self.tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
+        else:
+            fd, self.tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=parent)
+            os.close(fd)
+
+    def publish(self) -> None:
+        """Rename the new dataset into place (replacing the old one only as checked)."""
+        if self.tmp is None:
+            return
+        path, tmp = self.path, self.tmp
+        if check_replaceable(path, self.layout, self.overwrite):  # again: it may have appeared
+            if self.layout == "aos":
+                os.replace(tmp, path)
+            else:  # a directory cannot replace a non-empty one: move the old one aside first
+                aside = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(path))[:100]
+                                         + ".", suffix=".old", dir=self.parent)
+                os.rename(path, aside)  # onto the empty directory just made
+                os.rename(tmp, path)
+                _remove_dataset_dir(aside)
+        else:
+            os.rename(tmp, path)
+        self.tmp = None
+        _fsync_dir(self.parent)
+
+    def discard(self) -> None:
+        """Remove the temporary name (a file, or a directory and the files written into it)."""
+        tmp, self.tmp = self.tmp, None
+        if tmp is None:
+            return
+        try:
+            if self.layout == "soa":
+                for name in os.listdir(tmp):  # only this object's writers wrote here
+                    os.unlink(os.path.join(tmp, name))
+                os.rmdir(tmp)
+            else:
+                os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _lock_free(path: str) -> bool:
+    """Whether no :class:`Writer` holds the dataset at ``path`` (its first file's ``flock``)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no locks
+        return True
+    first = path
+    if os.path.isdir(path):
+        try:
+            first = read_manifest(path)[1][0][1]
+        except (FormatError, OSError, IndexError):
+            return True
+    try:
+        fd = os.open(first, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def _pwrite_all(fd: int, data, offset: int) -> None:
     view = memoryview(data).cast("B")
     while view.nbytes:
@@ -480,8 +699,14 @@ class _Part:
         self.row_shape = tuple(row_shape)
         self.row_nbytes = int(dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64)))
         self.offset = header_nbytes(dtype, self.row_shape)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        # create: the path is a file this writer made (empty) or a new name in a directory it
+        # made; an existing dataset is opened without truncation and never followed as a link
+        flags = os.O_RDWR | (os.O_CREAT if create else getattr(os, "O_NOFOLLOW", 0))
         self.fd = os.open(path, flags, 0o644)
+        if not create and not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            self.fd = None
+            raise FormatError(f"{path}: not a regular file")
         if create:
             _pwrite_all(self.fd, npy_header(dtype, (rows,) + self.row_shape, mark), 0)
 
@@ -506,13 +731,18 @@ class Writer:
     Parameters
     ----------
     path : str
-        The AoS ``.npy`` file or the SoA directory to create (an existing one is replaced). To
-        append to an existing dataset use :meth:`open`.
+        The AoS ``.npy`` file or the SoA directory to create. To append to an existing dataset
+        use :meth:`open`.
     spec : Spec or mapping
         The fields of a row.
     layout : {"aos", "soa"}
     dtype : numpy.dtype, optional
         AoS only: the record dtype (default :attr:`Spec.aos_dtype`).
+    overwrite : bool, default False
+        An existing ``path`` is refused (FileExistsError) unless this is True and it is a tfdata
+        dataset of the same layout that no other writer holds. The new, empty dataset is built
+        under a temporary name and renamed into place, so a reader that has the old one open
+        keeps reading the old data.
 
     Notes
     -----
@@ -531,8 +761,11 @@ class Writer:
     """
 
     def __init__(self, path: str, spec, layout: str = "aos", *, dtype: np.dtype | None = None,
-                 _append: bool = False, _rows: int = 0):
+                 overwrite: bool = False, _append: bool = False, _rows: int = 0,
+                 _publish_at_close: bool = False):
         self.path = os.fspath(path)
+        self._parts = None
+        self._staged = None
         self.spec = Spec(spec)
         if layout not in ("aos", "soa"):
             raise ValueError(f"layout: expected 'aos' or 'soa', got {layout!r}")
@@ -540,28 +773,54 @@ class Writer:
         self.rows = _rows  # committed
         self.pending = 0
         create = not _append
+        # everything that can refuse runs before a file is made
         if layout == "aos":
             self.dtype = np.dtype(dtype) if dtype is not None else self.spec.aos_dtype
             if self.dtype.names is None or spec_of_dtype(self.dtype) != self.spec:
                 raise SpecError(f"dtype {self.dtype} does not hold the fields of {self.spec}")
-            self._parts = [_Part(self.path, self.dtype, (), self.rows, create, True)]
+            _check_header_text(self.dtype, self.path)
         else:
             self._entries = _soa_entries(self.spec)
-            if create:
-                os.makedirs(self.path, exist_ok=True)
-            self._parts = [_Part(os.path.join(self.path, fname), f.dtype, f.shape, self.rows, create, False)
-                           for f, fname in self._entries]
-            if create:
-                _write_manifest(self.path, 0, self._entries)
+        if create:
+            self._staged = _Staged(self.path, layout, overwrite)
+            if os.path.lexists(self.path) and not _lock_free(self.path):
+                self._staged.discard()
+                raise RuntimeError(f"{self.path}: another writer has it open; not replaced")
+        self._dir = self._staged.tmp if create and layout == "soa" else self.path
         try:
-            import fcntl
+            if layout == "aos":
+                where = self._staged.tmp if create else self.path
+                self._parts = [_Part(where, self.dtype, (), self.rows, create, True)]
+            else:
+                self._parts = [_Part(os.path.join(self._dir, fname), f.dtype, f.shape, self.rows, create, False)
+                               for f, fname in self._entries]
+                if create:
+                    _write_manifest(self._dir, 0, self._entries)
+            try:
+                import fcntl
 
-            fcntl.flock(self._parts[0].fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # not POSIX: no lock
-            pass
-        except OSError:
+                fcntl.flock(self._parts[0].fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except ImportError:  # not POSIX: no lock
+                pass
+            except OSError:
+                raise RuntimeError(f"{self.path}: another writer has it open") from None
+            if create and not _publish_at_close:  # readers see the new, empty dataset now
+                self._publish()
+        except BaseException:
             self._close_parts()
-            raise RuntimeError(f"{self.path}: another writer has it open") from None
+            if self._staged is not None:
+                self._staged.discard()
+            raise
+
+    def _publish(self) -> None:
+        self._staged.publish()
+        self._staged = None
+        self._dir = self.path
+        if self.layout == "aos":
+            self._parts[0].path = self.path
+        else:
+            for part, (_, fname) in zip(self._parts, self._entries):
+                part.path = os.path.join(self.path, fname)
 
     @classmethod
     def open(cls, path: str) -> "Writer":
@@ -570,11 +829,14 @@ class Writer:
         if os.path.isdir(path):
             rows, entries = read_manifest(path)
             for field, fpath in entries:
-                h = read_npy_header(fpath, allow_tail=True)
+                h = read_npy_header(fpath, allow_tail=True, follow=False)
                 if h.offset != header_nbytes(field.dtype, field.shape):
                     raise FormatError(f"{fpath}: not written by tfdata (its header cannot grow in place); "
                                       "copy it with tfdata.io.convert to append")
-            return cls(path, Spec([f for f, _ in entries]), "soa", _append=True, _rows=rows)
+            try:
+                return cls(path, Spec([f for f, _ in entries]), "soa", _append=True, _rows=rows)
+            except SpecError as exc:  # a field name the manifest allows but no file name can be
+                raise FormatError(f"{os.path.join(path, MANIFEST)}: {exc}") from None
         h = read_npy_header(path)
         if h.version is None:
             raise FormatError(f"{path}: not written by tfdata (its header cannot grow in place); "
@@ -644,7 +906,7 @@ class Writer:
             part.set_rows(rows)
             part.sync()
         if self.layout == "soa":
-            _write_manifest(self.path, rows, self._entries)
+            _write_manifest(self._dir, rows, self._entries)
         self.rows, self.pending = rows, 0
         return rows
 
@@ -660,8 +922,13 @@ class Writer:
         try:
             if commit:
                 self.commit()
+                if self._staged is not None:  # save / convert: the whole dataset appears at once
+                    self._publish()
         finally:
             self._close_parts()
+            if self._staged is not None:  # not published: nothing of it stays
+                self._staged.discard()
+                self._staged = None
 
     def __enter__(self) -> "Writer":
         return self
@@ -672,12 +939,19 @@ class Writer:
     def __del__(self):
         try:
             self._close_parts()  # no commit from a finalizer: only what was committed counts
+            if getattr(self, "_staged", None) is not None:
+                self._staged.discard()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
 
-def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20) -> None:
+def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20, *,
+            overwrite: bool = False) -> None:
     """Copy the dataset at ``src`` to ``dst`` in ``layout``, streaming, in bounded memory.
+
+    ``dst`` must be a new path, or (``overwrite=True``) a tfdata dataset of that layout; it may
+    not be ``src`` itself, inside it or contain it (ValueError, before anything is written). The
+    copy appears at ``dst`` only once complete.
 
     Reads ``chunk_bytes`` of rows at a time from the memory-mapped source, appends them to a
     :class:`Writer`, and releases the source pages it has read, so memory stays around two
@@ -686,9 +960,16 @@ def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20) -> Non
     """
     from .dataset import MmapDataset
 
+    src, dst = os.fspath(src), os.fspath(dst)
+    rs, rd = os.path.realpath(src), os.path.realpath(dst)
+    if (rs == rd or rd.startswith(rs + os.sep) or rs.startswith(rd + os.sep)
+            or (os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst))):
+        raise ValueError(f"convert: destination {dst!r} is the source {src!r} (or inside it, or "
+                         f"holds it); converting a dataset onto itself would destroy it: write "
+                         f"to a new path")
     with MmapDataset.open(src) as ds:
         step = _chunk_rows(ds.row_nbytes, chunk_bytes)
-        with Writer(dst, ds.spec, layout) as w:
+        with Writer(dst, ds.spec, layout, overwrite=overwrite, _publish_at_close=True) as w:
             for start in range(0, len(ds), step):
                 stop = min(start + step, len(ds))
                 w.append(ds.rows(start, stop))
@@ -724,6 +1005,8 @@ def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:
     """Create a dataset file of ``rows`` zero rows (sparse) and map it writable, shared.
 
     The backing of a spilling replay buffer: its storage arrays live in the file's pages.
+    ``path`` must not exist (FileExistsError): a spill file is scratch storage that tfdata
+    writes all over, so it never takes the place of anything.
 
     Returns
     -------
@@ -733,24 +1016,38 @@ def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:
     """
     spec = Spec(spec)
     rows = int(rows)
+    path = os.fspath(path)
+    if os.path.lexists(path):
+        raise FileExistsError(f"spill_path {path!r} exists; a spill file is the buffer's scratch "
+                              f"storage and never replaces anything: delete it or choose a new path")
     if layout == "aos":
-        _create_npy(path, spec.aos_dtype, (rows,), memmap=False)
-        mf = MappedFile(path, header_nbytes(spec.aos_dtype), writable=True)
-        return mf.array(spec.aos_dtype, (rows,)), [(mf, spec.aos_dtype.itemsize)]
-    entries = _soa_entries(spec)
-    os.makedirs(path, exist_ok=True)
-    cols, maps = {}, []
-    for f, fname in entries:
-        fpath = os.path.join(path, fname)
-        _create_npy(fpath, f.dtype, (rows,) + f.shape, memmap=False, mark=False)
-        mf = MappedFile(fpath, header_nbytes(f.dtype, f.shape), writable=True)
-        cols[f.name] = mf.array(f.dtype, (rows,) + f.shape)
-        maps.append((mf, f.nbytes))
-    _write_manifest(path, rows, entries)
-    return cols, maps
+        _check_header_text(spec.aos_dtype, path)
+    else:
+        entries = _soa_entries(spec)
+    staged = _Staged(path, layout, False)
+    try:
+        if layout == "aos":
+            _create_npy(staged.tmp, spec.aos_dtype, (rows,), memmap=False)
+            mf = MappedFile(staged.tmp, header_nbytes(spec.aos_dtype), writable=True)
+            out = mf.array(spec.aos_dtype, (rows,)), [(mf, spec.aos_dtype.itemsize)]
+        else:
+            cols, maps = {}, []
+            for f, fname in entries:
+                fpath = os.path.join(staged.tmp, fname)
+                _create_npy(fpath, f.dtype, (rows,) + f.shape, memmap=False, mark=False)
+                mf = MappedFile(fpath, header_nbytes(f.dtype, f.shape), writable=True)
+                cols[f.name] = mf.array(f.dtype, (rows,) + f.shape)
+                maps.append((mf, f.nbytes))
+            _write_manifest(staged.tmp, rows, entries)
+            out = cols, maps
+        staged.publish()  # the maps follow the files: a rename keeps the inode
+    except BaseException:
+        staged.discard()
+        raise
+    return out
 
 
-def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
+def create(path: str, spec, rows: int, layout: str = "aos", *, overwrite: bool = False) -> dict:
     """Create a dataset of ``rows`` zero rows and return writable memory-mapped fields.
 
     For filling a dataset larger than memory chunk by chunk::
@@ -766,6 +1063,9 @@ def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
     spec : Spec or mapping
     rows : int
     layout : {"aos", "soa"}
+    overwrite : bool, default False
+        As for :func:`save`: an existing ``path`` is replaced only if this is True and it is a
+        tfdata dataset of the same layout (by a rename: readers of the old one keep it).
 
     Returns
     -------
@@ -776,16 +1076,26 @@ def create(path: str, spec, rows: int, layout: str = "aos") -> dict:
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
         raise ValueError(f"rows must be a non-negative int, got {rows!r}")
     rows = int(rows)
-    if layout == "aos":
-        records = _create_npy(path, spec.aos_dtype, (rows,))
-        return {name: records[name] for name in spec.names}
-    if layout != "soa":
+    path = os.fspath(path)
+    if layout not in ("aos", "soa"):
         raise ValueError(f"layout: expected 'aos' or 'soa', got {layout!r}")
-    entries = _soa_entries(spec)
-    os.makedirs(path, exist_ok=True)
-    cols = {f.name: _create_npy(os.path.join(path, fname), f.dtype, (rows,) + f.shape, mark=False)
-            for f, fname in entries}
-    _write_manifest(path, rows, entries)
+    if layout == "aos":
+        _check_header_text(spec.aos_dtype, path)
+    else:
+        entries = _soa_entries(spec)
+    staged = _Staged(path, layout, overwrite)
+    try:
+        if layout == "aos":
+            records = _create_npy(staged.tmp, spec.aos_dtype, (rows,))
+            cols = {name: records[name] for name in spec.names}
+        else:
+            cols = {f.name: _create_npy(os.path.join(staged.tmp, fname), f.dtype, (rows,) + f.shape,
+                                        mark=False) for f, fname in entries}
+            _write_manifest(staged.tmp, rows, entries)
+        staged.publish()
+    except BaseException:
+        staged.discard()
+        raise
     return cols
 
 
