@@ -118,3 +118,132 @@ def test_a_writer_refuses_a_fifo_in_a_region_without_blocking(tmp_path):
         with shared.SharedWriter(buf.path, 0) as w:  # the repaired region works
             w.push({"x": np.int64(3)})
         assert buf.sample(1)["x"][0] == 3
+
+
+# -- every public function that takes a path, against a tree of the user's files ---------------
+
+SPEC = {"id": "i8", "x": ("f4", (3,))}
+
+
+def _rows(n: int) -> dict:
+    return {"id": np.arange(n, dtype=np.int64), "x": np.ones((n, 3), np.float32)}
+
+
+def _user_tree(top) -> dict:
+    """The user's files: a sentinel, a project, datasets and a checkpoint of theirs, a note named
+    like a dataset, a link to the sentinel and a FIFO. Returns name -> path."""
+    import tfdata
+
+    paths = {n: os.path.join(top, n) for n in
+             ("sentinel.txt", "proj", "data.npy", "soa", "ckpt", "notes.npy", "link.npy", "fifo.npy")}
+    with open(paths["sentinel.txt"], "wb") as f:
+        f.write(b"precious" * 1000)
+    os.mkdir(paths["proj"])
+    with open(os.path.join(paths["proj"], "main.py"), "w") as f:
+        f.write("print('my project')\n")
+    tfdata.io.save(paths["data.npy"], _rows(10))
+    tfdata.io.save(paths["soa"], _rows(10), layout="soa")
+    buf = tfdata.PrioritizedReplayBuffer(SPEC, 16, seed=0)
+    buf.extend(_rows(12))
+    buf.save(paths["ckpt"])
+    with open(paths["notes.npy"], "w") as f:
+        f.write("not a dataset\n")
+    os.symlink(paths["sentinel.txt"], paths["link.npy"])
+    os.mkfifo(paths["fifo.npy"])
+    return paths
+
+
+def _refused_calls(p: dict, buf) -> list:
+    """(description, call) pairs, every one of which must fail and change nothing."""
+    import tfdata
+
+    io = tfdata.io
+    calls = []
+    not_ours = [p[n] for n in ("sentinel.txt", "proj", "ckpt", "notes.npy", "link.npy", "fifo.npy")]
+    for path in p.values():
+        for layout in ("aos", "soa"):
+            calls += [
+                (f"io.save({path}, {layout})", lambda path=path, layout=layout: io.save(path, _rows(3), layout)),
+                (f"io.Writer({path}, {layout})", lambda path=path, layout=layout: io.Writer(path, SPEC, layout)),
+                (f"io.create({path}, {layout})", lambda path=path, layout=layout: io.create(path, SPEC, 3, layout)),
+                (f"io.convert(data, {path}, {layout})",
+                 lambda path=path, layout=layout: io.convert(p["data.npy"], path, layout)),
+                (f"spill_path={path} {layout}", lambda path=path, layout=layout: tfdata.ReplayBuffer(
+                    SPEC, 16, layout=layout, spill_path=path, hot_rows=4)),
+            ]
+        calls += [
+            (f"buf.save({path})", lambda path=path: buf.save(path)),
+            (f"load(ckpt, spill_path={path})", lambda path=path: tfdata.ReplayBuffer.load(
+                p["ckpt"], spill_path=path, hot_rows=4)),
+        ]
+    for path in not_ours:
+        for layout in ("aos", "soa"):
+            calls += [
+                (f"io.save({path}, overwrite)", lambda path=path, layout=layout: io.save(
+                    path, _rows(3), layout, overwrite=True)),
+                (f"io.Writer({path}, overwrite)", lambda path=path, layout=layout: io.Writer(
+                    path, SPEC, layout, overwrite=True)),
+                (f"io.create({path}, overwrite)", lambda path=path, layout=layout: io.create(
+                    path, SPEC, 3, layout, overwrite=True)),
+                (f"io.convert(data, {path}, overwrite)", lambda path=path, layout=layout: io.convert(
+                    p["data.npy"], path, layout, overwrite=True)),
+            ]
+        calls += [(f"Writer.open({path})", lambda path=path: io.Writer.open(path))]
+    for path in not_ours + [p["data.npy"], p["soa"]]:
+        if path != p["ckpt"]:
+            calls += [(f"buf.save({path}, overwrite)", lambda path=path: buf.save(path, overwrite=True)),
+                      (f"ReplayBuffer.load({path})", lambda path=path: tfdata.ReplayBuffer.load(path))]
+    calls += [
+        ("io.save(data.npy, unwritable name)", lambda: io.save(p["data.npy"], {"观测": np.arange(3)},
+                                                              overwrite=True)),
+        ("io.save(soa, ragged)", lambda: io.save(p["soa"], {"id": np.arange(3), "x": np.ones((2, 3))},
+                                                 "soa", overwrite=True)),
+        ("io.convert(data, data)", lambda: io.convert(p["data.npy"], p["data.npy"], "aos", overwrite=True)),
+        ("io.convert(soa, soa)", lambda: io.convert(p["soa"], p["soa"], "soa", overwrite=True)),
+        ("MmapDataset.open(fifo)", lambda: tfdata.MmapDataset.open(p["fifo.npy"])),
+        ("MmapDataset.open(notes)", lambda: tfdata.MmapDataset.open(p["notes.npy"])),
+        ("MmapDataset.open(link)", lambda: tfdata.MmapDataset.open(p["link.npy"])),
+        ("MmapDataset.open(proj)", lambda: tfdata.MmapDataset.open(p["proj"])),
+        ("SharedWriter(proj)", lambda: shared.SharedWriter(p["proj"], 0)),
+    ]
+    return calls
+
+
+def test_every_refused_call_leaves_every_user_file(tmp_path):
+    import signal
+
+    import tfdata
+
+    top = str(tmp_path / "user")
+    os.mkdir(top)
+    paths = _user_tree(top)
+    buf = tfdata.ReplayBuffer(SPEC, 16, seed=1)
+    buf.extend(_rows(5))
+    before = snapshot(top)
+
+    def hang(*_):
+        raise TimeoutError("the call blocked")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    succeeded = []
+    try:
+        for what, call in _refused_calls(paths, buf):
+            signal.alarm(20)  # a FIFO opened for reading blocks: that is a failure, not a wait
+            try:
+                result = call()
+            except TimeoutError:
+                raise AssertionError(f"{what}: blocked") from None
+            except Exception:  # noqa: BLE001 - every refusal is fine; what matters is the tree
+                pass
+            else:
+                succeeded.append(what)
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+            finally:
+                signal.alarm(0)
+            assert snapshot(top) == before, f"{what} changed the user's files"
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert succeeded == []
+    assert shared.sweep(top) == [] and snapshot(top) == before
