@@ -850,9 +850,11 @@ def load(path, **overrides):
     spill = {k: overrides[k] for k in ("spill_path", "hot_rows", "hot_bytes") if k in overrides}
     plan = cls.plan_memory(spec, cap, **opts, **spill)  # the caller's spill settings: theirs
     need = int(sum(plan.values()))
+    # a memory_budget is the caller's: the constructor refuses it (MemoryBudgetError, before
+    # allocating), since the file is not at fault; without one the machine's memory bounds it
     limit = budget if budget is not None else _available_memory()
-    if need > limit:
-        what = "memory_budget" if budget is not None else "the memory available on this machine"
+    if need > limit and budget is None:
+        what = "the memory available on this machine"
         raise FormatError(f"{spath}: config.capacity {cap} would make the buffer hold {need} bytes "
                           f"({plan}), more than {what} ({limit} bytes); refused before allocating")
 
