@@ -291,8 +291,8 @@ class ReplayBuffer:
     roles : mapping, optional
         Field names of the roles ``reward``, ``terminated``, ``truncated`` if not those.
     spill_path : str or path, optional
-        Keep the rows in this file (an AoS ``.npy`` or an SoA directory, created sparse; an
-        existing one is replaced) instead of RAM: a capacity larger than memory. Sampling,
+        Keep the rows in this file (an AoS ``.npy`` or an SoA directory, created sparse; the
+        path must not exist: FileExistsError, nothing is replaced) instead of RAM: a capacity larger than memory. Sampling,
         writing and wrap-around are unchanged (one true ring); only the ``hot_rows`` newest rows
         stay resident, older pages are released (see :mod:`tfdata.spill`). Needs exactly one
         of ``hot_rows`` and ``hot_bytes``.

@@ -15,7 +15,8 @@ overwritten. What changes is which pages stay in the process:
   2 MiB folio of the page cache, so estimating does not work).
 
 The spill file is the storage, not a checkpoint: it is not committed or synced, and a new
-buffer replaces it. Use :meth:`ReplayBuffer.save` for a checkpoint.
+buffer needs a path that does not exist (it never replaces a file, not even an old spill
+file: delete that first). Use :meth:`ReplayBuffer.save` for a checkpoint.
 """
 
 from __future__ import annotations
