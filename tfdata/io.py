@@ -591,7 +591,14 @@ def _remove_dataset_dir(path: str) -> None:
         names = [os.path.basename(f) for _, f in entries]
     except (FormatError, OSError):
         names = []
-    for name in names + [MANIFEST, MANIFEST + ".tmp"]:
+    remove_names(path, names + [MANIFEST, MANIFEST + ".tmp"])
+
+
+def remove_names(path: str, names) -> None:
+    """Delete the files ``names`` of the directory ``path``, then the directory if that left it
+    empty. Never anything else: how tfdata removes what it made (a dataset moved aside, a
+    shared region), so a file of the user's in the same directory survives."""
+    for name in names:
         try:
             os.unlink(os.path.join(path, name))
         except OSError:

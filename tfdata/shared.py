@@ -224,15 +224,7 @@ def _region_entries(path: str) -> list[str] | None:
 
 def _remove_region_files(path: str) -> None:
     """Delete a region's own files, then its directory (kept if anything else is in it)."""
-    for n in _region_entries(path) or ():
-        try:
-            os.unlink(os.path.join(path, n))
-        except OSError:
-            pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
+    io.remove_names(path, _region_entries(path) or ())
 
 
 def _open_region(path: str) -> _Region:
