@@ -202,6 +202,9 @@ def test_a_link_named_by_the_user_is_followed(tmp_path):
     tfdata.io.save(str(tmp_path / "real.npy"), rows(0, 4))
     os.symlink(tmp_path / "real.npy", tmp_path / "alias.npy")
     assert ids_of(tmp_path / "alias.npy").tolist() == [0, 1, 2, 3]
+    # but appending writes in place: not through a link
+    with pytest.raises(FormatError, match="symbolic link"):
+        tfdata.io.Writer.open(str(tmp_path / "alias.npy"))
 
 
 @pytest.mark.parametrize("where", ["file", "field", "manifest"])

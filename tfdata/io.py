@@ -844,6 +844,9 @@ class Writer:
                 return cls(path, Spec([f for f, _ in entries]), "soa", _append=True, _rows=rows)
             except SpecError as exc:  # a field name the manifest allows but no file name can be
                 raise FormatError(f"{os.path.join(path, MANIFEST)}: {exc}") from None
+        if os.path.islink(path):  # appending writes in place: through a link it would write elsewhere
+            raise FormatError(f"{path}: is a symbolic link; open the file it points to "
+                              f"({os.path.realpath(path)}) to append")
         h = read_npy_header(path)
         if h.version is None:
             raise FormatError(f"{path}: not written by tfdata (its header cannot grow in place); "
