@@ -71,10 +71,12 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   a terminated or truncated row and only then), the elided-next bookkeeping must name exactly
   the rows that ended an episode;
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
-* memory: the bytes the buffer would hold (:meth:`ReplayBuffer.plan_memory`, with the
-  ``spill_path`` / ``hot_rows`` / ``hot_bytes`` given to :func:`load`) must fit ``memory_budget``
-  if given, else the memory available on the machine: a checkpoint of a few kilobytes cannot
-  make a load allocate more than the machine has.
+* memory: without a ``memory_budget``, the bytes the buffer would hold
+  (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
+  given to :func:`load`) must fit the memory available on the machine (FormatError): a
+  checkpoint of a few kilobytes cannot make a load allocate more than the machine has. A
+  ``memory_budget`` given to :func:`load` is the caller's limit: the constructor refuses a plan
+  over it with :class:`~tfdata.MemoryBudgetError`, before allocating.
 
 Then the buffer is built, the rows are mapped and copied in 16 MiB chunks (releasing each
 chunk's pages), and ``load_state_dict`` validates again before a byte of the buffer is
@@ -762,7 +764,8 @@ def load(path, **overrides):
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
     ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either).
     Everything read from ``path`` is validated first (see the module docstring); the buffer's
-    planned memory must fit ``memory_budget``, or else the memory available on the machine.
+    planned memory must fit ``memory_budget`` (else MemoryBudgetError), or without one the
+    memory available on the machine (else FormatError).
 
     Raises
     ------
@@ -852,19 +855,18 @@ def load(path, **overrides):
     need = int(sum(plan.values()))
     # a memory_budget is the caller's: the constructor refuses it (MemoryBudgetError, before
     # allocating), since the file is not at fault; without one the machine's memory bounds it
-    limit = budget if budget is not None else _available_memory()
-    if need > limit and budget is None:
-        what = "the memory available on this machine"
+    if budget is None and need > _available_memory():
         raise FormatError(f"{spath}: config.capacity {cap} would make the buffer hold {need} bytes "
-                          f"({plan}), more than {what} ({limit} bytes); refused before allocating")
+                          f"({plan}), more than the memory available on this machine "
+                          f"({_available_memory()} bytes); refused before allocating")
 
     has_flags = "terminated" in roles and "truncated" in roles
     arrays = _Arrays(path, c)
     rpath = _check_files(path, rows_name)
     try:
         ds = MmapDataset.open(rpath)
-    except FileNotFoundError:
-        raise FormatError(f"{rpath}: missing") from None
+    except FileNotFoundError as exc:  # a file the manifest names
+        raise FormatError(f"{rpath}: incomplete ({exc})") from None
     except RecursionError:
         raise FormatError(f"{rpath}: manifest nested too deeply") from None
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
