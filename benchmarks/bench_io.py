@@ -577,7 +577,10 @@ def _fill_buffer(layout: str, kind: str):
 def save_checkpoint(buf, layout: str, path: str) -> None:
     """``buf.save(path)``; for the numpy buffer one ``numpy.save`` per field array, and a JSON."""
     if not isinstance(buf, NumpyBuffer):
-        buf.save(path, overwrite=True)  # a repeat may save over its own checkpoint
+        try:
+            buf.save(path, overwrite=True)  # a repeat may save over its own checkpoint
+        except TypeError:  # tfdata 0.1 (asv continuous against an older commit): no overwrite=
+            buf.save(path)
         return
     sync = layout == "numpy_fsync"
     os.makedirs(path)
