@@ -361,3 +361,36 @@ def fifo_merge(published: list) -> list:
             return out
         out.append((best, published[best][cursors[best]][1]))
         cursors[best] += 1
+
+
+def episode_break_naive(episode, current, term, trunc, cursor: int, size: int, capacity: int,
+                        num_envs: int) -> int:
+    """Reference of ``kernels._checkpoint.first_episode_break``: replay the stamping of every
+    stream in time order and report the first slot (or ``capacity + e`` for ``current``) whose
+    number differs from what insertion would have given."""
+    if size == 0:
+        bad = [e for e in range(num_envs) if int(current[e]) != 0]
+        return capacity + bad[0] if bad else -1
+    start = cursor if size == capacity else 0
+    order = [(start + j) % capacity for j in range(size)]  # slots, oldest step first
+    for j in range(size - num_envs):
+        s, n = order[j], order[j + num_envs]
+        want = (int(episode[s]) + (1 if (term[s] or trunc[s]) else 0)) % 2**32
+        if int(episode[n]) != want:
+            return s
+    for e in range(num_envs):
+        s = order[size - num_envs + e]
+        want = (int(episode[s]) + (1 if (term[s] or trunc[s]) else 0)) % 2**32
+        if int(current[e]) != want:
+            return capacity + e
+    return -1
+
+
+def final_mismatch_naive(final_slots, term, trunc, size: int) -> int:
+    """Reference of ``kernels._checkpoint.first_final_mismatch``."""
+    want = [s for s in range(size) if term[s] or trunc[s]]
+    got = [int(x) for x in final_slots]
+    for i in range(max(len(want), len(got))):
+        if i >= len(want) or i >= len(got) or want[i] != got[i]:
+            return i
+    return -1

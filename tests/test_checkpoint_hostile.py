@@ -7,6 +7,7 @@ Each test here failed on the code before the rules of :mod:`tfdata.checkpoint` w
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -558,8 +559,9 @@ def test_bad_priorities_episode_numbers_and_bookkeeping_arrays(tmp_path):
         (_array(*pri, "versions", change=lambda a: a.astype(np.int64)), "versions"),
         (_array(*ep, "episode", change=lambda a: a + np.uint32(1) * (np.arange(a.size) == 3)), "episode"),
         (_array(*ep, "current", change=lambda a: a + np.uint32(5)), "current"),
-        (_array(*ep, "final_slots", change=lambda a: np.concatenate([a, [99]])), "final_slots"),
-        (_array(*ep, "final_slots", change=lambda a: a[::-1].copy() if a.size > 1 else a - 1), "final_slots"),
+        (_array(*ep, "final_slots", change=lambda a: np.arange(9)), "final_slots"),  # > size
+        (_array(*ep, "final_slots", change=lambda a: a - 1), "final_slots"),
+        (_array(*ep, "final_slots", change=lambda a: a[::-1].copy()), "final_slots"),
         (_array(*ep, "has_pending", change=lambda a: ~a), "has_pending"),
         (_array(*ep, "episode", change=lambda a: np.zeros((10**6,), np.uint32)), "episode"),
         (_state("state", "episodes", "episode", {"$array": "arrays/../../outside.npy"}), "arrays/"),
@@ -600,12 +602,15 @@ def _mutate_state(data, doc, sentinel):
     for k in where:
         obj = obj[k]
     action = data.draw(st.sampled_from(["set", "set", "set", "delete", "add"]))
+    # a copy: sampled lists and objects are shared between examples (and must not nest in
+    # themselves)
+    value = copy.deepcopy(data.draw(st.one_of(_VALUES, st.just(sentinel))))
     if action == "delete":
-        obj.pop(key) if isinstance(obj, dict) else obj.pop(key)
+        obj.pop(key)
     elif action == "add" and isinstance(obj, dict):
-        obj[data.draw(_KEYS)] = data.draw(st.one_of(_VALUES, st.just(sentinel)))
+        obj[data.draw(_KEYS)] = value
     else:
-        obj[key] = data.draw(st.one_of(_VALUES, st.just(sentinel)))
+        obj[key] = value
 
 
 def _mutate_array(data, path, sentinel):
@@ -627,6 +632,11 @@ def _mutate_array(data, path, sentinel):
     if how == "empty":
         open(path, "wb").close()
         return
+    with np.errstate(all="ignore"):  # casts of NaN and of large values, on purpose
+        _change_array(data, how, a, path)
+
+
+def _change_array(data, how, a, path):
     if how == "dtype":
         a = a.astype(data.draw(st.sampled_from(["<u4", ">u4", "<i8", "<f8", "<f4", "|b1", "<u8"])))
     elif how == "shape":
@@ -722,3 +732,60 @@ def test_fuzzed_checkpoints_load_faithfully_or_raise_format_error(pristine, data
     finally:
         os.chdir(cwd)
         shutil.rmtree(root)
+
+
+# -- the kernels of the episode check, against tests/naive.py ---------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numbers wrap, on purpose
+@pytest.mark.parametrize("seed", range(40))
+def test_episode_check_kernels_match_the_reference(seed):
+    from tfdata.kernels._checkpoint import (episode_mismatch, final_mismatch_from,
+                                            first_episode_break, first_final_mismatch)
+
+    from .naive import episode_break_naive, final_mismatch_naive
+
+    rng = np.random.default_rng(seed)
+    envs = int(rng.integers(1, 4))
+    cap = envs * int(rng.integers(1, 8))
+    # insert steps as the buffer does; numbers start anywhere, so they wrap past 2**32
+    current = rng.integers(2**32 - 3, 2**32, envs).astype(np.uint32) if seed % 3 else np.zeros(envs, np.uint32)
+    episode = np.zeros(cap, np.uint32)
+    term, trunc = np.zeros(cap, bool), np.zeros(cap, bool)
+    cursor = size = 0
+    for _ in range(int(rng.integers(0, 3 * cap // envs + 1))):
+        for e in range(envs):
+            s = cursor + e
+            term[s], trunc[s] = rng.random() < 0.3, rng.random() < 0.1
+            episode[s] = current[e]
+            if term[s] or trunc[s]:
+                current[e] += np.uint32(1)
+        cursor, size = (cursor + envs) % cap, min(size + envs, cap)
+    ep = episode[:size].copy()
+    finals = np.flatnonzero(term[:size] | trunc[:size]).astype(np.int64)
+    what = rng.integers(0, 5)  # corrupt one thing, or nothing
+    if what == 1 and size:
+        ep[rng.integers(0, size)] += np.uint32(rng.integers(1, 3))
+    elif what == 2:
+        current[rng.integers(0, envs)] += np.uint32(1)
+    elif what == 3 and size:
+        s = rng.integers(0, size)
+        term[s] = not term[s]
+    elif what == 4:
+        finals = np.sort(np.concatenate([finals, rng.integers(0, max(size, 1), 1)]))
+    want = episode_break_naive(ep, current, term, trunc, cursor, size, cap, envs)
+    assert first_episode_break(ep, current, term, trunc, cursor, size, cap, envs) == want
+    # chunk by chunk, in order: some chunk is non-zero exactly when a held step breaks
+    cuts = [0] + sorted(int(x) for x in rng.integers(0, size + 1, 3)) + [size]
+    acc = 0
+    pos = 0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        acc |= episode_mismatch(ep, term, trunc, a, b, cursor, size, cap, envs)
+        if pos >= 0:
+            pos = final_mismatch_from(finals, term, trunc, a, b, pos)
+    assert (acc != 0) == (0 <= want < cap)
+    fwant = final_mismatch_naive(finals, term, trunc, size)
+    assert first_final_mismatch(finals, term, trunc, size) == fwant
+    assert (pos == finals.shape[0]) == (fwant == -1)
+    if pos < 0:
+        assert -1 - pos == fwant

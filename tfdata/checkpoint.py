@@ -67,9 +67,6 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
   (leaves) must be finite, positive, at most ``float64 max / 2P`` and sum to a finite total;
-  episode numbers must follow the rows' episode ends (each stream's number grows by one after
-  a terminated or truncated row and only then), the elided-next bookkeeping must name exactly
-  the rows that ended an episode;
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
 * memory: without a ``memory_budget``, the bytes the buffer would hold
   (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
@@ -80,7 +77,12 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
 
 Then the buffer is built, the rows are mapped and copied in 16 MiB chunks (releasing each
 chunk's pages), and ``load_state_dict`` validates again before a byte of the buffer is
-written. No pickle anywhere: JSON and ``.npy`` read by tfdata's own header check.
+written. Last, once the rows are in memory, the episode numbers must be what inserting those
+rows gave (each stream's number grows by one after a terminated or truncated row and only
+then; ``current`` is the newest number plus the newest row's end) and the elided-next
+bookkeeping must name exactly the rows that ended an episode; otherwise the new buffer is
+dropped and FormatError raised (one pass, about 1 ms per million rows). No pickle anywhere:
+JSON and ``.npy`` read by tfdata's own header check.
 """
 
 from __future__ import annotations
@@ -123,7 +125,6 @@ _MAX_ROW_BYTES = (1 << 31) - 1
 _MAX_NAME = 1024
 _MAX_INT_DIGITS = 40
 _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
-_CHUNK = 1 << 20  # rows per chunk of the consistency checks (bounded temporaries)
 # the constructor's keywords a checkpoint may carry, per class, and those it never may
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
@@ -581,7 +582,8 @@ class _Arrays:
         self.check = check
         self.dir_checked = False
 
-    def read(self, where: str, ref, dtype, shape: tuple) -> np.ndarray:
+    def header(self, where: str, ref):
+        """``(file path, header)`` of the array reference ``ref``, checked."""
         from .io import read_npy_header
 
         c = self.check
@@ -596,7 +598,18 @@ class _Arrays:
             self.dir_checked = True
         fpath = os.path.join(self.path, rel)
         _regular(fpath)
-        h = read_npy_header(fpath)
+        return fpath, read_npy_header(fpath)
+
+    def length(self, where: str, ref) -> int:
+        """Rows of the 1-D array ``ref`` (from its header; nothing else is read)."""
+        fpath, h = self.header(where, ref)
+        if len(h.shape) != 1:
+            raise FormatError(f"{fpath}: {where}: expected a 1-D array, the file holds "
+                              f"{h.dtype}{list(h.shape)}")
+        return h.shape[0]
+
+    def read(self, where: str, ref, dtype, shape: tuple) -> np.ndarray:
+        fpath, h = self.header(where, ref)
         dtype = np.dtype(dtype)
         if h.dtype != dtype or tuple(h.shape) != tuple(shape):
             raise FormatError(f"{fpath}: {where}: expected {dtype}{list(shape)}, the file holds "
@@ -612,9 +625,11 @@ class _Arrays:
         return out
 
 
-def _check_episodes(c: _Checker, arrays: _Arrays, ep, ds, roles: dict, next_of: dict,
-                    spec: Spec, elide: bool, envs: int, cursor: int, size: int, cap: int) -> dict:
-    """The episode bookkeeping of the state, read and checked against the rows' episode ends."""
+def _read_episodes(c: _Checker, arrays: _Arrays, ep, next_of: dict, spec: Spec, elide: bool,
+                   envs: int, size: int) -> dict:
+    """The episode bookkeeping of the state: its keys, and each array of exactly the dtype and
+    shape the buffer needs (read only then). Checked against the rows by
+    :func:`_check_episode_order` once they are in memory."""
     keys = ("num_envs", "elide", "next_of", "episode", "current")
     if elide:
         keys += ("final_slots", "finals", "pending", "has_pending")
@@ -627,83 +642,94 @@ def _check_episodes(c: _Checker, arrays: _Arrays, ep, ds, roles: dict, next_of: 
     if not isinstance(ep["next_of"], dict) or ep["next_of"] != next_of:
         c.fail(w + "next_of", f"{next_of} (from config.next_of)", ep["next_of"])
     out = {"num_envs": envs, "elide": elide, "next_of": dict(next_of)}
-    out["episode"] = episode = arrays.read(w + "episode", ep["episode"], np.uint32, (size,))
-    out["current"] = current = arrays.read(w + "current", ep["current"], np.uint32, (envs,))
-    term, trunc = ds.field(roles["terminated"]), ds.field(roles["truncated"])
-
-    def ends(a: int, b: int) -> np.ndarray:
-        return np.logical_or(term[a:b], trunc[a:b])
-
-    if size == 0:
-        if current.any():
-            c.fail(w + "current", "zeros in an empty buffer", f"{current.tolist()[:8]}", show=False)
-    else:
-        # each stream's number grows by one after a row that ended an episode and only then:
-        # walk the rows in time order (from the oldest step), a chunk of whole steps at a time
-        start = cursor if size == cap else 0
-        spans = [(start, size), (0, start)] if start else [(0, size)]
-        step = envs * max(1, _CHUNK // envs)
-        prev_ep = prev_end = None
-        for lo, hi in spans:
-            for a in range(lo, hi, step):
-                b = min(hi, a + step)
-                e_chunk = episode[a:b].reshape(-1, envs)
-                d_chunk = ends(a, b).reshape(-1, envs)
-                if prev_ep is not None:
-                    e_chunk = np.concatenate([prev_ep, e_chunk])
-                    d_chunk = np.concatenate([prev_end, d_chunk])
-                grow = (e_chunk[1:] - e_chunk[:-1]).astype(np.uint32)  # modulo 2**32
-                if np.any(grow != d_chunk[:-1]):
-                    c.fail(w + "episode", "episode numbers that grow by one exactly after a row "
-                           "that ended an episode (terminated or truncated), in each stream",
-                           show=False)
-                prev_ep, prev_end = e_chunk[-1:], d_chunk[-1:]
-                ds.release(a, b)
-        if np.any((current - prev_ep[0]).astype(np.uint32) != prev_end[0]):
-            c.fail(w + "current", "each stream's newest episode number, plus one if its newest "
-                   "row ended an episode", f"{current.tolist()[:8]}", show=False)
+    out["episode"] = arrays.read(w + "episode", ep["episode"], np.uint32, (size,))
+    out["current"] = arrays.read(w + "current", ep["current"], np.uint32, (envs,))
     if not elide:
         return out
+    # one entry per row that ended an episode: the header's count, bounded by the rows held
     slots = ep["final_slots"]
-    # k <= size: read the header first, then bound the count by the rows held
-    if not isinstance(slots, dict) or set(slots) != {"$array"}:
-        c.fail(w + "final_slots", 'an array reference {"$array": ...}', slots)
-    from .io import read_npy_header
-
-    rel = slots["$array"]
-    if type(rel) is not str or not _SAFE.match(rel):
-        raise FormatError(f"{c.spath}: {w}final_slots: array reference {_show(rel)} is not a file "
-                          f"under arrays/")
-    fpath = os.path.join(arrays.path, rel)
-    _regular(fpath)
-    h = read_npy_header(fpath)
-    k = h.shape[0] if len(h.shape) == 1 and h.shape[0] <= size else size + 1
-    out["final_slots"] = fs = arrays.read(w + "final_slots", slots, np.int64, (k,))
-    # the final table holds exactly the rows that ended an episode, in slot order
-    pos = 0
-    for a in range(0, size, _CHUNK):
-        b = min(size, a + _CHUNK)
-        nz = np.flatnonzero(ends(a, b)) + a
-        if pos + nz.shape[0] > k or np.any(fs[pos:pos + nz.shape[0]] != nz):
-            c.fail(w + "final_slots", "the slots of the rows that ended an episode, in order",
-                   show=False)
-        pos += nz.shape[0]
-        ds.release(a, b)
-    if pos != k:
-        c.fail(w + "final_slots", "the slots of the rows that ended an episode, in order", show=False)
+    k = arrays.length(w + "final_slots", slots)
+    if k > size:
+        c.fail(w + "final_slots", f"at most {size} slots (the rows held)", f"{k} slots", show=False)
+    out["final_slots"] = arrays.read(w + "final_slots", slots, np.int64, (k,))
     for part, lead in (("finals", k), ("pending", envs)):
         table = c.obj(w + part, ep[part], tuple(next_of))
         out[part] = {name: arrays.read(f"{w}{part}[{name!r}]", table[name], spec[name].dtype,
                                        (lead,) + spec[name].shape) for name in next_of}
-    out["has_pending"] = hp = arrays.read(w + "has_pending", ep["has_pending"], np.bool_, (envs,))
-    want = np.zeros(envs, bool)
-    if size:
-        newest = (cursor - envs) % cap
-        want = ~ends(newest, newest + envs)
-    if np.any(hp.view(np.uint8) != want.view(np.uint8)):
-        c.fail(w + "has_pending", "true exactly for the streams whose newest row did not end an "
-               "episode", show=False)
+    out["has_pending"] = arrays.read(w + "has_pending", ep["has_pending"], np.bool_, (envs,))
     return out
+
+
+class _EpisodeOrder:
+    """Checks that the episode bookkeeping ``ep`` agrees with the rows' episode ends: what
+    inserting those rows gave. ``term``, ``trunc``: the new buffer's flags; ``src_term``,
+    ``src_trunc``: the same flags in the mapped rows file.
+
+    :meth:`ahead` checks the rows of the file up to a slot, and runs one chunk ahead of the copy
+    into the buffer (from the copy's ``release`` callback): it faults in the pages the copy
+    reads next, so the check adds almost nothing to a load (a separate pass over an AoS file
+    faulted every page in again, about 8% of the load). :meth:`finish` checks what is left and
+    raises FormatError naming the field."""
+
+    def __init__(self, c: _Checker, ep: dict, term, trunc, src_term, src_trunc, cursor: int,
+                 size: int, cap: int):
+        from .kernels import _checkpoint as k
+
+        self.k, self.c, self.ep = k, c, ep
+        self.term, self.trunc, self.src = term, trunc, (src_term, src_trunc)
+        self.cursor, self.size, self.cap = cursor, size, cap
+        self.acc = 0
+        self.done = 0  # rows checked, in order from slot 0
+        self.pos = 0  # entries of final_slots matched so far (elision)
+
+    def ahead(self, stop: int) -> None:
+        start, stop = self.done, min(stop, self.size)
+        if stop <= start:
+            return
+        ep, k = self.ep, self.k
+        term, trunc = self.src
+        self.acc |= k.episode_mismatch(ep["episode"], term, trunc, start, stop, self.cursor,
+                                       self.size, self.cap, ep["num_envs"])
+        if ep["elide"] and self.pos >= 0:
+            self.pos = k.final_mismatch_from(ep["final_slots"], term, trunc, start, stop, self.pos)
+        self.done = stop
+
+    def finish(self) -> None:
+        c, ep, k = self.c, self.ep, self.k
+        w = "state.episodes."
+        envs, size, cap = ep["num_envs"], self.size, self.cap
+        self.ahead(size)  # what the copy's callbacks did not reach
+        bad = -1
+        if self.acc:
+            bad = k.first_episode_break(ep["episode"], ep["current"], self.term, self.trunc,
+                                        self.cursor, size, cap, envs)
+        elif size == 0:
+            bad = cap if ep["current"].any() else -1
+        else:  # every step agrees with the next: the newest one against current
+            lo = (self.cursor - envs) % cap
+            ends = np.logical_or(self.term[lo:lo + envs], self.trunc[lo:lo + envs])
+            grow = np.subtract(ep["current"], ep["episode"][lo:lo + envs])  # modulo 2**32
+            bad = cap if np.any(grow != ends) else -1
+        if 0 <= bad < cap:
+            c.fail(w + "episode", "numbers that grow by one exactly after a row that ended an "
+                   f"episode (terminated or truncated), in each stream; slot {bad} breaks that",
+                   show=False)
+        if bad >= cap:
+            c.fail(w + "current", "each stream's newest episode number, plus one if its newest "
+                   "row ended an episode (zeros in an empty buffer)", show=False)
+        if not ep["elide"]:
+            return
+        if self.pos != ep["final_slots"].shape[0]:
+            at = -1 - self.pos if self.pos < 0 else self.pos
+            c.fail(w + "final_slots", "the slots of the rows that ended an episode, in order; "
+                   f"position {at} differs", show=False)
+        want = np.zeros(envs, bool)
+        if size:
+            lo = (self.cursor - envs) % cap
+            want = ~np.logical_or(self.term[lo:lo + envs], self.trunc[lo:lo + envs])
+        if np.any(ep["has_pending"].view(np.uint8) != want.view(np.uint8)):
+            c.fail(w + "has_pending", "true exactly for the streams whose newest row did not "
+                   "end an episode", show=False)
 
 
 def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: int, cap: int) -> dict:
@@ -882,8 +908,8 @@ def load(path, **overrides):
         if size != len(ds):
             raise FormatError(f"{rpath}: holds {len(ds)} rows, the state says {size}")
         if has_flags:
-            episodes = _check_episodes(c, arrays, st["episodes"], ds, roles, next_of, spec,
-                                       config["elide_next"], envs, cursor, size, cap)
+            episodes = _read_episodes(c, arrays, st["episodes"], next_of, spec,
+                                      config["elide_next"], envs, size)
         elif st["episodes"] is not None:
             c.fail("state.episodes", "null (the spec has no terminated and truncated fields)",
                    st["episodes"])
@@ -900,11 +926,27 @@ def load(path, **overrides):
             raise FormatError(f"{spath}: cannot rebuild the buffer ({type(exc).__name__}: "
                               f"{str(exc)[:300]})") from None
         state["data"] = {name: ds.field(name) for name in stored.names}
+        release = ds.release
+        order = None
+        if episodes is not None:
+            store = buf._storage
+            order = _EpisodeOrder(c, episodes, store.field(roles["terminated"]),
+                                  store.field(roles["truncated"]), ds.field(roles["terminated"]),
+                                  ds.field(roles["truncated"]), cursor, size, cap)
+            order.ahead(max(1, (16 << 20) // max(1, stored.row_nbytes)))  # the copy's first chunk
+
+            def release(start, stop, _order=order, _release=ds.release):
+                _order.ahead(2 * stop - start)  # the next chunk, before the copy reads it
+                _release(start, stop)
         try:
-            buf.load_state_dict(state, _release=ds.release,
+            buf.load_state_dict(state, _release=release,
                                 _records=ds.records if ds.layout == "aos" else None)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
             raise FormatError(f"{spath}: {type(exc).__name__}: {str(exc)[:300]}") from None
         finally:
             state["data"] = None
+    if order is not None:
+        # against the flags as loaded, in memory: reading them from the mapped file first would
+        # fault in every page of an AoS file twice (a third of the load's time)
+        order.finish()
     return buf
