@@ -8,11 +8,9 @@ Each test here failed on the code before the rules of :mod:`tfdata.checkpoint` w
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -28,30 +26,10 @@ from tfdata.errors import FormatError
 
 from .conftest import CARTPOLE
 from .test_checkpoint import Streams
+from .test_nothing_lost import snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOFLAGS = {"x": "i8", "y": ("f4", (2,))}
-
-
-def snapshot(top) -> dict:
-    """Every path below ``top`` (links not followed): kind, and bytes digest or link target."""
-    top = os.fspath(top)
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            st_ = os.lstat(p)
-            rel = os.path.relpath(p, top)
-            if stat.S_ISLNK(st_.st_mode):
-                out[rel] = ("link", os.readlink(p))
-            elif stat.S_ISREG(st_.st_mode):
-                with open(p, "rb") as f:
-                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest())
-            elif stat.S_ISDIR(st_.st_mode):
-                out[rel] = ("dir",)
-            else:
-                out[rel] = ("special", stat.S_IFMT(st_.st_mode))
-    return out
 
 
 def filled(kind: str, layout: str = "aos"):

@@ -99,6 +99,7 @@ import warnings
 import numpy as np
 
 from .errors import FormatError, SpecError
+from .io import fsync_dir
 from .spec import Field, Spec
 
 FORMAT = "tfdata.checkpoint"
@@ -141,19 +142,6 @@ def _classes() -> dict:
 
 
 # -- files -------------------------------------------------------------------------------------
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a directory
-        pass
-    finally:
-        os.close(fd)
 
 
 def _lstat(path: str, missing: str | None = None) -> os.stat_result:
@@ -401,7 +389,7 @@ def save(buffer, path, overwrite: bool = False) -> None:
             os.fsync(f.fileno())
         for d in (os.path.join(tmp, _ARRAYS), os.path.join(tmp, rows_name), tmp):
             if os.path.isdir(d):
-                _fsync_dir(d)
+                fsync_dir(d)
         _publish(tmp, path, stem, parent, overwrite)
     except BaseException:
         # the temporary directory is this call's own (mkdtemp, mode 0700): nothing else is removed
@@ -414,7 +402,7 @@ def _publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool) -> No
     if not os.path.lexists(path):
         # a directory that appeared meanwhile makes this fail unless it is empty (nothing lost)
         os.rename(tmp, path)
-        _fsync_dir(parent)
+        fsync_dir(parent)
         return
     if not overwrite:  # it appeared while this call was writing
         raise FileExistsError(f"{path}: exists; not replaced (overwrite=False)")
@@ -426,7 +414,7 @@ def _publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool) -> No
     except BaseException:
         os.rename(aside, path)  # put the old checkpoint back
         raise
-    _fsync_dir(parent)
+    fsync_dir(parent)
     _remove_checkpoint(aside)
 
 

@@ -513,7 +513,8 @@ def _soa_entries(spec: Spec) -> list[tuple[Field, str]]:
     return entries
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Flush a directory's entries (a rename into it), where the file system allows it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -536,7 +537,7 @@ def _write_manifest(path: str, rows: int, entries) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(path, MANIFEST))  # atomic: a reader sees the old or the new count
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
 # -- creating and replacing paths ---------------------------------------------------------------
@@ -645,7 +646,7 @@ class _Staged:
         else:
             os.rename(tmp, path)
         self.tmp = None
-        _fsync_dir(self.parent)
+        fsync_dir(self.parent)
 
     def discard(self) -> None:
         """Remove the temporary name (a file, or a directory and the files written into it)."""
