@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tfdata import kernels
-from tfdata.sampler import UniformSampler
+from tfdata.replay.samplers.uniform import UniformSampler
 from tfdata.spec import Spec
 from tfdata.storage import make_storage
 

@@ -211,7 +211,7 @@ def test_bad_rows_change_nothing_on_the_fast_path(layout, bad, message):
     for _ in range(7):  # wrapped: the next push would overwrite a live row
         buf.push(good)
     before = buf.state_dict()
-    tree, version = buf._tree.copy(), buf._version.copy()
+    tree, version = buf.sampler.tree.copy(), buf.sampler.version.copy()
     row = dict(good)
     if "rewrd" in bad:
         row["rewrd"] = row.pop("reward")
@@ -222,8 +222,8 @@ def test_bad_rows_change_nothing_on_the_fast_path(layout, bad, message):
     after = buf.state_dict()
     assert after["writer"] == before["writer"]
     assert_batches_equal(after["data"], before["data"])
-    np.testing.assert_array_equal(buf._tree, tree)
-    np.testing.assert_array_equal(buf._version, version)
+    np.testing.assert_array_equal(buf.sampler.tree, tree)
+    np.testing.assert_array_equal(buf.sampler.version, version)
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -278,7 +278,7 @@ def test_fast_push_sets_what_the_checked_push_sets(layout):
             fast.update_priorities(b, p)
             slow.update_priorities(slow.sample(3), p)
     assert "on_write(p)" in fast._fast_push.__source__
-    np.testing.assert_array_equal(fast._tree, slow._tree)
-    np.testing.assert_array_equal(fast._version, slow._version)
+    np.testing.assert_array_equal(fast.sampler.tree, slow.sampler.tree)
+    np.testing.assert_array_equal(fast.sampler.version, slow.sampler.version)
     assert_batches_equal(fast.state_dict()["data"], slow.state_dict()["data"])
     assert_batches_equal(dict(fast.sample(5)), dict(slow.sample(5)))

@@ -11,12 +11,13 @@ from . import _config
 _config.install_cache_dir()
 
 from . import alloc, io, memory, nn  # noqa: E402
-from .buffer import Batch, ReplayBuffer  # noqa: E402
+from .batch import Batch  # noqa: E402
+from .replay.buffer import ReplayBuffer  # noqa: E402
 from .dataset import ArrayDataset, Dataset, MmapDataset  # noqa: E402
 from .loader import DataLoader, LoaderConfig  # noqa: E402
 from .errors import (AllocatorError, FormatError, MemoryBudgetError, SharedBufferError,  # noqa: E402
                      SpecError, StaleBatchError, WriterLostWarning)
-from .prioritized import PrioritizedReplayBuffer  # noqa: E402
+from .replay.prioritized import PrioritizedReplayBuffer  # noqa: E402
 from .shared import SharedReplayBuffer, SharedWriter  # noqa: E402
 from .spec import Field, Spec  # noqa: E402
 from .storage import AoSStorage, SoAStorage, make_storage  # noqa: E402

@@ -23,11 +23,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import io as _io
 from ._config import resolve_layout
 from .errors import FormatError, SpecError
 from .spec import Field, Spec
 from .storage import Output
+from .storage import files as _io
 
 PAGE = _io.PAGE
 
@@ -52,6 +52,8 @@ class Dataset:
 
     spec: Spec
     layout: str
+    #: the rows as one structured array (AoS datasets), else None
+    records = None
 
     def _bind(self, spec: Spec, records=None, columns=None) -> None:
         # Subclasses call this once they hold their arrays.
@@ -116,9 +118,9 @@ class Dataset:
             raise IndexError(f"indices: expected rows in [0, {self._n}), got [{indices.min()}, {indices.max()}]")
         self._gather(self._kernel_store, indices, out.kernel_out)
 
-    def _gather_unchecked(self, indices: np.ndarray, out: Output, at: int = 0) -> None:
-        # the loader's path: indices come from its own permutation, in range by construction;
-        # rows land at out[at:at + len(indices)]
+    def gather_unchecked(self, indices: np.ndarray, out: Output, at: int = 0) -> None:
+        """:meth:`gather` without checks, into ``out[at:at + len(indices)]``: the loader's path,
+        whose indices come from its own permutation, in range by construction."""
         kout = out.kernel_out if at == 0 else tuple(k[at:] for k in out.kernel_out)
         self._gather(self._kernel_store, indices, kout)
 
@@ -193,7 +195,7 @@ class ArrayDataset(Dataset):
 
     def __init__(self, data, layout: str | None = None, *, allocator=None, memory_budget=None):
         from . import alloc
-        from .memory import check_budget, parse_bytes
+        from ._budget import check_budget, parse_bytes
 
         a = alloc.resolve(allocator)
         budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
@@ -347,3 +349,32 @@ class MmapDataset(Dataset):
         self.records = self.columns = None
         for mf, _ in maps:
             mf.close()
+
+
+def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20, *,
+            overwrite: bool = False) -> None:
+    """Copy the dataset at ``src`` to ``dst`` in ``layout``, streaming, in bounded memory.
+
+    ``dst`` must be a new path, or (``overwrite=True``) a tfdata dataset of that layout; it may
+    not be ``src`` itself, inside it or contain it (ValueError, before anything is written). The
+    copy appears at ``dst`` only once complete.
+
+    Reads ``chunk_bytes`` of rows at a time from the memory-mapped source, appends them to a
+    :class:`tfdata.io.Writer`, and releases the source pages it has read, so memory stays around two
+    chunks whatever the size of the dataset. Converts an AoS file to an SoA directory and back
+    (or copies a plain numpy file into tfdata's format).
+    """
+    src, dst = os.fspath(src), os.fspath(dst)
+    rs, rd = os.path.realpath(src), os.path.realpath(dst)
+    if (rs == rd or rd.startswith(rs + os.sep) or rs.startswith(rd + os.sep)
+            or (os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst))):
+        raise ValueError(f"convert: destination {dst!r} is the source {src!r} (or inside it, or "
+                         f"holds it); converting a dataset onto itself would destroy it: write "
+                         f"to a new path")
+    with MmapDataset.open(src) as ds:
+        step = _io.chunk_rows(ds.row_nbytes, chunk_bytes)
+        with _io.Writer(dst, ds.spec, layout, overwrite=overwrite, _publish_at_close=True) as w:
+            for start in range(0, len(ds), step):
+                stop = min(start + step, len(ds))
+                w.append(ds.rows(start, stop))
+                ds.release(start, stop)

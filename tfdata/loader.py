@@ -25,10 +25,10 @@ import weakref
 
 import numpy as np
 
-from .buffer import Batch
+from .batch import Batch
 from .dataset import PAGE, Dataset
-from .io import ResidentFile
-from .sampler import splitmix64
+from .storage.files import ResidentFile
+from ._rng import splitmix64
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -182,7 +182,7 @@ class DataLoader:
                  seed: int | None = None, prefetch: int = 2, *, config: LoaderConfig | None = None,
                  allocator=None, memory_budget=None, **options):
         from . import alloc
-        from .memory import check_budget, parse_bytes
+        from ._budget import check_budget, parse_bytes
 
         if config is None:
             if batch_size is None:
@@ -361,7 +361,7 @@ class _Plan:
         self.full = loader._full
         # bound once: tfdata's datasets skip the index checks (indices are in range by
         # construction) and copy consecutive rows as blocks; other datasets get the public calls
-        self.gather = getattr(self.ds, "_gather_unchecked", self.ds.gather)
+        self.gather = getattr(self.ds, "gather_unchecked", self.ds.gather)
         self.copy_range = getattr(self.ds, "_copy_range", None)
         self.base = loader._base
         self.perm = loader._perm
@@ -454,7 +454,7 @@ class _Plan:
         step = self.chunk
         for c0 in range(0, m, step):
             c1 = min(m, c0 + step)
-            self.ds._gather_unchecked(idx[c0:c1], out, c0)
+            self.ds.gather_unchecked(idx[c0:c1], out, c0)
             if self.probe.file_bytes() - self.probe_base > self.limit:
                 self.ds.release_all()
         return self._batch(slot, m)

@@ -11,45 +11,11 @@ Sizes are in bytes; in strings ``k``, ``M``, ``G``, ``T`` are powers of 1024 (``
 
 from __future__ import annotations
 
-import re
 import resource
 
-import numpy as np
-
-from .errors import MemoryBudgetError
+from ._budget import check_budget, format_bytes, parse_bytes
 
 __all__ = ["snapshot", "reset_peak", "parse_bytes", "format_bytes", "max_capacity", "check_budget"]
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_bytes(name: str, value) -> int:
-    """Bytes from an int or a string such as ``"400MB"``, ``"1.5 GiB"``, ``"512k"``.
-
-    Raises ValueError naming ``name`` for anything else, zero or a negative size.
-    """
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        if value < 1:
-            raise ValueError(f"{name} must be positive, got {value}")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", value) if isinstance(value, str) else None
-    if not m:
-        raise ValueError(f"{name}: expected bytes as an int or a string like '400MB', got {value!r}")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n < 1:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return n
-
-
-def format_bytes(n: int) -> str:
-    """``n`` bytes for people: ``"1.50 GiB"``, ``"12.0 MiB"``, ``"512 B"``."""
-    n = int(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}"
-    return f"{n} B"
-
 
 def _proc_kib(path: str, key: str) -> int:
     """The ``key:`` line of a ``/proc/self`` file, in KiB; -1 where it cannot be read."""
@@ -109,22 +75,6 @@ def reset_peak() -> bool:
         return False
 
 
-def check_budget(budget: int | None, parts: dict, what: str, fits=None) -> None:
-    """Raise :class:`MemoryBudgetError` if the bytes in ``parts`` (name to bytes) exceed ``budget``.
-
-    ``fits``: the largest size that would fit, for the message (optional).
-    """
-    if budget is None:
-        return
-    total = sum(parts.values())
-    if total <= budget:
-        return
-    detail = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts.items() if v)
-    hint = f"; {fits}" if fits else ""
-    raise MemoryBudgetError(f"{what} needs {format_bytes(total)} ({total} bytes: {detail}), more "
-                            f"than memory_budget={format_bytes(budget)} ({budget} bytes){hint}")
-
-
 def max_capacity(spec, budget, *, batch_size=None, prioritized: bool = False, **options) -> int:
     """The largest capacity of a buffer of ``spec`` whose memory fits ``budget``.
 
@@ -147,25 +97,9 @@ def max_capacity(spec, budget, *, batch_size=None, prioritized: bool = False, **
         A capacity (a multiple of ``num_envs``) such that building the buffer and sampling the
         given batch sizes stays within ``budget``; 0 if not even the smallest buffer fits.
     """
-    from .buffer import MAX_CAPACITY, ReplayBuffer
-    from .prioritized import PrioritizedReplayBuffer
+    from .replay import planning
+    from .replay.buffer import ReplayBuffer
+    from .replay.prioritized import PrioritizedReplayBuffer
 
     cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
-    budget = parse_bytes("budget", budget)
-    sizes = () if batch_size is None else ((batch_size,) if np.ndim(batch_size) == 0 else tuple(batch_size))
-    step = int(options.get("num_envs", 1))
-
-    def total(capacity: int) -> int:
-        return sum(cls.plan_memory(spec, capacity, batch_sizes=sizes, **options).values())
-
-    lo, hi = 0, MAX_CAPACITY // step  # in units of num_envs rows; total() grows with capacity
-    if total(step) > budget:
-        return 0
-    lo = 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if total(mid * step) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * step
+    return planning.max_capacity(cls, spec, budget, batch_size=batch_size, **options)

@@ -28,9 +28,12 @@ try:
 except ImportError as exc:  # the optional extra is not installed
     raise ImportError("tfdata.ray needs Ray, which is not installed: pip install 'tfdata[ray]'") from exc
 
-from .buffer import Batch, ReplayBuffer, _check_int
+from ._checks import check_float as _check_float
+from ._checks import check_int as _check_int
+from .batch import Batch
+from .replay.buffer import ReplayBuffer
 from .errors import SpecError
-from .prioritized import PrioritizedReplayBuffer, _check_float, batch_slots
+from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from .spec import Spec
 
 _STATE_FORMAT = "tfdata.ray.RayReplayBuffer"
@@ -111,8 +114,8 @@ class _Shard:
         buf = self.buf
         n = len(buf)
         if isinstance(buf, PrioritizedReplayBuffer):
-            # the trees' roots (tfdata internals, read in the actor's only thread)
-            return n, float(buf._sum[1]), float(buf._min[1])
+            # the trees' roots (the sampler's public mass, read in the actor's only thread)
+            return (n, *buf.sampler.mass())
         return n, float(n), 1.0
 
     def sample(self, k: int, beta, whole: bool):
@@ -172,7 +175,7 @@ class _Shard:
         if versions is not None and stale == "skip":
             # write versions per slot (tfdata internals; no write can run between this check and
             # the update: the actor runs one method at a time)
-            keep = buf._version[slots] == versions
+            keep = buf.sampler.version[slots] == versions
             skipped = int(keep.size - np.count_nonzero(keep))
             if skipped:
                 slots, priorities, versions = slots[keep], priorities[keep], versions[keep]

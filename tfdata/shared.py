@@ -46,14 +46,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import io
-from ._fastpath import make_push
-from .buffer import _UNHELD, Batch, _check_int, _getrefcount, _weak_method
+from ._checks import check_int as _check_int
+from .batch import UNHELD as _UNHELD
+from .batch import Batch
+from .batch import getrefcount as _getrefcount
+from .batch import retire
+from .replay.core import weak_method as _weak_method
+from .replay.fastpush import make_push
+from .storage import files as io
 from .errors import FormatError, SharedBufferError, WriterLostWarning
-from .sampler import UniformSampler
+from .replay.samplers.uniform import UniformSampler
 from .spec import Spec
 from .storage import make_storage
-from .writer import RingWriter
+from .replay.writers import RingWriter
 
 __all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
 
@@ -635,7 +640,7 @@ class SharedReplayBuffer:
                                         f"were all mid-write")
             self.redraws += got
         if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
-            batch = batch._retire()
+            batch = retire(batch)
             ring[1][i] = (out, scratch, batch)
         return batch.copy() if copy else batch
 
@@ -724,7 +729,7 @@ class SharedReplayBuffer:
                         batch = _FifoBatch({n: v[:k] for n, v in batch.items()}, batch.indices[:k])
                         batch.metrics = metrics
                     elif _getrefcount(batch) > _UNHELD:  # still held: retire it (see Batch)
-                        batch = batch._retire()
+                        batch = retire(batch)
                         ring[1][i] = (out, slots, batch, metrics)
                     break
             if expired:
@@ -831,7 +836,7 @@ class _FifoBatch(Batch):
 
     def copy_with_metrics(self) -> "_FifoBatch":
         b = self.copy()
-        out = _FifoBatch(b._fields, b.indices)
+        out = _FifoBatch(dict(b), b.indices)
         out.metrics = dict(self.metrics)
         return out
 

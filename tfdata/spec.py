@@ -77,7 +77,7 @@ class Field:
             bounds = (-(2**1023), 2**1023)  # beyond this float() of a Python int overflows
         else:
             bounds = None
-        object.__setattr__(self, "_int_bounds", bounds if not self.shape else None)
+        object.__setattr__(self, "int_bounds", bounds if not self.shape else None)
         # scalar types (Python and numpy) that always enter a scalar field without loss
         ok = set()
         if not self.shape:
@@ -85,7 +85,7 @@ class Field:
             ok.add(bool)
             if kind in "fc":
                 ok.add(float)
-        object.__setattr__(self, "_scalar_types", frozenset(ok))
+        object.__setattr__(self, "scalar_types", frozenset(ok))
 
     @property
     def nbytes(self) -> int:
@@ -99,10 +99,10 @@ class Field:
         if t is np.ndarray:
             if value.dtype is self.dtype and value.shape == self.shape:
                 return value
-        elif t in self._scalar_types:
+        elif t in self.scalar_types:
             return value
         elif t is int:
-            b = self._int_bounds
+            b = self.int_bounds
             if b is not None and b[0] <= value <= b[1]:
                 return value
         return self.coerce(value, ())
@@ -356,7 +356,7 @@ class Spec:
         try:
             return self._by_name[name]
         except KeyError:
-            raise SpecError(self._unknown_message(name)) from None
+            raise SpecError(self.unknown_message(name)) from None
 
     def __contains__(self, name) -> bool:
         return name in self._by_name
@@ -378,7 +378,7 @@ class Spec:
         return f"Spec({{{inner}}})"
 
     # -- validation -------------------------------------------------------------------------
-    def _unknown_message(self, name) -> str:
+    def unknown_message(self, name) -> str:
         close = difflib.get_close_matches(str(name), list(self._by_name), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"unknown field {name!r}{hint} (fields: {', '.join(self._by_name)})"
@@ -387,7 +387,7 @@ class Spec:
         missing = [f.name for f in self._fields if f.name not in data]
         unknown = [k for k in data if k not in self._by_name]
         if unknown:
-            msgs = [self._unknown_message(k) for k in unknown]
+            msgs = [self.unknown_message(k) for k in unknown]
             if missing:
                 msgs.append(f"missing field(s) {missing}")
             raise SpecError(f"{what}: " + "; ".join(msgs))

@@ -18,7 +18,7 @@ from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # n
 
 from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity,  # noqa: E402
                         nstep_windows,  # noqa: E402
-                        sample_slices, stamp_episodes)  # noqa: E402
+                        sample_slices, sample_slices_prioritized, stamp_episodes)  # noqa: E402
 
 from ._loader import permutation, touch_pages, window_order  # noqa: E402
 
@@ -27,6 +27,6 @@ from ._shared import fifo_commit, fifo_plan, shard_begin, shard_publish  # noqa:
 BY_LAYOUT = {"aos": aos, "soa": soa}
 
 __all__ = ["aos", "soa", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
-           "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "stamp_episodes",
+           "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "sample_slices_prioritized", "stamp_episodes",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish"]

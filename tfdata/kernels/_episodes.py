@@ -19,6 +19,7 @@ from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._rng import fill_indices
+from ._tree import live_limit, stratified_find
 
 
 
@@ -284,38 +285,108 @@ def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, ma
         -1 on success, else the slice number for which ``max_draws`` draws found nothing.
     """
     length = idx.shape[1]
-    span = (length - 1) * num_envs
     for b in range(idx.shape[0]):
         first = idx[b, :1]  # one draw at a time: a rejected start draws again
         fill_indices(n_rows, state, first)
         s = first[0]
         if reject:
             tries = 1
-            while True:
-                if _age(s, cursor, num_envs, capacity) >= length - 1:
-                    end = s + span
-                    end %= capacity
-                    if episode[end] == episode[s]:
-                        break
+            while not _slice_fits(s, length, cursor, num_envs, capacity, episode):
                 if tries >= max_draws:
                     return b
                 fill_indices(n_rows, state, first)
                 s = first[0]
                 tries += 1
-        kmax = min(length, _age(s, cursor, num_envs, capacity) + 1)
-        ep = episode[s]
-        j = s
-        last = s
-        for k in range(length):
-            if k < kmax and episode[j] == ep:
-                idx[b, k] = j
-                mask[b, k] = True
-                last = j
-                j += num_envs
-                if j >= capacity:
-                    j -= capacity
-            else:
-                idx[b, k] = last
-                mask[b, k] = False
-                kmax = 0  # every later row is masked too
+        _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask)
+    return -1
+
+
+@njit(**INLINE_OPTIONS)
+def _slice_fits(s, length, cursor, num_envs, capacity, episode):
+    """Whether the ``length`` rows of ``s``'s stream from ``s`` on are written and in ``s``'s
+    episode (O(1): the age of ``s`` and the episode numbers of the first and last rows)."""
+    if _age(s, cursor, num_envs, capacity) < length - 1:
+        return False
+    end = (s + (length - 1) * num_envs) % capacity
+    return episode[end] == episode[s]
+
+
+@njit(**INLINE_OPTIONS)
+def _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask):
+    """Slice ``b`` from start ``s``: rows of its stream while they are written and in its
+    episode; the rest repeat the last valid row, masked False."""
+    length = idx.shape[1]
+    kmax = min(length, _age(s, cursor, num_envs, capacity) + 1)
+    ep = episode[s]
+    j = s
+    last = s
+    for k in range(length):
+        if k < kmax and episode[j] == ep:
+            idx[b, k] = j
+            mask[b, k] = True
+            last = j
+            j += num_envs
+            if j >= capacity:
+                j -= capacity
+        else:
+            idx[b, k] = last
+            mask[b, k] = False
+            kmax = 0  # every later row is masked too
+
+
+@njit(**NJIT_OPTIONS)
+def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sumt, mint, version, state, beta,
+                              episode, reject, max_draws, idx, mask, u, weights, versions):
+    """:func:`sample_slices` with starts drawn in proportion to their priority.
+
+    Starts are drawn as :func:`tfdata.kernels.aos.sample_prioritized` draws rows: stratified,
+    one per ``1/B`` of the total mass. With ``reject`` a start whose slice does not fit is
+    replaced by a fresh proportional draw over the whole mass, up to ``max_draws`` draws.
+    ``weights[b] = (p_min / p_start) ** beta`` and ``versions[b] = version[start]``, the start
+    row being the one whose priority drew the slice.
+
+    Parameters
+    ----------
+    n_rows, cursor, num_envs, capacity, episode, reject, max_draws, idx, mask
+        As for :func:`sample_slices`.
+    sumt, mint : ndarray of float64, shape (2 * P,)
+        Sum and min trees.
+    version : ndarray of uint64, shape (capacity,)
+    state : ndarray of uint64, shape (2,)
+    beta : float
+    u : ndarray of float64, shape (B,)
+        Scratch.
+    weights : ndarray of float32, shape (B,)
+    versions : ndarray of uint64, shape (B,)
+
+    Returns
+    -------
+    int
+        -1 on success; ``b`` when ``max_draws`` draws found no start for slice ``b``; -2, with
+        nothing drawn, when the root mass is not finite and positive or no row is live.
+    """
+    limit = live_limit(sumt, n_rows, min(version.shape[0], episode.shape[0], capacity))
+    if limit == 0:
+        return -2
+    length = idx.shape[1]
+    starts = idx[:, 0]
+    stratified_find(sumt, limit, state, starts, u)
+    for b in range(idx.shape[0]):
+        s = idx[b, 0]
+        one = idx[b, :1]  # a redraw lands where slice b starts anyway
+        if reject:
+            tries = 1
+            while not _slice_fits(s, length, cursor, num_envs, capacity, episode):
+                if tries >= max_draws:
+                    return b
+                stratified_find(sumt, limit, state, one, u[:1])
+                s = one[0]
+                tries += 1
+        _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask)
+    pmin = mint[1]
+    p = sumt.shape[0] // 2
+    for b in range(idx.shape[0]):
+        s = idx[b, 0]
+        weights[b] = (pmin / sumt[p + s]) ** beta
+        versions[b] = version[s]
     return -1

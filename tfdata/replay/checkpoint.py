@@ -98,9 +98,11 @@ import warnings
 
 import numpy as np
 
-from .errors import FormatError, SpecError
-from .io import fsync_dir
-from .spec import Field, Spec
+from ..errors import FormatError, SpecError
+from ..spec import Field, Spec
+from .._config import LAYOUTS
+from ..storage import file_name
+from ..storage.files import fsync_dir
 
 FORMAT = "tfdata.checkpoint"
 VERSION = (1, 0)
@@ -131,14 +133,6 @@ _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma"
                 "elide_next", "roles")
 _PRIORITIZED_KEYS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 _OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
-
-
-def _classes() -> dict:
-    from .buffer import ReplayBuffer
-    from .prioritized import PrioritizedReplayBuffer
-
-    # an allow-list: a checkpoint names a class, it never makes tfdata import or call anything else
-    return {"ReplayBuffer": ReplayBuffer, "PrioritizedReplayBuffer": PrioritizedReplayBuffer}
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -349,7 +343,7 @@ def save(buffer, path, overwrite: bool = False) -> None:
         ``path`` exists and ``overwrite`` is False, or it is not a checkpoint directory holding
         only checkpoint files. Nothing is changed.
     """
-    from .io import Writer, _chunk_rows
+    from ..storage.files import Writer, chunk_rows
 
     path = os.fspath(path)
     path = path.rstrip(os.sep) or path
@@ -361,25 +355,20 @@ def save(buffer, path, overwrite: bool = False) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     stem = "." + os.path.basename(os.path.abspath(path))[:100] + "."
     tmp = tempfile.mkdtemp(prefix=stem, suffix=".tmp", dir=parent)  # exclusively this call's
-    storage = buffer._storage
-    rows_name = "rows.npy" if storage.layout == "aos" else "rows"
+    storage = buffer.storage
+    rows_name = file_name(storage.layout, "rows")
     try:
         os.mkdir(os.path.join(tmp, _ARRAYS))
-        with buffer._lock:
-            state = buffer._state_unlocked(copy=False)
+        with buffer.snapshot() as state:
             state.pop("data")
-            size = buffer._writer.size
-            step = _chunk_rows(storage.spec.row_nbytes)
+            size = state["writer"]["size"]
+            step = chunk_rows(storage.spec.row_nbytes)
             with Writer(os.path.join(tmp, rows_name), storage.spec, storage.layout) as w:
                 for start in range(0, size, step):
-                    stop = min(size, start + step)
-                    if storage.layout == "aos":
-                        w.append_records(storage.data[start:stop])
-                    else:
-                        w.append({name: col[start:stop] for name, col in storage.columns.items()})
+                    storage.append_to(w, start, min(size, start + step))
             arrays: list = []
             doc = {"format": FORMAT, "version": list(VERSION), "class": type(buffer).__name__,
-                   "config": _encode(buffer._config(), tmp, "config", arrays), "rows": rows_name,
+                   "config": _encode(buffer.config, tmp, "config", arrays), "rows": rows_name,
                    "state": _encode(state, tmp, "", arrays)}
         text = json.dumps(doc, indent=1, allow_nan=False)
         fd = os.open(os.path.join(tmp, _STATE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -541,7 +530,7 @@ class _Checker:
         self.obj("config", v, keys)
         c = "config."
         cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
-        self.choice(c + "layout", v["layout"], ("aos", "soa"))
+        self.choice(c + "layout", v["layout"], LAYOUTS)
         self.integer(c + "ring_size", v["ring_size"], 1, MAX_RING_SIZE)
         envs = self.integer(c + "num_envs", v["num_envs"], 1, cap)
         if cap % envs:
@@ -572,7 +561,7 @@ class _Arrays:
 
     def header(self, where: str, ref):
         """``(file path, header)`` of the array reference ``ref``, checked."""
-        from .io import read_npy_header
+        from ..storage.files import read_npy_header
 
         c = self.check
         if not isinstance(ref, dict) or set(ref) != {"$array"}:
@@ -661,7 +650,7 @@ class _EpisodeOrder:
 
     def __init__(self, c: _Checker, ep: dict, term, trunc, src_term, src_trunc, cursor: int,
                  size: int, cap: int):
-        from .kernels import _checkpoint as k
+        from ..kernels import _checkpoint as k
 
         self.k, self.c, self.ep = k, c, ep
         self.term, self.trunc, self.src = term, trunc, (src_term, src_trunc)
@@ -721,7 +710,7 @@ class _EpisodeOrder:
 
 
 def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: int, cap: int) -> dict:
-    from .kernels._tree import max_leaf
+    from ..kernels._tree import max_leaf
 
     w = "state.prioritized."
     c.obj("state.prioritized", pri, ("alpha", "eps", "samples", "leaves", "versions"))
@@ -771,9 +760,11 @@ def _available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def load(path, **overrides):
+def load(path, classes: dict, **overrides):
     """Rebuild the buffer saved in ``path``; raises :class:`FormatError` for a bad checkpoint.
 
+    ``classes``: ``{name: class}`` of the buffer classes a checkpoint may name (an allow-list:
+    a checkpoint never makes tfdata import or call anything else).
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
     ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either).
@@ -791,10 +782,10 @@ def load(path, **overrides):
     bad = set(overrides) - set(_OVERRIDES)
     if bad:
         raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: {_OVERRIDES}")
-    from . import alloc
-    from .dataset import MmapDataset
+    from .. import alloc
+    from .._budget import parse_bytes
+    from ..dataset import MmapDataset
     from .episodes import resolve_next_of, resolve_roles
-    from .memory import parse_bytes
 
     # the caller's own settings: their errors are theirs, not the checkpoint's
     overrides = dict(overrides)
@@ -817,7 +808,6 @@ def load(path, **overrides):
             or any(type(x) is not int for x in version) or version[0] != VERSION[0] or version[1] < 0):
         raise FormatError(f"{spath}: checkpoint version {_show(version)} is not supported "
                           f"(this tfdata reads {VERSION[0]}.x)")
-    classes = _classes()
     name = doc["class"]
     if type(name) is not str or name not in classes:
         raise FormatError(f"{spath}: unknown buffer class {_show(name)} (known: {sorted(classes)})")
@@ -839,8 +829,8 @@ def load(path, **overrides):
     rows_name = doc["rows"]
     if rows_name not in ("rows.npy", "rows"):
         raise FormatError(f"{spath}: rows must be 'rows.npy' or 'rows', got {_show(rows_name)}")
-    if rows_name != ("rows.npy" if layout == "aos" else "rows"):
-        c.fail("rows", f"{'rows.npy' if layout == 'aos' else 'rows'} (layout {layout!r})", rows_name)
+    if rows_name != file_name(layout, "rows"):
+        c.fail("rows", f"{file_name(layout, 'rows')} (layout {layout!r})", rows_name)
     writer = c.obj("state.writer", st["writer"], ("cursor", "size"))
     size = c.integer("state.writer.size", writer["size"], 0, cap)
     cursor = c.integer("state.writer.cursor", writer["cursor"], 0, cap - 1)
@@ -917,7 +907,7 @@ def load(path, **overrides):
         release = ds.release
         order = None
         if episodes is not None:
-            store = buf._storage
+            store = buf.storage
             order = _EpisodeOrder(c, episodes, store.field(roles["terminated"]),
                                   store.field(roles["truncated"]), ds.field(roles["terminated"]),
                                   ds.field(roles["truncated"]), cursor, size, cap)
@@ -927,8 +917,7 @@ def load(path, **overrides):
                 _order.ahead(2 * stop - start)  # the next chunk, before the copy reads it
                 _release(start, stop)
         try:
-            buf.load_state_dict(state, _release=release,
-                                _records=ds.records if ds.layout == "aos" else None)
+            buf.load_state_dict(state, release=release, records=ds.records)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
             raise FormatError(f"{spath}: {type(exc).__name__}: {str(exc)[:300]}") from None
         finally:

@@ -21,7 +21,7 @@ file: delete that first). Use :meth:`ReplayBuffer.save` for a checkpoint.
 
 from __future__ import annotations
 
-from .io import PAGE, ResidentFile
+from .files import PAGE, ResidentFile
 
 
 class Spill:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._config import resolve_layout
-from .spec import Spec
+from .._config import resolve_layout
+from ..spec import Spec
 
 
 class Output:
@@ -45,12 +45,18 @@ class Output:
         self.kernel_out = kernel_out
         self.records = records
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays this output owns: the indices and the rows."""
+        rows = [self.records] if self.records is not None else list(self.fields.values())
+        return int(self.indices.nbytes + sum(a.nbytes for a in rows))
+
 
 class _Storage:
     layout: str
 
     def __init__(self, spec: Spec, capacity: int, allocator=None):
-        from . import alloc, kernels  # numba is imported when the first storage is built, not at import
+        from .. import alloc, kernels  # numba is imported when the first storage is built, not at import
 
         self.spec = spec
         self.capacity = capacity
@@ -59,6 +65,8 @@ class _Storage:
 
     # the kernel-facing view of the data; see subclasses
     kernel_store = None
+    # the rows as one record array (AoS only)
+    data = None
 
     @property
     def kernels(self):
@@ -94,8 +102,8 @@ class _Storage:
         records instead of field by field.
         """
         step = max(1, (16 << 20) // max(1, self.spec.row_nbytes))
-        whole = (records is not None and self.layout == "aos" and records.dtype == self.data.dtype
-                 and records.shape[0] >= n_rows)
+        whole = (records is not None and self.data is not None
+                 and records.dtype == self.data.dtype and records.shape[0] >= n_rows)
         for start in range(0, n_rows, step):
             stop = min(n_rows, start + step)
             if whole:
@@ -105,6 +113,11 @@ class _Storage:
                     self._fields[name][start:stop] = data[name][start:stop]
             if release is not None:
                 release(start, stop)
+
+    def append_to(self, writer, start: int, stop: int) -> None:
+        """Append rows ``[start, stop)`` to a :class:`tfdata.io.Writer` of this layout (records
+        as they are for AoS, one slice per column for SoA: no per-row work)."""
+        raise NotImplementedError
 
     def write_row(self, pos: int, values: list) -> None:
         """Write one validated row (values in field order) at ``pos``."""
@@ -156,6 +169,7 @@ class AoSStorage(_Storage):
     """
 
     layout = "aos"
+    file_suffix = ".npy"
 
     def __init__(self, spec: Spec, capacity: int, backing=None, allocator=None):
         super().__init__(spec, capacity, allocator)
@@ -181,6 +195,9 @@ class AoSStorage(_Storage):
         width = self.spec[name].nbytes // word
         return rec.view(dtype).reshape(rec.shape[0], -1), offset // word, width
 
+    def append_to(self, writer, start: int, stop: int) -> None:
+        writer.append_records(self.data[start:stop])
+
     def new_output(self, batch_size: int) -> Output:
         dtype = self.spec.aos_dtype
         records = self.allocator.zeros(batch_size, dtype)
@@ -201,6 +218,7 @@ class SoAStorage(_Storage):
     """
 
     layout = "soa"
+    file_suffix = ""
 
     def __init__(self, spec: Spec, capacity: int, backing=None, allocator=None):
         super().__init__(spec, capacity, allocator)
@@ -217,6 +235,9 @@ class SoAStorage(_Storage):
     def _words(self, view, name, word, offset, records=None):
         width = self.spec[name].nbytes // word
         return _bytes2d(view).view(WORD_TYPES[word]), 0, width
+
+    def append_to(self, writer, start: int, stop: int) -> None:
+        writer.append({name: col[start:stop] for name, col in self.columns.items()})
 
     def new_output(self, batch_size: int) -> Output:
         fields = {f.name: self.allocator.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}
@@ -252,6 +273,11 @@ def make_storage(spec: Spec, capacity: int, layout: str | None = None, backing=N
     memory (rows and outputs) comes from (see :func:`tfdata.alloc.resolve`).
     """
     return STORAGES[resolve_layout(layout)](spec, capacity, backing, allocator)
+
+
+def file_name(layout: str, stem: str) -> str:
+    """The name of a dataset file of ``layout``: ``stem.npy`` (AoS) or the directory ``stem`` (SoA)."""
+    return stem + STORAGES[layout].file_suffix
 
 
 def storage_nbytes(spec: Spec, capacity: int, layout: str) -> int:

@@ -38,9 +38,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .errors import SpecError
-from .spec import Spec
-from .storage import WORD_TYPES
+from ..errors import SpecError
+from ..spec import Spec
+from ..storage import WORD_TYPES
 
 ROLE_NAMES = ("reward", "terminated", "truncated")
 
@@ -65,7 +65,7 @@ def resolve_next_of(spec: Spec, next_of) -> dict:
     for nxt, src in next_of.items():
         for name in (nxt, src):
             if name not in spec:
-                raise SpecError(f"next_of: {spec._unknown_message(name)}")
+                raise SpecError(f"next_of: {spec.unknown_message(name)}")
         a, b = spec[nxt], spec[src]
         if a.dtype != b.dtype or a.shape != b.shape:
             raise SpecError(f"next_of: field {nxt!r} ({a.dtype}{list(a.shape)}) must have the dtype "
@@ -90,7 +90,7 @@ def resolve_roles(spec: Spec, roles) -> dict:
         if name in spec:
             out[role] = name
         elif role in roles:
-            raise SpecError(f"roles: {role} field: {spec._unknown_message(name)}")
+            raise SpecError(f"roles: {role} field: {spec.unknown_message(name)}")
     for role in ("terminated", "truncated"):
         if role in out:
             f = spec[out[role]]
@@ -131,8 +131,8 @@ class Episodes:
 
     def __init__(self, spec: Spec, capacity: int, num_envs: int, roles: dict, next_of: dict,
                  elide: bool, allocator=None, on_grow=None):
-        from . import alloc
-        from .kernels import first_discontinuity, stamp_episodes
+        from .. import alloc
+        from ..kernels import first_discontinuity, stamp_episodes
 
         self.spec = spec
         self.capacity = capacity

@@ -16,7 +16,7 @@ import functools
 
 import numpy as np
 
-from .spec import Spec
+from ..spec import Spec
 
 
 @functools.lru_cache(maxsize=64)
@@ -66,9 +66,9 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, episodes=None, on_wr
             ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
             checks.append(f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}")
         else:
-            ns[f"ok{i}"] = f._scalar_types
-            if f._int_bounds is not None:
-                ns[f"lo{i}"], ns[f"hi{i}"] = f._int_bounds
+            ns[f"ok{i}"] = f.scalar_types
+            if f.int_bounds is not None:
+                ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
                 checks.append(f"(type({v}) in ok{i} or type({v}) is int and lo{i} <= {v} <= hi{i})")
             else:
                 checks.append(f"type({v}) in ok{i}")

@@ -1,0 +1,40 @@
+"""Argument checks shared by the public constructors: a clear TypeError or ValueError naming the
+argument, the expected and the given value."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+
+def check_int(name: str, value, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high]`` (``high`` None: no upper bound); bools refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_unit(name: str, value) -> float:
+    """``value`` as a float in ``[0, 1]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    return value
+
+
+def check_float(name: str, value, low: float, *, low_open: bool = False) -> float:
+    """``value`` as a finite float ``>= low`` (``> low`` with ``low_open``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < low or (low_open and value == low):
+        raise ValueError(f"{name} must be finite and {'>' if low_open else '>='} {low}, got {value}")
+    return value

@@ -1,0 +1,110 @@
+"""The replay buffer: the replay core with a uniform sampler (or any sampler given)."""
+
+from __future__ import annotations
+
+from .core import ReplayCore
+from .samplers.uniform import UniformSampler
+
+
+class ReplayBuffer(ReplayCore):
+    """A fixed-capacity circular replay buffer with uniform sampling.
+
+    Parameters
+    ----------
+    spec : Spec or mapping
+        The row schema, or anything :class:`Spec` accepts.
+    capacity : int
+        Number of rows, ``1 <= capacity < 2**32``. Storage is allocated once, here.
+    layout : {"aos", "soa"}, optional
+        Physical layout. Default: the ``TFDATA_LAYOUT`` environment variable, else ``"aos"``.
+        The layout changes speed and memory, never results: the same seed gives bit-identical
+        batches on both.
+    seed : int, optional
+        Seed of the sampling generator; None draws one (recorded in :meth:`state_dict`).
+    sampler : Sampler, optional
+        Which rows a batch takes; default a :class:`~tfdata.replay.samplers.uniform.UniformSampler`
+        of ``seed``. Any object meeting the sampler contract of :mod:`tfdata.replay.samplers`
+        plugs in here (then ``seed`` must be None: the sampler holds its own). A buffer with
+        another sampler saves and loads only if its class is one of tfdata's.
+    ring_size : int, default 2
+        Number of preallocated output batches per batch size (see :class:`Batch`).
+    num_envs : int, default 1
+        Parallel environment streams. Rows are interleaved step by step (env ``e``'s row of step
+        ``t`` in slot ``(t * num_envs + e) % capacity``); the capacity must be a multiple of
+        ``num_envs``, ``extend`` takes whole steps and ``push`` needs ``num_envs == 1``.
+    n_step : int, optional
+        Sample n-step transitions: ``reward`` holds the discounted return of up to ``n_step``
+        rows of the stream, ``terminated``/``truncated``/``next_obs`` those of the window's last
+        row, and ``batch.discounts`` is ``gamma ** k`` for the ``k`` rows taken. Windows stop at
+        an episode end and at the newest row. Needs ``terminated``, ``truncated`` and a float
+        ``reward`` field.
+    gamma : float, default 0.99
+        Discount of the n-step return, in ``[0, 1]``.
+    next_of : "auto", mapping or None
+        Which fields hold the next value of another (``{"next_obs": "obs"}``); "auto" pairs every
+        ``next_X`` with ``X`` of the same dtype and shape. n-step reads them at the window's end.
+    elide_next : bool, default False
+        Do not store the next fields: read them from the stream's next row (episode-ending rows
+        keep theirs aside). Same samples, less memory; each row's ``obs`` must then equal the
+        previous row's ``next_obs`` unless that row ended an episode (else SpecError).
+    roles : mapping, optional
+        Field names of the roles ``reward``, ``terminated``, ``truncated`` if not those.
+    spill_path : str or path, optional
+        Keep the rows in this file (an AoS ``.npy`` or an SoA directory, created sparse; the
+        path must not exist: FileExistsError, nothing is replaced) instead of RAM: a capacity larger than memory. Sampling,
+        writing and wrap-around are unchanged (one true ring); only the ``hot_rows`` newest rows
+        stay resident, older pages are released (see :mod:`tfdata.storage.spill`). Needs exactly one
+        of ``hot_rows`` and ``hot_bytes``.
+    hot_rows : int, optional
+        Rows kept resident by a spilling buffer.
+    hot_bytes : int or str, optional
+        The same as bytes (``"64MB"``, ``"1.5GiB"``; k, M, G are powers of 1024).
+    allocator : str or tfdata.alloc.Allocator, optional
+        Where every array of the buffer comes from (rows, output rings, trees, bookkeeping):
+        ``"numpy"``, ``"jemalloc"``, ``"mimalloc"``, ``"hugepages"`` or ``"nohugepages"`` (see
+        :mod:`tfdata.alloc`). Default: the ``TFDATA_ALLOCATOR`` environment variable, else
+        ``"numpy"``. Results never depend on it.
+    memory_budget : int or str, optional
+        Bytes (or ``"400MB"``) the buffer may hold in all, as :attr:`nbytes` counts them. Checked
+        before anything is allocated: construction over budget, the output ring of a new batch
+        size, or a growth of the episode-final table (``elide_next``) raises
+        :class:`tfdata.MemoryBudgetError` and changes nothing. :func:`tfdata.memory.max_capacity`
+        gives the largest capacity that fits.
+
+    Notes
+    -----
+    *Sampling* is uniform **with replacement** over the rows currently held, and needs
+    ``1 <= batch_size <= len(buffer)``: a batch larger than the data is almost always a
+    configuration error (learning starts before the buffer holds a batch).
+
+    *Threads*: one writer and any number of samplers may share a buffer. Writes and samples are
+    serialised by an internal lock, and kernels release the GIL, so other Python threads
+    (an environment, a learner) keep running while a sample is gathered. A sampler never sees a
+    row that is half written.
+
+    *Steady state allocates nothing*: push and extend write in place; sample reuses its output
+    ring. The first ``sample`` with a new batch size allocates that size's ring.
+
+    *Episodes* are tracked when the spec has bool ``terminated`` and ``truncated`` fields: each
+    row gets its stream's episode number at insert, which :meth:`sample_sequences` uses.
+    """
+
+    def __init__(self, spec, capacity: int, *, layout: str | None = None, seed: int | None = None,
+                 sampler=None, ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
+                 gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
+                 spill_path=None, hot_rows: int | None = None, hot_bytes=None,
+                 allocator=None, memory_budget=None):
+        if sampler is None:
+            sampler = UniformSampler(seed)
+        elif seed is not None:
+            raise ValueError("seed= and sampler= both given: a sampler holds its own seed")
+        super().__init__(spec, capacity, sampler, layout=layout, ring_size=ring_size,
+                         num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
+                         elide_next=elide_next, roles=roles, spill_path=spill_path,
+                         hot_rows=hot_rows, hot_bytes=hot_bytes, allocator=allocator,
+                         memory_budget=memory_budget)
+
+    @classmethod
+    def _planned_sampler(cls, options: dict):
+        options.pop("sampler", None)
+        return UniformSampler(0)

@@ -1,0 +1,655 @@
+"""The replay core: a spec, a storage, a writer, a sampler and transforms behind one lock.
+
+:class:`ReplayCore` holds the parts and does what no part can do alone: validation of rows,
+the lock, the per-thread output rings, the memory budget, and the state dict. It knows no
+layout (the storage does), no sampling rule (the sampler does), no write position (the writer
+does) and no n-step or elision arithmetic (the transforms do). :class:`tfdata.ReplayBuffer` and
+:class:`tfdata.PrioritizedReplayBuffer` are constructors that pick the parts; the parts'
+contracts are in :mod:`tfdata.replay.samplers`, :mod:`tfdata.replay.writers` and
+:mod:`tfdata.replay.transforms`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+
+import numpy as np
+
+from .._budget import check_budget, parse_bytes
+from .._checks import check_int, check_unit
+from ..batch import UNHELD, OutputRing, getrefcount, retire
+from ..errors import SpecError
+from ..spec import Spec
+from ..storage import make_storage, output_nbytes, storage_nbytes
+from . import planning
+from .episodes import Episodes, resolve_next_of, resolve_roles, stored_spec
+from .transforms import ElideNext, NStep
+from .writers import RingWriter
+
+STATE_FORMAT = "tfdata.ReplayBuffer"
+STATE_VERSION = 1
+# Lemire's multiply-shift draws from the top 32 bits of each random word
+MAX_CAPACITY = (1 << 32) - 1
+# sample_sequences(policy="reject"): draws per slice before concluding no slice exists
+MAX_DRAWS = 10_000
+# the constructor's arguments that change what a buffer holds (see ReplayCore.plan_memory)
+CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=0.99,
+                       next_of="auto", elide_next=False, roles=None, spill_path=None,
+                       hot_rows=None, hot_bytes=None)
+
+
+def weak_method(obj, name: str):
+    """``getattr(obj, name)`` as a function that does not keep ``obj`` alive.
+
+    A bound method stored on its own object is a reference cycle: the buffer (and its storage,
+    possibly gigabytes) would then wait for the cyclic garbage collector after ``del``.
+    """
+    ref = weakref.ref(obj)
+    func = getattr(type(obj), name)
+
+    def call(*args):
+        return func(ref(), *args)
+
+    return call
+
+
+class _SpillHook:
+    """A spilling storage's release policy as a write hook (and a sample hook)."""
+
+    hears_writes = True
+
+    def __init__(self, spill):
+        self.spill = spill
+
+    def on_write(self, spans, n, extra) -> None:
+        self.spill.after_write(n)
+
+    def slot_hook(self):
+        after_write = self.spill.after_write
+
+        def on_write(slot, _f=after_write):
+            _f(1)
+
+        return on_write
+
+    def on_clear(self) -> None:
+        self.spill.reset()
+
+
+class ReplayCore:
+    """The parts and the lock; see :class:`tfdata.ReplayBuffer` for the public behaviour."""
+
+    def __init__(self, spec, capacity: int, sampler, *, layout=None, ring_size: int = 2,
+                 num_envs: int = 1, n_step=None, gamma: float = 0.99, next_of="auto",
+                 elide_next: bool = False, roles=None, spill_path=None, hot_rows=None,
+                 hot_bytes=None, allocator=None, memory_budget=None):
+        from .. import alloc
+
+        self._configure(spec, capacity, layout=layout, ring_size=ring_size, num_envs=num_envs,
+                        n_step=n_step, gamma=gamma, next_of=next_of, elide_next=elide_next,
+                        roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes)
+        capacity = self._capacity
+        self.sampler = sampler
+        self.allocator = alloc.resolve(allocator)
+        self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+        if self.memory_budget is not None:  # refuse before allocating anything
+            self._check_budget(self._planned_parts(), f"{type(self).__name__} of capacity {capacity}",
+                               construction=True)
+        self._rings = weakref.WeakSet()  # every thread's output rings, for nbytes
+        self._episodes = None
+        if self._has_flags:
+            self._episodes = Episodes(self.spec, capacity, self.num_envs, self._roles, self.next_of,
+                                      self.elide_next, self.allocator, weak_method(self, "_grow_budget"))
+        hooks = []
+        self._spill = None
+        if self.spill_path is None:
+            self._storage = make_storage(self._stored, capacity, self._layout, allocator=self.allocator)
+        else:
+            from ..storage.files import map_storage
+            from ..storage.spill import Spill
+
+            data, maps = map_storage(self.spill_path, self._stored, capacity, self._layout)
+            self._spill = Spill(maps, capacity, self.hot_rows, self._row_nbytes())
+            self._storage = make_storage(self._stored, capacity, self._layout, backing=data,
+                                         allocator=self.allocator)
+        self.sampler.bind(self._storage, capacity, self.num_envs, self.allocator)
+        if self.sampler.hears_writes:
+            hooks.append(self.sampler)
+        if self._spill is not None:
+            hooks.append(_SpillHook(self._spill))
+        self._writer = RingWriter(capacity, self.num_envs)
+        self._writer.bind(self.spec, self._storage, self._episodes, hooks)
+        self._transforms = []
+        if self.n_step is not None:
+            self._transforms.append(NStep(self._storage, self.spec, self._roles, self.next_of,
+                                          self.n_step, self.gamma, self.num_envs, capacity, self.allocator))
+        if self.elide_next:
+            self._transforms.append(ElideNext(self._storage, self.spec, self._episodes, self._roles,
+                                              self.next_of, self.num_envs, capacity, self.allocator))
+        self._lock = threading.Lock()
+        # output rings are per thread: a thread's batch stays valid until that same thread has
+        # sampled ring_size more times, whatever other threads do
+        self._local = threading.local()
+        self._fast_push = self._writer.make_push(self.spec, self._lock, weak_method(self, "_checked_push"))
+
+    def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
+                   elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:
+        """Check the arguments and derive what the buffer will hold; allocates nothing."""
+        from .._config import resolve_layout
+
+        self.spec = spec if isinstance(spec, Spec) else Spec(spec)
+        capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
+        self._ring_size = check_int("ring_size", ring_size, 1)
+        self.num_envs = check_int("num_envs", num_envs, 1)
+        if capacity % self.num_envs:
+            lo = capacity - capacity % self.num_envs
+            raise ValueError(f"capacity must be a multiple of num_envs={self.num_envs} (streams are "
+                             f"interleaved step by step), got {capacity}; use {lo or self.num_envs} or "
+                             f"{lo + self.num_envs}")
+        self._capacity = capacity
+        self.n_step = None if n_step is None else check_int("n_step", n_step, 1)
+        self.gamma = check_unit("gamma", gamma)
+        self._roles = resolve_roles(self.spec, roles)
+        self.next_of = resolve_next_of(self.spec, next_of)
+        self.elide_next = bool(elide_next)
+        self._has_flags = "terminated" in self._roles and "truncated" in self._roles
+        if not self._has_flags and (self.n_step is not None or self.elide_next):
+            what = "n_step" if self.n_step is not None else "elide_next"
+            raise SpecError(f"{what} needs episode boundaries: the spec must have bool fields "
+                            f"'terminated' and 'truncated' (or name them with roles=), has "
+                            f"{list(self.spec.names)}")
+        if self.elide_next and not self.next_of:
+            raise SpecError("elide_next=True but no field is the next of another: declare "
+                            "next_of={'next_obs': 'obs'} (or name fields next_X and X)")
+        if self.n_step is not None:
+            if "reward" not in self._roles:
+                raise SpecError(f"n_step needs a 'reward' field (or name it with roles=), fields: "
+                                f"{list(self.spec.names)}")
+            rf = self.spec[self._roles["reward"]]
+            if rf.shape or rf.dtype.kind != "f":
+                raise SpecError(f"field {rf.name!r} (reward) must be a float scalar for n-step "
+                                f"returns, got {rf.dtype}{list(rf.shape)}")
+        self._stored = stored_spec(self.spec, self.next_of, self._has_flags and self.elide_next)
+        self._layout = resolve_layout(layout)
+        self.hot_rows = None  # rows kept resident, for a spilling buffer
+        self.spill_path = None if spill_path is None else os.fspath(spill_path)
+        if self.spill_path is None:
+            if hot_rows is not None or hot_bytes is not None:
+                raise ValueError("hot_rows / hot_bytes need spill_path (the file that holds the cold rows)")
+            return
+        if (hot_rows is None) == (hot_bytes is None):
+            raise ValueError("spill_path needs exactly one of hot_rows= or hot_bytes= (the part kept in RAM)")
+        row = self._row_nbytes()
+        if hot_bytes is not None:
+            hot_rows = parse_bytes("hot_bytes", hot_bytes) // row
+        self.hot_rows = min(check_int("hot_rows", hot_rows, 1), capacity)
+
+    def _row_nbytes(self) -> int:
+        return storage_nbytes(self._stored, 1, self._layout)
+
+    # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def plan_memory(cls, spec, capacity: int, *, batch_sizes=(), **options) -> dict:
+        """The bytes a buffer built with these arguments would hold, by part, without building it.
+
+        ``batch_sizes``: batch sizes to be sampled, each adding an output ring (a pair
+        ``(batch_size, length)`` for :meth:`sample_sequences`). Returns the same
+        keys as :attr:`nbytes_parts`. ``memory_budget=`` checks this plan before allocating.
+        """
+        plan = cls.__new__(cls)
+        plan.sampler = cls._planned_sampler(options)
+        for k in ("seed", "allocator", "memory_budget"):  # no effect on the bytes held
+            options.pop(k, None)
+        bad = set(options) - set(CONFIG_DEFAULTS)
+        if bad:
+            raise TypeError(f"plan_memory: unexpected keyword(s) {sorted(bad)}; allowed: "
+                            f"{sorted(CONFIG_DEFAULTS)}")
+        plan._configure(spec, capacity, **{k: options.get(k, v) for k, v in CONFIG_DEFAULTS.items()})
+        return plan._planned_parts(batch_sizes)
+
+    @classmethod
+    def _planned_sampler(cls, options: dict):
+        """The (unbound) sampler a buffer built with ``options`` would have; pops its options."""
+        raise NotImplementedError
+
+    def _planned_parts(self, batch_sizes=()) -> dict:
+        cap = self._capacity
+        storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows, self._layout)
+        book = 0
+        if self._has_flags:
+            book = Episodes.planned_nbytes(self.spec, cap, self.num_envs, self.next_of, self.elide_next)
+        rings = sum(self._ring_size * (self._planned_ring(*b) if isinstance(b, tuple) else self._planned_ring(b))
+                    for b in batch_sizes)
+        sampler = self.sampler.plan(cap)
+        return {"storage": storage, "bookkeeping": book + sampler["bookkeeping"],
+                "trees": sampler["trees"], "output_rings": rings}
+
+    def _planned_ring(self, batch_size: int, length: int | None = None) -> int:
+        """Bytes of one slot of an output ring (see :class:`tfdata.batch.OutputRing`)."""
+        rows = batch_size * (length or 1)
+        total = output_nbytes(self._stored, rows, self._layout) + self.sampler.ring_nbytes(batch_size, length)
+        if self._has_flags:
+            if self.elide_next:
+                total += ElideNext.plan_ring(self.spec, self.next_of, rows)
+            if self.n_step is not None:
+                total += NStep.plan_ring(rows, length)
+        return total
+
+    @property
+    def nbytes_parts(self) -> dict:
+        """Bytes this buffer holds in memory, by part (all ints).
+
+        ``storage``: the rows (for a spilling buffer, the ``hot_rows`` kept resident; the file
+        holds the rest). ``bookkeeping``: episode numbers, elided final values, slot versions.
+        ``trees``: priority trees. ``output_rings``: the preallocated batches of every thread
+        and batch size sampled so far.
+        """
+        storage = self._storage.nbytes if self.hot_rows is None else self.hot_rows * self._row_nbytes()
+        book = 0 if self._episodes is None else self._episodes.nbytes
+        rings = sum(r.nbytes for r in list(self._rings))
+        sampler = self.sampler.nbytes
+        return {"storage": int(storage), "bookkeeping": int(book + sampler["bookkeeping"]),
+                "trees": int(sampler["trees"]), "output_rings": int(rings)}
+
+    @property
+    def nbytes(self) -> int:
+        """Total of :attr:`nbytes_parts`: every byte of memory this buffer allocated."""
+        return sum(self.nbytes_parts.values())
+
+    def _check_budget(self, parts: dict, what: str, construction: bool = False) -> None:
+        fits = None
+        if construction and sum(parts.values()) > self.memory_budget:
+            opts = {"layout": self._layout, "num_envs": self.num_envs, "n_step": self.n_step,
+                    "elide_next": self.elide_next, "next_of": self.next_of, "roles": self._roles}
+            cap = planning.max_capacity(type(self), self.spec, self.memory_budget, **opts)
+            fits = f"the largest capacity that fits is {cap}" if cap else "no capacity fits"
+        check_budget(self.memory_budget, parts, what, fits)
+
+    def _grow_budget(self, extra: int) -> None:
+        """Refuse (MemoryBudgetError) a growth of ``extra`` bytes that would exceed the budget."""
+        if self.memory_budget is not None:
+            parts = self.nbytes_parts
+            parts["growth"] = extra
+            self._check_budget(parts, "growing the table of episode-final values")
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._writer.capacity
+
+    @property
+    def layout(self) -> str:
+        return self._storage.layout
+
+    @property
+    def storage(self):
+        """The storage object (``AoSStorage`` or ``SoAStorage``)."""
+        return self._storage
+
+    @property
+    def writer(self):
+        """The writer (:class:`tfdata.replay.writers.RingWriter`): ``cursor``, ``size``."""
+        return self._writer
+
+    @property
+    def episodes(self):
+        """The episode bookkeeping (:class:`tfdata.replay.episodes.Episodes`), or None."""
+        return self._episodes
+
+    @property
+    def roles(self) -> dict:
+        """Field names of the roles ``reward``, ``terminated``, ``truncated`` found in the spec."""
+        return dict(self._roles)
+
+    @property
+    def ring_size(self) -> int:
+        return self._ring_size
+
+    def __len__(self) -> int:
+        return self._writer.size
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(len={len(self)}, capacity={self.capacity}, "
+                f"layout={self.layout!r}, fields={list(self.spec.names)})")
+
+    # -- writing ----------------------------------------------------------------------------
+    def push(self, row: Mapping) -> None:
+        """Append one row; once full, the oldest row is overwritten.
+
+        Parameters
+        ----------
+        row : mapping of str to array_like
+            One value per field, of shape ``spec[name].shape``. Values are cast to the field's
+            dtype only when no data can be lost.
+
+        Raises
+        ------
+        SpecError
+            Missing, unknown or misspelled fields, wrong shapes, unsafe casts, junk. The buffer is
+            unchanged.
+        """
+        self._fast_push(row)
+
+    def _checked_push(self, row: Mapping, extra=None) -> None:
+        # the generic path: full validation with precise errors, then the same writes
+        values = self.spec.check_row(row)
+        with self._lock:
+            self._writer.push_values(values, extra)
+
+    def extend(self, batch: Mapping) -> None:
+        """Append ``n`` rows given as one array per field, each with leading dimension ``n``.
+
+        The step of a gymnasium vector env (``num_envs`` rows) fits as is; several steps fit as
+        ``steps * num_envs`` rows in time-major order. When ``n`` exceeds the capacity, the result
+        is that of ``n`` pushes: the last ``capacity`` rows remain.
+
+        Raises
+        ------
+        SpecError
+            As :meth:`push`, when fields disagree on ``n``, when ``n`` is not a multiple of
+            ``num_envs``, and (``elide_next``) when a stream is not continuous. The buffer is
+            unchanged.
+        """
+        n, values = self.spec.check_batch(batch)
+        if n == 0:
+            return
+        with self._lock:
+            self._writer.write(values, n, None)
+
+    def clear(self, *, wipe: bool = False) -> None:
+        """Forget every row. ``wipe=True`` also overwrites the storage with zeros."""
+        with self._lock:
+            if wipe:
+                self._storage.wipe()
+            self._writer.reset()  # and the write hooks: sampler, spill (releases the pages)
+            if self._episodes is not None:
+                self._episodes.clear(wipe)
+            if not self.sampler.hears_writes:
+                self.sampler.on_clear()
+
+    # -- sampling ---------------------------------------------------------------------------
+    def sample(self, batch_size: int, *, copy: bool = False):
+        """Draw ``batch_size`` rows (see the buffer class for the rule).
+
+        Parameters
+        ----------
+        batch_size : int
+            ``1 <= batch_size <= len(self)``.
+        copy : bool, default False
+            False returns views into this thread's output ring (valid until this thread has
+            sampled ``ring_size`` more batches of this size; a batch still held then is
+            retired, see :class:`Batch`); True returns arrays that are the caller's to keep.
+
+        Raises
+        ------
+        ValueError
+            ``batch_size`` larger than ``len(self)``: checked before the output ring of a new
+            batch size is allocated, so a refused call takes no memory.
+
+        Returns
+        -------
+        Batch
+            ``batch[name]`` has dtype ``spec[name].dtype`` and shape
+            ``(batch_size, *spec[name].shape)``; ``batch.indices`` (int64, ``(batch_size,)``)
+            holds the storage slots. A prioritized buffer also sets ``batch.weights`` (float32
+            importance weights, at most 1) and ``batch.versions``.
+        """
+        if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
+            batch_size = check_int("batch_size", batch_size, 1)
+        try:
+            ring = self._local.rings[batch_size]
+        except (AttributeError, KeyError, TypeError):
+            n = self._writer.size
+            if batch_size > n:  # check, then allocate: a refused sample builds no ring
+                raise ValueError(self._too_few_rows(batch_size, n))
+            ring = self._new_ring(batch_size)
+        with self._lock:
+            n = self._writer.size  # again: a clear() may have run since
+            if batch_size > n:
+                raise ValueError(self._too_few_rows(batch_size, n))
+            i = ring.next
+            ring.next = (i + 1) % len(ring.slots)
+            out, arrays = ring.slots[i], ring.arrays[i]
+            self.sampler.sample(n, out, arrays[0])
+            if self._transforms:
+                rows, cursor = out.indices, self._writer.cursor
+                for t, a in zip(self._transforms, arrays[1:]):
+                    rows = t.apply(out, a, rows, cursor)
+            if self._spill is not None:
+                self._spill.after_sample()
+        batch = ring.batches[i]
+        if getrefcount(batch) > UNHELD:  # the slot's previous batch is still held: retire it
+            batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
+                         copy: bool = False):
+        """Draw ``batch_size`` slices of ``length`` consecutive steps of one stream and episode.
+
+        Parameters
+        ----------
+        batch_size, length : int
+            ``1 <= batch_size <= len(self)`` (start rows are drawn with replacement, as in
+            :meth:`sample`); ``1 <= length <= capacity // num_envs`` (no slice is longer than
+            a stream can hold). Both are checked before any output is allocated.
+        policy : {"mask", "reject"}
+            What to do with a slice that would run past its episode's end (or past the newest
+            row): ``"mask"`` keeps it, repeats its last valid row in the remaining positions and
+            marks them False in ``batch.mask``; ``"reject"`` redraws the start until the whole
+            slice lies in one episode (each check O(1)), and raises ValueError if no slice can
+            be found (episodes shorter than ``length``).
+        copy : bool
+            As in :meth:`sample`.
+
+        Returns
+        -------
+        Batch
+            ``batch[name]`` has shape ``(batch_size, length, *spec[name].shape)``,
+            ``batch.indices`` int64 ``(batch_size, length)``, ``batch.mask`` bool
+            ``(batch_size, length)``. Start rows are drawn by the sampler: uniformly over the
+            rows held (over the valid starts with ``"reject"``), or by a prioritized buffer in
+            proportion to the start row's priority, with ``batch.weights`` and
+            ``batch.versions`` of shape ``(batch_size,)`` for the start rows. Rows are the stored
+            rows: no n-step processing.
+        """
+        ep = self._episodes
+        if ep is None:
+            raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
+                            "fields 'terminated' and 'truncated' (or name them with roles=)")
+        if policy not in ("mask", "reject"):
+            raise ValueError(f"policy must be 'mask' or 'reject', got {policy!r}")
+        batch_size = check_int("batch_size", batch_size, 1)
+        length = check_int("length", length, 1)
+        reject = policy == "reject"
+        # check, then allocate: a refused call builds no ring
+        self._check_slices(batch_size, length, reject, self._writer.size)
+        key = ("seq", batch_size, length)
+        try:
+            ring = self._local.rings[key]
+        except (AttributeError, KeyError):
+            ring = self._new_ring(batch_size, length)
+        with self._lock:
+            n = self._writer.size
+            self._check_slices(batch_size, length, reject, n)  # a clear() may have run since
+            i = ring.next
+            out, arrays = ring.slots[i], ring.arrays[i]
+            state = self.sampler.state
+            counter = int(state[1])
+            failed = self.sampler.sample_slices(n, self._writer.cursor, ep.episode, reject,
+                                                MAX_DRAWS, out, arrays[0])
+            if failed >= 0:
+                state[1] = counter  # a refused sample consumes no randomness
+                raise ValueError(f"policy='reject': {MAX_DRAWS} random starts found no slice of "
+                                 f"{length} steps within one episode; episodes held are shorter "
+                                 f"than that (use policy='mask')")
+            ring.next = (i + 1) % len(ring.slots)
+            self._storage.gather(out.indices, out)
+            cursor = self._writer.cursor
+            for t, a in zip(self._transforms, arrays[1:]):
+                if t.on_slices:
+                    t.apply(out, a, out.indices, cursor)
+            if self._spill is not None:
+                self._spill.after_sample()
+        batch = ring.batches[i]
+        if getrefcount(batch) > UNHELD:  # see sample()
+            batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def _check_slices(self, batch_size: int, length: int, reject: bool, n: int) -> None:
+        """Refuse slice sizes the rows ``n`` held cannot back (before anything is allocated)."""
+        if n == 0:
+            raise ValueError("cannot sample from an empty buffer")
+        if batch_size > n:
+            raise ValueError(f"batch_size {batch_size} is larger than the {n} rows held; slices "
+                             f"start at rows drawn with replacement but need batch_size <= len(buffer)")
+        steps = self.capacity // self.num_envs
+        if length > steps:
+            raise ValueError(f"length {length} is longer than any slice can be: the buffer keeps "
+                             f"at most {steps} steps per stream (capacity {self.capacity}, num_envs "
+                             f"{self.num_envs})")
+        steps = n // self.num_envs
+        if reject and length > steps:
+            raise ValueError(f"no slice of length {length} exists: the buffer holds {steps} "
+                             f"steps per stream")
+
+    def _new_ring(self, batch_size, length: int | None = None) -> OutputRing:
+        batch_size = check_int("batch_size", batch_size, 1)
+        rings = getattr(self._local, "rings", None)
+        if rings is None:
+            rings = self._local.rings = {}
+        key = batch_size if length is None else ("seq", batch_size, length)
+        if self.memory_budget is not None:  # refuse before allocating the ring
+            parts = self.nbytes_parts
+            parts["new output ring"] = self._ring_size * self._planned_ring(batch_size, length)
+            self._check_budget(parts, f"sampling batches of {batch_size}"
+                               + (f" slices of {length} rows" if length else " rows"))
+        ring = rings[key] = OutputRing(self._storage, batch_size, self._ring_size, length,
+                                       [self.sampler, *self._transforms], self.spec.names)
+        self._rings.add(ring)
+        return ring
+
+    def _too_few_rows(self, batch_size: int, n: int) -> str:
+        if n == 0:
+            return "cannot sample from an empty buffer"
+        return (f"batch_size {batch_size} is larger than the {n} rows held; sampling is with "
+                f"replacement but needs batch_size <= len(buffer)")
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: spec, writer, sampler and a copy of the rows.
+
+        The rows are layout-neutral (one array per field, ``(len(self), *shape)`` in slot order),
+        so a state saved from one layout loads into the other. Plain Python and numpy objects
+        only: no pickle is needed to store it.
+        """
+        with self._lock:
+            return self._state(copy=True)
+
+    @contextlib.contextmanager
+    def snapshot(self):
+        """Hold the lock and yield the state dict as views of the live arrays (what a checkpoint
+        writes; valid only inside the ``with``)."""
+        with self._lock:
+            yield self._state(copy=False)
+
+    def _state(self, copy: bool) -> dict:
+        size = self._writer.size
+        state = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "spec": self.spec.to_dict(),
+            "capacity": self.capacity,
+            "layout": self.layout,
+            "writer": self._writer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "data": self._storage.state_dict(size, copy),
+            "num_envs": self.num_envs,
+            "episodes": None if self._episodes is None else self._episodes.state_dict(size, copy),
+        }
+        state.update(self.sampler.extra_state(copy, size))
+        return state
+
+    @property
+    def config(self) -> dict:
+        """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
+        return {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
+                "num_envs": self.num_envs, "n_step": self.n_step, "gamma": self.gamma,
+                "next_of": dict(self.next_of), "elide_next": self.elide_next, "roles": dict(self._roles)}
+
+    def save(self, path, *, overwrite: bool = False) -> None:
+        """Write a checkpoint directory: rows, cursor, RNG state, episode bookkeeping, config.
+
+        The rows go straight from the storage to the file (no second copy in memory), and the
+        checkpoint appears at ``path`` atomically (written beside it, then renamed). Readable
+        without tfdata: ``state.json``, ``arrays/*.npy`` and the rows as a dataset file (see
+        :mod:`tfdata.replay.checkpoint`). Holds the buffer's lock while writing.
+
+        ``overwrite``: an existing ``path`` is refused (``FileExistsError``) unless this is True
+        and ``path`` is a tfdata checkpoint; nothing else is ever replaced or deleted.
+        """
+        from .checkpoint import save
+
+        save(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path, **spill):
+        """Rebuild a buffer saved with :meth:`save`; it continues exactly where it stopped.
+
+        ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
+        ``PrioritizedReplayBuffer``); ``PrioritizedReplayBuffer.load`` insists on that class.
+        ``spill_path=`` with ``hot_rows=`` or ``hot_bytes=`` rebuilds it as a spilling buffer
+        (a checkpoint does not record where, or whether, a buffer spilled).
+        """
+        from .checkpoint import load
+
+        buf = load(path, planning.buffer_classes(ReplayCore), **spill)
+        if not isinstance(buf, cls):
+            raise TypeError(f"{path}: holds a {type(buf).__name__}, not a {cls.__name__}")
+        return buf
+
+    def load_state_dict(self, state: Mapping, release=None, records=None) -> None:
+        """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing.
+
+        ``release(start, stop)`` is called after each chunk of rows is copied (a mapped source
+        drops its pages); ``records``: the same rows as one structured array, which an AoS
+        storage of that dtype copies whole.
+        """
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a {STATE_FORMAT} state dict")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported state version {state.get('version')!r} "
+                             f"(this tfdata reads version {STATE_VERSION})")
+        spec = Spec.from_dict(state["spec"])
+        if spec != self.spec:
+            raise SpecError(f"state spec {spec} differs from this buffer's spec {self.spec}")
+        if state["capacity"] != self.capacity:
+            raise ValueError(f"state capacity {state['capacity']} differs from this buffer's "
+                             f"capacity {self.capacity}")
+        if state.get("num_envs", 1) != self.num_envs:
+            raise ValueError(f"state num_envs {state.get('num_envs')} differs from this buffer's "
+                             f"{self.num_envs}")
+        writer = RingWriter(self.capacity, self.num_envs)
+        writer.load_state_dict(state["writer"])
+        size = writer.size
+        sampler = self.sampler.check_state(state, size)
+        data = state["data"]
+        episodes = None
+        if self._episodes is not None:
+            episodes = self._episodes.check_state(state.get("episodes"), size)
+        for f in self._storage.spec:
+            arr = data.get(f.name) if isinstance(data, Mapping) else None
+            if not isinstance(arr, np.ndarray):
+                raise SpecError(f"state data: field {f.name!r} missing or not an ndarray")
+            if arr.shape != (size,) + f.shape or arr.dtype != f.dtype:
+                raise SpecError(f"state data: field {f.name!r}: expected {f.dtype}{(size,) + f.shape}, "
+                                f"got {arr.dtype}{arr.shape}")
+        with self._lock:
+            self._storage.load_state_dict(data, size, release, records)
+            self._writer.load_state_dict(writer.state_dict())
+            self.sampler.load_state(sampler)
+            if episodes is not None:
+                self._episodes.load_state(episodes, size)

@@ -1,0 +1,231 @@
+"""Proportional prioritized replay (Schaul et al. 2016): the replay core with a
+:class:`~tfdata.replay.samplers.prioritized.PrioritizedSampler`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .._checks import check_float, check_int
+from ..batch import Batch
+from ..errors import SpecError
+from .buffer import ReplayBuffer
+from .core import MAX_CAPACITY, ReplayCore
+from .samplers.prioritized import PrioritizedSampler
+
+
+def batch_slots(indices) -> tuple:
+    """What ``update_priorities`` accepts, as ``(slots, versions)``: a :class:`Batch` gives its
+    indices (the start rows of a batch of slices) and the write versions captured when it was
+    sampled; a 1-D integer array gives itself and None. Anything else raises SpecError naming
+    the dtype and shape."""
+    versions = None
+    if isinstance(indices, Batch):
+        versions = indices.versions
+        indices = indices.indices
+        if indices is not None and np.ndim(indices) == 2:  # slices: the start row holds the priority
+            indices = indices[:, 0]
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise SpecError(f"update_priorities: indices must be a 1-D integer array, got "
+                        f"{idx.dtype}{list(idx.shape)}")
+    return idx, versions
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """A replay buffer that samples rows in proportion to ``(priority + eps) ** alpha``.
+
+    Parameters
+    ----------
+    spec, capacity, layout, seed, ring_size, num_envs, n_step, gamma, next_of, elide_next, roles,
+    spill_path, hot_rows, hot_bytes, allocator, memory_budget
+        As for :class:`ReplayBuffer`. With ``n_step`` the priority belongs to the window's first
+        row (the sampled slot).
+    alpha : float, default 0.6
+        Priority exponent, fixed at construction (0 gives uniform sampling).
+    beta : float, default 0.4
+        Importance-sampling exponent at the first sample.
+    beta_final : float, default 1.0
+        Value ``beta`` reaches after ``beta_steps`` calls of :meth:`sample`.
+    beta_steps : int, optional
+        Length of the linear annealing, in sample calls; None keeps ``beta`` constant.
+    eps : float, default 1e-6
+        Added to every priority, so no row has zero probability.
+
+    Raises
+    ------
+    ValueError
+        No priority at all would give a leaf ``(p + eps) ** alpha`` in the accepted range (see
+        *Bounds*), e.g. ``eps ** alpha`` already overflows.
+
+    Notes
+    -----
+    *Sequences.* :meth:`sample_sequences` draws each slice's start row in proportion to its
+    priority (stratified as for rows); ``batch.weights`` and ``batch.versions`` (shape
+    ``(batch_size,)``) belong to the start rows, so ``update_priorities(batch, p)`` with ``p`` of
+    shape ``(batch_size,)`` sets the priority of each slice's start: a slice is as likely as the
+    transition it starts from, and its loss is weighted by that row's importance weight.
+
+    *Storage of priorities.* Three binary trees over the slots, in float64: sums (sampling),
+    minimum (weight normalisation) and maximum (priority of new rows), interleaved node by node
+    in one ``(2P, 4)`` array. float64 because the
+    root sums up to 2**32 leaves; parents are always recomputed from their children, so there is
+    no drift to correct by rebuilding.
+
+    *New rows* get the maximum priority over the rows that are live once the rows being
+    overwritten are gone (1.0, before ``alpha``, in an empty buffer), unless ``push``/``extend``
+    are given explicit priorities.
+
+    *Sampling* is stratified: the total mass is cut into ``batch_size`` equal segments and one
+    row is drawn in each, with replacement across segments. Each sample returns importance
+    weights ``w_i = (N P(i))**-beta / max_j (N P(j))**-beta``, where ``N = len(buffer)``,
+    ``P(i) = p_i**alpha / sum_k p_k**alpha`` and the max runs over **all live rows** (not only
+    the batch), so ``w_i = (min_k p_k**alpha / p_i**alpha)**beta <= 1``.
+
+    *Bounds.* Every leaf ``(p + eps) ** alpha`` must lie in ``[MIN_LEAF, max_leaf]``: at least
+    the smallest normal float64 (2.2e-308), so the total mass is positive, and at most
+    ``float64 max / (2 P)`` (``P`` the power of two ``>= capacity``), so the sum of all leaves
+    is finite. A priority whose leaf falls outside (``alpha=60`` with priorities near 1e-7,
+    which underflow to 0; ``1e308`` with ``alpha=1``, whose sum overflows) is refused with a
+    ValueError naming it, by :meth:`update_priorities`, :meth:`push` and :meth:`extend`, and
+    nothing is changed; :attr:`priority_range` gives the accepted priorities. New rows take the
+    current largest leaf (or 1.0), which is within the bounds. A state or checkpoint whose
+    leaves break them is refused. Whatever the trees hold, a sample never returns a slot
+    outside ``[0, len(buffer))``.
+    """
+
+    def __init__(self, spec, capacity: int, *, alpha: float = 0.6, beta: float = 0.4,
+                 beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
+                 layout: str | None = None, seed: int | None = None, ring_size: int = 2,
+                 **episode_options):
+        sampler = self._checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
+        capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
+        if "sampler" in episode_options:
+            raise TypeError("PrioritizedReplayBuffer picks its own sampler; use ReplayBuffer(sampler=...)")
+        # numba is imported when the first buffer is built, not by `import tfdata`
+        if sampler.bounds(capacity) is None:  # refused before anything is allocated
+            from ..kernels._tree import MIN_LEAF, leaf_of, max_leaf
+
+            leaves = sampler.leaves_of(capacity)
+            raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority p gives a leaf "
+                             f"(p + eps) ** alpha in [{MIN_LEAF}, {max_leaf(leaves)}] (eps ** alpha "
+                             f"= {leaf_of(0.0, sampler.eps, sampler.alpha)}); use a smaller alpha or eps")
+        ReplayCore.__init__(self, spec, capacity, sampler, layout=layout, ring_size=ring_size,
+                            **episode_options)
+
+    @staticmethod
+    def _checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed) -> PrioritizedSampler:
+        return PrioritizedSampler(
+            alpha=check_float("alpha", alpha, 0.0), beta=check_float("beta", beta, 0.0),
+            beta_final=check_float("beta_final", beta_final, 0.0),
+            beta_steps=None if beta_steps is None else check_int("beta_steps", beta_steps, 1),
+            eps=check_float("eps", eps, 0.0, low_open=True), seed=seed)
+
+    @classmethod
+    def _planned_sampler(cls, options: dict):
+        kw = {k: options.pop(k) for k in ("alpha", "beta", "beta_final", "beta_steps", "eps")
+              if k in options}
+        defaults = dict(alpha=0.6, beta=0.4, beta_final=1.0, beta_steps=None, eps=1e-6)
+        return cls._checked_sampler(**{**defaults, **kw}, seed=0)
+
+    # -- the sampler's settings, as attributes of the buffer ----------------------------------
+    @property
+    def alpha(self) -> float:
+        """Priority exponent (fixed at construction)."""
+        return self.sampler.alpha
+
+    @property
+    def eps(self) -> float:
+        return self.sampler.eps
+
+    @property
+    def beta_start(self) -> float:
+        return self.sampler.beta_start
+
+    @beta_start.setter
+    def beta_start(self, value) -> None:
+        self.sampler.beta_start = check_float("beta", value, 0.0)
+
+    @property
+    def beta_final(self) -> float:
+        return self.sampler.beta_final
+
+    @property
+    def beta_steps(self):
+        return self.sampler.beta_steps
+
+    @property
+    def beta(self) -> float:
+        """The exponent the next :meth:`sample` uses."""
+        return self.sampler.beta
+
+    @property
+    def priority_range(self) -> tuple:
+        """``(low, high)``: the priorities this buffer accepts, those whose leaf
+        ``(p + eps) ** alpha`` lies in ``[MIN_LEAF, float64 max / (2 P)]`` (see *Bounds*)."""
+        return self.sampler.p_low, self.sampler.p_high
+
+    @property
+    def config(self) -> dict:
+        s = self.sampler
+        return {**super().config, "alpha": s.alpha, "beta": s.beta_start,
+                "beta_final": s.beta_final, "beta_steps": s.beta_steps, "eps": s.eps}
+
+    # -- priorities -------------------------------------------------------------------------
+    def priorities(self) -> np.ndarray:
+        """``(priority + eps) ** alpha`` of slots ``[0, len(self))`` (a copy, float64)."""
+        with self._lock:
+            return self.sampler.live_leaves(len(self)).copy()
+
+    def update_priorities(self, indices, priorities) -> None:
+        """Set the priorities of slots ``indices`` (as in ``batch.indices``).
+
+        Parameters
+        ----------
+        indices : Batch or array_like of int, shape (k,)
+            A batch from :meth:`sample` or :meth:`sample_sequences` (recommended: slots
+            overwritten since that sample are detected and refused; for slices, the start
+            rows), or slots in ``[0, len(self))``. A slot listed twice takes its last priority.
+        priorities : array_like of float, shape (k,)
+            Finite and ``>= 0`` (typically ``abs(td_error)``); ``eps`` is added. Each must be
+            in :attr:`priority_range` (see *Bounds* in the class notes).
+
+        Raises
+        ------
+        ValueError, TypeError
+            NaN, inf or negative priorities, priorities outside :attr:`priority_range`,
+            out-of-range indices, mismatched shapes, a batch whose rows were overwritten since
+            it was sampled. Nothing is changed.
+        tfdata.StaleBatchError
+            ``indices`` is a batch whose ring slot was reused by a later sample (a ValueError).
+        """
+        idx, versions = batch_slots(indices)
+        p = self.sampler.checked_priorities(priorities, idx.shape[0], "update_priorities")
+        if idx.size == 0:
+            return
+        idx = idx.astype(np.int64, copy=False)
+        with self._lock:
+            self.sampler.update(idx, p, versions, len(self))
+
+    # -- writing ----------------------------------------------------------------------------
+    def push(self, row: Mapping, priority=None) -> None:
+        """Append one row (see :meth:`ReplayBuffer.push`), with the maximum priority unless
+        ``priority`` (a number ``>= 0``) is given."""
+        if priority is None:
+            self._fast_push(row)
+        else:
+            values = self.spec.check_row(row)
+            leaves = self.sampler.leaf_values([priority], 1, "push")
+            with self._lock:
+                self._writer.push_values(values, leaves)
+
+    def extend(self, batch: Mapping, priorities=None) -> None:
+        """Append ``n`` rows (see :meth:`ReplayBuffer.extend`), with the maximum priority unless
+        ``priorities`` (shape ``(n,)``) are given."""
+        n, values = self.spec.check_batch(batch)
+        leaves = self.sampler.leaf_values(priorities, n, "extend")
+        if n == 0:
+            return
+        with self._lock:
+            self._writer.write(values, n, leaves)

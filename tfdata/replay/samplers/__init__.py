@@ -1,0 +1,141 @@
+"""Samplers: which rows a batch takes. One file per sampler; this module states the contract.
+
+A sampler draws slots, hears about writes, and says what it adds to a batch. The buffer calls it
+under its lock; it never sees the layout (it calls the kernels the storage bound, or
+``storage.gather``), never allocates while sampling, and keeps its state in plain arrays.
+
+The contract (see :class:`Sampler` for the defaults a new sampler inherits):
+
+``bind(storage, capacity, num_envs, allocator)``
+    Once, when the buffer is built, before any other call: allocate what it keeps per slot.
+``plan(capacity)`` (classmethod-like; may use constructor options)
+    ``{"trees": bytes, "bookkeeping": bytes}`` it will hold for ``capacity`` slots.
+``nbytes``
+    The same, for what it holds now.
+``ring_arrays(batch_size, length, out)`` / ``ring_nbytes(batch_size, length)``
+    The per-batch arrays it needs in an output ring slot (``length`` None for rows, L for
+    slices), and their bytes; ``batch_view(arrays, fields, attrs)`` sets what it shows in a
+    batch (``attrs["weights"]``, ``attrs["versions"]``, ``attrs["mask"]``).
+``sample(n, out, arrays)``
+    Fill ``out.indices`` with ``batch_size`` slots in ``[0, n)`` and ``out``'s rows with those
+    rows (one kernel call: the uniform sampler draws and gathers in one pass).
+``sample_slices(n, cursor, episode, reject, max_draws, out, arrays)``
+    Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` with slices of one stream
+    and episode, gather nothing; return -1, or the slice number no start was found for.
+``hears_writes``; ``on_write(spans, n, extra)``, ``slot_hook()``, ``on_clear()``
+    The write hooks (see :mod:`tfdata.replay.writers`), called only if ``hears_writes``; ``extra`` is what ``push`` or
+    ``extend`` passed for this sampler (priorities), or None.
+``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
+    ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
+    ``extra_state(copy, size)`` what it adds at the top of the buffer's state (``{"prioritized": ...}``);
+    ``check_state`` validates all of it against a state dict without changing anything and
+    returns what ``load_state`` applies.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+from ..._rng import MASK64, splitmix64
+
+
+class Sampler:
+    """The base of every sampler: a counter-based RNG and the no-op parts of the contract.
+
+    Parameters
+    ----------
+    seed : int or None
+        Any int (reduced mod 2**64). None draws one from the OS; it is recorded in
+        :meth:`state_dict`, so any run can be replayed.
+
+    Attributes
+    ----------
+    state : ndarray of uint64, shape (2,)
+        ``[key, counter]`` as the kernels read and advance it; ``key = splitmix64(seed)``.
+    """
+
+    #: whether the writer calls the write hooks (a sampler that keeps nothing per slot: False,
+    #: so the push path makes no call for it)
+    hears_writes = False
+    #: the key under which :meth:`extra_state` stores what this sampler adds (None: nothing)
+    state_key = None
+
+    def __init__(self, seed: int | None = None):
+        if seed is None:
+            seed = secrets.randbits(63)
+        if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        self.seed = int(seed) & MASK64
+        self.state = np.array([splitmix64(self.seed), 0], dtype=np.uint64)
+
+    @property
+    def counter(self) -> int:
+        """Number of 64-bit random words consumed so far."""
+        return int(self.state[1])
+
+    # -- construction and memory ---------------------------------------------------------------
+    def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
+        self.storage, self.capacity, self.num_envs, self.allocator = storage, capacity, num_envs, allocator
+
+    def plan(self, capacity: int) -> dict:
+        return {"trees": 0, "bookkeeping": 0}
+
+    @property
+    def nbytes(self) -> dict:
+        return {"trees": 0, "bookkeeping": 0}
+
+    def ring_arrays(self, batch_size: int, length: int | None, out) -> dict:
+        if length is None:
+            return {}
+        return {"mask": self.allocator.zeros((batch_size, length), bool)}
+
+    def ring_nbytes(self, batch_size: int, length: int | None) -> int:
+        return 0 if length is None else batch_size * length
+
+    def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
+        if "mask" in arrays:
+            attrs["mask"] = arrays["mask"]
+
+    # -- drawing ---------------------------------------------------------------------------------
+    def sample(self, n: int, out, arrays: dict) -> None:
+        raise NotImplementedError
+
+    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+        raise NotImplementedError(f"{type(self).__name__} draws no slices")
+
+    # -- write hooks -----------------------------------------------------------------------------
+    def on_write(self, spans: list, n: int, extra) -> None:
+        pass
+
+    def slot_hook(self):
+        return None
+
+    def on_clear(self) -> None:
+        pass
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "counter": self.counter}
+
+    def extra_state(self, copy: bool, size: int) -> dict:
+        return {}
+
+    def check_state(self, state, size: int):
+        """Validate the sampler's part of a buffer state dict; return what :meth:`load_state` needs."""
+        rng = state["sampler"]
+        seed, counter = int(rng["seed"]), int(rng["counter"])
+        if not (0 <= seed <= MASK64 and 0 <= counter <= MASK64):
+            raise ValueError(f"sampler state: seed and counter must be uint64, got {seed}, {counter}")
+        return seed, counter
+
+    def load_state(self, checked) -> None:
+        seed, counter = checked
+        self.seed = seed
+        self.state[0] = splitmix64(seed)
+        self.state[1] = counter
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the RNG from :meth:`state_dict`."""
+        Sampler.load_state(self, Sampler.check_state(self, {"sampler": state}, 0))

@@ -1,0 +1,161 @@
+"""Writers: where the next rows go, and the write path that puts them there.
+
+The writer contract (what :class:`tfdata.replay.core.ReplayCore` calls, under its lock):
+
+``capacity``, ``cursor``, ``size``
+    Slots, the slot of the next write, the number of valid rows.
+``bind(spec, storage, episodes, hooks)``
+    Once, when the buffer is built: the spec of the rows as pushed, the storage they go to, the episode bookkeeping (or None)
+    and the parts that react to a write (the sampler, a spill policy). A hook has
+    ``on_write(spans, n, extra)`` (after the rows are written, before the cursor moves),
+    ``on_clear()`` and ``slot_hook()``: a ``f(slot)`` equivalent to ``on_write`` for one row,
+    or None if it has none (then the generated push is not used).
+``write(values, n, extra)``
+    Write ``n`` validated rows (one array per field); everything that can refuse runs before
+    the first byte is written.
+``make_push(spec, lock, slow)``
+    The per-spec push of :mod:`tfdata.replay.fastpush` over the same hooks, or ``slow``.
+``spans(n)``, ``advance(n)``, ``reset()``, ``state_dict()``, ``load_state_dict(state)``.
+
+:class:`RingWriter` is the round-robin writer of every single-process buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SpecError
+from .fastpush import make_push
+
+
+class RingWriter:
+    """Round-robin cursor over ``capacity`` slots; once full, the oldest slot is overwritten next.
+
+    Attributes
+    ----------
+    cursor : int
+        Slot of the next write.
+    size : int
+        Number of valid rows (slots ``[0, size)`` before the first wrap, all slots after).
+    """
+
+    __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks")
+
+    def __init__(self, capacity: int, num_envs: int = 1):
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.cursor = 0
+        self.size = 0
+        self.spec = self.storage = self.episodes = None
+        self.hooks = ()
+
+    def bind(self, spec, storage, episodes=None, hooks=()) -> None:
+        """``spec``: the rows as pushed (next fields included); ``storage``: where the stored
+        fields go; ``episodes``: the bookkeeping (or None); ``hooks``: see the module docstring."""
+        self.spec, self.storage, self.episodes, self.hooks = spec, storage, episodes, tuple(hooks)
+
+    # -- positions ---------------------------------------------------------------------------
+    def advance(self, n: int) -> None:
+        self.cursor = (self.cursor + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def spans(self, n: int) -> list[tuple[int, int, int]]:
+        """Where ``n`` new rows go: ``[(dst_start, src_start, count), ...]`` (at most two spans).
+
+        When ``n > capacity`` only the last ``capacity`` rows are written: the result is the same as
+        ``n`` single pushes, whose earlier rows the later ones overwrite.
+        """
+        cap = self.capacity
+        if n <= cap - self.cursor:  # no wrap: one span
+            return [(self.cursor, 0, n)]
+        skip = max(0, n - cap)
+        dst = (self.cursor + skip) % cap
+        left = n - skip
+        first = min(left, cap - dst)
+        out = [(dst, skip, first)]
+        if left > first:
+            out.append((0, skip + first, left - first))
+        return out
+
+    def reset(self) -> None:
+        self.cursor = 0
+        self.size = 0
+        for h in self.hooks:
+            h.on_clear()
+
+    # -- the write path ----------------------------------------------------------------------
+    def push_values(self, values: list, extra=None) -> None:
+        """Write one validated row (values in field order); lock held."""
+        if self.num_envs > 1:
+            raise SpecError(f"push appends one row, but this buffer interleaves num_envs="
+                            f"{self.num_envs} streams: extend with {self.num_envs} rows per step")
+        ep = self.episodes
+        if ep is not None and ep.elide:  # elision checks and keeps rows as arrays: the batch path
+            arrays = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
+            self.write(arrays, 1, extra)
+            return
+        pos = self.cursor
+        self.storage.write_row(pos, values)
+        if ep is not None:
+            ep.stamp_one(pos, values)
+        spans = [(pos, 0, 1)]
+        for h in self.hooks:
+            h.on_write(spans, 1, extra)
+        self.advance(1)
+
+    def write(self, values: list, n: int, extra=None) -> None:
+        """Write ``n`` validated rows (values in spec order, each ``(n, *shape)``); lock held."""
+        spans = self.spans(n)
+        ep = self.episodes
+        stored = values
+        if ep is not None:
+            ends = ep.ends(values) if ep.elide else None
+            ep.check(values, n)
+            ep.reserve(ends, spans)
+            if ep.elide:
+                stored = [values[i] for i in ep.stored_pos]
+        elif n % self.num_envs:
+            raise SpecError(f"this buffer interleaves num_envs={self.num_envs} streams: extend "
+                            f"takes whole steps of {self.num_envs} rows each, got {n} rows")
+        for dst, src, count in spans:
+            self.storage.write_rows(dst, stored, src, count)
+        if ep is not None:
+            ep.write(values, n, ends, spans)
+        for h in self.hooks:
+            h.on_write(spans, n, extra)
+        self.advance(n)
+
+    def make_push(self, spec, lock, slow):
+        """``push(row)`` specialised to ``spec`` (see :mod:`tfdata.replay.fastpush`) where every
+        hook has a per-slot form and rows are written as they are; else ``slow``."""
+        ep = self.episodes
+        slot_hooks = [h.slot_hook() for h in self.hooks]
+        if self.num_envs != 1 or (ep is not None and ep.elide) or any(f is None for f in slot_hooks):
+            return slow
+        on_write = None
+        if len(slot_hooks) == 1:
+            on_write = slot_hooks[0]
+        elif slot_hooks:
+            hooks = tuple(slot_hooks)
+
+            def on_write(slot, _hooks=hooks):
+                for f in _hooks:
+                    f(slot)
+        return make_push(spec, self.storage.field_views(), self, lock, slow,
+                         None if ep is None else (ep.episode, ep.current, ep.term_i, ep.trunc_i),
+                         on_write)
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor, "size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        cursor, size = int(state["cursor"]), int(state["size"])
+        if not 0 <= size <= self.capacity:
+            raise ValueError(f"writer state: size must be in [0, {self.capacity}], got {size}")
+        if not 0 <= cursor < self.capacity or (size < self.capacity and cursor != size):
+            raise ValueError(f"writer state: cursor {cursor} is inconsistent with size {size} "
+                             f"and capacity {self.capacity}")
+        if size % self.num_envs:
+            raise ValueError(f"writer state: size {size} is not a multiple of num_envs {self.num_envs}")
+        self.cursor, self.size = cursor, size
