@@ -10,16 +10,25 @@ An experiment does::
     run = rec.finish()                                           # wall clock, load, peak RSS
     write_json("reports/layout/results.json", {"methodology": run, "results": ...})
 
-Everything here is best effort: a file or tool that cannot be read gives ``None``, never an
+The machine readers are best effort: a file or tool that cannot be read gives ``None``, never an
 error, so an experiment runs the same on a laptop, a container or CI. Nothing recorded names a
 path of the machine (no executable, working directory or cache locations), and the hostname is
 not recorded.
+
+Besides the run record, the plumbing experiments share, so that each experiment file holds only
+its question, parameters, measured conditions and analysis: the ``--quick`` / ``--seeds`` command
+line, timing loops (per-call timing, budgets, interleaved rounds, time-sliced candidates),
+statistics across seeds (mean ± std, verdicts, ratio crossings), memory measurement in a forked
+process, number formatting and matplotlib helpers. numpy, psutil and matplotlib are imported
+inside the functions that need them, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import re
@@ -174,6 +183,17 @@ def cache_size(level: int) -> int | None:
     return None
 
 
+def cache_placement(nbytes: int) -> str:
+    """Where ``nbytes`` of data fit in CPU 0's caches: "fits L2", "fits L3", "exceeds L3" or
+    "cache size unknown"."""
+    l2, l3 = cache_size(2), cache_size(3)
+    if l2 and nbytes <= l2:
+        return "fits L2"
+    if l3 and nbytes <= l3:
+        return "fits L3"
+    return "exceeds L3" if l3 else "cache size unknown"
+
+
 # -- software -----------------------------------------------------------------------------------
 def _version(mod: str) -> str | None:
     try:
@@ -243,6 +263,49 @@ def memory_info() -> dict:
 def collect_environment() -> dict:
     """CPU, caches, cores, RAM, OS/kernel and library versions, as one JSON-ready dict."""
     return {"cpu": cpu_info(), "memory": memory_info(), "os": os_info(), "software": software_info()}
+
+
+def machine_brief() -> dict:
+    """A compact machine description straight from /proc, sysfs and ``lscpu`` (raw strings).
+
+    Returns
+    -------
+    dict
+        ``cpu_model``, ``logical_cpus``, ``cpuinfo_cache_size``, ``caches_cpu0_sysfs`` (level,
+        type, size, coherency_line_size and shared_cpu_list as sysfs writes them), ``lscpu`` (the
+        cache, core and hypervisor fields), ``mem_total_bytes``, ``os``, ``kernel``, ``machine``.
+    """
+    cpuinfo = _read("/proc/cpuinfo") or ""
+    model = cache = None
+    for line in cpuinfo.splitlines():
+        if model is None and line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+        if cache is None and line.startswith("cache size"):
+            cache = line.split(":", 1)[1].strip()
+    caches = []
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for name in sorted(os.listdir(base)):
+            if name.startswith("index"):
+                d = os.path.join(base, name)
+                caches.append({k: (_read(os.path.join(d, k)) or "").strip()
+                               for k in ("level", "type", "size", "coherency_line_size",
+                                         "shared_cpu_list")})
+    except OSError:
+        pass
+    ls = {}
+    for line in (_run(["lscpu"]) or "").splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            if k.strip() in ("L1d cache", "L2 cache", "L3 cache", "Hypervisor vendor",
+                             "Thread(s) per core", "Core(s) per socket", "Model name"):
+                ls[k.strip()] = v.strip()
+    mem = _read("/proc/meminfo") or ""
+    total_mem = next((int(x.split()[1]) * 1024 for x in mem.splitlines()
+                      if x.startswith("MemTotal")), None)
+    return {"cpu_model": model, "logical_cpus": os.cpu_count(), "cpuinfo_cache_size": cache,
+            "caches_cpu0_sysfs": caches, "lscpu": ls, "mem_total_bytes": total_mem,
+            "os": platform.system(), "kernel": platform.release(), "machine": platform.machine()}
 
 
 # -- load ---------------------------------------------------------------------------------------
@@ -425,3 +488,578 @@ def write_report(out_dir: str, lines: list, run: dict) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(list(lines) + ["## Machine and run\n", markdown(run)]))
     return path
+
+
+# -- command line -------------------------------------------------------------------------------
+def seeds_parser(doc: str, quick_help: str, seeds_help: str, *, raw: bool = True):
+    """The command line every experiment shares: ``--quick`` and ``--seeds``.
+
+    Parameters
+    ----------
+    doc : str
+        The experiment's module docstring; its first paragraph is the description.
+    quick_help, seeds_help : str
+        Help texts of ``--quick`` and ``--seeds``.
+    raw : bool
+        Keep the description's line breaks in ``--help`` (``RawDescriptionHelpFormatter``).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        A parser an experiment may extend before ``parse_args``.
+    """
+    import argparse
+
+    kw = {"formatter_class": argparse.RawDescriptionHelpFormatter} if raw else {}
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], **kw)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--seeds", default=None, help=seeds_help)
+    return ap
+
+
+def parse_seeds(text: str | None, default: int) -> list[int]:
+    """Seeds from ``--seeds``: a count N (seeds 0..N-1) or a comma list.
+
+    Parameters
+    ----------
+    text : str or None
+        The option's value; None gives ``range(default)``.
+    default : int
+        Number of seeds when the option is absent.
+
+    Returns
+    -------
+    list of int
+
+    Raises
+    ------
+    SystemExit
+        When a count below 1 is given.
+    """
+    if text is None:
+        return list(range(default))
+    if "," in text:
+        return [int(s) for s in text.split(",") if s.strip()]
+    n = int(text)
+    if n < 1:
+        raise SystemExit("--seeds: need at least one seed")
+    return list(range(n))
+
+
+# -- timing -------------------------------------------------------------------------------------
+def time_calls(fn, arg, n: int):
+    """Wall time of each of ``n`` calls ``fn(arg)``, timed one by one.
+
+    Parameters
+    ----------
+    fn : callable
+        Called with one argument.
+    arg : object
+        Its argument (the same every call).
+    n : int
+        Number of calls.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 nanoseconds per call (``time.perf_counter_ns``; the timer's own cost included, as
+        a caller sees it).
+    """
+    import numpy as np
+
+    out = np.empty(n, dtype=np.int64)
+    pc = time.perf_counter_ns
+    for i in range(n):
+        t0 = pc()
+        fn(arg)
+        out[i] = pc() - t0
+    return out
+
+
+def calls_for_budget(fn, arg, budget_s: float, lo: int, hi: int, warmup: int) -> int:
+    """Warm ``fn(arg)`` up with ``warmup`` calls and size a measurement to a time budget.
+
+    Parameters
+    ----------
+    fn, arg
+        As for :func:`time_calls`.
+    budget_s : float
+        Seconds the measurement should take.
+    lo, hi : int
+        Bounds on the number of calls (``lo`` wins for slow calls, ``hi`` for fast ones).
+    warmup : int
+        Untimed calls first; their median estimates the cost of one call.
+
+    Returns
+    -------
+    int
+        Number of calls to time.
+    """
+    import numpy as np
+
+    est = float(np.median(time_calls(fn, arg, warmup)))
+    return int(min(hi, max(lo, budget_s * 1e9 / max(est, 1.0))))
+
+
+def latency_stats(ns) -> dict:
+    """Summary of per-call times.
+
+    Parameters
+    ----------
+    ns : array_like
+        Nanoseconds per call.
+
+    Returns
+    -------
+    dict
+        ``n`` and the median, p99, mean, std, min, p10 and p90 in microseconds (``*_us``).
+    """
+    import numpy as np
+
+    us = np.asarray(ns) / 1e3
+    return {"n": int(len(us)), "median_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
+            "mean_us": float(us.mean()), "std_us": float(us.std()), "min_us": float(us.min()),
+            "p10_us": float(np.percentile(us, 10)), "p90_us": float(np.percentile(us, 90))}
+
+
+def rotated(seq, k: int) -> list:
+    """``seq`` as a list rotated left by ``k`` (modulo its length): a different order per seed."""
+    seq = list(seq)
+    k %= len(seq)
+    return seq[k:] + seq[:k]
+
+
+def interleaved_latencies(calls: dict, args, *, budget_s: float, lo: int, hi: int, rounds: int,
+                          warmup: int) -> dict:
+    """Per-call latency of several callables, alternating them in rounds.
+
+    Each callable gets its own number of calls (:func:`calls_for_budget`), split evenly over
+    ``rounds``; in round r the callables run in their order rotated by r. Interleaving makes a
+    change of machine load hit every candidate alike, so their ratios stay fair on a shared host.
+
+    Parameters
+    ----------
+    calls : dict
+        Name -> ``fn(arg)``; the dict order is the order of round 0.
+    args : iterable
+        Arguments measured one after another (e.g. batch sizes).
+    budget_s, lo, hi, warmup
+        As for :func:`calls_for_budget`, per (callable, argument).
+    rounds : int
+        Number of rounds.
+
+    Returns
+    -------
+    dict
+        ``{arg: {name: latency_stats}}``.
+    """
+    import numpy as np
+
+    keys = list(calls)
+    out = {}
+    for a in args:
+        counts = {k: calls_for_budget(calls[k], a, budget_s, lo, hi, warmup) for k in keys}
+        parts = {k: [] for k in keys}
+        for r in range(rounds):
+            for k in rotated(keys, r):
+                n = counts[k] // rounds + (1 if r < counts[k] % rounds else 0)
+                parts[k].append(time_calls(calls[k], a, n))
+        out[a] = {k: latency_stats(np.concatenate(parts[k])) for k in keys}
+    return out
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Collect garbage, then keep the collector off inside the block (a collection would land in
+    whichever call is being timed)."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class SliceTimer:
+    """A callable timed in time-budgeted slices, cycling through pre-built argument tuples.
+
+    Parameters
+    ----------
+    fn : callable
+        The timed function, called as ``fn(*arglist[i])``.
+    arglist : list of tuple
+        Arguments used in turn (so every call sees fresh data, and no call builds any).
+    per_call : int
+        Units of work per call; each recorded time is divided by it (time per unit).
+    warmup : int
+        Untimed calls at the start of every slice (caches and branch predictors refilled after
+        the other candidates ran).
+    min_calls : int
+        Timed calls per slice even when the budget is exhausted.
+    """
+
+    def __init__(self, fn, arglist, per_call: int, *, warmup: int, min_calls: int):
+        self.fn, self.arglist, self.per_call = fn, arglist, per_call
+        self.warmup, self.min_calls = warmup, min_calls
+        self.next = 0
+        self.times_ns: list[float] = []
+
+    def run_slice(self, budget_ns: int) -> None:
+        """Time calls for ``budget_ns`` nanoseconds (at least ``min_calls``), appending to
+        ``times_ns``."""
+        fn, args, n, i = self.fn, self.arglist, len(self.arglist), self.next
+        for _ in range(self.warmup):
+            fn(*args[i % n])
+            i += 1
+        pc = time.perf_counter_ns
+        out = self.times_ns
+        scale = 1.0 / self.per_call
+        end = pc() + budget_ns
+        count = 0
+        while count < self.min_calls or pc() < end:
+            a = args[i % n]
+            t0 = pc()
+            fn(*a)
+            out.append((pc() - t0) * scale)
+            i += 1
+            count += 1
+        self.next = i
+
+
+def run_rounds(timers: list, rounds: int, budget_ns: int, shift) -> None:
+    """Run every :class:`SliceTimer` once per round, in an order that changes every round.
+
+    Round r starts at timer ``shift(r) % len(timers)`` and odd rounds run backwards (A B C, then
+    C B A), so drift of the machine during a round hits all candidates alike. The garbage
+    collector is off meanwhile (a collection would land in one candidate's time).
+
+    Parameters
+    ----------
+    timers : list of SliceTimer
+    rounds : int
+    budget_ns : int
+        Slice budget per timer per round.
+    shift : callable
+        ``shift(r) -> int``, the rotation of round r.
+    """
+    import gc
+
+    gc.disable()
+    try:
+        for rnd in range(rounds):
+            s = shift(rnd) % len(timers)
+            order = timers[s:] + timers[:s]
+            if rnd % 2:
+                order.reverse()
+            for t in order:
+                t.run_slice(budget_ns)
+    finally:
+        gc.enable()
+
+
+def block_size(fn, make_args, target_s: float, max_m: int) -> int:
+    """Units of work per call so that one call of ``fn`` takes about ``target_s``.
+
+    Parameters
+    ----------
+    fn : callable
+    make_args : callable
+        ``make_args(start, m)`` -> argument tuple for m units of work.
+    target_s : float
+        Wanted seconds per call.
+    max_m : int
+        Upper bound (the pre-drawn data available).
+
+    Returns
+    -------
+    int
+        A power of two (so blocks tile pre-drawn rows of a power-of-two count).
+    """
+    m0 = 16
+    a = make_args(0, m0)
+    fn(*a)  # compile / load first
+    t0 = time.perf_counter()
+    fn(*a)
+    per = max((time.perf_counter() - t0) / m0, 1e-8)
+    m = int(min(max_m, max(1, round(target_s / per))))
+    return 1 << int(math.log2(m))
+
+
+# -- statistics ---------------------------------------------------------------------------------
+def mean_std(xs) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1) of ``xs``, skipping None and NaN.
+
+    Returns
+    -------
+    tuple of float
+        (nan, nan) when nothing is left; std 0.0 for a single value.
+    """
+    import numpy as np
+
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
+
+
+def gmean(xs) -> float:
+    """Geometric mean (the average of ratios that treats 2x and 0.5x symmetrically)."""
+    import numpy as np
+
+    return float(np.exp(np.mean(np.log(xs))))
+
+
+def verdict(ratios, a: str, b: str, margin: float) -> str:
+    """Which of two candidates is faster, from per-seed time ratios time(a) / time(b).
+
+    Parameters
+    ----------
+    ratios : list of float
+        One ratio per seed.
+    a, b : str
+        Names returned for the winner.
+    margin : float
+        The mean ratio must lie beyond ``1 ± margin``.
+
+    Returns
+    -------
+    str
+        ``a`` or ``b`` when every seed agrees and the mean is beyond the margin, else ``"tie"``.
+    """
+    import numpy as np
+
+    m = float(np.mean(ratios))
+    if all(r < 1 for r in ratios) and m < 1 - margin:
+        return a
+    if all(r > 1 for r in ratios) and m > 1 + margin:
+        return b
+    return "tie"
+
+
+def ratio_summary(per_seed: list, a: str, b: str, margin: float) -> dict:
+    """Mean, std, per-seed values and :func:`verdict` of per-seed ratios time(a) / time(b)."""
+    m, sd = mean_std(per_seed)
+    return {"mean": m, "std": sd, "per_seed": per_seed, "faster": verdict(per_seed, a, b, margin)}
+
+
+def seed_summary(per_seed: list, **extra) -> dict:
+    """Mean ± std across seeds of per-seed :func:`latency_stats` (median, p99 and mean).
+
+    Parameters
+    ----------
+    per_seed : list of dict
+        One :func:`latency_stats` per seed.
+    **extra
+        Further keys, placed before ``per_seed``.
+
+    Returns
+    -------
+    dict
+        ``median_us_mean``, ``median_us_std``, ``p99_us_*``, ``mean_us_*``, ``calls_per_seed``,
+        the extra keys and ``per_seed``.
+    """
+    out = {}
+    for f in ("median_us", "p99_us", "mean_us"):
+        out[f + "_mean"], out[f + "_std"] = mean_std([p[f] for p in per_seed])
+    out["calls_per_seed"] = [p["n"] for p in per_seed]
+    return {**out, **extra, "per_seed": per_seed}
+
+
+def crossings(xs, ys, verdicts, below_key: str) -> list[dict]:
+    """Where a curve of ratios crosses 1 between consecutive measured points.
+
+    The crossing is interpolated linearly in log(x) and log(ratio); nothing is extrapolated.
+
+    Parameters
+    ----------
+    xs, ys : list of float
+        Measured points (x ascending) and their mean ratios.
+    verdicts : list of str
+        :func:`verdict` at each point.
+    below_key : str
+        Name of the output key that is True when the ratio is below 1 left of the crossing.
+
+    Returns
+    -------
+    list of dict
+        ``x``, ``between`` (the two measured x), ``verdicts`` (theirs), ``significant`` (both
+        sides have a winner, and they differ) and ``below_key``.
+    """
+    out = []
+    for i in range(len(xs) - 1):
+        y0, y1 = ys[i], ys[i + 1]
+        if (y0 - 1) * (y1 - 1) > 0 or (y0 == 1 and i > 0) or y0 == y1:
+            continue
+        l0, l1 = math.log(y0), math.log(y1)
+        t = -l0 / (l1 - l0)
+        x = math.exp(math.log(xs[i]) + t * (math.log(xs[i + 1]) - math.log(xs[i])))
+        sides = {verdicts[i], verdicts[i + 1]}
+        out.append({"x": x, "between": [xs[i], xs[i + 1]], "verdicts": [verdicts[i], verdicts[i + 1]],
+                    "significant": len(sides) == 2 and "tie" not in sides,
+                    below_key: y0 < 1})
+    return out
+
+
+# -- memory -------------------------------------------------------------------------------------
+def rss_bytes() -> int:
+    """Current resident set size of this process (psutil), in bytes."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def fresh_pages_allocator() -> bool:
+    """Make every allocation above 4 KiB a fresh mmap (glibc only), so RSS growth is the buffer's.
+
+    Without this, a forked child reuses heap memory its parent already touched and freed, and a
+    small buffer shows no RSS growth at all.
+
+    Returns
+    -------
+    bool
+        False where it cannot be done (not glibc).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+        return libc.mallopt(-3, 4096) == 1  # M_MMAP_THRESHOLD: fixed, no dynamic raising
+    except (OSError, AttributeError):
+        return False
+
+
+def _forked_child(conn, fn, args):
+    try:
+        conn.send(fn(*args))
+    except BaseException as exc:  # report, never hang the parent
+        conn.send({"error": repr(exc)})
+    finally:
+        conn.close()
+
+
+def run_forked(fn, *args) -> dict:
+    """``fn(*args)`` in a fresh forked process, so what it allocates starts from a clean slate.
+
+    Parameters
+    ----------
+    fn : callable
+        Returns a picklable dict.
+    *args
+        Its arguments (not pickled: the child is a fork).
+
+    Returns
+    -------
+    dict
+        ``fn``'s dict (or ``{"error": repr}`` if it raised) plus ``process``: "fresh forked
+        process", or "in-process" where fork is unavailable (less clean; errors then propagate).
+    """
+    import multiprocessing
+
+    try:
+        ctx = multiprocessing.get_context("fork")
+    except ValueError:
+        out = fn(*args)
+        out["process"] = "in-process"
+        return out
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_forked_child, args=(child, fn, args))
+    p.start()
+    child.close()
+    out = parent.recv()
+    p.join()
+    out["process"] = "fresh forked process"
+    return out
+
+
+# -- formatting ---------------------------------------------------------------------------------
+def fmt_bytes(n: float) -> str:
+    """'1.5 GiB', '12.0 MiB', '3.0 KiB', '100 B'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_us(x: float) -> str:
+    """Microseconds with 3 significant digits at most ('1234', '56.7', '8.90'; NaN: '?')."""
+    if math.isnan(x):
+        return "?"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def fmt_rate(x: float) -> str:
+    """A rate with a k/M/G suffix ('1.25M', '35k'; NaN: '?')."""
+    if math.isnan(x):
+        return "?"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f}{unit}" if x < 10 * scale else f"{x / scale:.0f}{unit}"
+    return f"{x:.0f}"
+
+
+def fmt_count(c: int) -> str:
+    """A count such as a capacity: '1e6' for a power of ten, else thousands ('5k')."""
+    e = int(round(math.log10(c)))
+    return f"1e{e}" if 10 ** e == c else f"{c // 1000}k"
+
+
+def fmt_sig(x, nd: int = 3) -> str:
+    """``nd`` significant digits below 1000, thousands separators above; None: '-'."""
+    if x is None:
+        return "-"
+    if x >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{nd}g}"
+
+
+# -- plots --------------------------------------------------------------------------------------
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def log_axes(ax, xticks, xlabel: str, ysubs=None, base: int = 2) -> None:
+    """Log x axis (``xticks`` labelled as plain numbers), log-10 y axis with plain labels, grid.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    xticks : list of number or None
+        Major x ticks; None keeps matplotlib's.
+    xlabel : str
+    ysubs : tuple of float, optional
+        Major y ticks at these multiples of each power of ten (e.g. ``(1, 2, 5)``); default
+        matplotlib's.
+    base : int
+        Base of the x axis.
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log", base=base)
+    ax.set_yscale("log")
+    if xticks is not None:
+        ax.set_xticks(xticks, [str(x) for x in xticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    if ysubs is not None:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=ysubs))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(xlabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def save_figure(fig, out_dir: str, name: str, dpi: int = 110) -> str:
+    """Save ``fig`` as ``out_dir/name``, close it, and return ``name`` (for the report)."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(os.path.join(out_dir, name), dpi=dpi)
+    plt.close(fig)
+    return name

@@ -35,21 +35,23 @@ Only the public tfdata API is used, plus numpy, psutil and matplotlib.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import math
-import multiprocessing
 import os
 import sys
 import time
 
 import numpy as np
-import psutil
 
 import tfdata
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, cache_size, report_dir, write_json, write_report as write_methodology_report
+from _methodology import (RunRecord, cache_placement, cache_size, calls_for_budget, crossings,  # noqa: E402
+                          fmt_bytes, fmt_count, fmt_rate, fmt_us, fresh_pages_allocator, gc_paused,
+                          gmean, interleaved_latencies, latency_stats, log_axes, mean_std,
+                          parse_seeds, peak_rss_bytes, pyplot, ratio_summary, report_dir,
+                          rotated, rss_bytes, run_forked, save_figure, seed_summary,
+                          seeds_parser, time_calls, verdict as _verdict, write_json,
+                          write_report as write_methodology_report)
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -239,159 +241,43 @@ def fill(buf, chunk: dict, capacity: int) -> None:
         buf.extend({k: v[:rest] for k, v in chunk.items()})
 
 
-def time_calls(fn, arg, n: int) -> np.ndarray:
-    """Per-call wall time (ns) of ``n`` calls of ``fn(arg)``."""
-    out = np.empty(n, dtype=np.int64)
-    pc = time.perf_counter_ns
-    for i in range(n):
-        t0 = pc()
-        fn(arg)
-        out[i] = pc() - t0
-    return out
-
-
-def n_calls(fn, arg, budget_s: float, lo: int, hi: int) -> int:
-    """Warm up and pick a number of calls that fits the time budget."""
-    est = float(np.median(time_calls(fn, arg, WARMUP_CALLS)))
-    return int(min(hi, max(lo, budget_s * 1e9 / max(est, 1.0))))
-
-
-def stats(ns: np.ndarray) -> dict:
-    us = ns / 1e3
-    return {"n": int(len(us)), "median_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
-            "mean_us": float(us.mean()), "std_us": float(us.std()), "min_us": float(us.min()),
-            "p10_us": float(np.percentile(us, 10)), "p90_us": float(np.percentile(us, 90))}
-
-
-def rotated(seq, k: int) -> list:
-    k %= len(seq)
-    return list(seq[k:]) + list(seq[:k])
-
-
-def rss() -> int:
-    return psutil.Process().memory_info().rss
-
-
-def mean_std(xs) -> tuple[float, float]:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
-
-
-def gmean(xs) -> float:
-    return float(np.exp(np.mean(np.log(xs))))
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_us(x: float) -> str:
-    if math.isnan(x):
-        return "?"
-    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-
-
-def fmt_rate(x: float) -> str:
-    if math.isnan(x):
-        return "?"
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.2f}{unit}" if x < 10 * scale else f"{x / scale:.0f}{unit}"
-    return f"{x:.0f}"
-
-
-def fmt_cap(c: int) -> str:
-    e = int(round(math.log10(c)))
-    return f"1e{e}" if 10 ** e == c else f"{c // 1000}k"
-
-
 def verdict(ratios: list[float], a: str, b: str) -> str:
     """``ratios`` are time(a) / time(b) per seed."""
-    m = float(np.mean(ratios))
-    if all(r < 1 for r in ratios) and m < 1 - VERDICT_MARGIN:
-        return a
-    if all(r > 1 for r in ratios) and m > 1 + VERDICT_MARGIN:
-        return b
-    return "tie"
+    return _verdict(ratios, a, b, VERDICT_MARGIN)
 
 
 # ---------------------------------------------------------------------------------------------
 # Memory: one fresh forked process per (kind, capacity, impl)
 # ---------------------------------------------------------------------------------------------
-def _fresh_pages_allocator() -> bool:
-    """Make every allocation above 4 KiB a fresh mmap (glibc only), so RSS growth is the buffer's.
-
-    Without this, a forked child reuses heap memory its parent already touched and freed, and a
-    small buffer shows no RSS growth at all. Returns False where it cannot be done.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim(0)
-        return libc.mallopt(-3, 4096) == 1  # M_MMAP_THRESHOLD: fixed, no dynamic raising
-    except (OSError, AttributeError):
-        return False
-
-
 def _memory_probe(kind: str, capacity: int, impl: str, sampler: str | None = None,
                   batches=BATCH_SIZES) -> dict:
-    fresh = _fresh_pages_allocator()
+    fresh = fresh_pages_allocator()
     spec = make_spec(kind)
     flag_p = STREAM_FLAGS if sampler else None
     chunk = make_chunk(spec, min(EXTEND_ROWS, capacity), np.random.default_rng(0), flag_p)
     gc.collect()
-    r0 = rss()
+    r0 = rss_bytes()
     buf = build_sampler(sampler, impl, spec, capacity, 0) if sampler else build(impl, spec, capacity, 0)
-    r1 = rss()
+    r1 = rss_bytes()
     fill(buf, chunk, capacity)
-    r2 = rss()
+    r2 = rss_bytes()
     for b in batches:  # tfdata allocates its output ring here; numpy's outputs are temporary
         buf.sample(b)
         buf.sample(b)
-    r3 = rss()
-    import resource
-
+    r3 = rss_bytes()
     # tfdata: rows + bookkeeping (+ priority trees), not the output rings
     parts = getattr(buf, "nbytes_parts", None)
     storage = sum(v for k, v in parts.items() if k != "output_rings") if parts else buf.nbytes
     return {"storage_bytes": int(storage), "nbytes_parts": dict(parts) if parts else None,
             "rss_build_bytes": r1 - r0, "rss_fill_bytes": r2 - r0,
             "rss_after_samples_bytes": r3 - r0,
-            "probe_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "probe_peak_rss_bytes": peak_rss_bytes(),
             "fresh_mmap_allocations": fresh}
-
-
-def _memory_child(conn, kind, capacity, impl, sampler, batches):
-    try:
-        conn.send(_memory_probe(kind, capacity, impl, sampler, batches))
-    except BaseException as exc:  # report, never hang the parent
-        conn.send({"error": repr(exc)})
-    finally:
-        conn.close()
 
 
 def measure_memory(kind: str, capacity: int, impl: str, sampler: str | None = None,
                    batches=BATCH_SIZES) -> dict:
-    try:
-        ctx = multiprocessing.get_context("fork")
-    except ValueError:  # no fork on this platform: measure in process (less clean)
-        out = _memory_probe(kind, capacity, impl, sampler, batches)
-        out["process"] = "in-process"
-        return out
-    parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_memory_child, args=(child, kind, capacity, impl, sampler, batches))
-    p.start()
-    child.close()
-    out = parent.recv()
-    p.join()
-    out["process"] = "fresh forked process"
-    return out
+    return run_forked(_memory_probe, kind, capacity, impl, sampler, batches)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,31 +302,18 @@ def run_config(kind: str, capacity: int, seed: int, mode: str, order_key: int) -
         out["fill"][impl] = {"seconds": dt, "rows_per_s": capacity / dt}
         assert (len(buf) if impl != "numpy" else buf.size) == capacity
 
-    gc.collect()
-    gc.disable()
-    try:
-        budget, lo = WRITE_BUDGET_S[mode], MIN_WRITE_CALLS[mode]
+    with gc_paused():
         for op, arg, rows in (("push", row, 1), ("extend", chunk, EXTEND_ROWS)):
             for impl in order:
                 fn = getattr(bufs[impl], op)
-                n = n_calls(fn, arg, budget, lo, 100_000)
-                s = stats(time_calls(fn, arg, n))
+                n = calls_for_budget(fn, arg, WRITE_BUDGET_S[mode], MIN_WRITE_CALLS[mode], 100_000,
+                                     WARMUP_CALLS)
+                s = latency_stats(time_calls(fn, arg, n))
                 s["rows_per_s"] = rows * 1e6 / s["median_us"]
                 s["rows_per_s_mean"] = rows * 1e6 / s["mean_us"]
                 out[op][impl] = s
-
-        budget, lo, hi, rounds = (SAMPLE_BUDGET_S[mode], MIN_CALLS[mode], MAX_CALLS[mode],
-                                  ROUNDS[mode])
-        for b in BATCH_SIZES:
-            counts = {impl: n_calls(bufs[impl].sample, b, budget, lo, hi) for impl in order}
-            parts = {impl: [] for impl in order}
-            for r in range(rounds):
-                for impl in rotated(order, r):
-                    k = counts[impl] // rounds + (1 if r < counts[impl] % rounds else 0)
-                    parts[impl].append(time_calls(bufs[impl].sample, b, k))
-            out["sample"][b] = {impl: stats(np.concatenate(parts[impl])) for impl in order}
-    finally:
-        gc.enable()
+        out["sample"] = sample_latencies({i: bufs[i].sample for i in order}, BATCH_SIZES, mode,
+                                         SAMPLE_BUDGET_S[mode])
     del bufs
     gc.collect()
     return out
@@ -476,20 +349,10 @@ def warm_kernels() -> float:
     return time.perf_counter() - t0
 
 
-def _interleaved_samples(calls: dict, batches, mode: str) -> dict:
-    """Time ``calls[key](b)`` for every key and batch size, keys alternating in rounds."""
-    budget, lo, hi, rounds = EXTRA_BUDGET_S[mode], MIN_CALLS[mode], MAX_CALLS[mode], ROUNDS[mode]
-    keys = list(calls)
-    out = {}
-    for b in batches:
-        counts = {k: n_calls(calls[k], b, budget, lo, hi) for k in keys}
-        parts = {k: [] for k in keys}
-        for r in range(rounds):
-            for k in rotated(keys, r):
-                n = counts[k] // rounds + (1 if r < counts[k] % rounds else 0)
-                parts[k].append(time_calls(calls[k], b, n))
-        out[b] = {k: stats(np.concatenate(parts[k])) for k in keys}
-    return out
+def sample_latencies(calls: dict, batches, mode: str, budget_s: float) -> dict:
+    """``{batch: {key: stats}}`` of ``calls[key](batch)``, the keys alternating in rounds."""
+    return interleaved_latencies(calls, batches, budget_s=budget_s, lo=MIN_CALLS[mode],
+                                 hi=MAX_CALLS[mode], rounds=ROUNDS[mode], warmup=WARMUP_CALLS)
 
 
 def run_sampler_config(kind: str, capacity: int, seed: int, mode: str, order_key: int) -> dict:
@@ -511,12 +374,8 @@ def run_sampler_config(kind: str, capacity: int, seed: int, mode: str, order_key
         out["fill"][key] = {"seconds": dt, "rows_per_s": capacity / dt}
         assert len(buf) == capacity
         calls[key] = sampler_call(sampler, buf, pools)
-    gc.collect()
-    gc.disable()
-    try:
-        out["sample"] = _interleaved_samples(calls, SAMPLER_BATCHES[mode], mode)
-    finally:
-        gc.enable()
+    with gc_paused():
+        out["sample"] = sample_latencies(calls, SAMPLER_BATCHES[mode], mode, EXTRA_BUDGET_S[mode])
     del bufs, calls
     gc.collect()
     return out
@@ -535,12 +394,9 @@ def run_field_config(n_fields: int, capacity: int, seed: int, mode: str, order_k
         gc.collect()
         bufs[impl] = buf = build(impl, spec, capacity, seed)
         fill(buf, chunk, capacity)
-    gc.collect()
-    gc.disable()
-    try:
-        out["sample"] = _interleaved_samples({i: bufs[i].sample for i in order}, FIELD_BATCHES[mode], mode)
-    finally:
-        gc.enable()
+    with gc_paused():
+        out["sample"] = sample_latencies({i: bufs[i].sample for i in order}, FIELD_BATCHES[mode], mode,
+                                         EXTRA_BUDGET_S[mode])
     del bufs
     gc.collect()
     return out
@@ -550,23 +406,14 @@ def run_field_config(n_fields: int, capacity: int, seed: int, mode: str, order_k
 # Aggregation
 # ---------------------------------------------------------------------------------------------
 def aggregate(raw: list[dict], memory: dict, kinds_caps: list[tuple[str, int]]) -> dict:
-    l2, l3 = cache_size(2), cache_size(3)
     configs = []
     for kind, cap in kinds_caps:
         runs = [r for r in raw if r["kind"] == kind and r["capacity"] == cap]
         spec = make_spec(kind)
         aos_bytes = spec.aos_dtype.itemsize * cap
-        if l2 and aos_bytes <= l2:
-            where = "fits L2"
-        elif l3 and aos_bytes <= l3:
-            where = "fits L3"
-        elif l3:
-            where = "exceeds L3"
-        else:
-            where = "cache size unknown"
         c = {"kind": kind, "capacity": cap, "row_nbytes": spec.row_nbytes,
              "aos_itemsize": spec.aos_dtype.itemsize, "aos_storage_bytes": aos_bytes,
-             "cache_placement": where, "memory": memory.get((kind, cap), {}),
+             "cache_placement": cache_placement(aos_bytes), "memory": memory.get((kind, cap), {}),
              "fill": {}, "push": {}, "extend": {}, "sample": {}}
         for impl in IMPLS:
             c["fill"][impl] = dict(zip(("rows_per_s_mean", "rows_per_s_std"),
@@ -578,63 +425,30 @@ def aggregate(raw: list[dict], memory: dict, kinds_caps: list[tuple[str, int]]) 
         for op in ("push", "extend"):
             # throughput ratio SoA/AoS (>1: SoA faster); verdict on time ratios
             rs = [r[op]["aos"]["median_us"] / r[op]["soa"]["median_us"] for r in runs]
-            m, sd = mean_std(rs)
-            c[op]["soa_vs_aos"] = {"mean": m, "std": sd, "per_seed": rs,
+            c[op]["soa_vs_aos"] = {**ratio_summary(rs, "soa", "aos", VERDICT_MARGIN),
                                    "faster": verdict([1 / x for x in rs], "soa", "aos")}
         for b in BATCH_SIZES:
             s = {}
             for impl in IMPLS:
                 per_seed = [r["sample"][b][impl] for r in runs]
-                med = mean_std([p["median_us"] for p in per_seed])
-                p99 = mean_std([p["p99_us"] for p in per_seed])
-                mean = mean_std([p["mean_us"] for p in per_seed])
-                s[impl] = {"median_us_mean": med[0], "median_us_std": med[1],
-                           "p99_us_mean": p99[0], "p99_us_std": p99[1],
-                           "mean_us_mean": mean[0], "mean_us_std": mean[1],
-                           "calls_per_seed": [p["n"] for p in per_seed],
-                           "ns_per_row": med[0] * 1e3 / b,
-                           "per_seed": per_seed}
-            ratios = {}
-            for num, den in (("soa", "aos"), ("numpy", "aos"), ("numpy", "soa")):
-                rs = [r["sample"][b][num]["median_us"] / r["sample"][b][den]["median_us"] for r in runs]
-                m, sd = mean_std(rs)
-                ratios[f"{num}/{den}"] = {"mean": m, "std": sd, "per_seed": rs,
-                                          "faster": verdict(rs, num, den)}
+                s[impl] = seed_summary(per_seed, ns_per_row=mean_std(
+                    [p["median_us"] for p in per_seed])[0] * 1e3 / b)
+            s["ratios"] = {f"{n}/{d}": ratio(runs, b, n, d, n, d)
+                           for n, d in (("soa", "aos"), ("numpy", "aos"), ("numpy", "soa"))}
             best = [min(r["sample"][b]["aos"]["median_us"], r["sample"][b]["soa"]["median_us"])
                     for r in runs]
-            rs = [r["sample"][b]["numpy"]["median_us"] / bt for r, bt in zip(runs, best)]
-            m, sd = mean_std(rs)
-            ratios["numpy/best_tfdata"] = {"mean": m, "std": sd, "per_seed": rs,
-                                           "faster": verdict(rs, "numpy", "tfdata")}
-            s["ratios"] = ratios
+            s["ratios"]["numpy/best_tfdata"] = ratio_summary(
+                [r["sample"][b]["numpy"]["median_us"] / bt for r, bt in zip(runs, best)], "numpy",
+                "tfdata", VERDICT_MARGIN)
             c["sample"][b] = s
         configs.append(c)
     return {"configs": configs}
 
 
-def placement(nbytes: int) -> str:
-    l2, l3 = cache_size(2), cache_size(3)
-    if l2 and nbytes <= l2:
-        return "fits L2"
-    if l3 and nbytes <= l3:
-        return "fits L3"
-    return "exceeds L3" if l3 else "cache size unknown"
-
-
-def summary(per_seed: list[dict]) -> dict:
-    med = mean_std([p["median_us"] for p in per_seed])
-    p99 = mean_std([p["p99_us"] for p in per_seed])
-    mean = mean_std([p["mean_us"] for p in per_seed])
-    return {"median_us_mean": med[0], "median_us_std": med[1], "p99_us_mean": p99[0],
-            "p99_us_std": p99[1], "mean_us_mean": mean[0], "mean_us_std": mean[1],
-            "calls_per_seed": [p["n"] for p in per_seed], "per_seed": per_seed}
-
-
 def ratio(runs: list[dict], b: int, num: str, den: str, a_name: str, b_name: str) -> dict:
     """time(num)/time(den) per seed, on medians; verdict names ``a_name`` (num) / ``b_name``."""
     rs = [r["sample"][b][num]["median_us"] / r["sample"][b][den]["median_us"] for r in runs]
-    m, sd = mean_std(rs)
-    return {"mean": m, "std": sd, "per_seed": rs, "faster": verdict(rs, a_name, b_name)}
+    return ratio_summary(rs, a_name, b_name, VERDICT_MARGIN)
 
 
 def aggregate_samplers(raw: list[dict], memory: dict, kinds_caps, batches) -> list[dict]:
@@ -644,14 +458,14 @@ def aggregate_samplers(raw: list[dict], memory: dict, kinds_caps, batches) -> li
         spec = make_spec(kind)
         c = {"kind": kind, "capacity": cap, "row_nbytes": spec.row_nbytes,
              "aos_storage_bytes": spec.aos_dtype.itemsize * cap,
-             "cache_placement": placement(spec.aos_dtype.itemsize * cap),
+             "cache_placement": cache_placement(spec.aos_dtype.itemsize * cap),
              "memory": memory.get((kind, cap), {}), "fill": {}, "sample": {}}
         keys = [f"{s}/{l}" for s in SAMPLERS for l in LAYOUTS]
         for key in keys:
             c["fill"][key] = dict(zip(("rows_per_s_mean", "rows_per_s_std"),
                                       mean_std([r["fill"][key]["rows_per_s"] for r in runs])))
         for b in batches:
-            sb = {key: summary([r["sample"][b][key] for r in runs]) for key in keys}
+            sb = {key: seed_summary([r["sample"][b][key] for r in runs]) for key in keys}
             sb["ratios"] = {s: ratio(runs, b, f"{s}/soa", f"{s}/aos", "soa", "aos") for s in SAMPLERS}
             c["sample"][b] = sb
         configs.append(c)
@@ -666,9 +480,9 @@ def aggregate_fields(raw: list[dict], caps, batches) -> list[dict]:
             spec = make_spec(f"f{n}")
             c = {"n_fields": n, "field_floats": FIELD_ROW_FLOATS // n, "capacity": cap,
                  "row_nbytes": spec.row_nbytes, "aos_itemsize": spec.aos_dtype.itemsize,
-                 "cache_placement": placement(spec.aos_dtype.itemsize * cap), "sample": {}}
+                 "cache_placement": cache_placement(spec.aos_dtype.itemsize * cap), "sample": {}}
             for b in batches:
-                sb = {i: summary([r["sample"][b][i] for r in runs]) for i in IMPLS}
+                sb = {i: seed_summary([r["sample"][b][i] for r in runs]) for i in IMPLS}
                 sb["ratios"] = {"soa/aos": ratio(runs, b, "soa", "aos", "soa", "aos"),
                                 "numpy/aos": ratio(runs, b, "numpy", "aos", "numpy", "aos"),
                                 "numpy/soa": ratio(runs, b, "numpy", "soa", "numpy", "soa")}
@@ -680,25 +494,6 @@ def aggregate_fields(raw: list[dict], caps, batches) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # Crossovers: where the SoA/AoS ratio crosses 1 along one dimension
 # ---------------------------------------------------------------------------------------------
-def find_crossings(xs, ys, verdicts) -> list[dict]:
-    """Points where the mean SoA/AoS ratio crosses 1 between consecutive measured points,
-    interpolated linearly in log(x) and log(ratio). ``significant``: the verdicts on the two
-    sides are opposite winners (not ties)."""
-    out = []
-    for i in range(len(xs) - 1):
-        y0, y1 = ys[i], ys[i + 1]
-        if (y0 - 1) * (y1 - 1) > 0 or (y0 == 1 and i > 0) or y0 == y1:
-            continue
-        l0, l1 = math.log(y0), math.log(y1)
-        t = -l0 / (l1 - l0)
-        x = math.exp(math.log(xs[i]) + t * (math.log(xs[i + 1]) - math.log(xs[i])))
-        sides = {verdicts[i], verdicts[i + 1]}
-        out.append({"x": x, "between": [xs[i], xs[i + 1]], "verdicts": [verdicts[i], verdicts[i + 1]],
-                    "significant": sides == {"aos", "soa"},
-                    "soa_faster_below": y0 < 1})
-    return out
-
-
 def crossover_series(agg: dict) -> list[dict]:
     """One series per (dimension, fixed other parameters): the ratio curve and its crossings."""
     series = []
@@ -710,7 +505,7 @@ def crossover_series(agg: dict) -> list[dict]:
         series.append({"dimension": dim, "series": label, "x_label": xlab, "group": group,
                        "xs": xs, "ys": ys, "std": [p[1]["std"] for p in pts],
                        "verdicts": [p[1]["faster"] for p in pts],
-                       "crossings": find_crossings(xs, ys, [p[1]["faster"] for p in pts])})
+                       "crossings": crossings(xs, ys, [p[1]["faster"] for p in pts], "soa_faster_below")})
 
     main = agg["configs"]
     kinds = list(dict.fromkeys(c["kind"] for c in main))
@@ -720,7 +515,7 @@ def crossover_series(agg: dict) -> list[dict]:
             [(c["row_nbytes"], c["sample"][b]["ratios"]["soa/aos"]) for c in smallest], b)
     for cap in dict.fromkeys(c["capacity"] for c in agg["fields"]):
         for b in FIELD_BATCHES[agg["mode"]]:
-            add("field count", f"uniform, 64 B row, capacity {fmt_cap(cap)}, batch {b}", "fields",
+            add("field count", f"uniform, 64 B row, capacity {fmt_count(cap)}, batch {b}", "fields",
                 [(c["n_fields"], c["sample"][b]["ratios"]["soa/aos"]) for c in agg["fields"]
                  if c["capacity"] == cap], (cap, b))
     for kind in kinds:
@@ -730,7 +525,7 @@ def crossover_series(agg: dict) -> list[dict]:
                 add("capacity", f"uniform, {kind}, batch {b}", "capacity (rows)",
                     [(c["capacity"], c["sample"][b]["ratios"]["soa/aos"]) for c in cs], (kind, b))
     for c in main:
-        add("batch size", f"uniform, {c['kind']}, capacity {fmt_cap(c['capacity'])}", "batch size",
+        add("batch size", f"uniform, {c['kind']}, capacity {fmt_count(c['capacity'])}", "batch size",
             [(b, c["sample"][b]["ratios"]["soa/aos"]) for b in BATCH_SIZES], (c["kind"], c["capacity"]))
     sc = agg["samplers"]
     skinds = list(dict.fromkeys(c["kind"] for c in sc))
@@ -746,7 +541,7 @@ def crossover_series(agg: dict) -> list[dict]:
             where = "cache-resident" if j == 0 else "beyond cache"
             for b in SAMPLER_BATCHES[agg["mode"]]:
                 add("row size, per sampler",
-                    f"{sampler}, {where} (" + ", ".join(f"{c['kind']} {fmt_cap(c['capacity'])}" for c in cs)
+                    f"{sampler}, {where} (" + ", ".join(f"{c['kind']} {fmt_count(c['capacity'])}" for c in cs)
                     + f"), batch {b}", "data bytes per row",
                     [(c["row_nbytes"], c["sample"][b]["ratios"][sampler]) for c in cs], (sampler, j, b))
     return series
@@ -764,24 +559,7 @@ def fmt_x(x: float, xlab: str) -> str:
 # Report
 # ---------------------------------------------------------------------------------------------
 def plot(agg: dict, mode: str, n_seeds: int) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    plain = FuncFormatter(lambda y, _: f"{y:g}")
-
-    def style_axes(ax):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(BATCH_SIZES, [str(b) for b in BATCH_SIZES])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("batch size")
-        ax.grid(True, which="both", alpha=0.3)
-
+    plt = pyplot()
     files = []
     kinds = list(dict.fromkeys(c["kind"] for c in agg["configs"]))
     for kind in kinds:
@@ -797,7 +575,7 @@ def plot(agg: dict, mode: str, n_seeds: int) -> list[str]:
                             label=f"{LABELS[impl]} median")
                 ax.plot(BATCH_SIZES, p99, color=COLORS[impl], ls=":", marker=".", alpha=0.7,
                         label=f"{LABELS[impl]} p99")
-            style_axes(ax)
+            log_axes(ax, BATCH_SIZES, "batch size")
             ax.set_title(f"capacity {c['capacity']:,} ({fmt_bytes(c['aos_storage_bytes'])}, "
                          f"{c['cache_placement']})", fontsize=9)
         axes[0][0].set_ylabel("sample() latency per call, µs (log)")
@@ -810,10 +588,7 @@ def plot(agg: dict, mode: str, n_seeds: int) -> list[str]:
                      f"sample() latency per call\n{mode} run, {n_seeds} seeds; solid = median "
                      f"(error bar: std across seeds), dotted = p99", fontsize=9.5)
         fig.tight_layout(rect=(0, 0.11, 1, 1))
-        name = f"latency_{kind}.png"
-        fig.savefig(os.path.join(OUT_DIR, name), dpi=110)
-        plt.close(fig)
-        files.append(name)
+        files.append(save_figure(fig, OUT_DIR, f"latency_{kind}.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     markers = dict(zip(kinds, "osD^v"))
@@ -829,10 +604,9 @@ def plot(agg: dict, mode: str, n_seeds: int) -> list[str]:
                 sd = [c["sample"][b]["ratios"][key]["std"] for b in BATCH_SIZES]
                 ax.errorbar(BATCH_SIZES, m, yerr=sd, marker=markers[kind], ls=styles[i % 3],
                             color=kcolors[kind], capsize=2,
-                            label=f"{kind}, capacity {fmt_cap(c['capacity'])}")
+                            label=f"{kind}, capacity {fmt_count(c['capacity'])}")
         ax.axhline(1.0, color="k", lw=0.8)
-        style_axes(ax)
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 1.5, 2, 3, 5, 7)))
+        log_axes(ax, BATCH_SIZES, "batch size", ysubs=(1, 1.5, 2, 3, 5, 7))
         ax.set_title(title, fontsize=10)
     # one legend column per row kind, padded with blanks so capacities line up
     from matplotlib.lines import Line2D
@@ -849,21 +623,13 @@ def plot(agg: dict, mode: str, n_seeds: int) -> list[str]:
     fig.suptitle(f"sample() median-latency ratios, {mode} run, {n_seeds} seeds "
                  "(mean ± std of per-seed ratios; line style = capacity)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04 + 0.035 * rows, 1, 1))
-    fig.savefig(os.path.join(OUT_DIR, "ratios.png"), dpi=110)
-    plt.close(fig)
-    files.append("ratios.png")
+    files.append(save_figure(fig, OUT_DIR, "ratios.png"))
     return files
 
 
 def plot_extra(agg: dict, mode: str, n_seeds: int) -> list[str]:
     """samplers.png, fields.png and crossovers.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    plain = FuncFormatter(lambda y, _: f"{y:g}")
+    plt = pyplot()
     files = []
 
     # -- samplers: median latency per sampler and layout, one panel per (kind, capacity) ------
@@ -895,9 +661,7 @@ def plot_extra(agg: dict, mode: str, n_seeds: int) -> list[str]:
     fig.suptitle(f"AoS vs SoA per sampler ({mode} run, {n_seeds} seeds; bar = mean of per-seed medians, "
                  "error bar = std; label = SoA/AoS)", fontsize=9.5)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(os.path.join(OUT_DIR, "samplers.png"), dpi=110)
-    plt.close(fig)
-    files.append("samplers.png")
+    files.append(save_figure(fig, OUT_DIR, "samplers.png"))
 
     # -- fields: latency vs number of fields -------------------------------------------------
     fc = agg["fields"]
@@ -915,16 +679,8 @@ def plot_extra(agg: dict, mode: str, n_seeds: int) -> list[str]:
                         label=f"{LABELS[impl]} median")
             ax.plot(FIELD_COUNTS, p99, color=COLORS[impl], ls=":", marker=".", alpha=0.7,
                     label=f"{LABELS[impl]} p99")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(FIELD_COUNTS, [str(n) for n in FIELD_COUNTS])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("fields in the 64-byte row")
+        log_axes(ax, FIELD_COUNTS, "fields in the 64-byte row", ysubs=(1, 2, 5))
         ax.set_ylabel("sample() µs per call (log)")
-        ax.grid(True, which="both", alpha=0.3)
         ax.set_title(f"capacity {cap:,} ({fmt_bytes(64 * cap)}, {cs[0]['cache_placement']}), batch {b}",
                      fontsize=9)
     h, l = axes[0][0].get_legend_handles_labels()
@@ -932,9 +688,7 @@ def plot_extra(agg: dict, mode: str, n_seeds: int) -> list[str]:
     fig.suptitle(f"16 float32 (64 B) per row, split into 1..16 fields: uniform sample() latency "
                  f"({mode} run, {n_seeds} seeds)", fontsize=9.5)
     fig.tight_layout(rect=(0, 0.05 + 0.05 / len(caps), 1, 1))
-    fig.savefig(os.path.join(OUT_DIR, "fields.png"), dpi=110)
-    plt.close(fig)
-    files.append("fields.png")
+    files.append(save_figure(fig, OUT_DIR, "fields.png"))
 
     # -- crossovers: ratio curves, crossings marked ------------------------------------------
     series = agg["crossovers"]
@@ -960,25 +714,16 @@ def plot_extra(agg: dict, mode: str, n_seeds: int) -> list[str]:
                 ax.annotate(fmt_x(cr["x"], x["x_label"]), (cr["x"], 1.0), xytext=(4, -14),
                             textcoords="offset points", fontsize=7, color=col)
         ax.axhline(1.0, color="k", lw=0.9)
-        ax.set_xscale("log", base=2 if dim == "field count" else 10)
-        if dim == "field count":
-            ax.set_xticks(FIELD_COUNTS, [str(n) for n in FIELD_COUNTS])
-            ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 1.5, 2, 3, 5, 7)))
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(ss[0]["x_label"] if ss else "")
+        fc = dim == "field count"
+        log_axes(ax, FIELD_COUNTS if fc else None, ss[0]["x_label"] if ss else "",
+                 ysubs=(1, 1.5, 2, 3, 5, 7), base=2 if fc else 10)
         ax.set_ylabel("SoA / AoS median latency (>1: AoS faster)")
-        ax.grid(True, which="both", alpha=0.3)
         ax.set_title(title + (f", batch {only_b}" if only_b else ""), fontsize=9.5)
         ax.legend(fontsize=6.5, loc="best", frameon=False, ncol=1 if len(ss) <= 6 else 2)
     fig.suptitle(f"Where does SoA/AoS cross 1? ({mode} run, {n_seeds} seeds; mean ± std of per-seed "
                  "ratios; X = interpolated crossing, faded when one side is a tie)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(os.path.join(OUT_DIR, "crossovers.png"), dpi=110)
-    plt.close(fig)
-    files.append("crossovers.png")
+    files.append(save_figure(fig, OUT_DIR, "crossovers.png"))
     return files
 
 
@@ -1010,7 +755,7 @@ def conclusions(agg: dict) -> list[str]:
         by[c["sample"][b]["ratios"]["soa/aos"]["faster"]].append((c, b))
 
     def where(items):
-        return ", ".join(f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} "
+        return ", ".join(f"{c['kind']} {fmt_count(c['capacity'])} batch {b} "
                          f"(SoA/AoS {c['sample'][b]['ratios']['soa/aos']['mean']:.2f})" for c, b in items)
 
     out = []
@@ -1032,7 +777,7 @@ def conclusions(agg: dict) -> list[str]:
             return "seeds disagree: " + ", ".join(f"{x:.2f}" for x in r["per_seed"])
 
         out.append("Ties: " + ", ".join(
-            f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} (SoA/AoS "
+            f"{c['kind']} {fmt_count(c['capacity'])} batch {b} (SoA/AoS "
             f"{c['sample'][b]['ratios']['soa/aos']['mean']:.2f}; {why(c, b)})" for c, b in by["tie"]) + ".")
 
     kinds = list(dict.fromkeys(c["kind"] for c in agg["configs"]))
@@ -1053,7 +798,7 @@ def conclusions(agg: dict) -> list[str]:
         cs = [c for c in agg["configs"] if c["kind"] == kind]
         if len(cs) > 1:
             caps.append(f"{kind} " + " -> ".join(
-                f"{fmt_cap(c['capacity'])}: {gmean([c['sample'][b]['ratios']['soa/aos']['mean'] for b in BATCH_SIZES]):.2f}"
+                f"{fmt_count(c['capacity'])}: {gmean([c['sample'][b]['ratios']['soa/aos']['mean'] for b in BATCH_SIZES]):.2f}"
                 for c in cs))
     if caps:
         out.append("**By capacity** (SoA/AoS, geometric mean over batch sizes): " + "; ".join(caps) + ".")
@@ -1062,7 +807,7 @@ def conclusions(agg: dict) -> list[str]:
     for c in agg["configs"]:
         vs = [c["sample"][b]["ratios"]["soa/aos"]["faster"] for b in BATCH_SIZES]
         if "aos" in vs and "soa" in vs:
-            crossovers.append(f"{c['kind']} {fmt_cap(c['capacity'])} ("
+            crossovers.append(f"{c['kind']} {fmt_count(c['capacity'])} ("
                               + ", ".join(f"{b}: {v}" for b, v in zip(BATCH_SIZES, vs)) + ")")
     kind_winners = {}
     for c, b in cells:
@@ -1094,17 +839,17 @@ def conclusions(agg: dict) -> list[str]:
                f"{n - len(np_wins) - len(np_ties)} of {n} configurations.")
     if np_wins:
         out.append("**numpy wins** in: " + ", ".join(
-            f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} "
+            f"{c['kind']} {fmt_count(c['capacity'])} batch {b} "
             f"({c['sample'][b]['ratios']['numpy/best_tfdata']['mean']:.2f})" for c, b in np_wins) + ".")
     else:
         out.append("**numpy wins nowhere** in this grid" + (
-            "; ties: " + ", ".join(f"{c['kind']} {fmt_cap(c['capacity'])} batch {b}" for c, b in np_ties)
+            "; ties: " + ", ".join(f"{c['kind']} {fmt_count(c['capacity'])} batch {b}" for c, b in np_ties)
             if np_ties else "") + ".")
 
     np_soa = [(c, b) for c, b in cells if c["sample"][b]["ratios"]["numpy/soa"]["faster"] == "numpy"]
     if np_soa:
         out.append("numpy is faster than tfdata **SoA** (not AoS) in: " + ", ".join(
-            f"{c['kind']} {fmt_cap(c['capacity'])} batch {b} "
+            f"{c['kind']} {fmt_count(c['capacity'])} batch {b} "
             f"(numpy/SoA {c['sample'][b]['ratios']['numpy/soa']['mean']:.2f})" for c, b in np_soa) + ".")
 
     mem = []
@@ -1124,7 +869,7 @@ def conclusions(agg: dict) -> list[str]:
     def write_wins(op):
         wins = {"aos": [], "soa": [], "tie": []}
         for c in agg["configs"]:
-            wins[c[op]["soa_vs_aos"]["faster"]].append(f"{c['kind']} {fmt_cap(c['capacity'])}")
+            wins[c[op]["soa_vs_aos"]["faster"]].append(f"{c['kind']} {fmt_count(c['capacity'])}")
         return wins
 
     push_sa = [c["push"]["soa_vs_aos"]["mean"] for c in agg["configs"]]
@@ -1198,8 +943,8 @@ def sampler_findings(agg: dict) -> list[str]:
         lo = min(cells, key=lambda t: t[2]["mean"])
         hi = max(cells, key=lambda t: t[2]["mean"])
         out.append(f"{SAMPLER_LABELS[smp]}: SoA/AoS geometric mean {gmean(rs):.2f}, from {lo[2]['mean']:.2f} "
-                   f"({lo[0]['kind']} {fmt_cap(lo[0]['capacity'])} batch {lo[1]}) to {hi[2]['mean']:.2f} "
-                   f"({hi[0]['kind']} {fmt_cap(hi[0]['capacity'])} batch {hi[1]}); AoS faster in "
+                   f"({lo[0]['kind']} {fmt_count(lo[0]['capacity'])} batch {lo[1]}) to {hi[2]['mean']:.2f} "
+                   f"({hi[0]['kind']} {fmt_count(hi[0]['capacity'])} batch {hi[1]}); AoS faster in "
                    f"{w['aos']}, SoA in {w['soa']}, tie in {w['tie']} of {len(cells)}")
     return out
 
@@ -1215,7 +960,7 @@ def field_findings(agg: dict) -> list[str]:
             s0, s1 = (cs[n]["sample"][b]["soa"]["median_us_mean"] for n in (n0, n1))
             u0, u1 = (cs[n]["sample"][b]["numpy"]["median_us_mean"] for n in (n0, n1))
             rr = " -> ".join(f"{cs[n]['sample'][b]['ratios']['soa/aos']['mean']:.2f}" for n in FIELD_COUNTS)
-            out.append(f"capacity {fmt_cap(cap)}, batch {b}: from {n0} to {n1} fields AoS goes "
+            out.append(f"capacity {fmt_count(cap)}, batch {b}: from {n0} to {n1} fields AoS goes "
                        f"{fmt_us(a0)} -> {fmt_us(a1)} µs ({a1 / a0:.2f}x), SoA {fmt_us(s0)} -> {fmt_us(s1)} µs "
                        f"({s1 / s0:.2f}x, +{(s1 - s0) / (n1 - n0):.2f} µs per extra field, "
                        f"{(s1 - s0) / (n1 - n0) * 1e3 / b:.1f} ns per field per sampled row), numpy "
@@ -1631,28 +1376,13 @@ def print_table(agg: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
-def parse_seeds(text: str | None, mode: str) -> list[int]:
-    if text is None:
-        return list(range(DEFAULT_SEEDS[mode]))
-    if "," in text:
-        return [int(s) for s in text.split(",") if s.strip()]
-    n = int(text)
-    if n < 1:
-        raise SystemExit("--seeds: need at least one seed")
-    return list(range(n))
-
-
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="small grid, short timing budgets (under ~2 minutes)")
-    ap.add_argument("--seeds", default=None,
-                    help="number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
-                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
-    args = ap.parse_args(argv)
+    args = seeds_parser(__doc__, "small grid, short timing budgets (under ~2 minutes)",
+                        "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
+                        f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)"
+                        ).parse_args(argv)
     mode = "quick" if args.quick else "full"
-    seeds = parse_seeds(args.seeds, mode)
+    seeds = parse_seeds(args.seeds, DEFAULT_SEEDS[mode])
     command = " ".join(["python experiments/layout.py", *(sys.argv[1:] if argv is None else argv)])
     kinds_caps = [(k, c) for k, caps in CAPACITIES[mode].items() for c in caps]
     params = {"impls": IMPLS, "batch_sizes": BATCH_SIZES, "row_kinds": ROW_KINDS,

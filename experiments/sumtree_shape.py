@@ -49,18 +49,15 @@ Writes only under ``reports/sumtree/``: ``README.md``, ``results.json``, ``sumtr
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 
 sys.dont_write_bytecode = True  # write nothing outside reports/sumtree (no __pycache__)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from _methodology import RunRecord, report_dir, write_json  # noqa: E402
+from _methodology import (RunRecord, SliceTimer, block_size, fmt_sig as fmt, latency_stats,  # noqa: E402
+                          machine_brief, pyplot, report_dir, run_rounds, seeds_parser, write_json)
 
 OUT_DIR = report_dir("sumtree")
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(OUT_DIR, ".numba_cache"))
@@ -872,49 +869,13 @@ def check_all() -> dict:
 # ---------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------
-class Candidate:
+class Candidate(SliceTimer):
     """One (implementation, op, mode) in one (seed, size, batch): callables and their samples."""
 
     def __init__(self, impl, op, mode, fn, arglist, per_call):
+        super().__init__(fn, arglist, per_call,  # per_call: batches per call
+                         warmup=WARMUP_CALLS, min_calls=MIN_CALLS_PER_SLICE)
         self.impl, self.op, self.mode = impl, op, mode
-        self.fn, self.arglist, self.per_call = fn, arglist, per_call  # per_call: batches/call
-        self.next = 0
-        self.times_ns: list[float] = []
-
-    @property
-    def key(self):
-        return f"{self.impl}|{self.op}|{self.mode}"
-
-    def run_slice(self, budget_ns: int) -> None:
-        fn, args, n, i = self.fn, self.arglist, len(self.arglist), self.next
-        for _ in range(WARMUP_CALLS):
-            fn(*args[i % n])
-            i += 1
-        pc = time.perf_counter_ns
-        out = self.times_ns
-        scale = 1.0 / self.per_call
-        end = pc() + budget_ns
-        count = 0
-        while count < MIN_CALLS_PER_SLICE or pc() < end:
-            a = args[i % n]
-            t0 = pc()
-            fn(*a)
-            out.append((pc() - t0) * scale)
-            i += 1
-            count += 1
-        self.next = i
-
-
-def block_size(fn, make_args) -> int:
-    """Batches per call for kernel mode: about BLOCK_TARGET_S per call."""
-    m0 = 16
-    a = make_args(0, m0)
-    fn(*a)
-    t0 = time.perf_counter()
-    fn(*a)
-    per = max((time.perf_counter() - t0) / m0, 1e-8)
-    m = int(min(N_ROWS, max(1, round(BLOCK_TARGET_S / per))))
-    return 1 << int(math.log2(m))  # a power of two, so blocks tile the pre-drawn rows
 
 
 def make_candidates(trees, ntree, R, OI, OP, IDX, PR, u, pos) -> list[Candidate]:
@@ -934,7 +895,7 @@ def make_candidates(trees, ntree, R, OI, OP, IDX, PR, u, pos) -> list[Candidate]
             if op in CALL_OPS:
                 cands.append(Candidate(shape, op, "call", fn, [mk(s, 1) for s in range(N_ROWS)],
                                        1))
-            M = block_size(fn, mk)
+            M = block_size(fn, mk, BLOCK_TARGET_S, N_ROWS)
             cands.append(Candidate(shape, op, "kernel", fn,
                                    [mk(s, M) for s in range(0, N_ROWS, M)], M))
     cands.append(Candidate("numpy", "sample", "call", ntree.sample,
@@ -952,10 +913,8 @@ def make_candidates(trees, ntree, R, OI, OP, IDX, PR, u, pos) -> list[Candidate]
 
 
 def stats_of(times_ns: list[float]) -> dict:
-    a = np.asarray(times_ns) / 1e3
-    return {"count": int(a.size), "median_us": float(np.median(a)),
-            "p99_us": float(np.percentile(a, 99)), "mean_us": float(a.mean()),
-            "min_us": float(a.min())}
+    s = latency_stats(times_ns)
+    return {"count": s["n"], **{k: s[k] for k in ("median_us", "p99_us", "mean_us", "min_us")}}
 
 
 def run_seed(seed: int, mode: str, log) -> list[dict]:
@@ -980,18 +939,8 @@ def run_seed(seed: int, mode: str, log) -> list[dict]:
             pos = np.zeros(B, dtype=np.int64)
             load0 = os.getloadavg()
             cands = make_candidates(trees, ntree, R, OI, OP, IDX, PR, u, pos)
-            budget_ns = int(BUDGET_S[mode] / ROUNDS[mode] * 1e9)
-            gc.disable()
-            try:
-                for rnd in range(ROUNDS[mode]):
-                    shift = (rnd * 7 + seed * 3) % len(cands)
-                    order = cands[shift:] + cands[:shift]
-                    if rnd % 2:
-                        order.reverse()
-                    for c in order:
-                        c.run_slice(budget_ns)
-            finally:
-                gc.enable()
+            run_rounds(cands, ROUNDS[mode], int(BUDGET_S[mode] / ROUNDS[mode] * 1e9),
+                       lambda rnd: rnd * 7 + seed * 3)
             for c in cands:
                 rows.append({"seed": seed, "n": n, "batch": B, "impl": c.impl, "op": c.op,
                              "mode": c.mode, "batches_per_call": c.per_call,
@@ -1003,72 +952,13 @@ def run_seed(seed: int, mode: str, log) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
-# Machine and software description (no paths, no hostname)
-# ---------------------------------------------------------------------------------------------
-def _read(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def machine_info() -> dict:
-    cpuinfo = _read("/proc/cpuinfo") or ""
-    model = cache = None
-    for line in cpuinfo.splitlines():
-        if model is None and line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-        if cache is None and line.startswith("cache size"):
-            cache = line.split(":", 1)[1].strip()
-    caches = []
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for name in sorted(os.listdir(base)):
-            if name.startswith("index"):
-                d = os.path.join(base, name)
-                caches.append({k: (_read(os.path.join(d, k)) or "").strip()
-                               for k in ("level", "type", "size", "coherency_line_size",
-                                         "shared_cpu_list")})
-    except OSError:
-        pass
-    lscpu = {}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if ":" in line:
-                k, v = line.split(":", 1)
-                if k.strip() in ("L1d cache", "L2 cache", "L3 cache", "Hypervisor vendor",
-                                 "Thread(s) per core", "Core(s) per socket", "Model name"):
-                    lscpu[k.strip()] = v.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    mem = _read("/proc/meminfo") or ""
-    total_mem = next((int(x.split()[1]) * 1024 for x in mem.splitlines()
-                      if x.startswith("MemTotal")), None)
-    return {"cpu_model": model, "logical_cpus": os.cpu_count(), "cpuinfo_cache_size": cache,
-            "caches_cpu0_sysfs": caches, "lscpu": lscpu, "mem_total_bytes": total_mem,
-            "os": platform.system(), "kernel": platform.release(), "machine": platform.machine()}
-
-
-def software_info() -> dict:
-    import llvmlite
-    import numba
-
-    commit = dirty = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=10).stdout
-        dirty = bool(st.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"python": platform.python_version(), "numpy": np.__version__,
-            "numba": numba.__version__, "llvmlite": llvmlite.__version__,
-            "git_commit": commit, "git_dirty_tracked_files": dirty,
-            "numba_env": sorted(k for k in os.environ if k.startswith("NUMBA_"))}
+def software_brief(run: dict) -> dict:
+    """This report's software keys, from the environment the run recorded."""
+    sw = run["environment"]["software"]
+    return {"python": sw["python"], "numpy": sw["numpy"], "numba": sw["numba"],
+            "llvmlite": sw["llvmlite"], "git_commit": sw["git"]["commit"],
+            "git_dirty_tracked_files": sw["git"]["dirty"],
+            "numba_env": [k for k in sw["env_vars_set"] if k.startswith("NUMBA_")]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1150,24 +1040,14 @@ def verdicts(agg, sizes, seeds) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
-def fmt(x, nd=3):
-    if x is None:
-        return "-"
-    if x >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.{nd}g}"
-
-
 def size_label(n):
     return f"2^{int(math.log2(n))}" if n > 1 else "1"
 
 
 def plot(agg, sizes, run_name, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 9.2))
     x = list(range(len(sizes)))  # evenly spaced categories (2^20 and 2^22 would collide)
@@ -1628,10 +1508,8 @@ def conclusion(agg, ver, sizes, seeds) -> str:
 
 # ---------------------------------------------------------------------------------------------
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="< 1 minute demo run")
-    ap.add_argument("--seeds", type=str, default=None, help="comma-separated seeds")
-    args = ap.parse_args()
+    args = seeds_parser(__doc__, "< 1 minute demo run", "comma-separated seeds",
+                        raw=False).parse_args()
     mode = "quick" if args.quick else "full"
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else DEFAULT_SEEDS[mode]
     command = (f"python experiments/sumtree_shape.py{' --quick' if args.quick else ''}"
@@ -1681,7 +1559,7 @@ def main() -> None:
                            "test_batches": list(TEST_BATCHES), "align_bytes": ALIGN,
                            "tie_margin": TIE_MARGIN},
             "candidates_per_config": len(SHAPES) * (len(OPS) + len(CALL_OPS)) + 5,
-            "machine": machine_info(), "software": software_info()}
+            "machine": machine_brief(), "software": software_brief(run)}
     res = {"methodology": meth, "sizes": sizes, "correctness": correctness,
            "footprint": footprint, "verdicts": ver, "summary": agg, "per_seed": rows}
     res["conclusion"] = conclusion(agg, ver, sizes, seeds)
