@@ -61,7 +61,8 @@ from tfdata import alloc as talloc
 from tfdata import memory as tmem
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, markdown as methodology_markdown, peak_rss_bytes, report_dir, write_json  # noqa: E402
+from _methodology import (RunRecord, markdown as methodology_markdown, peak_rss_bytes, report_dir,  # noqa: E402
+                          rotated, write_json)
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -412,12 +413,6 @@ def library_versions() -> dict:
         except (OSError, subprocess.SubprocessError):
             out[pkg] = None
     return out
-
-
-def rotated(seq, k: int) -> list:
-    seq = list(seq)
-    k %= len(seq)
-    return seq[k:] + seq[:k]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ import numpy as np  # noqa: E402
 import tfdata  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, report_dir, write_json, write_report as write_methodology_report  # noqa: E402
+from _methodology import (RunRecord, fmt_bytes, mean_std, report_dir, rotated, write_json,  # noqa: E402
+                          write_report as write_methodology_report)
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -378,19 +379,6 @@ def other_cpu_share(before, after, wall_s: float) -> float | None:
 # ---------------------------------------------------------------------------------------------
 # Statistics
 # ---------------------------------------------------------------------------------------------
-def mean_std(xs) -> tuple[float, float]:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
-
-
-def rotated(seq, k: int) -> list:
-    seq = list(seq)
-    k %= len(seq)
-    return seq[k:] + seq[:k]
-
-
 def model_stall(g: float, s: float) -> tuple[float, float]:
     """Stall % of an ideal loader with gather time g and step s: serial (prefetch=0) and fully
     overlapped (prefetch >= 1, a free core, no overhead)."""
@@ -474,13 +462,6 @@ def fmt_pm(m: dict, digits: int = 1) -> str:
     if m["mean"] is None or math.isnan(m["mean"]):
         return "?"
     return f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f}"
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def fmt_range(xs, scale: float = 1.0, unit: str = "", signed: bool = False) -> str:
