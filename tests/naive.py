@@ -394,3 +394,19 @@ def final_mismatch_naive(final_slots, term, trunc, size: int) -> int:
         if i >= len(want) or i >= len(got) or want[i] != got[i]:
             return i
     return -1
+
+
+def prioritized_slice_starts(key: int, counter: int, leaves: np.ndarray, batch: int, n: int,
+                             valid=None):
+    """Start rows of ``sample_slices_prioritized``: ``batch`` stratified proportional draws;
+    with ``valid`` (the set of starts whose slice fits, for policy "reject") a start outside it
+    is replaced by one proportional draw over the whole mass, in slice order, until it fits."""
+    starts, counter = stratified_slots(key, counter, leaves, batch, n)
+    out = []
+    for s in starts:
+        s = int(s)
+        while valid is not None and s not in valid:
+            (s,), counter = stratified_slots(key, counter, leaves, 1, n)
+            s = int(s)
+        out.append(s)
+    return np.array(out, dtype=np.int64), counter

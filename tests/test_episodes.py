@@ -420,3 +420,60 @@ def test_clear_wipe_also_forgets_the_kept_next_values(layout):
     buf.clear(wipe=True)
     assert not any(a.any() for a in ep.finals.values()) and not ep.pending["next_obs"].any()
     assert not buf.storage.field("obs").any() and len(buf) == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("policy", ["mask", "reject"])
+def test_prioritized_sequences_match_the_reference(layout, policy):
+    """Slice starts drawn in proportion to their priority (stratified; with "reject", redrawn
+    from the whole mass until the slice fits), rows and masks as for uniform slices, weights and
+    versions of the start rows, and update_priorities(batch) setting the starts' priorities."""
+    buf = PrioritizedReplayBuffer(VEC, 40, layout=layout, num_envs=2, alpha=0.8, beta=0.5,
+                                  beta_final=1.0, beta_steps=6, seed=9)
+    model = naive.StreamModel(40, 2)
+    s = Streams(VEC, 2, np.random.default_rng(8))
+    key, counter = naive.key_of(9), 0
+    rng = np.random.default_rng(1)
+    for step in range(6):
+        data = s.steps(7)
+        buf.extend(data)
+        model.extend(data)
+        n, length = len(buf), 3
+        leaves = buf.priorities()
+        valid = {x for x in range(n) if model.slice_valid(x, length)} if policy == "reject" else None
+        if valid is not None and not valid:
+            continue
+        starts, counter = naive.prioritized_slice_starts(key, counter, leaves, 5, n, valid)
+        beta = buf.beta
+        batch = buf.sample_sequences(5, length, policy=policy)
+        np.testing.assert_array_equal(batch.indices[:, 0], starts)
+        for i, st0 in enumerate(starts):
+            rows, mask = model.slice(st0, length)
+            np.testing.assert_array_equal(batch.mask[i], mask)
+            for name in VEC.names:
+                np.testing.assert_array_equal(batch[name][i], np.stack([r[name] for r in rows]))
+        want = ((leaves.min() / leaves[starts]) ** beta).astype(np.float32)
+        np.testing.assert_allclose(batch.weights, want, rtol=1e-6)
+        np.testing.assert_array_equal(batch.versions, buf.sampler.version[starts])
+        assert buf.beta > beta or beta == buf.beta_final  # a sequence sample advances the schedule
+        p = rng.random(5) + 0.1
+        buf.update_priorities(batch, p)
+        got = buf.priorities()
+        last = {int(x): v for x, v in zip(starts, p)}  # a slot listed twice takes its last priority
+        for slot, v in last.items():
+            assert got[slot] == pytest.approx((v + buf.eps) ** buf.alpha)
+
+
+def test_prioritized_sequences_refuse_like_the_parent():
+    """The same refusals as ReplayBuffer.sample_sequences, and a refused reject draws nothing."""
+    buf = PrioritizedReplayBuffer(VEC, 8, num_envs=2, seed=0)
+    s = Streams(VEC, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="empty"):
+        buf.sample_sequences(1, 2)
+    buf.extend(s.steps(2))
+    counter = buf.sampler.counter
+    with pytest.raises(ValueError, match="slice"):
+        buf.sample_sequences(2, 3, policy="reject")
+    assert buf.sampler.counter == counter
+    with pytest.raises(ValueError, match="policy"):
+        buf.sample_sequences(2, 2, policy="pad")
