@@ -162,11 +162,9 @@ def test_the_private_read_finder_finds_them(tmp_path):
     assert found == ["from tfdata.storage import _x", "io._y", "buf._storage"], found
 
 
-# modules outside storage/ and kernels/ that still turn a layout into arrays themselves: the
-# dataset (records or columns of a file or of the caller's arrays) and the shared-memory region
-# (its byte plan). Moving them into storage is open work (ARCHITECTURE.md, "Known debt"); the
-# list may only shrink.
-LAYOUT_DEBT = {"tfdata.dataset", "tfdata.shared"}
+# modules outside storage/ and kernels/ that still turn a layout into arrays themselves (none;
+# the list may only shrink)
+LAYOUT_DEBT: set = set()
 _LAYOUT_BRANCH = re.compile(r"""layout\s*[!=]=|[!=]=\s*["'](aos|soa)["']|["'](aos|soa)["']\s*[!=]=|native\s*==""")
 
 

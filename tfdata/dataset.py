@@ -27,14 +27,10 @@ from ._config import resolve_layout
 from .errors import FormatError, SpecError
 from .spec import Field, Spec
 from .storage import Output
+from .storage.rows import Rows, arrange
 from .storage import files as _io
 
 PAGE = _io.PAGE
-
-
-def _byte_rows(arr: np.ndarray, row_bytes: int) -> np.ndarray:
-    """uint8 view ``(rows, row_bytes)`` of a C-contiguous array of ``rows`` rows (rows may be 0)."""
-    return arr.reshape(-1).view(np.uint8).reshape(arr.shape[0], row_bytes)
 
 
 class Dataset:
@@ -60,23 +56,12 @@ class Dataset:
         from . import kernels  # numba is imported when the first dataset is built, not at import
 
         self.spec = spec
+        # both layouts through the SoA gather kernel: an AoS record is one byte row
         self._gather = kernels.soa.gather
-        if records is not None:
-            self.layout = "aos"
-            self.records = records
-            self.dtype = records.dtype
-            self._n = int(records.shape[0])
-            self.row_nbytes = int(records.dtype.itemsize)
-            self._fields = {name: records[name] for name in spec.names}
-            # a record is one byte row: the SoA gather kernel with a single "field"
-            self._kernel_store = (_byte_rows(records, self.row_nbytes),)
-        else:
-            self.layout = "soa"
-            self.columns = columns
-            self._n = int(next(iter(columns.values())).shape[0])
-            self.row_nbytes = int(sum(f.nbytes for f in spec))
-            self._fields = columns
-            self._kernel_store = tuple(_byte_rows(columns[f.name], f.nbytes) for f in spec)
+        self._rows = rows = Rows(spec, records, columns)
+        self.layout, self.records, self.columns, self.dtype = rows.layout, rows.records, rows.columns, rows.dtype
+        self._n, self.row_nbytes = rows.n, rows.row_nbytes
+        self._fields, self._kernel_store = rows.fields, rows.kernel_store
 
     def __len__(self) -> int:
         return self._n
@@ -88,14 +73,7 @@ class Dataset:
         from . import alloc
 
         a = alloc.resolve(allocator if allocator is not None else getattr(self, "_allocator", None))
-        if self.layout == "aos":
-            records = a.zeros(batch_size, self.dtype)
-            fields = {name: records[name] for name in self.spec.names}
-            return Output(a.zeros(batch_size, np.int64), fields,
-                          (_byte_rows(records, self.row_nbytes),), records)
-        fields = {f.name: a.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}
-        kernel_out = tuple(_byte_rows(fields[f.name], f.nbytes) for f in self.spec)
-        return Output(a.zeros(batch_size, np.int64), fields, kernel_out)
+        return self._rows.new_output(batch_size, a)
 
     def gather(self, indices: np.ndarray, out: Output) -> None:
         """Copy rows ``indices`` into the first ``len(indices)`` rows of ``out``.
@@ -203,7 +181,7 @@ class ArrayDataset(Dataset):
             if data.ndim != 1:
                 raise SpecError(f"records: expected a 1-D structured array, got shape {data.shape}")
             spec = _spec_of_records(data.dtype)
-            native = "aos"
+            records, cols = data, None
         elif isinstance(data, Mapping):
             if not data:
                 raise SpecError("data: expected at least one field")
@@ -218,46 +196,18 @@ class ArrayDataset(Dataset):
             if len(set(lengths.values())) != 1:
                 raise SpecError(f"every field needs the same number of rows, got {lengths}")
             spec = Spec({k: Field(k, v.dtype, v.shape[1:]) for k, v in cols.items()})
-            native = "soa"
+            records = None
         else:
             raise SpecError(f"data: expected a structured ndarray or a mapping of arrays, got {type(data).__name__}")
-        layout = native if layout is None else resolve_layout(layout)
-        if native == "aos":
-            n = data.shape[0]
-            cols = {name: data[name] for name in spec.names}
-        else:
-            n = len(next(iter(cols.values())))
-        if layout == "aos":
-            if native == "aos" and data.flags.c_contiguous:
-                records = data
-            else:
-                check_budget(budget, {"copy": n * spec.aos_dtype.itemsize}, f"ArrayDataset of {n} AoS rows")
-                records = a.zeros(n, data.dtype if native == "aos" else spec.aos_dtype)
-                for name in spec.names:
-                    records[name] = cols[name]
-            self._bind(spec, records=records)
-        else:
-            copy = {f.name: n * f.nbytes for f in spec if not _is_column(cols[f.name], f)}
-            check_budget(budget, copy, f"ArrayDataset of {n} SoA rows")
-            columns = {}
-            for f in spec:
-                col = cols[f.name]
-                if f.name in copy:
-                    col = a.empty((n,) + f.shape, f.dtype)
-                    col[...] = cols[f.name]
-                columns[f.name] = col
-            self._bind(spec, columns=columns)
+        rows = arrange(spec, records, cols, None if layout is None else resolve_layout(layout), a,
+                       lambda parts, what: check_budget(budget, parts, what))
+        self._bind(spec, rows.records, rows.columns)
         self._allocator = a
 
     @property
     def nbytes(self) -> int:
         """Bytes of the rows held in memory."""
         return self._n * self.row_nbytes
-
-
-def _is_column(arr: np.ndarray, f: Field) -> bool:
-    """Whether ``arr`` can be used as field ``f``'s column as it is (no copy)."""
-    return arr.flags.c_contiguous and arr.dtype == f.dtype
 
 
 def _spec_of_records(dtype: np.dtype) -> Spec:

@@ -26,7 +26,8 @@ A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the 
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
 (``flock``) is held by its process for as long as it lives and released by the kernel however
 it ends, so the learner can tell a writer that died from one that is busy, and :func:`sweep`
-can tell a region whose owner died (and remove it) from one in use. This module alone knows the region's byte layout.
+can tell a region whose owner died (and remove it) from one in use. This module and
+:mod:`tfdata.storage.region` (where the words and rows lie) alone know the region's byte layout.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ._checks import check_int as _check_int
+from ._config import LAYOUTS
 from .batch import UNHELD as _UNHELD
 from .batch import Batch
 from .batch import getrefcount as _getrefcount
@@ -57,7 +59,7 @@ from .storage import files as io
 from .errors import FormatError, SharedBufferError, WriterLostWarning
 from .replay.samplers.uniform import UniformSampler
 from .spec import Spec
-from .storage import make_storage
+from .storage import region as shm_region
 from .replay.writers import RingWriter
 
 __all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
@@ -81,7 +83,6 @@ _HEAD, _DROPPED, _RESERVED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4, 5
 _TAIL = 8              # written by the consumer
 # shard states (_STATE)
 _NEVER, _ATTACHED, _FINISHED = 0, 1, 2
-_ALIGN = 64
 # sample(): redraws of torn rows allowed per batch before concluding something is wrong
 _MAX_REDRAWS = 1 << 20
 # check the writers' locks at most this often from sample / get_batch
@@ -108,28 +109,10 @@ def _region_path(name: str, dir: str | None) -> str:
     return os.path.join(dir or shm_dir(), _PREFIX + name)
 
 
-def _up(n: int, align: int) -> int:
-    return -(-n // align) * align
-
-
 def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool) -> dict:
     """Byte offsets of every section of a region (and its total size)."""
     slots = shards * cap
-    out = {"ctrl": (0, _FIRST + _STRIDE * shards)}
-    off = _up(8 * out["ctrl"][1], _ALIGN)
-    out["stamps"] = (off, slots if fifo else 0)
-    off = _up(off + 8 * out["stamps"][1], io.PAGE)
-    if layout == "aos":
-        out["data"] = off
-        off += slots * spec.aos_dtype.itemsize
-    else:
-        cols = {}
-        for f in spec:
-            cols[f.name] = off
-            off = _up(off + slots * f.nbytes, _ALIGN)
-        out["data"] = cols
-    out["nbytes"] = max(off, 8)
-    return out
+    return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots)
 
 
 def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout: str | None = None,
@@ -179,12 +162,7 @@ class _Region:
         self.reserved = blocks[_RESERVED::_STRIDE]
         self.dropped = blocks[_DROPPED::_STRIDE]
         self.tails = blocks[_TAIL::_STRIDE]
-        if self.layout == "aos":
-            backing = mapped.at(lay["data"], self.spec.aos_dtype, (slots,))
-        else:
-            backing = {f.name: mapped.at(lay["data"][f.name], f.dtype, (slots,) + f.shape)
-                       for f in self.spec}
-        self.storage = make_storage(self.spec, slots, self.layout, backing=backing)
+        self.storage = shm_region.storage_over(mapped, lay, self.spec, self.layout, slots)
 
     def torn(self, shard: int) -> int:
         """Slots of ``shard`` a writer began and did not publish (one that died mid-write)."""
@@ -245,7 +223,7 @@ def _open_region(path: str) -> _Region:
         raise FormatError(f"{doc_path}: shared buffer version {doc.get('version')!r}, this tfdata "
                           f"reads version {VERSION}")
     try:
-        if doc["layout"] not in ("aos", "soa") or doc["mode"] not in MODES:
+        if doc["layout"] not in LAYOUTS or doc["mode"] not in MODES:
             raise ValueError("layout or mode")
         if doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
                 doc["mode"] == "fifo" and doc["policy"] not in POLICIES):
