@@ -87,11 +87,11 @@ def test_sample_matches_the_reference_and_is_layout_free(spec, shm_dir):
             for s, rows in enumerate(streams):
                 with SharedWriter(buf.name, s) as w:
                     w.extend(rows)
-            state = buf._sampler.state.copy()
+            state = buf.sampler.state.copy()
             b = buf.sample(15, copy=True)
             slots, counter = naive.shared_sample_slots(int(state[0]), int(state[1]), [3, 7, 7], cap, 15)
             np.testing.assert_array_equal(b.indices, slots)
-            assert buf._sampler.counter == counter
+            assert buf.sampler.counter == counter
             for i, g in enumerate(slots):
                 s, j = divmod(int(g), cap)
                 n = len(streams[s][spec.names[0]])
@@ -342,12 +342,12 @@ def test_sample_skips_slots_being_written(layout, shm_dir):
         w.extend(id_rows(100 + np.arange(10)))  # rows 3..9 stay: row r in slot 7 + r % 7
         buf._k.shard_begin(w._words, 12)  # rows 10, 11 begun: slots 10 and 11 (rows 3, 4)
         assert buf.writers()[1]["torn"] == 2 and buf.writers()[0]["torn"] == 0
-        state = buf._sampler.state.copy()
+        state = buf.sampler.state.copy()
         ids = np.concatenate([np.array(buf.sample(10)["id"]) for _ in range(200)])
         assert set(ids) == {0, 1, 2, 105, 106, 107, 108, 109}
         # draws follow the reference; a draw that lands in flight is drawn again
         slots, _ = naive.shared_sample_slots(int(state[0]), int(state[1]), [3, 7], 7, 10)
-        buf._sampler.state[:] = state
+        buf.sampler.state[:] = state
         got = buf.sample(10).indices
         assert all(int(g) not in (10, 11) for g in got)
         keep = np.array([g not in (10, 11) for g in slots])
@@ -1046,12 +1046,12 @@ def test_sample_matches_the_reference_with_any_shard_part_full(layout, sizes, sh
         for s, rows in enumerate(streams):
             with SharedWriter(buf.name, s) as w:
                 w.extend(rows)
-        state = buf._sampler.state.copy()
+        state = buf.sampler.state.copy()
         b = buf.sample(16, copy=True)  # 17 and 19 rows held
         counts = [min(n, cap) for n in sizes]
         slots, counter = naive.shared_sample_slots(int(state[0]), int(state[1]), counts, cap, 16)
         np.testing.assert_array_equal(b.indices, slots)
-        assert buf._sampler.counter == counter
+        assert buf.sampler.counter == counter
         for i, g in enumerate(slots):
             s, j = divmod(int(g), cap)
             n = sizes[s]

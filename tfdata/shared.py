@@ -47,20 +47,23 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from . import alloc
+from ._budget import check_budget, parse_bytes
 from ._checks import check_int as _check_int
 from ._config import LAYOUTS
 from .batch import UNHELD as _UNHELD
-from .batch import Batch
+from .batch import Batch, OutputRing, retire
 from .batch import getrefcount as _getrefcount
-from .batch import retire
+from .errors import FormatError, SharedBufferError, WriterLostWarning
 from .replay.core import weak_method as _weak_method
 from .replay.fastpush import make_push
-from .storage import files as io
-from .errors import FormatError, SharedBufferError, WriterLostWarning
-from .replay.samplers.uniform import UniformSampler
-from .spec import Spec
-from .storage import region as shm_region
+from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
+from .replay.samplers.shared import SharedPrioritizedSampler, SharedUniformSampler
 from .replay.writers import RingWriter
+from .spec import Spec
+from .storage import files as io
+from .storage import output_nbytes
+from .storage import region as shm_region
 
 __all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
 
@@ -83,8 +86,6 @@ _HEAD, _DROPPED, _RESERVED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4, 5
 _TAIL = 8              # written by the consumer
 # shard states (_STATE)
 _NEVER, _ATTACHED, _FINISHED = 0, 1, 2
-# sample(): redraws of torn rows allowed per batch before concluding something is wrong
-_MAX_REDRAWS = 1 << 20
 # check the writers' locks at most this often from sample / get_batch
 _WATCH_S = 0.25
 
@@ -330,6 +331,11 @@ def _kernels():
 class SharedReplayBuffer:
     """A buffer in shared memory that writer processes fill and this process samples or drains.
 
+    Built from the replay parts: the region is the storage's backing
+    (:mod:`tfdata.storage.region`), sampling goes through a sampler of
+    :mod:`tfdata.replay.samplers.shared` (uniform or prioritized, the same contract as a
+    :class:`~tfdata.ReplayBuffer`'s) into :class:`~tfdata.batch.OutputRing` batches.
+
     Parameters
     ----------
     spec : Spec or mapping
@@ -359,6 +365,21 @@ class SharedReplayBuffer:
         Directory of the region; default :func:`shm_dir` (``/dev/shm``). Use a tmpfs large
         enough for the buffer (a container's ``/dev/shm`` may be only 64 MiB), or a disk
         directory (then the page cache holds the rows).
+    prioritized : bool, default False
+        Replay mode only: sample in proportion to priorities, as a
+        :class:`~tfdata.PrioritizedReplayBuffer` does, with :meth:`update_priorities`,
+        :meth:`priorities`, ``batch.weights`` and ``batch.versions``. The learner owns the
+        priority trees (in this process); writers never see them. Each :meth:`sample` first
+        folds the rows published since the last one into the trees, in publication order,
+        giving each what a push gives it in a single-process buffer (its slot's old row evicted,
+        the live maximum priority), so with one writer the batches are those of a
+        ``PrioritizedReplayBuffer`` given the same rows one push at a time.
+    alpha, beta, beta_final, beta_steps, eps
+        As for :class:`~tfdata.PrioritizedReplayBuffer` (``prioritized=True`` only).
+    memory_budget : int or str, optional
+        Bytes this buffer may hold in all (:attr:`nbytes_parts`: the region, the trees, the
+        output rings); checked before the region is created and before a new output ring is
+        allocated (:class:`~tfdata.MemoryBudgetError`, nothing changed).
 
     Notes
     -----
@@ -370,7 +391,10 @@ class SharedReplayBuffer:
 
     def __init__(self, spec, capacity: int, *, num_writers: int = 1, mode: str = "replay",
                  policy: str | None = None, layout: str | None = None, seed: int | None = None,
-                 ring_size: int = 2, name: str | None = None, dir: str | None = None):
+                 ring_size: int = 2, name: str | None = None, dir: str | None = None,
+                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
+                 beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
+                 memory_budget=None):
         from ._config import resolve_layout
 
         spec = spec if isinstance(spec, Spec) else Spec(spec)
@@ -386,7 +410,26 @@ class SharedReplayBuffer:
                              f"oldest rows), got policy={policy!r}")
         layout = resolve_layout(layout)
         self._ring_size = _check_int("ring_size", ring_size, 1)
-        sampler = UniformSampler(seed)  # everything that can refuse runs before the region exists
+        # everything that can refuse runs before the region exists
+        if prioritized:
+            if mode == "fifo":
+                raise ValueError("prioritized=True needs mode='replay' (a FIFO delivers every row "
+                                 "once, in order)")
+            checked = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
+            sampler = SharedPrioritizedSampler(checked.alpha, checked.beta_start, checked.beta_final,
+                                               checked.beta_steps, checked.eps, seed)
+            if sampler.bounds(shards * cap) is None:
+                raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority gives a "
+                                 f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
+        else:
+            sampler = SharedUniformSampler(seed)
+        sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
+        self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+        if self.memory_budget is not None:
+            planned = sampler.plan(shards * cap)
+            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo")["nbytes"],
+                                              "trees": planned["trees"], "bookkeeping": planned["bookkeeping"]},
+                         f"SharedReplayBuffer of capacity {shards * cap}")
         self._k = _kernels()
         if name is None:
             name = f"{os.getpid()}-{os.urandom(6).hex()}"
@@ -434,9 +477,13 @@ class SharedReplayBuffer:
         # bound once: the sample path does no attribute lookups through the region
         self._fifo = mode == "fifo"
         self._heads, self._reserved, self._cap = self._region.heads, self._region.reserved, cap
-        self._sample_kernel = st.kernels.sample_shared
         self._gather_kernel = st.kernels.gather
-        self._sampler = sampler
+        # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
+        # its storage): the same contract, output rings and batches
+        sampler.bind_shards(self._heads, self._reserved, cap)
+        sampler.bind(st, shards * cap, 1, alloc.resolve(None))
+        self.sampler = sampler
+        self._rings = weakref.WeakSet()
         self._lock = threading.Lock()
         self._local = threading.local()
         self._watch_at = 0.0
@@ -446,7 +493,6 @@ class SharedReplayBuffer:
         self._cursors = np.zeros(2 * shards, np.int64)
         self._info = np.zeros(4, np.int64)
         self._last = (time.monotonic(), 0, 0)  # time, rows published, rows dropped at the last batch
-        self.redraws = 0
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -481,6 +527,21 @@ class SharedReplayBuffer:
     def nbytes(self) -> int:
         """Bytes of the shared region (rows, FIFO stamps, control words)."""
         return self._region.nbytes
+
+    @property
+    def nbytes_parts(self) -> dict:
+        """Bytes this buffer holds, by part: ``shared_region`` (:attr:`nbytes`), ``trees`` and
+        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, in this
+        process) and ``output_rings`` (every thread's preallocated batches)."""
+        s = self.sampler.nbytes
+        return {"shared_region": int(self._region.nbytes), "trees": int(s["trees"]),
+                "bookkeeping": int(s["bookkeeping"]),
+                "output_rings": int(sum(r.nbytes for r in list(self._rings)))}
+
+    @property
+    def redraws(self) -> int:
+        """Rows drawn again because a writer may have been writing them during the copy."""
+        return self.sampler.redraws
 
     @property
     def storage(self):
@@ -603,23 +664,12 @@ class SharedReplayBuffer:
         if time.monotonic() >= self._watch_at:
             self._watch()
         with self._lock:
-            i = ring[0]
-            ring[0] = (i + 1) % self._ring_size
-            out, scratch, batch = ring[1][i]
-            got = self._sample_kernel(self._store, self._heads, self._reserved, self._cap, scratch,
-                                      self._sampler.state, out.indices, out.kernel_out, _MAX_REDRAWS)
-            if got < 0:
-                ring[0] = i
-                if got == -2:
-                    n = len(self)
-                    raise ValueError("cannot sample from an empty buffer" if n == 0 else
-                                     f"batch_size {batch_size} is larger than the {n} rows held")
-                raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} rows drawn "
-                                        f"were all mid-write")
-            self.redraws += got
+            i = ring.next
+            self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
+            ring.next = (i + 1) % len(ring.slots)
+        batch = ring.batches[i]
         if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
-            batch = retire(batch)
-            ring[1][i] = (out, scratch, batch)
+            batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
 
     def _ring(self, batch_size):
@@ -630,14 +680,57 @@ class SharedReplayBuffer:
             pass
         if not hasattr(self._local, "rings"):
             self._local.rings = {}
-        st = self._region.storage
-        slots = []
-        for _ in range(self._ring_size):
-            out = st.new_output(batch_size)
-            scratch = np.zeros(7 * self._region.shards + batch_size, np.int64)
-            slots.append((out, scratch, Batch(out.fields, out.indices)))
-        ring = self._local.rings[batch_size] = [0, slots]
+        if self.memory_budget is not None:  # refuse before allocating the ring
+            parts = self.nbytes_parts
+            parts["new output ring"] = self._ring_size * (
+                output_nbytes(self.spec, batch_size, self.layout) + self.sampler.ring_nbytes(batch_size, None))
+            check_budget(self.memory_budget, parts, f"sampling batches of {batch_size} rows")
+        ring = self._local.rings[batch_size] = OutputRing(self._region.storage, batch_size, self._ring_size,
+                                                          None, [self.sampler], self.spec.names)
+        self._rings.add(ring)
         return ring
+
+    # -- priorities (prioritized=True) -------------------------------------------------------
+    def _prioritized(self, what: str) -> SharedPrioritizedSampler:
+        if not isinstance(self.sampler, SharedPrioritizedSampler):
+            raise SharedBufferError(f"shared buffer {self.name!r}: {what} needs prioritized=True")
+        return self.sampler
+
+    @property
+    def beta(self) -> float:
+        """The importance-sampling exponent the next :meth:`sample` uses (prioritized)."""
+        return self._prioritized("beta").beta
+
+    @property
+    def priority_range(self) -> tuple:
+        """The priorities :meth:`update_priorities` accepts (see
+        :attr:`tfdata.PrioritizedReplayBuffer.priority_range`)."""
+        s = self._prioritized("priority_range")
+        return s.p_low, s.p_high
+
+    def priorities(self) -> np.ndarray:
+        """``(priority + eps) ** alpha`` of every slot (float64, a copy; 0 for slots whose row
+        was never sampled since it was published: rows are folded into the trees by a sample)."""
+        s = self._prioritized("priorities")
+        with self._lock:
+            return s.live_leaves(self.capacity).copy()
+
+    def update_priorities(self, indices, priorities) -> None:
+        """Set the priorities of sampled slots, as :meth:`tfdata.PrioritizedReplayBuffer.update_priorities`.
+
+        The learner owns the priorities; writers never see them. A slot overwritten by its
+        writer since the sample (detected through ``batch.versions`` once the new row has been
+        folded in by a sample) is refused like a single-process buffer refuses it; a row
+        published but not yet folded takes the live maximum when it is, as at a write.
+        """
+        s = self._prioritized("update_priorities")
+        idx, versions = batch_slots(indices)
+        p = s.checked_priorities(priorities, idx.shape[0], "update_priorities")
+        if idx.size == 0:
+            return
+        idx = idx.astype(np.int64, copy=False)
+        with self._lock:
+            s.update(idx, p, versions, self.capacity)
 
     # -- FIFO ------------------------------------------------------------------------------
     def get_batch(self, batch_size: int, *, timeout: float | None = None, partial: bool = False,

@@ -99,7 +99,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  layout: str | None = None, seed: int | None = None, ring_size: int = 2,
                  **episode_options):
-        sampler = self._checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
+        sampler = self.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
         if "sampler" in episode_options:
             raise TypeError("PrioritizedReplayBuffer picks its own sampler; use ReplayBuffer(sampler=...)")
@@ -115,7 +115,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                             **episode_options)
 
     @staticmethod
-    def _checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed) -> PrioritizedSampler:
+    def checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed) -> PrioritizedSampler:
+        """The sampler of these settings, each checked (TypeError or ValueError naming it)."""
         return PrioritizedSampler(
             alpha=check_float("alpha", alpha, 0.0), beta=check_float("beta", beta, 0.0),
             beta_final=check_float("beta_final", beta_final, 0.0),
@@ -127,7 +128,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         kw = {k: options.pop(k) for k in ("alpha", "beta", "beta_final", "beta_steps", "eps")
               if k in options}
         defaults = dict(alpha=0.6, beta=0.4, beta_final=1.0, beta_steps=None, eps=1e-6)
-        return cls._checked_sampler(**{**defaults, **kw}, seed=0)
+        return cls.checked_sampler(**{**defaults, **kw}, seed=0)
 
     # -- the sampler's settings, as attributes of the buffer ----------------------------------
     @property

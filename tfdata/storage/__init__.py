@@ -77,6 +77,11 @@ class _Storage:
         """Copy rows ``indices`` (int64, each in ``[0, capacity)``) into ``out``; no checks."""
         self._kernels.gather(self.kernel_store, indices, out.kernel_out)
 
+    def gather_at(self, indices: np.ndarray, out: Output, at: int) -> None:
+        """Copy rows ``indices`` into rows ``[at, at + len(indices))`` of ``out``; no checks.
+        (Slices ``out``'s kernel view: for rare paths, such as a redrawn row.)"""
+        self._kernels.gather(self.kernel_store, indices, self._out_rows(out.kernel_out, at, len(indices)))
+
     def field(self, name: str) -> np.ndarray:
         """View of one field for all ``capacity`` rows, shape ``(capacity, *field.shape)``."""
         self.spec[name]  # raises SpecError naming the field if unknown
@@ -198,6 +203,10 @@ class AoSStorage(_Storage):
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append_records(self.data[start:stop])
 
+    @staticmethod
+    def _out_rows(kernel_out, at: int, k: int):
+        return kernel_out[at:at + k]
+
     def new_output(self, batch_size: int) -> Output:
         dtype = self.spec.aos_dtype
         records = self.allocator.zeros(batch_size, dtype)
@@ -238,6 +247,10 @@ class SoAStorage(_Storage):
 
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append({name: col[start:stop] for name, col in self.columns.items()})
+
+    @staticmethod
+    def _out_rows(kernel_out, at: int, k: int):
+        return tuple(c[at:at + k] for c in kernel_out)
 
     def new_output(self, batch_size: int) -> Output:
         fields = {f.name: self.allocator.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}

@@ -1,0 +1,126 @@
+"""Samplers over a shared-memory region whose shards writer processes fill (see
+:mod:`tfdata.shared`): the same contract as the single-process samplers, with the rows held
+read from the shards' heads and rows being written left out (drawn again after the copy)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import SharedBufferError
+from .prioritized import PrioritizedSampler
+from .uniform import UniformSampler
+
+# rows drawn again in one sample, at most, before concluding the writers never stop
+MAX_REDRAWS = 1 << 20
+
+
+class _Shards:
+    """What both shared samplers read of the region: heads, reserves, slots per shard."""
+
+    def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
+        self.heads, self.reserved, self.cap = heads, reserved, cap
+        self.shards = heads.shape[0]
+        self.redraws = 0
+
+    def _scratch(self, batch_size: int) -> np.ndarray:
+        # heads snapshot (3 per shard), write windows (4 per shard), one mark per row
+        return self.allocator.zeros(7 * self.shards + batch_size, np.int64)
+
+    def _too_few(self, batch: int, n: int | None = None):
+        if n is None:  # rows held, from the heads as they are now (an error path only)
+            n = int(np.minimum(self.heads.astype(np.int64), self.cap).sum())
+        return ValueError("cannot sample from an empty buffer" if n == 0 else
+                          f"batch_size {batch} is larger than the {n} rows held")
+
+
+class SharedUniformSampler(_Shards, UniformSampler):
+    """Uniform over every complete row of every shard (kernel ``sample_shared``: draw, copy,
+    then redraw the rows a writer may have touched during the copy)."""
+
+    def ring_arrays(self, batch_size: int, length, out) -> dict:
+        arrays = super().ring_arrays(batch_size, length, out)
+        arrays["shard_scratch"] = self._scratch(batch_size)
+        return arrays
+
+    def ring_nbytes(self, batch_size: int, length) -> int:
+        return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
+
+    def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
+        super().bind(storage, capacity, num_envs, allocator)
+        self._shared = storage.kernels.sample_shared
+
+    def sample(self, n: int, out, arrays: dict) -> None:
+        # n is not used: the kernel reads the rows held from the heads, under no lock
+        got = self._shared(self._store, self.heads, self.reserved, self.cap, arrays["shard_scratch"],
+                           self.state, out.indices, out.kernel_out, MAX_REDRAWS)
+        if got == -2:
+            raise self._too_few(out.indices.shape[0])
+        if got < 0:
+            raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+        self.redraws += got
+
+
+class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
+    """Proportional prioritized sampling over the shards: the learner's trees, into which each
+    sample first folds the rows published since the last (as a single-process buffer does at
+    each write), then stratified draws, the copy, and a redraw (one proportional draw from the
+    same trees, copy) of every row a writer may have touched during the copy."""
+
+    def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
+        super().bind(storage, capacity, num_envs, allocator)
+        self.folded = allocator.zeros(self.shards, np.int64)
+
+    def plan(self, capacity: int) -> dict:
+        parts = super().plan(capacity)
+        parts["bookkeeping"] += 8 * getattr(self, "shards", 0)
+        return parts
+
+    @property
+    def nbytes(self) -> dict:
+        parts = super().nbytes
+        parts["bookkeeping"] += int(self.folded.nbytes)
+        return parts
+
+    def ring_arrays(self, batch_size: int, length, out) -> dict:
+        arrays = super().ring_arrays(batch_size, length, out)
+        arrays["shard_scratch"] = self._scratch(batch_size)
+        return arrays
+
+    def ring_nbytes(self, batch_size: int, length) -> int:
+        return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
+
+    def fold(self, scratch: np.ndarray) -> int:
+        """Fold the rows published since the last fold into the trees; returns rows held."""
+        return self.k.fold_published(self.heads, self.cap, self.sum, self.min, self.max,
+                                     self.version, self.folded, scratch)
+
+    def sample(self, n: int, out, arrays: dict) -> None:
+        k, scratch = self.k, arrays["shard_scratch"]
+        idx, u, w, v = out.indices, arrays["scratch"], arrays["weights"], arrays["versions"]
+        held = self.fold(scratch)
+        batch = idx.shape[0]
+        if held < batch:
+            raise self._too_few(batch, held)
+        if k.draw_prioritized(self.sum, self.min, self.version, self.state, self.beta, idx, u, w, v):
+            raise self._no_mass(held)
+        self.storage.gather(idx, out)
+        mark = scratch[7 * self.shards:]
+        torn = k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
+        redraws = 0
+        for i in range(batch if torn else 0):
+            # rare: only rows a writer overwrote while they were copied; each is drawn again
+            # from the same trees (a fold now would change the distribution the batch's other
+            # rows and weights came from), against heads read afresh
+            while mark[i]:
+                if redraws == MAX_REDRAWS:
+                    raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+                redraws += 1
+                k.read_heads(self.heads, self.cap, scratch)
+                one = slice(i, i + 1)
+                if k.draw_prioritized(self.sum, self.min, self.version, self.state, self.beta,
+                                      idx[one], u[one], w[one], v[one]):
+                    raise self._no_mass(held)
+                self.storage.gather_at(idx[one], out, i)
+                k.torn_after_copy(self.reserved, self.cap, scratch, idx[one], mark[i:i + 1])
+        self.redraws += redraws
+        self.samples += 1
