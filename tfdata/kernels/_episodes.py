@@ -284,20 +284,43 @@ def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, ma
     int
         -1 on success, else the slice number for which ``max_draws`` draws found nothing.
     """
+    # the loops of _slice_fits and _fill_slice written out here: calling them made policy
+    # "reject" 1.15x slower (sample_sequences(32, 16) of 1M AoS rows: 19.5-21.0 vs 17.5-17.7 us)
     length = idx.shape[1]
+    span = (length - 1) * num_envs
     for b in range(idx.shape[0]):
         first = idx[b, :1]  # one draw at a time: a rejected start draws again
         fill_indices(n_rows, state, first)
         s = first[0]
         if reject:
             tries = 1
-            while not _slice_fits(s, length, cursor, num_envs, capacity, episode):
+            while True:
+                if _age(s, cursor, num_envs, capacity) >= length - 1:
+                    end = s + span
+                    end %= capacity
+                    if episode[end] == episode[s]:
+                        break
                 if tries >= max_draws:
                     return b
                 fill_indices(n_rows, state, first)
                 s = first[0]
                 tries += 1
-        _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask)
+        kmax = min(length, _age(s, cursor, num_envs, capacity) + 1)
+        ep = episode[s]
+        j = s
+        last = s
+        for k in range(length):
+            if k < kmax and episode[j] == ep:
+                idx[b, k] = j
+                mask[b, k] = True
+                last = j
+                j += num_envs
+                if j >= capacity:
+                    j -= capacity
+            else:
+                idx[b, k] = last
+                mask[b, k] = False
+                kmax = 0  # every later row is masked too
     return -1
 
 
