@@ -58,7 +58,9 @@ from .errors import FormatError, SharedBufferError, WriterLostWarning
 from .replay.core import weak_method as _weak_method
 from .replay.fastpush import make_push
 from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
+from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from .replay.samplers.shared import SharedPrioritizedSampler, SharedUniformSampler
+from .replay.transforms import ShardNStep, episode_options
 from .replay.writers import RingWriter
 from .spec import Spec
 from .storage import files as io
@@ -373,9 +375,19 @@ class SharedReplayBuffer:
         folds the rows published since the last one into the trees, in publication order,
         giving each what a push gives it in a single-process buffer (its slot's old row evicted,
         the live maximum priority), so with one writer the batches are those of a
-        ``PrioritizedReplayBuffer`` given the same rows one push at a time.
+        ``PrioritizedReplayBuffer`` given the same rows one push at a time, as long as a shard
+        publishes at most ``shard_capacity`` rows between two samples. Rows a writer laps
+        before the next sample are never folded (they can no longer be sampled): a fold does at
+        most ``capacity`` tree updates, however far the writers ran ahead.
     alpha, beta, beta_final, beta_steps, eps
         As for :class:`~tfdata.PrioritizedReplayBuffer` (``prioritized=True`` only).
+    n_step, gamma, next_of, roles
+        Replay mode only: n-step transitions as :class:`~tfdata.ReplayBuffer` samples them, each
+        writer's shard being one stream (a window never leaves its shard, and stops at an
+        episode end or at the shard's newest published row). ``batch.discounts`` is
+        ``gamma ** k``. A window a writer may have been overwriting while it was read is drawn
+        again, like a torn row. With one writer the batches are those of a ``ReplayBuffer``
+        (or ``PrioritizedReplayBuffer``) with the same rows and ``n_step``.
     memory_budget : int or str, optional
         Bytes this buffer may hold in all (:attr:`nbytes_parts`: the region, the trees, the
         output rings); checked before the region is created and before a new output ring is
@@ -394,6 +406,7 @@ class SharedReplayBuffer:
                  ring_size: int = 2, name: str | None = None, dir: str | None = None,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
+                 n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
                  memory_budget=None):
         from ._config import resolve_layout
 
@@ -411,6 +424,9 @@ class SharedReplayBuffer:
         layout = resolve_layout(layout)
         self._ring_size = _check_int("ring_size", ring_size, 1)
         # everything that can refuse runs before the region exists
+        episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
+        if n_step is not None and mode == "fifo":
+            raise ValueError("n_step needs mode='replay' (a FIFO delivers the rows as written)")
         if prioritized:
             if mode == "fifo":
                 raise ValueError("prioritized=True needs mode='replay' (a FIFO delivers every row "
@@ -483,6 +499,15 @@ class SharedReplayBuffer:
         sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
         self.sampler = sampler
+        # n-step windows over each writer's stream (its shard), after the draw; the heads
+        # snapshot they read is taken before the draw, and checked again after the windows
+        self.n_step, self.gamma = episodes["n_step"], episodes["gamma"]
+        self._nstep = None
+        self._parts = [sampler]
+        if self.n_step is not None:
+            self._nstep = ShardNStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
+                                     self.gamma, shards, cap, alloc.resolve(None))
+            self._parts.append(self._nstep)
         self._rings = weakref.WeakSet()
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -665,12 +690,39 @@ class SharedReplayBuffer:
             self._watch()
         with self._lock:
             i = ring.next
-            self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
+            if self._nstep is None:
+                self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
+            else:
+                self._sample_windows(ring.slots[i], ring.arrays[i])
             ring.next = (i + 1) % len(ring.slots)
         batch = ring.batches[i]
         if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
+
+    def _sample_windows(self, out, arrays) -> None:
+        """Draw, then n-step windows, then redraw every row whose window a writer may have
+        touched while it was read (lock held)."""
+        k, t, r = self._k, self._nstep, self._region
+        heads = arrays[1]["heads"]
+        mark = heads[7 * r.shards:]
+        k.read_heads(r.heads, r.cap, heads)  # before the draw: no window reads past these rows
+        self.sampler.sample(0, out, arrays[0])
+        t.apply(out, arrays[1], out.indices, heads)
+        # a writer overwrites its oldest rows first: if a window's first row was not touched
+        # since the snapshot, none of its later (newer) rows was
+        torn = k.torn_after_copy(r.reserved, r.cap, heads, out.indices, mark)
+        for i in range(mark.shape[0] if torn else 0):
+            tries = 0
+            while mark[i]:
+                if tries == _MAX_REDRAWS:
+                    raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} windows "
+                                            f"drawn were all being written")
+                tries += 1
+                k.read_heads(r.heads, r.cap, heads)
+                self.sampler.redraw(i, out, arrays[0])
+                t.apply_row(out, arrays[1], i, heads)
+                k.torn_after_copy(r.reserved, r.cap, heads, out.indices[i:i + 1], mark[i:i + 1])
 
     def _ring(self, batch_size):
         batch_size = _check_int("batch_size", batch_size, 1)
@@ -683,10 +735,11 @@ class SharedReplayBuffer:
         if self.memory_budget is not None:  # refuse before allocating the ring
             parts = self.nbytes_parts
             parts["new output ring"] = self._ring_size * (
-                output_nbytes(self.spec, batch_size, self.layout) + self.sampler.ring_nbytes(batch_size, None))
+                output_nbytes(self.spec, batch_size, self.layout) + self.sampler.ring_nbytes(batch_size, None)
+                + (0 if self._nstep is None else self._nstep.plan_ring_shards(batch_size, None)))
             check_budget(self.memory_budget, parts, f"sampling batches of {batch_size} rows")
         ring = self._local.rings[batch_size] = OutputRing(self._region.storage, batch_size, self._ring_size,
-                                                          None, [self.sampler], self.spec.names)
+                                                          None, self._parts, self.spec.names)
         self._rings.add(ring)
         return ring
 

@@ -94,3 +94,66 @@ def torn_after_copy(reserved, cap, scratch, idx, mark):
         mark[i] = 1 if m and in_windows(scratch, n, m, idx[i]) else 0
         torn += mark[i]
     return torn
+
+
+@njit(**NJIT_OPTIONS)
+def shard_nstep(idx, scratch, shards, cap, n, gamma, reward, term, trunc, acc, ret, term_out,
+                trunc_out, discount, last):
+    """n-step windows over the shards of a shared region: each shard is one stream.
+
+    As :func:`tfdata.kernels._episodes.nstep_windows` with the geometry of shards: the row after
+    slot ``j`` of shard ``s = j // cap`` is ``j + 1`` within ``[s * cap, (s + 1) * cap)``
+    (wrapping), and a window stops at the shard's newest row as of the heads in ``scratch``
+    (read by :func:`read_heads` before the rows were drawn), at an episode end, or after ``n``
+    rows. Every slot read stays in its shard, whatever the heads hold.
+
+    Parameters
+    ----------
+    idx : ndarray of int64, shape (B,)
+        Start slots.
+    scratch : ndarray of int64, shape (>= 3 * shards,)
+        ``scratch[shards + s]``: shard ``s``'s head as read.
+    shards, cap, n : int
+        Shards, slots per shard, longest window.
+    gamma : float
+    reward : ndarray, shape (slots,), any numeric dtype, any stride
+    term, trunc : ndarray of bool, shape (slots,), any stride
+    acc : ndarray of float64, shape (B,)
+        Scratch: the discounted sums.
+    ret, term_out, trunc_out : ndarray, shape (B,), any stride
+        Output: the return (cast to the reward dtype) and the last row's flags.
+    discount : ndarray of float32, shape (B,)
+        Output: ``gamma ** k`` for the ``k`` rows taken.
+    last : ndarray of int64, shape (B,)
+        Output: slot of each window's last row.
+    """
+    batch = idx.shape[0]
+    for i in range(batch):
+        acc[i] = 0.0
+        last[i] = idx[i]
+        discount[i] = -1.0  # open window
+    g = 1.0
+    for k in range(n):
+        gn = g * gamma
+        for i in range(batch):
+            if discount[i] >= 0.0:
+                continue
+            j = last[i]
+            acc[i] += g * np.float64(reward[j])
+            s = j // cap
+            base = s * cap
+            h = scratch[shards + s] if s < shards and shards + s < scratch.shape[0] else 0
+            newest = base + (h - 1) % cap
+            if term[j] or trunc[j] or k == n - 1 or j == newest:
+                discount[i] = gn
+            else:
+                j += 1
+                if j == base + cap:
+                    j = base
+                last[i] = j
+        g = gn
+    for i in range(batch):
+        j = last[i]
+        ret[i] = acc[i]
+        term_out[i] = term[j]
+        trunc_out[i] = trunc[j]

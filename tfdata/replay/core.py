@@ -20,14 +20,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from .._budget import check_budget, parse_bytes
-from .._checks import check_int, check_unit
+from .._checks import check_int
 from ..batch import UNHELD, OutputRing, getrefcount, retire
 from ..errors import SpecError
 from ..spec import Spec
 from ..storage import make_storage, output_nbytes, storage_nbytes
 from . import planning
-from .episodes import Episodes, resolve_next_of, resolve_roles, stored_spec
-from .transforms import ElideNext, NStep
+from .episodes import Episodes, stored_spec
+from .transforms import ElideNext, NStep, episode_options
 from .writers import RingWriter
 
 STATE_FORMAT = "tfdata.ReplayBuffer"
@@ -151,28 +151,10 @@ class ReplayCore:
                              f"interleaved step by step), got {capacity}; use {lo or self.num_envs} or "
                              f"{lo + self.num_envs}")
         self._capacity = capacity
-        self.n_step = None if n_step is None else check_int("n_step", n_step, 1)
-        self.gamma = check_unit("gamma", gamma)
-        self._roles = resolve_roles(self.spec, roles)
-        self.next_of = resolve_next_of(self.spec, next_of)
-        self.elide_next = bool(elide_next)
-        self._has_flags = "terminated" in self._roles and "truncated" in self._roles
-        if not self._has_flags and (self.n_step is not None or self.elide_next):
-            what = "n_step" if self.n_step is not None else "elide_next"
-            raise SpecError(f"{what} needs episode boundaries: the spec must have bool fields "
-                            f"'terminated' and 'truncated' (or name them with roles=), has "
-                            f"{list(self.spec.names)}")
-        if self.elide_next and not self.next_of:
-            raise SpecError("elide_next=True but no field is the next of another: declare "
-                            "next_of={'next_obs': 'obs'} (or name fields next_X and X)")
-        if self.n_step is not None:
-            if "reward" not in self._roles:
-                raise SpecError(f"n_step needs a 'reward' field (or name it with roles=), fields: "
-                                f"{list(self.spec.names)}")
-            rf = self.spec[self._roles["reward"]]
-            if rf.shape or rf.dtype.kind != "f":
-                raise SpecError(f"field {rf.name!r} (reward) must be a float scalar for n-step "
-                                f"returns, got {rf.dtype}{list(rf.shape)}")
+        opts = episode_options(self.spec, n_step, gamma, next_of, elide_next, roles)
+        self.n_step, self.gamma, self.next_of, self.elide_next = (
+            opts["n_step"], opts["gamma"], opts["next_of"], opts["elide_next"])
+        self._roles, self._has_flags = opts["roles"], opts["has_flags"]
         self._stored = stored_spec(self.spec, self.next_of, self._has_flags and self.elide_next)
         self._layout = resolve_layout(layout)
         self.hot_rows = None  # rows kept resident, for a spilling buffer

@@ -10,9 +10,10 @@ right after the sampler filled an output. The contract (the same ring part as a 
     Bytes of ``ring_arrays`` for a batch of ``rows`` rows (for memory plans, before building).
 ``on_slices``
     Whether it applies to :meth:`~tfdata.ReplayBuffer.sample_sequences` batches too.
-``apply(out, arrays, rows, cursor)``
+``apply(out, arrays, rows, where)``
     Transform the batch in ``out`` whose rows came from slots ``rows``; return the slots whose
-    next values a later transform reads (n-step: each window's last row).
+    next values a later transform reads (n-step: each window's last row). ``where`` is the
+    writer's position as the geometry needs it: the ring cursor, or a shared region's heads.
 
 :class:`NStep` (``n_step=``) turns each row into an n-step transition; :class:`ElideNext`
 (``elide_next=True``) fills the next fields that are not stored.
@@ -22,7 +23,44 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import SpecError
 from ..storage import WORD_TYPES, word_size
+
+
+def episode_options(spec, n_step, gamma, next_of, elide_next, roles) -> dict:
+    """Check the episode options of a buffer against its spec (SpecError, TypeError or
+    ValueError naming the option); allocates nothing.
+
+    Returns ``n_step`` (None or int >= 1), ``gamma``, ``roles`` and ``next_of`` (resolved),
+    ``elide_next`` and ``has_flags`` (the spec has terminated and truncated fields).
+    """
+    from .._checks import check_int, check_unit
+    from .episodes import resolve_next_of, resolve_roles
+
+    n_step = None if n_step is None else check_int("n_step", n_step, 1)
+    gamma = check_unit("gamma", gamma)
+    roles = resolve_roles(spec, roles)
+    next_of = resolve_next_of(spec, next_of)
+    elide_next = bool(elide_next)
+    has_flags = "terminated" in roles and "truncated" in roles
+    if not has_flags and (n_step is not None or elide_next):
+        what = "n_step" if n_step is not None else "elide_next"
+        raise SpecError(f"{what} needs episode boundaries: the spec must have bool fields "
+                        f"'terminated' and 'truncated' (or name them with roles=), has "
+                        f"{list(spec.names)}")
+    if elide_next and not next_of:
+        raise SpecError("elide_next=True but no field is the next of another: declare "
+                        "next_of={'next_obs': 'obs'} (or name fields next_X and X)")
+    if n_step is not None:
+        if "reward" not in roles:
+            raise SpecError(f"n_step needs a 'reward' field (or name it with roles=), fields: "
+                            f"{list(spec.names)}")
+        rf = spec[roles["reward"]]
+        if rf.shape or rf.dtype.kind != "f":
+            raise SpecError(f"field {rf.name!r} (reward) must be a float scalar for n-step "
+                            f"returns, got {rf.dtype}{list(rf.shape)}")
+    return {"n_step": n_step, "gamma": gamma, "roles": roles, "next_of": next_of,
+            "elide_next": elide_next, "has_flags": has_flags}
 
 
 def _word_pairs(storage, spec, next_of: dict, stored: bool) -> list:
@@ -126,3 +164,42 @@ class ElideNext:
                                     self.flags[0], self.flags[1], ep.final_idx, ep.final_words(nxt, word),
                                     ep.pending_words(nxt, word), words[nxt], 0, width)
         return rows
+
+
+class ShardNStep(NStep):
+    """:class:`NStep` over the shards of a shared-memory region (:mod:`tfdata.shared`): each
+    shard is one writer's stream. ``apply``'s ``where`` is the heads snapshot
+    (``ring_arrays()["heads"]``, read before the rows were drawn), so a window never reads past
+    the row that was newest then; the buffer checks afterwards, against the same snapshot, that
+    no writer touched a window while it was read."""
+
+    def __init__(self, storage, spec, roles: dict, next_of: dict, n: int, gamma: float,
+                 shards: int, cap: int, allocator):
+        super().__init__(storage, spec, roles, next_of, n, gamma, 1, shards * cap, allocator)
+        self.shards, self.cap = shards, cap
+
+    def plan_ring_shards(self, rows: int, length) -> int:
+        return self.plan_ring(rows, length) + (0 if length is not None else 8 * (7 * self.shards + rows))
+
+    def ring_arrays(self, batch_size: int, length, out) -> dict:
+        arrays = super().ring_arrays(batch_size, length, out)
+        if length is None:  # the heads snapshot (3 per shard), write windows (4), one mark per row
+            arrays["heads"] = self.allocator.zeros(7 * self.shards + batch_size, np.int64)
+        return arrays
+
+    def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
+        self._windows(out.fields, arrays, rows, where, slice(None))
+        return arrays["last"]
+
+    def apply_row(self, out, arrays: dict, i: int, where) -> None:
+        """:meth:`apply` for row ``i`` of the batch only (a redrawn row)."""
+        self._windows(out.fields, arrays, out.indices[i:i + 1], where, slice(i, i + 1))
+
+    def _windows(self, f, arrays, rows, where, part) -> None:
+        r = self.roles
+        last = arrays["last"][part]
+        self.k.shard_nstep(rows, where, self.shards, self.cap, self.n, self.gamma, self.reward,
+                           self.flags[0], self.flags[1], arrays["acc"][part], f[r["reward"]][part],
+                           f[r["terminated"]][part], f[r["truncated"]][part], arrays["discount"][part], last)
+        for (_, _, (src, off, width)), (dst, doff, _) in zip(self.copy_pairs, arrays["copy_words"]):
+            self.k.copy_field_rows(src, off, last, rows, dst[part], doff, width)

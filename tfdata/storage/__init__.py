@@ -80,7 +80,7 @@ class _Storage:
     def gather_at(self, indices: np.ndarray, out: Output, at: int) -> None:
         """Copy rows ``indices`` into rows ``[at, at + len(indices))`` of ``out``; no checks.
         (Slices ``out``'s kernel view: for rare paths, such as a redrawn row.)"""
-        self._kernels.gather(self.kernel_store, indices, self._out_rows(out.kernel_out, at, len(indices)))
+        self._kernels.gather(self.kernel_store, indices, self.kernel_rows(out, at, len(indices)))
 
     def field(self, name: str) -> np.ndarray:
         """View of one field for all ``capacity`` rows, shape ``(capacity, *field.shape)``."""
@@ -203,9 +203,9 @@ class AoSStorage(_Storage):
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append_records(self.data[start:stop])
 
-    @staticmethod
-    def _out_rows(kernel_out, at: int, k: int):
-        return kernel_out[at:at + k]
+    def kernel_rows(self, out: Output, at: int, k: int):
+        """Rows ``[at, at + k)`` of ``out`` as the kernels see them (a view)."""
+        return out.kernel_out[at:at + k]
 
     def new_output(self, batch_size: int) -> Output:
         dtype = self.spec.aos_dtype
@@ -248,9 +248,8 @@ class SoAStorage(_Storage):
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append({name: col[start:stop] for name, col in self.columns.items()})
 
-    @staticmethod
-    def _out_rows(kernel_out, at: int, k: int):
-        return tuple(c[at:at + k] for c in kernel_out)
+    def kernel_rows(self, out: Output, at: int, k: int):
+        return tuple(c[at:at + k] for c in out.kernel_out)
 
     def new_output(self, batch_size: int) -> Output:
         fields = {f.name: self.allocator.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}

@@ -59,6 +59,15 @@ class SharedUniformSampler(_Shards, UniformSampler):
             raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
         self.redraws += got
 
+    def redraw(self, i: int, out, arrays: dict) -> None:
+        """Draw row ``i`` of ``out`` again (a complete row, copied cleanly)."""
+        scratch = arrays["shard_scratch"][:7 * self.shards + 1]
+        got = self._shared(self._store, self.heads, self.reserved, self.cap, scratch, self.state,
+                           out.indices[i:i + 1], self.storage.kernel_rows(out, i, 1), MAX_REDRAWS)
+        if got < 0:
+            raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+        self.redraws += got + 1
+
 
 class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
     """Proportional prioritized sampling over the shards: the learner's trees, into which each
@@ -89,6 +98,27 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
     def ring_nbytes(self, batch_size: int, length) -> int:
         return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
 
+    def redraw(self, i: int, out, arrays: dict) -> None:
+        """Draw row ``i`` of ``out`` again, from the same trees (a fold now would change the
+        distribution the batch's other rows and weights came from), checked against heads read
+        afresh, until it copies cleanly."""
+        k, scratch = self.k, arrays["shard_scratch"]
+        one = slice(i, i + 1)
+        idx, u, w, v = out.indices[one], arrays["scratch"][one], arrays["weights"][one], arrays["versions"][one]
+        mark = scratch[7 * self.shards + i:7 * self.shards + i + 1]
+        mark[0] = 1
+        tries = 0
+        while mark[0]:
+            if tries == MAX_REDRAWS:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            tries += 1
+            k.read_heads(self.heads, self.cap, scratch)
+            if k.draw_prioritized(self.sum, self.min, self.version, self.state, self.beta, idx, u, w, v):
+                raise self._no_mass(0)
+            self.storage.gather_at(idx, out, i)
+            k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
+        self.redraws += tries
+
     def fold(self, scratch: np.ndarray) -> int:
         """Fold the rows published since the last fold into the trees; returns rows held."""
         return self.k.fold_published(self.heads, self.cap, self.sum, self.min, self.max,
@@ -106,21 +136,8 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         self.storage.gather(idx, out)
         mark = scratch[7 * self.shards:]
         torn = k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
-        redraws = 0
         for i in range(batch if torn else 0):
-            # rare: only rows a writer overwrote while they were copied; each is drawn again
-            # from the same trees (a fold now would change the distribution the batch's other
-            # rows and weights came from), against heads read afresh
-            while mark[i]:
-                if redraws == MAX_REDRAWS:
-                    raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
-                redraws += 1
-                k.read_heads(self.heads, self.cap, scratch)
-                one = slice(i, i + 1)
-                if k.draw_prioritized(self.sum, self.min, self.version, self.state, self.beta,
-                                      idx[one], u[one], w[one], v[one]):
-                    raise self._no_mass(held)
-                self.storage.gather_at(idx[one], out, i)
-                k.torn_after_copy(self.reserved, self.cap, scratch, idx[one], mark[i:i + 1])
-        self.redraws += redraws
+            # rare: only rows a writer overwrote while they were copied
+            if mark[i]:
+                self.redraw(i, out, arrays)
         self.samples += 1
