@@ -410,3 +410,44 @@ def prioritized_slice_starts(key: int, counter: int, leaves: np.ndarray, batch: 
             s = int(s)
         out.append(s)
     return np.array(out, dtype=np.int64), counter
+
+
+def fold_published_naive(leaves: np.ndarray, version: np.ndarray, heads, folded, cap: int):
+    """What folding the rows published since ``folded`` does to the leaves and versions of a
+    shared buffer's tree: each row of each shard in order, unless lapped (only the last ``cap``
+    rows before the head), evicts its slot and takes the largest live leaf (1.0 if none).
+    Returns new leaves, versions, folded positions and rows held."""
+    leaves, version, folded = leaves.copy(), version.copy(), list(folded)
+    for s, h in enumerate(heads):
+        for r in range(max(folded[s], h - cap), h):
+            slot = s * cap + r % cap
+            leaves[slot] = 0.0
+            version[slot] += 1
+            live = leaves[leaves > 0]
+            leaves[slot] = live.max() if live.size else 1.0
+        folded[s] = max(folded[s], h)
+    return leaves, version, folded, sum(min(h, cap) for h in heads)
+
+
+def writer_windows(heads, reserved, cap: int) -> set:
+    """Slots a shard's writer may be writing: those of rows ``head .. reserved - 1``."""
+    out = set()
+    for s, (h, r) in enumerate(zip(heads, reserved)):
+        for row in range(h, min(r, h + cap)):
+            out.add(s * cap + row % cap)
+    return out
+
+
+def shard_nstep_naive(start: int, heads, cap: int, n: int, gamma: float, reward, term, trunc):
+    """The n-step window of slot ``start`` in a shared region: the shard's rows from ``start``
+    on (wrapping within the shard), stopping after ``n`` rows, at an episode end (included) or
+    at the shard's newest row. Returns (return, k, last slot)."""
+    s = start // cap
+    newest = s * cap + (heads[s] - 1) % cap
+    acc, j = 0.0, start
+    for k in range(n):
+        acc += gamma ** k * float(reward[j])
+        if term[j] or trunc[j] or k == n - 1 or j == newest:
+            return acc, k + 1, j
+        j = s * cap + (j - s * cap + 1) % cap
+    raise AssertionError("unreachable")

@@ -1,0 +1,102 @@
+"""The learner-side kernels of a shared buffer (tfdata/kernels/_shared_tree.py) against their
+references in tests/naive.py, on random shards, heads, reserves and trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tfdata import kernels
+
+from . import naive
+
+
+def tree_of(leaves: np.ndarray):
+    size = 1 << max(0, (len(leaves) - 1).bit_length())
+    s, mn, mx = naive.tree_levels(leaves, size)
+    return s, mn, mx
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fold_published_matches_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    shards, cap = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+    slots = shards * cap
+    folded = rng.integers(0, 3 * cap, shards)
+    heads = folded + rng.integers(0, 3 * cap, shards)  # some shards lapped since the last fold
+    leaves = np.where(rng.random(slots) < 0.8, rng.random(slots) + 0.1, 0.0)
+    version = rng.integers(0, 5, slots).astype(np.uint64)
+    want = naive.fold_published_naive(leaves, version, heads.tolist(), folded.tolist(), cap)
+    s, mn, mx = tree_of(leaves)
+    v, f = version.copy(), folded.astype(np.int64).copy()
+    scratch = np.zeros(7 * shards + 4, np.int64)
+    held = kernels.fold_published(heads.astype(np.uint64), cap, s, mn, mx, v, f, scratch)
+    p = s.shape[0] // 2
+    np.testing.assert_allclose(s[p:p + slots], want[0], rtol=0, atol=0)
+    np.testing.assert_array_equal(v, want[1])
+    np.testing.assert_array_equal(f, want[2])
+    assert held == want[3]
+    np.testing.assert_array_equal(scratch[shards:2 * shards], heads)  # the snapshot it read
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_draw_prioritized_matches_the_stratified_reference(seed):
+    rng = np.random.default_rng(seed)
+    slots, batch = int(rng.integers(1, 40)), int(rng.integers(1, 9))
+    leaves = np.where(rng.random(slots) < 0.7, rng.random(slots) + 0.05, 0.0)
+    leaves[rng.integers(0, slots)] = 0.5  # at least one live leaf
+    s, mn, mx = tree_of(leaves)
+    version = rng.integers(0, 9, slots).astype(np.uint64)
+    state = np.array([naive.key_of(seed), 3], np.uint64)
+    idx, u = np.zeros(batch, np.int64), np.zeros(batch)
+    w, v = np.zeros(batch, np.float32), np.zeros(batch, np.uint64)
+    assert kernels.draw_prioritized(s, mn, version, state, 0.6, idx, u, w, v) == 0
+    want, counter = naive.stratified_slots(naive.key_of(seed), 3, leaves, batch, slots)
+    np.testing.assert_array_equal(idx, want)
+    assert int(state[1]) == counter
+    live = leaves[leaves > 0]
+    np.testing.assert_allclose(w, (live.min() / leaves[idx]) ** 0.6, rtol=1e-6)
+    np.testing.assert_array_equal(v, version[idx])
+    empty = np.zeros_like(s)
+    assert kernels.draw_prioritized(empty, mn, version, state, 0.6, idx, u, w, v) == -1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_torn_after_copy_matches_the_writer_windows(seed):
+    rng = np.random.default_rng(seed)
+    shards, cap, batch = int(rng.integers(1, 4)), int(rng.integers(1, 9)), 12
+    heads = rng.integers(0, 4 * cap, shards)
+    reserved = heads + rng.integers(0, cap + 2, shards)
+    scratch = np.zeros(7 * shards + batch, np.int64)
+    kernels.read_heads(heads.astype(np.uint64), cap, scratch)
+    idx = rng.integers(0, shards * cap, batch)
+    mark = np.zeros(batch, np.int64)
+    torn = kernels.torn_after_copy(reserved.astype(np.uint64), cap, scratch, idx, mark)
+    busy = naive.writer_windows(heads.tolist(), reserved.tolist(), cap)
+    want = np.array([int(int(x) in busy) for x in idx])
+    np.testing.assert_array_equal(mark, want)
+    assert torn == want.sum()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_shard_nstep_matches_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    shards, cap, n, gamma = int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 5)), 0.7
+    slots = shards * cap
+    heads = rng.integers(1, 3 * cap, shards)
+    scratch = np.zeros(7 * shards, np.int64)
+    kernels.read_heads(heads.astype(np.uint64), cap, scratch)
+    reward = rng.random(slots).astype(np.float32)
+    term, trunc = rng.random(slots) < 0.2, rng.random(slots) < 0.1
+    held = [s * cap + j for s in range(shards) for j in range(min(int(heads[s]), cap))]
+    idx = np.array(rng.choice(held, 10), np.int64)
+    acc, ret = np.zeros(10), np.zeros(10, np.float32)
+    t_out, r_out = np.zeros(10, bool), np.zeros(10, bool)
+    disc, last = np.zeros(10, np.float32), np.zeros(10, np.int64)
+    kernels.shard_nstep(idx, scratch, shards, cap, n, gamma, reward, term, trunc, acc, ret, t_out,
+                        r_out, disc, last)
+    for i, start in enumerate(idx):
+        g, k, j = naive.shard_nstep_naive(int(start), heads.tolist(), cap, n, gamma, reward, term, trunc)
+        assert ret[i] == np.float32(g) and last[i] == j and disc[i] == np.float32(gamma ** k)
+        assert t_out[i] == term[j] and r_out[i] == trunc[j]
+        assert j // cap == start // cap  # never leaves its shard
