@@ -100,3 +100,60 @@ def test_shard_nstep_matches_the_reference(seed):
         assert ret[i] == np.float32(g) and last[i] == j and disc[i] == np.float32(gamma ** k)
         assert t_out[i] == term[j] and r_out[i] == trunc[j]
         assert j // cap == start // cap  # never leaves its shard
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("reject", [False, True])
+def test_shard_slices_match_the_reference(seed, reject):
+    rng = np.random.default_rng(seed)
+    shards, cap, length, batch = int(rng.integers(1, 4)), int(rng.integers(2, 9)), int(rng.integers(1, 4)), 6
+    slots = shards * cap
+    heads = rng.integers(1, 3 * cap, shards)
+    scratch = np.zeros(7 * shards, np.int64)
+    kernels.read_heads(heads.astype(np.uint64), cap, scratch)
+    term, trunc = rng.random(slots) < 0.15, rng.random(slots) < 0.05
+    state = np.array([naive.key_of(seed), 0], np.uint64)
+    idx, mask = np.zeros((batch, length), np.int64), np.zeros((batch, length), bool)
+    got = kernels.shard_slices(scratch, shards, cap, state, term, trunc, reject, 10_000, idx, mask)
+    if reject and got >= 0:
+        return  # no slice of that length exists here: refused (the buffer restores the counter)
+    assert got == -1
+    starts, counter = naive.shard_slice_starts(naive.key_of(seed), 0, heads.tolist(), cap, batch,
+                                               length, term, trunc, reject)
+    np.testing.assert_array_equal(idx[:, 0], starts)
+    assert int(state[1]) == counter
+    for b, s in enumerate(starts):
+        want_idx, want_mask = naive.shard_slice_naive(int(s), heads.tolist(), cap, length, term, trunc)
+        np.testing.assert_array_equal(idx[b], want_idx)
+        np.testing.assert_array_equal(mask[b], want_mask)
+        assert (idx[b] // cap == s // cap).all()  # never leaves its shard
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_shard_slices_prioritized_match_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    shards, cap, length, batch = 2, 8, 3, 5
+    slots = shards * cap
+    heads = np.array([12, 5])
+    scratch = np.zeros(7 * shards, np.int64)
+    kernels.read_heads(heads.astype(np.uint64), cap, scratch)
+    held = np.zeros(slots, bool)
+    held[:8] = True
+    held[8:13] = True
+    leaves = np.where(held, rng.random(slots) + 0.1, 0.0)
+    s, mn, mx = tree_of(leaves)
+    version = rng.integers(0, 5, slots).astype(np.uint64)
+    term, trunc = rng.random(slots) < 0.2, np.zeros(slots, bool)
+    state = np.array([naive.key_of(seed), 0], np.uint64)
+    idx, mask = np.zeros((batch, length), np.int64), np.zeros((batch, length), bool)
+    u, w, v = np.zeros(batch), np.zeros(batch, np.float32), np.zeros(batch, np.uint64)
+    assert kernels.shard_slices_prioritized(scratch, shards, cap, s, mn, version, state, 0.5, term,
+                                            trunc, False, 10, idx, mask, u, w, v) == -1
+    starts, _ = naive.stratified_slots(naive.key_of(seed), 0, leaves, batch, slots)
+    np.testing.assert_array_equal(idx[:, 0], starts)
+    for b, st0 in enumerate(starts):
+        want_idx, want_mask = naive.shard_slice_naive(int(st0), heads.tolist(), cap, length, term, trunc)
+        np.testing.assert_array_equal(idx[b], want_idx)
+        np.testing.assert_array_equal(mask[b], want_mask)
+    np.testing.assert_allclose(w, (leaves[held].min() / leaves[starts]) ** 0.5, rtol=1e-6)
+    np.testing.assert_array_equal(v, version[starts])

@@ -54,10 +54,11 @@ from ._config import LAYOUTS
 from .batch import UNHELD as _UNHELD
 from .batch import Batch, OutputRing, retire
 from .batch import getrefcount as _getrefcount
-from .errors import FormatError, SharedBufferError, WriterLostWarning
+from .errors import FormatError, SharedBufferError, SpecError, WriterLostWarning
 from .replay.core import weak_method as _weak_method
 from .replay.fastpush import make_push
 from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
+from .replay.core import MAX_DRAWS as _MAX_DRAWS
 from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from .replay.samplers.shared import SharedPrioritizedSampler, SharedUniformSampler
 from .replay.transforms import ShardNStep, episode_options
@@ -502,6 +503,10 @@ class SharedReplayBuffer:
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
         self.n_step, self.gamma = episodes["n_step"], episodes["gamma"]
+        self._has_flags = episodes["has_flags"]
+        if self._has_flags:
+            roles = episodes["roles"]
+            sampler.bind_flags(st.field(roles["terminated"]), st.field(roles["truncated"]))
         self._nstep = None
         self._parts = [sampler]
         if self.n_step is not None:
@@ -724,22 +729,102 @@ class SharedReplayBuffer:
                 t.apply_row(out, arrays[1], i, heads)
                 k.torn_after_copy(r.reserved, r.cap, heads, out.indices[i:i + 1], mark[i:i + 1])
 
-    def _ring(self, batch_size):
+    def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
+                         copy: bool = False) -> Batch:
+        """Slices of ``length`` consecutive rows of one writer's stream within one episode, as
+        :meth:`tfdata.ReplayBuffer.sample_sequences` draws them (each shard being one stream;
+        starts uniform, or by priority with ``prioritized=True``, with ``batch.weights`` and
+        ``batch.versions`` of the start rows). A slice stops at the row that ends an episode
+        (terminated or truncated) and at its writer's newest row; with one writer the slices
+        are those of a ``ReplayBuffer`` given the same rows. A slice a writer may have been
+        overwriting while it was copied is drawn again.
+
+        Raises
+        ------
+        SpecError
+            The spec has no ``terminated`` and ``truncated`` fields.
+        ValueError
+            As :meth:`tfdata.ReplayBuffer.sample_sequences` (sizes checked before an output is
+            allocated; ``policy="reject"`` finding no slice consumes no randomness).
+        """
+        if self._fifo:
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
+        if not self._has_flags:
+            raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
+                            "fields 'terminated' and 'truncated' (or name them with roles=)")
+        if policy not in ("mask", "reject"):
+            raise ValueError(f"policy must be 'mask' or 'reject', got {policy!r}")
         batch_size = _check_int("batch_size", batch_size, 1)
+        length = _check_int("length", length, 1, self.shard_capacity)
+        reject = policy == "reject"
+        n = len(self)
+        if batch_size > n:  # check, then allocate
+            raise ValueError("cannot sample from an empty buffer" if n == 0 else
+                             f"batch_size {batch_size} is larger than the {n} rows held")
+        ring = self._ring(batch_size, length)
+        if time.monotonic() >= self._watch_at:
+            self._watch()
+        k, r, sm = self._k, self._region, self.sampler
+        with self._lock:
+            i = ring.next
+            out, arrays = ring.slots[i], ring.arrays[i][0]
+            scratch, mask = arrays["shard_scratch"], arrays["mask"]
+            idx = out.indices.reshape(mask.shape)
+            counter = int(sm.state[1])
+            held = sm.heads_snapshot(scratch)  # before the draw: slices end at these heads
+            if held < batch_size:
+                raise ValueError(f"batch_size {batch_size} is larger than the {held} rows held")
+            failed = sm.sample_shard_slices(scratch, reject, _MAX_DRAWS, idx, mask, arrays)
+            if failed != -1:
+                sm.state[1] = counter  # a refused sample consumes no randomness
+                raise ValueError(f"policy='reject': {_MAX_DRAWS} random starts found no slice of "
+                                 f"{length} steps within one episode; episodes held are shorter "
+                                 f"than that (use policy='mask')")
+            self._region.storage.gather(out.indices, out)
+            # a slice's first row is its oldest: if no writer touched it, none touched the rest
+            marks = scratch[7 * r.shards:7 * r.shards + batch_size]
+            torn = k.torn_after_copy(r.reserved, r.cap, scratch, idx[:, 0], marks)
+            for b in range(batch_size if torn else 0):
+                tries = 0
+                while marks[b]:
+                    if tries == _MAX_REDRAWS:
+                        raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} "
+                                                f"slices drawn were all being written")
+                    tries += 1
+                    k.read_heads(r.heads, r.cap, scratch)
+                    one = slice(b, b + 1)
+                    if sm.sample_shard_slices(scratch, reject, _MAX_DRAWS, idx[one], mask[one],
+                                              arrays, one) != -1:
+                        raise ValueError(f"policy='reject': no slice of {length} steps found")
+                    r.storage.gather_at(idx[b], out, b * length)
+                    k.torn_after_copy(r.reserved, r.cap, scratch, idx[one, 0], marks[one])
+                sm.redraws += tries
+            ring.next = (i + 1) % len(ring.slots)
+        batch = ring.batches[i]
+        if _getrefcount(batch) > _UNHELD:  # see sample()
+            batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def _ring(self, batch_size, length=None):
+        batch_size = _check_int("batch_size", batch_size, 1)
+        key = batch_size if length is None else ("seq", batch_size, length)
         try:
-            return self._local.rings[batch_size]
+            return self._local.rings[key]
         except (AttributeError, KeyError):
             pass
         if not hasattr(self._local, "rings"):
             self._local.rings = {}
+        rows = batch_size * (length or 1)
+        parts = self._parts if length is None else [self.sampler]
         if self.memory_budget is not None:  # refuse before allocating the ring
-            parts = self.nbytes_parts
-            parts["new output ring"] = self._ring_size * (
-                output_nbytes(self.spec, batch_size, self.layout) + self.sampler.ring_nbytes(batch_size, None)
-                + (0 if self._nstep is None else self._nstep.plan_ring_shards(batch_size, None)))
-            check_budget(self.memory_budget, parts, f"sampling batches of {batch_size} rows")
-        ring = self._local.rings[batch_size] = OutputRing(self._region.storage, batch_size, self._ring_size,
-                                                          None, self._parts, self.spec.names)
+            nbytes = self.nbytes_parts
+            nbytes["new output ring"] = self._ring_size * (
+                output_nbytes(self.spec, rows, self.layout) + self.sampler.ring_nbytes(batch_size, length)
+                + (0 if self._nstep is None or length else self._nstep.plan_ring_shards(batch_size, None)))
+            check_budget(self.memory_budget, nbytes, f"sampling batches of {batch_size}"
+                         + (f" slices of {length} rows" if length else " rows"))
+        ring = self._local.rings[key] = OutputRing(self._region.storage, batch_size, self._ring_size,
+                                                   length, parts, self.spec.names)
         self._rings.add(ring)
         return ring
 

@@ -24,7 +24,7 @@ from ._loader import permutation, touch_pages, window_order  # noqa: E402
 
 from ._shared import fifo_commit, fifo_plan, shard_begin, shard_publish  # noqa: E402
 from ._shared_tree import (draw_prioritized, fold_published, read_heads, shard_nstep,  # noqa: E402
-                           torn_after_copy)  # noqa: E402
+                           shard_slices, shard_slices_prioritized, torn_after_copy)  # noqa: E402
 
 BY_LAYOUT = {"aos": aos, "soa": soa}
 
@@ -32,4 +32,4 @@ __all__ = ["aos", "soa", "draw_indices", "tree_build", "tree_fill", "tree_fill_v
            "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "sample_slices_prioritized", "stamp_episodes",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish",
-           "draw_prioritized", "fold_published", "read_heads", "shard_nstep", "torn_after_copy"]
+           "draw_prioritized", "fold_published", "read_heads", "shard_nstep", "shard_slices", "shard_slices_prioritized", "torn_after_copy"]

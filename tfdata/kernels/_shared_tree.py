@@ -16,10 +16,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .._config import NJIT_OPTIONS
-from ._shared import in_windows, snapshot_heads, windows
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._shared import draw_slot, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
 from ._tree import is_weights, live_limit, stratified_find, tree_overwrite_max
+
+_TWO32 = np.uint64(1 << 32)
 
 
 @njit(**NJIT_OPTIONS)
@@ -157,3 +159,138 @@ def shard_nstep(idx, scratch, shards, cap, n, gamma, reward, term, trunc, acc, r
         ret[i] = acc[i]
         term_out[i] = term[j]
         trunc_out[i] = trunc[j]
+
+
+@njit(**INLINE_OPTIONS)
+def _shard_age(j, scratch, shards, cap):
+    """Rows newer than slot ``j`` in its shard, as of the heads in ``scratch`` (-1: none held)."""
+    s = j // cap
+    base = s * cap
+    h = scratch[shards + s] if s < shards and shards + s < scratch.shape[0] else 0
+    if h <= 0:
+        return -1
+    return (base + (h - 1) % cap - j) % cap
+
+
+@njit(**INLINE_OPTIONS)
+def _shard_slice_fits(j, length, scratch, shards, cap, term, trunc):
+    """Whether the ``length`` rows of ``j``'s shard from ``j`` on are held and in one episode
+    (no row but the last ends one)."""
+    if _shard_age(j, scratch, shards, cap) < length - 1:
+        return False
+    base = (j // cap) * cap
+    for k in range(length - 1):
+        if term[j] or trunc[j]:
+            return False
+        j += 1
+        if j == base + cap:
+            j = base
+    return True
+
+
+@njit(**INLINE_OPTIONS)
+def _shard_fill_slice(s, b, scratch, shards, cap, term, trunc, idx, mask):
+    """Slice ``b`` from slot ``s``: its shard's rows while held (as of the heads) and in the
+    start's episode; the rest repeat the last valid row, masked False."""
+    length = idx.shape[1]
+    kmax = min(length, _shard_age(s, scratch, shards, cap) + 1)
+    base = (s // cap) * cap
+    j = s
+    last = s
+    ended = False
+    for k in range(length):
+        if k < kmax and not ended:
+            idx[b, k] = j
+            mask[b, k] = True
+            last = j
+            ended = term[j] or trunc[j]
+            j += 1
+            if j == base + cap:
+                j = base
+        else:
+            idx[b, k] = last
+            mask[b, k] = False
+            kmax = 0
+
+
+@njit(**NJIT_OPTIONS)
+def shard_slices(scratch, shards, cap, state, term, trunc, reject, max_draws, idx, mask):
+    """Slices of ``L`` rows of one writer's stream within one episode, starts uniform over the
+    rows the shards held at the heads snapshot in ``scratch`` (:func:`read_heads`).
+
+    As :func:`tfdata.kernels._episodes.sample_slices` with the geometry of shards; a row is the
+    last of its episode when it is terminated or truncated. With one shard the starts are
+    drawn exactly as a single-process buffer draws them (the same words of the generator).
+
+    Parameters
+    ----------
+    scratch : ndarray of int64, shape (>= 3 * shards,)
+    shards, cap : int
+    state : ndarray of uint64, shape (2,)
+    term, trunc : ndarray of bool, shape (shards * cap,), any stride
+    reject : bool
+        Redraw a start until its whole slice is held and in one episode, at most ``max_draws``.
+    idx : ndarray of int64, shape (B, L)
+    mask : ndarray of bool, shape (B, L)
+
+    Returns
+    -------
+    int
+        -1 on success, ``b`` when no start was found for slice ``b``, -2 when no row is held.
+    """
+    total = 0
+    for s in range(shards):
+        total += scratch[s]
+    if total == 0:
+        return -2
+    nn = np.uint64(total)
+    threshold = (_TWO32 - nn) % nn
+    full = total == shards * cap
+    length = idx.shape[1]
+    key = state[0]
+    for b in range(idx.shape[0]):
+        j, ctr = draw_slot(scratch, cap, total, full, threshold, key, state[1])
+        state[1] = ctr
+        if reject:
+            tries = 1
+            while not _shard_slice_fits(j, length, scratch, shards, cap, term, trunc):
+                if tries >= max_draws:
+                    return b
+                j, ctr = draw_slot(scratch, cap, total, full, threshold, key, state[1])
+                state[1] = ctr
+                tries += 1
+        _shard_fill_slice(j, b, scratch, shards, cap, term, trunc, idx, mask)
+    return -1
+
+
+@njit(**NJIT_OPTIONS)
+def shard_slices_prioritized(scratch, shards, cap, sumt, mint, version, state, beta, term, trunc,
+                             reject, max_draws, idx, mask, u, weights, versions):
+    """:func:`shard_slices` with starts drawn in proportion to their priority, as
+    :func:`tfdata.kernels._episodes.sample_slices_prioritized` draws them (stratified; a rejected
+    start replaced by one proportional draw over the whole mass); weights and versions of the
+    start rows. Returns as :func:`shard_slices`."""
+    limit = live_limit(sumt, version.shape[0], version.shape[0])
+    if limit == 0:
+        return -2
+    length = idx.shape[1]
+    stratified_find(sumt, limit, state, idx[:, 0], u)
+    for b in range(idx.shape[0]):
+        j = idx[b, 0]
+        one = idx[b, :1]
+        if reject:
+            tries = 1
+            while not _shard_slice_fits(j, length, scratch, shards, cap, term, trunc):
+                if tries >= max_draws:
+                    return b
+                stratified_find(sumt, limit, state, one, u[:1])
+                j = one[0]
+                tries += 1
+        _shard_fill_slice(j, b, scratch, shards, cap, term, trunc, idx, mask)
+    pmin = mint[1]
+    p = sumt.shape[0] // 2
+    for b in range(idx.shape[0]):
+        j = idx[b, 0]
+        weights[b] = (pmin / sumt[p + j]) ** beta
+        versions[b] = version[j]
+    return -1

@@ -15,12 +15,27 @@ MAX_REDRAWS = 1 << 20
 
 
 class _Shards:
-    """What both shared samplers read of the region: heads, reserves, slots per shard."""
+    """What both shared samplers read of the region: heads, reserves, slots per shard, and the
+    episode flags their slices stop at.
+
+    Slices (``sample_shard_slices``) follow the region's geometry, not a ring cursor: each
+    shard is one writer's stream, ``heads`` says which rows it holds, and a row that is
+    terminated or truncated ends its episode.
+    """
 
     def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
         self.heads, self.reserved, self.cap = heads, reserved, cap
         self.shards = heads.shape[0]
         self.redraws = 0
+        self.flags = None
+
+    def bind_flags(self, term: np.ndarray, trunc: np.ndarray) -> None:
+        """The storage's terminated and truncated fields (for slices)."""
+        self.flags = (term, trunc)
+
+    def heads_snapshot(self, scratch: np.ndarray) -> int:
+        """Read the heads into ``scratch`` before a draw; returns rows held."""
+        return self.k.read_heads(self.heads, self.cap, scratch)
 
     def _scratch(self, batch_size: int) -> np.ndarray:
         # heads snapshot (3 per shard), write windows (4 per shard), one mark per row
@@ -47,7 +62,19 @@ class SharedUniformSampler(_Shards, UniformSampler):
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
+        from ... import kernels
+
+        self.k = kernels
         self._shared = storage.kernels.sample_shared
+
+    def sample_shard_slices(self, scratch, reject: bool, max_draws: int, idx, mask, arrays,
+                            part=slice(None)) -> int:
+        """Starts uniform over the rows held as of the heads in ``scratch``; fills ``idx`` and
+        ``mask`` (both ``(B, L)``, possibly one slice of a batch). Returns as
+        :func:`tfdata.kernels.shard_slices`."""
+        term, trunc = self.flags
+        return self.k.shard_slices(scratch, self.shards, self.cap, self.state, term, trunc, reject,
+                                   max_draws, idx, mask)
 
     def sample(self, n: int, out, arrays: dict) -> None:
         # n is not used: the kernel reads the rows held from the heads, under no lock
@@ -118,6 +145,26 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
             self.storage.gather_at(idx, out, i)
             k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
         self.redraws += tries
+
+    def heads_snapshot(self, scratch: np.ndarray) -> int:
+        """Fold the rows published since the last sample (reading the heads into ``scratch``);
+        returns rows held."""
+        return self.fold(scratch)
+
+    def sample_shard_slices(self, scratch, reject: bool, max_draws: int, idx, mask, arrays,
+                            part=slice(None)) -> int:
+        """Starts drawn by priority (see :func:`tfdata.kernels.shard_slices_prioritized`);
+        weights and versions of the start rows into ``arrays[...][part]``."""
+        term, trunc = self.flags
+        got = self.k.shard_slices_prioritized(
+            scratch, self.shards, self.cap, self.sum, self.min, self.version, self.state, self.beta,
+            term, trunc, reject, max_draws, idx, mask, arrays["scratch"][part],
+            arrays["weights"][part], arrays["versions"][part])
+        if got == -2:
+            raise self._no_mass(0)
+        if got == -1 and part == slice(None):  # a whole batch: one step of the beta schedule
+            self.samples += 1
+        return got
 
     def fold(self, scratch: np.ndarray) -> int:
         """Fold the rows published since the last fold into the trees; returns rows held."""
