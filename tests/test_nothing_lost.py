@@ -153,7 +153,7 @@ def _user_tree(top) -> dict:
     return paths
 
 
-def _refused_calls(p: dict, buf) -> list:
+def _refused_calls(p: dict, buf, sbuf=None) -> list:
     """(description, call) pairs, every one of which must fail and change nothing."""
     import tfdata
 
@@ -193,6 +193,14 @@ def _refused_calls(p: dict, buf) -> list:
         if path != p["ckpt"]:
             calls += [(f"buf.save({path}, overwrite)", lambda path=path: buf.save(path, overwrite=True)),
                       (f"ReplayBuffer.load({path})", lambda path=path: tfdata.ReplayBuffer.load(path))]
+            if sbuf is not None:
+                calls += [(f"shared.save({path}, overwrite)", lambda path=path: sbuf.save(path, overwrite=True)),
+                          (f"SharedReplayBuffer.load({path})",
+                           lambda path=path: shared.SharedReplayBuffer.load(path, dir=sbuf.path.rsplit(os.sep, 1)[0]))]
+    if sbuf is not None:
+        calls += [(f"shared.save({path})", lambda path=path: sbuf.save(path)) for path in p.values()]
+        calls += [("SharedReplayBuffer.load(ckpt of a ReplayBuffer)",
+                   lambda: shared.SharedReplayBuffer.load(p["ckpt"], dir=sbuf.path.rsplit(os.sep, 1)[0]))]
     calls += [
         ("io.save(data.npy, unwritable name)", lambda: io.save(p["data.npy"], {"观测": np.arange(3)},
                                                               overwrite=True)),
@@ -219,6 +227,9 @@ def test_every_refused_call_leaves_every_user_file(tmp_path):
     paths = _user_tree(top)
     buf = tfdata.ReplayBuffer(SPEC, 16, seed=1)
     buf.extend(_rows(5))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    sbuf = shared.SharedReplayBuffer(SPEC, 8, dir=str(shm))
     before = snapshot(top)
 
     def hang(*_):
@@ -227,7 +238,7 @@ def test_every_refused_call_leaves_every_user_file(tmp_path):
     old = signal.signal(signal.SIGALRM, hang)
     succeeded = []
     try:
-        for what, call in _refused_calls(paths, buf):
+        for what, call in _refused_calls(paths, buf, sbuf):
             signal.alarm(20)  # a FIFO opened for reading blocks: that is a failure, not a wait
             try:
                 result = call()

@@ -32,6 +32,7 @@ can tell a region whose owner died (and remove it) from one in use. This module 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -503,6 +504,8 @@ class SharedReplayBuffer:
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
         self.n_step, self.gamma = episodes["n_step"], episodes["gamma"]
+        self._next_of, self._roles = episodes["next_of"], episodes["roles"]
+        self._is_prioritized = bool(prioritized)
         self._has_flags = episodes["has_flags"]
         if self._has_flags:
             roles = episodes["roles"]
@@ -827,6 +830,117 @@ class SharedReplayBuffer:
                                                    length, parts, self.spec.names)
         self._rings.add(ring)
         return ring
+
+    # -- checkpoints (replay mode) ----------------------------------------------------------
+    @property
+    def config(self) -> dict:
+        """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
+        cfg = {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
+               "num_writers": self.num_writers, "prioritized": self._is_prioritized,
+               "n_step": self.n_step, "gamma": self.gamma, "next_of": dict(self._next_of),
+               "roles": dict(self._roles)}
+        if self._is_prioritized:
+            sm = self.sampler
+            cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
+                       beta_steps=sm.beta_steps, eps=sm.eps)
+        return cfg
+
+    @contextlib.contextmanager
+    def snapshot(self):
+        """Hold the lock, fold what the writers published (prioritized), read every shard's
+        head, and yield the state as of those heads (views of the live arrays; valid inside the
+        ``with``). Rows are the storage's; :meth:`overwritten_since` says which of them a writer
+        touched since."""
+        if self._fifo:
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
+                                    f"in flight, not a state to checkpoint")
+        r = self._region
+        scratch = np.zeros(7 * r.shards + 1, np.int64)
+        with self._lock:
+            if self._is_prioritized:
+                self.sampler.fold(scratch)
+            else:
+                self._k.read_heads(r.heads, r.cap, scratch)
+            state = {"format": "tfdata.SharedReplayBuffer", "version": 1,
+                     "spec": self.spec.to_dict(), "capacity": self.capacity, "layout": self.layout,
+                     "num_writers": r.shards, "heads": [int(h) for h in scratch[r.shards:2 * r.shards]],
+                     "dropped": None, "sampler": self.sampler.state_dict(), "prioritized": None}
+            if self._is_prioritized:
+                sm = self.sampler
+                state["prioritized"] = {"alpha": sm.alpha, "eps": sm.eps, "samples": sm.samples,
+                                        "leaves": sm.live_leaves(self.capacity), "versions": sm.version}
+            yield state
+
+    def overwritten_since(self, heads: list) -> list:
+        """Per shard, how many of the rows held at ``heads`` its writer has begun overwriting
+        since (the oldest of them: a writer overwrites in order)."""
+        r = self._region
+        out = []
+        for s, h in enumerate(heads):
+            begun = int(r.reserved[s])  # read after the copy it judges
+            held = min(h, r.cap)
+            out.append(max(0, min(held, begun - r.cap - max(0, h - r.cap))))
+        return out
+
+    def save(self, path, *, overwrite: bool = False) -> None:
+        """Write a checkpoint directory (replay mode): the rows each shard held when the save
+        began, the sampler's state (and priorities), the configuration. Writers may keep
+        writing: rows a writer overwrote while they were copied (a shard's oldest) are left out
+        of the checkpoint. File rules as :meth:`tfdata.ReplayBuffer.save` (nothing but a
+        checkpoint is replaced, and only with ``overwrite=True``)."""
+        from .replay.checkpoint import save_shared
+
+        save_shared(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None):
+        """A new buffer (a new region, named ``name``) holding a checkpoint written by
+        :meth:`save`; writers attach to it as to any buffer and continue each shard after its
+        saved rows. The checkpoint is validated before the region is created
+        (:class:`~tfdata.FormatError` naming the file and the field). A shard whose oldest rows
+        were left out at the save holds its rows from its first slot on; otherwise every row
+        keeps its slot, and sampling continues where the saved buffer was."""
+        from .replay.checkpoint import load_shared
+
+        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget)
+
+    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None) -> None:
+        """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
+        the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
+        ``(leaves, versions, samples)``. Used by :func:`tfdata.replay.checkpoint.load_shared`."""
+        r, st = self._region, self._region.storage
+        cap = r.cap
+        if any(int(w) for w in r.heads):
+            raise SharedBufferError("restore: the buffer already holds rows")
+        st.load_state_dict({n: ds.field(n) for n in self.spec.names}, self.capacity, ds.release,
+                           ds.records)
+        leaves = versions = None
+        if priorities is not None:
+            leaves, versions = priorities[0].copy(), priorities[1].copy()
+        new_heads = []
+        for s, (h, t) in enumerate(zip(heads, dropped)):
+            held = min(h, cap)
+            if t == 0:
+                new_heads.append(h)
+                continue
+            # the oldest t rows were being overwritten: keep rows [h - held + t, h), from slot 0
+            keep = held - t
+            src = s * cap + (np.arange(h - held + t, h, dtype=np.int64) % cap)
+            dst = slice(s * cap, s * cap + keep)
+            for n in self.spec.names:
+                st.field(n)[dst] = ds.field(n)[src]
+            if leaves is not None:
+                lv, vv = leaves[src].copy(), versions[src].copy()
+                leaves[s * cap:s * cap + cap] = 0.0
+                leaves[dst], versions[dst] = lv, vv
+            new_heads.append(keep)
+        for s, h in enumerate(new_heads):
+            w = r.words(s)
+            w[_RESERVED] = h
+            w[_HEAD] = h
+        self.sampler.state[1] = counter
+        if priorities is not None:
+            self.sampler.restore(leaves, versions, new_heads, priorities[2])
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:

@@ -101,7 +101,7 @@ import numpy as np
 from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
 from .._config import LAYOUTS
-from ..storage import file_name
+from ..storage import file_name, storage_nbytes
 from ..storage.files import fsync_dir
 
 FORMAT = "tfdata.checkpoint"
@@ -334,6 +334,37 @@ def _encode(obj, base: str, prefix: str, arrays: list):
     return obj
 
 
+def _begin(path, overwrite: bool) -> tuple:
+    """Check that ``path`` may be written (see the module docstring) and create this call's
+    temporary directory beside it; returns ``(path, tmp, stem, parent)``."""
+    path = os.fspath(path)
+    path = path.rstrip(os.sep) or path
+    if os.path.lexists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path}: exists; a checkpoint replaces an existing path only "
+                                  f"when asked (overwrite=True), and only a tfdata checkpoint")
+        _check_replaceable(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    stem = "." + os.path.basename(os.path.abspath(path))[:100] + "."
+    tmp = tempfile.mkdtemp(prefix=stem, suffix=".tmp", dir=parent)  # exclusively this call's
+    return path, tmp, stem, parent
+
+
+def _finish(tmp: str, path: str, stem: str, parent: str, overwrite: bool, doc: dict,
+            rows_name: str) -> None:
+    """Write ``state.json``, flush every file and directory, publish ``tmp`` at ``path``."""
+    text = json.dumps(doc, indent=1, allow_nan=False)
+    fd = os.open(os.path.join(tmp, _STATE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    for d in (os.path.join(tmp, _ARRAYS), os.path.join(tmp, rows_name), tmp):
+        if os.path.isdir(d):
+            fsync_dir(d)
+    _publish(tmp, path, stem, parent, overwrite)
+
+
 def save(buffer, path, overwrite: bool = False) -> None:
     """Write ``buffer`` to the checkpoint directory ``path`` (see the module docstring).
 
@@ -345,16 +376,7 @@ def save(buffer, path, overwrite: bool = False) -> None:
     """
     from ..storage.files import Writer, chunk_rows
 
-    path = os.fspath(path)
-    path = path.rstrip(os.sep) or path
-    if os.path.lexists(path):
-        if not overwrite:
-            raise FileExistsError(f"{path}: exists; a checkpoint replaces an existing path only "
-                                  f"when asked (overwrite=True), and only a tfdata checkpoint")
-        _check_replaceable(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    stem = "." + os.path.basename(os.path.abspath(path))[:100] + "."
-    tmp = tempfile.mkdtemp(prefix=stem, suffix=".tmp", dir=parent)  # exclusively this call's
+    path, tmp, stem, parent = _begin(path, overwrite)
     storage = buffer.storage
     rows_name = file_name(storage.layout, "rows")
     try:
@@ -370,16 +392,7 @@ def save(buffer, path, overwrite: bool = False) -> None:
             doc = {"format": FORMAT, "version": list(VERSION), "class": type(buffer).__name__,
                    "config": _encode(buffer.config, tmp, "config", arrays), "rows": rows_name,
                    "state": _encode(state, tmp, "", arrays)}
-        text = json.dumps(doc, indent=1, allow_nan=False)
-        fd = os.open(os.path.join(tmp, _STATE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        for d in (os.path.join(tmp, _ARRAYS), os.path.join(tmp, rows_name), tmp):
-            if os.path.isdir(d):
-                fsync_dir(d)
-        _publish(tmp, path, stem, parent, overwrite)
+        _finish(tmp, path, stem, parent, overwrite, doc, rows_name)
     except BaseException:
         # the temporary directory is this call's own (mkdtemp, mode 0700): nothing else is removed
         shutil.rmtree(tmp, ignore_errors=True)
@@ -926,4 +939,196 @@ def load(path, classes: dict, **overrides):
         # against the flags as loaded, in memory: reading them from the mapped file first would
         # fault in every page of an AoS file twice (a third of the load's time)
         order.finish()
+    return buf
+
+
+# -- shared-memory buffers ----------------------------------------------------------------------
+# A SharedReplayBuffer's checkpoint has the same files; its state says, per shard, the rows its
+# writer had published when the save began ("heads") and how many of the oldest of them the
+# writer was overwriting while the rows were copied ("dropped": left out). Rows are every slot of
+# the region, in slot order.
+_SHARED_CONFIG = ("capacity", "layout", "ring_size", "num_writers", "prioritized", "n_step",
+                  "gamma", "next_of", "roles")
+_SHARED_STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "heads",
+                 "dropped", "sampler", "prioritized")
+MAX_WRITERS = 4096
+_MAX_HEAD = (1 << 62) - 1
+
+
+def save_shared(buffer, path, overwrite: bool = False) -> None:
+    """Write a :class:`tfdata.SharedReplayBuffer` (replay mode) to the checkpoint directory
+    ``path``: the rows each shard held when the save began, less the oldest rows a writer was
+    overwriting while they were copied. Same file rules as :func:`save`."""
+    from ..storage.files import Writer, chunk_rows
+
+    path, tmp, stem, parent = _begin(path, overwrite)
+    storage = buffer.storage
+    rows_name = file_name(storage.layout, "rows")
+    try:
+        os.mkdir(os.path.join(tmp, _ARRAYS))
+        with buffer.snapshot() as state:
+            slots = storage.capacity
+            step = chunk_rows(storage.spec.row_nbytes)
+            with Writer(os.path.join(tmp, rows_name), storage.spec, storage.layout) as w:
+                for start in range(0, slots, step):
+                    storage.append_to(w, start, min(slots, start + step))
+            state["dropped"] = buffer.overwritten_since(state["heads"])
+            arrays: list = []
+            doc = {"format": FORMAT, "version": list(VERSION), "class": type(buffer).__name__,
+                   "config": _encode(buffer.config, tmp, "config", arrays), "rows": rows_name,
+                   "state": _encode(state, tmp, "", arrays)}
+        _finish(tmp, path, stem, parent, overwrite, doc, rows_name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # this call's own directory, nothing else
+        raise
+
+
+def load_shared(path, cls, **overrides):
+    """Rebuild a :class:`tfdata.SharedReplayBuffer` saved with :func:`save_shared` in a new region;
+    writers attach to it and continue each shard after its saved rows. Validated as :func:`load`
+    validates (every problem a FormatError naming the file and the field) before the region is
+    created. ``overrides``: ``name``, ``dir``, ``memory_budget``."""
+    bad = set(overrides) - {"name", "dir", "memory_budget"}
+    if bad:
+        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget")
+    from .._budget import parse_bytes
+    from ..dataset import MmapDataset
+    from ..kernels._tree import max_leaf
+    from .episodes import resolve_next_of, resolve_roles
+
+    if overrides.get("memory_budget") is not None:
+        parse_bytes("memory_budget", overrides["memory_budget"])  # the caller's error, not the file's
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    if not os.path.isdir(path):
+        raise FormatError(f"{path}: not a checkpoint directory")
+    spath = os.path.join(path, _STATE)
+    doc = _read_state(spath)
+    c = _Checker(spath)
+    c.obj("(top level)", doc, ("format", "version", "class", "config", "rows", "state"))
+    version = doc["version"]
+    if (not isinstance(version, list) or len(version) != 2
+            or any(type(x) is not int for x in version) or version[0] != VERSION[0] or version[1] < 0):
+        raise FormatError(f"{spath}: checkpoint version {_show(version)} is not supported "
+                          f"(this tfdata reads {VERSION[0]}.x)")
+    if doc["class"] != cls.__name__:
+        raise FormatError(f"{spath}: class: expected {cls.__name__!r}, got {_show(doc['class'])}")
+    st = c.obj("state", doc["state"], _SHARED_STATE)
+    if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
+        c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
+    spec = c.spec(st["spec"])
+    cf = "config."
+    v = doc["config"]
+    if isinstance(v, dict):
+        for k in ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget", "name", "dir"):
+            if k in v:
+                raise FormatError(f"{spath}: config: {k!r} is not accepted from a checkpoint "
+                                  f"(pass {k}= to load)")
+    prioritized = isinstance(v, dict) and v.get("prioritized") is True
+    config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()))
+    cap = c.integer(cf + "capacity", config["capacity"], 1, MAX_CAPACITY)
+    layout = c.choice(cf + "layout", config["layout"], LAYOUTS)
+    c.integer(cf + "ring_size", config["ring_size"], 1, MAX_RING_SIZE)
+    shards = c.integer(cf + "num_writers", config["num_writers"], 1, min(MAX_WRITERS, cap))
+    if cap % shards:
+        c.fail(cf + "num_writers", f"a divisor of the capacity {cap}", shards)
+    c.flag(cf + "prioritized", config["prioritized"])
+    c.opt_int(cf + "n_step", config["n_step"], 1, max(cap, MAX_SHORT_N_STEP))
+    c.real(cf + "gamma", config["gamma"], 0.0, 1.0)
+    c.names(cf + "next_of", config["next_of"], spec)
+    c.names(cf + "roles", config["roles"], spec, keys=("reward", "terminated", "truncated"))
+    if prioritized:
+        for k in ("alpha", "beta", "beta_final"):
+            c.real(cf + k, config[k], 0.0, 1000.0)
+        c.real(cf + "eps", config["eps"], 0.0, 1e6, lo_open=True)
+        c.opt_int(cf + "beta_steps", config["beta_steps"], 1, (1 << 63) - 1)
+    for k, want in (("capacity", cap), ("layout", layout), ("num_writers", shards)):
+        if type(st[k]) is not type(want) or st[k] != want:
+            c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
+    per = cap // shards
+    heads, dropped = st["heads"], st["dropped"]
+    if not isinstance(heads, list) or len(heads) != shards:
+        c.fail("state.heads", f"a list of {shards} ints", heads)
+    if not isinstance(dropped, list) or len(dropped) != shards:
+        c.fail("state.dropped", f"a list of {shards} ints", dropped)
+    for s in range(shards):
+        h = c.integer(f"state.heads[{s}]", heads[s], 0, _MAX_HEAD)
+        c.integer(f"state.dropped[{s}]", dropped[s], 0, min(h, per))
+    sampler = c.obj("state.sampler", st["sampler"], ("seed", "counter"))
+    c.integer("state.sampler.seed", sampler["seed"], 0, _U64)
+    c.integer("state.sampler.counter", sampler["counter"], 0, _U64)
+    try:
+        roles = resolve_roles(spec, config["roles"])
+        next_of = resolve_next_of(spec, config["next_of"])
+    except (SpecError, ValueError, TypeError, KeyError) as exc:
+        raise FormatError(f"{spath}: config: {str(exc)[:300]}") from None
+    if config["roles"] != roles or config["next_of"] != next_of:
+        c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}", show=False)
+    arrays = _Arrays(path, c)
+    pri = None
+    if prioritized:
+        w = "state.prioritized."
+        pri = c.obj("state.prioritized", st["prioritized"], ("alpha", "eps", "samples", "leaves", "versions"))
+        for k in ("alpha", "eps"):
+            if type(pri[k]) is not float or pri[k] != config[k]:
+                c.fail(w + k, f"{config[k]} (config.{k})", pri[k])
+        c.integer(w + "samples", pri["samples"], 0, _U64)
+    elif st["prioritized"] is not None:
+        c.fail("state.prioritized", "null (config.prioritized is false)", st["prioritized"])
+    # memory: the region, the trees; a memory_budget is the caller's (the constructor checks it)
+    need = storage_nbytes(spec, cap, layout) + (2 * (1 << max(0, (cap - 1).bit_length())) * 32 + 8 * cap
+                                                if prioritized else 0)
+    if overrides.get("memory_budget") is None and need > _available_memory():
+        raise FormatError(f"{spath}: config.capacity {cap} would need {need} bytes, more than the "
+                          f"memory available on this machine; refused before allocating")
+    leaves = versions = None
+    if prioritized:
+        leaves = arrays.read("state.prioritized.leaves", pri["leaves"], np.float64, (cap,))
+        versions = arrays.read("state.prioritized.versions", pri["versions"], np.uint64, (cap,))
+        top = max_leaf(1 << max(0, (cap - 1).bit_length()))
+        bad = ~((leaves >= 0.0) & (leaves <= top))  # slots no shard holds have leaf 0
+        for s in range(shards):
+            held = slice(s * per, s * per + min(heads[s], per))
+            bad[held] |= leaves[held] <= 0.0  # every held row was folded before the save
+        if bad.any():
+            i = int(np.argmax(bad))
+            c.fail("state.prioritized.leaves", f"leaves in [0, {top}], > 0 for held rows",
+                   f"leaf {i} = {leaves[i]}", show=False)
+        if not math.isfinite(float(np.sum(leaves))):
+            c.fail("state.prioritized.leaves", "a finite sum", show=False)
+    rows_name = doc["rows"]
+    if rows_name != file_name(layout, "rows"):
+        c.fail("rows", f"{file_name(layout, 'rows')} (layout {layout!r})", rows_name)
+    rpath = _check_files(path, rows_name)
+    try:
+        ds = MmapDataset.open(rpath)
+    except FileNotFoundError as exc:
+        raise FormatError(f"{rpath}: incomplete ({exc})") from None
+    except RecursionError:
+        raise FormatError(f"{rpath}: manifest nested too deeply") from None
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{rpath}: {str(exc)[:300]}") from None
+    with ds:
+        if ds.spec != spec:
+            raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {spec}")
+        if len(ds) != cap:
+            raise FormatError(f"{rpath}: holds {len(ds)} rows, the region has {cap} slots")
+        kw = {k: config[k] for k in ("layout", "ring_size", "num_writers", "prioritized", "n_step",
+                                     "gamma", "next_of", "roles")}
+        if prioritized:
+            kw.update({k: config[k] for k in _PRIORITIZED_KEYS})
+        try:
+            buf = cls(spec, cap, seed=sampler["seed"], **kw, **overrides)
+        except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise FormatError(f"{spath}: cannot rebuild the buffer ({type(exc).__name__}: "
+                              f"{str(exc)[:300]})") from None
+        try:
+            buf.restore(ds, heads, dropped, sampler["counter"],
+                        None if pri is None else (leaves, versions, pri["samples"]))
+        except BaseException:
+            buf.close()
+            raise
     return buf

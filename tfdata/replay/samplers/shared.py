@@ -166,6 +166,13 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
             self.samples += 1
         return got
 
+    def restore(self, leaves: np.ndarray, versions: np.ndarray, heads: list, samples: int) -> None:
+        """Trees, versions and fold positions of a checkpoint (every held row folded)."""
+        self.k.tree_build(self.sum, self.min, self.max, leaves)
+        self.version[:] = versions
+        self.folded[:] = heads
+        self.samples = samples
+
     def fold(self, scratch: np.ndarray) -> int:
         """Fold the rows published since the last fold into the trees; returns rows held."""
         return self.k.fold_published(self.heads, self.cap, self.sum, self.min, self.max,
