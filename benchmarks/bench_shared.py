@@ -198,6 +198,46 @@ class Sample:
         self.sample(BATCH)
 
 
+class SampleFeatures:
+    """``sample(256)`` from 1M CartPole rows with the replay features over shared memory (one
+    shard, no writer attached), beside the single-process buffer with the same options.
+
+    ``prioritized``: ``prioritized=True`` vs ``PrioritizedReplayBuffer`` (the shared learner
+    first folds newly published rows: none here); ``nstep3``: ``n_step=3`` windows over the
+    shard vs ``ReplayBuffer(n_step=3)``. Skipped on commits whose shared buffer has neither.
+    """
+
+    params = [TFDATA_LAYOUTS, ["shared", "local"], ["prioritized", "nstep3"]]
+    param_names = ["layout", "buffer", "feature"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, layout, buffer, feature):
+        warm_kernels()
+        _warm_shared()
+        opts = {"prioritized": True} if feature == "prioritized" else {"n_step": 3, "gamma": 0.99}
+        if buffer == "local":
+            cls = tfdata.PrioritizedReplayBuffer if feature == "prioritized" else tfdata.ReplayBuffer
+            buf = cls(CARTPOLE, SAMPLE_CAPACITY, layout=layout, seed=0,
+                      **({} if feature == "prioritized" else opts))
+            fill(buf, SAMPLE_CAPACITY, fill_chunk(CARTPOLE))
+        else:
+            try:
+                buf = tfdata.SharedReplayBuffer(CARTPOLE, SAMPLE_CAPACITY, layout=layout, seed=0, **opts)
+            except TypeError:  # a commit before these options existed
+                raise NotImplementedError from None
+            _reap_at_exit(buf.path)
+            with tfdata.SharedWriter(buf.name, 0) as w:
+                fill(w, SAMPLE_CAPACITY, fill_chunk(CARTPOLE))
+            self._keep = buf
+        self.sample = buf.sample
+        for _ in range(3):  # the shared learner folds the 1M published rows here
+            self.sample(BATCH)
+
+    def time_sample(self, layout, buffer, feature):
+        self.sample(BATCH)
+
+
 class FifoRoundTrip:
     """``extend`` 256 CartPole rows into a FIFO buffer and ``get_batch(256)`` them, in one process.
 
