@@ -719,18 +719,28 @@ class SharedReplayBuffer:
         t.apply(out, arrays[1], out.indices, heads)
         # a writer overwrites its oldest rows first: if a window's first row was not touched
         # since the snapshot, none of its later (newer) rows was
-        torn = k.torn_after_copy(r.reserved, r.cap, heads, out.indices, mark)
-        for i in range(mark.shape[0] if torn else 0):
+        if k.torn_after_copy(r.reserved, r.cap, heads, out.indices, mark):
+            def redo(i):
+                self.sampler.redraw(i, out, arrays[0])
+                t.apply_row(out, arrays[1], i, heads)
+                return out.indices[i:i + 1]
+
+            self._redraw_torn(mark, heads, redo, "windows")
+
+    def _redraw_torn(self, mark, heads, redo, what: str) -> None:
+        """For every ``i`` marked (its rows may have been written while read): read the heads
+        afresh into ``heads``, ``redo(i)`` (draw and copy again; returns the slots to check),
+        check again, until it copies cleanly (lock held)."""
+        k, r = self._k, self._region
+        for i in range(mark.shape[0]):
             tries = 0
             while mark[i]:
                 if tries == _MAX_REDRAWS:
-                    raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} windows "
+                    raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} {what} "
                                             f"drawn were all being written")
                 tries += 1
                 k.read_heads(r.heads, r.cap, heads)
-                self.sampler.redraw(i, out, arrays[0])
-                t.apply_row(out, arrays[1], i, heads)
-                k.torn_after_copy(r.reserved, r.cap, heads, out.indices[i:i + 1], mark[i:i + 1])
+                k.torn_after_copy(r.reserved, r.cap, heads, redo(i), mark[i:i + 1])
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
                          copy: bool = False) -> Batch:
@@ -786,22 +796,17 @@ class SharedReplayBuffer:
             self._region.storage.gather(out.indices, out)
             # a slice's first row is its oldest: if no writer touched it, none touched the rest
             marks = scratch[7 * r.shards:7 * r.shards + batch_size]
-            torn = k.torn_after_copy(r.reserved, r.cap, scratch, idx[:, 0], marks)
-            for b in range(batch_size if torn else 0):
-                tries = 0
-                while marks[b]:
-                    if tries == _MAX_REDRAWS:
-                        raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} "
-                                                f"slices drawn were all being written")
-                    tries += 1
-                    k.read_heads(r.heads, r.cap, scratch)
+            if k.torn_after_copy(r.reserved, r.cap, scratch, idx[:, 0], marks):
+                def redo(b):
+                    sm.redraws += 1
                     one = slice(b, b + 1)
                     if sm.sample_shard_slices(scratch, reject, _MAX_DRAWS, idx[one], mask[one],
                                               arrays, one) != -1:
                         raise ValueError(f"policy='reject': no slice of {length} steps found")
                     r.storage.gather_at(idx[b], out, b * length)
-                    k.torn_after_copy(r.reserved, r.cap, scratch, idx[one, 0], marks[one])
-                sm.redraws += tries
+                    return idx[one, 0]
+
+                self._redraw_torn(marks, scratch, redo, "slices")
             ring.next = (i + 1) % len(ring.slots)
         batch = ring.batches[i]
         if _getrefcount(batch) > _UNHELD:  # see sample()

@@ -767,6 +767,44 @@ def _check_files(path: str, rows_name: str) -> str:
     return rpath
 
 
+def _open_document(path) -> tuple:
+    """``(path, state.json path, document, checker)`` of the checkpoint directory ``path``, its
+    top level and version checked."""
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    if not os.path.isdir(path):
+        raise FormatError(f"{path}: not a checkpoint directory")
+    spath = os.path.join(path, _STATE)
+    doc = _read_state(spath)
+    c = _Checker(spath)
+    c.obj("(top level)", doc, ("format", "version", "class", "config", "rows", "state"))
+    version = doc["version"]
+    if (not isinstance(version, list) or len(version) != 2
+            or any(type(x) is not int for x in version) or version[0] != VERSION[0] or version[1] < 0):
+        raise FormatError(f"{spath}: checkpoint version {_show(version)} is not supported "
+                          f"(this tfdata reads {VERSION[0]}.x)")
+    return path, spath, doc, c
+
+
+def _open_rows(path: str, rows_name: str) -> tuple:
+    """``(rows path, MmapDataset)`` of a checkpoint's rows, files checked first (links and
+    special files refused), every failure a FormatError naming the file."""
+    from ..dataset import MmapDataset
+
+    rpath = _check_files(path, rows_name)
+    try:
+        return rpath, MmapDataset.open(rpath)
+    except FileNotFoundError as exc:  # a file the manifest names
+        raise FormatError(f"{rpath}: incomplete ({exc})") from None
+    except RecursionError:
+        raise FormatError(f"{rpath}: manifest nested too deeply") from None
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{rpath}: {str(exc)[:300]}") from None
+
+
 def _available_memory() -> int:
     import psutil
 
@@ -797,7 +835,6 @@ def load(path, classes: dict, **overrides):
         raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: {_OVERRIDES}")
     from .. import alloc
     from .._budget import parse_bytes
-    from ..dataset import MmapDataset
     from .episodes import resolve_next_of, resolve_roles
 
     # the caller's own settings: their errors are theirs, not the checkpoint's
@@ -807,20 +844,7 @@ def load(path, classes: dict, **overrides):
     if overrides.get("allocator") is not None:
         overrides["allocator"] = alloc.resolve(overrides["allocator"])
 
-    path = os.fspath(path)
-    if not os.path.lexists(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint")
-    if not os.path.isdir(path):
-        raise FormatError(f"{path}: not a checkpoint directory")
-    spath = os.path.join(path, _STATE)
-    doc = _read_state(spath)
-    c = _Checker(spath)
-    c.obj("(top level)", doc, ("format", "version", "class", "config", "rows", "state"))
-    version = doc["version"]
-    if (not isinstance(version, list) or len(version) != 2
-            or any(type(x) is not int for x in version) or version[0] != VERSION[0] or version[1] < 0):
-        raise FormatError(f"{spath}: checkpoint version {_show(version)} is not supported "
-                          f"(this tfdata reads {VERSION[0]}.x)")
+    path, spath, doc, c = _open_document(path)
     name = doc["class"]
     if type(name) is not str or name not in classes:
         raise FormatError(f"{spath}: unknown buffer class {_show(name)} (known: {sorted(classes)})")
@@ -879,17 +903,7 @@ def load(path, classes: dict, **overrides):
 
     has_flags = "terminated" in roles and "truncated" in roles
     arrays = _Arrays(path, c)
-    rpath = _check_files(path, rows_name)
-    try:
-        ds = MmapDataset.open(rpath)
-    except FileNotFoundError as exc:  # a file the manifest names
-        raise FormatError(f"{rpath}: incomplete ({exc})") from None
-    except RecursionError:
-        raise FormatError(f"{rpath}: manifest nested too deeply") from None
-    except (ValueError, TypeError, KeyError, OverflowError) as exc:
-        if isinstance(exc, FormatError):
-            raise
-        raise FormatError(f"{rpath}: {str(exc)[:300]}") from None
+    rpath, ds = _open_rows(path, rows_name)
     with ds:
         from .episodes import stored_spec
 
@@ -992,26 +1006,12 @@ def load_shared(path, cls, **overrides):
     if bad:
         raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget")
     from .._budget import parse_bytes
-    from ..dataset import MmapDataset
     from ..kernels._tree import max_leaf
     from .episodes import resolve_next_of, resolve_roles
 
     if overrides.get("memory_budget") is not None:
         parse_bytes("memory_budget", overrides["memory_budget"])  # the caller's error, not the file's
-    path = os.fspath(path)
-    if not os.path.lexists(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint")
-    if not os.path.isdir(path):
-        raise FormatError(f"{path}: not a checkpoint directory")
-    spath = os.path.join(path, _STATE)
-    doc = _read_state(spath)
-    c = _Checker(spath)
-    c.obj("(top level)", doc, ("format", "version", "class", "config", "rows", "state"))
-    version = doc["version"]
-    if (not isinstance(version, list) or len(version) != 2
-            or any(type(x) is not int for x in version) or version[0] != VERSION[0] or version[1] < 0):
-        raise FormatError(f"{spath}: checkpoint version {_show(version)} is not supported "
-                          f"(this tfdata reads {VERSION[0]}.x)")
+    path, spath, doc, c = _open_document(path)
     if doc["class"] != cls.__name__:
         raise FormatError(f"{spath}: class: expected {cls.__name__!r}, got {_show(doc['class'])}")
     st = c.obj("state", doc["state"], _SHARED_STATE)
@@ -1100,17 +1100,7 @@ def load_shared(path, cls, **overrides):
     rows_name = doc["rows"]
     if rows_name != file_name(layout, "rows"):
         c.fail("rows", f"{file_name(layout, 'rows')} (layout {layout!r})", rows_name)
-    rpath = _check_files(path, rows_name)
-    try:
-        ds = MmapDataset.open(rpath)
-    except FileNotFoundError as exc:
-        raise FormatError(f"{rpath}: incomplete ({exc})") from None
-    except RecursionError:
-        raise FormatError(f"{rpath}: manifest nested too deeply") from None
-    except (ValueError, TypeError, KeyError, OverflowError) as exc:
-        if isinstance(exc, FormatError):
-            raise
-        raise FormatError(f"{rpath}: {str(exc)[:300]}") from None
+    rpath, ds = _open_rows(path, rows_name)
     with ds:
         if ds.spec != spec:
             raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {spec}")

@@ -37,9 +37,14 @@ class _Shards:
         """Read the heads into ``scratch`` before a draw; returns rows held."""
         return self.k.read_heads(self.heads, self.cap, scratch)
 
-    def _scratch(self, batch_size: int) -> np.ndarray:
-        # heads snapshot (3 per shard), write windows (4 per shard), one mark per row
-        return self.allocator.zeros(7 * self.shards + batch_size, np.int64)
+    def ring_arrays(self, batch_size: int, length, out) -> dict:
+        arrays = super().ring_arrays(batch_size, length, out)
+        # heads snapshot (3 per shard), write windows (4 per shard), one mark per row or slice
+        arrays["shard_scratch"] = self.allocator.zeros(7 * self.shards + batch_size, np.int64)
+        return arrays
+
+    def ring_nbytes(self, batch_size: int, length) -> int:
+        return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
 
     def _too_few(self, batch: int, n: int | None = None):
         if n is None:  # rows held, from the heads as they are now (an error path only)
@@ -51,14 +56,6 @@ class _Shards:
 class SharedUniformSampler(_Shards, UniformSampler):
     """Uniform over every complete row of every shard (kernel ``sample_shared``: draw, copy,
     then redraw the rows a writer may have touched during the copy)."""
-
-    def ring_arrays(self, batch_size: int, length, out) -> dict:
-        arrays = super().ring_arrays(batch_size, length, out)
-        arrays["shard_scratch"] = self._scratch(batch_size)
-        return arrays
-
-    def ring_nbytes(self, batch_size: int, length) -> int:
-        return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
@@ -116,14 +113,6 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         parts = super().nbytes
         parts["bookkeeping"] += int(self.folded.nbytes)
         return parts
-
-    def ring_arrays(self, batch_size: int, length, out) -> dict:
-        arrays = super().ring_arrays(batch_size, length, out)
-        arrays["shard_scratch"] = self._scratch(batch_size)
-        return arrays
-
-    def ring_nbytes(self, batch_size: int, length) -> int:
-        return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
 
     def redraw(self, i: int, out, arrays: dict) -> None:
         """Draw row ``i`` of ``out`` again, from the same trees (a fold now would change the
