@@ -347,6 +347,24 @@ def shared_sample_slots(key: int, counter: int, counts: list, cap: int, batch: i
     return np.array([held[i] for i in idx], dtype=np.int64), counter
 
 
+def shared_sample_redrawn(key: int, counter: int, counts: list, cap: int, batch: int,
+                          busy: set, max_redraws: int):
+    """Slots a shared buffer samples while the slots in ``busy`` are being written (and the
+    writers do not move): the draws of :func:`shared_sample_slots`, then every draw that landed
+    in ``busy``, first to last, drawn again alone until it does not. Returns ``(slots, counter,
+    redraws)``; redraws is -1 when more than ``max_redraws`` would be needed (``slots`` is then
+    as far as it got)."""
+    slots, counter = shared_sample_slots(key, counter, counts, cap, batch)
+    redraws = 0
+    for i in range(batch):
+        while int(slots[i]) in busy:
+            if redraws == max_redraws:
+                return slots, counter, -1
+            redraws += 1
+            (slots[i],), counter = shared_sample_slots(key, counter, counts, cap, 1)
+    return slots, counter, redraws
+
+
 def fifo_merge(published: list) -> list:
     """Delivery order of a FIFO shared buffer: ``published`` holds one list per shard of
     ``(stamp, row)`` in the shard's order; rows are merged by stamp, ties to the lower shard."""

@@ -73,3 +73,87 @@ def test_sample_uniform_matches_reference(layout, capacity):
         ref = naive.gather_fields(data, ref_idx)
         for name in spec.names:
             np.testing.assert_array_equal(out.fields[name], ref[name])
+
+
+def _filled(layout, fields, capacity, seed=0):
+    spec = Spec(fields)
+    st = make_storage(spec, capacity, layout)
+    data = random_rows(spec, capacity, np.random.default_rng(seed))
+    st.write_rows(0, [data[n] for n in spec.names], 0, capacity)
+    return spec, st, data
+
+
+def _assert_rows(spec, out, data, idx, batch):
+    ref = naive.gather_fields(data, idx)
+    for name in spec.names:
+        np.testing.assert_array_equal(out.fields[name][:batch], ref[name], err_msg=name)
+        assert not out.fields[name][batch:].any()  # only the batch's rows are written
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+@pytest.mark.parametrize("capacity", [1, 7, 33])
+@pytest.mark.parametrize("live", ["all", "half"])
+def test_sample_prioritized_matches_reference(layout, capacity, live):
+    spec, st, data = _filled(layout, ODD, capacity)
+    n = capacity if live == "all" else max(1, capacity // 2)
+    rng = np.random.default_rng(capacity)
+    leaves = np.zeros(capacity)
+    leaves[:n] = rng.integers(0, 9, n) + 0.5  # half-integers: every sum is exact
+    size = 1 << max(0, (capacity - 1).bit_length())
+    sumt, mint, _ = naive.tree_levels(leaves, size)
+    version = np.arange(capacity, dtype=np.uint64) * 3
+    batch = 5
+    state = np.array([naive.key_of(7), 0], np.uint64)
+    idx, u = np.empty(batch, np.int64), np.empty(batch)
+    weights, versions = np.empty(batch, np.float32), np.empty(batch, np.uint64)
+    out = st.new_output(batch + 3)
+    counter = 0
+    for _ in range(4):
+        ret = st.kernels.sample_prioritized(st.kernel_store, n, sumt, mint, version, state, 0.7, idx,
+                                            u, weights, versions, out.kernel_out)
+        ref, counter = naive.stratified_slots(naive.key_of(7), counter, leaves, batch, n)
+        assert ret == 0
+        np.testing.assert_array_equal(idx, ref)
+        assert int(state[1]) == counter
+        np.testing.assert_allclose(weights, ((leaves[:n].min() / leaves[ref]) ** 0.7).astype(np.float32),
+                                   rtol=1e-6)
+        np.testing.assert_array_equal(versions, version[ref])
+        _assert_rows(spec, out, data, ref, batch)
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+@pytest.mark.parametrize("case", ["idle", "writing", "out_of_redraws", "too_few_rows"])
+def test_sample_shared_matches_reference(layout, case):
+    """Shards of 7 slots holding 3, 7 and 7 rows (the third has wrapped); while writers hold
+    slots (``writing``), draws that land there are drawn again one at a time, and the redrawn
+    rows are copied to their own place in the batch."""
+    cap, heads = 7, np.array([3, 7, 12], np.uint64)
+    spec, st, data = _filled(layout, ODD, 3 * cap)
+    reserved = heads.copy()
+    busy = set()
+    if case in ("writing", "out_of_redraws"):
+        reserved[1] += 2  # rows 7, 8 of shard 1: its slots 0, 1
+        reserved[2] += 3  # rows 12, 13, 14 of shard 2: its slots 5, 6 and, wrapped, 0
+        busy = {7, 8, 19, 20, 14}
+    batch = 18 if case == "too_few_rows" else 15
+    max_redraws = 0 if case == "out_of_redraws" else 1000
+    state = np.array([naive.key_of(11), 4], np.uint64)
+    scratch = np.zeros(7 * 3 + batch, np.int64)
+    idx = np.full(batch, -1, np.int64)
+    out = st.new_output(batch + 3)
+    ret = st.kernels.sample_shared(st.kernel_store, heads, reserved, cap, scratch, state, idx,
+                                   out.kernel_out, max_redraws)
+    if case == "too_few_rows":  # 17 rows held
+        assert ret == -2 and (idx == -1).all() and int(state[1]) == 4
+        return
+    ref, counter, redraws = naive.shared_sample_redrawn(naive.key_of(11), 4, [3, 7, 7], cap, batch,
+                                                        busy, max_redraws)
+    assert ret == redraws and int(state[1]) == counter
+    np.testing.assert_array_equal(idx, ref)
+    if case == "writing":
+        assert redraws > 0  # the seed makes some draws land on busy slots
+        assert not busy & set(idx.tolist())
+    if case == "out_of_redraws":
+        assert ret == -1
+        return
+    _assert_rows(spec, out, data, ref, batch)
