@@ -1,0 +1,213 @@
+"""The gather and sampling kernels, written once for both layouts.
+
+The functions below are templates, never called as they are: they copy rows with ``copy_out``
+and ``copy_redraw`` and bound row numbers with ``row_limit``, names this module leaves unbound.
+Each layout module calls :func:`specialize` with its own three (from :mod:`._copy`) and gets
+the four kernels as ``@njit(**NJIT_OPTIONS)`` dispatchers, compiled from copies of the templates
+whose globals bind those names. numba inlines them as it inlines any ``inline="always"`` global,
+so each layout's kernel is the one its hand-written copy was (the same machine code, but for
+register allocation in SoA's ``sample_shared``), and it is cached like any kernel: the cache
+entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``), keyed by the
+signature and invalidated by an edit of this file (as for every kernel, not by an edit of the
+helpers it inlines, such as :mod:`._copy`). Other ways to write the kernels once were tried:
+a copy passed as an argument cannot be cached ("dynamic globals"); a closure over the copy is
+compiled again in every process (numba keys its cache entry by the pickled cells, and a pickled
+dispatcher holds a random uuid); a generic kernel inlined into per-layout kernels compiled 1.27x
+slower (all eight from an empty cache: 8.6 s against 6.8 s); a copy chosen by ``@overload`` on
+the store's type compiled 1.35x slower inlined and sampled 1.05-1.2x slower not inlined.
+
+``store`` and ``out`` are what the layout's storage hands the kernels: ``uint64[capacity,
+words]`` for AoS, a tuple of ``uint8[capacity, field_bytes]`` byte views (one per field) for
+SoA; ``out`` has at least ``len(idx)`` rows and only the first ``len(idx)`` are written.
+"""
+
+from __future__ import annotations
+
+from types import FunctionType
+
+import numpy as np
+from numba import njit
+
+from .._config import NJIT_OPTIONS
+from ._rng import fill_indices
+from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
+from ._sync import fence_acquire
+from ._tree import is_weights, live_limit, stratified_find
+
+_TWO32 = np.uint64(1 << 32)
+
+#: bound by :func:`specialize` (see :mod:`._copy`): ``copy_out(store, idx, out)`` sets
+#: ``out[i] = store[idx[i]]`` for every i, ``copy_redraw(store, idx, out, i)`` for row i alone,
+#: ``row_limit(store, at_most)`` is ``min(at_most, rows of the store)``
+copy_out = copy_redraw = row_limit = None
+
+
+def gather(store, idx, out):
+    """Copy rows ``idx`` of ``store`` into ``out``.
+
+    Parameters
+    ----------
+    store : ndarray of uint64, shape (capacity, words); or tuple of ndarray of uint8
+        The record array viewed as 64-bit words (AoS), or byte views of the field arrays, each
+        shape (capacity, field_bytes) (SoA).
+    idx : ndarray of int64, shape (batch,)
+        Row numbers, each in ``[0, capacity)`` (checked by the caller).
+    out : same type as ``store``, at least ``batch`` rows
+        Destination rows (for SoA, fields in the same order).
+    """
+    copy_out(store, idx, out)
+
+
+def sample_uniform(store, n, state, idx, out):
+    """Draw ``len(idx)`` uniform row numbers in ``[0, n)`` into ``idx`` and gather them into ``out``.
+
+    Parameters
+    ----------
+    store
+        As for :func:`gather`.
+    n : int
+        Number of valid rows, ``1 <= n <= capacity``.
+    state : ndarray of uint64, shape (2,)
+        Counter-based RNG state ``[key, counter]``; advanced in place.
+    idx : ndarray of int64, shape (batch,)
+        Output: the sampled row numbers.
+    out
+        As for :func:`gather`; output: the sampled rows.
+    """
+    fill_indices(n, state, idx)
+    copy_out(store, idx, out)
+
+
+def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weights, versions, out):
+    """Stratified proportional sample with importance weights, gathered into ``out``.
+
+    Parameters
+    ----------
+    store
+        As for :func:`gather`.
+    n : int
+        Number of live rows: every slot drawn is in ``[0, n)``.
+    sumt, mint : ndarray of float64, shape (2 * P,)
+        Sum and min trees (see ``tfdata.kernels._tree``).
+    version : ndarray of uint64, shape (capacity,)
+        Write count of every slot.
+    state : ndarray of uint64, shape (2,)
+        Counter-based RNG state, advanced in place (one word per draw).
+    beta : float
+        Importance-sampling exponent.
+    idx : ndarray of int64, shape (batch,)
+        Output: sampled slots.
+    u : ndarray of float64, shape (batch,)
+        Scratch.
+    weights : ndarray of float32, shape (batch,)
+        Output: ``(p_min / p_i) ** beta``, so the largest possible weight is 1.
+    versions : ndarray of uint64, shape (batch,)
+        Output: ``version[idx]``, to detect stale priority updates.
+    out
+        As for :func:`gather`; output: the sampled rows.
+
+    Returns
+    -------
+    int
+        0; or -1, with nothing drawn or written, when the root mass is not finite and positive
+        or there are no live rows (the caller raises). Whatever the trees hold, every slot
+        drawn is in ``[0, min(n, capacity))``.
+    """
+    limit = live_limit(sumt, n, row_limit(store, version.shape[0]))
+    if limit == 0:
+        return -1
+    stratified_find(sumt, limit, state, idx, u)
+    is_weights(sumt, mint, idx, beta, weights)
+    for i in range(idx.shape[0]):
+        versions[i] = version[idx[i]]
+    copy_out(store, idx, out)
+    return 0
+
+
+def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_redraws):
+    """Uniform sample of complete rows from a shared buffer whose writers may be writing.
+
+    Reads every shard's head once (acquire), draws like :func:`sample_uniform` over the rows the
+    shards hold, copies the rows, then (after an acquire fence) reads each shard's reserve: a
+    row whose slot a writer may have been writing during the copy is drawn again, alone, until
+    one copies cleanly (see ``tfdata.kernels._shared``).
+
+    Parameters
+    ----------
+    store
+        As for :func:`gather`.
+    heads, reserved : ndarray of uint64, shape (shards,)
+        Strided views of the shards' control words.
+    cap : int
+        Slots per shard.
+    scratch : ndarray of int64, shape (7 * shards + batch,)
+    state : ndarray of uint64, shape (2,)
+        Counter-based RNG state, advanced in place.
+    idx : ndarray of int64, shape (batch,)
+        Output: the slots sampled.
+    out
+        As for :func:`gather`; output: the rows.
+    max_redraws : int
+        Redraws allowed before giving up.
+
+    Returns
+    -------
+    int
+        Redraws made (>= 0); -1 if ``max_redraws`` ran out; -2 if the shards hold fewer rows
+        than ``batch`` (nothing drawn).
+    """
+    n = heads.shape[0]
+    total = snapshot_heads(heads, cap, scratch)
+    batch = idx.shape[0]
+    if total < batch:
+        return -2
+    mark = scratch[7 * n:]
+    key = state[0]
+    ctr = draw_slots(scratch, cap, total, total == n * cap, key, state[1], idx)
+    copy_out(store, idx, out)
+    fence_acquire()
+    # judge every row against the heads read before the copy; then redraw the rejected ones
+    # one at a time, each against heads read afresh (writers keep moving the window)
+    m = windows(reserved, scratch, cap)
+    rejected = 0
+    for i in range(batch if m else 0):
+        mark[i] = in_windows(scratch, n, m, idx[i])
+        rejected += mark[i]
+    redraws = 0
+    i = 0
+    while rejected:
+        while mark[i] == 0:
+            i += 1
+        while True:
+            if redraws == max_redraws:
+                state[1] = ctr
+                return -1
+            redraws += 1
+            total = snapshot_heads(heads, cap, scratch)
+            nn = np.uint64(total)
+            idx[i], ctr = draw_slot(scratch, cap, total, total == n * cap, (_TWO32 - nn) % nn, key, ctr)
+            copy_redraw(store, idx, out, i)
+            fence_acquire()
+            if not in_windows(scratch, n, windows(reserved, scratch, cap), idx[i]):
+                mark[i] = 0
+                break
+        rejected -= 1
+    state[1] = ctr
+    return redraws
+
+
+KERNELS = (gather, sample_uniform, sample_prioritized, sample_shared)
+
+
+def specialize(layout: str, copy, redraw, rows) -> tuple:
+    """The kernels of :data:`KERNELS` for one layout, in that order, as cached numba kernels
+    whose ``copy_out``, ``copy_redraw`` and ``row_limit`` are ``copy``, ``redraw`` and ``rows``."""
+    env = dict(globals(), copy_out=copy, copy_redraw=redraw, row_limit=rows)
+    kernels = []
+    for template in KERNELS:
+        fn = FunctionType(template.__code__, env, template.__name__, template.__defaults__)
+        fn.__qualname__ = f"{layout}.{template.__name__}"  # names the cache entry
+        fn.__module__ = f"{__package__}.{layout}"
+        fn.__doc__ = template.__doc__
+        kernels.append(njit(**NJIT_OPTIONS)(fn))
+    return tuple(kernels)
