@@ -556,11 +556,32 @@ class _Checker:
         self.flag(c + "elide_next", v["elide_next"])
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
         if prioritized:
-            for k in ("alpha", "beta", "beta_final"):
-                self.real(c + k, v[k], 0.0, 1000.0)
-            self.real(c + "eps", v["eps"], 0.0, 1e6, lo_open=True)
-            self.opt_int(c + "beta_steps", v["beta_steps"], 1, (1 << 63) - 1)
+            self.prioritized_config(v)
         return dict(v)
+
+    def prioritized_config(self, v: dict) -> None:
+        """The settings of a prioritized sampler in ``config``."""
+        c = "config."
+        for k in ("alpha", "beta", "beta_final"):
+            self.real(c + k, v[k], 0.0, 1000.0)
+        self.real(c + "eps", v["eps"], 0.0, 1e6, lo_open=True)
+        self.opt_int(c + "beta_steps", v["beta_steps"], 1, (1 << 63) - 1)
+
+    def sampler(self, v) -> dict:
+        """``state.sampler``: the RNG's seed and counter."""
+        self.obj("state.sampler", v, ("seed", "counter"))
+        self.integer("state.sampler.seed", v["seed"], 0, _U64)
+        self.integer("state.sampler.counter", v["counter"], 0, _U64)
+        return v
+
+    def prioritized_scalars(self, pri, config: dict) -> int:
+        """The scalars of ``state.prioritized``: alpha and eps as configured; returns samples."""
+        w = "state.prioritized."
+        self.obj("state.prioritized", pri, ("alpha", "eps", "samples", "leaves", "versions"))
+        for k in ("alpha", "eps"):
+            if type(pri[k]) is not float or pri[k] != config[k]:
+                self.fail(w + k, f"{config[k]} (config.{k})", pri[k])
+        return self.integer(w + "samples", pri["samples"], 0, _U64)
 
 
 class _Arrays:
@@ -726,11 +747,7 @@ def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: in
     from ..kernels._tree import max_leaf
 
     w = "state.prioritized."
-    c.obj("state.prioritized", pri, ("alpha", "eps", "samples", "leaves", "versions"))
-    for k in ("alpha", "eps"):
-        if type(pri[k]) is not float or pri[k] != config[k]:
-            c.fail(w + k, f"{config[k]} (config.{k})", pri[k])
-    samples = c.integer(w + "samples", pri["samples"], 0, _U64)
+    samples = c.prioritized_scalars(pri, config)
     leaves = arrays.read(w + "leaves", pri["leaves"], np.float64, (size,))
     top = max_leaf(1 << max(0, (cap - 1).bit_length()))
     # the sampler divides by the total mass and descends by it: every leaf positive and finite,
@@ -876,9 +893,7 @@ def load(path, classes: dict, **overrides):
     if cursor % envs or (size < cap and cursor != size):
         c.fail("state.writer.cursor", f"{size} (the size, until the ring is full)"
                if size < cap else f"a multiple of num_envs {envs}", cursor)
-    sampler = c.obj("state.sampler", st["sampler"], ("seed", "counter"))
-    c.integer("state.sampler.seed", sampler["seed"], 0, _U64)
-    c.integer("state.sampler.counter", sampler["counter"], 0, _U64)
+    sampler = c.sampler(st["sampler"])
 
     # what the constructor derives from the config, checked without building anything
     try:
@@ -1039,10 +1054,7 @@ def load_shared(path, cls, **overrides):
     c.names(cf + "next_of", config["next_of"], spec)
     c.names(cf + "roles", config["roles"], spec, keys=("reward", "terminated", "truncated"))
     if prioritized:
-        for k in ("alpha", "beta", "beta_final"):
-            c.real(cf + k, config[k], 0.0, 1000.0)
-        c.real(cf + "eps", config["eps"], 0.0, 1e6, lo_open=True)
-        c.opt_int(cf + "beta_steps", config["beta_steps"], 1, (1 << 63) - 1)
+        c.prioritized_config(config)
     for k, want in (("capacity", cap), ("layout", layout), ("num_writers", shards)):
         if type(st[k]) is not type(want) or st[k] != want:
             c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
@@ -1055,9 +1067,7 @@ def load_shared(path, cls, **overrides):
     for s in range(shards):
         h = c.integer(f"state.heads[{s}]", heads[s], 0, _MAX_HEAD)
         c.integer(f"state.dropped[{s}]", dropped[s], 0, min(h, per))
-    sampler = c.obj("state.sampler", st["sampler"], ("seed", "counter"))
-    c.integer("state.sampler.seed", sampler["seed"], 0, _U64)
-    c.integer("state.sampler.counter", sampler["counter"], 0, _U64)
+    sampler = c.sampler(st["sampler"])
     try:
         roles = resolve_roles(spec, config["roles"])
         next_of = resolve_next_of(spec, config["next_of"])
@@ -1068,12 +1078,8 @@ def load_shared(path, cls, **overrides):
     arrays = _Arrays(path, c)
     pri = None
     if prioritized:
-        w = "state.prioritized."
-        pri = c.obj("state.prioritized", st["prioritized"], ("alpha", "eps", "samples", "leaves", "versions"))
-        for k in ("alpha", "eps"):
-            if type(pri[k]) is not float or pri[k] != config[k]:
-                c.fail(w + k, f"{config[k]} (config.{k})", pri[k])
-        c.integer(w + "samples", pri["samples"], 0, _U64)
+        pri = st["prioritized"]
+        c.prioritized_scalars(pri, config)
     elif st["prioritized"] is not None:
         c.fail("state.prioritized", "null (config.prioritized is false)", st["prioritized"])
     # memory: the region, the trees; a memory_budget is the caller's (the constructor checks it)
