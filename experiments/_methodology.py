@@ -19,7 +19,8 @@ Besides the run record, the plumbing experiments share, so that each experiment 
 its question, parameters, measured conditions and analysis: the ``--quick`` / ``--seeds`` command
 line, timing loops (per-call timing, budgets, interleaved rounds, time-sliced candidates),
 statistics across seeds (mean ± std, verdicts, ratio crossings), memory measurement in a forked
-process, number formatting and matplotlib helpers. numpy, psutil and matplotlib are imported
+process, number formatting, markdown built from data (tables, the machine bullet, the provenance
+line) and matplotlib helpers. numpy, psutil and matplotlib are imported
 inside the functions that need them, so importing this module stays cheap.
 """
 
@@ -488,6 +489,69 @@ def write_report(out_dir: str, lines: list, run: dict) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(list(lines) + ["## Machine and run\n", markdown(run)]))
     return path
+
+
+def md_table(header, rows, align: str) -> list[str]:
+    """A markdown table built from data, so a report lists cells rather than hand-built lines.
+
+    Parameters
+    ----------
+    header : sequence of str
+        Column titles.
+    rows : iterable of sequence
+        One sequence of cells per row (``str`` is applied); an empty cell renders as ``| |``.
+    align : str
+        One letter per column: ``r`` right-aligned (numbers), anything else left.
+
+    Returns
+    -------
+    list of str
+        The header, the separator and one line per row, no blank line around them.
+    """
+    def line(cells):
+        return "|" + "|".join(f" {c} " if c != "" else " " for c in map(str, cells)) + "|"
+
+    return ([line(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+            + [line(r) for r in rows])
+
+
+def sysfs_cache_bytes(machine: dict, level: int) -> int | None:
+    """Size in bytes of the unified or data cache of ``level`` in a :func:`machine_brief`
+    (None if not listed)."""
+    for c in machine["caches_cpu0_sysfs"]:
+        if c.get("level") == str(level) and c.get("type") in ("Unified", "Data"):
+            sz = c.get("size", "")
+            if sz.endswith("K"):
+                return int(sz[:-1]) * 1024
+            if sz.endswith("M"):
+                return int(sz[:-1]) << 20
+    return None
+
+
+def fmt_kib_mib(x: float) -> str:
+    """'16 KiB' below a MiB, '9.0 MiB' from there."""
+    return f"{x / 2**20:.1f} MiB" if x >= 2**20 else f"{x / 1024:.0f} KiB"
+
+
+def machine_bullet(machine: dict) -> str:
+    """The "**Machine.**" bullet of a report's method section, from a :func:`machine_brief`:
+    CPU, caches (sysfs and lscpu), OS and RAM."""
+    l1, l2, l3 = (sysfs_cache_bytes(machine, lv) for lv in (1, 2, 3))
+    ls = machine["lscpu"]
+    size = lambda b: fmt_kib_mib(b) if b else "?"  # noqa: E731
+    return (f"* **Machine.** {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, "
+            f"{ls.get('Thread(s) per core', '?')} thread per core, virtual machine (hypervisor "
+            f"{ls.get('Hypervisor vendor', 'none reported')}). Caches (sysfs, cpu0): L1d {size(l1)}, "
+            f"L2 {size(l2)} per core, L3 {size(l3)} shared; lscpu totals: L1d {ls.get('L1d cache')}, "
+            f"L2 {ls.get('L2 cache')}, L3 {ls.get('L3 cache')}; /proc/cpuinfo cache size "
+            f"{machine['cpuinfo_cache_size']}; 64-byte lines. {machine['os']} {machine['kernel']}, "
+            f"{machine['mem_total_bytes'] / 2**30:.1f} GiB RAM.")
+
+
+def produced_by(mode: str, run_name: str, n_seeds: int, wall_s: float, started: str) -> str:
+    """The start of a report's provenance line: which run, how many seeds, how long, when."""
+    return (f"> Produced by the **{mode}** run `{run_name}` ({n_seeds} seed{'s' * (n_seeds != 1)}, "
+            f"{wall_s:.0f} s wall clock, started {started}).")
 
 
 # -- command line -------------------------------------------------------------------------------
