@@ -18,10 +18,11 @@ not recorded.
 Besides the run record, the plumbing experiments share, so that each experiment file holds only
 its question, parameters, measured conditions and analysis: the ``--quick`` / ``--seeds`` command
 line, timing loops (per-call timing, budgets, interleaved rounds, time-sliced candidates),
-statistics across seeds (mean ± std, verdicts, ratio crossings), memory measurement in a forked
-process, number formatting, markdown built from data (tables, the machine bullet, the provenance
-line) and matplotlib helpers. numpy, psutil and matplotlib are imported
-inside the functions that need them, so importing this module stays cheap.
+statistics across seeds (mean ± std, verdicts, ratio crossings and their sentences), memory
+measurement in a forked process, number formatting, tables built from data (markdown and console),
+the machine bullet and provenance line of a report, and matplotlib helpers (log axes, latency
+lines, grouped bars, ratio curves with their crossings, column legends). numpy, psutil and
+matplotlib are imported inside the functions that need them, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -515,6 +516,31 @@ def md_table(header, rows, align: str) -> list[str]:
             + [line(r) for r in rows])
 
 
+def text_table(header, rows) -> str:
+    """A plain-text table for the console: columns as wide as their widest cell, the first
+    left-aligned and the others right-aligned.
+
+    Parameters
+    ----------
+    header : sequence of str
+    rows : iterable of sequence
+        Cells (``str`` is applied).
+
+    Returns
+    -------
+    str
+        Lines joined by newlines, a rule under the header.
+    """
+    rows = [[str(c) for c in r] for r in rows]
+    w = [max(len(str(h)), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w[0]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(cells))
+
+    return "\n".join([line([str(h) for h in header]), "-" * (sum(w) + 2 * len(w) - 2)]
+                     + [line(r) for r in rows])
+
+
 def sysfs_cache_bytes(machine: dict, level: int) -> int | None:
     """Size in bytes of the unified or data cache of ``level`` in a :func:`machine_brief`
     (None if not listed)."""
@@ -966,6 +992,91 @@ def crossings(xs, ys, verdicts, below_key: str) -> list[dict]:
     return out
 
 
+def fmt_axis(x: float, label: str) -> str:
+    """A measured x in words, by its axis label: capacities as '5,000' / '100k' / '1M', data bytes as
+    '76 B', anything else with 3 significant digits."""
+    if label.startswith("capacity"):
+        return f"{x:,.0f}" if x < 1e4 else f"{x / 1e3:,.0f}k" if x < 1e6 else f"{x / 1e6:.2g}M"
+    if label.startswith("data bytes"):
+        return f"{x:,.0f} B"
+    return f"{x:.3g}"
+
+
+def crossing_text(series: dict, names: dict, below_key: str) -> str:
+    """One ratio curve's crossings of 1 in words (a report cell).
+
+    Parameters
+    ----------
+    series : dict
+        ``xs``, ``ys``, ``verdicts``, ``x_label`` and ``crossings`` (from :func:`crossings`).
+    names : dict
+        Verdict -> display name of the two candidates, e.g. ``{"soa": "SoA", "aos": "AoS"}``; the
+        first is the one faster below a crossing whose ``below_key`` is True.
+    below_key : str
+        As given to :func:`crossings`.
+
+    Returns
+    -------
+    str
+        "**≈ x** (between a and b: ... faster below, ... above; verdicts ...)" per crossing, or
+        "no crossover in the measured range (...)" saying who wins where.
+    """
+    fx = lambda v: fmt_axis(v, series["x_label"])  # noqa: E731
+    first, second = names.values()
+    if not series["crossings"]:
+        vs = set(series["verdicts"])
+        if len(vs) == 1 and vs <= set(names):
+            who = f"{names[vs.pop()]} faster at every point"
+        elif vs == {"tie"}:
+            who = "ties at every point"
+        else:
+            ys = series["ys"]
+            side = "above" if min(ys) > 1 else "below" if max(ys) < 1 else "on both sides of"
+            who = f"ratio stays {side} 1; " + ", ".join(f"{fx(a)}: {v}" for a, v in
+                                                        zip(series["xs"], series["verdicts"]))
+        return f"no crossover in the measured range ({who})"
+    parts = []
+    for cr in series["crossings"]:
+        lo, hi = cr["between"]
+        below, above = (first, second) if cr[below_key] else (second, first)
+        parts.append(f"**≈ {fx(cr['x'])}** (between {fx(lo)} and {fx(hi)}: {below} faster below, "
+                     f"{above} above; verdicts {cr['verdicts'][0]} / {cr['verdicts'][1]}"
+                     + ("" if cr["significant"] else "; one side is a tie, so within noise") + ")")
+    return "; ".join(parts)
+
+
+def crossing_summary(series_list: list) -> tuple[list, dict]:
+    """Per dimension, how many ratio curves cross 1 and where (one line each).
+
+    Parameters
+    ----------
+    series_list : list of dict
+        Curves with ``dimension``, ``series`` (a name), ``x_label`` and ``crossings``.
+
+    Returns
+    -------
+    tuple
+        The lines, and ``{dimension: [curves]}`` in first-seen order.
+    """
+    by = {}
+    for x in series_list:
+        by.setdefault(x["dimension"], []).append(x)
+    lines = []
+    for dim, ss in by.items():
+        found = {sig: [f"{x['series']} at ≈ {fmt_axis(cr['x'], x['x_label'])}" for x in ss
+                       for cr in x["crossings"] if cr["significant"] == sig] for sig in (True, False)}
+        txt = f"{dim}: {len(ss)} ratio curves, "
+        if not found[True] and not found[False]:
+            txt += "no crossover in the measured range"
+        else:
+            txt += (f"{len(found[True])} clear crossing(s) (a winner on each side): " + "; ".join(found[True])
+                    if found[True] else "no clear crossing")
+            txt += (f"; {len(found[False])} crossing(s) within noise (one side a tie): "
+                    + "; ".join(found[False]) if found[False] else "")
+        lines.append(txt)
+    return lines, by
+
+
 # -- memory -------------------------------------------------------------------------------------
 def rss_bytes() -> int:
     """Current resident set size of this process (psutil), in bytes."""
@@ -1118,6 +1229,115 @@ def log_axes(ax, xticks, xlabel: str, ysubs=None, base: int = 2) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.grid(True, which="both", alpha=0.3)
+
+
+def latency_lines(ax, xs, stats: dict, colors: dict, labels: dict) -> None:
+    """Per-call latency of several candidates against a parameter: the median (mean across seeds,
+    error bar = std) solid with dots, the p99 (mean across seeds) dotted.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    xs : list of number
+    stats : dict
+        Candidate -> one :func:`seed_summary` per x.
+    colors, labels : dict
+        Candidate -> colour, legend name (the legend says "<name> median" / "<name> p99").
+    """
+    for name, ss in stats.items():
+        ax.errorbar(xs, [s["median_us_mean"] for s in ss], yerr=[s["median_us_std"] for s in ss],
+                    color=colors[name], marker="o", capsize=3, label=f"{labels[name]} median")
+        ax.plot(xs, [s["p99_us_mean"] for s in ss], color=colors[name], ls=":", marker=".", alpha=0.7,
+                label=f"{labels[name]} p99")
+
+
+def grouped_bars(ax, groups: list, series: dict, colors: dict, labels: dict, *, width: float,
+                 notes=None) -> None:
+    """Bars of several candidates side by side per group, with error bars, from y = 0.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    groups : list of str
+        The x tick labels.
+    series : dict
+        Candidate -> (heights, errors), one per group.
+    colors, labels : dict
+        Candidate -> colour, legend name.
+    width : float
+        Of one bar (a group is ``len(series) * width`` wide).
+    notes : list of str, optional
+        Written above each group's tallest bar (e.g. a ratio).
+    """
+    import numpy as np
+
+    xs = np.arange(len(groups))
+    for j, (name, (h, e)) in enumerate(series.items()):
+        ax.bar(xs + (j - (len(series) - 1) / 2) * width, h, width, yerr=e, capsize=2, color=colors[name],
+               label=labels[name])
+    for i, note in enumerate(notes or []):
+        top = max(h[i] for h, _ in series.values())
+        ax.text(xs[i], top * 1.02, note, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(xs, groups, fontsize=8)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def ratio_curves(ax, curves: list, labels: list) -> None:
+    """Ratio curves (mean ± std across seeds) with their crossings of 1 marked and labelled.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    curves : list of dict
+        ``xs``, ``ys``, ``std``, ``x_label`` and ``crossings`` (:func:`crossings`); one colour each.
+    labels : list of str
+        Legend entry per curve.
+
+    Notes
+    -----
+    A crossing is an X on y = 1, faded when it is not significant (one side a tie), with its x
+    (:func:`fmt_axis`) written beside it.
+    """
+    cmap = pyplot().get_cmap("tab10")
+    for i, (x, label) in enumerate(zip(curves, labels)):
+        col = cmap(i % 10)
+        ax.errorbar(x["xs"], x["ys"], yerr=x["std"], marker="o", ms=4, capsize=2, color=col, label=label)
+        for cr in x["crossings"]:
+            ax.plot([cr["x"]], [1.0], marker="X", ms=11, color=col, mec="k",
+                    alpha=1.0 if cr["significant"] else 0.5)
+            ax.annotate(fmt_axis(cr["x"], x["x_label"]), (cr["x"], 1.0), xytext=(4, -14),
+                        textcoords="offset points", fontsize=7, color=col)
+    ax.axhline(1.0, color="k", lw=0.9)
+
+
+def column_legend(fig, ax, prefixes: list, **kw) -> int:
+    """A figure legend of ``ax``'s lines with one column per label prefix, padded with blank
+    entries so the columns' rows line up.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+    ax : matplotlib.axes.Axes
+    prefixes : list of str
+        A line goes in the column of the prefix its label starts with (prefixes must not overlap).
+    **kw
+        Passed to ``fig.legend`` (``ncol`` is the number of prefixes).
+
+    Returns
+    -------
+    int
+        The number of legend rows (to leave room for them).
+    """
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    cols = [[(h, lab) for h, lab in zip(handles, labels) if lab.startswith(p)] for p in prefixes]
+    rows = max(len(c) for c in cols)
+    cols = [c + [(Line2D([], [], alpha=0), "")] * (rows - len(c)) for c in cols]
+    fig.legend([h for c in cols for h, _ in c], [lab for c in cols for _, lab in c], ncol=len(prefixes),
+               **kw)
+    return rows
 
 
 def save_figure(fig, out_dir: str, name: str, dpi: int = 110) -> str:
