@@ -1,19 +1,10 @@
-"""Row copies, one set per layout: all that the two layouts' kernels do differently.
+"""Row copies, one per layout: all that the two layouts' kernels do differently.
 
-AoS stores are ``uint64[capacity, words]`` (a row copied as whole words), SoA stores a tuple of
-``uint8[capacity, field_bytes]`` byte views (copied field by field, each with the widest word
-that divides its row width). Each layout has three functions, bound into the kernels of
-:mod:`._sample` by :func:`._sample.specialize` and inlined there (``inline="always"``):
-
-``copy(store, idx, out)``
-    ``out[i] = store[idx[i]]`` for every i (:func:`copy_rows`, :func:`copy_fields`).
-``redraw(store, idx, out, i)``
-    The same for row ``i`` alone (:func:`redraw_aos`, :func:`redraw_soa`).
-``rows(store, at_most)``
-    ``min(at_most, rows of the store)`` (:func:`rows_aos`, :func:`rows_soa`).
-
-Written as the layouts' kernels wrote them before they were unified: the kernels compile to the
-same machine code (a copy with a row offset, or a local bound to ``store[f]``, changes it).
+``copy_field(src, idx, dst)`` sets ``dst[i] = src[idx[i]]`` for every i, ``src`` and ``dst``
+being 2-D arrays of rows. AoS copies its ``uint64[capacity, words]`` record array as whole
+words (:func:`copy_rows`); SoA copies each ``uint8[capacity, field_bytes]`` byte view with the
+widest word that divides its row width (:func:`copy_field`). :func:`._sample.specialize` binds
+one of them into the kernels of :mod:`._sample`, where numba inlines it (``inline="always"``).
 """
 
 from __future__ import annotations
@@ -35,17 +26,7 @@ def copy_rows(src, idx, dst):
 
 
 @njit(**INLINE_OPTIONS)
-def redraw_aos(store, idx, out, i):
-    copy_rows(store, idx[i:i + 1], out[i:i + 1])
-
-
-@njit(**INLINE_OPTIONS)
-def rows_aos(store, at_most):
-    return min(at_most, store.shape[0])
-
-
-@njit(**INLINE_OPTIONS)
-def _copy_field(src, idx, dst):
+def copy_field(src, idx, dst):
     """One SoA field, ``uint8[capacity, field_bytes]``, moved with the widest word that divides
     its row width: a float32[4] field moves as two 64-bit words, not sixteen bytes."""
     width = src.shape[1]
@@ -57,23 +38,3 @@ def _copy_field(src, idx, dst):
         copy_rows(src.view(np.uint16), idx, dst.view(np.uint16))
     else:
         copy_rows(src, idx, dst)
-
-
-@njit(**INLINE_OPTIONS)
-def copy_fields(store, idx, out):
-    for f in range(len(store)):
-        _copy_field(store[f], idx, out[f])
-
-
-@njit(**INLINE_OPTIONS)
-def redraw_soa(store, idx, out, i):
-    for f in range(len(store)):
-        _copy_field(store[f], idx[i:i + 1], out[f][i:i + 1])
-
-
-@njit(**INLINE_OPTIONS)
-def rows_soa(store, at_most):
-    rows = at_most
-    for f in range(len(store)):
-        rows = min(rows, store[f].shape[0])
-    return rows

@@ -1,20 +1,27 @@
 """The gather and sampling kernels, written once for both layouts.
 
-The functions below are templates, never called as they are: they copy rows with ``copy_out``
-and ``copy_redraw`` and bound row numbers with ``row_limit``, names this module leaves unbound.
-Each layout module calls :func:`specialize` with its own three (from :mod:`._copy`) and gets
-the four kernels as ``@njit(**NJIT_OPTIONS)`` dispatchers, compiled from copies of the templates
-whose globals bind those names. numba inlines them as it inlines any ``inline="always"`` global,
-so each layout's kernel is the one its hand-written copy was (the same machine code, but for
-register allocation in SoA's ``sample_shared``), and it is cached like any kernel: the cache
-entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``), keyed by the
+The functions below are templates, never called as they are. They copy rows with
+``copy_field`` and test ``ONE_FIELD``, two names this module leaves unbound: each layout module
+calls :func:`specialize` with its own pair and gets the four kernels as ``@njit(**NJIT_OPTIONS)``
+dispatchers, compiled from copies of the templates whose globals bind them. SoA
+(``ONE_FIELD = False``) copies its tuple of ``uint8[capacity, field_bytes]`` byte views field by
+field with :func:`._copy.copy_field`; AoS (``ONE_FIELD = True``) copies its one
+``uint64[capacity, words]`` record array with :func:`._copy.copy_rows`. numba prunes the branch
+of a constant global before typing (the other branch would not even type) and inlines the copy
+as any ``inline="always"`` global, so each kernel compiles, in the same time, to the very
+machine code of the hand-written kernel it replaces. Each is cached like any kernel: the entry is
+named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``), keyed by the
 signature and invalidated by an edit of this file (as for every kernel, not by an edit of the
-helpers it inlines, such as :mod:`._copy`). Other ways to write the kernels once were tried:
-a copy passed as an argument cannot be cached ("dynamic globals"); a closure over the copy is
-compiled again in every process (numba keys its cache entry by the pickled cells, and a pickled
-dispatcher holds a random uuid); a generic kernel inlined into per-layout kernels compiled 1.27x
-slower (all eight from an empty cache: 8.6 s against 6.8 s); a copy chosen by ``@overload`` on
-the store's type compiled 1.35x slower inlined and sampled 1.05-1.2x slower not inlined.
+helpers it inlines, such as :mod:`._copy`).
+
+Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
+globals"); a closure over the copy (compiled again in every process: numba keys a closure's
+cache entry by its pickled cells, and a pickled dispatcher holds a random uuid); a generic
+kernel inlined into per-layout kernels (cold compile 1.27x: 8.6 s against 6.8 s for all eight);
+a copy picked by ``@overload`` on the store's type (compile 1.35x when inlined, samples
+1.05-1.2x slower when not); a whole-store copy function per layout, or the AoS array handed over
+as a one-field tuple (one more inline level, or a loop over a 1-tuple: cold compile 1.05-1.25x
+on one layout's kernels).
 
 ``store`` and ``out`` are what the layout's storage hands the kernels: ``uint64[capacity,
 words]`` for AoS, a tuple of ``uint8[capacity, field_bytes]`` byte views (one per field) for
@@ -36,10 +43,10 @@ from ._tree import is_weights, live_limit, stratified_find
 
 _TWO32 = np.uint64(1 << 32)
 
-#: bound by :func:`specialize` (see :mod:`._copy`): ``copy_out(store, idx, out)`` sets
-#: ``out[i] = store[idx[i]]`` for every i, ``copy_redraw(store, idx, out, i)`` for row i alone,
-#: ``row_limit(store, at_most)`` is ``min(at_most, rows of the store)``
-copy_out = copy_redraw = row_limit = None
+#: bound by :func:`specialize`: whether the store is one array of rows (AoS) rather than a tuple
+#: of them (SoA), and ``copy_field(src, idx, dst)``, ``dst[i] = src[idx[i]]`` for every i
+ONE_FIELD = False
+copy_field = None
 
 
 def gather(store, idx, out):
@@ -55,7 +62,11 @@ def gather(store, idx, out):
     out : same type as ``store``, at least ``batch`` rows
         Destination rows (for SoA, fields in the same order).
     """
-    copy_out(store, idx, out)
+    if ONE_FIELD:
+        copy_field(store, idx, out)
+    else:
+        for f in range(len(store)):
+            copy_field(store[f], idx, out[f])
 
 
 def sample_uniform(store, n, state, idx, out):
@@ -75,7 +86,11 @@ def sample_uniform(store, n, state, idx, out):
         As for :func:`gather`; output: the sampled rows.
     """
     fill_indices(n, state, idx)
-    copy_out(store, idx, out)
+    if ONE_FIELD:
+        copy_field(store, idx, out)
+    else:
+        for f in range(len(store)):
+            copy_field(store[f], idx, out[f])
 
 
 def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weights, versions, out):
@@ -113,14 +128,24 @@ def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weigh
         or there are no live rows (the caller raises). Whatever the trees hold, every slot
         drawn is in ``[0, min(n, capacity))``.
     """
-    limit = live_limit(sumt, n, row_limit(store, version.shape[0]))
+    rows = version.shape[0]
+    if ONE_FIELD:
+        rows = min(rows, store.shape[0])
+    else:
+        for f in range(len(store)):
+            rows = min(rows, store[f].shape[0])
+    limit = live_limit(sumt, n, rows)
     if limit == 0:
         return -1
     stratified_find(sumt, limit, state, idx, u)
     is_weights(sumt, mint, idx, beta, weights)
     for i in range(idx.shape[0]):
         versions[i] = version[idx[i]]
-    copy_out(store, idx, out)
+    if ONE_FIELD:
+        copy_field(store, idx, out)
+    else:
+        for f in range(len(store)):
+            copy_field(store[f], idx, out[f])
     return 0
 
 
@@ -164,7 +189,11 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
     mark = scratch[7 * n:]
     key = state[0]
     ctr = draw_slots(scratch, cap, total, total == n * cap, key, state[1], idx)
-    copy_out(store, idx, out)
+    if ONE_FIELD:
+        copy_field(store, idx, out)
+    else:
+        for f in range(len(store)):
+            copy_field(store[f], idx, out[f])
     fence_acquire()
     # judge every row against the heads read before the copy; then redraw the rejected ones
     # one at a time, each against heads read afresh (writers keep moving the window)
@@ -186,7 +215,11 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
             total = snapshot_heads(heads, cap, scratch)
             nn = np.uint64(total)
             idx[i], ctr = draw_slot(scratch, cap, total, total == n * cap, (_TWO32 - nn) % nn, key, ctr)
-            copy_redraw(store, idx, out, i)
+            if ONE_FIELD:
+                copy_field(store, idx[i:i + 1], out[i:i + 1])
+            else:
+                for f in range(len(store)):
+                    copy_field(store[f], idx[i:i + 1], out[f][i:i + 1])
             fence_acquire()
             if not in_windows(scratch, n, windows(reserved, scratch, cap), idx[i]):
                 mark[i] = 0
@@ -199,10 +232,10 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
 KERNELS = (gather, sample_uniform, sample_prioritized, sample_shared)
 
 
-def specialize(layout: str, copy, redraw, rows) -> tuple:
+def specialize(layout: str, one_field: bool, copy) -> tuple:
     """The kernels of :data:`KERNELS` for one layout, in that order, as cached numba kernels
-    whose ``copy_out``, ``copy_redraw`` and ``row_limit`` are ``copy``, ``redraw`` and ``rows``."""
-    env = dict(globals(), copy_out=copy, copy_redraw=redraw, row_limit=rows)
+    whose ``ONE_FIELD`` is ``one_field`` and whose ``copy_field`` is ``copy``."""
+    env = dict(globals(), ONE_FIELD=one_field, copy_field=copy)
     kernels = []
     for template in KERNELS:
         fn = FunctionType(template.__code__, env, template.__name__, template.__defaults__)

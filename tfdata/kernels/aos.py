@@ -8,10 +8,10 @@ never triggers a compile. The kernels are :mod:`._sample`'s, specialized to this
 
 from __future__ import annotations
 
-from ._copy import copy_rows, redraw_aos, rows_aos
+from ._copy import copy_rows
 from ._sample import specialize
 
 gather, sample_uniform, sample_prioritized, sample_shared = specialize(
-    "aos", copy_rows, redraw_aos, rows_aos)
+    "aos", one_field=True, copy=copy_rows)
 
 __all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared"]
