@@ -137,7 +137,7 @@ def test_save_while_writer_processes_write(shm_dir, tmp_path):
             p.start()
         while len(buf) < 2 * cap:
             time.sleep(0.01)
-        left_out = 0
+        left_out = kept = 0
         for k in range(4):
             path = tmp_path / f"ck{k}"
             buf.save(path)
@@ -146,6 +146,13 @@ def test_save_while_writer_processes_write(shm_dir, tmp_path):
             with SharedReplayBuffer.load(path) as back:
                 for s, h in enumerate(back.writers()):
                     n = min(h["published"], cap)
+                    if n == 0:
+                        # the writer lapped the whole ring while save copied it (a loaded
+                        # CI machine can deschedule the saver for milliseconds): every row
+                        # was torn, so none may be kept, and all count as left out
+                        assert doc["state"]["dropped"][s] > 0
+                        continue
+                    kept += n
                     ids = back.storage.field("id")[s * cap:s * cap + cap]
                     rows = np.arange(h["published"] - n, h["published"]) % cap
                     got = ids[rows] - 1_000_000 * s
@@ -158,3 +165,4 @@ def test_save_while_writer_processes_write(shm_dir, tmp_path):
             p.join(30)
         assert errors.empty(), errors.get()
     assert left_out > 0, "no save raced a writer: the test did not exercise the left-out rows"
+    assert kept > 0, "every save lost every row: the test did not check any kept row"
