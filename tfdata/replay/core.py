@@ -135,6 +135,10 @@ class ReplayCore:
         # sampled ring_size more times, whatever other threads do
         self._local = threading.local()
         self._fast_push = self._writer.make_push(self.spec, self._lock, weak_method(self, "_checked_push"))
+        if type(self).push is ReplayCore.push:
+            # the generated push itself, not a method that calls it: one Python call less per row
+            # (about 70 ns of a 700 ns push); ReplayCore.push keeps the documentation
+            self.push = self._fast_push
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:
