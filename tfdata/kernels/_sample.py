@@ -6,13 +6,13 @@ calls :func:`specialize` with its own pair and gets the four kernels as ``@njit(
 dispatchers, compiled from copies of the templates whose globals bind them. SoA
 (``ONE_FIELD = False``) copies its tuple of ``uint8[capacity, field_bytes]`` byte views field by
 field with :func:`._copy.copy_field`; AoS (``ONE_FIELD = True``) copies its one
-``uint64[capacity, words]`` record array with :func:`._copy.copy_rows`. numba prunes the branch
-of a constant global before typing (the other branch would not even type) and inlines the copy
-as any ``inline="always"`` global, so each kernel compiles, in the same time, to the very
-machine code of the hand-written kernel it replaces. Each is cached like any kernel: the entry is
-named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``), keyed by the
-signature and invalidated by an edit of this file (as for every kernel, not by an edit of the
-helpers it inlines, such as :mod:`._copy`).
+``uint64[capacity, words]`` record array a whole row at a time with :func:`.aos.copy_records`.
+numba prunes the branch of a constant global before typing (the other branch would not even
+type) and inlines the copy as any ``inline="always"`` global, so each kernel compiles, in the
+same time, to the machine code of a hand-written kernel for its layout. Each is cached like
+any kernel: the entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``),
+keyed by the signature and invalidated by an edit of this file (as for every kernel, not by an
+edit of the helpers it inlines, such as :mod:`._copy` or :func:`.aos.copy_records`).
 
 Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
 globals"); a closure over the copy (compiled again in every process: numba keys a closure's
