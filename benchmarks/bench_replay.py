@@ -1,8 +1,9 @@
 """Replay buffer operations: push, extend, sample, build+fill, and sampling tail latency.
 
 Every class takes the layout as its first parameter; ``"numpy"`` is the hand-written baseline
-of :mod:`benchmarks.common` (and ``"memcpy"`` the raw copy floor for image rows), so each figure
-has its ratio to the baseline inside the same run. Buffers are filled before anything is timed:
+of :mod:`benchmarks.common` (``"memcpy"`` the raw copy floor for image rows, ``"floor"`` the bare
+compiled sampling loop of :class:`Sample`), so each figure has its ratio to the baseline inside
+the same run. Buffers are filled before anything is timed:
 the first touch of fresh memory costs page faults that would swamp the operation itself.
 """
 
@@ -64,22 +65,106 @@ class Extend:
         self.buf.extend(self.batch)
 
 
-class Sample:
-    """Draw a uniform batch of CartPole rows from a full buffer."""
+# -- the floor of a uniform sample: RNG and record copy in one compiled call, no Python -------
+_GOLDEN = 0x9E3779B97F4A7C15
+_FLOOR: dict = {}
 
-    params = [LAYOUTS, CAPACITIES, [32, 256, 1024]]
+
+def _floor_kernel():
+    """The bare loop a uniform sample cannot beat, compiled once per process (not cached).
+
+    One njit call that does a sample's whole work: draws ``len(idx)`` uniform rows with the
+    counter RNG tfdata uses (splitmix64's finaliser, Lemire's multiply-shift with rejection)
+    into ``idx``, then copies each row with numba's whole-record assignment ``out[i] = rec[j]``
+    (the fastest gather measured here, see ../shared/performance-notes.md; drawing and copying
+    in one loop was 1.6-2x slower). No lock, no checks, no output ring, no batch object.
+    """
+    kernel = _FLOOR.get("kernel")
+    if kernel is None:
+        import numpy as np
+        from numba import njit
+
+        golden, m1, m2 = (np.uint64(v) for v in (_GOLDEN, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+        s27, s30, s31, s32 = (np.uint64(v) for v in (27, 30, 31, 32))
+        low32, two32, one = np.uint64(0xFFFFFFFF), np.uint64(1 << 32), np.uint64(1)
+
+        @njit(nogil=True, boundscheck=False, error_model="numpy")
+        def sample_floor(records, n, state, idx, out):
+            nn = np.uint64(n)
+            threshold = (two32 - nn) % nn
+            key, ctr = state[0], state[1]
+            for i in range(idx.shape[0]):
+                while True:
+                    z = key + ctr * golden
+                    ctr += one
+                    z = (z ^ (z >> s30)) * m1
+                    z = (z ^ (z >> s27)) * m2
+                    z = z ^ (z >> s31)
+                    m = (z >> s32) * nn
+                    if (m & low32) >= threshold:
+                        break
+                idx[i] = np.int64(m >> s32)
+            state[1] = ctr
+            for i in range(idx.shape[0]):  # a pass of its own: more rows' misses in flight
+                out[i] = records[idx[i]]
+
+        kernel = _FLOOR["kernel"] = sample_floor
+    return kernel
+
+
+def _floor_records(capacity: int):
+    """``capacity`` CartPole rows in one aligned structured array (48 B records), filled."""
+    import numpy as np
+
+    key = ("records", capacity)
+    records = _FLOOR.get(key)
+    if records is None:
+        chunk = fill_chunk(CARTPOLE)
+        dtype = np.dtype([(f.name, f.dtype, f.shape) for f in CARTPOLE], align=True)
+        records = np.zeros(capacity, dtype)
+        rows = len(next(iter(chunk.values())))
+        for start in range(0, capacity, rows):
+            stop = min(capacity, start + rows)
+            for name, values in chunk.items():
+                records[name][start:stop] = values[:stop - start]
+        _FLOOR[key] = records
+    return records
+
+
+def sample_floor(capacity: int, batch: int):
+    """A callable doing :func:`_floor_kernel`'s sample of ``batch`` rows from ``capacity``."""
+    import numpy as np
+
+    records = _floor_records(capacity)
+    state = np.array([_GOLDEN, 0], np.uint64)
+    idx = np.zeros(batch, np.int64)
+    out = np.zeros(batch, records.dtype)
+    return partial(_floor_kernel(), records, capacity, state, idx, out)
+
+
+class Sample:
+    """Draw a uniform batch of CartPole rows from a full buffer.
+
+    ``"floor"`` is :func:`sample_floor`: the same draws and row copies in one compiled call with
+    nothing around it, what ``sample`` would cost with no Python, lock or output ring at all.
+    """
+
+    params = [LAYOUTS + ["floor"], CAPACITIES, [32, 256, 1024]]
     param_names = ["layout", "capacity", "batch"]
     repeat = _MANY_SAMPLES
 
     def setup(self, layout, capacity, batch):
         warm_kernels()
-        self.buf = filled_buffer(layout, CARTPOLE, capacity)
+        if layout == "floor":
+            self.op = sample_floor(capacity, batch)
+        else:
+            self.op = partial(filled_buffer(layout, CARTPOLE, capacity).sample, batch)
         if first_time("sample", layout, capacity, batch):
-            for _ in range(3):  # allocates this batch size's output ring
-                self.buf.sample(batch)
+            for _ in range(3):  # allocates this batch size's output ring (compiles the floor)
+                self.op()
 
     def time_sample(self, layout, capacity, batch):
-        self.buf.sample(batch)
+        self.op()
 
 
 class SampleImage:
