@@ -74,7 +74,7 @@ class RingModel:
 
 def tree_levels(leaves: np.ndarray, size: int):
     """Sum, min and max trees built bottom-up from ``leaves`` padded to ``size`` (a power of 2),
-    in the kernels' array layout (root at 1, leaves at ``size + s``)."""
+    root at 1, leaves at ``size + s`` (a plain binary tree over every leaf, in float64)."""
     s = np.zeros(2 * size)
     mn = np.full(2 * size, np.inf)
     mx = np.zeros(2 * size)
@@ -86,6 +86,50 @@ def tree_levels(leaves: np.ndarray, size: int):
         mn[i] = min(mn[2 * i], mn[2 * i + 1])
         mx[i] = max(mx[2 * i], mx[2 * i + 1])
     return s, mn, mx
+
+
+BLOCK = 16  # leaves per block of the kernels' tree (one cache line of float32)
+
+
+def tree_leaves(capacity: int) -> int:
+    """Leaves of the kernels' tree for ``capacity`` slots: the power of two >= capacity, at
+    least one block."""
+    return max(BLOCK, 1 << max(0, (capacity - 1).bit_length()))
+
+
+def leaf32(x) -> np.ndarray:
+    """float64 values rounded to nearest float32, overflow to inf (as the tree stores leaves)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float64).astype(np.float32)
+
+
+def block_tree(leaves, size: int):
+    """The kernels' tree of ``leaves`` (float64, rounded to float32 here) padded to ``size``
+    leaves: ``(sums, mm, leaves32)`` with ``leaves32`` float32[size], and over the
+    ``NB = size // 16`` blocks a tree (root 1, block ``b`` at ``NB + b``) of float64 sums
+    (a block's 16 leaves added one by one in slot order) and float32
+    ``[min positive (inf if none), max (0 if none)]``, each parent from its two children."""
+    lv = np.zeros(size, np.float32)
+    lv[:len(leaves)] = leaf32(leaves)
+    nb = size // BLOCK
+    sums = np.zeros(2 * nb)
+    mm = np.zeros((2 * nb, 2), np.float32)
+    mm[:, 0] = np.inf  # node 0 is unused; the kernels' arrays start as an empty tree
+    for b in range(nb):
+        total = 0.0
+        lo, hi = np.float32(np.inf), np.float32(0.0)
+        for v in lv[b * BLOCK:(b + 1) * BLOCK]:
+            total += float(v)
+            if v > 0 and v < lo:
+                lo = v
+            if v > hi:
+                hi = v
+        sums[nb + b], mm[nb + b] = total, (lo, hi)
+    for i in range(nb - 1, 0, -1):
+        sums[i] = sums[2 * i] + sums[2 * i + 1]
+        mm[i, 0] = min(mm[2 * i, 0], mm[2 * i + 1, 0])
+        mm[i, 1] = max(mm[2 * i, 1], mm[2 * i + 1, 1])
+    return sums, mm, lv
 
 
 def stratified_slots(key: int, counter: int, leaves: np.ndarray, batch: int, n: int | None = None):
@@ -115,12 +159,15 @@ def stratified_slots(key: int, counter: int, leaves: np.ndarray, batch: int, n: 
 
 FLOAT64_MAX = float(np.finfo(np.float64).max)
 FLOAT64_TINY = float(np.finfo(np.float64).tiny)  # the smallest normal float64
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
-def leaf_ok(priority: float, eps: float, alpha: float, leaves: int) -> bool:
-    """Whether a priority is accepted: finite, >= 0, and its leaf ``(p + eps) ** alpha`` is at
-    least the smallest normal float64 and at most float64 max / (2 * leaves), so that the sum of
-    all leaves is finite (computed directly, with Python's float power)."""
+def leaf_ok(priority: float, eps: float, alpha: float, leaves: int = 0) -> bool:
+    """Whether a priority is accepted: finite, >= 0, and its leaf ``(p + eps) ** alpha``
+    (Python's float power), rounded to nearest float32, is a positive normal float32, so that
+    the sum of up to 2**32 leaves is finite and positive (``leaves`` unused: the bounds no
+    longer depend on the tree's size)."""
     p = float(priority)
     if not (p >= 0.0 and p < float("inf")):
         return False
@@ -128,7 +175,8 @@ def leaf_ok(priority: float, eps: float, alpha: float, leaves: int) -> bool:
         leaf = (p + eps) ** alpha
     except OverflowError:
         return False
-    return FLOAT64_TINY <= leaf <= FLOAT64_MAX / (2 * leaves)
+    leaf = float(leaf32(leaf))
+    return FLOAT32_TINY <= leaf <= FLOAT32_MAX
 
 
 def first_bad_priority(priorities, eps: float, alpha: float, leaves: int) -> int:

@@ -99,18 +99,17 @@ def test_sample_prioritized_matches_reference(layout, capacity, live):
     rng = np.random.default_rng(capacity)
     leaves = np.zeros(capacity)
     leaves[:n] = rng.integers(0, 9, n) + 0.5  # half-integers: every sum is exact
-    size = 1 << max(0, (capacity - 1).bit_length())
-    sumt, mint, _ = naive.tree_levels(leaves, size)
-    version = np.arange(capacity, dtype=np.uint64) * 3
+    sums, mm, lv = naive.block_tree(leaves, naive.tree_leaves(capacity))
+    version = np.arange(capacity, dtype=np.uint32) * 3
     batch = 5
     state = np.array([naive.key_of(7), 0], np.uint64)
     idx, u = np.empty(batch, np.int64), np.empty(batch)
-    weights, versions = np.empty(batch, np.float32), np.empty(batch, np.uint64)
+    weights, versions = np.empty(batch, np.float32), np.empty(batch, np.uint32)
     out = st.new_output(batch + 3)
     counter = 0
     for _ in range(4):
-        ret = st.kernels.sample_prioritized(st.kernel_store, n, sumt, mint, version, state, 0.7, idx,
-                                            u, weights, versions, out.kernel_out)
+        ret = st.kernels.sample_prioritized(st.kernel_store, n, sums, mm, lv, version, state, 0.7,
+                                            idx, u, weights, versions, out.kernel_out)
         ref, counter = naive.stratified_slots(naive.key_of(7), counter, leaves, batch, n)
         assert ret == 0
         np.testing.assert_array_equal(idx, ref)

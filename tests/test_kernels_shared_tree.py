@@ -12,9 +12,13 @@ from . import naive
 
 
 def tree_of(leaves: np.ndarray):
-    size = 1 << max(0, (len(leaves) - 1).bit_length())
-    s, mn, mx = naive.tree_levels(leaves, size)
-    return s, mn, mx
+    """The kernels' tree of ``leaves``: ``(sums, mm, leaves32)``."""
+    return naive.block_tree(leaves, naive.tree_leaves(len(leaves)))
+
+
+def f32(x: np.ndarray) -> np.ndarray:
+    """Leaves the tree stores exactly (float32 values), as float64."""
+    return naive.leaf32(x).astype(np.float64)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -24,15 +28,16 @@ def test_fold_published_matches_the_reference(seed):
     slots = shards * cap
     folded = rng.integers(0, 3 * cap, shards)
     heads = folded + rng.integers(0, 3 * cap, shards)  # some shards lapped since the last fold
-    leaves = np.where(rng.random(slots) < 0.8, rng.random(slots) + 0.1, 0.0)
-    version = rng.integers(0, 5, slots).astype(np.uint64)
+    leaves = f32(np.where(rng.random(slots) < 0.8, rng.random(slots) + 0.1, 0.0))
+    version = rng.integers(0, 5, slots).astype(np.uint32)
     want = naive.fold_published_naive(leaves, version, heads.tolist(), folded.tolist(), cap)
-    s, mn, mx = tree_of(leaves)
+    s, mm, lv = tree_of(leaves)
     v, f = version.copy(), folded.astype(np.int64).copy()
     scratch = np.zeros(7 * shards + 4, np.int64)
-    held = kernels.fold_published(heads.astype(np.uint64), cap, s, mn, mx, v, f, scratch)
-    p = s.shape[0] // 2
-    np.testing.assert_allclose(s[p:p + slots], want[0], rtol=0, atol=0)
+    held = kernels.fold_published(heads.astype(np.uint64), cap, s, mm, lv, v, f, scratch)
+    np.testing.assert_array_equal(lv[:slots], want[0])
+    for got, ref in zip((s, mm, lv), tree_of(want[0])):  # the whole tree, as a fresh build
+        np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(v, want[1])
     np.testing.assert_array_equal(f, want[2])
     assert held == want[3]
@@ -43,14 +48,14 @@ def test_fold_published_matches_the_reference(seed):
 def test_draw_prioritized_matches_the_stratified_reference(seed):
     rng = np.random.default_rng(seed)
     slots, batch = int(rng.integers(1, 40)), int(rng.integers(1, 9))
-    leaves = np.where(rng.random(slots) < 0.7, rng.random(slots) + 0.05, 0.0)
+    leaves = f32(np.where(rng.random(slots) < 0.7, rng.random(slots) + 0.05, 0.0))
     leaves[rng.integers(0, slots)] = 0.5  # at least one live leaf
-    s, mn, mx = tree_of(leaves)
-    version = rng.integers(0, 9, slots).astype(np.uint64)
+    s, mm, lv = tree_of(leaves)
+    version = rng.integers(0, 9, slots).astype(np.uint32)
     state = np.array([naive.key_of(seed), 3], np.uint64)
     idx, u = np.zeros(batch, np.int64), np.zeros(batch)
-    w, v = np.zeros(batch, np.float32), np.zeros(batch, np.uint64)
-    assert kernels.draw_prioritized(s, mn, version, state, 0.6, idx, u, w, v) == 0
+    w, v = np.zeros(batch, np.float32), np.zeros(batch, np.uint32)
+    assert kernels.draw_prioritized(s, mm, lv, version, state, 0.6, idx, u, w, v) == 0
     want, counter = naive.stratified_slots(naive.key_of(seed), 3, leaves, batch, slots)
     np.testing.assert_array_equal(idx, want)
     assert int(state[1]) == counter
@@ -58,7 +63,7 @@ def test_draw_prioritized_matches_the_stratified_reference(seed):
     np.testing.assert_allclose(w, (live.min() / leaves[idx]) ** 0.6, rtol=1e-6)
     np.testing.assert_array_equal(v, version[idx])
     empty = np.zeros_like(s)
-    assert kernels.draw_prioritized(empty, mn, version, state, 0.6, idx, u, w, v) == -1
+    assert kernels.draw_prioritized(empty, mm, lv, version, state, 0.6, idx, u, w, v) == -1
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -140,15 +145,15 @@ def test_shard_slices_prioritized_match_the_reference(seed):
     held = np.zeros(slots, bool)
     held[:8] = True
     held[8:13] = True
-    leaves = np.where(held, rng.random(slots) + 0.1, 0.0)
-    s, mn, mx = tree_of(leaves)
-    version = rng.integers(0, 5, slots).astype(np.uint64)
+    leaves = f32(np.where(held, rng.random(slots) + 0.1, 0.0))
+    s, mm, lv = tree_of(leaves)
+    version = rng.integers(0, 5, slots).astype(np.uint32)
     term, trunc = rng.random(slots) < 0.2, np.zeros(slots, bool)
     state = np.array([naive.key_of(seed), 0], np.uint64)
     idx, mask = np.zeros((batch, length), np.int64), np.zeros((batch, length), bool)
-    u, w, v = np.zeros(batch), np.zeros(batch, np.float32), np.zeros(batch, np.uint64)
-    assert kernels.shard_slices_prioritized(scratch, shards, cap, s, mn, version, state, 0.5, term,
-                                            trunc, False, 10, idx, mask, u, w, v) == -1
+    u, w, v = np.zeros(batch), np.zeros(batch, np.float32), np.zeros(batch, np.uint32)
+    assert kernels.shard_slices_prioritized(scratch, shards, cap, s, mm, lv, version, state, 0.5,
+                                            term, trunc, False, 10, idx, mask, u, w, v) == -1
     starts, _ = naive.stratified_slots(naive.key_of(seed), 0, leaves, batch, slots)
     np.testing.assert_array_equal(idx[:, 0], starts)
     for b, st0 in enumerate(starts):

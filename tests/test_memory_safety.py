@@ -100,9 +100,8 @@ def test_a_buffer_where_no_priority_is_valid_is_refused():
 
 
 def corrupt_trees(capacity, leaves):
-    size = leaves_count(capacity)
-    s, mn, _ = naive.tree_levels(np.asarray(leaves, np.float64), size)
-    return s, mn
+    """The kernels' tree of ``leaves`` (sums, min/max, float32 leaves), whatever they hold."""
+    return naive.block_tree(np.asarray(leaves, np.float64), naive.tree_leaves(capacity))
 
 
 @pytest.mark.parametrize("layout", ["aos", "soa"])
@@ -131,16 +130,17 @@ def test_the_sampling_kernel_never_leaves_the_live_rows(layout, case):
     elif case == "n_past_capacity":
         n = 10 ** 6  # more rows than the storage holds: the storage's rows bound the draw
     with np.errstate(over="ignore", invalid="ignore"):  # the corrupt sums the test is about
-        sumt, mint = corrupt_trees(cap, leaves)
-    version = np.arange(cap, dtype=np.uint64)
+        tree = corrupt_trees(cap, leaves)
+        leaves = naive.leaf32(leaves).astype(np.float64)  # what the tree holds
+    version = np.arange(cap, dtype=np.uint32)
     state = np.array([naive.key_of(3), 0], np.uint64)
     batch = 16
     idx = np.full(batch, -7, np.int64)
     u, w = np.zeros(batch), np.zeros(batch, np.float32)
-    vers = np.zeros(batch, np.uint64)
+    vers = np.zeros(batch, np.uint32)
     out = buf.storage.new_output(batch)
     k = buf.storage.kernels.sample_prioritized
-    ret = k(buf.storage.kernel_store, n, sumt, mint, version, state, 0.5, idx, u, w, vers, out.kernel_out)
+    ret = k(buf.storage.kernel_store, n, *tree, version, state, 0.5, idx, u, w, vers, out.kernel_out)
     with np.errstate(over="ignore", invalid="ignore"):
         ref = naive.stratified_slots(naive.key_of(3), 0, leaves, batch, min(n, cap))
     if ref is None:
@@ -151,43 +151,43 @@ def test_the_sampling_kernel_never_leaves_the_live_rows(layout, case):
     np.testing.assert_array_equal(idx, ref[0])
     assert idx.min() >= 0 and idx.max() < min(n, cap)
     np.testing.assert_array_equal(out.fields["x"][:batch], idx * 10)
-    np.testing.assert_array_equal(vers, idx.astype(np.uint64))
+    np.testing.assert_array_equal(vers, idx.astype(np.uint32))
 
 
 def test_the_tree_kernels_skip_slots_outside_the_tree():
-    """Slots and spans past the tree are dropped: the trees and versions are views in the middle
-    of larger arrays, and the guard zones around them must stay untouched (the old kernels
-    wrote there, and into the tree's inner nodes for negative slots)."""
-    size = 8
+    """Slots and spans past the tree are dropped: the tree's arrays and versions are views in
+    the middle of larger arrays, and the guard zones around them must stay untouched (the old
+    kernels wrote there, and into the tree's inner nodes for negative slots)."""
+    size = 32  # two blocks of 16 leaves
+    nb = size // naive.BLOCK
 
-    def guarded(n, fill):
-        a = np.full(3 * n, 0.0 if fill == 0 else fill)
+    def guarded(n, fill, dtype, width=None):
+        shape = (3 * n,) if width is None else (3 * n, width)
+        a = np.full(shape, fill, dtype)
         return a, a[n:2 * n]
 
-    gs, s = guarded(2 * size, 0)
-    gmn, mn = guarded(2 * size, np.inf)
-    gmx, mx = guarded(2 * size, 0)
-    gv = np.zeros(3 * size, np.uint64)
-    version = gv[size:2 * size]
-    kernels.tree_set(s, mn, mx, np.array([-1, 3, 8, 9]), np.array([5.0, 2.0, 7.0, 9.0]))
-    kernels.tree_set_priorities(s, mn, mx, np.array([-3, 9]), np.array([1.0, 1.0]), 1e-6, 1.0)
-    kernels.tree_fill(s, mn, mx, 6, 10, 1.0)
-    kernels.tree_fill(s, mn, mx, -4, 5, 0.5)
-    kernels.tree_fill_values(s, mn, mx, 7, np.array([3.0, 3.0, 3.0]))
-    kernels.tree_fill_values(s, mn, mx, -2, np.array([3.0, 3.0]))
-    kernels.tree_overwrite_max(s, mn, mx, version, size)
-    kernels.tree_overwrite_max(s, mn, mx, version, -1)
-    for g, n, fill in ((gs, 2 * size, 0.0), (gmn, 2 * size, np.inf), (gmx, 2 * size, 0.0), (gv, size, 0)):
+    gs, s = guarded(2 * nb, 0.0, np.float64)
+    gmm, mm = guarded(2 * nb, 0.0, np.float32, 2)
+    mm[:, 0] = np.inf
+    glv, lv = guarded(size, 0.0, np.float32)
+    gv, version = guarded(size, 0, np.uint32)
+    kernels.tree_set(s, mm, lv, np.array([-1, 3, 32, 33]), np.array([5.0, 2.0, 7.0, 9.0]))
+    kernels.tree_set_priorities(s, mm, lv, np.array([-3, 33]), np.array([1.0, 1.0]), 1e-6, 1.0)
+    kernels.tree_fill(s, mm, lv, 30, 10, 1.0)
+    kernels.tree_fill(s, mm, lv, -4, 5, 0.5)
+    kernels.tree_fill_values(s, mm, lv, 31, np.array([3.0, 3.0, 3.0]))
+    kernels.tree_fill_values(s, mm, lv, -2, np.array([3.0, 3.0]))
+    kernels.tree_overwrite_max(s, mm, lv, version, size)
+    kernels.tree_overwrite_max(s, mm, lv, version, -1)
+    for g, n, fill in ((gs, 2 * nb, 0.0), (gmm, 2 * nb, 0.0), (glv, size, 0.0), (gv, size, 0)):
         assert (g[:n] == fill).all() and (g[2 * n:] == fill).all()
     assert not version.any()
     leaves = np.zeros(size)
-    leaves[0], leaves[3], leaves[6], leaves[7] = 0.5, 2.0, 1.0, 3.0
-    ref = naive.tree_levels(leaves, size)
-    np.testing.assert_array_equal(s, ref[0])
-    np.testing.assert_array_equal(mn, ref[1])
-    np.testing.assert_array_equal(mx, ref[2])
-    assert kernels.first_stale(version, np.array([0, size]), np.zeros(2, np.uint64)) == 1
-    assert kernels.first_stale(version, np.array([-1]), np.zeros(1, np.uint64)) == 0
+    leaves[0], leaves[3], leaves[30], leaves[31] = 0.5, 2.0, 1.0, 3.0
+    for got, want in zip((s, mm, lv), naive.block_tree(leaves, size)):
+        np.testing.assert_array_equal(got, want)
+    assert kernels.first_stale(version, np.array([0, size]), np.zeros(2, np.uint32)) == 1
+    assert kernels.first_stale(version, np.array([-1]), np.zeros(1, np.uint32)) == 0
 
 
 @pytest.mark.parametrize("bad", ["overflowing_sum", "inf", "zero", "nan", "huge_leaf"])
@@ -203,7 +203,7 @@ def test_a_state_whose_leaves_or_their_sum_are_not_finite_and_positive_is_refuse
         leaves[3] = 0.0
     elif bad == "nan":
         leaves[3] = np.nan
-    else:  # one leaf alone above float64 max / (2P)
+    else:  # one leaf alone above the largest float32
         leaves[3] = FMAX / 4
     fresh = PrioritizedReplayBuffer(X, 100, alpha=1.0, seed=1)
     fresh.extend({"x": np.arange(5)})
@@ -341,7 +341,7 @@ def test_update_priorities_with_a_stale_batch_is_refused(layout):
     np.testing.assert_array_equal(buf.priorities(), before)
     fresh = buf.sample(16)  # a valid batch still updates
     buf.update_priorities(fresh, np.full(16, 50.0))
-    assert (buf.priorities()[fresh.indices] == 50.0 + buf.eps).all()
+    assert (buf.priorities()[fresh.indices] == np.float32(50.0 + buf.eps)).all()  # float32 leaves
 
 
 def test_sequence_batches_go_stale(layout):

@@ -13,46 +13,109 @@ from .conftest import CARTPOLE, assert_batches_equal, random_rows
 
 
 def trees(capacity):
-    size = 1 << max(0, (capacity - 1).bit_length())
-    return np.zeros(2 * size), np.full(2 * size, np.inf), np.zeros(2 * size), size
+    """An empty tree in the kernels' layout (see tfdata/kernels/_tree.py): sums, min/max, leaves."""
+    size = naive.tree_leaves(capacity)
+    sums, mm, leaves = naive.block_tree(np.zeros(0), size)
+    return sums, mm, leaves, size
+
+
+def assert_tree(tree, leaves, size):
+    """The kernels' arrays equal a fresh bottom-up build of ``leaves`` (float64, rounded to
+    float32 as the tree stores them), bit for bit."""
+    ref = naive.block_tree(leaves, size)
+    for got, want in zip(tree, ref):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("capacity", [1, 7, 33, 1000])
 def test_tree_updates_match_a_fresh_build(capacity):
     rng = np.random.default_rng(capacity)
-    s, mn, mx, size = trees(capacity)
+    s, mm, lv, size = trees(capacity)
     leaves = np.zeros(capacity)
-    for step in range(60):
-        op = step % 4
+    for step in range(80):
+        op = step % 5
         if op == 0:
             slots = rng.integers(0, capacity, 5)
             vals = rng.random(5) * 10
-            kernels.tree_set(s, mn, mx, slots, vals)
+            kernels.tree_set(s, mm, lv, slots, vals)
             for a, b in zip(slots, vals):
                 leaves[a] = b
         elif op == 1:
             start = int(rng.integers(0, capacity))
             count = int(rng.integers(0, capacity - start + 1))
             v = float(rng.random())
-            kernels.tree_fill(s, mn, mx, start, count, v)
+            kernels.tree_fill(s, mm, lv, start, count, v)
             leaves[start:start + count] = v
         elif op == 2:
             start = int(rng.integers(0, capacity))
             vals = rng.random(int(rng.integers(0, capacity - start + 1)))
-            kernels.tree_fill_values(s, mn, mx, start, vals)
+            kernels.tree_fill_values(s, mm, lv, start, vals)
             leaves[start:start + len(vals)] = vals
+        elif op == 3:  # many slots in one call (levels recomputed whole once narrower than it)
+            slots = rng.integers(0, capacity, int(rng.integers(1, 3 * capacity + 2)))
+            vals = 10.0 ** rng.uniform(-30, 30, len(slots))
+            kernels.tree_set_priorities(s, mm, lv, slots, vals, 1e-6, 0.6)
+            for a, b in zip(slots, vals):
+                leaves[a] = (b + 1e-6) ** 0.6
         else:  # empty a slot again
             slot = int(rng.integers(0, capacity))
-            kernels.tree_set(s, mn, mx, np.array([slot]), np.zeros(1))
+            kernels.tree_set(s, mm, lv, np.array([slot]), np.zeros(1))
             leaves[slot] = 0.0
-        ref = naive.tree_levels(leaves, size)
         # recomputed from children every time: bit-identical to a fresh build, no drift
-        np.testing.assert_array_equal(s, ref[0])
-        np.testing.assert_array_equal(mn, ref[1])
-        np.testing.assert_array_equal(mx, ref[2])
-    kernels.tree_build(s, mn, mx, leaves[:3].copy())
-    ref = naive.tree_levels(leaves[:3], size)
-    np.testing.assert_array_equal(s, ref[0])
+        assert_tree((s, mm, lv), leaves, size)
+    kernels.tree_build(s, mm, lv, leaves[:3].copy())
+    assert_tree((s, mm, lv), leaves[:3], size)
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 33, 1000])
+def test_overwrite_max_gives_the_live_maximum(capacity):
+    """A new row's leaf is the largest leaf of the other slots (1.0 when none is live), read on
+    the way up without writing the eviction first; its version grows by one."""
+    rng = np.random.default_rng(capacity + 1)
+    s, mm, lv, size = trees(capacity)
+    version = np.full(capacity, 2**32 - 2, np.uint32)  # and wraps modulo 2**32
+    leaves = np.zeros(capacity)
+    for step in range(3 * capacity + 5):
+        slot = int(rng.integers(0, capacity))
+        if step % 3 == 0:  # change some other leaves, the maximum among them
+            others = rng.integers(0, capacity, 3)
+            vals = 10.0 ** rng.uniform(-5, 5, 3)
+            kernels.tree_set(s, mm, lv, others, vals)
+            leaves[others] = naive.leaf32(vals)
+        kernels.tree_overwrite_max(s, mm, lv, version, slot)
+        rest = np.delete(naive.leaf32(leaves), slot)
+        rest = rest[rest > 0]
+        leaves[slot] = rest.max() if rest.size else 1.0
+        assert_tree((s, mm, lv), leaves, size)
+    assert version.dtype == np.uint32
+
+
+def test_update_kernel_checks_everything_before_writing():
+    """tree_update: priorities first (whole batch), then slots, then versions; on a fault the
+    position and kind come back and nothing is written."""
+    from tfdata.kernels import _tree
+
+    s, mm, lv, size = trees(40)
+    kernels.tree_set(s, mm, lv, np.arange(40), np.ones(40))
+    version = np.arange(40, dtype=np.uint32)
+    before = [a.copy() for a in (s, mm, lv, version)]
+    slots = np.array([3, 50, 7, 9])
+    pri = np.array([1.0, 2.0, np.nan, 4.0])
+    vers = version[[3, 0, 7, 8]]
+    args = (s, mm, lv, version)
+    low, high = 0.0, 1e30
+    assert _tree.tree_update(*args, slots, pri, vers, True, 40, low, high, 0.0, 1.0) == 4 * 2 + _tree.BAD_PRIORITY
+    pri[2] = 3.0
+    assert _tree.tree_update(*args, slots, pri, vers, True, 40, low, high, 0.0, 1.0) == 4 * 1 + _tree.BAD_SLOT
+    slots[1] = 0
+    assert _tree.tree_update(*args, slots, pri, vers, True, 40, low, high, 0.0, 1.0) == 4 * 3 + _tree.STALE
+    assert _tree.tree_update(*args, slots, pri, vers, True, 5, low, high, 0.0, 1.0) == 4 * 2 + _tree.BAD_SLOT
+    for a, b in zip((s, mm, lv, version), before):
+        np.testing.assert_array_equal(a, b)
+    assert _tree.tree_update(*args, slots, pri, vers, False, 40, low, high, 0.0, 1.0) == 0
+    leaves = np.ones(40)
+    leaves[slots] = pri
+    assert_tree((s, mm, lv), leaves, size)
 
 
 @pytest.mark.parametrize("layout", ["aos", "soa"])
@@ -211,7 +274,7 @@ def test_bad_rows_change_nothing_on_the_fast_path(layout, bad, message):
     for _ in range(7):  # wrapped: the next push would overwrite a live row
         buf.push(good)
     before = buf.state_dict()
-    tree, version = buf.sampler.tree.copy(), buf.sampler.version.copy()
+    tree, version = [a.copy() for a in buf.sampler.trees], buf.sampler.version.copy()
     row = dict(good)
     if "rewrd" in bad:
         row["rewrd"] = row.pop("reward")
@@ -222,7 +285,8 @@ def test_bad_rows_change_nothing_on_the_fast_path(layout, bad, message):
     after = buf.state_dict()
     assert after["writer"] == before["writer"]
     assert_batches_equal(after["data"], before["data"])
-    np.testing.assert_array_equal(buf.sampler.tree, tree)
+    for got, want in zip(buf.sampler.trees, tree):
+        np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(buf.sampler.version, version)
 
 
@@ -278,7 +342,8 @@ def test_fast_push_sets_what_the_checked_push_sets(layout):
             fast.update_priorities(b, p)
             slow.update_priorities(slow.sample(3), p)
     assert "on_write(p)" in fast._fast_push.__source__
-    np.testing.assert_array_equal(fast.sampler.tree, slow.sampler.tree)
+    for a, b in zip(fast.sampler.trees, slow.sampler.trees):
+        np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(fast.sampler.version, slow.sampler.version)
     assert_batches_equal(fast.state_dict()["data"], slow.state_dict()["data"])
     assert_batches_equal(dict(fast.sample(5)), dict(slow.sample(5)))

@@ -147,7 +147,9 @@ class _Shard:
             # object store. AoS fields are strided views of one record array, which Ray would
             # pickle in-band and the learner receive as private copies: make them contiguous.
             fields = {name: np.ascontiguousarray(b[name]) for name in buf.spec.names}
-            return fields, b.indices, b.weights, b.versions
+            # versions as uint64 whatever the buffer counts them in (uint32, modulo 2**32)
+            versions = None if b.versions is None else b.versions.astype(np.uint64)
+            return fields, b.indices, b.weights, versions
         n = len(buf)
         if n == 0:
             raise ValueError("cannot sample from an empty shard")

@@ -19,7 +19,7 @@ from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._rng import fill_indices
-from ._tree import live_limit, stratified_find
+from ._tree import is_weight, live_limit, stratified_find
 
 
 
@@ -358,8 +358,8 @@ def _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask):
 
 
 @njit(**NJIT_OPTIONS)
-def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sumt, mint, version, state, beta,
-                              episode, reject, max_draws, idx, mask, u, weights, versions):
+def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sums, mm, leaves, version, state,
+                              beta, episode, reject, max_draws, idx, mask, u, weights, versions):
     """:func:`sample_slices` with starts drawn in proportion to their priority.
 
     Starts are drawn as :func:`tfdata.kernels.aos.sample_prioritized` draws rows: stratified,
@@ -372,15 +372,15 @@ def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sumt, mint, ve
     ----------
     n_rows, cursor, num_envs, capacity, episode, reject, max_draws, idx, mask
         As for :func:`sample_slices`.
-    sumt, mint : ndarray of float64, shape (2 * P,)
-        Sum and min trees.
-    version : ndarray of uint64, shape (capacity,)
+    sums, mm, leaves
+        The priority tree (see :mod:`tfdata.kernels._tree`).
+    version : ndarray of uint32, shape (capacity,)
     state : ndarray of uint64, shape (2,)
     beta : float
     u : ndarray of float64, shape (B,)
         Scratch.
     weights : ndarray of float32, shape (B,)
-    versions : ndarray of uint64, shape (B,)
+    versions : ndarray of uint32, shape (B,)
 
     Returns
     -------
@@ -388,12 +388,12 @@ def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sumt, mint, ve
         -1 on success; ``b`` when ``max_draws`` draws found no start for slice ``b``; -2, with
         nothing drawn, when the root mass is not finite and positive or no row is live.
     """
-    limit = live_limit(sumt, n_rows, min(version.shape[0], episode.shape[0], capacity))
+    limit = live_limit(sums, leaves, n_rows, min(version.shape[0], episode.shape[0], capacity))
     if limit == 0:
         return -2
     length = idx.shape[1]
     starts = idx[:, 0]
-    stratified_find(sumt, limit, state, starts, u)
+    stratified_find(sums, leaves, limit, state, starts, u)
     for b in range(idx.shape[0]):
         s = idx[b, 0]
         one = idx[b, :1]  # a redraw lands where slice b starts anyway
@@ -402,14 +402,12 @@ def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sumt, mint, ve
             while not _slice_fits(s, length, cursor, num_envs, capacity, episode):
                 if tries >= max_draws:
                     return b
-                stratified_find(sumt, limit, state, one, u[:1])
+                stratified_find(sums, leaves, limit, state, one, u[:1])
                 s = one[0]
                 tries += 1
         _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask)
-    pmin = mint[1]
-    p = sumt.shape[0] // 2
     for b in range(idx.shape[0]):
         s = idx[b, 0]
-        weights[b] = (pmin / sumt[p + s]) ** beta
+        weights[b] = is_weight(mm, leaves, s, beta)
         versions[b] = version[s]
     return -1

@@ -93,7 +93,8 @@ def sample_uniform(store, n, state, idx, out):
             copy_field(store[f], idx, out[f])
 
 
-def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weights, versions, out):
+def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u, weights, versions,
+                       out):
     """Stratified proportional sample with importance weights, gathered into ``out``.
 
     Parameters
@@ -102,9 +103,9 @@ def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weigh
         As for :func:`gather`.
     n : int
         Number of live rows: every slot drawn is in ``[0, n)``.
-    sumt, mint : ndarray of float64, shape (2 * P,)
-        Sum and min trees (see ``tfdata.kernels._tree``).
-    version : ndarray of uint64, shape (capacity,)
+    sums, mm, leaves : ndarray of float64, shape (2 * NB,); of float32, shape (2 * NB, 2); of float32, shape (P,)
+        The priority tree (see ``tfdata.kernels._tree``).
+    version : ndarray of uint32, shape (capacity,)
         Write count of every slot.
     state : ndarray of uint64, shape (2,)
         Counter-based RNG state, advanced in place (one word per draw).
@@ -116,7 +117,7 @@ def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weigh
         Scratch.
     weights : ndarray of float32, shape (batch,)
         Output: ``(p_min / p_i) ** beta``, so the largest possible weight is 1.
-    versions : ndarray of uint64, shape (batch,)
+    versions : ndarray of uint32, shape (batch,)
         Output: ``version[idx]``, to detect stale priority updates.
     out
         As for :func:`gather`; output: the sampled rows.
@@ -134,11 +135,11 @@ def sample_prioritized(store, n, sumt, mint, version, state, beta, idx, u, weigh
     else:
         for f in range(len(store)):
             rows = min(rows, store[f].shape[0])
-    limit = live_limit(sumt, n, rows)
+    limit = live_limit(sums, leaves, n, rows)
     if limit == 0:
         return -1
-    stratified_find(sumt, limit, state, idx, u)
-    is_weights(sumt, mint, idx, beta, weights)
+    stratified_find(sums, leaves, limit, state, idx, u)
+    is_weights(mm, leaves, idx, beta, weights)
     for i in range(idx.shape[0]):
         versions[i] = version[idx[i]]
     if ONE_FIELD:

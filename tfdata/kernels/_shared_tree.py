@@ -19,13 +19,13 @@ from numba import njit
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._shared import draw_slot, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
-from ._tree import is_weights, live_limit, stratified_find, tree_overwrite_max
+from ._tree import is_weight, is_weights, live_limit, stratified_find, tree_overwrite_max
 
 _TWO32 = np.uint64(1 << 32)
 
 
 @njit(**NJIT_OPTIONS)
-def fold_published(heads, cap, sumt, mint, maxt, version, folded, scratch):
+def fold_published(heads, cap, sums, mm, leaves, version, folded, scratch):
     """Give the rows published since the last fold their leaves; read every head once.
 
     Parameters
@@ -34,9 +34,9 @@ def fold_published(heads, cap, sumt, mint, maxt, version, folded, scratch):
         The shards' heads (strided view of the control words).
     cap : int
         Slots per shard; row ``r`` of shard ``s`` is in slot ``s * cap + r % cap``.
-    sumt, mint, maxt : ndarray of float64, shape (2 * P,)
-        The trees, ``P >= shards * cap``.
-    version : ndarray of uint64, shape (shards * cap,)
+    sums, mm, leaves : ndarray of float64, shape (2 * NB,); of float32, shape (2 * NB, 2); of float32, shape (P,)
+        The priority tree (see :mod:`tfdata.kernels._tree`), ``P >= shards * cap``.
+    version : ndarray of uint32, shape (shards * cap,)
         Writes per slot.
     folded : ndarray of int64, shape (shards,)
         Rows of each shard folded so far; advanced to the heads read here.
@@ -54,7 +54,7 @@ def fold_published(heads, cap, sumt, mint, maxt, version, folded, scratch):
         h = scratch[n + s]
         start = max(folded[s], h - cap)  # a lap or more behind: only the last cap rows remain
         for r in range(start, h):
-            tree_overwrite_max(sumt, mint, maxt, version, s * cap + r % cap)
+            tree_overwrite_max(sums, mm, leaves, version, s * cap + r % cap)
         folded[s] = max(folded[s], h)
     return total
 
@@ -67,18 +67,18 @@ def read_heads(heads, cap, scratch):
 
 
 @njit(**NJIT_OPTIONS)
-def draw_prioritized(sumt, mint, version, state, beta, idx, u, weights, versions):
+def draw_prioritized(sums, mm, leaves, version, state, beta, idx, u, weights, versions):
     """Stratified proportional draws into ``idx`` with IS weights and versions (as
     ``sample_prioritized`` without the copy); ``idx`` may be a one-row slice for a redraw.
 
     Returns 0, or -1 with nothing drawn when the root mass is not finite and positive. Every
     slot drawn is in ``[0, version.shape[0])`` whatever the trees hold.
     """
-    limit = live_limit(sumt, version.shape[0], version.shape[0])
+    limit = live_limit(sums, leaves, version.shape[0], version.shape[0])
     if limit == 0:
         return -1
-    stratified_find(sumt, limit, state, idx, u)
-    is_weights(sumt, mint, idx, beta, weights)
+    stratified_find(sums, leaves, limit, state, idx, u)
+    is_weights(mm, leaves, idx, beta, weights)
     for i in range(idx.shape[0]):
         versions[i] = version[idx[i]]
     return 0
@@ -264,17 +264,17 @@ def shard_slices(scratch, shards, cap, state, term, trunc, reject, max_draws, id
 
 
 @njit(**NJIT_OPTIONS)
-def shard_slices_prioritized(scratch, shards, cap, sumt, mint, version, state, beta, term, trunc,
-                             reject, max_draws, idx, mask, u, weights, versions):
+def shard_slices_prioritized(scratch, shards, cap, sums, mm, leaves, version, state, beta, term,
+                             trunc, reject, max_draws, idx, mask, u, weights, versions):
     """:func:`shard_slices` with starts drawn in proportion to their priority, as
     :func:`tfdata.kernels._episodes.sample_slices_prioritized` draws them (stratified; a rejected
     start replaced by one proportional draw over the whole mass); weights and versions of the
     start rows. Returns as :func:`shard_slices`."""
-    limit = live_limit(sumt, version.shape[0], version.shape[0])
+    limit = live_limit(sums, leaves, version.shape[0], version.shape[0])
     if limit == 0:
         return -2
     length = idx.shape[1]
-    stratified_find(sumt, limit, state, idx[:, 0], u)
+    stratified_find(sums, leaves, limit, state, idx[:, 0], u)
     for b in range(idx.shape[0]):
         j = idx[b, 0]
         one = idx[b, :1]
@@ -283,14 +283,12 @@ def shard_slices_prioritized(scratch, shards, cap, sumt, mint, version, state, b
             while not _shard_slice_fits(j, length, scratch, shards, cap, term, trunc):
                 if tries >= max_draws:
                     return b
-                stratified_find(sumt, limit, state, one, u[:1])
+                stratified_find(sums, leaves, limit, state, one, u[:1])
                 j = one[0]
                 tries += 1
         _shard_fill_slice(j, b, scratch, shards, cap, term, trunc, idx, mask)
-    pmin = mint[1]
-    p = sumt.shape[0] // 2
     for b in range(idx.shape[0]):
         j = idx[b, 0]
-        weights[b] = (pmin / sumt[p + j]) ** beta
+        weights[b] = is_weight(mm, leaves, j, beta)
         versions[b] = version[j]
     return -1

@@ -66,7 +66,10 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
   exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
-  (leaves) must be finite, positive, at most ``float64 max / 2P`` and sum to a finite total;
+  (leaves) must be, rounded to float32 (as the tree stores them; a checkpoint of a buffer that
+  stored float64 leaves is rounded once, when loaded), positive normal float32 values, so that
+  their sum is finite and positive; versions are kept modulo 2**32 (the buffer counts in 32
+  bits);
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
 * memory: without a ``memory_budget``, the bytes the buffer would hold
   (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
@@ -743,24 +746,41 @@ class _EpisodeOrder:
                    "end an episode", show=False)
 
 
+def _widen_priorities(state: dict) -> None:
+    """The prioritized arrays of ``state`` in the checkpoint's form: leaves float64, versions
+    uint64 (the trees hold float32 leaves and uint32 versions; the form on disk is unchanged)."""
+    pri = state.get("prioritized")
+    if pri is not None:
+        pri["leaves"] = np.asarray(pri["leaves"], np.float64)
+        pri["versions"] = np.asarray(pri["versions"], np.uint64)
+
+
+def _leaves32(leaves: np.ndarray) -> tuple:
+    """``(leaves as float32, mask of those not in [MIN_LEAF, MAX_LEAF] once rounded)``: the
+    tree stores float32 leaves, positive normal floats (so that their sum is finite and
+    positive); a float64 leaf of an older checkpoint is rounded to nearest."""
+    from ..kernels._tree import MAX_LEAF, MIN_LEAF
+
+    with np.errstate(over="ignore"):
+        l32 = leaves.astype(np.float32)
+    return l32, ~((l32 >= MIN_LEAF) & (l32 <= MAX_LEAF))
+
+
 def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: int, cap: int) -> dict:
-    from ..kernels._tree import max_leaf
+    from ..kernels._tree import MAX_LEAF, MIN_LEAF
 
     w = "state.prioritized."
     samples = c.prioritized_scalars(pri, config)
     leaves = arrays.read(w + "leaves", pri["leaves"], np.float64, (size,))
-    top = max_leaf(1 << max(0, (cap - 1).bit_length()))
     # the sampler divides by the total mass and descends by it: every leaf positive and finite,
     # and small enough that the sum of all of them is finite
-    bad = ~((leaves > 0.0) & (leaves <= top))
+    l32, bad = _leaves32(leaves)
     if bad.any():
         i = int(np.argmax(bad))
         raise FormatError(f"{os.path.join(arrays.path, pri['leaves']['$array'])}: {w}leaves: leaf "
-                          f"{i} is {leaves[i]}; every leaf must be finite, > 0 and <= {top} "
-                          f"(float64 max / 2P, so that their sum is finite)")
-    total = float(np.sum(leaves))
-    if not math.isfinite(total):
-        raise FormatError(f"{c.spath}: {w}leaves: their sum {total} is not finite")
+                          f"{i} is {leaves[i]}; every leaf must be, rounded to float32, in "
+                          f"[{MIN_LEAF}, {MAX_LEAF}] (positive normal float32 values, so that "
+                          f"their sum is finite and positive)")
     versions = arrays.read(w + "versions", pri["versions"], np.uint64, (cap,))
     return {"alpha": config["alpha"], "eps": config["eps"], "samples": samples, "leaves": leaves,
             "versions": versions}
@@ -1002,6 +1022,7 @@ def save_shared(buffer, path, overwrite: bool = False) -> None:
                 for start in range(0, slots, step):
                     storage.append_to(w, start, min(slots, start + step))
             state["dropped"] = buffer.overwritten_since(state["heads"])
+            _widen_priorities(state)
             arrays: list = []
             doc = {"format": FORMAT, "version": list(VERSION), "class": type(buffer).__name__,
                    "config": _encode(buffer.config, tmp, "config", arrays), "rows": rows_name,
@@ -1021,7 +1042,7 @@ def load_shared(path, cls, **overrides):
     if bad:
         raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget")
     from .._budget import parse_bytes
-    from ..kernels._tree import max_leaf
+    from ..kernels._tree import MAX_LEAF, MIN_LEAF, tree_nbytes
     from .episodes import resolve_next_of, resolve_roles
 
     if overrides.get("memory_budget") is not None:
@@ -1083,26 +1104,24 @@ def load_shared(path, cls, **overrides):
     elif st["prioritized"] is not None:
         c.fail("state.prioritized", "null (config.prioritized is false)", st["prioritized"])
     # memory: the region, the trees; a memory_budget is the caller's (the constructor checks it)
-    need = storage_nbytes(spec, cap, layout) + (2 * (1 << max(0, (cap - 1).bit_length())) * 32 + 8 * cap
-                                                if prioritized else 0)
+    need = storage_nbytes(spec, cap, layout) + (tree_nbytes(cap) + 4 * cap if prioritized else 0)
     if overrides.get("memory_budget") is None and need > _available_memory():
         raise FormatError(f"{spath}: config.capacity {cap} would need {need} bytes, more than the "
                           f"memory available on this machine; refused before allocating")
     leaves = versions = None
     if prioritized:
-        leaves = arrays.read("state.prioritized.leaves", pri["leaves"], np.float64, (cap,))
+        raw = arrays.read("state.prioritized.leaves", pri["leaves"], np.float64, (cap,))
         versions = arrays.read("state.prioritized.versions", pri["versions"], np.uint64, (cap,))
-        top = max_leaf(1 << max(0, (cap - 1).bit_length()))
-        bad = ~((leaves >= 0.0) & (leaves <= top))  # slots no shard holds have leaf 0
+        leaves, bad = _leaves32(raw)
+        bad &= leaves != 0.0  # slots no shard holds have leaf 0
         for s in range(shards):
             held = slice(s * per, s * per + min(heads[s], per))
-            bad[held] |= leaves[held] <= 0.0  # every held row was folded before the save
+            bad[held] |= ~(leaves[held] > 0.0)  # every held row was folded before the save
         if bad.any():
             i = int(np.argmax(bad))
-            c.fail("state.prioritized.leaves", f"leaves in [0, {top}], > 0 for held rows",
-                   f"leaf {i} = {leaves[i]}", show=False)
-        if not math.isfinite(float(np.sum(leaves))):
-            c.fail("state.prioritized.leaves", "a finite sum", show=False)
+            c.fail("state.prioritized.leaves", f"leaves that, rounded to float32, are 0 or in "
+                   f"[{MIN_LEAF}, {MAX_LEAF}], and not 0 for held rows", f"leaf {i} = {raw[i]}",
+                   show=False)
     rows_name = doc["rows"]
     if rows_name != file_name(layout, "rows"):
         c.fail("rows", f"{file_name(layout, 'rows')} (layout {layout!r})", rows_name)

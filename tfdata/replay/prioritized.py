@@ -67,11 +67,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     shape ``(batch_size,)`` sets the priority of each slice's start: a slice is as likely as the
     transition it starts from, and its loss is weighted by that row's importance weight.
 
-    *Storage of priorities.* Three binary trees over the slots, in float64: sums (sampling),
-    minimum (weight normalisation) and maximum (priority of new rows), interleaved node by node
-    in one ``(2P, 4)`` array. float64 because the
-    root sums up to 2**32 leaves; parents are always recomputed from their children, so there is
-    no drift to correct by rebuilding.
+    *Storage of priorities.* Each leaf ``(p + eps) ** alpha`` is computed in float64 and stored
+    as float32 (rounded to nearest), in blocks of 16 leaves (one cache line); a float64 sum
+    tree over the blocks (sampling), with the float32 minimum (weight normalisation) and maximum
+    (priority of new rows) of each subtree. 6 bytes per slot in all, against 64 for three
+    float64 trees over every slot. The minimum and maximum are leaves, so exact; sums are
+    float64 because the root sums up to 2**32 leaves; parents are always recomputed from their
+    children, so there is no drift to correct by rebuilding. :meth:`priorities`, the
+    importance weights and the maximum given to new rows all see the float32 leaves (relative
+    rounding at most 2**-24). Write versions are counted modulo 2**32.
 
     *New rows* get the maximum priority over the rows that are live once the rows being
     overwritten are gone (1.0, before ``alpha``, in an empty buffer), unless ``push``/``extend``
@@ -83,11 +87,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ``P(i) = p_i**alpha / sum_k p_k**alpha`` and the max runs over **all live rows** (not only
     the batch), so ``w_i = (min_k p_k**alpha / p_i**alpha)**beta <= 1``.
 
-    *Bounds.* Every leaf ``(p + eps) ** alpha`` must lie in ``[MIN_LEAF, max_leaf]``: at least
-    the smallest normal float64 (2.2e-308), so the total mass is positive, and at most
-    ``float64 max / (2 P)`` (``P`` the power of two ``>= capacity``), so the sum of all leaves
-    is finite. A priority whose leaf falls outside (``alpha=60`` with priorities near 1e-7,
-    which underflow to 0; ``1e308`` with ``alpha=1``, whose sum overflows) is refused with a
+    *Bounds.* Every leaf ``(p + eps) ** alpha``, rounded to float32, must lie in
+    ``[MIN_LEAF, MAX_LEAF]``, the positive normal float32 values (1.2e-38 to 3.4e38): at least
+    the smallest normal float32, so the total mass is positive and no leaf loses bits, and at
+    most the largest float32, so the sum of all leaves is finite. A priority whose leaf falls
+    outside (``alpha=60`` with priorities near 1e-7, which underflow to 0; ``1e308`` with
+    ``alpha=1``, which overflows float32) is refused with a
     ValueError naming it, by :meth:`update_priorities`, :meth:`push` and :meth:`extend`, and
     nothing is changed; :attr:`priority_range` gives the accepted priorities. New rows take the
     current largest leaf (or 1.0), which is within the bounds. A state or checkpoint whose
@@ -164,7 +169,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     @property
     def priority_range(self) -> tuple:
         """``(low, high)``: the priorities this buffer accepts, those whose leaf
-        ``(p + eps) ** alpha`` lies in ``[MIN_LEAF, float64 max / (2 P)]`` (see *Bounds*)."""
+        ``(p + eps) ** alpha``, rounded to float32, lies in ``[MIN_LEAF, MAX_LEAF]`` (see
+        *Bounds*)."""
         return self.sampler.p_low, self.sampler.p_high
 
     @property
@@ -175,9 +181,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     # -- priorities -------------------------------------------------------------------------
     def priorities(self) -> np.ndarray:
-        """``(priority + eps) ** alpha`` of slots ``[0, len(self))`` (a copy, float64)."""
+        """``(priority + eps) ** alpha`` of slots ``[0, len(self))``, as stored (float32 values)
+        in a new float64 array of shape ``(len(self),)``."""
         with self._lock:
-            return self.sampler.live_leaves(len(self)).copy()
+            return self.sampler.live_leaves(len(self))
 
     def update_priorities(self, indices, priorities) -> None:
         """Set the priorities of slots ``indices`` (as in ``batch.indices``).
@@ -202,10 +209,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``indices`` is a batch whose ring slot was reused by a later sample (a ValueError).
         """
         idx, versions = batch_slots(indices)
-        p = self.sampler.checked_priorities(priorities, idx.shape[0], "update_priorities")
+        # dtype and shape here; values, slots and versions in the update's one kernel call
+        p = self.sampler.as_priorities(priorities, idx.shape[0], "update_priorities")
         if idx.size == 0:
             return
-        idx = idx.astype(np.int64, copy=False)
+        if idx.dtype != np.int64:
+            idx = idx.astype(np.int64)
         with self._lock:
             self.sampler.update(idx, p, versions, len(self))
 

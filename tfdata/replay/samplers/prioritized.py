@@ -24,13 +24,19 @@ class PrioritizedSampler(Sampler):
 
     Attributes
     ----------
-    tree : ndarray of float64, shape (2 * P, 4)
-        One 32-byte record per node, ``[sum, min, max, unused]`` (``P`` the power of two
-        ``>= capacity``): an update reads a node's children and writes the node in two cache
-        lines for all three trees, not six (measured 0.88x of the step with three separate
-        arrays at 1M rows, reports/prioritized.md).
-    version : ndarray of uint64, shape (capacity,)
-        Writes per slot, so an update for a row overwritten since its sample is refused.
+    leaves : ndarray of float32, shape (P,)
+        ``float32((priority + eps) ** alpha)`` of every slot (0 for an empty one), ``P`` the
+        power of two ``>= capacity`` (at least 16), 64-byte aligned: blocks of 16 leaves are
+        cache lines.
+    sums : ndarray of float64, shape (2 * P // 16,)
+        Sum tree over the blocks (root ``sums[1]``, block ``b`` at ``P // 16 + b``).
+    mm : ndarray of float32, shape (2 * P // 16, 2)
+        Smallest positive leaf and largest leaf under each node of that tree. The layout and
+        why: :mod:`tfdata.kernels._tree` (6 bytes per slot; the float64 ``(2P, 4)`` nodes it
+        replaced took 64, reports/prioritized.md).
+    version : ndarray of uint32, shape (capacity,)
+        Writes per slot, modulo 2**32, so an update for a row overwritten since its sample is
+        refused (a row overwritten exactly a multiple of 2**32 times in between would pass).
     samples : int
         Sample calls so far: the position in the beta schedule.
     """
@@ -47,7 +53,9 @@ class PrioritizedSampler(Sampler):
 
     @staticmethod
     def leaves_of(capacity: int) -> int:
-        return 1 << max(0, (capacity - 1).bit_length())
+        from ...kernels._tree import leaves_of
+
+        return leaves_of(capacity)
 
     def bounds(self, capacity: int):
         """``(low, high, max_leaf)``: the accepted priorities and the largest leaf, or None
@@ -64,19 +72,24 @@ class PrioritizedSampler(Sampler):
 
         self.k = kernels
         self.p_low, self.p_high, self.max_leaf = self.bounds(capacity)
-        self.tree = allocator.zeros((2 * self.leaves_of(capacity), 4), np.float64)
-        self.sum, self.min, self.max = self.tree[:, 0], self.tree[:, 1], self.tree[:, 2]
-        self.min[:] = np.inf
-        self.version = allocator.zeros(capacity, np.uint64)
+        from ...kernels._tree import new_tree, tree_update
+
+        self._update = tree_update
+        self.sums, self.mm, self.leaves, self._leaves_raw = new_tree(capacity, allocator)
+        self.trees = (self.sums, self.mm, self.leaves)
+        self.version = allocator.zeros(capacity, np.uint32)
         self._psample = storage.kernels.sample_prioritized
         self._store = storage.kernel_store
 
     def plan(self, capacity: int) -> dict:
-        return {"trees": 2 * self.leaves_of(capacity) * 4 * 8, "bookkeeping": 8 * capacity}
+        from ...kernels._tree import tree_nbytes
+
+        return {"trees": tree_nbytes(capacity), "bookkeeping": 4 * capacity}
 
     @property
     def nbytes(self) -> dict:
-        return {"trees": int(self.tree.nbytes), "bookkeeping": int(self.version.nbytes)}
+        return {"trees": int(self.sums.nbytes + self.mm.nbytes + self._leaves_raw.nbytes),
+                "bookkeeping": int(self.version.nbytes)}
 
     # -- the beta schedule --------------------------------------------------------------------
     @property
@@ -92,11 +105,11 @@ class PrioritizedSampler(Sampler):
         arrays = super().ring_arrays(batch_size, length, out)
         # importance weights, float64 scratch and versions, one per row (per slice)
         arrays.update(weights=a.zeros(batch_size, np.float32), scratch=a.zeros(batch_size, np.float64),
-                      versions=a.zeros(batch_size, np.uint64))
+                      versions=a.zeros(batch_size, np.uint32))
         return arrays
 
     def ring_nbytes(self, batch_size: int, length) -> int:
-        return super().ring_nbytes(batch_size, length) + batch_size * (4 + 8 + 8)
+        return super().ring_nbytes(batch_size, length) + batch_size * (4 + 8 + 4)
 
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
         super().batch_view(arrays, fields, attrs)
@@ -106,22 +119,22 @@ class PrioritizedSampler(Sampler):
     def _no_mass(self, n: int):
         # unreachable while the bounds hold (every live leaf is in [MIN_LEAF, max_leaf]); the
         # kernel drew nothing and wrote nothing
-        return RuntimeError(f"the priority tree's total mass is {float(self.sum[1])} over {n} "
+        return RuntimeError(f"the priority tree's total mass is {float(self.sums[1])} over {n} "
                             "rows, not finite and positive: nothing was sampled")
 
     def sample(self, n: int, out, arrays: dict) -> None:
         # stratified proportional draws, IS weights, versions and rows in one kernel call
-        if self._psample(self._store, n, self.sum, self.min, self.version, self.state, self.beta,
-                         out.indices, arrays["scratch"], arrays["weights"], arrays["versions"],
-                         out.kernel_out):
+        if self._psample(self._store, n, self.sums, self.mm, self.leaves, self.version, self.state,
+                         self.beta, out.indices, arrays["scratch"], arrays["weights"],
+                         arrays["versions"], out.kernel_out):
             raise self._no_mass(n)
         self.samples += 1
 
     def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
         mask = arrays["mask"]
         failed = self.k.sample_slices_prioritized(
-            n, cursor, self.num_envs, self.capacity, self.sum, self.min, self.version, self.state,
-            self.beta, episode, reject, max_draws, out.indices.reshape(mask.shape), mask,
+            n, cursor, self.num_envs, self.capacity, self.sums, self.mm, self.leaves, self.version,
+            self.state, self.beta, episode, reject, max_draws, out.indices.reshape(mask.shape), mask,
             arrays["scratch"], arrays["weights"], arrays["versions"])
         if failed == -2:
             raise self._no_mass(n)
@@ -130,75 +143,104 @@ class PrioritizedSampler(Sampler):
         return failed
 
     # -- priorities ----------------------------------------------------------------------------
+    def as_priorities(self, priorities, n: int, what: str) -> np.ndarray:
+        """``priorities`` as float64 ``(n,)`` (SpecError naming the dtype or shape otherwise);
+        their values are checked by :meth:`update` (or :meth:`checked_priorities`)."""
+        if type(priorities) is not np.ndarray or priorities.dtype != np.float64:
+            try:
+                priorities = np.asarray(priorities, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise SpecError(f"{what}: priorities must be numbers ({exc})") from None
+        if priorities.shape != (n,):
+            raise SpecError(f"{what}: expected priorities of shape ({n},), got shape "
+                            f"{priorities.shape}")
+        return priorities
+
+    def priority_error(self, p: np.ndarray, k: int, what: str) -> ValueError:
+        """The ValueError for priority ``p[k]``, outside :attr:`priority_range`."""
+        v = float(p[k])
+        if not (v >= 0.0 and math.isfinite(v)):
+            return ValueError(f"{what}: priorities must be finite and >= 0, got {v} at position {k}")
+        from ...kernels._tree import MIN_LEAF, leaf_of
+
+        return ValueError(
+            f"{what}: priority {v} at position {k} gives the leaf (p + eps) ** alpha = "
+            f"{leaf_of(v, self.eps, self.alpha)} (alpha={self.alpha}, eps={self.eps}, rounded to "
+            f"float32), outside [{MIN_LEAF}, {self.max_leaf}] (the positive normal float32 "
+            f"values, in which leaves are stored); this buffer accepts priorities in "
+            f"[{self.p_low}, {self.p_high}]")
+
     def checked_priorities(self, priorities, n: int, what: str) -> np.ndarray:
         """``priorities`` as float64 ``(n,)``, each in :attr:`priority_range`, else SpecError or
         ValueError naming the first bad one."""
-        try:
-            p = np.asarray(priorities, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise SpecError(f"{what}: priorities must be numbers ({exc})") from None
-        if p.shape != (n,):
-            raise SpecError(f"{what}: expected priorities of shape ({n},), got shape {p.shape}")
+        p = self.as_priorities(priorities, n, what)
         k = self.k.first_bad_priority(p, self.p_low, self.p_high)
         if k >= 0:
-            v = float(p[k])
-            if not (v >= 0.0 and math.isfinite(v)):
-                raise ValueError(f"{what}: priorities must be finite and >= 0, got {v} at position {k}")
-            from ...kernels._tree import MIN_LEAF, leaf_of
-
-            raise ValueError(
-                f"{what}: priority {v} at position {k} gives the leaf (p + eps) ** alpha = "
-                f"{leaf_of(v, self.eps, self.alpha)} (alpha={self.alpha}, eps={self.eps}), outside "
-                f"[{MIN_LEAF}, {self.max_leaf}] (positive, and small enough that the sum of all "
-                f"leaves is finite); this buffer accepts priorities in [{self.p_low}, {self.p_high}]")
+            raise self.priority_error(p, k, what)
         return p
 
     def leaf_values(self, priorities, n: int, what: str):
-        """The leaves ``(p + eps) ** alpha`` of checked priorities (None for None)."""
+        """The leaves ``(p + eps) ** alpha`` of checked priorities, float64 (rounded to float32
+        when written; None for None)."""
         if priorities is None:
             return None
         return (self.checked_priorities(priorities, n, what) + self.eps) ** self.alpha
 
+    _NO_VERSIONS = np.zeros(0, np.uint32)
+
     def update(self, idx: np.ndarray, p: np.ndarray, versions, n: int) -> None:
-        """Set the priorities ``p`` of slots ``idx`` (int64) of ``n`` live rows; lock held.
-        ``versions``: the write versions the slots had when sampled (None: not checked)."""
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= n:
+        """Set the priorities ``p`` (float64 ``(k,)``, values checked here) of slots ``idx``
+        (int64 ``(k,)``) of ``n`` live rows; lock held. ``versions``: the write versions the
+        slots had when sampled (None: not checked). One kernel call checks everything, then
+        writes (:func:`tfdata.kernels._tree.tree_update`); on a fault nothing is written and
+        the ValueError names it."""
+        check = versions is not None
+        if not check:
+            versions = self._NO_VERSIONS
+        elif versions.dtype != np.uint32:
+            versions = versions.astype(np.uint32)  # versions count modulo 2**32
+        got = self._update(self.sums, self.mm, self.leaves, self.version, idx, p, versions, check,
+                           n, self.p_low, self.p_high, self.eps, self.alpha)
+        if got == 0:
+            return
+        from ...kernels._tree import BAD_PRIORITY, BAD_SLOT
+
+        j, code = divmod(int(got), 4)
+        if code == BAD_PRIORITY:
+            raise self.priority_error(p, j, "update_priorities")
+        if code == BAD_SLOT:
             raise ValueError(f"update_priorities: indices must be in [0, {n}), got values in "
-                             f"[{lo}, {hi}]")
-        if versions is not None and self.k.first_stale(self.version, idx, versions) >= 0:
-            stale = idx[self.version[idx] != versions]
-            raise ValueError(f"update_priorities: stale batch: slots {stale.tolist()[:10]} "
-                             "were overwritten after it was sampled")
-        self.k.tree_set_priorities(self.sum, self.min, self.max, idx, p, self.eps, self.alpha)
+                             f"[{int(idx.min())}, {int(idx.max())}]")
+        stale = idx[self.version[idx] != versions]
+        raise ValueError(f"update_priorities: stale batch: slots {stale.tolist()[:10]} "
+                         "were overwritten after it was sampled")
 
     def live_leaves(self, size: int) -> np.ndarray:
-        """View of the leaves of slots ``[0, size)``."""
-        leaves = self.sum.shape[0] // 2
-        return self.sum[leaves:leaves + size]
+        """The leaves of slots ``[0, size)`` as float64 (a new array)."""
+        return self.leaves[:size].astype(np.float64)
 
     def mass(self) -> tuple:
         """``(total, smallest leaf)`` of the live rows (what a sharded sampler weighs shards by)."""
-        return float(self.sum[1]), float(self.min[1])
+        return float(self.sums[1]), float(self.mm[1, 0])
 
     # -- write hooks ------------------------------------------------------------------------------
     def on_write(self, spans: list, n: int, leaves) -> None:
-        s, mn, mx, k = self.sum, self.min, self.max, self.k
+        (s, mm, lv), k = self.trees, self.k
         for dst, _, count in spans:  # evict first: the overwritten rows are no longer live
-            k.tree_fill(s, mn, mx, dst, count, 0.0)
-            self.version[dst:dst + count] += np.uint64(1)
+            k.tree_fill(s, mm, lv, dst, count, 0.0)
+            self.version[dst:dst + count] += np.uint32(1)
         if leaves is None:
-            value = mx[1] if mx[1] > 0.0 else 1.0
+            value = float(mm[1, 1]) if mm[1, 1] > 0.0 else 1.0
             for dst, _, count in spans:
-                k.tree_fill(s, mn, mx, dst, count, value)
+                k.tree_fill(s, mm, lv, dst, count, value)
         else:
             for dst, src, count in spans:
-                k.tree_fill_values(s, mn, mx, dst, leaves[src:src + count])
+                k.tree_fill_values(s, mm, lv, dst, leaves[src:src + count])
 
     def slot_hook(self):
         # the generated push sets the new row's priority in the same lock, in one kernel call;
         # the arrays are bound, not the sampler, so the closure keeps no cycle
-        overwrite, trees = self.k.tree_overwrite_max, (self.sum, self.min, self.max, self.version)
+        overwrite, trees = self.k.tree_overwrite_max, self.trees + (self.version,)
 
         def on_write(slot, _k=overwrite, _t=trees):
             _k(*_t, slot)
@@ -206,16 +248,33 @@ class PrioritizedSampler(Sampler):
         return on_write
 
     def on_clear(self) -> None:
-        self.k.tree_build(self.sum, self.min, self.max, np.zeros(0, np.float64))
+        self.k.tree_build(*self.trees, np.zeros(0, np.float64))
 
     # -- state -------------------------------------------------------------------------------------
     def extra_state(self, copy: bool, size: int = 0) -> dict:
-        live = self.live_leaves(size)
+        # in the state's form, unchanged since the tree stored float64: leaves float64 (exactly
+        # the float32 values stored) and versions uint64; new arrays either way
         return {self.state_key: {
             "alpha": self.alpha, "eps": self.eps, "samples": self.samples,
-            "leaves": live.copy() if copy else live,
-            "versions": self.version.copy() if copy else self.version,
+            "leaves": self.live_leaves(size), "versions": self.version.astype(np.uint64),
         }}
+
+    def checked_leaves(self, leaves, size: int) -> np.ndarray:
+        """State leaves (float64 ``(size,)``, else None) as the float32 the tree stores, each a
+        positive normal float32 once rounded (ValueError naming the first bad one)."""
+        if not isinstance(leaves, np.ndarray) or leaves.dtype != np.float64 or leaves.shape != (size,):
+            return None
+        from ...kernels._tree import MAX_LEAF, MIN_LEAF
+
+        with np.errstate(over="ignore"):
+            l32 = leaves.astype(np.float32)
+        bad = ~((l32 >= MIN_LEAF) & (l32 <= MAX_LEAF))
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"state priorities: leaf {k} is {leaves[k]}; every leaf must be, "
+                             f"rounded to float32, in [{MIN_LEAF}, {MAX_LEAF}] (positive normal "
+                             f"float32 values, so that their sum is finite and positive)")
+        return l32
 
     def check_state(self, state, size: int):
         rng = super().check_state(state, size)
@@ -225,18 +284,12 @@ class PrioritizedSampler(Sampler):
         if pri.get("alpha") != self.alpha or pri.get("eps") != self.eps:
             raise ValueError(f"state alpha/eps {pri.get('alpha')}/{pri.get('eps')} differ from this "
                              f"buffer's {self.alpha}/{self.eps}")
-        leaves = pri.get("leaves")
-        if not isinstance(leaves, np.ndarray) or leaves.dtype != np.float64 or leaves.shape != (size,):
+        raw = pri.get("leaves")
+        leaves = self.checked_leaves(raw, size)
+        if leaves is None:
             raise ValueError(f"state priorities must be float64 of shape ({size},), got "
-                             f"{getattr(leaves, 'dtype', type(leaves).__name__)}"
-                             f"{list(getattr(leaves, 'shape', ()))}")
-        # positive, and small enough that their sum (the root the sampler divides) is finite
-        bad = ~((leaves > 0.0) & (leaves <= self.max_leaf))
-        if bad.any():
-            k = int(np.argmax(bad))
-            raise ValueError(f"state priorities: leaf {k} is {leaves[k]}; every leaf must be > 0 "
-                             f"and <= {self.max_leaf} (float64 max / 2P, so that their sum is "
-                             f"finite)")
+                             f"{getattr(raw, 'dtype', type(raw).__name__)}"
+                             f"{list(getattr(raw, 'shape', ()))}")
         versions = pri.get("versions")
         if (not isinstance(versions, np.ndarray) or versions.dtype != np.uint64
                 or versions.shape != (self.capacity,)):
@@ -246,6 +299,6 @@ class PrioritizedSampler(Sampler):
     def load_state(self, checked) -> None:
         rng, leaves, versions, samples = checked
         super().load_state(rng)
-        self.k.tree_build(self.sum, self.min, self.max, leaves)
-        self.version[:] = versions
+        self.k.tree_build(*self.trees, leaves.astype(np.float64))
+        self.version[:] = versions.astype(np.uint32)  # uint64 versions count on modulo 2**32
         self.samples = samples
