@@ -1252,7 +1252,9 @@ class SharedWriter:
             self._fast_push = make_push(self.spec, views, self._ring, self._lock,
                                         _weak_method(self, "_checked_push"),
                                         on_write=_weak_method(self, "_publish_one"),
-                                        on_begin=_weak_method(self, "_begin_one"))
+                                        on_begin=_weak_method(self, "_begin_one"),
+                                        regions=self._storage.byte_regions(self._base,
+                                                                           self._base + self._cap))
 
     def _sync_ring(self) -> None:
         self._ring.cursor = self._head % self._cap

@@ -147,8 +147,13 @@ class Episodes:
         self._first_break = first_discontinuity
         self.term_i = spec.names.index(roles["terminated"])
         self.trunc_i = spec.names.index(roles["truncated"])
-        self.episode = a.zeros(capacity, np.uint32)
-        self.current = a.zeros(num_envs, np.uint32)
+        self._episode = a.zeros(capacity, np.uint32)
+        self._current = a.zeros(num_envs, np.uint32)
+        # Rows pushed one at a time (a single stream, no elision) are stamped late: in one kernel
+        # call over their stored flags, when something reads the numbers or just before the ring
+        # laps them (see :meth:`catch_up`). Slots [stamped, writer cursor) are the unstamped ones.
+        self.stamped = 0
+        self._writer = self._term = self._trunc = None
         self.stored_spec = stored_spec(spec, self.next_of, self.elide)
         elided = set(self.next_of) if self.elide else set()
         # positions in the user's value list of the fields the storage keeps
@@ -184,7 +189,7 @@ class Episodes:
     @property
     def nbytes(self) -> int:
         """Bookkeeping bytes: episode numbers, final table, pending values."""
-        total = self.episode.nbytes + self.current.nbytes + self.final_idx.nbytes
+        total = self._episode.nbytes + self._current.nbytes + self.final_idx.nbytes
         if self.elide:
             total += self.free.nbytes + self.has_pending.nbytes
             total += sum(a.nbytes for a in self.finals.values())
@@ -195,6 +200,41 @@ class Episodes:
     def final_capacity(self) -> int:
         """Entries of the final table (0 without elision)."""
         return int(self.free.shape[0]) if self.elide else 0
+
+    # -- late stamping ----------------------------------------------------------------------
+    def bind(self, writer, storage) -> None:
+        """Once: the writer whose cursor ends the unstamped rows, and the storage whose stored
+        ``terminated``/``truncated`` flags they are stamped from."""
+        self._writer = writer
+        self._term = storage.field(self.spec.names[self.term_i])
+        self._trunc = storage.field(self.spec.names[self.trunc_i])
+
+    def catch_up(self, stop: int) -> None:
+        """Stamp the rows written one at a time in slots ``[stamped, stop)`` (lock held)."""
+        s = self.stamped
+        if s != stop:
+            self._stamp(self._term[s:stop], self._trunc[s:stop], 0, s, self._current, self._episode)
+            self.stamped = stop
+
+    def wrapped(self) -> None:
+        """The push that filled the last slot calls this before the cursor goes back to 0: the
+        rows up to the end are stamped before the next push can overwrite their flags."""
+        self.catch_up(self.capacity)
+        self.stamped = 0
+
+    @property
+    def episode(self) -> np.ndarray:
+        """uint32[capacity]: each slot's episode number (stamped up to the writer's cursor)."""
+        if self._writer is not None:
+            self.catch_up(self._writer.cursor)
+        return self._episode
+
+    @property
+    def current(self) -> np.ndarray:
+        """uint32[num_envs]: each stream's episode number for its next row."""
+        if self._writer is not None:
+            self.catch_up(self._writer.cursor)
+        return self._current
 
     # -- writing ----------------------------------------------------------------------------
     def ends(self, values: list) -> np.ndarray:
@@ -269,18 +309,23 @@ class Episodes:
 
     def stamp_one(self, pos: int, values: list) -> None:
         """:meth:`write` for one row of a single stream without elision (values in field order)."""
-        self.episode[pos] = self.current[0]
+        self.catch_up(pos)
+        self._episode[pos] = self._current[0]
         if values[self.term_i] or values[self.trunc_i]:
-            self.current[0] += np.uint32(1)
+            self._current[0] += np.uint32(1)
+        self.stamped = pos + 1 if pos + 1 != self.capacity else 0
 
     def write(self, values: list, n: int, ends, spans: list) -> None:
-        """Stamp episode numbers (and elided next values) of ``n`` rows written at ``spans``.
+        """Stamp episode numbers (and elided next values) of ``n`` rows written at ``spans``
+        (the writer has called :meth:`catch_up` before writing them).
 
         ``ends`` (bool[n], from :meth:`ends`) is needed with elision only; else None.
         """
         e = self.num_envs
         self._stamp(values[self.term_i], values[self.trunc_i], spans[0][1], spans[0][0],
-                    self.current, self.episode)
+                    self._current, self._episode)
+        last = spans[-1]
+        self.stamped = (last[0] + last[2]) % self.capacity
         if not self.elide:
             return
         fi = self.final_idx
@@ -309,8 +354,9 @@ class Episodes:
         if wipe:
             for a in list(self.finals.values()) + list(self.pending.values()):
                 a[...] = 0
-        self.episode[...] = 0
-        self.current[...] = 0
+        self._episode[...] = 0
+        self._current[...] = 0
+        self.stamped = 0
         if self.elide:
             self.final_idx[...] = -1
             k = self.free.shape[0]
@@ -384,8 +430,9 @@ class Episodes:
 
     def load_state(self, state, size: int) -> None:
         self.clear()
-        self.episode[:size] = state["episode"]
-        self.current[:] = state["current"]
+        self._episode[:size] = state["episode"]
+        self._current[:] = state["current"]
+        self.stamped = 0 if self._writer is None else self._writer.cursor  # loaded just before
         if not self.elide:
             return
         slots = state["final_slots"]

@@ -53,6 +53,8 @@ class RingWriter:
         """``spec``: the rows as pushed (next fields included); ``storage``: where the stored
         fields go; ``episodes``: the bookkeeping (or None); ``hooks``: see the module docstring."""
         self.spec, self.storage, self.episodes, self.hooks = spec, storage, episodes, tuple(hooks)
+        if episodes is not None:
+            episodes.bind(self, storage)
 
     # -- positions ---------------------------------------------------------------------------
     def advance(self, n: int) -> None:
@@ -109,6 +111,7 @@ class RingWriter:
         ep = self.episodes
         stored = values
         if ep is not None:
+            ep.catch_up(self.cursor)  # rows pushed one at a time, before this write can lap them
             ends = ep.ends(values) if ep.elide else None
             ep.check(values, n)
             ep.reserve(ends, spans)
@@ -142,8 +145,8 @@ class RingWriter:
                 for f in _hooks:
                     f(slot)
         return make_push(spec, self.storage.field_views(), self, lock, slow,
-                         None if ep is None else (ep.episode, ep.current, ep.term_i, ep.trunc_i),
-                         on_write)
+                         on_wrap=None if ep is None else ep.wrapped, on_write=on_write,
+                         regions=self.storage.byte_regions())
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -91,6 +91,19 @@ class _Storage:
         """Views of every field in spec order, each ``(capacity, *field.shape)``."""
         return list(self._field_list)
 
+    def byte_regions(self, start: int = 0, stop: int | None = None) -> list:
+        """Where the bytes of slots ``[start, stop)`` are, for writers that pack rows themselves
+        (:mod:`tfdata.replay.fastpush`).
+
+        Returns
+        -------
+        list of (raw, stride, members)
+            ``raw``: a writable C-contiguous uint8 view of ``(stop - start) * stride`` bytes;
+            ``members``: ``[(field_index, offset), ...]``: field ``i`` (spec order) of the
+            ``k``-th slot starts at byte ``k * stride + offset`` of ``raw``.
+        """
+        raise NotImplementedError
+
     def state_dict(self, n_rows: int, copy: bool = True) -> dict:
         """The first ``n_rows`` physical rows of every field (layout-neutral): copies, or views
         (``copy=False``, valid while nothing writes to the storage)."""
@@ -203,6 +216,12 @@ class AoSStorage(_Storage):
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append_records(self.data[start:stop])
 
+    def byte_regions(self, start: int = 0, stop: int | None = None) -> list:
+        fields = self.spec.aos_dtype.fields
+        raw = self.data[start:stop].view(np.uint8)
+        return [(raw, self.spec.aos_dtype.itemsize,
+                 [(i, int(fields[name][1])) for i, name in enumerate(self.spec.names)])]
+
     def kernel_rows(self, out: Output, at: int, k: int):
         """Rows ``[at, at + k)`` of ``out`` as the kernels see them (a view)."""
         return out.kernel_out[at:at + k]
@@ -247,6 +266,10 @@ class SoAStorage(_Storage):
 
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append({name: col[start:stop] for name, col in self.columns.items()})
+
+    def byte_regions(self, start: int = 0, stop: int | None = None) -> list:
+        return [(col[start:stop].reshape(-1).view(np.uint8), f.nbytes, [(i, 0)])
+                for i, (f, col) in enumerate(zip(self.spec, self._field_list))]
 
     def kernel_rows(self, out: Output, at: int, k: int):
         return tuple(c[at:at + k] for c in out.kernel_out)

@@ -1,0 +1,227 @@
+"""The write path's fast tiers against the generic, fully checked path.
+
+The generated push (:mod:`tfdata.replay.fastpush`) packs values with :mod:`struct` into the
+storage's bytes when it can prove the result equals numpy's assignment, and assigns with numpy
+otherwise; episode numbers of rows pushed one at a time are stamped late (at a read or before
+the ring laps them). Every test here compares with the generic path or with a reference built
+from the history of pushed rows, on both layouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfdata import ReplayBuffer, Spec
+
+from .conftest import assert_batches_equal
+
+LAYOUTS = ["aos", "soa"]
+
+# one field of every dtype the spec allows, scalar and shaped, in an order that leaves padding
+WIDE = Spec({
+    "b": "?", "i1": "i1", "u1": "u1", "i2": "i2", "u2": "u2", "i4": "i4", "u4": "u4",
+    "i8": "i8", "u8": "u8", "f2": "f2", "f4": "f4", "f8": "f8", "c8": "c8",
+    "v": ("f4", (3,)), "img": ("u1", (2, 2)), "h": ("f2", (2,)),
+    "terminated": "?", "truncated": "?",
+})
+
+F32_MAX = float(np.finfo(np.float32).max)
+EDGE_FLOATS = [0.0, -0.0, 1e-45, 1.5, -2.75, F32_MAX, -F32_MAX, F32_MAX * (1 + 2**-30), 1e39,
+               float("inf"), float("-inf"), float("nan"), 2.0**53 + 1, 1e300, 0.1]
+EDGE_INTS = [0, 1, -1, 127, 128, 255, 256, -129, 2**31 - 1, 2**31, 2**32, 2**53, 2**53 + 1,
+             -(2**53) - 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63), 2**64, 2**1023, 2**1100]
+NUMPY_TYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+               np.uint64, np.float16, np.float32, np.float64]
+
+
+def scalar_values():
+    """Values of every type a caller may pass for a scalar field."""
+    as_numpy = st.tuples(st.sampled_from(NUMPY_TYPES),
+                         st.sampled_from(EDGE_INTS[:12] + [0, 1]) | st.sampled_from(EDGE_FLOATS))
+
+    def make(pair):
+        t, x = pair
+        with np.errstate(all="ignore"):
+            try:
+                return t(x)
+            except (OverflowError, ValueError):
+                return t(0)
+
+    return (st.booleans() | st.sampled_from(EDGE_INTS) | st.integers(-(2**70), 2**70)
+            | st.sampled_from(EDGE_FLOATS) | st.floats(allow_nan=True, allow_infinity=True)
+            | as_numpy.map(make))
+
+
+def full_row(rng, draw_scalar):
+    row = {}
+    for f in WIDE:
+        if f.shape:
+            row[f.name] = (rng.standard_normal(f.shape) * 100).astype(f.dtype)
+        else:
+            row[f.name] = draw_scalar(f)
+    return row
+
+
+def pushed_both_ways(layout, rows, capacity=3):
+    fast = ReplayBuffer(WIDE, capacity, layout=layout, seed=0)
+    slow = ReplayBuffer(WIDE, capacity, layout=layout, seed=0)
+    outcomes = []
+    for r in rows:
+        try:
+            with np.errstate(all="ignore"):
+                slow._checked_push(r)
+            ok = True
+        except Exception as exc:  # noqa: BLE001 -- the fast path must refuse exactly as well
+            ok = type(exc)
+        try:
+            with np.errstate(all="ignore"):
+                fast.push(r)
+            got = True
+        except Exception as exc:  # noqa: BLE001
+            got = type(exc)
+        outcomes.append((ok, got))
+    return fast, slow, outcomes
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_generated_push_writes_and_refuses_what_the_checked_push_does(layout, data):
+    """Random rows with a scalar of any type in one field (every other field exact): the fast
+    push accepts what the generic path accepts, refuses with the same error class, and leaves
+    the same bytes, cursor and episode numbers, across wraps."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rows = []
+    for _ in range(data.draw(st.integers(1, 7))):
+        target = data.draw(st.sampled_from([f.name for f in WIDE if not f.shape]))
+        value = data.draw(scalar_values())
+
+        def scalar(f, target=target, value=value):
+            if f.name == target:
+                return value
+            return bool(rng.integers(2)) if f.dtype.kind == "b" else int(rng.integers(0, 100))
+
+        rows.append(full_row(rng, scalar))
+    fast, slow, outcomes = pushed_both_ways(layout, rows)
+    for ok, got in outcomes:
+        assert ok == got
+    a, b = fast.state_dict(), slow.state_dict()
+    assert a["writer"] == b["writer"]
+    for name in WIDE.names:
+        np.testing.assert_array_equal(a["data"][name].view(np.uint8), b["data"][name].view(np.uint8),
+                                      err_msg=name)
+    np.testing.assert_array_equal(a["episodes"]["episode"], b["episodes"]["episode"])
+    np.testing.assert_array_equal(a["episodes"]["current"], b["episodes"]["current"])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_first_tier_bytes_equal_numpy_assignment_for_edge_values(layout):
+    """Every edge value into every scalar field: the bytes the push leaves are numpy's
+    assignment of that value into an array of the field's dtype (when numpy accepts it)."""
+    rng = np.random.default_rng(0)
+    cases = ([(f.name, v) for f in WIDE if not f.shape and f.dtype.kind in "fc"
+              for v in EDGE_FLOATS + EDGE_INTS + [True, np.float32(1.25), np.float64(-3.5)]]
+             + [(f.name, v) for f in WIDE if not f.shape and f.dtype.kind in "iu"
+                for v in EDGE_INTS + [True, False, np.int64(-5), np.uint32(7)]])
+    checked = 0
+    for name, v in cases:
+        field = WIDE[name]
+        ref = np.zeros(1, field.dtype)
+        # the other fields as an env gives them, so that the row can take the first tier
+        row = full_row(rng, lambda f: v if f.name == name else (False if f.dtype.kind == "b" else 0))
+        fast, slow, [(ok, got)] = pushed_both_ways(layout, [row], capacity=2)
+        assert ok == got, (name, v, ok, got)  # accepted or refused alike
+        if ok is not True:
+            assert len(fast) == 0
+            continue
+        with np.errstate(all="ignore"):
+            ref[0] = v
+        a, b = fast.storage.field(name)[0:1], slow.storage.field(name)[0:1]
+        assert a.tobytes() == ref.tobytes() == b.tobytes(), (name, v, a, ref)
+        checked += 1
+    assert checked > 100
+
+
+def episode_reference(flags, capacity):
+    """Episode number of each slot holding one of the last rows, and the next row's number,
+    from the history of (terminated or truncated) flags."""
+    numbers, e = [], 0
+    for end in flags:
+        numbers.append(e)
+        e = (e + 1) % 2**32 if end else e
+    slots = {}
+    for k in range(max(0, len(flags) - capacity), len(flags)):
+        slots[k % capacity] = numbers[k]
+    return slots, e
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("capacity", [1, 5, 16])
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "push", "extend", "read", "seq",
+                                               "state", "clear"]),
+                              st.integers(1, 40), st.floats(0, 1)), min_size=1, max_size=40))
+def test_late_episode_stamps_equal_the_history(layout, capacity, ops):
+    """Pushes (stamped late), extends (stamped at once), sequence samples and state dicts (which
+    read the numbers) and clears, in any order and across many wraps: every held slot's episode
+    number and the next number equal those counted from the rows pushed."""
+    spec = Spec({"obs": ("f4", (2,)), "terminated": "?", "truncated": "?"})
+    buf = ReplayBuffer(spec, capacity, layout=layout, seed=1)
+    rng = np.random.default_rng(len(ops))
+    flags = []
+    for op, n, p in ops:
+        if op == "push":
+            for _ in range(min(n, 3 * capacity)):
+                t, u = bool(rng.random() < p / 2), bool(rng.random() < p / 4)
+                buf.push({"obs": rng.standard_normal(2).astype(np.float32), "terminated": t,
+                          "truncated": u})
+                flags.append(t or u)
+        elif op == "extend":
+            t, u = rng.random(n) < p / 2, rng.random(n) < p / 4
+            buf.extend({"obs": rng.standard_normal((n, 2)).astype(np.float32), "terminated": t,
+                        "truncated": u})
+            flags.extend((t | u).tolist())
+        elif op == "seq" and len(buf):
+            buf.sample_sequences(1, 1)
+        elif op == "state":
+            s = buf.state_dict()
+            slots, nxt = episode_reference(flags, capacity)
+            assert int(s["episodes"]["current"][0]) == nxt
+            for slot, number in slots.items():
+                assert int(s["episodes"]["episode"][slot]) == number
+        elif op == "clear":
+            buf.clear()
+            flags = []
+        slots, nxt = episode_reference(flags, capacity)
+        if op == "read":
+            assert int(buf.episodes.current[0]) == nxt
+            for slot, number in slots.items():
+                assert int(buf.episodes.episode[slot]) == number, (slot, number)
+    slots, nxt = episode_reference(flags, capacity)
+    assert int(buf.episodes.current[0]) == nxt
+    assert {s: int(buf.episodes.episode[s]) for s in slots} == slots
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_late_stamps_survive_save_and_load(layout, tmp_path):
+    """Rows pushed one at a time and not yet stamped are stamped in the checkpoint; the loaded
+    buffer continues the numbers."""
+    spec = Spec({"obs": ("f4", (2,)), "terminated": "?", "truncated": "?"})
+    buf = ReplayBuffer(spec, 8, layout=layout, seed=3)
+    rng = np.random.default_rng(0)
+    rows = [{"obs": rng.standard_normal(2).astype(np.float32), "terminated": bool(k % 3 == 2),
+             "truncated": False} for k in range(11)]
+    for r in rows:
+        buf.push(r)
+    buf.save(tmp_path / "ck")
+    back = ReplayBuffer.load(tmp_path / "ck")
+    for r in rows[:4]:
+        buf.push(r)
+        back.push(r)
+    a, b = buf.state_dict(), back.state_dict()
+    np.testing.assert_array_equal(a["episodes"]["episode"], b["episodes"]["episode"])
+    np.testing.assert_array_equal(a["episodes"]["current"], b["episodes"]["current"])
+    assert_batches_equal(dict(buf.sample_sequences(4, 2)), dict(back.sample_sequences(4, 2)))
