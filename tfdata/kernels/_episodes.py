@@ -65,8 +65,20 @@ def stamp_episodes(term, trunc, skip, dst, current, episode):
     num_envs = current.shape[0]
     capacity = episode.shape[0]
     slot = dst
+    if num_envs == 1:  # one stream: the number stays in a register (episode may alias current)
+        c = current[0]
+        for r in range(term.shape[0]):
+            if r >= skip:
+                episode[slot] = c
+                slot += 1
+                if slot == capacity:
+                    slot = 0
+            if term[r] or trunc[r]:
+                c += np.uint32(1)
+        current[0] = c
+        return
+    e = 0  # r % num_envs, counted: a division per row was most of this kernel's time
     for r in range(term.shape[0]):
-        e = r % num_envs
         if r >= skip:
             episode[slot] = current[e]
             slot += 1
@@ -74,6 +86,9 @@ def stamp_episodes(term, trunc, skip, dst, current, episode):
                 slot = 0
         if term[r] or trunc[r]:
             current[e] += np.uint32(1)
+        e += 1
+        if e == num_envs:
+            e = 0
 
 
 @njit(**INLINE_OPTIONS)
