@@ -488,7 +488,7 @@ def fold_published_naive(leaves: np.ndarray, version: np.ndarray, heads, folded,
         for r in range(max(folded[s], h - cap), h):
             slot = s * cap + r % cap
             leaves[slot] = 0.0
-            version[slot] += 1
+            version[slot] = (int(version[slot]) + 1) % (1 << (8 * version.dtype.itemsize))
             live = leaves[leaves > 0]
             leaves[slot] = live.max() if live.size else 1.0
         folded[s] = max(folded[s], h)

@@ -100,7 +100,7 @@ def test_sample_prioritized_matches_reference(layout, capacity, live):
     leaves = np.zeros(capacity)
     leaves[:n] = rng.integers(0, 9, n) + 0.5  # half-integers: every sum is exact
     sums, mm, lv = naive.block_tree(leaves, naive.tree_leaves(capacity))
-    version = np.arange(capacity, dtype=np.uint32) * 3
+    version = (np.arange(capacity) * 3).astype(np.uint8)
     batch = 5
     state = np.array([naive.key_of(7), 0], np.uint64)
     idx, u = np.empty(batch, np.int64), np.empty(batch)

@@ -132,7 +132,7 @@ def test_the_sampling_kernel_never_leaves_the_live_rows(layout, case):
     with np.errstate(over="ignore", invalid="ignore"):  # the corrupt sums the test is about
         tree = corrupt_trees(cap, leaves)
         leaves = naive.leaf32(leaves).astype(np.float64)  # what the tree holds
-    version = np.arange(cap, dtype=np.uint32)
+    version = np.arange(cap, dtype=np.uint8)
     state = np.array([naive.key_of(3), 0], np.uint64)
     batch = 16
     idx = np.full(batch, -7, np.int64)
@@ -170,7 +170,7 @@ def test_the_tree_kernels_skip_slots_outside_the_tree():
     gmm, mm = guarded(2 * nb, 0.0, np.float32, 2)
     mm[:, 0] = np.inf
     glv, lv = guarded(size, 0.0, np.float32)
-    gv, version = guarded(size, 0, np.uint32)
+    gv, version = guarded(size, 0, np.uint8)
     kernels.tree_set(s, mm, lv, np.array([-1, 3, 32, 33]), np.array([5.0, 2.0, 7.0, 9.0]))
     kernels.tree_set_priorities(s, mm, lv, np.array([-3, 33]), np.array([1.0, 1.0]), 1e-6, 1.0)
     kernels.tree_fill(s, mm, lv, 30, 10, 1.0)

@@ -177,7 +177,7 @@ class _Shard:
         if versions is not None and stale == "skip":
             # write versions per slot (tfdata internals; no write can run between this check and
             # the update: the actor runs one method at a time)
-            keep = buf.sampler.version[slots] == versions
+            keep = buf.sampler.fresh(slots, versions)
             skipped = int(keep.size - np.count_nonzero(keep))
             if skipped:
                 slots, priorities, versions = slots[keep], priorities[keep], versions[keep]

@@ -389,13 +389,14 @@ def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sums, mm, leav
         As for :func:`sample_slices`.
     sums, mm, leaves
         The priority tree (see :mod:`tfdata.kernels._tree`).
-    version : ndarray of uint32, shape (capacity,)
+    version : ndarray of uint8, shape (capacity,)
     state : ndarray of uint64, shape (2,)
     beta : float
     u : ndarray of float64, shape (B,)
         Scratch.
     weights : ndarray of float32, shape (B,)
     versions : ndarray of uint32, shape (B,)
+        Output: ``version[start]`` (the caller adds its epoch).
 
     Returns
     -------

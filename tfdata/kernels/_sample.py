@@ -105,8 +105,8 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
         Number of live rows: every slot drawn is in ``[0, n)``.
     sums, mm, leaves : ndarray of float64, shape (2 * NB,); of float32, shape (2 * NB, 2); of float32, shape (P,)
         The priority tree (see ``tfdata.kernels._tree``).
-    version : ndarray of uint32, shape (capacity,)
-        Write count of every slot.
+    version : ndarray of uint8, shape (capacity,)
+        Write count of every slot, modulo 256.
     state : ndarray of uint64, shape (2,)
         Counter-based RNG state, advanced in place (one word per draw).
     beta : float
@@ -118,7 +118,7 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
     weights : ndarray of float32, shape (batch,)
         Output: ``(p_min / p_i) ** beta``, so the largest possible weight is 1.
     versions : ndarray of uint32, shape (batch,)
-        Output: ``version[idx]``, to detect stale priority updates.
+        Output: ``version[idx]``, to detect stale priority updates (the caller adds its epoch).
     out
         As for :func:`gather`; output: the sampled rows.
 

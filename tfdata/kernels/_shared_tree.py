@@ -36,8 +36,8 @@ def fold_published(heads, cap, sums, mm, leaves, version, folded, scratch):
         Slots per shard; row ``r`` of shard ``s`` is in slot ``s * cap + r % cap``.
     sums, mm, leaves : ndarray of float64, shape (2 * NB,); of float32, shape (2 * NB, 2); of float32, shape (P,)
         The priority tree (see :mod:`tfdata.kernels._tree`), ``P >= shards * cap``.
-    version : ndarray of uint32, shape (shards * cap,)
-        Writes per slot.
+    version : ndarray of uint8, shape (shards * cap,)
+        Writes per slot, modulo 256 (``sums[0]`` counts the rows folded).
     folded : ndarray of int64, shape (shards,)
         Rows of each shard folded so far; advanced to the heads read here.
     scratch : ndarray of int64, shape (>= 7 * shards,)

@@ -12,6 +12,8 @@ blocks:
 * ``mm`` : float32[2 NB, 2], the same tree with ``mm[i, 0]`` the smallest positive leaf under
   node ``i`` (``inf`` when none) and ``mm[i, 1]`` the largest leaf (0 when none). Both are
   leaves, so float32 holds them exactly.
+* ``sums[0]`` is no node: it counts the rows written (:func:`tree_overwrite_max` adds one, the
+  sampler adds the rows of a span), the epoch of the stale check (see :func:`tree_update`).
 
 Why: the old layout, three float64 trees over every slot interleaved as ``(2P, 4)`` nodes,
 took 64 bytes per slot (2.8x a CartPole row); this one takes 4 + 16 / 16 * 2 = 6 bytes per
@@ -230,25 +232,48 @@ def tree_set_priorities(sums, mm, leaves, slots, priorities, eps, alpha):
 
 #: what :func:`tree_update` found wrong (its return value is ``4 * position + code``)
 BAD_PRIORITY, BAD_SLOT, STALE = 1, 2, 3
+#: laps of the ring since a sample from which its batch is stale whatever the versions say: at
+#: most 253 laps, a ring's slot was written at most 254 times, so its 8-bit count cannot have
+#: come back to the same value
+LAPS_GUARD = 254
+_EPOCH_MASK = (1 << 24) - 1
+
+
+def epoch_of(sums, ring: int) -> int:
+    """Laps of a ring of ``ring`` slots written so far, modulo 2**24 (from ``sums[0]``)."""
+    return (int(sums[0]) // ring) & _EPOCH_MASK
+
+
+def stale_mask(version, slots, versions, laps: int) -> np.ndarray:
+    """Which ``slots`` (int64) :func:`tree_update` would refuse as stale: bool array."""
+    v = np.asarray(versions).astype(np.int64)
+    return ((version[slots].astype(np.int64) != (v & 0xFF))
+            | (((laps - (v >> 8)) & _EPOCH_MASK) >= LAPS_GUARD))
 
 
 @njit(**NJIT_OPTIONS)
-def tree_update(sums, mm, leaves, version, slots, priorities, versions, check, n, low, high, eps,
-                alpha):
+def tree_update(sums, mm, leaves, version, slots, priorities, versions, check, laps, n, low, high,
+                eps, alpha):
     """``update_priorities`` in one call: check everything, then write the leaves.
 
     Parameters
     ----------
     sums, mm, leaves
         The tree (see the module docstring).
-    version : ndarray of uint32, shape (capacity,)
-        Writes per slot.
+    version : ndarray of uint8, shape (capacity,)
+        Writes per slot, modulo 256.
     slots : ndarray of int64, shape (k,)
     priorities : ndarray of float64, shape (k,)
     versions : ndarray of uint32, shape (k,)
-        ``version[slots]`` when the batch was sampled; read only when ``check``.
+        What the sample stamped (:func:`stamp`): ``epoch << 8 | version[slot]``, ``epoch`` the
+        laps of the ring written before the sample (modulo 2**24); read only when ``check``.
     check : bool
-        Refuse slots whose version differs from ``versions`` (a stale batch).
+        Refuse stale slots: whose version differs, or any slot once :data:`LAPS_GUARD` laps or
+        more were written since the sample (then a slot may have been written 256 times, and
+        its 8-bit version come back to the same value; every row of a ring was overwritten
+        by then anyway).
+    laps : int
+        The epoch now.
     n : int
         Live rows: every slot must be in ``[0, n)``.
     low, high : float
@@ -279,7 +304,8 @@ def tree_update(sums, mm, leaves, version, slots, priorities, versions, check, n
             return 4 * j + BAD_SLOT
     if check:
         for j in range(k):
-            if version[slots[j]] != versions[j]:
+            v = np.int64(versions[j])
+            if version[slots[j]] != (v & 0xFF) or ((laps - (v >> 8)) & _EPOCH_MASK) >= LAPS_GUARD:
                 return 4 * j + STALE
     for j in range(k):
         leaves[slots[j]] = _to32((priorities[j] + eps) ** alpha)
@@ -404,8 +430,9 @@ def tree_fill(sums, mm, leaves, start, count, value):
 
 @njit(**NJIT_OPTIONS)
 def tree_overwrite_max(sums, mm, leaves, version, slot):
-    """A new row in ``slot``: evict the old one (``version[slot] += 1``), then give it the
-    maximum leaf over the rows still live (1.0 if none).
+    """A new row in ``slot``: evict the old one (``version[slot] += 1``, modulo 256; one more
+    row written in ``sums[0]``), then give it the maximum leaf over the rows still live (1.0 if
+    none).
 
     The maximum without the evicted leaf is read on the way up (the rest of its block, then the
     sibling of every node on its path), so the path is written once. It is a leaf already
@@ -428,6 +455,7 @@ def tree_overwrite_max(sums, mm, leaves, version, slot):
             m = v
         i >>= 1
     version[slot] += 1
+    sums[0] += 1.0
     leaves[slot] = m if m > 0.0 else np.float32(1.0)
     _block(sums, mm, leaves, nb, b)
     i = (nb + b) >> 1

@@ -34,9 +34,15 @@ class PrioritizedSampler(Sampler):
         Smallest positive leaf and largest leaf under each node of that tree. The layout and
         why: :mod:`tfdata.kernels._tree` (6 bytes per slot; the float64 ``(2P, 4)`` nodes it
         replaced took 64, reports/prioritized.md).
+    v8 : ndarray of uint8, shape (capacity,)
+        Writes per slot, modulo 256 (1 byte per slot, not 8), so an update for a row
+        overwritten since its sample is refused. A batch's ``versions`` (uint32) are
+        ``epoch << 8 | v8[slot]``, ``epoch`` the laps of the ring written before the sample
+        (``sums[0]`` counts the rows written): a batch is stale once a version differs, or once
+        254 laps were written since its sample, when an 8-bit count could have come round
+        (every row of the ring was overwritten by then anyway).
     version : ndarray of uint32, shape (capacity,)
-        Writes per slot, modulo 2**32, so an update for a row overwritten since its sample is
-        refused (a row overwritten exactly a multiple of 2**32 times in between would pass).
+        Property: what a batch sampled now would hold as ``versions`` for each slot.
     samples : int
         Sample calls so far: the position in the beta schedule.
     """
@@ -72,24 +78,45 @@ class PrioritizedSampler(Sampler):
 
         self.k = kernels
         self.p_low, self.p_high, self.max_leaf = self.bounds(capacity)
-        from ...kernels._tree import new_tree, tree_update
+        from ...kernels._tree import epoch_of, new_tree, tree_update
 
-        self._update = tree_update
+        self._update, self._epoch_of = tree_update, epoch_of
         self.sums, self.mm, self.leaves, self._leaves_raw = new_tree(capacity, allocator)
         self.trees = (self.sums, self.mm, self.leaves)
-        self.version = allocator.zeros(capacity, np.uint32)
+        self.v8 = allocator.zeros(capacity, np.uint8)
+        self.ring = capacity  # rows per lap of the ring (a shard's, in a shared buffer)
         self._psample = storage.kernels.sample_prioritized
         self._store = storage.kernel_store
 
     def plan(self, capacity: int) -> dict:
         from ...kernels._tree import tree_nbytes
 
-        return {"trees": tree_nbytes(capacity), "bookkeeping": 4 * capacity}
+        return {"trees": tree_nbytes(capacity), "bookkeeping": capacity}
 
     @property
     def nbytes(self) -> dict:
         return {"trees": int(self.sums.nbytes + self.mm.nbytes + self._leaves_raw.nbytes),
-                "bookkeeping": int(self.version.nbytes)}
+                "bookkeeping": int(self.v8.nbytes)}
+
+    @property
+    def version(self) -> np.ndarray:
+        """What a batch sampled now would hold as ``versions``, for every slot (uint32)."""
+        return self.v8.astype(np.uint32) | np.uint32(self.epoch() << 8)
+
+    def epoch(self) -> int:
+        """Laps of the ring written so far, modulo 2**24."""
+        return self._epoch_of(self.sums, self.ring)
+
+    def stamp(self, versions: np.ndarray) -> None:
+        """Put the epoch in the versions a kernel just wrote (``v8[slot]``)."""
+        versions |= np.uint32(self._epoch_of(self.sums, self.ring) << 8)
+
+    def fresh(self, slots: np.ndarray, versions: np.ndarray) -> np.ndarray:
+        """Which ``slots`` (int64) of a batch with these ``versions`` an update would accept
+        (bool array)."""
+        from ...kernels._tree import stale_mask
+
+        return ~stale_mask(self.v8, slots, versions, self.epoch())
 
     # -- the beta schedule --------------------------------------------------------------------
     @property
@@ -124,18 +151,21 @@ class PrioritizedSampler(Sampler):
 
     def sample(self, n: int, out, arrays: dict) -> None:
         # stratified proportional draws, IS weights, versions and rows in one kernel call
-        if self._psample(self._store, n, self.sums, self.mm, self.leaves, self.version, self.state,
-                         self.beta, out.indices, arrays["scratch"], arrays["weights"],
-                         arrays["versions"], out.kernel_out):
+        versions = arrays["versions"]
+        if self._psample(self._store, n, self.sums, self.mm, self.leaves, self.v8, self.state,
+                         self.beta, out.indices, arrays["scratch"], arrays["weights"], versions,
+                         out.kernel_out):
             raise self._no_mass(n)
+        versions |= np.uint32(self._epoch_of(self.sums, self.ring) << 8)
         self.samples += 1
 
     def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
         mask = arrays["mask"]
         failed = self.k.sample_slices_prioritized(
-            n, cursor, self.num_envs, self.capacity, self.sums, self.mm, self.leaves, self.version,
+            n, cursor, self.num_envs, self.capacity, self.sums, self.mm, self.leaves, self.v8,
             self.state, self.beta, episode, reject, max_draws, out.indices.reshape(mask.shape), mask,
             arrays["scratch"], arrays["weights"], arrays["versions"])
+        self.stamp(arrays["versions"])
         if failed == -2:
             raise self._no_mass(n)
         if failed == -1:
@@ -199,8 +229,8 @@ class PrioritizedSampler(Sampler):
             versions = self._NO_VERSIONS
         elif versions.dtype != np.uint32:
             versions = versions.astype(np.uint32)  # versions count modulo 2**32
-        got = self._update(self.sums, self.mm, self.leaves, self.version, idx, p, versions, check,
-                           n, self.p_low, self.p_high, self.eps, self.alpha)
+        got = self._update(self.sums, self.mm, self.leaves, self.v8, idx, p, versions, check,
+                           self.epoch(), n, self.p_low, self.p_high, self.eps, self.alpha)
         if got == 0:
             return
         from ...kernels._tree import BAD_PRIORITY, BAD_SLOT
@@ -211,7 +241,7 @@ class PrioritizedSampler(Sampler):
         if code == BAD_SLOT:
             raise ValueError(f"update_priorities: indices must be in [0, {n}), got values in "
                              f"[{int(idx.min())}, {int(idx.max())}]")
-        stale = idx[self.version[idx] != versions]
+        stale = idx[~self.fresh(idx, versions)]
         raise ValueError(f"update_priorities: stale batch: slots {stale.tolist()[:10]} "
                          "were overwritten after it was sampled")
 
@@ -228,7 +258,8 @@ class PrioritizedSampler(Sampler):
         (s, mm, lv), k = self.trees, self.k
         for dst, _, count in spans:  # evict first: the overwritten rows are no longer live
             k.tree_fill(s, mm, lv, dst, count, 0.0)
-            self.version[dst:dst + count] += np.uint32(1)
+            self.v8[dst:dst + count] += np.uint8(1)
+            s[0] += count  # rows written: the epoch of the stale check
         if leaves is None:
             value = float(mm[1, 1]) if mm[1, 1] > 0.0 else 1.0
             for dst, _, count in spans:
@@ -240,7 +271,7 @@ class PrioritizedSampler(Sampler):
     def slot_hook(self):
         # the generated push sets the new row's priority in the same lock, in one kernel call;
         # the arrays are bound, not the sampler, so the closure keeps no cycle
-        overwrite, trees = self.k.tree_overwrite_max, self.trees + (self.version,)
+        overwrite, trees = self.k.tree_overwrite_max, self.trees + (self.v8,)
 
         def on_write(slot, _k=overwrite, _t=trees):
             _k(*_t, slot)
@@ -300,5 +331,13 @@ class PrioritizedSampler(Sampler):
         rng, leaves, versions, samples = checked
         super().load_state(rng)
         self.k.tree_build(*self.trees, leaves.astype(np.float64))
-        self.version[:] = versions.astype(np.uint32)  # uint64 versions count on modulo 2**32
+        self.set_versions(versions)
         self.samples = samples
+
+    def set_versions(self, versions: np.ndarray) -> None:
+        """Versions of a state (uint64, as :attr:`version` gives them, or plain write counts
+        from before 8-bit versions): ``v8`` from their low byte, and the epoch restarted from
+        the largest one, so that batches keep being checked against the same epochs."""
+        self.v8[:] = (versions & np.uint64(0xFF)).astype(np.uint8)
+        laps = int((versions >> np.uint64(8)).max()) & 0xFFFFFF if versions.size else 0
+        self.sums[0] = float(laps * self.ring)

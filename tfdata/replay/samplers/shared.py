@@ -102,6 +102,7 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
         self.folded = allocator.zeros(self.shards, np.int64)
+        self.ring = self.cap  # a slot is written once per lap of its shard
 
     def plan(self, capacity: int) -> dict:
         parts = super().plan(capacity)
@@ -129,8 +130,9 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
                 raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
             tries += 1
             k.read_heads(self.heads, self.cap, scratch)
-            if k.draw_prioritized(*self.trees, self.version, self.state, self.beta, idx, u, w, v):
+            if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
                 raise self._no_mass(0)
+            self.stamp(v)
             self.storage.gather_at(idx, out, i)
             k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
         self.redraws += tries
@@ -146,9 +148,10 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         weights and versions of the start rows into ``arrays[...][part]``."""
         term, trunc = self.flags
         got = self.k.shard_slices_prioritized(
-            scratch, self.shards, self.cap, *self.trees, self.version, self.state, self.beta, term,
+            scratch, self.shards, self.cap, *self.trees, self.v8, self.state, self.beta, term,
             trunc, reject, max_draws, idx, mask, arrays["scratch"][part], arrays["weights"][part],
             arrays["versions"][part])
+        self.stamp(arrays["versions"][part])
         if got == -2:
             raise self._no_mass(0)
         if got == -1 and part == slice(None):  # a whole batch: one step of the beta schedule
@@ -158,13 +161,13 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
     def restore(self, leaves: np.ndarray, versions: np.ndarray, heads: list, samples: int) -> None:
         """Trees, versions and fold positions of a checkpoint (every held row folded)."""
         self.k.tree_build(*self.trees, np.asarray(leaves, np.float64))
-        self.version[:] = versions.astype(np.uint32)  # uint64 versions count on modulo 2**32
+        self.set_versions(np.asarray(versions, np.uint64))
         self.folded[:] = heads
         self.samples = samples
 
     def fold(self, scratch: np.ndarray) -> int:
         """Fold the rows published since the last fold into the trees; returns rows held."""
-        return self.k.fold_published(self.heads, self.cap, *self.trees, self.version, self.folded,
+        return self.k.fold_published(self.heads, self.cap, *self.trees, self.v8, self.folded,
                                      scratch)
 
     def sample(self, n: int, out, arrays: dict) -> None:
@@ -174,8 +177,9 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         batch = idx.shape[0]
         if held < batch:
             raise self._too_few(batch, held)
-        if k.draw_prioritized(*self.trees, self.version, self.state, self.beta, idx, u, w, v):
+        if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
             raise self._no_mass(held)
+        self.stamp(v)
         self.storage.gather(idx, out)
         mark = scratch[7 * self.shards:]
         torn = k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
