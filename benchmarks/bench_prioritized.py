@@ -1,8 +1,11 @@
-"""Prioritized replay: sample, priority update, both in one step, and the step's tail latency.
+"""Prioritized replay: sample, priority update, both in one step, the step's tail latency, and
+the memory of a prioritized buffer.
 
 Every class takes the layout as its first parameter; ``"numpy"`` is :class:`NumpySumTreeBuffer`
 below, a vectorised numpy sum tree written the way one would by hand, measured in the same run
-as tfdata so that every figure has its ratio to the baseline taken side by side.
+as tfdata so that every figure has its ratio to the baseline taken side by side. ``"floor"`` is
+:class:`FloorStep`: tfdata's own tree kernels with the row copy, the whole step in one compiled
+call with no Python, lock, checks or batch object around it (what is left to gain).
 
 Filled buffers are built once per process, then given random priorities over every slot (the
 same ones for every layout), so the trees are not flat when timing starts. As everywhere in
@@ -16,8 +19,9 @@ import numpy as np
 
 import tfdata
 
-from .common import (CAPACITIES, CARTPOLE, LAYOUTS, NumpyBuffer, TFDATA_LAYOUTS, fill, fill_chunk,
-                     first_time, one_row, p99_over_median, random_rows, warm_kernels)
+from .common import (CAPACITIES, CARTPOLE, IMAGE, IMAGE_CAPACITY, LAYOUTS, NumpyBuffer,
+                     TFDATA_LAYOUTS, fill, fill_chunk, first_time, one_row, p99_over_median,
+                     random_rows, warm_kernels)
 
 # every operation below is timed one call per sample (asv forces number=1 when a class has a
 # setup), so take many samples: the median of thousands of single calls is stable
@@ -182,6 +186,113 @@ def check_baseline(draws: int = 200_000) -> None:
         assert np.array_equal(np.sort(flat.sample(8).indices), np.arange(8))
 
 
+# -- the floor: the step in one compiled call ----------------------------------------------------
+_FLOOR: dict = {}
+
+
+def _floor_kernels():
+    """``(draw, step)``, compiled once per process (not cached), from tfdata's tree kernels:
+    ``draw`` is the stratified descent, importance weights, versions and the row copy
+    (whole-record assignment ``out[i] = records[idx[i]]``); ``step`` is ``draw`` then the checked
+    priority update of the drawn slots (:func:`tfdata.kernels._tree.tree_update`). Raises
+    NotImplementedError on a tfdata without those kernels."""
+    kernels = _FLOOR.get("kernels")
+    if kernels is None:
+        try:
+            from tfdata.kernels._tree import is_weights, live_limit, stratified_find, tree_update
+        except ImportError as exc:
+            raise NotImplementedError(f"no block tree kernels in this tfdata ({exc})") from None
+        from numba import njit
+
+        @njit(nogil=True, boundscheck=False, error_model="numpy")
+        def draw(records, n, sums, mm, leaves, version, state, beta, idx, u, w, vv, out):
+            limit = live_limit(sums, leaves, n, records.shape[0])
+            stratified_find(sums, leaves, limit, state, idx, u)
+            is_weights(mm, leaves, idx, beta, w)
+            for i in range(idx.shape[0]):
+                vv[i] = version[idx[i]]
+            for i in range(idx.shape[0]):
+                out[i] = records[idx[i]]
+
+        @njit(nogil=True, boundscheck=False, error_model="numpy")
+        def step(records, n, sums, mm, leaves, version, state, beta, idx, u, w, vv, out, p, low,
+                 high, eps, alpha):
+            draw(records, n, sums, mm, leaves, version, state, beta, idx, u, w, vv, out)
+            return tree_update(sums, mm, leaves, version, idx, p, vv, True, 0, n, low, high, eps,
+                               alpha)
+
+        kernels = _FLOOR["kernels"] = (draw, step)
+    return kernels
+
+
+class FloorBatch:
+    """What :meth:`FloorStep.sample` returns: the slots (and the arrays they index)."""
+
+    __slots__ = ("indices",)
+
+    def __init__(self, indices):
+        self.indices = indices
+
+
+class FloorStep:
+    """The floor of a prioritized step at ``capacity`` CartPole rows: tfdata's block tree
+    (float32 leaves, float64 block sums, float32 min/max, 8-bit versions) and the rows as one
+    aligned 48 B record array, driven by the compiled :func:`_floor_kernels` with nothing else.
+
+    ``sample(batch)`` is one call of ``draw``; ``update_priorities(indices, p)`` one call of
+    ``tree_update`` (versions checked); ``step(batch, p)`` one call of both."""
+
+    def __init__(self, capacity: int):
+        from tfdata.kernels._tree import new_tree, priority_bounds, tree_build
+
+        self.draw, self.step_kernel = _floor_kernels()
+        chunk = fill_chunk(CARTPOLE)
+        dtype = np.dtype([(f.name, f.dtype, f.shape) for f in CARTPOLE], align=True)
+        self.records = np.zeros(capacity, dtype)
+        rows = len(next(iter(chunk.values())))
+        for start in range(0, capacity, rows):
+            stop = min(capacity, start + rows)
+            for name, values in chunk.items():
+                self.records[name][start:stop] = values[:stop - start]
+
+        class _Zeros:
+            zeros = staticmethod(np.zeros)
+
+        self.sums, self.mm, self.leaves, _ = new_tree(capacity, _Zeros())
+        tree_build(self.sums, self.mm, self.leaves, (initial_priorities(capacity) + EPS) ** ALPHA)
+        self.version = np.zeros(capacity, np.uint8)
+        self.low, self.high = priority_bounds(EPS, ALPHA, len(self.leaves))
+        self.n = capacity
+        self.state = np.array([0x9E3779B97F4A7C15, 0], np.uint64)
+        self._bufs: dict = {}
+
+    def _arrays(self, batch: int) -> tuple:
+        a = self._bufs.get(batch)
+        if a is None:
+            a = self._bufs[batch] = (np.zeros(batch, np.int64), np.zeros(batch), np.zeros(batch, np.float32),
+                                     np.zeros(batch, np.uint32), np.zeros(batch, self.records.dtype))
+        return a
+
+    def sample(self, batch: int) -> FloorBatch:
+        idx, u, w, vv, out = self._arrays(batch)
+        self.draw(self.records, self.n, self.sums, self.mm, self.leaves, self.version, self.state,
+                  BETA, idx, u, w, vv, out)
+        return FloorBatch(idx)
+
+    def update_priorities(self, indices, priorities) -> None:
+        from tfdata.kernels._tree import tree_update
+
+        vv = self.version[indices].astype(np.uint32)
+        tree_update(self.sums, self.mm, self.leaves, self.version, indices, priorities, vv, True, 0,
+                    self.n, self.low, self.high, EPS, ALPHA)
+
+    def step(self, batch: int, priorities) -> None:
+        idx, u, w, vv, out = self._arrays(batch)
+        self.step_kernel(self.records, self.n, self.sums, self.mm, self.leaves, self.version,
+                         self.state, BETA, idx, u, w, vv, out, priorities, self.low, self.high, EPS,
+                         ALPHA)
+
+
 # -- buffers ----------------------------------------------------------------------------------
 def new_prioritized(layout: str, capacity: int, seed: int = 0):
     """An empty prioritized buffer: tfdata's for "aos"/"soa", the numpy sum tree for "numpy"."""
@@ -200,8 +311,11 @@ _FILLED: dict = {}
 
 
 def filled_prioritized(layout: str, capacity: int):
-    """A full buffer with random priorities on every slot, built once per process and cached."""
+    """A full buffer with random priorities on every slot, built once per process and cached
+    (the floor's :class:`FloorStep` is built full)."""
     buf = _FILLED.get((layout, capacity))
+    if buf is None and layout == "floor":
+        buf = _FILLED[(layout, capacity)] = FloorStep(capacity)
     if buf is None:
         buf = new_prioritized(layout, capacity)
         fill(buf, capacity, fill_chunk(CARTPOLE))
@@ -260,21 +374,38 @@ class SampleUpdate:
     ``time_sample_update``: ``b = sample(batch)`` then ``update_priorities(b.indices, p)``.
     ``time_sample``: the sample alone. ``time_update``: the update alone, of the slots of a
     batch drawn in ``setup`` just before (so, as in training, right after their sample).
+    ``time_sample_update_batch``: the same step passing the batch itself,
+    ``update_priorities(b, p)``, the stale-checked path users take (numpy has no such check: its
+    step as above). For ``"floor"`` both steps are one compiled call (:class:`FloorStep`).
     """
 
-    params = [LAYOUTS, CAPACITIES, BATCHES]
+    params = [LAYOUTS + ["floor"], CAPACITIES, BATCHES]
     param_names = ["layout", "capacity", "batch"]
     repeat = _MANY_SAMPLES
 
     def setup(self, layout, capacity, batch):
         self.buf = _setup(layout, capacity, batch)
         self.priorities = new_priorities(batch)
+        if layout == "floor" and first_time("prioritized-floor-step", capacity, batch):
+            self.buf.step(batch, self.priorities)  # compiles the one-call step
         self.indices = self.buf.sample(batch).indices.copy()
 
     def time_sample_update(self, layout, capacity, batch):
         buf = self.buf
+        if layout == "floor":
+            buf.step(batch, self.priorities)
+            return
         b = buf.sample(batch)
         buf.update_priorities(b.indices, self.priorities)
+
+    def time_sample_update_batch(self, layout, capacity, batch):
+        buf = self.buf
+        if layout == "floor":
+            buf.step(batch, self.priorities)
+        elif layout == "numpy":
+            buf.update_priorities(buf.sample(batch).indices, self.priorities)
+        else:
+            buf.update_priorities(buf.sample(batch), self.priorities)
 
     def time_sample(self, layout, capacity, batch):
         self.buf.sample(batch)
@@ -284,14 +415,15 @@ class SampleUpdate:
 
 
 class SampleTail:
-    """Tail latency of one step, ``sample(256)`` + ``update_priorities``, at 1M CartPole rows:
-    p99 over median of 2000 steps.
+    """Tail latency of one step, ``sample(256)`` + ``update_priorities(batch)`` (the batch
+    itself: stale-checked; numpy gets its indices), at 1M CartPole rows: p99 over median of
+    2000 steps.
 
     Each step is timed on its own with ``perf_counter_ns``, garbage collector left on (as in a
     training loop), after 200 warm-up steps.
     """
 
-    params = [LAYOUTS]
+    params = [LAYOUTS + ["floor"]]
     param_names = ["layout"]
     capacity = 1_000_000
     batch = 256
@@ -301,14 +433,22 @@ class SampleTail:
     def setup(self, layout):
         self.buf = _setup(layout, self.capacity, self.batch)
         self.priorities = new_priorities(self.batch)
-        for _ in range(200):
-            b = self.buf.sample(self.batch)
-            self.buf.update_priorities(b.indices, self.priorities)
+        for _ in range(200):  # the steps timed below (the floor's step compiles on its first call)
+            if layout == "floor":
+                self.buf.step(self.batch, self.priorities)
+            else:
+                b = self.buf.sample(self.batch)
+                self.buf.update_priorities(b if layout != "numpy" else b.indices, self.priorities)
 
     def track_p99_over_median(self, layout):
         sample, update = self.buf.sample, self.buf.update_priorities
         batch, priorities = self.batch, self.priorities
-        return p99_over_median(lambda: update(sample(batch).indices, priorities), self.calls)
+        if layout == "floor":
+            step = self.buf.step
+            return p99_over_median(lambda: step(batch, priorities), self.calls)
+        if layout == "numpy":
+            return p99_over_median(lambda: update(sample(batch).indices, priorities), self.calls)
+        return p99_over_median(lambda: update(sample(batch), priorities), self.calls)
 
     track_p99_over_median.unit = "ratio"
 
@@ -332,3 +472,60 @@ class Push:
 
     def time_push(self, layout, capacity):
         self.buf.push(self.row)
+
+
+class Memory:
+    """Memory of a full prioritized buffer over the raw bytes of its rows (``spec.row_nbytes *
+    capacity``): 1M CartPole rows (46 B) and 20k image rows (56,462 B).
+
+    ``track_nbytes_ratio``: what the buffer says it holds (``nbytes``: rows, episode numbers,
+    trees, versions, output rings; numpy: its field arrays and its float64 tree).
+    ``track_rss_ratio``: the growth of this process's resident set while the buffer is built,
+    filled (max priority for every row) and sampled once (``sample(256)`` + ``update_priorities``),
+    the rows to fill with made before. Target: at most 1.3 for CartPole, as good for images.
+    """
+
+    params = [LAYOUTS, ["cartpole", "image"]]
+    param_names = ["layout", "rows"]
+    timeout = 300
+    number = 1
+    repeat = 1
+
+    def setup(self, layout, rows):
+        warm_prioritized()
+        self.spec, self.capacity = (CARTPOLE, 1_000_000) if rows == "cartpole" else (IMAGE, IMAGE_CAPACITY)
+        self.raw = self.spec.row_nbytes * self.capacity
+        self.chunk = fill_chunk(self.spec)  # made before anything is measured
+        self.p = new_priorities(256)
+
+    def _build(self, layout):
+        if layout == "numpy":
+            buf = NumpySumTreeBuffer(self.spec, self.capacity, alpha=ALPHA, beta=BETA, eps=EPS)
+        else:
+            buf = tfdata.PrioritizedReplayBuffer(self.spec, self.capacity, alpha=ALPHA, beta=BETA,
+                                                 eps=EPS, layout=layout, seed=0)
+        fill(buf, self.capacity, self.chunk)
+        b = buf.sample(256)
+        buf.update_priorities(b.indices, self.p)
+        return buf
+
+    def track_nbytes_ratio(self, layout, rows):
+        buf = self._build(layout)
+        nbytes = buf.nbytes + (buf.tree.nbytes if layout == "numpy" else 0)
+        return nbytes / self.raw
+
+    track_nbytes_ratio.unit = "ratio"
+
+    def track_rss_ratio(self, layout, rows):
+        import gc
+
+        from tfdata.memory import snapshot
+
+        gc.collect()
+        before = snapshot(uss=False)["rss"]
+        buf = self._build(layout)
+        grown = snapshot(uss=False)["rss"] - before
+        del buf
+        return grown / self.raw
+
+    track_rss_ratio.unit = "ratio"
