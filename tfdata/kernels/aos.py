@@ -34,9 +34,13 @@ _FIXED_ROW_BYTES = range(8, 129, 8)
 @intrinsic
 def copy_row(typingctx, dst, i, src, j, nbytes):
     """Copy the first ``nbytes`` bytes of row ``j`` of ``src`` to row ``i`` of ``dst`` (2-D
-    C-contiguous arrays; no bounds or wraparound: the caller checked ``i`` and ``j``)."""
+    C-contiguous arrays; no bounds or wraparound: the caller checked ``i`` and ``j``).
+
+    Typed for C-contiguous arrays only (whose rows are contiguous bytes): any other array is a
+    typing error, never a copy of the wrong bytes."""
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 2
-            and src.ndim == 2 and isinstance(i, types.Integer) and isinstance(j, types.Integer)
+            and src.ndim == 2 and dst.layout == "C" and src.layout == "C"
+            and isinstance(i, types.Integer) and isinstance(j, types.Integer)
             and isinstance(nbytes, types.Integer)):
         return None
 
