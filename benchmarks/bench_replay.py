@@ -77,7 +77,7 @@ def _floor_kernel():
     counter RNG tfdata uses (splitmix64's finaliser, Lemire's multiply-shift with rejection)
     into ``idx``, then copies each row with numba's whole-record assignment ``out[i] = rec[j]``
     (the fastest gather measured here, see ../shared/performance-notes.md; drawing and copying
-    in one loop was 1.6-2x slower). No lock, no checks, no output ring, no batch object.
+    in one loop was 1.6-2.3x slower). No lock, no checks, no output ring, no batch object.
     """
     kernel = _FLOOR.get("kernel")
     if kernel is None:
