@@ -551,3 +551,13 @@ def shard_slice_starts(key: int, counter: int, heads, cap: int, batch: int, leng
                 break
         out.append(start)
     return np.array(out, np.int64), counter
+
+
+def wait_change_naive(state, i: int, value: int, spins: int) -> int:
+    """``state[i]`` if it differs from ``value`` within ``spins`` reads, else ``value`` (the
+    loader's spin kernel, read by read; the kernel's point is that another thread's store is
+    seen while it spins)."""
+    for _ in range(spins):
+        if int(state[i]) != value:
+            return int(state[i])
+    return value

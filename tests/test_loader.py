@@ -388,11 +388,15 @@ def _prefetch_threads():
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 3])
-def test_error_surfaces_at_the_batch_that_failed(prefetch):
+@pytest.mark.parametrize("step", [0, 0.002], ids=["fast", "slow"])
+def test_error_surfaces_at_the_batch_that_failed(prefetch, step):
     spec, cols = make_data(CARTPOLE, 100)
     loader = tfdata.DataLoader(Flaky(cols, fail_on_row=55), 10, prefetch=prefetch, zero_copy=False)
     it = iter(loader)
-    got = [next(it).indices.copy() for _ in range(5)]
+    got = []
+    for _ in range(5):
+        got.append(next(it).indices.copy())
+        time.sleep(step)  # slow: the thread has gathered ahead, up to the failing batch
     assert [g[0] for g in got] == [0, 10, 20, 30, 40]
     with pytest.raises(KeyError, match="row 55 is unreadable"):
         next(it)
@@ -401,31 +405,224 @@ def test_error_surfaces_at_the_batch_that_failed(prefetch):
     assert not _prefetch_threads()
 
 
+def _slow_steps(it, count, seconds=0.002):
+    """Take ``count`` batches with a step of ``seconds`` after each: the consumer then works
+    between batches, which is what starts the prefetch thread."""
+    got = []
+    for _ in range(count):
+        got.append(next(it).indices.copy())
+        time.sleep(seconds)
+    return got
+
+
 def test_no_leaked_threads():
     spec, cols = make_data(CARTPOLE, 1000)
     loader = tfdata.DataLoader(tfdata.ArrayDataset(cols), 10, shuffle=True, seed=0, prefetch=3)
     for i, _ in enumerate(loader):  # break: the iterator is dropped
-        if i == 2:
+        time.sleep(0.002)
+        if i == 4:
             break
     gc.collect()
     assert not _prefetch_threads()
     it = iter(loader)
-    next(it)
-    assert len(_prefetch_threads()) == 1
+    _slow_steps(it, 4)
+    assert len(_prefetch_threads()) == 1  # the consumer worked between batches: the thread runs
     it.close()
     assert not _prefetch_threads()
     it = iter(loader)
-    next(it)
+    _slow_steps(it, 4)
     del it
     assert not _prefetch_threads()
     it = iter(loader)
-    next(it)
+    _slow_steps(it, 4)
     loader.close()
     assert not _prefetch_threads()
     with pytest.raises(StopIteration):
         next(it)
-    list(loader)  # to the end
+    for _ in loader:  # to the end, the thread running
+        time.sleep(0.0005)
     assert not _prefetch_threads()
+
+
+def test_a_consumer_that_only_reads_batches_starts_no_thread():
+    spec, cols = make_data(CARTPOLE, 1000)
+    loader = tfdata.DataLoader(tfdata.ArrayDataset(cols), 10, shuffle=True, seed=0, prefetch=2)
+    it = iter(loader)
+    for _ in range(50):
+        next(it)
+        assert not _prefetch_threads()
+    it.close()
+
+
+class Recording:
+    """An ArrayDataset whose gathers and touches record the thread that ran them, and may be
+    slowed down (a sleep releases the GIL, as the gather kernel does)."""
+
+    def __init__(self, cols, delay=0.0):
+        self.inner = tfdata.ArrayDataset(cols)
+        self.spec = self.inner.spec
+        self.row_nbytes = self.inner.row_nbytes
+        self.delay = delay
+        self.threads = []
+
+    def __len__(self):
+        return len(self.inner)
+
+    def new_output(self, b):
+        return self.inner.new_output(b)
+
+    def rows(self, start, stop):
+        return self.inner.rows(start, stop)
+
+    def gather(self, idx, out):
+        self.threads.append(threading.get_ident())
+        if self.delay:
+            time.sleep(self.delay)
+        self.inner.gather(idx, out)
+
+
+def _consume(loader, pattern, hold_check=True):
+    """One epoch, consumed with a step per batch given by ``pattern(k)`` (seconds, 0 for none).
+
+    Each batch is copied when it arrives and compared again with its copy after the step, just
+    before the next request: a thread that wrote into the slot the consumer holds would be caught.
+    Returns the copies."""
+    got = []
+    for k, b in enumerate(loader):
+        copy = (b.indices.copy(), {f: np.array(v) for f, v in b.items()})
+        s = pattern(k)
+        if s:
+            time.sleep(s)
+        if hold_check:
+            np.testing.assert_array_equal(b.indices, copy[0])
+            for f, v in copy[1].items():
+                np.testing.assert_array_equal(b[f], v, err_msg=f"batch {k} changed while held")
+        got.append(copy)
+    return got
+
+
+PATTERNS = {
+    "fast": lambda k: 0,
+    "slow": lambda k: 0.001,
+    # bursts: slow steps start the thread, fast ones find it behind and gather themselves
+    "bursts": lambda k: 0.001 if (k // 4) % 2 else 0,
+    "jitter": lambda k: [0, 0.0003, 0.002, 0][k % 4],
+}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=["none", "full", "block"])
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_batches_identical_for_every_depth_and_consumer(mode, pattern):
+    n, batch = 230, 8
+    spec, cols = make_data(ODD, n)
+    ref = None
+    for prefetch in (0, 1, 2, 3):
+        ds = Recording(cols, delay=0.0002)
+        loader = tfdata.DataLoader(ds, batch, shuffle=mode, seed=7, prefetch=prefetch, zero_copy=False,
+                                   block_rows=5, window_blocks=3)
+        epochs = [_consume(loader, PATTERNS[pattern]) for _ in range(2)]
+        want = [naive.loader_order(n, batch, MODE_NAME[mode], 7, e, False, 5, 3) for e in range(2)]
+        for e in range(2):
+            assert [i.tolist() for i, _ in epochs[e]] == [list(w) for w in want[e]]
+            for (idx, fields), w in zip(epochs[e], want[e]):
+                for f, v in cols.items():
+                    np.testing.assert_array_equal(fields[f], v[w], err_msg=f)
+        if ref is None:
+            ref = epochs
+        me = threading.get_ident()
+        others = sum(t != me for t in ds.threads)
+        if prefetch and pattern in ("slow", "bursts"):
+            assert others > 0, "the prefetch thread never gathered: the test would not test it"
+        if prefetch and pattern in ("fast", "bursts"):
+            assert len(ds.threads) - others > 0, "the consumer never gathered a batch itself"
+        if prefetch == 0:
+            assert others == 0
+        assert not _prefetch_threads()
+
+
+def test_consumer_gathers_ahead_while_the_thread_is_behind():
+    # gathers of 5 ms: after a slow stretch the thread is gathering the batch the consumer wants,
+    # so the consumer gathers the next one meanwhile; both threads then gather batches
+    n, batch = 120, 4
+    spec, cols = make_data(CARTPOLE, n)
+    ds = Recording(cols, delay=0.005)
+    loader = tfdata.DataLoader(ds, batch, shuffle=True, seed=3, prefetch=3, zero_copy=False)
+    got = _consume(loader, lambda k: 0.012 if k < 6 else 0)
+    want = naive.loader_order(n, batch, "full", 3, 0, False)
+    assert [i.tolist() for i, _ in got] == [list(w) for w in want]
+    me = threading.get_ident()
+    mine = [i for i, t in enumerate(ds.threads) if t == me]
+    assert len(mine) >= 3 and len(ds.threads) - len(mine) >= 3
+    for (idx, fields), w in zip(got, want):
+        np.testing.assert_array_equal(fields["obs"], cols["obs"][w])
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+@pytest.mark.parametrize("stop_at", [0, 1, 5, 13])
+def test_an_epoch_stopped_anywhere_leaves_the_next_one_intact(prefetch, stop_at):
+    n, batch = 150, 9
+    spec, cols = make_data(CARTPOLE, n)
+    for mode in MODES:
+        loader = tfdata.DataLoader(Recording(cols, delay=0.0003), batch, shuffle=mode, seed=1, prefetch=prefetch,
+                                   zero_copy=False, block_rows=4, window_blocks=2)
+        it = iter(loader)
+        for k in range(stop_at + 1):
+            next(it)
+            time.sleep(0.002 if k % 3 else 0)  # the thread is running ahead when the epoch stops
+        if stop_at % 2:
+            it.close()
+        else:
+            del it
+            gc.collect()
+        assert not _prefetch_threads()
+        got = _consume(loader, PATTERNS["jitter"])
+        want = naive.loader_order(n, batch, MODE_NAME[mode], 1, 1, False, 4, 2)
+        assert [i.tolist() for i, _ in got] == [list(w) for w in want]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=["none", "full", "block"])
+def test_slow_consumer_gets_prefetched_batches_from_a_preallocated_ring(mode):
+    spec, cols = make_data(CARTPOLE, 400)
+    ds = Recording(cols)
+    loader = tfdata.DataLoader(ds, 10, shuffle=mode, seed=0, prefetch=2, zero_copy=False, block_rows=7)
+    seen = set()
+    for b in loader:
+        seen.add(b["obs"].__array_interface__["data"][0])
+        time.sleep(0.001)
+    assert len(seen) == 3  # prefetch + 1 buffers, whoever gathered
+    assert any(t != threading.get_ident() for t in ds.threads)
+
+
+def test_mmap_views_are_identical_with_a_slow_consumer(tmp_path, layout):
+    spec, cols = make_data(CARTPOLE, 500)
+    ds = make_dataset("mmap", layout, cols, tmp_path, spec)
+    for prefetch in (0, 1, 3):
+        loader = tfdata.DataLoader(ds, 16, prefetch=prefetch)
+        got = _consume(loader, PATTERNS["bursts"])
+        assert [i[0] for i, _ in got] == list(range(0, 500, 16))
+        for (idx, fields) in got:
+            for f, v in cols.items():
+                np.testing.assert_array_equal(fields[f], v[idx])
+
+
+def test_spin_kernel_against_reference_and_sees_another_threads_store():
+    from tfdata.kernels._loader import wait_change
+
+    state = np.array([5, 9], np.int64)
+    for i, value, spins in [(0, 5, 100), (1, 5, 100), (1, 9, 0), (0, 4, 1)]:
+        assert wait_change(state, i, value, spins) == naive.wait_change_naive(state, i, value, spins)
+
+    def later():
+        time.sleep(0.05)
+        state[0] = 6
+
+    t = threading.Thread(target=later)
+    t.start()
+    t0 = time.perf_counter()
+    # a load hoisted out of the loop would spin on the stale value for all 10**11 reads (minutes)
+    assert wait_change(state, 0, 5, 10**11) == 6
+    t.join()
+    assert time.perf_counter() - t0 < 5
 
 
 def test_a_new_epoch_stops_the_previous_one_loudly():
