@@ -537,9 +537,23 @@ class _Failure:
 _WANT_STEP_NS = 10_000
 #: how long the thread spins (without the GIL) for a slot to come back before it sleeps
 _SPIN_NS = 200_000
-#: reads of the published counter per call of the spin kernel (about 20 µs on the reference VM)
-_SPIN_CHUNK = 32768
 _pc = time.perf_counter_ns
+_SPIN_READS = []
+
+
+def _spin_reads() -> int:
+    """Reads of the spin kernel in about ``_SPIN_NS`` on this machine, measured once per process."""
+    if not _SPIN_READS:
+        from .kernels._loader import wait_change
+
+        probe = np.zeros(1, np.int64)
+        wait_change(probe, 0, 0, 16)  # compiled or loaded from the cache
+        n = 1 << 15
+        t0 = _pc()
+        wait_change(probe, 0, 0, n)
+        per_read = max(_pc() - t0, 1) / n
+        _SPIN_READS.append(max(1024, int(_SPIN_NS / per_read)))
+    return _SPIN_READS[0]
 
 
 class _Ahead:
@@ -604,6 +618,7 @@ def _run_ahead(ctl: _Ahead) -> None:
     from .kernels._loader import wait_change
 
     plan, state, mutex = ctl.plan, ctl.state, ctl.mutex
+    spins = _spin_reads()
     try:
         while True:
             work = None
@@ -628,14 +643,10 @@ def _run_ahead(ctl: _Ahead) -> None:
                 ctl.publish(j, batch)
                 continue
             if ctl.want:  # the ring is full: spin for a slot, without the GIL, before sleeping
+                # one kernel call for the whole budget: every return to Python takes the GIL,
+                # which the consumer may be waiting for at the end of its step
                 limit = int(state[0])
-                deadline = _pc() + _SPIN_NS
-                moved = False
-                while not ctl.stop and _pc() < deadline:
-                    if wait_change(state, 0, limit, _SPIN_CHUNK) != limit:
-                        moved = True
-                        break
-                if moved:
+                if wait_change(state, 0, limit, spins) != limit:
                     continue
             with mutex:
                 if ctl.stop:
