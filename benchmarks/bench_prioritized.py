@@ -243,9 +243,9 @@ class FloorStep:
     ``tree_update`` (versions checked); ``step(batch, p)`` one call of both."""
 
     def __init__(self, capacity: int):
+        self.draw, self.step_kernel = _floor_kernels()  # NotImplementedError on an older tfdata
         from tfdata.kernels._tree import new_tree, priority_bounds, tree_build
 
-        self.draw, self.step_kernel = _floor_kernels()
         chunk = fill_chunk(CARTPOLE)
         dtype = np.dtype([(f.name, f.dtype, f.shape) for f in CARTPOLE], align=True)
         self.records = np.zeros(capacity, dtype)
