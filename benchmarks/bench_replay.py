@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 from functools import partial
 
+import numpy as np
 import psutil
 
 from .common import (CAPACITIES, CARTPOLE, IMAGE, IMAGE_CAPACITY, LAYOUTS, build_and_fill,
@@ -148,6 +149,46 @@ def sample_floor(capacity: int, batch: int):
         out = np.zeros(batch, records.dtype)
         op = _FLOOR[key] = partial(_floor_kernel(), records, capacity, state, idx, out)
     return op
+
+
+class ExtendStep:
+    """Append one vector-env step as gymnasium returns it (CleanRL's arrays): ``rows`` rows with
+    float32 observations, int64 actions, float64 rewards and bool flags (the buffer converts
+    the rewards to its float32 field). ``"sb3"`` is stable-baselines3's ``ReplayBuffer.add`` of
+    the same step (``rows`` envs; needs the optional stable-baselines3), ``"numpy"`` the
+    hand-written baseline's ``extend``."""
+
+    params = [LAYOUTS + ["sb3"], [1, 16]]
+    param_names = ["layout", "rows"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, rows):
+        warm_kernels()
+        rng = np.random.default_rng(4)
+        obs = rng.standard_normal((rows, 4), dtype=np.float32)
+        step = {"obs": obs, "action": rng.integers(0, 2, rows), "reward": np.ones(rows),
+                "next_obs": obs + 1, "terminated": rng.random(rows) < 0.05,
+                "truncated": np.zeros(rows, bool)}
+        if layout == "sb3":
+            try:
+                import gymnasium as gym
+                from stable_baselines3.common.buffers import ReplayBuffer as SB3Buffer
+            except ImportError:
+                raise NotImplementedError("stable-baselines3 is not installed") from None
+            box = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+            sb = SB3Buffer(100_000, box, gym.spaces.Discrete(2), "cpu", n_envs=rows,
+                           handle_timeout_termination=False)
+            done, infos = step["terminated"], [{}] * rows
+            self.op = partial(sb.add, step["obs"], step["next_obs"], step["action"][:, None],
+                              step["reward"], done, infos)
+        else:
+            buf = filled_buffer(layout, CARTPOLE, CAPACITIES[0])
+            self.op = partial(buf.extend, step)
+        for _ in range(3):
+            self.op()
+
+    def time_extend(self, layout, rows):
+        self.op()
 
 
 class Sample:

@@ -139,6 +139,9 @@ class ReplayCore:
             # the generated push itself, not a method that calls it: one Python call less per row
             # (about 70 ns of a 700 ns push); ReplayCore.push keeps the documentation
             self.push = self._fast_push
+        if type(self).extend is ReplayCore.extend:  # the same for a vector env's step
+            self.extend = self._writer.make_extend(self.spec, self._lock,
+                                                   weak_method(self, "_checked_extend"))
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:
@@ -340,6 +343,10 @@ class ReplayCore:
             ``num_envs``, and (``elide_next``) when a stream is not continuous. The buffer is
             unchanged.
         """
+        self._checked_extend(batch)
+
+    def _checked_extend(self, batch: Mapping) -> None:
+        # the generic path: full validation with precise errors, then the same writes
         n, values = self.spec.check_batch(batch)
         if n == 0:
             return

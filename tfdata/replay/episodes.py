@@ -208,6 +208,12 @@ class Episodes:
         self._writer = writer
         self._term = storage.field(self.spec.names[self.term_i])
         self._trunc = storage.field(self.spec.names[self.trunc_i])
+        # load the kernel for the slices catch_up passes now, not at the first catch-up (a slice
+        # of one row of an AoS field is C-contiguous, a longer one is strided: two signatures);
+        # it stamps scratch arrays only
+        cur, ep = np.zeros_like(self._current), np.zeros(2, np.uint32)
+        for k in (1, 2):
+            self._stamp(self._term[:k], self._trunc[:k], 0, 0, cur, ep)
 
     def catch_up(self, stop: int) -> None:
         """Stamp the rows written one at a time in slots ``[stamped, stop)`` (lock held)."""
@@ -221,6 +227,12 @@ class Episodes:
         rows up to the end are stamped before the next push can overwrite their flags."""
         self.catch_up(self.capacity)
         self.stamped = 0
+
+    def stamp_rows(self, term: np.ndarray, trunc: np.ndarray, slot: int) -> None:
+        """Stamp ``n`` rows just written from ``slot`` without a wrap (several streams; lock held).
+        ``term``, ``trunc``: bool ``(n,)``, the rows' flags."""
+        self._stamp(term, trunc, 0, slot, self._current, self._episode)
+        self.stamped = (slot + term.shape[0]) % self.capacity
 
     @property
     def episode(self) -> np.ndarray:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SpecError
-from .fastpush import make_push
+from .fastpush import make_extend, make_push
 
 
 class RingWriter:
@@ -147,6 +147,29 @@ class RingWriter:
         return make_push(spec, self.storage.field_views(), self, lock, slow,
                          on_wrap=None if ep is None else ep.wrapped, on_write=on_write,
                          regions=self.storage.byte_regions())
+
+    def make_extend(self, spec, lock, slow):
+        """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
+        step; see :func:`tfdata.replay.fastpush.make_extend`), where every hook has a per-slot
+        form and rows are written as they are; else ``slow``."""
+        ep = self.episodes
+        slot_hooks = [h.slot_hook() for h in self.hooks]
+        if (ep is not None and ep.elide) or any(f is None for f in slot_hooks):
+            return slow
+        on_write = None
+        if len(slot_hooks) == 1:
+            on_write = slot_hooks[0]
+        elif slot_hooks:
+            hooks = tuple(slot_hooks)
+
+            def on_write(slot, _hooks=hooks):
+                for f in _hooks:
+                    f(slot)
+        late = ep is not None and self.num_envs == 1  # one stream: stamped late, as a push
+        return make_extend(spec, self, lock, slow, self.storage.byte_regions(),
+                           max_rows=max(16, self.num_envs), num_envs=self.num_envs,
+                           stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
+                           on_write=on_write, on_wrap=ep.wrapped if late else None)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
