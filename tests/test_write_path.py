@@ -261,7 +261,7 @@ def batch_of(rng, n, dtypes, edge):
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_generated_extend_writes_and_refuses_what_the_checked_extend_does(layout, num_envs, data):
-    """Batches of 1 to 20 rows (the generated extend takes up to 16) with scalar fields in other
+    """Batches of 1 to 81 rows (the generated extend converts up to 16 itself) with scalar fields in other
     dtypes (float64 rewards, int64 into narrower ints, bools into ints, edge values out of
     range): accepted or refused alike, same bytes, cursor and episode numbers, across wraps."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -270,7 +270,7 @@ def test_generated_extend_writes_and_refuses_what_the_checked_extend_does(layout
     slow = ReplayBuffer(WIDE, cap, layout=layout, seed=0, num_envs=num_envs)
     scalars = [f.name for f in WIDE if not f.shape]
     for _ in range(data.draw(st.integers(1, 6))):
-        n = num_envs * data.draw(st.integers(1, 10)) + data.draw(st.integers(0, 1))  # whole steps or not
+        n = num_envs * data.draw(st.integers(1, 40)) + data.draw(st.integers(0, 1))  # whole steps or not
         dtypes = {name: data.draw(st.sampled_from(SOURCE_DTYPES))
                   for name in data.draw(st.lists(st.sampled_from(scalars), max_size=4))}
         batch = batch_of(rng, n, dtypes, data.draw(st.booleans()))
@@ -308,3 +308,30 @@ def test_one_vector_env_step_takes_the_generated_extend():
         buf.extend(step)
     assert len(calls) == 0 and len(buf) == 8
     assert buf.episodes.current[0] == 20
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("form", ["exact", "float64", "strided", "fortran", "scalar_view"])
+def test_many_rows_land_as_numpy_casts_them(layout, form):
+    """extend of 40 rows (the generic and the opaque-copy paths) across the ring's end: every
+    stored field equals the input cast by numpy, whatever the input's dtype and memory order."""
+    spec = Spec({"obs": ("f4", (3, 2)), "r": "f4", "a": "i8", "terminated": "?", "truncated": "?"})
+    rng = np.random.default_rng(7)
+    n, cap = 40, 64
+    obs = rng.standard_normal((n, 3, 2))
+    if form == "exact":
+        obs = obs.astype(np.float32)
+    elif form == "strided":
+        obs = np.repeat(obs.astype(np.float32), 2, axis=2)[:, :, ::2]
+    elif form == "fortran":
+        obs = np.asfortranarray(obs.astype(np.float32))
+    r = rng.standard_normal(2 * n).astype(np.float32)
+    batch = {"obs": obs, "r": r[::2] if form == "scalar_view" else r[:n], "a": rng.integers(0, 9, n),
+             "terminated": rng.random(n) < 0.1, "truncated": np.zeros(n, bool)}
+    buf = ReplayBuffer(spec, cap, layout=layout, seed=0)
+    for k in range(3):  # 120 rows: the third batch wraps
+        buf.extend(batch)
+    slots = (np.arange(n) + 2 * n) % cap
+    for name, v in batch.items():
+        want = np.asarray(v).astype(spec[name].dtype)
+        np.testing.assert_array_equal(buf.storage.field(name)[slots], want, err_msg=name)

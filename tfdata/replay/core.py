@@ -141,7 +141,8 @@ class ReplayCore:
             self.push = self._fast_push
         if type(self).extend is ReplayCore.extend:  # the same for a vector env's step
             self.extend = self._writer.make_extend(self.spec, self._lock,
-                                                   weak_method(self, "_checked_extend"))
+                                                   weak_method(self, "_checked_extend"),
+                                                   weak_method(self, "_write_values"))
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:
@@ -344,6 +345,11 @@ class ReplayCore:
             unchanged.
         """
         self._checked_extend(batch)
+
+    def _write_values(self, values: list, n: int) -> None:
+        # n >= 1 rows whose fields the caller has checked (exact dtypes and shapes)
+        with self._lock:
+            self._writer.write(values, n, None)
 
     def _checked_extend(self, batch: Mapping) -> None:
         # the generic path: full validation with precise errors, then the same writes

@@ -255,7 +255,7 @@ def _sources(f) -> frozenset:
 
 
 def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 16, num_envs: int = 1,
-                stamp=None, on_write=None, on_wrap=None):
+                stamp=None, on_write=None, on_wrap=None, write=None):
     """Return ``extend(batch)`` for ``spec``, specialised to batches of at most ``max_rows`` rows
     (one step of a vector env): each field becomes the bytes of its ``n`` rows (``tobytes`` for
     the field's own dtype; ``tolist`` and :mod:`struct` for the dtypes in :func:`_sources`, such
@@ -281,6 +281,10 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         ``on_write(slot)`` per written slot, as in :func:`make_push`.
     on_wrap : callable, optional
         As in :func:`make_push`: called when a batch fills the last slot.
+    write : callable, optional
+        ``write(values, n)``: the buffer's write of ``n`` rows already checked (values in spec
+        order). A larger batch whose every field has exactly the field's dtype and the same
+        ``n`` goes there, which spares it the generic check (about 1.7 us for 6 fields).
     """
     if any(len(members) > 1 for _, _, members in regions):
         # records are packed one per row: beyond about 12 rows the generic path's numpy writes
@@ -288,7 +292,7 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         max_rows = min(max_rows, 12)
     if max_rows < num_envs:
         return slow
-    ns = {"on_wrap": on_wrap, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
+    ns = {"on_wrap": on_wrap, "write": write, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
           "acquire": lock.acquire, "release": lock.release, "on_write": on_write,
           "stamp": None if stamp is None else stamp[0],
           "packer": _packer, "StructError": struct.error}
@@ -341,6 +345,12 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         "    if not (" + "\n            and ".join(checks) + "):",
         "        return slow(batch)",
         "    n = v0.shape[0]",
+        *([] if write is None else [
+            f"    if n > {max_rows}:",
+            "        if (" + "\n                and ".join(
+                f"v{i}.dtype is dt{i} and v{i}.shape[0] == n" for i in range(len(spec))) + "):",
+            "            return write([" + ", ".join(f"v{i}" for i in range(len(spec))) + "], n)",
+            "        return slow(batch)"]),
         f"    if not 0 < n <= {max_rows} or n % {num_envs}"
         + "".join(f" or v{i}.shape[0] != n" for i in range(1, len(spec))) + ":",
         "        return slow(batch)",

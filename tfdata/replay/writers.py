@@ -148,7 +148,7 @@ class RingWriter:
                          on_wrap=None if ep is None else ep.wrapped, on_write=on_write,
                          regions=self.storage.byte_regions())
 
-    def make_extend(self, spec, lock, slow):
+    def make_extend(self, spec, lock, slow, write=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
         step; see :func:`tfdata.replay.fastpush.make_extend`), where every hook has a per-slot
         form and rows are written as they are; else ``slow``."""
@@ -169,7 +169,7 @@ class RingWriter:
         return make_extend(spec, self, lock, slow, self.storage.byte_regions(),
                            max_rows=max(16, self.num_envs), num_envs=self.num_envs,
                            stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
-                           on_write=on_write, on_wrap=ep.wrapped if late else None)
+                           on_write=on_write, on_wrap=ep.wrapped if late else None, write=write)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -198,10 +198,31 @@ class AoSStorage(_Storage):
         self.kernel_store = self.data.view(np.uint64).reshape(capacity, dtype.itemsize // 8)
         self._fields = {name: self.data[name] for name in spec.names}
         self._field_list = [self._fields[name] for name in spec.names]
+        # a shaped field as one opaque item per record: numpy copies a strided column of
+        # fixed-size items with one inner loop, where the (rows, *shape) view costs a loop per row
+        # (1000 rows of f4[4]: 1.0 us against 5.3 us)
+        self._opaque = {}
+        for i, f in enumerate(spec):
+            if f.shape:
+                self._opaque[i] = np.ndarray((capacity,), np.dtype((np.void, f.nbytes)), self.data,
+                                             dtype.fields[f.name][1], (dtype.itemsize,))
 
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
+
+    def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:
+        opaque = self._opaque
+        if count < 32 or not opaque:
+            return super().write_rows(start, values, src_start, count)
+        stop, src_stop = start + count, src_start + count
+        whole = src_start == 0 and count == len(values[0])
+        for i, (view, v) in enumerate(zip(self._field_list, values)):
+            o = opaque.get(i)
+            if o is not None and v.dtype == view.dtype and v.flags.c_contiguous:
+                view = o
+                v = v.reshape(v.shape[0], -1).view(o.dtype).reshape(v.shape[0])
+            view[start:stop] = v if whole else v[src_start:src_stop]
 
     def field_offset(self, name: str) -> int:
         self.spec[name]
