@@ -237,6 +237,8 @@ class DataLoader:
             self._window = a.zeros(min(n, config.window_blocks * block_rows), np.int64)
         self._active = None
         self._lock = threading.Lock()
+        #: an epoch's consumer spent a step outside next(): the next epoch starts its thread at once
+        self._worked = False
 
     @property
     def seed(self) -> int:
@@ -536,7 +538,7 @@ class _Failure:
 #: shuffled batch costs 2.6 µs gathered in the consumer's thread, a thread wake-up 3 µs)
 _WANT_STEP_NS = 10_000
 #: how long the thread spins (without the GIL) for a slot to come back before it sleeps
-_SPIN_NS = 200_000
+_SPIN_NS = 50_000
 _pc = time.perf_counter_ns
 _SPIN_READS = []
 
@@ -679,7 +681,11 @@ class _Epoch:
             # the thread starts when the consumer first spends a step outside next() (see
             # _start_thread): a loop that only reads batches never pays for one
             self._ctl = _Ahead(self._plan, len(loader._ring), self._batches)
-        self._long = False
+            if loader._worked:
+                # the previous epoch's consumer worked between batches: gather from the start
+                self._ctl.want = True
+                self._start_thread()
+        self._loader_ref = weakref.ref(loader)
         self._t_out = _pc()
 
     def _start_thread(self) -> None:
@@ -718,7 +724,6 @@ class _Epoch:
             # A consumer that only asks for batches and a thread asleep (or not started): gather
             # here, like prefetch=0, with no lock (only this thread can wake the other). Every
             # batch the thread claimed is published, so batch k is ready unless it is the next.
-            self._long = False
             if ctl.nxt == k:
                 ctl.nxt = k + 1
                 try:
@@ -732,11 +737,8 @@ class _Epoch:
                 return batch
             batch = ctl.out[k % ctl.slots]
         else:
-            # the consumer's step (the time since the previous batch was returned) was long
-            # twice in a row: one long step is more often the machine's noise than work
-            long = t - self._t_out >= _WANT_STEP_NS
-            want = long and self._long
-            self._long = long
+            # the consumer's step: the time since the previous batch was returned
+            want = t - self._t_out >= _WANT_STEP_NS
             # batch k - 1 goes back: the thread may prepare up to batch k + slots - 1. Written
             # before ``sleeping`` is read (see _Ahead); a thread that sleeps reads it when woken.
             ctl.state[0] = k + ctl.slots
@@ -818,6 +820,10 @@ class _Epoch:
             return
         self._closed = True
         t = self._thread
+        loader = self._loader_ref()
+        if loader is not None and self._ctl is not None:
+            # what this epoch's consumer last did decides how the next epoch starts
+            loader._worked = t is not None and self._ctl.want
         if t is not None:
             ctl = self._ctl
             ctl.stop = True
