@@ -335,3 +335,39 @@ def test_many_rows_land_as_numpy_casts_them(layout, form):
     for name, v in batch.items():
         want = np.asarray(v).astype(spec[name].dtype)
         np.testing.assert_array_equal(buf.storage.field(name)[slots], want, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("plan", [
+    [("push", 3), ("extend", 5), ("read",), ("push", 2), ("read",)],   # an extend ends at the last slot
+    [("extend", 8), ("read",), ("extend", 8), ("push", 1), ("read",)],  # whole rings
+    [("push", 7), ("extend", 3), ("read",)],                          # an extend wraps
+    [("extend", 5), ("push", 3), ("extend", 2), ("read",)],           # a push fills the last slot
+    [("extend", 20), ("read",), ("push", 9), ("read",)],              # more rows than slots
+])
+def test_late_stamps_at_the_ring_end(layout, plan):
+    """The writes that end exactly at the last slot, wrap, or exceed the capacity: the numbers
+    read afterwards are those of the history. Sizes x5: extends of 15+ rows take the generic
+    write, pushes the generated one."""
+    spec = Spec({"obs": ("f4", (2,)), "terminated": "?", "truncated": "?"})
+    scale = 5
+    cap = 8 * scale
+    buf = ReplayBuffer(spec, cap, layout=layout, seed=1)
+    rng = np.random.default_rng(5)
+    flags = []
+    for step in plan:
+        if step[0] == "read":
+            slots, nxt = episode_reference(flags, cap)
+            assert int(buf.episodes.current[0]) == nxt
+            assert {s: int(buf.episodes.episode[s]) for s in slots} == slots
+            continue
+        n = step[1] * scale
+        t = rng.random(n) < 0.2
+        rows = {"obs": rng.standard_normal((n, 2)).astype(np.float32), "terminated": t,
+                "truncated": np.zeros(n, bool)}
+        if step[0] == "push":
+            for k in range(n):
+                buf.push({"obs": rows["obs"][k], "terminated": bool(t[k]), "truncated": False})
+        else:
+            buf.extend(rows)
+        flags.extend(t.tolist())

@@ -154,6 +154,8 @@ class Episodes:
         # laps them (see :meth:`catch_up`). Slots [stamped, writer cursor) are the unstamped ones.
         self.stamped = 0
         self._writer = self._term = self._trunc = None
+        # a single stream without elision: an extend that does not wrap is stamped late too
+        self.late = num_envs == 1 and not self.elide
         self.stored_spec = stored_spec(spec, self.next_of, self.elide)
         elided = set(self.next_of) if self.elide else set()
         # positions in the user's value list of the fields the storage keeps
@@ -334,6 +336,9 @@ class Episodes:
         ``ends`` (bool[n], from :meth:`ends`) is needed with elision only; else None.
         """
         e = self.num_envs
+        dst, src, count = spans[0]
+        if self.late and len(spans) == 1 and src == 0 and dst + count < self.capacity:
+            return  # one stream, no wrap: stamped late from the stored flags, as pushed rows
         self._stamp(values[self.term_i], values[self.trunc_i], spans[0][1], spans[0][0],
                     self._current, self._episode)
         last = spans[-1]
