@@ -24,6 +24,21 @@ What each class measures, with the layout as its first parameter:
   larger than the default ``resident_bytes`` (64 MiB), so the loader releases pages as it goes
   and maps them again next epoch: that cost is in its figures (what a user gets by default),
   not in memcpy's.
+* ``PrefetchCost``: what prefetch costs a loop that only asks for batches (a no-op consumer,
+  not even :func:`consume`): ``track_rows_per_s`` of prefetch 0, 1 and 2 over 1M CartPole rows,
+  file order (zero-copy views), ``shuffle=True`` and ``"block"``, batch 64 to 4096, and
+  ``track_ratio_vs_prefetch0``, rows/s of a depth over prefetch 0's (1.0 for prefetch 0, the
+  baseline). The three depths of one (layout, order, batch) run side by side in one process:
+  each keeps a running iterator (epoch after epoch), and each round times ~2 ms of batches of
+  every depth in a rotated order, 15 rounds; figures are medians of the chunks.
+  Target: ratio >= 0.9 everywhere.
+* ``PrefetchHidden``: a consumer with work. ``track_wait_us``: the mean time per batch spent in
+  ``next()`` (shuffled, batches 2 to 301 of an epoch) when the consumer's step, a
+  ``time.sleep`` (a GPU step: no CPU, no GIL), lasts at least 1.2x the gather time g, where g is
+  prefetch 0's wait with no step, measured first in the same process. ``track_hidden``: the
+  share of prefetch 0's wait that a depth removes, ``1 - wait / wait at prefetch 0`` (0 for
+  prefetch 0, the baseline). Depths interleaved epoch by epoch, 5 rounds, medians.
+  Target: hidden >= 0.9.
 * ``TorchPeer``: ``torch.utils.data.DataLoader`` over the same AoS file
   (``numpy.load(mmap_mode="r")``, per-item ``__getitem__`` returning a dict of tensors, default
   collate, ``shuffle=True``), ``num_workers`` 0 and 2, against tfdata's shuffled loader with
@@ -474,6 +489,166 @@ class ImageThroughput(_Throughput):
         return self.gb_per_s
 
     track_gb_per_s.unit = "GB/s"
+
+
+# -- prefetch: its cost to a consumer that only reads, what it hides from one that works --------
+PREFETCH_DEPTHS = [0, 1, 2]
+PREFETCH_BATCHES = [64, 256, 1024, 4096]
+
+
+def _forever_batches(loader):
+    while True:
+        yield from loader
+
+
+def _needs_loader():
+    if not hasattr(tfdata, "DataLoader"):
+        raise NotImplementedError("this commit has no tfdata.DataLoader")
+
+
+def prefetch_cost_table(layouts, orders, batches, depths, rounds: int = 15) -> dict:
+    """``{(layout, shuffle, batch, prefetch): rows_per_s}``, every depth of a (layout, order,
+    batch) measured side by side: chunks of ~2 ms of batches of each depth, in a rotated order
+    per round, the median chunk per depth."""
+    clock = time.perf_counter_ns
+    out = {}
+    for layout in layouts:
+        ds = dataset("cartpole", CARTPOLE_ROWS, layout)
+        for shuffle in orders:
+            for batch in batches:
+                its = []
+                for p in depths:
+                    it = _forever_batches(tfdata.DataLoader(ds, batch, shuffle=shuffle, seed=0, prefetch=p))
+                    for _ in range(3):
+                        next(it)
+                    its.append(it)
+                per_chunk = max(4, int(2e-3 * 50e6 / batch))  # ~2 ms at 50 M rows/s
+                for it in its:  # one untimed chunk: pages mapped, the epoch under way
+                    for _ in range(per_chunk):
+                        next(it)
+                times = [[] for _ in depths]
+                gc.disable()
+                try:
+                    for r in range(rounds):
+                        for i in [(r + j) % len(its) for j in range(len(its))]:
+                            it = its[i]
+                            t0 = clock()
+                            for _ in range(per_chunk):
+                                next(it)
+                            times[i].append(clock() - t0)
+                finally:
+                    gc.enable()
+                for p, ts in zip(depths, times):
+                    out[(layout, shuffle, batch, p)] = per_chunk * batch / (statistics.median(ts) / 1e9)
+                del its
+                gc.collect()  # the iterators' threads, if any, stop here
+    return out
+
+
+class PrefetchCost:
+    """Rows per second of a consumer that only asks for batches, prefetch 0 (the baseline), 1, 2.
+
+    ``track_ratio_vs_prefetch0``: a depth's rows/s over prefetch 0's, measured side by side in
+    one process (:func:`prefetch_cost_table`). Target: >= 0.9.
+    """
+
+    params = [["aos", "soa"], [False, True, "block"], PREFETCH_BATCHES, PREFETCH_DEPTHS]
+    param_names = ["layout", "shuffle", "batch", "prefetch"]
+    timeout = 600
+
+    def setup_cache(self):
+        _needs_loader()
+        warm_loader_kernels()
+        return prefetch_cost_table(*self.params)
+
+    def setup(self, table, layout, shuffle, batch, prefetch):
+        _needs_loader()
+        self.rows_per_s = table[(layout, shuffle, batch, prefetch)]
+        self.ratio = self.rows_per_s / table[(layout, shuffle, batch, 0)]
+
+    def track_rows_per_s(self, table, layout, shuffle, batch, prefetch):
+        return self.rows_per_s
+
+    track_rows_per_s.unit = "rows/s"
+
+    def track_ratio_vs_prefetch0(self, table, layout, shuffle, batch, prefetch):
+        return self.ratio
+
+    track_ratio_vs_prefetch0.unit = "ratio"
+
+
+def _waits(loader, batches: int, step_s: float) -> float:
+    """Mean seconds per batch in ``next()`` over batches 2 .. batches + 1 of a new epoch, with a
+    ``time.sleep(step_s)`` step after each batch (none when 0)."""
+    clock = time.perf_counter
+    it = iter(loader)
+    next(it)  # the epoch start (permutation, first gather) is not what prefetch hides
+    wait = 0.0
+    for _ in range(batches):
+        t0 = clock()
+        next(it)
+        wait += clock() - t0
+        if step_s:
+            time.sleep(step_s)
+    it.close()
+    return wait / batches
+
+
+def prefetch_hidden_table(layouts, batches, depths, n: int = 300, rounds: int = 5) -> dict:
+    """``{(layout, batch, prefetch): (wait_s, hidden)}`` for a sleep step of at least 1.2x g."""
+    out = {}
+    for layout in layouts:
+        ds = dataset("cartpole", CARTPOLE_ROWS, layout)
+        for batch in batches:
+            loaders = {p: tfdata.DataLoader(ds, batch, shuffle=True, seed=0, prefetch=p) for p in depths}
+            m = min(n, len(loaders[0]) - 1)
+            g = statistics.median(_waits(loaders[0], m, 0.0) for _ in range(5))
+            waits = {p: [] for p in depths}
+            for r in range(rounds):
+                for p in rotated_list(depths, r):
+                    waits[p].append(_waits(loaders[p], m, 1.2 * g))
+            w0 = statistics.median(waits[0])
+            for p in depths:
+                w = statistics.median(waits[p])
+                out[(layout, batch, p)] = (w, 1.0 - w / w0 if p else 0.0)
+    return out
+
+
+def rotated_list(seq, k: int) -> list:
+    seq = list(seq)
+    k %= len(seq)
+    return seq[k:] + seq[:k]
+
+
+class PrefetchHidden:
+    """A consumer with a step of at least 1.2x the gather time (``time.sleep``), shuffled rows.
+
+    ``track_wait_us``: mean time in ``next()`` per batch; ``track_hidden``: the share of prefetch
+    0's wait removed (0 for prefetch 0, the baseline). Target: hidden >= 0.9.
+    """
+
+    params = [["aos", "soa"], [256, 1024, 4096], PREFETCH_DEPTHS]
+    param_names = ["layout", "batch", "prefetch"]
+    timeout = 600
+
+    def setup_cache(self):
+        _needs_loader()
+        warm_loader_kernels()
+        return prefetch_hidden_table(*self.params)
+
+    def setup(self, table, layout, batch, prefetch):
+        _needs_loader()
+        self.wait_s, self.hidden = table[(layout, batch, prefetch)]
+
+    def track_wait_us(self, table, layout, batch, prefetch):
+        return self.wait_s * 1e6
+
+    track_wait_us.unit = "us"
+
+    def track_hidden(self, table, layout, batch, prefetch):
+        return self.hidden
+
+    track_hidden.unit = "fraction"
 
 
 # -- torch's DataLoader -------------------------------------------------------------------------
