@@ -29,7 +29,7 @@ What each class measures, with the layout as its first parameter:
   file order (zero-copy views), ``shuffle=True`` and ``"block"``, batch 64 to 4096, and
   ``track_ratio_vs_prefetch0``, rows/s of a depth over prefetch 0's (1.0 for prefetch 0, the
   baseline). The three depths of one (layout, order, batch) run side by side in one process:
-  each keeps a running iterator (epoch after epoch), and each round times ~2 ms of batches of
+  each keeps a running iterator (epoch after epoch), and each round times ~5 ms of batches (sized on prefetch 0) of
   every depth in a rotated order, 15 rounds; figures are medians of the chunks.
   Target: ratio >= 0.9 everywhere.
 * ``PrefetchHidden``: a consumer with work. ``track_wait_us``: the mean time per batch spent in
@@ -522,10 +522,15 @@ def prefetch_cost_table(layouts, orders, batches, depths, rounds: int = 15) -> d
                     for _ in range(3):
                         next(it)
                     its.append(it)
-                per_chunk = max(4, int(2e-3 * 50e6 / batch))  # ~2 ms at 50 M rows/s
-                for it in its:  # one untimed chunk: pages mapped, the epoch under way
+                # chunks of ~5 ms at prefetch 0's speed, measured on an untimed chunk (pages
+                # mapped, the epochs under way): a pause between chunks is rare, as in a loop
+                per_chunk = max(4, int(2e-3 * 50e6 / batch))
+                for it in its:
+                    t0 = clock()
                     for _ in range(per_chunk):
                         next(it)
+                    if it is its[0]:
+                        per_chunk = max(4, int(per_chunk * 5e6 / max(clock() - t0, 1)))
                 times = [[] for _ in depths]
                 gc.disable()
                 try:
