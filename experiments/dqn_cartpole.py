@@ -67,6 +67,8 @@ VARIANTS = {
     # name: (learner, buffer)
     "torch+sb3": ("torch", "sb3"),
     "torch+tfdata-aos": ("torch", "aos"),
+    # CleanRL's own call, one vector-env step: the arrays it hands stable-baselines3, to extend
+    "torch+tfdata-aos-extend": ("torch", "aos-extend"),
     "torch+tfdata-soa": ("torch", "soa"),
     "torch+tfdata-per": ("torch", "per"),
     "torch+tfdata-nstep3": ("torch", "nstep"),
@@ -189,6 +191,7 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
         else:
             spec = tfdata.Spec.from_spaces(env.observation_space, env.action_space)
             options = {"layout": "soa" if kind == "soa" else "aos", "seed": seed}
+            extend = kind == "aos-extend"
             if kind == "per":
                 n_train = max(1, (total - learning_starts) // hp["train_frequency"])
                 rb = tfdata.PrioritizedReplayBuffer(spec, hp["buffer_size"], beta_steps=n_train, **PER, **options)
@@ -196,11 +199,19 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
                 rb = tfdata.ReplayBuffer(spec, hp["buffer_size"], n_step=N_STEP, gamma=gamma, **options)
             else:
                 rb = tfdata.ReplayBuffer(spec, hp["buffer_size"], **options)
-            push = rb.push
+            push, extend_rows = rb.push, rb.extend
 
             def add(obs, next_obs, action, reward, terminated, truncated):
                 push({"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
                       "terminated": terminated, "truncated": truncated})
+
+            if extend:
+                def add(obs, next_obs, action, reward, terminated, truncated):  # noqa: F811
+                    # the arrays CleanRL builds for stable-baselines3: float64 reward, int64 action
+                    extend_rows({"obs": obs[None], "action": np.array([action]),
+                                 "reward": np.array([reward]), "next_obs": next_obs[None],
+                                 "terminated": np.array([terminated]),
+                                 "truncated": np.array([truncated])})
 
             if learner == "torch":
                 from_numpy = torch.from_numpy

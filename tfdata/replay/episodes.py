@@ -12,7 +12,10 @@ step. The writer is the plain ring writer; nothing moves when the ring wraps.
 Bookkeeping, stamped at insert
 ------------------------------
 ``episode[slot]`` (uint32) numbers the episodes of each stream: a row that is ``terminated`` or
-``truncated`` ends its episode and the stream's next row starts the next number. Two rows of a
+``truncated`` ends its episode and the stream's next row starts the next number. In a single
+stream without elision the rows of a push or of an extend that does not wrap are stamped late,
+from their stored flags, by :meth:`Episodes.catch_up` (at a read of the numbers, before an
+extend, and before the ring laps them). Two rows of a
 stream at most ``capacity / E`` steps apart are in the same episode exactly when their numbers
 are equal, which makes a slice's validity an O(1) check.
 
