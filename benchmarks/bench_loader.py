@@ -30,7 +30,8 @@ What each class measures, with the layout as its first parameter:
   ``track_ratio_vs_prefetch0``, rows/s of a depth over prefetch 0's (1.0 for prefetch 0, the
   baseline). The three depths of one (layout, order, batch) run side by side in one process:
   each keeps a running iterator (epoch after epoch), and each round times ~5 ms of batches (sized on prefetch 0) of
-  every depth in a rotated order, 15 rounds; figures are medians of the chunks.
+  every depth in a rotated order, 15 rounds; rows/s from the median chunk, the ratio the median
+  over rounds of the ratio of the two depths' chunks of that round.
   Target: ratio >= 0.9 everywhere.
 * ``PrefetchHidden``: a consumer with work. ``track_wait_us``: the mean time per batch spent in
   ``next()`` (shuffled, batches 2 to 301 of an epoch) when the consumer's step, a
@@ -507,9 +508,10 @@ def _needs_loader():
 
 
 def prefetch_cost_table(layouts, orders, batches, depths, rounds: int = 15) -> dict:
-    """``{(layout, shuffle, batch, prefetch): rows_per_s}``, every depth of a (layout, order,
-    batch) measured side by side: chunks of ~2 ms of batches of each depth, in a rotated order
-    per round, the median chunk per depth."""
+    """``{(layout, shuffle, batch, prefetch): (rows_per_s, ratio)}``, every depth of a (layout,
+    order, batch) measured side by side: a chunk of ~5 ms of batches of each depth per round, in
+    a rotated order; rows/s from the median chunk, the ratio to prefetch 0 the median over
+    rounds of the two chunks' time ratio."""
     clock = time.perf_counter_ns
     out = {}
     for layout in layouts:
@@ -544,7 +546,10 @@ def prefetch_cost_table(layouts, orders, batches, depths, rounds: int = 15) -> d
                 finally:
                     gc.enable()
                 for p, ts in zip(depths, times):
-                    out[(layout, shuffle, batch, p)] = per_chunk * batch / (statistics.median(ts) / 1e9)
+                    # rows/s from the median chunk; the ratio from the chunks of the same round
+                    # (paired: a slow spell of the shared machine hits both)
+                    ratio = statistics.median(a / b for a, b in zip(times[0], ts))
+                    out[(layout, shuffle, batch, p)] = (per_chunk * batch / (statistics.median(ts) / 1e9), ratio)
                 del its
                 gc.collect()  # the iterators' threads, if any, stop here
     return out
@@ -568,8 +573,7 @@ class PrefetchCost:
 
     def setup(self, table, layout, shuffle, batch, prefetch):
         _needs_loader()
-        self.rows_per_s = table[(layout, shuffle, batch, prefetch)]
-        self.ratio = self.rows_per_s / table[(layout, shuffle, batch, 0)]
+        self.rows_per_s, self.ratio = table[(layout, shuffle, batch, prefetch)]
 
     def track_rows_per_s(self, table, layout, shuffle, batch, prefetch):
         return self.rows_per_s
