@@ -68,8 +68,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
   (leaves) must be, rounded to float32 (as the tree stores them; a checkpoint of a buffer that
   stored float64 leaves is rounded once, when loaded), positive normal float32 values, so that
-  their sum is finite and positive; versions are kept modulo 2**32 (the buffer counts in 32
-  bits);
+  their sum is finite and positive; versions keep their low byte (the buffer counts writes
+  per slot modulo 256, with an epoch in each batch);
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
 * memory: without a ``memory_budget``, the bytes the buffer would hold
   (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
@@ -1104,7 +1104,7 @@ def load_shared(path, cls, **overrides):
     elif st["prioritized"] is not None:
         c.fail("state.prioritized", "null (config.prioritized is false)", st["prioritized"])
     # memory: the region, the trees; a memory_budget is the caller's (the constructor checks it)
-    need = storage_nbytes(spec, cap, layout) + (tree_nbytes(cap) + 4 * cap if prioritized else 0)
+    need = storage_nbytes(spec, cap, layout) + (tree_nbytes(cap) + cap if prioritized else 0)
     if overrides.get("memory_budget") is None and need > _available_memory():
         raise FormatError(f"{spath}: config.capacity {cap} would need {need} bytes, more than the "
                           f"memory available on this machine; refused before allocating")

@@ -75,7 +75,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     float64 because the root sums up to 2**32 leaves; parents are always recomputed from their
     children, so there is no drift to correct by rebuilding. :meth:`priorities`, the
     importance weights and the maximum given to new rows all see the float32 leaves (relative
-    rounding at most 2**-24). Write versions are counted modulo 2**32.
+    rounding at most 2**-24). Write versions are one byte per slot (writes modulo 256);
+    ``batch.versions`` (uint32) add the laps of the ring written before the sample, and a batch
+    held over 254 laps or more is refused as stale whatever the counts say.
 
     *New rows* get the maximum priority over the rows that are live once the rows being
     overwritten are gone (1.0, before ``alpha``, in an empty buffer), unless ``push``/``extend``

@@ -228,7 +228,7 @@ class PrioritizedSampler(Sampler):
         if not check:
             versions = self._NO_VERSIONS
         elif versions.dtype != np.uint32:
-            versions = versions.astype(np.uint32)  # versions count modulo 2**32
+            versions = versions.astype(np.uint32)  # e.g. uint64 from ray: epoch << 8 | count
         got = self._update(self.sums, self.mm, self.leaves, self.v8, idx, p, versions, check,
                            self.epoch(), n, self.p_low, self.p_high, self.eps, self.alpha)
         if got == 0:
