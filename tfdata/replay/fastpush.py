@@ -287,9 +287,10 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         ``n`` goes there, which spares it the generic check (about 1.7 us for 6 fields).
     """
     if any(len(members) > 1 for _, _, members in regions):
-        # records are packed one per row: beyond about 12 rows the generic path's numpy writes
-        # (about 8.6 us for any small batch of CartPole rows) are faster
-        max_rows = min(max_rows, 12)
+        # records are packed one per row (~0.5 us each): beyond 8 rows the generic path's numpy
+        # writes (about 9 us for any small batch of CartPole rows) are faster (asv ExtendStep,
+        # 16 rows: 11.1 us packed against 9.2 us generic)
+        max_rows = min(max_rows, 8)
     if max_rows < num_envs:
         return slow
     ns = {"on_wrap": on_wrap, "write": write, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
