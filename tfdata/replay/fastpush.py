@@ -255,7 +255,7 @@ def _sources(f) -> frozenset:
 
 
 def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 16, num_envs: int = 1,
-                stamp=None, on_write=None, on_wrap=None, write=None):
+                stamp=None, on_write=None, on_wrap=None, write=None, store=None):
     """Return ``extend(batch)`` for ``spec``, specialised to batches of at most ``max_rows`` rows
     (one step of a vector env): each field becomes the bytes of its ``n`` rows (``tobytes`` for
     the field's own dtype; ``tolist`` and :mod:`struct` for the dtypes in :func:`_sources`, such
@@ -285,6 +285,11 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         ``write(values, n)``: the buffer's write of ``n`` rows already checked (values in spec
         order). A larger batch whose every field has exactly the field's dtype and the same
         ``n`` goes there, which spares it the generic check (about 1.7 us for 6 fields).
+    store : callable, optional
+        ``store(start, values, src_start, count)``: the storage's ``write_rows``. Given when no
+        part reacts to writes and episode numbers are stamped late (or not kept): such a larger
+        batch that does not reach the ring's end is then written under the lock without the
+        writer's bookkeeping (about 1.8 us for 1000 rows).
     """
     if any(len(members) > 1 for _, _, members in regions):
         # records are packed one per row (~0.5 us each): beyond 8 rows the generic path's numpy
@@ -293,7 +298,7 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         max_rows = min(max_rows, 8)
     if max_rows < num_envs:
         return slow
-    ns = {"on_wrap": on_wrap, "write": write, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
+    ns = {"on_wrap": on_wrap, "write": write, "store": store, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
           "acquire": lock.acquire, "release": lock.release, "on_write": on_write,
           "stamp": None if stamp is None else stamp[0],
           "packer": _packer, "StructError": struct.error}
@@ -350,6 +355,19 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
             f"    if n > {max_rows}:",
             "        if (" + "\n                and ".join(
                 f"v{i}.dtype is dt{i} and v{i}.shape[0] == n" for i in range(len(spec))) + "):",
+            *([] if store is None else [
+                "            values = [" + ", ".join(f"v{i}" for i in range(len(spec))) + "]",
+                "            acquire()",
+                "            try:",
+                "                p = w.cursor",
+                "                if p + n < cap:  # not reaching the end: no wrap, no lap",
+                "                    store(p, values, 0, n)",
+                "                    w.cursor = p + n",
+                "                    if w.size != cap:",
+                "                        w.size = min(cap, w.size + n)",
+                "                    return",
+                "            finally:",
+                "                release()"]),
             "            return write([" + ", ".join(f"v{i}" for i in range(len(spec))) + "], n)",
             "        return slow(batch)"]),
         f"    if not 0 < n <= {max_rows} or n % {num_envs}"

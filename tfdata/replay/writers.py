@@ -169,7 +169,9 @@ class RingWriter:
         return make_extend(spec, self, lock, slow, self.storage.byte_regions(),
                            max_rows=max(16, self.num_envs), num_envs=self.num_envs,
                            stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
-                           on_write=on_write, on_wrap=ep.wrapped if late else None, write=write)
+                           on_write=on_write, on_wrap=ep.wrapped if late else None, write=write,
+                           store=self.storage.write_rows if not slot_hooks and (ep is None or late)
+                           else None)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
