@@ -237,3 +237,20 @@ def test_fast_push_is_generated_per_spec():
     buf = ReplayBuffer(CARTPOLE, 3, seed=0)
     src = buf._fast_push.__source__
     assert "row['next_obs']" in src and "return slow(row)" in src
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_refused_sample_releases_the_lock(layout):
+    # sample() holds the lock through __enter__/__exit__ in try/finally: a sample refused inside
+    # it (the ring exists, the rows were cleared since) leaves the lock free, and the buffer works
+    buf = ReplayBuffer(CARTPOLE, 16, layout=layout, seed=3)
+    buf.extend(random_rows(buf.spec, 16, np.random.default_rng(0)))
+    buf.sample(4)  # builds this thread's ring of 4
+    buf.clear()
+    with pytest.raises(ValueError, match="empty buffer"):
+        buf.sample(4)
+    assert not buf._lock.locked()
+    buf.extend(random_rows(buf.spec, 8, np.random.default_rng(1)))
+    batch = buf.sample(4)
+    assert batch.indices.shape == (4,) and (batch.indices < 8).all()
+    assert not buf._lock.locked()
