@@ -65,6 +65,17 @@ def full_row(rng, draw_scalar):
     return row
 
 
+def assert_same_state(fast, slow):
+    """Same cursor, the same bytes in every field, the same episode numbers."""
+    a, b = fast.state_dict(), slow.state_dict()
+    assert a["writer"] == b["writer"]
+    for name in WIDE.names:
+        np.testing.assert_array_equal(a["data"][name].view(np.uint8), b["data"][name].view(np.uint8),
+                                      err_msg=name)
+    np.testing.assert_array_equal(a["episodes"]["episode"], b["episodes"]["episode"])
+    np.testing.assert_array_equal(a["episodes"]["current"], b["episodes"]["current"])
+
+
 def pushed_both_ways(layout, rows, capacity=3):
     fast = ReplayBuffer(WIDE, capacity, layout=layout, seed=0)
     slow = ReplayBuffer(WIDE, capacity, layout=layout, seed=0)
@@ -108,13 +119,7 @@ def test_generated_push_writes_and_refuses_what_the_checked_push_does(layout, da
     fast, slow, outcomes = pushed_both_ways(layout, rows)
     for ok, got in outcomes:
         assert ok == got
-    a, b = fast.state_dict(), slow.state_dict()
-    assert a["writer"] == b["writer"]
-    for name in WIDE.names:
-        np.testing.assert_array_equal(a["data"][name].view(np.uint8), b["data"][name].view(np.uint8),
-                                      err_msg=name)
-    np.testing.assert_array_equal(a["episodes"]["episode"], b["episodes"]["episode"])
-    np.testing.assert_array_equal(a["episodes"]["current"], b["episodes"]["current"])
+    assert_same_state(fast, slow)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -283,13 +288,7 @@ def test_generated_extend_writes_and_refuses_what_the_checked_extend_does(layout
             except Exception as exc:  # noqa: BLE001 -- the same refusal on both paths
                 outcome.append(type(exc))
         assert outcome[0] == outcome[1], (dtypes, outcome)
-    a, b = fast.state_dict(), slow.state_dict()
-    assert a["writer"] == b["writer"]
-    for name in WIDE.names:
-        np.testing.assert_array_equal(a["data"][name].view(np.uint8), b["data"][name].view(np.uint8),
-                                      err_msg=name)
-    np.testing.assert_array_equal(a["episodes"]["episode"], b["episodes"]["episode"])
-    np.testing.assert_array_equal(a["episodes"]["current"], b["episodes"]["current"])
+    assert_same_state(fast, slow)
 
 
 def test_one_vector_env_step_takes_the_generated_extend():

@@ -128,22 +128,30 @@ class RingWriter:
             h.on_write(spans, n, extra)
         self.advance(n)
 
+    def _slot_writes(self):
+        """The hooks' one-row form as one ``on_write(slot)`` (None without hooks), and whether
+        the generated calls may be used at all (every hook has that form, no elision)."""
+        ep = self.episodes
+        slot_hooks = [h.slot_hook() for h in self.hooks]
+        if (ep is not None and ep.elide) or any(f is None for f in slot_hooks):
+            return None, False
+        if len(slot_hooks) <= 1:
+            return (slot_hooks[0] if slot_hooks else None), True
+        hooks = tuple(slot_hooks)
+
+        def on_write(slot, _hooks=hooks):
+            for f in _hooks:
+                f(slot)
+
+        return on_write, True
+
     def make_push(self, spec, lock, slow):
         """``push(row)`` specialised to ``spec`` (see :mod:`tfdata.replay.fastpush`) where every
         hook has a per-slot form and rows are written as they are; else ``slow``."""
-        ep = self.episodes
-        slot_hooks = [h.slot_hook() for h in self.hooks]
-        if self.num_envs != 1 or (ep is not None and ep.elide) or any(f is None for f in slot_hooks):
+        on_write, usable = self._slot_writes()
+        if not usable or self.num_envs != 1:
             return slow
-        on_write = None
-        if len(slot_hooks) == 1:
-            on_write = slot_hooks[0]
-        elif slot_hooks:
-            hooks = tuple(slot_hooks)
-
-            def on_write(slot, _hooks=hooks):
-                for f in _hooks:
-                    f(slot)
+        ep = self.episodes
         return make_push(spec, self.storage.field_views(), self, lock, slow,
                          on_wrap=None if ep is None else ep.wrapped, on_write=on_write,
                          regions=self.storage.byte_regions())
@@ -151,26 +159,18 @@ class RingWriter:
     def make_extend(self, spec, lock, slow, write=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
         step; see :func:`tfdata.replay.fastpush.make_extend`), where every hook has a per-slot
-        form and rows are written as they are; else ``slow``."""
-        ep = self.episodes
-        slot_hooks = [h.slot_hook() for h in self.hooks]
-        if (ep is not None and ep.elide) or any(f is None for f in slot_hooks):
+        form and rows are written as they are; else ``slow``. ``write(values, n)`` takes larger
+        batches of exact dtypes."""
+        on_write, usable = self._slot_writes()
+        if not usable:
             return slow
-        on_write = None
-        if len(slot_hooks) == 1:
-            on_write = slot_hooks[0]
-        elif slot_hooks:
-            hooks = tuple(slot_hooks)
-
-            def on_write(slot, _hooks=hooks):
-                for f in _hooks:
-                    f(slot)
+        ep = self.episodes
         late = ep is not None and self.num_envs == 1  # one stream: stamped late, as a push
         return make_extend(spec, self, lock, slow, self.storage.byte_regions(),
                            max_rows=max(16, self.num_envs), num_envs=self.num_envs,
                            stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
                            on_write=on_write, on_wrap=ep.wrapped if late else None, write=write,
-                           store=self.storage.write_rows if not slot_hooks and (ep is None or late)
+                           store=self.storage.write_rows if not self.hooks and (ep is None or late)
                            else None)
 
     # -- state -------------------------------------------------------------------------------
