@@ -5,14 +5,15 @@ The functions below are templates, never called as they are. They copy rows with
 calls :func:`specialize` with its own pair and gets the four kernels as ``@njit(**NJIT_OPTIONS)``
 dispatchers, compiled from copies of the templates whose globals bind them. SoA
 (``ONE_FIELD = False``) copies its tuple of ``uint8[capacity, field_bytes]`` byte views field by
-field with :func:`._copy.copy_field`; AoS (``ONE_FIELD = True``) copies its one
-``uint64[capacity, words]`` record array a whole row at a time with :func:`.aos.copy_records`.
+field with :func:`.soa.copy_columns`; AoS (``ONE_FIELD = True``) copies its one
+``uint64[capacity, words]`` record array with :func:`.aos.copy_records`. Both copy a whole row
+(of a field, for SoA) at a time with a :func:`row_copy` made for their widths.
 numba prunes the branch of a constant global before typing (the other branch would not even
 type) and inlines the copy as any ``inline="always"`` global, so each kernel compiles, in the
 same time, to the machine code of a hand-written kernel for its layout. Each is cached like
 any kernel: the entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``),
 keyed by the signature and invalidated by an edit of this file (as for every kernel, not by an
-edit of the helpers it inlines, such as :mod:`._copy` or :func:`.aos.copy_records`).
+edit of the helpers it inlines, such as :func:`.aos.copy_records` or :func:`row_copy`).
 
 Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
 globals"); a closure over the copy (compiled again in every process: numba keys a closure's
@@ -33,7 +34,10 @@ from __future__ import annotations
 from types import FunctionType
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .._config import NJIT_OPTIONS
 from ._rng import fill_indices
@@ -42,6 +46,65 @@ from ._sync import fence_acquire
 from ._tree import is_weights, live_limit, stratified_find
 
 _TWO32 = np.uint64(1 << 32)
+
+def row_copy(sizes):
+    """An intrinsic ``copy_row(dst, i, src, j, nbytes)``: the first ``nbytes`` bytes of row ``j``
+    of ``src`` to row ``i`` of ``dst``, switching once per row among fixed-size copies, one per
+    byte count in ``sizes``, and ``memcpy`` with the runtime length for any other count.
+
+    A fixed-size copy is an ``llvm.memcpy`` of constant length, which LLVM emits as a few vector
+    loads then stores (48 bytes: one 32-byte and one 16-byte move), as numba's whole-record
+    assignment ``out[i] = buf[j]`` does for one dtype; so one compiled kernel serves every row
+    width at that speed. The loop over a row's words with a runtime width that it replaces was
+    twice as slow on random rows (see reports/benchmarks.md, "Uniform sample: where the time
+    goes"). ``dst`` and ``src`` must be 2-D C-contiguous arrays (rows of contiguous bytes): any
+    other array is a typing error, never a copy of the wrong bytes. No bounds or wraparound: the
+    caller checked ``i`` and ``j``.
+    """
+    sizes = tuple(sorted(set(int(n) for n in sizes)))
+
+    @intrinsic
+    def copy_row(typingctx, dst, i, src, j, nbytes):
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 2
+                and src.ndim == 2 and dst.layout == "C" and src.layout == "C"
+                and isinstance(i, types.Integer) and isinstance(j, types.Integer)
+                and isinstance(nbytes, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            dty, ity, sty, jty, nty = sig.args
+            d = context.make_array(dty)(context, builder, args[0])
+            s = context.make_array(sty)(context, builder, args[2])
+            zero = context.get_constant(types.intp, 0)
+            row_i = context.cast(builder, args[1], ity, types.intp)
+            row_j = context.cast(builder, args[3], jty, types.intp)
+            dst_ptr = cgutils.get_item_pointer(context, builder, dty, d, [row_i, zero],
+                                               wraparound=False)
+            src_ptr = cgutils.get_item_pointer(context, builder, sty, s, [row_j, zero],
+                                               wraparound=False)
+            dst_ptr = builder.bitcast(dst_ptr, cgutils.voidptr_t)
+            src_ptr = builder.bitcast(src_ptr, cgutils.voidptr_t)
+            n = context.cast(builder, args[4], nty, types.intp)
+            fn = builder.function
+            done = fn.append_basic_block("copy_row.done")
+            other = fn.append_basic_block("copy_row.other")
+            switch = builder.switch(n, other)
+            for size in sizes:
+                block = fn.append_basic_block(f"copy_row.{size}")
+                switch.add_case(ir.Constant(n.type, size), block)
+                with builder.goto_block(block):
+                    cgutils.raw_memcpy(builder, dst_ptr, src_ptr, ir.Constant(n.type, size), 1)
+                    builder.branch(done)
+            with builder.goto_block(other):
+                cgutils.raw_memcpy(builder, dst_ptr, src_ptr, n, 1)
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+
+        return types.none(dst, i, src, j, nbytes), codegen
+
+    return copy_row
+
 
 #: bound by :func:`specialize`: whether the store is one array of rows (AoS) rather than a tuple
 #: of them (SoA), and ``copy_field(src, idx, dst)``, ``dst[i] = src[idx[i]]`` for every i
