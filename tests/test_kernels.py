@@ -161,13 +161,14 @@ def test_sample_shared_matches_reference(layout, case):
 @pytest.mark.parametrize("layout", ["aos", "soa"])
 @pytest.mark.parametrize("fields", [{"x": ("u8", (w,))} for w in range(1, 19)]
                          + [{"x": ("u1", (3,)), "y": ("u8", (w,))} for w in (1, 5, 15, 16, 40)]
-                         + [{"x": ("u1", (w,))} for w in (1, 7, 9, 129)],
+                         + [{"x": ("u1", (w,))}
+                            for w in (1, 2, 5, 7, 9, 63, 64, 65, 72, 127, 128, 129)],
                          ids=lambda f: "+".join(f"{v[0]}x{v[1][0] if isinstance(v, tuple) else 1}"
                                                 for v in f.values()))
 def test_gather_every_row_width(layout, fields):
-    # the AoS copy switches on the record width (a fixed-size copy for 8 to 128 bytes, memcpy
-    # beyond): every width it handles, on both sides of each case, copies exactly the row and
-    # leaves the output's other rows alone
+    # the copies switch on the row width (AoS records: a fixed-size copy for 8 to 128 bytes;
+    # SoA fields: 1 to 64 bytes and multiples of 8 to 128; memcpy otherwise): widths on both
+    # sides of each case copy exactly the row and leave the output's other rows alone
     spec = Spec(fields)
     st = make_storage(spec, 40, layout)
     data = random_rows(spec, 40, np.random.default_rng(3))
