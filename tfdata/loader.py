@@ -1,9 +1,11 @@
 """DataLoader: batches of a :class:`~tfdata.dataset.Dataset`, prefetched by one thread.
 
-No worker processes: one background thread per epoch gathers the next batches with a numba
-kernel that releases the GIL, into a ring of ``prefetch + 1`` preallocated batch buffers. The
-order of an epoch is a function of ``(seed, epoch)`` only, so the batches are the same whatever
-the prefetch depth and however the previous epoch ended.
+No worker processes: with ``prefetch > 0`` one background thread per epoch gathers the next
+batches with a numba kernel that releases the GIL, into a ring of ``prefetch + 1`` preallocated
+batch buffers, while the consumer works between batches; a consumer whose batch is not ready
+gathers it itself rather than wait for a thread handoff (ARCHITECTURE.md, "Ring and prefetch").
+The order of an epoch is a function of ``(seed, epoch)`` only, so the batches are the same
+whatever the prefetch depth, whichever thread gathered them, and however the previous epoch ended.
 
 Orders (``shuffle=``)
     ``False``: rows in file order; with ``zero_copy=True`` a batch is a view of the dataset.
@@ -69,8 +71,11 @@ class LoaderConfig:
     seed : int or None
         Seed of every epoch's order; None draws one from the OS (kept in :attr:`seed`).
     prefetch : int
-        Batches the background thread prepares ahead; 0 gathers in the caller's thread. The
-        ring has ``min(prefetch, batches per epoch) + 1`` slots.
+        Batches the background thread may prepare ahead; 0 gathers in the caller's thread. The
+        thread starts once the caller spends 10 µs or more between two batch requests twice
+        in a row (a loop that only reads batches gathers them itself, as with 0), and the
+        caller gathers any batch that is not ready when asked for. The ring has
+        ``min(prefetch, batches per epoch) + 1`` slots.
     zero_copy : bool
         Unshuffled batches are views of the dataset (no copy). False copies them into the ring.
     block_rows : int or None
