@@ -455,25 +455,13 @@ def test_a_consumer_that_only_reads_batches_starts_no_thread():
         it.close()
 
 
-class Recording:
+class Recording(Flaky):
     """An ArrayDataset whose gathers and touches record the thread that ran them, and may be
     slowed down (a sleep releases the GIL, as the gather kernel does)."""
 
     def __init__(self, cols, delay=0.0):
-        self.inner = tfdata.ArrayDataset(cols)
-        self.spec = self.inner.spec
-        self.row_nbytes = self.inner.row_nbytes
-        self.delay = delay
+        super().__init__(cols, delay=delay)
         self.threads = []
-
-    def __len__(self):
-        return len(self.inner)
-
-    def new_output(self, b):
-        return self.inner.new_output(b)
-
-    def rows(self, start, stop):
-        return self.inner.rows(start, stop)
 
     def gather(self, idx, out):
         self.threads.append(threading.get_ident())
