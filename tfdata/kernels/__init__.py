@@ -1,7 +1,8 @@
 """Private numba kernels. Nothing here allocates: every kernel writes into arrays it is given.
 
 One module per layout (:mod:`.aos`, :mod:`.soa`) with the same function names and signatures;
-a storage picks its module once, when it is built. Importing this package decorates the kernels
+a storage picks its module once, when it is built. :mod:`.spans` has them too, for projections
+(some fields of any layout, gathered into columns). Importing this package decorates the kernels
 but compiles nothing: numba compiles (or loads from its cache) on the first call.
 """
 
@@ -11,7 +12,7 @@ from .. import _config
 
 _config.install_cache_dir()
 
-from . import aos, soa  # noqa: E402
+from . import aos, soa, spans  # noqa: E402
 from ._rng import draw_indices  # noqa: E402
 from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # noqa: E402
                     tree_fill_values, tree_overwrite_max, tree_set, tree_set_priorities)  # noqa: E402
@@ -28,7 +29,7 @@ from ._shared_tree import (draw_prioritized, fold_published, read_heads, shard_n
 
 BY_LAYOUT = {"aos": aos, "soa": soa}
 
-__all__ = ["aos", "soa", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
+__all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
            "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "sample_slices_prioritized", "stamp_episodes",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish",

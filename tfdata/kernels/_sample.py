@@ -1,19 +1,24 @@
-"""The gather and sampling kernels, written once for both layouts.
+"""The gather and sampling kernels, written once for both layouts and for projections.
 
 The functions below are templates, never called as they are. They copy rows with
-``copy_field`` and test ``ONE_FIELD``, two names this module leaves unbound: each layout module
-calls :func:`specialize` with its own pair and gets the four kernels as ``@njit(**NJIT_OPTIONS)``
-dispatchers, compiled from copies of the templates whose globals bind them. SoA
-(``ONE_FIELD = False``) copies its tuple of ``uint8[capacity, field_bytes]`` byte views field by
-field with :func:`.soa.copy_columns`; AoS (``ONE_FIELD = True``) copies its one
-``uint64[capacity, words]`` record array with :func:`.aos.copy_records`. Both copy a whole row
-(of a field, for SoA) at a time with a :func:`row_copy` made for their widths.
+``copy_field``, test ``ONE_FIELD`` and bound a tuple store's rows with ``rows_of``, names this
+module leaves unbound: each layout module calls :func:`specialize` with its own and gets the four
+kernels as ``@njit(**NJIT_OPTIONS)`` dispatchers, compiled from copies of the templates whose
+globals bind them. SoA (``ONE_FIELD = False``) copies its tuple of ``uint8[capacity,
+field_bytes]`` byte views field by field with :func:`.soa.copy_columns`; AoS (``ONE_FIELD =
+True``) copies its one ``uint64[capacity, words]`` record array with :func:`.aos.copy_records`.
+Both copy a whole row (of a field, for SoA) at a time with a :func:`row_copy` made for their
+widths. The third specialization, :mod:`.spans` (``ONE_FIELD = False``), is not a layout: its
+store is a tuple of ``(base, offset)`` pairs, one per field of a projection (``sample(batch,
+fields=[...])``), each field's bytes at a byte offset of a base's rows, copied with a
+:func:`span_copy` into one column per field; so one projected copy serves every layout.
 numba prunes the branch of a constant global before typing (the other branch would not even
 type) and inlines the copy as any ``inline="always"`` global, so each kernel compiles, in the
 same time, to the machine code of a hand-written kernel for its layout. Each is cached like
 any kernel: the entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``),
 keyed by the signature and invalidated by an edit of this file (as for every kernel, not by an
-edit of the helpers it inlines, such as :func:`.aos.copy_records` or :func:`row_copy`).
+edit of the helpers it inlines, such as :func:`.aos.copy_records`, :func:`.spans.copy_spans` or
+:func:`row_copy`: delete the cache files after editing those).
 
 Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
 globals"); a closure over the copy (compiled again in every process: numba keys a closure's
@@ -26,7 +31,9 @@ on one layout's kernels).
 
 ``store`` and ``out`` are what the layout's storage hands the kernels: ``uint64[capacity,
 words]`` for AoS, a tuple of ``uint8[capacity, field_bytes]`` byte views (one per field) for
-SoA; ``out`` has at least ``len(idx)`` rows and only the first ``len(idx)`` are written.
+SoA, a tuple of ``(uint8[capacity, row_bytes], offset)`` pairs with a tuple of ``uint8[rows,
+field_bytes]`` columns for spans; ``out`` has at least ``len(idx)`` rows and only the first
+``len(idx)`` are written.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._config import NJIT_OPTIONS
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._rng import fill_indices
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
@@ -61,55 +68,85 @@ def row_copy(sizes):
     other array is a typing error, never a copy of the wrong bytes. No bounds or wraparound: the
     caller checked ``i`` and ``j``.
     """
+    return _block_copy(sizes, offset=False)
+
+
+def span_copy(sizes):
+    """An intrinsic ``copy_span(dst, i, src, j, offset, nbytes)``: bytes ``[offset, offset +
+    nbytes)`` of row ``j`` of ``src`` to the first ``nbytes`` bytes of row ``i`` of ``dst``: a
+    field's bytes out of a wider row (an AoS record, a group of fields), copied as
+    :func:`row_copy` copies a row (a fixed-size copy per count in ``sizes``, else ``memcpy``).
+    The same typing rule (2-D C-contiguous arrays only); no bounds: the caller checked ``i``,
+    ``j`` and ``offset + nbytes <= src.shape[1] * src.itemsize``.
+    """
+    return _block_copy(sizes, offset=True)
+
+
+def _block_copy(sizes, offset: bool):
     sizes = tuple(sorted(set(int(n) for n in sizes)))
 
-    @intrinsic
-    def copy_row(typingctx, dst, i, src, j, nbytes):
+    def codegen(context, builder, sig, args):
+        dty, ity, sty, jty = sig.args[:4]
+        nty = sig.args[-1]
+        d = context.make_array(dty)(context, builder, args[0])
+        s = context.make_array(sty)(context, builder, args[2])
+        zero = context.get_constant(types.intp, 0)
+        row_i = context.cast(builder, args[1], ity, types.intp)
+        row_j = context.cast(builder, args[3], jty, types.intp)
+        dst_ptr = cgutils.get_item_pointer(context, builder, dty, d, [row_i, zero],
+                                           wraparound=False)
+        src_ptr = cgutils.get_item_pointer(context, builder, sty, s, [row_j, zero],
+                                           wraparound=False)
+        dst_ptr = builder.bitcast(dst_ptr, cgutils.voidptr_t)
+        src_ptr = builder.bitcast(src_ptr, cgutils.voidptr_t)
+        if offset:  # a byte offset into the source row
+            off = context.cast(builder, args[4], sig.args[4], types.intp)
+            src_ptr = builder.gep(src_ptr, [off])
+        n = context.cast(builder, args[-1], nty, types.intp)
+        fn = builder.function
+        done = fn.append_basic_block("copy_row.done")
+        other = fn.append_basic_block("copy_row.other")
+        switch = builder.switch(n, other)
+        for size in sizes:
+            block = fn.append_basic_block(f"copy_row.{size}")
+            switch.add_case(ir.Constant(n.type, size), block)
+            with builder.goto_block(block):
+                cgutils.raw_memcpy(builder, dst_ptr, src_ptr, ir.Constant(n.type, size), 1)
+                builder.branch(done)
+        with builder.goto_block(other):
+            cgutils.raw_memcpy(builder, dst_ptr, src_ptr, n, 1)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    def typed(dst, i, src, j, *rest):
         if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 2
                 and src.ndim == 2 and dst.layout == "C" and src.layout == "C"
                 and isinstance(i, types.Integer) and isinstance(j, types.Integer)
-                and isinstance(nbytes, types.Integer)):
+                and all(isinstance(r, types.Integer) for r in rest)):
             return None
+        return types.none(dst, i, src, j, *rest), codegen
 
-        def codegen(context, builder, sig, args):
-            dty, ity, sty, jty, nty = sig.args
-            d = context.make_array(dty)(context, builder, args[0])
-            s = context.make_array(sty)(context, builder, args[2])
-            zero = context.get_constant(types.intp, 0)
-            row_i = context.cast(builder, args[1], ity, types.intp)
-            row_j = context.cast(builder, args[3], jty, types.intp)
-            dst_ptr = cgutils.get_item_pointer(context, builder, dty, d, [row_i, zero],
-                                               wraparound=False)
-            src_ptr = cgutils.get_item_pointer(context, builder, sty, s, [row_j, zero],
-                                               wraparound=False)
-            dst_ptr = builder.bitcast(dst_ptr, cgutils.voidptr_t)
-            src_ptr = builder.bitcast(src_ptr, cgutils.voidptr_t)
-            n = context.cast(builder, args[4], nty, types.intp)
-            fn = builder.function
-            done = fn.append_basic_block("copy_row.done")
-            other = fn.append_basic_block("copy_row.other")
-            switch = builder.switch(n, other)
-            for size in sizes:
-                block = fn.append_basic_block(f"copy_row.{size}")
-                switch.add_case(ir.Constant(n.type, size), block)
-                with builder.goto_block(block):
-                    cgutils.raw_memcpy(builder, dst_ptr, src_ptr, ir.Constant(n.type, size), 1)
-                    builder.branch(done)
-            with builder.goto_block(other):
-                cgutils.raw_memcpy(builder, dst_ptr, src_ptr, n, 1)
-                builder.branch(done)
-            builder.position_at_end(done)
-            return context.get_dummy_value()
+    if offset:
+        @intrinsic
+        def copy_span(typingctx, dst, i, src, j, offset, nbytes):
+            return typed(dst, i, src, j, offset, nbytes)
 
-        return types.none(dst, i, src, j, nbytes), codegen
+        return copy_span
+
+    @intrinsic
+    def copy_row(typingctx, dst, i, src, j, nbytes):
+        return typed(dst, i, src, j, nbytes)
 
     return copy_row
 
 
 #: bound by :func:`specialize`: whether the store is one array of rows (AoS) rather than a tuple
-#: of them (SoA), and ``copy_field(src, idx, dst)``, ``dst[i] = src[idx[i]]`` for every i
+#: of them (SoA, spans), ``copy_field(src, idx, dst)``, ``dst[i] = src[idx[i]]`` for every i,
+#: and ``rows_of(src)``, the rows of one element of a tuple store
 ONE_FIELD = False
 copy_field = None
+rows_of = None
 
 
 def gather(store, idx, out):
@@ -197,7 +234,7 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
         rows = min(rows, store.shape[0])
     else:
         for f in range(len(store)):
-            rows = min(rows, store[f].shape[0])
+            rows = min(rows, rows_of(store[f]))
     limit = live_limit(sums, leaves, n, rows)
     if limit == 0:
         return -1
@@ -296,10 +333,17 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
 KERNELS = (gather, sample_uniform, sample_prioritized, sample_shared)
 
 
-def specialize(layout: str, one_field: bool, copy) -> tuple:
+@njit(**INLINE_OPTIONS)
+def array_rows(src):
+    """Rows of one array of a tuple store (SoA): the ``rows_of`` of :func:`specialize`'s default."""
+    return src.shape[0]
+
+
+def specialize(layout: str, one_field: bool, copy, rows=array_rows) -> tuple:
     """The kernels of :data:`KERNELS` for one layout, in that order, as cached numba kernels
-    whose ``ONE_FIELD`` is ``one_field`` and whose ``copy_field`` is ``copy``."""
-    env = dict(globals(), ONE_FIELD=one_field, copy_field=copy)
+    whose ``ONE_FIELD`` is ``one_field``, whose ``copy_field`` is ``copy`` and whose ``rows_of``
+    is ``rows``."""
+    env = dict(globals(), ONE_FIELD=one_field, copy_field=copy, rows_of=rows)
     kernels = []
     for template in KERNELS:
         fn = FunctionType(template.__code__, env, template.__name__, template.__defaults__)
