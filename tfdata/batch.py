@@ -167,9 +167,10 @@ class OutputRing:
     Parameters
     ----------
     storage
-        Gives each slot's rows through ``new_output(rows)``.
+        Gives each slot's rows through ``new_output(rows)``: a storage, or a projection of one
+        (:class:`tfdata.storage.Projection`) for batches of some fields.
     parts : sequence
-        The sampler and the transforms. Each has ``ring_arrays(batch_size, length, out)``: a dict
+        The sampler, then the transforms. Each has ``ring_arrays(batch_size, length, out)``: a dict
         of the arrays it needs per batch (ndarray values are owned and counted in
         :attr:`nbytes`; anything else, such as views of them, is not), and
         ``batch_view(arrays, fields, attrs)``, which adds what it shows in a batch: fields (the
@@ -181,6 +182,8 @@ class OutputRing:
     ----------
     slots : list of Output
         The storage outputs, one per ring slot.
+    transforms : tuple
+        ``parts[1:]``: the transforms to apply to this ring's batches, in order.
     arrays : list of list of dict
         ``arrays[i][k]``: part ``k``'s arrays of slot ``i``.
     batches : list of Batch
@@ -189,9 +192,10 @@ class OutputRing:
         Bytes of the arrays this ring owns.
     """
 
-    __slots__ = ("slots", "arrays", "batches", "next", "nbytes", "__weakref__")
+    __slots__ = ("slots", "arrays", "batches", "next", "nbytes", "transforms", "__weakref__")
 
     def __init__(self, storage, batch_size: int, ring_size: int, length: int | None, parts, names):
+        self.transforms = tuple(parts[1:])
         rows = batch_size * (length or 1)
         self.slots = [storage.new_output(rows) for _ in range(ring_size)]
         self.arrays = [[p.ring_arrays(batch_size, length, o) for p in parts] for o in self.slots]

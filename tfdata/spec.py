@@ -377,6 +377,44 @@ class Spec:
         inner = ", ".join(f"{f.name!r}: ({f.dtype.str!r}, {f.shape})" for f in self._fields)
         return f"Spec({{{inner}}})"
 
+    def select(self, fields, what: str = "fields") -> tuple[str, ...]:
+        """The field names ``fields`` (a list or tuple of str), checked, in spec order.
+
+        Raises
+        ------
+        SpecError
+            ``fields`` is a string or not iterable, is empty, names a field twice, holds a
+            name that is not a str, or an unknown field (the message names it and lists the
+            fields). Nothing is changed.
+        """
+        if isinstance(fields, (str, bytes)):
+            raise SpecError(f"{what}: expected a list of field names, got the string {fields!r}; "
+                            f"for one field write [{fields!r}]")
+        try:
+            items = list(fields)
+        except TypeError:
+            raise SpecError(f"{what}: expected a list of field names, got "
+                            f"{type(fields).__name__} {fields!r}") from None
+        if not items:
+            raise SpecError(f"{what}: expected at least one field name, got an empty "
+                            f"{type(fields).__name__} (fields=None gives every field)")
+        seen = set()
+        for name in items:
+            if not isinstance(name, str):
+                raise SpecError(f"{what}: field names must be str, got {type(name).__name__} "
+                                f"{name!r}")
+            if name not in self._by_name:
+                raise SpecError(f"{what}: {self.unknown_message(name)}")
+            if name in seen:
+                raise SpecError(f"{what}: field {name!r} is named twice")
+            seen.add(name)
+        return tuple(f.name for f in self._fields if f.name in seen)
+
+    def subset(self, names) -> "Spec":
+        """The spec of fields ``names`` (known names), in spec order."""
+        wanted = set(names)
+        return Spec([f for f in self._fields if f.name in wanted])
+
     # -- validation -------------------------------------------------------------------------
     def unknown_message(self, name) -> str:
         close = difflib.get_close_matches(str(name), list(self._by_name), n=1)

@@ -11,6 +11,12 @@ Both offer the same operations: ``capacity``, ``nbytes``, ``write_row``, ``write
 binds its kernel module (``tfdata.kernels.aos`` or ``.soa``) when it is built; nothing downstream
 branches on the layout again.
 
+``project(names)`` gives a :class:`Projection`: the same sampling contract (``kernels``,
+``kernel_store``, ``new_output``, ``gather``) over some fields only. A layout contributes where
+each field's bytes are (``byte_bases`` and ``spans``); the projection, which knows no layout,
+gathers them with the span kernels (:mod:`tfdata.kernels.spans`) into one C-contiguous column
+per field.
+
 Storages do no validation of row contents and no locking: :class:`tfdata.ReplayBuffer` validates
 with the :class:`~tfdata.spec.Spec` and serialises writers and samplers.
 """
@@ -24,7 +30,7 @@ from ..spec import Spec
 
 
 class Output:
-    """A preallocated batch of ``batch_size`` rows for one storage.
+    """A preallocated batch of ``batch_size`` rows for one storage (or projection of it).
 
     Attributes
     ----------
@@ -32,18 +38,28 @@ class Output:
         Row numbers of the last gather into this output.
     fields : dict of str to ndarray
         One array per field, shape ``(batch_size, *field.shape)``. For the AoS layout these are
-        strided views of one structured array; for SoA each is C-contiguous.
+        strided views of one structured array; for SoA and projections each is C-contiguous.
     kernel_out : ndarray or tuple of ndarray
         The same memory as the kernels see it.
+    source : storage, Projection or None
+        What made this output and gathers into it (``source.gather``, ``source.kernel_rows``,
+        ``source.output_words``); None for a dataset's outputs.
+    kernels, store
+        ``source.kernels`` and ``source.kernel_store`` (None without a source): a sampler
+        calls ``out.kernels.sample_uniform(out.store, ..., out.kernel_out)``, so one sampler
+        fills full and projected outputs alike.
     """
 
-    __slots__ = ("indices", "fields", "kernel_out", "records")
+    __slots__ = ("indices", "fields", "kernel_out", "records", "source", "kernels", "store")
 
-    def __init__(self, indices, fields, kernel_out, records=None):
+    def __init__(self, indices, fields, kernel_out, records=None, source=None):
         self.indices = indices
         self.fields = fields
         self.kernel_out = kernel_out
         self.records = records
+        self.source = source
+        self.kernels = None if source is None else source.kernels
+        self.store = None if source is None else source.kernel_store
 
     @property
     def nbytes(self) -> int:
@@ -81,6 +97,21 @@ class _Storage:
         """Copy rows ``indices`` into rows ``[at, at + len(indices))`` of ``out``; no checks.
         (Slices ``out``'s kernel view: for rare paths, such as a redrawn row.)"""
         self._kernels.gather(self.kernel_store, indices, self.kernel_rows(out, at, len(indices)))
+
+    def byte_bases(self) -> tuple:
+        """The arrays holding the rows, as C-contiguous ``uint8[capacity, row_bytes]`` views
+        (the record array for AoS, one per column for SoA): where :meth:`spans` point."""
+        raise NotImplementedError
+
+    def spans(self) -> dict:
+        """Where each field's bytes are: ``{name: (base, offset, width)}``, the field's
+        ``width`` bytes at byte ``offset`` of every row of ``byte_bases()[base]``."""
+        raise NotImplementedError
+
+    def project(self, names) -> "Projection":
+        """The fields ``names`` (stored fields, checked by the caller; may be empty) as a
+        :class:`Projection` over this storage's memory."""
+        return Projection(self.spec, names, self.byte_bases(), self.spans(), self.allocator)
 
     def field(self, name: str) -> np.ndarray:
         """View of one field for all ``capacity`` rows, shape ``(capacity, *field.shape)``."""
@@ -171,6 +202,12 @@ class _Storage:
         """
         return self._words(self._fields[name], name, word, self.field_offset(name))
 
+    def copy_range(self, start: int, m: int, out: Output) -> None:
+        """Rows ``[start, start + m)`` into the first ``m`` rows of ``out`` (numpy slices, for
+        consecutive rows)."""
+        for (base, offset), dst in zip(self.kernel_store, out.kernel_out):
+            dst[:m] = base[start:start + m, offset:offset + dst.shape[1]]
+
     def output_words(self, out: Output, name: str, word: int):
         """As :meth:`field_words`, for the rows of an output made by :meth:`new_output`."""
         return self._words(out.fields[name], name, word, self.field_offset(name), out.records)
@@ -247,12 +284,19 @@ class AoSStorage(_Storage):
         """Rows ``[at, at + k)`` of ``out`` as the kernels see them (a view)."""
         return out.kernel_out[at:at + k]
 
+    def byte_bases(self) -> tuple:
+        return (self.data.view(np.uint8).reshape(self.capacity, self.spec.aos_dtype.itemsize),)
+
+    def spans(self) -> dict:
+        fields = self.spec.aos_dtype.fields
+        return {f.name: (0, int(fields[f.name][1]), f.nbytes) for f in self.spec}
+
     def new_output(self, batch_size: int) -> Output:
         dtype = self.spec.aos_dtype
         records = self.allocator.zeros(batch_size, dtype)
         fields = {name: records[name] for name in self.spec.names}
         words = records.view(np.uint64).reshape(batch_size, dtype.itemsize // 8)
-        return Output(self.allocator.zeros(batch_size, np.int64), fields, words, records)
+        return Output(self.allocator.zeros(batch_size, np.int64), fields, words, records, self)
 
 
 class SoAStorage(_Storage):
@@ -295,10 +339,120 @@ class SoAStorage(_Storage):
     def kernel_rows(self, out: Output, at: int, k: int):
         return tuple(c[at:at + k] for c in out.kernel_out)
 
+    def byte_bases(self) -> tuple:
+        return self.kernel_store
+
+    def spans(self) -> dict:
+        return {f.name: (i, 0, f.nbytes) for i, f in enumerate(self.spec)}
+
     def new_output(self, batch_size: int) -> Output:
         fields = {f.name: self.allocator.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}
         kernel_out = tuple(_bytes2d(fields[name]) for name in self.spec.names)
-        return Output(self.allocator.zeros(batch_size, np.int64), fields, kernel_out)
+        return Output(self.allocator.zeros(batch_size, np.int64), fields, kernel_out, None, self)
+
+
+class Projection:
+    """Some fields of a storage (or of a dataset's rows), gathered into one column per field.
+
+    Made by ``project(names)`` of a storage or of :class:`~tfdata.storage.rows.Rows`. The
+    layout only says where each field's bytes are (``byte_bases``, ``spans``); this class knows
+    no layout. It offers the part of the storage contract that sampling uses, so samplers and
+    transforms treat it as they treat a storage: ``kernels`` (:mod:`tfdata.kernels.spans`),
+    ``kernel_store``, ``new_output``, ``gather``, ``gather_at``, ``kernel_rows``,
+    ``output_words``.
+
+    Parameters
+    ----------
+    spec : Spec
+        The source's fields.
+    names : sequence of str
+        Fields of ``spec`` to gather (checked by the caller), in the order the outputs hold
+        them; may be empty (an output with no fields: the kernels still draw the indices).
+    bases : tuple of ndarray of uint8, each shape (capacity, row_bytes), C-contiguous
+        The source's rows as bytes.
+    spans : dict of str to (int, int, int)
+        ``name: (base, offset, width)`` for every field of ``spec`` (see
+        :meth:`AoSStorage.spans`).
+    allocator : tfdata.alloc.Allocator
+        Where outputs come from.
+    dtypes : dict of str to numpy dtype, optional
+        The dtype of each field as the source's full outputs hold it, when it is not the
+        spec's (a dataset's records may hold, say, big-endian fields): the bytes are copied as
+        they are, so the projected field must read them as the full batch does.
+
+    Attributes
+    ----------
+    names : tuple of str
+    kernel_store : tuple of (ndarray of uint8, int)
+        ``(base, offset)`` of every field of ``names``, as the span kernels read them.
+    bases_read : tuple of int
+        The bases the projection reads, ascending (for page advice).
+    """
+
+    def __init__(self, spec, names, bases, spans, allocator, dtypes=None):
+        from .. import kernels
+
+        self.names = tuple(names)
+        self.fields = tuple(spec[n] for n in self.names)
+        self.dtypes = {f.name: f.dtype if dtypes is None else dtypes[f.name] for f in self.fields}
+        self.allocator = allocator
+        self.kernels = kernels.spans
+        store = []
+        for f in self.fields:
+            b, offset, width = spans[f.name]
+            base = bases[b]
+            # the span kernels copy ``width`` bytes at ``offset`` of a base's rows: checked here,
+            # once, so that a wrong description is an error, never a copy of other bytes
+            if not (isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 2
+                    and base.flags.c_contiguous and width == f.nbytes and 0 <= offset
+                    and offset + width <= base.shape[1]):
+                raise ValueError(f"field {f.name!r}: span (base {b}, offset {offset}, width "
+                                 f"{width}) is not within the rows of its base "
+                                 f"{getattr(base, 'dtype', None)}{list(getattr(base, 'shape', ()))}"
+                                 f" (field of {f.nbytes} bytes)")
+            store.append((base, int(offset)))
+        self.bases_read = tuple(sorted({spans[n][0] for n in self.names}))
+        # no field: one zero-width span of the first base, so that the kernels keep their types
+        # (and draw exactly as for a full output)
+        self.kernel_store = tuple(store) if store else ((bases[0], 0),)
+
+    def new_output(self, batch_size: int, allocator=None) -> Output:
+        """``batch_size`` rows of the projected fields, one C-contiguous array per field."""
+        a = self.allocator if allocator is None else allocator
+        fields = {f.name: a.zeros((batch_size,) + f.shape, self.dtypes[f.name]) for f in self.fields}
+        kernel_out = tuple(_bytes2d(fields[n]) for n in self.names)
+        if not kernel_out:
+            kernel_out = (np.zeros((batch_size, 0), np.uint8),)
+        return Output(a.zeros(batch_size, np.int64), fields, kernel_out, None, self)
+
+    def gather(self, indices: np.ndarray, out: Output) -> None:
+        """Copy the projected fields of rows ``indices`` (int64, each in range) into ``out``."""
+        self.kernels.gather(self.kernel_store, indices, out.kernel_out)
+
+    def gather_at(self, indices: np.ndarray, out: Output, at: int) -> None:
+        """As :meth:`gather`, into rows ``[at, at + len(indices))`` of ``out``."""
+        self.kernels.gather(self.kernel_store, indices, self.kernel_rows(out, at, len(indices)))
+
+    def kernel_rows(self, out: Output, at: int, k: int):
+        """Rows ``[at, at + k)`` of ``out`` as the kernels see them (views)."""
+        return tuple(c[at:at + k] for c in out.kernel_out)
+
+    def copy_range(self, start: int, m: int, out: Output) -> None:
+        """Rows ``[start, start + m)`` into the first ``m`` rows of ``out`` (numpy slices, for
+        consecutive rows)."""
+        for (base, offset), dst in zip(self.kernel_store, out.kernel_out):
+            dst[:m] = base[start:start + m, offset:offset + dst.shape[1]]
+
+    def output_words(self, out: Output, name: str, word: int):
+        """Field ``name`` of an output as ``(words, offset, width)`` (see
+        :meth:`_Storage.field_words`): its own column, offset 0."""
+        col = _bytes2d(out.fields[name])
+        return col.view(WORD_TYPES[word]), 0, col.shape[1] // word
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one projected row (the fields' widths)."""
+        return int(sum(f.nbytes for f in self.fields))
 
 
 def _bytes2d(arr: np.ndarray) -> np.ndarray:
@@ -342,6 +496,10 @@ def storage_nbytes(spec: Spec, capacity: int, layout: str) -> int:
     return int(capacity) * int(row)
 
 
-def output_nbytes(spec: Spec, batch_size: int, layout: str) -> int:
-    """Bytes of one :meth:`new_output` of ``batch_size`` rows: rows plus int64 indices."""
+def output_nbytes(spec: Spec, batch_size: int, layout: str, fields=None) -> int:
+    """Bytes of one :meth:`new_output` of ``batch_size`` rows: rows plus int64 indices; with
+    ``fields`` (stored fields, checked), of one output of their :class:`Projection` (columns,
+    whatever the layout)."""
+    if fields is not None:
+        return int(batch_size) * (8 + sum(spec[n].nbytes for n in fields))
     return storage_nbytes(spec, batch_size, layout) + 8 * int(batch_size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import Spec
-from . import Output
+from . import Output, Projection
 
 
 def byte_rows(arr: np.ndarray, row_bytes: int) -> np.ndarray:
@@ -53,6 +53,20 @@ class Rows:
             self.row_nbytes = int(sum(f.nbytes for f in spec))
             self.fields = columns
             self.kernel_store = tuple(byte_rows(columns[f.name], f.nbytes) for f in spec)
+
+    def spans(self) -> dict:
+        """``{name: (base, offset, width)}``: where each field's bytes are in the rows of
+        :attr:`kernel_store` (see :meth:`tfdata.storage.AoSStorage.spans`)."""
+        if self.records is not None:
+            fields = self.dtype.fields
+            return {f.name: (0, int(fields[f.name][1]), f.nbytes) for f in self.spec}
+        return {f.name: (i, 0, f.nbytes) for i, f in enumerate(self.spec)}
+
+    def project(self, names, allocator) -> Projection:
+        """The fields ``names`` (checked by the caller) as a :class:`~tfdata.storage.Projection`
+        over these rows; its outputs come from ``allocator``."""
+        return Projection(self.spec, names, self.kernel_store, self.spans(), allocator,
+                          {n: self.fields[n].dtype for n in names})
 
     def new_output(self, batch_size: int, allocator) -> Output:
         """An output block of ``batch_size`` rows in this layout, from ``allocator``."""

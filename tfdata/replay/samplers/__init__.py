@@ -1,8 +1,9 @@
 """Samplers: which rows a batch takes. One file per sampler; this module states the contract.
 
 A sampler draws slots, hears about writes, and says what it adds to a batch. The buffer calls it
-under its lock; it never sees the layout (it calls the kernels the storage bound, or
-``storage.gather``), never allocates while sampling, and keeps its state in plain arrays.
+under its lock; it never sees the layout (it calls the kernels of the output it fills,
+``out.kernels`` over ``out.store``, or ``out.source.gather``), never allocates while sampling,
+and keeps its state in plain arrays.
 
 The contract (see :class:`Sampler` for the defaults a new sampler inherits):
 
@@ -18,7 +19,15 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     batch (``attrs["weights"]``, ``attrs["versions"]``, ``attrs["mask"]``).
 ``sample(n, out, arrays)``
     Fill ``out.indices`` with ``batch_size`` slots in ``[0, n)`` and ``out``'s rows with those
-    rows (one kernel call: the uniform sampler draws and gathers in one pass).
+    rows (one kernel call: the uniform sampler draws and gathers in one pass). ``out`` comes
+    from the storage, or from a projection of it (``sample(batch, fields=[...])``): gather
+    through ``out`` (``out.kernels.<kernel>(out.store, ..., out.kernel_out)``,
+    ``out.source.gather(indices, out)``), never through the storage, and draw exactly as for
+    a full output, so a projected batch is the full batch restricted to its fields.
+``projects``
+    Class attribute, False by default: True declares that ``sample`` gathers through ``out``
+    as above. The buffer refuses ``fields=`` for a sampler that does not (its kernels would
+    copy whole rows into a projected output).
 ``sample_slices(n, cursor, episode, reject, max_draws, out, arrays)``
     Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` with slices of one stream
     and episode, gather nothing; return -1, or the slice number no start was found for.
@@ -61,6 +70,9 @@ class Sampler:
     hears_writes = False
     #: the key under which :meth:`extra_state` stores what this sampler adds (None: nothing)
     state_key = None
+    #: whether ``sample`` gathers through the output it is given (``out.kernels``, ``out.store``,
+    #: ``out.source``), so that projected outputs (``fields=``) are filled right
+    projects = False
 
     def __init__(self, seed: int | None = None):
         if seed is None:

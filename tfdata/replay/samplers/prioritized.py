@@ -49,6 +49,7 @@ class PrioritizedSampler(Sampler):
 
     hears_writes = True
     state_key = "prioritized"
+    projects = True
 
     def __init__(self, alpha: float, beta: float, beta_final: float, beta_steps, eps: float,
                  seed=None):
@@ -85,8 +86,6 @@ class PrioritizedSampler(Sampler):
         self.trees = (self.sums, self.mm, self.leaves)
         self.v8 = allocator.zeros(capacity, np.uint8)
         self.ring = capacity  # rows per lap of the ring (a shard's, in a shared buffer)
-        self._psample = storage.kernels.sample_prioritized
-        self._store = storage.kernel_store
 
     def plan(self, capacity: int) -> dict:
         from ...kernels._tree import tree_nbytes
@@ -152,9 +151,9 @@ class PrioritizedSampler(Sampler):
     def sample(self, n: int, out, arrays: dict) -> None:
         # stratified proportional draws, IS weights, versions and rows in one kernel call
         versions = arrays["versions"]
-        if self._psample(self._store, n, self.sums, self.mm, self.leaves, self.v8, self.state,
-                         self.beta, out.indices, arrays["scratch"], arrays["weights"], versions,
-                         out.kernel_out):
+        if out.kernels.sample_prioritized(out.store, n, self.sums, self.mm, self.leaves, self.v8,
+                                          self.state, self.beta, out.indices, arrays["scratch"],
+                                          arrays["weights"], versions, out.kernel_out):
             raise self._no_mass(n)
         versions |= np.uint32(self._epoch_of(self.sums, self.ring) << 8)
         self.samples += 1

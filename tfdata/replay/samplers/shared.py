@@ -62,7 +62,6 @@ class SharedUniformSampler(_Shards, UniformSampler):
         from ... import kernels
 
         self.k = kernels
-        self._shared = storage.kernels.sample_shared
 
     def sample_shard_slices(self, scratch, reject: bool, max_draws: int, idx, mask, arrays,
                             part=slice(None)) -> int:
@@ -75,8 +74,9 @@ class SharedUniformSampler(_Shards, UniformSampler):
 
     def sample(self, n: int, out, arrays: dict) -> None:
         # n is not used: the kernel reads the rows held from the heads, under no lock
-        got = self._shared(self._store, self.heads, self.reserved, self.cap, arrays["shard_scratch"],
-                           self.state, out.indices, out.kernel_out, MAX_REDRAWS)
+        got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
+                                        arrays["shard_scratch"], self.state, out.indices,
+                                        out.kernel_out, MAX_REDRAWS)
         if got == -2:
             raise self._too_few(out.indices.shape[0])
         if got < 0:
@@ -86,8 +86,9 @@ class SharedUniformSampler(_Shards, UniformSampler):
     def redraw(self, i: int, out, arrays: dict) -> None:
         """Draw row ``i`` of ``out`` again (a complete row, copied cleanly)."""
         scratch = arrays["shard_scratch"][:7 * self.shards + 1]
-        got = self._shared(self._store, self.heads, self.reserved, self.cap, scratch, self.state,
-                           out.indices[i:i + 1], self.storage.kernel_rows(out, i, 1), MAX_REDRAWS)
+        got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap, scratch,
+                                        self.state, out.indices[i:i + 1],
+                                        out.source.kernel_rows(out, i, 1), MAX_REDRAWS)
         if got < 0:
             raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
         self.redraws += got + 1
@@ -133,7 +134,7 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
             if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
                 raise self._no_mass(0)
             self.stamp(v)
-            self.storage.gather_at(idx, out, i)
+            out.source.gather_at(idx, out, i)
             k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
         self.redraws += tries
 
@@ -180,7 +181,7 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
             raise self._no_mass(held)
         self.stamp(v)
-        self.storage.gather(idx, out)
+        out.source.gather(idx, out)
         mark = scratch[7 * self.shards:]
         torn = k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
         for i in range(batch if torn else 0):

@@ -12,17 +12,17 @@ class UniformSampler(Sampler):
     draws uniform starts (see :func:`tfdata.kernels.sample_slices`).
     """
 
+    projects = True
+
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
         from ... import kernels  # numba is imported when the first buffer is built
 
-        # bound once: the sample path does no attribute lookups through the storage
-        self._kernel = storage.kernels.sample_uniform
-        self._store = storage.kernel_store
         self._slices = kernels.sample_slices
 
     def sample(self, n: int, out, arrays: dict) -> None:
-        self._kernel(self._store, n, self.state, out.indices, out.kernel_out)
+        # the kernels of the output's source: the storage's, or a projection's (span kernels)
+        out.kernels.sample_uniform(out.store, n, self.state, out.indices, out.kernel_out)
 
     def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
         mask = arrays["mask"]
