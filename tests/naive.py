@@ -44,6 +44,20 @@ def gather_fields(fields: dict, idx: np.ndarray) -> dict:
     return {k: v[idx] for k, v in fields.items()}
 
 
+def gather_spans(bases: list, spans: list, idx) -> list:
+    """The projection kernels' copy, byte by byte: for each ``(base, offset, width)`` of
+    ``spans``, bytes ``[offset, offset + width)`` of rows ``idx`` of ``bases[base]`` (2-D uint8),
+    as one ``(len(idx), width)`` uint8 array."""
+    out = []
+    for b, offset, width in spans:
+        rows = np.zeros((len(idx), width), np.uint8)
+        for i, j in enumerate(idx):
+            for k in range(width):
+                rows[i, k] = bases[b][int(j), offset + k]
+        out.append(rows)
+    return out
+
+
 class RingModel:
     """The buffer as a Python list of rows in slot order, with a cursor."""
 

@@ -118,6 +118,21 @@ class Dataset:
         self.spec[name]
         return self._fields[name]
 
+    def project(self, fields) -> "ProjectedDataset":
+        """The fields ``fields`` of this dataset, over the same memory (nothing is copied).
+
+        Its :meth:`gather` copies only those fields' bytes (the span kernels of
+        :mod:`tfdata.kernels.spans`) into one C-contiguous column per field, whatever the
+        layout; its batches equal this dataset's restricted to ``fields``. What
+        ``DataLoader(dataset, ..., fields=)`` reads.
+
+        Raises
+        ------
+        SpecError
+            An unknown field (named), a field named twice, an empty list, a non-str name.
+        """
+        return ProjectedDataset(self, self.spec.select(fields))
+
     # -- page advice: no-ops for data in memory ---------------------------------------------------
     mapped_nbytes = 0
 
@@ -145,6 +160,75 @@ class Dataset:
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}: {f.dtype}{list(f.shape)}" for f in self.spec)
         return f"{type(self).__name__}({self._n} rows, layout={self.layout!r}, {{{fields}}})"
+
+
+class ProjectedDataset(Dataset):
+    """Some fields of a dataset, over its memory (see :meth:`Dataset.project`).
+
+    Attributes
+    ----------
+    parent : Dataset
+        The dataset projected.
+    names : tuple of str
+        Its fields, in the parent's order.
+    row_nbytes : int
+        Bytes of one projected row as gathered (the fields' widths).
+    mapped_nbytes : int
+        Bytes of the parent's mapped files that hold these fields (0 in memory): for an AoS
+        file the whole records, for an SoA directory only these columns.
+    """
+
+    def __init__(self, parent: Dataset, names: tuple):
+        from . import alloc
+
+        rows = parent._rows.project(names, alloc.resolve(getattr(parent, "_allocator", None)))
+        self.parent, self.names = parent, names
+        self.spec = parent.spec.subset(names)
+        self.layout, self.dtype = parent.layout, None
+        self._rows, self._n = rows, len(parent)
+        self._gather, self._kernel_store = rows.kernels.gather, rows.kernel_store
+        self._fields = {n: parent._fields[n] for n in names}
+        self.row_nbytes = rows.row_nbytes
+        # the parent's maps line up with its byte bases (one record file, or one per column):
+        # page advice goes to the ones these fields are in
+        maps = getattr(parent, "_maps", [])
+        self._maps = [maps[b] for b in rows.bases_read] if maps else []
+        self._bases = [parent._kernel_store[b] for b in rows.bases_read]
+        self.mapped_nbytes = self._n * sum(width for _, width in self._maps)
+
+    def _copy_range(self, start: int, m: int, out: Output) -> None:
+        self._rows.copy_range(start, m, out)
+
+    def willneed(self, start: int, stop: int) -> None:
+        for mf, width in self._maps:
+            mf.willneed(start * width, stop * width)
+
+    def release(self, start: int, stop: int) -> None:
+        for mf, width in self._maps:
+            mf.release(start * width, stop * width)
+
+    def release_all(self) -> None:
+        self.release(0, self._n)
+
+    def sequential(self) -> None:
+        """Advise the kernel that the files of these fields will be read front to back."""
+        for mf, _ in self._maps:
+            mf.sequential()
+
+    def touch(self, start: int, stop: int) -> None:
+        if not self._maps:
+            return
+        from .kernels import touch_pages
+
+        for base in self._bases:
+            touch_pages(base[start:stop].reshape(-1), PAGE)
+
+    def close(self) -> None:
+        """Drop the references to the parent's memory (the parent's files stay open)."""
+        self._fields, self._kernel_store, self._bases, self._maps = {}, (), [], []
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.project({list(self.names)})"
 
 
 class ArrayDataset(Dataset):

@@ -154,6 +154,11 @@ class DataLoader:
         Bytes the loader may allocate (:attr:`nbytes_parts`: batch ring, indices, permutation
         or block-shuffle scratch; the dataset's rows are not counted). Checked before
         allocating; :class:`tfdata.MemoryBudgetError` if it does not fit.
+    fields : list of str, optional
+        Load only these fields (:meth:`tfdata.Dataset.project`): each batch is the one the
+        loader yields without ``fields`` (same rows, same order), restricted to them, and only
+        their bytes are copied (and, for an SoA file, only their columns read). None: every
+        field. Checked before anything is allocated (SpecError naming an unknown field).
     **options
         The other :class:`LoaderConfig` fields (``zero_copy``, ``block_rows``, ...).
 
@@ -185,7 +190,7 @@ class DataLoader:
 
     def __init__(self, dataset: Dataset, batch_size: int | None = None, shuffle=False, drop_last: bool = False,
                  seed: int | None = None, prefetch: int = 2, *, config: LoaderConfig | None = None,
-                 allocator=None, memory_budget=None, **options):
+                 allocator=None, memory_budget=None, fields=None, **options):
         from . import alloc
         from ._budget import check_budget, parse_bytes
 
@@ -198,6 +203,12 @@ class DataLoader:
         for attr in ("gather", "new_output", "rows", "spec"):
             if not hasattr(dataset, attr):
                 raise TypeError(f"dataset: {type(dataset).__name__} has no {attr!r} (see tfdata.Dataset)")
+        source = dataset
+        if fields is not None:
+            if not hasattr(dataset, "project"):
+                raise TypeError(f"fields=: {type(dataset).__name__} has no 'project' (see "
+                                f"tfdata.Dataset.project)")
+            source = dataset.project(fields)  # SpecError before anything is allocated
         n = len(dataset)
         b = config.batch_size
         if config.drop_last and n < b:
@@ -206,6 +217,9 @@ class DataLoader:
         if n >= 1 << 32 and config.mode != "none":
             raise ValueError(f"shuffling supports fewer than 2**32 rows, the dataset has {n}")
         self.dataset = dataset
+        #: what the batches are read from: the dataset, or its projection on ``fields``
+        self.source = source
+        self.fields = None if source is dataset else tuple(source.spec.names)
         self.config = config
         self.epoch = 0
         self._n = n
@@ -220,11 +234,11 @@ class DataLoader:
         if config.mode == "block":
             block_rows = config.block_rows or max(1, (64 << 10) // max(1, dataset.row_nbytes))
         # checked before anything is allocated
-        check_budget(self.memory_budget, self._planned_parts(dataset, config, n, block_rows),
+        check_budget(self.memory_budget, self._planned_parts(source, config, n, block_rows),
                      f"DataLoader of batch {b}, prefetch {config.prefetch}, shuffle={config.shuffle!r}")
         rows = self._rows
         if self._gathers:
-            self._ring = [self._new_output(dataset, rows, allocator) for _ in range(ring)]
+            self._ring = [self._new_output(source, rows, allocator) for _ in range(ring)]
         else:
             self._ring = [None] * ring
         self._idx = [a.zeros(rows, np.int64) for _ in range(ring)]
@@ -344,8 +358,9 @@ class DataLoader:
 
     def __repr__(self) -> str:
         c = self.config
+        fields = "" if self.fields is None else f", fields={list(self.fields)}"
         return (f"DataLoader({self.dataset!r}, batch_size={c.batch_size}, shuffle={c.shuffle!r}, "
-                f"drop_last={c.drop_last}, seed={c.seed}, prefetch={c.prefetch})")
+                f"drop_last={c.drop_last}, seed={c.seed}, prefetch={c.prefetch}{fields})")
 
 
 class _Plan:
@@ -356,7 +371,7 @@ class _Plan:
 
     def __init__(self, loader: DataLoader, epoch: int):
         c = loader.config
-        self.ds = loader.dataset
+        self.ds = loader.source
         self.n = loader._n
         self.b = c.batch_size
         self.rows = loader._rows  # rows of a ring slot: min(batch_size, n)
@@ -380,6 +395,8 @@ class _Plan:
         mapped = getattr(self.ds, "mapped_nbytes", 0)
         limit = c.resident_limit
         self.limit = limit if (limit is not None and mapped > limit) else None
+        # bytes mapped per row: the rows of the files read (a projection reads fewer of them)
+        self.mapped_row = mapped // max(1, self.n)
         self.lag = len(loader._ring)
         self.released = 0  # rows [0, released) already released (file order)
         if self.limit is not None and self.mode != "none":
@@ -496,7 +513,7 @@ class _Plan:
     def _release_behind(self, k: int) -> None:
         # rows of batches before k - lag are no longer the consumer's (the ring contract)
         upto = max(0, (k - self.lag) * self.b)
-        if (upto - self.released) * self.ds.row_nbytes >= self.limit // 2:
+        if (upto - self.released) * self.mapped_row >= self.limit // 2:
             self.ds.release(self.released, upto)
             self.released = upto
 

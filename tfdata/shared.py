@@ -56,6 +56,7 @@ from .batch import UNHELD as _UNHELD
 from .batch import Batch, OutputRing, retire
 from .batch import getrefcount as _getrefcount
 from .errors import FormatError, SharedBufferError, SpecError, WriterLostWarning
+from .replay.core import fields_key
 from .replay.core import weak_method as _weak_method
 from .replay.fastpush import make_push
 from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
@@ -658,7 +659,7 @@ class SharedReplayBuffer:
         return list(self._lost)
 
     # -- sampling (replay) -----------------------------------------------------------------
-    def sample(self, batch_size: int, *, copy: bool = False) -> Batch:
+    def sample(self, batch_size: int, *, copy: bool = False, fields=None) -> Batch:
         """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard.
 
         Rows being written while the sample runs are never returned: a row whose slot a writer
@@ -673,6 +674,9 @@ class SharedReplayBuffer:
         copy : bool, default False
             As :meth:`tfdata.ReplayBuffer.sample`: views into this thread's output ring, or
             arrays to keep.
+        fields : list of str, optional
+            As :meth:`tfdata.ReplayBuffer.sample`: only these fields are copied (and copied
+            again for a row drawn again); the batch is the full one restricted to them.
 
         Returns
         -------
@@ -686,14 +690,16 @@ class SharedReplayBuffer:
                                     f"or build it with mode='replay' to sample")
         if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
             batch_size = _check_int("batch_size", batch_size, 1)
+        key = batch_size if fields is None else (batch_size, fields_key(fields))
         try:
-            ring = self._local.rings[batch_size]
+            ring = self._local.rings[key]
         except (AttributeError, KeyError, TypeError):
+            names = None if fields is None else self.spec.select(fields if key[1] is None else key[1])
             n = len(self)
             if batch_size > n:  # check, then allocate: a refused sample builds no ring
                 raise ValueError("cannot sample from an empty buffer" if n == 0 else
                                  f"batch_size {batch_size} is larger than the {n} rows held")
-            ring = self._ring(batch_size)
+            ring = self._ring(batch_size, None, names, key)
         if time.monotonic() >= self._watch_at:
             self._watch()
         with self._lock:
@@ -743,14 +749,14 @@ class SharedReplayBuffer:
                 k.torn_after_copy(r.reserved, r.cap, heads, redo(i), mark[i:i + 1])
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
-                         copy: bool = False) -> Batch:
+                         copy: bool = False, fields=None) -> Batch:
         """Slices of ``length`` consecutive rows of one writer's stream within one episode, as
         :meth:`tfdata.ReplayBuffer.sample_sequences` draws them (each shard being one stream;
         starts uniform, or by priority with ``prioritized=True``, with ``batch.weights`` and
         ``batch.versions`` of the start rows). A slice stops at the row that ends an episode
         (terminated or truncated) and at its writer's newest row; with one writer the slices
         are those of a ``ReplayBuffer`` given the same rows. A slice a writer may have been
-        overwriting while it was copied is drawn again.
+        overwriting while it was copied is drawn again. ``fields``: as in :meth:`sample`.
 
         Raises
         ------
@@ -770,11 +776,12 @@ class SharedReplayBuffer:
         batch_size = _check_int("batch_size", batch_size, 1)
         length = _check_int("length", length, 1, self.shard_capacity)
         reject = policy == "reject"
+        names = None if fields is None else self.spec.select(fields)
         n = len(self)
         if batch_size > n:  # check, then allocate
             raise ValueError("cannot sample from an empty buffer" if n == 0 else
                              f"batch_size {batch_size} is larger than the {n} rows held")
-        ring = self._ring(batch_size, length)
+        ring = self._ring(batch_size, length, names)
         if time.monotonic() >= self._watch_at:
             self._watch()
         k, r, sm = self._k, self._region, self.sampler
@@ -793,7 +800,7 @@ class SharedReplayBuffer:
                 raise ValueError(f"policy='reject': {_MAX_DRAWS} random starts found no slice of "
                                  f"{length} steps within one episode; episodes held are shorter "
                                  f"than that (use policy='mask')")
-            self._region.storage.gather(out.indices, out)
+            out.source.gather(out.indices, out)
             # a slice's first row is its oldest: if no writer touched it, none touched the rest
             marks = scratch[7 * r.shards:7 * r.shards + batch_size]
             if k.torn_after_copy(r.reserved, r.cap, scratch, idx[:, 0], marks):
@@ -803,7 +810,7 @@ class SharedReplayBuffer:
                     if sm.sample_shard_slices(scratch, reject, _MAX_DRAWS, idx[one], mask[one],
                                               arrays, one) != -1:
                         raise ValueError(f"policy='reject': no slice of {length} steps found")
-                    r.storage.gather_at(idx[b], out, b * length)
+                    out.source.gather_at(idx[b], out, b * length)
                     return idx[one, 0]
 
                 self._redraw_torn(marks, scratch, redo, "slices")
@@ -813,26 +820,39 @@ class SharedReplayBuffer:
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
 
-    def _ring(self, batch_size, length=None):
+    def _ring(self, batch_size, length=None, fields=None, key=None):
+        """This thread's output ring for ``batch_size`` rows (``length``: slices), of every
+        field or of ``fields`` (checked, in spec order); also found under ``key`` from now on."""
         batch_size = _check_int("batch_size", batch_size, 1)
-        key = batch_size if length is None else ("seq", batch_size, length)
-        try:
-            return self._local.rings[key]
-        except (AttributeError, KeyError):
-            pass
-        if not hasattr(self._local, "rings"):
-            self._local.rings = {}
+        own = batch_size if length is None else ("seq", batch_size, length)
+        if fields is not None:
+            own = (batch_size, fields) if length is None else own + (fields,)
+        rings = getattr(self._local, "rings", None)
+        if rings is None:
+            rings = self._local.rings = {}
+        ring = rings.get(own)
+        if ring is not None:
+            if key is not None:
+                rings[key] = ring
+            return ring
         rows = batch_size * (length or 1)
-        parts = self._parts if length is None else [self.sampler]
         if self.memory_budget is not None:  # refuse before allocating the ring
             nbytes = self.nbytes_parts
             nbytes["new output ring"] = self._ring_size * (
-                output_nbytes(self.spec, rows, self.layout) + self.sampler.ring_nbytes(batch_size, length)
-                + (0 if self._nstep is None or length else self._nstep.plan_ring_shards(batch_size, None)))
+                output_nbytes(self.spec, rows, self.layout, fields)
+                + self.sampler.ring_nbytes(batch_size, length)
+                + (0 if self._nstep is None or length else
+                   self._nstep.plan_ring_shards(batch_size, None, fields)))
             check_budget(self.memory_budget, nbytes, f"sampling batches of {batch_size}"
-                         + (f" slices of {length} rows" if length else " rows"))
-        ring = self._local.rings[key] = OutputRing(self._region.storage, batch_size, self._ring_size,
-                                                   length, parts, self.spec.names)
+                         + (f" slices of {length} rows" if length else " rows")
+                         + (f" of fields {list(fields)}" if fields is not None else ""))
+        st = self._region.storage
+        source = st if fields is None else st.project(fields)
+        parts = self._parts if length is None else [self.sampler]
+        names = self.spec.names if fields is None else fields
+        ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
+        if key is not None:
+            rings[key] = ring
         self._rings.add(ring)
         return ring
 

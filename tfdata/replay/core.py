@@ -42,6 +42,23 @@ CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=
                        hot_rows=None, hot_bytes=None)
 
 
+def fields_key(fields):
+    """``fields`` as a tuple to find a ring by (not checked); None when it cannot be one (a
+    string, something not iterable): such a key finds no ring, and the check then names the
+    problem."""
+    t = type(fields)
+    if t is tuple:
+        return fields
+    if t is list:
+        return tuple(fields)
+    if isinstance(fields, (str, bytes)):
+        return None
+    try:
+        return tuple(fields)
+    except TypeError:
+        return None
+
+
 def weak_method(obj, name: str):
     """``getattr(obj, name)`` as a function that does not keep ``obj`` alive.
 
@@ -187,8 +204,9 @@ class ReplayCore:
         """The bytes a buffer built with these arguments would hold, by part, without building it.
 
         ``batch_sizes``: batch sizes to be sampled, each adding an output ring (a pair
-        ``(batch_size, length)`` for :meth:`sample_sequences`). Returns the same
-        keys as :attr:`nbytes_parts`. ``memory_budget=`` checks this plan before allocating.
+        ``(batch_size, length)`` for :meth:`sample_sequences`; a triple ``(batch_size, length,
+        fields)`` for batches of some fields, ``length`` None for :meth:`sample`). Returns the
+        same keys as :attr:`nbytes_parts`. ``memory_budget=`` checks this plan before allocating.
         """
         plan = cls.__new__(cls)
         plan.sampler = cls._planned_sampler(options)
@@ -218,15 +236,21 @@ class ReplayCore:
         return {"storage": storage, "bookkeeping": book + sampler["bookkeeping"],
                 "trees": sampler["trees"], "output_rings": rings}
 
-    def _planned_ring(self, batch_size: int, length: int | None = None) -> int:
-        """Bytes of one slot of an output ring (see :class:`tfdata.batch.OutputRing`)."""
+    def _planned_ring(self, batch_size: int, length: int | None = None, fields=None) -> int:
+        """Bytes of one slot of an output ring (see :class:`tfdata.batch.OutputRing`); of a
+        ring of the fields ``fields`` only, if given."""
         rows = batch_size * (length or 1)
-        total = output_nbytes(self._stored, rows, self._layout) + self.sampler.ring_nbytes(batch_size, length)
+        stored = None
+        if fields is not None:
+            fields = self.spec.select(fields)
+            stored = [n for n in fields if n in self._stored]
+        total = (output_nbytes(self._stored, rows, self._layout, stored)
+                 + self.sampler.ring_nbytes(batch_size, length))
         if self._has_flags:
             if self.elide_next:
-                total += ElideNext.plan_ring(self.spec, self.next_of, rows)
+                total += ElideNext.plan_ring(self.spec, self.next_of, rows, fields)
             if self.n_step is not None:
-                total += NStep.plan_ring(rows, length)
+                total += NStep.plan_ring(rows, length, self._roles, fields)
         return total
 
     @property
@@ -371,7 +395,7 @@ class ReplayCore:
                 self.sampler.on_clear()
 
     # -- sampling ---------------------------------------------------------------------------
-    def sample(self, batch_size: int, *, copy: bool = False):
+    def sample(self, batch_size: int, *, copy: bool = False, fields=None):
         """Draw ``batch_size`` rows (see the buffer class for the rule).
 
         Parameters
@@ -380,14 +404,27 @@ class ReplayCore:
             ``1 <= batch_size <= len(self)``.
         copy : bool, default False
             False returns views into this thread's output ring (valid until this thread has
-            sampled ``ring_size`` more batches of this size; a batch still held then is
-            retired, see :class:`Batch`); True returns arrays that are the caller's to keep.
+            sampled ``ring_size`` more batches of this size and fields; a batch still held then
+            is retired, see :class:`Batch`); True returns arrays that are the caller's to keep.
+        fields : list of str, optional
+            Gather only these fields (field projection): the batch is the one ``sample`` would
+            have returned without ``fields`` (same slots, same random numbers used, same
+            weights, versions and discounts), restricted to them, and only their bytes are
+            copied. Their arrays are C-contiguous whatever the layout. n-step and elided next
+            fields are computed as in full batches, reading from storage what the projection
+            leaves out. None (the default): every field.
 
         Raises
         ------
         ValueError
             ``batch_size`` larger than ``len(self)``: checked before the output ring of a new
             batch size is allocated, so a refused call takes no memory.
+        SpecError
+            ``fields`` names an unknown field (the message names it), a field twice, a
+            non-str, or nothing; checked before anything is allocated or drawn.
+        NotImplementedError
+            ``fields`` with a sampler that does not gather projections (its ``projects`` is
+            False).
 
         Returns
         -------
@@ -399,13 +436,15 @@ class ReplayCore:
         """
         if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
             batch_size = check_int("batch_size", batch_size, 1)
+        key = batch_size if fields is None else (batch_size, fields_key(fields))
         try:
-            ring = self._local.rings[batch_size]
+            ring = self._local.rings[key]
         except (AttributeError, KeyError, TypeError):
+            names = None if fields is None else self._check_fields(fields, key[1])
             n = self._writer.size
             if batch_size > n:  # check, then allocate: a refused sample builds no ring
                 raise ValueError(self._too_few_rows(batch_size, n))
-            ring = self._new_ring(batch_size)
+            ring = self._new_ring(batch_size, fields=names, key=key)
         # the context-manager protocol called by hand: 100 ns against 150 ns for ``with`` (Python
         # 3.11); acquire/release (70 ns) would need a Lock, not any context manager
         lock = self._lock
@@ -418,9 +457,10 @@ class ReplayCore:
             ring.next = (i + 1) % len(ring.slots)
             out, arrays = ring.slots[i], ring.arrays[i]
             self.sampler.sample(n, out, arrays[0])
-            if self._transforms:
+            transforms = ring.transforms
+            if transforms:
                 rows, cursor = out.indices, self._writer.cursor
-                for t, a in zip(self._transforms, arrays[1:]):
+                for t, a in zip(transforms, arrays[1:]):
                     rows = t.apply(out, a, rows, cursor)
             if self._spill is not None:
                 self._spill.after_sample()
@@ -432,7 +472,7 @@ class ReplayCore:
         return batch.copy() if copy else batch
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
-                         copy: bool = False):
+                         copy: bool = False, fields=None):
         """Draw ``batch_size`` slices of ``length`` consecutive steps of one stream and episode.
 
         Parameters
@@ -449,6 +489,9 @@ class ReplayCore:
             be found (episodes shorter than ``length``).
         copy : bool
             As in :meth:`sample`.
+        fields : list of str, optional
+            As in :meth:`sample`: only these fields, the slices of a full call restricted to
+            them.
 
         Returns
         -------
@@ -470,13 +513,14 @@ class ReplayCore:
         batch_size = check_int("batch_size", batch_size, 1)
         length = check_int("length", length, 1)
         reject = policy == "reject"
+        names = None if fields is None else self._check_fields(fields)
         # check, then allocate: a refused call builds no ring
         self._check_slices(batch_size, length, reject, self._writer.size)
-        key = ("seq", batch_size, length)
+        key = ("seq", batch_size, length) if names is None else ("seq", batch_size, length, names)
         try:
             ring = self._local.rings[key]
         except (AttributeError, KeyError):
-            ring = self._new_ring(batch_size, length)
+            ring = self._new_ring(batch_size, length, names)
         with self._lock:
             n = self._writer.size
             self._check_slices(batch_size, length, reject, n)  # a clear() may have run since
@@ -492,9 +536,9 @@ class ReplayCore:
                                  f"{length} steps within one episode; episodes held are shorter "
                                  f"than that (use policy='mask')")
             ring.next = (i + 1) % len(ring.slots)
-            self._storage.gather(out.indices, out)
+            out.source.gather(out.indices, out)
             cursor = self._writer.cursor
-            for t, a in zip(self._transforms, arrays[1:]):
+            for t, a in zip(ring.transforms, arrays[1:]):
                 if t.on_slices:
                     t.apply(out, a, out.indices, cursor)
             if self._spill is not None:
@@ -521,19 +565,47 @@ class ReplayCore:
             raise ValueError(f"no slice of length {length} exists: the buffer holds {steps} "
                              f"steps per stream")
 
-    def _new_ring(self, batch_size, length: int | None = None) -> OutputRing:
+    def _check_fields(self, fields, as_tuple=None) -> tuple:
+        """``fields`` checked (SpecError naming the problem), in spec order; ``as_tuple``: the
+        same fields already made a tuple (a generator can be read only once), None if they
+        could not be."""
+        if not self.sampler.projects:
+            raise NotImplementedError(f"fields=: {type(self.sampler).__name__} does not gather "
+                                      f"projected outputs (its 'projects' is False: see "
+                                      f"tfdata.replay.samplers)")
+        return self.spec.select(fields if as_tuple is None else as_tuple)
+
+    def _new_ring(self, batch_size, length: int | None = None, fields=None, key=None) -> OutputRing:
+        """The output ring of this thread for ``batch_size`` rows (``length``: slices), of every
+        field or of ``fields`` (checked, in spec order); also found under ``key`` from now on."""
         batch_size = check_int("batch_size", batch_size, 1)
         rings = getattr(self._local, "rings", None)
         if rings is None:
             rings = self._local.rings = {}
-        key = batch_size if length is None else ("seq", batch_size, length)
+        own = batch_size if length is None else ("seq", batch_size, length)
+        if fields is not None:
+            own = (batch_size, fields) if length is None else own + (fields,)
+            ring = rings.get(own)  # the same fields, asked for in another order or container
+            if ring is not None:
+                if key is not None:
+                    rings[key] = ring
+                return ring
         if self.memory_budget is not None:  # refuse before allocating the ring
             parts = self.nbytes_parts
-            parts["new output ring"] = self._ring_size * self._planned_ring(batch_size, length)
+            parts["new output ring"] = self._ring_size * self._planned_ring(batch_size, length, fields)
             self._check_budget(parts, f"sampling batches of {batch_size}"
-                               + (f" slices of {length} rows" if length else " rows"))
-        ring = rings[key] = OutputRing(self._storage, batch_size, self._ring_size, length,
-                                       [self.sampler, *self._transforms], self.spec.names)
+                               + (f" slices of {length} rows" if length else " rows")
+                               + (f" of fields {list(fields)}" if fields is not None else ""))
+        if fields is None:
+            source, transforms, names = self._storage, self._transforms, self.spec.names
+        else:
+            # the stored fields through a projection of the storage; elided ones by ElideNext
+            source = self._storage.project([n for n in fields if n in self._stored])
+            transforms, names = [t.project(fields) for t in self._transforms], fields
+        ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length,
+                                       [self.sampler, *transforms], names)
+        if key is not None:
+            rings[key] = ring
         self._rings.add(ring)
         return ring
 

@@ -6,10 +6,15 @@ right after the sampler filled an output. The contract (the same ring part as a 
 
 ``ring_arrays(batch_size, length, out)``, ``batch_view(arrays, fields, attrs)``
     Per-batch arrays and what they show (``discounts``; the elided next fields).
-``plan_ring(rows, length)``
-    Bytes of ``ring_arrays`` for a batch of ``rows`` rows (for memory plans, before building).
+``plan_ring(...)``
+    Bytes of ``ring_arrays`` for a batch of ``rows`` rows (for memory plans, before building),
+    of every field or of the projected ``fields``.
 ``on_slices``
     Whether it applies to :meth:`~tfdata.ReplayBuffer.sample_sequences` batches too.
+``project(names)``
+    The transform for batches that show only the fields ``names`` (``sample(fields=...)``):
+    what a projected batch shows equals the full batch's, restricted to ``names``. It reads what
+    it needs that the projection leaves out from the storage, or writes it to scratch.
 ``apply(out, arrays, rows, where)``
     Transform the batch in ``out`` whose rows came from slots ``rows``; return the slots whose
     next values a later transform reads (n-step: each window's last row). ``where`` is the
@@ -20,6 +25,8 @@ right after the sampler filled an output. The contract (the same ring part as a 
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -96,16 +103,39 @@ class NStep:
         self.copy_pairs = _word_pairs(storage, spec, next_of, stored=True)
 
     @staticmethod
-    def plan_ring(rows: int, length) -> int:
-        return 0 if length is not None else rows * (4 + 8 + 8)  # discount, last, acc
+    def plan_ring(rows: int, length, roles=None, fields=None) -> int:
+        """Bytes of :meth:`ring_arrays` (``fields``: the projected fields; ``roles`` then
+        needed): discount, last row, return, and the flags a projection leaves out."""
+        if length is not None:
+            return 0
+        flags = 0
+        if fields is not None and not (roles["terminated"] in fields and roles["truncated"] in fields):
+            flags = 2 * rows
+        return rows * (4 + 8 + 8) + flags
+
+    def project(self, names) -> "NStep":
+        # what a projected output lacks is decided per output, in ring_arrays
+        return self
 
     def ring_arrays(self, batch_size: int, length, out) -> dict:
         if length is not None:
             return {}
-        a = self.allocator
-        return {"discount": a.zeros(batch_size, np.float32), "last": a.zeros(batch_size, np.int64),
-                "acc": a.zeros(batch_size, np.float64),
-                "copy_words": [self.storage.output_words(out, nxt, word) for nxt, word, _ in self.copy_pairs]}
+        a, f, r = self.allocator, out.fields, self.roles
+        acc = a.zeros(batch_size, np.float64)
+        arrays = {"discount": a.zeros(batch_size, np.float32), "last": a.zeros(batch_size, np.int64),
+                  "acc": acc}
+        # where the windows' reward and flags go: the output's fields, or scratch when a
+        # projection leaves them out (the return then stays in ``acc``: written onto itself)
+        term, trunc = f.get(r["terminated"]), f.get(r["truncated"])
+        if term is None or trunc is None:
+            flags = arrays["flags"] = a.zeros((2, batch_size), bool)
+            term = flags[0] if term is None else term
+            trunc = flags[1] if trunc is None else trunc
+        arrays["outs"] = (f.get(r["reward"], acc), term, trunc)
+        # the next fields the output holds, re-read at each window's last row
+        arrays["copies"] = [(src, off, width) + out.source.output_words(out, nxt, word)[:2]
+                            for nxt, word, (src, off, width) in self.copy_pairs if nxt in f]
+        return arrays
 
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
         if "discount" in arrays:
@@ -114,12 +144,13 @@ class NStep:
     def apply(self, out, arrays: dict, rows: np.ndarray, cursor: int) -> np.ndarray:
         # after the gather, so the window's first row is in cache (a kernel fusing the two
         # measured slower: 54 vs 46 µs at 1M rows, AoS)
-        k, f, r = self.k, out.fields, self.roles
-        k.nstep_windows(rows, cursor, self.num_envs, self.capacity, self.n, self.gamma, self.reward,
-                        self.flags[0], self.flags[1], arrays["acc"], f[r["reward"]],
-                        f[r["terminated"]], f[r["truncated"]], arrays["discount"], arrays["last"])
+        k = self.k
+        ret, term, trunc = arrays["outs"]
         last = arrays["last"]
-        for (_, _, (src, off, width)), (dst, doff, _) in zip(self.copy_pairs, arrays["copy_words"]):
+        k.nstep_windows(rows, cursor, self.num_envs, self.capacity, self.n, self.gamma, self.reward,
+                        self.flags[0], self.flags[1], arrays["acc"], ret, term, trunc,
+                        arrays["discount"], last)
+        for src, off, width, dst, doff in arrays["copies"]:
             k.copy_field_rows(src, off, last, rows, dst, doff, width)
         return last
 
@@ -140,8 +171,15 @@ class ElideNext:
         self.pairs = _word_pairs(storage, spec, next_of, stored=False)
 
     @staticmethod
-    def plan_ring(spec, next_of: dict, rows: int) -> int:
-        return rows * sum(spec[n].nbytes for n in next_of)
+    def plan_ring(spec, next_of: dict, rows: int, fields=None) -> int:
+        """Bytes of :meth:`ring_arrays`: the elided next fields (of ``fields`` only, if given)."""
+        return rows * sum(spec[n].nbytes for n in next_of if fields is None or n in fields)
+
+    def project(self, names) -> "ElideNext":
+        """This transform filling only the elided fields among ``names``."""
+        t = copy.copy(self)
+        t.pairs = [p for p in self.pairs if p[0] in names]
+        return t
 
     def ring_arrays(self, batch_size: int, length, out) -> dict:
         rows = batch_size * (length or 1)
@@ -178,8 +216,9 @@ class ShardNStep(NStep):
         super().__init__(storage, spec, roles, next_of, n, gamma, 1, shards * cap, allocator)
         self.shards, self.cap = shards, cap
 
-    def plan_ring_shards(self, rows: int, length) -> int:
-        return self.plan_ring(rows, length) + (0 if length is not None else 8 * (7 * self.shards + rows))
+    def plan_ring_shards(self, rows: int, length, fields=None) -> int:
+        return (self.plan_ring(rows, length, self.roles, fields)
+                + (0 if length is not None else 8 * (7 * self.shards + rows)))
 
     def ring_arrays(self, batch_size: int, length, out) -> dict:
         arrays = super().ring_arrays(batch_size, length, out)
@@ -188,18 +227,18 @@ class ShardNStep(NStep):
         return arrays
 
     def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
-        self._windows(out.fields, arrays, rows, where, slice(None))
+        self._windows(arrays, rows, where, slice(None))
         return arrays["last"]
 
     def apply_row(self, out, arrays: dict, i: int, where) -> None:
         """:meth:`apply` for row ``i`` of the batch only (a redrawn row)."""
-        self._windows(out.fields, arrays, out.indices[i:i + 1], where, slice(i, i + 1))
+        self._windows(arrays, out.indices[i:i + 1], where, slice(i, i + 1))
 
-    def _windows(self, f, arrays, rows, where, part) -> None:
-        r = self.roles
+    def _windows(self, arrays, rows, where, part) -> None:
+        ret, term, trunc = arrays["outs"]
         last = arrays["last"][part]
         self.k.shard_nstep(rows, where, self.shards, self.cap, self.n, self.gamma, self.reward,
-                           self.flags[0], self.flags[1], arrays["acc"][part], f[r["reward"]][part],
-                           f[r["terminated"]][part], f[r["truncated"]][part], arrays["discount"][part], last)
-        for (_, _, (src, off, width)), (dst, doff, _) in zip(self.copy_pairs, arrays["copy_words"]):
+                           self.flags[0], self.flags[1], arrays["acc"][part], ret[part],
+                           term[part], trunc[part], arrays["discount"][part], last)
+        for src, off, width, dst, doff in arrays["copies"]:
             self.k.copy_field_rows(src, off, last, rows, dst[part], doff, width)
