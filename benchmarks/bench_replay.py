@@ -1,4 +1,5 @@
-"""Replay buffer operations: push, extend, sample, build+fill, and sampling tail latency.
+"""Replay buffer operations: push, extend, sample (whole rows or some fields), build+fill, and
+sampling tail latency.
 
 Every class takes the layout as its first parameter; ``"numpy"`` is the hand-written baseline
 of :mod:`benchmarks.common` (``"memcpy"`` the raw copy floor for image rows, ``"floor"`` the bare
@@ -213,6 +214,34 @@ class Sample:
                 self.op()
 
     def time_sample(self, layout, capacity, batch):
+        self.op()
+
+
+class SampleFields:
+    """Draw 256 CartPole rows from 1M, all fields or only ``obs`` (16 of a row's 46 bytes):
+    ``sample(256, fields=["obs"])`` against ``sample(256)``.
+
+    Targets: projecting ``obs`` out of the 48-byte AoS record is not slower than the whole
+    record; from SoA it is at least 2x faster than the whole SoA row (one column read instead of
+    six). ``"numpy"`` indexes the ``obs`` column, or every column, of the hand-written baseline.
+    """
+
+    params = [LAYOUTS, ["obs", "all"]]
+    param_names = ["layout", "fields"]
+    repeat = _MANY_SAMPLES
+    capacity = 1_000_000
+    batch = 256
+
+    def setup(self, layout, fields):
+        warm_kernels()
+        buf = filled_buffer(layout, CARTPOLE, self.capacity)
+        self.op = partial(buf.sample, self.batch) if fields == "all" else \
+            partial(buf.sample, self.batch, fields=["obs"])
+        if first_time("fields", layout, fields):
+            for _ in range(3):  # allocates the (projected) output ring
+                self.op()
+
+    def time_sample(self, layout, fields):
         self.op()
 
 

@@ -141,9 +141,11 @@ class NumpyBuffer:
         self.cursor = (start + left) % cap
         self.size = min(self.size + n, cap)
 
-    def sample(self, batch_size: int) -> dict:
+    def sample(self, batch_size: int, fields=None) -> dict:
         idx = self.rng.integers(0, self.size, batch_size)
         self.indices = idx
+        if fields is not None:  # a projection: index only these columns
+            return {name: self.arrays[name][idx] for name in fields}
         return {name: arr[idx] for name, arr in self._items}
 
 
