@@ -348,6 +348,17 @@ def test_sequence_projections_are_the_full_slices_restricted(layout, policy, con
                           b.sample_sequences(3, 2, policy=policy), names)
 
 
+def test_a_spilling_buffer_projects_too(tmp_path, layout):
+    rows = Streams(CART, 1, np.random.default_rng(13)).steps(300)
+    path = str(tmp_path / ("spill.npy" if layout == "aos" else "spill"))
+    a = ReplayBuffer(CART, 256, layout=layout, seed=2, n_step=2)
+    b = ReplayBuffer(CART, 256, layout=layout, seed=2, n_step=2, spill_path=path, hot_rows=64)
+    a.extend(rows)
+    b.extend(rows)
+    for names in subsets(CART.names, per_size=2, seed=13):
+        assert_restricted(b.sample(32, fields=names), a.sample(32), names)
+
+
 def test_projected_steady_state_allocates_nothing(layout):
     buf = ReplayBuffer(CART, 5000, layout=layout, seed=0, n_step=3)
     rows = Streams(CART, 1, np.random.default_rng(0)).steps(1000)

@@ -36,8 +36,9 @@ class Batch(Mapping):
     Notes
     -----
     Arrays returned by ``sample(copy=False)`` are views into the buffer's output ring. They stay
-    valid until the same thread has called ``sample`` with the same batch size ``ring_size`` more
-    times; after that the same memory holds a newer batch. Each thread has its own ring.
+    valid until the same thread has called ``sample`` with the same batch size (and the same
+    ``fields``: a projection has its own ring) ``ring_size`` more times; after that the same
+    memory holds a newer batch. Each thread has its own ring.
     Keep a batch longer with ``sample(copy=True)`` or :meth:`copy`. The mapping itself is
     read-only (it is reused by the ring); ``dict(batch)`` gives a mutable one.
 
