@@ -134,6 +134,9 @@ _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
 # the constructor's keywords a checkpoint may carry, per class, and those it never may
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
+# keys a checkpoint of an earlier version may lack
+_CONFIG_OPTIONAL = ("stats",)
+_STATS_KEYS = ("count", "mean", "var", "min", "max")
 _PRIORITIZED_KEYS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 _OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
 
@@ -312,7 +315,8 @@ def _remove_checkpoint(path: str) -> None:
 def _write_npy(path: str, arr: np.ndarray) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     with os.fdopen(fd, "wb") as f:
-        np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+        # asarray, not ascontiguousarray: that makes a 0-d array (a statistic of a scalar) 1-d
+        np.lib.format.write_array(f, np.asarray(arr, order="C"), allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
 
@@ -543,7 +547,7 @@ class _Checker:
                         f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
                         f"never writes outside the checkpoint directory nor takes memory settings "
                         f"from a file; pass {k}= to load)")
-        self.obj("config", v, keys)
+        self.obj("config", v, keys, optional=_CONFIG_OPTIONAL)
         c = "config."
         cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
         self.choice(c + "layout", v["layout"], LAYOUTS)
@@ -558,9 +562,23 @@ class _Checker:
         self.names(c + "next_of", v["next_of"], spec)
         self.flag(c + "elide_next", v["elide_next"])
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
+        self.stats_names(c + "stats", v.get("stats"), spec)
         if prioritized:
             self.prioritized_config(v)
         return dict(v)
+
+    def stats_names(self, where: str, v, spec: Spec) -> None:
+        """null, or a list of distinct field names (the constructor checks that each can have
+        statistics)."""
+        if v is None:
+            return
+        if not isinstance(v, list) or len(v) > len(spec):
+            self.fail(where, f"null or a list of at most {len(spec)} field names", v)
+        for i, name in enumerate(v):
+            if type(name) is not str or name not in spec:
+                self.fail(f"{where}[{i}]", f"a field of the spec {list(spec.names)}", name)
+        if len(set(v)) != len(v):
+            self.fail(where, "distinct field names", v)
 
     def prioritized_config(self, v: dict) -> None:
         """The settings of a prioritized sampler in ``config``."""
@@ -786,6 +804,41 @@ def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: in
             "versions": versions}
 
 
+def _read_stats(c: _Checker, arrays: _Arrays, st, names, spec: Spec, size: int) -> dict:
+    """``state.stats``: absent (a checkpoint without statistics: computed from the rows), or an
+    object with an entry per field of ``config.stats`` and nothing else, each ``count`` equal to
+    the rows held and arrays of float64 and the field's shape (read only then)."""
+    if st is None:
+        return {}
+    if not names:
+        c.fail("state.stats", "absent or null (config.stats names no field)", st)
+    c.obj("state.stats", st, tuple(names))
+    out = {}
+    for name in names:
+        w = f"state.stats[{name[:40]!r}]"
+        entry = c.obj(w, st[name], _STATS_KEYS)
+        if type(entry["count"]) is not int or entry["count"] != size:
+            c.fail(w + ".count", f"{size} (the rows held)", entry["count"])
+        out[name] = {k: arrays.read(f"{w}.{k}", entry[k], np.float64, spec[name].shape)
+                     for k in _STATS_KEYS[1:]}
+    return out
+
+
+def _compare_stats(c: _Checker, arrays: _Arrays, st, stats: dict, buf) -> None:
+    """Each statistic read from the checkpoint must equal, bit for bit (NaN where NaN), what the
+    loaded rows give (a deterministic function of them: see :mod:`tfdata.replay.columns`), so a
+    value is finite, a variance non-negative, a min below its max exactly when the rows make
+    them so; FormatError naming the array file and the field otherwise."""
+    for name, values in stats.items():
+        fresh = buf.stats(name)
+        for key, want in values.items():
+            if not np.array_equal(want, getattr(fresh, key), equal_nan=True):
+                ref = st[name][key]["$array"]
+                raise FormatError(f"{os.path.join(arrays.path, ref)}: state.stats[{name[:40]!r}].{key}: "
+                                  f"expected the statistics of the checkpoint's rows "
+                                  f"({getattr(fresh, key).tolist()}), the file holds {want.tolist()}")
+
+
 def _check_files(path: str, rows_name: str) -> str:
     """Refuse links and special files at the rows dataset, in an SoA rows directory and in
     ``arrays/`` (the directories themselves included), before anything is opened."""
@@ -890,7 +943,7 @@ def load(path, classes: dict, **overrides):
     st = doc["state"]
     state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
                   "num_envs", "episodes") + (("prioritized",) if prioritized else ())
-    c.obj("state", st, state_keys)
+    c.obj("state", st, state_keys, optional=("stats",))
     if st["format"] != "tfdata.ReplayBuffer" or type(st["version"]) is not int or st["version"] != 1:
         raise FormatError(f"{spath}: state: format {_show(st['format'])} version "
                           f"{_show(st['version'])} is not a tfdata.ReplayBuffer state of version 1")
@@ -960,6 +1013,7 @@ def load(path, classes: dict, **overrides):
                  "sampler": dict(sampler), "num_envs": envs, "episodes": episodes}
         if prioritized:
             state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
+        stats = _read_stats(c, arrays, st.get("stats"), config.get("stats"), spec, size)
         try:
             buf = cls(spec, **config, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -988,6 +1042,9 @@ def load(path, classes: dict, **overrides):
         # against the flags as loaded, in memory: reading them from the mapped file first would
         # fault in every page of an AoS file twice (a third of the load's time)
         order.finish()
+    # the state's statistics were left out of load_state_dict (which would compute them from the
+    # mapped rows first): the buffer computed them from the rows in memory; they must agree
+    _compare_stats(c, arrays, st.get("stats"), stats, buf)
     return buf
 
 
