@@ -632,3 +632,16 @@ def stats_tree_naive(values, live: int, block: int, leaves: int) -> tuple:
         cnt[i] = cnt[2 * i] + cnt[2 * i + 1]
         stats[i] = [chan_merge_naive(stats[2 * i][j], stats[2 * i + 1][j]) for j in range(k)]
     return cnt, stats
+
+
+def first_bad_slot_naive(idx, n: int) -> int:
+    """Reference of ``kernels._columns.first_bad_slot``: ``2 * i`` for the first ``idx[i]`` outside
+    ``[0, n)``, ``2 * i + 1`` for the first that repeats an earlier one, -1 if none."""
+    seen = set()
+    for i, v in enumerate(int(v) for v in idx):
+        if not 0 <= v < n:
+            return 2 * i
+        if v in seen:
+            return 2 * i + 1
+        seen.add(v)
+    return -1

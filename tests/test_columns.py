@@ -219,6 +219,23 @@ def test_kernels_refuse_inconsistent_arrays_and_clamp_ranges():
     assert kc.stats_summary(cnt, vals, np.zeros((4, 1))) == -1
 
 
+def test_first_bad_slot_matches_reference():
+    rng = np.random.default_rng(19)
+    for trial in range(400):
+        k = int(rng.integers(0, 60))
+        n = int(rng.integers(1, 200))
+        idx = rng.integers(-2 if trial % 5 == 0 else 0, n + (2 if trial % 7 == 0 else 0), k)
+        if trial % 3 == 0:  # mostly distinct
+            idx = rng.permutation(n)[:k] if k <= n else idx
+        if trial % 11 == 0:  # colliding hashes: multiples of a power of two
+            idx = (np.arange(k) * 1024) % max(n, 1)
+        idx = np.asarray(idx, np.int64)
+        table = np.empty(max(2, 1 << (2 * k - 1).bit_length()), np.int64)
+        assert kc.first_bad_slot(idx, n, table) == naive.first_bad_slot_naive(idx, n), (idx, n)
+    assert kc.first_bad_slot(np.arange(4), 10, np.empty(6, np.int64)) == -2  # not a power of two
+    assert kc.first_bad_slot(np.arange(4), 10, np.empty(4, np.int64)) == -2  # too small
+
+
 # -- the buffer ---------------------------------------------------------------------------------
 def ring_rows(model: naive.RingModel, name: str) -> np.ndarray:
     """Field ``name`` of the model's live rows, oldest first."""

@@ -13,9 +13,11 @@ fixed by the code below, never by the form, the machine's vector width or the la
 ``sum((x - K_j) ** 2)``, the min and the max, where the shift ``K_j`` is element ``j`` of row
 ``a``. The lanes are independent, so LLVM vectorises the pass over them without reordering any
 sum (no fast-math: that would let the order depend on the vector width). A contiguous column is
-read as ``rows * k`` consecutive values, ``L`` at a time; numba's SLP vectoriser is off, so
-independent scalar accumulators would stay scalar (measured: 0.88 ms against 0.33 ms for 1M
-float32 values). The lanes are then added per element in lane order: ``mean = K + S / n`` and
+read as ``rows * k`` consecutive values, ``GROUPS * L`` at a time (each lane's sums stay in
+registers across the groups); numba's SLP vectoriser is off, so independent scalar
+accumulators would stay scalar (measured on 1M float32 values: 0.88 ms, against 0.33 ms for
+lanes in memory and 0.24 ms with the groups). A strided field is read one element at a time
+(see :func:`_lane_pass`). The lanes are then added per element in lane order: ``mean = K + S / n`` and
 ``M2 = Q - S * S / n`` (the "shifted data" form; with the shift a value of the same rows its
 relative error is about ``eps * (K - mean) ** 2 / var``).
 
@@ -35,8 +37,9 @@ merge of ``2i`` and ``2i + 1``, the root at 1. Every node is always recomputed f
 children or from its rows, never adjusted by a difference, so no rounding error accumulates
 and the tree after any sequence of updates equals a fresh build from the same rows, bit for
 bit. Arrays: ``cnt`` int64[2P] (rows under each node), ``vals`` float64[2P, 4, k] (mean, M2, min,
-max), ``dirty`` uint8[2P], ``lanes`` float64[5, L] (scratch: S, Q, min, max, shift), ``out``
-float64[5, k] (mean, var, std, min, max).
+max), ``dirty`` uint8[2P], ``lanes`` float64[LANE_ROWS, L] (scratch: S, Q, min, max, shift, then
+room for the lanes of one element of a strided field), ``out`` float64[5, k] (mean, var, std,
+min, max).
 
 Whatever the arrays and arguments hold, no kernel reads or writes outside them: shapes are
 checked at entry (a kernel returns -1 and changes nothing when they disagree) and ranges are
@@ -70,11 +73,11 @@ def lane_count(k: int) -> int:
 
 def block_rows(k: int, itemsize: int) -> int:
     """Rows per leaf of a statistics tree over a field of ``k`` elements of ``itemsize`` bytes:
-    the power of two >= 1024 / k and >= 1024 / itemsize (at least 256): a leaf holds at least
-    1024 values, so a pass over it is not mostly setup, and its tree at most about 1/8 of
-    the field's bytes. CartPole's ``obs`` (f4[4]): 256 rows; a scalar: 1024."""
-    rows = max(256, -(-1024 // int(k)), 1024 // int(itemsize))
-    return 1 << (rows - 1).bit_length()
+    256, or 1024 // itemsize for 1- and 2-byte elements, so that the tree takes about 1/8 of
+    the field's bytes or less. Smaller leaves make a relabelled row cheaper to account for (its
+    whole leaf is recomputed) and the tree larger; 256 rows of a scalar are 256 values, about
+    0.2 us of a pass."""
+    return max(256, 1024 // int(itemsize))
 
 
 def tree_leaves(capacity: int, block: int) -> int:
@@ -92,6 +95,40 @@ def tree_nbytes(capacity: int, k: int, itemsize: int) -> int:
 def operand(view: np.ndarray) -> np.ndarray:
     """A ``(rows, k)`` view as the kernels take it: the flat values when C-contiguous, else itself."""
     return view.reshape(-1) if view.flags.c_contiguous else view
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# rows per leaf at most: block * leaves stays far from int64 overflow
+_MAX_BLOCK = 1 << 32
+_S32 = np.uint64(32)
+
+
+@njit(**NJIT_OPTIONS)
+def first_bad_slot(idx, n, table):
+    """Check slots for an in-place rewrite: -1 if every ``idx[i]`` (int64) is in ``[0, n)`` and
+    none repeats an earlier one; else ``2 * i`` for the first out of range, ``2 * i + 1`` for the
+    first repeat. ``table``: int64 scratch of a power-of-two size >= ``2 * len(idx)``, overwritten
+    (a hash set with linear probing: O(len(idx)), no sort); -2 if it is not."""
+    m = table.shape[0]
+    if m == 0 or m & (m - 1) != 0 or m < 2 * idx.shape[0]:
+        return -2
+    for i in range(m):
+        table[i] = -1
+    mask = np.uint64(m - 1)
+    for i in range(idx.shape[0]):
+        v = idx[i]
+        if v < 0 or v >= n:
+            return 2 * i
+        h = ((np.uint64(v) * _GOLDEN) >> _S32) & mask
+        for _ in range(m):
+            t = table[h]
+            if t == -1:
+                table[h] = v
+                break
+            if t == v:
+                return 2 * i + 1
+            h = (h + np.uint64(1)) & mask
+    return -1
 
 
 @njit(**INLINE_OPTIONS)
@@ -367,7 +404,7 @@ def stats_ranges(x, k, live, block, lo1, hi1, lo2, hi2, lanes, cnt, vals):
     below ``live``, then every ancestor of them; returns 0 (or -1 for inconsistent arrays, with
     nothing written). ``x``: the field as :func:`operand` gives it, ``k`` elements per row."""
     P = _leaves(x, k, lanes, cnt, vals)
-    if P < 0 or block < 1:
+    if P < 0 or block < 1 or block > _MAX_BLOCK:
         return -1
     live = max(0, min(live, _rows(x, k)))
     for part in range(2):
@@ -393,7 +430,7 @@ def stats_dirty(x, k, live, block, dirty, lanes, cnt, vals):
     """Recompute the leaves whose flag ``dirty[P + b]`` is set and every ancestor of one, and
     clear the flags; returns the leaves recomputed (-1 for inconsistent arrays)."""
     P = _leaves(x, k, lanes, cnt, vals)
-    if P < 0 or block < 1 or dirty.shape[0] < 2 * P:
+    if P < 0 or block < 1 or block > _MAX_BLOCK or dirty.shape[0] < 2 * P:
         return -1
     live = max(0, min(live, _rows(x, k)))
     done = 0

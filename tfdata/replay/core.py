@@ -701,37 +701,41 @@ class ReplayCore:
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise SpecError(f"update_field: indices must be a 1-D integer array, got "
                             f"{idx.dtype}{list(idx.shape)}")
-        self._check_relabel_slots(idx, self._writer.size)
-        idx = idx.astype(np.int64)
-        vals = f.coerce(values, (idx.shape[0],))
-        if idx.size == 0:
+        slots = self._checked_slots(idx, self._writer.size)
+        vals = f.coerce(values, (slots.shape[0],))
+        if slots.size == 0:
             return
         with self._lock:
             n = self._writer.size
-            if int(idx.max()) >= n:  # a clear() ran since the check
-                self._check_relabel_slots(idx, n)
-            self._storage.field(name)[idx] = vals
+            if n < self.capacity and int(slots.max()) >= n:  # a clear() ran since the check
+                self._checked_slots(idx, n)
+            self._storage.field(name)[slots] = vals
             if self._stats is not None:
-                self._stats.mark(name, idx)
+                self._stats.mark(name, slots)
             if self._spill is not None:
                 self._spill.check_resident()
 
-    @staticmethod
-    def _check_relabel_slots(idx: np.ndarray, n: int) -> None:
-        if idx.size == 0:
-            return
-        bad = np.flatnonzero((idx < 0) | (idx >= n))
-        if bad.size:
-            i = int(bad[0])
+    def _checked_slots(self, idx: np.ndarray, n: int) -> np.ndarray:
+        """``idx`` (a 1-D integer array) as int64 slots, each in ``[0, n)`` and given once;
+        IndexError or ValueError naming the first that is not, and its position."""
+        from ..kernels._columns import first_bad_slot
+
+        if idx.dtype.kind == "u" and idx.size and int(idx.max()) > np.iinfo(np.int64).max:
+            i = int(np.argmax(idx > np.iinfo(np.int64).max))
             raise IndexError(f"update_field: indices[{i}] = {idx[i]} is not a live row: slots are "
                              f"in [0, {n}) (len(buffer) = {n})")
-        order = np.argsort(idx, kind="stable")
-        ordered = idx[order]
-        same = np.flatnonzero(ordered[1:] == ordered[:-1])
-        if same.size:
-            j = int(same[0])
-            raise ValueError(f"update_field: index {ordered[j]} is given twice (indices[{order[j]}] "
-                             f"and indices[{order[j + 1]}]); each row may be rewritten once per call")
+        slots = idx.astype(np.int64)  # a copy: the caller's array may change after the check
+        table = np.empty(max(2, 1 << (2 * slots.shape[0] - 1).bit_length()), np.int64)
+        bad = first_bad_slot(slots, n, table)
+        if bad >= 0:
+            i = bad // 2
+            if bad % 2 == 0:
+                raise IndexError(f"update_field: indices[{i}] = {idx[i]} is not a live row: slots "
+                                 f"are in [0, {n}) (len(buffer) = {n})")
+            first = int(np.flatnonzero(slots[:i] == slots[i])[0])
+            raise ValueError(f"update_field: index {idx[i]} is given twice (indices[{first}] and "
+                             f"indices[{i}]); each row may be rewritten once per call")
+        return slots
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
