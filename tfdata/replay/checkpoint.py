@@ -4,8 +4,11 @@ Layout of a checkpoint directory (format ``tfdata.checkpoint`` 1.0)::
 
     state.json        format, version, buffer class and constructor config, spec, writer
                       cursor and size, RNG seed and counter, scalars of the episode bookkeeping
-                      and of the prioritized state; arrays are {"$array": "arrays/<name>.npy"}
-    arrays/*.npy      per-slot arrays: episode numbers, priorities (leaves), write versions, ...
+                      and of the prioritized state, the row count of each field's running
+                      statistics; arrays are {"$array": "arrays/<name>.npy"}
+    arrays/*.npy      per-slot arrays: episode numbers, priorities (leaves), write versions, ...;
+                      and the statistics of each ``stats=`` field (mean, var, min, max: float64
+                      of the field's shape)
     rows.npy | rows/  the first ``size`` physical rows of the storage, as a tfdata dataset file
                       (AoS ``.npy`` or SoA directory, the buffer's layout)
 
@@ -50,7 +53,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``capacity`` int in ``[1, 2**32 - 1]``; ``layout`` ``"aos"`` or ``"soa"``; ``ring_size`` int in
   ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step`` null or int in
   ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and ``roles`` objects of field
-  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; and for a
+  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats`` (absent
+  in checkpoints written before it) null or a list of distinct field names; and for a
   ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
   float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
   ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
@@ -70,6 +74,9 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   stored float64 leaves is rounded once, when loaded), positive normal float32 values, so that
   their sum is finite and positive; versions keep their low byte (the buffer counts writes
   per slot modulo 256, with an epoch in each batch);
+* statistics (``state.stats``, optional): an entry for exactly the fields of ``config.stats``,
+  each ``count`` equal to ``size`` and ``mean``, ``var``, ``min``, ``max`` float64 arrays of the
+  field's shape;
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
 * memory: without a ``memory_budget``, the bytes the buffer would hold
   (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
@@ -84,7 +91,11 @@ written. Last, once the rows are in memory, the episode numbers must be what ins
 rows gave (each stream's number grows by one after a terminated or truncated row and only
 then; ``current`` is the newest number plus the newest row's end) and the elided-next
 bookkeeping must name exactly the rows that ended an episode; otherwise the new buffer is
-dropped and FormatError raised (one pass, about 1 ms per million rows). No pickle anywhere:
+dropped and FormatError raised (one pass, about 1 ms per million rows). The statistics are
+computed from the loaded rows and each saved value must equal its recomputation bit for bit
+(they are a deterministic function of the rows, see :mod:`tfdata.replay.columns`), so a value
+is finite, a variance non-negative, a minimum at most its maximum, exactly when the rows make
+them so; a checkpoint without ``state.stats`` gets them from the rows. No pickle anywhere:
 JSON and ``.npy`` read by tfdata's own header check.
 """
 
