@@ -236,6 +236,65 @@ def test_first_bad_slot_matches_reference():
     assert kc.first_bad_slot(np.arange(4), 10, np.empty(4, np.int64)) == -2  # too small
 
 
+def test_column_kernels_allocate_nothing():
+    """numba's runtime counts one allocation per array argument (the wrapper of the caller's
+    array, at the call); anything more would be the kernel's own."""
+    nrt = pytest.importorskip("numba.core.runtime._nrt_python")
+    from numba.core.runtime import rtsys
+
+    if not hasattr(nrt, "memsys_enable_stats"):
+        pytest.skip("this numba cannot count its allocations")
+    nrt.memsys_enable_stats()
+
+    def extra(f, *args):
+        f(*args)  # compiled, or loaded from the cache
+        before = rtsys.get_allocation_stats().alloc
+        f(*args)
+        return rtsys.get_allocation_stats().alloc - before - sum(isinstance(a, np.ndarray) for a in args)
+
+    rec = np.zeros(3000, np.dtype([("p", "u1"), ("x", "f4", (3,))], align=True))
+    rec["x"] = np.random.default_rng(0).standard_normal((3000, 3))
+    rec["x"][7, 1] = np.nan  # the slow path too
+    for x in (kc.operand(np.ascontiguousarray(rec["x"])), kc.operand(rec["x"])):
+        lanes, cnt, vals, dirty, P = new_tree(3, 3000, 256)
+        dirty[P + 2] = 1
+        assert extra(kc.stats_ranges, x, 3, 3000, 256, 0, P, 0, 0, lanes, cnt, vals) == 0
+        assert extra(kc.stats_dirty, x, 3, 3000, 256, dirty, lanes, cnt, vals) == 0
+        assert extra(kc.column_scan, x, 3, 3000, 100, lanes, cnt[:2], vals[:2], np.zeros((5, 3))) == 0
+        assert extra(kc.stats_summary, cnt, vals, np.zeros((5, 3))) == 0
+        assert extra(kc.stats_clear, cnt, vals, dirty) == 0
+    assert extra(kc.first_bad_slot, np.arange(10), 20, np.empty(32, np.int64)) == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_steady_state_with_stats_holds_no_memory(layout):
+    import tracemalloc
+
+    buf = ReplayBuffer(CART, 5000, layout=layout, seed=0, stats=["obs", "reward"])
+    rows = random_rows(CART, 1000, np.random.default_rng(0))
+    one = {k: v[0] for k, v in rows.items()}
+    for _ in range(8):  # warm: compile, fill, wrap
+        buf.extend(rows)
+        buf.push(one)
+        buf.stats("obs")
+        buf.update_field("reward", [3, 4], [1.0, 2.0])
+    held = []
+    tracemalloc.start()
+    try:
+        for rounds in (50, 300):
+            for i in range(rounds):
+                buf.push(one)
+                buf.extend(rows)
+                buf.stats("obs")
+                buf.stats("reward")
+                buf.update_field("reward", [3, 4], [1.0, 2.0])
+            held.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    # what is held (the cached statistics of each field) does not grow with the rounds
+    assert held[1] - held[0] < 1024, held
+
+
 # -- the buffer ---------------------------------------------------------------------------------
 def ring_rows(model: naive.RingModel, name: str) -> np.ndarray:
     """Field ``name`` of the model's live rows, oldest first."""
