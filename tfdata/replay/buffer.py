@@ -75,8 +75,9 @@ class ReplayBuffer(ReplayCore):
         mean, population variance, std, min, max): read them with :meth:`stats`, normalise with
         ``buf.stats("obs").normalize(x)``. Bool, integer and float fields that are stored.
         Writes do no statistics work; a read recomputes what changed since the previous read
-        (see :mod:`tfdata.replay.columns`). Memory: a tree over blocks of 256 rows, about
-        ``capacity / 8`` float64 values per element of the field, counted in
+        (see :mod:`tfdata.replay.columns`). Memory: a tree over blocks of 256 rows (1024 for
+        1-byte fields), about ``capacity / 32`` float64 values per element of the field (up to
+        twice that when the number of blocks is just above a power of two), counted in
         ``nbytes_parts["trees"]``.
 
     Notes

@@ -633,9 +633,10 @@ class ReplayCore:
         Exact for the live rows: rows overwritten have left them, relabelled rows count with
         their new values. The work is done here, under the lock, not when rows are written: a
         call recomputes the blocks of rows written or relabelled since the previous call (256
-        rows per block for 4- and 8-byte fields) and the tree above them, so it costs in
-        proportion to the rows written since (a few microseconds after a push or an extend of
-        1000 CartPole rows; unchanged statistics are returned at once).
+        rows per block; 1024 for 1-byte fields) and the tree above them, so it costs in
+        proportion to the rows written since (at 1M CartPole rows, ``obs`` and ``reward`` kept:
+        about 5 us after a push, 10-14 us after an extend of 1000 rows, 0.5 us when nothing
+        changed, which returns the same object).
 
         Returns
         -------
