@@ -822,3 +822,18 @@ def test_checkpoint_stats_are_validated(tmp_path):
     for f in (p / "arrays").glob("stats.*"):
         f.unlink()
     assert ReplayBuffer.load(p).stats_fields == ()
+    # ... unless asked for: computed from the rows
+    back = ReplayBuffer.load(p, stats=["obs"])
+    assert back.stats_fields == ("obs",) and back.config["stats"] == ["obs"]
+    np.testing.assert_array_equal(back.stats("obs").values, buf.stats("obs").values)
+    with pytest.raises(SpecError, match="nope"):  # the caller's error, not the file's
+        ReplayBuffer.load(p, stats=["nope"])
+    # stats= in place of a checkpoint's own: the saved ones of fields in both are still checked
+    p = fresh_copy("override")
+    f = p / "arrays" / "stats.reward.max.npy"
+    f.unlink()
+    np.save(f, np.float64(99.0))
+    assert ReplayBuffer.load(p, stats=["obs"]).stats_fields == ("obs",)
+    assert ReplayBuffer.load(p, stats=None).stats_fields == ()
+    with pytest.raises(FormatError, match=r"stats\['reward'\].max"):
+        ReplayBuffer.load(p, stats=["reward"])

@@ -841,6 +841,8 @@ def _compare_stats(c: _Checker, arrays: _Arrays, st, stats: dict, buf) -> None:
     value is finite, a variance non-negative, a min below its max exactly when the rows make
     them so; FormatError naming the array file and the field otherwise."""
     for name, values in stats.items():
+        if name not in buf.stats_fields:  # load(stats=...) asked for other fields
+            continue
         fresh = buf.stats(name)
         for key, want in values.items():
             if not np.array_equal(want, getattr(fresh, key), equal_nan=True):
@@ -919,8 +921,10 @@ def load(path, classes: dict, **overrides):
     a checkpoint never makes tfdata import or call anything else).
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
-    ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either).
-    Everything read from ``path`` is validated first (see the module docstring); the buffer's
+    ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either);
+    ``stats``, a list of fields (or None) to keep running statistics of instead of the
+    checkpoint's ``config.stats`` (computed from the rows; those the checkpoint saved are
+    still checked for the fields in both). Everything read from ``path`` is validated first (see the module docstring); the buffer's
     planned memory must fit ``memory_budget`` (else MemoryBudgetError), or without one the
     memory available on the machine (else FormatError).
 
@@ -931,15 +935,17 @@ def load(path, classes: dict, **overrides):
     tfdata.errors.FormatError
         Anything wrong with the checkpoint: the message names the file and the field.
     """
-    bad = set(overrides) - set(_OVERRIDES)
+    bad = set(overrides) - set(_OVERRIDES) - {"stats"}
     if bad:
-        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: {_OVERRIDES}")
+        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: "
+                        f"{_OVERRIDES + ('stats',)}")
     from .. import alloc
     from .._budget import parse_bytes
     from .episodes import resolve_next_of, resolve_roles
 
     # the caller's own settings: their errors are theirs, not the checkpoint's
     overrides = dict(overrides)
+    wanted = {"stats": overrides.pop("stats")} if "stats" in overrides else {}
     budget = overrides.get("memory_budget")
     budget = None if budget is None else parse_bytes("memory_budget", budget)
     if overrides.get("allocator") is not None:
@@ -987,6 +993,10 @@ def load(path, classes: dict, **overrides):
         cls.plan_memory(spec, cap, **opts)
     except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
         raise FormatError(f"{spath}: config: {str(exc)[:300]}") from None
+    if wanted:  # the caller's: checked as the constructor checks it, errors theirs
+        cls.plan_memory(spec, cap, **{**opts, **wanted})
+        config = {**config, **wanted}
+        opts = {**opts, **wanted}
     if config["roles"] != roles or config["next_of"] != next_of:
         c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}",
                show=False)
@@ -1024,7 +1034,7 @@ def load(path, classes: dict, **overrides):
                  "sampler": dict(sampler), "num_envs": envs, "episodes": episodes}
         if prioritized:
             state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
-        stats = _read_stats(c, arrays, st.get("stats"), config.get("stats"), spec, size)
+        stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), spec, size)
         try:
             buf = cls(spec, **config, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:

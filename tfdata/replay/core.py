@@ -805,7 +805,9 @@ class ReplayCore:
         ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
         ``PrioritizedReplayBuffer``); ``PrioritizedReplayBuffer.load`` insists on that class.
         ``spill_path=`` with ``hot_rows=`` or ``hot_bytes=`` rebuilds it as a spilling buffer
-        (a checkpoint does not record where, or whether, a buffer spilled).
+        (a checkpoint does not record where, or whether, a buffer spilled); ``stats=`` keeps
+        running statistics of other fields than the checkpoint's (computed from the rows: a
+        checkpoint written before statistics existed can have them so).
         """
         from .checkpoint import load
 
