@@ -140,8 +140,9 @@ class Column:
     ----------
     name : str
     segments : tuple of ndarray
-        One view (the ring has not wrapped, or the oldest row is in slot 0) or two (slots
-        ``cursor..capacity`` then ``0..cursor``), each ``(rows, *field.shape)`` of the field's
+        One view (the ring has not wrapped, or the oldest row is in slot 0), two (slots
+        ``cursor..capacity`` then ``0..cursor``) or none (an empty buffer), each
+        ``(rows, *field.shape)`` of the field's
         dtype, read-only; together ``len(column)`` rows in ring order (oldest to newest). Views
         of a field inside records (AoS) are strided.
     dtype : numpy.dtype

@@ -740,7 +740,9 @@ class ReplayCore:
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly: spec, writer, sampler and a copy of the rows.
+        """Everything needed to continue exactly: spec, writer, sampler and a copy of the rows
+        (and, with ``stats=``, each field's statistics under ``"stats"``: count, and mean, var,
+        min, max as float64 arrays of the field's shape; a load checks them against the rows).
 
         The rows are layout-neutral (one array per field, ``(len(self), *shape)`` in slot order),
         so a state saved from one layout loads into the other. Plain Python and numpy objects
