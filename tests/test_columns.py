@@ -753,6 +753,7 @@ def test_checkpoint_round_trip_with_stats(tmp_path, layout):
     buf.save(tmp_path / "ck")
     back = ReplayBuffer.load(tmp_path / "ck")
     assert back.stats_fields == ("obs", "reward") and back.config == buf.config
+    assert "stats" not in ReplayBuffer(CART, 10).config  # no key: checkpoints as before
     for name in ("obs", "reward"):
         np.testing.assert_array_equal(back.stats(name).values, buf.stats(name).values)
     batch = random_rows(CART, 77, np.random.default_rng(16))
@@ -804,18 +805,15 @@ def test_checkpoint_stats_are_validated(tmp_path):
             ("cfg_unknown", lambda d: d["config"].__setitem__("stats", ["obs", "nope"]), r"config.stats\[1\]"),
             ("cfg_dup", lambda d: d["config"].__setitem__("stats", ["obs", "obs"]), "config.stats"),
             ("cfg_type", lambda d: d["config"].__setitem__("stats", "obs"), "config.stats"),
-            ("cfg_none", lambda d: d["config"].__setitem__("stats", None), "state.stats"),
+            ("cfg_none", lambda d: d["config"].__setitem__("stats", None), "config.stats"),
+            ("cfg_empty", lambda d: d["config"].__setitem__("stats", []), "config.stats"),
+            ("cfg_gone", lambda d: d["config"].pop("stats"), "state.stats: expected absent"),
+            ("nostats", lambda d: d["state"].pop("stats"), "state.stats: expected the statistics"),
             ("cfg_next", lambda d: d["config"].update(stats=["next_obs"], elide_next=True), "config")):
         p = fresh_copy(name)
         rewrite_state(p, change)
         with pytest.raises(FormatError, match=match):
             ReplayBuffer.load(p)
-    # without state.stats (a checkpoint from before them) the statistics come from the rows
-    p = fresh_copy("nostats")
-    rewrite_state(p, lambda d: d["state"].pop("stats"))
-    for f in (p / "arrays").glob("stats.*"):
-        f.unlink()
-    np.testing.assert_array_equal(ReplayBuffer.load(p).stats("obs").values, buf.stats("obs").values)
     # a config without the key (an older checkpoint) builds a buffer without statistics
     p = fresh_copy("nokey")
     rewrite_state(p, lambda d: (d["config"].pop("stats"), d["state"].pop("stats")))

@@ -53,8 +53,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``capacity`` int in ``[1, 2**32 - 1]``; ``layout`` ``"aos"`` or ``"soa"``; ``ring_size`` int in
   ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step`` null or int in
   ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and ``roles`` objects of field
-  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats`` (absent
-  in checkpoints written before it) null or a list of distinct field names; and for a
+  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats``
+  (present only for a buffer that keeps statistics) a non-empty list of distinct field names; and for a
   ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
   float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
   ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
@@ -74,9 +74,9 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   stored float64 leaves is rounded once, when loaded), positive normal float32 values, so that
   their sum is finite and positive; versions keep their low byte (the buffer counts writes
   per slot modulo 256, with an epoch in each batch);
-* statistics (``state.stats``, optional): an entry for exactly the fields of ``config.stats``,
-  each ``count`` equal to ``size`` and ``mean``, ``var``, ``min``, ``max`` float64 arrays of the
-  field's shape;
+* statistics (``state.stats``): present exactly when ``config.stats`` names fields, with an
+  entry for exactly those, each ``count`` equal to ``size`` and ``mean``, ``var``, ``min``,
+  ``max`` float64 arrays of the field's shape;
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
 * memory: without a ``memory_budget``, the bytes the buffer would hold
   (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
@@ -95,7 +95,8 @@ dropped and FormatError raised (one pass, about 1 ms per million rows). The stat
 computed from the loaded rows and each saved value must equal its recomputation bit for bit
 (they are a deterministic function of the rows, see :mod:`tfdata.replay.columns`), so a value
 is finite, a variance non-negative, a minimum at most its maximum, exactly when the rows make
-them so; a checkpoint without ``state.stats`` gets them from the rows. No pickle anywhere:
+them so. A checkpoint written before statistics existed (no ``config.stats``) loads without
+them, or with those asked for by ``load(path, stats=[...])``, computed from the rows. No pickle anywhere:
 JSON and ``.npy`` read by tfdata's own header check.
 """
 
@@ -573,18 +574,18 @@ class _Checker:
         self.names(c + "next_of", v["next_of"], spec)
         self.flag(c + "elide_next", v["elide_next"])
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
-        self.stats_names(c + "stats", v.get("stats"), spec)
+        if "stats" in v:
+            self.stats_names(c + "stats", v["stats"], spec)
         if prioritized:
             self.prioritized_config(v)
         return dict(v)
 
     def stats_names(self, where: str, v, spec: Spec) -> None:
-        """null, or a list of distinct field names (the constructor checks that each can have
-        statistics)."""
-        if v is None:
-            return
-        if not isinstance(v, list) or len(v) > len(spec):
-            self.fail(where, f"null or a list of at most {len(spec)} field names", v)
+        """A non-empty list of distinct field names (the constructor checks that each can have
+        statistics); a buffer without statistics saves no ``stats`` key, so null or an empty
+        list is no form a save writes."""
+        if not isinstance(v, list) or not v or len(v) > len(spec):
+            self.fail(where, f"a list of 1 to {len(spec)} field names (no key: no statistics)", v)
         for i, name in enumerate(v):
             if type(name) is not str or name not in spec:
                 self.fail(f"{where}[{i}]", f"a field of the spec {list(spec.names)}", name)
@@ -816,13 +817,16 @@ def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: in
 
 
 def _read_stats(c: _Checker, arrays: _Arrays, st, names, spec: Spec, size: int) -> dict:
-    """``state.stats``: absent (a checkpoint without statistics: computed from the rows), or an
-    object with an entry per field of ``config.stats`` and nothing else, each ``count`` equal to
-    the rows held and arrays of float64 and the field's shape (read only then)."""
-    if st is None:
-        return {}
+    """``state.stats``: absent exactly when ``config.stats`` is (a save writes both or
+    neither), else an object with an entry per field of ``config.stats`` and nothing
+    else, each ``count`` equal to the rows held and arrays of float64 and the field's shape (read
+    only then)."""
     if not names:
-        c.fail("state.stats", "absent or null (config.stats names no field)", st)
+        if st is not None:
+            c.fail("state.stats", "absent (config.stats names no field)", st)
+        return {}
+    if st is None:
+        c.fail("state.stats", f"the statistics of {list(names)[:8]} (config.stats)", show=False)
     c.obj("state.stats", st, tuple(names))
     out = {}
     for name in names:

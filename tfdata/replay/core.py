@@ -779,11 +779,16 @@ class ReplayCore:
 
     @property
     def config(self) -> dict:
-        """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
-        return {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
-                "num_envs": self.num_envs, "n_step": self.n_step, "gamma": self.gamma,
-                "next_of": dict(self.next_of), "elide_next": self.elide_next, "roles": dict(self._roles),
-                "stats": list(self._stats_fields) or None}
+        """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps;
+        ``stats`` only when statistics are kept, so a checkpoint without them is what it was
+        before they existed)."""
+        config = {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
+                  "num_envs": self.num_envs, "n_step": self.n_step, "gamma": self.gamma,
+                  "next_of": dict(self.next_of), "elide_next": self.elide_next,
+                  "roles": dict(self._roles)}
+        if self._stats_fields:
+            config["stats"] = list(self._stats_fields)
+        return config
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory: rows, cursor, RNG state, episode bookkeeping, config.
