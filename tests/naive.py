@@ -5,6 +5,8 @@ Nothing here imports tfdata: the references are independent of the code they che
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 MASK64 = (1 << 64) - 1
@@ -575,3 +577,85 @@ def wait_change_naive(state, i: int, value: int, spins: int) -> int:
         if int(state[i]) != value:
             return int(state[i])
     return value
+
+
+def column_stats_naive(values) -> tuple:
+    """Reference of ``kernels._columns.column_scan``: ``(count, out)`` with ``out[:, j]`` = mean,
+    var (population), std, min, max of element ``j`` of ``values`` (``(n, *shape)``) as float64,
+    element by element in Python with numpy's semantics: a NaN makes everything NaN; +inf or
+    -inf make the mean infinite (NaN with both) and the variance NaN; no row: all NaN."""
+    x = np.asarray(values)
+    x = x.reshape(len(x), int(np.prod(x.shape[1:], dtype=np.int64))).astype(np.float64)
+    n, k = x.shape
+    out = np.full((5, k), np.nan)
+    if n == 0:
+        return 0, out
+    for j in range(k):
+        col = [float(v) for v in x[:, j]]
+        if any(v != v for v in col):
+            continue
+        pos, neg = col.count(math.inf), col.count(-math.inf)
+        finite = [v for v in col if math.isfinite(v)]
+        if pos or neg:
+            mean = math.inf if not neg else (-math.inf if not pos else math.nan)
+            out[:, j] = [mean, math.nan, math.nan, -math.inf if neg else min(finite, default=math.inf),
+                         math.inf if pos else max(finite, default=-math.inf)]
+            continue
+        mean = math.fsum(col) / n
+        var = math.fsum((v - mean) ** 2 for v in col) / n  # two passes, exactly rounded sums
+        out[:, j] = [mean, var, math.sqrt(var), min(col), max(col)]
+    return n, out
+
+
+def chan_merge_naive(a: tuple, b: tuple) -> tuple:
+    """Statistics ``(n, mean, m2, min, max)`` of two disjoint sets of values (one element), as
+    the tree's merge defines them for non-finite means (a weighted mean, M2 NaN; min and max
+    NaN if either is)."""
+    na, ma, qa, mna, mxa = a
+    nb, mb, qb, mnb, mxb = b
+    if na == 0 or nb == 0:
+        return a if nb == 0 else b
+    n = na + nb
+    if math.isfinite(ma) and math.isfinite(mb):
+        d = mb - ma
+        mean, m2 = ma + d * nb / n, qa + qb + d * d * na * nb / n
+    else:
+        mean, m2 = ma * na / n + mb * nb / n, math.nan
+    mn = math.nan if (mna != mna or mnb != mnb) else min(mna, mnb)
+    mx = math.nan if (mxa != mxa or mxb != mxb) else max(mxa, mxb)
+    return n, mean, m2, mn, mx
+
+
+def stats_tree_naive(values, live: int, block: int, leaves: int) -> tuple:
+    """Reference of the statistics tree of ``kernels._columns``: ``(cnt, stats)`` over ``2 *
+    leaves`` nodes, leaf ``leaves + b`` the statistics (``column_stats_naive``) of rows
+    ``[b * block, min((b + 1) * block, live))`` of ``values``, node ``i`` the merge of ``2i`` and
+    ``2i + 1``; ``stats[i]`` is ``(n, mean, m2, min, max)`` per element, a list."""
+    x = np.asarray(values)
+    x = x.reshape(len(x), int(np.prod(x.shape[1:], dtype=np.int64)))
+    k = x.shape[1]
+    cnt = [0] * (2 * leaves)
+    stats = [[(0, 0.0, 0.0, math.inf, -math.inf)] * k for _ in range(2 * leaves)]
+    for b in range(leaves):
+        rows = x[b * block:max(b * block, min((b + 1) * block, live))]
+        n, out = column_stats_naive(rows)
+        cnt[leaves + b] = n
+        if n:
+            stats[leaves + b] = [(n, out[0, j], out[1, j] * n, out[3, j], out[4, j]) for j in range(k)]
+    for i in range(leaves - 1, 0, -1):
+        cnt[i] = cnt[2 * i] + cnt[2 * i + 1]
+        stats[i] = [chan_merge_naive(stats[2 * i][j], stats[2 * i + 1][j]) for j in range(k)]
+    return cnt, stats
+
+
+def first_bad_slot_naive(idx, n: int) -> int:
+    """Reference of ``kernels._columns.first_bad_slot``: ``2 * i`` for the first ``idx[i]`` outside
+    ``[0, n)``, ``2 * i + 1`` for the first that repeats an earlier one, -1 if none."""
+    seen = set()
+    for i, v in enumerate(int(v) for v in idx):
+        if not 0 <= v < n:
+            return 2 * i
+        if v in seen:
+            return 2 * i + 1
+        seen.add(v)
+    return -1

@@ -35,9 +35,10 @@ NOFLAGS = {"x": "i8", "y": ("f4", (2,))}
 def filled(kind: str, layout: str = "aos"):
     """A small buffer with rows, a moved RNG and (prioritized) a moved beta schedule."""
     rng = np.random.default_rng(2)  # episode ends in the rows held, one in the newest step
-    if kind == "per":  # wrapped ring, two streams, elided next fields, n-step
+    if kind == "per":  # wrapped ring, two streams, elided next fields, n-step, statistics
         buf = tfdata.PrioritizedReplayBuffer(CARTPOLE, 8, layout=layout, seed=3, elide_next=True,
-                                             num_envs=2, n_step=2, beta_steps=5)
+                                             num_envs=2, n_step=2, beta_steps=5,
+                                             stats=["obs", "reward"])
         for s in Streams(rng, 2).take(7):
             buf.extend(s)
     elif kind == "nstep":  # partly filled
@@ -618,6 +619,7 @@ def _change_array(data, how, a, path):
     if how == "dtype":
         a = a.astype(data.draw(st.sampled_from(["<u4", ">u4", "<i8", "<f8", "<f4", "|b1", "<u8"])))
     elif how == "shape":
+        a = a.reshape(-1) if a.ndim == 0 else a  # a statistic of a scalar field: 0-d, now (1,)
         a = data.draw(st.sampled_from([a[:-1], np.concatenate([a, a[:1]]), a.reshape(1, -1),
                                        np.zeros((0,), a.dtype), np.zeros((10**5,), a.dtype)]))
     elif a.size:

@@ -395,6 +395,9 @@ class SharedReplayBuffer:
         Bytes this buffer may hold in all (:attr:`nbytes_parts`: the region, the trees, the
         output rings); checked before the region is created and before a new output ring is
         allocated (:class:`~tfdata.MemoryBudgetError`, nothing changed).
+    stats : None
+        Not supported (NotImplementedError): running statistics hear the writes of one
+        process's buffer; so is :meth:`update_field`.
 
     Notes
     -----
@@ -410,9 +413,13 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
-                 memory_budget=None):
+                 memory_budget=None, stats=None):
         from ._config import resolve_layout
 
+        if stats is not None:
+            raise NotImplementedError(
+                "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
+                "other processes, which the learner does not hear; use a ReplayBuffer for stats=")
         spec = spec if isinstance(spec, Spec) else Spec(spec)
         shards, cap = _shards(capacity, num_writers)
         if mode not in MODES:
@@ -991,6 +998,14 @@ class SharedReplayBuffer:
         s = self._prioritized("priorities")
         with self._lock:
             return s.live_leaves(self.capacity).copy()
+
+    def update_field(self, name, indices, values) -> None:
+        """Not available: rows of a shared buffer are written by writer processes under their
+        sequence locks, which an in-place rewrite from the learner would bypass. Raises
+        NotImplementedError."""
+        raise NotImplementedError("SharedReplayBuffer.update_field: rows are written only by the "
+                                  "writer processes (under their sequence locks); relabel rows "
+                                  "in a ReplayBuffer")
 
     def update_priorities(self, indices, priorities) -> None:
         """Set the priorities of sampled slots, as :meth:`tfdata.PrioritizedReplayBuffer.update_priorities`.

@@ -7,6 +7,7 @@
 ``writers``     the writer contract; the ring writer and its write path
 ``transforms``  n-step returns and elided next fields, at sample time
 ``episodes``    the episode bookkeeping both transforms and slices read
+``columns``     column views, statistics, running statistics (``stats=``), relabelling
 ``fastpush``    the per-spec generated push the writers use
 ``checkpoint``  save/load of a buffer as a directory; ``planning``: memory plans
 """

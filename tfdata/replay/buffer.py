@@ -70,6 +70,15 @@ class ReplayBuffer(ReplayCore):
         size, or a growth of the episode-final table (``elide_next``) raises
         :class:`tfdata.MemoryBudgetError` and changes nothing. :func:`tfdata.memory.max_capacity`
         gives the largest capacity that fits.
+    stats : list of str, optional
+        Fields whose statistics over the rows held are kept up to date (count, and per element
+        mean, population variance, std, min, max): read them with :meth:`stats`, normalise with
+        ``buf.stats("obs").normalize(x)``. Bool, integer and float fields that are stored.
+        Writes do no statistics work; a read recomputes what changed since the previous read
+        (see :mod:`tfdata.replay.columns`). Memory: a tree over blocks of 256 rows (1024 for
+        1-byte fields), about ``capacity / 32`` float64 values per element of the field (up to
+        twice that when the number of blocks is just above a power of two), counted in
+        ``nbytes_parts["trees"]``.
 
     Notes
     -----
@@ -87,13 +96,17 @@ class ReplayBuffer(ReplayCore):
 
     *Episodes* are tracked when the spec has bool ``terminated`` and ``truncated`` fields: each
     row gets its stream's episode number at insert, which :meth:`sample_sequences` uses.
+
+    *Columns*: :meth:`column` (read-only views of one field, oldest to newest, no copy),
+    :meth:`column_stats` (statistics computed now), :meth:`stats` (running statistics of the
+    ``stats=`` fields) and :meth:`update_field` (relabelling rows in place).
     """
 
     def __init__(self, spec, capacity: int, *, layout: str | None = None, seed: int | None = None,
                  sampler=None, ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
                  gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
                  spill_path=None, hot_rows: int | None = None, hot_bytes=None,
-                 allocator=None, memory_budget=None):
+                 allocator=None, memory_budget=None, stats=None):
         if sampler is None:
             sampler = UniformSampler(seed)
         elif seed is not None:
@@ -102,7 +115,7 @@ class ReplayBuffer(ReplayCore):
                          num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
                          elide_next=elide_next, roles=roles, spill_path=spill_path,
                          hot_rows=hot_rows, hot_bytes=hot_bytes, allocator=allocator,
-                         memory_budget=memory_budget)
+                         memory_budget=memory_budget, stats=stats)
 
     @classmethod
     def _planned_sampler(cls, options: dict):

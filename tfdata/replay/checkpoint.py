@@ -4,8 +4,11 @@ Layout of a checkpoint directory (format ``tfdata.checkpoint`` 1.0)::
 
     state.json        format, version, buffer class and constructor config, spec, writer
                       cursor and size, RNG seed and counter, scalars of the episode bookkeeping
-                      and of the prioritized state; arrays are {"$array": "arrays/<name>.npy"}
-    arrays/*.npy      per-slot arrays: episode numbers, priorities (leaves), write versions, ...
+                      and of the prioritized state, the row count of each field's running
+                      statistics; arrays are {"$array": "arrays/<name>.npy"}
+    arrays/*.npy      per-slot arrays: episode numbers, priorities (leaves), write versions, ...;
+                      and the statistics of each ``stats=`` field (mean, var, min, max: float64
+                      of the field's shape)
     rows.npy | rows/  the first ``size`` physical rows of the storage, as a tfdata dataset file
                       (AoS ``.npy`` or SoA directory, the buffer's layout)
 
@@ -50,7 +53,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``capacity`` int in ``[1, 2**32 - 1]``; ``layout`` ``"aos"`` or ``"soa"``; ``ring_size`` int in
   ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step`` null or int in
   ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and ``roles`` objects of field
-  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; and for a
+  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats``
+  (present only for a buffer that keeps statistics) a non-empty list of distinct field names; and for a
   ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
   float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
   ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
@@ -70,6 +74,9 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   stored float64 leaves is rounded once, when loaded), positive normal float32 values, so that
   their sum is finite and positive; versions keep their low byte (the buffer counts writes
   per slot modulo 256, with an epoch in each batch);
+* statistics (``state.stats``): present exactly when ``config.stats`` names fields, with an
+  entry for exactly those, each ``count`` equal to ``size`` and ``mean``, ``var``, ``min``,
+  ``max`` float64 arrays of the field's shape;
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
 * memory: without a ``memory_budget``, the bytes the buffer would hold
   (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
@@ -84,7 +91,12 @@ written. Last, once the rows are in memory, the episode numbers must be what ins
 rows gave (each stream's number grows by one after a terminated or truncated row and only
 then; ``current`` is the newest number plus the newest row's end) and the elided-next
 bookkeeping must name exactly the rows that ended an episode; otherwise the new buffer is
-dropped and FormatError raised (one pass, about 1 ms per million rows). No pickle anywhere:
+dropped and FormatError raised (one pass, about 1 ms per million rows). The statistics are
+computed from the loaded rows and each saved value must equal its recomputation bit for bit
+(they are a deterministic function of the rows, see :mod:`tfdata.replay.columns`), so a value
+is finite, a variance non-negative, a minimum at most its maximum, exactly when the rows make
+them so. A checkpoint written before statistics existed (no ``config.stats``) loads without
+them, or with those asked for by ``load(path, stats=[...])``, computed from the rows. No pickle anywhere:
 JSON and ``.npy`` read by tfdata's own header check.
 """
 
@@ -134,6 +146,9 @@ _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
 # the constructor's keywords a checkpoint may carry, per class, and those it never may
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
+# keys a checkpoint of an earlier version may lack
+_CONFIG_OPTIONAL = ("stats",)
+_STATS_KEYS = ("count", "mean", "var", "min", "max")
 _PRIORITIZED_KEYS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 _OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
 
@@ -312,7 +327,8 @@ def _remove_checkpoint(path: str) -> None:
 def _write_npy(path: str, arr: np.ndarray) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     with os.fdopen(fd, "wb") as f:
-        np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+        # asarray, not ascontiguousarray: that makes a 0-d array (a statistic of a scalar) 1-d
+        np.lib.format.write_array(f, np.asarray(arr, order="C"), allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
 
@@ -543,7 +559,7 @@ class _Checker:
                         f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
                         f"never writes outside the checkpoint directory nor takes memory settings "
                         f"from a file; pass {k}= to load)")
-        self.obj("config", v, keys)
+        self.obj("config", v, keys, optional=_CONFIG_OPTIONAL)
         c = "config."
         cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
         self.choice(c + "layout", v["layout"], LAYOUTS)
@@ -558,9 +574,23 @@ class _Checker:
         self.names(c + "next_of", v["next_of"], spec)
         self.flag(c + "elide_next", v["elide_next"])
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
+        if "stats" in v:
+            self.stats_names(c + "stats", v["stats"], spec)
         if prioritized:
             self.prioritized_config(v)
         return dict(v)
+
+    def stats_names(self, where: str, v, spec: Spec) -> None:
+        """A non-empty list of distinct field names (the constructor checks that each can have
+        statistics); a buffer without statistics saves no ``stats`` key, so null or an empty
+        list is no form a save writes."""
+        if not isinstance(v, list) or not v or len(v) > len(spec):
+            self.fail(where, f"a list of 1 to {len(spec)} field names (no key: no statistics)", v)
+        for i, name in enumerate(v):
+            if type(name) is not str or name not in spec:
+                self.fail(f"{where}[{i}]", f"a field of the spec {list(spec.names)}", name)
+        if len(set(v)) != len(v):
+            self.fail(where, "distinct field names", v)
 
     def prioritized_config(self, v: dict) -> None:
         """The settings of a prioritized sampler in ``config``."""
@@ -786,6 +816,46 @@ def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: in
             "versions": versions}
 
 
+def _read_stats(c: _Checker, arrays: _Arrays, st, names, spec: Spec, size: int) -> dict:
+    """``state.stats``: absent exactly when ``config.stats`` is (a save writes both or
+    neither), else an object with an entry per field of ``config.stats`` and nothing
+    else, each ``count`` equal to the rows held and arrays of float64 and the field's shape (read
+    only then)."""
+    if not names:
+        if st is not None:
+            c.fail("state.stats", "absent (config.stats names no field)", st)
+        return {}
+    if st is None:
+        c.fail("state.stats", f"the statistics of {list(names)[:8]} (config.stats)", show=False)
+    c.obj("state.stats", st, tuple(names))
+    out = {}
+    for name in names:
+        w = f"state.stats[{name[:40]!r}]"
+        entry = c.obj(w, st[name], _STATS_KEYS)
+        if type(entry["count"]) is not int or entry["count"] != size:
+            c.fail(w + ".count", f"{size} (the rows held)", entry["count"])
+        out[name] = {k: arrays.read(f"{w}.{k}", entry[k], np.float64, spec[name].shape)
+                     for k in _STATS_KEYS[1:]}
+    return out
+
+
+def _compare_stats(c: _Checker, arrays: _Arrays, st, stats: dict, buf) -> None:
+    """Each statistic read from the checkpoint must equal, bit for bit (NaN where NaN), what the
+    loaded rows give (a deterministic function of them: see :mod:`tfdata.replay.columns`), so a
+    value is finite, a variance non-negative, a min below its max exactly when the rows make
+    them so; FormatError naming the array file and the field otherwise."""
+    for name, values in stats.items():
+        if name not in buf.stats_fields:  # load(stats=...) asked for other fields
+            continue
+        fresh = buf.stats(name)
+        for key, want in values.items():
+            if not np.array_equal(want, getattr(fresh, key), equal_nan=True):
+                ref = st[name][key]["$array"]
+                raise FormatError(f"{os.path.join(arrays.path, ref)}: state.stats[{name[:40]!r}].{key}: "
+                                  f"expected the statistics of the checkpoint's rows "
+                                  f"({getattr(fresh, key).tolist()}), the file holds {want.tolist()}")
+
+
 def _check_files(path: str, rows_name: str) -> str:
     """Refuse links and special files at the rows dataset, in an SoA rows directory and in
     ``arrays/`` (the directories themselves included), before anything is opened."""
@@ -855,8 +925,10 @@ def load(path, classes: dict, **overrides):
     a checkpoint never makes tfdata import or call anything else).
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
-    ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either).
-    Everything read from ``path`` is validated first (see the module docstring); the buffer's
+    ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either);
+    ``stats``, a list of fields (or None) to keep running statistics of instead of the
+    checkpoint's ``config.stats`` (computed from the rows; those the checkpoint saved are
+    still checked for the fields in both). Everything read from ``path`` is validated first (see the module docstring); the buffer's
     planned memory must fit ``memory_budget`` (else MemoryBudgetError), or without one the
     memory available on the machine (else FormatError).
 
@@ -867,15 +939,17 @@ def load(path, classes: dict, **overrides):
     tfdata.errors.FormatError
         Anything wrong with the checkpoint: the message names the file and the field.
     """
-    bad = set(overrides) - set(_OVERRIDES)
+    bad = set(overrides) - set(_OVERRIDES) - {"stats"}
     if bad:
-        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: {_OVERRIDES}")
+        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: "
+                        f"{_OVERRIDES + ('stats',)}")
     from .. import alloc
     from .._budget import parse_bytes
     from .episodes import resolve_next_of, resolve_roles
 
     # the caller's own settings: their errors are theirs, not the checkpoint's
     overrides = dict(overrides)
+    wanted = {"stats": overrides.pop("stats")} if "stats" in overrides else {}
     budget = overrides.get("memory_budget")
     budget = None if budget is None else parse_bytes("memory_budget", budget)
     if overrides.get("allocator") is not None:
@@ -890,7 +964,7 @@ def load(path, classes: dict, **overrides):
     st = doc["state"]
     state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
                   "num_envs", "episodes") + (("prioritized",) if prioritized else ())
-    c.obj("state", st, state_keys)
+    c.obj("state", st, state_keys, optional=("stats",))
     if st["format"] != "tfdata.ReplayBuffer" or type(st["version"]) is not int or st["version"] != 1:
         raise FormatError(f"{spath}: state: format {_show(st['format'])} version "
                           f"{_show(st['version'])} is not a tfdata.ReplayBuffer state of version 1")
@@ -923,6 +997,10 @@ def load(path, classes: dict, **overrides):
         cls.plan_memory(spec, cap, **opts)
     except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
         raise FormatError(f"{spath}: config: {str(exc)[:300]}") from None
+    if wanted:  # the caller's: checked as the constructor checks it, errors theirs
+        cls.plan_memory(spec, cap, **{**opts, **wanted})
+        config = {**config, **wanted}
+        opts = {**opts, **wanted}
     if config["roles"] != roles or config["next_of"] != next_of:
         c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}",
                show=False)
@@ -960,6 +1038,7 @@ def load(path, classes: dict, **overrides):
                  "sampler": dict(sampler), "num_envs": envs, "episodes": episodes}
         if prioritized:
             state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
+        stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), spec, size)
         try:
             buf = cls(spec, **config, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -988,6 +1067,9 @@ def load(path, classes: dict, **overrides):
         # against the flags as loaded, in memory: reading them from the mapped file first would
         # fault in every page of an AoS file twice (a third of the load's time)
         order.finish()
+    # the state's statistics were left out of load_state_dict (which would compute them from the
+    # mapped rows first): the buffer computed them from the rows in memory; they must agree
+    _compare_stats(c, arrays, st.get("stats"), stats, buf)
     return buf
 
 

@@ -26,6 +26,7 @@ from ..errors import SpecError
 from ..spec import Spec
 from ..storage import make_storage, output_nbytes, storage_nbytes
 from . import planning
+from .columns import Column, RunningStats, check_stats_fields, scan, stats_nbytes
 from .episodes import Episodes, stored_spec
 from .transforms import ElideNext, NStep, episode_options
 from .writers import RingWriter
@@ -39,7 +40,7 @@ MAX_DRAWS = 10_000
 # the constructor's arguments that change what a buffer holds (see ReplayCore.plan_memory)
 CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=0.99,
                        next_of="auto", elide_next=False, roles=None, spill_path=None,
-                       hot_rows=None, hot_bytes=None)
+                       hot_rows=None, hot_bytes=None, stats=None)
 
 
 def fields_key(fields):
@@ -100,12 +101,13 @@ class ReplayCore:
     def __init__(self, spec, capacity: int, sampler, *, layout=None, ring_size: int = 2,
                  num_envs: int = 1, n_step=None, gamma: float = 0.99, next_of="auto",
                  elide_next: bool = False, roles=None, spill_path=None, hot_rows=None,
-                 hot_bytes=None, allocator=None, memory_budget=None):
+                 hot_bytes=None, allocator=None, memory_budget=None, stats=None):
         from .. import alloc
 
         self._configure(spec, capacity, layout=layout, ring_size=ring_size, num_envs=num_envs,
                         n_step=n_step, gamma=gamma, next_of=next_of, elide_next=elide_next,
-                        roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes)
+                        roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes,
+                        stats=stats)
         capacity = self._capacity
         self.sampler = sampler
         self.allocator = alloc.resolve(allocator)
@@ -135,8 +137,14 @@ class ReplayCore:
             hooks.append(self.sampler)
         if self._spill is not None:
             hooks.append(_SpillHook(self._spill))
+        self._stats = None
+        if self._stats_fields:  # hears only laps: pushes and extends do no statistics work
+            self._stats = RunningStats(self._stored, self._stats_fields, capacity, self.allocator)
+            hooks.append(self._stats)
         self._writer = RingWriter(capacity, self.num_envs)
         self._writer.bind(self.spec, self._storage, self._episodes, hooks)
+        if self._stats is not None:
+            self._stats.bind(self._storage, self._writer)
         self._transforms = []
         if self.n_step is not None:
             self._transforms.append(NStep(self._storage, self.spec, self._roles, self.next_of,
@@ -159,7 +167,7 @@ class ReplayCore:
                                                    weak_method(self, "_write_values"))
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
-                   elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:
+                   elide_next, roles, spill_path, hot_rows, hot_bytes, stats=None) -> None:
         """Check the arguments and derive what the buffer will hold; allocates nothing."""
         from .._config import resolve_layout
 
@@ -178,6 +186,8 @@ class ReplayCore:
             opts["n_step"], opts["gamma"], opts["next_of"], opts["elide_next"])
         self._roles, self._has_flags = opts["roles"], opts["has_flags"]
         self._stored = stored_spec(self.spec, self.next_of, self._has_flags and self.elide_next)
+        self._stats_fields = check_stats_fields(self.spec, self._stored, stats, self.next_of,
+                                                self._has_flags and self.elide_next)
         self._layout = resolve_layout(layout)
         self.hot_rows = None  # rows kept resident, for a spilling buffer
         self.spill_path = None if spill_path is None else os.fspath(spill_path)
@@ -230,8 +240,9 @@ class ReplayCore:
         rings = sum(self._ring_size * (self._planned_ring(*b) if isinstance(b, tuple) else self._planned_ring(b))
                     for b in batch_sizes)
         sampler = self.sampler.plan(cap)
+        trees = sampler["trees"] + stats_nbytes(self._stored, self._stats_fields, cap)
         return {"storage": storage, "bookkeeping": book + sampler["bookkeeping"],
-                "trees": sampler["trees"], "output_rings": rings}
+                "trees": trees, "output_rings": rings}
 
     def _planned_ring(self, batch_size: int, length: int | None = None, fields=None) -> int:
         """Bytes of one slot of an output ring (see :class:`tfdata.batch.OutputRing`); of a
@@ -256,15 +267,16 @@ class ReplayCore:
 
         ``storage``: the rows (for a spilling buffer, the ``hot_rows`` kept resident; the file
         holds the rest). ``bookkeeping``: episode numbers, elided final values, slot versions.
-        ``trees``: priority trees. ``output_rings``: the preallocated batches of every thread
-        and batch size sampled so far.
+        ``trees``: priority trees and the trees of running statistics (``stats=``).
+        ``output_rings``: the preallocated batches of every thread and batch size sampled so far.
         """
         storage = self._storage.nbytes if self.hot_rows is None else self.hot_rows * self._row_nbytes()
         book = 0 if self._episodes is None else self._episodes.nbytes
         rings = sum(r.nbytes for r in list(self._rings))
         sampler = self.sampler.nbytes
+        trees = sampler["trees"] + (0 if self._stats is None else self._stats.nbytes)
         return {"storage": int(storage), "bookkeeping": int(book + sampler["bookkeeping"]),
-                "trees": int(sampler["trees"]), "output_rings": int(rings)}
+                "trees": int(trees), "output_rings": int(rings)}
 
     @property
     def nbytes(self) -> int:
@@ -275,7 +287,8 @@ class ReplayCore:
         fits = None
         if construction and sum(parts.values()) > self.memory_budget:
             opts = {"layout": self._layout, "num_envs": self.num_envs, "n_step": self.n_step,
-                    "elide_next": self.elide_next, "next_of": self.next_of, "roles": self._roles}
+                    "elide_next": self.elide_next, "next_of": self.next_of, "roles": self._roles,
+                    "stats": self._stats_fields or None}
             cap = planning.max_capacity(type(self), self.spec, self.memory_budget, **opts)
             fits = f"the largest capacity that fits is {cap}" if cap else "no capacity fits"
         check_budget(self.memory_budget, parts, what, fits)
@@ -616,9 +629,193 @@ class ReplayCore:
         return (f"batch_size {batch_size} is larger than the {n} rows held; sampling is with "
                 f"replacement but needs batch_size <= len(buffer)")
 
+    # -- columns ----------------------------------------------------------------------------
+    @property
+    def stats_fields(self) -> tuple:
+        """The fields whose running statistics this buffer keeps (``stats=`` at construction)."""
+        return self._stats_fields
+
+    def _stored_field(self, name, what: str):
+        """The field ``name``, which the storage must hold (SpecError naming it otherwise)."""
+        if not isinstance(name, str) or name not in self.spec:
+            raise SpecError(f"{what}: {self.spec.unknown_message(name)}")
+        if name not in self._stored:
+            src = self.next_of.get(name)
+            raise SpecError(f"{what}: field {name!r} is not stored: with elide_next=True it is read "
+                            f"from the next row's {src!r}")
+        return self.spec[name]
+
+    def column(self, name: str) -> Column:
+        """Read-only views of field ``name`` over the rows held, oldest to newest; no copy.
+
+        Returns
+        -------
+        Column
+            ``column.segments``: one view ``(len(self), *shape)``, or two when the ring has
+            wrapped and the oldest row is not in slot 0 (slots ``cursor..capacity``, then
+            ``0..cursor``), none when empty; ``np.asarray(column)`` concatenates them (a copy).
+            The views read the buffer's memory as it is: rows written or relabelled later
+            change them (see :class:`~tfdata.replay.columns.Column`).
+
+        Raises
+        ------
+        SpecError
+            Unknown field, or a next field that ``elide_next`` does not store.
+        """
+        f = self._stored_field(name, "column")
+        with self._lock:
+            n, c = self._writer.size, self._writer.cursor
+            view = self._storage.field(name)
+            if n == 0:
+                segments = ()
+            elif n < self.capacity or c == 0:
+                segments = (view[:n],)
+            else:
+                segments = (view[c:], view[:c])
+        return Column(name, segments, f)
+
+    def column_stats(self, name: str):
+        """Statistics of field ``name`` over the rows held, computed now by one compiled pass.
+
+        Any bool, integer or float field; O(len(self)) (a million CartPole rewards: about
+        0.25 ms in SoA, 2 ms in AoS, whose records are strided). For statistics kept up to
+        date as rows are written, build the buffer with ``stats=[name]`` and call :meth:`stats`.
+
+        Returns
+        -------
+        FieldStats
+            ``count``, and per element (arrays of the field's shape, float64) ``mean``, ``var``
+            (population), ``std``, ``min``, ``max``; see
+            :class:`~tfdata.replay.columns.FieldStats`.
+
+        Raises
+        ------
+        SpecError
+            Unknown or unstored field, or one of a complex dtype.
+        """
+        f = self._stored_field(name, "column_stats")
+        if f.dtype.kind not in "biuf":
+            raise SpecError(f"column_stats: field {name!r} has dtype {f.dtype}; statistics are "
+                            f"computed for bool, integer and float fields only")
+        with self._lock:
+            return scan(f, self._storage.column(name), self._writer.size)
+
+    def stats(self, name: str):
+        """The running statistics of field ``name`` over the rows held (``stats=`` at construction).
+
+        Exact for the live rows: rows overwritten have left them, relabelled rows count with
+        their new values. The work is done here, under the lock, not when rows are written: a
+        call recomputes the blocks of rows written or relabelled since the previous call (256
+        rows per block; 1024 for 1-byte fields) and the tree above them, so it costs in
+        proportion to the rows written since (at 1M CartPole rows, ``obs`` and ``reward`` kept:
+        about 5 us after a push, 10-14 us after an extend of 1000 rows, 0.5 us when nothing
+        changed, which returns the same object).
+
+        Returns
+        -------
+        FieldStats
+            ``count == len(self)``, and per element (arrays of the field's shape, float64)
+            ``mean``, ``var`` (population, ``ddof=0``), ``std``, ``min``, ``max``, with
+            :meth:`~tfdata.replay.columns.FieldStats.normalize`. Read-only.
+
+        Raises
+        ------
+        SpecError
+            ``name`` is not one of :attr:`stats_fields`.
+        """
+        if self._stats is None or name not in self._stats.trees:
+            raise SpecError(f"stats: no running statistics of field {name!r} (kept for "
+                            f"{list(self._stats_fields)}): build the buffer with stats=[{name!r}, ...], "
+                            f"or compute them once with column_stats({name!r})")
+        with self._lock:
+            return self._stats.read(name)
+
+    def update_field(self, name: str, indices, values) -> None:
+        """Rewrite field ``name`` of the rows in slots ``indices`` in place (relabelling).
+
+        Validated as :meth:`extend` validates, all before anything is written, under the
+        buffer's lock; running statistics of the field then count the new values. Sampling
+        weights, priorities and write versions are not touched: the rows keep their identity.
+
+        Parameters
+        ----------
+        name : str
+            A stored field. Refused: the ``terminated`` / ``truncated`` fields of a buffer that
+            tracks episodes (they define its episode numbers, which slices and n-step windows
+            read); with ``elide_next``, an elided next field (not stored) and the field it is
+            read from (``obs``: rewriting it would change the previous row's ``next_obs``).
+        indices : array_like of int, shape (k,)
+            Slots of live rows, as in ``batch.indices``: each in ``[0, len(self))``, each once.
+        values : array_like, shape ``(k, *spec[name].shape)``
+            Cast to the field's dtype only when no data can be lost (see :class:`Spec`).
+
+        Raises
+        ------
+        SpecError
+            Unknown or refused field (see ``name``), indices not a 1-D integer array, values of
+            the wrong shape or an unsafe cast (a ValueError).
+        IndexError
+            An index outside ``[0, len(self))`` (the message names it and its position).
+        ValueError
+            An index given twice (the message names it and both positions).
+
+        Whatever is refused, nothing has changed.
+        """
+        f = self._stored_field(name, "update_field")
+        if self._episodes is not None and name in (self._roles.get("terminated"),
+                                                   self._roles.get("truncated")):
+            raise SpecError(f"update_field: field {name!r} is an episode flag of this buffer: episode "
+                            f"numbers (slices, n-step windows, elision) are derived from it, so it "
+                            f"cannot be rewritten in place")
+        if self._has_flags and self.elide_next and name in self.next_of.values():
+            nxt = [k for k, v in self.next_of.items() if v == name]
+            raise SpecError(f"update_field: field {name!r} cannot be rewritten with elide_next=True: "
+                            f"the {nxt[0]!r} of each stream's previous row is read from it")
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise SpecError(f"update_field: indices must be a 1-D integer array, got "
+                            f"{idx.dtype}{list(idx.shape)}")
+        slots = self._checked_slots(idx, self._writer.size)
+        vals = f.coerce(values, (slots.shape[0],))
+        if slots.size == 0:
+            return
+        with self._lock:
+            n = self._writer.size
+            if n < self.capacity and int(slots.max()) >= n:  # a clear() ran since the check
+                self._checked_slots(idx, n)
+            self._storage.field(name)[slots] = vals
+            if self._stats is not None:
+                self._stats.mark(name, slots)
+            if self._spill is not None:
+                self._spill.check_resident()
+
+    def _checked_slots(self, idx: np.ndarray, n: int) -> np.ndarray:
+        """``idx`` (a 1-D integer array) as int64 slots, each in ``[0, n)`` and given once;
+        IndexError or ValueError naming the first that is not, and its position."""
+        from ..kernels._columns import first_bad_slot
+
+        if idx.dtype.kind == "u" and idx.size and int(idx.max()) > np.iinfo(np.int64).max:
+            i = int(np.argmax(idx > np.iinfo(np.int64).max))
+            raise IndexError(f"update_field: indices[{i}] = {idx[i]} is not a live row: slots are "
+                             f"in [0, {n}) (len(buffer) = {n})")
+        slots = idx.astype(np.int64)  # a copy: the caller's array may change after the check
+        table = np.empty(max(2, 1 << (2 * slots.shape[0] - 1).bit_length()), np.int64)
+        bad = first_bad_slot(slots, n, table)
+        if bad >= 0:
+            i = bad // 2
+            if bad % 2 == 0:
+                raise IndexError(f"update_field: indices[{i}] = {idx[i]} is not a live row: slots "
+                                 f"are in [0, {n}) (len(buffer) = {n})")
+            first = int(np.flatnonzero(slots[:i] == slots[i])[0])
+            raise ValueError(f"update_field: index {idx[i]} is given twice (indices[{first}] and "
+                             f"indices[{i}]); each row may be rewritten once per call")
+        return slots
+
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly: spec, writer, sampler and a copy of the rows.
+        """Everything needed to continue exactly: spec, writer, sampler and a copy of the rows
+        (and, with ``stats=``, each field's statistics under ``"stats"``: count, and mean, var,
+        min, max as float64 arrays of the field's shape; a load checks them against the rows).
 
         The rows are layout-neutral (one array per field, ``(len(self), *shape)`` in slot order),
         so a state saved from one layout loads into the other. Plain Python and numpy objects
@@ -649,14 +846,22 @@ class ReplayCore:
             "episodes": None if self._episodes is None else self._episodes.state_dict(size, copy),
         }
         state.update(self.sampler.extra_state(copy, size))
+        if self._stats is not None:
+            state["stats"] = self._stats.state_dict()
         return state
 
     @property
     def config(self) -> dict:
-        """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
-        return {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
-                "num_envs": self.num_envs, "n_step": self.n_step, "gamma": self.gamma,
-                "next_of": dict(self.next_of), "elide_next": self.elide_next, "roles": dict(self._roles)}
+        """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps;
+        ``stats`` only when statistics are kept, so a checkpoint without them is what it was
+        before they existed)."""
+        config = {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
+                  "num_envs": self.num_envs, "n_step": self.n_step, "gamma": self.gamma,
+                  "next_of": dict(self.next_of), "elide_next": self.elide_next,
+                  "roles": dict(self._roles)}
+        if self._stats_fields:
+            config["stats"] = list(self._stats_fields)
+        return config
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory: rows, cursor, RNG state, episode bookkeeping, config.
@@ -680,7 +885,9 @@ class ReplayCore:
         ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
         ``PrioritizedReplayBuffer``); ``PrioritizedReplayBuffer.load`` insists on that class.
         ``spill_path=`` with ``hot_rows=`` or ``hot_bytes=`` rebuilds it as a spilling buffer
-        (a checkpoint does not record where, or whether, a buffer spilled).
+        (a checkpoint does not record where, or whether, a buffer spilled); ``stats=`` keeps
+        running statistics of other fields than the checkpoint's (computed from the rows: a
+        checkpoint written before statistics existed can have them so).
         """
         from .checkpoint import load
 
@@ -725,9 +932,13 @@ class ReplayCore:
             if arr.shape != (size,) + f.shape or arr.dtype != f.dtype:
                 raise SpecError(f"state data: field {f.name!r}: expected {f.dtype}{(size,) + f.shape}, "
                                 f"got {arr.dtype}{arr.shape}")
+        if self._stats is not None:  # against the state's rows: a refused state changes nothing
+            self._stats.check_state(state.get("stats"), size, data)
         with self._lock:
             self._storage.load_state_dict(data, size, release, records)
             self._writer.load_state_dict(writer.state_dict())
             self.sampler.load_state(sampler)
             if episodes is not None:
                 self._episodes.load_state(episodes, size)
+            if self._stats is not None:
+                self._stats.rebuild()  # from the rows just loaded

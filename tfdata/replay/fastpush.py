@@ -287,9 +287,10 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         ``n`` goes there, which spares it the generic check (about 1.7 us for 6 fields).
     store : callable, optional
         ``store(start, values, src_start, count)``: the storage's ``write_rows``. Given when no
-        part reacts to writes and episode numbers are stamped late (or not kept): such a larger
-        batch that does not reach the ring's end is then written under the lock without the
-        writer's bookkeeping (about 1.8 us for 1000 rows).
+        part reacts to a write that does not reach the ring's end (no hook, or only hooks that
+        hear laps) and episode numbers are stamped late (or not kept): such a larger batch that
+        does not reach the ring's end is then written under the lock without the writer's
+        bookkeeping (about 1.8 us for 1000 rows).
     """
     if any(len(members) > 1 for _, _, members in regions):
         # records are packed one per row (~0.5 us each): beyond 8 rows the generic path's numpy

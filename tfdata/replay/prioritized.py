@@ -39,7 +39,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     Parameters
     ----------
     spec, capacity, layout, seed, ring_size, num_envs, n_step, gamma, next_of, elide_next, roles,
-    spill_path, hot_rows, hot_bytes, allocator, memory_budget
+    spill_path, hot_rows, hot_bytes, allocator, memory_budget, stats
         As for :class:`ReplayBuffer`. With ``n_step`` the priority belongs to the window's first
         row (the sampled slot).
     alpha : float, default 0.6

@@ -6,10 +6,15 @@ The writer contract (what :class:`tfdata.replay.core.ReplayCore` calls, under it
     Slots, the slot of the next write, the number of valid rows.
 ``bind(spec, storage, episodes, hooks)``
     Once, when the buffer is built: the spec of the rows as pushed, the storage they go to, the episode bookkeeping (or None)
-    and the parts that react to a write (the sampler, a spill policy). A hook has
-    ``on_write(spans, n, extra)`` (after the rows are written, before the cursor moves),
-    ``on_clear()`` and ``slot_hook()``: a ``f(slot)`` equivalent to ``on_write`` for one row,
-    or None if it has none (then the generated push is not used).
+    and the parts that react to a write (the sampler, a spill policy, running statistics). A
+    hook has ``on_write(spans, n, extra)`` (after the rows are written, before the cursor
+    moves), ``on_clear()`` and ``slot_hook()``: a ``f(slot)`` equivalent to ``on_write`` for one
+    row, or None if it has none (then the generated push is not used). A hook with
+    ``wraps_only = True`` needs to hear only the laps of the ring: the generated push and
+    extend never call it per row, only its ``on_wrap()`` when a write fills the last slot
+    (before the cursor returns to 0), and may write a batch that does not reach the ring's end
+    without calling it at all; the generic path still calls its ``on_write`` (running
+    statistics count laps this way, see :mod:`tfdata.replay.columns`).
 ``write(values, n, extra)``
     Write ``n`` validated rows (one array per field); everything that can refuse runs before
     the first byte is written.
@@ -128,11 +133,31 @@ class RingWriter:
             h.on_write(spans, n, extra)
         self.advance(n)
 
+    def _per_row(self) -> list:
+        """The hooks the generated calls run for every row (all but the ``wraps_only`` ones)."""
+        return [h for h in self.hooks if not getattr(h, "wraps_only", False)]
+
+    def _on_wrap(self, episodes_wrap):
+        """One ``f()`` for the generated calls to run when a write fills the last slot: the
+        episode bookkeeping's (if given) then every ``wraps_only`` hook's ``on_wrap``; None if
+        nothing listens."""
+        calls = ([] if episodes_wrap is None else [episodes_wrap])
+        calls += [h.on_wrap for h in self.hooks if getattr(h, "wraps_only", False)]
+        if len(calls) <= 1:
+            return calls[0] if calls else None
+        calls = tuple(calls)
+
+        def on_wrap(_calls=calls):
+            for f in _calls:
+                f()
+
+        return on_wrap
+
     def _slot_writes(self):
         """The hooks' one-row form as one ``on_write(slot)`` (None without hooks), and whether
         the generated calls may be used at all (every hook has that form, no elision)."""
         ep = self.episodes
-        slot_hooks = [h.slot_hook() for h in self.hooks]
+        slot_hooks = [h.slot_hook() for h in self._per_row()]
         if (ep is not None and ep.elide) or any(f is None for f in slot_hooks):
             return None, False
         if len(slot_hooks) <= 1:
@@ -153,8 +178,8 @@ class RingWriter:
             return slow
         ep = self.episodes
         return make_push(spec, self.storage.field_views(), self, lock, slow,
-                         on_wrap=None if ep is None else ep.wrapped, on_write=on_write,
-                         regions=self.storage.byte_regions())
+                         on_wrap=self._on_wrap(None if ep is None else ep.wrapped),
+                         on_write=on_write, regions=self.storage.byte_regions())
 
     def make_extend(self, spec, lock, slow, write=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
@@ -169,9 +194,9 @@ class RingWriter:
         return make_extend(spec, self, lock, slow, self.storage.byte_regions(),
                            max_rows=max(16, self.num_envs), num_envs=self.num_envs,
                            stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
-                           on_write=on_write, on_wrap=ep.wrapped if late else None, write=write,
-                           store=self.storage.write_rows if not self.hooks and (ep is None or late)
-                           else None)
+                           on_write=on_write, on_wrap=self._on_wrap(ep.wrapped if late else None),
+                           write=write, store=self.storage.write_rows
+                           if not self._per_row() and (ep is None or late) else None)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -6,7 +6,8 @@
     One C-contiguous array per field, shape ``(capacity, *field.shape)``.
 
 Both offer the same operations: ``capacity``, ``nbytes``, ``write_row``, ``write_rows``,
-``field`` (a view of one field), ``gather`` (rows by index into a given output), ``new_output``
+``field`` (a view of one field), ``column`` (the same values as ``(capacity, elements)``, what the
+column kernels read), ``gather`` (rows by index into a given output), ``new_output``
 (a preallocated output block for a batch size) and ``state_dict``/``load_state_dict``. A storage
 binds its kernel module (``tfdata.kernels.aos`` or ``.soa``) when it is built; nothing downstream
 branches on the layout again.
@@ -117,6 +118,13 @@ class _Storage:
         """View of one field for all ``capacity`` rows, shape ``(capacity, *field.shape)``."""
         self.spec[name]  # raises SpecError naming the field if unknown
         return self._fields[name]
+
+    def column(self, name: str) -> np.ndarray:
+        """Field ``name`` of every slot as a 2-D view ``(capacity, k)``, ``k`` the number of
+        elements of one row (the product of the field's shape): C-contiguous for a column of its
+        own, strided rows (each row's ``k`` values contiguous) for a field inside records. What
+        the column kernels (:mod:`tfdata.kernels._columns`) read; never a copy."""
+        raise NotImplementedError
 
     def field_views(self) -> list:
         """Views of every field in spec order, each ``(capacity, *field.shape)``."""
@@ -265,6 +273,13 @@ class AoSStorage(_Storage):
         self.spec[name]
         return int(self.spec.aos_dtype.fields[name][1])
 
+    def column(self, name: str) -> np.ndarray:
+        f = self.spec[name]
+        k = int(np.prod(f.shape, dtype=np.int64))
+        # built, not reshaped: a reshape that cannot be a view would copy silently
+        return np.ndarray((self.capacity, k), f.dtype, self.data, self.field_offset(name),
+                          (self.spec.aos_dtype.itemsize, f.dtype.itemsize))
+
     def _words(self, view, name, word, offset, records=None):
         rec = self.data if records is None else records
         dtype = WORD_TYPES[word]
@@ -328,6 +343,11 @@ class SoAStorage(_Storage):
     def _words(self, view, name, word, offset, records=None):
         width = self.spec[name].nbytes // word
         return _bytes2d(view).view(WORD_TYPES[word]), 0, width
+
+    def column(self, name: str) -> np.ndarray:
+        self.spec[name]
+        col = self.columns[name]
+        return col.reshape(col.shape[0], -1)  # C-contiguous: always a view
 
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append({name: col[start:stop] for name, col in self.columns.items()})

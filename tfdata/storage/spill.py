@@ -76,6 +76,11 @@ class Spill:
         map a large folio per row, so checking less often lets RSS run away.
         """
         self.samples += 1
+        self.check_resident()
+
+    def check_resident(self) -> None:
+        """Release the cold part if reads or in-place writes anywhere in the ring (samples, a
+        relabelling) have made too much of it resident."""
         if self.probe.file_bytes() - self.base > self.hot_bytes + self.slack:
             cold_end = self.written - self.hot_rows
             if cold_end > 0:
