@@ -24,7 +24,7 @@ from .._checks import check_int
 from ..batch import UNHELD, OutputRing, getrefcount, retire
 from ..errors import SpecError
 from ..spec import Spec
-from ..storage import make_storage, output_nbytes, storage_nbytes
+from ..storage import make_storage, output_nbytes, resolve_layout, restrict_layout, storage_nbytes
 from . import planning
 from .episodes import Episodes, stored_spec
 from .transforms import ElideNext, NStep, episode_options
@@ -121,14 +121,14 @@ class ReplayCore:
         hooks = []
         self._spill = None
         if self.spill_path is None:
-            self._storage = make_storage(self._stored, capacity, self._layout, allocator=self.allocator)
+            self._storage = make_storage(self._stored, capacity, self._stored_layout, allocator=self.allocator)
         else:
             from ..storage.files import map_storage
             from ..storage.spill import Spill
 
-            data, maps = map_storage(self.spill_path, self._stored, capacity, self._layout)
+            data, maps = map_storage(self.spill_path, self._stored, capacity, self._stored_layout)
             self._spill = Spill(maps, capacity, self.hot_rows, self._row_nbytes())
-            self._storage = make_storage(self._stored, capacity, self._layout, backing=data,
+            self._storage = make_storage(self._stored, capacity, self._stored_layout, backing=data,
                                          allocator=self.allocator)
         self.sampler.bind(self._storage, capacity, self.num_envs, self.allocator)
         if self.sampler.hears_writes:
@@ -161,8 +161,6 @@ class ReplayCore:
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes) -> None:
         """Check the arguments and derive what the buffer will hold; allocates nothing."""
-        from .._config import resolve_layout
-
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
         self._ring_size = check_int("ring_size", ring_size, 1)
@@ -178,7 +176,9 @@ class ReplayCore:
             opts["n_step"], opts["gamma"], opts["next_of"], opts["elide_next"])
         self._roles, self._has_flags = opts["roles"], opts["has_flags"]
         self._stored = stored_spec(self.spec, self.next_of, self._has_flags and self.elide_next)
-        self._layout = resolve_layout(layout)
+        # the layout of the spec's fields (what ``layout`` returns), and of the stored ones
+        self._layout = resolve_layout(layout, self.spec)
+        self._stored_layout = restrict_layout(self._layout, self._stored)
         self.hot_rows = None  # rows kept resident, for a spilling buffer
         self.spill_path = None if spill_path is None else os.fspath(spill_path)
         if self.spill_path is None:
@@ -193,7 +193,7 @@ class ReplayCore:
         self.hot_rows = min(check_int("hot_rows", hot_rows, 1), capacity)
 
     def _row_nbytes(self) -> int:
-        return storage_nbytes(self._stored, 1, self._layout)
+        return storage_nbytes(self._stored, 1, self._stored_layout)
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod
@@ -223,7 +223,8 @@ class ReplayCore:
 
     def _planned_parts(self, batch_sizes=()) -> dict:
         cap = self._capacity
-        storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows, self._layout)
+        storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows,
+                                 self._stored_layout)
         book = 0
         if self._has_flags:
             book = Episodes.planned_nbytes(self.spec, cap, self.num_envs, self.next_of, self.elide_next)
@@ -241,7 +242,7 @@ class ReplayCore:
         if fields is not None:
             fields = self.spec.select(fields)
             stored = [n for n in fields if n in self._stored]
-        total = (output_nbytes(self._stored, rows, self._layout, stored)
+        total = (output_nbytes(self._stored, rows, self._stored_layout, stored)
                  + self.sampler.ring_nbytes(batch_size, length))
         if self._has_flags:
             if self.elide_next:
@@ -293,12 +294,14 @@ class ReplayCore:
         return self._writer.capacity
 
     @property
-    def layout(self) -> str:
-        return self._storage.layout
+    def layout(self):
+        """``"aos"``, ``"soa"`` or the grouping (a tuple of tuples of field names, normalised:
+        ``layout=buffer.layout`` builds the same storage)."""
+        return self._layout
 
     @property
     def storage(self):
-        """The storage object (``AoSStorage`` or ``SoAStorage``)."""
+        """The storage object (``AoSStorage``, ``SoAStorage`` or ``GroupStorage``)."""
         return self._storage
 
     @property
