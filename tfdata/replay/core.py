@@ -410,7 +410,9 @@ class ReplayCore:
             Gather only these fields (field projection): the batch is the one ``sample`` would
             have returned without ``fields`` (same slots, same random numbers used, same
             weights, versions and discounts), restricted to them, and only their bytes are
-            copied. Their arrays are C-contiguous whatever the layout. n-step and elided next
+            copied. Their arrays are C-contiguous whatever the layout, except the fields of a
+            group of a grouping held whole: one record block, copied whole, whose fields are
+            strided views as in the full batch. n-step and elided next
             fields are computed as in full batches, reading from storage what the projection
             leaves out. None (the default): every field.
 

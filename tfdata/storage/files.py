@@ -540,15 +540,21 @@ def map_groups(path: str) -> tuple[Spec, tuple, tuple, list[MappedFile]]:
     rows, spec, groups, files = read_group_manifest(path)
     blocks, maps = [], []
     for g, (fpath, dtype, shape) in zip(groups, files):
-        h = read_npy_header(fpath, allow_tail=True, follow=False)
-        # more rows than the manifest: a commit that stopped before the manifest (see map_soa)
-        if h.dtype != dtype or tuple(h.shape[1:]) != shape or not h.shape or h.shape[0] < rows:
-            raise FormatError(f"{fpath}: group {list(g)}: manifest says {dtype}{[rows, *shape]}, "
-                              f"file holds {h.dtype}{list(h.shape)}")
+        h = _group_header(fpath, g, dtype, shape, rows)
         mf = MappedFile(fpath, h.offset)
         blocks.append(mf.array(dtype, (rows,) + shape))
         maps.append(mf)
     return spec, groups, tuple(blocks), maps
+
+
+def _group_header(fpath: str, group, dtype, shape, rows: int) -> NpyHeader:
+    """The header of a group's file, which must hold the manifest's dtype and row shape and at
+    least ``rows`` rows (more: a commit that stopped before the manifest, see :func:`map_soa`)."""
+    h = read_npy_header(fpath, allow_tail=True, follow=False)
+    if h.dtype != dtype or tuple(h.shape[1:]) != shape or not h.shape or h.shape[0] < rows:
+        raise FormatError(f"{fpath}: group {list(group)}: manifest says {dtype}{[rows, *shape]}, "
+                          f"file holds {h.dtype}{list(h.shape)}")
+    return h
 
 
 def map_directory(path: str) -> tuple[Spec, dict, list]:
@@ -1010,8 +1016,8 @@ class Writer:
         path = os.fspath(path)
         if os.path.isdir(path) and directory_format(path) == GROUPS_FORMAT:
             rows, spec, groups, files = read_group_manifest(path)
-            for fpath, dt, sh in files:
-                h = read_npy_header(fpath, allow_tail=True, follow=False)
+            for g, (fpath, dt, sh) in zip(groups, files):
+                h = _group_header(fpath, g, dt, sh, rows)
                 if h.offset != header_nbytes(dt, sh):
                     raise FormatError(f"{fpath}: not written by tfdata (its header cannot grow in place); "
                                       "copy it with tfdata.io.convert to append")
