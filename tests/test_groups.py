@@ -249,15 +249,23 @@ def test_gather_and_projections_match_numpy_and_the_span_reference(grouped, batc
         for n in sel:
             np.testing.assert_array_equal(pout.fields[n], data[n][idx], err_msg=n)
         assert pout.nbytes == output_nbytes(spec, batch, st.layout, sel)
+        kouts = pout.kernel_out if isinstance(pout.kernel_out, tuple) else (pout.kernel_out.view(np.uint8),)
         # a group held whole is one record block, copied whole; every other field a column
         for grp in st.layout:
             if len(grp) > 1 and set(grp) <= set(sel):
-                block = next(k for k in pout.kernel_out if np.shares_memory(k, pout.fields[grp[0]]))
+                block = next(k for k in kouts if np.shares_memory(k, pout.fields[grp[0]]))
                 assert block.shape[1] == group_dtype(spec, grp).itemsize
                 assert all(np.shares_memory(block, pout.fields[n]) for n in grp)
             else:
                 for n in set(grp) & set(sel):
                     assert pout.fields[n].flags.c_contiguous
+        if proj.kernels is tfdata.kernels.aos:  # one group alone: its records by the AoS kernels
+            (k,) = [i for i, grp in enumerate(st.layout) if set(grp) == set(sel)]
+            assert len(st.layout[k]) > 1 and proj.kernel_store.dtype == np.uint64
+            assert np.shares_memory(proj.kernel_store, st.kernel_store[k])
+            np.testing.assert_array_equal(kouts[0][:batch], st.kernel_store[k][idx])
+            continue
+        assert proj.kernels is tfdata.kernels.spans
         # the bytes each piece copies, by the pure-Python reference
         bases = list(st.byte_bases())
         spans = [(b, off, kout.shape[1]) for (kb, off), kout in zip(proj.kernel_store, pout.kernel_out)
@@ -748,10 +756,14 @@ def test_the_loader_gives_the_same_batches_on_every_layout(tmp_path, grouped, sh
     for lay in layouts(grouping):
         tfdata.io.save(path_of(tmp_path, lay, str(len(sets))), data, lay)
         sets.append(MmapDataset.open(path_of(tmp_path, lay, str(len(sets)))))
-    kw = dict(shuffle=shuffle, seed=3, block_rows=16, window_blocks=4) if shuffle == "block" else dict(shuffle=shuffle, seed=3)
-    fields = list(resolve_layout(grouping, spec)[0]) + [spec.names[-1]]
-    fields = list(dict.fromkeys(fields))
-    for f in (None, fields):
+    # a tiny resident limit: mapped datasets gather shuffled batches a row at a time (into
+    # rows of the output past the first)
+    kw = dict(shuffle=shuffle, seed=3, resident_bytes=4096)
+    if shuffle == "block":
+        kw.update(block_rows=16, window_blocks=4)
+    first = list(resolve_layout(grouping, spec)[0])  # a group alone: its records whole
+    mix = list(dict.fromkeys(first + [spec.names[-1]]))
+    for f in (None, first, mix):
         epochs = [[{k: np.array(v) for k, v in b.items()} for b in tfdata.DataLoader(ds, 32, fields=f, **kw)]
                   for ds in sets]
         for other in epochs[1:]:
@@ -957,6 +969,10 @@ def test_shared_nstep_prioritized_and_fifo(shm_dir):
     g = mixed(Spec(t_shared.ID_SPEC))
     t_shared.test_fifo_delivers_in_publication_order_exactly_once(g, shm_dir)
     t_shared.test_sample_skips_slots_being_written(g, shm_dir)
+    # fields ["b", "id"] of a group ("id", "b"): one record block, redrawn rows copied again
+    for prioritized in (False, True):
+        t_projection.test_shared_redraws_copy_the_projected_fields_again(
+            resolve_layout([["id", "b"]], t_projection.ID_SPEC), prioritized, shm_dir)
     g = mixed(CART)
     with SharedReplayBuffer(CART, 4096, num_writers=2, layout=g) as buf:
         rows = storage_nbytes(CART, 4096, g)

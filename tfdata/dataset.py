@@ -103,7 +103,9 @@ class Dataset:
     def gather_unchecked(self, indices: np.ndarray, out: Output, at: int = 0) -> None:
         """:meth:`gather` without checks, into ``out[at:at + len(indices)]``: the loader's path,
         whose indices come from its own permutation, in range by construction."""
-        kout = out.kernel_out if at == 0 else tuple(k[at:] for k in out.kernel_out)
+        kout = out.kernel_out
+        if at:  # a tuple of byte views, or one array (a projection of one record block)
+            kout = kout[at:] if isinstance(kout, np.ndarray) else tuple(k[at:] for k in kout)
         self._gather(self._kernel_store, indices, kout)
 
     def _copy_range(self, start: int, m: int, out: Output) -> None:
