@@ -262,7 +262,7 @@ class ArrayDataset(Dataset):
         not 1-D.
     """
 
-    def __init__(self, data, layout: str | None = None, *, allocator=None, memory_budget=None):
+    def __init__(self, data, layout=None, *, allocator=None, memory_budget=None):
         from . import alloc
         from ._budget import check_budget, parse_bytes
 

@@ -278,7 +278,7 @@ class RayReplayBuffer:
     """
 
     def __init__(self, spec, capacity: int, *, num_shards: int = 1, prioritized: bool = False,
-                 layout: str | None = None, seed: int | None = None, actor_options=None,
+                 layout=None, seed: int | None = None, actor_options=None,
                  max_in_flight: int = 4, **buffer_kwargs):
         from .storage import resolve_layout
 

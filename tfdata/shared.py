@@ -120,7 +120,7 @@ def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool) -> dict:
     return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots)
 
 
-def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout: str | None = None,
+def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
                   mode: str = "replay") -> int:
     """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps."""
     spec = spec if isinstance(spec, Spec) else Spec(spec)
@@ -405,7 +405,7 @@ class SharedReplayBuffer:
     """
 
     def __init__(self, spec, capacity: int, *, num_writers: int = 1, mode: str = "replay",
-                 policy: str | None = None, layout: str | None = None, seed: int | None = None,
+                 policy: str | None = None, layout=None, seed: int | None = None,
                  ring_size: int = 2, name: str | None = None, dir: str | None = None,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,

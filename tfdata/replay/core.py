@@ -685,7 +685,8 @@ class ReplayCore:
         ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
         ``PrioritizedReplayBuffer``); ``PrioritizedReplayBuffer.load`` insists on that class.
         ``spill_path=`` with ``hot_rows=`` or ``hot_bytes=`` rebuilds it as a spilling buffer
-        (a checkpoint does not record where, or whether, a buffer spilled).
+        (a checkpoint does not record where, or whether, a buffer spilled); ``layout=``
+        rebuilds it in another layout (the same samples).
         """
         from .checkpoint import load
 
