@@ -597,9 +597,15 @@ def test_shared_grouped_checkpoint_and_a_bad_region_description(shm_dir, tmp_pat
                 w.extend(id_rows(np.arange(30) + 100 * s))
         buf.save(tmp_path / "ck")
         first = buf.sample(8, copy=True)
-        with SharedReplayBuffer.load(tmp_path / "ck", name="back") as back:
-            assert back.layout == buf.layout
-            same_batches([first, back.sample(8)])
+        with SharedReplayBuffer.load(tmp_path / "ck", name="back") as back, \
+                SharedReplayBuffer.load(tmp_path / "ck", name="aos", layout="aos") as aos, \
+                SharedReplayBuffer.load(tmp_path / "ck", name="soa", layout="soa") as soa:
+            assert back.layout == buf.layout and (aos.layout, soa.layout) == ("aos", "soa")
+            same_batches([first, back.sample(8), aos.sample(8), soa.sample(8)])
+            aos.save(tmp_path / "ck-aos")
+            with SharedReplayBuffer.load(tmp_path / "ck-aos", name="into", layout=ID_GROUPS) as into:
+                assert into.layout == buf.layout
+                same_batches([back.sample(8), into.sample(8)])
         # a region whose description names an unknown field: writers refuse to attach
         doc_path = os.path.join(buf.path, "region.json")
         doc = json.loads(open(doc_path).read())

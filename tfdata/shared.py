@@ -916,16 +916,18 @@ class SharedReplayBuffer:
         save_shared(self, path, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None):
+    def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None,
+             layout=None):
         """A new buffer (a new region, named ``name``) holding a checkpoint written by
         :meth:`save`; writers attach to it as to any buffer and continue each shard after its
         saved rows. The checkpoint is validated before the region is created
         (:class:`~tfdata.FormatError` naming the file and the field). A shard whose oldest rows
         were left out at the save holds its rows from its first slot on; otherwise every row
-        keeps its slot, and sampling continues where the saved buffer was."""
+        keeps its slot, and sampling continues where the saved buffer was. ``layout``: the new
+        region's layout, if not the one saved (the samples are the same)."""
         from .replay.checkpoint import load_shared
 
-        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget)
+        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from

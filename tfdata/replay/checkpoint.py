@@ -1066,11 +1066,15 @@ def load_shared(path, cls, **overrides):
     """Rebuild a :class:`tfdata.SharedReplayBuffer` saved with :func:`save_shared` in a new region;
     writers attach to it and continue each shard after its saved rows. Validated as :func:`load`
     validates (every problem a FormatError naming the file and the field) before the region is
-    created. ``overrides``: ``name``, ``dir``, ``memory_budget``."""
-    bad = set(overrides) - {"name", "dir", "memory_budget"}
+    created. ``overrides``: ``name``, ``dir``, ``memory_budget``, and ``layout`` (another layout
+    for the new region: the rows are copied field by field)."""
+    bad = set(overrides) - {"name", "dir", "memory_budget", "layout"}
     if bad:
-        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget")
+        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget, layout")
+    overrides = dict(overrides)
+    new_layout = overrides.pop("layout", None)
     from .._budget import parse_bytes
+    from ..storage import resolve_layout
     from ..kernels._tree import MAX_LEAF, MIN_LEAF, tree_nbytes
     from .episodes import resolve_next_of, resolve_roles
 
@@ -1105,11 +1109,14 @@ def load_shared(path, cls, **overrides):
     c.names(cf + "roles", config["roles"], spec, keys=("reward", "terminated", "truncated"))
     if prioritized:
         c.prioritized_config(config)
+    saved_layout = layout
+    if new_layout is not None:  # the caller's layout (their error, not the file's)
+        layout = resolve_layout(new_layout, spec)
     for k, want in (("capacity", cap), ("num_writers", shards)):
         if type(st[k]) is not type(want) or st[k] != want:
             c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
-    if c.layout("state.layout", st["layout"], spec) != layout:
-        c.fail("state.layout", f"{_show_layout(layout)} (config.layout)", st["layout"])
+    if c.layout("state.layout", st["layout"], spec) != saved_layout:
+        c.fail("state.layout", f"{_show_layout(saved_layout)} (config.layout)", st["layout"])
     per = cap // shards
     heads, dropped = st["heads"], st["dropped"]
     if not isinstance(heads, list) or len(heads) != shards:
@@ -1154,8 +1161,9 @@ def load_shared(path, cls, **overrides):
                    f"[{MIN_LEAF}, {MAX_LEAF}], and not 0 for held rows", f"leaf {i} = {raw[i]}",
                    show=False)
     rows_name = doc["rows"]
-    if rows_name != file_name(layout, "rows"):
-        c.fail("rows", f"{file_name(layout, 'rows')} (layout {_show_layout(layout)})", rows_name)
+    if rows_name != file_name(saved_layout, "rows"):
+        c.fail("rows", f"{file_name(saved_layout, 'rows')} (layout {_show_layout(saved_layout)})",
+               rows_name)
     rpath, ds = _open_rows(path, rows_name)
     with ds:
         if ds.spec != spec:
