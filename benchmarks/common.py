@@ -48,6 +48,11 @@ IMAGE = tfdata.Spec({
 TFDATA_LAYOUTS = ["aos", "soa"]
 #: tfdata's layouts plus the hand-written numpy baseline (:class:`NumpyBuffer`).
 LAYOUTS = TFDATA_LAYOUTS + ["numpy"]
+#: the fields a training step samples together: one record group of the ``"groups"`` layout
+HOT = ["obs", "action", "reward", "terminated", "truncated"]
+#: named layouts of benchmark parameters: ``"groups"`` is column groups, the hot fields in one
+#: record array and ``next_obs`` alone (both benchmark specs have these fields)
+GROUPINGS = {"groups": [HOT, ["next_obs"]]}
 CAPACITIES = [10_000, 1_000_000]
 IMAGE_CAPACITY = 20_000
 
@@ -87,7 +92,7 @@ def fill_chunk(spec: tfdata.Spec) -> dict:
     """The cached block of random rows used to fill buffers of ``spec``."""
     chunk = _CHUNKS.get(spec)
     if chunk is None:
-        chunk = _CHUNKS[spec] = random_rows(spec, _FILL_CHUNK[spec], seed=1)
+        chunk = _CHUNKS[spec] = random_rows(spec, _FILL_CHUNK.get(spec, 65_536), seed=1)
     return chunk
 
 
@@ -175,10 +180,11 @@ class MemcpyReference:
 
 # -- building and filling -------------------------------------------------------------------
 def new_buffer(layout: str, spec: tfdata.Spec, capacity: int, seed: int = 0):
-    """An empty buffer: ``tfdata.ReplayBuffer`` for "aos"/"soa", :class:`NumpyBuffer` for "numpy"."""
+    """An empty buffer: ``tfdata.ReplayBuffer`` for "aos"/"soa" (or a name of
+    :data:`GROUPINGS`), :class:`NumpyBuffer` for "numpy"."""
     if layout == "numpy":
         return NumpyBuffer(spec, capacity, seed=seed)
-    return tfdata.ReplayBuffer(spec, capacity, layout=layout, seed=seed)
+    return tfdata.ReplayBuffer(spec, capacity, layout=GROUPINGS.get(layout, layout), seed=seed)
 
 
 def fill(buf, capacity: int, chunk: dict) -> None:

@@ -332,3 +332,16 @@ def test_errors_of_a_shard_surface_at_the_next_call_or_flush(cluster):
             buf.flush()
     finally:
         buf._kill()
+
+
+def test_column_groups_reach_every_shard(cluster):
+    """A grouping is resolved in the creating process and every shard stores it; the rollout
+    and in-flight tests hold on it as on AoS and SoA."""
+    g = [["obs", "reward"]]  # action alone
+    test_rollout_tasks_push_and_the_learner_samples_every_row(cluster, g)
+    test_samples_in_flight_are_not_overwritten_by_later_ones(cluster, g)
+    with RayReplayBuffer(SPEC, 64, num_shards=2, layout=g, seed=0) as buf:
+        assert buf.layout == (("obs", "reward"), ("action",))
+        assert [s["layout"] for s in buf.stats()["shards"]] == [buf.layout] * 2
+    with pytest.raises(tfdata.SpecError, match="unknown field 'img'"):
+        RayReplayBuffer(SPEC, 64, layout=[["img"]])

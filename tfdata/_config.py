@@ -82,7 +82,8 @@ def install_cache_dir() -> None:
 
 
 def resolve_layout(layout: str | None) -> str:
-    """Return the layout to use: the argument, else ``TFDATA_LAYOUT``, else the default."""
+    """Return the layout name to use: the argument, else ``TFDATA_LAYOUT``, else the default.
+    (A grouping is resolved against a spec by :func:`tfdata.storage.resolve_layout`.)"""
     source = "layout argument"
     if layout is None:
         layout = os.environ.get("TFDATA_LAYOUT")
@@ -90,5 +91,6 @@ def resolve_layout(layout: str | None) -> str:
         if not layout:
             return DEFAULT_LAYOUT
     if not isinstance(layout, str) or layout.lower() not in LAYOUTS:
-        raise ValueError(f"{source}: expected one of {LAYOUTS!r}, got {layout!r}")
+        groups = "" if source.startswith("TFDATA") else " (or a list of groups of field names)"
+        raise ValueError(f"{source}: expected one of {LAYOUTS!r}{groups}, got {layout!r}")
     return layout.lower()

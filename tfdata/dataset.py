@@ -23,10 +23,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._config import resolve_layout
 from .errors import FormatError, SpecError
 from .spec import Field, Spec
-from .storage import Output
+from .storage import Output, resolve_layout
 from .storage.rows import Rows, arrange
 from .storage import files as _io
 
@@ -40,26 +39,31 @@ class Dataset:
     ----------
     spec : Spec
         Field names, dtypes and per-row shapes.
-    layout : {"aos", "soa"}
-        ``"aos"``: one structured array, ``records``; ``"soa"``: one array per field, ``columns``.
+    layout : {"aos", "soa"} or tuple of tuple of str
+        ``"aos"``: one structured array, ``records``; ``"soa"``: one array per field,
+        ``columns``; a grouping (column groups): one array per group, ``blocks``.
     row_nbytes : int
-        Bytes of one row as stored (the record size for AoS, the sum of field sizes for SoA).
+        Bytes of one row as stored (the record size for AoS, the sum of field sizes for SoA,
+        of the groups' row sizes for a grouping).
     """
 
     spec: Spec
     layout: str
     #: the rows as one structured array (AoS datasets), else None
     records = None
+    #: one array per group (grouped datasets), else None
+    blocks = None
 
-    def _bind(self, spec: Spec, records=None, columns=None) -> None:
+    def _bind(self, spec: Spec, records=None, columns=None, groups=None, blocks=None) -> None:
         # Subclasses call this once they hold their arrays.
         from . import kernels  # numba is imported when the first dataset is built, not at import
 
         self.spec = spec
-        # both layouts through the SoA gather kernel: an AoS record is one byte row
+        # every layout through the SoA gather kernel: an AoS record is one byte row
         self._gather = kernels.soa.gather
-        self._rows = rows = Rows(spec, records, columns)
+        self._rows = rows = Rows(spec, records, columns, groups, blocks)
         self.layout, self.records, self.columns, self.dtype = rows.layout, rows.records, rows.columns, rows.dtype
+        self.blocks = rows.blocks
         self._n, self.row_nbytes = rows.n, rows.row_nbytes
         self._fields, self._kernel_store = rows.fields, rows.kernel_store
 
@@ -99,7 +103,9 @@ class Dataset:
     def gather_unchecked(self, indices: np.ndarray, out: Output, at: int = 0) -> None:
         """:meth:`gather` without checks, into ``out[at:at + len(indices)]``: the loader's path,
         whose indices come from its own permutation, in range by construction."""
-        kout = out.kernel_out if at == 0 else tuple(k[at:] for k in out.kernel_out)
+        kout = out.kernel_out
+        if at:  # a tuple of byte views, or one array (a projection of one record block)
+            kout = kout[at:] if isinstance(kout, np.ndarray) else tuple(k[at:] for k in kout)
         self._gather(self._kernel_store, indices, kout)
 
     def _copy_range(self, start: int, m: int, out: Output) -> None:
@@ -239,9 +245,10 @@ class ArrayDataset(Dataset):
     data : structured ndarray of shape (n,), or mapping of str to ndarray of shape (n, ...)
         A structured array is AoS, a mapping of arrays SoA. Arrays that are already C-contiguous
         (and, for a mapping, of a numeric or bool dtype) are used without a copy.
-    layout : {"aos", "soa"} or None
-        None keeps the layout of ``data``. Asking for the other layout copies once, here:
-        to :attr:`Spec.aos_dtype` records, or to one C-contiguous array per field.
+    layout : {"aos", "soa"}, list of lists of str, or None
+        None keeps the layout of ``data``. Asking for another layout copies once, here:
+        to :attr:`Spec.aos_dtype` records, to one C-contiguous array per field, or (a grouping,
+        see :class:`tfdata.ReplayBuffer`) to one record array per group of several fields.
     allocator : str or tfdata.alloc.Allocator, optional
         Where that copy (and :meth:`new_output` blocks made without an allocator) comes from;
         see :mod:`tfdata.alloc`.
@@ -255,7 +262,7 @@ class ArrayDataset(Dataset):
         not 1-D.
     """
 
-    def __init__(self, data, layout: str | None = None, *, allocator=None, memory_budget=None):
+    def __init__(self, data, layout=None, *, allocator=None, memory_budget=None):
         from . import alloc
         from ._budget import check_budget, parse_bytes
 
@@ -283,9 +290,10 @@ class ArrayDataset(Dataset):
             records = None
         else:
             raise SpecError(f"data: expected a structured ndarray or a mapping of arrays, got {type(data).__name__}")
-        rows = arrange(spec, records, cols, None if layout is None else resolve_layout(layout), a,
+        rows = arrange(spec, records, cols, None if layout is None else resolve_layout(layout, spec), a,
                        lambda parts, what: check_budget(budget, parts, what))
-        self._bind(spec, rows.records, rows.columns)
+        self._bind(spec, rows.records, rows.columns, rows.layout if rows.blocks is not None else None,
+                   rows.blocks)
         self._allocator = a
 
     @property
@@ -318,7 +326,8 @@ class MmapDataset(Dataset):
 
     @classmethod
     def open(cls, path) -> "MmapDataset":
-        """Open an AoS ``.npy`` file or an SoA directory written by :func:`tfdata.io.save` (or numpy).
+        """Open an AoS ``.npy`` file, an SoA directory or a grouped directory written by
+        :func:`tfdata.io.save` (or numpy).
 
         Raises
         ------
@@ -334,9 +343,8 @@ class MmapDataset(Dataset):
         self = cls.__new__(cls)
         self.path = path
         if os.path.isdir(path):
-            spec, columns, maps = _io.map_soa(path)
-            self._maps = [(mf, f.nbytes) for mf, f in zip(maps, spec)]
-            self._bind(spec, columns=columns)
+            spec, rows, self._maps = _io.map_directory(path)
+            self._bind(spec, **rows)
         else:
             records, mf = _io.map_npy(path)
             if records.dtype.names is None or records.ndim != 1:
@@ -380,7 +388,7 @@ class MmapDataset(Dataset):
         maps, self._maps = getattr(self, "_maps", []), []
         self._fields = {}
         self._kernel_store = ()
-        self.records = self.columns = None
+        self.records = self.columns = self.blocks = None
         for mf, _ in maps:
             mf.close()
 
@@ -395,8 +403,9 @@ def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20, *,
 
     Reads ``chunk_bytes`` of rows at a time from the memory-mapped source, appends them to a
     :class:`tfdata.io.Writer`, and releases the source pages it has read, so memory stays around two
-    chunks whatever the size of the dataset. Converts an AoS file to an SoA directory and back
-    (or copies a plain numpy file into tfdata's format).
+    chunks whatever the size of the dataset. Converts between AoS files, SoA directories and
+    grouped directories (``layout`` a list of groups of field names), or copies a plain numpy
+    file into tfdata's format.
     """
     src, dst = os.fspath(src), os.fspath(dst)
     rs, rd = os.path.realpath(src), os.path.realpath(dst)

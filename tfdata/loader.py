@@ -312,8 +312,7 @@ class DataLoader:
         ring = 0
         for out in self._ring:
             if out is not None:
-                rows = sum(v.nbytes for v in out.fields.values()) if out.records is None else out.records.nbytes
-                ring += rows + out.indices.nbytes
+                ring += out.nbytes
         order = sum(a.nbytes for a in (self._perm, self._blocks, self._window) if a is not None)
         return {"output_ring": int(ring), "indices": int(sum(i.nbytes for i in self._idx) + self._base.nbytes),
                 "order": int(order)}

@@ -224,9 +224,10 @@ class RayReplayBuffer:
         Shards are :class:`tfdata.PrioritizedReplayBuffer` s: ``alpha``, ``beta``,
         ``beta_final``, ``beta_steps`` and ``eps`` are taken from ``buffer_kwargs``. The beta
         schedule counts this handle's :meth:`sample` calls.
-    layout : {"aos", "soa"}, optional
-        Layout of every shard, resolved here (the argument, else this process's
-        ``TFDATA_LAYOUT``, else ``"aos"``) so all shards agree whatever the remote environment.
+    layout : {"aos", "soa"} or list of lists of str, optional
+        Layout of every shard (a grouping: see :class:`tfdata.ReplayBuffer`), resolved here
+        (the argument, else this process's ``TFDATA_LAYOUT``, else ``"aos"``) so all shards
+        agree whatever the remote environment.
     seed : int, optional
         Seeds the shards and the handle's split of batches over shards, through
         ``numpy.random.SeedSequence(seed)``. The same seed and the same rows in the same shards
@@ -277,9 +278,9 @@ class RayReplayBuffer:
     """
 
     def __init__(self, spec, capacity: int, *, num_shards: int = 1, prioritized: bool = False,
-                 layout: str | None = None, seed: int | None = None, actor_options=None,
+                 layout=None, seed: int | None = None, actor_options=None,
                  max_in_flight: int = 4, **buffer_kwargs):
-        from ._config import resolve_layout
+        from .storage import resolve_layout
 
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = _check_int("capacity", capacity, 1)
@@ -291,7 +292,7 @@ class RayReplayBuffer:
                              f"{lo or self.num_shards} or {lo + self.num_shards}")
         self.shard_capacity = capacity // self.num_shards
         self.prioritized = bool(prioritized)
-        self.layout = resolve_layout(layout)
+        self.layout = resolve_layout(layout, self.spec)
         self._max_in_flight = _check_int("max_in_flight", max_in_flight, 1)
         for k in _STREAM_OPTIONS:
             if k in buffer_kwargs and buffer_kwargs[k] not in (None, False, 1):

@@ -51,7 +51,6 @@ import numpy as np
 from . import alloc
 from ._budget import check_budget, parse_bytes
 from ._checks import check_int as _check_int
-from ._config import LAYOUTS
 from .batch import UNHELD as _UNHELD
 from .batch import Batch, OutputRing, retire
 from .batch import getrefcount as _getrefcount
@@ -67,7 +66,7 @@ from .replay.transforms import ShardNStep, episode_options
 from .replay.writers import RingWriter
 from .spec import Spec
 from .storage import files as io
-from .storage import output_nbytes
+from .storage import check_layout, output_nbytes, resolve_layout
 from .storage import region as shm_region
 
 __all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
@@ -121,14 +120,12 @@ def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool) -> dict:
     return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots)
 
 
-def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout: str | None = None,
+def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
                   mode: str = "replay") -> int:
     """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps."""
-    from ._config import resolve_layout
-
     spec = spec if isinstance(spec, Spec) else Spec(spec)
     shards, cap = _shards(capacity, num_writers)
-    return _layout(spec, resolve_layout(layout), shards, cap, mode == "fifo")["nbytes"]
+    return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo")["nbytes"]
 
 
 def _shards(capacity, num_writers) -> tuple[int, int]:
@@ -147,7 +144,7 @@ class _Region:
         self.path = path
         self.doc = doc
         self.spec = Spec.from_dict(doc["spec"])
-        self.layout = doc["layout"]
+        self.layout = check_layout(doc["layout"], self.spec)
         self.mode = doc["mode"]
         self.policy = doc["policy"]
         self.shards = int(doc["num_writers"])
@@ -229,13 +226,15 @@ def _open_region(path: str) -> _Region:
         raise FormatError(f"{doc_path}: shared buffer version {doc.get('version')!r}, this tfdata "
                           f"reads version {VERSION}")
     try:
-        if doc["layout"] not in LAYOUTS or doc["mode"] not in MODES:
-            raise ValueError("layout or mode")
+        if doc["mode"] not in MODES:
+            raise ValueError(f"mode {str(doc['mode'])[:100]!r}")
         if doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
                 doc["mode"] == "fifo" and doc["policy"] not in POLICIES):
             raise ValueError(f"policy {doc['policy']!r} for mode {doc['mode']!r}")
         _shards(doc["shard_capacity"] * doc["num_writers"], doc["num_writers"])
-        Spec.from_dict(doc["spec"])
+        if not isinstance(doc["layout"], (str, list)):
+            raise ValueError(f"layout: {type(doc['layout']).__name__}")
+        check_layout(doc["layout"], Spec.from_dict(doc["spec"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # SpecError is a ValueError
         raise FormatError(f"{doc_path}: not a valid shared buffer description ({exc})") from None
     return _Region(path, doc, io.MappedFile(os.path.join(path, "region"), 0, writable=True))
@@ -358,8 +357,9 @@ class SharedReplayBuffer:
         FIFO only (default ``"block"``): when a writer's shard is full it waits for the learner
         (``"block"``), or writes the rows that fit and drops the rest, counted in the metrics
         (``"drop"``).
-    layout : {"aos", "soa"}, optional
-        As for :class:`~tfdata.ReplayBuffer`; samples do not depend on it.
+    layout : {"aos", "soa"} or list of lists of str, optional
+        As for :class:`~tfdata.ReplayBuffer` (a grouping: column groups); samples do not
+        depend on it.
     seed : int, optional
         Seed of the sampling generator (None draws one).
     ring_size : int, default 2
@@ -408,14 +408,12 @@ class SharedReplayBuffer:
     """
 
     def __init__(self, spec, capacity: int, *, num_writers: int = 1, mode: str = "replay",
-                 policy: str | None = None, layout: str | None = None, seed: int | None = None,
+                 policy: str | None = None, layout=None, seed: int | None = None,
                  ring_size: int = 2, name: str | None = None, dir: str | None = None,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
                  memory_budget=None, stats=None):
-        from ._config import resolve_layout
-
         if stats is not None:
             raise NotImplementedError(
                 "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
@@ -431,7 +429,7 @@ class SharedReplayBuffer:
         elif policy is not None:
             raise ValueError(f"policy applies to mode='fifo' only (a replay ring overwrites its "
                              f"oldest rows), got policy={policy!r}")
-        layout = resolve_layout(layout)
+        layout = resolve_layout(layout, spec)
         self._ring_size = _check_int("ring_size", ring_size, 1)
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
@@ -925,16 +923,18 @@ class SharedReplayBuffer:
         save_shared(self, path, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None):
+    def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None,
+             layout=None):
         """A new buffer (a new region, named ``name``) holding a checkpoint written by
         :meth:`save`; writers attach to it as to any buffer and continue each shard after its
         saved rows. The checkpoint is validated before the region is created
         (:class:`~tfdata.FormatError` naming the file and the field). A shard whose oldest rows
         were left out at the save holds its rows from its first slot on; otherwise every row
-        keeps its slot, and sampling continues where the saved buffer was."""
+        keeps its slot, and sampling continues where the saved buffer was. ``layout``: the new
+        region's layout, if not the one saved (the samples are the same)."""
         from .replay.checkpoint import load_shared
 
-        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget)
+        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from

@@ -15,10 +15,14 @@ class ReplayBuffer(ReplayCore):
         The row schema, or anything :class:`Spec` accepts.
     capacity : int
         Number of rows, ``1 <= capacity < 2**32``. Storage is allocated once, here.
-    layout : {"aos", "soa"}, optional
-        Physical layout. Default: the ``TFDATA_LAYOUT`` environment variable, else ``"aos"``.
-        The layout changes speed and memory, never results: the same seed gives bit-identical
-        batches on both.
+    layout : {"aos", "soa"} or list of lists of str, optional
+        Physical layout. Default: the ``TFDATA_LAYOUT`` environment variable (``aos`` or
+        ``soa``), else ``"aos"``. A list of groups of field names is *column groups*
+        (``[["obs", "action", "reward", "terminated", "truncated"], ["next_obs"]]``): each group
+        of several fields stored as records, a field alone as a column, fields left out each
+        alone; see :func:`tfdata.storage.resolve_layout` (SpecError naming an unknown or
+        repeated field). The layout changes speed and memory, never results: the same seed
+        gives bit-identical batches on every layout.
     seed : int, optional
         Seed of the sampling generator; None draws one (recorded in :meth:`state_dict`).
     sampler : Sampler, optional
@@ -50,7 +54,7 @@ class ReplayBuffer(ReplayCore):
     roles : mapping, optional
         Field names of the roles ``reward``, ``terminated``, ``truncated`` if not those.
     spill_path : str or path, optional
-        Keep the rows in this file (an AoS ``.npy`` or an SoA directory, created sparse; the
+        Keep the rows in this file (an AoS ``.npy``, or an SoA or grouped directory, created sparse; the
         path must not exist: FileExistsError, nothing is replaced) instead of RAM: a capacity larger than memory. Sampling,
         writing and wrap-around are unchanged (one true ring); only the ``hot_rows`` newest rows
         stay resident, older pages are released (see :mod:`tfdata.storage.spill`). Needs exactly one
@@ -102,7 +106,7 @@ class ReplayBuffer(ReplayCore):
     ``stats=`` fields) and :meth:`update_field` (relabelling rows in place).
     """
 
-    def __init__(self, spec, capacity: int, *, layout: str | None = None, seed: int | None = None,
+    def __init__(self, spec, capacity: int, *, layout=None, seed: int | None = None,
                  sampler=None, ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
                  gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
                  spill_path=None, hot_rows: int | None = None, hot_bytes=None,

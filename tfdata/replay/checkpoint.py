@@ -10,7 +10,8 @@ Layout of a checkpoint directory (format ``tfdata.checkpoint`` 1.0)::
                       and the statistics of each ``stats=`` field (mean, var, min, max: float64
                       of the field's shape)
     rows.npy | rows/  the first ``size`` physical rows of the storage, as a tfdata dataset file
-                      (AoS ``.npy`` or SoA directory, the buffer's layout)
+                      in the buffer's layout (AoS ``.npy``, SoA directory, or for column groups a
+                      grouped directory of the stored fields' grouping)
 
 Saving
 ------
@@ -50,7 +51,10 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   digits), nested no deeper than the format needs (deeper is a FormatError, never a
   RecursionError); exactly the keys of the format at every level;
 * ``config``: an allow-list per class, exact JSON types (a bool is not an int):
-  ``capacity`` int in ``[1, 2**32 - 1]``; ``layout`` ``"aos"`` or ``"soa"``; ``ring_size`` int in
+  ``capacity`` int in ``[1, 2**32 - 1]``; ``layout`` ``"aos"``, ``"soa"`` or a grouping of
+  the spec's fields in normal form (a list of at most as many lists as there are fields, each
+  field exactly once, by name, groups in spec order within: :func:`tfdata.storage.check_layout`,
+  which names an unknown or repeated field); ``ring_size`` int in
   ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step`` null or int in
   ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and ``roles`` objects of field
   names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats``
@@ -63,7 +67,7 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
 * spec: at most 32 dimensions per field, each in ``[1, 2**31 - 1]``, at most ``2**31 - 1``
   bytes per row, dtype strings in numpy's canonical form of a bool or numeric type, names
   non-empty strings of at most 1024 characters;
-* state: capacity, layout and num_envs equal the config's; writer ``size`` in ``[0, capacity]``
+* state: capacity, layout (normalised) and num_envs equal the config's; writer ``size`` in ``[0, capacity]``
   and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of num_envs and equal
   to ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``;
   prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
@@ -115,8 +119,7 @@ import numpy as np
 
 from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
-from .._config import LAYOUTS
-from ..storage import file_name, storage_nbytes
+from ..storage import check_layout, file_name, storage_nbytes
 from ..storage.files import fsync_dir
 
 FORMAT = "tfdata.checkpoint"
@@ -276,6 +279,9 @@ def _checkpoint_files(path: str) -> tuple[list, list]:
             manifest = json.loads(text, parse_int=_parse_int, parse_constant=_no_constant)
             fields = manifest["fields"]
             known = {e["file"] for e in fields if isinstance(e.get("file"), str)}
+            # a grouped directory names its files per group
+            known |= {e["file"] for e in manifest.get("groups", ())
+                      if isinstance(e, dict) and isinstance(e.get("file"), str)}
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             raise FormatError(f"{mpath}: not a tfdata manifest") from None
         known |= {"manifest.json", "manifest.json.tmp"}
@@ -453,6 +459,10 @@ def _show(v) -> str:
     return f"{type(v).__name__} {str(v)[:80]}"
 
 
+def _show_layout(layout) -> str:
+    return repr(layout) if isinstance(layout, str) else str([list(g) for g in layout])[:200]
+
+
 class _Checker:
     """Validation of one ``state.json``: every failure is a FormatError naming the file and the
     field (a dotted path from the top of the document)."""
@@ -500,6 +510,16 @@ class _Checker:
         if type(v) is not str or v not in options:
             self.fail(where, f"one of {list(options)}", v)
         return v
+
+    def layout(self, where: str, v, spec: Spec):
+        """A layout: ``"aos"``, ``"soa"`` or a grouping of ``spec``'s fields in normal form
+        (bounded before it is iterated); returns it normalised (a grouping as a tuple)."""
+        if not isinstance(v, (str, list)):
+            self.fail(where, "'aos', 'soa' or a list of groups of field names", v)
+        try:
+            return check_layout(v, spec, where)
+        except ValueError as exc:  # SpecError too: it names the field
+            raise FormatError(f"{self.spath}: {str(exc)[:300]}") from None
 
     def names(self, where: str, v, spec: Spec, keys=None) -> dict:
         """An object of str to str, every value (and key, unless ``keys``) a field of ``spec``."""
@@ -562,7 +582,7 @@ class _Checker:
         self.obj("config", v, keys, optional=_CONFIG_OPTIONAL)
         c = "config."
         cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
-        self.choice(c + "layout", v["layout"], LAYOUTS)
+        layout = self.layout(c + "layout", v["layout"], spec)
         self.integer(c + "ring_size", v["ring_size"], 1, MAX_RING_SIZE)
         envs = self.integer(c + "num_envs", v["num_envs"], 1, cap)
         if cap % envs:
@@ -578,7 +598,7 @@ class _Checker:
             self.stats_names(c + "stats", v["stats"], spec)
         if prioritized:
             self.prioritized_config(v)
-        return dict(v)
+        return dict(v, layout=layout)
 
     def stats_names(self, where: str, v, spec: Spec) -> None:
         """A non-empty list of distinct field names (the constructor checks that each can have
@@ -928,7 +948,9 @@ def load(path, classes: dict, **overrides):
     ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either);
     ``stats``, a list of fields (or None) to keep running statistics of instead of the
     checkpoint's ``config.stats`` (computed from the rows; those the checkpoint saved are
-    still checked for the fields in both). Everything read from ``path`` is validated first (see the module docstring); the buffer's
+    still checked for the fields in both). ``layout`` to rebuild it in another layout than the one saved (``"aos"``, ``"soa"`` or a
+    grouping of the spec's fields: the rows are copied field by field, the samples are the
+    same). Everything read from ``path`` is validated first (see the module docstring); the buffer's
     planned memory must fit ``memory_budget`` (else MemoryBudgetError), or without one the
     memory available on the machine (else FormatError).
 
@@ -939,17 +961,19 @@ def load(path, classes: dict, **overrides):
     tfdata.errors.FormatError
         Anything wrong with the checkpoint: the message names the file and the field.
     """
-    bad = set(overrides) - set(_OVERRIDES) - {"stats"}
+    bad = set(overrides) - set(_OVERRIDES) - {"stats", "layout"}
     if bad:
         raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: "
-                        f"{_OVERRIDES + ('stats',)}")
+                        f"{_OVERRIDES + ('stats', 'layout')}")
     from .. import alloc
     from .._budget import parse_bytes
+    from ..storage import resolve_layout
     from .episodes import resolve_next_of, resolve_roles
 
     # the caller's own settings: their errors are theirs, not the checkpoint's
     overrides = dict(overrides)
     wanted = {"stats": overrides.pop("stats")} if "stats" in overrides else {}
+    new_layout = overrides.pop("layout", None)
     budget = overrides.get("memory_budget")
     budget = None if budget is None else parse_bytes("memory_budget", budget)
     if overrides.get("allocator") is not None:
@@ -971,14 +995,16 @@ def load(path, classes: dict, **overrides):
     spec = c.spec(st["spec"])
     config = c.config(doc["config"], prioritized, spec)
     cap, layout, envs = config["capacity"], config["layout"], config["num_envs"]
-    for k, want in (("capacity", cap), ("layout", layout), ("num_envs", envs)):
+    for k, want in (("capacity", cap), ("num_envs", envs)):
         if type(st[k]) is not type(want) or st[k] != want:
             c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
+    if c.layout("state.layout", st["layout"], spec) != layout:
+        c.fail("state.layout", f"{_show_layout(layout)} (config.layout)", st["layout"])
     rows_name = doc["rows"]
     if rows_name not in ("rows.npy", "rows"):
         raise FormatError(f"{spath}: rows must be 'rows.npy' or 'rows', got {_show(rows_name)}")
     if rows_name != file_name(layout, "rows"):
-        c.fail("rows", f"{file_name(layout, 'rows')} (layout {layout!r})", rows_name)
+        c.fail("rows", f"{file_name(layout, 'rows')} (layout {_show_layout(layout)})", rows_name)
     writer = c.obj("state.writer", st["writer"], ("cursor", "size"))
     size = c.integer("state.writer.size", writer["size"], 0, cap)
     cursor = c.integer("state.writer.cursor", writer["cursor"], 0, cap - 1)
@@ -1004,6 +1030,8 @@ def load(path, classes: dict, **overrides):
     if config["roles"] != roles or config["next_of"] != next_of:
         c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}",
                show=False)
+    if new_layout is not None:  # the caller's layout (their error, not the file's)
+        config["layout"] = opts["layout"] = resolve_layout(new_layout, spec)
     spill = {k: overrides[k] for k in ("spill_path", "hot_rows", "hot_bytes") if k in overrides}
     plan = cls.plan_memory(spec, cap, **opts, **spill)  # the caller's spill settings: theirs
     need = int(sum(plan.values()))
@@ -1119,11 +1147,15 @@ def load_shared(path, cls, **overrides):
     """Rebuild a :class:`tfdata.SharedReplayBuffer` saved with :func:`save_shared` in a new region;
     writers attach to it and continue each shard after its saved rows. Validated as :func:`load`
     validates (every problem a FormatError naming the file and the field) before the region is
-    created. ``overrides``: ``name``, ``dir``, ``memory_budget``."""
-    bad = set(overrides) - {"name", "dir", "memory_budget"}
+    created. ``overrides``: ``name``, ``dir``, ``memory_budget``, and ``layout`` (another layout
+    for the new region: the rows are copied field by field)."""
+    bad = set(overrides) - {"name", "dir", "memory_budget", "layout"}
     if bad:
-        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget")
+        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget, layout")
+    overrides = dict(overrides)
+    new_layout = overrides.pop("layout", None)
     from .._budget import parse_bytes
+    from ..storage import resolve_layout
     from ..kernels._tree import MAX_LEAF, MIN_LEAF, tree_nbytes
     from .episodes import resolve_next_of, resolve_roles
 
@@ -1146,7 +1178,7 @@ def load_shared(path, cls, **overrides):
     prioritized = isinstance(v, dict) and v.get("prioritized") is True
     config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()))
     cap = c.integer(cf + "capacity", config["capacity"], 1, MAX_CAPACITY)
-    layout = c.choice(cf + "layout", config["layout"], LAYOUTS)
+    layout = c.layout(cf + "layout", config["layout"], spec)
     c.integer(cf + "ring_size", config["ring_size"], 1, MAX_RING_SIZE)
     shards = c.integer(cf + "num_writers", config["num_writers"], 1, min(MAX_WRITERS, cap))
     if cap % shards:
@@ -1158,9 +1190,14 @@ def load_shared(path, cls, **overrides):
     c.names(cf + "roles", config["roles"], spec, keys=("reward", "terminated", "truncated"))
     if prioritized:
         c.prioritized_config(config)
-    for k, want in (("capacity", cap), ("layout", layout), ("num_writers", shards)):
+    saved_layout = layout
+    if new_layout is not None:  # the caller's layout (their error, not the file's)
+        layout = resolve_layout(new_layout, spec)
+    for k, want in (("capacity", cap), ("num_writers", shards)):
         if type(st[k]) is not type(want) or st[k] != want:
             c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
+    if c.layout("state.layout", st["layout"], spec) != saved_layout:
+        c.fail("state.layout", f"{_show_layout(saved_layout)} (config.layout)", st["layout"])
     per = cap // shards
     heads, dropped = st["heads"], st["dropped"]
     if not isinstance(heads, list) or len(heads) != shards:
@@ -1205,16 +1242,18 @@ def load_shared(path, cls, **overrides):
                    f"[{MIN_LEAF}, {MAX_LEAF}], and not 0 for held rows", f"leaf {i} = {raw[i]}",
                    show=False)
     rows_name = doc["rows"]
-    if rows_name != file_name(layout, "rows"):
-        c.fail("rows", f"{file_name(layout, 'rows')} (layout {layout!r})", rows_name)
+    if rows_name != file_name(saved_layout, "rows"):
+        c.fail("rows", f"{file_name(saved_layout, 'rows')} (layout {_show_layout(saved_layout)})",
+               rows_name)
     rpath, ds = _open_rows(path, rows_name)
     with ds:
         if ds.spec != spec:
             raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {spec}")
         if len(ds) != cap:
             raise FormatError(f"{rpath}: holds {len(ds)} rows, the region has {cap} slots")
-        kw = {k: config[k] for k in ("layout", "ring_size", "num_writers", "prioritized", "n_step",
+        kw = {k: config[k] for k in ("ring_size", "num_writers", "prioritized", "n_step",
                                      "gamma", "next_of", "roles")}
+        kw["layout"] = layout
         if prioritized:
             kw.update({k: config[k] for k in _PRIORITIZED_KEYS})
         try:

@@ -24,7 +24,7 @@ from .._checks import check_int
 from ..batch import UNHELD, OutputRing, getrefcount, retire
 from ..errors import SpecError
 from ..spec import Spec
-from ..storage import make_storage, output_nbytes, storage_nbytes
+from ..storage import make_storage, output_nbytes, resolve_layout, restrict_layout, storage_nbytes
 from . import planning
 from .columns import Column, RunningStats, check_stats_fields, scan, stats_nbytes
 from .episodes import Episodes, stored_spec
@@ -123,14 +123,14 @@ class ReplayCore:
         hooks = []
         self._spill = None
         if self.spill_path is None:
-            self._storage = make_storage(self._stored, capacity, self._layout, allocator=self.allocator)
+            self._storage = make_storage(self._stored, capacity, self._stored_layout, allocator=self.allocator)
         else:
             from ..storage.files import map_storage
             from ..storage.spill import Spill
 
-            data, maps = map_storage(self.spill_path, self._stored, capacity, self._layout)
+            data, maps = map_storage(self.spill_path, self._stored, capacity, self._stored_layout)
             self._spill = Spill(maps, capacity, self.hot_rows, self._row_nbytes())
-            self._storage = make_storage(self._stored, capacity, self._layout, backing=data,
+            self._storage = make_storage(self._stored, capacity, self._stored_layout, backing=data,
                                          allocator=self.allocator)
         self.sampler.bind(self._storage, capacity, self.num_envs, self.allocator)
         if self.sampler.hears_writes:
@@ -169,8 +169,6 @@ class ReplayCore:
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes, stats=None) -> None:
         """Check the arguments and derive what the buffer will hold; allocates nothing."""
-        from .._config import resolve_layout
-
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
         self._ring_size = check_int("ring_size", ring_size, 1)
@@ -188,7 +186,9 @@ class ReplayCore:
         self._stored = stored_spec(self.spec, self.next_of, self._has_flags and self.elide_next)
         self._stats_fields = check_stats_fields(self.spec, self._stored, stats, self.next_of,
                                                 self._has_flags and self.elide_next)
-        self._layout = resolve_layout(layout)
+        # the layout of the spec's fields (what ``layout`` returns), and of the stored ones
+        self._layout = resolve_layout(layout, self.spec)
+        self._stored_layout = restrict_layout(self._layout, self._stored)
         self.hot_rows = None  # rows kept resident, for a spilling buffer
         self.spill_path = None if spill_path is None else os.fspath(spill_path)
         if self.spill_path is None:
@@ -203,7 +203,7 @@ class ReplayCore:
         self.hot_rows = min(check_int("hot_rows", hot_rows, 1), capacity)
 
     def _row_nbytes(self) -> int:
-        return storage_nbytes(self._stored, 1, self._layout)
+        return storage_nbytes(self._stored, 1, self._stored_layout)
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod
@@ -233,7 +233,8 @@ class ReplayCore:
 
     def _planned_parts(self, batch_sizes=()) -> dict:
         cap = self._capacity
-        storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows, self._layout)
+        storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows,
+                                 self._stored_layout)
         book = 0
         if self._has_flags:
             book = Episodes.planned_nbytes(self.spec, cap, self.num_envs, self.next_of, self.elide_next)
@@ -252,7 +253,7 @@ class ReplayCore:
         if fields is not None:
             fields = self.spec.select(fields)
             stored = [n for n in fields if n in self._stored]
-        total = (output_nbytes(self._stored, rows, self._layout, stored)
+        total = (output_nbytes(self._stored, rows, self._stored_layout, stored)
                  + self.sampler.ring_nbytes(batch_size, length))
         if self._has_flags:
             if self.elide_next:
@@ -306,12 +307,14 @@ class ReplayCore:
         return self._writer.capacity
 
     @property
-    def layout(self) -> str:
-        return self._storage.layout
+    def layout(self):
+        """``"aos"``, ``"soa"`` or the grouping (a tuple of tuples of field names, normalised:
+        ``layout=buffer.layout`` builds the same storage)."""
+        return self._layout
 
     @property
     def storage(self):
-        """The storage object (``AoSStorage`` or ``SoAStorage``)."""
+        """The storage object (``AoSStorage``, ``SoAStorage`` or ``GroupStorage``)."""
         return self._storage
 
     @property
@@ -420,7 +423,9 @@ class ReplayCore:
             Gather only these fields (field projection): the batch is the one ``sample`` would
             have returned without ``fields`` (same slots, same random numbers used, same
             weights, versions and discounts), restricted to them, and only their bytes are
-            copied. Their arrays are C-contiguous whatever the layout. n-step and elided next
+            copied. Their arrays are C-contiguous whatever the layout, except the fields of a
+            group of a grouping held whole: one record block, copied whole, whose fields are
+            strided views as in the full batch. n-step and elided next
             fields are computed as in full batches, reading from storage what the projection
             leaves out. None (the default): every field.
 
@@ -887,7 +892,8 @@ class ReplayCore:
         ``spill_path=`` with ``hot_rows=`` or ``hot_bytes=`` rebuilds it as a spilling buffer
         (a checkpoint does not record where, or whether, a buffer spilled); ``stats=`` keeps
         running statistics of other fields than the checkpoint's (computed from the rows: a
-        checkpoint written before statistics existed can have them so).
+        checkpoint written before statistics existed can have them so);
+        ``layout=`` rebuilds it in another layout (the same samples).
         """
         from .checkpoint import load
 

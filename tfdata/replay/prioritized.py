@@ -104,7 +104,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def __init__(self, spec, capacity: int, *, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
-                 layout: str | None = None, seed: int | None = None, ring_size: int = 2,
+                 layout=None, seed: int | None = None, ring_size: int = 2,
                  **episode_options):
         sampler = self.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)

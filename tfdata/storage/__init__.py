@@ -1,9 +1,16 @@
-"""Storages: where rows live. Two layouts behind one contract.
+"""Storages: where rows live. Three layouts behind one contract.
 
-``AoSStorage``
+``AoSStorage`` (``layout="aos"``)
     One structured array, ``spec.aos_dtype``, one record per row.
-``SoAStorage``
+``SoAStorage`` (``layout="soa"``)
     One C-contiguous array per field, shape ``(capacity, *field.shape)``.
+``GroupStorage`` (``layout=[["obs", "action"], ["next_obs"], ...]``, column groups)
+    One array per group of fields: a group of two or more fields is a record array (the
+    fields at natural alignment, as :attr:`Spec.aos_dtype` lays out a row), a group of one
+    field a plain column; the groups side by side, as SoA columns are.
+
+A layout is ``"aos"``, ``"soa"`` or a grouping, normalised by :func:`resolve_layout` (against a
+spec) to a tuple of tuples of field names; only this package and the kernels look inside it.
 
 Both offer the same operations: ``capacity``, ``nbytes``, ``write_row``, ``write_rows``,
 ``field`` (a view of one field), ``column`` (the same values as ``(capacity, elements)``, what the
@@ -26,7 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._config import resolve_layout
+from .._config import resolve_layout as _layout_name
+from ..errors import SpecError
 from ..spec import Spec
 
 
@@ -64,20 +72,23 @@ class Output:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the arrays this output owns: the indices and the rows."""
-        rows = [self.records] if self.records is not None else list(self.fields.values())
+        """Bytes of the arrays this output owns: the indices and the rows (padding included:
+        the kernels' view of them)."""
+        rows = self.kernel_out if isinstance(self.kernel_out, tuple) else (self.kernel_out,)
         return int(self.indices.nbytes + sum(a.nbytes for a in rows))
 
 
 class _Storage:
     layout: str
+    #: the kernel module's layout (a grouping's byte views are copied by the SoA kernels)
+    kernel_layout: str
 
     def __init__(self, spec: Spec, capacity: int, allocator=None):
         from .. import alloc, kernels  # numba is imported when the first storage is built, not at import
 
         self.spec = spec
         self.capacity = capacity
-        self._kernels = kernels.BY_LAYOUT[self.layout]
+        self._kernels = kernels.BY_LAYOUT[self.kernel_layout]
         self.allocator = alloc.resolve(allocator)
 
     # the kernel-facing view of the data; see subclasses
@@ -181,9 +192,26 @@ class _Storage:
         for view, v in zip(self._field_list, values):
             view[pos] = v
 
+    # field index: the field as one opaque item per record, for a shaped field inside records
+    # (AoS, a record group): numpy copies a strided column of fixed-size items with one inner
+    # loop, where the (rows, *shape) view costs a loop per row (1000 rows of f4[4]: 1.0 us
+    # against 5.3 us)
+    _opaque: dict = {}
+
     def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:
         """Write ``values[f][src_start:src_start+count]`` at rows ``[start, start+count)``."""
         stop = start + count
+        opaque = self._opaque
+        if count >= 32 and opaque:
+            src_stop = src_start + count
+            whole = src_start == 0 and count == len(values[0])
+            for i, (view, v) in enumerate(zip(self._field_list, values)):
+                o = opaque.get(i)
+                if o is not None and v.dtype == view.dtype and v.flags.c_contiguous:
+                    view = o
+                    v = v.reshape(v.shape[0], -1).view(o.dtype).reshape(v.shape[0])
+                view[start:stop] = v if whole else v[src_start:src_stop]
+            return
         if src_start == 0 and count == len(values[0]):  # the common case: no slicing of the input
             for view, v in zip(self._field_list, values):
                 view[start:stop] = v
@@ -231,7 +259,7 @@ class AoSStorage(_Storage):
         The same memory, as the kernels copy it.
     """
 
-    layout = "aos"
+    layout = kernel_layout = "aos"
     file_suffix = ".npy"
 
     def __init__(self, spec: Spec, capacity: int, backing=None, allocator=None):
@@ -243,10 +271,7 @@ class AoSStorage(_Storage):
         self.kernel_store = self.data.view(np.uint64).reshape(capacity, dtype.itemsize // 8)
         self._fields = {name: self.data[name] for name in spec.names}
         self._field_list = [self._fields[name] for name in spec.names]
-        # a shaped field as one opaque item per record: numpy copies a strided column of
-        # fixed-size items with one inner loop, where the (rows, *shape) view costs a loop per row
-        # (1000 rows of f4[4]: 1.0 us against 5.3 us)
-        self._opaque = {}
+        self._opaque = {}  # see _Storage._opaque
         for i, f in enumerate(spec):
             if f.shape:
                 self._opaque[i] = np.ndarray((capacity,), np.dtype((np.void, f.nbytes)), self.data,
@@ -255,19 +280,6 @@ class AoSStorage(_Storage):
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
-
-    def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:
-        opaque = self._opaque
-        if count < 32 or not opaque:
-            return super().write_rows(start, values, src_start, count)
-        stop, src_stop = start + count, src_start + count
-        whole = src_start == 0 and count == len(values[0])
-        for i, (view, v) in enumerate(zip(self._field_list, values)):
-            o = opaque.get(i)
-            if o is not None and v.dtype == view.dtype and v.flags.c_contiguous:
-                view = o
-                v = v.reshape(v.shape[0], -1).view(o.dtype).reshape(v.shape[0])
-            view[start:stop] = v if whole else v[src_start:src_stop]
 
     def field_offset(self, name: str) -> int:
         self.spec[name]
@@ -325,7 +337,7 @@ class SoAStorage(_Storage):
         Byte views of the columns, in field order.
     """
 
-    layout = "soa"
+    layout = kernel_layout = "soa"
     file_suffix = ""
 
     def __init__(self, spec: Spec, capacity: int, backing=None, allocator=None):
@@ -371,15 +383,145 @@ class SoAStorage(_Storage):
         return Output(self.allocator.zeros(batch_size, np.int64), fields, kernel_out, None, self)
 
 
+class GroupStorage(_Storage):
+    """Column groups: one array per group of fields, the groups side by side.
+
+    A group of two or more fields is a record array of :func:`group_dtype` (the fields in spec
+    order at natural alignment, itemsize rounded up to a multiple of 8, as
+    :attr:`Spec.aos_dtype` lays out a whole row): sampling it copies one block per row, as AoS
+    does. A group of one field is a plain C-contiguous column, as in SoA (no padding): scanning
+    that field reads nothing else. The kernels are the SoA kernels (:mod:`tfdata.kernels.soa`)
+    over one byte view per group.
+
+    Parameters
+    ----------
+    spec : Spec
+    capacity : int
+    groups : tuple of tuple of str
+        A grouping normalised by :func:`resolve_layout` for ``spec``.
+    backing : sequence of ndarray, optional
+        One array per group, of exactly the dtype and shape this class would allocate.
+
+    Attributes
+    ----------
+    layout : tuple of tuple of str
+        ``groups``.
+    blocks : tuple of ndarray
+        Per group: records of :func:`group_dtype`, shape ``(capacity,)``, or the one field's
+        column, ``(capacity, *field.shape)``.
+    kernel_store : tuple of ndarray of uint8, each shape (capacity, group_bytes)
+        Byte views of the blocks, in group order.
+    """
+
+    kernel_layout = "soa"
+    file_suffix = ""
+
+    def __init__(self, spec: Spec, capacity: int, groups: tuple, backing=None, allocator=None):
+        self.layout = groups
+        super().__init__(spec, capacity, allocator)
+        a = self.allocator
+        self.blocks = (tuple(a.zeros((capacity,) + shape, dtype) for dtype, shape in group_arrays(spec, groups))
+                       if backing is None else tuple(backing))
+        self._where = {}  # name: (group, byte offset in the group's row)
+        self._fields = {}
+        for k, (g, block) in enumerate(zip(groups, self.blocks)):
+            for name in g:
+                if len(g) == 1:
+                    self._where[name] = (k, 0)
+                    self._fields[name] = block
+                else:
+                    self._where[name] = (k, int(block.dtype.fields[name][1]))
+                    self._fields[name] = block[name]
+        self._field_list = [self._fields[name] for name in spec.names]
+        self.kernel_store = tuple(_bytes2d(b) for b in self.blocks)
+        # a shaped field of a record group as one opaque item per record (see AoSStorage)
+        self._opaque = {}
+        for i, f in enumerate(spec):
+            k, offset = self._where[f.name]
+            if f.shape and len(groups[k]) > 1:
+                block = self.blocks[k]
+                self._opaque[i] = np.ndarray((capacity,), np.dtype((np.void, f.nbytes)), block,
+                                             offset, (block.dtype.itemsize,))
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(b.nbytes for b in self.blocks))
+
+    def wipe(self) -> None:
+        for b in self.kernel_store:  # padding bytes too
+            b[...] = 0
+
+    def field_offset(self, name: str) -> int:
+        self.spec[name]
+        return self._where[name][1]
+
+    def column(self, name: str) -> np.ndarray:
+        f = self.spec[name]
+        k, offset = self._where[name]
+        block = self.blocks[k]
+        n = int(np.prod(f.shape, dtype=np.int64))
+        if len(self.layout[k]) == 1:  # a column of its own: C-contiguous, as in SoA
+            return block.reshape(block.shape[0], -1)
+        # built, not reshaped: a reshape that cannot be a view would copy silently
+        return np.ndarray((self.capacity, n), f.dtype, block, offset,
+                          (block.dtype.itemsize, f.dtype.itemsize))
+
+    def field_words(self, name: str, word: int):
+        k, offset = self._where[name]
+        return self.kernel_store[k].view(WORD_TYPES[word]), offset // word, self.spec[name].nbytes // word
+
+    def output_words(self, out: Output, name: str, word: int):
+        k, offset = self._where[name]
+        return out.kernel_out[k].view(WORD_TYPES[word]), offset // word, self.spec[name].nbytes // word
+
+    def append_to(self, writer, start: int, stop: int) -> None:
+        writer.append_blocks([b[start:stop] for b in self.blocks])
+
+    def byte_regions(self, start: int = 0, stop: int | None = None) -> list:
+        index = {name: i for i, name in enumerate(self.spec.names)}
+        return [(kb[start:stop].reshape(-1), kb.shape[1],
+                 [(index[name], self._where[name][1]) for name in g])
+                for g, kb in zip(self.layout, self.kernel_store)]
+
+    def kernel_rows(self, out: Output, at: int, k: int):
+        return tuple(c[at:at + k] for c in out.kernel_out)
+
+    def byte_bases(self) -> tuple:
+        return self.kernel_store
+
+    def spans(self) -> dict:
+        return {f.name: self._where[f.name] + (f.nbytes,) for f in self.spec}
+
+    def project(self, names) -> "Projection":
+        return Projection(self.spec, names, self.byte_bases(), self.spans(), self.allocator,
+                          blocks=self.record_blocks())
+
+    def record_blocks(self) -> dict:
+        """``{group: (base, dtype)}`` for every group of two or more fields: a projection that
+        holds the whole group copies it as one block of that record dtype."""
+        return {g: (k, b.dtype) for k, (g, b) in enumerate(zip(self.layout, self.blocks)) if len(g) > 1}
+
+    def new_output(self, batch_size: int) -> Output:
+        a = self.allocator
+        blocks = [a.zeros((batch_size,) + shape, dtype) for dtype, shape in group_arrays(self.spec, self.layout)]
+        fields = {}
+        for g, block in zip(self.layout, blocks):
+            for name in g:
+                fields[name] = block if len(g) == 1 else block[name]
+        fields = {name: fields[name] for name in self.spec.names}
+        return Output(a.zeros(batch_size, np.int64), fields, tuple(_bytes2d(b) for b in blocks), None, self)
+
+
 class Projection:
-    """Some fields of a storage (or of a dataset's rows), gathered into one column per field.
+    """Some fields of a storage (or of a dataset's rows), gathered into one column per field
+    (or one record block per group of fields held whole).
 
     Made by ``project(names)`` of a storage or of :class:`~tfdata.storage.rows.Rows`. The
-    layout only says where each field's bytes are (``byte_bases``, ``spans``); this class knows
-    no layout. It offers the part of the storage contract that sampling uses, so samplers and
-    transforms treat it as they treat a storage: ``kernels`` (:mod:`tfdata.kernels.spans`),
-    ``kernel_store``, ``new_output``, ``gather``, ``gather_at``, ``kernel_rows``,
-    ``output_words``.
+    layout only says where each field's bytes are (``byte_bases``, ``spans``, and for a
+    grouping its record ``blocks``); this class knows no layout. It offers the part of the
+    storage contract that sampling uses, so samplers and transforms treat it as they treat a
+    storage: ``kernels`` (:mod:`tfdata.kernels.spans`), ``kernel_store``, ``new_output``,
+    ``gather``, ``gather_at``, ``kernel_rows``, ``output_words``.
 
     Parameters
     ----------
@@ -399,17 +541,28 @@ class Projection:
         The dtype of each field as the source's full outputs hold it, when it is not the
         spec's (a dataset's records may hold, say, big-endian fields): the bytes are copied as
         they are, so the projected field must read them as the full batch does.
+    blocks : dict of tuple of str to (int, numpy dtype), optional
+        Record blocks: ``{group: (base, dtype)}``, base ``base`` holding records of ``dtype``
+        whose fields are ``group`` (see :meth:`GroupStorage.record_blocks`). When every field
+        of a group is projected, the group's whole record is copied as one span (offset 0,
+        the record's width) into a record array of ``dtype``, whose fields are the output's
+        (strided views), as the full output holds them: one copy per row instead of one per
+        field. Checked against ``spans``.
 
     Attributes
     ----------
     names : tuple of str
-    kernel_store : tuple of (ndarray of uint8, int)
-        ``(base, offset)`` of every field of ``names``, as the span kernels read them.
+    kernels : module
+        :mod:`tfdata.kernels.spans`; :mod:`tfdata.kernels.aos` when the projection is one
+        record block that is its base's whole row (a group of a grouping sampled alone).
+    kernel_store : tuple of (ndarray of uint8, int), or ndarray of uint64
+        ``(base, offset)`` of every piece the output holds (a field, or a group's records), as
+        the span kernels read them; for the AoS kernels, the base as ``uint64[rows, words]``.
     bases_read : tuple of int
         The bases the projection reads, ascending (for page advice).
     """
 
-    def __init__(self, spec, names, bases, spans, allocator, dtypes=None):
+    def __init__(self, spec, names, bases, spans, allocator, dtypes=None, blocks=None):
         from .. import kernels
 
         self.names = tuple(names)
@@ -417,31 +570,66 @@ class Projection:
         self.dtypes = {f.name: f.dtype if dtypes is None else dtypes[f.name] for f in self.fields}
         self.allocator = allocator
         self.kernels = kernels.spans
-        store = []
+        wanted = set(self.names)
+        whole = {}  # name: (group, base, dtype) for the fields of a group projected whole
+        for group, (b, dtype) in (blocks or {}).items():
+            if wanted.issuperset(group):
+                for n in group:
+                    whole[n] = (tuple(group), b, dtype)
+        store, pieces = [], []  # (names, dtype or None, width) of each piece, in store order
+        self._where = {}  # name: (piece, byte offset in the piece's rows)
         for f in self.fields:
-            b, offset, width = spans[f.name]
-            base = bases[b]
-            # the span kernels copy ``width`` bytes at ``offset`` of a base's rows: checked here,
-            # once, so that a wrong description is an error, never a copy of other bytes
-            if not (isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 2
-                    and base.flags.c_contiguous and width == f.nbytes and 0 <= offset
-                    and offset + width <= base.shape[1]):
-                raise ValueError(f"field {f.name!r}: span (base {b}, offset {offset}, width "
-                                 f"{width}) is not within the rows of its base "
-                                 f"{getattr(base, 'dtype', None)}{list(getattr(base, 'shape', ()))}"
-                                 f" (field of {f.nbytes} bytes)")
-            store.append((base, int(offset)))
+            blk = whole.get(f.name)
+            if blk is None:
+                b, offset, width = spans[f.name]
+                _check_span(f.name, bases, b, offset, width, f.nbytes)
+                self._where[f.name] = (len(store), 0)
+                store.append((bases[b], int(offset)))
+                pieces.append(((f.name,), None, f.nbytes))
+            elif self._where.get(f.name) is None:  # the group's first field: the whole record
+                group, b, dtype = blk
+                for n in group:  # the block must say what the spans say
+                    off = dtype.fields[n][1] if n in (dtype.names or ()) else None
+                    if off is None or spans[n] != (b, off, spec[n].nbytes):
+                        raise ValueError(f"field {n!r}: record block (base {b}, dtype {dtype}) "
+                                         f"disagrees with its span {spans[n]}")
+                    self._where[n] = (len(store), int(off))
+                _check_span(group[0], bases, b, 0, dtype.itemsize, dtype.itemsize)
+                store.append((bases[b], 0))
+                pieces.append((group, dtype, dtype.itemsize))
+        self._pieces = pieces
         self.bases_read = tuple(sorted({spans[n][0] for n in self.names}))
         # no field: one zero-width span of the first base, so that the kernels keep their types
         # (and draw exactly as for a full output)
         self.kernel_store = tuple(store) if store else ((bases[0], 0),)
+        # one record block that is its base's whole row (a group sampled alone): the AoS kernels
+        # copy it, one block of words per row, as they copy an AoS buffer of those fields (the
+        # span kernels cost 1.07x for that: a tuple of pairs to type, an offset to add)
+        self._records = (len(pieces) == 1 and pieces[0][1] is not None and pieces[0][2] % 8 == 0
+                         and store[0][0].shape[1] == pieces[0][2])
+        if self._records:
+            self.kernels = kernels.aos
+            self.kernel_store = store[0][0].view(np.uint64)
 
     def new_output(self, batch_size: int, allocator=None) -> Output:
-        """``batch_size`` rows of the projected fields, one C-contiguous array per field."""
+        """``batch_size`` rows of the projected fields: one C-contiguous array per field, and a
+        record array per group projected whole (its fields strided views of it)."""
         a = self.allocator if allocator is None else allocator
-        fields = {f.name: a.zeros((batch_size,) + f.shape, self.dtypes[f.name]) for f in self.fields}
-        kernel_out = tuple(_bytes2d(fields[n]) for n in self.names)
-        if not kernel_out:
+        arrays, fields = [], {}
+        for group, dtype, _ in self._pieces:
+            if dtype is None:
+                f = self.fields[self.names.index(group[0])]
+                arr = fields[f.name] = a.zeros((batch_size,) + f.shape, self.dtypes[f.name])
+            else:
+                arr = a.zeros(batch_size, dtype)
+                for n in group:
+                    fields[n] = arr[n]
+            arrays.append(arr)
+        fields = {n: fields[n] for n in self.names}
+        kernel_out = tuple(_bytes2d(arr) for arr in arrays)
+        if self._records:
+            kernel_out = kernel_out[0].view(np.uint64)
+        elif not kernel_out:
             kernel_out = (np.zeros((batch_size, 0), np.uint8),)
         return Output(a.zeros(batch_size, np.int64), fields, kernel_out, None, self)
 
@@ -455,24 +643,45 @@ class Projection:
 
     def kernel_rows(self, out: Output, at: int, k: int):
         """Rows ``[at, at + k)`` of ``out`` as the kernels see them (views)."""
+        if self._records:
+            return out.kernel_out[at:at + k]
         return tuple(c[at:at + k] for c in out.kernel_out)
 
     def copy_range(self, start: int, m: int, out: Output) -> None:
         """Rows ``[start, start + m)`` into the first ``m`` rows of ``out`` (numpy slices, for
         consecutive rows)."""
+        if self._records:
+            out.kernel_out[:m] = self.kernel_store[start:start + m]
+            return
         for (base, offset), dst in zip(self.kernel_store, out.kernel_out):
             dst[:m] = base[start:start + m, offset:offset + dst.shape[1]]
 
     def output_words(self, out: Output, name: str, word: int):
         """Field ``name`` of an output as ``(words, offset, width)`` (see
-        :meth:`_Storage.field_words`): its own column, offset 0."""
-        col = _bytes2d(out.fields[name])
-        return col.view(WORD_TYPES[word]), 0, col.shape[1] // word
+        :meth:`_Storage.field_words`): its own column at offset 0, or its group's records."""
+        piece, offset = self._where[name]
+        nbytes = self.fields[self.names.index(name)].nbytes
+        rows = out.kernel_out if self._records else out.kernel_out[piece]
+        return rows.view(WORD_TYPES[word]), offset // word, nbytes // word
 
     @property
     def row_nbytes(self) -> int:
-        """Bytes of one projected row (the fields' widths)."""
-        return int(sum(f.nbytes for f in self.fields))
+        """Bytes of one projected row as gathered (the fields' widths; a whole group's record
+        with its padding)."""
+        return int(sum(width for _, _, width in self._pieces))
+
+
+def _check_span(name, bases, b, offset, width, nbytes) -> None:
+    """The span kernels copy ``width`` bytes at ``offset`` of a base's rows: checked here, once,
+    so that a wrong description is an error, never a copy of other bytes."""
+    base = bases[b] if isinstance(b, int) and 0 <= b < len(bases) else None
+    if not (isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 2
+            and base.flags.c_contiguous and width == nbytes and 0 <= offset
+            and offset + width <= base.shape[1]):
+        raise ValueError(f"field {name!r}: span (base {b}, offset {offset}, width "
+                         f"{width}) is not within the rows of its base "
+                         f"{getattr(base, 'dtype', None)}{list(getattr(base, 'shape', ()))}"
+                         f" (field of {nbytes} bytes)")
 
 
 def _bytes2d(arr: np.ndarray) -> np.ndarray:
@@ -494,32 +703,155 @@ def word_size(*sizes: int) -> int:
 STORAGES = {"aos": AoSStorage, "soa": SoAStorage}
 
 
-def make_storage(spec: Spec, capacity: int, layout: str | None = None, backing=None,
+def resolve_layout(layout, spec: Spec):
+    """The layout ``layout`` names for rows of ``spec``: ``"aos"``, ``"soa"`` or a grouping.
+
+    ``None`` or a string goes through :func:`tfdata._config.resolve_layout` (the argument, else
+    ``TFDATA_LAYOUT``, else the default; ValueError for another name). A list of groups, each a
+    list of field names, is checked and normalised: every group's fields in spec order, the
+    groups in the order given, and each field the grouping leaves out as a group of its own
+    (after those, in spec order). The result is a tuple of tuples, which this function returns
+    unchanged for the same spec (so ``layout=buffer.layout`` rebuilds the same storage).
+
+    Raises
+    ------
+    ValueError
+        Not ``"aos"``, ``"soa"``, None or a list; an empty list of groups; more groups than
+        fields.
+    SpecError
+        A group that is not a list of str (a bare string included), an empty group, an
+        unknown field (named), a field in two groups or twice in one (named).
+    """
+    if layout is None or isinstance(layout, str):
+        return _layout_name(layout)
+    return _groups(layout, spec)
+
+
+def _groups(layout, spec: Spec, what: str = "layout") -> tuple:
+    if not isinstance(layout, (list, tuple)):
+        raise ValueError(f"{what}: expected 'aos', 'soa' or a list of groups (each a list of field "
+                         f"names), got {type(layout).__name__} {str(layout)[:100]}")
+    if not layout:
+        raise ValueError(f"{what}: expected at least one group of fields, got an empty "
+                         f"{type(layout).__name__} (layout='soa' stores every field alone)")
+    if len(layout) > len(spec):  # bounded before anything is iterated: the list may come from a file
+        raise ValueError(f"{what}: {len(layout)} groups for the {len(spec)} fields of the spec")
+    seen = {}
+    groups = []
+    for k, group in enumerate(layout):
+        if isinstance(group, (str, bytes)) or not isinstance(group, (list, tuple)):
+            one = f"; for a group of one field write [{group!r}]" if isinstance(group, str) else ""
+            raise SpecError(f"{what}: group {k}: expected a list of field names, got "
+                            f"{type(group).__name__} {str(group)[:100]}{one}")
+        if not group:
+            raise SpecError(f"{what}: group {k} is empty; every group needs at least one field")
+        if len(group) > len(spec):
+            raise SpecError(f"{what}: group {k} names {len(group)} fields, the spec has {len(spec)}")
+        for name in group:
+            if not isinstance(name, str):
+                raise SpecError(f"{what}: group {k}: field names must be str, got "
+                                f"{type(name).__name__} {str(name)[:100]}")
+            if name not in spec:
+                raise SpecError(f"{what}: group {k}: {spec.unknown_message(name)}")
+            if name in seen:
+                where = "twice in group" if seen[name] == k else f"in group {seen[name]} and in group"
+                raise SpecError(f"{what}: field {name!r} is {where} {k}; each field belongs to one group")
+            seen[name] = k
+        members = set(group)
+        groups.append(tuple(n for n in spec.names if n in members))
+    groups += [(n,) for n in spec.names if n not in seen]
+    return tuple(groups)
+
+
+def restrict_layout(layout, spec: Spec):
+    """``layout`` for the fields of ``spec`` only (the stored fields of a buffer whose next
+    fields are elided): a grouping loses the other fields, and the groups left empty."""
+    if isinstance(layout, str):
+        return layout
+    return tuple(g for g in (tuple(n for n in group if n in spec) for group in layout) if g)
+
+
+def check_layout(layout, spec: Spec, what: str = "layout"):
+    """``layout`` as read from a file (JSON: a string or lists): ``"aos"``, ``"soa"`` or a
+    grouping of every field of ``spec``, exactly as :func:`resolve_layout` normalises it (each
+    field once, groups in spec order within, none left out). Returns the normalised layout;
+    ValueError (or SpecError) naming the problem otherwise."""
+    if isinstance(layout, str):
+        if layout not in ("aos", "soa"):
+            raise ValueError(f"{what}: expected 'aos', 'soa' or a list of groups, got {layout[:100]!r}")
+        return layout
+    groups = _groups(layout, spec, what)
+    if [list(g) for g in groups] != [list(g) for g in layout]:
+        raise ValueError(f"{what}: the grouping {str(layout)[:200]} is not in normal form (every "
+                         f"field once, each group in spec order); normalised it reads "
+                         f"{[list(g) for g in groups]}")
+    return groups
+
+
+def group_dtype(spec: Spec, group) -> np.dtype:
+    """The record dtype of a group of two or more fields: the fields in spec order at their
+    natural alignment, itemsize rounded up to a multiple of 8 (:attr:`Spec.aos_dtype` of the
+    group's fields)."""
+    return spec.subset(group).aos_dtype
+
+
+def group_arrays(spec: Spec, groups) -> list:
+    """``[(dtype, row_shape), ...]`` of each group's array: the record dtype and ``()`` for a
+    group of several fields, the field's dtype and shape for a group of one."""
+    out = []
+    for g in groups:
+        if len(g) == 1:
+            f = spec[g[0]]
+            out.append((f.dtype, f.shape))
+        else:
+            out.append((group_dtype(spec, g), ()))
+    return out
+
+
+def _row_bytes(spec: Spec, layout) -> int:
+    if isinstance(layout, str):
+        return spec.aos_dtype.itemsize if layout == "aos" else spec.row_nbytes
+    return sum(dtype.itemsize * int(np.prod(shape, dtype=np.int64)) for dtype, shape in group_arrays(spec, layout))
+
+
+def make_storage(spec: Spec, capacity: int, layout=None, backing=None,
                  allocator=None) -> _Storage:
-    """Build the storage for ``layout`` (argument, else ``TFDATA_LAYOUT``, else the default).
+    """Build the storage for ``layout`` (argument, else ``TFDATA_LAYOUT``, else the default;
+    a grouping: see :func:`resolve_layout`).
 
     ``backing``: arrays to use instead of fresh memory (records for AoS, a dict of columns for
-    SoA), of the exact dtypes and shapes the storage would allocate. ``allocator``: where fresh
-    memory (rows and outputs) comes from (see :func:`tfdata.alloc.resolve`).
+    SoA, a sequence of one array per group for a grouping), of the exact dtypes and shapes the
+    storage would allocate. ``allocator``: where fresh memory (rows and outputs) comes from
+    (see :func:`tfdata.alloc.resolve`).
     """
-    return STORAGES[resolve_layout(layout)](spec, capacity, backing, allocator)
+    layout = resolve_layout(layout, spec)
+    if isinstance(layout, tuple):
+        return GroupStorage(spec, capacity, layout, backing, allocator)
+    return STORAGES[layout](spec, capacity, backing, allocator)
 
 
-def file_name(layout: str, stem: str) -> str:
-    """The name of a dataset file of ``layout``: ``stem.npy`` (AoS) or the directory ``stem`` (SoA)."""
-    return stem + STORAGES[layout].file_suffix
+def file_name(layout, stem: str) -> str:
+    """The name of a dataset file of ``layout``: ``stem.npy`` (AoS) or the directory ``stem``
+    (SoA, a grouping)."""
+    return stem + (GroupStorage if isinstance(layout, tuple) else STORAGES[layout]).file_suffix
 
 
-def storage_nbytes(spec: Spec, capacity: int, layout: str) -> int:
-    """Bytes the storage of ``layout`` holds for ``capacity`` rows of ``spec`` (without building it)."""
-    row = spec.aos_dtype.itemsize if layout == "aos" else spec.row_nbytes
-    return int(capacity) * int(row)
+def storage_nbytes(spec: Spec, capacity: int, layout) -> int:
+    """Bytes the storage of ``layout`` (resolved for ``spec``) holds for ``capacity`` rows of
+    ``spec`` (without building it)."""
+    return int(capacity) * int(_row_bytes(spec, layout))
 
 
-def output_nbytes(spec: Spec, batch_size: int, layout: str, fields=None) -> int:
+def output_nbytes(spec: Spec, batch_size: int, layout, fields=None) -> int:
     """Bytes of one :meth:`new_output` of ``batch_size`` rows: rows plus int64 indices; with
     ``fields`` (stored fields, checked), of one output of their :class:`Projection` (columns,
-    whatever the layout)."""
+    and for a grouping a record block per group of several fields held whole)."""
     if fields is not None:
-        return int(batch_size) * (8 + sum(spec[n].nbytes for n in fields))
+        row = sum(spec[n].nbytes for n in fields)
+        if isinstance(layout, tuple):
+            wanted = set(fields)
+            for g in layout:
+                if len(g) > 1 and wanted.issuperset(g):
+                    row += group_dtype(spec, g).itemsize - sum(spec[n].nbytes for n in g)
+        return int(batch_size) * (8 + row)
     return storage_nbytes(spec, batch_size, layout) + 8 * int(batch_size)

@@ -1,7 +1,7 @@
 """Files: the on-disk form of each layout (the file backing of :mod:`tfdata.storage`); the only
 module that knows the on-disk byte layout and the only one that maps files.
 
-Two forms, both readable without tfdata (``numpy.load(path, mmap_mode="r")``, or any NPY reader):
+Three forms, all readable without tfdata (``numpy.load(path, mmap_mode="r")``, or any NPY reader):
 
 AoS file
     One ``.npy`` file (NPY format 1.0; 2.0 only for dtypes whose description exceeds 64 KiB)
@@ -12,13 +12,28 @@ SoA directory
         {"format": "tfdata.soa", "version": [1, 0], "rows": 1000,
          "fields": [{"name": "obs", "dtype": "<f4", "shape": [4], "file": "obs.npy"}, ...]}
 
+Grouped directory (column groups, ``layout=[["obs", "action"], ["next_obs"]]``)
+    One ``.npy`` file per group: a group of several fields is a 1-D record array (the fields in
+    spec order at natural alignment, itemsize a multiple of 8: :func:`tfdata.storage.group_dtype`),
+    a group of one field its plain array ``(rows, *field.shape)``; plus ``manifest.json``
+    holding the spec (field order) and the grouping::
+
+        {"format": "tfdata.groups", "version": [1, 0], "rows": 1000,
+         "fields": [{"name": "obs", "dtype": "<f4", "shape": [4]}, ...],
+         "groups": [{"fields": ["obs", "action"], "file": "0-obs.npy"},
+                    {"fields": ["next_obs"], "file": "1-next_obs.npy"}]}
+
+    The grouping is in normal form (see :func:`tfdata.storage.check_layout`): every field in
+    exactly one group, each group's fields in spec order; a group's file holds exactly the
+    dtype that grouping gives it.
+
 Files tfdata writes (format 1.0):
 
 * The NPY header is padded to a multiple of :data:`HEADER_BYTES` (4 KiB, or the page size if
   larger), so the data is page-aligned, and has room for any row count, so a commit rewrites
   it in place.
 * Version: in an AoS file the header dict is followed by a comment, ``# tfdata 1.0`` (numpy's
-  literal parser ignores it); in an SoA directory the manifest holds it and the field files'
+  literal parser ignores it); in a directory the manifest holds it and the files'
   headers are padded with spaces only, as the NPY specification has it, so strict readers
   (checked: npyjs in JavaScript) read them. tfdata refuses another major version.
 * The header's row count (the manifest's, for a directory) is the number of **committed**
@@ -38,7 +53,7 @@ resident set of a long scan bounded (``release``: ``MADV_DONTNEED`` on pages alr
 
 from __future__ import annotations
 
-__all__ = ["MANIFEST", "SOA_FORMAT", "SOA_VERSION", "FORMAT_VERSION", "PAGE", "HEADER_BYTES", "NpyHeader", "MAX_NDIM", "MAX_NBYTES", "check_regular", "check_directory", "read_npy_header", "header_nbytes", "npy_header", "MappedFile", "ResidentFile", "map_npy", "spec_of_dtype", "read_json_doc", "read_manifest", "map_soa", "chunk_rows", "save", "fsync_dir", "check_replaceable", "remove_names", "Writer", "create_region", "map_storage", "create"]
+__all__ = ["MANIFEST", "SOA_FORMAT", "SOA_VERSION", "GROUPS_FORMAT", "GROUPS_VERSION", "read_group_manifest", "map_groups", "map_directory", "directory_format", "dataset_layout", "FORMAT_VERSION", "PAGE", "HEADER_BYTES", "NpyHeader", "MAX_NDIM", "MAX_NBYTES", "check_regular", "check_directory", "read_npy_header", "header_nbytes", "npy_header", "MappedFile", "ResidentFile", "map_npy", "spec_of_dtype", "read_json_doc", "read_manifest", "map_soa", "chunk_rows", "save", "fsync_dir", "check_replaceable", "remove_names", "Writer", "create_region", "map_storage", "create"]
 
 import json
 import mmap
@@ -53,10 +68,13 @@ import numpy as np
 
 from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
+from . import check_layout, group_arrays, resolve_layout
 
 MANIFEST = "manifest.json"
 SOA_FORMAT = "tfdata.soa"
 SOA_VERSION = (1, 0)
+GROUPS_FORMAT = "tfdata.groups"
+GROUPS_VERSION = (1, 0)
 #: Version of the files tfdata writes (the ``# tfdata X.Y`` header comment). A reader refuses
 #: another major version.
 FORMAT_VERSION = (1, 0)
@@ -354,8 +372,9 @@ def spec_of_dtype(dtype: np.dtype, path: str = "") -> Spec:
 # -- SoA directories --------------------------------------------------------------------------
 
 
-def read_json_doc(path: str, what: str, fmt: str, limit: int) -> dict:
-    """Read the JSON object at ``path`` (at most ``limit`` bytes) whose ``"format"`` is ``fmt``.
+def read_json_doc(path: str, what: str, fmt, limit: int) -> dict:
+    """Read the JSON object at ``path`` (at most ``limit`` bytes) whose ``"format"`` is ``fmt``
+    (a string, or a tuple of those accepted).
 
     FileNotFoundError names ``what`` the missing file makes the directory not; anything else
     wrong is a FormatError naming the file.
@@ -375,8 +394,9 @@ def read_json_doc(path: str, what: str, fmt: str, limit: int) -> dict:
         raise FormatError(f"{path}: not valid JSON ({str(exc)[:200]})") from None
     except RecursionError:  # nesting deeper than the parser's stack: no document of ours is
         raise FormatError(f"{path}: JSON nested too deeply") from None
-    if not isinstance(doc, dict) or doc.get("format") != fmt:
-        raise FormatError(f"{path}: format is not {fmt!r}")
+    formats = fmt if isinstance(fmt, tuple) else (fmt,)
+    if not isinstance(doc, dict) or doc.get("format") not in formats:
+        raise FormatError(f"{path}: format is not {' or '.join(map(repr, formats))}")
     return doc
 
 
@@ -387,43 +407,103 @@ def read_manifest(path: str) -> tuple[int, list[tuple[Field, str]]]:
     """
     mpath = os.path.join(path, MANIFEST)
     doc = read_json_doc(mpath, "tfdata SoA directory", SOA_FORMAT, 1 << 20)
+    rows, entries = _manifest_head(mpath, doc, SOA_VERSION)
+    out = []
+    for e in entries:
+        name, fname = e.get("name"), e.get("file")
+        if not isinstance(fname, str) or not _SAFE_NAME.match(fname) or ".." in fname:
+            raise FormatError(f"{mpath}: field {name!r}: file name {fname!r} is not a plain file name")
+        out.append((_manifest_field(mpath, e), os.path.join(path, fname)))
+    _manifest_spec(mpath, [f for f, _ in out])
+    return rows, out
+
+
+def _manifest_head(mpath: str, doc: dict, supported: tuple) -> tuple[int, list]:
+    """``(rows, field entries)`` of a directory's manifest, its version checked."""
     version = doc.get("version")
     if (not isinstance(version, list) or len(version) != 2
             or not all(isinstance(v, int) for v in version)):
         raise FormatError(f"{mpath}: version must be [major, minor], got {version!r}")
-    if version[0] != SOA_VERSION[0]:
+    if version[0] != supported[0]:
         raise FormatError(f"{mpath}: format version {version[0]}.{version[1]} is not supported "
-                          f"(this tfdata reads major version {SOA_VERSION[0]})")
+                          f"(this tfdata reads major version {supported[0]})")
     rows = doc.get("rows")
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
         raise FormatError(f"{mpath}: rows must be a non-negative int, got {rows!r}")
     entries = doc.get("fields")
     if not isinstance(entries, list) or not entries:
         raise FormatError(f"{mpath}: fields must be a non-empty list")
-    out = []
     for e in entries:
         if not isinstance(e, dict):
-            raise FormatError(f"{mpath}: each field must be an object, got {e!r}")
-        name, fname = e.get("name"), e.get("file")
-        if not isinstance(fname, str) or not _SAFE_NAME.match(fname) or ".." in fname:
-            raise FormatError(f"{mpath}: field {name!r}: file name {fname!r} is not a plain file name")
-        shape = e.get("shape", ())
-        if (not isinstance(shape, list) or len(shape) > MAX_NDIM
-                or not all(type(d) is int and 0 <= d < (1 << 62) for d in shape)
-                or not isinstance(e.get("dtype"), str) or len(e.get("dtype")) > 64):
-            raise FormatError(f"{mpath}: field {str(name)[:100]!r}: dtype must be a short string and "
-                              f"shape a list of at most {MAX_NDIM} non-negative ints, got "
-                              f"{str(e.get('dtype'))[:100]!r}, {str(shape)[:100]}")
-        try:
-            field = Field(name, e.get("dtype"), tuple(shape))
-        except (SpecError, TypeError, ValueError, OverflowError) as exc:
-            raise FormatError(f"{mpath}: {str(exc)[:300]}") from None
-        out.append((field, os.path.join(path, fname)))
+            raise FormatError(f"{mpath}: each field must be an object, got {str(e)[:100]}")
+    return rows, entries
+
+
+def _manifest_field(mpath: str, e: dict) -> Field:
+    """The field a manifest entry ``{"name", "dtype", "shape"}`` describes, checked."""
+    name = e.get("name")
+    shape = e.get("shape", ())
+    if (not isinstance(shape, list) or len(shape) > MAX_NDIM
+            or not all(type(d) is int and 0 <= d < (1 << 62) for d in shape)
+            or not isinstance(e.get("dtype"), str) or len(e.get("dtype")) > 64):
+        raise FormatError(f"{mpath}: field {str(name)[:100]!r}: dtype must be a short string and "
+                          f"shape a list of at most {MAX_NDIM} non-negative ints, got "
+                          f"{str(e.get('dtype'))[:100]!r}, {str(shape)[:100]}")
     try:
-        Spec([f for f, _ in out])
+        return Field(name, e.get("dtype"), tuple(shape))
+    except (SpecError, TypeError, ValueError, OverflowError) as exc:
+        raise FormatError(f"{mpath}: {str(exc)[:300]}") from None
+
+
+def _manifest_spec(mpath: str, fields: list) -> Spec:
+    try:
+        return Spec(fields)
     except (SpecError, ValueError, TypeError, OverflowError) as exc:  # numpy's own limits too
         raise FormatError(f"{mpath}: {str(exc)[:300]}") from None
-    return rows, out
+
+
+def read_group_manifest(path: str) -> tuple:
+    """Read and check ``manifest.json`` of the grouped directory ``path``.
+
+    Returns ``(rows, spec, groups, [(file_path, dtype, row_shape), ...])``: the groups in
+    normal form (:func:`tfdata.storage.check_layout`), and per group its file and the dtype and
+    row shape that file must hold (:func:`tfdata.storage.group_arrays`).
+    """
+    mpath = os.path.join(path, MANIFEST)
+    doc = read_json_doc(mpath, "tfdata grouped directory", GROUPS_FORMAT, 1 << 20)
+    rows, entries = _manifest_head(mpath, doc, GROUPS_VERSION)
+    spec = _manifest_spec(mpath, [_manifest_field(mpath, e) for e in entries])
+    listed = doc.get("groups")
+    if not isinstance(listed, list) or not all(isinstance(g, dict) for g in listed):
+        raise FormatError(f"{mpath}: groups must be a list of objects, got {str(listed)[:100]}")
+    try:
+        groups = check_layout([g.get("fields") for g in listed], spec, "groups")
+    except ValueError as exc:  # SpecError too
+        raise FormatError(f"{mpath}: {str(exc)[:300]}") from None
+    files = []
+    for k, g in enumerate(listed):
+        fname = g.get("file")
+        if not isinstance(fname, str) or not _SAFE_NAME.match(fname) or ".." in fname or fname == MANIFEST:
+            raise FormatError(f"{mpath}: group {k}: file name {str(fname)[:100]!r} is not a plain file name")
+        files.append(fname)
+    if len(set(files)) != len(files):
+        raise FormatError(f"{mpath}: two groups name the same file")
+    arrays = group_arrays(spec, groups)
+    return rows, spec, groups, [(os.path.join(path, f), d, sh) for f, (d, sh) in zip(files, arrays)]
+
+
+def directory_format(path: str) -> str:
+    """The format of the dataset directory ``path`` (its manifest's ``"format"``:
+    :data:`SOA_FORMAT` or :data:`GROUPS_FORMAT`), read and bounded, not yet checked."""
+    return read_json_doc(os.path.join(path, MANIFEST), "tfdata dataset directory",
+                         (SOA_FORMAT, GROUPS_FORMAT), 1 << 20)["format"]
+
+
+def _directory_files(path: str) -> list[str]:
+    """Paths of the data files the manifest of the dataset directory ``path`` names."""
+    if directory_format(path) == GROUPS_FORMAT:
+        return [f for f, _, _ in read_group_manifest(path)[3]]
+    return [f for _, f in read_manifest(path)[1]]
 
 
 def map_soa(path: str) -> tuple[Spec, dict, list[MappedFile]]:
@@ -448,6 +528,48 @@ def map_soa(path: str) -> tuple[Spec, dict, list[MappedFile]]:
         columns[field.name] = mf.array(h.dtype, want)
         maps.append(mf)
     return Spec([f for f, _ in entries]), columns, maps
+
+
+def map_groups(path: str) -> tuple[Spec, tuple, tuple, list[MappedFile]]:
+    """Memory-map every group file of the grouped directory ``path`` after checking each header
+    against the manifest (exactly the dtype and row shape of its group).
+
+    Returns ``(spec, groups, blocks, mapped_files)``; ``blocks[k]`` is read-only, ``(rows,)``
+    records of group ``k`` or ``(rows, *field.shape)`` for a group of one field.
+    """
+    rows, spec, groups, files = read_group_manifest(path)
+    blocks, maps = [], []
+    for g, (fpath, dtype, shape) in zip(groups, files):
+        h = _group_header(fpath, g, dtype, shape, rows)
+        mf = MappedFile(fpath, h.offset)
+        blocks.append(mf.array(dtype, (rows,) + shape))
+        maps.append(mf)
+    return spec, groups, tuple(blocks), maps
+
+
+def _group_header(fpath: str, group, dtype, shape, rows: int) -> NpyHeader:
+    """The header of a group's file, which must hold the manifest's dtype and row shape and at
+    least ``rows`` rows (more: a commit that stopped before the manifest, see :func:`map_soa`)."""
+    h = read_npy_header(fpath, allow_tail=True, follow=False)
+    if h.dtype != dtype or tuple(h.shape[1:]) != shape or not h.shape or h.shape[0] < rows:
+        raise FormatError(f"{fpath}: group {list(group)}: manifest says {dtype}{[rows, *shape]}, "
+                          f"file holds {h.dtype}{list(h.shape)}")
+    return h
+
+
+def map_directory(path: str) -> tuple[Spec, dict, list]:
+    """Map the dataset directory ``path`` (SoA or grouped, by its manifest).
+
+    Returns ``(spec, rows, maps)``: ``rows`` the keyword arguments of
+    :class:`tfdata.storage.rows.Rows` (``columns``, or ``groups`` and ``blocks``) and ``maps``
+    ``[(MappedFile, row_bytes), ...]`` in the order of the rows' byte views.
+    """
+    if directory_format(path) == GROUPS_FORMAT:
+        spec, groups, blocks, maps = map_groups(path)
+        widths = [b.dtype.itemsize * int(np.prod(b.shape[1:], dtype=np.int64)) for b in blocks]
+        return spec, {"groups": groups, "blocks": blocks}, list(zip(maps, widths))
+    spec, columns, maps = map_soa(path)
+    return spec, {"columns": columns}, [(mf, f.nbytes) for mf, f in zip(maps, spec)]
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -479,9 +601,10 @@ def save(path: str, data, layout: str = "aos", *, overwrite: bool = False) -> No
     Parameters
     ----------
     path : str
-        File (``layout="aos"``) or directory (``"soa"``).
+        File (``layout="aos"``) or directory (``"soa"``, a grouping).
     data : structured ndarray of shape (rows,), or mapping of str to ndarray of shape (rows, ...)
-    layout : {"aos", "soa"}
+    layout : {"aos", "soa"} or list of lists of str
+        A grouping (see :func:`tfdata.storage.resolve_layout`) writes a grouped directory.
     overwrite : bool, default False
         An existing ``path`` is refused (FileExistsError) unless this is True and it is a tfdata
         dataset of the same layout. The new dataset is written under a temporary name beside
@@ -534,6 +657,29 @@ def _write_manifest(path: str, rows: int, entries) -> None:
     doc = {"format": SOA_FORMAT, "version": list(SOA_VERSION), "rows": rows,
            "fields": [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape), "file": fname}
                       for f, fname in entries]}
+    _replace_json(path, doc)
+
+
+def _group_entries(spec: Spec, groups: tuple) -> list[tuple[tuple, np.dtype, tuple, str]]:
+    """``(names, dtype, row_shape, file_name)`` of every group's file: ``<k>-<first field>.npy``
+    (``<k>.npy`` if the field's name is no file name), unique by the group's index ``k``."""
+    out = []
+    for k, (g, (dtype, shape)) in enumerate(zip(groups, group_arrays(spec, groups))):
+        fname = f"{k}-{g[0]}.npy"
+        if not _SAFE_NAME.match(fname) or ".." in fname or len(fname) > 200:
+            fname = f"{k}.npy"
+        out.append((g, dtype, shape, fname))
+    return out
+
+
+def _write_group_manifest(path: str, rows: int, spec: Spec, entries) -> None:
+    doc = {"format": GROUPS_FORMAT, "version": list(GROUPS_VERSION), "rows": rows,
+           "fields": [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape)} for f in spec],
+           "groups": [{"fields": list(g), "file": fname} for g, _, _, fname in entries]}
+    _replace_json(path, doc)
+
+
+def _replace_json(path: str, doc: dict) -> None:
     tmp = os.path.join(path, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
@@ -552,13 +698,27 @@ def _write_manifest(path: str, rows: int, entries) -> None:
 # replacing a dataset never takes the pages from under a reader (truncating it did: SIGBUS).
 
 
-def check_replaceable(path: str, layout: str, overwrite: bool) -> bool:
+def dataset_layout(layout, spec: Spec):
+    """The layout of a dataset file: ``"aos"``, ``"soa"`` or a grouping normalised for ``spec``
+    (:func:`tfdata.storage.resolve_layout`; no default here: ValueError for None)."""
+    if layout is None or (isinstance(layout, str) and layout not in ("aos", "soa")):
+        raise ValueError(f"layout: expected 'aos', 'soa' or a list of groups (lists of field "
+                         f"names), got {str(layout)[:100]!r}")
+    return resolve_layout(layout, spec)
+
+
+def _kind(layout) -> str:
+    return layout.upper() if isinstance(layout, str) else "grouped"
+
+
+def check_replaceable(path: str, layout, overwrite: bool) -> bool:
     """Whether ``path`` exists, refusing (FileExistsError) what may not be replaced.
 
     An existing path may be replaced only with ``overwrite=True`` and only if it is a dataset of
     the same kind: for ``"aos"`` a regular file (not a link) with a readable NPY header of a 1-D
-    structured array; for ``"soa"`` a directory (not a link) with a valid manifest that holds
-    nothing but the manifest and the field files it names.
+    structured array; for ``"soa"`` (a grouping) a directory (not a link) with a valid SoA
+    (grouped, of any grouping) manifest that holds nothing but the manifest and the files it
+    names.
     """
     if not os.path.lexists(path):
         return False
@@ -572,27 +732,27 @@ def check_replaceable(path: str, layout: str, overwrite: bool) -> bool:
                 raise FormatError(f"{path}: holds {h.dtype}{list(h.shape)}, not a 1-D record array")
         else:
             check_directory(path, follow=False)
-            _, entries = read_manifest(path)
-            known = {MANIFEST, MANIFEST + ".tmp"} | {os.path.basename(f) for _, f in entries}
+            files = ([f for _, f in read_manifest(path)[1]] if layout == "soa"
+                     else [f for f, _, _ in read_group_manifest(path)[3]])
+            known = {MANIFEST, MANIFEST + ".tmp"} | {os.path.basename(f) for f in files}
             extra = sorted(set(os.listdir(path)) - known)
             if extra:
                 raise FormatError(f"{path}: holds files that are not part of the dataset "
                                   f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''})")
-            for _, f in entries:
+            for f in files:
                 if os.path.lexists(f):
                     check_regular(f, follow=False)
     except (FormatError, OSError) as exc:
-        raise FileExistsError(f"{path}: exists and is not a tfdata {layout.upper()} dataset, so "
+        raise FileExistsError(f"{path}: exists and is not a tfdata {_kind(layout)} dataset, so "
                               f"it is not replaced ({exc})") from None
     return True
 
 
 def _remove_dataset_dir(path: str) -> None:
-    """Delete an SoA directory this module checked (``check_replaceable``) and moved aside:
-    its manifest and the field files it names, then the directory if nothing else is left."""
+    """Delete a dataset directory this module checked (``check_replaceable``) and moved aside:
+    its manifest and the files it names, then the directory if nothing else is left."""
     try:
-        _, entries = read_manifest(path)
-        names = [os.path.basename(f) for _, f in entries]
+        names = [os.path.basename(f) for f in _directory_files(path)]
     except (FormatError, OSError):
         names = []
     remove_names(path, names + [MANIFEST, MANIFEST + ".tmp"])
@@ -618,7 +778,7 @@ class _Staged:
     object: ``mkstemp`` / ``mkdtemp``, a dot name), then renamed into place by :meth:`publish`.
     :meth:`discard` removes the temporary name and nothing else."""
 
-    def __init__(self, path: str, layout: str, overwrite: bool, what: str = "dataset"):
+    def __init__(self, path: str, layout, overwrite: bool, what: str = "dataset"):
         self.path = path
         self.layout = layout
         self.overwrite = overwrite
@@ -626,7 +786,7 @@ class _Staged:
         parent = os.path.dirname(os.path.abspath(path))
         self.parent = parent
         prefix = "." + os.path.basename(os.path.abspath(path))[:100] + "."
-        if layout == "soa":
+        if layout != "aos":  # a directory
             self.tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
         else:
             fd, self.tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=parent)
@@ -657,7 +817,7 @@ class _Staged:
         if tmp is None:
             return
         try:
-            if self.layout == "soa":
+            if self.layout != "aos":
                 for name in os.listdir(tmp):  # only this object's writers wrote here
                     os.unlink(os.path.join(tmp, name))
                 os.rmdir(tmp)
@@ -676,7 +836,7 @@ def _lock_free(path: str) -> bool:
     first = path
     if os.path.isdir(path):
         try:
-            first = read_manifest(path)[1][0][1]
+            first = _directory_files(path)[0]
         except (FormatError, OSError, IndexError):
             return True
     try:
@@ -742,11 +902,12 @@ class Writer:
     Parameters
     ----------
     path : str
-        The AoS ``.npy`` file or the SoA directory to create. To append to an existing dataset
-        use :meth:`open`.
+        The AoS ``.npy`` file or the SoA (grouped) directory to create. To append to an existing
+        dataset use :meth:`open`.
     spec : Spec or mapping
         The fields of a row.
-    layout : {"aos", "soa"}
+    layout : {"aos", "soa"} or list of lists of str
+        A grouping (see :func:`tfdata.storage.resolve_layout`) writes a grouped directory.
     dtype : numpy.dtype, optional
         AoS only: the record dtype (default :attr:`Spec.aos_dtype`).
     overwrite : bool, default False
@@ -759,8 +920,8 @@ class Writer:
     -----
     Protocol of :meth:`commit`: the appended data is written past the committed rows and
     flushed to disk (``fdatasync``) first; then the row count in each file's header is
-    rewritten in place (one write of the header, which never changes length), flushed; for an
-    SoA directory the manifest, which holds the count readers trust, is replaced last
+    rewritten in place (one write of the header, which never changes length), flushed; for a
+    directory the manifest, which holds the count readers trust, is replaced last
     (write, fsync, atomic rename). A process killed at any point leaves a dataset whose readers
     see the rows of the last completed commit, intact, and which :meth:`open` can append to.
     The uncommitted tail is overwritten by the next append. (A power failure additionally relies
@@ -771,42 +932,52 @@ class Writer:
     second writer gets an error. Readers need no lock.
     """
 
-    def __init__(self, path: str, spec, layout: str = "aos", *, dtype: np.dtype | None = None,
+    def __init__(self, path: str, spec, layout="aos", *, dtype: np.dtype | None = None,
                  overwrite: bool = False, _append: bool = False, _rows: int = 0,
                  _publish_at_close: bool = False):
         self.path = os.fspath(path)
         self._parts = None
         self._staged = None
         self.spec = Spec(spec)
-        if layout not in ("aos", "soa"):
-            raise ValueError(f"layout: expected 'aos' or 'soa', got {layout!r}")
+        layout = dataset_layout(layout, self.spec)
         self.layout = layout
         self.rows = _rows  # committed
         self.pending = 0
         create = not _append
         # everything that can refuse runs before a file is made
+        self._files = None  # a directory's files: (name, dtype, row_shape, spec indices, records)
         if layout == "aos":
             self.dtype = np.dtype(dtype) if dtype is not None else self.spec.aos_dtype
             if self.dtype.names is None or spec_of_dtype(self.dtype) != self.spec:
                 raise SpecError(f"dtype {self.dtype} does not hold the fields of {self.spec}")
             _check_header_text(self.dtype, self.path)
-        else:
+        elif layout == "soa":
             self._entries = _soa_entries(self.spec)
+            self._files = [(fname, f.dtype, f.shape, [i], False)
+                           for i, (f, fname) in enumerate(self._entries)]
+        else:
+            self._entries = _group_entries(self.spec, layout)
+            index = {n: i for i, n in enumerate(self.spec.names)}
+            self._files = [(fname, dt, sh, [index[n] for n in g], len(g) > 1)
+                           for g, dt, sh, fname in self._entries]
+            for _, dt, _, _, records in self._files:
+                if records:
+                    _check_header_text(dt, self.path)
         if create:
             self._staged = _Staged(self.path, layout, overwrite)
             if os.path.lexists(self.path) and not _lock_free(self.path):
                 self._staged.discard()
                 raise RuntimeError(f"{self.path}: another writer has it open; not replaced")
-        self._dir = self._staged.tmp if create and layout == "soa" else self.path
+        self._dir = self._staged.tmp if create and self._files is not None else self.path
         try:
             if layout == "aos":
                 where = self._staged.tmp if create else self.path
                 self._parts = [_Part(where, self.dtype, (), self.rows, create, True)]
             else:
-                self._parts = [_Part(os.path.join(self._dir, fname), f.dtype, f.shape, self.rows, create, False)
-                               for f, fname in self._entries]
+                self._parts = [_Part(os.path.join(self._dir, fname), dt, sh, self.rows, create, False)
+                               for fname, dt, sh, _, _ in self._files]
                 if create:
-                    _write_manifest(self._dir, 0, self._entries)
+                    self._write_manifest(0)
             try:
                 import fcntl
 
@@ -827,16 +998,33 @@ class Writer:
         self._staged.publish()
         self._staged = None
         self._dir = self.path
-        if self.layout == "aos":
+        if self._files is None:
             self._parts[0].path = self.path
         else:
-            for part, (_, fname) in zip(self._parts, self._entries):
+            for part, (fname, _, _, _, _) in zip(self._parts, self._files):
                 part.path = os.path.join(self.path, fname)
+
+    def _write_manifest(self, rows: int) -> None:
+        if self.layout == "soa":
+            _write_manifest(self._dir, rows, self._entries)
+        else:
+            _write_group_manifest(self._dir, rows, self.spec, self._entries)
 
     @classmethod
     def open(cls, path: str) -> "Writer":
         """Open a dataset tfdata wrote for appending after its committed rows."""
         path = os.fspath(path)
+        if os.path.isdir(path) and directory_format(path) == GROUPS_FORMAT:
+            rows, spec, groups, files = read_group_manifest(path)
+            for g, (fpath, dt, sh) in zip(groups, files):
+                h = _group_header(fpath, g, dt, sh, rows)
+                if h.offset != header_nbytes(dt, sh):
+                    raise FormatError(f"{fpath}: not written by tfdata (its header cannot grow in place); "
+                                      "copy it with tfdata.io.convert to append")
+            try:
+                return cls(path, spec, groups, _append=True, _rows=rows)
+            except SpecError as exc:
+                raise FormatError(f"{os.path.join(path, MANIFEST)}: {exc}") from None
         if os.path.isdir(path):
             rows, entries = read_manifest(path)
             for field, fpath in entries:
@@ -880,15 +1068,45 @@ class Writer:
         if n == 0:
             return 0
         row = self.rows + self.pending
-        if self.layout == "aos":
+        if self._files is None:
             records = np.empty(n, self.dtype)
             for name, v in zip(self.spec.names, values):
                 records[name] = v
             self._parts[0].write(row, records)
         else:
-            for part, v in zip(self._parts, values):
-                part.write(row, v)
+            names = self.spec.names
+            for part, (_, dt, _, fields, records) in zip(self._parts, self._files):
+                if records:  # a group of several fields: its records, padding zeroed
+                    block = np.zeros(n, dt)
+                    for i in fields:
+                        block[names[i]] = values[i]
+                    part.write(row, block)
+                else:
+                    part.write(row, values[fields[0]])
         self.pending += n  # only once every byte is written: a failed write commits nothing
+        return n
+
+    def append_blocks(self, blocks) -> int:
+        """Grouped directories only: append one array per group, each of exactly its file's
+        dtype and row shape and the same number of rows, as is (a storage's group blocks:
+        :meth:`tfdata.storage.GroupStorage.append_to`)."""
+        if self._parts is None:
+            raise ValueError(f"{self.path}: writer is closed")
+        if not isinstance(self.layout, tuple):
+            raise ValueError(f"{self.path}: append_blocks needs a grouped directory; use append")
+        blocks = list(blocks)
+        if len(blocks) != len(self._files):
+            raise SpecError(f"blocks: expected {len(self._files)} arrays (one per group), got {len(blocks)}")
+        n = blocks[0].shape[0] if blocks and isinstance(blocks[0], np.ndarray) and blocks[0].ndim else -1
+        for b, (fname, dt, sh, _, _) in zip(blocks, self._files):
+            if not isinstance(b, np.ndarray) or b.dtype != dt or b.shape != (n,) + tuple(sh):
+                got = f"{b.dtype}{list(b.shape)}" if isinstance(b, np.ndarray) else type(b).__name__
+                raise SpecError(f"blocks: {fname}: expected {dt}{[max(n, 0), *sh]}, got {got}")
+        if n:
+            row = self.rows + self.pending
+            for part, b in zip(self._parts, blocks):
+                part.write(row, b)
+            self.pending += n
         return n
 
     def append_records(self, records: np.ndarray) -> int:
@@ -919,8 +1137,8 @@ class Writer:
         for part in self._parts:
             part.set_rows(rows)
             part.sync()
-        if self.layout == "soa":
-            _write_manifest(self._dir, rows, self._entries)
+        if self._files is not None:
+            self._write_manifest(rows)
         self.rows, self.pending = rows, 0
         return rows
 
@@ -984,7 +1202,7 @@ def create_region(path: str, nbytes: int) -> MappedFile:
     return MappedFile(path, 0, writable=True)
 
 
-def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:
+def map_storage(path: str, spec, rows: int, layout) -> tuple[object, list]:
     """Create a dataset file of ``rows`` zero rows (sparse) and map it writable, shared.
 
     The backing of a spilling replay buffer: its storage arrays live in the file's pages.
@@ -994,7 +1212,8 @@ def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:
     Returns
     -------
     data : structured ndarray of spec.aos_dtype, shape (rows,) for "aos"; for "soa" a dict of
-        ndarray of shape (rows, *field.shape)
+        ndarray of shape (rows, *field.shape); for a grouping a tuple of one array per group
+        (the backing :class:`tfdata.storage.GroupStorage` takes)
     maps : list of (MappedFile, row_bytes)
     """
     spec = Spec(spec)
@@ -1003,16 +1222,31 @@ def map_storage(path: str, spec, rows: int, layout: str) -> tuple[object, list]:
     if os.path.lexists(path):
         raise FileExistsError(f"spill_path {path!r} exists; a spill file is the buffer's scratch "
                               f"storage and never replaces anything: delete it or choose a new path")
+    layout = dataset_layout(layout, spec)
     if layout == "aos":
         _check_header_text(spec.aos_dtype, path)
-    else:
+    elif layout == "soa":
         entries = _soa_entries(spec)
+    else:
+        entries = _group_entries(spec, layout)
+        for _, dt, _, _ in entries:
+            _check_header_text(dt, path)
     staged = _Staged(path, layout, False)
     try:
         if layout == "aos":
             _create_npy(staged.tmp, spec.aos_dtype, (rows,), memmap=False)
             mf = MappedFile(staged.tmp, header_nbytes(spec.aos_dtype), writable=True)
             out = mf.array(spec.aos_dtype, (rows,)), [(mf, spec.aos_dtype.itemsize)]
+        elif layout != "soa":
+            blocks, maps = [], []
+            for _, dt, sh, fname in entries:
+                fpath = os.path.join(staged.tmp, fname)
+                _create_npy(fpath, dt, (rows,) + sh, memmap=False, mark=False)
+                mf = MappedFile(fpath, header_nbytes(dt, sh), writable=True)
+                blocks.append(mf.array(dt, (rows,) + sh))
+                maps.append((mf, dt.itemsize * int(np.prod(sh, dtype=np.int64))))
+            _write_group_manifest(staged.tmp, rows, spec, entries)
+            out = tuple(blocks), maps
         else:
             cols, maps = {}, []
             for f, fname in entries:
@@ -1045,7 +1279,8 @@ def create(path: str, spec, rows: int, layout: str = "aos", *, overwrite: bool =
     path : str
     spec : Spec or mapping
     rows : int
-    layout : {"aos", "soa"}
+    layout : {"aos", "soa"} or list of lists of str
+        A grouping writes a grouped directory.
     overwrite : bool, default False
         As for :func:`save`: an existing ``path`` is replaced only if this is True and it is a
         tfdata dataset of the same layout (by a rename: readers of the old one keep it).
@@ -1060,17 +1295,27 @@ def create(path: str, spec, rows: int, layout: str = "aos", *, overwrite: bool =
         raise ValueError(f"rows must be a non-negative int, got {rows!r}")
     rows = int(rows)
     path = os.fspath(path)
-    if layout not in ("aos", "soa"):
-        raise ValueError(f"layout: expected 'aos' or 'soa', got {layout!r}")
+    layout = dataset_layout(layout, spec)
     if layout == "aos":
         _check_header_text(spec.aos_dtype, path)
-    else:
+    elif layout == "soa":
         entries = _soa_entries(spec)
+    else:
+        entries = _group_entries(spec, layout)
+        for _, dt, _, _ in entries:
+            _check_header_text(dt, path)
     staged = _Staged(path, layout, overwrite)
     try:
         if layout == "aos":
             records = _create_npy(staged.tmp, spec.aos_dtype, (rows,))
             cols = {name: records[name] for name in spec.names}
+        elif layout != "soa":
+            cols = {}
+            for g, dt, sh, fname in entries:
+                block = _create_npy(os.path.join(staged.tmp, fname), dt, (rows,) + sh, mark=False)
+                cols.update({g[0]: block} if len(g) == 1 else {n: block[n] for n in g})
+            cols = {n: cols[n] for n in spec.names}
+            _write_group_manifest(staged.tmp, rows, spec, entries)
         else:
             cols = {f.name: _create_npy(os.path.join(staged.tmp, fname), f.dtype, (rows,) + f.shape,
                                         mark=False) for f, fname in entries}

@@ -2,13 +2,14 @@
 
 A region (see :mod:`tfdata.shared`) is one mapped file: control words, then optional uint64
 stamps, then the rows of every slot in the storage's layout, page-aligned (AoS: one record
-array; SoA: one 64-byte-aligned column per field).
+array; SoA: one 64-byte-aligned column per field; column groups: one 64-byte-aligned array per
+group, records or a column).
 """
 
 from __future__ import annotations
 
 from ..spec import Spec
-from . import make_storage
+from . import group_arrays, make_storage
 from .files import PAGE
 
 ALIGN = 64
@@ -18,17 +19,24 @@ def _up(n: int, align: int) -> int:
     return -(-n // align) * align
 
 
-def plan(spec: Spec, layout: str, ctrl_words: int, stamps: int, slots: int) -> dict:
-    """Byte offsets of every section of a region and its total size.
+def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int) -> dict:
+    """Byte offsets of every section of a region and its total size (``layout`` resolved for
+    ``spec``: ``"aos"``, ``"soa"`` or a grouping).
 
-    Returns ``{"ctrl": (offset, words), "stamps": (offset, count), "data": offset (AoS) or
-    {field: offset} (SoA), "nbytes": int}``.
+    Returns ``{"ctrl": (offset, words), "stamps": (offset, count), "data": offset (AoS),
+    {field: offset} (SoA) or [offset per group] (a grouping), "nbytes": int}``.
     """
     out = {"ctrl": (0, ctrl_words)}
     off = _up(8 * ctrl_words, ALIGN)
     out["stamps"] = (off, stamps)
     off = _up(off + 8 * stamps, PAGE)
-    if layout == "aos":
+    if isinstance(layout, tuple):
+        blocks = []
+        for dtype, shape in group_arrays(spec, layout):
+            blocks.append(off)
+            off = _up(off + slots * dtype.itemsize * _count(shape), ALIGN)
+        out["data"] = blocks
+    elif layout == "aos":
         out["data"] = off
         off += slots * spec.aos_dtype.itemsize
     else:
@@ -41,9 +49,19 @@ def plan(spec: Spec, layout: str, ctrl_words: int, stamps: int, slots: int) -> d
     return out
 
 
-def storage_over(mapped, lay: dict, spec: Spec, layout: str, slots: int):
+def _count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def storage_over(mapped, lay: dict, spec: Spec, layout, slots: int):
     """The storage of ``slots`` rows over a mapped region laid out by :func:`plan`."""
-    if layout == "aos":
+    if isinstance(layout, tuple):
+        backing = [mapped.at(o, dtype, (slots,) + shape)
+                   for o, (dtype, shape) in zip(lay["data"], group_arrays(spec, layout))]
+    elif layout == "aos":
         backing = mapped.at(lay["data"], spec.aos_dtype, (slots,))
     else:
         backing = {f.name: mapped.at(lay["data"][f.name], f.dtype, (slots,) + f.shape) for f in spec}

@@ -1,10 +1,13 @@
-"""Dataset rows: a dataset's arrays in either layout, as the gather kernel reads them.
+"""Dataset rows: a dataset's arrays in any layout, as the gather kernel reads them.
 
 A dataset holds records of any record dtype (AoS: one structured array, the caller's or a
-file's, padding and all) or one array per field (SoA). :class:`Rows` turns either into what the
-loader needs: field views, the byte rows the gather kernel copies (an AoS record is one byte row,
-so both layouts use the SoA kernel), and outputs of the same layout. :func:`arrange` makes the
-rows of the layout asked for from the caller's arrays, copying only what it must.
+file's, padding and all), one array per field (SoA) or one array per group of fields (a
+grouping: records of :func:`~tfdata.storage.group_dtype` for a group of several fields, the
+field's array for a group of one). :class:`Rows` turns any of them into what the loader needs:
+field views, the byte rows the gather kernel copies (an AoS record, a group's record, a field's
+row: one byte row each, so every layout uses the SoA kernel), and outputs of the same layout.
+:func:`arrange` makes the rows of the layout asked for from the caller's arrays, copying only
+what it must.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import Spec
-from . import Output, Projection
+from . import Output, Projection, group_arrays
 
 
 def byte_rows(arr: np.ndarray, row_bytes: int) -> np.ndarray:
@@ -21,26 +24,43 @@ def byte_rows(arr: np.ndarray, row_bytes: int) -> np.ndarray:
 
 
 class Rows:
-    """The rows of a dataset: ``records`` (AoS) or ``columns`` (SoA), one of them given.
+    """The rows of a dataset: ``records`` (AoS), ``columns`` (SoA), or ``groups`` with their
+    ``blocks`` (a grouping), one of them given.
 
     Attributes
     ----------
-    layout : {"aos", "soa"}
+    layout : {"aos", "soa"} or tuple of tuple of str
     records : structured ndarray, shape (n,), or None
     columns : dict of str to ndarray, each (n, *shape), or None
+    blocks : tuple of ndarray, or None
+        One array per group: ``(n,)`` records of the group's dtype, or ``(n, *shape)`` for a
+        group of one field.
     dtype : numpy dtype or None
         The record dtype (AoS).
     n, row_nbytes : int
     fields : dict of str to ndarray
         A view of every field, ``(n, *shape)``.
     kernel_store : tuple of ndarray of uint8, each (n, bytes)
-        What the gather kernel reads: one byte row per record, or one per field.
+        What the gather kernel reads: one byte row per record, per field or per group.
     """
 
-    def __init__(self, spec: Spec, records=None, columns=None):
+    def __init__(self, spec: Spec, records=None, columns=None, groups=None, blocks=None):
         self.spec = spec
-        self.records, self.columns, self.dtype = records, columns, None
-        if records is not None:
+        self.records, self.columns, self.dtype, self.blocks = records, columns, None, None
+        if groups is not None:
+            self.layout = groups
+            self.blocks = tuple(blocks)
+            self.n = int(self.blocks[0].shape[0])
+            widths = [b.dtype.itemsize * int(np.prod(b.shape[1:], dtype=np.int64)) for b in self.blocks]
+            self.row_nbytes = int(sum(widths))
+            self._where, fields = {}, {}
+            for k, (g, b) in enumerate(zip(groups, self.blocks)):
+                for name in g:
+                    self._where[name] = (k, 0 if len(g) == 1 else int(b.dtype.fields[name][1]))
+                    fields[name] = b if len(g) == 1 else b[name]
+            self.fields = {name: fields[name] for name in spec.names}
+            self.kernel_store = tuple(byte_rows(b, w) for b, w in zip(self.blocks, widths))
+        elif records is not None:
             self.layout = "aos"
             self.dtype = records.dtype
             self.n = int(records.shape[0])
@@ -57,6 +77,8 @@ class Rows:
     def spans(self) -> dict:
         """``{name: (base, offset, width)}``: where each field's bytes are in the rows of
         :attr:`kernel_store` (see :meth:`tfdata.storage.AoSStorage.spans`)."""
+        if self.blocks is not None:
+            return {f.name: self._where[f.name] + (f.nbytes,) for f in self.spec}
         if self.records is not None:
             fields = self.dtype.fields
             return {f.name: (0, int(fields[f.name][1]), f.nbytes) for f in self.spec}
@@ -64,13 +86,25 @@ class Rows:
 
     def project(self, names, allocator) -> Projection:
         """The fields ``names`` (checked by the caller) as a :class:`~tfdata.storage.Projection`
-        over these rows; its outputs come from ``allocator``."""
+        over these rows; its outputs come from ``allocator`` (a group held whole: one record
+        block, as :meth:`tfdata.storage.GroupStorage.project` gives)."""
+        blocks = None
+        if self.blocks is not None:
+            blocks = {g: (k, b.dtype) for k, (g, b) in enumerate(zip(self.layout, self.blocks)) if len(g) > 1}
         return Projection(self.spec, names, self.kernel_store, self.spans(), allocator,
-                          {n: self.fields[n].dtype for n in names})
+                          {n: self.fields[n].dtype for n in names}, blocks)
 
     def new_output(self, batch_size: int, allocator) -> Output:
         """An output block of ``batch_size`` rows in this layout, from ``allocator``."""
         a = allocator
+        if self.blocks is not None:
+            blocks = [a.zeros((batch_size,) + b.shape[1:], b.dtype) for b in self.blocks]
+            fields = {}
+            for g, b in zip(self.layout, blocks):
+                fields.update({g[0]: b} if len(g) == 1 else {n: b[n] for n in g})
+            fields = {n: fields[n] for n in self.spec.names}
+            return Output(a.zeros(batch_size, np.int64), fields,
+                          tuple(byte_rows(b, k.shape[1]) for b, k in zip(blocks, self.kernel_store)))
         if self.records is not None:
             records = a.zeros(batch_size, self.dtype)
             fields = {name: records[name] for name in self.spec.names}
@@ -86,8 +120,9 @@ def _is_column(arr: np.ndarray, f) -> bool:
     return arr.flags.c_contiguous and arr.dtype == f.dtype
 
 
-def arrange(spec: Spec, records, columns, layout: str | None, allocator, check_copy) -> Rows:
-    """The rows of ``layout`` (None: the one given) from the caller's ``records`` or ``columns``.
+def arrange(spec: Spec, records, columns, layout, allocator, check_copy) -> Rows:
+    """The rows of ``layout`` (None: the one given; a grouping normalised for ``spec``) from the
+    caller's ``records`` or ``columns``.
 
     Arrays that are already what the layout needs (C-contiguous, of the field's dtype) are used
     as they are; the rest is copied once. ``check_copy(parts, what)`` is called with the bytes
@@ -100,6 +135,28 @@ def arrange(spec: Spec, records, columns, layout: str | None, allocator, check_c
         columns = {name: records[name] for name in spec.names}
     else:
         n = len(next(iter(columns.values())))
+    if isinstance(layout, tuple):  # a grouping: groups of several fields are copied into records
+        arrays = group_arrays(spec, layout)
+        copy = {}
+        for g, (dt, sh) in zip(layout, arrays):
+            if len(g) > 1:
+                copy["+".join(g)] = n * dt.itemsize
+            elif not _is_column(columns[g[0]], spec[g[0]]):
+                copy[g[0]] = n * spec[g[0]].nbytes
+        check_copy(copy, f"ArrayDataset of {n} grouped rows")
+        blocks = []
+        for g, (dt, sh) in zip(layout, arrays):
+            if len(g) == 1 and g[0] not in copy:
+                blocks.append(columns[g[0]])
+                continue
+            block = allocator.zeros((n,) + sh, dt)
+            for name in g:
+                if len(g) == 1:
+                    block[...] = columns[name]
+                else:
+                    block[name] = columns[name]
+            blocks.append(block)
+        return Rows(spec, groups=layout, blocks=blocks)
     if layout == "aos":
         if records is not None and records.flags.c_contiguous:
             return Rows(spec, records=records)
