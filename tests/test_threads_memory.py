@@ -246,13 +246,16 @@ def test_nstep_and_elided_sampling_allocate_nothing(layout, elide):
     assert peak - base < 2048, peak - base  # one batch of rewards alone would be 1024
 
 
-@pytest.mark.parametrize("kind", ["plain", "nstep", "elided", "per", "vector"])
+@pytest.mark.parametrize("kind", ["plain", "nstep", "elided", "per", "vector", "stats", "groups"])
 def test_a_dropped_buffer_is_freed_at_once(layout, kind):
     # no reference cycle: `del buf` frees the storage without waiting for the cyclic collector
     import gc
     import weakref
 
-    kw = {"nstep": {"n_step": 3}, "elided": {"elide_next": True}, "vector": {"num_envs": 2}}.get(kind, {})
+    kw = {"nstep": {"n_step": 3}, "elided": {"elide_next": True}, "vector": {"num_envs": 2},
+          "stats": {"stats": ["obs", "reward"]}}.get(kind, {})
+    if kind == "groups":
+        layout = [["obs", "action", "reward"], ["next_obs"]]
     cls = PrioritizedReplayBuffer if kind == "per" else ReplayBuffer
     enabled = gc.isenabled()
     gc.disable()
@@ -265,9 +268,10 @@ def test_a_dropped_buffer_is_freed_at_once(layout, kind):
         if kind != "vector":
             buf.push(row(rows, 3) | {"obs": rows["next_obs"][3]})
         buf.sample(2)
-        ref = weakref.ref(buf)
+        ref, store = weakref.ref(buf), weakref.ref(buf.storage)
         del buf
         assert ref() is None
+        assert store() is None  # no part keeps the rows alive either (episodes held the writer)
     finally:
         if enabled:
             gc.enable()

@@ -13,6 +13,7 @@ written, so a rejected row leaves every buffer untouched.
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -90,7 +91,8 @@ class Field:
     @property
     def nbytes(self) -> int:
         """Bytes of one row of this field."""
-        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+        # math.prod of the (checked, bounded) shape: np.prod was ~3 us of a buffer's construction
+        return self.dtype.itemsize * math.prod(self.shape)
 
     # -- validation -------------------------------------------------------------------------
     def coerce_one(self, value):

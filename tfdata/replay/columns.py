@@ -36,6 +36,7 @@ of the ring). :meth:`RunningStats.mark` flags the blocks of relabelled rows the 
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -307,7 +308,9 @@ class RunningStats:
         from ..kernels import _columns as kc
 
         self.kc = kc  # bound once: an import statement on the read path costs ~0.5 us
-        self.writer = writer
+        # a proxy: the writer holds this hook, and a strong reference back would be a cycle
+        # keeping the storage alive until the cyclic GC runs
+        self.writer = weakref.proxy(writer)
         for name, t in self.trees.items():
             t.x = kc.operand(storage.column(name))
             kc.stats_clear(t.cnt, t.vals, t.dirty)  # empty nodes, as a clear leaves them

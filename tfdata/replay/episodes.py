@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import weakref
+
 import numpy as np
 
 from ..errors import SpecError
@@ -210,7 +212,9 @@ class Episodes:
     def bind(self, writer, storage) -> None:
         """Once: the writer whose cursor ends the unstamped rows, and the storage whose stored
         ``terminated``/``truncated`` flags they are stamped from."""
-        self._writer = writer
+        # a proxy: the writer holds these episodes, and a strong reference back would make a
+        # cycle that keeps the storage (possibly gigabytes) alive until the cyclic GC runs
+        self._writer = weakref.proxy(writer)
         self._term = storage.field(self.spec.names[self.term_i])
         self._trunc = storage.field(self.spec.names[self.trunc_i])
         # load the kernel for the slices catch_up passes now, not at the first catch-up (a slice

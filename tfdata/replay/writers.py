@@ -44,7 +44,7 @@ class RingWriter:
         Number of valid rows (slots ``[0, size)`` before the first wrap, all slots after).
     """
 
-    __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks")
+    __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks", "__weakref__")
 
     def __init__(self, capacity: int, num_envs: int = 1):
         self.capacity = capacity
