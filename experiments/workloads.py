@@ -117,6 +117,7 @@ OPS = {
     "sample_one": _op("projected sampling", "sample(B, fields=[obs])"),
     "sample_half": _op("projected sampling", "sample(B, fields=~half the bytes)"),
     "sample_full": _op("whole-row sampling", "sample(B)"),
+    "extend_step": _op("writes", f"extend({NUM_ENVS} rows: one env step)"),
     "stats_read": _op("running-statistics reads", f"stats(obs) after extend({FILL_ROWS})"),
     **{f"dqn_k{k}_m{m}": _op("DQN-like loop", f"DQN step: sample every {k}, stats every {m}", "env step", m)
        for k, m in DQN},
@@ -159,6 +160,14 @@ def op_call(op: str, buf, kind: str, pools: dict):
             buf.update_field("reward", idx, vals)
 
         return update, None
+    if op == "extend_step":
+        steps, pos = pools["steps"], [0]
+
+        def extend(_):
+            buf.extend(steps[pos[0] % STEP_POOL])
+            pos[0] += 1
+
+        return extend, None
     if op == "sample_full":
         return (lambda _: buf.sample(b)), None
     if op == "sample_one":
@@ -353,8 +362,16 @@ def aggregate(raw: list, kinds_caps: list, candidates: list) -> list:
 
 
 # -- The crossover map and the decision table, from the cells ------------------------------------
-def where(cells) -> str:
-    return ", ".join(f"{c['kind']} {fmt_count(c['capacity'])}" for c in cells)
+def where(cells, family=None) -> str:
+    """'tiny 1e4, cartpole 1e6' for cells of one operation; for cells of several operations of a
+    family (``family``: all that family's cells), each configuration once with how many of its
+    operations these cells are, 'cartpole 1e6 (2 of 4)'."""
+    cfgs = list(dict.fromkeys((c["kind"], c["capacity"]) for c in cells))
+    if family is None or len(cfgs) == len(cells) and len({c["op"] for c in family}) == 1:
+        return ", ".join(f"{k} {fmt_count(cap)}" for k, cap in cfgs)
+    count = lambda cs, kc: sum((c["kind"], c["capacity"]) == kc for c in cs)  # noqa: E731
+    return ", ".join(f"{k} {fmt_count(cap)} ({count(cells, (k, cap))} of {count(family, (k, cap))})"
+                     for k, cap in cfgs)
 
 
 def decision_rows(cells: list, candidates: list) -> list:
@@ -425,10 +442,16 @@ def choose_sentences(cells: list, candidates: list) -> list[str]:
     major = {f: next((k for k in candidates if len(w.get(k, [])) * 2 > w["n"]), None) for f, w in fams.items()}
     out = []
 
+    def span(cs):
+        adv = [c["advantage"]["mean"] for c in cs]
+        return f"{min(adv):.2f}-{max(adv):.2f}x"
+
     def wins(f, k):
         w = fams[f].get(k, [])
-        adv = [c["advantage"]["mean"] for c in w]
-        return f"{f} ({len(w)} of {fams[f]['n']} cells, {min(adv):.2f}-{max(adv):.2f}x)"
+        every = [c for cs in fams[f].values() if isinstance(cs, list) for c in cs]
+        but = [f"{LABELS[o]} for {where(fams[f][o], every)}, {span(fams[f][o])}" for o in candidates
+               if o != k and fams[f].get(o)]
+        return f"{f} ({len(w)} of {fams[f]['n']} cells, {span(w)}" + (f"; but {', '.join(but)}" if but else "") + ")"
 
     for k in candidates:
         mine = [f for f, m in major.items() if m == k]
@@ -699,6 +722,11 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
           "auxiliary loss on the observation).", "",
           "![workloads.png](workloads.png)\n"]
     L += times_table(cells, [o for o in ops if OPS[o]["family"] in MIXED], candidates)
+    L += ["", "What a DQN-like step is made of: the operations it repeats, timed alone above (median per call, "
+          "mean across seeds), beside the step itself. Per env step the loop pays one `extend`, 1/k of a "
+          "`sample(B)` and 1/m of a statistics read of m x " f"{NUM_ENVS} rows (the read after `extend({FILL_ROWS})` "
+          "is the closest measured one).\n"]
+    L += dqn_parts_table(cells, candidates)
     L += ["", "## What is compared\n"]
     L += md_table(["row kind", "fields", "data bytes/row", "AoS record", "B", "field normalised",
                    "half-row projection (share of the row's bytes)", "capacities (AoS storage, where it fits)"],
@@ -753,6 +781,10 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
           f"experiment kept one busy. {spread}" if busy is not None and busy > 0.6 else f"* {spread}",
           "* The workloads are the buffer's share of a training step only: no environment, no model. In a real "
           "loop the same absolute differences are diluted by everything else a step does.",
+          "* The normalised field of the image row is its 28 KB frame stack: `stats=[\"obs\"]` keeps per-pixel "
+          "statistics, which the DQN-like loop reads every m steps. Atari agents usually scale frames by 1/255 "
+          "instead; for them the image row's DQN-like step is `extend` + `sample` only (see the table of what a "
+          "step is made of).",
           "* The offline epoch samples with replacement through the replay buffer; a `DataLoader` over an "
           "`ArrayDataset` (a permutation) is a different code path, not timed here.",
           "* `column_stats` computes count, mean, variance, min and max per element in float64; the numpy "
@@ -795,6 +827,7 @@ def describe(op: str) -> str:
         "sample_one": "`buf.sample(B, fields=[field])`",
         "sample_half": "`buf.sample(B, fields=half)` (the half-row projection below)",
         "sample_full": "`buf.sample(B)`",
+        "extend_step": f"`buf.extend(step)`: one vector-env step of {NUM_ENVS} rows (pre-made, {STEP_POOL} cycled)",
         "stats_read": f"`buf.stats(field)` after an untimed `extend` of {FILL_ROWS} rows (and a read before it, "
                       "so the timed read recomputes that extend's blocks only)",
         "offline_epoch": "`column_stats` of `obs` and `reward`, then `ceil(N / B)` x `sample(B)`",
@@ -811,6 +844,21 @@ def times_table(cells: list, ops: list, candidates: list) -> list[str]:
                          cell_text(c)])
     return md_table(["operation", "rows", *(f"{LABELS[k]} (median per call, step or epoch)" for k in candidates),
                      "winner"], rows, "ll" + "r" * len(candidates) + "l")
+
+
+def dqn_parts_table(cells: list, candidates: list) -> list[str]:
+    get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    parts = ["extend_step", "sample_full", "stats_read", "dqn_k1_m100", "dqn_k4_m100"]
+    rows = []
+    for k, cap in configs_of(cells):
+        row = [f"{k} {fmt_count(cap)}"]
+        for op in parts:
+            c = get.get((op, k, cap))
+            row.append(" / ".join(fmt_time(c["layouts"][lay]["median_us_mean"]) if c and lay in c["layouts"]
+                                  else "n/a" for lay in candidates))
+        rows.append(row)
+    head = " / ".join(SHORT[k] for k in candidates)
+    return md_table(["rows", *(f"{OPS[op]['label']} ({head})" for op in parts)], rows, "l" + "r" * len(parts))
 
 
 def print_table(cells: list, candidates: list) -> None:

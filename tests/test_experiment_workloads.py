@@ -82,10 +82,12 @@ def test_cells_and_decision_from_measurements(wl):
                 # the crossover: aos for the tiny row, soa for cartpole
                 "offline_epoch": {"aos": 1.0, "soa": 3.0} if kind == "tiny" else {"aos": 4.0, "soa": 1.0},
                 "dqn_k1_m100": {"aos": 200.0 * j, "soa": 100.0},         # medians of 100-step blocks
+                # a second op of the family: soa for tiny, aos for cartpole
+                "dqn_k4_m100": {"aos": 200.0, "soa": 100.0} if kind == "tiny" else {"aos": 100.0, "soa": 300.0},
             }))
     cells = wl.aggregate(raw, kc, ["aos", "soa"])
     get = {(c["op"], c["kind"]): c for c in cells}
-    assert len(cells) == 10
+    assert len(cells) == 12
     assert get[("scan_reward", "tiny")]["winner"] == "soa"
     assert get[("scan_reward", "tiny")]["soa_over_aos"]["mean"] == pytest.approx(0.1, rel=0.01)
     assert get[("sample_full", "cartpole")]["winner"] == "aos"
@@ -98,19 +100,23 @@ def test_cells_and_decision_from_measurements(wl):
     rows = {r["layout"]: r for r in wl.decision_rows(cells, ["aos", "soa"])}
     assert [i["op"] for i in rows["soa"]["always"]] == ["scan_reward", "dqn_k1_m100"]
     assert [i["op"] for i in rows["aos"]["always"]] == ["sample_full"]
-    assert [(i["op"], i["where"]) for i in rows["aos"]["some"]] == [("offline_epoch", "tiny 1e4")]
+    assert [(i["op"], i["where"]) for i in rows["aos"]["some"]] == [("dqn_k4_m100", "cartpole 1e4"),
+                                                                    ("offline_epoch", "tiny 1e4")]
     assert [i["op"] for i in rows["tie"]["always"]] == ["update_reward"]
     assert rows["soa"]["always"][0]["advantage_gmean"] == pytest.approx(10.0, rel=0.01)
 
     text = wl.choose_sentences(cells, ["aos", "soa"])
     aos, soa = (next(t for t in text if t.startswith(f"**Choose {n}**")) for n in ("AoS", "SoA"))
     assert "whole-row sampling (2 of 2 cells" in aos and "column scans" not in aos
-    assert "column scans (2 of 2 cells" in soa and "DQN-like loop (2 of 2 cells" in soa
+    assert "column scans (2 of 2 cells" in soa
+    # the family's majority, and where the other layout wins (configuration: how many of its operations)
+    assert "DQN-like loop (3 of 4 cells, 2.00-2.00x; but AoS for cartpole 1e4 (1 of 2), 3.00-3.00x)" in soa
     depends = next(t for t in text if t.startswith("**Depends"))
     assert "offline-RL epoch" in depends and "AoS for tiny 1e4" in depends and "SoA for cartpole 1e4" in depends
     assert any(t.startswith("**A grouping**: not measured") for t in text)
     head = wl.headline(cells, ["aos", "soa"])
-    assert head.startswith("Crossover map, 10 cells") and "AoS wins 3, SoA wins 5, 2 tied" in head
+    assert head.startswith("Crossover map, 12 cells") and "AoS wins 4, SoA wins 6, 2 tied" in head
+    assert "DQN-like loop: SoA 3/4, AoS 1/4 (up to 2.0x)" in head
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["aos-soa", "fake-hybrid"])
