@@ -616,7 +616,7 @@ def plot_map(cells: list, candidates: list, mode: str, n_seeds: int) -> str:
                     continue
                 z[i, j] = math.log10(r["mean"])
                 ax.text(j, i, f"{r['mean']:.2f}\n{SHORT.get(c['winner'], 'tie')}", ha="center", va="center",
-                        fontsize=6.5)
+                        fontsize=6.5, color="white" if abs(z[i, j]) > 0.75 else "black")  # readable on dark cells
         im = ax.imshow(np.clip(z, -lim, lim), cmap="PuOr_r", vmin=-lim, vmax=lim, aspect="auto")
         ax.set_xticks(range(len(cfgs)), [f"{k}\n{fmt_count(cap)}" for k, cap in cfgs], fontsize=7.5)
         ax.set_yticks(range(len(ops)), [OPS[o]["label"] for o in ops] if ax is axes[0][0] else [], fontsize=7.5)
@@ -653,7 +653,7 @@ def plot_bars(cells: list, candidates: list, families, name: str, title: str, mo
                 hs.append(m)
                 es.append(sd)
             series[k] = (hs, es)
-        grouped_bars(ax, [f"{c['kind']} {fmt_count(c['capacity'])}" for c in cs], series, COLORS, LABELS,
+        grouped_bars(ax, [f"{c['kind']}\n{fmt_count(c['capacity'])}" for c in cs], series, COLORS, LABELS,
                      width=0.7 / max(1, len(lays)), log_base=1.0,
                      notes=[SHORT.get(c["winner"], "tie") for c in cs])
         ax.set_title(f"{OPS[op]['label']}", fontsize=9)
