@@ -26,8 +26,9 @@ From the per-seed medians it builds a crossover map: for each (workload, row kin
 which layout wins and by how much, with the spread across seeds, and a decision table written
 from the data.
 
-    python experiments/workloads.py --quick     # about 2 minutes: part of python3 dev.py demo
-    python experiments/workloads.py             # the full run, about 15 minutes (AoS and SoA)
+    python experiments/workloads.py --quick     # about 1 minute: part of python3 dev.py demo
+    python experiments/workloads.py             # the full run: 6-7 minutes for AoS and SoA (two
+                                                # groupings as well: roughly twice that)
     python experiments/workloads.py --seeds 0,1,2
 
 Writes ``reports/workloads/README.md``, ``results.json`` and ``*.png`` (``tfdata run workloads
@@ -875,7 +876,7 @@ def print_table(cells: list, candidates: list) -> None:
 
 # -- Main -----------------------------------------------------------------------------------------
 def main(argv=None) -> None:
-    args = seeds_parser(__doc__, "small grid, short timing budgets (about 2 minutes)",
+    args = seeds_parser(__doc__, "small grid, short timing budgets (about 1 minute)",
                         "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)").parse_args(argv)
     mode = "quick" if args.quick else "full"
