@@ -17,7 +17,8 @@ not recorded.
 
 Besides the run record, the plumbing experiments share, so that each experiment file holds only
 its question, parameters, measured conditions and analysis: the ``--quick`` / ``--seeds`` command
-line, timing loops (per-call timing, budgets, interleaved rounds, time-sliced candidates),
+line, the row kinds of the layout experiments (``ROW_KINDS``, random rows, filling buffers), timing
+loops (per-call timing with an untimed setup, budgets, interleaved rounds, time-sliced candidates),
 statistics across seeds (mean ± std, verdicts, ratio crossings and their sentences), memory
 measurement in a forked process, number formatting, tables built from data (markdown and console),
 the machine bullet and provenance line of a report, and matplotlib helpers (log axes, latency
@@ -636,8 +637,87 @@ def parse_seeds(text: str | None, default: int) -> list[int]:
     return list(range(n))
 
 
+# -- rows and buffers ---------------------------------------------------------------------------
+#: The row kinds the layout experiments share (``tfdata.Spec(ROW_KINDS[kind])``), smallest first.
+ROW_KINDS = {
+    # 2 scalar fields: 12 bytes of data, 16-byte AoS record (rounded up to 8-byte words)
+    "tiny": {"action": "i8", "reward": "f4"},
+    # a CartPole-v1 transition
+    "cartpole": {"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
+                 "terminated": "?", "truncated": "?"},
+    # a 64-float observation (MuJoCo-like state)
+    "medium": {"obs": ("f4", (64,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (64,)),
+               "terminated": "?", "truncated": "?"},
+    # an Atari frame stack, obs and next_obs stored (as a naive DQN buffer does)
+    "image": {"obs": ("u1", (4, 84, 84)), "action": "i8", "reward": "f4",
+              "next_obs": ("u1", (4, 84, 84)), "terminated": "?", "truncated": "?"},
+}
+
+
+def make_chunk(spec, n: int, rng, flag_p=None) -> dict:
+    """``n`` random rows of ``spec``, one array per field, exact dtypes.
+
+    Parameters
+    ----------
+    spec : tfdata.Spec
+    n : int
+    rng : numpy.random.Generator
+    flag_p : dict, optional
+        Probability of True per bool field (default 0.05 for every one).
+
+    Returns
+    -------
+    dict
+        Field name -> array of shape ``(n, *field.shape)`` and the field's dtype: floats
+        standard normal, uint8 uniform over 0..255, other integers in 0..3.
+    """
+    import numpy as np
+
+    out = {}
+    for f in spec:
+        shape = (n,) + f.shape
+        if f.dtype.kind == "f":
+            out[f.name] = rng.standard_normal(shape, dtype=np.float32).astype(f.dtype, copy=False)
+        elif f.dtype.kind == "b":
+            out[f.name] = rng.random(shape) < (flag_p or {}).get(f.name, 0.05)
+        elif f.dtype == np.uint8:
+            out[f.name] = rng.integers(0, 256, shape, dtype=np.uint8)
+        else:
+            out[f.name] = rng.integers(0, 4, shape).astype(f.dtype)
+    return out
+
+
+def fill(buf, chunk: dict, capacity: int) -> None:
+    """Fill ``buf`` with ``capacity`` rows: ``extend(chunk)`` repeated, then the part that is left."""
+    n = len(next(iter(chunk.values())))
+    for _ in range(capacity // n):
+        buf.extend(chunk)
+    rest = capacity % n
+    if rest:
+        buf.extend({k: v[:rest] for k, v in chunk.items()})
+
+
+def build_filled(keys, make, chunk: dict, capacity: int, fill_rates: dict | None = None) -> dict:
+    """``{key: make(key)}`` each filled to ``capacity`` (:func:`fill`), built in the order of
+    ``keys``; the first fill's time (build + fill, page faults included) goes to
+    ``fill_rates[key]`` (``seconds``, ``rows_per_s``)."""
+    import gc
+
+    bufs = {}
+    for key in keys:
+        gc.collect()
+        t0 = time.perf_counter()
+        bufs[key] = buf = make(key)
+        fill(buf, chunk, capacity)
+        dt = time.perf_counter() - t0
+        if fill_rates is not None:
+            fill_rates[key] = {"seconds": dt, "rows_per_s": capacity / dt}
+        assert len(buf) == capacity
+    return bufs
+
+
 # -- timing -------------------------------------------------------------------------------------
-def time_calls(fn, arg, n: int):
+def time_calls(fn, arg, n: int, setup=None):
     """Wall time of each of ``n`` calls ``fn(arg)``, timed one by one.
 
     Parameters
@@ -648,6 +728,8 @@ def time_calls(fn, arg, n: int):
         Its argument (the same every call).
     n : int
         Number of calls.
+    setup : callable, optional
+        ``setup(arg)`` before each call, not timed (e.g. writes whose cost a read then pays).
 
     Returns
     -------
@@ -660,18 +742,20 @@ def time_calls(fn, arg, n: int):
     out = np.empty(n, dtype=np.int64)
     pc = time.perf_counter_ns
     for i in range(n):
+        if setup is not None:
+            setup(arg)
         t0 = pc()
         fn(arg)
         out[i] = pc() - t0
     return out
 
 
-def calls_for_budget(fn, arg, budget_s: float, lo: int, hi: int, warmup: int) -> int:
+def calls_for_budget(fn, arg, budget_s: float, lo: int, hi: int, warmup: int, setup=None) -> int:
     """Warm ``fn(arg)`` up with ``warmup`` calls and size a measurement to a time budget.
 
     Parameters
     ----------
-    fn, arg
+    fn, arg, setup
         As for :func:`time_calls`.
     budget_s : float
         Seconds the measurement should take.
@@ -687,7 +771,7 @@ def calls_for_budget(fn, arg, budget_s: float, lo: int, hi: int, warmup: int) ->
     """
     import numpy as np
 
-    est = float(np.median(time_calls(fn, arg, warmup)))
+    est = float(np.median(time_calls(fn, arg, warmup, setup)))
     return int(min(hi, max(lo, budget_s * 1e9 / max(est, 1.0))))
 
 
@@ -720,7 +804,7 @@ def rotated(seq, k: int) -> list:
 
 
 def interleaved_latencies(calls: dict, args, *, budget_s: float, lo: int, hi: int, rounds: int,
-                          warmup: int) -> dict:
+                          warmup: int, setups: dict | None = None) -> dict:
     """Per-call latency of several callables, alternating them in rounds.
 
     Each callable gets its own number of calls (:func:`calls_for_budget`), split evenly over
@@ -737,6 +821,9 @@ def interleaved_latencies(calls: dict, args, *, budget_s: float, lo: int, hi: in
         As for :func:`calls_for_budget`, per (callable, argument).
     rounds : int
         Number of rounds.
+    setups : dict, optional
+        Name -> ``setup(arg)`` run untimed before each of that callable's calls (warm-up
+        included); see :func:`time_calls`.
 
     Returns
     -------
@@ -748,12 +835,13 @@ def interleaved_latencies(calls: dict, args, *, budget_s: float, lo: int, hi: in
     keys = list(calls)
     out = {}
     for a in args:
-        counts = {k: calls_for_budget(calls[k], a, budget_s, lo, hi, warmup) for k in keys}
+        setup = (setups or {}).get
+        counts = {k: calls_for_budget(calls[k], a, budget_s, lo, hi, warmup, setup(k)) for k in keys}
         parts = {k: [] for k in keys}
         for r in range(rounds):
             for k in rotated(keys, r):
                 n = counts[k] // rounds + (1 if r < counts[k] % rounds else 0)
-                parts[k].append(time_calls(calls[k], a, n))
+                parts[k].append(time_calls(calls[k], a, n, setup(k)))
         out[a] = {k: latency_stats(np.concatenate(parts[k])) for k in keys}
     return out
 
@@ -1252,8 +1340,9 @@ def latency_lines(ax, xs, stats: dict, colors: dict, labels: dict) -> None:
 
 
 def grouped_bars(ax, groups: list, series: dict, colors: dict, labels: dict, *, width: float,
-                 notes=None) -> None:
-    """Bars of several candidates side by side per group, with error bars, from y = 0.
+                 notes=None, log_base: float | None = None) -> None:
+    """Bars of several candidates side by side per group, with error bars, from y = 0 (or, on a
+    log axis, from y = ``log_base``).
 
     Parameters
     ----------
@@ -1261,25 +1350,42 @@ def grouped_bars(ax, groups: list, series: dict, colors: dict, labels: dict, *, 
     groups : list of str
         The x tick labels.
     series : dict
-        Candidate -> (heights, errors), one per group.
+        Candidate -> (heights, errors), one per group; a NaN height draws no bar.
     colors, labels : dict
         Candidate -> colour, legend name.
     width : float
         Of one bar (a group is ``len(series) * width`` wide).
     notes : list of str, optional
         Written above each group's tallest bar (e.g. a ratio).
+    log_base : float, optional
+        Log-10 y axis with bars spanning from ``log_base`` to their height (up or down), and a
+        line at ``log_base``: for ratios against a reference (``log_base=1``).
     """
     import numpy as np
 
     xs = np.arange(len(groups))
+    bottom = 0.0 if log_base is None else log_base
     for j, (name, (h, e)) in enumerate(series.items()):
-        ax.bar(xs + (j - (len(series) - 1) / 2) * width, h, width, yerr=e, capsize=2, color=colors[name],
-               label=labels[name])
-    for i, note in enumerate(notes or []):
-        top = max(h[i] for h, _ in series.values())
+        ax.bar(xs + (j - (len(series) - 1) / 2) * width, np.asarray(h, dtype=float) - bottom, width,
+               bottom=bottom, yerr=e, capsize=2, color=colors[name], label=labels[name])
+    for i, note in enumerate(notes or []):  # above the bars and their error bars
+        top = np.nanmax([h[i] + (e[i] if e is not None else 0) for h, e in series.values()] + [bottom])
         ax.text(xs[i], top * 1.02, note, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(xs, groups, fontsize=8)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+    if log_base is None:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+    else:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        ax.set_yscale("log")
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi * 1.25)  # room for the notes
+        narrow = hi / lo < 4  # labelled ticks at finer steps, or a narrow axis shows only "1"
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9) if narrow
+                                                   else (1, 2, 5)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.axhline(log_base, color="k", lw=0.8)
     ax.grid(True, axis="y", alpha=0.3)
 
 

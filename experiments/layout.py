@@ -44,33 +44,22 @@ import numpy as np
 
 import tfdata
 
-from _methodology import (RunRecord, cache_placement, cache_size, calls_for_budget, column_legend,  # noqa: E402
-                          crossing_summary, crossing_text, crossings, fmt_axis, fmt_bytes, fmt_count, fmt_rate,
-                          fmt_us, fresh_pages_allocator, gc_paused, gmean, grouped_bars, interleaved_latencies,
-                          latency_lines, latency_stats, log_axes, md_table, mean_std, parse_seeds, peak_rss_bytes,
-                          produced_by, pyplot, ratio_curves, ratio_summary, report_dir, rotated, rss_bytes,
-                          run_forked, save_figure, seed_summary, seeds_parser, text_table, time_calls,
-                          verdict as _verdict, write_json, write_report as write_methodology_report)
+from _methodology import (ROW_KINDS, RunRecord, build_filled, cache_placement, cache_size,  # noqa: E402
+                          calls_for_budget, column_legend, crossing_summary, crossing_text, crossings, fill, fmt_axis,
+                          fmt_bytes, fmt_count, fmt_rate, fmt_us, fresh_pages_allocator, gc_paused, gmean,
+                          grouped_bars, interleaved_latencies, latency_lines, latency_stats, log_axes, make_chunk,
+                          md_table, mean_std, parse_seeds, peak_rss_bytes, produced_by, pyplot, ratio_curves,
+                          ratio_summary, report_dir, rotated, rss_bytes, run_forked, save_figure, seed_summary,
+                          seeds_parser, text_table, time_calls, verdict as _verdict, write_json,
+                          write_report as write_methodology_report)
 
 # -- Parameters ----------------------------------------------------------------------------------
 EXPERIMENT = "layout"
 IMPLS = ("aos", "soa", "numpy")  # two tfdata layouts and the plain numpy baseline
 LAYOUTS = ("aos", "soa")
 BATCH_SIZES = (32, 256, 1024)
+# the row kinds (tiny, cartpole, medium, image) are _methodology.ROW_KINDS, shared with workloads.py
 
-ROW_KINDS = {
-    # 2 scalar fields: 12 bytes of data, 16-byte AoS record (rounded up to 8-byte words)
-    "tiny": {"action": "i8", "reward": "f4"},
-    # a CartPole-v1 transition
-    "cartpole": {"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
-                 "terminated": "?", "truncated": "?"},
-    # a 64-float observation (MuJoCo-like state)
-    "medium": {"obs": ("f4", (64,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (64,)),
-               "terminated": "?", "truncated": "?"},
-    # an Atari frame stack, obs and next_obs stored (as a naive DQN buffer does)
-    "image": {"obs": ("u1", (4, 84, 84)), "action": "i8", "reward": "f4",
-              "next_obs": ("u1", (4, 84, 84)), "terminated": "?", "truncated": "?"},
-}
 # 1e4 rows is the "cache-resident" capacity for small rows; 1e6 (and 1e7 for the tiny row, whose
 # 1e6 rows are only 16 MB) is "beyond cache". The report states where each one really lands.
 CAPACITIES = {
@@ -168,23 +157,6 @@ def make_spec(kind: str) -> tfdata.Spec:
     return tfdata.Spec(ROW_KINDS[kind] if kind in ROW_KINDS else FIELD_KINDS[kind])
 
 
-def make_chunk(spec: tfdata.Spec, n: int, rng: np.random.Generator, flag_p=None) -> dict:
-    """``n`` random rows, one array per field, exact dtypes. ``flag_p``: probability of True per
-    bool field (default 0.05 for every one)."""
-    out = {}
-    for f in spec:
-        shape = (n,) + f.shape
-        if f.dtype.kind == "f":
-            out[f.name] = rng.standard_normal(shape, dtype=np.float32).astype(f.dtype, copy=False)
-        elif f.dtype.kind == "b":
-            out[f.name] = rng.random(shape) < (flag_p or {}).get(f.name, 0.05)
-        elif f.dtype == np.uint8:
-            out[f.name] = rng.integers(0, 256, shape, dtype=np.uint8)
-        else:
-            out[f.name] = rng.integers(0, 4, shape).astype(f.dtype)
-    return out
-
-
 def env_row(chunk: dict, i: int = 0) -> dict:
     """One row as a gymnasium loop hands it over: arrays for obs, Python scalars for the rest."""
     return {name: col[i] if col.ndim > 1 else col[i].item() for name, col in chunk.items()}
@@ -223,31 +195,6 @@ def sampler_call(sampler: str, buf, pools: dict):
         buf.update_priorities(batch, pools[b][i])
 
     return call
-
-
-def fill(buf, chunk: dict, capacity: int) -> None:
-    n = len(next(iter(chunk.values())))
-    for _ in range(capacity // n):
-        buf.extend(chunk)
-    rest = capacity % n
-    if rest:
-        buf.extend({k: v[:rest] for k, v in chunk.items()})
-
-
-def build_filled(keys, make, chunk: dict, capacity: int, fill_rates: dict | None = None) -> dict:
-    """``{key: make(key)}`` each filled to ``capacity``, built in the order of ``keys``; the first
-    fill's time (build + fill, page faults included) goes to ``fill_rates[key]``."""
-    bufs = {}
-    for key in keys:
-        gc.collect()
-        t0 = time.perf_counter()
-        bufs[key] = buf = make(key)
-        fill(buf, chunk, capacity)
-        dt = time.perf_counter() - t0
-        if fill_rates is not None:
-            fill_rates[key] = {"seconds": dt, "rows_per_s": capacity / dt}
-        assert len(buf) == capacity
-    return bufs
 
 
 def verdict(ratios: list[float], a: str, b: str) -> str:

@@ -29,6 +29,7 @@ import time
 #: The experiments in the order ``run all`` runs them: file stem -> report folder name.
 EXPERIMENTS = {
     "layout": "layout",
+    "workloads": "workloads",
     "allocators": "alloc",
     "prefetch": "prefetch",
     "shuffle_quality": "shuffle",
