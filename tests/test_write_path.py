@@ -69,7 +69,7 @@ def assert_same_state(fast, slow):
     """Same cursor, the same bytes in every field, the same episode numbers."""
     a, b = fast.state_dict(), slow.state_dict()
     assert a["writer"] == b["writer"]
-    for name in WIDE.names:
+    for name in fast.spec.names:
         np.testing.assert_array_equal(a["data"][name].view(np.uint8), b["data"][name].view(np.uint8),
                                       err_msg=name)
     np.testing.assert_array_equal(a["episodes"]["episode"], b["episodes"]["episode"])
@@ -291,22 +291,29 @@ def test_generated_extend_writes_and_refuses_what_the_checked_extend_does(layout
     assert_same_state(fast, slow)
 
 
-def test_one_vector_env_step_takes_the_generated_extend():
-    """CleanRL's arrays for one env (float64 reward, int64 action, bool flags) are what the
-    generated extend converts itself: the generic path is not called."""
+@pytest.mark.parametrize("layout", [*LAYOUTS, (("obs", "action", "reward"), ("next_obs",))])
+@pytest.mark.parametrize("rows", [1, 6, 7, 16])
+def test_one_vector_env_step_takes_the_generated_extend(layout, rows):
+    """CleanRL's arrays (float64 reward, int64 action, bool flags) for 1 to 16 envs are what
+    the generated extend converts itself (records: packed up to PACK_ROWS rows, field by field
+    beyond): the generic path is not called, and the rows are those of the checked path."""
     spec = Spec({"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
                  "terminated": "?", "truncated": "?"})
-    buf = ReplayBuffer(spec, 8, seed=0)
+    buf = ReplayBuffer(spec, 8 * rows, seed=0, layout=layout)
+    ref = ReplayBuffer(spec, 8 * rows, seed=0, layout=layout)
     calls = []
     slow = buf.extend.__globals__["slow"]
     buf.extend.__globals__["slow"] = lambda b: calls.append(1) or slow(b)
-    step = {"obs": np.ones((1, 4), np.float32), "action": np.array([1]), "reward": np.array([1.0]),
-            "next_obs": np.ones((1, 4), np.float32), "terminated": np.array([False]),
-            "truncated": np.array([True])}
-    for _ in range(20):  # wraps: the batch that would cross the end takes the generic path
+    rng = np.random.default_rng(rows)
+    for k in range(20):  # wraps: the batch that would cross the end takes the generic path
+        step = {"obs": rng.standard_normal((rows, 4)).astype(np.float32),
+                "action": rng.integers(0, 5, rows), "reward": rng.standard_normal(rows),
+                "next_obs": rng.standard_normal((rows, 4)).astype(np.float32),
+                "terminated": rng.random(rows) < 0.2, "truncated": np.full(rows, k % 3 == 0)}
         buf.extend(step)
-    assert len(calls) == 0 and len(buf) == 8
-    assert buf.episodes.current[0] == 20
+        ref._checked_extend(step)
+    assert len(calls) == 0 and len(buf) == 8 * rows
+    assert_same_state(buf, ref)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
