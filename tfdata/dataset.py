@@ -168,7 +168,30 @@ class Dataset:
         return f"{type(self).__name__}({self._n} rows, layout={self.layout!r}, {{{fields}}})"
 
 
-class ProjectedDataset(Dataset):
+class _MappedPages:
+    """Page advice for a dataset over mapped files: ``_maps`` is ``[(MappedFile, row_bytes),
+    ...]`` (one per file read) and ``_n`` the rows."""
+
+    _maps = ()  # no file mapped (yet)
+
+    def willneed(self, start: int, stop: int) -> None:
+        for mf, width in self._maps:
+            mf.willneed(start * width, stop * width)
+
+    def release(self, start: int, stop: int) -> None:
+        for mf, width in self._maps:
+            mf.release(start * width, stop * width)
+
+    def release_all(self) -> None:
+        self.release(0, self._n)
+
+    def sequential(self) -> None:
+        """Advise the kernel that the mapped files will be read front to back."""
+        for mf, _ in self._maps:
+            mf.sequential()
+
+
+class ProjectedDataset(_MappedPages, Dataset):
     """Some fields of a dataset, over its memory (see :meth:`Dataset.project`).
 
     Attributes
@@ -204,22 +227,6 @@ class ProjectedDataset(Dataset):
 
     def _copy_range(self, start: int, m: int, out: Output) -> None:
         self._rows.copy_range(start, m, out)
-
-    def willneed(self, start: int, stop: int) -> None:
-        for mf, width in self._maps:
-            mf.willneed(start * width, stop * width)
-
-    def release(self, start: int, stop: int) -> None:
-        for mf, width in self._maps:
-            mf.release(start * width, stop * width)
-
-    def release_all(self) -> None:
-        self.release(0, self._n)
-
-    def sequential(self) -> None:
-        """Advise the kernel that the files of these fields will be read front to back."""
-        for mf, _ in self._maps:
-            mf.sequential()
 
     def touch(self, start: int, stop: int) -> None:
         if not self._maps:
@@ -310,7 +317,7 @@ def _spec_of_records(dtype: np.dtype) -> Spec:
     return Spec(fields)
 
 
-class MmapDataset(Dataset):
+class MmapDataset(_MappedPages, Dataset):
     """A dataset over a file, memory-mapped read-only: rows are read from the page cache on demand.
 
     Open one with :meth:`open`. The data is never loaded as a whole: only the pages a batch
@@ -360,22 +367,6 @@ class MmapDataset(Dataset):
 
     def __init__(self, *args, **kwargs):
         raise TypeError("use MmapDataset.open(path)")
-
-    def willneed(self, start: int, stop: int) -> None:
-        for mf, width in self._maps:
-            mf.willneed(start * width, stop * width)
-
-    def release(self, start: int, stop: int) -> None:
-        for mf, width in self._maps:
-            mf.release(start * width, stop * width)
-
-    def release_all(self) -> None:
-        self.release(0, self._n)
-
-    def sequential(self) -> None:
-        """Advise the kernel that the file will be read front to back."""
-        for mf, _ in self._maps:
-            mf.sequential()
 
     def touch(self, start: int, stop: int) -> None:
         from .kernels import touch_pages
