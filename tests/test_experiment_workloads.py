@@ -122,17 +122,19 @@ def test_cells_and_decision_from_measurements(wl):
 @pytest.mark.parametrize("hybrid", [False, True], ids=["aos-soa", "fake-hybrid"])
 def test_smoke_run(wl, tmp_path, monkeypatch, hybrid):
     """The whole experiment at tiny sizes writes its report, data and plots; with groupings
-    accepted (a stand-in that stores them as SoA) they get columns of their own."""
+    refused (a stand-in for a tfdata without them) it measures AoS and SoA and says so; with
+    groupings accepted (a stand-in that stores them as SoA) they get columns of their own."""
     monkeypatch.setattr(wl, "OUT_DIR", str(tmp_path))
     monkeypatch.setitem(wl.CAPACITIES, "quick", {"tiny": (2_000,), "cartpole": (2_000,)})
     for table, v in ((wl.BUDGET_S, 0.002), (wl.MIN_CALLS, 2), (wl.MAX_CALLS, 20), (wl.ROUNDS, 2)):
         monkeypatch.setitem(table, "quick", v)
     monkeypatch.setattr(wl, "WARMUP_CALLS", 1)
-    if hybrid:
-        def replay_buffer(spec, capacity, layout=None, **kw):
-            return tfdata.ReplayBuffer(spec, capacity, layout="soa" if isinstance(layout, list) else layout, **kw)
+    def replay_buffer(spec, capacity, layout=None, **kw):
+        if isinstance(layout, list) and not hybrid:  # a tfdata without column groups
+            raise ValueError(f"layout argument: expected one of ('aos', 'soa'), got {layout!r}")
+        return tfdata.ReplayBuffer(spec, capacity, layout="soa" if isinstance(layout, list) else layout, **kw)
 
-        monkeypatch.setattr(wl, "tfdata", types.SimpleNamespace(Spec=tfdata.Spec, ReplayBuffer=replay_buffer))
+    monkeypatch.setattr(wl, "tfdata", types.SimpleNamespace(Spec=tfdata.Spec, ReplayBuffer=replay_buffer))
     wl.main(["--quick", "--seeds", "2"])
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["schema_version"] == 1 and res["methodology"]["seeds"] == [0, 1]
