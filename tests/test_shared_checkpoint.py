@@ -115,13 +115,15 @@ def test_fifo_and_hostile_checkpoints_are_refused(shm_dir, tmp_path):
         SharedReplayBuffer.load(bad)
 
 
-def _writer(name, shard, stop, errors):
+def _writer(name, shard, stop, errors, slow=None):
     try:
         with SharedWriter(name, shard) as w:
             i = 0
             while not stop.is_set():
                 w.extend(id_rows(np.arange(i, i + 8) + 1_000_000 * shard))
                 i += 8
+                if slow is not None and slow.is_set():
+                    time.sleep(0.001)  # ~8k rows/s: a ring of 4096 rows takes half a second to lap
     except BaseException as exc:
         errors.put(f"shard {shard}: {exc!r}")
 
@@ -129,16 +131,23 @@ def _writer(name, shard, stop, errors):
 def test_save_while_writer_processes_write(shm_dir, tmp_path):
     """Two processes overwrite their rings during every save: each checkpoint holds, per shard,
     consecutive ids ending at the saved head, whole rows only (torn ones left out)."""
-    errors, stop = FORK.Queue(), FORK.Event()
+    errors, stop, slow = FORK.Queue(), FORK.Event(), FORK.Event()
     cap = 4096
     with SharedReplayBuffer(SPEC, 2 * cap, num_writers=2, seed=0) as buf:
-        procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors)) for s in range(2)]
+        procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors, slow))
+                 for s in range(2)]
         for p in procs:
             p.start()
         while len(buf) < 2 * cap:
             time.sleep(0.01)
         left_out = kept = 0
-        for k in range(4):
+        # four saves race writers at full speed (torn rows are left out), then four race paced
+        # writers, so that even a machine that deschedules the saver for a long time checks
+        # kept rows
+        for k in range(8):
+            if k == 4:
+                slow.set()
+                time.sleep(0.05)
             path = tmp_path / f"ck{k}"
             buf.save(path)
             doc = json.loads((path / "state.json").read_text())
