@@ -64,9 +64,10 @@ class ColumnScan:
     """Statistics (count, mean, var, std, min, max per element) of one field over 1M live rows:
     ``buffer.column_stats(field)``. ``"numpy"`` computes the same with numpy from a contiguous
     array (four passes: mean, var, min, max in float64); ``"numpy_mean"`` only its mean, one
-    reduction (the figure ``reward.mean()`` of the issue)."""
+    reduction (the figure ``reward.mean()`` of the issue: float32 fields accumulate in float32);
+    ``"numpy_mean64"`` the mean accumulated in float64, the precision of ``column_stats``."""
 
-    params = [["aos", "soa", "numpy", "numpy_mean"], ["reward", "obs"]]
+    params = [["aos", "soa", "numpy", "numpy_mean", "numpy_mean64"], ["reward", "obs"]]
     param_names = ["layout", "field"]
     repeat = (20, 200, 2.0)
 
@@ -76,6 +77,8 @@ class ColumnScan:
             self.op = partial(numpy_stats, numpy_column(field))
         elif layout == "numpy_mean":
             self.op = partial(np.mean, numpy_column(field), 0)
+        elif layout == "numpy_mean64":
+            self.op = partial(np.mean, numpy_column(field), 0, np.float64)
         else:
             self.op = partial(filled_buffer(layout, CARTPOLE, CAPACITY).column_stats, field)
         self.op()
