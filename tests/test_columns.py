@@ -98,6 +98,44 @@ def test_column_scan_chunks_and_offsets_are_accurate():
     close(out, want)
 
 
+def scan_ranges(view2d, ranges):
+    k = view2d.shape[1]
+    lanes = np.zeros((kc.LANE_ROWS, kc.lane_count(k)))
+    cnt, vals, out = np.zeros(2, np.int64), np.zeros((2, 4, k)), np.zeros((5, k))
+    got = kc.column_scan_ranges(kc.operand(view2d), k, np.asarray(ranges, np.int64).reshape(-1, 2),
+                                kc.SCAN_CHUNK, lanes, cnt, vals, out)
+    return got, out
+
+
+@pytest.mark.parametrize("spec", [ODD_SPEC, CART], ids=["odd", "cartpole"])
+def test_column_scan_ranges_matches_reference_in_both_forms(spec):
+    """Rows of several ranges (empty ones, ones past the rows: clamped) against the reference
+    over the same rows; ``[[0, n]]`` is column_scan bit for bit."""
+    rng = np.random.default_rng(5)
+    n = 3 * kc.SCAN_CHUNK // 2
+    rows = random_rows(spec, n, rng)
+    cases = [[[0, n]], [[5, 5]], [[0, 10], [40, 41], [300, 2000]], [[n - 7, n + 50], [-3, 4]],
+             [[100, 90], [17, 18000]], np.zeros((0, 2))]
+    for ranges in cases:
+        sel = np.concatenate([np.arange(max(0, min(a, n)), max(0, min(b, n)))
+                              for a, b in np.asarray(ranges, np.int64).reshape(-1, 2)] + [[]]).astype(int)
+        for f in spec:
+            col, strided = both_forms(spec, rows, f.name)
+            want_n, want = naive.column_stats_naive(rows[f.name][sel])
+            got = [scan_ranges(x, ranges) for x in (col, strided)]
+            for count, out in got:
+                assert count == want_n == len(sel), (f.name, ranges)
+                close(out, want, f"{f.name} {ranges}")
+            np.testing.assert_array_equal(got[0][1], got[1][1], err_msg=f"{f.name}: forms differ")
+            if len(ranges) == 1 and ranges[0] == [0, n]:
+                np.testing.assert_array_equal(got[0][1], scan(col)[1])
+    x = np.arange(10.0).reshape(10, 1)
+    out = np.zeros((5, 1))
+    bad = np.zeros((1, 1), np.int64)  # a range needs two columns
+    assert kc.column_scan_ranges(x, 1, bad, 7, np.zeros((kc.LANE_ROWS, 32)), np.zeros(2, np.int64),
+                                 np.zeros((2, 4, 1)), out) == -1
+
+
 @pytest.mark.parametrize("dtype", ["f4", "f8"])
 def test_non_finite_values_follow_numpy(dtype):
     x = np.arange(600, dtype=dtype).reshape(100, 6) - 300
@@ -266,6 +304,8 @@ def test_column_kernels_allocate_nothing():
         assert extra(kc.stats_ranges, x, 3, 3000, 256, 0, P, 0, 0, lanes, cnt, vals) == 0
         assert extra(kc.stats_dirty, x, 3, 3000, 256, dirty, lanes, cnt, vals) == 0
         assert extra(kc.column_scan, x, 3, 3000, 100, lanes, cnt[:2], vals[:2], np.zeros((5, 3))) == 0
+        assert extra(kc.column_scan_ranges, x, 3, np.array([[0, 50], [900, 3000]]), 100, lanes,
+                     cnt[:2], vals[:2], np.zeros((5, 3))) == 0
         assert extra(kc.stats_summary, cnt, vals, np.zeros((5, 3))) == 0
         assert extra(kc.stats_clear, cnt, vals, dirty) == 0
     assert extra(kc.first_bad_slot, np.arange(10), 20, np.empty(32, np.int64)) == 0

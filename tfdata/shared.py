@@ -397,7 +397,8 @@ class SharedReplayBuffer:
         allocated (:class:`~tfdata.MemoryBudgetError`, nothing changed).
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
-        process's buffer; so is :meth:`update_field`.
+        process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
+        read the shards' rows as the writers leave them.
 
     Notes
     -----
@@ -998,6 +999,122 @@ class SharedReplayBuffer:
         s = self._prioritized("priorities")
         with self._lock:
             return s.live_leaves(self.capacity).copy()
+
+    # -- columns ----------------------------------------------------------------------------
+    def _column_field(self, name, what: str):
+        if self._fifo:
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
+                                    f"in flight, not columns to read")
+        if not isinstance(name, str) or name not in self.spec:
+            raise SpecError(f"{what}: {self.spec.unknown_message(name)}")
+        return self.spec[name]
+
+    def _slot_ranges(self, los: list, heads: list) -> np.ndarray:
+        """int64[m, 2]: the slots of rows ``[los[s], heads[s])`` of every shard, in slot order,
+        adjacent ranges joined (a shard whose ring is all live is one range)."""
+        cap = self._region.cap
+        out = []
+        for s, (lo, h) in enumerate(zip(los, heads)):
+            if h <= lo:
+                continue
+            a = lo % cap
+            b = a + (h - lo)
+            base = s * cap
+            parts = [(a, b)] if b <= cap else [(0, b - cap), (a, cap)]
+            for x, y in parts:
+                if out and out[-1][1] == base + x:
+                    out[-1][1] = base + y
+                else:
+                    out.append([base + x, base + y])
+        return np.array(out, np.int64).reshape(-1, 2)
+
+    def column(self, name: str):
+        """Read-only views of field ``name`` over the rows each shard holds: shard by shard,
+        oldest to newest (one view per shard, two where its ring has wrapped); no copy.
+
+        The views read the region as it is: writers keep writing into it, so a row a writer
+        overwrites while a view is read changes under it (copy what must be kept,
+        ``np.array(column)``, and see :meth:`column_stats` for statistics that leave such rows
+        out).
+
+        Returns
+        -------
+        tfdata.replay.columns.Column
+            As :meth:`tfdata.ReplayBuffer.column`; ``np.asarray(column)`` concatenates the
+            segments (a copy), ``(len(self), *spec[name].shape)`` of ``spec[name].dtype``.
+
+        Raises
+        ------
+        SpecError
+            Unknown field. SharedBufferError: a FIFO buffer.
+        """
+        from .replay.columns import Column
+
+        f = self._column_field(name, "column")
+        r = self._region
+        heads = [int(h) for h in r.heads]
+        view = r.storage.field(name)
+        ranges = []
+        for s, h in enumerate(heads):
+            held = min(h, r.cap)
+            if held == 0:
+                continue
+            a = (h - held) % r.cap
+            base = s * r.cap
+            if a + held <= r.cap:
+                ranges.append((base + a, base + a + held))
+            else:
+                ranges += [(base + a, base + r.cap), (base, base + a + held - r.cap)]
+        return Column(name, tuple(view[a:b] for a, b in ranges), f)
+
+    def column_stats(self, name: str):
+        """Statistics of field ``name`` over the rows the shards hold, by one compiled pass
+        over them (in slot order), while writers keep writing.
+
+        The rows counted are those published when the pass began that no writer began to
+        overwrite before it ended: if a writer reached a shard's oldest rows during the pass,
+        the pass is repeated over the rows then held minus twice as many of the oldest as the
+        writer wrote during it (at most 16 passes); ``count`` says how many rows were counted. With no writer writing, every row held is counted,
+        and with one shard the statistics are bit for bit those of
+        :meth:`tfdata.ReplayBuffer.column_stats` over the same rows in the same slots.
+
+        Returns
+        -------
+        tfdata.replay.columns.FieldStats
+            ``count``, and per element (arrays of the field's shape, float64) ``mean``, ``var``
+            (population), ``std``, ``min``, ``max``.
+
+        Raises
+        ------
+        SpecError
+            Unknown field, or one of a dtype other than bool, integer or float.
+        SharedBufferError
+            A FIFO buffer, or writers that overwrote the rows faster than 16 passes could read
+            them (no pass kept a row).
+        """
+        from .replay.columns import scan_ranges
+
+        f = self._column_field(name, "column_stats")
+        if f.dtype.kind not in "biuf":
+            raise SpecError(f"column_stats: field {name!r} has dtype {f.dtype}; statistics are "
+                            f"computed for bool, integer and float fields only")
+        r = self._region
+        view = r.storage.column(name)
+        skip = [0] * r.shards
+        for _ in range(16):
+            heads = [int(h) for h in r.heads]  # published: read before the rows (x86 keeps the order)
+            begun = [int(b) for b in r.reserved]
+            # row i's slot is reused by row i + cap: being overwritten once reserved > i + cap
+            los = [min(h, max(h - min(h, r.cap), b - r.cap + sk))
+                   for h, b, sk in zip(heads, begun, skip)]
+            got = scan_ranges(f, view, self._slot_ranges(los, heads))
+            now = [int(b) for b in r.reserved]  # read after the pass it judges
+            if all(b - r.cap <= lo for lo, b in zip(los, now)) and (got.count or not any(heads)):
+                return got  # (no row counted of rows held: writers lapped them all; try again)
+            # the next pass leaves out twice as many of the oldest rows as were begun during this one
+            skip = [2 * (b - b0) for b, b0 in zip(now, begun)]
+        raise SharedBufferError(f"column_stats({name!r}): writers overwrote the rows of shared "
+                                f"buffer {self.name!r} faster than 16 passes could read them")
 
     def update_field(self, name, indices, values) -> None:
         """Not available: rows of a shared buffer are written by writer processes under their

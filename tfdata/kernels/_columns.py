@@ -43,7 +43,8 @@ min, max).
 
 Whatever the arrays and arguments hold, no kernel reads or writes outside them: shapes are
 checked at entry (a kernel returns -1 and changes nothing when they disagree) and ranges are
-clamped. References: ``column_stats_naive`` and ``stats_tree_naive`` in ``tests/naive.py``.
+clamped. References: ``column_stats_naive`` (of :func:`column_scan` and
+:func:`column_scan_ranges`) and ``stats_tree_naive`` in ``tests/naive.py``.
 """
 
 from __future__ import annotations
@@ -470,20 +471,51 @@ def stats_summary(cnt, vals, out):
     return cnt[1]
 
 
+@njit(**INLINE_OPTIONS)
+def _scan_args_ok(x, k, chunk, lanes, cnt, vals, out):
+    L = lanes.shape[1]
+    return not (k < 1 or L < k or L % k != 0 or lanes.shape[0] < LANE_ROWS or cnt.shape[0] < 2
+                or vals.shape[0] < 2 or vals.shape[1] < 4 or vals.shape[2] < k or out.shape[0] < 5
+                or out.shape[1] < k or chunk < 1 or not _wide_enough(x, k))
+
+
+@njit(**INLINE_OPTIONS)
+def _scan_add(x, k, a, b, chunk, lanes, cnt, vals):
+    """Merge rows ``[a, b)`` into node 0, ``chunk`` rows at a time (each a lane pass into node 1)."""
+    for s in range(a, b, chunk):
+        _leaf(x, k, s, min(s + chunk, b), lanes, cnt, vals, 1)
+        _merge(cnt, vals, 0, 0, 1, k)
+
+
 @njit(**NJIT_OPTIONS)
 def column_scan(x, k, n, chunk, lanes, cnt, vals, out):
     """Statistics of rows ``[0, n)`` of ``x`` into ``out`` (as :func:`stats_summary`): chunks of
     ``chunk`` rows, each a lane pass, merged in order. ``cnt`` int64[2] and ``vals``
     float64[2, 4, k] are scratch. Returns the rows counted (-1 for inconsistent arrays)."""
-    L = lanes.shape[1]
-    if (k < 1 or L < k or L % k != 0 or lanes.shape[0] < LANE_ROWS or cnt.shape[0] < 2
-            or vals.shape[0] < 2 or vals.shape[1] < 4 or vals.shape[2] < k or out.shape[0] < 5
-            or out.shape[1] < k or chunk < 1 or not _wide_enough(x, k)):
+    if not _scan_args_ok(x, k, chunk, lanes, cnt, vals, out):
         return -1
     n = max(0, min(n, _rows(x, k)))
     _empty(cnt, vals, 0, k)
-    for a in range(0, n, chunk):
-        _leaf(x, k, a, min(a + chunk, n), lanes, cnt, vals, 1)
-        _merge(cnt, vals, 0, 0, 1, k)
+    _scan_add(x, k, 0, n, chunk, lanes, cnt, vals)
     _summary(cnt, vals, 0, k, out)
     return n
+
+
+@njit(**NJIT_OPTIONS)
+def column_scan_ranges(x, k, ranges, chunk, lanes, cnt, vals, out):
+    """Statistics of the rows of ``x`` in the ranges ``ranges[i, 0] <= row < ranges[i, 1]``
+    (int64[m, 2], in that order; each clamped to the rows of ``x``, an empty one skipped) into
+    ``out``, as :func:`column_scan`; the ranges ``[[0, n]]`` give exactly its result. Returns the
+    rows counted (-1 for inconsistent arrays)."""
+    if not _scan_args_ok(x, k, chunk, lanes, cnt, vals, out) or ranges.shape[1] < 2:
+        return -1
+    rows = _rows(x, k)
+    _empty(cnt, vals, 0, k)
+    total = 0
+    for i in range(ranges.shape[0]):
+        a = max(0, min(ranges[i, 0], rows))
+        b = max(a, min(ranges[i, 1], rows))
+        _scan_add(x, k, a, b, chunk, lanes, cnt, vals)
+        total += b - a
+    _summary(cnt, vals, 0, k, out)
+    return total

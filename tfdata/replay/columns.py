@@ -142,7 +142,8 @@ class Column:
     name : str
     segments : tuple of ndarray
         One view (the ring has not wrapped, or the oldest row is in slot 0), two (slots
-        ``cursor..capacity`` then ``0..cursor``) or none (an empty buffer), each
+        ``cursor..capacity`` then ``0..cursor``) or none (an empty buffer), each; a
+        :class:`~tfdata.SharedReplayBuffer`'s are those of each shard in turn, each
         ``(rows, *field.shape)`` of the field's
         dtype, read-only; together ``len(column)`` rows in ring order (oldest to newest). Views
         of a field inside records (AoS) are strided.
@@ -458,4 +459,19 @@ def scan(field, view: np.ndarray, rows: int) -> FieldStats:
     vals = np.zeros((2, 4, k))
     out = np.zeros((5, k))
     n = kc.column_scan(kc.operand(view), k, rows, kc.SCAN_CHUNK, lanes, cnt, vals, out)
+    return FieldStats(field.name, n, out, field.shape)
+
+
+def scan_ranges(field, view: np.ndarray, ranges: np.ndarray) -> FieldStats:
+    """Statistics of the rows of ``view`` (as in :func:`scan`) in ``ranges`` (int64[m, 2]: rows
+    ``[ranges[i, 0], ranges[i, 1])``, in that order), by one compiled pass
+    (:func:`tfdata.kernels._columns.column_scan_ranges`)."""
+    from ..kernels import _columns as kc
+
+    k = view.shape[1]
+    lanes = np.zeros((kc.LANE_ROWS, kc.lane_count(k)))
+    cnt = np.zeros(2, np.int64)
+    vals = np.zeros((2, 4, k))
+    out = np.zeros((5, k))
+    n = kc.column_scan_ranges(kc.operand(view), k, ranges, kc.SCAN_CHUNK, lanes, cnt, vals, out)
     return FieldStats(field.name, n, out, field.shape)
