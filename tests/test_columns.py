@@ -882,3 +882,25 @@ def test_checkpoint_stats_are_validated(tmp_path):
     assert ReplayBuffer.load(p, stats=None).stats_fields == ()
     with pytest.raises(FormatError, match=r"stats\['reward'\].max"):
         ReplayBuffer.load(p, stats=["reward"])
+
+
+def test_merge_stats_of_disjoint_row_sets_matches_the_reference():
+    """merge_stats (the merge RayReplayBuffer uses over shards) against the reference over the
+    union, empty parts skipped, non-finite values as numpy's functions give them."""
+    from tfdata.replay.columns import merge_stats
+
+    rng = np.random.default_rng(23)
+    for trial in range(40):
+        sizes = rng.integers(0, 300, int(rng.integers(1, 5)))
+        parts = [1e3 * trial + rng.standard_normal((int(n), 3)) * (1 + trial) for n in sizes]
+        if trial % 5 == 1 and sizes.sum():
+            j = int(np.argmax(sizes))
+            parts[j][0, 0] = np.nan
+            parts[j][-1, 1] = np.inf
+        got = merge_stats("x", (3,), [(len(p), scan(p)[1]) for p in parts])
+        n, want = naive.column_stats_naive(np.concatenate(parts))
+        assert got.count == n
+        close(np.stack([got.mean, got.var, got.std, got.min, got.max]), want, f"trial {trial}")
+    one = scan(parts[0])[1]
+    assert merge_stats("x", (3,), [(0, one), (7, one)]).values.tobytes() == one.tobytes()
+    assert np.isnan(merge_stats("r", (), []).mean)

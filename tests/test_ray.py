@@ -345,3 +345,66 @@ def test_column_groups_reach_every_shard(cluster):
         assert [s["layout"] for s in buf.stats()["shards"]] == [buf.layout] * 2
     with pytest.raises(tfdata.SpecError, match="unknown field 'img'"):
         RayReplayBuffer(SPEC, 64, layout=[["img"]])
+
+
+def _stats_array(st) -> np.ndarray:
+    return np.stack([np.asarray(getattr(st, k), np.float64).reshape(-1)
+                     for k in ("mean", "var", "std", "min", "max")])
+
+
+@pytest.mark.parametrize("layout", ["aos", [["obs", "reward"]]], ids=["aos", "groups"])
+def test_columns_relabelling_and_projection_across_shards(cluster, layout):
+    """column_stats and the running statistics merged over shards equal the statistics of the
+    rows held; update_field rewrites rows on their shards, and refuses bad input with nothing
+    changed; a projected sample is the full one restricted."""
+    from .naive import column_stats_naive
+    from .test_columns import close
+
+    kw = dict(num_shards=2, layout=layout, seed=3, stats=["obs", "reward"])
+    with RayReplayBuffer(SPEC, 64, **kw) as buf, RayReplayBuffer(SPEC, 64, **kw) as twin:
+        for b in (buf, twin):
+            b.extend(rows(np.arange(50)), shard=0)  # wraps: ids 18..49 held
+            b.extend(rows(np.arange(1000, 1010)), shard=1)
+        held = np.r_[np.arange(18, 50), np.arange(1000, 1010)]
+
+        def check(want_rows):
+            for name in ("obs", "reward", "action"):
+                n, want = column_stats_naive(want_rows[name])
+                got = buf.column_stats(name)
+                assert got.count == n == 42
+                close(_stats_array(got), want, name)
+                if name != "action":
+                    close(_stats_array(buf.field_stats(name)), want, f"running {name}")
+
+        check(rows(held))
+        # projection: same rows and random numbers as the full batch
+        full, part = twin.sample(16), buf.sample(16, fields=["action"])
+        assert set(part) == {"action"}
+        np.testing.assert_array_equal(part.indices, full.indices)
+        np.testing.assert_array_equal(part["action"], full["action"])
+        with pytest.raises(tfdata.SpecError, match="unknown field 'nope'"):
+            buf.sample(4, fields=["nope"])
+        # relabel some rows of both shards through their global slots
+        b = buf.sample(8)
+        slots = np.unique(b.indices)
+        new = -1000.0 - np.arange(len(slots))
+        buf.update_field("reward", slots, new)
+        want = rows(held)
+        order = {int(v): i for i, v in enumerate(held)}
+        for sl, v in zip(slots, new):
+            s, k = divmod(int(sl), 32)
+            rid = (np.arange(18, 50)[(np.arange(18, 50) % 32) == k][0]) if s == 0 else 1000 + k
+            want["reward"][order[int(rid)]] = v
+        check(want)
+        before = _stats_array(buf.column_stats("reward"))
+        with pytest.raises(IndexError, match="not a slot held"):
+            buf.update_field("reward", [0, 32 + 10], [1.0, 2.0])  # shard 1 holds 10 rows
+        with pytest.raises(ValueError, match="given twice"):
+            buf.update_field("reward", [3, 40, 3], [1.0, 2.0, 3.0])
+        with pytest.raises(tfdata.SpecError, match="nope"):
+            buf.update_field("nope", [0], [1.0])
+        with pytest.raises(ValueError):
+            buf.update_field("reward", [0, 1], [1.0])  # one value for two rows
+        with pytest.raises(tfdata.SpecError):
+            buf.field_stats("action")  # no running statistics kept for it
+        np.testing.assert_array_equal(_stats_array(buf.column_stats("reward")), before)

@@ -118,8 +118,9 @@ class _Shard:
             return (n, *buf.sampler.mass())
         return n, float(n), 1.0
 
-    def sample(self, k: int, beta, whole: bool):
-        """Draw ``k`` rows (with ``beta`` as the importance exponent when prioritized).
+    def sample(self, k: int, beta, whole: bool, names=None):
+        """Draw ``k`` rows (with ``beta`` as the importance exponent when prioritized); only
+        the fields ``names`` (a checked tuple) when given.
 
         ``whole``: one ``buffer.sample(k)`` (needs ``k <= len``; the one-shard path). Otherwise
         ``k`` may exceed the rows held (the draws of a multinomial split, with replacement) and
@@ -128,7 +129,8 @@ class _Shard:
         Returns
         -------
         fields : dict of str to ndarray
-            C-contiguous, dtype ``spec[name].dtype``, shape ``(k, *spec[name].shape)``.
+            C-contiguous, dtype ``spec[name].dtype``, shape ``(k, *spec[name].shape)``; the
+            fields ``names`` (every field when None).
         slots : ndarray of int64, shape (k,)
             This shard's slots.
         weights : ndarray of float32, shape (k,), or None
@@ -141,25 +143,26 @@ class _Shard:
             buf.beta_start = beta  # beta_steps is None in a shard: this is the beta used
         self.samples += 1
         weighted = isinstance(buf, PrioritizedReplayBuffer)
+        keep = buf.spec.names if names is None else names
         if whole:
-            b = buf.sample(k)
+            b = buf.sample(k, fields=names)
             # SoA fields are C-contiguous views of the ring: Ray copies them straight into the
             # object store. AoS fields are strided views of one record array, which Ray would
             # pickle in-band and the learner receive as private copies: make them contiguous.
-            fields = {name: np.ascontiguousarray(b[name]) for name in buf.spec.names}
+            fields = {name: np.ascontiguousarray(b[name]) for name in keep}
             # versions as uint64 whatever the buffer counts them in (uint32, modulo 2**32)
             versions = None if b.versions is None else b.versions.astype(np.uint64)
             return fields, b.indices, b.weights, versions
         n = len(buf)
         if n == 0:
             raise ValueError("cannot sample from an empty shard")
-        fields = {f.name: np.empty((k,) + f.shape, f.dtype) for f in buf.spec}
+        fields = {name: np.empty((k,) + buf.spec[name].shape, buf.spec[name].dtype) for name in keep}
         slots = np.empty(k, np.int64)
         weights = np.empty(k, np.float32) if weighted else None
         versions = np.empty(k, np.uint64) if weighted else None
         at = 0
         for m in _pieces(k, n):
-            b = buf.sample(m)  # views: copied out before the next piece may reuse the ring
+            b = buf.sample(m, fields=names)  # views: copied out before the next piece may reuse the ring
             for name, arr in fields.items():
                 arr[at:at + m] = b[name]
             slots[at:at + m] = b.indices
@@ -185,6 +188,22 @@ class _Shard:
                               priorities)
         self.stale_skipped += skipped
         return skipped
+
+    # -- columns ----------------------------------------------------------------------------
+    def column_stats(self, name: str) -> tuple:
+        """``(count, values)`` of :meth:`tfdata.ReplayBuffer.column_stats` (plain data: a
+        FieldStats does not pickle)."""
+        st = self.buf.column_stats(name)
+        return st.count, np.array(st.values)
+
+    def field_stats(self, name: str) -> tuple:
+        """``(count, values)`` of the running statistics :meth:`tfdata.ReplayBuffer.stats`."""
+        st = self.buf.stats(name)
+        return st.count, np.array(st.values)
+
+    def update_field(self, name: str, slots, values) -> int:
+        self.buf.update_field(name, slots, values)
+        return len(slots)
 
     # -- state ------------------------------------------------------------------------------
     def size(self) -> int:
@@ -464,8 +483,17 @@ class RayReplayBuffer:
         frac = min(1.0, self._samples / self.beta_steps)
         return self.beta_start + (self.beta_final - self.beta_start) * frac
 
-    def sample(self, batch_size: int) -> Batch:
+    def sample(self, batch_size: int, *, fields=None) -> Batch:
         """Draw ``batch_size`` rows with replacement from all shards.
+
+        Parameters
+        ----------
+        batch_size : int
+        fields : list of str, optional
+            Only these fields are gathered by the shards and sent (field projection, as in
+            :meth:`tfdata.ReplayBuffer.sample`: the batch the same call without ``fields``
+            would have returned, restricted to them). Checked here (SpecError naming an unknown
+            field), before anything is sent.
 
         Returns
         -------
@@ -487,9 +515,10 @@ class RayReplayBuffer:
         """
         self._reap()
         batch_size = _check_int("batch_size", batch_size, 1)
+        names = None if fields is None else self.spec.select(fields)
         beta = self.beta
         if self.num_shards == 1:
-            fields, slots, weights, versions = _get(self._actors[0].sample.remote(batch_size, beta, True))
+            fields, slots, weights, versions = _get(self._actors[0].sample.remote(batch_size, beta, True, names))
             self._samples += 1
             return Batch(fields, slots, weights, versions)
         info = _get([a.info.remote() for a in self._actors])
@@ -503,9 +532,9 @@ class RayReplayBuffer:
         mass = np.array([i[1] for i in info], np.float64)
         counts = self._rng.multinomial(batch_size, mass / mass.sum())
         parts = [(s, int(k)) for s, k in enumerate(counts) if k]
-        got = _get([self._actors[s].sample.remote(k, beta, False) for s, k in parts])
+        got = _get([self._actors[s].sample.remote(k, beta, False, names) for s, k in parts])
         self._samples += 1
-        fields = {name: np.concatenate([g[0][name] for g in got]) for name in self.spec.names}
+        fields = {name: np.concatenate([g[0][name] for g in got]) for name in names or self.spec.names}
         slots = np.concatenate([g[1] + s * self.shard_capacity for (s, _), g in zip(parts, got)])
         if not self.prioritized:
             return Batch(fields, slots)
@@ -553,6 +582,91 @@ class RayReplayBuffer:
             m = shard == s
             v = None if versions is None else versions[m]
             self._pending.append(self._actors[int(s)].update_priorities.remote(slot[m], p[m], v, stale))
+
+    # -- columns ----------------------------------------------------------------------------
+    def _field(self, name, what: str):
+        if not isinstance(name, str) or name not in self.spec:
+            raise SpecError(f"{what}: {self.spec.unknown_message(name)}")
+        return self.spec[name]
+
+    def column_stats(self, name: str):
+        """Statistics of field ``name`` over the rows of every shard: each shard computes its
+        own in one compiled pass (:meth:`tfdata.ReplayBuffer.column_stats`), this handle merges
+        them (Chan's formulas, float64). Flushes first, so the rows this handle sent count.
+
+        Returns
+        -------
+        tfdata.replay.columns.FieldStats
+            ``count``, and per element (arrays of the field's shape, float64) ``mean``, ``var``
+            (population), ``std``, ``min``, ``max``. With one shard, the shard's own.
+
+        Raises
+        ------
+        SpecError
+            Unknown field, or one of a dtype statistics are not computed for (raised by a shard).
+        """
+        from .replay.columns import merge_stats
+
+        f = self._field(name, "column_stats")
+        self.flush()
+        return merge_stats(name, f.shape, _get([a.column_stats.remote(name) for a in self._actors]))
+
+    def field_stats(self, name: str):
+        """The running statistics of field ``name`` (``stats=[...]`` among the buffer options:
+        every shard keeps them, :meth:`tfdata.ReplayBuffer.stats`), merged over the shards as
+        :meth:`column_stats` merges. Flushes first. SpecError: a field with no statistics
+        kept (raised by the shards)."""
+        from .replay.columns import merge_stats
+
+        f = self._field(name, "field_stats")
+        self.flush()
+        return merge_stats(name, f.shape, _get([a.field_stats.remote(name) for a in self._actors]))
+
+    def update_field(self, name: str, indices, values) -> None:
+        """Rewrite field ``name`` of the rows at global slots ``indices`` (as ``batch.indices``
+        gives them) in place, on their shards (relabelling, as
+        :meth:`tfdata.ReplayBuffer.update_field`), and wait until every shard has done it.
+
+        Checked here, before anything is sent: the field, indices a 1-D integer array of slots
+        held (each in its shard's ``[0, len)``), each given once, values that cast without loss
+        to ``(len(indices), *spec[name].shape)``. A shard can still refuse a field its buffer
+        does not rewrite (its SpecError is raised here); the check is made by every shard
+        before any writes, so nothing changes then either.
+
+        Raises
+        ------
+        SpecError, IndexError, ValueError
+            As :meth:`tfdata.ReplayBuffer.update_field`; nothing is sent.
+        """
+        f = self._field(name, "update_field")
+        self.flush()
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise SpecError(f"update_field: indices must be a 1-D integer array, got "
+                            f"{idx.dtype}{list(idx.shape)}")
+        idx = idx.astype(np.int64, copy=False)
+        vals = np.asarray(f.coerce(values, (idx.shape[0],)), f.dtype)
+        if idx.size == 0:
+            return
+        sizes = _get([a.size.remote() for a in self._actors])  # rows only grow: a slot held stays held
+        shard, slot = np.divmod(idx, self.shard_capacity)
+        for i in range(idx.shape[0]):
+            s = int(shard[i])
+            if idx[i] < 0 or s >= self.num_shards or slot[i] >= sizes[s]:
+                raise IndexError(f"update_field: index {int(idx[i])} at position {i} is not a slot "
+                                 f"held (shard {s} holds {sizes[s] if 0 <= s < self.num_shards else 0} "
+                                 f"rows of {self.shard_capacity})")
+        uniq, first, counts = np.unique(idx, return_index=True, return_counts=True)
+        if (counts > 1).any():
+            dup = int(uniq[np.argmax(counts > 1)])
+            pos = np.flatnonzero(idx == dup)
+            raise ValueError(f"update_field: index {dup} is given twice (positions {int(pos[0])} "
+                             f"and {int(pos[1])})")
+        targets = [int(s) for s in np.unique(shard)]
+        # a field a shard refuses (an episode flag...) is refused by every shard the same way,
+        # before any write: the first reply raises it, and no shard has written
+        _get([self._actors[s].update_field.remote(name, slot[shard == s], vals[shard == s])
+              for s in targets])
 
     # -- state ------------------------------------------------------------------------------
     def __len__(self) -> int:

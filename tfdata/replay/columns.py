@@ -130,6 +130,37 @@ class FieldStats:
                 f"std={self.std.tolist()}, min={self.min.tolist()}, max={self.max.tolist()})")
 
 
+def merge_stats(name: str, shape: tuple, parts) -> FieldStats:
+    """The statistics of the union of disjoint row sets, from theirs: ``parts`` is a sequence of
+    ``(count, values)`` (``values``: float64 ``(5, *shape)`` as :attr:`FieldStats.values`).
+
+    Chan et al.'s merge, in the order given, in float64 (``M2 = var * count``); a non-finite
+    mean merges as a weighted mean and makes the variance NaN; min and max are NaN-sticky, as
+    the kernels' merges are. One non-empty part is returned as it is."""
+    k = int(np.prod(shape, dtype=np.int64))
+    live = [(int(c), np.asarray(v, np.float64).reshape(5, k)) for c, v in parts if int(c) > 0]
+    if len(live) <= 1:
+        c, v = live[0] if live else (0, np.full((5, k), np.nan))
+        return FieldStats(name, c, v, shape)
+    n, v0 = live[0]
+    mean, m2, mn, mx = v0[0].copy(), v0[1] * n, v0[3].copy(), v0[4].copy()
+    for nb, v in live[1:]:
+        tot = n + nb
+        mb = v[0]
+        d = mb - mean
+        finite = np.isfinite(mean) & np.isfinite(mb)
+        with np.errstate(invalid="ignore", over="ignore"):
+            m2 = np.where(finite, m2 + v[1] * nb + d * d * (n * (nb / tot)), np.nan)
+            mean = np.where(finite, mean + d * (nb / tot), mean * (n / tot) + mb * (nb / tot))
+        mn = np.minimum(mn, v[3])  # NaN-sticky
+        mx = np.maximum(mx, v[4])
+        n = tot
+    var = m2 / n
+    with np.errstate(invalid="ignore"):
+        std = np.sqrt(var)
+    return FieldStats(name, n, np.stack([mean, var, std, mn, mx]), shape)
+
+
 class Column:
     """Read-only views of one field over the rows a buffer held when it was made, oldest first.
 
