@@ -659,3 +659,21 @@ def first_bad_slot_naive(idx, n: int) -> int:
             return 2 * i + 1
         seen.add(v)
     return -1
+
+
+def scatter_fields_naive(dst, p, n, srcs, spans) -> int:
+    """Reference of ``kernels._records.scatter_fields``: byte by byte in Python, every check
+    first (-1 and nothing written when an argument disagrees)."""
+    rows, stride = dst.shape
+    if n < 1 or p < 0 or p + n > rows or len(spans) < len(srcs):
+        return -1
+    for i, s in enumerate(srcs):
+        off, w = int(spans[i][0]), int(spans[i][1])
+        if off < 0 or w < 0 or off + w > stride or len(s) != n * w:
+            return -1
+    for i, s in enumerate(srcs):
+        off, w = int(spans[i][0]), int(spans[i][1])
+        for k in range(n):
+            for b in range(w):
+                dst[p + k][off + b] = s[k * w + b]
+    return 0

@@ -292,11 +292,12 @@ def test_generated_extend_writes_and_refuses_what_the_checked_extend_does(layout
 
 
 @pytest.mark.parametrize("layout", [*LAYOUTS, (("obs", "action", "reward"), ("next_obs",))])
-@pytest.mark.parametrize("rows", [1, 6, 7, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 16])
 def test_one_vector_env_step_takes_the_generated_extend(layout, rows):
     """CleanRL's arrays (float64 reward, int64 action, bool flags) for 1 to 16 envs are what
-    the generated extend converts itself (records: packed up to PACK_ROWS rows, field by field
-    beyond): the generic path is not called, and the rows are those of the checked path."""
+    the generated extend converts itself (records: packed up to PACK_ROWS rows, interleaved by
+    ``scatter_fields`` beyond): the generic path is not called, and the rows are those of the
+    checked path."""
     spec = Spec({"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
                  "terminated": "?", "truncated": "?"})
     buf = ReplayBuffer(spec, 8 * rows, seed=0, layout=layout)
@@ -377,3 +378,48 @@ def test_late_stamps_at_the_ring_end(layout, plan):
         else:
             buf.extend(rows)
         flags.extend(t.tolist())
+
+
+def test_scatter_fields_matches_reference_and_refuses_bad_arguments():
+    """The records kernel of the one-step extend against its reference: random spans (gaps,
+    any order, zero-width fields), bytes or uint8 sources; arguments that disagree return -1
+    with nothing written."""
+    from tfdata.kernels._records import scatter_fields
+
+    from .naive import scatter_fields_naive
+
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        stride = int(rng.integers(1, 40))
+        rows = int(rng.integers(1, 12))
+        m = int(rng.integers(1, 6))
+        spans = np.array([(o, int(rng.integers(0, stride - o + 1)))
+                          for o in rng.integers(0, stride, m)], np.int64)
+        n = int(rng.integers(1, rows + 1))
+        p = int(rng.integers(0, rows - n + 1))
+        if trial % 7 == 0:  # something that disagrees
+            which = trial % 5
+            if which == 0:
+                p = rows - n + 1
+            elif which == 1:
+                spans[0, 1] = stride - spans[0, 0] + 1
+            elif which == 2:
+                n = 0
+            elif which == 3:
+                spans[-1, 0] = -1
+        srcs = tuple(rng.integers(0, 256, max(0, n) * max(0, int(w)), dtype=np.uint8).tobytes()
+                     for _, w in spans)
+        if trial % 7 == 0 and trial % 5 == 4:
+            srcs = srcs[:-1] + (srcs[-1] + b"x",)  # one byte too many
+        if trial % 3 == 1:
+            srcs = tuple(np.frombuffer(s, np.uint8) for s in srcs)
+        got = rng.integers(0, 256, (rows, stride), dtype=np.uint8)
+        want = got.copy()
+        before = got.copy()
+        r_got = scatter_fields(got, p, n, srcs, spans)
+        r_want = scatter_fields_naive(want, p, n, srcs, spans)
+        assert r_got == r_want, (trial, spans, p, n)
+        np.testing.assert_array_equal(got, want)
+        if r_got == -1:
+            np.testing.assert_array_equal(got, before)
+    assert scatter_fields(np.zeros((4, 8), np.uint8), 0, 1, (b"ab",), np.zeros((1, 1), np.int64)) == -1

@@ -31,10 +31,9 @@ import numpy as np
 
 from ..spec import Spec
 
-#: records of at most this many rows are packed one ``pack_into`` each (CartPole rows: 2.6 us for
-#: 2 rows, +0.35 us a row); more are written one strided numpy copy per field (about 5 us for
-#: 6 fields, whatever the rows up to 16: 8 rows 5.2 -> 5.0 us, 16 rows 9.7 -> 5.4 us)
-PACK_ROWS = 6
+#: records of at most this many rows are packed one ``pack_into`` each (CartPole rows: +0.35 us
+#: a row); more are interleaved by one compiled call per region (``kernels._records``)
+PACK_ROWS = 1
 
 
 @functools.lru_cache(maxsize=128)
@@ -261,12 +260,14 @@ def _sources(f) -> frozenset:
 
 
 def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 16, num_envs: int = 1,
-                stamp=None, on_write=None, on_wrap=None, write=None, store=None, fields=None):
+                stamp=None, on_write=None, on_wrap=None, write=None, store=None):
     """Return ``extend(batch)`` for ``spec``, specialised to batches of at most ``max_rows`` rows
     (one step of a vector env): each field becomes the bytes of its ``n`` rows (``tobytes`` for
     the field's own dtype; ``tolist`` and :mod:`struct` for the dtypes in :func:`_sources`, such
     as the float64 rewards and int64 actions gymnasium returns), then the rows are written with
-    one slice assignment per region (SoA) or one ``pack_into`` per record (AoS). Everything that
+    one slice assignment per region (SoA), one ``pack_into`` per record (AoS, up to
+    :data:`PACK_ROWS` rows) or one compiled call per region of records (more rows,
+    :func:`tfdata.kernels._records.scatter_fields`). Everything that
     can refuse (a value out of range, a float too large for float32) runs before the first byte
     is written; a refused or unusual batch (more rows, a wrap of the ring, anything else) goes to
     ``slow``, the generic validated extend.
@@ -297,18 +298,8 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         hear laps) and episode numbers are stamped late (or not kept): such a larger batch that
         does not reach the ring's end is then written under the lock without the writer's
         bookkeeping (about 1.8 us for 1000 rows).
-    fields : list of ndarray, optional
-        The storage's field views in spec order (``storage.field_views()``). With records
-        (several fields per region), a batch of more than ``PACK_ROWS`` rows is written one field at a time
-        from its checked bytes (one strided numpy copy per field) instead of one ``pack_into``
-        per record; without them such batches go to ``slow``.
     """
     records = any(len(members) > 1 for _, _, members in regions)
-    if records and fields is None:
-        # records are packed one per row (~0.5 us each): beyond 8 rows the generic path's numpy
-        # writes (about 9 us for any small batch of CartPole rows) are faster (asv ExtendStep,
-        # 16 rows: 11.1 us packed against 9.2 us generic)
-        max_rows = min(max_rows, 8)
     if max_rows < num_envs:
         return slow
     ns = {"on_wrap": on_wrap, "write": write, "store": store, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
@@ -353,14 +344,24 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
                    f"                for k in range(n):",
                    f"                    S{r}.pack_into(r{r}, (p + k) * {stride} + {members[0][1]}, "
                    f"{', '.join(args)})"]
-    if records and fields is not None:
-        # beyond PACK_ROWS rows, one strided copy per field from its checked bytes beats a
-        # pack_into per record
-        cols = []
-        for i, f in enumerate(spec):
-            ns[f"F{i}"] = fields[i]
-            cols.append(f"                F{i}[p:p + n] = frombuffer(b{i}, dt{i}).reshape((n,) + sh{i})")
-        writes = [f"            if n > {PACK_ROWS}:", *cols, "            else:",
+    if records:
+        # beyond PACK_ROWS rows, one compiled call per region of records interleaves the fields'
+        # checked bytes (one strided numpy copy per field was 5 us for 6 CartPole fields)
+        from ..kernels._records import scatter_fields
+
+        ns["scatter"] = scatter_fields
+        big = []
+        for r, (raw, stride, members) in enumerate(regions):
+            if len(members) == 1:
+                i, _ = members[0]
+                big.append(f"                r{r}[p * {stride}:(p + n) * {stride}] = b{i}")
+                continue
+            ns[f"R{r}"] = raw.reshape(-1, stride)
+            ns[f"SP{r}"] = np.array([(off, spec[names[i]].nbytes) for i, off in members], np.int64)
+            srcs = "".join(f"b{i}, " for i, _ in members)
+            big += [f"                if scatter(R{r}, p, n, ({srcs}), SP{r}):",
+                    f"                    raise RuntimeError('scatter_fields refused region {r}')"]
+        writes = [f"            if n > {PACK_ROWS}:", *big, "            else:",
                   *["    " + w for w in writes]]
     lines = [
         "def extend(batch):",

@@ -196,9 +196,7 @@ class RingWriter:
                            stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
                            on_write=on_write, on_wrap=self._on_wrap(ep.wrapped if late else None),
                            write=write, store=self.storage.write_rows
-                           if not self._per_row() and (ep is None or late) else None,
-                           fields=self.storage.field_views()
-                           if self.storage.spec.names == spec.names else None)
+                           if not self._per_row() and (ep is None or late) else None)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
