@@ -9,9 +9,39 @@ Reference: ``scatter_fields_naive`` in ``tests/naive.py``.
 
 from __future__ import annotations
 
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .._config import NJIT_OPTIONS
+
+#: fields of at least this many bytes are copied by ``memcpy``; narrower ones byte by byte (a
+#: call per field and row costs more than a few bytes' loop)
+WIDE = 64
+
+
+@intrinsic
+def _copy_into_row(typingctx, dst, row, off, src, at, w):
+    """``dst[row, off:off + w] = src[at:at + w]`` by ``memcpy``; ``dst`` a 2-D C-contiguous
+    uint8 array, ``src`` a 1-D buffer (bytes or uint8 array). No bounds: the caller checked."""
+    ints = (row, off, at, w)
+    if not (isinstance(dst, types.Array) and dst.ndim == 2 and dst.layout == "C"
+            and isinstance(src, types.Buffer) and src.ndim == 1 and src.layout == "C"
+            and all(isinstance(t, types.Integer) for t in ints)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[3])(context, builder, args[3])
+        r, o, a, n = (context.cast(builder, args[i], sig.args[i], types.intp) for i in (1, 2, 4, 5))
+        zero = context.get_constant(types.intp, 0)
+        dptr = cgutils.get_item_pointer(context, builder, sig.args[0], d, [r, zero], wraparound=False)
+        dptr = builder.gep(builder.bitcast(dptr, cgutils.voidptr_t), [o])
+        sptr = builder.gep(builder.bitcast(s.data, cgutils.voidptr_t), [a])
+        cgutils.raw_memcpy(builder, dptr, sptr, n, 1)
+        return context.get_dummy_value()
+
+    return types.none(dst, row, off, src, at, w), codegen
 
 
 @njit(**NJIT_OPTIONS)
@@ -49,6 +79,10 @@ def scatter_fields(dst, p, n, srcs, spans):
         s = srcs[i]
         off = spans[i, 0]
         w = spans[i, 1]
+        if w >= WIDE:
+            for k in range(n):
+                _copy_into_row(dst, p + k, off, s, k * w, w)
+            continue
         for k in range(n):
             row = p + k
             at = k * w
