@@ -2,7 +2,7 @@
 
 The functions below are templates, never called as they are. They copy rows with
 ``copy_field``, test ``ONE_FIELD`` and bound a tuple store's rows with ``rows_of``, names this
-module leaves unbound: each layout module calls :func:`specialize` with its own and gets the four
+module leaves unbound: each layout module calls :func:`specialize` with its own and gets the five
 kernels as ``@njit(**NJIT_OPTIONS)`` dispatchers, compiled from copies of the templates whose
 globals bind them. SoA (``ONE_FIELD = False``) copies its tuple of ``uint8[capacity,
 field_bytes]`` byte views field by field with :func:`.soa.copy_columns`; AoS (``ONE_FIELD =
@@ -47,6 +47,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._pool import pool_draw
 from ._rng import fill_indices
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
@@ -330,7 +331,24 @@ def sample_shared(store, heads, reserved, cap, scratch, state, idx, out, max_red
     return redraws
 
 
-KERNELS = (gather, sample_uniform, sample_prioritized, sample_shared)
+def sample_pool(store, pool, inpool, meta, start, count, n, state, idx, out):
+    """Draw ``len(idx)`` slots without replacement (``tfdata.kernels._pool.pool_draw``: the
+    slots written since the last call join the pass first) and gather them into ``out``.
+
+    Returns what ``pool_draw`` returns: the passes completed, or -1 / -2 (nothing gathered).
+    """
+    got = pool_draw(pool, inpool, meta, start, count, n, state, idx)
+    if got < 0:
+        return got
+    if ONE_FIELD:
+        copy_field(store, idx, out)
+    else:
+        for f in range(len(store)):
+            copy_field(store[f], idx, out[f])
+    return got
+
+
+KERNELS = (gather, sample_uniform, sample_prioritized, sample_shared, sample_pool)
 
 
 @njit(**INLINE_OPTIONS)
