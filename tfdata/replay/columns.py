@@ -479,16 +479,21 @@ class RunningStats:
         return tmp.summary()
 
 
+def _scan_scratch(k: int) -> tuple:
+    """``(lanes, cnt, vals, out)``: the scratch and output arrays of one column pass."""
+    from ..kernels import _columns as kc
+
+    return (np.zeros((kc.LANE_ROWS, kc.lane_count(k))), np.zeros(2, np.int64), np.zeros((2, 4, k)),
+            np.zeros((5, k)))
+
+
 def scan(field, view: np.ndarray, rows: int) -> FieldStats:
     """Statistics of rows ``[0, rows)`` of ``view`` (``(capacity, k)``, as ``Storage.column``
     gives it) by one compiled pass (:func:`tfdata.kernels._columns.column_scan`)."""
     from ..kernels import _columns as kc
 
     k = view.shape[1]
-    lanes = np.zeros((kc.LANE_ROWS, kc.lane_count(k)))
-    cnt = np.zeros(2, np.int64)
-    vals = np.zeros((2, 4, k))
-    out = np.zeros((5, k))
+    lanes, cnt, vals, out = _scan_scratch(k)
     n = kc.column_scan(kc.operand(view), k, rows, kc.SCAN_CHUNK, lanes, cnt, vals, out)
     return FieldStats(field.name, n, out, field.shape)
 
@@ -500,9 +505,6 @@ def scan_ranges(field, view: np.ndarray, ranges: np.ndarray) -> FieldStats:
     from ..kernels import _columns as kc
 
     k = view.shape[1]
-    lanes = np.zeros((kc.LANE_ROWS, kc.lane_count(k)))
-    cnt = np.zeros(2, np.int64)
-    vals = np.zeros((2, 4, k))
-    out = np.zeros((5, k))
+    lanes, cnt, vals, out = _scan_scratch(k)
     n = kc.column_scan_ranges(kc.operand(view), k, ranges, kc.SCAN_CHUNK, lanes, cnt, vals, out)
     return FieldStats(field.name, n, out, field.shape)
