@@ -167,7 +167,8 @@ def test_draw_rejects_exactly_the_words_below_the_threshold():
 # -- the rule, on buffers ---------------------------------------------------------------------------
 class Model:
     """The rule as sets of row ids: ``undrawn`` rows of the current pass; a sample's rows must
-    come from it (or from the next pass once it is empty), none twice in a batch."""
+    come from it (or from the next pass once it is empty), none twice in a batch; a pass that
+    a batch empties is followed at once by the next (rows written after it join the next)."""
 
     def __init__(self, cap):
         self.cap, self.slots, self.undrawn, self.passes = cap, {}, set(), 0
@@ -194,6 +195,9 @@ class Model:
             assert i in self.slots.values()  # live
             self.undrawn.discard(i)
             taken.append(i)
+        if taken and not self.undrawn:  # the batch ended the pass: the next one begins now
+            self.undrawn = set(self.slots.values())
+            self.passes += 1
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["aos", "soa", "groups"])
@@ -218,6 +222,24 @@ def test_interleaved_writes_and_samples_follow_the_rule(layout):
                 np.testing.assert_array_equal(b["reward"], b["id"].astype(np.float32))
         assert buf.sampler.passes == model.passes > 3
 
+
+
+def test_a_pass_that_ends_with_a_batch_is_followed_at_once_by_the_next():
+    """Every row drawn at the end of a batch: the pass is over (``passes`` counts it) and the
+    next begins, so a row written before the next sample joins the new pass at a random place
+    and is drawn once in it (not first, as the end of the pass that was over, then again)."""
+    firsts = set()
+    for seed in range(16):
+        buf = wor(4, seed=seed)
+        buf.extend(rows(np.arange(4)))
+        assert sorted(buf.sample(4)["id"].tolist()) == [0, 1, 2, 3]
+        assert buf.sampler.passes == 1 and buf.sampler.undrawn == 4
+        buf.push({f: v[0] for f, v in rows([99]).items()})  # over row 0 (drawn)
+        got = np.concatenate([buf.sample(2)["id"], buf.sample(2)["id"]])
+        assert sorted(got.tolist()) == [1, 2, 3, 99], (seed, got)
+        assert buf.sampler.passes == 2
+        firsts.add(int(got[0]))
+    assert len(firsts) > 1  # the new row's place is random
 
 def test_every_row_once_per_pass_and_the_same_batches_on_every_layout():
     batches = []
