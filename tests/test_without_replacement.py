@@ -241,6 +241,59 @@ def test_a_pass_that_ends_with_a_batch_is_followed_at_once_by_the_next():
         firsts.add(int(got[0]))
     assert len(firsts) > 1  # the new row's place is random
 
+
+NEXT_SPEC = {"id": "i8", "obs": ("f4", (3,)), "next_obs": ("f4", (3,)), "reward": "f4",
+             "terminated": "?", "truncated": "?"}
+NEXT_GROUPS = (("id", "reward"), ("obs", "next_obs", "terminated", "truncated"))
+
+
+def stream_rows(ids, envs) -> dict:
+    """Rows of ``envs`` interleaved streams, each continuous: row ``i``'s next obs is the obs of
+    row ``i + envs``, its stream's next step."""
+    r = rows(ids)
+    r["next_obs"] = r["obs"] + envs
+    r["terminated"][:] = False
+    return r
+
+
+@pytest.mark.parametrize("variant", ["envs2-elided", "envs3-nstep", "spill"])
+def test_vector_envs_elided_next_n_step_and_spilling_follow_the_rule(variant, tmp_path):
+    """The rule with interleaved streams (rows of a step written together), elided next fields,
+    n-step returns and a spilling storage: the sampler sees slots only, so every variant draws
+    as a plain buffer, the same ids on every layout, projected batches included."""
+    envs = {"envs2-elided": 2, "envs3-nstep": 3, "spill": 1}[variant]
+    cap = 12
+    drawn = []
+    for k, layout in enumerate(["aos", "soa", NEXT_GROUPS]):
+        kw = {"envs2-elided": {"elide_next": True}, "envs3-nstep": {"n_step": 3, "gamma": 0.5},
+              "spill": {"spill_path": str(tmp_path / f"spill{k}"), "hot_rows": 4}}[variant]
+        buf = ReplayBuffer(NEXT_SPEC, cap, layout=layout, seed=3, sampler="without_replacement",
+                           num_envs=envs, **kw)
+        rng, model, next_id, got = np.random.default_rng(1), Model(cap), 0, []
+        for step in range(200):
+            if rng.random() < 0.35 or len(buf) == 0:
+                n = envs * int(rng.choice([1, 2, cap // envs, cap // envs + 1, 3 * cap // envs]))
+                ids = np.arange(next_id, next_id + n)
+                next_id += n
+                r = stream_rows(ids, envs)
+                if n == 1 and rng.random() < 0.5:
+                    buf.push({f: v[0] for f, v in r.items()})
+                else:
+                    buf.extend(r)
+                model.write(ids)
+            else:
+                projected = rng.random() < 0.3
+                b = buf.sample(int(rng.integers(1, len(buf) + 1)),
+                               fields=["id"] if projected else None)
+                model.check_batch(b["id"])
+                got.append(b["id"].copy())
+                if not projected:
+                    np.testing.assert_array_equal(b["obs"][:, 0], b["id"].astype(np.float32))
+        assert buf.sampler.passes == model.passes > 10
+        drawn.append(np.concatenate(got))
+    for other in drawn[1:]:
+        np.testing.assert_array_equal(drawn[0], other)
+
 def test_every_row_once_per_pass_and_the_same_batches_on_every_layout():
     batches = []
     for layout in LAYOUTS:
