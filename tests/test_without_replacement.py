@@ -441,6 +441,16 @@ def test_a_state_with_negative_passes_is_refused_and_changes_nothing():
     assert after["sampler"] == before["sampler"] and after["writer"] == before["writer"]
 
 
+
+def test_a_state_with_a_uint64_slot_beyond_int64_names_the_slot_given():
+    buf = wor(8)
+    buf.extend(rows(np.arange(5)))
+    state = buf.state_dict()
+    for big in (2 ** 63 + 1, 2 ** 64 - 1):
+        state["without_replacement"] = {"undrawn": np.array([1, big], np.uint64), "passes": 0}
+        with pytest.raises(ValueError, match=f"slot {big} at position 1 is not a row held"):
+            buf.load_state_dict(state)
+
 def test_a_uniform_checkpoint_is_unchanged_and_a_foreign_sampler_is_not_saved(tmp_path):
     u = ReplayBuffer(SPEC, 8, seed=0)
     u.extend(rows(np.arange(3)))
