@@ -691,7 +691,8 @@ def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n
     each draw takes the entry at a uniform place ``r`` among the first ``m - deferred`` and puts
     the last of those there, and the pool's last entry (a deferred one) in the place that left.
     An exhausted pass refills the pool with the live slots ``0..n-1`` in order, the rows this
-    batch already took left out and put last, in the order taken."""
+    batch already took left out and put last, in the order taken; a batch that empties the
+    pool refills it at once with ``0..n-1``."""
     cap = len(pool)
     pool = list(pool)
     members = set(pool[:m])
@@ -721,4 +722,8 @@ def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n
         members.discard(s)
         m -= 1
         out.append(s)
+    if batch and m == 0:  # the batch ended the pass: the next one begins at once
+        pool[:n] = list(range(n))
+        m = n
+        passes += 1
     return pool, m, passes, np.array(out, np.int64), counter

@@ -7,7 +7,9 @@ in it already (its old row, not drawn yet, is gone: the new row takes its place,
 overwritten row is never returned). When the pass runs out in the middle of a batch, the next
 pass is every live slot ``[0, n)`` in slot order, except that the rows this batch already took
 go last, in the order taken, out of reach of the batch's other draws: a batch never holds a row
-twice, and they are still part of the new pass.
+twice, and they are still part of the new pass. When the pass runs out at the end of a batch,
+the next pass (every live slot, in slot order) begins at once: a row written before the next
+call joins it like any other, rather than extending the pass that ended.
 
 No place-of-slot index: it would be a second random access per draw (each draw already misses
 the cache once in ``pool`` on a large buffer, and the gather once per row). ``pool`` is uint32
@@ -144,6 +146,14 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
         inpool[s] = 0
         m -= 1
         idx[i] = s
+    if B > 0 and m == 0:  # the batch drew the pass's last row: the next pass begins now, so
+        # rows written before the next call join it, not the pass that ended (nothing deferred)
+        for s in range(n):
+            pool[s] = s
+            inpool[s] = 1
+        m = n
+        done += 1
+        meta[1] += 1
     meta[0] = m
     state[1] = ctr
     return done

@@ -158,9 +158,11 @@ def check_undrawn(undrawn, size: int, what: str) -> np.ndarray:
         raise ValueError(f"{what}: expected a 1-D integer array, got {a.dtype}{list(a.shape)}")
     if a.shape[0] > size:
         raise ValueError(f"{what}: {a.shape[0]} slots, more than the {size} rows held")
+    if a.dtype.kind == "u" and a.size and int(a.max()) >= 2**63:  # before the cast wraps it
+        i = int(a.argmax())
+        raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
+                         f"(expected 0 <= slot < {size})")
     a = a.astype(np.int64, copy=False)
-    if a.dtype.kind == "u" and a.size and int(a.max()) >= 2**63:
-        raise ValueError(f"{what}: slot {int(a.max())} is not below {size}")
     table = np.empty(max(2, 1 << (2 * a.shape[0] - 1).bit_length()) if a.size else 2, np.int64)
     bad = first_bad_slot(a, size, table)
     if bad >= 0:
