@@ -677,3 +677,53 @@ def scatter_fields_naive(dst, p, n, srcs, spans) -> int:
             for b in range(w):
                 dst[p + k][off + b] = s[k * w + b]
     return 0
+
+
+# -- sampling without replacement ------------------------------------------------------------------
+
+
+def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n: int, key: int,
+                      counter: int, batch: int) -> tuple:
+    """Reference of ``kernels._pool.pool_sample`` on a Python list: ``pool[:m]`` are the undrawn
+    slots. Returns ``(pool, m, passes, indices, counter)``.
+
+    Slots ``start, start + 1, ...`` (``count``, modulo ``len(pool)``) join the pool if absent;
+    each draw takes the entry at a uniform place ``r`` among the first ``m - deferred`` and puts
+    the last of those there, and the pool's last entry (a deferred one) in the place that left.
+    An exhausted pass refills the pool with the live slots ``0..n-1`` in order, the rows this
+    batch already took left out and put last, in the order taken; a batch that empties the
+    pool refills it at once with ``0..n-1``."""
+    cap = len(pool)
+    pool = list(pool)
+    members = set(pool[:m])
+    for k in range(count):
+        s = (start + k) % cap
+        if s not in members:
+            pool[m] = s
+            members.add(s)
+            m += 1
+    out = []
+    defer = 0
+    for i in range(batch):
+        if m - defer == 0:
+            fresh = [s for s in range(n) if s not in out] + out
+            pool[:n] = fresh
+            members = set(fresh)
+            m, defer = n, len(out)
+            passes += 1
+        avail = m - defer
+        (r,), counter = draw_indices(key, counter, avail, 1)
+        r = int(r)
+        s = pool[r]
+        a = avail - 1
+        pool[r] = pool[a]
+        if a != m - 1:
+            pool[a] = pool[m - 1]
+        members.discard(s)
+        m -= 1
+        out.append(s)
+    if batch and m == 0:  # the batch ended the pass: the next one begins at once
+        pool[:n] = list(range(n))
+        m = n
+        passes += 1
+    return pool, m, passes, np.array(out, np.int64), counter

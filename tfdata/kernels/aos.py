@@ -34,7 +34,7 @@ def copy_records(src, idx, dst):
         copy_row(dst, i, src, idx[i], nbytes)
 
 
-gather, sample_uniform, sample_prioritized, sample_shared = specialize(
+gather, sample_uniform, sample_prioritized, sample_shared, sample_pool = specialize(
     "aos", one_field=True, copy=copy_records)
 
-__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared"]
+__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool"]

@@ -35,7 +35,7 @@ def copy_columns(src, idx, dst):
         copy_row(dst, i, src, idx[i], nbytes)
 
 
-gather, sample_uniform, sample_prioritized, sample_shared = specialize(
+gather, sample_uniform, sample_prioritized, sample_shared, sample_pool = specialize(
     "soa", one_field=False, copy=copy_columns)
 
-__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared"]
+__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool"]

@@ -50,7 +50,7 @@ def span_rows(src):
     return src[0].shape[0]
 
 
-gather, sample_uniform, sample_prioritized, sample_shared = specialize(
+gather, sample_uniform, sample_prioritized, sample_shared, sample_pool = specialize(
     "spans", one_field=False, copy=copy_spans, rows=span_rows)
 
-__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared"]
+__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool"]

@@ -4,6 +4,22 @@ from __future__ import annotations
 
 from .core import ReplayCore
 from .samplers.uniform import UniformSampler
+from .samplers.without_replacement import WithoutReplacementSampler
+
+#: the samplers a ReplayBuffer builds from a name (and a checkpoint records by that name)
+SAMPLERS = {"uniform": UniformSampler, "without_replacement": WithoutReplacementSampler}
+
+
+def _named_sampler(sampler, seed):
+    if sampler is None or isinstance(sampler, str):
+        name = "uniform" if sampler is None else sampler
+        if name not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)} or a Sampler object, "
+                             f"got {sampler!r}")
+        return SAMPLERS[name](seed)
+    if seed is not None:
+        raise ValueError("seed= and sampler= both given: a sampler holds its own seed")
+    return sampler
 
 
 class ReplayBuffer(ReplayCore):
@@ -25,11 +41,14 @@ class ReplayBuffer(ReplayCore):
         gives bit-identical batches on every layout.
     seed : int, optional
         Seed of the sampling generator; None draws one (recorded in :meth:`state_dict`).
-    sampler : Sampler, optional
-        Which rows a batch takes; default a :class:`~tfdata.replay.samplers.uniform.UniformSampler`
-        of ``seed``. Any object meeting the sampler contract of :mod:`tfdata.replay.samplers`
-        plugs in here (then ``seed`` must be None: the sampler holds its own). A buffer with
-        another sampler saves and loads only if its class is one of tfdata's.
+    sampler : str or Sampler, optional
+        Which rows a batch takes: ``"uniform"`` (the default; with replacement) or
+        ``"without_replacement"`` (every live row once per pass, rows written during a pass
+        joining it: :class:`~tfdata.replay.samplers.without_replacement.WithoutReplacementSampler`),
+        seeded by ``seed``. Any object meeting the sampler contract of
+        :mod:`tfdata.replay.samplers` plugs in here (then ``seed`` must be None: the sampler
+        holds its own); a buffer saves and loads only with one of these two classes (another
+        sampler: TypeError from ``save``).
     ring_size : int, default 2
         Number of preallocated output batches per batch size (see :class:`Batch`).
     num_envs : int, default 1
@@ -111,17 +130,26 @@ class ReplayBuffer(ReplayCore):
                  gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
                  spill_path=None, hot_rows: int | None = None, hot_bytes=None,
                  allocator=None, memory_budget=None, stats=None):
-        if sampler is None:
-            sampler = UniformSampler(seed)
-        elif seed is not None:
-            raise ValueError("seed= and sampler= both given: a sampler holds its own seed")
+        sampler = _named_sampler(sampler, seed)
         super().__init__(spec, capacity, sampler, layout=layout, ring_size=ring_size,
                          num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
                          elide_next=elide_next, roles=roles, spill_path=spill_path,
                          hot_rows=hot_rows, hot_bytes=hot_bytes, allocator=allocator,
                          memory_budget=memory_budget, stats=stats)
 
+    @property
+    def config(self) -> dict:
+        """As :attr:`ReplayCore.config`, plus ``sampler`` (its name) when it is not uniform: a
+        sampler that is not one of tfdata's gives None (such a buffer is not saved)."""
+        return {**super().config, **self._sampler_config()}
+
+    def _sampler_config(self) -> dict:
+        name = next((k for k, c in SAMPLERS.items() if type(self.sampler) is c), None)
+        return {} if name == "uniform" else {"sampler": name}
+
     @classmethod
     def _planned_sampler(cls, options: dict):
-        options.pop("sampler", None)
-        return UniformSampler(0)
+        sampler = options.pop("sampler", None)
+        if sampler is None or isinstance(sampler, str):
+            return _named_sampler(sampler, 0)
+        return sampler

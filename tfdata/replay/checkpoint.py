@@ -58,7 +58,9 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step`` null or int in
   ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and ``roles`` objects of field
   names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats``
-  (present only for a buffer that keeps statistics) a non-empty list of distinct field names; and for a
+  (present only for a buffer that keeps statistics) a non-empty list of distinct field names;
+  ``sampler`` (present only for a ``ReplayBuffer`` that does not sample uniformly)
+  ``"without_replacement"``; and for a
   ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
   float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
   ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
@@ -71,6 +73,9 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of num_envs and equal
   to ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``;
   prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
+  ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
+  ``[0, 2**63 - 1]`` and ``undrawn``, int64 slots, at most ``size`` of them (from the header),
+  each below ``size`` and none twice;
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
   exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
@@ -150,7 +155,9 @@ _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
 # keys a checkpoint of an earlier version may lack
-_CONFIG_OPTIONAL = ("stats",)
+_CONFIG_OPTIONAL = ("stats", "sampler")
+#: config.sampler values a checkpoint may name (absent: uniform) and the state key each adds
+_SAMPLER_STATE = {"without_replacement": "without_replacement"}
 _STATS_KEYS = ("count", "mean", "var", "min", "max")
 _PRIORITIZED_KEYS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 _OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
@@ -401,6 +408,9 @@ def save(buffer, path, overwrite: bool = False) -> None:
     """
     from ..storage.files import Writer, chunk_rows
 
+    if "sampler" in buffer.config and buffer.config["sampler"] is None:  # before any file
+        raise TypeError(f"save: {type(buffer.sampler).__name__} is not one of tfdata's samplers; "
+                        f"a checkpoint could not rebuild it (nothing was written)")
     path, tmp, stem, parent = _begin(path, overwrite)
     storage = buffer.storage
     rows_name = file_name(storage.layout, "rows")
@@ -480,8 +490,8 @@ class _Checker:
         unknown = set(v) - set(keys) - set(optional)
         if unknown:
             shown = sorted(str(k)[:40] for k in unknown)[:5]
-            self.fail(where, f"only the keys {sorted(set(keys) | set(optional))}",
-                      f"unknown key(s) {shown}", show=False)
+            self.fail(where, f"only the keys {sorted(set(keys) | set(optional))}; unknown "
+                      f"{shown}", show=False)
         missing = [k for k in keys if k not in v]
         if missing:
             self.fail(where, f"the keys {list(keys)}; missing {missing}", show=False)
@@ -596,6 +606,9 @@ class _Checker:
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
         if "stats" in v:
             self.stats_names(c + "stats", v["stats"], spec)
+        if "sampler" in v and (prioritized or v["sampler"] not in _SAMPLER_STATE):
+            self.fail(c + "sampler", "absent (a prioritized buffer)" if prioritized else
+                      f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", v["sampler"])
         if prioritized:
             self.prioritized_config(v)
         return dict(v, layout=layout)
@@ -836,6 +849,20 @@ def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: in
             "versions": versions}
 
 
+def _read_undrawn(c: _Checker, arrays: _Arrays, part, key: str, size: int) -> dict:
+    """``state.<key>`` of a sampler without replacement: ``undrawn``, int64 slots (at most the
+    rows held, from the header before anything is read) and ``passes``; the slots themselves
+    (each held, none twice) are checked by the sampler's ``check_state``."""
+    w = f"state.{key}."
+    c.obj(f"state.{key}", part, ("undrawn", "passes"))
+    c.integer(w + "passes", part["passes"], 0, (1 << 63) - 1)
+    m = arrays.length(w + "undrawn", part["undrawn"])
+    if m > size:
+        c.fail(w + "undrawn", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
+    return {"undrawn": arrays.read(w + "undrawn", part["undrawn"], np.int64, (m,)),
+            "passes": part["passes"]}
+
+
 def _read_stats(c: _Checker, arrays: _Arrays, st, names, spec: Spec, size: int) -> dict:
     """``state.stats``: absent exactly when ``config.stats`` is (a save writes both or
     neither), else an object with an entry per field of ``config.stats`` and nothing
@@ -986,8 +1013,16 @@ def load(path, classes: dict, **overrides):
     cls = classes[name]
     prioritized = name == "PrioritizedReplayBuffer"
     st = doc["state"]
+    sampler_key = None
+    if isinstance(doc["config"], dict) and "sampler" in doc["config"]:  # before the state's keys
+        name_ = doc["config"]["sampler"]
+        if prioritized or type(name_) is not str or name_ not in _SAMPLER_STATE:
+            c.fail("config.sampler", "absent (a prioritized buffer)" if prioritized else
+                   f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", name_)
+        sampler_key = _SAMPLER_STATE[name_]
     state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
-                  "num_envs", "episodes") + (("prioritized",) if prioritized else ())
+                  "num_envs", "episodes") + (("prioritized",) if prioritized else ()) \
+        + ((sampler_key,) if sampler_key else ())
     c.obj("state", st, state_keys, optional=("stats",))
     if st["format"] != "tfdata.ReplayBuffer" or type(st["version"]) is not int or st["version"] != 1:
         raise FormatError(f"{spath}: state: format {_show(st['format'])} version "
@@ -1066,6 +1101,8 @@ def load(path, classes: dict, **overrides):
                  "sampler": dict(sampler), "num_envs": envs, "episodes": episodes}
         if prioritized:
             state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
+        if sampler_key:
+            state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
         stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), spec, size)
         try:
             buf = cls(spec, **config, **overrides)
@@ -1120,6 +1157,9 @@ def save_shared(buffer, path, overwrite: bool = False) -> None:
     overwriting while they were copied. Same file rules as :func:`save`."""
     from ..storage.files import Writer, chunk_rows
 
+    if "sampler" in buffer.config and buffer.config["sampler"] is None:  # before any file
+        raise TypeError(f"save: {type(buffer.sampler).__name__} is not one of tfdata's samplers; "
+                        f"a checkpoint could not rebuild it (nothing was written)")
     path, tmp, stem, parent = _begin(path, overwrite)
     storage = buffer.storage
     rows_name = file_name(storage.layout, "rows")

@@ -143,6 +143,9 @@ class ReplayCore:
             hooks.append(self._stats)
         self._writer = RingWriter(capacity, self.num_envs)
         self._writer.bind(self.spec, self._storage, self._episodes, hooks)
+        watch = getattr(self.sampler, "watch", None)
+        if watch is not None:  # a sampler that places writes by the writer's cursor
+            watch(self._writer)
         if self._stats is not None:
             self._stats.bind(self._storage, self._writer)
         self._transforms = []

@@ -177,9 +177,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     @property
     def config(self) -> dict:
-        s = self.sampler
+        s = self.sampler  # the sampler's settings are the class's own keys (no "sampler")
         return {**super().config, "alpha": s.alpha, "beta": s.beta_start,
                 "beta_final": s.beta_final, "beta_steps": s.beta_steps, "eps": s.eps}
+
+    def _sampler_config(self) -> dict:
+        return {}
 
     # -- priorities -------------------------------------------------------------------------
     def priorities(self) -> np.ndarray:

@@ -1,6 +1,8 @@
 """Samplers: which rows a batch takes. One file per sampler; this module states the contract.
 
-A sampler draws slots, hears about writes, and says what it adds to a batch. The buffer calls it
+A sampler draws slots, hears about writes, and says what it adds to a batch. tfdata's:
+``uniform.py`` (with replacement), ``without_replacement.py`` (every live row once per pass,
+rows written during a pass joining it), ``prioritized.py`` and ``shared.py``. The buffer calls it
 under its lock; it never sees the layout (it calls the kernels of the output it fills,
 ``out.kernels`` over ``out.store``, or ``out.source.gather``), never allocates while sampling,
 and keeps its state in plain arrays.
@@ -33,7 +35,12 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     and episode, gather nothing; return -1, or the slice number no start was found for.
 ``hears_writes``; ``on_write(spans, n, extra)``, ``slot_hook()``, ``on_clear()``
     The write hooks (see :mod:`tfdata.replay.writers`), called only if ``hears_writes``; ``extra`` is what ``push`` or
-    ``extend`` passed for this sampler (priorities), or None.
+    ``extend`` passed for this sampler (priorities), or None. A sampler with ``wraps_only =
+    True`` hears only laps of the ring (``on_wrap()`` from the generated push and extend), and
+    places the writes by the writer's position when it samples.
+``watch(writer)`` (optional)
+    Called once after the writer is bound, for a sampler that reads its ``cursor`` and
+    ``size`` (keep a weak proxy: the writer holds its hooks).
 ``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
     ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
     ``extra_state(copy, size)`` what it adds at the top of the buffer's state (``{"prioritized": ...}``);

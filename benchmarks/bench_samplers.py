@@ -1,0 +1,91 @@
+"""Samplers beside uniform sampling: sampling without replacement while inserting.
+
+Every class takes the layout first; ``"numpy"`` is the hand-written baseline of
+:mod:`benchmarks.common`: uniform is its ``sample``, and without replacement a permutation per
+pass sliced batch by batch (``rng.permutation(n)``, then ``perm[p:p + B]`` and fancy indexing):
+the cheapest honest form, which does not take rows written during a pass. Buffers hold 1M
+CartPole rows, filled before anything is timed.
+
+Target (issue 21): ``Sample`` without replacement at most 1.5x uniform, in the same layout.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+import tfdata
+
+from .common import CARTPOLE, LAYOUTS, NumpyBuffer, fill, fill_chunk, filled_buffer, one_row, warm_kernels
+
+_MANY_SAMPLES = (200, 2000, 2.0)
+CAPACITY = 1_000_000
+SAMPLERS = ["uniform", "without_replacement"]
+
+_CACHE: dict = {}
+
+
+def buffer(layout: str, sampler: str):
+    """A full 1M-row buffer of ``sampler`` (the uniform ones are the shared cached buffers)."""
+    if sampler == "uniform" or layout == "numpy":
+        return filled_buffer(layout, CARTPOLE, CAPACITY)
+    key = (layout, sampler)
+    if key not in _CACHE:
+        buf = tfdata.ReplayBuffer(CARTPOLE, CAPACITY, layout=layout, seed=0, sampler=sampler)
+        fill(buf, CAPACITY, fill_chunk(CARTPOLE))
+        _CACHE[key] = buf
+    return _CACHE[key]
+
+
+class _PassSampler:
+    """numpy without replacement: one permutation per pass, sliced batch by batch."""
+
+    def __init__(self, buf: NumpyBuffer, seed: int = 0):
+        self.buf, self.rng = buf, np.random.default_rng(seed)
+        self.perm, self.at = self.rng.permutation(buf.size), 0
+
+    def sample(self, batch_size: int) -> dict:
+        if self.at + batch_size > len(self.perm):
+            self.perm, self.at = self.rng.permutation(self.buf.size), 0
+        idx = self.perm[self.at:self.at + batch_size]
+        self.at += batch_size
+        return {name: arr[idx] for name, arr in self.buf.arrays.items()}
+
+
+class Sample:
+    """Draw 256 rows from 1M CartPole rows with each sampler."""
+
+    params = [LAYOUTS, SAMPLERS]
+    param_names = ["layout", "sampler"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, sampler):
+        warm_kernels()
+        buf = buffer(layout, sampler)
+        if layout == "numpy" and sampler == "without_replacement":
+            buf = _PassSampler(buf)
+        self.op = partial(buf.sample, 256)
+        for _ in range(3):  # the output ring, the pool's first pass
+            self.op()
+
+    def time_sample(self, layout, sampler):
+        self.op()
+
+
+class Push:
+    """Append one CartPole row to a full buffer of each sampler: what the sampler costs a write
+    (without replacement it hears only laps of the ring, like running statistics)."""
+
+    params = [LAYOUTS, SAMPLERS]
+    param_names = ["layout", "sampler"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, sampler):
+        warm_kernels()
+        if layout == "numpy" and sampler != "uniform":
+            raise NotImplementedError("the numpy baseline's writes do not depend on a sampler")
+        self.op = partial(buffer(layout, sampler).push, one_row(CARTPOLE, seed=2))
+
+    def time_push(self, layout, sampler):
+        self.op()

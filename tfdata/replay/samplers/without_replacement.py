@@ -1,0 +1,174 @@
+"""Sampling without replacement while rows are inserted: every live row once per pass."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from . import Sampler
+
+
+class WithoutReplacementSampler(Sampler):
+    """Each pass draws every live row exactly once, in a random order from the seed.
+
+    Within a pass no row is drawn twice; rows written during the pass join it; a row that is
+    overwritten before it was drawn is never returned (its slot's new row takes its place); a
+    new pass begins when every row of the pass has been drawn, over every row then held. A batch
+    never holds a row twice: when the pass ends in the middle of a batch, the rows the batch
+    already took are drawn later in the new pass. Same seed and rows, same batches, on every
+    layout; :meth:`state_dict` and checkpoints keep the pass (a restored buffer continues it).
+
+    ``buffer.sampler.passes`` counts the passes completed. Sequences (``sample_slices``) are not
+    drawn by this sampler (NotImplementedError).
+
+    Cost: the undrawn slots (uint32) and a flag per slot, 5 bytes per slot
+    (``nbytes_parts["bookkeeping"]``); a write costs nothing (the sampler hears only laps of the
+    ring, as running statistics do); a sample first adds the slots written since the previous
+    one (one kernel call with the draws), then gathers the rows.
+    """
+
+    projects = True
+    hears_writes = True
+    #: writes are placed by the writer's cursor and the laps counted here, at the next sample
+    wraps_only = True
+    state_key = "without_replacement"
+    #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
+    name = "without_replacement"
+
+    def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
+        super().bind(storage, capacity, num_envs, allocator)
+        from ...kernels import _pool  # numba is imported when the first buffer is built
+
+        self._k = _pool
+        self.pool = allocator.zeros(capacity, np.uint32)
+        self.inpool = allocator.zeros(capacity, np.uint8)
+        self.meta = np.zeros(2, np.int64)  # [undrawn rows, passes completed]
+        _pool.pool_clear(self.pool, self.inpool, self.meta)
+        self.wraps = 0  # laps of the ring written
+        self.synced = 0  # laps * capacity + cursor at the last sample
+        self.writer = None
+
+    def watch(self, writer) -> None:
+        """The writer whose ``cursor`` places the writes (a proxy: the writer holds this hook)."""
+        self.writer = weakref.proxy(writer)
+
+    def plan(self, capacity: int) -> dict:
+        return {"trees": 0, "bookkeeping": 5 * int(capacity)}
+
+    @property
+    def nbytes(self) -> dict:
+        return {"trees": 0, "bookkeeping": int(self.pool.nbytes + self.inpool.nbytes)}
+
+    @property
+    def passes(self) -> int:
+        """Passes completed so far (every row of the pass drawn; the next one began)."""
+        return int(self.meta[1])
+
+    @property
+    def undrawn(self) -> int:
+        """Rows of the current pass not drawn yet, as of the last sample (rows written since
+        join at the next)."""
+        return int(self.meta[0])
+
+    # -- write hooks (lock held) ---------------------------------------------------------------
+    def on_write(self, spans, n: int, extra) -> None:
+        # before the cursor moves by n: the laps this write completes
+        self.wraps += (self.writer.cursor + n) // self.capacity
+
+    def on_wrap(self) -> None:
+        self.wraps += 1
+
+    def slot_hook(self):
+        return None  # wraps_only
+
+    def on_clear(self) -> None:
+        self._k.pool_clear(self.pool, self.inpool, self.meta)
+        self.meta[1] = 0
+        self.wraps = 0
+        self.synced = 0
+
+    def _written(self) -> tuple:
+        """``(start, count, position)``: the slots written since the last sync."""
+        cap = self.capacity
+        position = self.wraps * cap + self.writer.cursor
+        count = min(position - self.synced, cap)
+        return self.synced % cap, count, position
+
+    # -- drawing (lock held) -------------------------------------------------------------------
+    def sample(self, n: int, out, arrays: dict) -> None:
+        cap = self.capacity
+        position = self.wraps * cap + self.writer.cursor
+        synced = self.synced
+        # draw, then gather, in one kernel call of the output's source (storage or projection)
+        got = out.kernels.sample_pool(out.store, self.pool, self.inpool, self.meta, synced % cap,
+                                      min(position - synced, cap), n, self.state, out.indices,
+                                      out.kernel_out)
+        if got < 0:  # the arguments come from this object: a bug, not the caller's input
+            raise RuntimeError(f"WithoutReplacementSampler: sample_pool returned {got}")
+        self.synced = position
+
+    # -- state ---------------------------------------------------------------------------------
+    def extra_state(self, copy: bool, size: int) -> dict:
+        """``{"without_replacement": {"undrawn": int64[m], "passes": int}}``: the slots of the
+        current pass not drawn yet, in the pool's order, the rows written since the last sample
+        included (they are added here first, as a sample would)."""
+        start, count, position = self._written()
+        if count:
+            # join them now (a sample of nothing): the saved pool is the one a sample would see
+            empty = np.empty(0, np.int64)
+            if size:
+                self._k.pool_sample(self.pool, self.inpool, self.meta, start, count, size,
+                                    self.state, empty)
+            self.synced = position
+        m = int(self.meta[0])
+        undrawn = self.pool[:m].astype(np.int64)  # the checkpoint's form: int64 slots
+        return {self.state_key: {"undrawn": undrawn,
+                                 "passes": int(self.meta[1])}}
+
+    def check_state(self, state, size: int):
+        rng = super().check_state(state, size)
+        part = state.get(self.state_key) if hasattr(state, "get") else None
+        if not isinstance(part, dict) or set(part) != {"undrawn", "passes"}:
+            raise ValueError(f"sampler state: {self.state_key!r} must be a dict with 'undrawn' and "
+                             f"'passes', got {type(part).__name__}")
+        passes = part["passes"]
+        if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or not 0 <= passes < 2**63:
+            raise ValueError(f"sampler state: {self.state_key}.passes must be an int >= 0, got {passes!r}")
+        undrawn = check_undrawn(part["undrawn"], size, f"sampler state: {self.state_key}.undrawn")
+        return rng, undrawn, int(passes)
+
+    def load_state(self, checked) -> None:
+        rng, undrawn, passes = checked
+        super().load_state(rng)
+        if self._k.pool_load(self.pool, self.inpool, self.meta, undrawn, self.writer.size) != 0:
+            raise RuntimeError("WithoutReplacementSampler: a checked pool did not load")
+        self.meta[1] = passes
+        self.wraps = 0
+        self.synced = self.writer.cursor  # the rows loaded are in the pool or drawn
+
+
+def check_undrawn(undrawn, size: int, what: str) -> np.ndarray:
+    """``undrawn`` as int64 slots, each in ``[0, size)`` and given once (ValueError naming the
+    first that is not, and ``what``); at most ``size`` of them."""
+    from ...kernels._columns import first_bad_slot
+
+    a = np.asarray(undrawn)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise ValueError(f"{what}: expected a 1-D integer array, got {a.dtype}{list(a.shape)}")
+    if a.shape[0] > size:
+        raise ValueError(f"{what}: {a.shape[0]} slots, more than the {size} rows held")
+    if a.dtype.kind == "u" and a.size and int(a.max()) >= 2**63:  # before the cast wraps it
+        i = int(a.argmax())
+        raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
+                         f"(expected 0 <= slot < {size})")
+    a = a.astype(np.int64, copy=False)
+    table = np.empty(max(2, 1 << (2 * a.shape[0] - 1).bit_length()) if a.size else 2, np.int64)
+    bad = first_bad_slot(a, size, table)
+    if bad >= 0:
+        i = bad // 2
+        if bad % 2 == 0:
+            raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
+                             f"(expected 0 <= slot < {size})")
+        raise ValueError(f"{what}: slot {int(a[i])} is given twice (position {i})")
+    return np.ascontiguousarray(a)
