@@ -38,3 +38,20 @@ def check_float(name: str, value, low: float, *, low_open: bool = False) -> floa
     if not math.isfinite(value) or value < low or (low_open and value == low):
         raise ValueError(f"{name} must be finite and {'>' if low_open else '>='} {low}, got {value}")
     return value
+
+
+def bad_slot(idx: np.ndarray, n: int):
+    """The first problem of ``idx`` (a 1-D integer array) as slots of ``n`` rows: ``None`` if
+    each is in ``[0, n)`` and given once, else ``(i, "range")`` for the first out of range (a
+    uint64 value above 2**63 - 1 included) or ``(i, "repeat")`` for the first repeat; and the
+    slots as int64 (a copy). One compiled pass (a hash set), no sort."""
+    from .kernels._columns import first_bad_slot  # numba: imported when first used
+
+    if idx.dtype.kind == "u" and idx.size and int(idx.max()) > np.iinfo(np.int64).max:
+        return (int(np.argmax(idx > np.iinfo(np.int64).max)), "range"), None
+    slots = idx.astype(np.int64)  # a copy: the caller's array may change after the check
+    table = np.empty(max(2, 1 << (2 * slots.shape[0] - 1).bit_length()), np.int64)
+    bad = first_bad_slot(slots, n, table)
+    if bad < 0:
+        return None, slots
+    return (bad // 2, "range" if bad % 2 == 0 else "repeat"), slots

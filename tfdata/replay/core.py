@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .._budget import check_budget, parse_bytes
-from .._checks import check_int
+from .._checks import bad_slot, check_int
 from ..batch import UNHELD, OutputRing, getrefcount, retire
 from ..errors import SpecError
 from ..spec import Spec
@@ -800,18 +800,10 @@ class ReplayCore:
     def _checked_slots(self, idx: np.ndarray, n: int) -> np.ndarray:
         """``idx`` (a 1-D integer array) as int64 slots, each in ``[0, n)`` and given once;
         IndexError or ValueError naming the first that is not, and its position."""
-        from ..kernels._columns import first_bad_slot
-
-        if idx.dtype.kind == "u" and idx.size and int(idx.max()) > np.iinfo(np.int64).max:
-            i = int(np.argmax(idx > np.iinfo(np.int64).max))
-            raise IndexError(f"update_field: indices[{i}] = {idx[i]} is not a live row: slots are "
-                             f"in [0, {n}) (len(buffer) = {n})")
-        slots = idx.astype(np.int64)  # a copy: the caller's array may change after the check
-        table = np.empty(max(2, 1 << (2 * slots.shape[0] - 1).bit_length()), np.int64)
-        bad = first_bad_slot(slots, n, table)
-        if bad >= 0:
-            i = bad // 2
-            if bad % 2 == 0:
+        problem, slots = bad_slot(idx, n)
+        if problem is not None:
+            i, kind = problem
+            if kind == "range":
                 raise IndexError(f"update_field: indices[{i}] = {idx[i]} is not a live row: slots "
                                  f"are in [0, {n}) (len(buffer) = {n})")
             first = int(np.flatnonzero(slots[:i] == slots[i])[0])

@@ -6,6 +6,7 @@ import weakref
 
 import numpy as np
 
+from ..._checks import bad_slot
 from . import Sampler
 
 
@@ -151,24 +152,17 @@ class WithoutReplacementSampler(Sampler):
 def check_undrawn(undrawn, size: int, what: str) -> np.ndarray:
     """``undrawn`` as int64 slots, each in ``[0, size)`` and given once (ValueError naming the
     first that is not, and ``what``); at most ``size`` of them."""
-    from ...kernels._columns import first_bad_slot
-
     a = np.asarray(undrawn)
     if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
         raise ValueError(f"{what}: expected a 1-D integer array, got {a.dtype}{list(a.shape)}")
     if a.shape[0] > size:
         raise ValueError(f"{what}: {a.shape[0]} slots, more than the {size} rows held")
-    if a.dtype.kind == "u" and a.size and int(a.max()) >= 2**63:  # before the cast wraps it
-        i = int(a.argmax())
-        raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
-                         f"(expected 0 <= slot < {size})")
-    a = a.astype(np.int64, copy=False)
-    table = np.empty(max(2, 1 << (2 * a.shape[0] - 1).bit_length()) if a.size else 2, np.int64)
-    bad = first_bad_slot(a, size, table)
-    if bad >= 0:
-        i = bad // 2
-        if bad % 2 == 0:
+    problem, slots = bad_slot(a, size)
+    if problem is not None:
+        i, kind = problem
+        if kind == "range":
             raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
                              f"(expected 0 <= slot < {size})")
         raise ValueError(f"{what}: slot {int(a[i])} is given twice (position {i})")
+    a = slots
     return np.ascontiguousarray(a)
