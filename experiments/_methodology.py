@@ -982,6 +982,41 @@ def mean_std(xs) -> tuple[float, float]:
     return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
 
 
+def permutation_test(a, b) -> float:
+    """Exact two-sided permutation test of equal means (every split of the pooled values)."""
+    import itertools
+
+    import numpy as np
+
+    a, b = list(a), list(b)
+    pooled = a + b
+    observed = abs(np.mean(a) - np.mean(b))
+    n, hits, total = len(a), 0, 0
+    for idx in itertools.combinations(range(len(pooled)), n):
+        s = set(idx)
+        x = [pooled[i] for i in idx]
+        y = [pooled[i] for i in range(len(pooled)) if i not in s]
+        total += 1
+        hits += abs(np.mean(x) - np.mean(y)) >= observed - 1e-12
+    return hits / total
+
+
+def return_curve(episodes, total: int, bins: int) -> tuple[list, list]:
+    """Mean episodic return of the episodes that ended in each of ``bins`` step ranges
+    (carried forward through a range where none ended)."""
+    import numpy as np
+
+    edges = np.linspace(0, total, bins + 1)
+    out, last = [], float("nan")
+    ep = np.asarray(episodes, dtype=float).reshape(-1, 3)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (ep[:, 0] >= lo) & (ep[:, 0] < hi)
+        if m.any():
+            last = float(ep[m, 1].mean())
+        out.append(last)
+    return ((edges[:-1] + edges[1:]) / 2).tolist(), out
+
+
 def gmean(xs) -> float:
     """Geometric mean (the average of ratios that treats 2x and 0.5x symmetrically)."""
     import numpy as np

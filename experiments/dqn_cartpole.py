@@ -25,7 +25,6 @@ Needs the ``rl`` and ``torch`` extras (gymnasium, torch 2.13.0 CPU, stable-basel
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import resource
@@ -36,7 +35,9 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, report_dir, write_json, write_report as write_methodology_report  # noqa: E402
+from _methodology import RunRecord, permutation_test, report_dir, write_json  # noqa: E402
+from _methodology import return_curve as _return_curve  # noqa: E402
+from _methodology import write_report as write_methodology_report  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -367,33 +368,9 @@ def run_all(variants, seeds, total, learning_starts, log) -> list[dict]:
     return runs
 
 
-def permutation_test(a, b) -> float:
-    """Exact two-sided permutation test of equal means (every split of the pooled values)."""
-    a, b = list(a), list(b)
-    pooled = a + b
-    observed = abs(np.mean(a) - np.mean(b))
-    n, hits, total = len(a), 0, 0
-    for idx in itertools.combinations(range(len(pooled)), n):
-        s = set(idx)
-        x = [pooled[i] for i in idx]
-        y = [pooled[i] for i in range(len(pooled)) if i not in s]
-        total += 1
-        hits += abs(np.mean(x) - np.mean(y)) >= observed - 1e-12
-    return hits / total
-
-
 def curve(episodes, total, bins=CURVE_BINS):
-    """Mean episodic return of the episodes that ended in each of ``bins`` step ranges
-    (carried forward through a range where none ended)."""
-    edges = np.linspace(0, total, bins + 1)
-    out, last = [], float("nan")
-    ep = np.asarray(episodes, dtype=float).reshape(-1, 3)
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        m = (ep[:, 0] >= lo) & (ep[:, 0] < hi)
-        if m.any():
-            last = float(ep[m, 1].mean())
-        out.append(last)
-    return ((edges[:-1] + edges[1:]) / 2).tolist(), out
+    """See :func:`_methodology.return_curve` (this experiment's number of bins)."""
+    return _return_curve(episodes, total, bins)
 
 
 def _ms(values) -> dict:
