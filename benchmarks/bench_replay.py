@@ -159,7 +159,7 @@ class ExtendStep:
     the same step (``rows`` envs; needs the optional stable-baselines3), ``"numpy"`` the
     hand-written baseline's ``extend``."""
 
-    params = [LAYOUTS + ["sb3"], [1, 16]]
+    params = [LAYOUTS + ["sb3"], [1, 8, 16]]
     param_names = ["layout", "rows"]
     repeat = _MANY_SAMPLES
 
@@ -185,6 +185,30 @@ class ExtendStep:
         else:
             buf = filled_buffer(layout, CARTPOLE, CAPACITIES[0])
             self.op = partial(buf.extend, step)
+        for _ in range(3):
+            self.op()
+
+    def time_extend(self, layout, rows):
+        self.op()
+
+
+class ExtendImageStep:
+    """Append one vector-env step of Atari-sized rows (two 4x84x84 uint8 stacks, 56 KiB a row):
+    ``rows`` rows into a full ring of :data:`IMAGE_CAPACITY`; ``"numpy"`` the hand-written
+    baseline's slice assignment, the bytes-moved floor."""
+
+    params = [LAYOUTS, [1, 8]]
+    param_names = ["layout", "rows"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, rows):
+        warm_kernels()
+        rng = np.random.default_rng(5)
+        obs = rng.integers(0, 256, (rows, 4, 84, 84), dtype=np.uint8)
+        step = {"obs": obs, "action": rng.integers(0, 6, rows), "reward": np.ones(rows, np.float32),
+                "next_obs": obs[:, ::-1].copy(), "terminated": rng.random(rows) < 0.05,
+                "truncated": np.zeros(rows, bool)}
+        self.op = partial(filled_buffer(layout, IMAGE, IMAGE_CAPACITY).extend, step)
         for _ in range(3):
             self.op()
 
