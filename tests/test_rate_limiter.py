@@ -1,0 +1,434 @@
+"""The sample-to-insert rate limiter (``tfdata.RateLimiter``, ``rate_limiter=`` of a buffer).
+
+The two predicates are checked against their exact reference in tests/naive.py; the buffer
+against the promise the limiter makes (samples within the error buffer of the ratio at every
+point), with real threads; waits that time out change nothing; the counts survive a
+checkpoint; a waiting thread lets others run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tfdata
+from tfdata import FormatError, PrioritizedReplayBuffer, RateLimiter, ReplayBuffer
+
+from . import naive
+
+SPEC = {"id": "i8", "obs": ("f4", (3,)), "reward": "f4", "terminated": "?", "truncated": "?"}
+LAYOUTS = ["aos", "soa", (("id", "reward"), ("obs",))]
+# dyadic values: float and rational arithmetic agree exactly, so the predicates must too
+SPIS = [0.25, 0.5, 1.0, 1.5, 2.0, 4.0, 8.0]
+
+
+def rows(ids) -> dict:
+    ids = np.asarray(ids, np.int64)
+    return {"id": ids, "obs": np.repeat(ids[:, None], 3, 1).astype(np.float32),
+            "reward": ids.astype(np.float32), "terminated": ids % 7 == 6,
+            "truncated": np.zeros(len(ids), bool)}
+
+
+def row(i: int) -> dict:
+    return {"id": i, "obs": np.full(3, i, np.float32), "reward": float(i),
+            "terminated": i % 7 == 6, "truncated": False}
+
+
+def in_bounds(m: dict, lim: RateLimiter) -> bool:
+    """The limiter's promise for a snapshot of its counts."""
+    i, s = m["inserts"], m["samples"]
+    lo, hi = naive.limiter_bounds_naive(i, lim.samples_per_insert, lim.min_size_to_sample,
+                                        lim.error_buffer)
+    if s == 0:
+        return lo <= 0
+    return lo <= s <= hi and i >= lim.min_size_to_sample
+
+
+# -- the predicates against the reference -----------------------------------------------------------
+@settings(max_examples=400, deadline=None)
+@given(spi=st.sampled_from(SPIS), min_size=st.integers(1, 50), extra=st.sampled_from([0, 0.5, 1, 3, 10]),
+       inserts=st.integers(0, 400), samples=st.integers(0, 2000), n=st.integers(1, 64),
+       unbounded=st.booleans())
+def test_predicates_match_reference(spi, min_size, extra, inserts, samples, n, unbounded):
+    eb = None if unbounded else max(1.0, spi) + extra
+    lim = RateLimiter(spi, min_size, eb) if eb is not None else RateLimiter.min_size(min_size)
+    lim.inserts, lim.samples = inserts, samples
+    for side, pred in (("sample", lim.can_sample), ("insert", lim.can_insert)):
+        want = naive.limiter_allows_naive(side, inserts, samples, n,
+                                          1.0 if eb is None else spi, min_size, eb)
+        assert pred(n) is want, (side, inserts, samples, n, spi, min_size, eb)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spi=st.sampled_from(SPIS), min_size=st.integers(1, 30), extra=st.sampled_from([0, 1, 5]),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(1, 8)), max_size=300))
+def test_allowed_steps_keep_the_promise(spi, min_size, extra, ops):
+    """Any sequence of steps the predicates allow keeps samples within the error buffer."""
+    eb = max(1.0, spi) + extra
+    lim = RateLimiter(spi, min_size, eb)
+    for is_sample, n in ops:
+        if is_sample:
+            if lim.can_sample(n):
+                lim.samples += n
+        elif lim.can_insert(n):
+            lim.inserts += n
+        assert in_bounds(lim.metrics(), lim), (lim.metrics(), spi, min_size, eb)
+
+
+def test_min_size_only_gates_sampling():
+    lim = RateLimiter.min_size(5)
+    assert not lim.can_sample(1) and lim.can_insert(10 ** 9)
+    lim.inserts = 5
+    assert lim.can_sample(10 ** 6) and lim.can_insert(10 ** 9)
+    assert lim.params() == {"samples_per_insert": 1.0, "min_size_to_sample": 5,
+                            "error_buffer": None, "timeout": None}
+
+
+# -- arguments ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, kw, match", [
+    ((0.0, 1, 1.0), {}, "samples_per_insert"),
+    ((-1.0, 1, 1.0), {}, "samples_per_insert"),
+    ((float("nan"), 1, 1.0), {}, "samples_per_insert"),
+    ((1.0, 0, 1.0), {}, "min_size_to_sample"),
+    ((2.0, 1, 1.5), {}, "error_buffer must be >= max"),
+    ((0.5, 1, 0.5), {}, "error_buffer must be >= max"),
+    ((1.0, 1, float("inf")), {}, "error_buffer"),
+    ((1.0, 1, 1.0), {"timeout": 0.0}, "timeout"),
+    ((1.0, 1, 1.0), {"timeout": -1}, "timeout"),
+])
+def test_bad_arguments(args, kw, match):
+    with pytest.raises(ValueError, match=match):
+        RateLimiter(*args, **kw)
+
+
+@pytest.mark.parametrize("args", [("1", 1, 1.0), (1.0, 1.5, 1.0), (1.0, True, 1.0), (1.0, 1, "2")])
+def test_bad_argument_types(args):
+    with pytest.raises(TypeError):
+        RateLimiter(*args)
+
+
+def test_one_limiter_per_buffer():
+    lim = RateLimiter(1.0, 2, 4.0)
+    a = ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    with pytest.raises(ValueError, match="already serves"):
+        ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    with pytest.raises(TypeError, match="rate_limiter must be"):
+        ReplayBuffer(SPEC, 16, rate_limiter={"samples_per_insert": 1.0})
+    with pytest.raises(ValueError, match="min_size_to_sample must be <= capacity"):
+        ReplayBuffer(SPEC, 16, rate_limiter=RateLimiter(1.0, 17, 4.0))
+    assert a.rate_limiter is lim
+
+
+def test_calls_that_can_never_proceed_raise_at_once():
+    lim = RateLimiter(2.0, 4, 3.0, timeout=30)
+    buf = ReplayBuffer(SPEC, 64, rate_limiter=lim)
+    buf.extend(rows(range(4)))  # up to the minimum: free
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="2 \\* error_buffer"):
+        buf.sample(7)  # 7 > 2 * 3: sampling can never run that far ahead
+    with pytest.raises(ValueError, match="can never proceed"):
+        buf.extend(rows(range(4, 8)))  # 4 rows count 8 samples > 2 * 3
+    with pytest.raises(ValueError, match="larger than the capacity"):
+        ReplayBuffer(SPEC, 8, rate_limiter=RateLimiter(1.0, 1, 100.0)).sample(9)
+    assert time.monotonic() - t0 < 5
+    assert len(buf) == 4 and lim.metrics()["inserts"] == 4 and lim.metrics()["samples"] == 0
+
+
+# -- one thread: counts, timeouts that change nothing ---------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_counts_and_timeouts_change_nothing(layout):
+    lim = RateLimiter(2.0, 4, 4.0, timeout=0.05)
+    buf = ReplayBuffer(SPEC, 32, layout=layout, seed=1, rate_limiter=lim)
+    with pytest.raises(TimeoutError, match="sample of 2 rows.*inserts=0, samples=0"):
+        buf.sample(2)
+    assert len(buf) == 0 and lim.metrics()["timeouts"] == 1
+    for i in range(4):
+        buf.push(row(i))
+    buf.extend(rows([4, 5]))  # (4 + 2) * 2 - 0 = 12 <= max_diff = 2 * 4 + 4: allowed
+    m = lim.metrics()
+    assert (m["inserts"], m["samples"]) == (6, 0)
+    before = buf.state_dict()
+    with pytest.raises(TimeoutError, match="insert of 1 rows"):
+        buf.push(row(6))  # 7 * 2 - 0 = 14 > 12
+    with pytest.raises(TimeoutError, match="insert of 2 rows"):
+        buf.extend(rows([6, 7]))
+    with pytest.raises(ValueError, match="can never proceed"):
+        buf.extend(rows(range(6, 30)))  # a large extend (the other generated path): 48 > 2 * 4
+    after = buf.state_dict()
+    assert len(buf) == 6 and after["writer"] == before["writer"]
+    for k in before["data"]:
+        np.testing.assert_array_equal(before["data"][k], after["data"][k])
+    assert after["rate_limiter"] == {"inserts": 6, "samples": 0}
+    buf.sample(4)
+    b = buf.sample(4)  # 12 - 4 - 4 = 4 >= min_diff = 8 - 4
+    assert b["id"].shape == (4,)
+    with pytest.raises(TimeoutError, match="sample of 1 rows"):
+        buf.sample(1)
+    m = lim.metrics()
+    assert (m["inserts"], m["samples"], m["timeouts"]) == (6, 8, 4)
+    assert m["insert_waits"] == 2 and m["sample_waits"] == 2 and m["sample_wait_s"] > 0.09
+    assert m["insert_wait_s"] > 0.09
+    buf.push(row(6))
+    assert lim.metrics()["inserts"] == 7
+
+
+def test_large_extend_waits_and_times_out():
+    lim = RateLimiter(1.0, 4, 40.0, timeout=0.05)
+    buf = ReplayBuffer(SPEC, 128, rate_limiter=lim)
+    buf.extend(rows(range(40)))  # 40 - 0 <= 4 + 40
+    before = buf.state_dict()
+    with pytest.raises(TimeoutError, match="insert of 20 rows"):
+        buf.extend(rows(range(40, 60)))  # 60 > 44: the generated path for large batches
+    assert len(buf) == 40 and lim.state_dict() == {"inserts": 40, "samples": 0}
+    np.testing.assert_array_equal(buf.state_dict()["data"]["id"], before["data"]["id"])
+    buf.sample(20)
+    buf.extend(rows(range(40, 60)))
+    assert len(buf) == 60 and lim.state_dict() == {"inserts": 60, "samples": 20}
+
+
+def test_sample_waits_for_rows_not_only_the_limiter():
+    lim = RateLimiter.min_size(1, timeout=0.05)
+    buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    buf.push(row(0))
+    with pytest.raises(TimeoutError):
+        buf.sample(2)  # the limiter allows it, one row is held: waits for a second
+    buf.push(row(1))
+    assert buf.sample(2)["id"].shape == (2,)
+
+
+def test_clear_resets_counts():
+    lim = RateLimiter(1.0, 2, 2.0, timeout=0.05)
+    buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    buf.extend(rows(range(3)))
+    buf.sample(2)
+    buf.clear()
+    m = lim.metrics()
+    assert (m["inserts"], m["samples"]) == (0, 0) and len(buf) == 0
+    with pytest.raises(TimeoutError):
+        buf.sample(1)
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_paths_count_rows(layout):
+    """Every write path counts its rows: the generated push and extend (small, large), the
+    generic ones, prioritized pushes with priorities; every sample path its batch."""
+    lim = RateLimiter.min_size(1)
+    buf = PrioritizedReplayBuffer(SPEC, 64, layout=layout, seed=0, rate_limiter=lim)
+    buf.push(row(0))                                  # generated push
+    buf.push({**row(1), "reward": np.float64(1)})     # generic push
+    buf.push(row(2), priority=2.0)                    # prioritized, given priority
+    buf.extend(rows([3, 4]))                          # generated extend
+    buf.extend(rows(range(5, 25)))                    # large extend
+    buf.extend(rows([25, 26]), priorities=[1.0, 2.0])
+    buf.extend({k: v.tolist() for k, v in rows([27]).items()})  # generic extend
+    assert lim.metrics()["inserts"] == len(buf) == 28
+    buf.sample(3)
+    buf.sample(2, fields=["id"])
+    buf.sample_sequences(2, 3)
+    assert lim.metrics()["samples"] == 7
+
+
+# -- threads -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+@pytest.mark.parametrize("spi, batch, chunk", [(4.0, 8, 1), (0.5, 4, 3), (2.0, 16, 4)])
+def test_threads_keep_the_ratio(layout, spi, batch, chunk):
+    """One writer thread, one sampler thread: every snapshot of the counts is within bounds,
+    and both finish (each side waits for the other, and neither waits forever)."""
+    eb = max(batch + chunk * spi, max(1.0, spi))
+    lim = RateLimiter(spi, 20, eb, timeout=20)
+    buf = ReplayBuffer(SPEC, 256, layout=layout, seed=2, rate_limiter=lim)
+    total = 600
+    bad, errors = [], []
+
+    def writer():
+        try:
+            for i in range(0, total, chunk):
+                if chunk == 1:
+                    buf.push(row(i))
+                else:
+                    buf.extend(rows(range(i, i + chunk)))
+                m = lim.metrics()
+                if not in_bounds(m, lim):
+                    bad.append(m)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    # the writer's last insert needs samples >= total * spi - max_diff; the sampler can reach
+    # that many (batch <= 2 * error_buffer), and no more are asked of it
+    n_samples = math.ceil((total * spi - lim.max_diff) / batch)
+
+    def sampler():
+        try:
+            for _ in range(n_samples):
+                buf.sample(batch)
+                m = lim.metrics()
+                if not in_bounds(m, lim):
+                    bad.append(m)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    ts = [threading.Thread(target=writer), threading.Thread(target=sampler)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors and not bad, (errors, bad[:3])
+    m = lim.metrics()
+    assert m["samples"] == n_samples * batch
+    assert m["inserts"] == total
+    assert m["insert_waits"] + m["sample_waits"] > 0  # they did hold each other back
+
+
+def test_a_waiting_thread_lets_others_run():
+    """While a sample waits (the GIL released), another thread does Python work; a push wakes it."""
+    lim = RateLimiter(1.0, 4, 2.0, timeout=10)
+    buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    got = []
+    t = threading.Thread(target=lambda: got.append(buf.sample(2)))
+    t.start()
+    time.sleep(0.05)
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < 0.2:  # pure Python: needs the GIL the waiter does not hold
+        n += 1
+    assert n > 10_000 and t.is_alive() and not got
+    buf.extend(rows(range(4)))  # the lock is free too: a push does not wait for the sampler
+    t.join(5)
+    assert got and got[0]["id"].shape == (2,)
+    assert lim.metrics()["sample_waits"] == 1 and lim.metrics()["sample_wait_s"] >= 0.2
+
+
+def test_a_waiting_writer_is_woken_by_samples():
+    lim = RateLimiter(1.0, 2, 1.0, timeout=10)
+    buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    buf.extend(rows(range(3)))  # diff 3 = max_diff 3
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (buf.push(row(3)), done.set()))
+    t.start()
+    assert not done.wait(0.1)
+    buf.sample(1)
+    assert done.wait(5)
+    t.join()
+    assert lim.metrics()["insert_waits"] == 1 and len(buf) == 4
+
+
+# -- with the rest ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("sampler", ["uniform", "without_replacement"])
+def test_nstep_and_sequences(layout, sampler):
+    lim = RateLimiter(1.0, 8, 8.0, timeout=0.05)
+    buf = ReplayBuffer(SPEC, 32, layout=layout, seed=0, n_step=3, sampler=sampler, rate_limiter=lim)
+    buf.extend(rows(range(8)))
+    b = buf.sample(4)
+    assert b.discounts.shape == (4,)
+    if sampler == "without_replacement":  # it draws no slices: refused, nothing counted
+        with pytest.raises(NotImplementedError):
+            buf.sample_sequences(2, 3)
+        assert lim.metrics()["samples"] == 4
+        return
+    s = buf.sample_sequences(2, 3)
+    assert s["id"].shape == (2, 3)
+    assert lim.metrics()["samples"] == 6
+    with pytest.raises(TimeoutError):
+        buf.sample_sequences(8, 2)  # 8 - 6 - 8 < 0
+    buf.extend(rows(range(8, 16)))
+    buf.sample_sequences(8, 2)
+    assert lim.metrics()["samples"] == 14
+
+
+def test_plan_memory_and_nbytes_unaffected():
+    plan = ReplayBuffer.plan_memory(SPEC, 64, rate_limiter=RateLimiter(1.0, 1, 1.0))
+    assert plan == ReplayBuffer.plan_memory(SPEC, 64)
+    a = ReplayBuffer(SPEC, 64, rate_limiter=RateLimiter(1.0, 1, 1.0))
+    assert a.nbytes == ReplayBuffer(SPEC, 64).nbytes
+
+
+def test_memory_budget_and_allocator():
+    lim = RateLimiter.min_size(2)
+    need = sum(ReplayBuffer.plan_memory(SPEC, 64).values())
+    buf = ReplayBuffer(SPEC, 64, rate_limiter=lim, memory_budget=need + 4096, allocator="numpy")
+    buf.extend(rows(range(4)))
+    buf.sample(2)
+    assert lim.metrics()["samples"] == 2
+
+
+# -- state and checkpoints ------------------------------------------------------------------------
+def test_state_dict_round_trip():
+    lim = RateLimiter(2.0, 4, 4.0)
+    buf = ReplayBuffer(SPEC, 32, seed=3, rate_limiter=lim)
+    buf.extend(rows(range(6)))
+    buf.sample(5)
+    state = buf.state_dict()
+    other = ReplayBuffer(SPEC, 32, rate_limiter=RateLimiter(2.0, 4, 4.0))
+    other.load_state_dict(state)
+    assert other.rate_limiter.state_dict() == {"inserts": 6, "samples": 5}
+    for bad, match in (({"inserts": 5, "samples": 0}, "inserts must be >= the 6 rows"),
+                       ({"inserts": -1, "samples": 0}, "inserts must be an int"),
+                       ({"inserts": 6, "samples": 1.5}, "samples must be an int"),
+                       ({"inserts": 6}, "keys")):
+        with pytest.raises(ValueError, match=match):
+            other.load_state_dict({**state, "rate_limiter": bad})
+        assert other.rate_limiter.state_dict() == {"inserts": 6, "samples": 5}
+    # a state without counts (no limiter when saved) starts balanced
+    plain = ReplayBuffer(SPEC, 32, seed=3)
+    plain.extend(rows(range(10)))
+    lim3 = RateLimiter(2.0, 4, 4.0)
+    ReplayBuffer(SPEC, 32, rate_limiter=lim3).load_state_dict(plain.state_dict())
+    assert lim3.state_dict() == {"inserts": 10, "samples": 12}
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_checkpoint_round_trip(tmp_path, cls):
+    lim = RateLimiter(2.0, 4, 6.0, timeout=1.5)
+    buf = cls(SPEC, 32, seed=3, rate_limiter=lim)
+    buf.extend(rows(range(7)))
+    buf.sample(5)
+    buf.save(tmp_path / "ck")
+    new = cls.load(tmp_path / "ck")
+    assert new.rate_limiter is not lim
+    assert new.rate_limiter.params() == lim.params()
+    assert new.rate_limiter.state_dict() == {"inserts": 7, "samples": 5}
+    np.testing.assert_array_equal(new.sample(3)["id"], buf.sample(3)["id"])
+    assert new.rate_limiter.state_dict() == lim.state_dict()
+
+
+def _edit(path, fn):
+    spath = os.path.join(path, "state.json")
+    with open(spath) as f:
+        doc = json.load(f)
+    fn(doc)
+    with open(spath, "w") as f:
+        json.dump(doc, f)
+
+
+@pytest.mark.parametrize("where, edit", [
+    ("config.rate_limiter.samples_per_insert", lambda d: d["config"]["rate_limiter"].update(samples_per_insert=0.0)),
+    ("config.rate_limiter.samples_per_insert", lambda d: d["config"]["rate_limiter"].update(samples_per_insert="2")),
+    ("config.rate_limiter.min_size_to_sample", lambda d: d["config"]["rate_limiter"].update(min_size_to_sample=33)),
+    ("config.rate_limiter.min_size_to_sample", lambda d: d["config"]["rate_limiter"].update(min_size_to_sample=True)),
+    ("config.rate_limiter.error_buffer", lambda d: d["config"]["rate_limiter"].update(error_buffer=1.0)),
+    ("config.rate_limiter.timeout", lambda d: d["config"]["rate_limiter"].update(timeout=-1.0)),
+    ("config.rate_limiter", lambda d: d["config"]["rate_limiter"].update(extra=1)),
+    ("config.rate_limiter", lambda d: d["config"].update(rate_limiter=[1, 2])),
+    ("state.rate_limiter.inserts", lambda d: d["state"]["rate_limiter"].update(inserts=6)),
+    ("state.rate_limiter.samples", lambda d: d["state"]["rate_limiter"].update(samples=-1)),
+    ("state.rate_limiter.samples", lambda d: d["state"]["rate_limiter"].update(samples=2 ** 70)),
+    ("state", lambda d: d["state"].pop("rate_limiter")),
+    ("state", lambda d: d["config"].pop("rate_limiter")),
+])
+def test_hostile_checkpoint(tmp_path, where, edit):
+    buf = ReplayBuffer(SPEC, 32, seed=3, rate_limiter=RateLimiter(2.0, 4, 6.0))
+    buf.extend(rows(range(7)))
+    path = tmp_path / "ck"
+    buf.save(path)
+    _edit(path, edit)
+    with pytest.raises(FormatError, match=where.replace(".", "\\.")) as exc:
+        ReplayBuffer.load(path)
+    assert "state.json" in str(exc.value)
