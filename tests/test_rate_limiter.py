@@ -432,3 +432,211 @@ def test_hostile_checkpoint(tmp_path, where, edit):
     with pytest.raises(FormatError, match=where.replace(".", "\\.")) as exc:
         ReplayBuffer.load(path)
     assert "state.json" in str(exc.value)
+
+
+# -- shared memory: writer processes and the learner ----------------------------------------------------
+import multiprocessing as mp  # noqa: E402
+import signal  # noqa: E402
+
+from tfdata import SharedBufferError, SharedReplayBuffer, SharedWriter  # noqa: E402
+
+FORK = mp.get_context("fork")
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_shared_refusals(shm_dir):
+    with pytest.raises(ValueError, match="mode='replay'"):
+        SharedReplayBuffer(SPEC, 16, mode="fifo", rate_limiter=RateLimiter(1.0, 1, 1.0))
+    with pytest.raises(ValueError, match="min_size_to_sample must be <= capacity"):
+        SharedReplayBuffer(SPEC, 16, rate_limiter=RateLimiter(1.0, 17, 1.0))
+    with pytest.raises(TypeError, match="rate_limiter must be"):
+        SharedReplayBuffer(SPEC, 16, rate_limiter=2.0)
+    lim = RateLimiter(1.0, 1, 1.0)
+    with SharedReplayBuffer(SPEC, 16, rate_limiter=lim):
+        with pytest.raises(ValueError, match="already serves"):
+            SharedReplayBuffer(SPEC, 16, rate_limiter=lim)
+        with pytest.raises(ValueError, match="already serves"):
+            ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    assert not os.listdir(shm_dir)  # refused before a region was made
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shared_one_process_counts_and_timeouts(layout, shm_dir):
+    lim = RateLimiter(2.0, 4, 4.0, timeout=0.05)
+    with SharedReplayBuffer(SPEC, 32, num_writers=2, layout=layout, seed=0, rate_limiter=lim) as buf:
+        with pytest.raises(TimeoutError, match="sample of 2 rows"):
+            buf.sample(2)
+        w0, w1 = SharedWriter(buf.name, 0), SharedWriter(buf.name, 1)
+        assert w0.rate_limiter.params() == lim.params()
+        w0.extend(rows(range(3)))
+        w1.push(row(100))  # 4 rows: the minimum
+        w1.extend(rows([101, 102]))  # (6) * 2 - 0 = 12 <= 8 + 4
+        region = bytes(buf._region.map.at(0, np.uint8, (buf.nbytes,)))
+        with pytest.raises(TimeoutError, match="shard 0: .*insert of 1 rows"):
+            w0.push(row(3))
+        with pytest.raises(TimeoutError, match="shard 1: .*insert of 2 rows"):
+            w1.extend(rows([103, 104]))
+        with pytest.raises(ValueError, match="can never proceed"):
+            w1.extend(rows(range(103, 110)))
+        assert bytes(buf._region.map.at(0, np.uint8, (buf.nbytes,))) == region  # nothing written
+        assert buf.rate_limiter.state_dict() == {"inserts": 6, "samples": 0} and len(buf) == 6
+        buf.sample(4)
+        buf.sample(4)
+        with pytest.raises(TimeoutError, match="sample of 1 rows"):
+            buf.sample(1)
+        assert buf.rate_limiter.state_dict() == {"inserts": 6, "samples": 8}
+        for i in range(3, 7):  # up to (10) * 2 - 8 = 12 = max_diff
+            w0.push(row(i))
+        with pytest.raises(TimeoutError):
+            w0.push(row(7))
+        m = lim.metrics()
+        assert (m["sample_waits"], m["timeouts"]) == (2, 2)
+        assert w0.rate_limiter.metrics()["insert_waits"] == 2
+        assert w0.rate_limiter.metrics()["timeouts"] == 2
+        s = buf.sample_sequences(2, 2)
+        assert s["id"].shape == (2, 2) and lim.metrics()["samples"] == 10
+        w0.close()
+        w1.close()
+
+
+def test_shared_prioritized_and_nstep(shm_dir):
+    lim = RateLimiter(1.0, 4, 8.0, timeout=0.05)
+    with SharedReplayBuffer(SPEC, 32, seed=0, prioritized=True, n_step=2, rate_limiter=lim) as buf:
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(rows(range(8)))
+            b = buf.sample(4)
+            assert b.weights.shape == (4,) and b.discounts.shape == (4,)
+            buf.sample(4)
+            buf.sample(4)  # 8 - 8 - 4 >= min_diff = 4 - 8
+            with pytest.raises(TimeoutError):
+                buf.sample(4)
+            assert buf.rate_limiter.state_dict() == {"inserts": 8, "samples": 12}
+
+
+def test_shared_bad_region_json(shm_dir):
+    with SharedReplayBuffer(SPEC, 16, rate_limiter=RateLimiter(1.0, 2, 2.0)) as buf:
+        doc_path = os.path.join(buf.path, "region.json")
+        with open(doc_path) as f:
+            good = json.load(f)
+        for bad in ({**good["rate_limiter"], "error_buffer": 0.5},
+                    {**good["rate_limiter"], "timeout": True},
+                    {**good["rate_limiter"], "min_size_to_sample": 17},
+                    {"samples_per_insert": 1.0}, [1, 2]):
+            with open(doc_path, "w") as f:
+                json.dump({**good, "rate_limiter": bad}, f)
+            with pytest.raises(FormatError, match="region.json.*rate_limiter"):
+                SharedWriter(buf.name, 0)
+
+
+def _limited_writer(name, shard, total, chunk, errors):
+    try:
+        with SharedWriter(name, shard) as w:
+            for i in range(0, total, chunk):
+                ids = np.arange(i, i + chunk) + 1_000_000 * shard
+                if chunk == 1:
+                    w.push(row(int(ids[0])))
+                else:
+                    w.extend(rows(ids))
+    except BaseException as exc:  # noqa: BLE001 - reported to the learner
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+@pytest.mark.parametrize("spi, batch, chunk", [(4.0, 16, 1), (1.0, 8, 4)])
+def test_processes_keep_the_ratio(layout, spi, batch, chunk, shm_dir):
+    """2 writer processes and the learner: after every sample the counts are within the
+    limiter's bounds (writers may overshoot by one write of the other writer: they check and
+    write without a lock between processes), and everyone finishes."""
+    writers, per_writer = 2, 400
+    eb = max(batch + chunk * spi, spi)
+    lim = RateLimiter(spi, 32, eb, timeout=30)
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 2 * 256, num_writers=writers, layout=layout, seed=0,
+                            rate_limiter=lim) as buf:
+        procs = [FORK.Process(target=_limited_writer, args=(buf.name, s, per_writer, chunk, errors))
+                 for s in range(writers)]
+        for p in procs:
+            p.start()
+        total = writers * per_writer
+        n_batches = math.ceil((total * spi - lim.max_diff) / batch)
+        slack = (writers - 1) * chunk * spi
+        seen = []
+        for _ in range(n_batches):
+            b = buf.sample(batch)
+            assert b["id"].shape == (batch,)
+            m = buf.rate_limiter.metrics()
+            i, s = m["inserts"], m["samples"]
+            lo, hi = naive.limiter_bounds_naive(i, spi, 32, eb)
+            seen.append((i, s))
+            assert s <= hi + slack and s >= lo - slack, (i, s, lo, hi)
+        for p in procs:
+            p.join(60)
+        assert errors.empty(), errors.get()
+        assert all(p.exitcode == 0 for p in procs)
+        m = buf.rate_limiter.metrics()
+        assert m["inserts"] == total and m["samples"] == n_batches * batch
+        assert m["sample_waits"] > 0  # the learner was held back at times
+        assert len(seen) == n_batches
+
+
+def _killed_writer(name, shard, n):
+    w = SharedWriter(name, shard)
+    w.extend(rows(np.arange(n) + 1_000_000 * shard))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_writer_does_not_wedge_the_learner(shm_dir):
+    lim = RateLimiter(1.0, 8, 8.0)  # no timeout: only the writers' absence can end the wait
+    with SharedReplayBuffer(SPEC, 64, num_writers=2, seed=0, rate_limiter=lim) as buf:
+        p = FORK.Process(target=_killed_writer, args=(buf.name, 0, 12))
+        p.start()
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL
+        with SharedWriter(buf.name, 1) as w:
+            w.extend(rows(range(4)))
+        # 16 rows: 16 - 0 - B >= 8 - 8 allows 16 samples
+        with pytest.warns(tfdata.WriterLostWarning):
+            buf.sample(8)
+        buf.sample(8)
+        t0 = time.monotonic()
+        with pytest.raises(SharedBufferError, match="every writer is gone"):
+            buf.sample(8)
+        assert time.monotonic() - t0 < 5
+        assert lim.metrics()["samples"] == 16
+        # a writer that comes back lets sampling go on
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(rows(range(100, 108)))
+        buf.sample(8)
+
+
+def _waiting_writer(name, conn):
+    try:
+        w = SharedWriter(name, 0)
+        w.extend(rows(range(3)))  # 3 * 1 - 0 <= max_diff = 2 + 1
+        conn.send("ready")
+        w.push(row(3))  # waits for samples that never come
+        conn.send("pushed")
+    except SharedBufferError as exc:
+        conn.send(f"SharedBufferError: {exc}")
+    except BaseException as exc:  # noqa: BLE001
+        conn.send(repr(exc))
+
+
+def test_closing_the_buffer_wakes_a_waiting_writer(shm_dir):
+    here, there = FORK.Pipe()
+    buf = SharedReplayBuffer(SPEC, 16, seed=0, rate_limiter=RateLimiter(1.0, 2, 1.0))
+    p = FORK.Process(target=_waiting_writer, args=(buf.name, there))
+    p.start()
+    assert here.poll(30) and here.recv() == "ready"
+    time.sleep(0.2)
+    assert not here.poll()  # waiting
+    buf.close()
+    assert here.poll(10)
+    msg = here.recv()
+    p.join(10)
+    assert msg.startswith("SharedBufferError") and "closed by its owner" in msg, msg

@@ -275,6 +275,20 @@ class RateLimiter:
                 f"{self.min_size_to_sample}, error_buffer={self.error_buffer}; nothing was "
                 + ("sampled" if side == "sample" else "written"))
 
+    def record_wait(self, side: str, seconds: float, timed_out: bool = False) -> None:
+        """Count one ``side`` (``"insert"`` or ``"sample"``) call that waited ``seconds`` (and
+        raised TimeoutError if ``timed_out``): the metrics of a wait done elsewhere (a shared
+        buffer's writers and learner poll shared memory instead of waiting here)."""
+        self._metrics[side + "_waits"] += 1
+        self._metrics[side + "_wait_s"] += seconds
+        if timed_out:
+            self._metrics["timeouts"] += 1
+
+    def timeout_message(self, side: str, n: int, waited: float) -> str:
+        """The TimeoutError message of a ``side`` call of ``n`` rows that waited ``waited`` s."""
+        return self._timeout_message(side, n).replace(f"waited {self.timeout} s",
+                                                      f"waited {waited:.3g} s")
+
     # -- metrics and state --------------------------------------------------------------------
     def metrics(self) -> dict:
         """Counts and waits so far: ``inserts``, ``samples`` (rows), ``insert_waits`` and
