@@ -640,3 +640,32 @@ def test_closing_the_buffer_wakes_a_waiting_writer(shm_dir):
     msg = here.recv()
     p.join(10)
     assert msg.startswith("SharedBufferError") and "closed by its owner" in msg, msg
+
+
+def test_shared_checkpoint_keeps_counts(shm_dir, tmp_path):
+    lim = RateLimiter(2.0, 4, 6.0, timeout=0.05)
+    with SharedReplayBuffer(SPEC, 32, num_writers=2, seed=0, rate_limiter=lim) as buf:
+        with SharedWriter(buf.name, 0) as w0, SharedWriter(buf.name, 1) as w1:
+            w0.extend(rows(range(3)))
+            w1.extend(rows(range(100, 104)))
+        buf.sample(5)
+        buf.save(tmp_path / "ck")
+        with SharedReplayBuffer.load(tmp_path / "ck") as new:
+            assert new.rate_limiter.params() == lim.params()
+            assert new.rate_limiter.state_dict() == {"inserts": 7, "samples": 5}
+            with SharedWriter(new.name, 0) as w:
+                w.push(row(3))  # (8) * 2 - 5 = 11 <= max_diff = 8 + 6
+                w.push(row(4))  # (9) * 2 - 5 = 13
+                with pytest.raises(TimeoutError):
+                    w.push(row(5))  # (10) * 2 - 5 = 15: the restored counts hold it back
+            assert new.rate_limiter.state_dict() == {"inserts": 9, "samples": 5}
+        path = tmp_path / "ck"
+        for edit, where in ((lambda d: d["state"]["rate_limiter"].update(inserts=6), "inserts"),
+                            (lambda d: d["state"]["rate_limiter"].update(samples=-2), "samples"),
+                            (lambda d: d["config"]["rate_limiter"].update(error_buffer=0.1), "error_buffer"),
+                            (lambda d: d["state"].pop("rate_limiter"), "state")):
+            shutil.copytree(path, tmp_path / "bad")
+            _edit(tmp_path / "bad", edit)
+            with pytest.raises(FormatError, match=where):
+                SharedReplayBuffer.load(tmp_path / "bad")
+            shutil.rmtree(tmp_path / "bad")

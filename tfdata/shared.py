@@ -1031,6 +1031,8 @@ class SharedReplayBuffer:
             sm = self.sampler
             cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
                        beta_steps=sm.beta_steps, eps=sm.eps)
+        if self._limiter is not None:  # its parameters; the counts are in the state
+            cfg["rate_limiter"] = self._limiter.params()
         return cfg
 
     @contextlib.contextmanager
@@ -1057,6 +1059,9 @@ class SharedReplayBuffer:
                 sm = self.sampler
                 state["prioritized"] = {"alpha": sm.alpha, "eps": sm.eps, "samples": sm.samples,
                                         "leaves": sm.live_leaves(self.capacity), "versions": sm.version}
+            if self._limiter is not None:  # inserts as of the heads saved
+                state["rate_limiter"] = {"inserts": sum(state["heads"]),
+                                         "samples": self._limiter.samples}
             yield state
 
     def overwritten_since(self, heads: list) -> list:
@@ -1094,10 +1099,13 @@ class SharedReplayBuffer:
 
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
-    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None) -> None:
+    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
+                samples: int | None = None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
-        ``(leaves, versions, samples)``. Used by :func:`tfdata.replay.checkpoint.load_shared`."""
+        ``(leaves, versions, samples)``; ``samples``: the rate limiter's count of rows sampled
+        (its inserts are the heads restored: rows left out at the save are not counted).
+        Used by :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
@@ -1131,6 +1139,9 @@ class SharedReplayBuffer:
         self.sampler.state[1] = counter
         if priorities is not None:
             self.sampler.restore(leaves, versions, new_heads, priorities[2])
+        if samples is not None and self._limiter is not None:
+            self._limiter.samples = samples
+            r.ctrl[_SAMPLES] = samples
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:

@@ -1237,7 +1237,8 @@ def load_shared(path, cls, **overrides):
     path, spath, doc, c = _open_document(path)
     if doc["class"] != cls.__name__:
         raise FormatError(f"{spath}: class: expected {cls.__name__!r}, got {_show(doc['class'])}")
-    st = c.obj("state", doc["state"], _SHARED_STATE)
+    limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
+    st = c.obj("state", doc["state"], _SHARED_STATE + (("rate_limiter",) if limited else ()))
     if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
         c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
     spec = c.spec(st["spec"])
@@ -1249,7 +1250,8 @@ def load_shared(path, cls, **overrides):
                 raise FormatError(f"{spath}: config: {k!r} is not accepted from a checkpoint "
                                   f"(pass {k}= to load)")
     prioritized = isinstance(v, dict) and v.get("prioritized") is True
-    config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()))
+    config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()),
+                   optional=("rate_limiter",))
     cap = c.integer(cf + "capacity", config["capacity"], 1, MAX_CAPACITY)
     layout = c.layout(cf + "layout", config["layout"], spec)
     c.integer(cf + "ring_size", config["ring_size"], 1, MAX_RING_SIZE)
@@ -1263,6 +1265,8 @@ def load_shared(path, cls, **overrides):
     c.names(cf + "roles", config["roles"], spec, keys=("reward", "terminated", "truncated"))
     if prioritized:
         c.prioritized_config(config)
+    if limited:
+        c.limiter_config(config["rate_limiter"], cap)
     saved_layout = layout
     if new_layout is not None:  # the caller's layout (their error, not the file's)
         layout = resolve_layout(new_layout, spec)
@@ -1281,6 +1285,15 @@ def load_shared(path, cls, **overrides):
         h = c.integer(f"state.heads[{s}]", heads[s], 0, _MAX_HEAD)
         c.integer(f"state.dropped[{s}]", dropped[s], 0, min(h, per))
     sampler = c.sampler(st["sampler"])
+    limiter = None
+    if limited:  # the counts: inserts are the heads' sum (what the writers published)
+        from .limiter import RateLimiter
+
+        counts = c.limiter_state(st["rate_limiter"], sum(min(h, per) for h in heads))
+        if counts["inserts"] != sum(heads):
+            c.fail("state.rate_limiter.inserts", f"{sum(heads)} (the sum of state.heads)",
+                   counts["inserts"])
+        limiter = RateLimiter(**config["rate_limiter"])
     try:
         roles = resolve_roles(spec, config["roles"])
         next_of = resolve_next_of(spec, config["next_of"])
@@ -1329,6 +1342,8 @@ def load_shared(path, cls, **overrides):
         kw["layout"] = layout
         if prioritized:
             kw.update({k: config[k] for k in _PRIORITIZED_KEYS})
+        if limiter is not None:
+            kw["rate_limiter"] = limiter
         try:
             buf = cls(spec, cap, seed=sampler["seed"], **kw, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -1336,7 +1351,8 @@ def load_shared(path, cls, **overrides):
                               f"{str(exc)[:300]})") from None
         try:
             buf.restore(ds, heads, dropped, sampler["counter"],
-                        None if pri is None else (leaves, versions, pri["samples"]))
+                        None if pri is None else (leaves, versions, pri["samples"]),
+                        samples=None if limiter is None else counts["samples"])
         except BaseException:
             buf.close()
             raise
