@@ -511,7 +511,7 @@ class ReplayCore:
             importance weights, at most 1) and ``batch.versions``.
         """
         if self._limiter is not None:  # one check (25 ns) for buffers without a limiter
-            return self._limited_sample(batch_size, copy=copy, fields=fields)
+            return self._limited_sample(batch_size, copy, fields)
         if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
             batch_size = check_int("batch_size", batch_size, 1)
         if fields is None:
@@ -553,7 +553,7 @@ class ReplayCore:
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
 
-    def _limited_sample(self, batch_size: int, *, copy: bool = False, fields=None):
+    def _limited_sample(self, batch_size: int, copy: bool = False, fields=None):
         # sample() with a rate limiter: waits (the lock released) until the limiter and the
         # rows held allow the batch, then samples and counts it under the lock
         if type(batch_size) is not int:
