@@ -446,6 +446,19 @@ class SharedReplayBuffer:
         Bytes this buffer may hold in all (:attr:`nbytes_parts`: the region, the trees, the
         output rings); checked before the region is created and before a new output ring is
         allocated (:class:`~tfdata.MemoryBudgetError`, nothing changed).
+    rate_limiter : tfdata.RateLimiter, optional
+        Replay mode only (ValueError with ``mode="fifo"``): keep rows sampled per row
+        published near its ``samples_per_insert``. :meth:`sample` and :meth:`sample_sequences`
+        wait (polling, the GIL released, without this buffer's lock) while sampling would run
+        ahead, and for ``batch_size`` rows; ``SharedWriter.push``/``extend`` wait while
+        inserting would run ahead (up to the writer's ``timeout``, else the limiter's). Inserts
+        are the rows every shard published (its head), samples the count this learner
+        publishes in the region's control words; writers read the parameters from
+        ``region.json``. Writers check and write without a lock between processes, so with
+        ``W`` writers the insert bound may be overshot by one write of each other writer. A
+        sample waiting while every writer has finished or died raises SharedBufferError;
+        closing the buffer makes waiting writers raise SharedBufferError. The counts are in
+        checkpoints. See :mod:`tfdata.replay.limiter`.
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
         process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`

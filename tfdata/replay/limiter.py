@@ -23,8 +23,10 @@ The limiter holds counts and parameters only; the buffer that owns it (``rate_li
 :meth:`RateLimiter.insert_wait` / :meth:`RateLimiter.inserted` and
 :meth:`RateLimiter.sample_wait` / :meth:`RateLimiter.sampled` under its lock, and the waits
 are ``threading.Condition`` waits on that lock: a waiting thread holds neither the lock nor the
-GIL. A shared buffer (:mod:`tfdata.shared`) evaluates the same two predicates
-(:func:`sample_allowed`, :func:`insert_allowed`) on counts read from shared memory.
+GIL. A shared buffer (:mod:`tfdata.shared`) evaluates the same two predicates on counts read
+from shared memory (inserts: the shards' heads; samples: a word the learner publishes), polling
+with short sleeps; there, writers check and write without a lock between processes, so with
+``W`` writers the insert bound may be overshot by one write of each other writer.
 """
 
 from __future__ import annotations
