@@ -591,7 +591,9 @@ def _killed_writer(name, shard, n):
 
 
 def test_a_killed_writer_does_not_wedge_the_learner(shm_dir):
-    lim = RateLimiter(1.0, 8, 8.0)  # no timeout: only the writers' absence can end the wait
+    # a timeout only so that a regression fails instead of hanging: the wait must end (well
+    # before it) because no writer is left
+    lim = RateLimiter(1.0, 8, 8.0, timeout=20)
     with SharedReplayBuffer(SPEC, 64, num_writers=2, seed=0, rate_limiter=lim) as buf:
         p = FORK.Process(target=_killed_writer, args=(buf.name, 0, 12))
         p.start()
