@@ -287,22 +287,72 @@ def test_threads_keep_the_ratio(layout, spi, batch, chunk):
     assert m["insert_waits"] + m["sample_waits"] > 0  # they did hold each other back
 
 
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds (user + system) the thread ``tid`` of this process has used (Linux)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc")
+
+
+def run_waiting(call):
+    """Start ``call`` in a thread; returns ``(thread, results, native thread id)``."""
+    got, tid = [], []
+
+    def body():
+        tid.append(threading.get_native_id())
+        try:
+            got.append(call())
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            got.append(exc)
+
+    t = threading.Thread(target=body)
+    t.start()
+    while not tid:
+        time.sleep(0.001)
+    return t, got, tid[0]
+
+
+def python_work(seconds: float) -> int:
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:  # pure Python: needs the GIL
+        n += 1
+    return n
+
+
+@needs_proc
 def test_a_waiting_thread_lets_others_run():
-    """While a sample waits (the GIL released), another thread does Python work; a push wakes it."""
+    """While a sample waits, another thread does Python work and the waiter burns no CPU (it
+    holds neither the GIL nor a core); a push (the lock is free) wakes it."""
     lim = RateLimiter(1.0, 4, 2.0, timeout=10)
     buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
-    got = []
-    t = threading.Thread(target=lambda: got.append(buf.sample(2)))
-    t.start()
+    t, got, tid = run_waiting(lambda: buf.sample(2))
     time.sleep(0.05)
-    n, t0 = 0, time.monotonic()
-    while time.monotonic() - t0 < 0.2:  # pure Python: needs the GIL the waiter does not hold
-        n += 1
+    cpu0 = thread_cpu_s(tid)
+    n = python_work(0.3)
+    assert thread_cpu_s(tid) - cpu0 < 0.05  # a spinning wait would use about 0.15-0.3 s
     assert n > 10_000 and t.is_alive() and not got
     buf.extend(rows(range(4)))  # the lock is free too: a push does not wait for the sampler
     t.join(5)
     assert got and got[0]["id"].shape == (2,)
-    assert lim.metrics()["sample_waits"] == 1 and lim.metrics()["sample_wait_s"] >= 0.2
+    assert lim.metrics()["sample_waits"] == 1 and lim.metrics()["sample_wait_s"] >= 0.3
+
+
+@needs_proc
+def test_a_waiting_writer_thread_burns_no_cpu():
+    lim = RateLimiter(1.0, 2, 1.0, timeout=10)
+    buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    buf.extend(rows(range(3)))
+    t, got, tid = run_waiting(lambda: buf.push(row(3)))
+    time.sleep(0.05)
+    cpu0 = thread_cpu_s(tid)
+    n = python_work(0.3)
+    assert thread_cpu_s(tid) - cpu0 < 0.05 and n > 10_000 and not got
+    assert buf.sample(1)["id"].shape == (1,)  # the lock is free: the sampler runs, and wakes it
+    t.join(5)
+    assert got == [None] and len(buf) == 4
 
 
 def test_a_waiting_writer_is_woken_by_samples():
@@ -627,6 +677,76 @@ def _waiting_writer(name, conn):
         conn.send(f"SharedBufferError: {exc}")
     except BaseException as exc:  # noqa: BLE001
         conn.send(repr(exc))
+
+
+@needs_proc
+def test_shared_learner_waits_without_the_gil(shm_dir):
+    """A learner thread waiting for inserts polls with sleeps: little CPU, other threads run,
+    and its lock is free (another learner thread can read the priorities meanwhile)."""
+    lim = RateLimiter(1.0, 4, 8.0, timeout=10)
+    with SharedReplayBuffer(SPEC, 16, seed=0, prioritized=True, rate_limiter=lim) as buf:
+        t, got, tid = run_waiting(lambda: buf.sample(4))
+        time.sleep(0.05)
+        cpu0 = thread_cpu_s(tid)
+        n = python_work(0.3)
+        probe = threading.Thread(target=buf.priorities, daemon=True)  # takes the learner's lock
+        probe.start()
+        probe.join(2)
+        assert not probe.is_alive(), "the waiting sample holds the learner's lock"
+        assert thread_cpu_s(tid) - cpu0 < 0.1 and n > 10_000 and not got
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(rows(range(4)))
+        t.join(5)
+        assert got and got[0]["id"].shape == (4,)
+        assert lim.metrics()["sample_waits"] == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(spi=st.sampled_from([0.5, 1.0, 2.0]), extra=st.sampled_from([0, 2]),
+       ops=st.lists(st.tuples(st.sampled_from(["push", "extend", "sample", "seq"]),
+                              st.integers(1, 4)), max_size=40))
+def test_one_thread_interleavings(spi, extra, ops):
+    """Random calls on a real buffer: each proceeds exactly when the reference predicates (and
+    the rows held) allow it, else times out having changed nothing."""
+    eb = max(1.0, spi) + extra
+    lim = RateLimiter(spi, 3, eb, timeout=0.001)
+    buf = ReplayBuffer(SPEC, 64, seed=0, rate_limiter=lim)
+    nxt = 0
+    for op, k in ops:
+        i, s = lim.inserts, lim.samples
+        n = 1 if op == "push" else k
+        side = "insert" if op in ("push", "extend") else "sample"
+        if side == "insert":
+            ok = naive.limiter_allows_naive("insert", i, s, n, spi, 3, eb)
+            never = not ok and min(i * spi - s, spi * 3 - eb) + n * spi > spi * 3 + eb
+        else:
+            ok = naive.limiter_allows_naive("sample", i, s, n, spi, 3, eb) and len(buf) >= n
+            never = n > 2 * eb
+        before = len(buf)
+        try:
+            if op == "push":
+                buf.push(row(nxt))
+            elif op == "extend":
+                buf.extend(rows(range(nxt, nxt + n)))
+            elif op == "sample":
+                buf.sample(n)
+            else:
+                buf.sample_sequences(n, 1)
+        except TimeoutError:
+            assert not ok and not never
+            assert (lim.inserts, lim.samples, len(buf)) == (i, s, before)
+            continue
+        except ValueError:
+            assert never
+            assert (lim.inserts, lim.samples, len(buf)) == (i, s, before)
+            continue
+        assert ok, (op, n, i, s)
+        if side == "insert":
+            nxt += n
+            assert (lim.inserts, lim.samples) == (i + n, s)
+        else:
+            assert (lim.inserts, lim.samples) == (i, s + n)
+        assert in_bounds(lim.metrics(), lim)
 
 
 def test_closing_the_buffer_wakes_a_waiting_writer(shm_dir):
