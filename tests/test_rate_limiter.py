@@ -554,6 +554,22 @@ def test_shared_one_process_counts_and_timeouts(layout, shm_dir):
         w1.close()
 
 
+def test_shared_sample_waits_for_rows(shm_dir):
+    lim = RateLimiter.min_size(1, timeout=0.05)
+    with SharedReplayBuffer(SPEC, 16, num_writers=2, seed=0, rate_limiter=lim) as buf:
+        with SharedWriter(buf.name, 0) as w0, SharedWriter(buf.name, 1) as w1:
+            w0.push(row(0))
+            with pytest.raises(TimeoutError):
+                buf.sample(2)  # the limiter allows it; one row is held
+            w1.push(row(1))
+            assert sorted(set(buf.sample(2)["id"].tolist())) <= [0, 1]
+            with pytest.raises(TimeoutError):
+                buf.sample(3)
+            w1.extend(rows([2, 3]))
+            buf.sample(3)
+            assert lim.metrics()["samples"] == 5
+
+
 def test_shared_prioritized_and_nstep(shm_dir):
     lim = RateLimiter(1.0, 4, 8.0, timeout=0.05)
     with SharedReplayBuffer(SPEC, 32, seed=0, prioritized=True, n_step=2, rate_limiter=lim) as buf:
