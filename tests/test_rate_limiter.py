@@ -83,6 +83,19 @@ def test_allowed_steps_keep_the_promise(spi, min_size, extra, ops):
         assert in_bounds(lim.metrics(), lim), (lim.metrics(), spi, min_size, eb)
 
 
+def test_limiter_state_dict():
+    lim = RateLimiter(2.0, 4, 4.0)
+    lim.load_state_dict({"inserts": 10, "samples": 7})
+    assert lim.state_dict() == {"inserts": 10, "samples": 7}
+    for bad in ({"inserts": 10}, {"inserts": 1, "samples": True}, {"inserts": -1, "samples": 0}, None):
+        with pytest.raises(ValueError, match="rate_limiter state"):
+            lim.load_state_dict(bad)
+    assert lim.state_dict() == {"inserts": 10, "samples": 7}
+    ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    lim.load_state_dict({"inserts": 3, "samples": 1})  # bound: under the buffer's lock
+    assert lim.metrics()["inserts"] == 3
+
+
 def test_min_size_only_gates_sampling():
     lim = RateLimiter.min_size(5)
     assert not lim.can_sample(1) and lim.can_insert(10 ** 9)

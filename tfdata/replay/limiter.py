@@ -325,6 +325,17 @@ class RateLimiter:
                              f"{out['inserts']}")
         return out
 
+    def load_state_dict(self, state) -> None:
+        """Set the counts from a :meth:`state_dict` (checked first: ValueError naming the field,
+        nothing changed); under the owning buffer's lock if it has one. A buffer's own
+        ``load_state_dict`` and checkpoints restore the counts themselves."""
+        counts = self.check_state(state, 0)
+        if self._cond is None:
+            self.load_state(counts)
+            return
+        with self._cond:
+            self.load_state(counts)
+
     def load_state(self, state: dict) -> None:
         """Set the counts from a :meth:`check_state` result (under the owner's lock)."""
         self.inserts, self.samples = state["inserts"], state["samples"]
