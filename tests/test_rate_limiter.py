@@ -251,10 +251,11 @@ def test_paths_count_rows(layout):
 
 # -- threads -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("layout", ["aos", "soa"])
-@pytest.mark.parametrize("spi, batch, chunk", [(4.0, 8, 1), (0.5, 4, 3), (2.0, 16, 4)])
-def test_threads_keep_the_ratio(layout, spi, batch, chunk):
-    """One writer thread, one sampler thread: every snapshot of the counts is within bounds,
-    and both finish (each side waits for the other, and neither waits forever)."""
+@pytest.mark.parametrize("spi, batch, chunk, samplers", [(4.0, 8, 1, 1), (0.5, 4, 3, 1), (2.0, 16, 4, 1),
+                                                         (4.0, 8, 1, 2)])
+def test_threads_keep_the_ratio(layout, spi, batch, chunk, samplers):
+    """One writer thread, one (or two) sampler threads: every snapshot of the counts is within
+    bounds, and all finish (each side waits for the other, and none waits forever)."""
     eb = max(batch + chunk * spi, max(1.0, spi))
     lim = RateLimiter(spi, 20, eb, timeout=20)
     buf = ReplayBuffer(SPEC, 256, layout=layout, seed=2, rate_limiter=lim)
@@ -278,9 +279,9 @@ def test_threads_keep_the_ratio(layout, spi, batch, chunk):
     # that many (batch <= 2 * error_buffer), and no more are asked of it
     n_samples = math.ceil((total * spi - lim.max_diff) / batch)
 
-    def sampler():
+    def sampler(k):
         try:
-            for _ in range(n_samples):
+            for _ in range(k):
                 buf.sample(batch)
                 m = lim.metrics()
                 if not in_bounds(m, lim):
@@ -288,7 +289,8 @@ def test_threads_keep_the_ratio(layout, spi, batch, chunk):
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    ts = [threading.Thread(target=writer), threading.Thread(target=sampler)]
+    share = [n_samples // samplers + (j < n_samples % samplers) for j in range(samplers)]
+    ts = [threading.Thread(target=writer)] + [threading.Thread(target=sampler, args=(k,)) for k in share]
     for t in ts:
         t.start()
     for t in ts:
@@ -404,6 +406,54 @@ def test_nstep_and_sequences(layout, sampler):
     buf.extend(rows(range(8, 16)))
     buf.sample_sequences(8, 2)
     assert lim.metrics()["samples"] == 14
+
+
+NEXT_SPEC = {"obs": ("f4", (2,)), "next_obs": ("f4", (2,)), "reward": "f4", "terminated": "?",
+             "truncated": "?"}
+
+
+def next_rows(start: int, n: int) -> dict:
+    t = np.arange(start, start + n + 1, dtype=np.float32)
+    obs = np.stack([t, t], 1)
+    return {"obs": obs[:-1], "next_obs": obs[1:], "reward": t[:-1], "terminated": np.zeros(n, bool),
+            "truncated": np.zeros(n, bool)}
+
+
+@pytest.mark.parametrize("options", [
+    dict(elide_next=True), dict(num_envs=2), dict(n_step=3, gamma=0.9),
+    dict(layout=[["obs", "reward"], ["next_obs"]]), dict(allocator="numpy", ring_size=3)])
+def test_with_other_options(options, tmp_path):
+    lim = RateLimiter(1.0, 4, 4.0, timeout=0.02)
+    buf = ReplayBuffer(NEXT_SPEC, 16, seed=0, rate_limiter=lim, **options)
+    buf.extend(next_rows(0, 4))
+    if options.get("num_envs") == 2:  # push is refused (one row per step of 2 streams): not counted
+        with pytest.raises(tfdata.SpecError):
+            buf.push({k: v[0] for k, v in next_rows(4, 1).items()})
+    else:
+        buf.push({k: v[0] for k, v in next_rows(4, 1).items()})
+    n = len(buf)
+    assert lim.state_dict() == {"inserts": n, "samples": 0}
+    buf.sample(4)
+    step = options.get("num_envs", 1)
+    k = next(k for k in range(step, 64, step)  # the smallest extend the limiter holds back
+             if not naive.limiter_allows_naive("insert", n, 4, k, 1.0, 4, 4.0))
+    never = min(n - 4, 4 - 4) + k > 4 + 4  # no sampling can make room: refused at once
+    with pytest.raises(ValueError if never else TimeoutError):
+        buf.extend(next_rows(5, k))
+    assert len(buf) == n and lim.state_dict() == {"inserts": n, "samples": 4}
+    buf.extend(next_rows(5, k - step))  # one step less goes in
+    assert len(buf) == n + k - step
+
+
+def test_with_spill(tmp_path):
+    lim = RateLimiter(1.0, 4, 4.0, timeout=0.02)
+    buf = ReplayBuffer(SPEC, 32, seed=0, rate_limiter=lim, spill_path=tmp_path / "rows.npy", hot_rows=8)
+    buf.extend(rows(range(8)))
+    with pytest.raises(TimeoutError):
+        buf.push(row(8))
+    buf.sample(4)
+    buf.push(row(8))
+    assert lim.state_dict() == {"inserts": 9, "samples": 4} and len(buf) == 9
 
 
 def test_plan_memory_and_nbytes_unaffected():
