@@ -270,8 +270,8 @@ def _check_limiter_doc(doc: dict) -> None:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"rate_limiter: {exc}") from None
     if lim.min_size_to_sample > doc["shard_capacity"] * doc["num_writers"]:
-        raise ValueError(f"rate_limiter.min_size_to_sample {lim.min_size_to_sample} exceeds the "
-                         f"capacity")
+        raise ValueError(f"rate_limiter.min_size_to_sample must be <= the capacity "
+                         f"{doc['shard_capacity'] * doc['num_writers']}, got {lim.min_size_to_sample}")
 
 
 # lock files this process holds (an owner's, its writers'): a forked child closes its copies,
@@ -496,8 +496,8 @@ class SharedReplayBuffer:
                              f"oldest rows), got policy={policy!r}")
         layout = resolve_layout(layout, spec)
         _check_shared_limiter(rate_limiter, mode, shards * cap)
-        if rate_limiter is not None:  # refused if another buffer holds it; rebound to the lock below
-            rate_limiter.bind(threading.Lock(), self, shards * cap)
+        if rate_limiter is not None:  # refused if another buffer holds it (bound once built)
+            rate_limiter.check_free(self)
         self._ring_size = _check_int("ring_size", ring_size, 1)
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)

@@ -180,16 +180,20 @@ class RateLimiter:
 
         Raises ValueError if another live buffer holds this limiter, or if
         ``min_size_to_sample`` exceeds ``capacity`` (sampling could never start)."""
-        held = None if self._owner is None else self._owner()
-        if held is not None and held is not owner:
-            raise ValueError(f"rate_limiter: this RateLimiter already serves a "
-                             f"{type(held).__name__}; a limiter counts one buffer's inserts and "
-                             f"samples, so build one RateLimiter per buffer")
+        self.check_free(owner)
         if self.min_size_to_sample > capacity:
             raise ValueError(f"rate_limiter: min_size_to_sample must be <= capacity {capacity} "
                              f"(a buffer never holds more rows), got {self.min_size_to_sample}")
         self._owner = weakref.ref(owner)
         self._cond = threading.Condition(lock)
+
+    def check_free(self, owner) -> None:
+        """ValueError if a live buffer other than ``owner`` holds this limiter."""
+        held = None if self._owner is None else self._owner()
+        if held is not None and held is not owner:
+            raise ValueError(f"rate_limiter: this RateLimiter already serves a "
+                             f"{type(held).__name__}; a limiter counts one buffer's inserts and "
+                             f"samples, so build one RateLimiter per buffer")
 
     def admit_insert(self, n: int) -> None:
         """:meth:`insert_wait` then :meth:`inserted`: for a write that cannot fail after it."""
