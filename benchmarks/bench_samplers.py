@@ -6,7 +6,8 @@ pass sliced batch by batch (``rng.permutation(n)``, then ``perm[p:p + B]`` and f
 the cheapest honest form, which does not take rows written during a pass. Buffers hold 1M
 CartPole rows, filled before anything is timed.
 
-Target (issue 21): ``Sample`` without replacement at most 1.5x uniform, in the same layout.
+Target (issue 21): ``Sample`` without replacement at most 1.5x uniform, in the same layout;
+``LimiterSample`` and ``LimiterPush``: a rate limiter that does not block adds at most 0.5 us.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 
 import tfdata
 
-from .common import CARTPOLE, LAYOUTS, NumpyBuffer, fill, fill_chunk, filled_buffer, one_row, warm_kernels
+from .common import (CARTPOLE, LAYOUTS, TFDATA_LAYOUTS, NumpyBuffer, fill, fill_chunk, filled_buffer,
+                     one_row, warm_kernels)
 
 _MANY_SAMPLES = (200, 2000, 2.0)
 CAPACITY = 1_000_000
@@ -88,4 +90,59 @@ class Push:
         self.op = partial(buffer(layout, sampler).push, one_row(CARTPOLE, seed=2))
 
     def time_push(self, layout, sampler):
+        self.op()
+
+
+# -- the rate limiter when it does not block ---------------------------------------------------------
+LIMITERS = ["none", "ratio"]
+
+
+def limited_buffer(layout: str, limiter: str):
+    """A full 1M-row uniform buffer, with a sample-to-insert limiter that never blocks here
+    (``error_buffer`` 1e12: the predicates and counts run on every call, no wait) or none."""
+    if limiter == "none":
+        return filled_buffer(layout, CARTPOLE, CAPACITY)
+    key = (layout, "limiter")
+    if key not in _CACHE:
+        buf = tfdata.ReplayBuffer(CARTPOLE, CAPACITY, layout=layout, seed=0,
+                                  rate_limiter=tfdata.RateLimiter(1.0, 1, 1e12))
+        fill(buf, CAPACITY, fill_chunk(CARTPOLE))
+        _CACHE[key] = buf
+    return _CACHE[key]
+
+
+class LimiterSample:
+    """``sample(256)`` of 1M CartPole rows with and without a rate limiter that does not block.
+
+    Target (issue 21): the limiter adds at most 0.5 us."""
+
+    params = [TFDATA_LAYOUTS, LIMITERS]
+    param_names = ["layout", "limiter"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, limiter):
+        warm_kernels()
+        self.op = partial(limited_buffer(layout, limiter).sample, 256)
+        for _ in range(3):
+            self.op()
+
+    def time_sample(self, layout, limiter):
+        self.op()
+
+
+class LimiterPush:
+    """``push`` of one CartPole row into a full 1M-row buffer with and without a rate limiter
+    that does not block (the generated push with its gate, against the one without).
+
+    Target (issue 21): the limiter adds at most 0.5 us."""
+
+    params = [TFDATA_LAYOUTS, LIMITERS]
+    param_names = ["layout", "limiter"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, limiter):
+        warm_kernels()
+        self.op = partial(limited_buffer(layout, limiter).push, one_row(CARTPOLE, seed=2))
+
+    def time_push(self, layout, limiter):
         self.op()

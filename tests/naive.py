@@ -727,3 +727,37 @@ def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n
         m = n
         passes += 1
     return pool, m, passes, np.array(out, np.int64), counter
+
+
+# -- the sample-to-insert rate limiter ---------------------------------------------------------------
+
+
+def limiter_allows_naive(side: str, inserts: int, samples: int, n: int, samples_per_insert,
+                         min_size: int, error_buffer) -> bool:
+    """Reference of the rate limiter's two predicates (Reverb's SampleToInsertRatio, counted in
+    rows), in exact rational arithmetic: may a sample of ``n`` rows (``side == "sample"``) or an
+    insert of ``n`` rows (``"insert"``) proceed after ``inserts`` rows inserted and ``samples``
+    sampled? ``error_buffer`` None: no ratio bound (MinSize)."""
+    from fractions import Fraction
+
+    if side == "sample" and inserts < min_size:
+        return False
+    if error_buffer is None:
+        return True
+    spi, eb = Fraction(samples_per_insert), Fraction(error_buffer)
+    centre = spi * min_size  # the difference inserts * spi - samples at which the ratio is met
+    if side == "sample":
+        return inserts * spi - samples - n >= centre - eb
+    if inserts + n <= min_size:  # filling up to the minimum size is free
+        return True
+    return (inserts + n) * spi - samples <= centre + eb
+
+
+def limiter_bounds_naive(inserts: int, samples_per_insert, min_size: int, error_buffer) -> tuple:
+    """``(lo, hi)``: the samples the limiter promises after ``inserts`` rows, as Fractions:
+    ``lo <= samples`` always, and ``samples <= hi`` once anything was sampled."""
+    from fractions import Fraction
+
+    spi, eb = Fraction(samples_per_insert), Fraction(error_buffer)
+    centre = spi * min_size
+    return inserts * spi - centre - eb, inserts * spi - centre + eb

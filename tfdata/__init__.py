@@ -17,6 +17,7 @@ from .dataset import ArrayDataset, Dataset, MmapDataset  # noqa: E402
 from .loader import DataLoader, LoaderConfig  # noqa: E402
 from .errors import (AllocatorError, FormatError, MemoryBudgetError, SharedBufferError,  # noqa: E402
                      SpecError, StaleBatchError, WriterLostWarning)
+from .replay.limiter import RateLimiter  # noqa: E402
 from .replay.prioritized import PrioritizedReplayBuffer  # noqa: E402
 from .shared import SharedReplayBuffer, SharedWriter  # noqa: E402
 from .spec import Field, Spec  # noqa: E402
@@ -24,6 +25,6 @@ from .storage import AoSStorage, SoAStorage, make_storage  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "nn", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "Spec", "Field", "SpecError", "StaleBatchError", "AoSStorage", "SoAStorage",
+__all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "nn", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "RateLimiter", "Spec", "Field", "SpecError", "StaleBatchError", "AoSStorage", "SoAStorage",
            "make_storage", "SharedReplayBuffer", "SharedWriter", "SharedBufferError", "WriterLostWarning",
            "__version__"]

@@ -22,6 +22,11 @@ Two modes:
     (shards merged by publication time). When writers outrun the learner they either wait
     (``policy="block"``) or drop the rows that do not fit and count them (``policy="drop"``).
 
+With a rate limiter (``rate_limiter=``, replay mode) the learner and the writers keep the ratio
+of rows sampled to rows published (see :mod:`tfdata.replay.limiter`): inserts are the sum of
+the shards' heads, samples a control word the learner publishes; the limiter's parameters are
+in ``region.json``. Both sides poll these words with short sleeps (no lock between processes).
+
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
 (``flock``) is held by its process for as long as it lives and released by the kernel however
@@ -83,6 +88,9 @@ _REGION_NAME = re.compile(r"^(region\.json|region|owner\.lock|writer-[0-9]{1,6}\
 # control words (uint64): global words, then one block of 16 per shard. The writer's words and
 # the consumer's are 64 bytes apart, so the two processes never write to one cache line.
 _CLOSED = 0            # global: set by the owner when it closes the buffer
+# global, written by the learner only: rows it has sampled in all, the "samples" count of a
+# rate limiter (region.json "rate_limiter"); its "inserts" are the sum of the shards' heads
+_SAMPLES = 1
 _FIRST = 16            # first shard block
 _STRIDE = 16           # words per shard
 # written by the shard's writer (HEAD, DROPPED, RESERVED: the positions kernels/_shared.py uses)
@@ -149,6 +157,7 @@ class _Region:
         self.policy = doc["policy"]
         self.shards = int(doc["num_writers"])
         self.cap = int(doc["shard_capacity"])
+        self.limiter = doc.get("rate_limiter")  # checked by _open_region (or made by the owner)
         self.map = mapped
         # fewer TLB misses for random gathers where the system gives shared memory huge pages
         mapped.hugepages()
@@ -235,9 +244,34 @@ def _open_region(path: str) -> _Region:
         if not isinstance(doc["layout"], (str, list)):
             raise ValueError(f"layout: {type(doc['layout']).__name__}")
         check_layout(doc["layout"], Spec.from_dict(doc["spec"]))
+        _check_limiter_doc(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # SpecError is a ValueError
         raise FormatError(f"{doc_path}: not a valid shared buffer description ({exc})") from None
     return _Region(path, doc, io.MappedFile(os.path.join(path, "region"), 0, writable=True))
+
+
+def _check_limiter_doc(doc: dict) -> None:
+    """``region.json``'s ``rate_limiter`` (absent or null: none): exactly the parameters of a
+    :class:`~tfdata.RateLimiter`, as its constructor checks them, in replay mode, with
+    ``min_size_to_sample`` at most the capacity. ValueError or TypeError naming the field."""
+    p = doc.get("rate_limiter")
+    if p is None:
+        return
+    from .replay.limiter import RateLimiter
+
+    keys = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
+    if not isinstance(p, dict) or sorted(p) != sorted(keys):
+        raise ValueError(f"rate_limiter: expected an object with the keys {list(keys)}, got "
+                         f"{str(p)[:200]}")
+    if doc["mode"] != "replay":
+        raise ValueError(f"rate_limiter with mode {doc['mode']!r} (replay mode only)")
+    try:
+        lim = RateLimiter(**p)  # its own checks, each naming the argument
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"rate_limiter: {exc}") from None
+    if lim.min_size_to_sample > doc["shard_capacity"] * doc["num_writers"]:
+        raise ValueError(f"rate_limiter.min_size_to_sample must be <= the capacity "
+                         f"{doc['shard_capacity'] * doc['num_writers']}, got {lim.min_size_to_sample}")
 
 
 # lock files this process holds (an owner's, its writers'): a forked child closes its copies,
@@ -332,6 +366,23 @@ def _kernels():
     return kernels
 
 
+def _check_shared_limiter(limiter, mode: str, capacity: int) -> None:
+    """Refuse a rate limiter a shared buffer cannot use (before the region exists)."""
+    if limiter is None:
+        return
+    from .replay.limiter import RateLimiter
+
+    if not isinstance(limiter, RateLimiter):
+        raise TypeError(f"rate_limiter must be a tfdata.RateLimiter or None, got "
+                        f"{type(limiter).__name__} {limiter!r:.100}")
+    if mode != "replay":
+        raise ValueError(f"rate_limiter needs mode='replay', got mode={mode!r}: a FIFO delivers "
+                         f"every row once (its policy already ties the learner to the writers)")
+    if limiter.min_size_to_sample > capacity:
+        raise ValueError(f"rate_limiter: min_size_to_sample must be <= capacity {capacity}, got "
+                         f"{limiter.min_size_to_sample}")
+
+
 class SharedReplayBuffer:
     """A buffer in shared memory that writer processes fill and this process samples or drains.
 
@@ -395,6 +446,19 @@ class SharedReplayBuffer:
         Bytes this buffer may hold in all (:attr:`nbytes_parts`: the region, the trees, the
         output rings); checked before the region is created and before a new output ring is
         allocated (:class:`~tfdata.MemoryBudgetError`, nothing changed).
+    rate_limiter : tfdata.RateLimiter, optional
+        Replay mode only (ValueError with ``mode="fifo"``): keep rows sampled per row
+        published near its ``samples_per_insert``. :meth:`sample` and :meth:`sample_sequences`
+        wait (polling, the GIL released, without this buffer's lock) while sampling would run
+        ahead, and for ``batch_size`` rows; ``SharedWriter.push``/``extend`` wait while
+        inserting would run ahead (up to the writer's ``timeout``, else the limiter's). Inserts
+        are the rows every shard published (its head), samples the count this learner
+        publishes in the region's control words; writers read the parameters from
+        ``region.json``. Writers check and write without a lock between processes, so with
+        ``W`` writers the insert bound may be overshot by one write of each other writer. A
+        sample waiting while every writer has finished or died raises SharedBufferError;
+        closing the buffer makes waiting writers raise SharedBufferError. The counts are in
+        checkpoints. See :mod:`tfdata.replay.limiter`.
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
         process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
@@ -414,7 +478,7 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
-                 memory_budget=None, stats=None):
+                 memory_budget=None, stats=None, rate_limiter=None):
         if stats is not None:
             raise NotImplementedError(
                 "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
@@ -431,6 +495,9 @@ class SharedReplayBuffer:
             raise ValueError(f"policy applies to mode='fifo' only (a replay ring overwrites its "
                              f"oldest rows), got policy={policy!r}")
         layout = resolve_layout(layout, spec)
+        _check_shared_limiter(rate_limiter, mode, shards * cap)
+        if rate_limiter is not None:  # refused if another buffer holds it (bound once built)
+            rate_limiter.check_free(self)
         self._ring_size = _check_int("ring_size", ring_size, 1)
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
@@ -465,6 +532,8 @@ class SharedReplayBuffer:
         doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
                "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
+        if rate_limiter is not None:  # what the writers read (absent: no limiter)
+            doc["rate_limiter"] = rate_limiter.params()
         # built under a temporary name and renamed: a writer finds a complete region or none
         parent = os.path.dirname(path)
         sweep(parent)  # regions of owners that died without closing them
@@ -533,6 +602,106 @@ class SharedReplayBuffer:
         self._cursors = np.zeros(2 * shards, np.int64)
         self._info = np.zeros(4, np.int64)
         self._last = (time.monotonic(), 0, 0)  # time, rows published, rows dropped at the last batch
+        self._limiter = None
+        if rate_limiter is not None:
+            rate_limiter.bind(self._lock, self, shards * cap)
+            rate_limiter.reset()
+            self._limiter = rate_limiter
+            self._held_known = 0  # rows known to be held (a lower bound: they never decrease)
+            self._ctrl_words = memoryview(self._region.ctrl)
+
+    @property
+    def rate_limiter(self):
+        """The :class:`~tfdata.RateLimiter` given as ``rate_limiter=`` (None without one), its
+        ``inserts`` read now from the shards' heads. Its metrics are the learner's (sample
+        waits); each writer's insert waits are in its :attr:`SharedWriter.rate_limiter`."""
+        lim = self._limiter
+        if lim is not None:
+            lim.inserts = self._inserts()
+        return lim
+
+    def _inserts(self) -> int:
+        """Rows published by every shard since the buffer was made (a limiter's inserts)."""
+        return sum(self._heads.tolist())
+
+    def _may_sample(self, batch_size: int) -> bool:
+        """Whether the limiter allows a sample of ``batch_size`` rows now and so many are held."""
+        heads = self._heads.tolist()
+        lim = self._limiter
+        i = lim.inserts = sum(heads)
+        if not (i >= lim.min_size_to_sample
+                and i * lim.samples_per_insert - lim.samples - batch_size >= lim.min_diff):
+            return False
+        if batch_size <= self._held_known:  # rows held never decrease in replay mode
+            return True
+        cap = self._cap
+        self._held_known = sum(h if h < cap else cap for h in heads)
+        return self._held_known >= batch_size
+
+    def _limit_sample(self, batch_size: int) -> None:
+        """Return holding the lock once the limiter allows a sample of ``batch_size`` rows;
+        waits (polling the heads, with sleeps that release the GIL) without the lock, so
+        other learner threads go on. Raises ValueError if it never can, TimeoutError after the
+        limiter's timeout, SharedBufferError when no writer is left to insert."""
+        lock, lim = self._lock, self._limiter
+        lock.acquire()
+        # _may_sample inlined: the check of a sample that does not wait (a call less)
+        i = lim.inserts = sum(self._heads.tolist())
+        if (i >= lim.min_size_to_sample and batch_size <= self._held_known
+                and i * lim.samples_per_insert - lim.samples - batch_size >= lim.min_diff):
+            return
+        if self._may_sample(batch_size):
+            return
+        lock.release()
+        lim.check_sample(batch_size)
+        t0 = time.monotonic()
+        deadline = None if lim.timeout is None else t0 + lim.timeout
+        check_at = t0 + _WATCH_S
+        pause = 20e-6
+        timed_out = False
+        try:
+            while True:
+                time.sleep(pause)  # releases the GIL
+                pause = min(2 * pause, 1e-3)
+                lock.acquire()
+                if self._may_sample(batch_size):
+                    return
+                lock.release()
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    timed_out = True
+                    raise TimeoutError(lim.timeout_message("sample", batch_size, now - t0))
+                if now >= check_at:
+                    check_at = now + _WATCH_S
+                    states = [self._state(s) for s in range(self.num_writers)]
+                    if all(st in ("finished", "dead") for st in states):
+                        raise SharedBufferError(
+                            f"shared buffer {self.name!r}: a sample of {batch_size} rows waits for "
+                            f"inserts (rate limiter: inserts={lim.inserts}, samples={lim.samples}, "
+                            f"samples_per_insert={lim.samples_per_insert}) but every writer is gone "
+                            f"(shards {states}); nothing was sampled. A new SharedWriter may attach "
+                            f"and continue a shard")
+        finally:
+            lim.record_wait("sample", time.monotonic() - t0, timed_out)
+
+    def _check_batch(self, batch_size: int) -> None:
+        """Refuse a batch the rows held cannot fill (with a limiter: that no rows ever can,
+        since sampling waits for them)."""
+        if self._limiter is not None:
+            if batch_size > self.capacity:
+                raise ValueError(f"batch_size {batch_size} is larger than the capacity {self.capacity}")
+            self._limiter.check_sample(batch_size)
+            return
+        n = len(self)
+        if batch_size > n:
+            raise ValueError("cannot sample from an empty buffer" if n == 0 else
+                             f"batch_size {batch_size} is larger than the {n} rows held")
+
+    def _count_sample(self, batch_size: int) -> None:
+        """Count a sample of ``batch_size`` rows and publish the count to the writers (lock held)."""
+        lim = self._limiter
+        lim.samples += batch_size
+        self._ctrl_words[_SAMPLES] = lim.samples  # a memoryview: half the cost of numpy's setitem
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -697,24 +866,31 @@ class SharedReplayBuffer:
         if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
             batch_size = _check_int("batch_size", batch_size, 1)
         key = batch_size if fields is None else (batch_size, fields_key(fields))
+        lim = self._limiter
         try:
             ring = self._local.rings[key]
         except (AttributeError, KeyError, TypeError):
             names = None if fields is None else self.spec.select(fields if key[1] is None else key[1])
-            n = len(self)
-            if batch_size > n:  # check, then allocate: a refused sample builds no ring
-                raise ValueError("cannot sample from an empty buffer" if n == 0 else
-                                 f"batch_size {batch_size} is larger than the {n} rows held")
+            self._check_batch(batch_size)  # check, then allocate: a refused sample builds no ring
             ring = self._ring(batch_size, None, names, key)
         if time.monotonic() >= self._watch_at:
             self._watch()
-        with self._lock:
+        if lim is None:
+            self._lock.acquire()
+        else:
+            self._limit_sample(batch_size)  # returns holding the lock
+        try:
             i = ring.next
             if self._nstep is None:
                 self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
             else:
                 self._sample_windows(ring.slots[i], ring.arrays[i])
             ring.next = (i + 1) % len(ring.slots)
+            if lim is not None:  # counted and published to the writers (_count_sample inlined)
+                lim.samples += batch_size
+                self._ctrl_words[_SAMPLES] = lim.samples
+        finally:
+            self._lock.release()
         batch = ring.batches[i]
         if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
             batch = ring.batches[i] = retire(batch)
@@ -783,15 +959,17 @@ class SharedReplayBuffer:
         length = _check_int("length", length, 1, self.shard_capacity)
         reject = policy == "reject"
         names = None if fields is None else self.spec.select(fields)
-        n = len(self)
-        if batch_size > n:  # check, then allocate
-            raise ValueError("cannot sample from an empty buffer" if n == 0 else
-                             f"batch_size {batch_size} is larger than the {n} rows held")
+        self._check_batch(batch_size)  # check, then allocate
         ring = self._ring(batch_size, length, names)
         if time.monotonic() >= self._watch_at:
             self._watch()
         k, r, sm = self._k, self._region, self.sampler
-        with self._lock:
+        lim = self._limiter
+        if lim is None:
+            self._lock.acquire()
+        else:
+            self._limit_sample(batch_size)  # returns holding the lock
+        try:
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i][0]
             scratch, mask = arrays["shard_scratch"], arrays["mask"]
@@ -821,6 +999,10 @@ class SharedReplayBuffer:
 
                 self._redraw_torn(marks, scratch, redo, "slices")
             ring.next = (i + 1) % len(ring.slots)
+            if lim is not None:
+                self._count_sample(batch_size)
+        finally:
+            self._lock.release()
         batch = ring.batches[i]
         if _getrefcount(batch) > _UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
@@ -874,6 +1056,8 @@ class SharedReplayBuffer:
             sm = self.sampler
             cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
                        beta_steps=sm.beta_steps, eps=sm.eps)
+        if self._limiter is not None:  # its parameters; the counts are in the state
+            cfg["rate_limiter"] = self._limiter.params()
         return cfg
 
     @contextlib.contextmanager
@@ -900,6 +1084,9 @@ class SharedReplayBuffer:
                 sm = self.sampler
                 state["prioritized"] = {"alpha": sm.alpha, "eps": sm.eps, "samples": sm.samples,
                                         "leaves": sm.live_leaves(self.capacity), "versions": sm.version}
+            if self._limiter is not None:  # inserts as of the heads saved
+                state["rate_limiter"] = {"inserts": sum(state["heads"]),
+                                         "samples": self._limiter.samples}
             yield state
 
     def overwritten_since(self, heads: list) -> list:
@@ -937,10 +1124,13 @@ class SharedReplayBuffer:
 
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
-    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None) -> None:
+    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
+                samples: int | None = None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
-        ``(leaves, versions, samples)``. Used by :func:`tfdata.replay.checkpoint.load_shared`."""
+        ``(leaves, versions, samples)``; ``samples``: the rate limiter's count of rows sampled
+        (its inserts are the heads restored: rows left out at the save are not counted).
+        Used by :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
@@ -974,6 +1164,9 @@ class SharedReplayBuffer:
         self.sampler.state[1] = counter
         if priorities is not None:
             self.sampler.restore(leaves, versions, new_heads, priorities[2])
+        if samples is not None and self._limiter is not None:
+            self._limiter.samples = samples
+            r.ctrl[_SAMPLES] = samples
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:
@@ -1343,7 +1536,8 @@ class SharedWriter:
         As given to the buffer (default :func:`shm_dir`); not needed with a path.
     timeout : float, optional
         FIFO ``"block"`` policy: seconds a write waits for the learner to free a slot before
-        TimeoutError; None waits for ever.
+        TimeoutError; None waits for ever. With a rate limiter: seconds a write waits for the
+        learner to sample (None: the limiter's own ``timeout``).
 
     Notes
     -----
@@ -1393,6 +1587,14 @@ class SharedWriter:
         self._words[_STATE] = _ATTACHED
         self._finalizer = weakref.finalize(self, _detach, self._words, self._lockfd, os.getpid())
         self._lock = threading.Lock()
+        self._limiter = None
+        if region.limiter is not None:  # checked by _open_region
+            from .replay.limiter import RateLimiter
+
+            lim = self._limiter = RateLimiter(**region.limiter)
+            # the fast check of a push reads these (no call unless it has to wait)
+            self._lim_fast = (lim.samples_per_insert, lim.min_size_to_sample, lim.max_diff)
+            self._ctrl_words = memoryview(region.ctrl)
         self._generation = _GENERATION[0]
         # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
         self._ring = RingWriter(self._cap)
@@ -1404,7 +1606,8 @@ class SharedWriter:
             self._fast_push = make_push(self.spec, views, self._ring, self._lock,
                                         _weak_method(self, "_checked_push"),
                                         on_write=_weak_method(self, "_publish_one"),
-                                        on_begin=_weak_method(self, "_begin_one"),
+                                        on_begin=_weak_method(self, "_begin_one" if self._limiter is None
+                                                              else "_begin_limited"),
                                         regions=self._storage.byte_regions(self._base,
                                                                            self._base + self._cap))
 
@@ -1419,6 +1622,65 @@ class SharedWriter:
         if self._fifo and self._head - int(self._region.tails[self.shard]) >= self._cap:
             self._wait_for_room(0, 1)
         self._k.shard_begin(self._words, self._head + 1)
+
+    def _begin_limited(self, slot: int) -> None:
+        """:meth:`_begin_one` (replay mode) after the rate limiter lets one row in."""
+        region = self._region
+        if not self._finalizer.alive or region.closed or self._generation != _GENERATION[0]:
+            self._write_check()
+        spi, min_size, max_diff = self._lim_fast
+        i = sum(region.heads.tolist()) + 1
+        if not (i <= min_size or i * spi - self._ctrl_words[_SAMPLES] <= max_diff):
+            self._limit_insert(1)
+        self._k.shard_begin(self._words, self._head + 1)
+
+    @property
+    def rate_limiter(self):
+        """This writer's view of the buffer's rate limiter (None without one): a
+        :class:`~tfdata.RateLimiter` with the buffer's parameters, the counts read at this
+        writer's last extend or wait (a push that does not wait reads them without storing
+        them), and this writer's insert waits in its metrics."""
+        return self._limiter
+
+    def _limit_insert(self, n: int) -> None:
+        """Return when the rate limiter lets ``n`` rows in (this writer's lock held; the
+        learner's and other writers' progress is read from the region's words, polling with
+        sleeps that release the GIL). Raises ValueError if it never can, TimeoutError after
+        the timeout, SharedBufferError if the buffer is closed or its owner has ended."""
+        lim, region = self._limiter, self._region
+        lim.inserts, lim.samples = sum(region.heads.tolist()), self._ctrl_words[_SAMPLES]
+        if lim.can_insert(n):
+            return
+        lim.check_insert(n)
+        timeout = lim.timeout if self.timeout is None else self.timeout
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        check_owner = t0 + _WATCH_S
+        pause = 20e-6
+        timed_out = False
+        try:
+            while True:
+                time.sleep(pause)  # releases the GIL
+                pause = min(2 * pause, 1e-3)
+                lim.inserts, lim.samples = sum(region.heads.tolist()), self._ctrl_words[_SAMPLES]
+                if lim.can_insert(n):
+                    return
+                if region.closed:
+                    raise SharedBufferError(f"shared buffer {region.path} was closed by its owner "
+                                            f"(a write of {n} rows was waiting for the learner to "
+                                            f"sample; nothing written)")
+                now = time.monotonic()
+                if now >= check_owner:
+                    check_owner = now + _WATCH_S
+                    if not _writer_alive(os.path.join(region.path, "owner.lock")):
+                        raise SharedBufferError(f"the owner of shared buffer {region.path} has "
+                                                f"ended: no one will sample (nothing written)")
+                if deadline is not None and now >= deadline:
+                    timed_out = True
+                    raise TimeoutError(f"shard {self.shard}: "
+                                       + lim.timeout_message("insert", n, now - t0))
+        finally:
+            lim.record_wait("insert", time.monotonic() - t0, timed_out)
 
     def _publish_one(self, slot: int) -> None:
         """After a fast push wrote ``slot``: publish it."""
@@ -1486,6 +1748,8 @@ class SharedWriter:
     def _write(self, n: int, values: list, one: bool) -> int:
         """Write ``n`` validated rows (lock held); returns the rows written."""
         self._write_check()
+        if self._limiter is not None:
+            self._limit_insert(n)
         region, cap = self._region, self._cap
         head = self._head
         if not self._fifo:  # a ring keeps the last cap rows, as n single pushes would

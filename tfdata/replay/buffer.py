@@ -102,6 +102,15 @@ class ReplayBuffer(ReplayCore):
         1-byte fields), about ``capacity / 32`` float64 values per element of the field (up to
         twice that when the number of blocks is just above a power of two), counted in
         ``nbytes_parts["trees"]``.
+    rate_limiter : tfdata.RateLimiter, optional
+        Keeps rows sampled per row inserted near its ``samples_per_insert``: ``sample`` and
+        ``sample_sequences`` wait while sampling would run ahead, ``push`` and ``extend`` while
+        inserting would (between threads; the lock and the GIL are released while waiting),
+        each up to the limiter's ``timeout`` (then TimeoutError, nothing changed). With a
+        limiter, sampling also waits for ``batch_size`` rows instead of raising. One limiter
+        per buffer; its counts are in :meth:`state_dict` and checkpoints, ``clear`` resets
+        them. Holds nothing per row (no memory in :attr:`nbytes`). See
+        :mod:`tfdata.replay.limiter`.
 
     Notes
     -----
@@ -129,13 +138,13 @@ class ReplayBuffer(ReplayCore):
                  sampler=None, ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
                  gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
                  spill_path=None, hot_rows: int | None = None, hot_bytes=None,
-                 allocator=None, memory_budget=None, stats=None):
+                 allocator=None, memory_budget=None, stats=None, rate_limiter=None):
         sampler = _named_sampler(sampler, seed)
         super().__init__(spec, capacity, sampler, layout=layout, ring_size=ring_size,
                          num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
                          elide_next=elide_next, roles=roles, spill_path=spill_path,
                          hot_rows=hot_rows, hot_bytes=hot_bytes, allocator=allocator,
-                         memory_budget=memory_budget, stats=stats)
+                         memory_budget=memory_budget, stats=stats, rate_limiter=rate_limiter)
 
     @property
     def config(self) -> dict:

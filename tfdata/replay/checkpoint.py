@@ -60,7 +60,10 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats``
   (present only for a buffer that keeps statistics) a non-empty list of distinct field names;
   ``sampler`` (present only for a ``ReplayBuffer`` that does not sample uniformly)
-  ``"without_replacement"``; and for a
+  ``"without_replacement"``; ``rate_limiter`` (present only for a buffer with a
+  :class:`tfdata.RateLimiter`) an object of ``samples_per_insert`` float in ``(0, 1e12]``,
+  ``min_size_to_sample`` int in ``[1, capacity]``, ``error_buffer`` null or a float in
+  ``[max(1, samples_per_insert), 1e18]``, ``timeout`` null or a float in ``(0, 1e9]``; and for a
   ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
   float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
   ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
@@ -75,7 +78,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
   ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
   ``[0, 2**63 - 1]`` and ``undrawn``, int64 slots, at most ``size`` of them (from the header),
-  each below ``size`` and none twice;
+  each below ``size`` and none twice; ``rate_limiter`` (exactly when the config has one)
+  ``inserts`` int in ``[size, 2**63 - 1]``, ``samples`` int in ``[0, 2**63 - 1]``;
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
   exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
@@ -155,7 +159,8 @@ _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
 # keys a checkpoint of an earlier version may lack
-_CONFIG_OPTIONAL = ("stats", "sampler")
+_CONFIG_OPTIONAL = ("stats", "sampler", "rate_limiter")
+_LIMITER_KEYS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
 #: config.sampler values a checkpoint may name (absent: uniform) and the state key each adds
 _SAMPLER_STATE = {"without_replacement": "without_replacement"}
 _STATS_KEYS = ("count", "mean", "var", "min", "max")
@@ -611,7 +616,28 @@ class _Checker:
                       f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", v["sampler"])
         if prioritized:
             self.prioritized_config(v)
+        if "rate_limiter" in v:
+            self.limiter_config(v["rate_limiter"], cap)
         return dict(v, layout=layout)
+
+    def limiter_config(self, v, cap: int) -> None:
+        """``config.rate_limiter``: the parameters of a :class:`tfdata.RateLimiter`."""
+        w = "config.rate_limiter"
+        self.obj(w, v, _LIMITER_KEYS)
+        spi = self.real(w + ".samples_per_insert", v["samples_per_insert"], 0.0, 1e12, lo_open=True)
+        self.integer(w + ".min_size_to_sample", v["min_size_to_sample"], 1, cap)
+        if v["error_buffer"] is not None:
+            self.real(w + ".error_buffer", v["error_buffer"], max(1.0, spi), 1e18)
+        if v["timeout"] is not None:
+            self.real(w + ".timeout", v["timeout"], 0.0, 1e9, lo_open=True)
+
+    def limiter_state(self, v, size: int) -> dict:
+        """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size."""
+        w = "state.rate_limiter"
+        self.obj(w, v, ("inserts", "samples"))
+        self.integer(w + ".inserts", v["inserts"], size, (1 << 63) - 1)
+        self.integer(w + ".samples", v["samples"], 0, (1 << 63) - 1)
+        return {"inserts": v["inserts"], "samples": v["samples"]}
 
     def stats_names(self, where: str, v, spec: Spec) -> None:
         """A non-empty list of distinct field names (the constructor checks that each can have
@@ -1023,6 +1049,8 @@ def load(path, classes: dict, **overrides):
     state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
                   "num_envs", "episodes") + (("prioritized",) if prioritized else ()) \
         + ((sampler_key,) if sampler_key else ())
+    limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
+    state_keys += ("rate_limiter",) if limited else ()
     c.obj("state", st, state_keys, optional=("stats",))
     if st["format"] != "tfdata.ReplayBuffer" or type(st["version"]) is not int or st["version"] != 1:
         raise FormatError(f"{spath}: state: format {_show(st['format'])} version "
@@ -1104,6 +1132,11 @@ def load(path, classes: dict, **overrides):
         if sampler_key:
             state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
         stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), spec, size)
+        if limited:  # checked with the config; rebuilt as an object for the constructor
+            from .limiter import RateLimiter
+
+            state["rate_limiter"] = c.limiter_state(st["rate_limiter"], size)
+            config = dict(config, rate_limiter=RateLimiter(**config["rate_limiter"]))
         try:
             buf = cls(spec, **config, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -1204,7 +1237,8 @@ def load_shared(path, cls, **overrides):
     path, spath, doc, c = _open_document(path)
     if doc["class"] != cls.__name__:
         raise FormatError(f"{spath}: class: expected {cls.__name__!r}, got {_show(doc['class'])}")
-    st = c.obj("state", doc["state"], _SHARED_STATE)
+    limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
+    st = c.obj("state", doc["state"], _SHARED_STATE + (("rate_limiter",) if limited else ()))
     if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
         c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
     spec = c.spec(st["spec"])
@@ -1216,7 +1250,8 @@ def load_shared(path, cls, **overrides):
                 raise FormatError(f"{spath}: config: {k!r} is not accepted from a checkpoint "
                                   f"(pass {k}= to load)")
     prioritized = isinstance(v, dict) and v.get("prioritized") is True
-    config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()))
+    config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()),
+                   optional=("rate_limiter",))
     cap = c.integer(cf + "capacity", config["capacity"], 1, MAX_CAPACITY)
     layout = c.layout(cf + "layout", config["layout"], spec)
     c.integer(cf + "ring_size", config["ring_size"], 1, MAX_RING_SIZE)
@@ -1230,6 +1265,8 @@ def load_shared(path, cls, **overrides):
     c.names(cf + "roles", config["roles"], spec, keys=("reward", "terminated", "truncated"))
     if prioritized:
         c.prioritized_config(config)
+    if limited:
+        c.limiter_config(config["rate_limiter"], cap)
     saved_layout = layout
     if new_layout is not None:  # the caller's layout (their error, not the file's)
         layout = resolve_layout(new_layout, spec)
@@ -1248,6 +1285,15 @@ def load_shared(path, cls, **overrides):
         h = c.integer(f"state.heads[{s}]", heads[s], 0, _MAX_HEAD)
         c.integer(f"state.dropped[{s}]", dropped[s], 0, min(h, per))
     sampler = c.sampler(st["sampler"])
+    limiter = None
+    if limited:  # the counts: inserts are the heads' sum (what the writers published)
+        from .limiter import RateLimiter
+
+        counts = c.limiter_state(st["rate_limiter"], sum(min(h, per) for h in heads))
+        if counts["inserts"] != sum(heads):
+            c.fail("state.rate_limiter.inserts", f"{sum(heads)} (the sum of state.heads)",
+                   counts["inserts"])
+        limiter = RateLimiter(**config["rate_limiter"])
     try:
         roles = resolve_roles(spec, config["roles"])
         next_of = resolve_next_of(spec, config["next_of"])
@@ -1296,6 +1342,8 @@ def load_shared(path, cls, **overrides):
         kw["layout"] = layout
         if prioritized:
             kw.update({k: config[k] for k in _PRIORITIZED_KEYS})
+        if limiter is not None:
+            kw["rate_limiter"] = limiter
         try:
             buf = cls(spec, cap, seed=sampler["seed"], **kw, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -1303,7 +1351,8 @@ def load_shared(path, cls, **overrides):
                               f"{str(exc)[:300]})") from None
         try:
             buf.restore(ds, heads, dropped, sampler["counter"],
-                        None if pri is None else (leaves, versions, pri["samples"]))
+                        None if pri is None else (leaves, versions, pri["samples"]),
+                        samples=None if limiter is None else counts["samples"])
         except BaseException:
             buf.close()
             raise

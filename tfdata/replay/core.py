@@ -101,7 +101,8 @@ class ReplayCore:
     def __init__(self, spec, capacity: int, sampler, *, layout=None, ring_size: int = 2,
                  num_envs: int = 1, n_step=None, gamma: float = 0.99, next_of="auto",
                  elide_next: bool = False, roles=None, spill_path=None, hot_rows=None,
-                 hot_bytes=None, allocator=None, memory_budget=None, stats=None):
+                 hot_bytes=None, allocator=None, memory_budget=None, stats=None,
+                 rate_limiter=None):
         from .. import alloc
 
         self._configure(spec, capacity, layout=layout, ring_size=ring_size, num_envs=num_envs,
@@ -159,7 +160,12 @@ class ReplayCore:
         # output rings are per thread: a thread's batch stays valid until that same thread has
         # sampled ring_size more times, whatever other threads do
         self._local = threading.local()
-        self._fast_push = self._writer.make_push(self.spec, self._lock, weak_method(self, "_checked_push"))
+        self._limiter = None
+        gates = {}
+        if rate_limiter is not None:
+            gates = self._bind_limiter(rate_limiter)
+        self._fast_push = self._writer.make_push(self.spec, self._lock, weak_method(self, "_checked_push"),
+                                                 gate=gates.get("push"))
         if type(self).push is ReplayCore.push:
             # the generated push itself, not a method that calls it: one Python call less per row
             # (about 70 ns of a 700 ns push); ReplayCore.push keeps the documentation
@@ -167,7 +173,35 @@ class ReplayCore:
         if type(self).extend is ReplayCore.extend:  # the same for a vector env's step
             self.extend = self._writer.make_extend(self.spec, self._lock,
                                                    weak_method(self, "_checked_extend"),
-                                                   weak_method(self, "_write_values"))
+                                                   weak_method(self, "_write_values"),
+                                                   gate=gates.get("extend"))
+
+    def _bind_limiter(self, limiter) -> dict:
+        """Take ``limiter`` (a :class:`~tfdata.replay.limiter.RateLimiter`, not another
+        buffer's); the gates the generated push and extend call under the lock."""
+        from .limiter import RateLimiter
+
+        if not isinstance(limiter, RateLimiter):
+            raise TypeError(f"rate_limiter must be a tfdata.RateLimiter or None, got "
+                            f"{type(limiter).__name__} {limiter!r:.100}")
+        limiter.bind(self._lock, self, self._capacity)
+        self._limiter = limiter
+        return {"push": limiter.admit_insert, "extend": (limiter.insert_wait, limiter.inserted)}
+
+    def _limiter_counts(self, state, size: int) -> dict:
+        """The rate limiter's counts from a state (checked); a state without them (saved from
+        a buffer without a limiter) starts balanced: the rows held inserted, and the samples
+        the ratio expects of them beyond the minimum size."""
+        lim = self._limiter
+        if state is None:
+            beyond = max(0, size - lim.min_size_to_sample)
+            return {"inserts": size, "samples": int(beyond * lim.samples_per_insert)}
+        return lim.check_state(state, size)
+
+    @property
+    def rate_limiter(self):
+        """The :class:`~tfdata.RateLimiter` given as ``rate_limiter=``, or None."""
+        return self._limiter
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes, stats=None) -> None:
@@ -220,7 +254,7 @@ class ReplayCore:
         """
         plan = cls.__new__(cls)
         plan.sampler = cls._planned_sampler(options)
-        for k in ("seed", "allocator", "memory_budget"):  # no effect on the bytes held
+        for k in ("seed", "allocator", "memory_budget", "rate_limiter"):  # no effect on the bytes held
             options.pop(k, None)
         bad = set(options) - set(CONFIG_DEFAULTS)
         if bad:
@@ -366,9 +400,18 @@ class ReplayCore:
 
     def _checked_push(self, row: Mapping, extra=None) -> None:
         # the generic path: full validation with precise errors, then the same writes
-        values = self.spec.check_row(row)
+        self._push_checked(self.spec.check_row(row), extra)
+
+    def _push_checked(self, values: list, extra) -> None:
+        """Write one checked row under the lock, after the rate limiter (if any) lets it in,
+        counted with the write."""
+        lim = self._limiter
         with self._lock:
+            if lim is not None:
+                lim.insert_wait(1)
             self._writer.push_values(values, extra)
+            if lim is not None:
+                lim.inserted(1)
 
     def extend(self, batch: Mapping) -> None:
         """Append ``n`` rows given as one array per field, each with leading dimension ``n``.
@@ -388,20 +431,35 @@ class ReplayCore:
 
     def _write_values(self, values: list, n: int) -> None:
         # n >= 1 rows whose fields the caller has checked (exact dtypes and shapes)
+        self._write_checked(values, n, None)
+
+    def _write_checked(self, values: list, n: int, extra) -> None:
+        """Write ``n >= 1`` checked rows under the lock, after the rate limiter (if any) lets
+        them in, counted with the write."""
+        lim = self._limiter
+        if lim is not None:
+            lim.check_insert(n)  # before the lock: an insert that can never proceed
         with self._lock:
-            self._writer.write(values, n, None)
+            if lim is not None:
+                lim.insert_wait(n)
+            self._writer.write(values, n, extra)
+            if lim is not None:
+                lim.inserted(n)
 
     def _checked_extend(self, batch: Mapping) -> None:
         # the generic path: full validation with precise errors, then the same writes
         n, values = self.spec.check_batch(batch)
         if n == 0:
             return
-        with self._lock:
-            self._writer.write(values, n, None)
+        self._write_checked(values, n, None)
 
     def clear(self, *, wipe: bool = False) -> None:
-        """Forget every row. ``wipe=True`` also overwrites the storage with zeros."""
+        """Forget every row. ``wipe=True`` also overwrites the storage with zeros. A rate
+        limiter's counts go back to 0 (its wait metrics stay): sampling waits for
+        ``min_size_to_sample`` new rows, as after construction."""
         with self._lock:
+            if self._limiter is not None:
+                self._limiter.reset()
             if wipe:
                 self._storage.wipe()
             self._writer.reset()  # and the write hooks: sampler, spill (releases the pages)
@@ -452,6 +510,8 @@ class ReplayCore:
             holds the storage slots. A prioritized buffer also sets ``batch.weights`` (float32
             importance weights, at most 1) and ``batch.versions``.
         """
+        if self._limiter is not None:  # one check (25 ns) for buffers without a limiter
+            return self._limited_sample(batch_size, copy, fields)
         if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
             batch_size = check_int("batch_size", batch_size, 1)
         if fields is None:
@@ -490,6 +550,51 @@ class ReplayCore:
             lock.__exit__(None, None, None)
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # the slot's previous batch is still held: retire it
+            batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def _limited_sample(self, batch_size: int, copy: bool = False, fields=None):
+        # sample() with a rate limiter: waits (the lock released) until the limiter and the
+        # rows held allow the batch, then samples and counts it under the lock
+        if type(batch_size) is not int:
+            batch_size = check_int("batch_size", batch_size, 1)
+        if fields is None:
+            key = batch_size
+        else:
+            t = type(fields)
+            key = (batch_size, fields if t is tuple else tuple(fields) if t is list else fields_key(fields))
+        lim = self._limiter
+        try:
+            ring = self._local.rings[key]
+        except (AttributeError, KeyError, TypeError):
+            names = None if fields is None else self._check_fields(fields, key[1])
+            if batch_size > self.capacity:  # rows may still come: refused only if they never can
+                raise ValueError(f"batch_size {batch_size} is larger than the capacity "
+                                 f"{self.capacity}; sampling needs batch_size <= len(buffer)")
+            lim.check_sample(batch_size)
+            ring = self._new_ring(batch_size, fields=names, key=key)
+        writer = self._writer
+        lock = self._lock
+        lock.__enter__()
+        try:
+            lim.sample_wait(batch_size, writer)
+            n = writer.size
+            i = ring.next
+            ring.next = (i + 1) % len(ring.slots)
+            out, arrays = ring.slots[i], ring.arrays[i]
+            self.sampler.sample(n, out, arrays[0])
+            transforms = ring.transforms
+            if transforms:
+                rows, cursor = out.indices, writer.cursor
+                for t, a in zip(transforms, arrays[1:]):
+                    rows = t.apply(out, a, rows, cursor)
+            if self._spill is not None:
+                self._spill.after_sample()
+            lim.sampled(batch_size)
+        finally:
+            lock.__exit__(None, None, None)
+        batch = ring.batches[i]
+        if getrefcount(batch) > UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
 
@@ -536,14 +641,21 @@ class ReplayCore:
         length = check_int("length", length, 1)
         reject = policy == "reject"
         names = None if fields is None else self._check_fields(fields)
+        lim = self._limiter
         # check, then allocate: a refused call builds no ring
-        self._check_slices(batch_size, length, reject, self._writer.size)
+        if lim is None:
+            self._check_slices(batch_size, length, reject, self._writer.size)
+        else:  # rows may still come: refused now only what no rows can make possible
+            self._check_slices(batch_size, length, False, self.capacity)
+            lim.check_sample(batch_size)
         key = ("seq", batch_size, length) if names is None else ("seq", batch_size, length, names)
         try:
             ring = self._local.rings[key]
         except (AttributeError, KeyError):
             ring = self._new_ring(batch_size, length, names)
         with self._lock:
+            if lim is not None:
+                lim.sample_wait(batch_size, self._writer)
             n = self._writer.size
             self._check_slices(batch_size, length, reject, n)  # a clear() may have run since
             i = ring.next
@@ -565,6 +677,8 @@ class ReplayCore:
                     t.apply(out, a, out.indices, cursor)
             if self._spill is not None:
                 self._spill.after_sample()
+            if lim is not None:
+                lim.sampled(batch_size)
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
@@ -848,6 +962,8 @@ class ReplayCore:
         state.update(self.sampler.extra_state(copy, size))
         if self._stats is not None:
             state["stats"] = self._stats.state_dict()
+        if self._limiter is not None:
+            state["rate_limiter"] = self._limiter.state_dict()
         return state
 
     @property
@@ -861,6 +977,8 @@ class ReplayCore:
                   "roles": dict(self._roles)}
         if self._stats_fields:
             config["stats"] = list(self._stats_fields)
+        if self._limiter is not None:  # its parameters; the counts are in the state
+            config["rate_limiter"] = self._limiter.params()
         return config
 
     def save(self, path, *, overwrite: bool = False) -> None:
@@ -935,7 +1053,12 @@ class ReplayCore:
                                 f"got {arr.dtype}{arr.shape}")
         if self._stats is not None:  # against the state's rows: a refused state changes nothing
             self._stats.check_state(state.get("stats"), size, data)
+        counts = None
+        if self._limiter is not None:
+            counts = self._limiter_counts(state.get("rate_limiter"), size)
         with self._lock:
+            if counts is not None:
+                self._limiter.load_state(counts)
             self._storage.load_state_dict(data, size, release, records)
             self._writer.load_state_dict(writer.state_dict())
             self.sampler.load_state(sampler)

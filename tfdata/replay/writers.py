@@ -170,22 +170,24 @@ class RingWriter:
 
         return on_write, True
 
-    def make_push(self, spec, lock, slow):
+    def make_push(self, spec, lock, slow, gate=None):
         """``push(row)`` specialised to ``spec`` (see :mod:`tfdata.replay.fastpush`) where every
-        hook has a per-slot form and rows are written as they are; else ``slow``."""
+        hook has a per-slot form and rows are written as they are; else ``slow``. ``gate(1)``:
+        called under the lock before the row's slot is read (a rate limiter waits and counts)."""
         on_write, usable = self._slot_writes()
         if not usable or self.num_envs != 1:
             return slow
         ep = self.episodes
         return make_push(spec, self.storage.field_views(), self, lock, slow,
                          on_wrap=self._on_wrap(None if ep is None else ep.wrapped),
-                         on_write=on_write, regions=self.storage.byte_regions())
+                         on_write=on_write, regions=self.storage.byte_regions(), gate=gate)
 
-    def make_extend(self, spec, lock, slow, write=None):
+    def make_extend(self, spec, lock, slow, write=None, gate=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
         step; see :func:`tfdata.replay.fastpush.make_extend`), where every hook has a per-slot
         form and rows are written as they are; else ``slow``. ``write(values, n)`` takes larger
-        batches of exact dtypes."""
+        batches of exact dtypes. ``gate``: ``(wait, count)``, ``wait(n)`` called under the lock
+        before the slot is read, ``count(n)`` after ``n`` rows are written (a rate limiter)."""
         on_write, usable = self._slot_writes()
         if not usable:
             return slow
@@ -196,7 +198,7 @@ class RingWriter:
                            stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
                            on_write=on_write, on_wrap=self._on_wrap(ep.wrapped if late else None),
                            write=write, store=self.storage.write_rows
-                           if not self._per_row() and (ep is None or late) else None)
+                           if not self._per_row() and (ep is None or late) else None, gate=gate)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
