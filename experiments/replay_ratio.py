@@ -73,7 +73,7 @@ HP = {
     "hidden": (120, 84),
 }
 ERROR_BATCHES = 4        # the limiter's error buffer, in batches of samples
-WAIT_S = 0.25            # each wait's timeout: a thread then checks whether the run is over
+WAIT_S = 0.05            # each wait's timeout: a thread then checks whether the run is over
 VARIANTS = {
     # name: (schedule, replay ratio, exactly-k replays or None)
     "fixed-10": ("fixed", HP["batch_size"] / HP["train_frequency"], None),
@@ -277,7 +277,7 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
         "final_return": float(np.mean([e[1] for e in episodes[-LAST_EPISODES:]])) if episodes else None,
         "mean_return": float(np.mean([e[1] for e in episodes])) if episodes else None,
         "wall_s": wall, "sps": total / wall, "updates": counts["updates"],
-        "replay_ratio": counts["updates"] * B / total,
+        "replay_ratio": counts["updates"] * B / max(1, total - learning_starts),
         "actor_waits": counts["actor_waits"], "learner_waits": counts["learner_waits"],
         "limiter": lim.metrics() if lim is not None else None,
         "exactly_k": ({"dropped": sampler.dropped, "lost_replays": sampler.lost_replays,
@@ -455,7 +455,7 @@ def write_report(agg, comps, run, pngs, total, learning_starts) -> None:
           f"(timeout {WAIT_S} s, then retried); the learner copies its online network to the actor's "
           "after every update. Exactly-k: `sampler=\"exactly_k\", replays=13, policy=\"block\"`; the "
           "learner starts when the buffer holds `learning_starts` rows.",
-          "* Replay ratio measured = updates x 128 / environment steps.",
+          "* Replay ratio measured = updates x 128 / environment steps after `learning_starts`.",
           f"* Final return: mean of the last {LAST_EPISODES} episodes; mean return: over every episode "
           "of the run (area under the learning curve: sample efficiency). Exact two-sided "
           "permutation tests over seeds (every split), alpha 0.05.",
