@@ -227,13 +227,17 @@ def test_sample_short_of_rows_raises_at_once_with_counts():
     b = ek(16, k=1)
     b.extend(rows(range(3)))
     ring = b.sample(2)
+    kept = ring["id"].tolist()
     before = b.state_dict()
     t = time.monotonic()
     with pytest.raises(ValueError, match=r"batch of 2 distinct rows, but 1 rows await"):
         b.sample(2)
     assert time.monotonic() - t < 1
     _same_state(before, b.state_dict())
-    assert ring is not None
+    assert ring["id"].tolist() == kept  # a refused sample took no slot of the output ring
+    b.extend(rows(range(3, 5)))
+    b.sample(2)
+    assert ring["id"].tolist() == kept  # ring_size=2: the batch before is still intact
 
 
 def _same_state(a, b):
@@ -462,11 +466,12 @@ def test_blocked_writer_is_released_by_a_sample():
         b.push(one(99))
         done.set()
 
-    t = threading.Thread(target=write)
+    t = threading.Thread(target=write, daemon=True)
     t.start()
     time.sleep(0.2)
     assert not done.is_set() and b.sampler.writers_waiting == 1
-    while not done.is_set():  # slot 0 is freed by one of these samples (k=1)
+    end = time.monotonic() + 10
+    while not done.is_set() and time.monotonic() < end:  # slot 0 is freed by one (k=1)
         b.sample(1)
         done.wait(0.05)
     t.join(5)
@@ -497,7 +502,7 @@ def test_sampler_waits_for_a_writer_thread_with_a_timeout():
         time.sleep(0.2)
         b.extend(rows(range(6, 8)))
 
-    t = threading.Thread(target=write)
+    t = threading.Thread(target=write, daemon=True)
     t.start()
     batch = b.sample(4)  # waits for the writer thread
     t.join()
@@ -509,23 +514,32 @@ def test_sampler_waits_for_a_writer_thread_with_a_timeout():
         c.sample(3)
 
 
+def _with_pool(b, slots, counts):
+    """``b`` with the rows ``slots`` awaiting ``counts`` deliveries, every other slot free."""
+    state = b.state_dict()
+    state["exactly_k"].update(slots=np.array(slots, np.int64), counts=np.array(counts, np.int64))
+    b.load_state_dict(state)
+    return b
+
+
 def test_a_sample_that_would_deadlock_a_blocked_writer_raises():
     b = ek(4, k=2, policy="block", seed=0, timeout=5.0)
     b.extend(rows(range(4)))
-    for _ in range(3):
-        b.sample(2)  # 2 deliveries left in all: 1 or 2 rows await
-    t = threading.Thread(target=lambda: b.push(one(9)))
-    if b.sampler.counts()[0]:
+    _with_pool(b, [0, 2], [1, 2])  # the writer's slot 0 awaits; 2 rows await
+    t = threading.Thread(target=lambda: b.push(one(9)), daemon=True)
+    if True:
         t.start()
         time.sleep(0.2)
         t0 = time.monotonic()
         with pytest.raises(ValueError, match="writer"):
             b.sample(3)  # the writer waits for this sample: it cannot wait for the writer
         assert time.monotonic() - t0 < 1
-        while t.is_alive():
+        end = time.monotonic() + 10
+        while t.is_alive() and time.monotonic() < end:
             if b.sampler.awaiting:
                 b.sample(1)
             t.join(0.05)
+        assert not t.is_alive()
 
 
 def test_threads_deliver_every_row_exactly_k_times():
@@ -537,9 +551,10 @@ def test_threads_deliver_every_row_exactly_k_times():
         for i in range(0, n_rows, 3):
             b.extend(rows(range(i, i + 3)))
 
-    t = threading.Thread(target=write)
+    t = threading.Thread(target=write, daemon=True)
     t.start()
-    while t.is_alive() or b.sampler.awaiting:
+    end = time.monotonic() + 60
+    while (t.is_alive() or b.sampler.awaiting) and time.monotonic() < end:
         if b.sampler.awaiting >= 8:
             seen.update(b.sample(8)["id"].tolist())
         elif b.sampler.awaiting:
@@ -574,6 +589,9 @@ def test_update_field_num_envs_spill_and_clear(tmp_path):
     assert b.sampler.counts()[:2].tolist() == [2, 2]
     b.extend(rows(range(12, 18)))  # 4 fit (two steps), one step of 2 dropped
     assert b.sampler.dropped == 2 and len(b) == 16
+    _with_pool(b, [3, 4, 5], [1, 1, 1])  # slots 0, 1, 2 free: one whole step fits
+    b.extend(rows(range(18, 22)))
+    assert b.sampler.dropped == 4 and b.writer.cursor == 2
     b.clear()
     assert b.sampler.awaiting == 0 and b.sampler.dropped == 0
     b.extend(rows(range(4)))
