@@ -493,20 +493,27 @@ def test_blocked_write_times_out_and_changes_nothing():
         b.extend(rows(range(5)))
 
 
-def test_sampler_waits_for_a_writer_thread_with_a_timeout():
+@pytest.mark.parametrize("how", ["push", "extend"])
+def test_sampler_waits_for_a_writer_thread_with_a_timeout(how):
     b = ek(16, k=1, seed=0, timeout=2.0)
     b.extend(rows(range(6)))
     b.sample(4)  # 2 rows await; a sample needs batch_size <= len(buffer) as with any sampler
 
     def write():
         time.sleep(0.2)
-        b.extend(rows(range(6, 8)))
+        if how == "extend":
+            b.extend(rows(range(6, 8)))
+        else:  # the generated push, with the gate's one-row form
+            b.push(one(6))
+            b.push(one(7))
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
+    t0 = time.monotonic()
     batch = b.sample(4)  # waits for the writer thread
     t.join()
     assert len(set(batch["id"].tolist())) == 4
+    assert time.monotonic() - t0 < 1.5  # woken by the write, not by the timeout
     c = ek(16, k=1, seed=0, timeout=0.1)
     c.extend(rows(range(4)))
     c.sample(2)

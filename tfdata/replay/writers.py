@@ -23,8 +23,10 @@ before anything else of a write of ``n`` rows, how many of them may be written n
 (exactly-k replay: a slot still awaiting replay is not free). It returns ``n``, or fewer: the
 write then takes the first rows only and calls the gate's ``on_drop(rest)`` once they are
 written; it may wait (releasing the buffer's lock, see ``use_lock`` in
-:mod:`tfdata.replay.samplers`) or raise, having changed nothing. A hook with a gate has no
-``slot_hook`` (the generated push and extend have no gate: they are used only without one).
+:mod:`tfdata.replay.samplers`) or raise, having changed nothing. The generated extend is not
+used with a gate; the generated push only if the gate's ``slot_gate()`` gives its one-row
+form, an ``f(slot)`` run before the row's first byte (it waits or raises, never drops: a gate
+that may drop a row gives None).
 ``make_push(spec, lock, slow)``
     The per-spec push of :mod:`tfdata.replay.fastpush` over the same hooks, or ``slow``.
 ``spans(n)``, ``advance(n)``, ``reset()``, ``state_dict()``, ``load_state_dict(state)``.
@@ -195,14 +197,15 @@ class RingWriter:
 
     def make_push(self, spec, lock, slow):
         """``push(row)`` specialised to ``spec`` (see :mod:`tfdata.replay.fastpush`) where every
-        hook has a per-slot form and rows are written as they are; else ``slow``."""
+        hook (and the gate) has a per-slot form and rows are written as they are; else ``slow``."""
         on_write, usable = self._slot_writes()
-        if not usable or self.num_envs != 1:
+        on_begin = None if self.gate is None else self.gate.slot_gate()
+        if not usable or self.num_envs != 1 or (self.gate is not None and on_begin is None):
             return slow
         ep = self.episodes
         return make_push(spec, self.storage.field_views(), self, lock, slow,
                          on_wrap=self._on_wrap(None if ep is None else ep.wrapped),
-                         on_write=on_write, regions=self.storage.byte_regions())
+                         on_write=on_write, on_begin=on_begin, regions=self.storage.byte_regions())
 
     def make_extend(self, spec, lock, slow, write=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
@@ -210,7 +213,7 @@ class RingWriter:
         form and rows are written as they are; else ``slow``. ``write(values, n)`` takes larger
         batches of exact dtypes."""
         on_write, usable = self._slot_writes()
-        if not usable:
+        if not usable or self.gate is not None:
             return slow
         ep = self.episodes
         late = ep is not None and self.num_envs == 1  # one stream: stamped late, as a push

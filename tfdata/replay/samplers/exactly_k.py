@@ -73,9 +73,10 @@ class ExactlyKSampler(Sampler):
         Deliveries lost by ``"overwrite"``.
 
     Cost: the pool (uint32) and the deliveries left (uint8 for ``k <= 255``, else uint16) per
-    slot: 5 or 6 bytes per slot (``nbytes_parts["bookkeeping"]``). A write is one kernel call
-    that adds the written slots; it goes through the buffer's generic write path (the generated
-    push has no gate). A sample draws, lowers the counts and gathers in one kernel call.
+    slot: 5 or 6 bytes per slot (``nbytes_parts["bookkeeping"]``). A push takes the generated
+    push with this gate and hook (``"block"``, ``"overwrite"``; ``"drop"``: the generic path);
+    an extend the generic path, one kernel call adding the written slots. A sample draws, lowers
+    the counts and gathers in one kernel call.
     """
 
     projects = True
@@ -217,8 +218,43 @@ class ExactlyKSampler(Sampler):
         if self.samplers_waiting:
             self.cond.notify_all()
 
+    def slot_gate(self):
+        """The gate's one-row form for the generated push: ``f(slot)`` before the row's first
+        byte, waiting (``"block"``) or nothing to check (``"overwrite"``); None for ``"drop"``
+        (a dropped row is the generic path's to skip)."""
+        if self.policy == "drop":
+            return None
+        if self.policy == "overwrite":
+            return _nothing
+        remaining, admit = self.remaining, self.admit
+
+        def gate(slot):
+            if remaining[slot]:
+                admit(1)  # waits for that slot (one writer: the cursor is still ``slot``)
+
+        return gate
+
     def slot_hook(self):
-        return None  # writes go through the generic path, where the gate is
+        """``on_write`` for one row, in Python (a kernel call costs more than these few reads)."""
+        pool, remaining, meta, k, cap = self.pool, self.remaining, self.meta, self.replays, self.capacity
+        me = weakref.ref(self)  # the writer holds this hook: no cycle through the sampler
+
+        def on_write(slot):
+            left = int(remaining[slot])
+            if left:
+                me().lost_replays += left  # only "overwrite" writes over a row awaiting replay
+            else:
+                m = int(meta[0])
+                if m >= cap:
+                    raise RuntimeError("ExactlyKSampler: the pool is full but a slot was free")
+                pool[m] = slot
+                meta[0] = m + 1
+            remaining[slot] = k
+            s = me()
+            if s.samplers_waiting:
+                s.cond.notify_all()
+
+        return on_write
 
     def on_clear(self) -> None:
         self._k.replays_clear(self.remaining, self.meta)
@@ -313,6 +349,10 @@ class ExactlyKSampler(Sampler):
         self.delivered, self.dropped, self.lost_replays = counters
         if self.cond is not None and self.writers_waiting:
             self.cond.notify_all()
+
+
+def _nothing(slot) -> None:
+    """The ``"overwrite"`` gate: every slot may be written."""
 
 
 def check_slots(slots, size: int, what: str) -> np.ndarray:
