@@ -9,7 +9,10 @@ exactly k times once it is drained, nothing lost beyond the policy's counters.""
 from __future__ import annotations
 
 import collections
+import json
+import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 
@@ -18,7 +21,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tfdata import FormatError, PrioritizedReplayBuffer, ReplayBuffer
+from tfdata import FormatError, PrioritizedReplayBuffer, ReplayBuffer, SharedReplayBuffer, SharedWriter
 from tfdata.errors import SpecError
 from tfdata.kernels import _replays
 from tfdata.replay.samplers.exactly_k import ExactlyKSampler
@@ -610,3 +613,148 @@ def test_update_field_num_envs_spill_and_clear(tmp_path):
     while s.sampler.awaiting:
         got += s.sample(8)["id"].tolist()
     assert sorted(got) == list(range(64))
+
+
+# -- SharedReplayBuffer: writer processes and a learner -------------------------------------------
+FORK = mp.get_context("fork")
+SHARD = 1_000_000  # shard s writes ids s * SHARD + i
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _ek_writer(name, shard, n, errors, die_after=None):
+    try:
+        rng = np.random.default_rng(shard)
+        with SharedWriter(name, shard, timeout=30) as w:
+            i = 0
+            while i < n:
+                if die_after is not None and i >= die_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                k = min(n - i, int(rng.integers(1, 6)))
+                ids = np.arange(i, i + k) + SHARD * shard
+                if k == 1:
+                    w.push(one(ids[0]))
+                else:
+                    w.extend(rows(ids))
+                i += k
+    except BaseException as exc:  # reported to the test, which fails
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+def _drain(buf, want, batch=8, idle_s=3.0):
+    """Sample until ``want`` deliveries, or nothing came for ``idle_s``; the ids seen."""
+    seen = collections.Counter()
+    idle = time.monotonic() + idle_s
+    while sum(seen.values()) < want and time.monotonic() < idle:
+        for b in (batch, 1):
+            try:
+                got = buf.sample(b)
+            except (TimeoutError, ValueError):
+                continue
+            ids = got["id"].tolist()
+            assert len(set(ids)) == b
+            np.testing.assert_array_equal(got["obs"][:, 0], np.asarray(ids, np.float32))
+            seen.update(ids)
+            idle = time.monotonic() + idle_s
+            break
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_shared_writer_processes_every_row_exactly_k_times(layout, shm_dir):
+    """2 writer processes through 16-slot shards (they wait for the learner often): every row
+    delivered exactly k times, none lost, none dropped."""
+    k, n = 3, 1500
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 32, num_writers=2, layout=layout, seed=0, sampler="exactly_k",
+                            replays=k, policy="block", timeout=0.2) as buf:
+        procs = [FORK.Process(target=_ek_writer, args=(buf.name, s, n, errors)) for s in range(2)]
+        for p in procs:
+            p.start()
+        seen = _drain(buf, 2 * n * k)
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+        want = set(range(n)) | set(range(SHARD, SHARD + n))
+        assert set(seen) == want and set(seen.values()) == {k}
+        assert buf.sampler.lost_replays == 0 and [w["dropped"] for w in buf.writers()] == [0, 0]
+        assert buf.sampler.delivered == 2 * n * k
+
+
+def test_shared_drop_counts_what_it_drops(shm_dir):
+    k, n = 2, 800
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 16, num_writers=2, seed=0, sampler="exactly_k", replays=k,
+                            policy="drop", timeout=0.2) as buf:
+        procs = [FORK.Process(target=_ek_writer, args=(buf.name, s, n, errors)) for s in range(2)]
+        for p in procs:
+            p.start()
+        seen = _drain(buf, 10 ** 9, idle_s=1.5)
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+        info = buf.writers()
+        assert sum(w["published"] for w in info) + sum(w["dropped"] for w in info) == 2 * n
+        assert sum(w["dropped"] for w in info) > 0
+        assert len(seen) == sum(w["published"] for w in info) and set(seen.values()) == {k}
+
+
+def test_shared_a_killed_writer_does_not_wedge_the_learner(shm_dir):
+    """Shard 0's writer is SIGKILLed (possibly while waiting for the learner); the learner
+    delivers every row it published k times and every row of shard 1, and its samples return
+    (TimeoutError after the timeout) rather than wait for the dead writer."""
+    k, n = 2, 600
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 32, num_writers=2, seed=0, sampler="exactly_k", replays=k,
+                            policy="block", timeout=0.2) as buf:
+        dying = FORK.Process(target=_ek_writer, args=(buf.name, 0, n, errors, 300))
+        live = FORK.Process(target=_ek_writer, args=(buf.name, 1, n, errors))
+        dying.start()
+        live.start()
+        seen = _drain(buf, 10 ** 9, idle_s=1.5)
+        dying.join(30)
+        live.join(30)
+        assert dying.exitcode == -signal.SIGKILL
+        assert errors.empty(), errors.get()
+        published = buf.writers()[0]["published"]
+        assert 300 <= published < n
+        assert set(seen) == set(range(published)) | set(range(SHARD, SHARD + n))
+        assert set(seen.values()) == {k}
+        t = time.monotonic()
+        with pytest.raises(TimeoutError):
+            buf.sample(1)
+        assert time.monotonic() - t < 2
+
+
+def test_shared_options_are_checked(shm_dir):
+    for kw, exc in (({"policy": "overwrite"}, NotImplementedError), ({"n_step": 2}, NotImplementedError),
+                    ({"mode": "fifo"}, ValueError), ({"prioritized": True}, ValueError),
+                    ({"replays": 0}, ValueError), ({"policy": "wait"}, ValueError)):
+        with pytest.raises(exc):
+            SharedReplayBuffer(SPEC, 8, sampler="exactly_k", **kw)
+    for kw in ({"replays": 2}, {"timeout": 1.0}):
+        with pytest.raises(ValueError, match="exactly_k"):
+            SharedReplayBuffer(SPEC, 8, **kw)
+    with pytest.raises(ValueError, match="sampler"):
+        SharedReplayBuffer(SPEC, 8, sampler="without_replacement")
+    with SharedReplayBuffer(SPEC, 8, sampler="exactly_k", replays=2) as buf:
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(rows(range(8)))
+            with pytest.raises(TimeoutError):  # block, a writer timeout: the shard is full
+                w.timeout = 0.1
+                w.push(one(9))
+        with pytest.raises(NotImplementedError):
+            buf.sample_sequences(1, 2)
+        with pytest.raises(NotImplementedError):
+            buf.save(shm_dir / "ck")
+        doc_path = os.path.join(buf.path, "region.json")
+        doc = json.load(open(doc_path))
+        for bad in ({"policy": "overwrite"}, {"replays": 0}, {"sampler": "nope"}, {"mode": "fifo"}):
+            json.dump(dict(doc, **bad), open(doc_path, "w"))
+            with pytest.raises(FormatError, match="region.json"):
+                SharedWriter(buf.name, 0)
+        json.dump(doc, open(doc_path, "w"))

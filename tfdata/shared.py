@@ -61,7 +61,7 @@ from .replay.fastpush import make_push
 from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from .replay.core import MAX_DRAWS as _MAX_DRAWS
 from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
-from .replay.samplers.shared import SharedPrioritizedSampler, SharedUniformSampler
+from .replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from .replay.transforms import ShardNStep, episode_options
 from .replay.writers import RingWriter
 from .spec import Spec
@@ -75,6 +75,8 @@ FORMAT = "tfdata.shared"
 VERSION = 1
 MODES = ("replay", "fifo")
 POLICIES = ("block", "drop")
+#: the policies of sampler="exactly_k" in replay mode (writers respect the tail as a FIFO's do)
+EXACTLY_K_POLICIES = ("block", "drop")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 _PREFIX = "tfdata-shm-"
 # the files of a region directory (see _region_entries)
@@ -128,6 +130,33 @@ def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
     return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo")["nbytes"]
 
 
+def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
+    """Whether ``sampler`` asks for exactly-k replay; ValueError / NotImplementedError for the
+    combinations it does not take (before anything is created)."""
+    if sampler not in (None, "uniform", "exactly_k"):
+        raise ValueError(f"sampler must be 'uniform' or 'exactly_k' (None: uniform), got {sampler!r}")
+    if sampler != "exactly_k":
+        given = [k for k, v in (("replays", replays), ("timeout", timeout)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(k + '=' for k in given)} given with sampler={sampler!r}: "
+                             f"these options belong to sampler='exactly_k'")
+        return False
+    if mode != "replay" or prioritized:
+        raise ValueError("sampler='exactly_k' needs mode='replay' and prioritized=False (a FIFO "
+                         "delivers every row once already; priorities would decide who is "
+                         "delivered, not k)")
+    if policy is not None and policy not in EXACTLY_K_POLICIES:
+        if policy == "overwrite":
+            raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') takes policy='block' "
+                                      "or 'drop'; 'overwrite' (writers ignoring the tail) is not "
+                                      "implemented across processes")
+        raise ValueError(f"policy must be one of {list(EXACTLY_K_POLICIES)}, got {policy!r}")
+    if n_step is not None:
+        raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') with n_step is not "
+                                  "implemented")
+    return True
+
+
 def _shards(capacity, num_writers) -> tuple[int, int]:
     num_writers = _check_int("num_writers", num_writers, 1, 4096)
     capacity = _check_int("capacity", capacity, 1, (1 << 32) - 1)
@@ -147,6 +176,8 @@ class _Region:
         self.layout = check_layout(doc["layout"], self.spec)
         self.mode = doc["mode"]
         self.policy = doc["policy"]
+        # writers of an exactly-k replay region respect the consumer's tail, as a FIFO's do
+        self.exactly_k = doc.get("sampler") == "exactly_k"
         self.shards = int(doc["num_writers"])
         self.cap = int(doc["shard_capacity"])
         self.map = mapped
@@ -228,8 +259,15 @@ def _open_region(path: str) -> _Region:
     try:
         if doc["mode"] not in MODES:
             raise ValueError(f"mode {str(doc['mode'])[:100]!r}")
-        if doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
-                doc["mode"] == "fifo" and doc["policy"] not in POLICIES):
+        if doc.get("sampler", "uniform") not in ("uniform", "exactly_k") or (
+                doc.get("sampler") == "exactly_k" and (
+                    doc["mode"] != "replay" or doc["policy"] not in EXACTLY_K_POLICIES
+                    or type(doc.get("replays")) is not int or not 1 <= doc["replays"] <= 65535)):
+            raise ValueError(f"sampler {str(doc.get('sampler'))[:40]!r}, policy {str(doc['policy'])[:40]!r}, "
+                             f"replays {str(doc.get('replays'))[:40]!r} for mode {doc['mode']!r}")
+        if doc.get("sampler") != "exactly_k" and (
+                doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
+                doc["mode"] == "fifo" and doc["policy"] not in POLICIES)):
             raise ValueError(f"policy {doc['policy']!r} for mode {doc['mode']!r}")
         _shards(doc["shard_capacity"] * doc["num_writers"], doc["num_writers"])
         if not isinstance(doc["layout"], (str, list)):
@@ -414,7 +452,8 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
-                 memory_budget=None, stats=None):
+                 memory_budget=None, stats=None, sampler: str | None = None,
+                 replays: int | None = None, timeout: float | None = None):
         if stats is not None:
             raise NotImplementedError(
                 "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
@@ -423,7 +462,10 @@ class SharedReplayBuffer:
         shards, cap = _shards(capacity, num_writers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "fifo":
+        exactly_k = _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step)
+        if exactly_k:
+            policy = "block" if policy is None else policy
+        elif mode == "fifo":
             policy = "block" if policy is None else policy
             if policy not in POLICIES:
                 raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -446,6 +488,8 @@ class SharedReplayBuffer:
             if sampler.bounds(shards * cap) is None:
                 raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority gives a "
                                  f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
+        elif exactly_k:
+            sampler = SharedExactlyKSampler(seed, 1 if replays is None else replays, policy, timeout)
         else:
             sampler = SharedUniformSampler(seed)
         sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
@@ -465,6 +509,8 @@ class SharedReplayBuffer:
         doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
                "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
+        if exactly_k:  # what the writers need to know: respect the tail, and how
+            doc.update(sampler="exactly_k", replays=sampler.replays)
         # built under a temporary name and renamed: a writer finds a complete region or none
         parent = os.path.dirname(path)
         sweep(parent)  # regions of owners that died without closing them
@@ -507,6 +553,8 @@ class SharedReplayBuffer:
         # its storage): the same contract, output rings and batches
         sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
+        if exactly_k:
+            sampler.bind_tails(self._region.tails)
         self.sampler = sampler
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
@@ -774,6 +822,8 @@ class SharedReplayBuffer:
         """
         if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
+        if self._region.exactly_k:
+            raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
         if not self._has_flags:
             raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
                             "fields 'terminated' and 'truncated' (or name them with roles=)")
@@ -885,6 +935,9 @@ class SharedReplayBuffer:
         if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
                                     f"in flight, not a state to checkpoint")
+        if self._region.exactly_k:
+            raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no "
+                                      "checkpoint yet (its pool and the writers' tails would need one)")
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
@@ -1381,7 +1434,8 @@ class SharedWriter:
         self._words = region.words(shard)
         self._base = shard * region.cap
         self._cap = region.cap
-        self._fifo = region.mode == "fifo"
+        # a FIFO shard, or an exactly-k replay shard: writes stay below the consumer's tail
+        self._fifo = region.mode == "fifo" or region.exactly_k
         self._drop = region.policy == "drop"
         self._head = int(self._words[_HEAD])
         self._dropped = int(self._words[_DROPPED])

@@ -198,3 +198,69 @@ def replays_load(pool, remaining, meta, slots, counts):
         pool[i] = s
     meta[0] = m
     return 0
+
+
+@njit(**NJIT_OPTIONS)
+def replays_fold(pool, remaining, meta, heads, folded, cap, k):
+    """Shards of ``cap`` slots (shard ``s``: slots ``[s * cap, (s + 1) * cap)``, a ring its
+    writer fills): the rows published since the last call (``folded[s]`` up to ``heads[s]``,
+    read once) join the pool with ``k`` deliveries, in shard order; ``folded`` is advanced.
+
+    Returns the deliveries lost (rows a writer overwrote while they awaited replay, and ``k``
+    for each row lapped before it was folded), -1 with nothing changed when the arrays disagree,
+    -2 for a corrupt pool or a head behind ``folded`` (a writer's word the learner cannot trust;
+    the shards before stay folded)."""
+    shards = heads.shape[0]
+    top = np.iinfo(remaining.dtype).max
+    if (folded.shape[0] != shards or cap < 1 or shards * cap != pool.shape[0]
+            or remaining.shape[0] != pool.shape[0] or meta.shape[0] < 1 or k < 1 or k > top):
+        return -1
+    m = meta[0]
+    if m < 0 or m > pool.shape[0]:
+        return -1
+    lost = 0
+    for s in range(shards):
+        h = np.int64(heads[s])
+        f = folded[s]
+        if h < f:
+            meta[0] = m
+            return -2
+        if h - f > cap:  # lapped before they were folded: never deliverable
+            lost += (h - f - cap) * k
+            f = h - cap
+        for r in range(f, h):
+            slot = s * cap + r % cap
+            left = remaining[slot]
+            if left == 0:
+                if m >= pool.shape[0]:
+                    meta[0] = m
+                    return -2
+                pool[m] = slot
+                m += 1
+            lost += left
+            remaining[slot] = k
+        folded[s] = h
+    meta[0] = m
+    return lost
+
+
+@njit(**NJIT_OPTIONS)
+def replays_advance_tails(remaining, tails, folded, cap):
+    """Each shard's ``tails[s]`` (its writer may write up to ``tails[s] + cap``) moves over its
+    oldest folded rows that are free. Returns the rows passed; -1 when the arrays disagree."""
+    shards = tails.shape[0]
+    if folded.shape[0] != shards or cap < 1 or shards * cap != remaining.shape[0]:
+        return -1
+    moved = 0
+    for s in range(shards):
+        t = np.int64(tails[s])
+        f = folded[s]
+        if t < f - cap:  # rows lapped (overwrite) or never tracked: nothing to wait for there
+            t = f - cap
+        start = t
+        while t < f and remaining[s * cap + t % cap] == 0:
+            t += 1
+        if t != np.int64(tails[s]):
+            tails[s] = np.uint64(t)
+        moved += t - start
+    return moved
