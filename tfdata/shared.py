@@ -22,6 +22,10 @@ Two modes:
     (shards merged by publication time). When writers outrun the learner they either wait
     (``policy="block"``) or drop the rows that do not fit and count them (``policy="drop"``).
 
+``mode="replay"`` with ``sampler="exactly_k"`` is between the two: the learner samples (every
+row in exactly ``replays`` batches, in a random order) and, as in a FIFO, moves a tail word per
+shard over the oldest rows it is done with; writers stay behind it (``"block"`` or ``"drop"``).
+
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
 (``flock``) is held by its process for as long as it lives and released by the kernel however
@@ -392,9 +396,21 @@ class SharedReplayBuffer:
         uniformly from every complete row. ``"fifo"``: shards are queues and :meth:`get_batch`
         delivers every row exactly once, in arrival order.
     policy : {"block", "drop"}, optional
-        FIFO only (default ``"block"``): when a writer's shard is full it waits for the learner
-        (``"block"``), or writes the rows that fit and drops the rest, counted in the metrics
-        (``"drop"``).
+        FIFO, or ``sampler="exactly_k"`` (default ``"block"``): when a writer's shard is full
+        (of rows not yet delivered, or not yet delivered ``replays`` times) it waits for the
+        learner (``"block"``), or writes the rows that fit and drops the rest, counted in the
+        metrics (``"drop"``). ``"overwrite"`` is not implemented across processes.
+    sampler : {"uniform", "exactly_k"}, optional
+        Replay mode: uniform (None, the default) or exactly-k replay, each row delivered in
+        exactly ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
+        ``buf.sampler.delivered``, ``lost_replays``; ``writers()[s]["dropped"]``). Not with
+        ``prioritized``, ``n_step``, :meth:`sample_sequences` or :meth:`save`.
+    replays : int, optional
+        ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
+    timeout : float, optional
+        ``sampler="exactly_k"`` only: seconds a :meth:`sample` short of rows awaiting replay
+        polls for the writers before TimeoutError (None: ValueError at once). A blocked
+        writer's own wait is :class:`SharedWriter`'s ``timeout``.
     layout : {"aos", "soa"} or list of lists of str, optional
         As for :class:`~tfdata.ReplayBuffer` (a grouping: column groups); samples do not
         depend on it.
@@ -1395,8 +1411,8 @@ class SharedWriter:
     dir : str, optional
         As given to the buffer (default :func:`shm_dir`); not needed with a path.
     timeout : float, optional
-        FIFO ``"block"`` policy: seconds a write waits for the learner to free a slot before
-        TimeoutError; None waits for ever.
+        ``"block"`` policy (FIFO, or exactly-k replay): seconds a write waits for the learner to
+        free a slot before TimeoutError; None waits for ever.
 
     Notes
     -----
