@@ -794,3 +794,28 @@ def test_fold_and_tail_kernels_match_reference():
     assert _replays.replays_fold(*z, heads, folded, 4, 1) == -2
     assert _replays.replays_fold(*z, heads, folded, 3, 1) == -1  # 1 shard of 3 slots: not 4
     assert _replays.replays_advance_tails(z[1], np.zeros(2, np.uint64), folded, 4) == -1
+
+
+def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
+    b = ek(4, k=2, policy="block", seed=0, timeout=3.0)
+    b.extend(rows(range(4)))
+    _with_pool(b, [0], [1])  # one row awaits, in the writer's slot
+    got = []
+
+    def sample():
+        try:
+            b.sample(2)
+        except (ValueError, TimeoutError) as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    time.sleep(0.2)  # the sample waits for rows
+    t0 = time.monotonic()
+    w = threading.Thread(target=lambda: b.push(one(9)), daemon=True)
+    w.start()  # the writer waits for slot 0: the sample can never be served
+    t.join(5)
+    assert isinstance(got[0], ValueError) and time.monotonic() - t0 < 1.5
+    b.sample(1)  # frees slot 0: the writer goes on
+    w.join(5)
+    assert not w.is_alive()

@@ -50,7 +50,9 @@ class ExactlyKSampler(Sampler):
 
     Same seed and the same interleaving of writes and samples: the same batches on every
     layout. :meth:`state_dict` and checkpoints keep the pool, the counts and the counters, so a
-    restored buffer continues exactly. Sequences (``sample_slices``) are refused
+    restored buffer continues exactly. ``clear()`` frees every slot and sets the counters to 0
+    (as it sets a without-replacement sampler's ``passes``); ``update_field`` changes no count
+    (a relabelled row keeps its deliveries). Sequences (``sample_slices``) are refused
     (NotImplementedError): a slice's rows would be delivered a number of times no one chose.
 
     Parameters
@@ -185,6 +187,8 @@ class ExactlyKSampler(Sampler):
             raise RuntimeError("ExactlyKSampler: use_lock was not called; a blocked write cannot wait")
         deadline = self._deadline()
         self.writers_waiting += 1
+        if self.samplers_waiting:  # a sample waiting for rows would wait for this writer: wake it
+            self.cond.notify_all()  # (it then raises instead of waiting out its timeout)
         try:
             while True:
                 if not self._wait(deadline):
