@@ -69,8 +69,9 @@ def replays_draw(pool, remaining, meta, state, idx):
     -------
     int
         Rows freed by this batch (their k-th delivery), -1 with nothing changed when the
-        arguments disagree (``len(idx) > m`` among them), -2 for a corrupt pool (nothing
-        changed but ``pool``'s order and ``state``).
+        arguments disagree (``len(idx) > m`` among them), -2 for a corrupt pool (a slot out of
+        range or with no delivery left; the draws before it are made: counts lowered, ``pool``
+        reordered, ``state`` advanced, ``m`` unchanged).
     """
     cap = pool.shape[0]
     B = idx.shape[0]
@@ -91,11 +92,10 @@ def replays_draw(pool, remaining, meta, state, idx):
         if s >= cap or remaining[s] == 0:
             state[1] = ctr
             return -2
+        remaining[s] -= 1  # while its cache line is here (not in a loop of its own)
         pool[r] = pool[j]
         pool[j] = s
         idx[i] = s
-    for i in range(B):
-        remaining[idx[i]] -= 1
     w = m - B  # compact the drawn entries: those with deliveries left stay, in order
     for j in range(m - B, m):
         s = pool[j]
