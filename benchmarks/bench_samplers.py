@@ -1,4 +1,4 @@
-"""Samplers beside uniform sampling: sampling without replacement while inserting.
+"""Samplers beside uniform sampling: sampling without replacement while inserting, exactly-k.
 
 Every class takes the layout first; ``"numpy"`` is the hand-written baseline of
 :mod:`benchmarks.common`: uniform is its ``sample``, and without replacement a permutation per
@@ -8,6 +8,12 @@ CartPole rows, filled before anything is timed.
 
 Target (issue 21): ``Sample`` without replacement at most 1.5x uniform, in the same layout;
 ``LimiterSample`` and ``LimiterPush``: a rate limiter that does not block adds at most 0.5 us.
+``ExactlyKSample`` / ``ExactlyKPush``: exactly-k replay (``replays=4``) beside uniform; its
+writes take the buffer's generic path (the generated push has no gate), so ``ExactlyKPush``
+shows what the gate and that path cost a write, on free slots (``exactly_k_block``) and on a
+full ring of rows awaiting replay (``exactly_k_overwrite``). No numpy baseline of exactly-k:
+an honest one (a pool and counts) is this kernel written in numpy, slower per row than uniform's
+fancy indexing by construction (``layout="numpy"`` raises NotImplementedError there).
 """
 
 from __future__ import annotations
@@ -111,6 +117,29 @@ def limited_buffer(layout: str, limiter: str):
     return _CACHE[key]
 
 
+#: exactly-k's deliveries per row in these benchmarks: a 1M-row pool lasts 4M deliveries
+REPLAYS = 4
+
+
+def exactly_k_buffer(layout: str, policy: str):
+    """A full 1M-row exactly-k buffer (``replays=4``); for ``"block"`` every slot is free (each
+    row delivered 4 times, then the pool is empty): a push finds its slot free."""
+    key = (layout, "exactly_k", policy)
+    if key not in _CACHE:
+        buf = tfdata.ReplayBuffer(CARTPOLE, CAPACITY, layout=layout, seed=0, sampler="exactly_k",
+                                  replays=REPLAYS, policy="overwrite" if policy == "block" else policy)
+        fill(buf, CAPACITY, fill_chunk(CARTPOLE))
+        if policy == "block":  # deliver every row k times, then keep a buffer that blocks
+            while buf.sampler.awaiting:
+                buf.sample(min(65_536, buf.sampler.awaiting))
+            state = buf.state_dict()
+            buf = tfdata.ReplayBuffer(CARTPOLE, CAPACITY, layout=layout, seed=0, sampler="exactly_k",
+                                      replays=REPLAYS, policy="block")
+            buf.load_state_dict(state)
+        _CACHE[key] = buf
+    return _CACHE[key]
+
+
 class LimiterSample:
     """``sample(256)`` of 1M CartPole rows with and without a rate limiter that does not block.
 
@@ -145,4 +174,51 @@ class LimiterPush:
         self.op = partial(limited_buffer(layout, limiter).push, one_row(CARTPOLE, seed=2))
 
     def time_push(self, layout, limiter):
+        self.op()
+
+
+class ExactlyKSample:
+    """Draw 256 rows from 1M CartPole rows: exactly-k (each row 4 times) beside uniform."""
+
+    params = [LAYOUTS, ["uniform", "exactly_k"]]
+    param_names = ["layout", "sampler"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, sampler):
+        warm_kernels()
+        if sampler == "uniform":
+            buf = buffer(layout, sampler)
+        elif layout == "numpy":
+            raise NotImplementedError("no numpy baseline of exactly-k (see the module docstring)")
+        else:
+            buf = exactly_k_buffer(layout, "overwrite")
+            if buf.sampler.awaiting < 1024:  # a long run drained the pool: refill (not timed)
+                fill(buf, CAPACITY, fill_chunk(CARTPOLE))
+        self.op = partial(buf.sample, 256)
+        for _ in range(3):  # the output ring
+            self.op()
+
+    def time_sample(self, layout, sampler):
+        self.op()
+
+
+class ExactlyKPush:
+    """Append one CartPole row: uniform, exactly-k on a free slot (``"block"``, the gate lets it
+    through) and exactly-k overwriting a row awaiting replay (``"overwrite"``, counted)."""
+
+    params = [LAYOUTS, ["uniform", "exactly_k_block", "exactly_k_overwrite"]]
+    param_names = ["layout", "sampler"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, sampler):
+        warm_kernels()
+        if layout == "numpy" and sampler != "uniform":
+            raise NotImplementedError("the numpy baseline's writes do not depend on a sampler")
+        if sampler == "uniform":
+            buf = buffer(layout, sampler)
+        else:
+            buf = exactly_k_buffer(layout, sampler.rpartition("_")[2])
+        self.op = partial(buf.push, one_row(CARTPOLE, seed=2))
+
+    def time_push(self, layout, sampler):
         self.op()

@@ -761,3 +761,139 @@ def limiter_bounds_naive(inserts: int, samples_per_insert, min_size: int, error_
     spi, eb = Fraction(samples_per_insert), Fraction(error_buffer)
     centre = spi * min_size
     return inserts * spi - centre - eb, inserts * spi - centre + eb
+
+def exactly_k_sample_naive(pool: list, m: int, remaining: list, key: int, counter: int,
+                           batch: int) -> tuple:
+    """Reference of ``kernels._replays.replays_sample`` on Python lists: ``pool[:m]`` are the
+    slots awaiting replay, ``remaining[s]`` the deliveries slot ``s`` has left. Returns
+    ``(pool, m, remaining, indices, counter, freed)``.
+
+    Draw ``i`` takes a uniform place ``r`` among the first ``m - i`` entries and swaps it with
+    entry ``m - 1 - i`` (so the batch's rows end up last, out of reach of its later draws);
+    then each row drawn loses one delivery, and those left with none leave the pool (the last
+    ``batch`` entries keep their order, the freed ones dropped)."""
+    pool, remaining = list(pool), list(remaining)
+    out = []
+    for i in range(batch):
+        (r,), counter = draw_indices(key, counter, m - i, 1)
+        j = m - 1 - i
+        pool[int(r)], pool[j] = pool[j], pool[int(r)]
+        out.append(pool[j])
+    for s in out:
+        remaining[s] -= 1
+    kept = [s for s in pool[m - batch:m] if remaining[s] > 0]
+    pool[m - batch:m - batch + len(kept)] = kept
+    freed = batch - len(kept)
+    return pool, m - freed, remaining, np.array(out, np.int64), counter, freed
+
+
+def exactly_k_write_naive(pool: list, m: int, remaining: list, start: int, count: int, k: int) -> tuple:
+    """Reference of ``kernels._replays.replays_write``: slots ``start, ...`` (``count``, modulo
+    the capacity) get ``k`` deliveries; a slot not in the pool joins it at the end. Returns
+    ``(pool, m, remaining, lost)``, ``lost`` the deliveries the slots had left."""
+    pool, remaining = list(pool), list(remaining)
+    cap = len(pool)
+    lost = 0
+    for i in range(count):
+        s = (start + i) % cap
+        if remaining[s] == 0:
+            pool[m] = s
+            m += 1
+        lost += remaining[s]
+        remaining[s] = k
+    return pool, m, remaining, lost
+
+
+class ExactlyKModel:
+    """A buffer with ``sampler="exactly_k"`` in plain Python: a ring of row ids, the naive pool
+    and the policy's rule, written from the documentation (not the code): a write needs the
+    slot at the cursor free; "block" refuses (the caller checks the TimeoutError), "drop" keeps
+    the rows that fit (whole steps of ``num_envs``), "overwrite" counts the deliveries lost."""
+
+    def __init__(self, capacity: int, k: int, policy: str, seed: int, num_envs: int = 1):
+        self.cap, self.k, self.policy, self.num_envs = capacity, k, policy, num_envs
+        self.key, self.counter = key_of(seed), 0
+        self.clear()
+
+    def clear(self) -> None:
+        self.ids = [None] * self.cap
+        self.pool, self.m, self.remaining = [0] * self.cap, 0, [0] * self.cap
+        self.cursor = self.size = 0
+        self.delivered = self.dropped = self.lost = 0
+
+    def free_run(self, n: int) -> int:
+        run = 0
+        while run < min(n, self.cap) and self.remaining[(self.cursor + run) % self.cap] == 0:
+            run += 1
+        return run
+
+    def write(self, ids: list) -> bool:
+        """Write rows ``ids``; False if "block" refuses (nothing changed)."""
+        n = len(ids)
+        if self.policy == "block":
+            if n > self.cap or self.free_run(n) < n:
+                return False
+        elif self.policy == "drop":
+            ok = self.free_run(n)
+            ok -= ok % self.num_envs
+            self.dropped += n - ok
+            ids = ids[:ok]
+            n = ok
+        elif n > self.cap:  # an extend longer than the ring: its first rows are overwritten
+            self.lost += (n - self.cap) * self.k
+            ids = ids[n - self.cap:]
+            self.cursor = (self.cursor + n - self.cap) % self.cap
+            self.size = min(self.size + n - self.cap, self.cap)
+            n = self.cap
+        if n:
+            self.pool, self.m, self.remaining, lost = exactly_k_write_naive(
+                self.pool, self.m, self.remaining, self.cursor, n, self.k)
+            self.lost += lost
+            for i, x in enumerate(ids):
+                self.ids[(self.cursor + i) % self.cap] = x
+            self.cursor = (self.cursor + n) % self.cap
+            self.size = min(self.size + n, self.cap)
+        return True
+
+    def sample(self, batch: int):
+        """The slots and ids a sample of ``batch`` returns, or None if fewer rows await."""
+        if batch > self.m:
+            return None
+        self.pool, self.m, self.remaining, idx, self.counter, _ = exactly_k_sample_naive(
+            self.pool, self.m, self.remaining, self.key, self.counter, batch)
+        self.delivered += batch
+        return idx, [self.ids[s] for s in idx]
+
+
+def exactly_k_fold_naive(pool: list, m: int, remaining: list, heads: list, folded: list, cap: int,
+                         k: int) -> tuple:
+    """Reference of ``kernels._replays.replays_fold``: shard ``s`` (slots ``s * cap ...``)
+    published rows ``folded[s] .. heads[s] - 1``; the last ``cap`` of them get ``k`` deliveries
+    (joining the pool if absent), the earlier ones count ``k`` lost each. Returns ``(pool, m,
+    remaining, folded, lost)``."""
+    pool, remaining, folded = list(pool), list(remaining), list(folded)
+    lost = 0
+    for s, h in enumerate(heads):
+        first = max(folded[s], h - cap)
+        lost += (first - folded[s]) * k
+        for r in range(first, h):
+            slot = s * cap + r % cap
+            if remaining[slot] == 0:
+                pool[m] = slot
+                m += 1
+            lost += remaining[slot]
+            remaining[slot] = k
+        folded[s] = h
+    return pool, m, remaining, folded, lost
+
+
+def exactly_k_tails_naive(remaining: list, tails: list, folded: list, cap: int) -> list:
+    """Reference of ``kernels._replays.replays_advance_tails``: each tail (at least ``folded -
+    cap``) passes the shard's oldest folded rows whose slot is free."""
+    out = []
+    for s, t in enumerate(tails):
+        t = max(t, folded[s] - cap)
+        while t < folded[s] and remaining[s * cap + t % cap] == 0:
+            t += 1
+        out.append(t)
+    return out

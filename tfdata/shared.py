@@ -27,6 +27,10 @@ of rows sampled to rows published (see :mod:`tfdata.replay.limiter`): inserts ar
 the shards' heads, samples a control word the learner publishes; the limiter's parameters are
 in ``region.json``. Both sides poll these words with short sleeps (no lock between processes).
 
+``mode="replay"`` with ``sampler="exactly_k"`` is between the two: the learner samples (every
+row in exactly ``replays`` batches, in a random order) and, as in a FIFO, moves a tail word per
+shard over the oldest rows it is done with; writers stay behind it (``"block"`` or ``"drop"``).
+
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
 (``flock``) is held by its process for as long as it lives and released by the kernel however
@@ -66,7 +70,7 @@ from .replay.fastpush import make_push
 from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from .replay.core import MAX_DRAWS as _MAX_DRAWS
 from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
-from .replay.samplers.shared import SharedPrioritizedSampler, SharedUniformSampler
+from .replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from .replay.transforms import ShardNStep, episode_options
 from .replay.writers import RingWriter
 from .spec import Spec
@@ -80,6 +84,8 @@ FORMAT = "tfdata.shared"
 VERSION = 1
 MODES = ("replay", "fifo")
 POLICIES = ("block", "drop")
+#: the policies of sampler="exactly_k" in replay mode (writers respect the tail as a FIFO's do)
+EXACTLY_K_POLICIES = ("block", "drop")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 _PREFIX = "tfdata-shm-"
 # the files of a region directory (see _region_entries)
@@ -136,6 +142,33 @@ def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
     return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo")["nbytes"]
 
 
+def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
+    """Whether ``sampler`` asks for exactly-k replay; ValueError / NotImplementedError for the
+    combinations it does not take (before anything is created)."""
+    if sampler not in (None, "uniform", "exactly_k"):
+        raise ValueError(f"sampler must be 'uniform' or 'exactly_k' (None: uniform), got {sampler!r}")
+    if sampler != "exactly_k":
+        given = [k for k, v in (("replays", replays), ("timeout", timeout)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(k + '=' for k in given)} given with sampler={sampler!r}: "
+                             f"these options belong to sampler='exactly_k'")
+        return False
+    if mode != "replay" or prioritized:
+        raise ValueError("sampler='exactly_k' needs mode='replay' and prioritized=False (a FIFO "
+                         "delivers every row once already; priorities would decide who is "
+                         "delivered, not k)")
+    if policy is not None and policy not in EXACTLY_K_POLICIES:
+        if policy == "overwrite":
+            raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') takes policy='block' "
+                                      "or 'drop'; 'overwrite' (writers ignoring the tail) is not "
+                                      "implemented across processes")
+        raise ValueError(f"policy must be one of {list(EXACTLY_K_POLICIES)}, got {policy!r}")
+    if n_step is not None:
+        raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') with n_step is not "
+                                  "implemented")
+    return True
+
+
 def _shards(capacity, num_writers) -> tuple[int, int]:
     num_writers = _check_int("num_writers", num_writers, 1, 4096)
     capacity = _check_int("capacity", capacity, 1, (1 << 32) - 1)
@@ -155,6 +188,8 @@ class _Region:
         self.layout = check_layout(doc["layout"], self.spec)
         self.mode = doc["mode"]
         self.policy = doc["policy"]
+        # writers of an exactly-k replay region respect the consumer's tail, as a FIFO's do
+        self.exactly_k = doc.get("sampler") == "exactly_k"
         self.shards = int(doc["num_writers"])
         self.cap = int(doc["shard_capacity"])
         self.limiter = doc.get("rate_limiter")  # checked by _open_region (or made by the owner)
@@ -237,8 +272,15 @@ def _open_region(path: str) -> _Region:
     try:
         if doc["mode"] not in MODES:
             raise ValueError(f"mode {str(doc['mode'])[:100]!r}")
-        if doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
-                doc["mode"] == "fifo" and doc["policy"] not in POLICIES):
+        if doc.get("sampler", "uniform") not in ("uniform", "exactly_k") or (
+                doc.get("sampler") == "exactly_k" and (
+                    doc["mode"] != "replay" or doc["policy"] not in EXACTLY_K_POLICIES
+                    or type(doc.get("replays")) is not int or not 1 <= doc["replays"] <= 65535)):
+            raise ValueError(f"sampler {str(doc.get('sampler'))[:40]!r}, policy {str(doc['policy'])[:40]!r}, "
+                             f"replays {str(doc.get('replays'))[:40]!r} for mode {doc['mode']!r}")
+        if doc.get("sampler") != "exactly_k" and (
+                doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
+                doc["mode"] == "fifo" and doc["policy"] not in POLICIES)):
             raise ValueError(f"policy {doc['policy']!r} for mode {doc['mode']!r}")
         _shards(doc["shard_capacity"] * doc["num_writers"], doc["num_writers"])
         if not isinstance(doc["layout"], (str, list)):
@@ -405,9 +447,21 @@ class SharedReplayBuffer:
         uniformly from every complete row. ``"fifo"``: shards are queues and :meth:`get_batch`
         delivers every row exactly once, in arrival order.
     policy : {"block", "drop"}, optional
-        FIFO only (default ``"block"``): when a writer's shard is full it waits for the learner
-        (``"block"``), or writes the rows that fit and drops the rest, counted in the metrics
-        (``"drop"``).
+        FIFO, or ``sampler="exactly_k"`` (default ``"block"``): when a writer's shard is full
+        (of rows not yet delivered, or not yet delivered ``replays`` times) it waits for the
+        learner (``"block"``), or writes the rows that fit and drops the rest, counted in the
+        metrics (``"drop"``). ``"overwrite"`` is not implemented across processes.
+    sampler : {"uniform", "exactly_k"}, optional
+        Replay mode: uniform (None, the default) or exactly-k replay, each row delivered in
+        exactly ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
+        ``buf.sampler.delivered``, ``lost_replays``; ``writers()[s]["dropped"]``). Not with
+        ``prioritized``, ``n_step``, :meth:`sample_sequences` or :meth:`save`.
+    replays : int, optional
+        ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
+    timeout : float, optional
+        ``sampler="exactly_k"`` only: seconds a :meth:`sample` short of rows awaiting replay
+        polls for the writers before TimeoutError (None: ValueError at once). A blocked
+        writer's own wait is :class:`SharedWriter`'s ``timeout``.
     layout : {"aos", "soa"} or list of lists of str, optional
         As for :class:`~tfdata.ReplayBuffer` (a grouping: column groups); samples do not
         depend on it.
@@ -478,7 +532,8 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
-                 memory_budget=None, stats=None, rate_limiter=None):
+                 memory_budget=None, stats=None, rate_limiter=None, sampler: str | None = None,
+                 replays: int | None = None, timeout: float | None = None):
         if stats is not None:
             raise NotImplementedError(
                 "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
@@ -487,7 +542,10 @@ class SharedReplayBuffer:
         shards, cap = _shards(capacity, num_writers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "fifo":
+        exactly_k = _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step)
+        if exactly_k:
+            policy = "block" if policy is None else policy
+        elif mode == "fifo":
             policy = "block" if policy is None else policy
             if policy not in POLICIES:
                 raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -513,6 +571,8 @@ class SharedReplayBuffer:
             if sampler.bounds(shards * cap) is None:
                 raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority gives a "
                                  f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
+        elif exactly_k:
+            sampler = SharedExactlyKSampler(seed, 1 if replays is None else replays, policy, timeout)
         else:
             sampler = SharedUniformSampler(seed)
         sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
@@ -534,6 +594,8 @@ class SharedReplayBuffer:
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
         if rate_limiter is not None:  # what the writers read (absent: no limiter)
             doc["rate_limiter"] = rate_limiter.params()
+        if exactly_k:  # what the writers need to know: respect the tail, and how
+            doc.update(sampler="exactly_k", replays=sampler.replays)
         # built under a temporary name and renamed: a writer finds a complete region or none
         parent = os.path.dirname(path)
         sweep(parent)  # regions of owners that died without closing them
@@ -576,6 +638,8 @@ class SharedReplayBuffer:
         # its storage): the same contract, output rings and batches
         sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
+        if exactly_k:
+            sampler.bind_tails(self._region.tails)
         self.sampler = sampler
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
@@ -950,6 +1014,8 @@ class SharedReplayBuffer:
         """
         if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
+        if self._region.exactly_k:
+            raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
         if not self._has_flags:
             raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
                             "fields 'terminated' and 'truncated' (or name them with roles=)")
@@ -1069,6 +1135,9 @@ class SharedReplayBuffer:
         if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
                                     f"in flight, not a state to checkpoint")
+        if self._region.exactly_k:
+            raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no "
+                                      "checkpoint yet (its pool and the writers' tails would need one)")
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
@@ -1535,9 +1604,9 @@ class SharedWriter:
     dir : str, optional
         As given to the buffer (default :func:`shm_dir`); not needed with a path.
     timeout : float, optional
-        FIFO ``"block"`` policy: seconds a write waits for the learner to free a slot before
-        TimeoutError; None waits for ever. With a rate limiter: seconds a write waits for the
-        learner to sample (None: the limiter's own ``timeout``).
+        ``"block"`` policy (FIFO, or exactly-k replay): seconds a write waits for the learner to
+        free a slot before TimeoutError; None waits for ever. With a rate limiter: seconds a
+        write waits for the learner to sample (None: the limiter's own ``timeout``).
 
     Notes
     -----
@@ -1575,7 +1644,8 @@ class SharedWriter:
         self._words = region.words(shard)
         self._base = shard * region.cap
         self._cap = region.cap
-        self._fifo = region.mode == "fifo"
+        # a FIFO shard, or an exactly-k replay shard: writes stay below the consumer's tail
+        self._fifo = region.mode == "fifo" or region.exactly_k
         self._drop = region.policy == "drop"
         self._head = int(self._words[_HEAD])
         self._dropped = int(self._words[_DROPPED])

@@ -2,7 +2,7 @@
 
 The functions below are templates, never called as they are. They copy rows with
 ``copy_field``, test ``ONE_FIELD`` and bound a tuple store's rows with ``rows_of``, names this
-module leaves unbound: each layout module calls :func:`specialize` with its own and gets the five
+module leaves unbound: each layout module calls :func:`specialize` with its own and gets the six
 kernels as ``@njit(**NJIT_OPTIONS)`` dispatchers, compiled from copies of the templates whose
 globals bind them. SoA (``ONE_FIELD = False``) copies its tuple of ``uint8[capacity,
 field_bytes]`` byte views field by field with :func:`.soa.copy_columns`; AoS (``ONE_FIELD =
@@ -18,7 +18,7 @@ same time, to the machine code of a hand-written kernel for its layout. Each is 
 any kernel: the entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``),
 keyed by the signature and invalidated by an edit of this file (as for every kernel, not by an
 edit of the helpers it inlines, such as :func:`.aos.copy_records`, :func:`.spans.copy_spans`,
-:func:`._pool.pool_draw` or :func:`row_copy`: delete the cache files after editing those; an
+:func:`._pool.pool_draw`, :func:`._replays.replays_draw` or :func:`row_copy`: delete the cache files after editing those; an
 edit of ``_pool.py`` recompiles ``pool_sample`` but not the buffers' ``sample_pool``).
 
 Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
@@ -49,6 +49,7 @@ from numba.extending import intrinsic
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._pool import pool_draw
+from ._replays import replays_draw
 from ._rng import fill_indices
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
@@ -349,7 +350,25 @@ def sample_pool(store, pool, inpool, meta, start, count, n, state, idx, out):
     return got
 
 
-KERNELS = (gather, sample_uniform, sample_prioritized, sample_shared, sample_pool)
+def sample_exactly_k(store, pool, remaining, meta, state, idx, out):
+    """Draw ``len(idx)`` distinct slots awaiting replay (``tfdata.kernels._replays.replays_draw``:
+    each drawn slot's count of deliveries left goes down by one, those at 0 are freed) and gather
+    them into ``out``.
+
+    Returns what ``replays_draw`` returns: the rows freed, or -1 / -2 (nothing gathered).
+    """
+    got = replays_draw(pool, remaining, meta, state, idx)
+    if got < 0:
+        return got
+    if ONE_FIELD:
+        copy_field(store, idx, out)
+    else:
+        for f in range(len(store)):
+            copy_field(store[f], idx, out[f])
+    return got
+
+
+KERNELS = (gather, sample_uniform, sample_prioritized, sample_shared, sample_pool, sample_exactly_k)
 
 
 @njit(**INLINE_OPTIONS)

@@ -34,7 +34,8 @@ def copy_records(src, idx, dst):
         copy_row(dst, i, src, idx[i], nbytes)
 
 
-gather, sample_uniform, sample_prioritized, sample_shared, sample_pool = specialize(
+gather, sample_uniform, sample_prioritized, sample_shared, sample_pool, sample_exactly_k = specialize(
     "aos", one_field=True, copy=copy_records)
 
-__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool"]
+__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool",
+           "sample_exactly_k"]

@@ -35,7 +35,8 @@ def copy_columns(src, idx, dst):
         copy_row(dst, i, src, idx[i], nbytes)
 
 
-gather, sample_uniform, sample_prioritized, sample_shared, sample_pool = specialize(
+gather, sample_uniform, sample_prioritized, sample_shared, sample_pool, sample_exactly_k = specialize(
     "soa", one_field=False, copy=copy_columns)
 
-__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool"]
+__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool",
+           "sample_exactly_k"]

@@ -50,7 +50,8 @@ def span_rows(src):
     return src[0].shape[0]
 
 
-gather, sample_uniform, sample_prioritized, sample_shared, sample_pool = specialize(
+gather, sample_uniform, sample_prioritized, sample_shared, sample_pool, sample_exactly_k = specialize(
     "spans", one_field=False, copy=copy_spans, rows=span_rows)
 
-__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool"]
+__all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool",
+           "sample_exactly_k"]

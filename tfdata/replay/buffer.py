@@ -3,23 +3,45 @@
 from __future__ import annotations
 
 from .core import ReplayCore
+from .samplers.exactly_k import ExactlyKSampler
 from .samplers.uniform import UniformSampler
 from .samplers.without_replacement import WithoutReplacementSampler
 
 #: the samplers a ReplayBuffer builds from a name (and a checkpoint records by that name)
-SAMPLERS = {"uniform": UniformSampler, "without_replacement": WithoutReplacementSampler}
+SAMPLERS = {"uniform": UniformSampler, "without_replacement": WithoutReplacementSampler,
+            "exactly_k": ExactlyKSampler}
+#: the options of ``sampler="exactly_k"`` (None: not given)
+EXACTLY_K_OPTIONS = ("replays", "policy", "timeout")
 
 
-def _named_sampler(sampler, seed):
+def _named_sampler(sampler, seed, options=None):
+    given = {k: v for k, v in (options or {}).items() if v is not None}
     if sampler is None or isinstance(sampler, str):
         name = "uniform" if sampler is None else sampler
         if name not in SAMPLERS:
             raise ValueError(f"sampler must be one of {sorted(SAMPLERS)} or a Sampler object, "
                              f"got {sampler!r}")
+        if name == "exactly_k":
+            return ExactlyKSampler(seed, **given)
+    if given:
+        raise ValueError(f"{', '.join(f'{k}=' for k in given)} given with sampler={sampler!r}: "
+                         f"these options belong to sampler='exactly_k'")
+    if sampler is None or isinstance(sampler, str):
         return SAMPLERS[name](seed)
     if seed is not None:
         raise ValueError("seed= and sampler= both given: a sampler holds its own seed")
     return sampler
+
+
+def _check_drop(sampler, n_step, elide_next) -> None:
+    """``policy="drop"`` leaves holes in a stream: refused where rows are read in stream order."""
+    if isinstance(sampler, ExactlyKSampler) and sampler.policy == "drop":
+        if n_step is not None or elide_next:
+            what = "n_step" if n_step is not None else "elide_next"
+            raise ValueError(f"sampler='exactly_k' with policy='drop' and {what}: a dropped row "
+                             f"leaves a hole in its stream, which {what} reads in order (an "
+                             f"n-step return or a next_obs across it would be wrong); use "
+                             f"policy='block' or 'overwrite'")
 
 
 class ReplayBuffer(ReplayCore):
@@ -42,13 +64,25 @@ class ReplayBuffer(ReplayCore):
     seed : int, optional
         Seed of the sampling generator; None draws one (recorded in :meth:`state_dict`).
     sampler : str or Sampler, optional
-        Which rows a batch takes: ``"uniform"`` (the default; with replacement) or
+        Which rows a batch takes: ``"uniform"`` (the default; with replacement),
         ``"without_replacement"`` (every live row once per pass, rows written during a pass
-        joining it: :class:`~tfdata.replay.samplers.without_replacement.WithoutReplacementSampler`),
-        seeded by ``seed``. Any object meeting the sampler contract of
+        joining it: :class:`~tfdata.replay.samplers.without_replacement.WithoutReplacementSampler`)
+        or ``"exactly_k"`` (every row delivered in exactly ``replays`` batches, then its slot is
+        free: :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler`), seeded by ``seed``. Any object meeting the sampler contract of
         :mod:`tfdata.replay.samplers` plugs in here (then ``seed`` must be None: the sampler
-        holds its own); a buffer saves and loads only with one of these two classes (another
+        holds its own); a buffer saves and loads only with one of these three classes (another
         sampler: TypeError from ``save``).
+    replays : int, optional
+        ``sampler="exactly_k"`` only (default 1): deliveries per row, in ``[1, 65535]``.
+    policy : {"block", "drop", "overwrite"}, optional
+        ``sampler="exactly_k"`` only (default "block"): what a write does when the oldest slot
+        still awaits replay: wait, drop the newest rows (counted in ``sampler.dropped``), or
+        overwrite (replays lost counted in ``sampler.lost_replays``). "drop" is refused with
+        ``n_step`` and ``elide_next`` (a dropped row would leave a hole in its stream).
+    timeout : float, optional
+        ``sampler="exactly_k"`` only: seconds a blocked write waits before TimeoutError (None:
+        for ever), and a sample short of rows waits for writer threads (None: ValueError at
+        once). See :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler`.
     ring_size : int, default 2
         Number of preallocated output batches per batch size (see :class:`Batch`).
     num_envs : int, default 1
@@ -138,8 +172,12 @@ class ReplayBuffer(ReplayCore):
                  sampler=None, ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
                  gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
                  spill_path=None, hot_rows: int | None = None, hot_bytes=None,
-                 allocator=None, memory_budget=None, stats=None, rate_limiter=None):
-        sampler = _named_sampler(sampler, seed)
+                 allocator=None, memory_budget=None, stats=None, rate_limiter=None,
+                 replays: int | None = None, policy: str | None = None,
+                 timeout: float | None = None):
+        sampler = _named_sampler(sampler, seed, {"replays": replays, "policy": policy,
+                                                 "timeout": timeout})
+        _check_drop(sampler, n_step, elide_next)
         super().__init__(spec, capacity, sampler, layout=layout, ring_size=ring_size,
                          num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
                          elide_next=elide_next, roles=roles, spill_path=spill_path,
@@ -154,11 +192,14 @@ class ReplayBuffer(ReplayCore):
 
     def _sampler_config(self) -> dict:
         name = next((k for k, c in SAMPLERS.items() if type(self.sampler) is c), None)
+        if name == "exactly_k":
+            return {"sampler": name, **self.sampler.config}
         return {} if name == "uniform" else {"sampler": name}
 
     @classmethod
     def _planned_sampler(cls, options: dict):
         sampler = options.pop("sampler", None)
+        extra = {k: options.pop(k, None) for k in EXACTLY_K_OPTIONS}
         if sampler is None or isinstance(sampler, str):
-            return _named_sampler(sampler, 0)
-        return sampler
+            return _named_sampler(sampler, 0, extra)
+        return _named_sampler(sampler, None, extra)

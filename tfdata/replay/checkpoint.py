@@ -60,7 +60,9 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats``
   (present only for a buffer that keeps statistics) a non-empty list of distinct field names;
   ``sampler`` (present only for a ``ReplayBuffer`` that does not sample uniformly)
-  ``"without_replacement"``; ``rate_limiter`` (present only for a buffer with a
+  ``"without_replacement"`` or ``"exactly_k"``, with (exactly for ``"exactly_k"``) ``replays``
+  int in ``[1, 65535]``, ``policy`` one of ``"block"``, ``"drop"``, ``"overwrite"`` and
+  ``timeout`` null or a float in ``(0, 1e9]``; ``rate_limiter`` (present only for a buffer with a
   :class:`tfdata.RateLimiter`) an object of ``samples_per_insert`` float in ``(0, 1e12]``,
   ``min_size_to_sample`` int in ``[1, capacity]``, ``error_buffer`` null or a float in
   ``[max(1, samples_per_insert), 1e18]``, ``timeout`` null or a float in ``(0, 1e9]``; and for a
@@ -78,8 +80,12 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
   ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
   ``[0, 2**63 - 1]`` and ``undrawn``, int64 slots, at most ``size`` of them (from the header),
-  each below ``size`` and none twice; ``rate_limiter`` (exactly when the config has one)
-  ``inserts`` int in ``[size, 2**63 - 1]``, ``samples`` int in ``[0, 2**63 - 1]``;
+  each below ``size`` and none twice; ``exactly_k`` (exactly when ``config.sampler`` names it)
+  ``slots`` and ``counts``, int64 arrays of one length, at most ``size`` (from the headers),
+  slots below ``size`` and none twice, counts in ``[1, replays]``, and the counters
+  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]``; ``rate_limiter``
+  (exactly when the config has one) ``inserts`` int in ``[size, 2**63 - 1]``, ``samples`` int in
+  ``[0, 2**63 - 1]``;
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
   exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
@@ -130,6 +136,7 @@ from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
 from ..storage import check_layout, file_name, storage_nbytes
 from ..storage.files import fsync_dir
+from .samplers.exactly_k import MAX_REPLAYS, POLICIES
 
 FORMAT = "tfdata.checkpoint"
 VERSION = (1, 0)
@@ -159,10 +166,14 @@ _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
 # keys a checkpoint of an earlier version may lack
-_CONFIG_OPTIONAL = ("stats", "sampler", "rate_limiter")
+_CONFIG_OPTIONAL = ("stats", "sampler", "replays", "policy", "timeout", "rate_limiter")
 _LIMITER_KEYS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
 #: config.sampler values a checkpoint may name (absent: uniform) and the state key each adds
-_SAMPLER_STATE = {"without_replacement": "without_replacement"}
+_SAMPLER_STATE = {"without_replacement": "without_replacement", "exactly_k": "exactly_k"}
+#: the config keys of sampler="exactly_k" (present exactly when it is named)
+_EXACTLY_K_KEYS = ("replays", "policy", "timeout")
+#: the largest timeout a checkpoint may carry (seconds; about 31 years)
+_MAX_TIMEOUT = 1e9
 _STATS_KEYS = ("count", "mean", "var", "min", "max")
 _PRIORITIZED_KEYS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 _OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
@@ -614,6 +625,7 @@ class _Checker:
         if "sampler" in v and (prioritized or v["sampler"] not in _SAMPLER_STATE):
             self.fail(c + "sampler", "absent (a prioritized buffer)" if prioritized else
                       f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", v["sampler"])
+        self.exactly_k_config(v)
         if prioritized:
             self.prioritized_config(v)
         if "rate_limiter" in v:
@@ -650,6 +662,24 @@ class _Checker:
                 self.fail(f"{where}[{i}]", f"a field of the spec {list(spec.names)}", name)
         if len(set(v)) != len(v):
             self.fail(where, "distinct field names", v)
+
+    def exactly_k_config(self, v: dict) -> None:
+        """``replays``, ``policy``, ``timeout``: present exactly when ``config.sampler`` is
+        ``"exactly_k"``."""
+        c = "config."
+        if v.get("sampler") != "exactly_k":
+            for k in _EXACTLY_K_KEYS:
+                if k in v:
+                    self.fail(c + k, "absent (config.sampler is not 'exactly_k')", v[k])
+            return
+        for k in _EXACTLY_K_KEYS:
+            if k not in v:
+                self.fail(c + k, "present (config.sampler is 'exactly_k')", show=False)
+        self.integer(c + "replays", v["replays"], 1, MAX_REPLAYS)
+        if type(v["policy"]) is not str or v["policy"] not in POLICIES:
+            self.fail(c + "policy", f"one of {list(POLICIES)}", v["policy"])
+        if v["timeout"] is not None:
+            self.real(c + "timeout", v["timeout"], 0.0, _MAX_TIMEOUT, lo_open=True)
 
     def prioritized_config(self, v: dict) -> None:
         """The settings of a prioritized sampler in ``config``."""
@@ -887,6 +917,28 @@ def _read_undrawn(c: _Checker, arrays: _Arrays, part, key: str, size: int) -> di
         c.fail(w + "undrawn", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
     return {"undrawn": arrays.read(w + "undrawn", part["undrawn"], np.int64, (m,)),
             "passes": part["passes"]}
+
+
+def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, replays: int) -> dict:
+    """``state.<key>`` of exactly-k replay: ``slots`` and ``counts``, int64 arrays of the same
+    length, at most the rows held (from the headers, before anything is read); each count in
+    ``[1, replays]`` (checked here); the slots (each held, none twice) by the sampler's
+    ``check_state``; the counters ints in ``[0, 2**63 - 1]``."""
+    w = f"state.{key}."
+    c.obj(f"state.{key}", part, ("slots", "counts", "delivered", "dropped", "lost_replays"))
+    for k in ("delivered", "dropped", "lost_replays"):
+        c.integer(w + k, part[k], 0, (1 << 63) - 1)
+    m = arrays.length(w + "slots", part["slots"])
+    if m > size:
+        c.fail(w + "slots", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
+    slots = arrays.read(w + "slots", part["slots"], np.int64, (m,))
+    counts = arrays.read(w + "counts", part["counts"], np.int64, (m,))
+    bad = np.flatnonzero((counts < 1) | (counts > replays))
+    if bad.size:
+        c.fail(f"{w}counts[{int(bad[0])}]", f"an int in [1, {replays}] (config.replays)",
+               int(counts[bad[0]]))
+    return {"slots": slots, "counts": counts, "delivered": part["delivered"],
+            "dropped": part["dropped"], "lost_replays": part["lost_replays"]}
 
 
 def _read_stats(c: _Checker, arrays: _Arrays, st, names, spec: Spec, size: int) -> dict:
@@ -1129,7 +1181,10 @@ def load(path, classes: dict, **overrides):
                  "sampler": dict(sampler), "num_envs": envs, "episodes": episodes}
         if prioritized:
             state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
-        if sampler_key:
+        if sampler_key == "exactly_k":
+            state[sampler_key] = _read_replays(c, arrays, st[sampler_key], sampler_key, size,
+                                               config["replays"])
+        elif sampler_key:
             state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
         stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), spec, size)
         if limited:  # checked with the config; rebuilt as an object for the constructor

@@ -157,6 +157,9 @@ class ReplayCore:
             self._transforms.append(ElideNext(self._storage, self.spec, self._episodes, self._roles,
                                               self.next_of, self.num_envs, capacity, self.allocator))
         self._lock = threading.Lock()
+        use_lock = getattr(self.sampler, "use_lock", None)
+        if use_lock is not None:  # a sampler whose gate or sample waits on a condition of it
+            use_lock(self._lock)
         # output rings are per thread: a thread's batch stays valid until that same thread has
         # sampled ring_size more times, whatever other threads do
         self._local = threading.local()
@@ -536,9 +539,9 @@ class ReplayCore:
             if batch_size > n:
                 raise ValueError(self._too_few_rows(batch_size, n))
             i = ring.next
-            ring.next = (i + 1) % len(ring.slots)
             out, arrays = ring.slots[i], ring.arrays[i]
             self.sampler.sample(n, out, arrays[0])
+            ring.next = (i + 1) % len(ring.slots)  # a sampler that refused took no slot
             transforms = ring.transforms
             if transforms:
                 rows, cursor = out.indices, self._writer.cursor

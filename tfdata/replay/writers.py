@@ -18,6 +18,15 @@ The writer contract (what :class:`tfdata.replay.core.ReplayCore` calls, under it
 ``write(values, n, extra)``
     Write ``n`` validated rows (one array per field); everything that can refuse runs before
     the first byte is written.
+The gate (optional): a hook with ``admit(n)`` (the first one with it) is asked, under the lock,
+before anything else of a write of ``n`` rows, how many of them may be written now at the cursor
+(exactly-k replay: a slot still awaiting replay is not free). It returns ``n``, or fewer: the
+write then takes the first rows only and calls the gate's ``on_drop(rest)`` once they are
+written; it may wait (releasing the buffer's lock, see ``use_lock`` in
+:mod:`tfdata.replay.samplers`) or raise, having changed nothing. The generated extend is not
+used with a gate; the generated push only if the gate's ``slot_gate()`` gives its one-row
+form, an ``f(slot)`` run before the row's first byte (it waits or raises, never drops: a gate
+that may drop a row gives None).
 ``make_push(spec, lock, slow)``
     The per-spec push of :mod:`tfdata.replay.fastpush` over the same hooks, or ``slow``.
 ``spans(n)``, ``advance(n)``, ``reset()``, ``state_dict()``, ``load_state_dict(state)``.
@@ -44,20 +53,22 @@ class RingWriter:
         Number of valid rows (slots ``[0, size)`` before the first wrap, all slots after).
     """
 
-    __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks", "__weakref__")
+    __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks",
+                 "gate", "__weakref__")
 
     def __init__(self, capacity: int, num_envs: int = 1):
         self.capacity = capacity
         self.num_envs = num_envs
         self.cursor = 0
         self.size = 0
-        self.spec = self.storage = self.episodes = None
+        self.spec = self.storage = self.episodes = self.gate = None
         self.hooks = ()
 
     def bind(self, spec, storage, episodes=None, hooks=()) -> None:
         """``spec``: the rows as pushed (next fields included); ``storage``: where the stored
         fields go; ``episodes``: the bookkeeping (or None); ``hooks``: see the module docstring."""
         self.spec, self.storage, self.episodes, self.hooks = spec, storage, episodes, tuple(hooks)
+        self.gate = next((h for h in self.hooks if hasattr(h, "admit")), None)
         if episodes is not None:
             episodes.bind(self, storage)
 
@@ -101,6 +112,9 @@ class RingWriter:
             arrays = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
             self.write(arrays, 1, extra)
             return
+        if self.gate is not None and self.gate.admit(1) == 0:
+            self.gate.on_drop(1)
+            return
         pos = self.cursor
         self.storage.write_row(pos, values)
         if ep is not None:
@@ -112,6 +126,15 @@ class RingWriter:
 
     def write(self, values: list, n: int, extra=None) -> None:
         """Write ``n`` validated rows (values in spec order, each ``(n, *shape)``); lock held."""
+        asked = n
+        if self.gate is not None:
+            n = self.gate.admit(n)  # may wait (lock released) or raise: nothing written yet
+            if n < asked:
+                values = [v[:n] for v in values]
+                extra = None if extra is None else extra[:n]
+                if n == 0:
+                    self.gate.on_drop(asked)
+                    return
         spans = self.spans(n)
         ep = self.episodes
         stored = values
@@ -132,6 +155,8 @@ class RingWriter:
         for h in self.hooks:
             h.on_write(spans, n, extra)
         self.advance(n)
+        if n < asked:
+            self.gate.on_drop(asked - n)
 
     def _per_row(self) -> list:
         """The hooks the generated calls run for every row (all but the ``wraps_only`` ones)."""
@@ -172,15 +197,18 @@ class RingWriter:
 
     def make_push(self, spec, lock, slow, gate=None):
         """``push(row)`` specialised to ``spec`` (see :mod:`tfdata.replay.fastpush`) where every
-        hook has a per-slot form and rows are written as they are; else ``slow``. ``gate(1)``:
-        called under the lock before the row's slot is read (a rate limiter waits and counts)."""
+        hook (and the sampler's gate) has a per-slot form and rows are written as they are; else
+        ``slow``. ``gate(1)``: called under the lock before the row's slot is read (a rate
+        limiter waits and counts)."""
         on_write, usable = self._slot_writes()
-        if not usable or self.num_envs != 1:
+        on_begin = None if self.gate is None else self.gate.slot_gate()
+        if not usable or self.num_envs != 1 or (self.gate is not None and on_begin is None):
             return slow
         ep = self.episodes
         return make_push(spec, self.storage.field_views(), self, lock, slow,
                          on_wrap=self._on_wrap(None if ep is None else ep.wrapped),
-                         on_write=on_write, regions=self.storage.byte_regions(), gate=gate)
+                         on_write=on_write, on_begin=on_begin, regions=self.storage.byte_regions(),
+                         gate=gate)
 
     def make_extend(self, spec, lock, slow, write=None, gate=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
@@ -189,7 +217,7 @@ class RingWriter:
         batches of exact dtypes. ``gate``: ``(wait, count)``, ``wait(n)`` called under the lock
         before the slot is read, ``count(n)`` after ``n`` rows are written (a rate limiter)."""
         on_write, usable = self._slot_writes()
-        if not usable:
+        if not usable or self.gate is not None:
             return slow
         ep = self.episodes
         late = ep is not None and self.num_envs == 1  # one stream: stamped late, as a push

@@ -2,7 +2,8 @@
 
 A sampler draws slots, hears about writes, and says what it adds to a batch. tfdata's:
 ``uniform.py`` (with replacement), ``without_replacement.py`` (every live row once per pass,
-rows written during a pass joining it), ``prioritized.py`` and ``shared.py``. The buffer calls it
+rows written during a pass joining it), ``exactly_k.py`` (every row in exactly k batches, with
+a gate on the writes), ``prioritized.py`` and ``shared.py``. The buffer calls it
 under its lock; it never sees the layout (it calls the kernels of the output it fills,
 ``out.kernels`` over ``out.store``, or ``out.source.gather``), never allocates while sampling,
 and keeps its state in plain arrays.
@@ -41,6 +42,11 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
 ``watch(writer)`` (optional)
     Called once after the writer is bound, for a sampler that reads its ``cursor`` and
     ``size`` (keep a weak proxy: the writer holds its hooks).
+``use_lock(lock)`` (optional)
+    Called once with the buffer's lock, for a sampler whose write gate (``admit(n)``, see
+    :mod:`tfdata.replay.writers`) or ``sample`` waits: it waits on a ``threading.Condition`` of
+    that lock, which releases it (and the GIL) while waiting. A ``sample`` that raises leaves
+    the output ring's slot unused.
 ``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
     ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
     ``extra_state(copy, size)`` what it adds at the top of the buffer's state (``{"prioritized": ...}``);

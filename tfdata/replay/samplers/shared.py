@@ -4,9 +4,12 @@ read from the shards' heads and rows being written left out (drawn again after t
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ...errors import SharedBufferError
+from .exactly_k import ExactlyKSampler
 from .prioritized import PrioritizedSampler
 from .uniform import UniformSampler
 
@@ -189,3 +192,75 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
             if mark[i]:
                 self.redraw(i, out, arrays)
         self.samples += 1
+
+
+class SharedExactlyKSampler(ExactlyKSampler):
+    """Exactly-k replay over the shards of a shared region (``SharedReplayBuffer(...,
+    sampler="exactly_k")``, replay mode): each sample first folds the rows the writers published
+    since the last one into the pool (``k`` deliveries each), draws and gathers as
+    :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` does, then moves each shard's
+    tail word over its oldest rows that are free. Writers write only below ``tail + shard
+    capacity`` (``"block"`` waits for the tail, ``"drop"`` drops what does not fit, as a FIFO
+    shard does), so a row awaiting replay is never being written while it is copied: no torn
+    rows to redraw. ``"overwrite"`` is not supported here (a row overwritten while copied would
+    need the seqlock redraws of the uniform sampler, which change who is delivered).
+
+    A sample short of rows polls the heads (sleeping, no lock held) up to ``timeout`` seconds
+    for the writers to publish, then raises TimeoutError; ``timeout=None``: ValueError at once.
+    A writer that died publishes nothing more: the learner is never waiting on it for longer.
+    """
+
+    def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
+        self.heads, self.reserved, self.cap = heads, reserved, cap
+        self.shards = heads.shape[0]
+        self.folded = np.zeros(self.shards, np.int64)  # rows of each shard in the pool or freed
+        self.tails = None
+
+    def bind_flags(self, term: np.ndarray, trunc: np.ndarray) -> None:
+        """The episode flags (unused: no slices, no windows)."""
+        self.flags = (term, trunc)
+
+    def bind_tails(self, tails: np.ndarray) -> None:
+        """The region's consumer-published tail words (uint64, one per shard)."""
+        self.tails = tails
+
+    def fold(self) -> None:
+        """The rows published since the last call join the pool (lock held)."""
+        lost = self._k.replays_fold(self.pool, self.remaining, self.meta, self.heads, self.folded,
+                                    self.cap, self.replays)
+        if lost < 0:
+            raise SharedBufferError(f"exactly_k: a shard's head went backwards or the pool is "
+                                    f"corrupt (replays_fold returned {lost})")
+        self.lost_replays += lost
+
+    def sample(self, n: int, out, arrays: dict) -> None:
+        self.fold()
+        batch = out.indices.shape[0]
+        if self.meta[0] < batch:
+            self._poll_rows(batch)
+        got = out.kernels.sample_exactly_k(out.store, self.pool, self.remaining, self.meta,
+                                           self.state, out.indices, out.kernel_out)
+        if got < 0:
+            raise RuntimeError(f"SharedExactlyKSampler: sample_exactly_k returned {got}")
+        self.delivered += batch
+        if got:  # after the copy: only now may a writer reuse the freed slots
+            self._k.replays_advance_tails(self.remaining, self.tails, self.folded, self.cap)
+
+    def _poll_rows(self, batch: int) -> None:
+        if self.timeout is None or batch > self.capacity:
+            raise ValueError(self._short(batch) + ("; sample waits for rows only with a timeout"
+                                                   if self.timeout is None else ""))
+        deadline = time.monotonic() + self.timeout
+        pause = 20e-6
+        while self.meta[0] < batch:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self._short(batch)}; waited {self.timeout} s for the writers")
+            time.sleep(pause)  # releases the GIL
+            pause = min(2 * pause, 1e-3)
+            self.fold()
+
+    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+        raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
+
+    def extra_state(self, copy: bool, size: int) -> dict:
+        raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no checkpoint yet")

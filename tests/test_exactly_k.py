@@ -1,0 +1,821 @@
+"""sampler="exactly_k": every row delivered in exactly k batches, then its slot is free.
+
+The kernels are checked against their pure-Python references (the same pool, the same draws);
+the buffer against ``naive.ExactlyKModel`` (a ring of ids, the policy's rule) over random
+interleavings of writes, samples, clears and state round trips, and against the rule itself:
+no row twice in a batch, no row delivered more than k times, every row written delivered
+exactly k times once it is drained, nothing lost beyond the policy's counters."""
+
+from __future__ import annotations
+
+import collections
+import json
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from tfdata import FormatError, PrioritizedReplayBuffer, ReplayBuffer, SharedReplayBuffer, SharedWriter
+from tfdata.errors import WriterLostWarning
+from tfdata.kernels import _replays
+
+from . import naive
+
+SPEC = {"id": "i8", "obs": ("f4", (3,)), "reward": "f4", "terminated": "?", "truncated": "?"}
+GROUPS = (("id", "reward"), ("obs",))
+LAYOUTS = ["aos", "soa", GROUPS]
+
+
+def rows(ids) -> dict:
+    ids = np.asarray(ids, np.int64)
+    return {"id": ids, "obs": np.repeat(ids[:, None], 3, 1).astype(np.float32),
+            "reward": ids.astype(np.float32), "terminated": ids % 7 == 6,
+            "truncated": np.zeros(len(ids), bool)}
+
+
+def one(i) -> dict:
+    return {k: v[0] for k, v in rows([i]).items()}
+
+
+def ek(cap, k=2, policy="block", layout="aos", seed=0, **kw) -> ReplayBuffer:
+    return ReplayBuffer(SPEC, cap, layout=layout, seed=seed, sampler="exactly_k", replays=k,
+                        policy=policy, **kw)
+
+
+# -- the kernels against their references ----------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_kernels_match_reference(dtype):
+    rng = np.random.default_rng(5)
+    for trial in range(120):
+        cap = int(rng.integers(1, 40))
+        k = int(rng.integers(1, 5 if dtype == np.uint8 else 700))
+        pool = np.zeros(cap, np.uint32)
+        rem = np.zeros(cap, dtype)
+        meta = np.zeros(1, np.int64)
+        ref_pool, ref_m, ref_rem = [0] * cap, 0, [0] * cap
+        state = np.array([naive.mix64(trial), 0], np.uint64)
+        cursor = 0
+        for step in range(40):
+            if rng.random() < 0.5:
+                count = int(rng.integers(0, cap + 1))
+                got = _replays.replays_write(pool, rem, meta, cursor, count, k)
+                ref_pool, ref_m, ref_rem, lost = naive.exactly_k_write_naive(
+                    ref_pool, ref_m, ref_rem, cursor, count, k)
+                assert got == lost
+                cursor = (cursor + count) % cap
+            else:
+                b = int(rng.integers(0, ref_m + 1))
+                idx = np.empty(b, np.int64)
+                counter = int(state[1])
+                freed = _replays.replays_sample(pool, rem, meta, state, idx)
+                ref_pool, ref_m, ref_rem, ref_idx, ref_ctr, ref_freed = naive.exactly_k_sample_naive(
+                    ref_pool, ref_m, ref_rem, int(state[0]), counter, b)
+                np.testing.assert_array_equal(idx, ref_idx)
+                assert freed == ref_freed and int(state[1]) == ref_ctr
+                assert len(set(idx.tolist())) == b
+            assert meta[0] == ref_m
+            assert pool[:ref_m].tolist() == ref_pool[:ref_m]
+            assert rem.tolist() == ref_rem
+            # the invariant: the pool holds exactly the slots with deliveries left
+            assert sorted(pool[:ref_m].tolist()) == [s for s in range(cap) if rem[s]]
+
+
+def test_free_run_and_load_and_clear():
+    rem = np.array([0, 0, 2, 0, 1, 0], np.uint8)
+    assert _replays.replays_free_run(rem, 0, 6) == 2
+    assert _replays.replays_free_run(rem, 5, 3) == 3  # 5, 0, 1: wraps
+    assert _replays.replays_free_run(rem, 5, 4) == 3
+    assert _replays.replays_free_run(rem, 6, 1) == -1 and _replays.replays_free_run(rem, 0, 7) == -1
+    pool, meta = np.zeros(6, np.uint32), np.zeros(1, np.int64)
+    assert _replays.replays_load(pool, rem, meta, np.array([4, 1]), np.array([3, 1])) == 0
+    assert rem.tolist() == [0, 1, 0, 0, 3, 0] and pool[:2].tolist() == [4, 1] and meta[0] == 2
+    for slots, counts, bad in (([4, 4], [1, 1], 2), ([6], [1], 1), ([-1], [1], 1), ([1], [0], 1),
+                               ([1], [256], 1)):
+        assert _replays.replays_load(pool, rem, meta, np.array(slots), np.array(counts)) == bad
+        assert meta[0] == 0 and not rem.any()
+    assert _replays.replays_load(pool, rem, meta, np.array([1]), np.array([1, 2])) == -1
+    rem[:] = 3
+    meta[0] = 5
+    _replays.replays_clear(rem, meta)
+    assert meta[0] == 0 and not rem.any()
+
+
+def test_kernels_stay_inside_their_arrays_whatever_they_hold():
+    cap = 8
+    state = np.array([1, 0], np.uint64)
+    for pool_vals, rem_vals, m in (([100] * cap, [1] * cap, cap), ([3] * cap, [0] * cap, cap),
+                                   ([2**32 - 1] * cap, [1] * cap, 4)):
+        pool, rem = np.array(pool_vals, np.uint32), np.array(rem_vals, np.uint8)
+        meta = np.array([m], np.int64)
+        assert _replays.replays_sample(pool, rem, meta, state, np.empty(2, np.int64)) == -2
+    pool, rem = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8)
+    for m in (-1, cap + 1, 2**40):
+        meta = np.array([m], np.int64)
+        assert _replays.replays_sample(pool, rem, meta, state, np.empty(1, np.int64)) == -1
+        assert _replays.replays_write(pool, rem, meta, 0, 1, 1) == -1
+    meta = np.array([1], np.int64)
+    assert _replays.replays_sample(pool, rem, meta, state, np.empty(2, np.int64)) == -1  # B > m
+    assert _replays.replays_sample(pool, np.zeros(cap - 1, np.uint8), meta, state, np.empty(1, np.int64)) == -1
+    meta = np.array([cap], np.int64)  # a full pool cannot take a free slot
+    assert _replays.replays_write(pool, rem, meta, 0, 1, 1) == -2
+    meta = np.array([0], np.int64)
+    for start, count, k in ((cap, 1, 1), (-1, 1, 1), (0, cap + 1, 1), (0, 1, 0), (0, 1, 256)):
+        assert _replays.replays_write(pool, rem, meta, start, count, k) == -1
+    assert not rem.any() and meta[0] == 0
+
+
+# -- options --------------------------------------------------------------------------------------
+def test_options_are_checked():
+    for kw, word in (({"replays": 0}, "replays"), ({"replays": 65536}, "replays"),
+                     ({"replays": 2.0}, "replays"), ({"replays": True}, "replays"),
+                     ({"policy": "wait"}, "policy"), ({"timeout": 0}, "timeout"),
+                     ({"timeout": float("inf")}, "timeout"), ({"timeout": -1.0}, "timeout")):
+        with pytest.raises(ValueError, match=word):
+            ReplayBuffer(SPEC, 8, sampler="exactly_k", **kw)
+    for sampler in (None, "uniform", "without_replacement"):
+        with pytest.raises(ValueError, match="replays=.*exactly_k"):
+            ReplayBuffer(SPEC, 8, sampler=sampler, replays=2)
+        with pytest.raises(ValueError, match="policy="):
+            ReplayBuffer(SPEC, 8, sampler=sampler, policy="drop")
+        with pytest.raises(ValueError, match="timeout="):
+            ReplayBuffer(SPEC, 8, sampler=sampler, timeout=1.0)
+    with pytest.raises(TypeError):
+        PrioritizedReplayBuffer(SPEC, 8, replays=2)
+    for kw in ({"n_step": 3}, {"elide_next": True}):
+        spec = dict(SPEC, next_obs=("f4", (3,)))
+        with pytest.raises(ValueError, match="drop"):
+            ReplayBuffer(spec, 8, sampler="exactly_k", policy="drop", **kw)
+        ReplayBuffer(spec, 8, sampler="exactly_k", policy="block", **kw)  # fine
+    b = ek(8, k=300)
+    assert b.sampler.remaining.dtype == np.uint16 and ek(8, k=255).sampler.remaining.dtype == np.uint8
+
+
+def test_memory_is_planned_and_counted():
+    for k, per in ((3, 5), (300, 6)):
+        plan = ReplayBuffer.plan_memory(SPEC, 1000, sampler="exactly_k", replays=k)
+        base = ReplayBuffer.plan_memory(SPEC, 1000)
+        assert plan["bookkeeping"] - base["bookkeeping"] == per * 1000
+        b = ek(1000, k=k)
+        assert b.nbytes_parts["bookkeeping"] == plan["bookkeeping"]
+
+
+def test_sequences_are_refused():
+    b = ek(16)
+    b.extend(rows(range(8)))
+    with pytest.raises(NotImplementedError, match="exactly_k"):
+        b.sample_sequences(2, 3)
+
+
+# -- exact counts ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("policy", ["block", "drop", "overwrite"])
+def test_every_row_delivered_exactly_k_times(k, policy):
+    rng = np.random.default_rng(k * 7 + len(policy))
+    cap, B = 24, 5
+    b = ek(cap, k=k, policy=policy, seed=3, timeout=0.001)
+    seen = collections.Counter()
+    written = []
+    nid = 0
+    for step in range(400):
+        if rng.random() < 0.5:
+            n = int(rng.integers(1, 8))
+            ids = list(range(nid, nid + n))
+            nid += n
+            try:
+                b.extend(rows(ids)) if n > 1 else b.push(one(ids[0]))
+            except TimeoutError:
+                continue
+            written += ids
+        elif b.sampler.awaiting >= B:
+            got = b.sample(B)["id"].tolist()
+            assert len(set(got)) == B
+            seen.update(got)
+    while b.sampler.awaiting >= 1:  # drain
+        seen.update(b.sample(1)["id"].tolist())
+    s = b.sampler
+    assert max(seen.values()) <= k
+    if policy != "overwrite":
+        delivered = {i for i, c in seen.items() if c == k}
+        assert set(seen) <= set(written)
+        assert s.lost_replays == 0
+        if policy == "block":
+            assert s.dropped == 0 and delivered == set(written)
+        else:
+            assert len(written) - len(delivered) == s.dropped > 0
+            assert all(c == k for c in seen.values())
+    else:
+        assert s.dropped == 0 and s.lost_replays > 0
+        assert sum(seen.values()) + s.lost_replays == k * len(written)
+    assert s.delivered == sum(seen.values())
+
+
+def test_k1_is_exact_once_fifo_in_random_order():
+    b = ek(64, k=1, seed=9)
+    b.extend(rows(range(60)))
+    got = []
+    while b.sampler.awaiting:
+        got += b.sample(min(7, b.sampler.awaiting))["id"].tolist()
+    assert sorted(got) == list(range(60)) and got != list(range(60))
+
+
+def test_sample_short_of_rows_raises_at_once_with_counts():
+    b = ek(16, k=1)
+    b.extend(rows(range(3)))
+    ring = b.sample(2)
+    kept = ring["id"].tolist()
+    before = b.state_dict()
+    t = time.monotonic()
+    with pytest.raises(ValueError, match=r"batch of 2 distinct rows, but 1 rows await"):
+        b.sample(2)
+    assert time.monotonic() - t < 1
+    _same_state(before, b.state_dict())
+    assert ring["id"].tolist() == kept  # a refused sample took no slot of the output ring
+    b.extend(rows(range(3, 5)))
+    b.sample(2)
+    assert ring["id"].tolist() == kept  # ring_size=2: the batch before is still intact
+
+
+def _same_state(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            _same_state(a[key], b[key])
+        elif isinstance(a[key], np.ndarray):
+            np.testing.assert_array_equal(a[key], b[key])
+        else:
+            assert a[key] == b[key], key
+
+
+# -- the model: random interleavings, every policy ------------------------------------------------
+class ExactlyKMachine(RuleBasedStateMachine):
+    @initialize(cap=st.sampled_from([1, 2, 6, 13]), k=st.sampled_from([1, 2, 3]),
+                policy=st.sampled_from(["block", "drop", "overwrite"]),
+                layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**64 - 1))
+    def setup(self, cap, k, policy, layout, seed):
+        self.args = dict(cap=cap, k=k, policy=policy, seed=seed)
+        self.buf = ek(cap, k=k, policy=policy, layout=layout, seed=seed, timeout=0.001)
+        self.model = naive.ExactlyKModel(cap, k, policy, seed)
+        self.nid = 0
+        self.seen = collections.Counter()
+
+    def _write(self, n, push):
+        ids = list(range(self.nid, self.nid + n))
+        self.nid += n
+        before = self.buf.state_dict() if self.args["policy"] == "block" else None
+        ok = self.model.write(ids)
+        if ok:
+            self.buf.push(one(ids[0])) if push else self.buf.extend(rows(ids))
+        else:
+            with pytest.raises((TimeoutError, ValueError)):
+                self.buf.push(one(ids[0])) if push else self.buf.extend(rows(ids))
+            _same_state(before, self.buf.state_dict())
+
+    @rule()
+    def push(self):
+        self._write(1, True)
+
+    @rule(n=st.integers(1, 30))
+    def extend(self, n):
+        self._write(n, False)
+
+    @rule(data=st.data())
+    def sample(self, data):
+        if self.model.size == 0:
+            return
+        bs = data.draw(st.integers(1, self.model.size))
+        want = self.model.sample(bs)
+        if want is None:
+            before = self.buf.state_dict()
+            with pytest.raises((ValueError, TimeoutError), match="await replay"):
+                self.buf.sample(bs)  # the timeout given: it waited for writes, then raised
+            _same_state(before, self.buf.state_dict())
+            return
+        batch = self.buf.sample(bs)
+        np.testing.assert_array_equal(batch.indices, want[0])
+        assert batch["id"].tolist() == want[1]
+        self.seen.update(want[1])
+
+    @rule()
+    def clear(self):
+        self.buf.clear()
+        self.model.clear()
+
+    @rule(layout=st.sampled_from(LAYOUTS))
+    def round_trip(self, layout):
+        state = self.buf.state_dict()
+        a = self.args
+        self.buf = ek(a["cap"], k=a["k"], policy=a["policy"], layout=layout, seed=1, timeout=0.001)
+        self.buf.load_state_dict(state)
+
+    @invariant()
+    def agrees(self):
+        if not hasattr(self, "buf"):
+            return
+        s, m = self.buf.sampler, self.model
+        assert (s.delivered, s.dropped, s.lost_replays, s.awaiting) == (m.delivered, m.dropped, m.lost, m.m)
+        assert s.counts().tolist() == m.remaining
+        assert (self.buf.writer.cursor, len(self.buf)) == (m.cursor, m.size)
+        assert not self.seen or max(self.seen.values()) <= self.args["k"]
+
+
+ExactlyKMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestExactlyKMachine = ExactlyKMachine.TestCase
+
+
+# -- layouts, checkpoints ---------------------------------------------------------------------------
+def _script(b, rng_seed=4, steps=120):
+    rng = np.random.default_rng(rng_seed)
+    out, nid = [], 0
+    for _ in range(steps):
+        if rng.random() < 0.55:
+            n = int(rng.integers(1, 6))
+            b.extend(rows(range(nid, nid + n)))
+            nid += n
+        elif b.sampler.awaiting >= 4:
+            batch = b.sample(4)
+            out.append((batch.indices.copy(), {k: batch[k].copy() for k in SPEC}))
+    return out
+
+
+def test_layouts_give_bit_identical_batches():
+    runs = [_script(ek(20, k=3, policy="overwrite", layout=lay, seed=11)) for lay in LAYOUTS]
+    assert len(runs[0]) > 20
+    for other in runs[1:]:
+        for (ia, ba), (ib, bb) in zip(runs[0], other):
+            np.testing.assert_array_equal(ia, ib)
+            for k in SPEC:
+                assert ba[k].tobytes() == bb[k].tobytes()
+
+
+@pytest.mark.parametrize("policy", ["block", "drop", "overwrite"])
+def test_checkpoint_mid_way_continues_exactly(tmp_path, policy):
+    a = ek(32, k=3, policy=policy, seed=5, timeout=0.5)
+    b = ek(32, k=3, policy=policy, seed=5, timeout=0.5)
+    rng = np.random.default_rng(0)
+    for buf in (a, b):
+        buf.extend(rows(range(30)))
+        for _ in range(6):
+            buf.sample(5)
+    a.save(tmp_path / "ck")
+    c = ReplayBuffer.load(tmp_path / "ck", layout="soa")
+    assert c.config == dict(a.config, layout="soa") and c.sampler.policy == policy and c.sampler.timeout == 0.5
+    nid = 30
+    for step in range(60):
+        if rng.random() < 0.5:
+            for buf in (b, c):
+                if policy == "block" and buf.sampler.counts()[buf.writer.cursor]:
+                    continue
+                buf.push(one(nid))
+            nid += 1
+        elif b.sampler.awaiting >= 3:
+            x, y = b.sample(3), c.sample(3)
+            assert x["id"].tolist() == y["id"].tolist()
+    for f in ("delivered", "dropped", "lost_replays", "awaiting"):
+        assert getattr(b.sampler, f) == getattr(c.sampler, f)
+
+
+def _saved(tmp_path):
+    b = ek(16, k=3, policy="drop", seed=2)
+    b.extend(rows(range(12)))
+    b.sample(5)
+    b.save(tmp_path / "ck")
+    return tmp_path / "ck"
+
+
+def _edit(path, fn):
+    import json
+
+    doc = json.loads((path / "state.json").read_text())
+    fn(doc)
+    (path / "state.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["config"].update(replays=0), "config.replays"),
+    (lambda d: d["config"].update(replays=70000), "config.replays"),
+    (lambda d: d["config"].update(policy="wait"), "config.policy"),
+    (lambda d: d["config"].update(timeout=-1.0), "config.timeout"),
+    (lambda d: d["config"].pop("policy"), "config.policy"),
+    (lambda d: d["config"].update(sampler="without_replacement"), "state|config.replays"),
+    (lambda d: d["config"].update(sampler="uniform"), "config.sampler"),
+    (lambda d: d["state"]["exactly_k"].update(dropped=-1), "state.exactly_k.dropped"),
+    (lambda d: d["state"]["exactly_k"].update(delivered=1.5), "state.exactly_k.delivered"),
+    (lambda d: d["state"]["exactly_k"].pop("lost_replays"), "state.exactly_k"),
+])
+def test_hostile_config_and_state_are_refused(tmp_path, edit, field):
+    path = _saved(tmp_path)
+    _edit(path, edit)
+    with pytest.raises(FormatError, match=field.replace(".", r"\.") + ":"):
+        ReplayBuffer.load(path)
+
+
+@pytest.mark.parametrize("slots, counts, word", [
+    ([0, 0], [1, 1], "twice"), ([12], [1], "not a row held"), ([-1], [1], "not a row held"),
+    ([1], [4], r"counts\[0\]"), ([1], [0], r"counts\[0\]"), ([1, 2], [1], "counts"),
+])
+def test_hostile_pool_is_refused(tmp_path, slots, counts, word):
+    path = _saved(tmp_path)
+    part = {}
+
+    def find(d):
+        part.update(d["state"]["exactly_k"])
+
+    _edit(path, find)
+    for name, vals in (("slots", slots), ("counts", counts)):
+        ref = part[name]
+        np.save(path / ref["$array"], np.array(vals, np.int64))
+    with pytest.raises(FormatError, match=word):
+        ReplayBuffer.load(path)
+
+
+def test_state_dict_round_trip_refuses_bad_states():
+    b = ek(16, k=2, seed=1)
+    b.extend(rows(range(10)))
+    b.sample(3)
+    good = b.state_dict()
+    for mutate, word in ((lambda p: p.update(counts=np.array([3] * len(p["slots"]))), "counts"),
+                         (lambda p: p.update(slots=p["slots"][:1]), "counts"),
+                         (lambda p: p.update(slots=np.full(len(p["slots"]), 3)), "twice"),
+                         (lambda p: p.update(dropped=-2), "dropped"),
+                         (lambda p: p.pop("delivered"), "exactly_k")):
+        state = b.state_dict()
+        mutate(state["exactly_k"])
+        c = ek(16, k=2, seed=1)
+        c.extend(rows(range(10)))
+        before = c.state_dict()
+        with pytest.raises(ValueError, match=word):
+            c.load_state_dict(state)
+        _same_state(before, c.state_dict())
+    c = ek(16, k=2, seed=8)
+    c.load_state_dict(good)
+    assert c.sample(3)["id"].tolist() == b.sample(3)["id"].tolist()
+
+
+# -- threads --------------------------------------------------------------------------------------
+def test_blocked_writer_is_released_by_a_sample():
+    b = ek(4, k=1, policy="block", seed=0)
+    b.extend(rows(range(4)))
+    done = threading.Event()
+
+    def write():
+        b.push(one(99))
+        done.set()
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    time.sleep(0.2)
+    assert not done.is_set() and b.sampler.writers_waiting == 1
+    end = time.monotonic() + 10
+    while not done.is_set() and time.monotonic() < end:  # slot 0 is freed by one (k=1)
+        b.sample(1)
+        done.wait(0.05)
+    t.join(5)
+    assert 99 in b.column("id").__array__().tolist()
+
+
+def test_blocked_write_times_out_and_changes_nothing():
+    b = ek(4, k=2, policy="block", seed=0, timeout=0.15)
+    b.extend(rows(range(4)))
+    before = b.state_dict()
+    t = time.monotonic()
+    with pytest.raises(TimeoutError, match="nothing was written"):
+        b.extend(rows([7, 8]))
+    assert 0.1 < time.monotonic() - t < 2
+    with pytest.raises(TimeoutError):
+        b.push(one(7))
+    _same_state(before, b.state_dict())
+    with pytest.raises(ValueError, match="never fit"):
+        b.extend(rows(range(5)))
+
+
+@pytest.mark.parametrize("how", ["push", "extend"])
+def test_sampler_waits_for_a_writer_thread_with_a_timeout(how):
+    b = ek(16, k=1, seed=0, timeout=2.0)
+    b.extend(rows(range(6)))
+    b.sample(4)  # 2 rows await; a sample needs batch_size <= len(buffer) as with any sampler
+
+    def write():
+        time.sleep(0.2)
+        if how == "extend":
+            b.extend(rows(range(6, 8)))
+        else:  # the generated push, with the gate's one-row form
+            b.push(one(6))
+            b.push(one(7))
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    batch = b.sample(4)  # waits for the writer thread
+    t.join()
+    assert len(set(batch["id"].tolist())) == 4
+    assert time.monotonic() - t0 < 1.5  # woken by the write, not by the timeout
+    c = ek(16, k=1, seed=0, timeout=0.1)
+    c.extend(rows(range(4)))
+    c.sample(2)
+    with pytest.raises(TimeoutError, match="await replay"):
+        c.sample(3)
+
+
+def _with_pool(b, slots, counts):
+    """``b`` with the rows ``slots`` awaiting ``counts`` deliveries, every other slot free."""
+    state = b.state_dict()
+    state["exactly_k"].update(slots=np.array(slots, np.int64), counts=np.array(counts, np.int64))
+    b.load_state_dict(state)
+    return b
+
+
+def test_a_sample_that_would_deadlock_a_blocked_writer_raises():
+    b = ek(4, k=2, policy="block", seed=0, timeout=5.0)
+    b.extend(rows(range(4)))
+    _with_pool(b, [0, 2], [1, 2])  # the writer's slot 0 awaits; 2 rows await
+    t = threading.Thread(target=lambda: b.push(one(9)), daemon=True)
+    if True:
+        t.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match="writer"):
+            b.sample(3)  # the writer waits for this sample: it cannot wait for the writer
+        assert time.monotonic() - t0 < 1
+        end = time.monotonic() + 10
+        while t.is_alive() and time.monotonic() < end:
+            if b.sampler.awaiting:
+                b.sample(1)
+            t.join(0.05)
+        assert not t.is_alive()
+
+
+def test_threads_deliver_every_row_exactly_k_times():
+    k, n_rows = 3, 3000
+    b = ek(64, k=k, policy="block", seed=4, timeout=10.0)
+    seen = collections.Counter()
+
+    def write():
+        for i in range(0, n_rows, 3):
+            b.extend(rows(range(i, i + 3)))
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    end = time.monotonic() + 60
+    while (t.is_alive() or b.sampler.awaiting) and time.monotonic() < end:
+        if b.sampler.awaiting >= 8:
+            seen.update(b.sample(8)["id"].tolist())
+        elif b.sampler.awaiting:
+            seen.update(b.sample(1)["id"].tolist())
+        else:
+            time.sleep(0.0005)
+    t.join()
+    assert set(seen) == set(range(n_rows)) and set(seen.values()) == {k}
+
+
+# -- with the rest --------------------------------------------------------------------------------
+def test_n_step_windows_read_freed_rows():
+    spec = dict(SPEC, next_obs=("f4", (3,)))
+    b = ReplayBuffer(spec, 32, sampler="exactly_k", replays=1, n_step=3, gamma=0.5, seed=0)
+    u = ReplayBuffer(spec, 32, n_step=3, gamma=0.5, seed=0)
+    data = rows(range(20))
+    data["terminated"][:] = False
+    data["next_obs"] = data["obs"] + 1
+    for buf in (b, u):
+        buf.extend(data)
+    while b.sampler.awaiting:
+        batch = b.sample(1)
+        i = int(batch["id"][0])
+        want = sum(0.5 ** j * r for j, r in enumerate(range(i, min(i + 3, 20))))
+        assert batch["reward"][0] == pytest.approx(want)
+
+
+def test_update_field_num_envs_spill_and_clear(tmp_path):
+    b = ek(16, k=2, policy="drop", num_envs=2, seed=0)
+    b.extend(rows(range(12)))
+    b.update_field("reward", [0, 1], [5.0, 6.0])
+    assert b.sampler.counts()[:2].tolist() == [2, 2]
+    b.extend(rows(range(12, 18)))  # 4 fit (two steps), one step of 2 dropped
+    assert b.sampler.dropped == 2 and len(b) == 16
+    _with_pool(b, [3, 4, 5], [1, 1, 1])  # slots 0, 1, 2 free: one whole step fits
+    b.extend(rows(range(18, 22)))
+    assert b.sampler.dropped == 4 and b.writer.cursor == 2
+    b.clear()
+    assert b.sampler.awaiting == 0 and b.sampler.dropped == 0
+    b.extend(rows(range(4)))
+    assert b.sampler.awaiting == 4
+    s = ReplayBuffer(SPEC, 64, sampler="exactly_k", replays=1, seed=0,
+                     spill_path=tmp_path / "spill.npy", hot_rows=16)
+    s.extend(rows(range(64)))
+    got = []
+    while s.sampler.awaiting:
+        got += s.sample(8)["id"].tolist()
+    assert sorted(got) == list(range(64))
+
+
+# -- SharedReplayBuffer: writer processes and a learner -------------------------------------------
+FORK = mp.get_context("fork")
+SHARD = 1_000_000  # shard s writes ids s * SHARD + i
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _ek_writer(name, shard, n, errors, die_after=None):
+    try:
+        rng = np.random.default_rng(shard)
+        with SharedWriter(name, shard, timeout=30) as w:
+            i = 0
+            while i < n:
+                if die_after is not None and i >= die_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                k = min(n - i, int(rng.integers(1, 6)))
+                ids = np.arange(i, i + k) + SHARD * shard
+                if k == 1:
+                    w.push(one(ids[0]))
+                else:
+                    w.extend(rows(ids))
+                i += k
+    except BaseException as exc:  # reported to the test, which fails
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+def _drain(buf, want, batch=8, idle_s=3.0):
+    """Sample until ``want`` deliveries, or nothing came for ``idle_s``; the ids seen."""
+    seen = collections.Counter()
+    idle = time.monotonic() + idle_s
+    end = time.monotonic() + 90  # a bug that delivers for ever fails, it does not hang
+    while sum(seen.values()) < want and time.monotonic() < min(idle, end):
+        for b in (batch, 1):
+            try:
+                got = buf.sample(b)
+            except (TimeoutError, ValueError):
+                continue
+            ids = got["id"].tolist()
+            assert len(set(ids)) == b
+            np.testing.assert_array_equal(got["obs"][:, 0], np.asarray(ids, np.float32))
+            seen.update(ids)
+            idle = time.monotonic() + idle_s
+            break
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_shared_writer_processes_every_row_exactly_k_times(layout, shm_dir):
+    """2 writer processes through 16-slot shards (they wait for the learner often): every row
+    delivered exactly k times, none lost, none dropped."""
+    k, n = 3, 1500
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 32, num_writers=2, layout=layout, seed=0, sampler="exactly_k",
+                            replays=k, policy="block", timeout=0.2) as buf:
+        procs = [FORK.Process(target=_ek_writer, args=(buf.name, s, n, errors)) for s in range(2)]
+        for p in procs:
+            p.start()
+        seen = _drain(buf, 2 * n * k)
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+        want = set(range(n)) | set(range(SHARD, SHARD + n))
+        assert set(seen) == want and set(seen.values()) == {k}
+        assert buf.sampler.lost_replays == 0 and [w["dropped"] for w in buf.writers()] == [0, 0]
+        assert buf.sampler.delivered == 2 * n * k
+
+
+def test_shared_drop_counts_what_it_drops(shm_dir):
+    k, n = 2, 800
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 16, num_writers=2, seed=0, sampler="exactly_k", replays=k,
+                            policy="drop", timeout=0.2) as buf:
+        procs = [FORK.Process(target=_ek_writer, args=(buf.name, s, n, errors)) for s in range(2)]
+        for p in procs:
+            p.start()
+        seen = _drain(buf, 10 ** 9, idle_s=1.5)
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+        info = buf.writers()
+        assert sum(w["published"] for w in info) + sum(w["dropped"] for w in info) == 2 * n
+        assert sum(w["dropped"] for w in info) > 0
+        assert len(seen) == sum(w["published"] for w in info) and set(seen.values()) == {k}
+
+
+def test_shared_a_killed_writer_does_not_wedge_the_learner(shm_dir):
+    """Shard 0's writer is SIGKILLed (possibly while waiting for the learner); the learner
+    delivers every row it published k times and every row of shard 1, and its samples return
+    (TimeoutError after the timeout) rather than wait for the dead writer."""
+    k, n = 2, 600
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 32, num_writers=2, seed=0, sampler="exactly_k", replays=k,
+                            policy="block", timeout=0.2) as buf:
+        dying = FORK.Process(target=_ek_writer, args=(buf.name, 0, n, errors, 300))
+        live = FORK.Process(target=_ek_writer, args=(buf.name, 1, n, errors))
+        dying.start()
+        live.start()
+        with pytest.warns(WriterLostWarning, match="shard 0"):  # the learner reports it
+            seen = _drain(buf, 10 ** 9, idle_s=1.5)
+        dying.join(30)
+        live.join(30)
+        assert dying.exitcode == -signal.SIGKILL
+        assert errors.empty(), errors.get()
+        published = buf.writers()[0]["published"]
+        assert 300 <= published < n
+        assert set(seen) == set(range(published)) | set(range(SHARD, SHARD + n))
+        assert set(seen.values()) == {k}
+        t = time.monotonic()
+        with pytest.raises(TimeoutError):
+            buf.sample(1)
+        assert time.monotonic() - t < 2
+
+
+def test_shared_options_are_checked(shm_dir):
+    for kw, exc in (({"policy": "overwrite"}, NotImplementedError), ({"n_step": 2}, NotImplementedError),
+                    ({"mode": "fifo"}, ValueError), ({"prioritized": True}, ValueError),
+                    ({"replays": 0}, ValueError), ({"policy": "wait"}, ValueError)):
+        with pytest.raises(exc):
+            SharedReplayBuffer(SPEC, 8, sampler="exactly_k", **kw)
+    for kw in ({"replays": 2}, {"timeout": 1.0}):
+        with pytest.raises(ValueError, match="exactly_k"):
+            SharedReplayBuffer(SPEC, 8, **kw)
+    with pytest.raises(ValueError, match="sampler"):
+        SharedReplayBuffer(SPEC, 8, sampler="without_replacement")
+    with SharedReplayBuffer(SPEC, 8, sampler="exactly_k", replays=2) as buf:
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(rows(range(8)))
+            with pytest.raises(TimeoutError):  # block, a writer timeout: the shard is full
+                w.timeout = 0.1
+                w.push(one(9))
+        with pytest.raises(NotImplementedError):
+            buf.sample_sequences(1, 2)
+        with pytest.raises(NotImplementedError):
+            buf.save(shm_dir / "ck")
+        doc_path = os.path.join(buf.path, "region.json")
+        doc = json.load(open(doc_path))
+        for bad in ({"policy": "overwrite"}, {"replays": 0}, {"sampler": "nope"}, {"mode": "fifo"}):
+            json.dump(dict(doc, **bad), open(doc_path, "w"))
+            with pytest.raises(FormatError, match="region.json"):
+                SharedWriter(buf.name, 0)
+        json.dump(doc, open(doc_path, "w"))
+
+
+def test_fold_and_tail_kernels_match_reference():
+    rng = np.random.default_rng(8)
+    for trial in range(150):
+        shards, cap, k = int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        n = shards * cap
+        pool, rem, meta = np.zeros(n, np.uint32), np.zeros(n, np.uint8), np.zeros(1, np.int64)
+        heads, tails = np.zeros(shards, np.uint64), np.zeros(shards, np.uint64)
+        folded = np.zeros(shards, np.int64)
+        ref = ([0] * n, 0, [0] * n, [0] * shards)
+        state = np.array([naive.mix64(trial), 0], np.uint64)
+        overwrite = rng.random() < 0.5  # writers may pass the tail (else they stop at it)
+        for step in range(30):
+            for s in range(shards):  # writers publish
+                room = cap if overwrite else int(tails[s]) + cap - int(heads[s])
+                heads[s] += int(rng.integers(0, (2 * cap if overwrite else room) + 1))
+            lost = _replays.replays_fold(pool, rem, meta, heads, folded, cap, k)
+            rp, rm, rr, rf, rlost = naive.exactly_k_fold_naive(*ref[:3], heads.tolist(), ref[3], cap, k)
+            ref = (rp, rm, rr, rf)
+            assert lost == rlost and (lost == 0 or overwrite)
+            assert meta[0] == rm and pool[:rm].tolist() == rp[:rm] and rem.tolist() == rr
+            assert folded.tolist() == rf == [int(h) for h in heads]
+            b = int(rng.integers(0, rm + 1))
+            idx = np.empty(b, np.int64)
+            _replays.replays_sample(pool, rem, meta, state, idx)
+            ref = (pool.tolist(), int(meta[0]), rem.tolist(), ref[3])
+            want = naive.exactly_k_tails_naive(rem.tolist(), tails.tolist(), folded.tolist(), cap)
+            moved = _replays.replays_advance_tails(rem, tails, folded, cap)
+            assert tails.tolist() == want and moved >= 0
+    # a head behind what was folded is a word the learner cannot trust
+    heads, folded = np.array([3], np.uint64), np.array([5], np.int64)
+    z = np.zeros(4, np.uint32), np.zeros(4, np.uint8), np.zeros(1, np.int64)
+    assert _replays.replays_fold(*z, heads, folded, 4, 1) == -2
+    assert _replays.replays_fold(*z, heads, folded, 3, 1) == -1  # 1 shard of 3 slots: not 4
+    assert _replays.replays_advance_tails(z[1], np.zeros(2, np.uint64), folded, 4) == -1
+
+
+def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
+    b = ek(4, k=2, policy="block", seed=0, timeout=3.0)
+    b.extend(rows(range(4)))
+    _with_pool(b, [0], [1])  # one row awaits, in the writer's slot
+    got = []
+
+    def sample():
+        try:
+            b.sample(2)
+        except (ValueError, TimeoutError) as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    time.sleep(0.2)  # the sample waits for rows
+    t0 = time.monotonic()
+    w = threading.Thread(target=lambda: b.push(one(9)), daemon=True)
+    w.start()  # the writer waits for slot 0: the sample can never be served
+    t.join(5)
+    assert isinstance(got[0], ValueError) and time.monotonic() - t0 < 1.5
+    b.sample(1)  # frees slot 0: the writer goes on
+    w.join(5)
+    assert not w.is_alive()

@@ -1,0 +1,266 @@
+"""Exactly-k replay: a pool of the slots awaiting replay and a count of deliveries left per slot.
+
+``remaining[s]`` is how many more batches slot ``s`` is to be delivered in (0: the slot is free,
+the writer may overwrite it), and ``pool[0:m]`` holds exactly the slots whose count is not 0, in
+no particular order. A batch draws ``B`` distinct slots of the pool by a partial Fisher-Yates
+shuffle (draw ``r`` uniform in ``[0, m - i)``, swap ``pool[r]`` with ``pool[m - 1 - i]``, which
+takes that slot out of reach of the batch's later draws), then lowers the count of each slot
+drawn; those whose count reaches 0 leave the pool (they are all in its last ``B`` entries,
+which are compacted in order). A write sets the written slot's count to ``k`` and adds it to
+the pool if it was not in it; the count it had (not 0 only under the "overwrite" policy) is
+returned as replays lost.
+
+No place-of-slot index, as in :mod:`._pool`: a slot needs one only to leave the pool out of
+turn, and here a slot leaves only when it was just drawn (at the pool's end) or is rewritten
+while in the pool (then it stays, with a fresh count).
+
+Arrays: ``pool`` uint32[capacity], ``remaining`` uint8 or uint16[capacity], ``meta``
+int64[1] (``m``). Whatever they hold, no kernel reads or writes outside them: sizes are checked
+at entry, every slot read from ``pool`` is checked before it is used (-2: the pool was corrupt).
+Reference: ``exactly_k_sample_naive`` and ``exactly_k_write_naive`` in ``tests/naive.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._rng import GOLDEN, mix64
+
+_TWO32 = np.uint64(1 << 32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_ONE = np.uint64(1)
+
+
+@njit(**INLINE_OPTIONS)
+def _draw(nn, key, ctr):
+    """One draw from ``[0, nn)`` (the words, rejections and results of ``_rng.draw_one``), the
+    rejection threshold computed only when the low word is below ``nn`` (the bound changes at
+    every draw: a division per draw would cost about 1 us per 256 draws)."""
+    while True:
+        r = mix64(key + ctr * GOLDEN)
+        ctr += _ONE
+        m = (r >> _S32) * nn
+        low = m & _LOW32
+        if low >= nn or low >= (_TWO32 - nn) % nn:
+            return np.int64(m >> _S32), ctr
+
+
+@njit(**INLINE_OPTIONS)
+def replays_draw(pool, remaining, meta, state, idx):
+    """Draw ``len(idx)`` distinct slots of the pool, lower their counts, free those at 0
+    (inlined into each layout's ``sample_exactly_k``, which then gathers; :func:`replays_sample`
+    alone).
+
+    Parameters
+    ----------
+    pool : uint32[capacity]
+    remaining : uint8[capacity] or uint16[capacity]
+    meta : int64[1]
+        ``[m]``: slots awaiting replay, ``pool[0:m]``.
+    state : uint64[2]
+        The counter RNG; one draw (plus rejections) per row, advanced in place.
+    idx : int64[batch]
+        Output: the slots drawn, in order.
+
+    Returns
+    -------
+    int
+        Rows freed by this batch (their k-th delivery), -1 with nothing changed when the
+        arguments disagree (``len(idx) > m`` among them), -2 for a corrupt pool (a slot out of
+        range or with no delivery left; the draws before it are made: counts lowered, ``pool``
+        reordered, ``state`` advanced, ``m`` unchanged).
+    """
+    cap = pool.shape[0]
+    B = idx.shape[0]
+    m = meta[0]
+    if remaining.shape[0] != cap or meta.shape[0] < 1 or state.shape[0] < 2 or m < 0 or m > cap or B > m:
+        return -1
+    key = state[0]
+    ctr = state[1]
+    # the random numbers first (they do not depend on the pool), then the swaps, whose cache
+    # misses then overlap (as in _pool.pool_draw)
+    for i in range(B):
+        r, ctr = _draw(np.uint64(m - i), key, ctr)
+        idx[i] = r
+    for i in range(B):
+        r = idx[i]
+        j = m - 1 - i
+        s = np.int64(pool[r])
+        if s >= cap or remaining[s] == 0:
+            state[1] = ctr
+            return -2
+        remaining[s] -= 1  # while its cache line is here (not in a loop of its own)
+        pool[r] = pool[j]
+        pool[j] = s
+        idx[i] = s
+    w = m - B  # compact the drawn entries: those with deliveries left stay, in order
+    for j in range(m - B, m):
+        s = pool[j]
+        if remaining[s] != 0:
+            pool[w] = s
+            w += 1
+    meta[0] = w
+    state[1] = ctr
+    return m - w
+
+
+@njit(**NJIT_OPTIONS)
+def replays_sample(pool, remaining, meta, state, idx):
+    """:func:`replays_draw` as a kernel of its own (the draws without a gather)."""
+    return replays_draw(pool, remaining, meta, state, idx)
+
+
+@njit(**NJIT_OPTIONS)
+def replays_write(pool, remaining, meta, start, count, k):
+    """Slots ``start, start + 1, ...`` (``count`` of them, modulo the capacity) were written:
+    each is to be delivered ``k`` times from now; a slot not in the pool joins it at the end.
+
+    Returns the deliveries the slots had left before (replays lost by an overwrite; 0 when
+    every slot was free), or -1 with nothing changed when the arguments disagree (``count``
+    above the capacity, ``k`` not in ``[1, max of remaining's dtype]``), -2 for a corrupt pool
+    (``m`` would pass the capacity; the slots before stay written).
+    """
+    cap = pool.shape[0]
+    m = meta[0]
+    top = np.iinfo(remaining.dtype).max
+    if (remaining.shape[0] != cap or meta.shape[0] < 1 or start < 0 or start >= cap or count < 0
+            or count > cap or k < 1 or k > top or m < 0 or m > cap):
+        return -1
+    lost = 0
+    for i in range(count):
+        s = start + i
+        if s >= cap:
+            s -= cap
+        left = remaining[s]
+        if left == 0:
+            if m >= cap:
+                meta[0] = m
+                return -2
+            pool[m] = s
+            m += 1
+        lost += left
+        remaining[s] = k
+    meta[0] = m
+    return lost
+
+
+@njit(**NJIT_OPTIONS)
+def replays_free_run(remaining, start, count):
+    """How many of slots ``start, start + 1, ...`` (at most ``count``, modulo the capacity) are
+    free (count 0) before the first that is not: the rows a write may put there now. -1 when
+    the arguments disagree."""
+    cap = remaining.shape[0]
+    if start < 0 or start >= cap or count < 0 or count > cap:
+        return -1
+    for i in range(count):
+        s = start + i
+        if s >= cap:
+            s -= cap
+        if remaining[s] != 0:
+            return i
+    return count
+
+
+@njit(**NJIT_OPTIONS)
+def replays_clear(remaining, meta):
+    """Every slot free, the pool empty."""
+    for s in range(remaining.shape[0]):
+        remaining[s] = 0
+    meta[0] = 0
+
+
+@njit(**NJIT_OPTIONS)
+def replays_load(pool, remaining, meta, slots, counts):
+    """Set the pool to ``slots`` (int64[m], in that order) with deliveries left ``counts``
+    (int64[m], each in ``[1, max of remaining's dtype]``); every other slot free. The caller
+    checked both; returns 0, or ``i + 1`` for the first entry that is not right (a slot out of
+    range or repeated, a count out of range: then every slot is free and the pool empty), -1
+    with nothing changed when the arrays disagree."""
+    cap = pool.shape[0]
+    m = slots.shape[0]
+    top = np.iinfo(remaining.dtype).max
+    if remaining.shape[0] != cap or meta.shape[0] < 1 or m > cap or counts.shape[0] != m:
+        return -1
+    for s in range(cap):
+        remaining[s] = 0
+    for i in range(m):
+        s = slots[i]
+        c = counts[i]
+        if s < 0 or s >= cap or remaining[s] != 0 or c < 1 or c > top:
+            for t in range(cap):
+                remaining[t] = 0
+            meta[0] = 0
+            return i + 1
+        remaining[s] = c
+        pool[i] = s
+    meta[0] = m
+    return 0
+
+
+@njit(**NJIT_OPTIONS)
+def replays_fold(pool, remaining, meta, heads, folded, cap, k):
+    """Shards of ``cap`` slots (shard ``s``: slots ``[s * cap, (s + 1) * cap)``, a ring its
+    writer fills): the rows published since the last call (``folded[s]`` up to ``heads[s]``,
+    read once) join the pool with ``k`` deliveries, in shard order; ``folded`` is advanced.
+
+    Returns the deliveries lost (rows a writer overwrote while they awaited replay, and ``k``
+    for each row lapped before it was folded), -1 with nothing changed when the arrays disagree,
+    -2 for a corrupt pool or a head behind ``folded`` (a writer's word the learner cannot trust;
+    the shards before stay folded)."""
+    shards = heads.shape[0]
+    top = np.iinfo(remaining.dtype).max
+    if (folded.shape[0] != shards or cap < 1 or shards * cap != pool.shape[0]
+            or remaining.shape[0] != pool.shape[0] or meta.shape[0] < 1 or k < 1 or k > top):
+        return -1
+    m = meta[0]
+    if m < 0 or m > pool.shape[0]:
+        return -1
+    lost = 0
+    for s in range(shards):
+        h = np.int64(heads[s])
+        f = folded[s]
+        if h < f:
+            meta[0] = m
+            return -2
+        if h - f > cap:  # lapped before they were folded: never deliverable
+            lost += (h - f - cap) * k
+            f = h - cap
+        for r in range(f, h):
+            slot = s * cap + r % cap
+            left = remaining[slot]
+            if left == 0:
+                if m >= pool.shape[0]:
+                    meta[0] = m
+                    return -2
+                pool[m] = slot
+                m += 1
+            lost += left
+            remaining[slot] = k
+        folded[s] = h
+    meta[0] = m
+    return lost
+
+
+@njit(**NJIT_OPTIONS)
+def replays_advance_tails(remaining, tails, folded, cap):
+    """Each shard's ``tails[s]`` (its writer may write up to ``tails[s] + cap``) moves over its
+    oldest folded rows that are free. Returns the rows passed; -1 when the arrays disagree."""
+    shards = tails.shape[0]
+    if folded.shape[0] != shards or cap < 1 or shards * cap != remaining.shape[0]:
+        return -1
+    moved = 0
+    for s in range(shards):
+        t = np.int64(tails[s])
+        f = folded[s]
+        if t < f - cap:  # rows lapped (overwrite) or never tracked: nothing to wait for there
+            t = f - cap
+        start = t
+        while t < f and remaining[s * cap + t % cap] == 0:
+            t += 1
+        if t != np.int64(tails[s]):
+            tails[s] = np.uint64(t)
+        moved += t - start
+    return moved

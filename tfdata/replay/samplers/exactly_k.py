@@ -1,0 +1,377 @@
+"""Exactly-k replay: every row is delivered in exactly ``k`` batches, then its slot is free."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from ..._checks import bad_slot
+from . import Sampler
+
+#: what a write does when the slot at the writer's cursor (the oldest row) is not free yet
+POLICIES = ("block", "drop", "overwrite")
+#: the largest ``replays``: the count of deliveries left is a uint16 per slot
+MAX_REPLAYS = (1 << 16) - 1
+
+
+class ExactlyKSampler(Sampler):
+    """Each row is delivered in exactly ``replays`` batches, in a random order from the seed.
+
+    The rows awaiting replay (written, delivered fewer than ``k`` times) form a pool; a batch
+    draws ``batch_size`` distinct rows of it uniformly (a batch never holds a row twice), and a
+    row leaves the pool after its ``k``-th delivery: its slot is then *free*. The writer keeps
+    the ring (episodes, n-step windows and ``elide_next`` read rows in stream order), so a write
+    needs the slot at its cursor, the oldest row, to be free. When it is not, ``policy`` says:
+
+    ``"block"``
+        The write waits (the buffer's lock released, so a sampling thread frees rows and wakes
+        it), at most ``timeout`` seconds (None: as long as it takes), then raises TimeoutError
+        having written and changed nothing. A write of more rows than the capacity can never fit
+        (ValueError at once). One thread that writes and samples must not let the ring fill
+        with rows awaiting replay: with ``timeout=None`` its write would wait for ever; give a
+        ``timeout`` or pick ``"drop"`` / ``"overwrite"``.
+    ``"drop"``
+        The newest rows that do not fit (from the first slot that is not free) are not written;
+        :attr:`dropped` counts them. With ``num_envs > 1``, whole steps.
+    ``"overwrite"``
+        The oldest rows are overwritten as in any ring; :attr:`lost_replays` counts the
+        deliveries they had left (and ``k`` for each row of an ``extend`` longer than the
+        capacity that a later row of it overwrote).
+
+    ``sample(B)`` when fewer than ``B`` rows await replay: with ``timeout=None``, or when a
+    writer is waiting for a free slot (it waits for this very sample: a deadlock otherwise),
+    ValueError at once, naming the counts; so a single-threaded loop never hangs. With a
+    ``timeout``, the sample waits (lock released) up to ``timeout`` seconds for writer threads,
+    then raises TimeoutError. Nothing is drawn or changed by a refused sample.
+
+    Same seed and the same interleaving of writes and samples: the same batches on every
+    layout. :meth:`state_dict` and checkpoints keep the pool, the counts and the counters, so a
+    restored buffer continues exactly. ``clear()`` frees every slot and sets the counters to 0
+    (as it sets a without-replacement sampler's ``passes``); ``update_field`` changes no count
+    (a relabelled row keeps its deliveries). Sequences (``sample_slices``) are refused
+    (NotImplementedError): a slice's rows would be delivered a number of times no one chose.
+
+    Parameters
+    ----------
+    seed : int or None
+        See :class:`~tfdata.replay.samplers.Sampler`.
+    replays : int, default 1
+        ``k``, in ``[1, 65535]``. 1 is exact-once FIFO in random order.
+    policy : {"block", "drop", "overwrite"}, default "block"
+    timeout : float or None
+        Seconds a blocked write (and a sample short of rows) may wait; positive and finite.
+
+    Attributes
+    ----------
+    delivered : int
+        Rows delivered in batches (``B`` per sample).
+    dropped : int
+        Rows not written by ``"drop"``.
+    lost_replays : int
+        Deliveries lost by ``"overwrite"``.
+
+    Cost: the pool (uint32) and the deliveries left (uint8 for ``k <= 255``, else uint16) per
+    slot: 5 or 6 bytes per slot (``nbytes_parts["bookkeeping"]``). A push takes the generated
+    push with this gate and hook (``"block"``, ``"overwrite"``; ``"drop"``: the generic path);
+    an extend the generic path, one kernel call adding the written slots. A sample draws, lowers
+    the counts and gathers in one kernel call.
+    """
+
+    projects = True
+    hears_writes = True
+    state_key = "exactly_k"
+    #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
+    name = "exactly_k"
+
+    def __init__(self, seed: int | None = None, replays: int = 1, policy: str = "block",
+                 timeout: float | None = None):
+        super().__init__(seed)
+        if isinstance(replays, bool) or not isinstance(replays, (int, np.integer)) \
+                or not 1 <= replays <= MAX_REPLAYS:
+            raise ValueError(f"replays must be an int in [1, {MAX_REPLAYS}], got {replays!r}")
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
+                    or not (0 < float(timeout) < math.inf):
+                raise ValueError(f"timeout must be None or a positive finite number of seconds, "
+                                 f"got {timeout!r}")
+            timeout = float(timeout)
+        self.replays, self.policy, self.timeout = int(replays), policy, timeout
+        self.dtype = np.dtype(np.uint8 if self.replays <= 255 else np.uint16)
+        self.delivered = self.dropped = self.lost_replays = 0
+        self.writer = None
+        self.cond = None
+        self.writers_waiting = 0  # threads in admit(), waiting for a free slot
+        self.samplers_waiting = 0  # threads in sample(), waiting for rows
+
+    @property
+    def config(self) -> dict:
+        """The constructor's options (what a checkpoint's config records)."""
+        return {"replays": self.replays, "policy": self.policy, "timeout": self.timeout}
+
+    # -- construction and memory ---------------------------------------------------------------
+    def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
+        super().bind(storage, capacity, num_envs, allocator)
+        from ...kernels import _replays  # numba is imported when the first buffer is built
+
+        self._k = _replays
+        self.pool = allocator.zeros(capacity, np.uint32)
+        self.remaining = allocator.zeros(capacity, self.dtype)
+        self.meta = np.zeros(1, np.int64)  # [rows awaiting replay]
+
+    def watch(self, writer) -> None:
+        """The writer whose ``cursor`` the gate checks (a proxy: the writer holds this hook)."""
+        self.writer = weakref.proxy(writer)
+
+    def use_lock(self, lock) -> None:
+        """The buffer's lock: blocked writes and samples short of rows wait on a condition of
+        it (releasing it)."""
+        self.cond = threading.Condition(lock)
+
+    def plan(self, capacity: int) -> dict:
+        return {"trees": 0, "bookkeeping": (4 + self.dtype.itemsize) * int(capacity)}
+
+    @property
+    def nbytes(self) -> dict:
+        return {"trees": 0, "bookkeeping": int(self.pool.nbytes + self.remaining.nbytes)}
+
+    @property
+    def awaiting(self) -> int:
+        """Rows awaiting replay (delivered fewer than ``replays`` times)."""
+        return int(self.meta[0])
+
+    def counts(self) -> np.ndarray:
+        """Deliveries left per slot (a copy, int64[capacity]; 0: free)."""
+        return self.remaining.astype(np.int64)
+
+    # -- the gate and the write hooks (lock held) ----------------------------------------------
+    def _deadline(self):
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    def _wait(self, deadline) -> bool:
+        """Wait on the condition until notified or ``deadline``; False once it has passed."""
+        if deadline is None:
+            self.cond.wait()
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self.cond.wait(left)
+        return True
+
+    def admit(self, n: int) -> int:
+        """How many of the next ``n`` rows may be written now at the writer's cursor (the
+        writer's gate, lock held): ``n``, or for ``"drop"`` the free slots before the first
+        that is not (whole steps of ``num_envs``). ``"block"`` waits here (lock released) until
+        all ``n`` slots are free, or raises TimeoutError (or ValueError for ``n`` above the
+        capacity); nothing is changed by a refusal."""
+        if self.policy == "overwrite":
+            return n
+        cap = self.capacity
+        if self.policy == "drop":
+            ok = self._k.replays_free_run(self.remaining, self.writer.cursor, min(n, cap))
+            return ok - ok % self.num_envs
+        if n > cap:
+            raise ValueError(f"exactly_k, policy='block': a write of {n} rows can never fit a "
+                             f"ring of capacity {cap}; write at most {cap} rows at a time")
+        if n == 1 and self.remaining[self.writer.cursor] == 0:
+            return 1
+        if self._k.replays_free_run(self.remaining, self.writer.cursor, n) == n:
+            return n
+        if self.cond is None:
+            raise RuntimeError("ExactlyKSampler: use_lock was not called; a blocked write cannot wait")
+        deadline = self._deadline()
+        self.writers_waiting += 1
+        if self.samplers_waiting:  # a sample waiting for rows would wait for this writer: wake it
+            self.cond.notify_all()  # (it then raises instead of waiting out its timeout)
+        try:
+            while True:
+                if not self._wait(deadline):
+                    cur = self.writer.cursor
+                    raise TimeoutError(
+                        f"exactly_k, policy='block': a write of {n} rows waited {self.timeout} s for "
+                        f"slot {cur} (the oldest row, {int(self.remaining[cur])} of {self.replays} "
+                        f"deliveries left) to be free; {self.awaiting} rows await replay; nothing "
+                        f"was written")
+                # another writer thread may have moved the cursor while the lock was released
+                if self._k.replays_free_run(self.remaining, self.writer.cursor, n) == n:
+                    return n
+        finally:
+            self.writers_waiting -= 1
+
+    def on_drop(self, n: int) -> None:
+        """``n`` rows the gate refused were not written (``"drop"``)."""
+        self.dropped += n
+
+    def on_write(self, spans, n: int, extra) -> None:
+        lost = 0
+        written = 0
+        for dst, _src, count in spans:
+            got = self._k.replays_write(self.pool, self.remaining, self.meta, dst, count, self.replays)
+            if got < 0:  # the arguments come from the writer: a bug, not the caller's input
+                raise RuntimeError(f"ExactlyKSampler: replays_write returned {got}")
+            lost += got
+            written += count
+        # rows of an extend longer than the ring that its own later rows overwrote
+        self.lost_replays += lost + (n - written) * self.replays
+        if self.samplers_waiting:
+            self.cond.notify_all()
+
+    def slot_gate(self):
+        """The gate's one-row form for the generated push: ``f(slot)`` before the row's first
+        byte, waiting (``"block"``) or nothing to check (``"overwrite"``); None for ``"drop"``
+        (a dropped row is the generic path's to skip)."""
+        if self.policy == "drop":
+            return None
+        if self.policy == "overwrite":
+            return _nothing
+        remaining, admit = self.remaining, self.admit
+
+        def gate(slot):
+            if remaining[slot]:
+                admit(1)  # waits for that slot (one writer: the cursor is still ``slot``)
+
+        return gate
+
+    def slot_hook(self):
+        """``on_write`` for one row, in Python (a kernel call costs more than these few reads)."""
+        pool, remaining, meta, k, cap = self.pool, self.remaining, self.meta, self.replays, self.capacity
+        me = weakref.ref(self)  # the writer holds this hook: no cycle through the sampler
+
+        def on_write(slot):
+            left = int(remaining[slot])
+            if left:
+                me().lost_replays += left  # only "overwrite" writes over a row awaiting replay
+            else:
+                m = int(meta[0])
+                if m >= cap:
+                    raise RuntimeError("ExactlyKSampler: the pool is full but a slot was free")
+                pool[m] = slot
+                meta[0] = m + 1
+            remaining[slot] = k
+            s = me()
+            if s.samplers_waiting:
+                s.cond.notify_all()
+
+        return on_write
+
+    def on_clear(self) -> None:
+        self._k.replays_clear(self.remaining, self.meta)
+        self.delivered = self.dropped = self.lost_replays = 0
+        if self.cond is not None and self.writers_waiting:
+            self.cond.notify_all()
+
+    # -- drawing (lock held) -------------------------------------------------------------------
+    def _short(self, batch: int) -> str:
+        return (f"exactly_k: a batch of {batch} distinct rows, but {self.awaiting} rows await "
+                f"replay ({self.replays} deliveries each; {self.delivered} delivered so far, "
+                f"{self.writers_waiting} writer(s) waiting for a free slot)")
+
+    def sample(self, n: int, out, arrays: dict) -> None:
+        batch = out.indices.shape[0]
+        if self.meta[0] < batch:
+            self._await_rows(batch)
+        got = out.kernels.sample_exactly_k(out.store, self.pool, self.remaining, self.meta,
+                                           self.state, out.indices, out.kernel_out)
+        if got < 0:  # the arguments come from this object: a bug, not the caller's input
+            raise RuntimeError(f"ExactlyKSampler: sample_exactly_k returned {got}")
+        self.delivered += batch
+        if got and self.writers_waiting:
+            self.cond.notify_all()
+
+    def _await_rows(self, batch: int) -> None:
+        """Wait for writer threads until ``batch`` rows await replay; ValueError at once when
+        no wait is allowed (``timeout=None``) or would deadlock (a writer waits for this
+        sample), TimeoutError when the wait ran out."""
+        if self.timeout is None or self.writers_waiting or self.cond is None or batch > self.capacity:
+            raise ValueError(self._short(batch) + ("; sample waits for rows only with a timeout"
+                                                   if self.timeout is None else ""))
+        deadline = self._deadline()
+        self.samplers_waiting += 1
+        try:
+            while self.meta[0] < batch:
+                if self.writers_waiting:
+                    raise ValueError(self._short(batch))
+                if not self._wait(deadline):
+                    raise TimeoutError(f"{self._short(batch)}; waited {self.timeout} s")
+        finally:
+            self.samplers_waiting -= 1
+
+    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+        raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not "
+                                  "slices (a slice's rows would be delivered a number of times "
+                                  "no one chose); use sample()")
+
+    # -- state ---------------------------------------------------------------------------------
+    def extra_state(self, copy: bool, size: int) -> dict:
+        """``{"exactly_k": {"slots": int64[m], "counts": int64[m], "delivered": int,
+        "dropped": int, "lost_replays": int}}``: the slots awaiting replay in the pool's order
+        and the deliveries each has left."""
+        m = int(self.meta[0])
+        slots = self.pool[:m].astype(np.int64)
+        return {self.state_key: {"slots": slots, "counts": self.remaining[slots].astype(np.int64),
+                                 "delivered": self.delivered, "dropped": self.dropped,
+                                 "lost_replays": self.lost_replays}}
+
+    def check_state(self, state, size: int):
+        rng = super().check_state(state, size)
+        key = self.state_key
+        part = state.get(key) if hasattr(state, "get") else None
+        keys = {"slots", "counts", "delivered", "dropped", "lost_replays"}
+        if not isinstance(part, dict) or set(part) != keys:
+            raise ValueError(f"sampler state: {key!r} must be a dict with keys {sorted(keys)}, "
+                             f"got {type(part).__name__}")
+        counters = []
+        for name in ("delivered", "dropped", "lost_replays"):
+            v = part[name]
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2**63:
+                raise ValueError(f"sampler state: {key}.{name} must be an int in [0, 2**63), got {v!r}")
+            counters.append(int(v))
+        slots = check_slots(part["slots"], size, f"sampler state: {key}.slots")
+        counts = np.asarray(part["counts"])
+        if counts.shape != slots.shape or (counts.size and counts.dtype.kind not in "iu"):
+            raise ValueError(f"sampler state: {key}.counts: expected int64[{slots.shape[0]}] (one "
+                             f"per slot), got {counts.dtype}{list(counts.shape)}")
+        if counts.size:
+            bad = np.flatnonzero((counts < 1) | (counts > self.replays))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"sampler state: {key}.counts[{i}] = {counts[i]}: deliveries left "
+                                 f"must be in [1, {self.replays}] (replays)")
+        return rng, slots, np.ascontiguousarray(counts, np.int64), counters
+
+    def load_state(self, checked) -> None:
+        rng, slots, counts, counters = checked
+        super().load_state(rng)
+        if self._k.replays_load(self.pool, self.remaining, self.meta, slots, counts) != 0:
+            raise RuntimeError("ExactlyKSampler: a checked pool did not load")
+        self.delivered, self.dropped, self.lost_replays = counters
+        if self.cond is not None and self.writers_waiting:
+            self.cond.notify_all()
+
+
+def _nothing(slot) -> None:
+    """The ``"overwrite"`` gate: every slot may be written."""
+
+
+def check_slots(slots, size: int, what: str) -> np.ndarray:
+    """``slots`` as int64, each in ``[0, size)`` and given once (ValueError naming the first
+    that is not, and ``what``)."""
+    a = np.asarray(slots)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise ValueError(f"{what}: expected a 1-D integer array, got {a.dtype}{list(a.shape)}")
+    if a.shape[0] > size:
+        raise ValueError(f"{what}: {a.shape[0]} slots, more than the {size} rows held")
+    problem, out = bad_slot(a, size)
+    if problem is not None:
+        i, kind = problem
+        if kind == "range":
+            raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
+                             f"(expected 0 <= slot < {size})")
+        raise ValueError(f"{what}: slot {int(a[i])} is given twice (position {i})")
+    return np.ascontiguousarray(out)
