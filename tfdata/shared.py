@@ -62,6 +62,7 @@ from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from .replay.core import MAX_DRAWS as _MAX_DRAWS
 from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from .replay.samplers.shared import SharedPrioritizedSampler, SharedUniformSampler
+from .replay.samplers.shared import SharedWithoutReplacementSampler
 from .replay.transforms import ShardNStep, episode_options
 from .replay.writers import RingWriter
 from .spec import Spec
@@ -395,6 +396,13 @@ class SharedReplayBuffer:
         Bytes this buffer may hold in all (:attr:`nbytes_parts`: the region, the trees, the
         output rings); checked before the region is created and before a new output ring is
         allocated (:class:`~tfdata.MemoryBudgetError`, nothing changed).
+    sampler : {"uniform", "without_replacement"}, default "uniform"
+        Replay mode only. ``"without_replacement"``: every row once per pass, the rows the
+        writers publish during a pass joining it, as :class:`~tfdata.ReplayBuffer`'s sampler of
+        that name (see
+        :class:`~tfdata.replay.samplers.shared.SharedWithoutReplacementSampler`); the learner
+        owns the pool (5 bytes per slot); not with ``prioritized=True``, nor for
+        :meth:`sample_sequences`.
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
         process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
@@ -414,7 +422,7 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
-                 memory_budget=None, stats=None):
+                 memory_budget=None, stats=None, sampler: str = "uniform"):
         if stats is not None:
             raise NotImplementedError(
                 "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
@@ -436,6 +444,13 @@ class SharedReplayBuffer:
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
         if n_step is not None and mode == "fifo":
             raise ValueError("n_step needs mode='replay' (a FIFO delivers the rows as written)")
+        sampler_name = sampler
+        if sampler_name not in ("uniform", "without_replacement"):
+            raise ValueError(f"sampler must be one of ['uniform', 'without_replacement'], got "
+                             f"{sampler_name!r}")
+        if sampler_name != "uniform" and (mode == "fifo" or prioritized):
+            raise ValueError(f"sampler={sampler_name!r} needs mode='replay' and prioritized=False, "
+                             f"got mode={mode!r}, prioritized={prioritized!r}")
         if prioritized:
             if mode == "fifo":
                 raise ValueError("prioritized=True needs mode='replay' (a FIFO delivers every row "
@@ -446,6 +461,8 @@ class SharedReplayBuffer:
             if sampler.bounds(shards * cap) is None:
                 raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority gives a "
                                  f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
+        elif sampler_name == "without_replacement":
+            sampler = SharedWithoutReplacementSampler(seed)
         else:
             sampler = SharedUniformSampler(seed)
         sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
@@ -870,6 +887,8 @@ class SharedReplayBuffer:
                "num_writers": self.num_writers, "prioritized": self._is_prioritized,
                "n_step": self.n_step, "gamma": self.gamma, "next_of": dict(self._next_of),
                "roles": dict(self._roles)}
+        if isinstance(self.sampler, SharedWithoutReplacementSampler):
+            cfg["sampler"] = self.sampler.name  # absent: uniform (checkpoints as before)
         if self._is_prioritized:
             sm = self.sampler
             cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
@@ -888,7 +907,8 @@ class SharedReplayBuffer:
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
-            if self._is_prioritized:
+            wor = isinstance(self.sampler, SharedWithoutReplacementSampler)
+            if self._is_prioritized or wor:
                 self.sampler.fold(scratch)
             else:
                 self._k.read_heads(r.heads, r.cap, scratch)
@@ -900,6 +920,8 @@ class SharedReplayBuffer:
                 sm = self.sampler
                 state["prioritized"] = {"alpha": sm.alpha, "eps": sm.eps, "samples": sm.samples,
                                         "leaves": sm.live_leaves(self.capacity), "versions": sm.version}
+            if wor:
+                state[self.sampler.state_key] = self.sampler.pass_state()
             yield state
 
     def overwritten_since(self, heads: list) -> list:
@@ -937,10 +959,13 @@ class SharedReplayBuffer:
 
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
-    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None) -> None:
+    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
+                undrawn=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
-        ``(leaves, versions, samples)``. Used by :func:`tfdata.replay.checkpoint.load_shared`."""
+        ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
+        (the saved slots: a shard's rows moved to its first slots are mapped, the rows left out
+        leave the pass). Used by :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
@@ -974,6 +999,20 @@ class SharedReplayBuffer:
         self.sampler.state[1] = counter
         if priorities is not None:
             self.sampler.restore(leaves, versions, new_heads, priorities[2])
+        if undrawn is not None:
+            slots = np.asarray(undrawn[0], np.int64)
+            keep = np.ones(slots.shape[0], bool)
+            for s, (h, t) in enumerate(zip(heads, dropped)):
+                if t == 0:
+                    continue
+                # the rows kept moved to the shard's first slots: row q to slot s*cap + q - first
+                lo = h - min(h, cap)
+                first = lo + t
+                mine = slots // cap == s
+                q = lo + (slots[mine] - s * cap - lo) % cap  # the row each slot held
+                keep[mine] = q >= first
+                slots[mine] = s * cap + q - first
+            self.sampler.restore(slots[keep], undrawn[1], new_heads)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:
