@@ -1143,6 +1143,9 @@ def load(path, classes: dict, **overrides):
 # writer had published when the save began ("heads") and how many of the oldest of them the
 # writer was overwriting while the rows were copied ("dropped": left out). Rows are every slot of
 # the region, in slot order.
+# Without replacement, config.sampler is "without_replacement" (absent: uniform) and
+# state.without_replacement holds the pass as for a ReplayBuffer (undrawn slots of held rows,
+# each once; passes), every published row added before the save.
 _SHARED_CONFIG = ("capacity", "layout", "ring_size", "num_writers", "prioritized", "n_step",
                   "gamma", "next_of", "roles")
 _SHARED_STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "heads",
