@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tfdata import FormatError, ReplayBuffer
+from tfdata.errors import WriterLostWarning
 from tfdata.kernels import _pool
 from tfdata.shared import SharedReplayBuffer, SharedWriter
 
@@ -212,6 +213,8 @@ def test_a_killed_writer_does_not_wedge_the_learner(shm_dir):
         assert p.exitcode == -signal.SIGKILL
         with SharedWriter(buf.name, 1) as w:
             w.extend(id_rows(1_000_000 + np.arange(10)))
+        with pytest.warns(WriterLostWarning, match="shard 0"):
+            assert buf.lost_writers[0]["torn"] == 5
         held = set(range(n_ok - cap + 5, n_ok)) | set((1_000_000 + np.arange(10)).tolist())
         ids = np.asarray(buf.storage.field("id"))
         returned = [int(buf.sample(1)["id"][0])]  # the first sample adds every published row

@@ -683,7 +683,9 @@ class SharedReplayBuffer:
 
     # -- sampling (replay) -----------------------------------------------------------------
     def sample(self, batch_size: int, *, copy: bool = False, fields=None) -> Batch:
-        """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard.
+        """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard (with
+        ``sampler="without_replacement"``: from the undrawn rows of the current pass, the rows
+        published since the last sample added first).
 
         Rows being written while the sample runs are never returned: a row whose slot a writer
         may have written during the copy is drawn again. With no writer writing, the
