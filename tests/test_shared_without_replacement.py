@@ -318,3 +318,25 @@ def test_hostile_pass_in_a_checkpoint_is_refused(shm_dir, tmp_path):
     for w in ws:
         w.close()
     a.close()
+
+
+def test_one_writer_n_step_and_projection_as_a_replay_buffer(shm_dir):
+    """n-step windows and projected batches over the same draws as a ReplayBuffer's."""
+    from .test_without_replacement import SPEC as NSPEC, rows as nrows
+
+    ref = ReplayBuffer(NSPEC, 20, seed=4, sampler=WOR, n_step=3, gamma=0.5)
+    with SharedReplayBuffer(NSPEC, 20, seed=4, sampler=WOR, n_step=3, gamma=0.5) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        nid = 0
+        for step in range(40):
+            k = [25, 3, 7][step % 3]
+            r = nrows(np.arange(nid, nid + k))
+            nid += k
+            ref.extend(r)
+            w.extend(r)
+            for fields in (None, ["reward"]):
+                got, want = buf.sample(6, fields=fields), ref.sample(6, fields=fields)
+                np.testing.assert_array_equal(got.indices, want.indices)
+                np.testing.assert_array_equal(got["reward"], want["reward"])
+                np.testing.assert_array_equal(got.discounts, want.discounts)
+        assert buf.sampler.passes == ref.sampler.passes > 5
