@@ -340,3 +340,43 @@ def test_one_writer_n_step_and_projection_as_a_replay_buffer(shm_dir):
                 np.testing.assert_array_equal(got["reward"], want["reward"])
                 np.testing.assert_array_equal(got.discounts, want.discounts)
         assert buf.sampler.passes == ref.sampler.passes > 5
+
+
+def _paced_writer(name, shard, stop, errors):
+    try:
+        with SharedWriter(name, shard) as w:
+            i = 0
+            while not stop.is_set():
+                w.extend(id_rows(np.arange(i, i + 4) + 1_000_000 * shard))
+                i += 4
+                time.sleep(0.0005)  # paced: a save is not lapped whole (full speed can)
+    except BaseException as exc:
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+def test_checkpoint_while_writer_processes_write(shm_dir, tmp_path):
+    """A save while two processes overwrite their rings: the loaded buffer's pass holds only
+    rows it holds, each once, and finishes by returning each of them once."""
+    errors, stop = FORK.Queue(), FORK.Event()
+    with wor(2 * 128, num_writers=2) as buf:
+        procs = [FORK.Process(target=_paced_writer, args=(buf.name, s, stop, errors))
+                 for s in range(2)]
+        for p in procs:
+            p.start()
+        while len(buf) < 2 * 128:
+            time.sleep(0.01)
+        for _ in range(3):
+            buf.sample(50)
+        buf.save(tmp_path / "ck")
+        stop.set()
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+    with SharedReplayBuffer.load(tmp_path / "ck") as b:
+        n0, start = b.sampler.undrawn, b.sampler.passes
+        assert 0 < n0 <= len(b), (n0, len(b), json.loads((tmp_path / "ck" / "state.json").read_text())["state"]["dropped"])
+        got = []
+        while b.sampler.passes == start:
+            got += b.sample(1)["id"].tolist()
+        assert len(got) == n0 == len(set(got))
+        assert set(got) <= set(np.asarray(b.storage.field("id")).tolist())
