@@ -79,18 +79,6 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
         The passes this call completed (refills of the pool; at most one per ``n`` rows drawn),
         -1 with nothing changed when the arguments disagree, -2 for a corrupt pool.
     """
-    got = pool_join(pool, inpool, meta, start, count, n, state, idx)
-    if got < 0:
-        return got
-    return _draws(pool, inpool, meta, meta[2:3], pool.shape[0], state, idx)
-
-
-@njit(**INLINE_OPTIONS)
-def pool_join(pool, inpool, meta, start, count, n, state, idx):
-    """The first step of :func:`pool_draw`: check the arguments (-1, nothing changed), add the
-    slots written since the last call (-2: a written slot is not live), set ``meta[2] = n``;
-    returns 0. The steps after it: :func:`pool_randoms`, :func:`pool_take`, :func:`pool_rest`
-    (``sample_pool`` interleaves its copies with the takes)."""
     cap = pool.shape[0]
     B = idx.shape[0]
     m = meta[0]
@@ -110,7 +98,7 @@ def pool_join(pool, inpool, meta, start, count, n, state, idx):
             m += 1
     meta[0] = m
     meta[2] = n  # the live slots of one ring: [0, n)
-    return 0
+    return _draws(pool, inpool, meta, meta[2:3], cap, state, idx)
 
 
 @njit(**INLINE_OPTIONS)
@@ -120,62 +108,30 @@ def _draws(pool, inpool, meta, held, span, state, idx):
     each group ``g`` (one ring: ``held = [n]``; the shards of a shared region: rows each holds).
     The caller checked the arguments (``len(idx) <= sum(held)``, every live slot in the pool's
     range). Returns the passes completed, or -2 for a corrupt pool."""
-    # the draws before the pass can end, in two loops: the random numbers first (they do not
-    # depend on the pool), then the pool's entries, whose cache misses then overlap (the same
-    # draws as one loop; 1M slots, 256 draws: a sample 10.1 -> 8.4 us against uniform's 4.8;
-    # an explicit prefetch 16 entries ahead changed nothing measurable)
-    first = pool_randoms(meta, state, idx)
-    if pool_take(pool, inpool, meta, idx, 0, first) < 0:
-        return -2
-    return pool_rest(pool, inpool, meta, held, span, state, idx, first)
-
-
-@njit(**INLINE_OPTIONS)
-def pool_randoms(meta, state, idx):
-    """The draws before the pass can end: ``idx[i]`` uniform in ``[0, m - i)`` (``m =
-    meta[0]``) for ``i < min(len(idx), m)``, the RNG advanced; returns that count."""
-    m = meta[0]
-    key = state[0]
-    ctr = state[1]
-    first = min(idx.shape[0], m)
-    for i in range(first):
-        r, ctr = _draw(np.uint64(m - i), key, ctr)
-        idx[i] = r
-    state[1] = ctr
-    return first
-
-
-@njit(**INLINE_OPTIONS)
-def pool_take(pool, inpool, meta, idx, lo, hi):
-    """For ``lo <= i < hi``, in order: take the pool's entry at the place ``idx[i]`` (drawn by
-    :func:`pool_randoms`; the pool's last entry moves there) and put its slot in ``idx[i]``.
-    Returns 0, or -1 for a corrupt pool (an entry outside the pool or not flagged; the takes
-    before it stay)."""
-    cap = pool.shape[0]
-    m = meta[0]
-    for i in range(lo, hi):
-        r = idx[i]
-        s = np.int64(pool[r])
-        if s >= cap or inpool[s] != 1:
-            meta[0] = m
-            return -1
-        pool[r] = pool[m - 1]
-        inpool[s] = 0
-        m -= 1
-        idx[i] = s
-    meta[0] = m
-    return 0
-
-
-@njit(**INLINE_OPTIONS)
-def pool_rest(pool, inpool, meta, held, span, state, idx, first):
-    """The draws of ``idx[first:]`` (the pass may end among them: a refill as :func:`_draws`
-    says), then the refill of a pass the batch ended. Returns the passes completed, or -2."""
     cap = pool.shape[0]
     B = idx.shape[0]
     m = meta[0]
     key = state[0]
     ctr = state[1]
+    # the draws before the pass can end, in two loops: the random numbers first (they do not
+    # depend on the pool), then the pool's entries, whose cache misses then overlap (the same
+    # draws as one loop; 1M slots, 256 draws: a sample 10.1 -> 8.4 us against uniform's 4.8;
+    # an explicit prefetch 16 entries ahead changed nothing measurable)
+    first = min(B, m)
+    for i in range(first):
+        r, ctr = _draw(np.uint64(m - i), key, ctr)
+        idx[i] = r
+    for i in range(first):
+        r = idx[i]
+        s = np.int64(pool[r])
+        if s >= cap or inpool[s] != 1:
+            meta[0] = m
+            state[1] = ctr
+            return -2
+        pool[r] = pool[m - 1]
+        inpool[s] = 0
+        m -= 1
+        idx[i] = s
     done = 0
     defer = 0  # rows of this batch at the end of a pool refilled during it
     for i in range(first, B):

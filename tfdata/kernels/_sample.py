@@ -48,17 +48,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._pool import pool_join, pool_randoms, pool_rest, pool_take
+from ._pool import pool_draw
 from ._rng import fill_indices
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
 from ._tree import is_weights, live_limit, stratified_find
 
 _TWO32 = np.uint64(1 << 32)
-#: rows ``sample_pool`` takes from the pool before it copies them: a chunk's copies overlap the
-#: next chunk's pool misses (1M AoS rows, batch 256, by hand: 64 rows 5.1-5.8 us, 256 (one
-#: chunk) 5.8-6.2, 32 6.4, 16 6.1-7.6)
-CHUNK = 64
 
 def row_copy(sizes):
     """An intrinsic ``copy_row(dst, i, src, j, nbytes)``: the first ``nbytes`` bytes of row ``j``
@@ -340,32 +336,16 @@ def sample_pool(store, pool, inpool, meta, start, count, n, state, idx, out):
     """Draw ``len(idx)`` slots without replacement (``tfdata.kernels._pool.pool_draw``: the
     slots written since the last call join the pass first) and gather them into ``out``.
 
-    Returns what ``pool_draw`` returns: the passes completed, or -1 (nothing changed) / -2 (a
-    corrupt pool: the rows of the chunks taken before stay gathered).
+    Returns what ``pool_draw`` returns: the passes completed, or -1 / -2 (nothing gathered).
     """
-    got = pool_join(pool, inpool, meta, start, count, n, state, idx)
+    got = pool_draw(pool, inpool, meta, start, count, n, state, idx)
     if got < 0:
         return got
-    first = pool_randoms(meta, state, idx)
-    # pool_draw's steps, written out: the rows taken, then copied, a chunk at a time
-    for lo in range(0, first, CHUNK):
-        hi = min(first, lo + CHUNK)
-        if pool_take(pool, inpool, meta, idx, lo, hi) < 0:
-            return -2
-        if ONE_FIELD:
-            copy_field(store, idx[lo:hi], out[lo:hi])
-        else:
-            for f in range(len(store)):
-                copy_field(store[f], idx[lo:hi], out[f][lo:hi])
-    got = pool_rest(pool, inpool, meta, meta[2:3], pool.shape[0], state, idx, first)
-    if got < 0:
-        return got
-    if first < idx.shape[0]:
-        if ONE_FIELD:
-            copy_field(store, idx[first:], out[first:])
-        else:
-            for f in range(len(store)):
-                copy_field(store[f], idx[first:], out[f][first:])
+    if ONE_FIELD:
+        copy_field(store, idx, out)
+    else:
+        for f in range(len(store)):
+            copy_field(store[f], idx, out[f])
     return got
 
 
