@@ -683,7 +683,7 @@ def scatter_fields_naive(dst, p, n, srcs, spans) -> int:
 
 
 def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n: int, key: int,
-                      counter: int, batch: int) -> tuple:
+                      counter: int, batch: int, live=None) -> tuple:
     """Reference of ``kernels._pool.pool_sample`` on a Python list: ``pool[:m]`` are the undrawn
     slots. Returns ``(pool, m, passes, indices, counter)``.
 
@@ -692,7 +692,9 @@ def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n
     the last of those there, and the pool's last entry (a deferred one) in the place that left.
     An exhausted pass refills the pool with the live slots ``0..n-1`` in order, the rows this
     batch already took left out and put last, in the order taken; a batch that empties the
-    pool refills it at once with ``0..n-1``."""
+    pool refills it at once with ``0..n-1``. ``live``: the live slots in order, if not
+    ``0..n-1`` (the shards of ``pool_fold_draw``: each shard's held slots)."""
+    live = list(range(n)) if live is None else list(live)
     cap = len(pool)
     pool = list(pool)
     members = set(pool[:m])
@@ -706,10 +708,10 @@ def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n
     defer = 0
     for i in range(batch):
         if m - defer == 0:
-            fresh = [s for s in range(n) if s not in out] + out
-            pool[:n] = fresh
+            fresh = [s for s in live if s not in out] + out
+            pool[:len(fresh)] = fresh
             members = set(fresh)
-            m, defer = n, len(out)
+            m, defer = len(fresh), len(out)
             passes += 1
         avail = m - defer
         (r,), counter = draw_indices(key, counter, avail, 1)
@@ -723,8 +725,8 @@ def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n
         m -= 1
         out.append(s)
     if batch and m == 0:  # the batch ended the pass: the next one begins at once
-        pool[:n] = list(range(n))
-        m = n
+        pool[:len(live)] = live
+        m = len(live)
         passes += 1
     return pool, m, passes, np.array(out, np.int64), counter
 

@@ -740,7 +740,9 @@ def test_shared_options_are_checked(shm_dir):
         with pytest.raises(ValueError, match="exactly_k"):
             SharedReplayBuffer(SPEC, 8, **kw)
     with pytest.raises(ValueError, match="sampler"):
-        SharedReplayBuffer(SPEC, 8, sampler="without_replacement")
+        SharedReplayBuffer(SPEC, 8, sampler="bogus")
+    with pytest.raises(ValueError, match="exactly_k"):  # its options with another sampler
+        SharedReplayBuffer(SPEC, 8, sampler="without_replacement", replays=2)
     with SharedReplayBuffer(SPEC, 8, sampler="exactly_k", replays=2) as buf:
         with SharedWriter(buf.name, 0) as w:
             w.extend(rows(range(8)))

@@ -34,6 +34,9 @@ def rows(ids) -> dict:
             "truncated": np.zeros(len(ids), bool)}
 
 
+WOR_NAME = "without_replacement"
+
+
 def wor(cap, layout="aos", seed=0, **kw) -> ReplayBuffer:
     return ReplayBuffer(SPEC, cap, layout=layout, seed=seed, sampler="without_replacement", **kw)
 
@@ -45,7 +48,7 @@ def test_pool_sample_matches_reference():
         cap = int(rng.integers(1, 40))
         pool = np.zeros(cap, np.uint32)
         inpool = np.zeros(cap, np.uint8)
-        meta = np.zeros(2, np.int64)
+        meta = np.zeros(3, np.int64)
         _pool.pool_clear(pool, inpool, meta)
         ref_pool, ref_m, ref_passes = [0] * cap, 0, 0
         state = np.array([naive.mix64(trial), 0], np.uint64)
@@ -79,7 +82,7 @@ def test_pool_sample_matches_reference():
 
 def test_pool_kernels_refuse_bad_arguments_and_stay_in_bounds():
     cap = 8
-    pool, inpool, meta = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8), np.zeros(2, np.int64)
+    pool, inpool, meta = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8), np.zeros(3, np.int64)
     _pool.pool_clear(pool, inpool, meta)
     state = np.array([1, 0], np.uint64)
     idx = np.zeros(3, np.int64)
@@ -87,6 +90,7 @@ def test_pool_kernels_refuse_bad_arguments_and_stay_in_bounds():
     for args in [(0, 0, 0), (0, 0, 9), (8, 0, 4), (0, 9, 4), (-1, 0, 4), (0, 0, 2)]:  # n < batch too
         assert _pool.pool_sample(pool, inpool, meta, *args, state, idx) == -1, args
     assert _pool.pool_sample(pool, inpool[:7], meta, 0, 0, 4, state, idx) == -1
+    assert _pool.pool_sample(pool, inpool, meta[:2], 0, 0, 4, state, idx) == -1  # no live-rows word
     meta[0] = 9  # more entries than the pool has
     assert _pool.pool_sample(pool, inpool, meta, 0, 0, 4, state, idx) == -1
     meta[0] = 0
@@ -113,7 +117,7 @@ def test_pool_kernels_refuse_bad_arguments_and_stay_in_bounds():
 
 def test_pool_sample_refuses_a_written_slot_that_is_not_live():
     cap = 8
-    pool, inpool, meta = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8), np.zeros(2, np.int64)
+    pool, inpool, meta = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8), np.zeros(3, np.int64)
     _pool.pool_clear(pool, inpool, meta)
     state = np.array([1, 0], np.uint64)
     idx = np.zeros(2, np.int64)
@@ -325,8 +329,12 @@ def test_projection_n_step_and_clear():
         np.testing.assert_array_equal(x.indices, y.indices)
         np.testing.assert_array_equal(x["reward"], y["reward"])
         np.testing.assert_array_equal(x.discounts, y.discounts)
-    with pytest.raises(NotImplementedError, match="slices"):
-        full.sample_sequences(2, 3)
+    with pytest.raises(NotImplementedError, match="policy='reject'"):
+        full.sample_sequences(2, 3, policy="reject")
+    counter, undrawn = full.sampler.counter, full.sampler.undrawn
+    with pytest.raises(NotImplementedError, match="policy='reject'"):
+        full.sample_sequences(2, 3, policy="reject")
+    assert (full.sampler.counter, full.sampler.undrawn) == (counter, undrawn)  # nothing changed
     full.clear()
     assert full.sampler.passes == 0 and full.sampler.undrawn == 0
     full.extend(rows(np.arange(5)))
@@ -496,3 +504,73 @@ def test_hostile_checkpoints_are_refused(tmp_path):
     broken("given twice", array=np.r_[undrawn[:-1], undrawn[0]])
     broken("undrawn", array=undrawn.astype(np.float64))
     same_future(mid_pass(), ReplayBuffer.load(tmp_path / "ck"))  # the original still loads
+
+
+# -- sequences: starts drawn without replacement ----------------------------------------------------
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_sequences_draw_starts_from_the_pass(layout, num_envs):
+    """sample_sequences (policy "mask") with rows and slices interleaved: the starts are the
+    reference pool's draws (the pass shared with sample()), each slice is the stream model's
+    slice from its start (masked past the episode's end or the newest row), and the starts
+    and sampled rows follow the rule together: no row twice in a pass."""
+    from .test_episodes import Streams
+
+    spec = tfdata.Spec({"obs": ("f4", (2,)), "next_obs": ("f4", (2,)), "action": "i8",
+                        "reward": "f4", "terminated": "?", "truncated": "?"})
+    cap = 12
+    rng = np.random.default_rng(num_envs)
+    buf = ReplayBuffer(spec, cap, layout=layout, seed=8, num_envs=num_envs, sampler=WOR_NAME)
+    streams, model = Streams(spec, num_envs, rng), naive.StreamModel(cap, num_envs)
+    rule, serial, nid = Model(cap), [None] * cap, 0
+    pool, m, passes, pending = [0] * cap, 0, 0, 0
+    key, counter = naive.key_of(8), 0
+    cursor = 0
+    for step in range(300):
+        if rng.random() < 0.3 or model.size == 0:
+            k = int(rng.choice([1, 2, cap // num_envs, cap // num_envs + 1]))
+            rows = streams.steps(k)
+            buf.extend(rows)
+            model.extend(rows)
+            n = k * num_envs
+            ids = list(range(nid, nid + n))
+            for j, i in enumerate(ids):
+                serial[(cursor + j) % cap] = i
+            cursor, nid, pending = (cursor + n) % cap, nid + n, pending + n
+            rule.write(ids)
+            continue
+        bs = int(rng.integers(1, model.size + 1))
+        start = (cursor - pending) % cap
+        pool, m, p, idx, counter = naive.pool_sample_naive(pool, m, passes, start, min(pending, cap),
+                                                           model.size, key, counter, bs)
+        pending = 0
+        if rng.random() < 0.6:
+            length = int(rng.integers(1, cap // num_envs + 1))
+            batch = buf.sample_sequences(bs, length)
+            np.testing.assert_array_equal(batch.indices[:, 0], idx)
+            for b, s0 in enumerate(idx):
+                rows, mask = model.slice(int(s0), length)
+                np.testing.assert_array_equal(batch.mask[b], mask)
+                for name in spec.names:
+                    np.testing.assert_array_equal(batch[name][b], np.stack([r[name] for r in rows]))
+        else:
+            np.testing.assert_array_equal(buf.sample(bs).indices, idx)
+        rule.check_batch([serial[s0] for s0 in idx])
+        passes = p
+        assert buf.sampler.passes == passes == rule.passes and buf.sampler.counter == counter
+    assert passes > 10
+
+
+def test_pool_slices_refuses_disagreeing_arrays():
+    cap = 8
+    pool, inpool, meta = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8), np.zeros(3, np.int64)
+    _pool.pool_clear(pool, inpool, meta)
+    state, episode = np.array([1, 0], np.uint64), np.zeros(cap, np.uint32)
+    idx, mask = np.zeros((2, 3), np.int64), np.zeros((2, 3), bool)
+    for args in [(0, 3, episode, idx, mask[:1]), (0, 3, episode[:7], idx, mask), (8, 1, episode, idx, mask),
+                 (0, 3, episode, idx, mask), (0, 0, episode, idx, mask), (0, 1, episode, idx[:, :0], mask[:, :0])]:
+        cursor, envs, ep, i, mk = args
+        assert _pool.pool_slices(pool, inpool, meta, 0, 8, 8, state, cursor, envs, ep, i, mk) == -1, args
+    assert int(meta[0]) == 0 and not inpool.any() and int(state[1]) == 0
+    assert _pool.pool_slices(pool, inpool, meta, 0, 8, 8, state, 0, 2, episode, idx, mask) == 0
+    assert len(set(idx[:, 0].tolist())) == 2 and int(meta[0]) == 6

@@ -71,6 +71,7 @@ from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from .replay.core import MAX_DRAWS as _MAX_DRAWS
 from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from .replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
+from .replay.samplers.shared import SharedWithoutReplacementSampler
 from .replay.transforms import ShardNStep, episode_options
 from .replay.writers import RingWriter
 from .spec import Spec
@@ -145,8 +146,9 @@ def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
 def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
     """Whether ``sampler`` asks for exactly-k replay; ValueError / NotImplementedError for the
     combinations it does not take (before anything is created)."""
-    if sampler not in (None, "uniform", "exactly_k"):
-        raise ValueError(f"sampler must be 'uniform' or 'exactly_k' (None: uniform), got {sampler!r}")
+    if sampler not in (None, "uniform", "without_replacement", "exactly_k"):
+        raise ValueError(f"sampler must be one of ['uniform', 'without_replacement', 'exactly_k'] "
+                         f"(None: uniform), got {sampler!r}")
     if sampler != "exactly_k":
         given = [k for k, v in (("replays", replays), ("timeout", timeout)) if v is not None]
         if given:
@@ -451,9 +453,14 @@ class SharedReplayBuffer:
         (of rows not yet delivered, or not yet delivered ``replays`` times) it waits for the
         learner (``"block"``), or writes the rows that fit and drops the rest, counted in the
         metrics (``"drop"``). ``"overwrite"`` is not implemented across processes.
-    sampler : {"uniform", "exactly_k"}, optional
-        Replay mode: uniform (None, the default) or exactly-k replay, each row delivered in
-        exactly ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
+    sampler : {"uniform", "without_replacement", "exactly_k"}, optional
+        Replay mode: uniform (None, the default); ``"without_replacement"``: every row once per
+        pass, the rows the writers publish during a pass joining it, as
+        :class:`~tfdata.ReplayBuffer`'s sampler of that name (see
+        :class:`~tfdata.replay.samplers.shared.SharedWithoutReplacementSampler`; the learner
+        owns the pool, 5 bytes per slot; not with ``prioritized=True``, nor for
+        :meth:`sample_sequences`); or exactly-k replay, each row delivered in exactly
+        ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
         ``buf.sampler.delivered``, ``lost_replays``; ``writers()[s]["dropped"]``). Not with
         ``prioritized``, ``n_step``, :meth:`sample_sequences` or :meth:`save`.
     replays : int, optional
@@ -561,6 +568,10 @@ class SharedReplayBuffer:
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
         if n_step is not None and mode == "fifo":
             raise ValueError("n_step needs mode='replay' (a FIFO delivers the rows as written)")
+        sampler_name = "uniform" if sampler is None else sampler
+        if sampler_name == "without_replacement" and (mode == "fifo" or prioritized):
+            raise ValueError(f"sampler={sampler_name!r} needs mode='replay' and prioritized=False, "
+                             f"got mode={mode!r}, prioritized={prioritized!r}")
         if prioritized:
             if mode == "fifo":
                 raise ValueError("prioritized=True needs mode='replay' (a FIFO delivers every row "
@@ -573,6 +584,8 @@ class SharedReplayBuffer:
                                  f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
         elif exactly_k:
             sampler = SharedExactlyKSampler(seed, 1 if replays is None else replays, policy, timeout)
+        elif sampler_name == "without_replacement":
+            sampler = SharedWithoutReplacementSampler(seed)
         else:
             sampler = SharedUniformSampler(seed)
         sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
@@ -899,7 +912,9 @@ class SharedReplayBuffer:
 
     # -- sampling (replay) -----------------------------------------------------------------
     def sample(self, batch_size: int, *, copy: bool = False, fields=None) -> Batch:
-        """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard.
+        """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard (with
+        ``sampler="without_replacement"``: from the undrawn rows of the current pass, the rows
+        published since the last sample added first).
 
         Rows being written while the sample runs are never returned: a row whose slot a writer
         may have written during the copy is drawn again. With no writer writing, the
@@ -1118,6 +1133,8 @@ class SharedReplayBuffer:
                "num_writers": self.num_writers, "prioritized": self._is_prioritized,
                "n_step": self.n_step, "gamma": self.gamma, "next_of": dict(self._next_of),
                "roles": dict(self._roles)}
+        if isinstance(self.sampler, SharedWithoutReplacementSampler):
+            cfg["sampler"] = self.sampler.name  # absent: uniform (checkpoints as before)
         if self._is_prioritized:
             sm = self.sampler
             cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
@@ -1141,7 +1158,8 @@ class SharedReplayBuffer:
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
-            if self._is_prioritized:
+            wor = isinstance(self.sampler, SharedWithoutReplacementSampler)
+            if self._is_prioritized or wor:
                 self.sampler.fold(scratch)
             else:
                 self._k.read_heads(r.heads, r.cap, scratch)
@@ -1156,6 +1174,9 @@ class SharedReplayBuffer:
             if self._limiter is not None:  # inserts as of the heads saved
                 state["rate_limiter"] = {"inserts": sum(state["heads"]),
                                          "samples": self._limiter.samples}
+
+            if wor:
+                state[self.sampler.state_key] = self.sampler.pass_state()
             yield state
 
     def overwritten_since(self, heads: list) -> list:
@@ -1194,12 +1215,14 @@ class SharedReplayBuffer:
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
-                samples: int | None = None) -> None:
+                undrawn=None, samples: int | None = None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
-        ``(leaves, versions, samples)``; ``samples``: the rate limiter's count of rows sampled
-        (its inserts are the heads restored: rows left out at the save are not counted).
-        Used by :func:`tfdata.replay.checkpoint.load_shared`."""
+        ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
+        (the saved slots: a shard's rows moved to its first slots are mapped, the rows left out
+        leave the pass); ``samples``: the rate limiter's count of rows sampled (its inserts are
+        the heads restored: rows left out at the save are not counted). Used by
+        :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
@@ -1236,6 +1259,21 @@ class SharedReplayBuffer:
         if samples is not None and self._limiter is not None:
             self._limiter.samples = samples
             r.ctrl[_SAMPLES] = samples
+
+        if undrawn is not None:
+            slots = np.asarray(undrawn[0], np.int64)
+            keep = np.ones(slots.shape[0], bool)
+            for s, (h, t) in enumerate(zip(heads, dropped)):
+                if t == 0:
+                    continue
+                # the rows kept moved to the shard's first slots: row q to slot s*cap + q - first
+                lo = h - min(h, cap)
+                first = lo + t
+                mine = slots // cap == s
+                q = lo + (slots[mine] - s * cap - lo) % cap  # the row each slot held
+                keep[mine] = q >= first
+                slots[mine] = s * cap + q - first
+            self.sampler.restore(slots[keep], undrawn[1], new_heads)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:

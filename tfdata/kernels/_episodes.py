@@ -372,6 +372,10 @@ def _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask):
             kmax = 0  # every later row is masked too
 
 
+#: the slice fill, for the kernels of other samplers (tfdata.kernels._pool.pool_slices)
+fill_slice = _fill_slice
+
+
 @njit(**NJIT_OPTIONS)
 def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sums, mm, leaves, version, state,
                               beta, episode, reject, max_draws, idx, mask, u, weights, versions):

@@ -27,7 +27,9 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._episodes import fill_slice
 from ._rng import GOLDEN, mix64
+from ._shared import snapshot_heads
 
 _TWO32 = np.uint64(1 << 32)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -58,8 +60,9 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
     ----------
     pool : uint32[capacity]
     inpool : uint8[capacity]
-    meta : int64[2]
-        ``[m, passes]``: slots in the pool; passes completed (each refill follows one).
+    meta : int64[3]
+        ``[m, passes, n]``: slots in the pool; passes completed (each refill follows one); the
+        live rows of the last call (set here).
     start, count : int
         Slots ``start, start + 1, ...`` (``count`` of them, modulo the capacity) were written
         since the last call; each joins the pool unless it is in it. ``count <= capacity``.
@@ -79,7 +82,7 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
     cap = pool.shape[0]
     B = idx.shape[0]
     m = meta[0]
-    if (inpool.shape[0] != cap or meta.shape[0] < 2 or state.shape[0] < 2 or n < 1 or n > cap
+    if (inpool.shape[0] != cap or meta.shape[0] < 3 or state.shape[0] < 2 or n < 1 or n > cap
             or B > n or start < 0 or start >= cap or count < 0 or count > cap or m < 0 or m > cap):
         return -1
     for k in range(count):  # rows written since the last call join the pass
@@ -93,6 +96,21 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
             pool[m] = s
             inpool[s] = 1
             m += 1
+    meta[0] = m
+    meta[2] = n  # the live slots of one ring: [0, n)
+    return _draws(pool, inpool, meta, meta[2:3], cap, state, idx)
+
+
+@njit(**INLINE_OPTIONS)
+def _draws(pool, inpool, meta, held, span, state, idx):
+    """Draw ``len(idx)`` slots without replacement from the pool ``pool[:meta[0]]``; a pass
+    that runs out is refilled with the live slots: ``held[g]`` slots from ``g * span`` on, for
+    each group ``g`` (one ring: ``held = [n]``; the shards of a shared region: rows each holds).
+    The caller checked the arguments (``len(idx) <= sum(held)``, every live slot in the pool's
+    range). Returns the passes completed, or -2 for a corrupt pool."""
+    cap = pool.shape[0]
+    B = idx.shape[0]
+    m = meta[0]
     key = state[0]
     ctr = state[1]
     # the draws before the pass can end, in two loops: the random numbers first (they do not
@@ -121,11 +139,16 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
             for j in range(i):
                 inpool[idx[j]] = 2  # this batch's rows: last, in the order taken
             m = 0
-            for s in range(n):
-                if inpool[s] != 2:
-                    pool[m] = s
-                    m += 1
-                inpool[s] = 1
+            for g in range(held.shape[0]):
+                for s in range(g * span, g * span + held[g]):
+                    if inpool[s] != 2:
+                        pool[m] = s
+                        m += 1
+                    inpool[s] = 1
+            if m + i > cap:  # a batch row outside the live slots: the pool was corrupt
+                meta[0] = 0
+                state[1] = ctr
+                return -2
             for j in range(i):
                 pool[m] = idx[j]
                 m += 1
@@ -148,10 +171,11 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
         idx[i] = s
     if B > 0 and m == 0:  # the batch drew the pass's last row: the next pass begins now, so
         # rows written before the next call join it, not the pass that ended (nothing deferred)
-        for s in range(n):
-            pool[s] = s
-            inpool[s] = 1
-        m = n
+        for g in range(held.shape[0]):
+            for s in range(g * span, g * span + held[g]):
+                pool[m] = s
+                inpool[s] = 1
+                m += 1
         done += 1
         meta[1] += 1
     meta[0] = m
@@ -163,6 +187,110 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
 def pool_sample(pool, inpool, meta, start, count, n, state, idx):
     """:func:`pool_draw` as a kernel of its own (the draws without a gather)."""
     return pool_draw(pool, inpool, meta, start, count, n, state, idx)
+
+
+@njit(**NJIT_OPTIONS)
+def pool_fold_draw(heads, span, pool, inpool, meta, folded, scratch, state, idx):
+    """The pool of a shared region (see :mod:`tfdata.shared`): read every shard's head once
+    (acquire), add the rows published since the last call (shard by shard, in publication
+    order; each slot written joins the pool unless it is in it; a lap or more behind, each slot
+    once, from the oldest row not added, as :func:`pool_draw` adds a ring's), then draw ``len(idx)`` slots without replacement (a pass that runs out is
+    refilled with every row the shards hold).
+
+    Parameters
+    ----------
+    heads : uint64[shards]
+        The shards' heads (rows published), strided view of the control words.
+    span : int
+        Slots per shard; row ``r`` of shard ``g`` is in slot ``g * span + r % span``.
+    pool, inpool : uint32[capacity], uint8[capacity]
+        As for :func:`pool_draw`; ``shards * span <= capacity``.
+    meta : int64[3]
+        ``[m, passes, rows held]`` (the last set here).
+    folded : int64[shards]
+        Rows of each shard added so far; advanced to the heads read here.
+    scratch : int64[>= 7 * shards]
+        Gets the heads snapshot (``scratch[:shards]`` rows held per shard) that
+        ``torn_after_copy`` checks the copied rows against.
+    state : uint64[2]
+    idx : int64[batch]
+        Output: the slots drawn (may be a one-row slice, for a redraw).
+
+    Returns
+    -------
+    int
+        Passes completed; -1 with nothing changed when the arrays disagree; -3 when the shards
+        hold fewer rows than ``batch`` (the published rows were added, nothing drawn); -2 for a
+        corrupt pool.
+    """
+    S = heads.shape[0]
+    cap = pool.shape[0]
+    m = meta[0]
+    if (inpool.shape[0] != cap or span < 1 or S * span > cap or folded.shape[0] != S
+            or scratch.shape[0] < 7 * S or meta.shape[0] < 3 or state.shape[0] < 2 or m < 0
+            or m > cap):
+        return -1
+    total = snapshot_heads(heads, span, scratch)
+    for g in range(S):
+        h = scratch[S + g]
+        base = g * span
+        lo = max(folded[g], 0)
+        # a lap or more behind: each slot once, from the oldest row not added (the slot order
+        # of a ring's pool_draw given the same writes)
+        for r in range(lo, min(h, lo + span)):
+            s = base + r % span
+            if inpool[s] == 0:
+                if m >= cap:
+                    meta[0] = m
+                    return -2
+                pool[m] = s
+                inpool[s] = 1
+                m += 1
+        folded[g] = max(folded[g], h)
+    meta[0] = m
+    meta[2] = total
+    if idx.shape[0] > total:
+        return -3
+    return _draws(pool, inpool, meta, scratch[:S], span, state, idx)
+
+
+@njit(**NJIT_OPTIONS)
+def pool_slices(pool, inpool, meta, start, count, n, state, cursor, num_envs, episode, idx, mask):
+    """Slices whose starts are drawn without replacement: the ``B`` starts as :func:`pool_draw`
+    draws ``B`` rows (the slots written since the last call join the pass first; no start
+    twice in a pass, nor in a batch), each slice then filled as
+    :func:`tfdata.kernels.sample_slices` fills one with policy ``"mask"``: rows of the start's
+    stream while they are written and in its episode, the rest repeating the last valid row
+    with ``mask`` False.
+
+    Parameters
+    ----------
+    pool, inpool, meta, start, count, n, state
+        As for :func:`pool_draw` (``capacity = len(pool)``).
+    cursor, num_envs : int
+        The writer's cursor and streams (``capacity % num_envs == 0``).
+    episode : uint32[capacity]
+        Episode number of every slot within its stream.
+    idx : int64[B, L]
+        Output: slots of the slice rows (column 0: the starts).
+    mask : bool[B, L]
+        Output.
+
+    Returns
+    -------
+    int
+        As :func:`pool_draw`; -1 with nothing changed also when the shapes disagree.
+    """
+    cap = pool.shape[0]
+    if (episode.shape[0] != cap or mask.shape[0] != idx.shape[0] or mask.shape[1] != idx.shape[1]
+            or idx.shape[1] < 1 or num_envs < 1 or cap % num_envs or cursor < 0 or cursor >= cap):
+        return -1
+    got = pool_draw(pool, inpool, meta, start, count, n, state, idx[:, 0])
+    if got < 0:
+        return got
+    for b in range(idx.shape[0]):
+        fill_slice(idx[b, 0], b, cursor, num_envs, cap, episode, idx, mask)
+    return got
 
 
 @njit(**NJIT_OPTIONS)

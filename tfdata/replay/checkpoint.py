@@ -1231,6 +1231,9 @@ def load(path, classes: dict, **overrides):
 # writer had published when the save began ("heads") and how many of the oldest of them the
 # writer was overwriting while the rows were copied ("dropped": left out). Rows are every slot of
 # the region, in slot order.
+# Without replacement, config.sampler is "without_replacement" (absent: uniform) and
+# state.without_replacement holds the pass as for a ReplayBuffer (undrawn slots of held rows,
+# each once; passes), every published row added before the save.
 _SHARED_CONFIG = ("capacity", "layout", "ring_size", "num_writers", "prioritized", "n_step",
                   "gamma", "next_of", "roles")
 _SHARED_STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "heads",
@@ -1293,7 +1296,13 @@ def load_shared(path, cls, **overrides):
     if doc["class"] != cls.__name__:
         raise FormatError(f"{spath}: class: expected {cls.__name__!r}, got {_show(doc['class'])}")
     limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
-    st = c.obj("state", doc["state"], _SHARED_STATE + (("rate_limiter",) if limited else ()))
+    v = doc["config"]
+    wor = isinstance(v, dict) and "sampler" in v  # before the state's keys
+    if wor and (v["sampler"] != "without_replacement" or v.get("prioritized") is not False):
+        c.fail("config.sampler", "'without_replacement' with prioritized false (absent: uniform)",
+               v["sampler"])
+    st = c.obj("state", doc["state"], _SHARED_STATE + (("rate_limiter",) if limited else ())
+               + (("without_replacement",) if wor else ()))
     if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
         c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
     spec = c.spec(st["spec"])
@@ -1306,7 +1315,7 @@ def load_shared(path, cls, **overrides):
                                   f"(pass {k}= to load)")
     prioritized = isinstance(v, dict) and v.get("prioritized") is True
     config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()),
-                   optional=("rate_limiter",))
+                   optional=("rate_limiter", "sampler"))
     cap = c.integer(cf + "capacity", config["capacity"], 1, MAX_CAPACITY)
     layout = c.layout(cf + "layout", config["layout"], spec)
     c.integer(cf + "ring_size", config["ring_size"], 1, MAX_RING_SIZE)
@@ -1382,6 +1391,18 @@ def load_shared(path, cls, **overrides):
             c.fail("state.prioritized.leaves", f"leaves that, rounded to float32, are 0 or in "
                    f"[{MIN_LEAF}, {MAX_LEAF}], and not 0 for held rows", f"leaf {i} = {raw[i]}",
                    show=False)
+    undrawn = None
+    if wor:  # the pass: slots of held rows, each once
+        part = _read_undrawn(c, arrays, st["without_replacement"], "without_replacement", cap)
+        slots = part["undrawn"]
+        held = np.minimum(np.asarray(heads, np.int64), per)
+        bad = (slots < 0) | (slots >= cap)
+        bad[~bad] = slots[~bad] % per >= held[slots[~bad] // per]
+        if bad.any() or np.unique(slots).shape[0] != slots.shape[0]:
+            i = int(np.argmax(bad)) if bad.any() else None
+            c.fail("state.without_replacement.undrawn", "slots of rows the shards held, each once",
+                   f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
+        undrawn = (slots, part["passes"])
     rows_name = doc["rows"]
     if rows_name != file_name(saved_layout, "rows"):
         c.fail("rows", f"{file_name(saved_layout, 'rows')} (layout {_show_layout(saved_layout)})",
@@ -1399,6 +1420,8 @@ def load_shared(path, cls, **overrides):
             kw.update({k: config[k] for k in _PRIORITIZED_KEYS})
         if limiter is not None:
             kw["rate_limiter"] = limiter
+        if wor:
+            kw["sampler"] = config["sampler"]
         try:
             buf = cls(spec, cap, seed=sampler["seed"], **kw, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -1406,7 +1429,7 @@ def load_shared(path, cls, **overrides):
                               f"{str(exc)[:300]})") from None
         try:
             buf.restore(ds, heads, dropped, sampler["counter"],
-                        None if pri is None else (leaves, versions, pri["samples"]),
+                        None if pri is None else (leaves, versions, pri["samples"]), undrawn,
                         samples=None if limiter is None else counts["samples"])
         except BaseException:
             buf.close()

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from ...errors import SharedBufferError
+from . import Sampler
 from .exactly_k import ExactlyKSampler
 from .prioritized import PrioritizedSampler
 from .uniform import UniformSampler
@@ -264,3 +265,120 @@ class SharedExactlyKSampler(ExactlyKSampler):
 
     def extra_state(self, copy: bool, size: int) -> dict:
         raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no checkpoint yet")
+
+class SharedWithoutReplacementSampler(_Shards, Sampler):
+    """Sampling without replacement over the shards (``sampler="without_replacement"``): the
+    learner's pool of the undrawn slots (:mod:`tfdata.kernels._pool`), into which each sample
+    first adds the rows published since the last one (read from the heads, shard by shard, in
+    publication order), then the draws, the copy, and a redraw (from the pool, after adding
+    what was published since) of every row a writer may have touched during the copy.
+
+    The rule of :class:`~tfdata.replay.samplers.without_replacement.WithoutReplacementSampler`,
+    with the rows published as the writes: within a pass no row is returned twice; a row
+    published during a pass joins it; a row a writer overwrote before it was drawn is never
+    returned (its slot's new row takes its place once published; a row torn during the copy
+    has left the pool and is drawn again from it); a new pass begins when every row of the pass
+    was drawn, over every row the shards then hold. With one writer, the same rows published
+    between the same samples give the same batches. A redraw that ends a pass may take a row
+    the batch took before the pass ended (a new pass: still no repeat within one pass).
+    """
+
+    projects = True
+    state_key = "without_replacement"
+    #: the name ``SharedReplayBuffer(sampler=...)`` and checkpoints give this sampler
+    name = "without_replacement"
+
+    def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
+        super().bind(storage, capacity, num_envs, allocator)
+        from ... import kernels
+        from ...kernels import _pool
+
+        self.k, self._pool = kernels, _pool
+        self.pool = allocator.zeros(capacity, np.uint32)
+        self.inpool = allocator.zeros(capacity, np.uint8)
+        self.meta = np.zeros(3, np.int64)  # [undrawn rows, passes completed, rows held]
+        self.folded = allocator.zeros(self.shards, np.int64)  # rows of each shard added
+
+    def plan(self, capacity: int) -> dict:
+        return {"trees": 0, "bookkeeping": 5 * int(capacity) + 8 * getattr(self, "shards", 0)}
+
+    @property
+    def nbytes(self) -> dict:
+        return {"trees": 0, "bookkeeping": int(self.pool.nbytes + self.inpool.nbytes
+                                               + self.folded.nbytes)}
+
+    @property
+    def passes(self) -> int:
+        """Passes completed so far."""
+        return int(self.meta[1])
+
+    @property
+    def undrawn(self) -> int:
+        """Rows of the current pass not drawn yet, as of the last sample."""
+        return int(self.meta[0])
+
+    def _fold_draw(self, scratch, idx) -> int:
+        got = self._pool.pool_fold_draw(self.heads, self.cap, self.pool, self.inpool, self.meta,
+                                        self.folded, scratch, self.state, idx)
+        if got == -3:
+            raise self._too_few(idx.shape[0], int(self.meta[2]))
+        if got < 0:  # the arguments are this object's: a bug, not the caller's input
+            raise RuntimeError(f"SharedWithoutReplacementSampler: pool_fold_draw returned {got}")
+        return int(self.meta[2])
+
+    def fold(self, scratch: np.ndarray) -> int:
+        """Add the rows published since the last sample (reading the heads into ``scratch``;
+        a checkpoint's snapshot: every published row added); returns rows held."""
+        return self._fold_draw(scratch, scratch[:0])
+
+    def sample(self, n: int, out, arrays: dict) -> None:
+        scratch, idx = arrays["shard_scratch"], out.indices
+        self._fold_draw(scratch, idx)
+        out.source.gather(idx, out)
+        mark = scratch[7 * self.shards:]
+        torn = self.k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
+        for i in range(idx.shape[0] if torn else 0):
+            if mark[i]:  # rare: a row a writer overwrote while it was copied (it left the pool)
+                self.redraw(i, out, arrays)
+
+    def redraw(self, i: int, out, arrays: dict) -> None:
+        """Draw row ``i`` of ``out`` again from the pool (the rows published since added
+        first), checked against heads read afresh, until it copies cleanly."""
+        scratch = arrays["shard_scratch"]
+        one = out.indices[i:i + 1]
+        mark = scratch[7 * self.shards + i:7 * self.shards + i + 1]
+        mark[0] = 1
+        tries = 0
+        while mark[0]:
+            if tries == MAX_REDRAWS:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            tries += 1
+            self._fold_draw(scratch, one)
+            out.source.gather_at(one, out, i)
+            self.k.torn_after_copy(self.reserved, self.cap, scratch, one, mark)
+        self.redraws += tries
+
+    def heads_snapshot(self, scratch: np.ndarray) -> int:
+        """The first step of ``sample_sequences``: refused here, before anything changed."""
+        raise NotImplementedError(
+            "SharedReplayBuffer(sampler='without_replacement') draws no sequences (a slice of "
+            "a shard starts at rows its writer keeps moving; see ARCHITECTURE.md): use "
+            "sampler='uniform' or prioritized=True for sample_sequences")
+
+    # -- state ---------------------------------------------------------------------------------
+    def pass_state(self) -> dict:
+        """``{"undrawn": int64[m], "passes": int}`` as of the last fold (call under the lock,
+        after :meth:`fold`)."""
+        return {"undrawn": self.pool[:int(self.meta[0])].astype(np.int64),
+                "passes": int(self.meta[1])}
+
+    def restore(self, undrawn: np.ndarray, passes: int, heads: list) -> None:
+        """The pass of a checkpoint (slots already mapped to this region, each held once) with
+        every row of ``heads`` added."""
+        from .without_replacement import check_undrawn
+
+        undrawn = check_undrawn(undrawn, self.capacity, "state.without_replacement.undrawn")
+        if self._pool.pool_load(self.pool, self.inpool, self.meta, undrawn, self.capacity) != 0:
+            raise RuntimeError("SharedWithoutReplacementSampler: a checked pool did not load")
+        self.meta[1] = passes
+        self.folded[:] = heads

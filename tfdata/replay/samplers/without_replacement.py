@@ -20,8 +20,17 @@ class WithoutReplacementSampler(Sampler):
     already took are drawn later in the new pass. Same seed and rows, same batches, on every
     layout; :meth:`state_dict` and checkpoints keep the pass (a restored buffer continues it).
 
-    ``buffer.sampler.passes`` counts the passes completed. Sequences (``sample_slices``) are not
-    drawn by this sampler (NotImplementedError).
+    ``buffer.sampler.passes`` counts the passes completed.
+
+    Sequences (``sample_sequences``, policy ``"mask"``): the slices' start rows are drawn from
+    the same pass as rows are (a row drawn as a start is drawn for its pass): within a pass no
+    row starts two slices, nor is it both a start and a row of :meth:`sample`; each slice is
+    then filled as the uniform sampler fills it (rows of the start's stream while written and
+    in its episode, the rest repeating the last valid row with ``mask`` False). So every
+    valid start is drawn at most once per pass, and exactly once if the pass is drawn by
+    slices alone. Policy ``"reject"`` is refused (NotImplementedError): a rejected start
+    would have to leave the pass undrawn or be drawn without being returned, and a call that
+    finds no slice would have to undo its draws to change nothing.
 
     Cost: the undrawn slots (uint32) and a flag per slot, 5 bytes per slot
     (``nbytes_parts["bookkeeping"]``); a write costs nothing (the sampler hears only laps of the
@@ -44,7 +53,7 @@ class WithoutReplacementSampler(Sampler):
         self._k = _pool
         self.pool = allocator.zeros(capacity, np.uint32)
         self.inpool = allocator.zeros(capacity, np.uint8)
-        self.meta = np.zeros(2, np.int64)  # [undrawn rows, passes completed]
+        self.meta = np.zeros(3, np.int64)  # [undrawn rows, passes completed, live rows]
         _pool.pool_clear(self.pool, self.inpool, self.meta)
         self.wraps = 0  # laps of the ring written
         self.synced = 0  # laps * capacity + cursor at the last sample
@@ -108,6 +117,24 @@ class WithoutReplacementSampler(Sampler):
         if got < 0:  # the arguments come from this object: a bug, not the caller's input
             raise RuntimeError(f"WithoutReplacementSampler: sample_pool returned {got}")
         self.synced = position
+
+    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+        if reject:
+            raise NotImplementedError(
+                "sample_sequences(policy='reject') with sampler='without_replacement': a rejected "
+                "start would leave its pass undrawn or drawn unreturned; use policy='mask' (starts "
+                "drawn without replacement, invalid rows masked) or sampler='uniform'")
+        cap = self.capacity
+        position = self.wraps * cap + self.writer.cursor
+        synced = self.synced
+        mask = arrays["mask"]
+        got = self._k.pool_slices(self.pool, self.inpool, self.meta, synced % cap,
+                                  min(position - synced, cap), n, self.state, cursor,
+                                  self.num_envs, episode, out.indices.reshape(mask.shape), mask)
+        if got < 0:
+            raise RuntimeError(f"WithoutReplacementSampler: pool_slices returned {got}")
+        self.synced = position
+        return -1
 
     # -- state ---------------------------------------------------------------------------------
     def extra_state(self, copy: bool, size: int) -> dict:

@@ -1,0 +1,382 @@
+"""SharedReplayBuffer(sampler="without_replacement"): the learner's pool over rows that writer
+processes publish. Within a pass no row is returned twice; one writer gives the batches of a
+ReplayBuffer with the same rows; a killed writer wedges nothing; checkpoints keep the pass."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from tfdata import FormatError, ReplayBuffer
+from tfdata.errors import WriterLostWarning
+from tfdata.kernels import _pool
+from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+from . import naive
+from .conftest import row
+from .test_shared import ID_SPEC, _dying_worker, consistent, id_rows
+from .test_without_replacement import Model
+
+FORK = mp.get_context("fork")
+WOR = "without_replacement"
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    return tmp_path
+
+
+def wor(cap, **kw) -> SharedReplayBuffer:
+    kw.setdefault("seed", 3)
+    return SharedReplayBuffer(ID_SPEC, cap, sampler=WOR, **kw)
+
+
+# -- the kernel against its reference ----------------------------------------------------------
+def test_pool_fold_draw_matches_reference():
+    """Random publications on 1-3 shards (laps included) and draws, against the reference: the
+    published rows of each shard joined in order (each slot once a lap behind), then
+    ``pool_sample_naive``'s draws with the pass refilled by the held slots of every shard."""
+    rng = np.random.default_rng(5)
+    for trial in range(120):
+        S, span = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        cap = S * span + int(rng.integers(0, 3))  # a pool may be longer than the shards
+        pool, inpool = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8)
+        meta, folded = np.zeros(3, np.int64), np.zeros(S, np.int64)
+        heads, scratch = np.zeros(S, np.uint64), np.zeros(7 * S + 8, np.int64)
+        state = np.array([naive.mix64(trial), 0], np.uint64)
+        ref, ref_m, ref_passes, ref_folded = [0] * cap, 0, 0, [0] * S
+        for step in range(25):
+            for g in range(S):
+                if rng.random() < 0.5:
+                    heads[g] += int(rng.integers(0, 3 * span))
+            held = [min(int(h), span) for h in heads]
+            total = sum(held)
+            batch = int(rng.integers(0, total + 2))
+            idx = np.zeros(batch, np.int64)
+            key, ctr = int(state[0]), int(state[1])
+            got = _pool.pool_fold_draw(heads, span, pool, inpool, meta, folded, scratch, state, idx)
+            # the reference: joins, then draws over the live slots
+            members = set(ref[:ref_m])
+            for g in range(S):
+                h, lo = int(heads[g]), ref_folded[g]
+                for r in range(lo, min(h, lo + span)):
+                    s = g * span + r % span
+                    if s not in members:
+                        ref[ref_m] = s
+                        members.add(s)
+                        ref_m += 1
+                ref_folded[g] = max(lo, h)
+            assert folded.tolist() == ref_folded and int(meta[2]) == total
+            if batch > total:
+                assert got == -3 and int(state[1]) == ctr and int(meta[0]) == ref_m
+                continue
+            live = [g * span + j for g in range(S) for j in range(held[g])]
+            ref, ref_m, passes, ref_idx, ref_ctr = naive.pool_sample_naive(
+                ref, ref_m, ref_passes, 0, 0, 0, key, ctr, batch, live=live)
+            assert got == passes - ref_passes, (trial, step)
+            ref_passes = passes
+            np.testing.assert_array_equal(idx, ref_idx, err_msg=f"trial {trial} step {step}")
+            assert int(meta[0]) == ref_m and int(meta[1]) == ref_passes and int(state[1]) == ref_ctr
+            np.testing.assert_array_equal(pool[:ref_m], ref[:ref_m])
+            assert sorted(np.flatnonzero(inpool).tolist()) == sorted(ref[:ref_m])
+
+
+def test_pool_fold_draw_refuses_disagreeing_arrays():
+    pool, inpool, meta = np.zeros(8, np.uint32), np.zeros(8, np.uint8), np.zeros(3, np.int64)
+    heads, folded, scratch = np.array([3, 2], np.uint64), np.zeros(2, np.int64), np.zeros(14, np.int64)
+    state, idx = np.array([1, 0], np.uint64), np.zeros(2, np.int64)
+    for args in [(5, pool, inpool, meta, folded, scratch),  # 2 shards of 5 > 8 slots
+                 (4, pool, inpool[:7], meta, folded, scratch), (4, pool, inpool, meta[:2], folded, scratch),
+                 (4, pool, inpool, meta, folded[:1], scratch), (4, pool, inpool, meta, folded, scratch[:13]),
+                 (0, pool, inpool, meta, folded, scratch)]:
+        assert _pool.pool_fold_draw(heads, *args, state, idx) == -1
+    assert not meta.any() and not folded.any() and int(state[1]) == 0
+    meta[0] = 3
+    folded[:] = [3, 2]  # nothing published since: the pool is drawn as it is
+    pool[:3] = [100, 10 ** 9, 100]  # slots beyond the arrays in a corrupt pool: refused, never read
+    assert _pool.pool_fold_draw(heads, 4, pool, inpool, meta, folded, scratch, state,
+                                np.zeros(3, np.int64)) == -2
+
+
+# -- one writer: the batches of a ReplayBuffer -------------------------------------------------
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_one_writer_samples_as_a_replay_buffer_and_follows_the_rule(layout, shm_dir):
+    cap = 16
+    rng = np.random.default_rng(7)
+    ref = ReplayBuffer(ID_SPEC, cap, layout=layout, seed=3, sampler=WOR)
+    model, nid = Model(cap), 0
+    with wor(cap, layout=layout) as buf, SharedWriter(buf.name, 0) as w:
+        for step in range(250):
+            if rng.random() < 0.3 or len(ref) == 0:
+                k = int(rng.choice([1, 3, cap, cap + 5, 3 * cap]))
+                rows = id_rows(np.arange(nid, nid + k))
+                nid += k
+                if k == 1:
+                    ref.push(row(rows, 0))
+                    w.push(row(rows, 0))
+                else:
+                    ref.extend(rows)
+                    w.extend(rows)
+                model.write(rows["id"])
+            else:
+                b = int(rng.integers(1, len(ref) + 1))
+                got, want = buf.sample(b, copy=True), ref.sample(b, copy=True)
+                np.testing.assert_array_equal(got.indices, want.indices)
+                np.testing.assert_array_equal(got["id"], want["id"])
+                assert consistent(got).all()
+                model.check_batch(got["id"])
+                assert buf.sampler.passes == ref.sampler.passes == model.passes
+        assert model.passes > 10
+
+
+def test_bad_sampler_arguments_change_nothing(shm_dir):
+    with pytest.raises(ValueError, match="sampler must be one of .* got 'bogus'"):
+        SharedReplayBuffer(ID_SPEC, 8, sampler="bogus")
+    with pytest.raises(ValueError, match="needs mode='replay' and prioritized=False"):
+        SharedReplayBuffer(ID_SPEC, 8, sampler=WOR, prioritized=True)
+    with pytest.raises(ValueError, match="needs mode='replay'"):
+        SharedReplayBuffer(ID_SPEC, 8, sampler=WOR, mode="fifo")
+    assert os.listdir(shm_dir) == []
+    spec = dict(ID_SPEC, terminated="?", truncated="?")
+    with SharedReplayBuffer(spec, 8, sampler=WOR) as buf, SharedWriter(buf.name, 0) as w:
+        w.extend({**id_rows(np.arange(8)), "terminated": np.zeros(8, bool), "truncated": np.zeros(8, bool)})
+        with pytest.raises(NotImplementedError, match="without_replacement.*no sequences"):
+            buf.sample_sequences(2, 3)
+        assert buf.sampler.undrawn == 0 and buf.sampler.folded.tolist() == [0]  # nothing added
+        assert sorted(buf.sample(8)["id"].tolist()) == list(range(8))
+        assert buf.nbytes_parts["bookkeeping"] >= 5 * 8 + 8
+
+
+# -- writer processes --------------------------------------------------------------------------
+def _writer(name, shard, stop, errors):
+    try:
+        with SharedWriter(name, shard) as w:
+            i = 0
+            while not stop.is_set():
+                w.extend(id_rows(np.arange(i, i + 16) + 1_000_000 * shard))
+                w.push(row(id_rows([i + 16 + 1_000_000 * shard]), 0))
+                i += 17
+    except BaseException as exc:
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_two_writer_processes_no_row_twice_in_a_pass(layout, shm_dir):
+    """Two processes overwrite their rings while the learner samples: every row whole, and no
+    row twice within a pass (batches of 1 near a pass's end, so the boundary is known: a
+    batch smaller than the undrawn rows cannot end its pass, unless rows torn by a writer
+    were drawn again from the pool; a batch that redrew and ended a pass starts the check
+    afresh)."""
+    errors, stop = FORK.Queue(), FORK.Event()
+    cap = 2 * 256
+    with wor(cap, num_writers=2, layout=layout) as buf:
+        procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors)) for s in range(2)]
+        for p in procs:
+            p.start()
+        while len(buf) < cap:
+            time.sleep(0.01)
+        seen, passes, sampled = set(), buf.sampler.passes, 0
+        first = passes
+        t_end = time.monotonic() + 2.0
+        while time.monotonic() < t_end or buf.sampler.passes < first + 3:
+            redraws = buf.redraws
+            b = buf.sample(64 if buf.sampler.undrawn > 64 else 1)
+            assert consistent(b).all()
+            ids = b["id"].tolist()
+            if buf.sampler.passes != passes:  # a batch of 1 ended the pass
+                assert (len(ids) == 1 and buf.sampler.passes == passes + 1) or buf.redraws > redraws
+                passes, seen = buf.sampler.passes, set()
+                continue
+            assert not seen & set(ids) and len(set(ids)) == len(ids), ("a row twice in a pass", seen & set(ids), len(set(ids)), len(ids), buf.redraws - redraws, len(seen), buf.sampler.undrawn)
+            seen |= set(ids)
+            sampled += len(ids)
+        stop.set()
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+    assert sampled > 2 * cap and passes >= first + 3
+
+
+def test_a_killed_writer_does_not_wedge_the_learner(shm_dir):
+    cap, n_ok = 33, 40  # shard 0 wrapped; its writer dies while overwriting 5 slots
+    with wor(2 * cap, num_writers=2, seed=1) as buf:
+        p = FORK.Process(target=_dying_worker, args=(buf.name, 0, n_ok, 5))
+        p.start()
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL
+        with SharedWriter(buf.name, 1) as w:
+            w.extend(id_rows(1_000_000 + np.arange(10)))
+        with pytest.warns(WriterLostWarning, match="shard 0"):
+            assert buf.lost_writers[0]["torn"] == 5
+        held = set(range(n_ok - cap + 5, n_ok)) | set((1_000_000 + np.arange(10)).tolist())
+        ids = np.asarray(buf.storage.field("id"))
+        returned = [int(buf.sample(1)["id"][0])]  # the first sample adds every published row
+        first = buf.sampler.passes
+        while buf.sampler.passes < first + 4:  # nothing is published now: the pool is exact
+            undrawn = set(ids[buf.sampler.pool[:buf.sampler.undrawn]].tolist())
+            p0 = buf.sampler.passes
+            got = int(buf.sample(1)["id"][0])
+            assert got in held  # never a torn slot (its old row was being overwritten)
+            if buf.sampler.passes == p0:
+                assert got in undrawn, "a row not undrawn in its pass"
+            returned.append(got)
+            assert len(returned) < 10_000, "the learner is wedged"
+        assert set(returned) == held and len(returned) < 5 * len(held)
+        assert buf.redraws >= 5
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+def mid_pass(shm_dir, cap=24, dropped=0):
+    buf = wor(2 * cap, num_writers=2)
+    ws = [SharedWriter(buf.name, s) for s in range(2)]
+    ws[0].extend(id_rows(np.arange(40)))
+    ws[1].extend(id_rows(1000 + np.arange(10)))
+    buf.sample(9)
+    ws[0].extend(id_rows(np.arange(40, 45)))  # published since the last sample: in the save
+    if dropped:  # shard 0's writer begins overwriting its oldest rows as the save runs
+        ws[0]._k.shard_begin(ws[0]._words, ws[0].published + dropped)
+    return buf, ws
+
+
+def undrawn_ids(buf) -> set:
+    slots = buf.sampler.pool[:buf.sampler.undrawn]
+    return set(np.asarray(buf.storage.field("id"))[slots].tolist())
+
+
+def test_checkpoint_continues_the_pass(shm_dir, tmp_path):
+    a, ws = mid_pass(shm_dir)
+    a.save(tmp_path / "ck")
+    doc = json.loads((tmp_path / "ck" / "state.json").read_text())
+    assert doc["config"]["sampler"] == WOR
+    b = SharedReplayBuffer.load(tmp_path / "ck", layout="soa")
+    assert b.sampler.passes == a.sampler.passes and undrawn_ids(a) == undrawn_ids(b)
+    wb = [SharedWriter(b.name, s) for s in range(2)]
+    for t in range(30):
+        if t % 4 == 0:
+            for w in (ws[0], wb[0]):
+                w.extend(id_rows(np.arange(100 + 7 * t, 107 + 7 * t)))
+        np.testing.assert_array_equal(a.sample(5)["id"], b.sample(5)["id"])
+    assert a.sampler.passes == b.sampler.passes > 1
+    for w in ws + wb:
+        w.close()
+    a.close()
+    b.close()
+
+
+def test_checkpoint_leaves_out_the_rows_being_overwritten(shm_dir, tmp_path):
+    a, ws = mid_pass(shm_dir, dropped=5)
+    a.save(tmp_path / "ck")
+    b = SharedReplayBuffer.load(tmp_path / "ck")
+    # shard 0 held rows 21..44; 21..25 were being overwritten: left out, the rest moved
+    assert undrawn_ids(b) == undrawn_ids(a) - set(range(21, 26))
+    ids = np.asarray(b.storage.field("id"))
+    np.testing.assert_array_equal(ids[:19], np.arange(26, 45))
+    drawn = []
+    start = b.sampler.passes
+    while b.sampler.passes == start:
+        drawn += b.sample(1)["id"].tolist()
+    assert sorted(drawn) == sorted(undrawn_ids(a) - set(range(21, 26)))
+    for w in ws:
+        w.close()
+    a.close()
+    b.close()
+
+
+def test_hostile_pass_in_a_checkpoint_is_refused(shm_dir, tmp_path):
+    a, ws = mid_pass(shm_dir)
+    a.save(tmp_path / "ck")
+    doc_path = tmp_path / "ck" / "state.json"
+    good = doc_path.read_text()
+    doc = json.loads(good)
+    arr = doc["state"]["without_replacement"]["undrawn"]
+    assert isinstance(arr, dict)  # an array file: edit the file it names
+    files = sorted((tmp_path / "ck").rglob("*.npy"))
+    target = next(f for f in files if "undrawn" in f.name)
+    saved = np.load(target)
+    for bad, match in [(np.append(saved, saved[0]), "undrawn"),  # a slot twice
+                       (np.append(saved[1:], 24 + 20), "slot 44"),  # shard 1 holds 10 rows
+                       (np.append(saved[1:], -1), "undrawn")]:
+        np.save(target, bad.astype(np.int64))
+        with pytest.raises(FormatError, match=match):
+            SharedReplayBuffer.load(tmp_path / "ck")
+    np.save(target, saved)
+    for edit, field in [({"sampler": "exactly_once"}, "config.sampler")]:
+        doc2 = json.loads(good)
+        doc2["config"].update(edit)
+        doc_path.write_text(json.dumps(doc2))
+        with pytest.raises(FormatError, match=field):
+            SharedReplayBuffer.load(tmp_path / "ck")
+    doc_path.write_text(good)
+    SharedReplayBuffer.load(tmp_path / "ck").close()
+    for w in ws:
+        w.close()
+    a.close()
+
+
+def test_one_writer_n_step_and_projection_as_a_replay_buffer(shm_dir):
+    """n-step windows and projected batches over the same draws as a ReplayBuffer's."""
+    from .test_without_replacement import SPEC as NSPEC, rows as nrows
+
+    ref = ReplayBuffer(NSPEC, 20, seed=4, sampler=WOR, n_step=3, gamma=0.5)
+    with SharedReplayBuffer(NSPEC, 20, seed=4, sampler=WOR, n_step=3, gamma=0.5) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        nid = 0
+        for step in range(40):
+            k = [25, 3, 7][step % 3]
+            r = nrows(np.arange(nid, nid + k))
+            nid += k
+            ref.extend(r)
+            w.extend(r)
+            for fields in (None, ["reward"]):
+                got, want = buf.sample(6, fields=fields), ref.sample(6, fields=fields)
+                np.testing.assert_array_equal(got.indices, want.indices)
+                np.testing.assert_array_equal(got["reward"], want["reward"])
+                np.testing.assert_array_equal(got.discounts, want.discounts)
+        assert buf.sampler.passes == ref.sampler.passes > 5
+
+
+def _paced_writer(name, shard, stop, errors):
+    try:
+        with SharedWriter(name, shard) as w:
+            i = 0
+            while not stop.is_set():
+                w.extend(id_rows(np.arange(i, i + 4) + 1_000_000 * shard))
+                i += 4
+                time.sleep(0.0005)  # paced: a save is not lapped whole (full speed can)
+    except BaseException as exc:
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+def test_checkpoint_while_writer_processes_write(shm_dir, tmp_path):
+    """A save while two processes overwrite their rings: the loaded buffer's pass holds only
+    rows it holds, each once, and finishes by returning each of them once."""
+    errors, stop = FORK.Queue(), FORK.Event()
+    with wor(2 * 128, num_writers=2) as buf:
+        procs = [FORK.Process(target=_paced_writer, args=(buf.name, s, stop, errors))
+                 for s in range(2)]
+        for p in procs:
+            p.start()
+        while len(buf) < 2 * 128:
+            time.sleep(0.01)
+        for _ in range(3):
+            buf.sample(50)
+        buf.save(tmp_path / "ck")
+        stop.set()
+        for p in procs:
+            p.join(30)
+        assert errors.empty(), errors.get()
+    with SharedReplayBuffer.load(tmp_path / "ck") as b:
+        n0, start = b.sampler.undrawn, b.sampler.passes
+        assert 0 < n0 <= len(b), (n0, len(b), json.loads((tmp_path / "ck" / "state.json").read_text())["state"]["dropped"])
+        got = []
+        while b.sampler.passes == start:
+            got += b.sample(1)["id"].tolist()
+        assert len(got) == n0 == len(set(got))
+        assert set(got) <= set(np.asarray(b.storage.field("id")).tolist())
