@@ -426,7 +426,13 @@ def write_report(agg, comps, run, pngs, total, learning_starts) -> None:
          f"Made by `experiments/replay_ratio.py` ({run['mode']} run, command `{run['command']}`, {n_seeds} "
          f"seed(s) per variant, {total:,} environment steps each, learning from step {learning_starts:,}, "
          f"{run['wall_clock_s']:.0f} s in all). Raw numbers and every episode: `results.json`.\n",
-         "## Findings\n"]
+         ]
+    for e in run.get("earlier_runs", []):
+        L.append(f"Runs of other variants come from an earlier run, kept as they were (`--add`): command "
+                 f"`{e['command']}`, started {e['started_utc']}, tfdata commit "
+                 f"{(e['environment']['software']['git']['commit'] or '?')[:12]}, load average "
+                 f"{e['load_average_start']} / {e['load_average_end']}.\n")
+    L.append("## Findings\n")
     for c in comps:
         L.append(f"* **{c['variant']}** against {c['against']}: final return {c['final_diff']:+.1f} "
                  f"(p = {_p(c['final_p'])}), mean return over the run {c['mean_diff']:+.1f} "
@@ -489,6 +495,9 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=None, help=f"subset of: {', '.join(VARIANTS)}")
     ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
                     help="rewrite the report and plots from a results.json (no runs)")
+    ap.add_argument("--add", default=None, metavar="RESULTS_JSON",
+                    help="run the variants given and add them to the runs of this results.json (its "
+                         "other variants kept as they were; both run records are kept)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -499,7 +508,7 @@ def main() -> None:
         with open(args.render, encoding="utf-8") as f:
             data = json.load(f)
         runs = data["runs"]
-        publish(runs, data["methodology"], list(dict.fromkeys(r["variant"] for r in runs)),
+        publish(runs, data["methodology"], [v for v in VARIANTS if any(r["variant"] == v for r in runs)],
                 runs[0]["total_steps"], runs[0]["learning_starts"])
         return
     if args.worker:
@@ -522,6 +531,17 @@ def main() -> None:
                                 "error_batches": ERROR_BATCHES, "wait_s": WAIT_S})
     runs = run_all(variants, seeds, total, learning_starts, lambda s: print(s, flush=True))
     run = rec.finish(child_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs))
+    if args.add:  # the earlier runs of other variants, and their run record beside this one
+        with open(args.add, encoding="utf-8") as f:
+            old = json.load(f)
+        kept = [r for r in old["runs"] if r["variant"] not in variants]
+        if any(r["total_steps"] != total or r["learning_starts"] != learning_starts for r in kept):
+            raise SystemExit("--add: the earlier runs used other --steps / --learning-starts")
+        earlier = old["methodology"]
+        run["earlier_runs"] = earlier.get("earlier_runs", []) + [{k: v for k, v in earlier.items()
+                                                                  if k != "earlier_runs"}]
+        runs = kept + runs
+        variants = [v for v in VARIANTS if any(r["variant"] == v for r in runs)]
     publish(runs, run, variants, total, learning_starts)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: "
           f"{os.path.relpath(OUT_DIR)}/README.md", flush=True)

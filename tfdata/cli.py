@@ -36,6 +36,7 @@ EXPERIMENTS = {
     "sumtree_shape": "sumtree",
     "cold_start": "cold_start",
     "dqn_cartpole": "dqn",
+    "replay_ratio": "replay_ratio",
     "ingestion": "ingest",
 }
 ALIASES = {"dqn": "dqn_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
