@@ -83,6 +83,8 @@ class ExactlyKSampler(Sampler):
 
     projects = True
     hears_writes = True
+    #: rows are written where a slot is free, not in stream order (no episodes, n-step, elision)
+    stream_order = False
     state_key = "exactly_k"
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "exactly_k"
@@ -106,7 +108,8 @@ class ExactlyKSampler(Sampler):
         self.delivered = self.dropped = self.lost_replays = 0
         self.writer = None
         self.cond = None
-        self.writers_waiting = 0  # threads in admit(), waiting for a free slot
+        self.writers_waiting = 0  # threads in admit(), waiting for free slots
+        self._wanted = []  # the rows each of them writes
         self.samplers_waiting = 0  # threads in sample(), waiting for rows
 
     @property
@@ -123,6 +126,9 @@ class ExactlyKSampler(Sampler):
         self.pool = allocator.zeros(capacity, np.uint32)
         self.remaining = allocator.zeros(capacity, self.dtype)
         self.meta = np.zeros(1, np.int64)  # [rows awaiting replay]
+        # replays_place's outputs: runs of slots (a write of more runs takes several calls)
+        self._runs = np.zeros((64, 2), np.int64)
+        self._placed = np.zeros(4, np.int64)
 
     def watch(self, writer) -> None:
         """The writer whose ``cursor`` the gate checks (a proxy: the writer holds this hook)."""
@@ -164,45 +170,77 @@ class ExactlyKSampler(Sampler):
         self.cond.wait(left)
         return True
 
+    @property
+    def free(self) -> int:
+        """Free slots (not awaiting replay): where a write may go without overwriting."""
+        return self.capacity - int(self.meta[0])
+
     def admit(self, n: int) -> int:
-        """How many of the next ``n`` rows may be written now at the writer's cursor (the
-        writer's gate, lock held): ``n``, or for ``"drop"`` the free slots before the first
-        that is not (whole steps of ``num_envs``). ``"block"`` waits here (lock released) until
-        all ``n`` slots are free, or raises TimeoutError (or ValueError for ``n`` above the
-        capacity); nothing is changed by a refusal."""
+        """How many of the next ``n`` rows may be written now (the writer's gate, lock held):
+        ``n`` (``"overwrite"``: always; ``"block"``: once ``n`` slots are free, waiting here with
+        the lock released), or for ``"drop"`` as many as there are free slots (whole steps of
+        ``num_envs``). ``"block"`` raises TimeoutError after ``timeout`` seconds, ValueError at
+        once for ``n`` above the capacity; nothing is changed by a refusal."""
         if self.policy == "overwrite":
             return n
         cap = self.capacity
         if self.policy == "drop":
-            ok = self._k.replays_free_run(self.remaining, self.writer.cursor, min(n, cap))
+            ok = min(n, self.free)
             return ok - ok % self.num_envs
         if n > cap:
             raise ValueError(f"exactly_k, policy='block': a write of {n} rows can never fit a "
-                             f"ring of capacity {cap}; write at most {cap} rows at a time")
-        if n == 1 and self.remaining[self.writer.cursor] == 0:
-            return 1
-        if self._k.replays_free_run(self.remaining, self.writer.cursor, n) == n:
+                             f"buffer of capacity {cap}; write at most {cap} rows at a time")
+        if self.free >= n:
             return n
         if self.cond is None:
             raise RuntimeError("ExactlyKSampler: use_lock was not called; a blocked write cannot wait")
         deadline = self._deadline()
         self.writers_waiting += 1
+        self._wanted.append(n)
         if self.samplers_waiting:  # a sample waiting for rows would wait for this writer: wake it
             self.cond.notify_all()  # (it then raises instead of waiting out its timeout)
         try:
             while True:
                 if not self._wait(deadline):
-                    cur = self.writer.cursor
                     raise TimeoutError(
-                        f"exactly_k, policy='block': a write of {n} rows waited {self.timeout} s for "
-                        f"slot {cur} (the oldest row, {int(self.remaining[cur])} of {self.replays} "
-                        f"deliveries left) to be free; {self.awaiting} rows await replay; nothing "
-                        f"was written")
-                # another writer thread may have moved the cursor while the lock was released
-                if self._k.replays_free_run(self.remaining, self.writer.cursor, n) == n:
+                        f"exactly_k, policy='block': a write of {n} rows waited {self.timeout} s "
+                        f"for {n} free slots ({self.free} free: {self.awaiting} of {cap} rows "
+                        f"await replay); nothing was written")
+                if self.free >= n:  # other threads ran while the lock was released
                     return n
         finally:
             self.writers_waiting -= 1
+            self._wanted.remove(n)
+
+    def _stuck(self) -> bool:
+        """A writer waits and none of the waiting writers can go on now: rows are freed only
+        by samples (a writer woken but not yet running is not stuck: it will write)."""
+        return bool(self._wanted) and min(self._wanted) > self.free
+
+    def place(self, n: int):
+        """Where the ``n`` rows the gate admitted go (lock held): ``(spans, moved)``, the
+        writer's ``[(dst_start, src_start, count), ...]`` in row order and the slots its cursor
+        moves over. Each row goes to the next free slot at or after the cursor (wrapping),
+        skipping the rows awaiting replay; with no free slot left (``"overwrite"`` only), to
+        the slot at the cursor, whose row is lost. A row of a write may overwrite an earlier
+        row of the same write (an ``extend`` of more rows than there are free slots plus
+        slots awaiting replay ahead): as ``n`` single pushes would."""
+        cur = self.writer.cursor
+        if n == 1 and self.remaining[cur] == 0:  # the common case, without a kernel call
+            return [(cur, 0, 1)], 1
+        spans = []
+        free, src, moved = self.free, 0, 0
+        runs, out = self._runs, self._placed
+        while src < n:
+            r = self._k.replays_place(self.remaining, cur, n - src, free, runs, out)
+            if r < 0:  # the arguments come from this object: a bug, not the caller's input
+                raise RuntimeError(f"ExactlyKSampler: replays_place returned {r}")
+            for i in range(r):
+                dst, count = int(runs[i, 0]), int(runs[i, 1])
+                spans.append((dst, src, count))
+                src += count
+            cur, free, moved = int(out[0]), int(out[1]), moved + int(out[3])
+        return spans, moved
 
     def on_drop(self, n: int) -> None:
         """``n`` rows the gate refused were not written (``"drop"``)."""
@@ -223,42 +261,13 @@ class ExactlyKSampler(Sampler):
             self.cond.notify_all()
 
     def slot_gate(self):
-        """The gate's one-row form for the generated push: ``f(slot)`` before the row's first
-        byte, waiting (``"block"``) or nothing to check (``"overwrite"``); None for ``"drop"``
-        (a dropped row is the generic path's to skip)."""
-        if self.policy == "drop":
-            return None
-        if self.policy == "overwrite":
-            return _nothing
-        remaining, admit = self.remaining, self.admit
-
-        def gate(slot):
-            if remaining[slot]:
-                admit(1)  # waits for that slot (one writer: the cursor is still ``slot``)
-
-        return gate
+        """None: the generated push writes at the cursor, but a row goes to the next free slot
+        (:meth:`place`), so every push takes the generic path."""
+        return None
 
     def slot_hook(self):
-        """``on_write`` for one row, in Python (a kernel call costs more than these few reads)."""
-        pool, remaining, meta, k, cap = self.pool, self.remaining, self.meta, self.replays, self.capacity
-        me = weakref.ref(self)  # the writer holds this hook: no cycle through the sampler
-
-        def on_write(slot):
-            left = int(remaining[slot])
-            if left:
-                me().lost_replays += left  # only "overwrite" writes over a row awaiting replay
-            else:
-                m = int(meta[0])
-                if m >= cap:
-                    raise RuntimeError("ExactlyKSampler: the pool is full but a slot was free")
-                pool[m] = slot
-                meta[0] = m + 1
-            remaining[slot] = k
-            s = me()
-            if s.samplers_waiting:
-                s.cond.notify_all()
-
-        return on_write
+        """None: see :meth:`slot_gate`."""
+        return None
 
     def on_clear(self) -> None:
         self._k.replays_clear(self.remaining, self.meta)
@@ -288,14 +297,14 @@ class ExactlyKSampler(Sampler):
         """Wait for writer threads until ``batch`` rows await replay; ValueError at once when
         no wait is allowed (``timeout=None``) or would deadlock (a writer waits for this
         sample), TimeoutError when the wait ran out."""
-        if self.timeout is None or self.writers_waiting or self.cond is None or batch > self.capacity:
+        if self.timeout is None or self._stuck() or self.cond is None or batch > self.capacity:
             raise ValueError(self._short(batch) + ("; sample waits for rows only with a timeout"
                                                    if self.timeout is None else ""))
         deadline = self._deadline()
         self.samplers_waiting += 1
         try:
             while self.meta[0] < batch:
-                if self.writers_waiting:
+                if self._stuck():
                     raise ValueError(self._short(batch))
                 if not self._wait(deadline):
                     raise TimeoutError(f"{self._short(batch)}; waited {self.timeout} s")
@@ -353,10 +362,6 @@ class ExactlyKSampler(Sampler):
         self.delivered, self.dropped, self.lost_replays = counters
         if self.cond is not None and self.writers_waiting:
             self.cond.notify_all()
-
-
-def _nothing(slot) -> None:
-    """The ``"overwrite"`` gate: every slot may be written."""
 
 
 def check_slots(slots, size: int, what: str) -> np.ndarray:
