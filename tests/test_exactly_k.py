@@ -985,6 +985,7 @@ def test_drop_and_overwrite_count():
 def test_running_stats_follow_the_skipping_writer():
     b = ReplayBuffer(SPEC, 16, sampler="exactly_k", replays=3, policy="overwrite", seed=0,
                      stats=["reward"])
+    assert b.push.__source__.count("place(w.cursor)")  # the generated push, placing
     rng = np.random.default_rng(0)
     nid = 0
     for step in range(300):
@@ -992,6 +993,9 @@ def test_running_stats_follow_the_skipping_writer():
             n = int(rng.integers(1, 20))
             b.extend(rows(range(nid, nid + n)))
             nid += n
+        elif rng.random() < 0.5:  # the generated push: its sweep may cross the ring's end
+            b.push(one(nid))
+            nid += 1
         elif b.sampler.awaiting >= 3:
             b.sample(3)
         if not len(b):

@@ -26,7 +26,8 @@ written; it may wait (releasing the buffer's lock, see ``use_lock`` in
 :mod:`tfdata.replay.samplers`) or raise, having changed nothing. The generated extend is not
 used with a gate; the generated push only if the gate's ``slot_gate()`` gives its one-row
 form, an ``f(slot)`` run before the row's first byte (it waits or raises, never drops: a gate
-that may drop a row gives None).
+that may drop a row gives None); for a gate with ``place``, that form is ``f(cursor) -> slot``,
+the slot the row goes to (the cursor then moves past it).
 The gate may also place the writes: with ``place(n)`` (exactly-k replay), the writer asks it,
 after ``admit``, where the ``n`` admitted rows go: ``(spans, moved)``, spans as ``spans(n)``
 gives them (in row order; a later span may rewrite a slot of an earlier one, as single pushes
@@ -42,6 +43,8 @@ cursor over) in ``on_write``.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -228,10 +231,15 @@ class RingWriter:
         if not usable or self.num_envs != 1 or (self.gate is not None and on_begin is None):
             return slow
         ep = self.episodes
+        on_wrap = self._on_wrap(None if ep is None else ep.wrapped)
+        place = None
+        if self.placer is not None:  # the gate's one-row form gives the slot: f(cursor) -> slot
+            place, on_begin = on_begin, None
+            if on_wrap is not None:
+                place = _wrapping(place, on_wrap, weakref.proxy(self))
         return make_push(spec, self.storage.field_views(), self, lock, slow,
-                         on_wrap=self._on_wrap(None if ep is None else ep.wrapped),
-                         on_write=on_write, on_begin=on_begin, regions=self.storage.byte_regions(),
-                         gate=gate)
+                         on_wrap=on_wrap, on_write=on_write, on_begin=on_begin,
+                         regions=self.storage.byte_regions(), gate=gate, place=place)
 
     def make_extend(self, spec, lock, slow, write=None, gate=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
@@ -265,3 +273,17 @@ class RingWriter:
         if size % self.num_envs:
             raise ValueError(f"writer state: size {size} is not a multiple of num_envs {self.num_envs}")
         self.cursor, self.size = cursor, size
+
+
+def _wrapping(place, on_wrap, writer):
+    """``place(cursor)`` that also calls ``on_wrap()`` when the slot it gives is behind the
+    writer's cursor: the sweep crossed the ring's end (the generated push calls ``on_wrap``
+    only for a row written into the last slot). ``writer``: a weak proxy (it holds this)."""
+
+    def place_wrapping(cursor, _place=place, _on_wrap=on_wrap, _w=writer):
+        p = _place(cursor)
+        if p < _w.cursor:  # the cursor now: another writer may have moved it while this waited
+            _on_wrap()
+        return p
+
+    return place_wrapping

@@ -261,13 +261,51 @@ class ExactlyKSampler(Sampler):
             self.cond.notify_all()
 
     def slot_gate(self):
-        """None: the generated push writes at the cursor, but a row goes to the next free slot
-        (:meth:`place`), so every push takes the generic path."""
-        return None
+        """The one-row form of :meth:`admit` and :meth:`place` for the generated push:
+        ``f(cursor) -> slot``, the slot the row goes to (waiting for one with ``"block"``);
+        None for ``"drop"`` (a dropped row is the generic path's to skip)."""
+        if self.policy == "drop":
+            return None
+        remaining, me = self.remaining, weakref.ref(self)  # the writer holds this: no cycle
+
+        def place_one(cursor):
+            if remaining[cursor] == 0:  # the common case: no call
+                return cursor
+            s = me()
+            if s.policy == "block" and s.free == 0:
+                s.admit(1)  # waits (lock released) or raises; other writers may have moved on
+            return s._place_from(s.writer.cursor)
+
+        return place_one
+
+    def _place_from(self, cursor: int) -> int:
+        """The slot one row goes to from ``cursor``."""
+        r = self._k.replays_place(self.remaining, cursor, 1, self.free, self._runs, self._placed)
+        if r != 1:
+            raise RuntimeError(f"ExactlyKSampler: replays_place returned {r}")
+        return int(self._runs[0, 0])
 
     def slot_hook(self):
-        """None: see :meth:`slot_gate`."""
-        return None
+        """``on_write`` for one row, in Python (a kernel call costs more than these few reads)."""
+        pool, remaining, meta, k, cap = self.pool, self.remaining, self.meta, self.replays, self.capacity
+        me = weakref.ref(self)  # the writer holds this hook: no cycle through the sampler
+
+        def on_write(slot):
+            left = int(remaining[slot])
+            if left:
+                me().lost_replays += left  # only "overwrite" with no free slot writes over one
+            else:
+                m = int(meta[0])
+                if m >= cap:
+                    raise RuntimeError("ExactlyKSampler: the pool is full but a slot was free")
+                pool[m] = slot
+                meta[0] = m + 1
+            remaining[slot] = k
+            s = me()
+            if s.samplers_waiting:
+                s.cond.notify_all()
+
+        return on_write
 
     def on_clear(self) -> None:
         self._k.replays_clear(self.remaining, self.meta)
