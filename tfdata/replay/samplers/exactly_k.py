@@ -272,7 +272,9 @@ class ExactlyKSampler(Sampler):
             if remaining[cursor] == 0:  # the common case: no call
                 return cursor
             s = me()
-            if s.policy == "block" and s.free == 0:
+            if s.meta[0] == s.capacity:  # no free slot
+                if s.policy == "overwrite":
+                    return cursor  # the row at the cursor is lost (on_write counts it)
                 s.admit(1)  # waits (lock released) or raises; other writers may have moved on
             return s._place_from(s.writer.cursor)
 
