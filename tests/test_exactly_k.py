@@ -942,7 +942,8 @@ def test_actor_and_learner_threads_with_block_finish():
     assert not any(t.is_alive() for t in threads) and not errors, errors
     left = b.sampler.counts()
     assert sum(seen.values()) + int(left.sum()) == k * n_rows
-    assert max(seen.values()) == k and len(seen) == n_rows
+    assert max(seen.values()) == k  # the rows delivered fewer times are those still awaiting:
+    assert sum(1 for i in range(n_rows) if seen[i] < k) == b.sampler.awaiting < B
 
 
 def test_block_waits_only_when_no_slot_is_free():

@@ -76,10 +76,12 @@ class ReplayBuffer(ReplayCore):
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1): deliveries per row, in ``[1, 65535]``.
     policy : {"block", "drop", "overwrite"}, optional
-        ``sampler="exactly_k"`` only (default "block"): what a write does when the oldest slot
-        still awaits replay: wait, drop the newest rows (counted in ``sampler.dropped``), or
-        overwrite (replays lost counted in ``sampler.lost_replays``). "drop" is refused with
-        ``n_step`` and ``elide_next`` (a dropped row would leave a hole in its stream).
+        ``sampler="exactly_k"`` only (default "block"). A row goes into the next free slot at
+        or after the writer's cursor, skipping rows awaiting replay; when no slot is free a
+        write waits, drops the rows without a slot (counted in ``sampler.dropped``), or
+        overwrites the row at the cursor (replays lost counted in ``sampler.lost_replays``).
+        Rows are then not in stream order: ``n_step`` and ``elide_next`` are refused (any
+        policy), no episode numbers are kept, ``column()`` gives rows in slot order.
     timeout : float, optional
         ``sampler="exactly_k"`` only: seconds a blocked write waits before TimeoutError (None:
         for ever), and a sample short of rows waits for writer threads (None: ValueError at

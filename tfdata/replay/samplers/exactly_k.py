@@ -23,28 +23,37 @@ class ExactlyKSampler(Sampler):
 
     The rows awaiting replay (written, delivered fewer than ``k`` times) form a pool; a batch
     draws ``batch_size`` distinct rows of it uniformly (a batch never holds a row twice), and a
-    row leaves the pool after its ``k``-th delivery: its slot is then *free*. The writer keeps
-    the ring (episodes, n-step windows and ``elide_next`` read rows in stream order), so a write
-    needs the slot at its cursor, the oldest row, to be free. When it is not, ``policy`` says:
+    row leaves the pool after its ``k``-th delivery: its slot is then *free*. A write puts each
+    row into the next free slot at or after the writer's cursor (wrapping), skipping the rows
+    awaiting replay, and the cursor moves past the last slot written (:meth:`place`; a write of
+    ``n`` rows lands where ``n`` pushes would). So writers wait only when every slot awaits
+    replay, and then the pool holds ``capacity >= batch_size`` rows: a sample can always go on
+    (the ring of the first version waited for the *oldest* row, which random delivery can
+    leave pending while fewer rows than a batch await: a stall). Rows are therefore not in
+    stream order: the buffer keeps no episode numbers, refuses ``n_step`` and ``elide_next``,
+    and ``column()`` gives the rows in slot order from the cursor. When no slot is free,
+    ``policy`` says:
 
     ``"block"``
-        The write waits (the buffer's lock released, so a sampling thread frees rows and wakes
-        it), at most ``timeout`` seconds (None: as long as it takes), then raises TimeoutError
-        having written and changed nothing. A write of more rows than the capacity can never fit
-        (ValueError at once). One thread that writes and samples must not let the ring fill
-        with rows awaiting replay: with ``timeout=None`` its write would wait for ever; give a
-        ``timeout`` or pick ``"drop"`` / ``"overwrite"``.
+        The write waits until it has a free slot for each of its rows (the buffer's lock
+        released, so a sampling thread frees rows and wakes it), at most ``timeout`` seconds
+        (None: as long as it takes), then raises TimeoutError having written and changed
+        nothing. A write of more rows than the capacity can never fit (ValueError at once). One
+        thread that writes and samples must sample when no slot is free: with ``timeout=None``
+        its write would wait for ever; give a ``timeout`` or pick ``"drop"`` / ``"overwrite"``.
     ``"drop"``
-        The newest rows that do not fit (from the first slot that is not free) are not written;
-        :attr:`dropped` counts them. With ``num_envs > 1``, whole steps.
+        The rows that find no free slot (the last of the write) are not written; :attr:`dropped`
+        counts them. With ``num_envs > 1``, whole steps (a step's rows may land in slots that
+        are not adjacent).
     ``"overwrite"``
-        The oldest rows are overwritten as in any ring; :attr:`lost_replays` counts the
-        deliveries they had left (and ``k`` for each row of an ``extend`` longer than the
-        capacity that a later row of it overwrote).
+        Free slots first; once none is left, the row at the cursor is overwritten (the oldest
+        by the cursor's sweep) and :attr:`lost_replays` counts the deliveries it had left (a
+        row of a long ``extend`` may so overwrite an earlier row of the same write).
 
-    ``sample(B)`` when fewer than ``B`` rows await replay: with ``timeout=None``, or when a
-    writer is waiting for a free slot (it waits for this very sample: a deadlock otherwise),
-    ValueError at once, naming the counts; so a single-threaded loop never hangs. With a
+    ``sample(B)`` when fewer than ``B`` rows await replay: with ``timeout=None``, or when
+    writers wait for free slots and none can go on (it waits for this very sample: a deadlock
+    otherwise; possible only when a write of ``n`` rows and ``B`` exceed the capacity), ValueError
+    at once, naming the counts; so a single-threaded loop never hangs. With a
     ``timeout``, the sample waits (lock released) up to ``timeout`` seconds for writer threads,
     then raises TimeoutError. Nothing is drawn or changed by a refused sample.
 
@@ -76,9 +85,11 @@ class ExactlyKSampler(Sampler):
 
     Cost: the pool (uint32) and the deliveries left (uint8 for ``k <= 255``, else uint16) per
     slot: 5 or 6 bytes per slot (``nbytes_parts["bookkeeping"]``). A push takes the generated
-    push with this gate and hook (``"block"``, ``"overwrite"``; ``"drop"``: the generic path);
-    an extend the generic path, one kernel call adding the written slots. A sample draws, lowers
-    the counts and gathers in one kernel call.
+    push with :meth:`slot_gate` placing the row (``"block"``, ``"overwrite"``; ``"drop"``: the
+    generic path): 1.2 us to a free slot, 2.0 us past rows awaiting replay (a kernel call), 0.7 us
+    uniform (AoS, 1M CartPole rows, by hand). An extend takes the generic path, one kernel call
+    placing the rows and one per span adding the written slots. A sample draws, lowers the
+    counts and gathers in one kernel call.
     """
 
     projects = True
