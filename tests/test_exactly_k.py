@@ -986,25 +986,51 @@ def test_drop_and_overwrite_count():
     assert o.sampler.lost_replays == 3 and o.writer.cursor == 2
 
 
-def test_running_stats_follow_the_skipping_writer():
-    b = ReplayBuffer(SPEC, 16, sampler="exactly_k", replays=3, policy="overwrite", seed=0,
+@pytest.mark.parametrize("cap", [16, 1000])
+def test_running_stats_follow_the_skipping_writer(cap):
+    # 1000 slots: several blocks of 256 rows, so a lap missed would leave a block stale
+    b = ReplayBuffer(SPEC, cap, sampler="exactly_k", replays=1, policy="overwrite", seed=0,
                      stats=["reward"])
+    crossed = 0
     assert b.push.__source__.count("place(w.cursor)")  # the generated push, placing
     rng = np.random.default_rng(0)
     nid = 0
-    for step in range(300):
-        if rng.random() < 0.5:
-            n = int(rng.integers(1, 20))
+    big = max(2, cap // 5)
+    for step in range(600):
+        r = rng.random()
+        if r < 0.2:
+            n = int(rng.integers(1, big))
             b.extend(rows(range(nid, nid + n)))
             nid += n
-        elif rng.random() < 0.5:  # the generated push: its sweep may cross the ring's end
-            b.push(one(nid))
-            nid += 1
+        elif r < 0.7:  # the generated push: its sweep may cross the ring's end
+            for _ in range(int(rng.integers(1, 8))):
+                c = b.writer.cursor
+                b.push(one(nid))
+                crossed += 0 < b.writer.cursor <= c
+                nid += 1
         elif b.sampler.awaiting >= 3:
-            b.sample(3)
+            b.sample(min(b.sampler.awaiting, int(rng.integers(3, big + 3))))
         if not len(b):
             continue
-        got = b.column_stats("reward")
-        want = np.asarray(b.column("reward"))
+        got = b.stats("reward")
+        want = np.asarray(b.column("reward"), np.float64)
         assert got.count == len(b)
-        np.testing.assert_allclose(got.mean, want.mean(), rtol=1e-5)
+        np.testing.assert_allclose(got.mean, want.mean(), rtol=1e-6)
+        assert got.max == want.max()
+    assert crossed or cap > 16  # the case the generated push's place must report as a lap
+
+
+def test_running_stats_hear_a_push_whose_sweep_crosses_the_end():
+    b = ReplayBuffer(SPEC, 1000, sampler="exactly_k", replays=1, policy="block", seed=0,
+                     stats=["reward"])
+    b.extend(rows(range(1000)))
+    state = b.state_dict()
+    state["writer"]["cursor"] = 995
+    state["exactly_k"].update(slots=np.arange(995, 1000), counts=np.ones(5, np.int64))
+    b.load_state_dict(state)  # slots 995..999 await, the rest free; the cursor at 995
+    assert b.stats("reward").max == 999
+    for i in range(3):
+        b.push(one(5000 + i))  # to slots 0, 1, 2: past the ring's end
+    assert b.writer.cursor == 3
+    assert b.stats("reward").max == 5002
+    np.testing.assert_allclose(b.stats("reward").mean, np.asarray(b.column("reward"), np.float64).mean())
