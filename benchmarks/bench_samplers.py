@@ -127,12 +127,20 @@ def exactly_k_buffer(layout: str, policy: str):
     key = (layout, "exactly_k", policy)
     if key not in _CACHE:
         buf = tfdata.ReplayBuffer(CARTPOLE, CAPACITY, layout=layout, seed=0, sampler="exactly_k",
-                                  replays=REPLAYS, policy="overwrite" if policy == "block" else policy)
+                                  replays=REPLAYS, policy="overwrite" if policy in ("block", "skip") else policy)
         fill(buf, CAPACITY, fill_chunk(CARTPOLE))
         if policy == "block":  # deliver every row k times, then keep a buffer that blocks
             while buf.sampler.awaiting:
                 buf.sample(min(65_536, buf.sampler.awaiting))
             state = buf.state_dict()
+            buf = tfdata.ReplayBuffer(CARTPOLE, CAPACITY, layout=layout, seed=0, sampler="exactly_k",
+                                      replays=REPLAYS, policy="block")
+            buf.load_state_dict(state)
+        elif policy == "skip":  # every other slot awaits replay, the cursor's among them
+            buf = exactly_k_buffer(layout, "block")
+            state = buf.state_dict()
+            slots = np.arange(0, CAPACITY, 2, dtype=np.int64)
+            state["exactly_k"].update(slots=slots, counts=np.full(slots.size, REPLAYS, np.int64))
             buf = tfdata.ReplayBuffer(CARTPOLE, CAPACITY, layout=layout, seed=0, sampler="exactly_k",
                                       replays=REPLAYS, policy="block")
             buf.load_state_dict(state)
@@ -204,9 +212,11 @@ class ExactlyKSample:
 
 class ExactlyKPush:
     """Append one CartPole row: uniform, exactly-k on a free slot (``"block"``, the gate lets it
-    through) and exactly-k overwriting a row awaiting replay (``"overwrite"``, counted)."""
+    through), exactly-k skipping a row awaiting replay to the next free slot (``"skip"``: every
+    other slot awaits, a ``"block"`` buffer; one kernel call per push) and exactly-k overwriting
+    a row awaiting replay with no slot free (``"overwrite"``, counted)."""
 
-    params = [LAYOUTS, ["uniform", "exactly_k_block", "exactly_k_overwrite"]]
+    params = [LAYOUTS, ["uniform", "exactly_k_block", "exactly_k_skip", "exactly_k_overwrite"]]
     param_names = ["layout", "sampler"]
     repeat = _MANY_SAMPLES
 

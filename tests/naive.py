@@ -806,11 +806,36 @@ def exactly_k_write_naive(pool: list, m: int, remaining: list, start: int, count
     return pool, m, remaining, lost
 
 
+def exactly_k_place_naive(remaining: list, start: int, n: int, free: int) -> tuple:
+    """Reference of ``kernels._replays.replays_place``, written from the rule: row by row, the
+    first slot at or after the position (wrapping) whose count is 0, while a free slot is
+    left (a slot taken by this write is no longer free); with none left, the slot at the
+    position. The position moves past each slot taken. Returns ``(slots, position after,
+    slots moved over)``."""
+    cap = len(remaining)
+    rem = list(remaining)
+    pos, moved, slots = start, 0, []
+    for _ in range(n):
+        if free > 0:
+            while rem[pos] != 0:
+                pos = (pos + 1) % cap
+                moved += 1
+            free -= 1
+        slots.append(pos)
+        rem[pos] = max(rem[pos], 1)  # taken: not free for the rest of this write
+        pos = (pos + 1) % cap
+        moved += 1
+    return slots, pos, moved
+
+
 class ExactlyKModel:
-    """A buffer with ``sampler="exactly_k"`` in plain Python: a ring of row ids, the naive pool
-    and the policy's rule, written from the documentation (not the code): a write needs the
-    slot at the cursor free; "block" refuses (the caller checks the TimeoutError), "drop" keeps
-    the rows that fit (whole steps of ``num_envs``), "overwrite" counts the deliveries lost."""
+    """A buffer with ``sampler="exactly_k"`` in plain Python: slots of row ids, the naive pool
+    and the policy's rule, written from the documentation (not the code): each row goes to the
+    next free slot at or after the cursor (wrapping), skipping rows awaiting replay, and the
+    cursor moves past the last slot written; "block" refuses a write of more rows than there
+    are free slots (the caller checks the TimeoutError), "drop" keeps the rows that fit (whole
+    steps of ``num_envs``), "overwrite" writes at the cursor once no slot is free and counts
+    the deliveries lost."""
 
     def __init__(self, capacity: int, k: int, policy: str, seed: int, num_envs: int = 1):
         self.cap, self.k, self.policy, self.num_envs = capacity, k, policy, num_envs
@@ -823,37 +848,26 @@ class ExactlyKModel:
         self.cursor = self.size = 0
         self.delivered = self.dropped = self.lost = 0
 
-    def free_run(self, n: int) -> int:
-        run = 0
-        while run < min(n, self.cap) and self.remaining[(self.cursor + run) % self.cap] == 0:
-            run += 1
-        return run
-
     def write(self, ids: list) -> bool:
         """Write rows ``ids``; False if "block" refuses (nothing changed)."""
         n = len(ids)
+        free = self.remaining.count(0)
         if self.policy == "block":
-            if n > self.cap or self.free_run(n) < n:
+            if n > free:
                 return False
         elif self.policy == "drop":
-            ok = self.free_run(n)
+            ok = min(n, free)
             ok -= ok % self.num_envs
             self.dropped += n - ok
             ids = ids[:ok]
             n = ok
-        elif n > self.cap:  # an extend longer than the ring: its first rows are overwritten
-            self.lost += (n - self.cap) * self.k
-            ids = ids[n - self.cap:]
-            self.cursor = (self.cursor + n - self.cap) % self.cap
-            self.size = min(self.size + n - self.cap, self.cap)
-            n = self.cap
         if n:
-            self.pool, self.m, self.remaining, lost = exactly_k_write_naive(
-                self.pool, self.m, self.remaining, self.cursor, n, self.k)
-            self.lost += lost
-            for i, x in enumerate(ids):
-                self.ids[(self.cursor + i) % self.cap] = x
-            self.cursor = (self.cursor + n) % self.cap
+            slots, self.cursor, _ = exactly_k_place_naive(self.remaining, self.cursor, n, free)
+            for s, x in zip(slots, ids):
+                self.pool, self.m, self.remaining, lost = exactly_k_write_naive(
+                    self.pool, self.m, self.remaining, s, 1, self.k)
+                self.lost += lost
+                self.ids[s] = x
             self.size = min(self.size + n, self.cap)
         return True
 

@@ -86,6 +86,47 @@ def test_kernels_match_reference(dtype):
             assert sorted(pool[:ref_m].tolist()) == [s for s in range(cap) if rem[s]]
 
 
+def test_place_kernel_matches_reference():
+    rng = np.random.default_rng(21)
+    for trial in range(400):
+        cap = int(rng.integers(1, 30))
+        rem = (rng.random(cap) < rng.random()).astype(np.uint8) * rng.integers(1, 4, cap).astype(np.uint8)
+        free = int(np.count_nonzero(rem == 0))
+        if rng.random() < 0.3:
+            free = int(rng.integers(0, free + 1))  # fewer free than held: still inside
+        start = int(rng.integers(0, cap))
+        n = int(rng.integers(0, 2 * cap + 2))
+        runs = np.zeros((int(rng.integers(1, 4)), 2), np.int64)  # tiny: several calls
+        out = np.zeros(4, np.int64)
+        slots, pos, f, moved = [], start, free, 0
+        while len(slots) < n:
+            r = _replays.replays_place(rem, pos, n - len(slots), f, runs, out)
+            assert r >= 1
+            for i in range(r):
+                d, c = runs[i]
+                assert 0 <= d and d + c <= cap  # a run never crosses the ring's end
+                slots += list(range(d, d + c))
+            pos, f, moved = int(out[0]), int(out[1]), moved + int(out[3])
+        want, want_pos, want_moved = naive.exactly_k_place_naive(rem.tolist(), start, n, free)
+        assert slots == want and pos == want_pos and moved == want_moved
+        assert (start + moved) % cap == pos
+        taken = slots[:free]  # the first ``free`` rows take free slots, each once
+        assert len(set(taken)) == len(taken) and all(rem[s] == 0 for s in taken)
+
+
+def test_place_kernel_stays_inside_its_arrays():
+    runs, out = np.zeros((2, 2), np.int64), np.zeros(4, np.int64)
+    rem = np.ones(5, np.uint8)
+    assert _replays.replays_place(rem, 0, 3, 2, runs, out) == -2  # promised free slots: none
+    for start, n, free in ((5, 1, 0), (-1, 1, 0), (0, -1, 0), (0, 1, 6), (0, 1, -1)):
+        assert _replays.replays_place(rem, start, n, free, runs, out) == -1
+    assert _replays.replays_place(np.ones(0, np.uint8), 0, 1, 0, runs, out) == -1
+    assert _replays.replays_place(rem, 0, 1, 0, np.zeros((0, 2), np.int64), out) == -1
+    assert _replays.replays_place(rem, 0, 1, 0, runs, np.zeros(3, np.int64)) == -1
+    assert _replays.replays_place(rem, 3, 4, 0, runs, out) == 2  # no free: 3, 4 | 0, 1
+    assert runs.tolist() == [[3, 2], [0, 2]] and out.tolist() == [2, 0, 4, 4]
+
+
 def test_free_run_and_load_and_clear():
     rem = np.array([0, 0, 2, 0, 1, 0], np.uint8)
     assert _replays.replays_free_run(rem, 0, 6) == 2
@@ -147,11 +188,12 @@ def test_options_are_checked():
             ReplayBuffer(SPEC, 8, sampler=sampler, timeout=1.0)
     with pytest.raises(TypeError):
         PrioritizedReplayBuffer(SPEC, 8, replays=2)
-    for kw in ({"n_step": 3}, {"elide_next": True}):
+    for kw, word in (({"n_step": 3}, "n_step"), ({"elide_next": True}, "elide_next")):
         spec = dict(SPEC, next_obs=("f4", (3,)))
-        with pytest.raises(ValueError, match="drop"):
-            ReplayBuffer(spec, 8, sampler="exactly_k", policy="drop", **kw)
-        ReplayBuffer(spec, 8, sampler="exactly_k", policy="block", **kw)  # fine
+        for policy in ("block", "drop", "overwrite"):
+            with pytest.raises(ValueError, match=f"exactly_k.*{word}.*stream order"):
+                ReplayBuffer(spec, 8, sampler="exactly_k", policy=policy, **kw)
+        ReplayBuffer(spec, 8, **kw)  # fine without exactly_k
     b = ek(8, k=300)
     assert b.sampler.remaining.dtype == np.uint16 and ek(8, k=255).sampler.remaining.dtype == np.uint8
 
@@ -159,8 +201,8 @@ def test_options_are_checked():
 def test_memory_is_planned_and_counted():
     for k, per in ((3, 5), (300, 6)):
         plan = ReplayBuffer.plan_memory(SPEC, 1000, sampler="exactly_k", replays=k)
-        base = ReplayBuffer.plan_memory(SPEC, 1000)
-        assert plan["bookkeeping"] - base["bookkeeping"] == per * 1000
+        # no episode numbers (rows are off stream order): only the sampler's bytes
+        assert plan["bookkeeping"] == per * 1000
         b = ek(1000, k=k)
         assert b.nbytes_parts["bookkeeping"] == plan["bookkeeping"]
 
@@ -369,7 +411,7 @@ def test_checkpoint_mid_way_continues_exactly(tmp_path, policy):
     for step in range(60):
         if rng.random() < 0.5:
             for buf in (b, c):
-                if policy == "block" and buf.sampler.counts()[buf.writer.cursor]:
+                if policy == "block" and buf.sampler.free == 0:
                     continue
                 buf.push(one(nid))
             nid += 1
@@ -533,8 +575,8 @@ def _with_pool(b, slots, counts):
 def test_a_sample_that_would_deadlock_a_blocked_writer_raises():
     b = ek(4, k=2, policy="block", seed=0, timeout=5.0)
     b.extend(rows(range(4)))
-    _with_pool(b, [0, 2], [1, 2])  # the writer's slot 0 awaits; 2 rows await
-    t = threading.Thread(target=lambda: b.push(one(9)), daemon=True)
+    _with_pool(b, [0, 2], [1, 2])  # 2 rows await, 2 slots free: a write of 3 waits
+    t = threading.Thread(target=lambda: b.extend(rows([9, 10, 11])), daemon=True)
     if True:
         t.start()
         time.sleep(0.2)
@@ -574,20 +616,21 @@ def test_threads_deliver_every_row_exactly_k_times():
 
 
 # -- with the rest --------------------------------------------------------------------------------
-def test_n_step_windows_read_freed_rows():
+def test_stream_options_are_refused_and_change_nothing():
     spec = dict(SPEC, next_obs=("f4", (3,)))
-    b = ReplayBuffer(spec, 32, sampler="exactly_k", replays=1, n_step=3, gamma=0.5, seed=0)
-    u = ReplayBuffer(spec, 32, n_step=3, gamma=0.5, seed=0)
-    data = rows(range(20))
-    data["terminated"][:] = False
-    data["next_obs"] = data["obs"] + 1
-    for buf in (b, u):
-        buf.extend(data)
-    while b.sampler.awaiting:
-        batch = b.sample(1)
-        i = int(batch["id"][0])
-        want = sum(0.5 ** j * r for j, r in enumerate(range(i, min(i + 3, 20))))
-        assert batch["reward"][0] == pytest.approx(want)
+    for kw in ({"n_step": 3}, {"elide_next": True}, {"n_step": 2, "elide_next": True}):
+        with pytest.raises(ValueError, match="stream order"):
+            ReplayBuffer(spec, 32, sampler="exactly_k", replays=1, seed=0, **kw)
+    # the sampler object given is not bound by the refusal: it builds a buffer afterwards
+    from tfdata.replay.samplers.exactly_k import ExactlyKSampler
+
+    s = ExactlyKSampler(0, replays=2)
+    with pytest.raises(ValueError, match="n_step"):
+        ReplayBuffer(spec, 8, sampler=s, n_step=3)
+    assert s.writer is None
+    b = ReplayBuffer(spec, 8, sampler=s)
+    b.extend(dict(rows(range(4)), next_obs=np.zeros((4, 3), np.float32)))
+    assert b.sampler.awaiting == 4 and b.episodes is None
 
 
 def test_update_field_num_envs_spill_and_clear(tmp_path):
@@ -595,11 +638,15 @@ def test_update_field_num_envs_spill_and_clear(tmp_path):
     b.extend(rows(range(12)))
     b.update_field("reward", [0, 1], [5.0, 6.0])
     assert b.sampler.counts()[:2].tolist() == [2, 2]
+    b.update_field("terminated", [0], [True])  # no episode numbers to keep: allowed
     b.extend(rows(range(12, 18)))  # 4 fit (two steps), one step of 2 dropped
-    assert b.sampler.dropped == 2 and len(b) == 16
-    _with_pool(b, [3, 4, 5], [1, 1, 1])  # slots 0, 1, 2 free: one whole step fits
-    b.extend(rows(range(18, 22)))
-    assert b.sampler.dropped == 4 and b.writer.cursor == 2
+    assert b.sampler.dropped == 2 and len(b) == 16 and b.writer.cursor == 0
+    _with_pool(b, [0, 3, 4, 6, 7], [1, 1, 1, 1, 1])  # slots 1, 2, 5, 8.. free
+    b.extend(rows(range(18, 22)))  # two steps: slots 1, 2 then 5, 8 (not adjacent)
+    assert b.sampler.dropped == 2 and b.writer.cursor == 9
+    ids = np.asarray(b.column("id"))  # slot order from the cursor: 9..15, then 0..8
+    assert ids[-9:].tolist() == [0, 18, 19, 3, 4, 20, 6, 7, 21]
+    assert b.column_stats("reward").count == 16
     b.clear()
     assert b.sampler.awaiting == 0 and b.sampler.dropped == 0
     b.extend(rows(range(4)))
@@ -801,7 +848,7 @@ def test_fold_and_tail_kernels_match_reference():
 def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
     b = ek(4, k=2, policy="block", seed=0, timeout=3.0)
     b.extend(rows(range(4)))
-    _with_pool(b, [0], [1])  # one row awaits, in the writer's slot
+    _with_pool(b, [0], [1])  # one row awaits: 3 slots free
     got = []
 
     def sample():
@@ -814,10 +861,176 @@ def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
     t.start()
     time.sleep(0.2)  # the sample waits for rows
     t0 = time.monotonic()
-    w = threading.Thread(target=lambda: b.push(one(9)), daemon=True)
-    w.start()  # the writer waits for slot 0: the sample can never be served
+    w = threading.Thread(target=lambda: b.extend(rows([9, 10, 11, 12])), daemon=True)
+    w.start()  # the writer waits for a 4th free slot: the sample can never be served
     t.join(5)
     assert isinstance(got[0], ValueError) and time.monotonic() - t0 < 1.5
     b.sample(1)  # frees slot 0: the writer goes on
     w.join(5)
     assert not w.is_alive()
+
+
+# -- the writer skips rows awaiting replay --------------------------------------------------------
+def test_no_livelock_with_random_delivery_order():
+    """The ring design stalled here: the oldest row still awaited while fewer rows than a batch
+    did (capacity 10,000, k=13, batch 128: after 1,016 batches). A loop that writes 10 rows
+    when 10 slots are free and samples when a batch awaits always makes progress."""
+    k, B, cap = 13, 128, 1000
+    b = ek(cap, k=k, policy="block", seed=1)  # timeout=None: a wait would raise, not stall
+    seen = collections.Counter()
+    nid = samples = skipped = 0
+    while samples < 20_000:
+        progressed = False
+        if b.sampler.free >= 10:
+            skipped += bool(b.sampler.counts()[b.writer.cursor])  # the ring would wait here
+            b.extend(rows(range(nid, nid + 10)))
+            nid += 10
+            progressed = True
+        if b.sampler.awaiting >= B:
+            seen.update(b.sample(B)["id"].tolist())
+            samples += 1
+            progressed = True
+        assert progressed, (b.sampler.free, b.sampler.awaiting)
+    assert skipped > 1000  # the oldest row awaited often: the ring would have stalled
+    left = b.sampler.counts()
+    order = np.r_[np.arange(b.writer.cursor, cap), np.arange(0, b.writer.cursor)]
+    by_slot = np.empty(cap, np.int64)
+    by_slot[order] = np.asarray(b.column("id"))  # column(): slot order from the cursor
+    pending = {int(by_slot[s]): k - int(left[s]) for s in range(cap) if left[s]}
+    assert len(pending) == b.sampler.awaiting
+    assert all(seen[i] == pending.get(i, k) for i in range(nid))
+    assert b.sampler.lost_replays == 0 and b.sampler.dropped == 0
+
+
+def test_actor_and_learner_threads_with_block_finish():
+    k, B, n_rows = 13, 32, 20_000
+    b = ek(256, k=k, policy="block", seed=3, timeout=5.0)
+    seen = collections.Counter()
+    errors = []
+    stop = threading.Event()
+
+    def actor():
+        try:
+            for i in range(0, n_rows, 4):
+                b.extend(rows(range(i, i + 4)))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    def learner():
+        try:
+            while True:
+                if stop.is_set() and b.sampler.awaiting < B:
+                    break  # drained: the rows left await fewer than a batch
+                if len(b) < B:
+                    time.sleep(0.001)
+                    continue
+                try:  # short of rows: waits (lock released) for the actor, at most the timeout
+                    seen.update(b.sample(B)["id"].tolist())
+                except TimeoutError:
+                    if not stop.is_set():  # the actor finished while this sample waited
+                        raise
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=actor, daemon=True), threading.Thread(target=learner, daemon=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    left = b.sampler.counts()
+    assert sum(seen.values()) + int(left.sum()) == k * n_rows
+    assert max(seen.values()) == k  # the rows delivered fewer times are those still awaiting:
+    assert sum(1 for i in range(n_rows) if seen[i] < k) == b.sampler.awaiting < B
+
+
+def test_block_waits_only_when_no_slot_is_free():
+    b = ek(8, k=2, policy="block", seed=0, timeout=30.0)  # a wait would show in the time taken
+    b.extend(rows(range(8)))
+    _with_pool(b, [0, 1, 2, 4, 5, 6, 7], [2] * 7)  # only slot 3 is free; cursor at 0
+    t0 = time.monotonic()
+    b.push(one(100))  # does not wait: goes to slot 3
+    assert b.writer.cursor == 4 and b.sampler.counts()[3] == 2
+    b.sampler.timeout = 0.05
+    with pytest.raises(TimeoutError, match="free slots"):
+        b.push(one(101))  # now none is free
+    _with_pool(b, [0, 2, 3, 5, 6], [1] * 5)  # free: 1, 4, 7
+    with pytest.raises(TimeoutError):
+        b.extend(rows(range(4)))  # 4 rows, 3 free: waits (all or nothing), changes nothing
+    assert b.writer.cursor == 4
+    b.sampler.timeout = 30.0
+    _with_pool(b, [0, 2, 3, 4, 5, 6], [1] * 6)  # free: 1, 7; the cursor's slot 4 awaits
+    b.extend(rows([200, 201]))  # 7, then 1 (wrapping), without waiting for slot 4
+    assert b.writer.cursor == 2
+    assert time.monotonic() - t0 < 5  # the two timeouts, no 30 s wait
+    assert b.sampler.counts().tolist() == [1, 2, 1, 1, 1, 1, 1, 2]
+
+
+def test_drop_and_overwrite_count():
+    d = ek(8, k=3, policy="drop", seed=0)
+    d.extend(rows(range(8)))
+    _with_pool(d, [0, 1, 2, 5, 6], [3] * 5)  # free: 3, 4, 7
+    d.extend(rows(range(10, 15)))  # 3 written (3, 4, 7), 2 dropped
+    assert d.sampler.dropped == 2 and d.sampler.lost_replays == 0 and d.writer.cursor == 0
+    assert sorted(np.flatnonzero(d.sampler.counts() == 3).tolist()) == list(range(8))
+    o = ek(8, k=3, policy="overwrite", seed=0)
+    o.extend(rows(range(8)))
+    _with_pool(o, [0, 1, 2, 5, 6], [1, 2, 3, 1, 1])  # free: 3, 4, 7; cursor 0
+    o.push(one(20))  # slot 3: a free slot first, nothing lost
+    assert o.sampler.lost_replays == 0 and o.writer.cursor == 4
+    o.extend(rows([21, 22, 23]))  # 4, 7 free, then none: overwrite slot 0 (1 left)
+    assert o.sampler.lost_replays == 1 and o.writer.cursor == 1
+    o.push(one(24))  # none free: the cursor's slot 1 (2 left)
+    assert o.sampler.lost_replays == 3 and o.writer.cursor == 2
+
+
+@pytest.mark.parametrize("cap", [16, 1000])
+def test_running_stats_follow_the_skipping_writer(cap):
+    # 1000 slots: several blocks of 256 rows, so a lap missed would leave a block stale
+    b = ReplayBuffer(SPEC, cap, sampler="exactly_k", replays=1, policy="overwrite", seed=0,
+                     stats=["reward"])
+    crossed = 0
+    assert b.push.__source__.count("place(w.cursor)")  # the generated push, placing
+    rng = np.random.default_rng(0)
+    nid = 0
+    big = max(2, cap // 5)
+    for step in range(600):
+        r = rng.random()
+        if r < 0.2:
+            n = int(rng.integers(1, big))
+            b.extend(rows(range(nid, nid + n)))
+            nid += n
+        elif r < 0.7:  # the generated push: its sweep may cross the ring's end
+            for _ in range(int(rng.integers(1, 8))):
+                c = b.writer.cursor
+                b.push(one(nid))
+                crossed += 0 < b.writer.cursor <= c
+                nid += 1
+        elif b.sampler.awaiting >= 3:
+            b.sample(min(b.sampler.awaiting, int(rng.integers(3, big + 3))))
+        if not len(b):
+            continue
+        got = b.stats("reward")
+        want = np.asarray(b.column("reward"), np.float64)
+        assert got.count == len(b)
+        np.testing.assert_allclose(got.mean, want.mean(), rtol=1e-6)
+        assert got.max == want.max()
+    assert crossed or cap > 16  # the case the generated push's place must report as a lap
+
+
+def test_running_stats_hear_a_push_whose_sweep_crosses_the_end():
+    b = ReplayBuffer(SPEC, 1000, sampler="exactly_k", replays=1, policy="block", seed=0,
+                     stats=["reward"])
+    b.extend(rows(range(1000)))
+    state = b.state_dict()
+    state["writer"]["cursor"] = 995
+    state["exactly_k"].update(slots=np.arange(995, 1000), counts=np.ones(5, np.int64))
+    b.load_state_dict(state)  # slots 995..999 await, the rest free; the cursor at 995
+    assert b.stats("reward").max == 999
+    for i in range(3):
+        b.push(one(5000 + i))  # to slots 0, 1, 2: past the ring's end
+    assert b.writer.cursor == 3
+    assert b.stats("reward").max == 5002
+    np.testing.assert_allclose(b.stats("reward").mean, np.asarray(b.column("reward"), np.float64).mean())

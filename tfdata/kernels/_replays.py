@@ -165,6 +165,81 @@ def replays_free_run(remaining, start, count):
 
 
 @njit(**NJIT_OPTIONS)
+def replays_place(remaining, start, n, free, spans, out):
+    """Where the next ``n`` rows of a write go, as ``n`` single writes would put them: each in
+    the first free slot (count 0) at or after the position (wrapping), while ``free`` says a
+    free slot is left; then (``"overwrite"`` only) at the position itself. The position starts
+    at ``start`` (the writer's cursor) and moves past each slot taken. Reads ``remaining``
+    only: the slots taken in this call are still counted free there, which is right because
+    the scan never comes back to them while ``free > 0`` (the free slots left are all ahead).
+    A scan passes each slot once per sweep of the ring: amortised O(1) per slot the cursor
+    moves over.
+
+    Parameters
+    ----------
+    remaining : uint8[capacity] or uint16[capacity]
+        Deliveries left per slot (0: free).
+    start : int
+        The position, in ``[0, capacity)``.
+    n : int
+        Rows to place, ``>= 0``.
+    free : int
+        Free slots in ``remaining`` (``capacity - m``), in ``[0, capacity]``.
+    spans : int64[R, 2]
+        Output: runs ``(dst, count)`` of consecutive slots (never across the ring's end), in
+        row order. At most ``R`` runs are made: the rows after them are left for a next call.
+    out : int64[4]
+        Output: ``[position after, free left, rows placed, slots the position moved over]``.
+
+    Returns
+    -------
+    int
+        Runs written to ``spans``; -1 with nothing written when the arguments disagree, -2
+        when ``free`` promised a free slot that a whole sweep did not find (``out`` unchanged).
+    """
+    cap = remaining.shape[0]
+    R = spans.shape[0]
+    if (cap < 1 or start < 0 or start >= cap or n < 0 or free < 0 or free > cap or R < 1
+            or spans.shape[1] < 2 or out.shape[0] < 4):
+        return -1
+    pos = start
+    moved = 0
+    r = 0
+    placed = 0
+    while placed < n:
+        if free > 0:
+            steps = 0
+            while remaining[pos] != 0:
+                pos += 1
+                if pos == cap:
+                    pos = 0
+                steps += 1
+                if steps >= cap:
+                    return -2
+            moved += steps
+        if r > 0 and spans[r - 1, 0] + spans[r - 1, 1] == pos:
+            spans[r - 1, 1] += 1
+        elif r == R:
+            break
+        else:
+            spans[r, 0] = pos
+            spans[r, 1] = 1
+            r += 1
+        if free > 0:
+            free -= 1
+        placed += 1
+        moved += 1
+        pos += 1
+        if pos == cap:
+            pos = 0
+    out[0] = pos
+    out[1] = free
+    out[2] = placed
+    out[3] = moved
+    return r
+
+
+@njit(**NJIT_OPTIONS)
 def replays_clear(remaining, meta):
     """Every slot free, the pool empty."""
     for s in range(remaining.shape[0]):

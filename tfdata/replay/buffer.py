@@ -33,15 +33,16 @@ def _named_sampler(sampler, seed, options=None):
     return sampler
 
 
-def _check_drop(sampler, n_step, elide_next) -> None:
-    """``policy="drop"`` leaves holes in a stream: refused where rows are read in stream order."""
-    if isinstance(sampler, ExactlyKSampler) and sampler.policy == "drop":
-        if n_step is not None or elide_next:
-            what = "n_step" if n_step is not None else "elide_next"
-            raise ValueError(f"sampler='exactly_k' with policy='drop' and {what}: a dropped row "
-                             f"leaves a hole in its stream, which {what} reads in order (an "
-                             f"n-step return or a next_obs across it would be wrong); use "
-                             f"policy='block' or 'overwrite'")
+def _check_exactly_k(sampler, n_step, elide_next) -> None:
+    """Exactly-k writes rows where a slot is free, not in stream order: refused where rows are
+    read in stream order."""
+    if isinstance(sampler, ExactlyKSampler) and (n_step is not None or elide_next):
+        what = "n_step" if n_step is not None else "elide_next"
+        raise ValueError(f"sampler='exactly_k' with {what}={n_step if n_step is not None else elide_next!r}: "
+                         f"exactly-k writes each row into the next free slot, skipping rows that "
+                         f"await replay, so rows are not in stream order, which {what} reads (an "
+                         f"n-step return or a next_obs from the next slot would be wrong); build "
+                         f"the buffer without {what}")
 
 
 class ReplayBuffer(ReplayCore):
@@ -75,10 +76,12 @@ class ReplayBuffer(ReplayCore):
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1): deliveries per row, in ``[1, 65535]``.
     policy : {"block", "drop", "overwrite"}, optional
-        ``sampler="exactly_k"`` only (default "block"): what a write does when the oldest slot
-        still awaits replay: wait, drop the newest rows (counted in ``sampler.dropped``), or
-        overwrite (replays lost counted in ``sampler.lost_replays``). "drop" is refused with
-        ``n_step`` and ``elide_next`` (a dropped row would leave a hole in its stream).
+        ``sampler="exactly_k"`` only (default "block"). A row goes into the next free slot at
+        or after the writer's cursor, skipping rows awaiting replay; when no slot is free a
+        write waits, drops the rows without a slot (counted in ``sampler.dropped``), or
+        overwrites the row at the cursor (replays lost counted in ``sampler.lost_replays``).
+        Rows are then not in stream order: ``n_step`` and ``elide_next`` are refused (any
+        policy), no episode numbers are kept, ``column()`` gives rows in slot order.
     timeout : float, optional
         ``sampler="exactly_k"`` only: seconds a blocked write waits before TimeoutError (None:
         for ever), and a sample short of rows waits for writer threads (None: ValueError at
@@ -177,7 +180,7 @@ class ReplayBuffer(ReplayCore):
                  timeout: float | None = None):
         sampler = _named_sampler(sampler, seed, {"replays": replays, "policy": policy,
                                                  "timeout": timeout})
-        _check_drop(sampler, n_step, elide_next)
+        _check_exactly_k(sampler, n_step, elide_next)
         super().__init__(spec, capacity, sampler, layout=layout, ring_size=ring_size,
                          num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
                          elide_next=elide_next, roles=roles, spill_path=spill_path,

@@ -1158,6 +1158,8 @@ def load(path, classes: dict, **overrides):
                           f"({_available_memory()} bytes); refused before allocating")
 
     has_flags = "terminated" in roles and "truncated" in roles
+    # exactly-k writes rows off stream order: such a buffer keeps no episode numbers
+    tracks = has_flags and sampler_key != _SAMPLER_STATE["exactly_k"]
     arrays = _Arrays(path, c)
     rpath, ds = _open_rows(path, rows_name)
     with ds:
@@ -1168,12 +1170,13 @@ def load(path, classes: dict, **overrides):
             raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {stored}")
         if size != len(ds):
             raise FormatError(f"{rpath}: holds {len(ds)} rows, the state says {size}")
-        if has_flags:
+        if tracks:
             episodes = _read_episodes(c, arrays, st["episodes"], next_of, spec,
                                       config["elide_next"], envs, size)
         elif st["episodes"] is not None:
-            c.fail("state.episodes", "null (the spec has no terminated and truncated fields)",
-                   st["episodes"])
+            c.fail("state.episodes", "null (the spec has no terminated and truncated fields, "
+                   "or sampler='exactly_k')" if has_flags else
+                   "null (the spec has no terminated and truncated fields)", st["episodes"])
         else:
             episodes = None
         state = {"format": "tfdata.ReplayBuffer", "version": 1, "spec": spec.to_dict(),

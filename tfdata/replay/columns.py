@@ -353,8 +353,9 @@ class RunningStats:
 
     # -- write hooks (lock held) -------------------------------------------------------------
     def on_write(self, spans, n: int, extra) -> None:
-        # called before the cursor moves by n: count the laps this write completes
-        self.wraps += (self.writer.cursor + n) // self.capacity
+        # called before the cursor moves (over ``moving`` slots, n unless a gate placed the
+        # rows past slots it skipped): count the laps this write completes
+        self.wraps += (self.writer.cursor + self.writer.moving) // self.capacity
 
     def on_wrap(self) -> None:
         self.wraps += 1

@@ -118,7 +118,7 @@ class ReplayCore:
                                construction=True)
         self._rings = weakref.WeakSet()  # every thread's output rings, for nbytes
         self._episodes = None
-        if self._has_flags:
+        if self._tracks_episodes:
             self._episodes = Episodes(self.spec, capacity, self.num_envs, self._roles, self.next_of,
                                       self.elide_next, self.allocator, weak_method(self, "_grow_budget"))
         hooks = []
@@ -271,12 +271,18 @@ class ReplayCore:
         """The (unbound) sampler a buffer built with ``options`` would have; pops its options."""
         raise NotImplementedError
 
+    @property
+    def _tracks_episodes(self) -> bool:
+        """Episode numbers are kept: the spec has the flags and the writer keeps stream order
+        (a sampler that places writes off it, exactly-k, has none to number)."""
+        return self._has_flags and getattr(getattr(self, "sampler", None), "stream_order", True)
+
     def _planned_parts(self, batch_sizes=()) -> dict:
         cap = self._capacity
         storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows,
                                  self._stored_layout)
         book = 0
-        if self._has_flags:
+        if self._tracks_episodes:
             book = Episodes.planned_nbytes(self.spec, cap, self.num_envs, self.next_of, self.elide_next)
         rings = sum(self._ring_size * (self._planned_ring(*b) if isinstance(b, tuple) else self._planned_ring(b))
                     for b in batch_sizes)
@@ -634,6 +640,10 @@ class ReplayCore:
             ``batch.versions`` of shape ``(batch_size,)`` for the start rows. Rows are the stored
             rows: no n-step processing.
         """
+        if not getattr(self.sampler, "stream_order", True):  # before the episodes' absence, which it causes
+            raise NotImplementedError(
+                f"sample_sequences: sampler={getattr(self.sampler, 'name', type(self.sampler).__name__)!r} "
+                f"writes rows off stream order and delivers rows, not slices; use sample()")
         ep = self._episodes
         if ep is None:
             raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "

@@ -82,7 +82,7 @@ def _tier1(f, v: str, i: int, ns: dict) -> str | None:
 
 
 def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_write=None,
-              on_begin=None, regions=None, gate=None):
+              on_begin=None, regions=None, gate=None, place=None):
     """Return ``push(row)`` for ``spec``.
 
     Parameters
@@ -109,6 +109,10 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         ``on_begin(slot)``, called under the lock before the first byte is written (a shared
         buffer's writer waits for room and announces the row there); may raise, and then
         nothing is written.
+    place : callable, optional
+        ``place(cursor)``: the slot the row goes to instead of the cursor's (exactly-k: the next
+        free slot), called under the lock before the first byte is written; may wait or raise
+        (then nothing is written). The cursor then moves past that slot. Not with ``on_begin``.
     regions : list, optional
         Where the fields' bytes are, as the storage's ``byte_regions`` gives them:
         ``[(raw, stride, [(field_index, offset), ...]), ...]``, ``raw`` a writable uint8 array of
@@ -119,8 +123,10 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         (releasing the lock, so the slot is read after) and counts the row; may raise, and
         then nothing is written. None: no line is generated.
     """
+    if place is not None and on_begin is not None:
+        raise ValueError("make_push: place and on_begin are exclusive")
     ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity,
-          "on_write": on_write, "on_begin": on_begin, "gate": gate, "acquire": lock.acquire,
+          "on_write": on_write, "on_begin": on_begin, "gate": gate, "place": place, "acquire": lock.acquire,
           "release": lock.release, "F32": _F32_MAX, "EXACT": _EXACT, "on_wrap": on_wrap}
     reads, checks, writes, fast_checks = [], [], [], []
     for i, f in enumerate(spec):
@@ -161,7 +167,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
             "        acquire()",
             "        try:",
             *([] if gate is None else ["            gate(1)"]),
-            "            p = w.cursor",
+            "            p = w.cursor" if place is None else "            p = place(w.cursor)",
             *([] if on_begin is None else ["            on_begin(p)"]),
             *body,
             *([] if on_write is None else ["            on_write(p)"]),
@@ -177,7 +183,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         "        return slow(row)",
         "    with lock:",
         *([] if gate is None else ["        gate(1)"]),
-        "        p = w.cursor",
+        "        p = w.cursor" if place is None else "        p = place(w.cursor)",
         *([] if on_begin is None else ["        on_begin(p)"]),
         *writes,
         *([] if on_write is None else ["        on_write(p)"]),

@@ -26,7 +26,15 @@ written; it may wait (releasing the buffer's lock, see ``use_lock`` in
 :mod:`tfdata.replay.samplers`) or raise, having changed nothing. The generated extend is not
 used with a gate; the generated push only if the gate's ``slot_gate()`` gives its one-row
 form, an ``f(slot)`` run before the row's first byte (it waits or raises, never drops: a gate
-that may drop a row gives None).
+that may drop a row gives None); for a gate with ``place``, that form is ``f(cursor) -> slot``,
+the slot the row goes to (the cursor then moves past it).
+The gate may also place the writes: with ``place(n)`` (exactly-k replay), the writer asks it,
+after ``admit``, where the ``n`` admitted rows go: ``(spans, moved)``, spans as ``spans(n)``
+gives them (in row order; a later span may rewrite a slot of an earlier one, as single pushes
+would) and ``moved`` the slots the cursor moves over (more than ``n`` when it skips slots). Rows
+are then not in stream order: the buffer builds no episode bookkeeping for such a gate. A hook
+that counts laps reads the writer's ``moving`` (the slots the write in progress moves the
+cursor over) in ``on_write``.
 ``make_push(spec, lock, slow)``
     The per-spec push of :mod:`tfdata.replay.fastpush` over the same hooks, or ``slow``.
 ``spans(n)``, ``advance(n)``, ``reset()``, ``state_dict()``, ``load_state_dict(state)``.
@@ -35,6 +43,8 @@ that may drop a row gives None).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -54,28 +64,37 @@ class RingWriter:
     """
 
     __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks",
-                 "gate", "__weakref__")
+                 "gate", "placer", "moving", "__weakref__")
 
     def __init__(self, capacity: int, num_envs: int = 1):
         self.capacity = capacity
         self.num_envs = num_envs
         self.cursor = 0
         self.size = 0
-        self.spec = self.storage = self.episodes = self.gate = None
+        self.spec = self.storage = self.episodes = self.gate = self.placer = None
         self.hooks = ()
+        self.moving = 0  # slots the write in progress moves the cursor over (see on_write)
 
     def bind(self, spec, storage, episodes=None, hooks=()) -> None:
         """``spec``: the rows as pushed (next fields included); ``storage``: where the stored
         fields go; ``episodes``: the bookkeeping (or None); ``hooks``: see the module docstring."""
         self.spec, self.storage, self.episodes, self.hooks = spec, storage, episodes, tuple(hooks)
         self.gate = next((h for h in self.hooks if hasattr(h, "admit")), None)
+        self.placer = getattr(self.gate, "place", None)
         if episodes is not None:
             episodes.bind(self, storage)
 
     # -- positions ---------------------------------------------------------------------------
-    def advance(self, n: int) -> None:
-        self.cursor = (self.cursor + n) % self.capacity
+    def advance(self, n: int, moved: int | None = None) -> None:
+        """``n`` rows were written; the cursor moves over ``moved`` slots (default ``n``)."""
+        self.cursor = (self.cursor + (n if moved is None else moved)) % self.capacity
         self.size = min(self.size + n, self.capacity)
+
+    def place(self, n: int):
+        """``(spans, moved)`` of a write of ``n`` rows: the gate's placement, else the ring's."""
+        if self.placer is not None:
+            return self.placer(n)
+        return self.spans(n), n
 
     def spans(self, n: int) -> list[tuple[int, int, int]]:
         """Where ``n`` new rows go: ``[(dst_start, src_start, count), ...]`` (at most two spans).
@@ -115,14 +134,20 @@ class RingWriter:
         if self.gate is not None and self.gate.admit(1) == 0:
             self.gate.on_drop(1)
             return
-        pos = self.cursor
+        if self.placer is None:
+            pos, spans, moved = self.cursor, None, 1
+        else:
+            spans, moved = self.placer(1)
+            pos = spans[0][0]
         self.storage.write_row(pos, values)
         if ep is not None:
             ep.stamp_one(pos, values)
-        spans = [(pos, 0, 1)]
+        if spans is None:
+            spans = [(pos, 0, 1)]
+        self.moving = moved
         for h in self.hooks:
             h.on_write(spans, 1, extra)
-        self.advance(1)
+        self.advance(1, moved)
 
     def write(self, values: list, n: int, extra=None) -> None:
         """Write ``n`` validated rows (values in spec order, each ``(n, *shape)``); lock held."""
@@ -135,7 +160,7 @@ class RingWriter:
                 if n == 0:
                     self.gate.on_drop(asked)
                     return
-        spans = self.spans(n)
+        spans, moved = self.place(n)
         ep = self.episodes
         stored = values
         if ep is not None:
@@ -152,9 +177,10 @@ class RingWriter:
             self.storage.write_rows(dst, stored, src, count)
         if ep is not None:
             ep.write(values, n, ends, spans)
+        self.moving = moved
         for h in self.hooks:
             h.on_write(spans, n, extra)
-        self.advance(n)
+        self.advance(n, moved)
         if n < asked:
             self.gate.on_drop(asked - n)
 
@@ -205,10 +231,15 @@ class RingWriter:
         if not usable or self.num_envs != 1 or (self.gate is not None and on_begin is None):
             return slow
         ep = self.episodes
+        on_wrap = self._on_wrap(None if ep is None else ep.wrapped)
+        place = None
+        if self.placer is not None:  # the gate's one-row form gives the slot: f(cursor) -> slot
+            place, on_begin = on_begin, None
+            if on_wrap is not None:
+                place = _wrapping(place, on_wrap, weakref.proxy(self))
         return make_push(spec, self.storage.field_views(), self, lock, slow,
-                         on_wrap=self._on_wrap(None if ep is None else ep.wrapped),
-                         on_write=on_write, on_begin=on_begin, regions=self.storage.byte_regions(),
-                         gate=gate)
+                         on_wrap=on_wrap, on_write=on_write, on_begin=on_begin,
+                         regions=self.storage.byte_regions(), gate=gate, place=place)
 
     def make_extend(self, spec, lock, slow, write=None, gate=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
@@ -242,3 +273,17 @@ class RingWriter:
         if size % self.num_envs:
             raise ValueError(f"writer state: size {size} is not a multiple of num_envs {self.num_envs}")
         self.cursor, self.size = cursor, size
+
+
+def _wrapping(place, on_wrap, writer):
+    """``place(cursor)`` that also calls ``on_wrap()`` when the slot it gives is behind the
+    writer's cursor: the sweep crossed the ring's end (the generated push calls ``on_wrap``
+    only for a row written into the last slot). ``writer``: a weak proxy (it holds this)."""
+
+    def place_wrapping(cursor, _place=place, _on_wrap=on_wrap, _w=writer):
+        p = _place(cursor)
+        if p < _w.cursor:  # the cursor now: another writer may have moved it while this waited
+            _on_wrap()
+        return p
+
+    return place_wrapping

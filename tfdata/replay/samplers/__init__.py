@@ -39,6 +39,9 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     ``extend`` passed for this sampler (priorities), or None. A sampler with ``wraps_only =
     True`` hears only laps of the ring (``on_wrap()`` from the generated push and extend), and
     places the writes by the writer's position when it samples.
+``stream_order``
+    Class attribute, True by default: False for a sampler whose gate places the writes
+    (``place(n)``, see :mod:`tfdata.replay.writers`) off the ring order.
 ``watch(writer)`` (optional)
     Called once after the writer is bound, for a sampler that reads its ``cursor`` and
     ``size`` (keep a weak proxy: the writer holds its hooks).
@@ -86,6 +89,10 @@ class Sampler:
     #: whether ``sample`` gathers through the output it is given (``out.kernels``, ``out.store``,
     #: ``out.source``), so that projected outputs (``fields=``) are filled right
     projects = False
+    #: whether the writer keeps rows in stream order (False: its gate places them, see
+    #: ``place`` in :mod:`tfdata.replay.writers`; the buffer then keeps no episode numbers
+    #: and refuses n-step and ``elide_next``, which read rows in stream order)
+    stream_order = True
 
     def __init__(self, seed: int | None = None):
         if seed is None:

@@ -23,28 +23,37 @@ class ExactlyKSampler(Sampler):
 
     The rows awaiting replay (written, delivered fewer than ``k`` times) form a pool; a batch
     draws ``batch_size`` distinct rows of it uniformly (a batch never holds a row twice), and a
-    row leaves the pool after its ``k``-th delivery: its slot is then *free*. The writer keeps
-    the ring (episodes, n-step windows and ``elide_next`` read rows in stream order), so a write
-    needs the slot at its cursor, the oldest row, to be free. When it is not, ``policy`` says:
+    row leaves the pool after its ``k``-th delivery: its slot is then *free*. A write puts each
+    row into the next free slot at or after the writer's cursor (wrapping), skipping the rows
+    awaiting replay, and the cursor moves past the last slot written (:meth:`place`; a write of
+    ``n`` rows lands where ``n`` pushes would). So writers wait only when every slot awaits
+    replay, and then the pool holds ``capacity >= batch_size`` rows: a sample can always go on
+    (the ring of the first version waited for the *oldest* row, which random delivery can
+    leave pending while fewer rows than a batch await: a stall). Rows are therefore not in
+    stream order: the buffer keeps no episode numbers, refuses ``n_step`` and ``elide_next``,
+    and ``column()`` gives the rows in slot order from the cursor. When no slot is free,
+    ``policy`` says:
 
     ``"block"``
-        The write waits (the buffer's lock released, so a sampling thread frees rows and wakes
-        it), at most ``timeout`` seconds (None: as long as it takes), then raises TimeoutError
-        having written and changed nothing. A write of more rows than the capacity can never fit
-        (ValueError at once). One thread that writes and samples must not let the ring fill
-        with rows awaiting replay: with ``timeout=None`` its write would wait for ever; give a
-        ``timeout`` or pick ``"drop"`` / ``"overwrite"``.
+        The write waits until it has a free slot for each of its rows (the buffer's lock
+        released, so a sampling thread frees rows and wakes it), at most ``timeout`` seconds
+        (None: as long as it takes), then raises TimeoutError having written and changed
+        nothing. A write of more rows than the capacity can never fit (ValueError at once). One
+        thread that writes and samples must sample when no slot is free: with ``timeout=None``
+        its write would wait for ever; give a ``timeout`` or pick ``"drop"`` / ``"overwrite"``.
     ``"drop"``
-        The newest rows that do not fit (from the first slot that is not free) are not written;
-        :attr:`dropped` counts them. With ``num_envs > 1``, whole steps.
+        The rows that find no free slot (the last of the write) are not written; :attr:`dropped`
+        counts them. With ``num_envs > 1``, whole steps (a step's rows may land in slots that
+        are not adjacent).
     ``"overwrite"``
-        The oldest rows are overwritten as in any ring; :attr:`lost_replays` counts the
-        deliveries they had left (and ``k`` for each row of an ``extend`` longer than the
-        capacity that a later row of it overwrote).
+        Free slots first; once none is left, the row at the cursor is overwritten (the oldest
+        by the cursor's sweep) and :attr:`lost_replays` counts the deliveries it had left (a
+        row of a long ``extend`` may so overwrite an earlier row of the same write).
 
-    ``sample(B)`` when fewer than ``B`` rows await replay: with ``timeout=None``, or when a
-    writer is waiting for a free slot (it waits for this very sample: a deadlock otherwise),
-    ValueError at once, naming the counts; so a single-threaded loop never hangs. With a
+    ``sample(B)`` when fewer than ``B`` rows await replay: with ``timeout=None``, or when
+    writers wait for free slots and none can go on (it waits for this very sample: a deadlock
+    otherwise; possible only when a write of ``n`` rows and ``B`` exceed the capacity), ValueError
+    at once, naming the counts; so a single-threaded loop never hangs. With a
     ``timeout``, the sample waits (lock released) up to ``timeout`` seconds for writer threads,
     then raises TimeoutError. Nothing is drawn or changed by a refused sample.
 
@@ -76,13 +85,17 @@ class ExactlyKSampler(Sampler):
 
     Cost: the pool (uint32) and the deliveries left (uint8 for ``k <= 255``, else uint16) per
     slot: 5 or 6 bytes per slot (``nbytes_parts["bookkeeping"]``). A push takes the generated
-    push with this gate and hook (``"block"``, ``"overwrite"``; ``"drop"``: the generic path);
-    an extend the generic path, one kernel call adding the written slots. A sample draws, lowers
-    the counts and gathers in one kernel call.
+    push with :meth:`slot_gate` placing the row (``"block"``, ``"overwrite"``; ``"drop"``: the
+    generic path): 1.2 us to a free slot, 2.0 us past rows awaiting replay (a kernel call), 0.7 us
+    uniform (AoS, 1M CartPole rows, by hand). An extend takes the generic path, one kernel call
+    placing the rows and one per span adding the written slots. A sample draws, lowers the
+    counts and gathers in one kernel call.
     """
 
     projects = True
     hears_writes = True
+    #: rows are written where a slot is free, not in stream order (no episodes, n-step, elision)
+    stream_order = False
     state_key = "exactly_k"
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "exactly_k"
@@ -106,7 +119,8 @@ class ExactlyKSampler(Sampler):
         self.delivered = self.dropped = self.lost_replays = 0
         self.writer = None
         self.cond = None
-        self.writers_waiting = 0  # threads in admit(), waiting for a free slot
+        self.writers_waiting = 0  # threads in admit(), waiting for free slots
+        self._wanted = []  # the rows each of them writes
         self.samplers_waiting = 0  # threads in sample(), waiting for rows
 
     @property
@@ -123,6 +137,9 @@ class ExactlyKSampler(Sampler):
         self.pool = allocator.zeros(capacity, np.uint32)
         self.remaining = allocator.zeros(capacity, self.dtype)
         self.meta = np.zeros(1, np.int64)  # [rows awaiting replay]
+        # replays_place's outputs: runs of slots (a write of more runs takes several calls)
+        self._runs = np.zeros((64, 2), np.int64)
+        self._placed = np.zeros(4, np.int64)
 
     def watch(self, writer) -> None:
         """The writer whose ``cursor`` the gate checks (a proxy: the writer holds this hook)."""
@@ -164,45 +181,77 @@ class ExactlyKSampler(Sampler):
         self.cond.wait(left)
         return True
 
+    @property
+    def free(self) -> int:
+        """Free slots (not awaiting replay): where a write may go without overwriting."""
+        return self.capacity - int(self.meta[0])
+
     def admit(self, n: int) -> int:
-        """How many of the next ``n`` rows may be written now at the writer's cursor (the
-        writer's gate, lock held): ``n``, or for ``"drop"`` the free slots before the first
-        that is not (whole steps of ``num_envs``). ``"block"`` waits here (lock released) until
-        all ``n`` slots are free, or raises TimeoutError (or ValueError for ``n`` above the
-        capacity); nothing is changed by a refusal."""
+        """How many of the next ``n`` rows may be written now (the writer's gate, lock held):
+        ``n`` (``"overwrite"``: always; ``"block"``: once ``n`` slots are free, waiting here with
+        the lock released), or for ``"drop"`` as many as there are free slots (whole steps of
+        ``num_envs``). ``"block"`` raises TimeoutError after ``timeout`` seconds, ValueError at
+        once for ``n`` above the capacity; nothing is changed by a refusal."""
         if self.policy == "overwrite":
             return n
         cap = self.capacity
         if self.policy == "drop":
-            ok = self._k.replays_free_run(self.remaining, self.writer.cursor, min(n, cap))
+            ok = min(n, self.free)
             return ok - ok % self.num_envs
         if n > cap:
             raise ValueError(f"exactly_k, policy='block': a write of {n} rows can never fit a "
-                             f"ring of capacity {cap}; write at most {cap} rows at a time")
-        if n == 1 and self.remaining[self.writer.cursor] == 0:
-            return 1
-        if self._k.replays_free_run(self.remaining, self.writer.cursor, n) == n:
+                             f"buffer of capacity {cap}; write at most {cap} rows at a time")
+        if self.free >= n:
             return n
         if self.cond is None:
             raise RuntimeError("ExactlyKSampler: use_lock was not called; a blocked write cannot wait")
         deadline = self._deadline()
         self.writers_waiting += 1
+        self._wanted.append(n)
         if self.samplers_waiting:  # a sample waiting for rows would wait for this writer: wake it
             self.cond.notify_all()  # (it then raises instead of waiting out its timeout)
         try:
             while True:
                 if not self._wait(deadline):
-                    cur = self.writer.cursor
                     raise TimeoutError(
-                        f"exactly_k, policy='block': a write of {n} rows waited {self.timeout} s for "
-                        f"slot {cur} (the oldest row, {int(self.remaining[cur])} of {self.replays} "
-                        f"deliveries left) to be free; {self.awaiting} rows await replay; nothing "
-                        f"was written")
-                # another writer thread may have moved the cursor while the lock was released
-                if self._k.replays_free_run(self.remaining, self.writer.cursor, n) == n:
+                        f"exactly_k, policy='block': a write of {n} rows waited {self.timeout} s "
+                        f"for {n} free slots ({self.free} free: {self.awaiting} of {cap} rows "
+                        f"await replay); nothing was written")
+                if self.free >= n:  # other threads ran while the lock was released
                     return n
         finally:
             self.writers_waiting -= 1
+            self._wanted.remove(n)
+
+    def _stuck(self) -> bool:
+        """A writer waits and none of the waiting writers can go on now: rows are freed only
+        by samples (a writer woken but not yet running is not stuck: it will write)."""
+        return bool(self._wanted) and min(self._wanted) > self.free
+
+    def place(self, n: int):
+        """Where the ``n`` rows the gate admitted go (lock held): ``(spans, moved)``, the
+        writer's ``[(dst_start, src_start, count), ...]`` in row order and the slots its cursor
+        moves over. Each row goes to the next free slot at or after the cursor (wrapping),
+        skipping the rows awaiting replay; with no free slot left (``"overwrite"`` only), to
+        the slot at the cursor, whose row is lost. A row of a write may overwrite an earlier
+        row of the same write (an ``extend`` of more rows than there are free slots plus
+        slots awaiting replay ahead): as ``n`` single pushes would."""
+        cur = self.writer.cursor
+        if n == 1 and self.remaining[cur] == 0:  # the common case, without a kernel call
+            return [(cur, 0, 1)], 1
+        spans = []
+        free, src, moved = self.free, 0, 0
+        runs, out = self._runs, self._placed
+        while src < n:
+            r = self._k.replays_place(self.remaining, cur, n - src, free, runs, out)
+            if r < 0:  # the arguments come from this object: a bug, not the caller's input
+                raise RuntimeError(f"ExactlyKSampler: replays_place returned {r}")
+            for i in range(r):
+                dst, count = int(runs[i, 0]), int(runs[i, 1])
+                spans.append((dst, src, count))
+                src += count
+            cur, free, moved = int(out[0]), int(out[1]), moved + int(out[3])
+        return spans, moved
 
     def on_drop(self, n: int) -> None:
         """``n`` rows the gate refused were not written (``"drop"``)."""
@@ -223,20 +272,31 @@ class ExactlyKSampler(Sampler):
             self.cond.notify_all()
 
     def slot_gate(self):
-        """The gate's one-row form for the generated push: ``f(slot)`` before the row's first
-        byte, waiting (``"block"``) or nothing to check (``"overwrite"``); None for ``"drop"``
-        (a dropped row is the generic path's to skip)."""
+        """The one-row form of :meth:`admit` and :meth:`place` for the generated push:
+        ``f(cursor) -> slot``, the slot the row goes to (waiting for one with ``"block"``);
+        None for ``"drop"`` (a dropped row is the generic path's to skip)."""
         if self.policy == "drop":
             return None
-        if self.policy == "overwrite":
-            return _nothing
-        remaining, admit = self.remaining, self.admit
+        remaining, me = self.remaining, weakref.ref(self)  # the writer holds this: no cycle
 
-        def gate(slot):
-            if remaining[slot]:
-                admit(1)  # waits for that slot (one writer: the cursor is still ``slot``)
+        def place_one(cursor):
+            if remaining[cursor] == 0:  # the common case: no call
+                return cursor
+            s = me()
+            if s.meta[0] == s.capacity:  # no free slot
+                if s.policy == "overwrite":
+                    return cursor  # the row at the cursor is lost (on_write counts it)
+                s.admit(1)  # waits (lock released) or raises; other writers may have moved on
+            return s._place_from(s.writer.cursor)
 
-        return gate
+        return place_one
+
+    def _place_from(self, cursor: int) -> int:
+        """The slot one row goes to from ``cursor``."""
+        r = self._k.replays_place(self.remaining, cursor, 1, self.free, self._runs, self._placed)
+        if r != 1:
+            raise RuntimeError(f"ExactlyKSampler: replays_place returned {r}")
+        return int(self._runs[0, 0])
 
     def slot_hook(self):
         """``on_write`` for one row, in Python (a kernel call costs more than these few reads)."""
@@ -246,7 +306,7 @@ class ExactlyKSampler(Sampler):
         def on_write(slot):
             left = int(remaining[slot])
             if left:
-                me().lost_replays += left  # only "overwrite" writes over a row awaiting replay
+                me().lost_replays += left  # only "overwrite" with no free slot writes over one
             else:
                 m = int(meta[0])
                 if m >= cap:
@@ -288,14 +348,14 @@ class ExactlyKSampler(Sampler):
         """Wait for writer threads until ``batch`` rows await replay; ValueError at once when
         no wait is allowed (``timeout=None``) or would deadlock (a writer waits for this
         sample), TimeoutError when the wait ran out."""
-        if self.timeout is None or self.writers_waiting or self.cond is None or batch > self.capacity:
+        if self.timeout is None or self._stuck() or self.cond is None or batch > self.capacity:
             raise ValueError(self._short(batch) + ("; sample waits for rows only with a timeout"
                                                    if self.timeout is None else ""))
         deadline = self._deadline()
         self.samplers_waiting += 1
         try:
             while self.meta[0] < batch:
-                if self.writers_waiting:
+                if self._stuck():
                     raise ValueError(self._short(batch))
                 if not self._wait(deadline):
                     raise TimeoutError(f"{self._short(batch)}; waited {self.timeout} s")
@@ -353,10 +413,6 @@ class ExactlyKSampler(Sampler):
         self.delivered, self.dropped, self.lost_replays = counters
         if self.cond is not None and self.writers_waiting:
             self.cond.notify_all()
-
-
-def _nothing(slot) -> None:
-    """The ``"overwrite"`` gate: every slot may be written."""
 
 
 def check_slots(slots, size: int, what: str) -> np.ndarray:

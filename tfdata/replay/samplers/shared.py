@@ -209,7 +209,19 @@ class SharedExactlyKSampler(ExactlyKSampler):
     A sample short of rows polls the heads (sleeping, no lock held) up to ``timeout`` seconds
     for the writers to publish, then raises TimeoutError; ``timeout=None``: ValueError at once.
     A writer that died publishes nothing more: the learner is never waiting on it for longer.
+
+    Head-of-line blocking (unlike :class:`ExactlyKSampler`, whose writes skip to the next free
+    slot): a shard is a ring, so its writer waits for its *oldest* row to be free, and rows are
+    delivered in random order. With ``k > 1`` (or a batch near the shards' total capacity)
+    the rows awaiting replay can fall below the batch size while every writer waits for an
+    oldest row that still awaits: the learner's sample then polls out its ``timeout`` and
+    raises TimeoutError (ValueError at once with ``timeout=None``), and the writers' ``"block"``
+    waits time out too. Use ``k=1`` (rows then leave in the order they came, on average) or
+    ``policy="drop"`` (a writer never waits; what it drops is counted) across processes.
     """
+
+    #: a shard's writer keeps its ring: rows stay in stream order
+    stream_order = True
 
     def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
         self.heads, self.reserved, self.cap = heads, reserved, cap
