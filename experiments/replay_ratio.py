@@ -243,7 +243,7 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
                     t5 = pc()
                     try:
                         batch = rb.sample(B)
-                    except (TimeoutError, ValueError):
+                    except TimeoutError:
                         # the limiter (or exactly-k) has no batch for us yet: over if the actor is
                         counts["learner_waits"] += 1
                         if done.is_set():
