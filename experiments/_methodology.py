@@ -982,6 +982,31 @@ def mean_std(xs) -> tuple[float, float]:
     return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
 
 
+def run_in_fresh_processes(script: str, variants: list, seeds: list, args: list, *, timeout_s: float,
+                           describe, log) -> list[dict]:
+    """Run every (variant, seed) as ``python script --worker VARIANT --seed SEED *args`` in a
+    fresh process (its own peak memory, no shared caches), one thread for BLAS/OpenMP, the
+    order of the variants rotated seed by seed (no variant always first or last). A worker
+    prints one line ``RESULT <json>``; the dicts are returned, each with ``process_s``.
+    ``describe(result) -> str`` makes the log line after the variant and seed; ``log(str)``
+    prints it. SystemExit with the worker's stderr when one fails."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    runs = []
+    for k, seed in enumerate(seeds):
+        for variant in variants[k % len(variants):] + variants[:k % len(variants)]:
+            cmd = [sys.executable, os.path.abspath(script), "--worker", variant, "--seed", str(seed), *args]
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+            if out.returncode != 0:
+                raise SystemExit(f"worker {variant} seed {seed} failed:\n{out.stderr[-4000:]}")
+            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+            r = json.loads(line[len("RESULT "):])
+            r["process_s"] = time.perf_counter() - t0
+            runs.append(r)
+            log(f"{variant:<26} seed {seed}: {describe(r)} ({r['process_s']:.0f} s)")
+    return runs
+
+
 def permutation_test(a, b) -> float:
     """Exact two-sided permutation test of equal means (every split of the pooled values)."""
     import itertools

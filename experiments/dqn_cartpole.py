@@ -28,14 +28,13 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, permutation_test, report_dir, write_json  # noqa: E402
+from _methodology import RunRecord, permutation_test, report_dir, run_in_fresh_processes, write_json  # noqa: E402
 from _methodology import return_curve as _return_curve  # noqa: E402
 from _methodology import write_report as write_methodology_report  # noqa: E402
 
@@ -346,26 +345,14 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
 # Driver
 # ---------------------------------------------------------------------------------------------
 def run_all(variants, seeds, total, learning_starts, log) -> list[dict]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
-    runs = []
-    order = list(variants)
-    for k, seed in enumerate(seeds):
-        # rotate the order seed by seed: no variant always runs first or last
-        for variant in order[k % len(order):] + order[:k % len(order)]:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--seed", str(seed),
-                   "--steps", str(total), "--learning-starts", str(learning_starts)]
-            t0 = time.perf_counter()
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
-            if out.returncode != 0:
-                raise SystemExit(f"worker {variant} seed {seed} failed:\n{out.stderr[-4000:]}")
-            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-            r = json.loads(line[len("RESULT "):])
-            r["process_s"] = time.perf_counter() - t0
-            runs.append(r)
-            log(f"{variant:<26} seed {seed}: final return {r['final_return']:.1f}, {r['sps']:.0f} steps/s, "
-                f"buffer {100 * (r['sections_s']['buffer_add'] + r['sections_s']['buffer_sample']) / r['wall_s']:.1f}%"
-                f", peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB ({r['process_s']:.0f} s)")
-    return runs
+    def describe(r):
+        share = (r['sections_s']['buffer_add'] + r['sections_s']['buffer_sample']) / r['wall_s']
+        return (f"final return {r['final_return']:.1f}, {r['sps']:.0f} steps/s, buffer {100 * share:.1f}%"
+                f", peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+
+    return run_in_fresh_processes(__file__, list(variants), seeds,
+                                  ["--steps", str(total), "--learning-starts", str(learning_starts)],
+                                  timeout_s=TIMEOUT_S, describe=describe, log=log)
 
 
 def curve(episodes, total, bins=CURVE_BINS):

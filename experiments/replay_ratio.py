@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import sys
 import threading
 import time
@@ -49,7 +48,8 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, md_table, permutation_test, report_dir, return_curve, write_json  # noqa: E402
+from _methodology import RunRecord, md_table, permutation_test, report_dir, return_curve  # noqa: E402
+from _methodology import run_in_fresh_processes, write_json  # noqa: E402
 from _methodology import write_report as write_methodology_report  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -121,13 +121,13 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
 
     # warm-up, before the clock: load (or compile) every kernel the run calls
     w_net = tfdata.nn.DQN(sizes, lr=HP["learning_rate"], gamma=gamma, seed=seed + 10_000)
-    w_rb = tfdata.ReplayBuffer(spec, 4 * B, seed=seed)
+    w_rb = make_buffer(seed + 10_000)  # a buffer of the variant's kind: its kernels too
     w_obs = np.zeros(obs_dim, np.float32)
-    for k in range(2 * B):
+    for k in range(max(learning_starts, B)):  # what every variant lets in before sampling
         w_rb.push({"obs": w_obs, "action": k % n_actions, "reward": 1.0, "next_obs": w_obs,
                    "terminated": False, "truncated": False})
-    w_net.act(w_obs)
     w_net.train(w_rb.sample(B))
+    w_net.act(w_obs)
     del w_net, w_rb
 
     net = tfdata.nn.DQN(sizes, lr=HP["learning_rate"], gamma=gamma, seed=seed)
@@ -293,25 +293,13 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
 # Driver
 # ---------------------------------------------------------------------------------------------
 def run_all(variants, seeds, total, learning_starts, log) -> list[dict]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
-    runs = []
-    for k, seed in enumerate(seeds):
-        # rotate the order seed by seed: no variant always runs first or last
-        for variant in variants[k % len(variants):] + variants[:k % len(variants)]:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--seed", str(seed),
-                   "--steps", str(total), "--learning-starts", str(learning_starts)]
-            t0 = time.perf_counter()
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
-            if out.returncode != 0:
-                raise SystemExit(f"worker {variant} seed {seed} failed:\n{out.stderr[-4000:]}")
-            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-            r = json.loads(line[len("RESULT "):])
-            r["process_s"] = time.perf_counter() - t0
-            runs.append(r)
-            log(f"{variant:<14} seed {seed}: final return {r['final_return']:.1f}, mean {r['mean_return']:.1f}, "
-                f"{r['sps']:.0f} steps/s, replay ratio {r['replay_ratio']:.2f}, "
-                f"{r['peak_rss_bytes'] / 2**20:.0f} MiB ({r['process_s']:.0f} s)")
-    return runs
+    def describe(r):
+        return (f"final return {r['final_return']:.1f}, mean {r['mean_return']:.1f}, {r['sps']:.0f} steps/s, "
+                f"replay ratio {r['replay_ratio']:.2f}, {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+
+    return run_in_fresh_processes(__file__, list(variants), seeds,
+                                  ["--steps", str(total), "--learning-starts", str(learning_starts)],
+                                  timeout_s=TIMEOUT_S, describe=describe, log=log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,7 +449,9 @@ def write_report(agg, comps, run, pngs, total, learning_starts) -> None:
           f"(timeout {WAIT_S} s, then retried); the learner copies its online network to the actor's "
           "after every update. Exactly-k: `sampler=\"exactly_k\", replays=13, policy=\"block\"`; the "
           "learner starts when the buffer holds `learning_starts` rows.",
-          "* Replay ratio measured = updates x 128 / environment steps after `learning_starts`.",
+          "* Replay ratio measured = updates x 128 / environment steps after `learning_starts`. "
+          "Exactly-k replays every row, those inserted before learning starts too, hence "
+          "13 x steps / (steps - learning_starts) for `exactly-13`.",
           f"* Final return: mean of the last {LAST_EPISODES} episodes; mean return: over every episode "
           "of the run (area under the learning curve: sample efficiency). Exact two-sided "
           "permutation tests over seeds (every split), alpha 0.05.",

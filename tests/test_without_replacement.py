@@ -17,6 +17,7 @@ import pytest
 import tfdata
 from tfdata import FormatError, ReplayBuffer
 from tfdata.kernels import _pool
+from tfdata.kernels._rng import draw_varying
 from tfdata.replay.samplers.uniform import UniformSampler
 from tfdata.replay.samplers.without_replacement import WithoutReplacementSampler
 
@@ -143,7 +144,7 @@ def unmix64(r: int) -> int:
 
 
 def test_draw_rejects_exactly_the_words_below_the_threshold():
-    """``_draw`` is ``draw_one`` with the threshold computed lazily: a word whose low product
+    """``_rng.draw_varying`` is ``draw_one`` with the threshold computed lazily: a word whose low product
     is exactly the threshold is kept, one just below it redrawn (found by inverting mix64;
     random words reach the boundary once in 2**32), and large bounds, where about a quarter
     of the words are rejected, give the reference's draws."""
@@ -155,14 +156,14 @@ def test_draw_rejects_exactly_the_words_below_the_threshold():
             assert (x * nn) & 0xFFFFFFFF == low
             key = unmix64((x << 32) | 0x1234567)
             assert naive.mix64(key) >> 32 == x
-            r, ctr = _pool._draw(np.uint64(nn), np.uint64(key), np.uint64(0))
+            r, ctr = draw_varying(np.uint64(nn), np.uint64(key), np.uint64(0))
             ref, ref_ctr = naive.draw_indices(key, 0, nn, 1)
             assert (int(r), int(ctr)) == (int(ref[0]), ref_ctr), (nn, low)
             assert (int(ctr) == 1) == kept and (not kept or int(r) == (x * nn) >> 32)
         key = naive.mix64(nn)
         ctr = 0
         for _ in range(200):
-            r, c = _pool._draw(np.uint64(nn), np.uint64(key), np.uint64(ctr))
+            r, c = draw_varying(np.uint64(nn), np.uint64(key), np.uint64(ctr))
             ref, ref_ctr = naive.draw_indices(key, ctr, nn, 1)
             assert (int(r), int(c)) == (int(ref[0]), ref_ctr)
             ctr = ref_ctr

@@ -55,3 +55,22 @@ def bad_slot(idx: np.ndarray, n: int):
     if bad < 0:
         return None, slots
     return (bad // 2, "range" if bad % 2 == 0 else "repeat"), slots
+
+
+def check_slot_list(slots, size: int, what: str):
+    """``slots`` (a pool read from a state dict or checkpoint) as a C-contiguous int64 array,
+    each in ``[0, size)`` and given once, at most ``size`` of them; ValueError naming ``what``
+    and the first slot that is not."""
+    a = np.asarray(slots)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise ValueError(f"{what}: expected a 1-D integer array, got {a.dtype}{list(a.shape)}")
+    if a.shape[0] > size:
+        raise ValueError(f"{what}: {a.shape[0]} slots, more than the {size} rows held")
+    problem, out = bad_slot(a, size)
+    if problem is not None:
+        i, kind = problem
+        if kind == "range":
+            raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
+                             f"(expected 0 <= slot < {size})")
+        raise ValueError(f"{what}: slot {int(a[i])} is given twice (position {i})")
+    return np.ascontiguousarray(out)

@@ -28,26 +28,8 @@ from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._episodes import fill_slice
-from ._rng import GOLDEN, mix64
+from ._rng import draw_varying
 from ._shared import snapshot_heads
-
-_TWO32 = np.uint64(1 << 32)
-_LOW32 = np.uint64(0xFFFFFFFF)
-_S32 = np.uint64(32)
-_ONE = np.uint64(1)
-@njit(**INLINE_OPTIONS)
-def _draw(nn, key, ctr):
-    """``draw_one`` of :mod:`._rng` (the same words, the same rejections, the same results) for
-    a bound that changes at every draw: the rejection threshold ``(2**32 - nn) % nn`` is
-    computed only when the low word is below ``nn`` (Lemire's test), so most draws take no
-    division (a division per draw cost about 1 us per 256 draws)."""
-    while True:
-        r = mix64(key + ctr * GOLDEN)
-        ctr += _ONE
-        m = (r >> _S32) * nn
-        low = m & _LOW32
-        if low >= nn or low >= (_TWO32 - nn) % nn:
-            return np.int64(m >> _S32), ctr
 
 
 @njit(**INLINE_OPTIONS)
@@ -119,7 +101,7 @@ def _draws(pool, inpool, meta, held, span, state, idx):
     # an explicit prefetch 16 entries ahead changed nothing measurable)
     first = min(B, m)
     for i in range(first):
-        r, ctr = _draw(np.uint64(m - i), key, ctr)
+        r, ctr = draw_varying(np.uint64(m - i), key, ctr)
         idx[i] = r
     for i in range(first):
         r = idx[i]
@@ -156,7 +138,7 @@ def _draws(pool, inpool, meta, held, span, state, idx):
             done += 1
             meta[1] += 1
         avail = m - defer
-        r, ctr = _draw(np.uint64(avail), key, ctr)
+        r, ctr = draw_varying(np.uint64(avail), key, ctr)
         s = np.int64(pool[r])
         if s >= cap or inpool[s] != 1:
             meta[0] = m

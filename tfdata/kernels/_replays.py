@@ -26,26 +26,7 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._rng import GOLDEN, mix64
-
-_TWO32 = np.uint64(1 << 32)
-_LOW32 = np.uint64(0xFFFFFFFF)
-_S32 = np.uint64(32)
-_ONE = np.uint64(1)
-
-
-@njit(**INLINE_OPTIONS)
-def _draw(nn, key, ctr):
-    """One draw from ``[0, nn)`` (the words, rejections and results of ``_rng.draw_one``), the
-    rejection threshold computed only when the low word is below ``nn`` (the bound changes at
-    every draw: a division per draw would cost about 1 us per 256 draws)."""
-    while True:
-        r = mix64(key + ctr * GOLDEN)
-        ctr += _ONE
-        m = (r >> _S32) * nn
-        low = m & _LOW32
-        if low >= nn or low >= (_TWO32 - nn) % nn:
-            return np.int64(m >> _S32), ctr
+from ._rng import draw_varying
 
 
 @njit(**INLINE_OPTIONS)
@@ -83,7 +64,7 @@ def replays_draw(pool, remaining, meta, state, idx):
     # the random numbers first (they do not depend on the pool), then the swaps, whose cache
     # misses then overlap (as in _pool.pool_draw)
     for i in range(B):
-        r, ctr = _draw(np.uint64(m - i), key, ctr)
+        r, ctr = draw_varying(np.uint64(m - i), key, ctr)
         idx[i] = r
     for i in range(B):
         r = idx[i]

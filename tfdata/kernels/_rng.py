@@ -48,6 +48,21 @@ def draw_one(nn, threshold, key, ctr):
 
 
 @njit(**INLINE_OPTIONS)
+def draw_varying(nn, key, ctr):
+    """:func:`draw_one` (the same words, the same rejections, the same results) for a bound that
+    changes at every draw (sampling without replacement): the rejection threshold
+    ``(2**32 - nn) % nn`` is computed only when the low word is below ``nn`` (Lemire's test),
+    so most draws take no division (a division per draw costs about 1 us per 256 draws)."""
+    while True:
+        r = mix64(key + ctr * GOLDEN)
+        ctr += _ONE
+        m = (r >> _S32) * nn
+        low = m & _LOW32
+        if low >= nn or low >= (_TWO32 - nn) % nn:
+            return np.int64(m >> _S32), ctr
+
+
+@njit(**INLINE_OPTIONS)
 def fill_indices(n, state, idx):
     """Fill ``idx`` (int64[batch]) with uniform draws from ``[0, n)``, advancing ``state[1]``."""
     nn = np.uint64(n)

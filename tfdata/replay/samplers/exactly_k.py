@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 
-from ..._checks import bad_slot
+from ..._checks import check_slot_list
 from . import Sampler
 
 #: what a write does when the slot at the writer's cursor (the oldest row) is not free yet
@@ -392,7 +392,7 @@ class ExactlyKSampler(Sampler):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2**63:
                 raise ValueError(f"sampler state: {key}.{name} must be an int in [0, 2**63), got {v!r}")
             counters.append(int(v))
-        slots = check_slots(part["slots"], size, f"sampler state: {key}.slots")
+        slots = check_slot_list(part["slots"], size, f"sampler state: {key}.slots")
         counts = np.asarray(part["counts"])
         if counts.shape != slots.shape or (counts.size and counts.dtype.kind not in "iu"):
             raise ValueError(f"sampler state: {key}.counts: expected int64[{slots.shape[0]}] (one "
@@ -413,21 +413,3 @@ class ExactlyKSampler(Sampler):
         self.delivered, self.dropped, self.lost_replays = counters
         if self.cond is not None and self.writers_waiting:
             self.cond.notify_all()
-
-
-def check_slots(slots, size: int, what: str) -> np.ndarray:
-    """``slots`` as int64, each in ``[0, size)`` and given once (ValueError naming the first
-    that is not, and ``what``)."""
-    a = np.asarray(slots)
-    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-        raise ValueError(f"{what}: expected a 1-D integer array, got {a.dtype}{list(a.shape)}")
-    if a.shape[0] > size:
-        raise ValueError(f"{what}: {a.shape[0]} slots, more than the {size} rows held")
-    problem, out = bad_slot(a, size)
-    if problem is not None:
-        i, kind = problem
-        if kind == "range":
-            raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
-                             f"(expected 0 <= slot < {size})")
-        raise ValueError(f"{what}: slot {int(a[i])} is given twice (position {i})")
-    return np.ascontiguousarray(out)

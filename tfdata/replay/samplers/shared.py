@@ -387,9 +387,9 @@ class SharedWithoutReplacementSampler(_Shards, Sampler):
     def restore(self, undrawn: np.ndarray, passes: int, heads: list) -> None:
         """The pass of a checkpoint (slots already mapped to this region, each held once) with
         every row of ``heads`` added."""
-        from .without_replacement import check_undrawn
+        from ..._checks import check_slot_list
 
-        undrawn = check_undrawn(undrawn, self.capacity, "state.without_replacement.undrawn")
+        undrawn = check_slot_list(undrawn, self.capacity, "state.without_replacement.undrawn")
         if self._pool.pool_load(self.pool, self.inpool, self.meta, undrawn, self.capacity) != 0:
             raise RuntimeError("SharedWithoutReplacementSampler: a checked pool did not load")
         self.meta[1] = passes

@@ -6,7 +6,7 @@ import weakref
 
 import numpy as np
 
-from ..._checks import bad_slot
+from ..._checks import check_slot_list
 from . import Sampler
 
 
@@ -163,7 +163,7 @@ class WithoutReplacementSampler(Sampler):
         passes = part["passes"]
         if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or not 0 <= passes < 2**63:
             raise ValueError(f"sampler state: {self.state_key}.passes must be an int >= 0, got {passes!r}")
-        undrawn = check_undrawn(part["undrawn"], size, f"sampler state: {self.state_key}.undrawn")
+        undrawn = check_slot_list(part["undrawn"], size, f"sampler state: {self.state_key}.undrawn")
         return rng, undrawn, int(passes)
 
     def load_state(self, checked) -> None:
@@ -174,22 +174,3 @@ class WithoutReplacementSampler(Sampler):
         self.meta[1] = passes
         self.wraps = 0
         self.synced = self.writer.cursor  # the rows loaded are in the pool or drawn
-
-
-def check_undrawn(undrawn, size: int, what: str) -> np.ndarray:
-    """``undrawn`` as int64 slots, each in ``[0, size)`` and given once (ValueError naming the
-    first that is not, and ``what``); at most ``size`` of them."""
-    a = np.asarray(undrawn)
-    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-        raise ValueError(f"{what}: expected a 1-D integer array, got {a.dtype}{list(a.shape)}")
-    if a.shape[0] > size:
-        raise ValueError(f"{what}: {a.shape[0]} slots, more than the {size} rows held")
-    problem, slots = bad_slot(a, size)
-    if problem is not None:
-        i, kind = problem
-        if kind == "range":
-            raise ValueError(f"{what}: slot {int(a[i])} at position {i} is not a row held "
-                             f"(expected 0 <= slot < {size})")
-        raise ValueError(f"{what}: slot {int(a[i])} is given twice (position {i})")
-    a = slots
-    return np.ascontiguousarray(a)
