@@ -913,3 +913,57 @@ def exactly_k_tails_naive(remaining: list, tails: list, folded: list, cap: int) 
             t += 1
         out.append(t)
     return out
+
+
+def exactly_k_claim_naive(taken: list, released: list, base: int, cap: int, cursor: int,
+                          n: int) -> list:
+    """Reference of ``kernels._replays.replays_claim``: from the rule, row by row, the first
+    slot of the shard at or after the position (wrapping) that is free (``taken ==
+    released``) and not taken by this call; stops when none is left."""
+    out, pos = [], cursor
+    for _ in range(n):
+        for step in range(cap):
+            s = (pos + step) % cap
+            if taken[base + s] == released[base + s] and s not in out:
+                out.append(s)
+                pos = (s + 1) % cap
+                break
+        else:
+            break
+    return out
+
+
+def exactly_k_fold_log_naive(pool: list, m: int, remaining: list, heads: list, log: list,
+                             folded: list, cap: int, k: int) -> tuple:
+    """Reference of ``kernels._replays.replays_fold_log``: shard ``s``'s rows ``folded[s] ..
+    heads[s] - 1`` are in slots ``s * cap + log[s * cap + p % cap]``; each joins the pool with
+    ``k`` deliveries. Returns ``(pool, m, remaining, folded, result)``, ``result`` the rows
+    folded or -2 (a head out of range: nothing of that shard; a bad entry: the rows before)."""
+    pool, remaining, folded = list(pool), list(remaining), list(folded)
+    added = 0
+    for s, h in enumerate(heads):
+        if h < folded[s] or h - folded[s] > cap:
+            return pool, m, remaining, folded, -2
+        for p in range(folded[s], h):
+            slot = log[s * cap + p % cap]
+            if not 0 <= slot < cap or remaining[s * cap + slot] != 0:
+                folded[s] = p
+                return pool, m, remaining, folded, -2
+            pool[m] = s * cap + slot
+            m += 1
+            remaining[s * cap + slot] = k
+            added += 1
+        folded[s] = h
+    return pool, m, remaining, folded, added
+
+
+def exactly_k_release_naive(remaining: list, released: list, idx: list) -> tuple:
+    """Reference of ``kernels._replays.replays_release``: slots of ``idx`` with no delivery
+    left are released once more. Returns ``(released, freed)``."""
+    released = list(released)
+    freed = 0
+    for g in idx:
+        if remaining[g] == 0:
+            released[g] += 1
+            freed += 1
+    return released, freed
