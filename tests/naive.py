@@ -881,40 +881,6 @@ class ExactlyKModel:
         return idx, [self.ids[s] for s in idx]
 
 
-def exactly_k_fold_naive(pool: list, m: int, remaining: list, heads: list, folded: list, cap: int,
-                         k: int) -> tuple:
-    """Reference of ``kernels._replays.replays_fold``: shard ``s`` (slots ``s * cap ...``)
-    published rows ``folded[s] .. heads[s] - 1``; the last ``cap`` of them get ``k`` deliveries
-    (joining the pool if absent), the earlier ones count ``k`` lost each. Returns ``(pool, m,
-    remaining, folded, lost)``."""
-    pool, remaining, folded = list(pool), list(remaining), list(folded)
-    lost = 0
-    for s, h in enumerate(heads):
-        first = max(folded[s], h - cap)
-        lost += (first - folded[s]) * k
-        for r in range(first, h):
-            slot = s * cap + r % cap
-            if remaining[slot] == 0:
-                pool[m] = slot
-                m += 1
-            lost += remaining[slot]
-            remaining[slot] = k
-        folded[s] = h
-    return pool, m, remaining, folded, lost
-
-
-def exactly_k_tails_naive(remaining: list, tails: list, folded: list, cap: int) -> list:
-    """Reference of ``kernels._replays.replays_advance_tails``: each tail (at least ``folded -
-    cap``) passes the shard's oldest folded rows whose slot is free."""
-    out = []
-    for s, t in enumerate(tails):
-        t = max(t, folded[s] - cap)
-        while t < folded[s] and remaining[s * cap + t % cap] == 0:
-            t += 1
-        out.append(t)
-    return out
-
-
 def exactly_k_claim_naive(taken: list, released: list, base: int, cap: int, cursor: int,
                           n: int) -> list:
     """Reference of ``kernels._replays.replays_claim``: from the rule, row by row, the first

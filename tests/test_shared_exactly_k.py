@@ -113,3 +113,211 @@ def test_kernels_stay_inside_their_arrays_whatever_they_hold():
     assert _replays.replays_release(rem, z64(4), np.array([4])) == -1
     assert _replays.replays_release(rem, z64(4), np.array([-1])) == -1
     assert _replays.replays_release(rem, z64(3), np.array([0])) == -1
+
+
+# -- writer processes and a learner ---------------------------------------------------------------
+FORK = mp.get_context("fork")
+SHARD = 1_000_000  # shard s writes ids s * SHARD + i
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _endless_writer(name, shard, errors, seed):
+    """Writes ids ``shard * SHARD + i`` in pushes and extends of random sizes until the owner
+    closes the buffer (SharedBufferError: the normal end)."""
+    try:
+        rng = np.random.default_rng(seed)
+        with SharedWriter(name, shard, timeout=60) as w:
+            i = 0
+            while True:
+                k = int(rng.integers(1, 6))
+                ids = np.arange(i, i + k) + SHARD * shard
+                if k == 1:
+                    w.push(one(ids[0]))
+                else:
+                    w.extend(rows(ids))
+                i += k
+    except SharedBufferError:
+        pass
+    except BaseException as exc:  # reported to the test, which fails
+        errors.put(f"shard {shard}: {exc!r}")
+
+
+def _check_counts(buf, seen, k):
+    """Every published row delivered at most k times; those delivered fewer are exactly the rows
+    awaiting replay (len); the slots released are the rows delivered k times."""
+    info = buf.writers()
+    published = {s * SHARD + i for w in info for s in [w["shard"]] for i in range(w["published"])}
+    assert set(seen) <= published
+    assert max(seen.values()) <= k
+    short = [i for i in published if seen.get(i, 0) < k]
+    assert len(short) == len(buf) <= buf.capacity
+    assert buf.sampler.released == sum(1 for i in published if seen.get(i, 0) == k)
+    assert sum(seen.values()) == buf.sampler.delivered
+
+
+@pytest.mark.parametrize("k, writers", [(1, 1), (3, 2)])
+def test_no_stall_with_small_shards_and_random_order(k, writers, shm_dir):
+    """The ring design stalled here (a writer waiting for its oldest row, still awaiting, while
+    fewer rows than a batch awaited): shards barely larger than the batch, writers that never
+    stop, a long run of samples with no TimeoutError."""
+    cap, B, n_batches = 40, 32, 1500 if k == 1 else 800
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, cap * writers, num_writers=writers, seed=1, sampler="exactly_k",
+                            replays=k, policy="block", timeout=20) as buf:
+        procs = [FORK.Process(target=_endless_writer, args=(buf.name, s, errors, s))
+                 for s in range(writers)]
+        for p in procs:
+            p.start()
+        seen = collections.Counter()
+        skipped = 0
+        for _ in range(n_batches):
+            ids = buf.sample(B)["id"].tolist()  # a TimeoutError fails the test
+            assert len(set(ids)) == B
+            seen.update(ids)
+        buf.close()  # wakes the writers waiting for a free slot
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        assert errors.empty(), errors.get()
+        _check_counts(buf, seen, k)
+        assert buf.sampler.delivered == n_batches * B
+        del skipped
+
+
+def test_a_closed_buffer_wakes_a_blocked_writer_process(shm_dir):
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 8, seed=0, sampler="exactly_k", replays=2) as buf:
+        p = FORK.Process(target=_endless_writer, args=(buf.name, 0, errors, 0))
+        p.start()
+        deadline = time.monotonic() + 20
+        while buf.writers()[0]["published"] < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the writer waits: no slot of its shard is free
+        assert buf.writers()[0]["published"] == 8 and p.is_alive()
+        t = time.monotonic()
+        buf.close()
+        p.join(10)
+        assert p.exitcode == 0 and time.monotonic() - t < 5  # ended by SharedBufferError
+        assert errors.empty(), errors.get()
+
+
+def test_a_closed_buffer_wakes_a_blocked_writer_thread(shm_dir):
+    buf = SharedReplayBuffer(SPEC, 4, seed=0, sampler="exactly_k", replays=1)
+    w = SharedWriter(buf.name, 0)
+    w.extend(rows(range(4)))
+    got = []
+
+    def push():
+        try:
+            w.push(one(9))
+        except BaseException as exc:  # noqa: BLE001
+            got.append(exc)
+
+    t = threading.Thread(target=push, daemon=True)
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive()
+    buf.close()
+    t.join(5)
+    assert isinstance(got[0], SharedBufferError) and "closed" in str(got[0])
+    w.close()
+
+
+def _killed_after(name, shard, n):
+    w = SharedWriter(name, shard)
+    for i in range(n):
+        w.push(one(shard * SHARD + i))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_writer_leaves_the_others_going(shm_dir):
+    """Shard 0's writer is killed with its shard full of rows awaiting replay: the learner
+    delivers them, then shard 1's rows only; its samples never wait on the dead writer."""
+    k = 2
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 32, num_writers=2, seed=0, sampler="exactly_k", replays=k,
+                            timeout=10) as buf:
+        dead = FORK.Process(target=_killed_after, args=(buf.name, 0, 16))
+        dead.start()
+        dead.join(30)
+        assert dead.exitcode == -signal.SIGKILL
+        live = FORK.Process(target=_endless_writer, args=(buf.name, 1, errors, 1))
+        live.start()
+        seen = collections.Counter()
+        with pytest.warns(WriterLostWarning, match="shard 0"):
+            for _ in range(400):
+                seen.update(buf.sample(8)["id"].tolist())
+                time.sleep(0.001)  # let the learner's liveness check run
+        buf.close()
+        live.join(30)
+        assert live.exitcode == 0 and errors.empty()
+        assert all(seen[i] == k for i in range(16))  # the dead writer's rows, all delivered
+        _check_counts(buf, seen, k)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_rate_limiter_across_processes(k, shm_dir):
+    """2 writer processes and the learner with exactly-k and a limiter at k samples per
+    insert: the counts stay within the limiter's bounds after every sample, every row is
+    delivered at most k times, the ones delivered fewer are those awaiting."""
+    B, min_size, eb = 8, 32, 16.0
+    lim = RateLimiter(float(k), min_size, eb, timeout=30)
+    errors = FORK.Queue()
+    with SharedReplayBuffer(SPEC, 128, num_writers=2, seed=0, sampler="exactly_k", replays=k,
+                            timeout=30, rate_limiter=lim) as buf:
+        procs = [FORK.Process(target=_endless_writer, args=(buf.name, s, errors, s)) for s in range(2)]
+        for p in procs:
+            p.start()
+        seen = collections.Counter()
+        slack = 5 * k  # a writer checks and then writes up to 5 rows, no lock between processes
+        for _ in range(300):
+            seen.update(buf.sample(B)["id"].tolist())
+            m = buf.rate_limiter.metrics()
+            lo, hi = naive.limiter_bounds_naive(m["inserts"], float(k), min_size, eb)
+            assert lo - slack <= m["samples"] <= hi + slack, (m, lo, hi)
+        buf.close()
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        assert errors.empty(), errors.get()
+        assert buf.rate_limiter.metrics()["sample_waits"] > 0
+        _check_counts(buf, seen, k)
+
+
+# -- one writer: the batches of a ReplayBuffer ------------------------------------------------------
+@pytest.mark.parametrize("k, cap", [(1, 16), (3, 24)])
+def test_one_writer_gives_the_batches_of_a_replay_buffer(k, cap, shm_dir):
+    """The same rows pushed and extended between the same samples: the same slots, the same
+    batches, the same drops (the same next-free rule, the same pool order, the same seed)."""
+    rng = np.random.default_rng(k)
+    rb = ReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy="drop")
+    with SharedReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy="drop",
+                            timeout=None) as buf, SharedWriter(buf.name, 0) as w:
+        nid = batches = 0
+        for step in range(600):
+            if rng.random() < 0.5:
+                n = int(rng.integers(1, 7))
+                if n == 1:
+                    rb.push(one(nid))
+                    w.push(one(nid))
+                else:
+                    rb.extend(rows(range(nid, nid + n)))
+                    w.extend(rows(range(nid, nid + n)))
+                nid += n
+            else:
+                b = int(rng.integers(1, 9))
+                if rb.sampler.awaiting < b:
+                    with pytest.raises(ValueError):
+                        buf.sample(b)
+                    continue
+                x, y = rb.sample(b), buf.sample(b)
+                assert x["id"].tolist() == y["id"].tolist()
+                assert x.indices.tolist() == y.indices.tolist()
+                batches += 1
+        assert rb.sampler.dropped == w.dropped > 0 and batches > 100
+        assert len(buf) == rb.sampler.awaiting

@@ -129,18 +129,22 @@ def _region_path(name: str, dir: str | None) -> str:
     return os.path.join(dir or shm_dir(), _PREFIX + name)
 
 
-def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool) -> dict:
-    """Byte offsets of every section of a region (and its total size)."""
+def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool, exactly_k: bool = False) -> dict:
+    """Byte offsets of every section of a region (and its total size); exactly-k replay adds
+    three words per slot (``taken``, ``released``, ``log``: see :class:`_Region`)."""
     slots = shards * cap
-    return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots)
+    return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots,
+                           3 if exactly_k else 0)
 
 
 def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
-                  mode: str = "replay") -> int:
-    """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps."""
+                  mode: str = "replay", sampler: str | None = None) -> int:
+    """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps
+    (``sampler="exactly_k"``: 24 bytes more per slot)."""
     spec = spec if isinstance(spec, Spec) else Spec(spec)
     shards, cap = _shards(capacity, num_writers)
-    return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo")["nbytes"]
+    return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo",
+                   sampler == "exactly_k")["nbytes"]
 
 
 def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
@@ -198,7 +202,7 @@ class _Region:
         self.map = mapped
         # fewer TLB misses for random gathers where the system gives shared memory huge pages
         mapped.hugepages()
-        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo")
+        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo", self.exactly_k)
         if mapped.nbytes < lay["nbytes"]:
             raise FormatError(f"{path}: region file holds {mapped.nbytes} bytes, its description "
                               f"needs {lay['nbytes']}")
@@ -211,6 +215,15 @@ class _Region:
         self.reserved = blocks[_RESERVED::_STRIDE]
         self.dropped = blocks[_DROPPED::_STRIDE]
         self.tails = blocks[_TAIL::_STRIDE]
+        # exactly-k replay, one word per slot of the region (slot g of shard g // cap):
+        # taken[g]: rows the shard's writer has put in slot g (written by that writer only);
+        # released[g]: rows of slot g the learner delivered k times and copied (learner only);
+        # the slot is free iff they are equal. log[s * cap + p % cap]: the slot (of the shard)
+        # of shard s's p-th published row, stored before the head (its writer only).
+        self.taken = self.released = self.log = None
+        if self.exactly_k:
+            self.taken, self.released, self.log = (mapped.at(o, np.uint64, (slots,))
+                                                   for o in lay["slot_words"])
         self.storage = shm_region.storage_over(mapped, lay, self.spec, self.layout, slots)
 
     def torn(self, shard: int) -> int:
@@ -592,7 +605,7 @@ class SharedReplayBuffer:
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
             planned = sampler.plan(shards * cap)
-            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo")["nbytes"],
+            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo", exactly_k)["nbytes"],
                                               "trees": planned["trees"], "bookkeeping": planned["bookkeeping"]},
                          f"SharedReplayBuffer of capacity {shards * cap}")
         self._k = _kernels()
@@ -601,7 +614,7 @@ class SharedReplayBuffer:
         path = _region_path(name, dir)
         if os.path.exists(path):
             raise FileExistsError(f"a shared buffer named {name!r} exists already ({path})")
-        lay = _layout(spec, layout, shards, cap, mode == "fifo")
+        lay = _layout(spec, layout, shards, cap, mode == "fifo", exactly_k)
         doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
                "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
@@ -652,7 +665,7 @@ class SharedReplayBuffer:
         sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
         if exactly_k:
-            sampler.bind_tails(self._region.tails)
+            sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
         self.sampler = sampler
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
@@ -764,10 +777,11 @@ class SharedReplayBuffer:
     def _check_batch(self, batch_size: int) -> None:
         """Refuse a batch the rows held cannot fill (with a limiter: that no rows ever can,
         since sampling waits for them)."""
-        if self._limiter is not None:
+        if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
             if batch_size > self.capacity:
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity {self.capacity}")
-            self._limiter.check_sample(batch_size)
+            if self._limiter is not None:
+                self._limiter.check_sample(batch_size)
             return
         n = len(self)
         if batch_size > n:
@@ -837,6 +851,8 @@ class SharedReplayBuffer:
     def __len__(self) -> int:
         """Rows held (replay) or queued (fifo) right now."""
         heads = self._region.heads.astype(np.int64)
+        if self._region.exactly_k:  # rows awaiting replay, folded or not
+            return int(heads.sum()) - self.sampler.released
         if self.mode == "fifo":
             return int((heads - self._region.tails.astype(np.int64)).sum())
         return int(np.minimum(heads, self._region.cap).sum())
@@ -1682,11 +1698,15 @@ class SharedWriter:
         self._words = region.words(shard)
         self._base = shard * region.cap
         self._cap = region.cap
-        # a FIFO shard, or an exactly-k replay shard: writes stay below the consumer's tail
-        self._fifo = region.mode == "fifo" or region.exactly_k
+        # a FIFO shard: writes stay below the consumer's tail
+        self._fifo = region.mode == "fifo"
+        # an exactly-k replay shard: each row goes to the next free slot at or after the cursor
+        self._ek = region.exactly_k
         self._drop = region.policy == "drop"
         self._head = int(self._words[_HEAD])
         self._dropped = int(self._words[_DROPPED])
+        self._cursor = self._head % self._cap  # any start is right: free slots are in the words
+        self._claimed = np.empty(self._cap, np.int64)
         self._k = _kernels()
         self._storage = region.storage
         self.spec = region.spec
@@ -1707,7 +1727,7 @@ class SharedWriter:
         # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
         self._ring = RingWriter(self._cap)
         self._sync_ring()
-        if self._fifo and self._drop:  # a dropped row writes nothing: the generic path decides
+        if (self._fifo and self._drop) or self._ek:  # the generic path decides where rows go
             self._fast_push = _weak_method(self, "_checked_push")
         else:
             views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
@@ -1860,6 +1880,8 @@ class SharedWriter:
             self._limit_insert(n)
         region, cap = self._region, self._cap
         head = self._head
+        if self._ek:
+            return self._write_ek(n, values, one)
         if not self._fifo:  # a ring keeps the last cap rows, as n single pushes would
             skip = max(0, n - cap)
             self._put(values, one, skip, n - skip, head + skip, head + n, self._dropped)
@@ -1901,14 +1923,65 @@ class SharedWriter:
         self._head, self._dropped = head, dropped
         self._sync_ring()
 
-    def _wait_for_room(self, done: int, n: int) -> int:
-        """Sleep until the learner frees a slot; returns the free slots."""
+    def _write_ek(self, n: int, values: list, one: bool) -> int:
+        """Exactly-k replay (lock held): each row into the next free slot of the shard at or
+        after the cursor, as a :class:`~tfdata.ReplayBuffer`'s writer does; with none free,
+        ``"block"`` waits for the learner to release one, ``"drop"`` drops the rest (the
+        newest rows) and counts them. Returns the rows written."""
+        done = 0
+        while done < n:
+            got = self._claim(n - done)
+            if got == 0:
+                if self._drop:
+                    self._publish_ek(values, one, done, 0, self._dropped + n - done)
+                    return done
+                got = self._wait_for_room(done, n, lambda: self._claim(n - done))
+            self._publish_ek(values, one, done, got, self._dropped)
+            done += got
+        return n
+
+    def _claim(self, n: int) -> int:
+        region = self._region
+        got = self._k.replays_claim(region.taken, region.released, self._base, self._cap,
+                                    self._cursor, n, self._claimed)
+        if got < 0:
+            raise RuntimeError(f"SharedWriter: replays_claim returned {got}")
+        return got
+
+    def _publish_ek(self, values: list, one: bool, src: int, k: int, dropped: int) -> None:
+        """Write rows ``values[src:src+k]`` into the slots claimed, log them, publish."""
+        region, cap, base, head = self._region, self._cap, self._base, self._head
+        slots = self._claimed[:k]
+        if k:
+            self._k.shard_begin(self._words, head + k)
+            if one:
+                self._storage.write_row(base + int(slots[0]), values)
+            else:
+                i = 0
+                while i < k:  # runs of consecutive slots, one write each
+                    j = i + 1
+                    while j < k and slots[j] == slots[j - 1] + 1:
+                        j += 1
+                    self._storage.write_rows(base + int(slots[i]), values, src + i, j - i)
+                    i = j
+            # the slots and their takes before the head that publishes them (shard_publish
+            # stores the head with release order)
+            if self._k.replays_log(region.taken, region.log, base, cap, head, slots) != k:
+                raise RuntimeError("SharedWriter: replays_log refused claimed slots")
+            self._cursor = (int(slots[k - 1]) + 1) % cap
+        self._k.shard_publish(region.stamps, self._words, base, cap, head, k, head + k, dropped,
+                              time.monotonic_ns())
+        self._head, self._dropped = head + k, dropped
+
+    def _wait_for_room(self, done: int, n: int, room=None) -> int:
+        """Sleep until the learner frees a slot; returns the free slots (``room()``: what
+        tells, by default the FIFO's tail)."""
         region = self._region
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 20e-6
         check_owner = time.monotonic() + _WATCH_S
         while True:
-            free = self._cap - (self._head - int(region.tails[self.shard]))
+            free = self._cap - (self._head - int(region.tails[self.shard])) if room is None else room()
             if free > 0:
                 return free
             if region.closed:
