@@ -147,6 +147,15 @@ def _endless_writer(name, shard, errors, seed):
         errors.put(f"shard {shard}: {exc!r}")
 
 
+def _ids(batch) -> list:
+    """The batch's ids, each row checked whole (a row overwritten while copied fails)."""
+    ids = batch["id"]
+    np.testing.assert_array_equal(batch["obs"], np.repeat(ids[:, None], 3, 1).astype(np.float32))
+    np.testing.assert_array_equal(batch["reward"], ids.astype(np.float32))
+    assert len(set(ids.tolist())) == len(ids)
+    return ids.tolist()
+
+
 def _check_counts(buf, seen, k):
     """Every published row delivered at most k times; those delivered fewer are exactly the rows
     awaiting replay (len); the slots released are the rows delivered k times."""
@@ -174,11 +183,8 @@ def test_no_stall_with_small_shards_and_random_order(k, writers, shm_dir):
         for p in procs:
             p.start()
         seen = collections.Counter()
-        skipped = 0
         for _ in range(n_batches):
-            ids = buf.sample(B)["id"].tolist()  # a TimeoutError fails the test
-            assert len(set(ids)) == B
-            seen.update(ids)
+            seen.update(_ids(buf.sample(B)))  # a TimeoutError fails the test
         buf.close()  # wakes the writers waiting for a free slot
         for p in procs:
             p.join(30)
@@ -186,7 +192,6 @@ def test_no_stall_with_small_shards_and_random_order(k, writers, shm_dir):
         assert errors.empty(), errors.get()
         _check_counts(buf, seen, k)
         assert buf.sampler.delivered == n_batches * B
-        del skipped
 
 
 def test_a_closed_buffer_wakes_a_blocked_writer_process(shm_dir):
@@ -251,7 +256,7 @@ def test_a_killed_writer_leaves_the_others_going(shm_dir):
         seen = collections.Counter()
         with pytest.warns(WriterLostWarning, match="shard 0"):
             for _ in range(400):
-                seen.update(buf.sample(8)["id"].tolist())
+                seen.update(_ids(buf.sample(8)))
                 time.sleep(0.001)  # let the learner's liveness check run
         buf.close()
         live.join(30)
@@ -276,7 +281,7 @@ def test_rate_limiter_across_processes(k, shm_dir):
         seen = collections.Counter()
         slack = 5 * k  # a writer checks and then writes up to 5 rows, no lock between processes
         for _ in range(300):
-            seen.update(buf.sample(B)["id"].tolist())
+            seen.update(_ids(buf.sample(B)))
             m = buf.rate_limiter.metrics()
             lo, hi = naive.limiter_bounds_naive(m["inserts"], float(k), min_size, eb)
             assert lo - slack <= m["samples"] <= hi + slack, (m, lo, hi)
