@@ -28,8 +28,10 @@ the shards' heads, samples a control word the learner publishes; the limiter's p
 in ``region.json``. Both sides poll these words with short sleeps (no lock between processes).
 
 ``mode="replay"`` with ``sampler="exactly_k"`` is between the two: the learner samples (every
-row in exactly ``replays`` batches, in a random order) and, as in a FIFO, moves a tail word per
-shard over the oldest rows it is done with; writers stay behind it (``"block"`` or ``"drop"``).
+row in exactly ``replays`` batches, in a random order) and releases each slot once its row's
+last delivery is copied; each writer puts a row into the next free slot of its shard (per-slot
+``taken`` / ``released`` words, one writer each) and logs the slot before publishing the head.
+A writer waits (``"block"``) or drops (``"drop"``) only when no slot of its shard is free.
 
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
@@ -85,7 +87,7 @@ FORMAT = "tfdata.shared"
 VERSION = 1
 MODES = ("replay", "fifo")
 POLICIES = ("block", "drop")
-#: the policies of sampler="exactly_k" in replay mode (writers respect the tail as a FIFO's do)
+#: the policies of sampler="exactly_k" in replay mode (writers write free slots only)
 EXACTLY_K_POLICIES = ("block", "drop")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 _PREFIX = "tfdata-shm-"
@@ -166,7 +168,9 @@ def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_s
     if policy is not None and policy not in EXACTLY_K_POLICIES:
         if policy == "overwrite":
             raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') takes policy='block' "
-                                      "or 'drop'; 'overwrite' (writers ignoring the tail) is not "
+                                      "or 'drop'; 'overwrite' (a writer overwriting a row the "
+                                      "learner may be copying would need the seqlock redraws, "
+                                      "which change who is delivered) is not "
                                       "implemented across processes")
         raise ValueError(f"policy must be one of {list(EXACTLY_K_POLICIES)}, got {policy!r}")
     if n_step is not None:
@@ -194,7 +198,7 @@ class _Region:
         self.layout = check_layout(doc["layout"], self.spec)
         self.mode = doc["mode"]
         self.policy = doc["policy"]
-        # writers of an exactly-k replay region respect the consumer's tail, as a FIFO's do
+        # writers of an exactly-k replay region write free slots only (see taken / released)
         self.exactly_k = doc.get("sampler") == "exactly_k"
         self.shards = int(doc["num_writers"])
         self.cap = int(doc["shard_capacity"])
@@ -463,9 +467,11 @@ class SharedReplayBuffer:
         delivers every row exactly once, in arrival order.
     policy : {"block", "drop"}, optional
         FIFO, or ``sampler="exactly_k"`` (default ``"block"``): when a writer's shard is full
-        (of rows not yet delivered, or not yet delivered ``replays`` times) it waits for the
-        learner (``"block"``), or writes the rows that fit and drops the rest, counted in the
-        metrics (``"drop"``). ``"overwrite"`` is not implemented across processes.
+        (of rows not yet delivered, or with exactly-k, when no slot of the shard is free: every
+        one holds a row not yet delivered ``replays`` times; rows are written into any free
+        slot, so a writer never waits behind one row) it waits for the learner
+        (``"block"``), or writes the rows that fit and drops the rest, counted in the metrics
+        (``"drop"``). ``"overwrite"`` is not implemented across processes.
     sampler : {"uniform", "without_replacement", "exactly_k"}, optional
         Replay mode: uniform (None, the default); ``"without_replacement"``: every row once per
         pass, the rows the writers publish during a pass joining it, as
@@ -474,8 +480,9 @@ class SharedReplayBuffer:
         owns the pool, 5 bytes per slot; not with ``prioritized=True``, nor for
         :meth:`sample_sequences`); or exactly-k replay, each row delivered in exactly
         ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
-        ``buf.sampler.delivered``, ``lost_replays``; ``writers()[s]["dropped"]``). Not with
-        ``prioritized``, ``n_step``, :meth:`sample_sequences` or :meth:`save`.
+        ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
+        awaiting replay). The region holds 24 more bytes per slot. Not with ``prioritized``,
+        ``n_step``, :meth:`sample_sequences` or :meth:`save`.
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
     timeout : float, optional
@@ -620,7 +627,7 @@ class SharedReplayBuffer:
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
         if rate_limiter is not None:  # what the writers read (absent: no limiter)
             doc["rate_limiter"] = rate_limiter.params()
-        if exactly_k:  # what the writers need to know: respect the tail, and how
+        if exactly_k:  # what the writers need to know: write free slots only, and the policy
             doc.update(sampler="exactly_k", replays=sampler.replays)
         # built under a temporary name and renamed: a writer finds a complete region or none
         parent = os.path.dirname(path)
@@ -849,7 +856,8 @@ class SharedReplayBuffer:
         return self._region.storage
 
     def __len__(self) -> int:
-        """Rows held (replay) or queued (fifo) right now."""
+        """Rows held (replay; exactly-k: rows published and not yet delivered ``replays``
+        times) or queued (fifo) right now."""
         heads = self._region.heads.astype(np.int64)
         if self._region.exactly_k:  # rows awaiting replay, folded or not
             return int(heads.sum()) - self.sampler.released
@@ -1170,7 +1178,7 @@ class SharedReplayBuffer:
                                     f"in flight, not a state to checkpoint")
         if self._region.exactly_k:
             raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no "
-                                      "checkpoint yet (its pool and the writers' tails would need one)")
+                                      "checkpoint yet (its pool, counts and the slot words would need one)")
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
