@@ -326,3 +326,111 @@ def test_one_writer_gives_the_batches_of_a_replay_buffer(k, cap, shm_dir):
                 batches += 1
         assert rb.sampler.dropped == w.dropped > 0 and batches > 100
         assert len(buf) == rb.sampler.awaiting
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+def _script(rng, steps):
+    """A fixed interleaving: ("w", first id, n) writes and ("s", batch) samples."""
+    out, nid = [], 0
+    for _ in range(steps):
+        if rng.random() < 0.5:
+            n = int(rng.integers(1, 7))
+            out.append(("w", nid, n))
+            nid += n
+        else:
+            out.append(("s", int(rng.integers(1, 9))))
+    return out
+
+
+def _play(buf, w, script):
+    got = []
+    for op in script:
+        if op[0] == "w":
+            w.push(one(op[1])) if op[2] == 1 else w.extend(rows(range(op[1], op[1] + op[2])))
+        elif len(buf) >= op[1]:
+            b = buf.sample(op[1])
+            got.append((_ids(b), b.indices.tolist()))
+    return got
+
+
+@pytest.mark.parametrize("policy, k", [("drop", 3), ("block", 1)])
+def test_checkpoint_mid_way_continues_exactly(policy, k, shm_dir, tmp_path):
+    """Saved part way (rows awaiting replay, some delivered fewer than k times), loaded into a
+    new region: with the same writes and samples after, the same batches and slots as the
+    saved buffer, and the same counts."""
+    rng = np.random.default_rng(k)
+    head, tail = _script(rng, 300), _script(rng, 300)
+    tail = [("w", op[1] + 10_000, op[2]) if op[0] == "w" else op for op in tail]
+    head += [("w", 5_000 + i, 1) for i in range(5)]  # rows awaiting replay at the save
+    cap = 24
+    with SharedReplayBuffer(SPEC, cap, seed=4, sampler="exactly_k", replays=k, policy=policy,
+                            timeout=None) as buf, SharedWriter(buf.name, 0, timeout=0.01) as w:
+        def play(b, wr, script):
+            got = []
+            for op in script:
+                try:
+                    got += _play(b, wr, [op])
+                except TimeoutError as exc:  # block: the shard filled up, the first rows in
+                    got.append(("full", exc.written))
+            return got
+
+        play(buf, w, head)
+        assert 0 < len(buf) and buf.sampler.released > 0
+        buf.save(tmp_path / "ck")
+        with SharedReplayBuffer.load(tmp_path / "ck") as back, SharedWriter(back.name, 0, timeout=0.01) as w2:
+            assert len(back) == len(buf) and back.sampler.released == buf.sampler.released
+            assert back.config == buf.config
+            d0 = w.dropped
+            a, b = play(buf, w, tail), play(back, w2, tail)
+            assert a == b and len(a) > 40
+            assert back.sampler.delivered == buf.sampler.delivered
+            assert w2.dropped == w.dropped - d0 and (policy == "block" or w2.dropped > 0)
+            assert len(back) == len(buf)
+
+
+def test_hostile_exactly_k_checkpoints_are_refused(shm_dir, tmp_path):
+    import json
+
+    from tfdata import FormatError
+
+    with SharedReplayBuffer(SPEC, 8, num_writers=2, seed=0, sampler="exactly_k", replays=2,
+                            timeout=None) as buf:
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(rows(range(3)))
+        buf.sample(2)
+        buf.save(tmp_path / "ck")
+    doc = json.loads((tmp_path / "ck" / "state.json").read_text())
+    assert doc["state"]["exactly_k"]["released"] == 0 and doc["state"]["heads"] == [3, 0]
+
+    def broken(edit, what, arrays=None):
+        d = json.loads(json.dumps(doc))
+        edit(d)
+        p = tmp_path / f"bad-{what}"
+        os.system(f"cp -r {tmp_path / 'ck'} {p}")
+        (p / "state.json").write_text(json.dumps(d))
+        if arrays is not None:
+            name, values = arrays
+            np.save(p / d["state"]["exactly_k"][name]["$array"], np.asarray(values, np.int64))
+        before = sorted(os.listdir(shm_dir))
+        with pytest.raises(FormatError, match=what):
+            SharedReplayBuffer.load(p)
+        assert sorted(os.listdir(shm_dir)) == before  # no region was created
+
+    ek = lambda d: d["state"]["exactly_k"]  # noqa: E731
+    broken(lambda d: ek(d).__setitem__("released", 1), "released")
+    broken(lambda d: ek(d).__setitem__("delivered", -1), "delivered")
+    broken(lambda d: ek(d).__setitem__("cursors", [0, 4]), "cursors")
+    broken(lambda d: ek(d).__setitem__("cursors", [0]), "cursors")
+    broken(lambda d: ek(d).pop("slots"), "exactly_k")
+    broken(lambda d: d["state"].pop("exactly_k"), "exactly_k")
+    broken(lambda d: d["state"]["dropped"].__setitem__(0, 1), "dropped")
+    broken(lambda d: d["config"].__setitem__("policy", "overwrite"), "policy")
+    broken(lambda d: d["config"].__setitem__("replays", 0), "replays")
+    broken(lambda d: d["config"].pop("timeout"), "timeout")
+    broken(lambda d: None, "slots", ("slots", [0, 0, 1]))          # a slot twice
+    broken(lambda d: None, "slots", ("slots", [0, 1, 3]))          # slot 3: shard 0 holds 3 rows
+    broken(lambda d: None, "slots", ("slots", [0, 1, 99]))         # out of the region
+    broken(lambda d: None, "counts", ("counts", [1, 3, 1]))        # more than replays
+    broken(lambda d: None, "counts", ("counts", [1, 0, 1]))
+    with SharedReplayBuffer.load(tmp_path / "ck") as back:  # the file itself loads
+        assert len(back) == 3

@@ -104,6 +104,9 @@ _FIRST = 16            # first shard block
 _STRIDE = 16           # words per shard
 # written by the shard's writer (HEAD, DROPPED, RESERVED: the positions kernels/_shared.py uses)
 _HEAD, _DROPPED, _RESERVED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4, 5
+# exactly-k replay: the writer's cursor (the shard's slot its next row's search starts at),
+# stored after each write, read by a writer taking the shard over and by checkpoints
+_CURSOR = 6
 _TAIL = 8              # written by the consumer
 # shard states (_STATE)
 _NEVER, _ATTACHED, _FINISHED = 0, 1, 2
@@ -481,8 +484,8 @@ class SharedReplayBuffer:
         :meth:`sample_sequences`); or exactly-k replay, each row delivered in exactly
         ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
         ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
-        awaiting replay). The region holds 24 more bytes per slot. Not with ``prioritized``,
-        ``n_step``, :meth:`sample_sequences` or :meth:`save`.
+        awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
+        Not with ``prioritized``, ``n_step`` or :meth:`sample_sequences`.
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
     timeout : float, optional
@@ -1159,6 +1162,9 @@ class SharedReplayBuffer:
                "roles": dict(self._roles)}
         if isinstance(self.sampler, SharedWithoutReplacementSampler):
             cfg["sampler"] = self.sampler.name  # absent: uniform (checkpoints as before)
+        if self._region.exactly_k:
+            sm = self.sampler
+            cfg.update(sampler="exactly_k", replays=sm.replays, policy=self.policy, timeout=sm.timeout)
         if self._is_prioritized:
             sm = self.sampler
             cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
@@ -1169,22 +1175,23 @@ class SharedReplayBuffer:
 
     @contextlib.contextmanager
     def snapshot(self):
-        """Hold the lock, fold what the writers published (prioritized), read every shard's
+        """Hold the lock, fold what the writers published (prioritized, without replacement,
+        exactly-k: then the heads are the positions folded), read every shard's
         head, and yield the state as of those heads (views of the live arrays; valid inside the
         ``with``). Rows are the storage's; :meth:`overwritten_since` says which of them a writer
         touched since."""
         if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
                                     f"in flight, not a state to checkpoint")
-        if self._region.exactly_k:
-            raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no "
-                                      "checkpoint yet (its pool, counts and the slot words would need one)")
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
             wor = isinstance(self.sampler, SharedWithoutReplacementSampler)
             if self._is_prioritized or wor:
                 self.sampler.fold(scratch)
+            elif r.exactly_k:  # the state as of the fold: heads are the positions folded
+                self.sampler.fold()
+                scratch[r.shards:2 * r.shards] = self.sampler.folded
             else:
                 self._k.read_heads(r.heads, r.cap, scratch)
             state = {"format": "tfdata.SharedReplayBuffer", "version": 1,
@@ -1201,12 +1208,18 @@ class SharedReplayBuffer:
 
             if wor:
                 state[self.sampler.state_key] = self.sampler.pass_state()
+            if r.exactly_k:
+                state["exactly_k"] = self.sampler.shared_state(
+                    [int(r.words(s)[_CURSOR]) for s in range(r.shards)])
             yield state
 
     def overwritten_since(self, heads: list) -> list:
         """Per shard, how many of the rows held at ``heads`` its writer has begun overwriting
-        since (the oldest of them: a writer overwrites in order)."""
+        since (the oldest of them: a writer overwrites in order). Exactly-k: none (a writer
+        writes only free slots, never a row awaiting replay)."""
         r = self._region
+        if r.exactly_k:
+            return [0] * r.shards
         out = []
         for s, h in enumerate(heads):
             begun = int(r.reserved[s])  # read after the copy it judges
@@ -1239,13 +1252,15 @@ class SharedReplayBuffer:
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
-                undrawn=None, samples: int | None = None) -> None:
+                undrawn=None, samples: int | None = None, exactly_k=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
         ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
         (the saved slots: a shard's rows moved to its first slots are mapped, the rows left out
         leave the pass); ``samples``: the rate limiter's count of rows sampled (its inserts are
-        the heads restored: rows left out at the save are not counted). Used by
+        the heads restored: rows left out at the save are not counted); ``exactly_k``: the
+        checked ``(slots, counts, delivered, released, cursors)`` (every row of ``heads`` folded,
+        ``dropped`` all 0). Used by
         :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
@@ -1298,6 +1313,15 @@ class SharedReplayBuffer:
                 keep[mine] = q >= first
                 slots[mine] = s * cap + q - first
             self.sampler.restore(slots[keep], undrawn[1], new_heads)
+        if exactly_k is not None:
+            slots, counts, delivered, released, cursors = exactly_k
+            # the slots awaiting replay are taken once and not released; every other slot free
+            r.taken[:] = 0
+            r.released[:] = 0
+            r.taken[slots] = 1
+            for s, c in enumerate(cursors):
+                r.words(s)[_CURSOR] = c
+            self.sampler.restore(slots, counts, new_heads, delivered, released)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:
@@ -1713,7 +1737,8 @@ class SharedWriter:
         self._drop = region.policy == "drop"
         self._head = int(self._words[_HEAD])
         self._dropped = int(self._words[_DROPPED])
-        self._cursor = self._head % self._cap  # any start is right: free slots are in the words
+        # any start is right (free slots are in the words); the last writer's keeps the order
+        self._cursor = int(self._words[_CURSOR]) % self._cap
         self._claimed = np.empty(self._cap, np.int64)
         self._k = _kernels()
         self._storage = region.storage
@@ -1977,6 +2002,7 @@ class SharedWriter:
             if self._k.replays_log(region.taken, region.log, base, cap, head, slots) != k:
                 raise RuntimeError("SharedWriter: replays_log refused claimed slots")
             self._cursor = (int(slots[k - 1]) + 1) % cap
+            self._words[_CURSOR] = self._cursor
         self._k.shard_publish(region.stamps, self._words, base, cap, head, k, head + k, dropped,
                               time.monotonic_ns())
         self._head, self._dropped = head + k, dropped

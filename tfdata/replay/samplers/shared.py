@@ -287,8 +287,27 @@ class SharedExactlyKSampler(ExactlyKSampler):
         raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
 
     def extra_state(self, copy: bool, size: int) -> dict:
-        raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no checkpoint yet "
-                                  "(its pool, counts and the slot words would need one)")
+        return {}  # the shared buffer's snapshot adds shared_state()
+
+    def shared_state(self, cursors: list) -> dict:
+        """``{"slots": int64[m], "counts": int64[m], "delivered": int, "released": int,
+        "cursors": [int per shard]}`` as of the last fold (call under the lock, after
+        :meth:`fold`): the pool in its order, the deliveries each slot has left."""
+        m = int(self.meta[0])
+        slots = self.pool[:m].astype(np.int64)
+        return {"slots": slots, "counts": self.remaining[slots].astype(np.int64),
+                "delivered": self.delivered, "released": self.released,
+                "cursors": [int(c) for c in cursors]}
+
+    def restore(self, slots: np.ndarray, counts: np.ndarray, heads: list, delivered: int,
+                released: int) -> None:
+        """The pool of a checkpoint (checked: slots distinct and held, counts in ``[1, k]``),
+        every row of ``heads`` folded."""
+        if self._k.replays_load(self.pool, self.remaining, self.meta, np.asarray(slots, np.int64),
+                                np.asarray(counts, np.int64)) != 0:
+            raise RuntimeError("SharedExactlyKSampler: a checked pool did not load")
+        self.folded[:] = heads
+        self.delivered, self.released = delivered, released
 
 class SharedWithoutReplacementSampler(_Shards, Sampler):
     """Sampling without replacement over the shards (``sampler="without_replacement"``): the
