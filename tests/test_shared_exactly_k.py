@@ -10,6 +10,7 @@ a closed buffer, the rate limiter, and equality with a ReplayBuffer given the sa
 from __future__ import annotations
 
 import collections
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -378,6 +379,13 @@ def test_checkpoint_mid_way_continues_exactly(policy, k, shm_dir, tmp_path):
         assert 0 < len(buf) and buf.sampler.released > 0
         buf.save(tmp_path / "ck")
         with SharedReplayBuffer.load(tmp_path / "ck") as back, SharedWriter(back.name, 0, timeout=0.01) as w2:
+            back.save(tmp_path / "ck2")  # the same state again, cursors and pool order included
+            saved = [json.loads((tmp_path / d / "state.json").read_text())["state"] for d in ("ck", "ck2")]
+            assert saved[0]["exactly_k"]["cursors"] == saved[1]["exactly_k"]["cursors"]
+            for d in ("ck", "ck2"):
+                part = json.loads((tmp_path / d / "state.json").read_text())["state"]["exactly_k"]
+                saved.append([np.load(tmp_path / d / part[n]["$array"]).tolist() for n in ("slots", "counts")])
+            assert saved[2] == saved[3] and saved[0]["heads"] == saved[1]["heads"]
             assert len(back) == len(buf) and back.sampler.released == buf.sampler.released
             assert back.config == buf.config
             d0 = w.dropped
