@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tfdata import RateLimiter, ReplayBuffer, SharedReplayBuffer, SharedWriter
+from tfdata.shared import region_nbytes
 from tfdata.errors import SharedBufferError, WriterLostWarning
 from tfdata.kernels import _replays
 
@@ -296,14 +297,14 @@ def test_rate_limiter_across_processes(k, shm_dir):
 
 
 # -- one writer: the batches of a ReplayBuffer ------------------------------------------------------
-@pytest.mark.parametrize("k, cap", [(1, 16), (3, 24)])
-def test_one_writer_gives_the_batches_of_a_replay_buffer(k, cap, shm_dir):
+@pytest.mark.parametrize("k, cap, layout", [(1, 16, "aos"), (3, 24, "soa")])
+def test_one_writer_gives_the_batches_of_a_replay_buffer(k, cap, layout, shm_dir):
     """The same rows pushed and extended between the same samples: the same slots, the same
     batches, the same drops (the same next-free rule, the same pool order, the same seed)."""
     rng = np.random.default_rng(k)
     rb = ReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy="drop")
     with SharedReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy="drop",
-                            timeout=None) as buf, SharedWriter(buf.name, 0) as w:
+                            timeout=None, layout=layout) as buf, SharedWriter(buf.name, 0) as w:
         nid = batches = 0
         for step in range(600):
             if rng.random() < 0.5:
@@ -442,3 +443,12 @@ def test_hostile_exactly_k_checkpoints_are_refused(shm_dir, tmp_path):
     broken(lambda d: None, "counts", ("counts", [1, 0, 1]))
     with SharedReplayBuffer.load(tmp_path / "ck") as back:  # the file itself loads
         assert len(back) == 3
+
+
+def test_region_has_three_words_per_slot(shm_dir):
+    cap = 1 << 14
+    plain = region_nbytes(SPEC, cap, num_writers=2)
+    ek = region_nbytes(SPEC, cap, num_writers=2, sampler="exactly_k")
+    assert 24 * cap <= ek - plain <= 24 * cap + 4096 + 3 * 64
+    with SharedReplayBuffer(SPEC, cap, num_writers=2, sampler="exactly_k") as buf:
+        assert buf.nbytes == ek

@@ -835,7 +835,7 @@ class SharedReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the shared region (rows, FIFO stamps, control words)."""
+        """Bytes of the shared region (rows, FIFO stamps, exactly-k slot words, control words)."""
         return self._region.nbytes
 
     @property
