@@ -902,7 +902,8 @@ def exactly_k_claim_naive(taken: list, released: list, base: int, cap: int, curs
 def exactly_k_fold_log_naive(pool: list, m: int, remaining: list, heads: list, log: list,
                              folded: list, cap: int, k: int) -> tuple:
     """Reference of ``kernels._replays.replays_fold_log``: shard ``s``'s rows ``folded[s] ..
-    heads[s] - 1`` are in slots ``s * cap + log[s * cap + p % cap]``; each joins the pool with
+    heads[s] - 1`` are in slots ``s * cap + (log[s * cap + p % cap] & 0xFFFFFFFF)`` (the entry
+    tagged ``p & 0xFFFFFFFF`` in its high 32 bits); each joins the pool with
     ``k`` deliveries. Returns ``(pool, m, remaining, folded, result)``, ``result`` the rows
     folded or -2 (a head out of range: nothing of that shard; a bad entry: the rows before)."""
     pool, remaining, folded = list(pool), list(remaining), list(folded)
@@ -911,8 +912,9 @@ def exactly_k_fold_log_naive(pool: list, m: int, remaining: list, heads: list, l
         if h < folded[s] or h - folded[s] > cap:
             return pool, m, remaining, folded, -2
         for p in range(folded[s], h):
-            slot = log[s * cap + p % cap]
-            if not 0 <= slot < cap or remaining[s * cap + slot] != 0:
+            e = log[s * cap + p % cap]
+            slot = e & 0xFFFFFFFF
+            if e >> 32 != p & 0xFFFFFFFF or not 0 <= slot < cap or remaining[s * cap + slot] != 0:
                 folded[s] = p
                 return pool, m, remaining, folded, -2
             pool[m] = s * cap + slot
@@ -933,3 +935,30 @@ def exactly_k_release_naive(remaining: list, released: list, idx: list) -> tuple
             released[g] += 1
             freed += 1
     return released, freed
+
+
+def exactly_k_log_naive(taken: list, log: list, base: int, cap: int, head: int, slots: list) -> tuple:
+    """Reference of ``kernels._replays.replays_log``: entry of row ``head + i`` (tagged with its
+    position's low 32 bits) and one more take of slot ``slots[i]``. Returns ``(taken, log)``."""
+    taken, log = list(taken), list(log)
+    for i, s in enumerate(slots):
+        p = head + i
+        log[base + p % cap] = ((p & 0xFFFFFFFF) << 32) | s
+        taken[base + s] += 1
+    return taken, log
+
+
+def exactly_k_recover_naive(taken: list, released: list, log: list, base: int, cap: int,
+                            head: int, reserved: int) -> tuple:
+    """Reference of ``kernels._replays.replays_recover``: for the begun, unpublished positions
+    whose entry is tagged with the position, the slot named is made free again. Returns
+    ``(taken, freed)``."""
+    taken = list(taken)
+    freed = 0
+    for p in range(head, min(reserved, head + cap)):
+        e = log[base + p % cap]
+        s = e & 0xFFFFFFFF
+        if e >> 32 == p & 0xFFFFFFFF and s < cap and taken[base + s] != released[base + s]:
+            taken[base + s] = released[base + s]
+            freed += 1
+    return taken, freed

@@ -62,9 +62,21 @@ def test_claim_fold_release_match_references():
                 ref = naive.exactly_k_claim_naive(taken.tolist(), released.tolist(), s * cap,
                                                    cap, cursors[s], min(want, cap + 1))
                 assert out[:got].tolist() == ref
-                if got:
+                if got and rng.random() < 0.15:  # a writer dies after logging and taking
+                    before = taken.copy()
+                    _replays.replays_log(taken, log, s * cap, cap, int(heads[s]), out[:got])
+                    want, wfreed = naive.exactly_k_recover_naive(
+                        taken.tolist(), released.tolist(), log.tolist(), s * cap, cap,
+                        int(heads[s]), int(heads[s]) + got)
+                    freed = _replays.replays_recover(taken, released, log, s * cap, cap,
+                                                     int(heads[s]), int(heads[s]) + got)
+                    assert freed == wfreed == got and taken.tolist() == want == before.tolist()
+                elif got:
                     cursors[s] = (int(out[got - 1]) + 1) % cap
+                    want = naive.exactly_k_log_naive(taken.tolist(), log.tolist(), s * cap, cap,
+                                                     int(heads[s]), out[:got].tolist())
                     assert _replays.replays_log(taken, log, s * cap, cap, int(heads[s]), out[:got]) == got
+                    assert (taken.tolist(), log.tolist()) == want
                     heads[s] += got
             ref = naive.exactly_k_fold_log_naive(pool.tolist(), int(meta[0]), rem.tolist(),
                                                  [int(h) for h in heads], log.tolist(),
@@ -103,12 +115,22 @@ def test_kernels_stay_inside_their_arrays_whatever_they_hold():
                                      np.array([5, 0], np.int64), 2, 1) == -2
     assert _replays.replays_fold_log(pool, rem, meta, np.array([3, 0], np.uint64), log, folded, 2, 1) == -2
     # a log entry out of the shard; then one naming a slot already in the pool
-    log[:] = [1, 7, 0, 0]
+    log[:] = [1, (1 << 32) | 7, 0, 0]
     assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == -2
     assert folded.tolist() == [1, 0] and meta[0] == 1 and pool[0] == 1
-    log[:] = [1, 1, 0, 0]
+    log[:] = [1, (1 << 32) | 1, 0, 0]
     assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == -2
     assert folded.tolist() == [1, 0] and meta[0] == 1
+    log[:] = [1, (3 << 32) | 0, 0, 0]  # a stale entry (another position's tag)
+    assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == -2
+    assert folded.tolist() == [1, 0] and meta[0] == 1
+    log[:] = [1, (1 << 32) | 0, 0, 0]
+    assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == 1
+    # recover: only fresh entries of begun positions, slots inside the shard
+    t, r, lg = np.array([1, 1, 0, 0], np.uint64), z64(4), np.array([(5 << 32) | 9, (5 << 32) | 1, 0, 0], np.uint64)
+    assert _replays.replays_recover(t, r, lg, 0, 2, 5, 7) == 1 and t.tolist() == [1, 0, 0, 0]
+    assert _replays.replays_recover(t, r, lg, 3, 2, 5, 7) == -1
+    assert _replays.replays_recover(t, r, z64(3), 0, 2, 5, 7) == -1
     assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 3, 1) == -1
     meta[0] = 99
     assert _replays.replays_fold_log(pool, rem, meta, np.array([0, 0], np.uint64), log, folded, 2, 1) == -1
@@ -452,3 +474,25 @@ def test_region_has_three_words_per_slot(shm_dir):
     assert 24 * cap <= ek - plain <= 24 * cap + 4096 + 3 * 64
     with SharedReplayBuffer(SPEC, cap, num_writers=2, sampler="exactly_k") as buf:
         assert buf.nbytes == ek
+
+
+def test_a_writer_taking_over_frees_the_slot_a_dead_writer_took(shm_dir):
+    """A writer that died after taking a slot and before publishing it (simulated: its words
+    stored as a killed writer's would be) leaves the slot free for the next writer of the
+    shard, which then fills every slot of the shard without waiting."""
+    from tfdata.kernels import shard_begin
+
+    with SharedReplayBuffer(SPEC, 4, seed=0, sampler="exactly_k", replays=1, timeout=None) as buf:
+        r = buf._region  # the words a killed writer leaves, written as its kernels would
+        with SharedWriter(buf.name, 0) as w:
+            w.extend(rows(range(3)))
+            slots = np.empty(4, np.int64)
+            assert _replays.replays_claim(r.taken, r.released, 0, 4, 3, 1, slots) == 1
+            shard_begin(r.words(0), 4)
+            _replays.replays_log(r.taken, r.log, 0, 4, 3, slots[:1])  # then killed: no head
+        assert buf.writers()[0]["torn"] == 1
+        with SharedWriter(buf.name, 0, timeout=0.2) as w2:
+            w2.push(one(3))  # the slot the dead writer took: free again
+            with pytest.raises(TimeoutError):
+                w2.push(one(4))
+        assert sorted(buf.sample(4)["id"].tolist()) == [0, 1, 2, 3]

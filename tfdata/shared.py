@@ -1739,6 +1739,10 @@ class SharedWriter:
         self._dropped = int(self._words[_DROPPED])
         # any start is right (free slots are in the words); the last writer's keeps the order
         self._cursor = int(self._words[_CURSOR]) % self._cap
+        if self._ek and int(self._words[_RESERVED]) > self._head:
+            # the last writer died mid-write: free the slots it took and never published
+            _kernels().replays_recover(region.taken, region.released, region.log, self._base,
+                                       self._cap, self._head, int(self._words[_RESERVED]))
         self._claimed = np.empty(self._cap, np.int64)
         self._k = _kernels()
         self._storage = region.storage

@@ -282,8 +282,9 @@ def replays_load(pool, remaining, meta, slots, counts):
 # shard: rows it has put in slot ``g``. ``released[g]`` is written only by the learner: rows of
 # slot ``g`` it has delivered ``k`` times and copied. Slot ``g`` is free iff the two are equal.
 # ``log[s * cap + p % cap]`` (written only by shard ``s``'s writer) is the slot (of the shard,
-# in ``[0, cap)``) of the shard's ``p``-th published row, stored before the head that
-# publishes it. Never a read-modify-write of a word another process writes.
+# in ``[0, cap)``, low 32 bits) of the shard's ``p``-th published row tagged with ``p``'s low 32
+# bits (high 32 bits: an entry is known fresh), stored before the ``taken`` it increments and
+# before the head that publishes it. Never a read-modify-write of a word another process writes.
 
 
 @njit(**NJIT_OPTIONS)
@@ -340,9 +341,38 @@ def replays_log(taken, log, base, cap, head, slots):
             return -1
     for i in range(n):
         s = slots[i]
-        store_relaxed(log, base + (head + i) % cap, s)
+        p = head + i
+        # the entry first: a writer that takes the shard over finds every slot whose take was
+        # stored without its head in a fresh entry (replays_recover)
+        store_relaxed(log, base + p % cap, ((np.uint64(p) & _LOW32) << _S32) | np.uint64(s))
         store_relaxed(taken, base + s, taken[base + s] + np.uint64(1))
     return n
+
+
+@njit(**NJIT_OPTIONS)
+def replays_recover(taken, released, log, base, cap, head, reserved):
+    """A writer taking over the shard of slots ``[base, base + cap)`` whose last writer died
+    mid-write (rows ``head .. reserved - 1`` begun, not published): each of those positions
+    whose log entry is fresh (tagged with the position) names a slot that writer may have taken
+    without publishing it; its take is undone (``taken = released``: the slot is free again).
+    Only that shard's writer writes ``taken``, and the learner never released such a slot (it
+    was never published), so nothing else moves these words. Returns the slots freed, -1 when
+    the arguments disagree."""
+    total = taken.shape[0]
+    if (released.shape[0] != total or log.shape[0] != total or cap < 1 or base < 0
+            or base + cap > total or head < 0):
+        return -1
+    freed = 0
+    end = min(reserved, head + cap)
+    for p in range(head, end):
+        e = log[base + p % cap]
+        if (e >> _S32) != (np.uint64(p) & _LOW32):
+            continue  # not written for this position: that row took no slot
+        s = np.int64(e & _LOW32)
+        if s < cap and taken[base + s] != load_acquire(released, base + s):
+            store_relaxed(taken, base + s, released[base + s])
+            freed += 1
+    return freed
 
 
 @njit(**NJIT_OPTIONS)
@@ -371,7 +401,8 @@ def replays_fold_log(pool, remaining, meta, heads, log, folded, cap, k):
     -------
     int
         Rows folded; -1 with nothing changed when the arguments disagree; -2 for a head behind
-        ``folded`` or more than ``cap`` ahead, a log entry out of the shard, or a slot already
+        ``folded`` or more than ``cap`` ahead, a log entry not tagged with its position or out
+        of the shard, or a slot already
         in the pool (the rows before it stay folded, ``folded`` says up to where).
     """
     shards = heads.shape[0]
@@ -390,9 +421,11 @@ def replays_fold_log(pool, remaining, meta, heads, log, folded, cap, k):
         if h < f or h - f > cap:
             return -2
         for p in range(f, h):
-            slot = np.int64(log[s * cap + p % cap])
+            e = log[s * cap + p % cap]
+            slot = np.int64(e & _LOW32)
             g = s * cap + slot
-            if slot < 0 or slot >= cap or remaining[g] != 0 or m >= total:
+            if ((e >> _S32) != (np.uint64(p) & _LOW32) or slot >= cap or remaining[g] != 0
+                    or m >= total):
                 folded[s] = p
                 meta[0] = m
                 return -2
