@@ -1873,7 +1873,8 @@ class SharedWriter:
         SpecError
             The row does not match the spec; nothing is written.
         TimeoutError
-            FIFO ``"block"``: the learner freed no slot within ``timeout``; nothing is written.
+            FIFO or exactly-k ``"block"``: the learner freed no slot within ``timeout``; nothing
+            is written.
         SharedBufferError
             The owner closed the buffer, or this writer was closed.
         """
@@ -1890,8 +1891,9 @@ class SharedWriter:
         rows written (``n``, or fewer when the ``"drop"`` policy drops the newest ones).
 
         In replay mode more rows than the shard holds leave its last ``shard_capacity``. With the
-        FIFO ``"block"`` policy rows go in as room frees up (any ``n``); a TimeoutError then says,
-        and its ``written`` attribute holds, how many of the first rows went in. Raises as
+        FIFO or exactly-k ``"block"`` policy rows go in as room frees up (any ``n``; exactly-k:
+        each into the next free slot of the shard at or after the cursor); a TimeoutError then
+        says, and its ``written`` attribute holds, how many of the first rows went in. Raises as
         :meth:`push`; a batch refused for its content writes nothing.
         """
         n, values = self.spec.check_batch(batch)
