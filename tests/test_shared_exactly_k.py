@@ -319,18 +319,23 @@ def test_rate_limiter_across_processes(k, shm_dir):
 
 
 # -- one writer: the batches of a ReplayBuffer ------------------------------------------------------
-@pytest.mark.parametrize("k, cap, layout", [(1, 16, "aos"), (3, 24, "soa")])
-def test_one_writer_gives_the_batches_of_a_replay_buffer(k, cap, layout, shm_dir):
+@pytest.mark.parametrize("k, cap, layout, policy", [(1, 16, "aos", "drop"), (3, 24, "soa", "drop"),
+                                                    (2, 16, "aos", "block"), (3, 24, "soa", "block")])
+def test_one_writer_gives_the_batches_of_a_replay_buffer(k, cap, layout, policy, shm_dir):
     """The same rows pushed and extended between the same samples: the same slots, the same
-    batches, the same drops (the same next-free rule, the same pool order, the same seed)."""
+    batches, the same drops (the same next-free rule, the same pool order, the same seed).
+    "block" pushes take the generated push, "drop" ones the generic path; "block" writes only
+    what fits (neither buffer waits)."""
     rng = np.random.default_rng(k)
-    rb = ReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy="drop")
-    with SharedReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy="drop",
+    rb = ReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy=policy)
+    with SharedReplayBuffer(SPEC, cap, seed=5, sampler="exactly_k", replays=k, policy=policy,
                             timeout=None, layout=layout) as buf, SharedWriter(buf.name, 0) as w:
         nid = batches = 0
         for step in range(600):
             if rng.random() < 0.5:
                 n = int(rng.integers(1, 7))
+                if policy == "block" and rb.sampler.free < n:
+                    continue
                 if n == 1:
                     rb.push(one(nid))
                     w.push(one(nid))
@@ -348,7 +353,8 @@ def test_one_writer_gives_the_batches_of_a_replay_buffer(k, cap, layout, shm_dir
                 assert x["id"].tolist() == y["id"].tolist()
                 assert x.indices.tolist() == y.indices.tolist()
                 batches += 1
-        assert rb.sampler.dropped == w.dropped > 0 and batches > 100
+        assert rb.sampler.dropped == w.dropped and (policy == "block" or w.dropped > 0)
+        assert batches > 100
         assert len(buf) == rb.sampler.awaiting
 
 

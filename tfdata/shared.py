@@ -1764,8 +1764,16 @@ class SharedWriter:
         # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
         self._ring = RingWriter(self._cap)
         self._sync_ring()
-        if (self._fifo and self._drop) or self._ek:  # the generic path decides where rows go
+        if self._drop and (self._fifo or self._ek):  # a dropped row writes nothing: the generic path
             self._fast_push = _weak_method(self, "_checked_push")
+        elif self._ek:  # exactly-k "block": the generated push, to the slot _place_ek finds
+            views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
+            self._fast_push = make_push(self.spec, views, self._ring, self._lock,
+                                        _weak_method(self, "_checked_push"),
+                                        on_write=_weak_method(self, "_publish_ek_one"),
+                                        place=_weak_method(self, "_place_ek"),
+                                        regions=self._storage.byte_regions(self._base,
+                                                                           self._base + self._cap))
         else:
             views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
             self._fast_push = make_push(self.spec, views, self._ring, self._lock,
@@ -1978,6 +1986,32 @@ class SharedWriter:
             self._publish_ek(values, one, done, got, self._dropped)
             done += got
         return n
+
+    def _place_ek(self, cursor: int) -> int:
+        """Before a generated push writes (exactly-k ``"block"``, lock held): refuse if closed,
+        let the rate limiter count the row in, find the next free slot (waiting for one),
+        announce the write; returns the slot (of the shard). ``cursor`` (the ring's) is not
+        used: the writer's own cursor is."""
+        if not self._finalizer.alive or self._region.closed or self._generation != _GENERATION[0]:
+            self._write_check()
+        if self._limiter is not None:
+            self._limit_insert(1)
+        if self._claim(1) == 0:
+            self._wait_for_room(0, 1, lambda: self._claim(1))
+        self._k.shard_begin(self._words, self._head + 1)
+        return int(self._claimed[0])
+
+    def _publish_ek_one(self, slot: int) -> None:
+        """After a generated push wrote ``slot``: log it, take it, publish it."""
+        region, head = self._region, self._head
+        if self._k.replays_log(region.taken, region.log, self._base, self._cap, head,
+                               self._claimed[:1]) != 1:
+            raise RuntimeError("SharedWriter: replays_log refused a claimed slot")
+        self._k.shard_publish(region.stamps, self._words, self._base, self._cap, head, 1,
+                              head + 1, self._dropped, time.monotonic_ns())
+        self._head = head + 1
+        self._cursor = (slot + 1) % self._cap
+        self._words[_CURSOR] = self._cursor
 
     def _claim(self, n: int) -> int:
         region = self._region
