@@ -881,35 +881,84 @@ class ExactlyKModel:
         return idx, [self.ids[s] for s in idx]
 
 
-def exactly_k_fold_naive(pool: list, m: int, remaining: list, heads: list, folded: list, cap: int,
-                         k: int) -> tuple:
-    """Reference of ``kernels._replays.replays_fold``: shard ``s`` (slots ``s * cap ...``)
-    published rows ``folded[s] .. heads[s] - 1``; the last ``cap`` of them get ``k`` deliveries
-    (joining the pool if absent), the earlier ones count ``k`` lost each. Returns ``(pool, m,
-    remaining, folded, lost)``."""
-    pool, remaining, folded = list(pool), list(remaining), list(folded)
-    lost = 0
-    for s, h in enumerate(heads):
-        first = max(folded[s], h - cap)
-        lost += (first - folded[s]) * k
-        for r in range(first, h):
-            slot = s * cap + r % cap
-            if remaining[slot] == 0:
-                pool[m] = slot
-                m += 1
-            lost += remaining[slot]
-            remaining[slot] = k
-        folded[s] = h
-    return pool, m, remaining, folded, lost
-
-
-def exactly_k_tails_naive(remaining: list, tails: list, folded: list, cap: int) -> list:
-    """Reference of ``kernels._replays.replays_advance_tails``: each tail (at least ``folded -
-    cap``) passes the shard's oldest folded rows whose slot is free."""
-    out = []
-    for s, t in enumerate(tails):
-        t = max(t, folded[s] - cap)
-        while t < folded[s] and remaining[s * cap + t % cap] == 0:
-            t += 1
-        out.append(t)
+def exactly_k_claim_naive(taken: list, released: list, base: int, cap: int, cursor: int,
+                          n: int) -> list:
+    """Reference of ``kernels._replays.replays_claim``: from the rule, row by row, the first
+    slot of the shard at or after the position (wrapping) that is free (``taken ==
+    released``) and not taken by this call; stops when none is left."""
+    out, pos = [], cursor
+    for _ in range(n):
+        for step in range(cap):
+            s = (pos + step) % cap
+            if taken[base + s] == released[base + s] and s not in out:
+                out.append(s)
+                pos = (s + 1) % cap
+                break
+        else:
+            break
     return out
+
+
+def exactly_k_fold_log_naive(pool: list, m: int, remaining: list, heads: list, log: list,
+                             folded: list, cap: int, k: int) -> tuple:
+    """Reference of ``kernels._replays.replays_fold_log``: shard ``s``'s rows ``folded[s] ..
+    heads[s] - 1`` are in slots ``s * cap + (log[s * cap + p % cap] & 0xFFFFFFFF)`` (the entry
+    tagged ``p & 0xFFFFFFFF`` in its high 32 bits); each joins the pool with
+    ``k`` deliveries. Returns ``(pool, m, remaining, folded, result)``, ``result`` the rows
+    folded or -2 (a head out of range: nothing of that shard; a bad entry: the rows before)."""
+    pool, remaining, folded = list(pool), list(remaining), list(folded)
+    added = 0
+    for s, h in enumerate(heads):
+        if h < folded[s] or h - folded[s] > cap:
+            return pool, m, remaining, folded, -2
+        for p in range(folded[s], h):
+            e = log[s * cap + p % cap]
+            slot = e & 0xFFFFFFFF
+            if e >> 32 != p & 0xFFFFFFFF or not 0 <= slot < cap or remaining[s * cap + slot] != 0:
+                folded[s] = p
+                return pool, m, remaining, folded, -2
+            pool[m] = s * cap + slot
+            m += 1
+            remaining[s * cap + slot] = k
+            added += 1
+        folded[s] = h
+    return pool, m, remaining, folded, added
+
+
+def exactly_k_release_naive(remaining: list, released: list, idx: list) -> tuple:
+    """Reference of ``kernels._replays.replays_release``: slots of ``idx`` with no delivery
+    left are released once more. Returns ``(released, freed)``."""
+    released = list(released)
+    freed = 0
+    for g in idx:
+        if remaining[g] == 0:
+            released[g] += 1
+            freed += 1
+    return released, freed
+
+
+def exactly_k_log_naive(taken: list, log: list, base: int, cap: int, head: int, slots: list) -> tuple:
+    """Reference of ``kernels._replays.replays_log``: entry of row ``head + i`` (tagged with its
+    position's low 32 bits) and one more take of slot ``slots[i]``. Returns ``(taken, log)``."""
+    taken, log = list(taken), list(log)
+    for i, s in enumerate(slots):
+        p = head + i
+        log[base + p % cap] = ((p & 0xFFFFFFFF) << 32) | s
+        taken[base + s] += 1
+    return taken, log
+
+
+def exactly_k_recover_naive(taken: list, released: list, log: list, base: int, cap: int,
+                            head: int, reserved: int) -> tuple:
+    """Reference of ``kernels._replays.replays_recover``: for the begun, unpublished positions
+    whose entry is tagged with the position, the slot named is made free again. Returns
+    ``(taken, freed)``."""
+    taken = list(taken)
+    freed = 0
+    for p in range(head, min(reserved, head + cap)):
+        e = log[base + p % cap]
+        s = e & 0xFFFFFFFF
+        if e >> 32 == p & 0xFFFFFFFF and s < cap and taken[base + s] != released[base + s]:
+            taken[base + s] = released[base + s]
+            freed += 1
+    return taken, freed

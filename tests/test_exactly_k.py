@@ -798,8 +798,7 @@ def test_shared_options_are_checked(shm_dir):
                 w.push(one(9))
         with pytest.raises(NotImplementedError):
             buf.sample_sequences(1, 2)
-        with pytest.raises(NotImplementedError):
-            buf.save(shm_dir / "ck")
+        buf.save(shm_dir / "ck")  # checkpoints: tests/test_shared_exactly_k.py
         doc_path = os.path.join(buf.path, "region.json")
         doc = json.load(open(doc_path))
         for bad in ({"policy": "overwrite"}, {"replays": 0}, {"sampler": "nope"}, {"mode": "fifo"}):
@@ -807,42 +806,6 @@ def test_shared_options_are_checked(shm_dir):
             with pytest.raises(FormatError, match="region.json"):
                 SharedWriter(buf.name, 0)
         json.dump(doc, open(doc_path, "w"))
-
-
-def test_fold_and_tail_kernels_match_reference():
-    rng = np.random.default_rng(8)
-    for trial in range(150):
-        shards, cap, k = int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 4))
-        n = shards * cap
-        pool, rem, meta = np.zeros(n, np.uint32), np.zeros(n, np.uint8), np.zeros(1, np.int64)
-        heads, tails = np.zeros(shards, np.uint64), np.zeros(shards, np.uint64)
-        folded = np.zeros(shards, np.int64)
-        ref = ([0] * n, 0, [0] * n, [0] * shards)
-        state = np.array([naive.mix64(trial), 0], np.uint64)
-        overwrite = rng.random() < 0.5  # writers may pass the tail (else they stop at it)
-        for step in range(30):
-            for s in range(shards):  # writers publish
-                room = cap if overwrite else int(tails[s]) + cap - int(heads[s])
-                heads[s] += int(rng.integers(0, (2 * cap if overwrite else room) + 1))
-            lost = _replays.replays_fold(pool, rem, meta, heads, folded, cap, k)
-            rp, rm, rr, rf, rlost = naive.exactly_k_fold_naive(*ref[:3], heads.tolist(), ref[3], cap, k)
-            ref = (rp, rm, rr, rf)
-            assert lost == rlost and (lost == 0 or overwrite)
-            assert meta[0] == rm and pool[:rm].tolist() == rp[:rm] and rem.tolist() == rr
-            assert folded.tolist() == rf == [int(h) for h in heads]
-            b = int(rng.integers(0, rm + 1))
-            idx = np.empty(b, np.int64)
-            _replays.replays_sample(pool, rem, meta, state, idx)
-            ref = (pool.tolist(), int(meta[0]), rem.tolist(), ref[3])
-            want = naive.exactly_k_tails_naive(rem.tolist(), tails.tolist(), folded.tolist(), cap)
-            moved = _replays.replays_advance_tails(rem, tails, folded, cap)
-            assert tails.tolist() == want and moved >= 0
-    # a head behind what was folded is a word the learner cannot trust
-    heads, folded = np.array([3], np.uint64), np.array([5], np.int64)
-    z = np.zeros(4, np.uint32), np.zeros(4, np.uint8), np.zeros(1, np.int64)
-    assert _replays.replays_fold(*z, heads, folded, 4, 1) == -2
-    assert _replays.replays_fold(*z, heads, folded, 3, 1) == -1  # 1 shard of 3 slots: not 4
-    assert _replays.replays_advance_tails(z[1], np.zeros(2, np.uint64), folded, 4) == -1
 
 
 def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():

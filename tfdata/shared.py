@@ -28,8 +28,10 @@ the shards' heads, samples a control word the learner publishes; the limiter's p
 in ``region.json``. Both sides poll these words with short sleeps (no lock between processes).
 
 ``mode="replay"`` with ``sampler="exactly_k"`` is between the two: the learner samples (every
-row in exactly ``replays`` batches, in a random order) and, as in a FIFO, moves a tail word per
-shard over the oldest rows it is done with; writers stay behind it (``"block"`` or ``"drop"``).
+row in exactly ``replays`` batches, in a random order) and releases each slot once its row's
+last delivery is copied; each writer puts a row into the next free slot of its shard (per-slot
+``taken`` / ``released`` words, one writer each) and logs the slot before publishing the head.
+A writer waits (``"block"``) or drops (``"drop"``) only when no slot of its shard is free.
 
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
@@ -85,7 +87,7 @@ FORMAT = "tfdata.shared"
 VERSION = 1
 MODES = ("replay", "fifo")
 POLICIES = ("block", "drop")
-#: the policies of sampler="exactly_k" in replay mode (writers respect the tail as a FIFO's do)
+#: the policies of sampler="exactly_k" in replay mode (writers write free slots only)
 EXACTLY_K_POLICIES = ("block", "drop")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 _PREFIX = "tfdata-shm-"
@@ -102,6 +104,9 @@ _FIRST = 16            # first shard block
 _STRIDE = 16           # words per shard
 # written by the shard's writer (HEAD, DROPPED, RESERVED: the positions kernels/_shared.py uses)
 _HEAD, _DROPPED, _RESERVED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4, 5
+# exactly-k replay: the writer's cursor (the shard's slot its next row's search starts at),
+# stored after each write, read by a writer taking the shard over and by checkpoints
+_CURSOR = 6
 _TAIL = 8              # written by the consumer
 # shard states (_STATE)
 _NEVER, _ATTACHED, _FINISHED = 0, 1, 2
@@ -129,18 +134,22 @@ def _region_path(name: str, dir: str | None) -> str:
     return os.path.join(dir or shm_dir(), _PREFIX + name)
 
 
-def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool) -> dict:
-    """Byte offsets of every section of a region (and its total size)."""
+def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool, exactly_k: bool = False) -> dict:
+    """Byte offsets of every section of a region (and its total size); exactly-k replay adds
+    three words per slot (``taken``, ``released``, ``log``: see :class:`_Region`)."""
     slots = shards * cap
-    return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots)
+    return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots,
+                           3 if exactly_k else 0)
 
 
 def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
-                  mode: str = "replay") -> int:
-    """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps."""
+                  mode: str = "replay", sampler: str | None = None) -> int:
+    """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps
+    (``sampler="exactly_k"``: 24 bytes more per slot)."""
     spec = spec if isinstance(spec, Spec) else Spec(spec)
     shards, cap = _shards(capacity, num_writers)
-    return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo")["nbytes"]
+    return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo",
+                   sampler == "exactly_k")["nbytes"]
 
 
 def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
@@ -162,7 +171,9 @@ def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_s
     if policy is not None and policy not in EXACTLY_K_POLICIES:
         if policy == "overwrite":
             raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') takes policy='block' "
-                                      "or 'drop'; 'overwrite' (writers ignoring the tail) is not "
+                                      "or 'drop'; 'overwrite' (a writer overwriting a row the "
+                                      "learner may be copying would need the seqlock redraws, "
+                                      "which change who is delivered) is not "
                                       "implemented across processes")
         raise ValueError(f"policy must be one of {list(EXACTLY_K_POLICIES)}, got {policy!r}")
     if n_step is not None:
@@ -190,7 +201,7 @@ class _Region:
         self.layout = check_layout(doc["layout"], self.spec)
         self.mode = doc["mode"]
         self.policy = doc["policy"]
-        # writers of an exactly-k replay region respect the consumer's tail, as a FIFO's do
+        # writers of an exactly-k replay region write free slots only (see taken / released)
         self.exactly_k = doc.get("sampler") == "exactly_k"
         self.shards = int(doc["num_writers"])
         self.cap = int(doc["shard_capacity"])
@@ -198,7 +209,7 @@ class _Region:
         self.map = mapped
         # fewer TLB misses for random gathers where the system gives shared memory huge pages
         mapped.hugepages()
-        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo")
+        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo", self.exactly_k)
         if mapped.nbytes < lay["nbytes"]:
             raise FormatError(f"{path}: region file holds {mapped.nbytes} bytes, its description "
                               f"needs {lay['nbytes']}")
@@ -211,6 +222,15 @@ class _Region:
         self.reserved = blocks[_RESERVED::_STRIDE]
         self.dropped = blocks[_DROPPED::_STRIDE]
         self.tails = blocks[_TAIL::_STRIDE]
+        # exactly-k replay, one word per slot of the region (slot g of shard g // cap):
+        # taken[g]: rows the shard's writer has put in slot g (written by that writer only);
+        # released[g]: rows of slot g the learner delivered k times and copied (learner only);
+        # the slot is free iff they are equal. log[s * cap + p % cap]: the slot (of the shard)
+        # of shard s's p-th published row, stored before the head (its writer only).
+        self.taken = self.released = self.log = None
+        if self.exactly_k:
+            self.taken, self.released, self.log = (mapped.at(o, np.uint64, (slots,))
+                                                   for o in lay["slot_words"])
         self.storage = shm_region.storage_over(mapped, lay, self.spec, self.layout, slots)
 
     def torn(self, shard: int) -> int:
@@ -450,9 +470,11 @@ class SharedReplayBuffer:
         delivers every row exactly once, in arrival order.
     policy : {"block", "drop"}, optional
         FIFO, or ``sampler="exactly_k"`` (default ``"block"``): when a writer's shard is full
-        (of rows not yet delivered, or not yet delivered ``replays`` times) it waits for the
-        learner (``"block"``), or writes the rows that fit and drops the rest, counted in the
-        metrics (``"drop"``). ``"overwrite"`` is not implemented across processes.
+        (of rows not yet delivered, or with exactly-k, when no slot of the shard is free: every
+        one holds a row not yet delivered ``replays`` times; rows are written into any free
+        slot, so a writer never waits behind one row) it waits for the learner
+        (``"block"``), or writes the rows that fit and drops the rest, counted in the metrics
+        (``"drop"``). ``"overwrite"`` is not implemented across processes.
     sampler : {"uniform", "without_replacement", "exactly_k"}, optional
         Replay mode: uniform (None, the default); ``"without_replacement"``: every row once per
         pass, the rows the writers publish during a pass joining it, as
@@ -461,8 +483,9 @@ class SharedReplayBuffer:
         owns the pool, 5 bytes per slot; not with ``prioritized=True``, nor for
         :meth:`sample_sequences`); or exactly-k replay, each row delivered in exactly
         ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
-        ``buf.sampler.delivered``, ``lost_replays``; ``writers()[s]["dropped"]``). Not with
-        ``prioritized``, ``n_step``, :meth:`sample_sequences` or :meth:`save`.
+        ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
+        awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
+        Not with ``prioritized``, ``n_step`` or :meth:`sample_sequences`.
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
     timeout : float, optional
@@ -592,7 +615,7 @@ class SharedReplayBuffer:
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
             planned = sampler.plan(shards * cap)
-            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo")["nbytes"],
+            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo", exactly_k)["nbytes"],
                                               "trees": planned["trees"], "bookkeeping": planned["bookkeeping"]},
                          f"SharedReplayBuffer of capacity {shards * cap}")
         self._k = _kernels()
@@ -601,13 +624,13 @@ class SharedReplayBuffer:
         path = _region_path(name, dir)
         if os.path.exists(path):
             raise FileExistsError(f"a shared buffer named {name!r} exists already ({path})")
-        lay = _layout(spec, layout, shards, cap, mode == "fifo")
+        lay = _layout(spec, layout, shards, cap, mode == "fifo", exactly_k)
         doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
                "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
         if rate_limiter is not None:  # what the writers read (absent: no limiter)
             doc["rate_limiter"] = rate_limiter.params()
-        if exactly_k:  # what the writers need to know: respect the tail, and how
+        if exactly_k:  # what the writers need to know: write free slots only, and the policy
             doc.update(sampler="exactly_k", replays=sampler.replays)
         # built under a temporary name and renamed: a writer finds a complete region or none
         parent = os.path.dirname(path)
@@ -652,7 +675,7 @@ class SharedReplayBuffer:
         sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
         if exactly_k:
-            sampler.bind_tails(self._region.tails)
+            sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
         self.sampler = sampler
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
@@ -764,10 +787,11 @@ class SharedReplayBuffer:
     def _check_batch(self, batch_size: int) -> None:
         """Refuse a batch the rows held cannot fill (with a limiter: that no rows ever can,
         since sampling waits for them)."""
-        if self._limiter is not None:
+        if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
             if batch_size > self.capacity:
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity {self.capacity}")
-            self._limiter.check_sample(batch_size)
+            if self._limiter is not None:
+                self._limiter.check_sample(batch_size)
             return
         n = len(self)
         if batch_size > n:
@@ -811,7 +835,7 @@ class SharedReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the shared region (rows, FIFO stamps, control words)."""
+        """Bytes of the shared region (rows, FIFO stamps, exactly-k slot words, control words)."""
         return self._region.nbytes
 
     @property
@@ -835,8 +859,11 @@ class SharedReplayBuffer:
         return self._region.storage
 
     def __len__(self) -> int:
-        """Rows held (replay) or queued (fifo) right now."""
+        """Rows held (replay; exactly-k: rows published and not yet delivered ``replays``
+        times) or queued (fifo) right now."""
         heads = self._region.heads.astype(np.int64)
+        if self._region.exactly_k:  # rows awaiting replay, folded or not
+            return int(heads.sum()) - self.sampler.released
         if self.mode == "fifo":
             return int((heads - self._region.tails.astype(np.int64)).sum())
         return int(np.minimum(heads, self._region.cap).sum())
@@ -1135,6 +1162,9 @@ class SharedReplayBuffer:
                "roles": dict(self._roles)}
         if isinstance(self.sampler, SharedWithoutReplacementSampler):
             cfg["sampler"] = self.sampler.name  # absent: uniform (checkpoints as before)
+        if self._region.exactly_k:
+            sm = self.sampler
+            cfg.update(sampler="exactly_k", replays=sm.replays, policy=self.policy, timeout=sm.timeout)
         if self._is_prioritized:
             sm = self.sampler
             cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
@@ -1145,22 +1175,23 @@ class SharedReplayBuffer:
 
     @contextlib.contextmanager
     def snapshot(self):
-        """Hold the lock, fold what the writers published (prioritized), read every shard's
+        """Hold the lock, fold what the writers published (prioritized, without replacement,
+        exactly-k: then the heads are the positions folded), read every shard's
         head, and yield the state as of those heads (views of the live arrays; valid inside the
         ``with``). Rows are the storage's; :meth:`overwritten_since` says which of them a writer
         touched since."""
         if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
                                     f"in flight, not a state to checkpoint")
-        if self._region.exactly_k:
-            raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no "
-                                      "checkpoint yet (its pool and the writers' tails would need one)")
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
             wor = isinstance(self.sampler, SharedWithoutReplacementSampler)
             if self._is_prioritized or wor:
                 self.sampler.fold(scratch)
+            elif r.exactly_k:  # the state as of the fold: heads are the positions folded
+                self.sampler.fold()
+                scratch[r.shards:2 * r.shards] = self.sampler.folded
             else:
                 self._k.read_heads(r.heads, r.cap, scratch)
             state = {"format": "tfdata.SharedReplayBuffer", "version": 1,
@@ -1177,12 +1208,18 @@ class SharedReplayBuffer:
 
             if wor:
                 state[self.sampler.state_key] = self.sampler.pass_state()
+            if r.exactly_k:
+                state["exactly_k"] = self.sampler.shared_state(
+                    [int(r.words(s)[_CURSOR]) for s in range(r.shards)])
             yield state
 
     def overwritten_since(self, heads: list) -> list:
         """Per shard, how many of the rows held at ``heads`` its writer has begun overwriting
-        since (the oldest of them: a writer overwrites in order)."""
+        since (the oldest of them: a writer overwrites in order). Exactly-k: none (a writer
+        writes only free slots, never a row awaiting replay)."""
         r = self._region
+        if r.exactly_k:
+            return [0] * r.shards
         out = []
         for s, h in enumerate(heads):
             begun = int(r.reserved[s])  # read after the copy it judges
@@ -1215,13 +1252,15 @@ class SharedReplayBuffer:
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
-                undrawn=None, samples: int | None = None) -> None:
+                undrawn=None, samples: int | None = None, exactly_k=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
         ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
         (the saved slots: a shard's rows moved to its first slots are mapped, the rows left out
         leave the pass); ``samples``: the rate limiter's count of rows sampled (its inserts are
-        the heads restored: rows left out at the save are not counted). Used by
+        the heads restored: rows left out at the save are not counted); ``exactly_k``: the
+        checked ``(slots, counts, delivered, released, cursors)`` (every row of ``heads`` folded,
+        ``dropped`` all 0). Used by
         :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
@@ -1274,6 +1313,15 @@ class SharedReplayBuffer:
                 keep[mine] = q >= first
                 slots[mine] = s * cap + q - first
             self.sampler.restore(slots[keep], undrawn[1], new_heads)
+        if exactly_k is not None:
+            slots, counts, delivered, released, cursors = exactly_k
+            # the slots awaiting replay are taken once and not released; every other slot free
+            r.taken[:] = 0
+            r.released[:] = 0
+            r.taken[slots] = 1
+            for s, c in enumerate(cursors):
+                r.words(s)[_CURSOR] = c
+            self.sampler.restore(slots, counts, new_heads, delivered, released)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:
@@ -1682,11 +1730,20 @@ class SharedWriter:
         self._words = region.words(shard)
         self._base = shard * region.cap
         self._cap = region.cap
-        # a FIFO shard, or an exactly-k replay shard: writes stay below the consumer's tail
-        self._fifo = region.mode == "fifo" or region.exactly_k
+        # a FIFO shard: writes stay below the consumer's tail
+        self._fifo = region.mode == "fifo"
+        # an exactly-k replay shard: each row goes to the next free slot at or after the cursor
+        self._ek = region.exactly_k
         self._drop = region.policy == "drop"
         self._head = int(self._words[_HEAD])
         self._dropped = int(self._words[_DROPPED])
+        # any start is right (free slots are in the words); the last writer's keeps the order
+        self._cursor = int(self._words[_CURSOR]) % self._cap
+        if self._ek and int(self._words[_RESERVED]) > self._head:
+            # the last writer died mid-write: free the slots it took and never published
+            _kernels().replays_recover(region.taken, region.released, region.log, self._base,
+                                       self._cap, self._head, int(self._words[_RESERVED]))
+        self._claimed = np.empty(self._cap, np.int64)
         self._k = _kernels()
         self._storage = region.storage
         self.spec = region.spec
@@ -1707,8 +1764,16 @@ class SharedWriter:
         # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
         self._ring = RingWriter(self._cap)
         self._sync_ring()
-        if self._fifo and self._drop:  # a dropped row writes nothing: the generic path decides
+        if self._drop and (self._fifo or self._ek):  # a dropped row writes nothing: the generic path
             self._fast_push = _weak_method(self, "_checked_push")
+        elif self._ek:  # exactly-k "block": the generated push, to the slot _place_ek finds
+            views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
+            self._fast_push = make_push(self.spec, views, self._ring, self._lock,
+                                        _weak_method(self, "_checked_push"),
+                                        on_write=_weak_method(self, "_publish_ek_one"),
+                                        place=_weak_method(self, "_place_ek"),
+                                        regions=self._storage.byte_regions(self._base,
+                                                                           self._base + self._cap))
         else:
             views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
             self._fast_push = make_push(self.spec, views, self._ring, self._lock,
@@ -1816,7 +1881,8 @@ class SharedWriter:
         SpecError
             The row does not match the spec; nothing is written.
         TimeoutError
-            FIFO ``"block"``: the learner freed no slot within ``timeout``; nothing is written.
+            FIFO or exactly-k ``"block"``: the learner freed no slot within ``timeout``; nothing
+            is written.
         SharedBufferError
             The owner closed the buffer, or this writer was closed.
         """
@@ -1833,8 +1899,9 @@ class SharedWriter:
         rows written (``n``, or fewer when the ``"drop"`` policy drops the newest ones).
 
         In replay mode more rows than the shard holds leave its last ``shard_capacity``. With the
-        FIFO ``"block"`` policy rows go in as room frees up (any ``n``); a TimeoutError then says,
-        and its ``written`` attribute holds, how many of the first rows went in. Raises as
+        FIFO or exactly-k ``"block"`` policy rows go in as room frees up (any ``n``; exactly-k:
+        each into the next free slot of the shard at or after the cursor); a TimeoutError then
+        says, and its ``written`` attribute holds, how many of the first rows went in. Raises as
         :meth:`push`; a batch refused for its content writes nothing.
         """
         n, values = self.spec.check_batch(batch)
@@ -1860,6 +1927,8 @@ class SharedWriter:
             self._limit_insert(n)
         region, cap = self._region, self._cap
         head = self._head
+        if self._ek:
+            return self._write_ek(n, values, one)
         if not self._fifo:  # a ring keeps the last cap rows, as n single pushes would
             skip = max(0, n - cap)
             self._put(values, one, skip, n - skip, head + skip, head + n, self._dropped)
@@ -1901,14 +1970,92 @@ class SharedWriter:
         self._head, self._dropped = head, dropped
         self._sync_ring()
 
-    def _wait_for_room(self, done: int, n: int) -> int:
-        """Sleep until the learner frees a slot; returns the free slots."""
+    def _write_ek(self, n: int, values: list, one: bool) -> int:
+        """Exactly-k replay (lock held): each row into the next free slot of the shard at or
+        after the cursor, as a :class:`~tfdata.ReplayBuffer`'s writer does; with none free,
+        ``"block"`` waits for the learner to release one, ``"drop"`` drops the rest (the
+        newest rows) and counts them. Returns the rows written."""
+        done = 0
+        while done < n:
+            got = self._claim(n - done)
+            if got == 0:
+                if self._drop:
+                    self._publish_ek(values, one, done, 0, self._dropped + n - done)
+                    return done
+                got = self._wait_for_room(done, n, lambda: self._claim(n - done))
+            self._publish_ek(values, one, done, got, self._dropped)
+            done += got
+        return n
+
+    def _place_ek(self, cursor: int) -> int:
+        """Before a generated push writes (exactly-k ``"block"``, lock held): refuse if closed,
+        let the rate limiter count the row in, find the next free slot (waiting for one),
+        announce the write; returns the slot (of the shard). ``cursor`` (the ring's) is not
+        used: the writer's own cursor is."""
+        if not self._finalizer.alive or self._region.closed or self._generation != _GENERATION[0]:
+            self._write_check()
+        if self._limiter is not None:
+            self._limit_insert(1)
+        if self._claim(1) == 0:
+            self._wait_for_room(0, 1, lambda: self._claim(1))
+        self._k.shard_begin(self._words, self._head + 1)
+        return int(self._claimed[0])
+
+    def _publish_ek_one(self, slot: int) -> None:
+        """After a generated push wrote ``slot``: log it, take it, publish it."""
+        region, head = self._region, self._head
+        if self._k.replays_log(region.taken, region.log, self._base, self._cap, head,
+                               self._claimed[:1]) != 1:
+            raise RuntimeError("SharedWriter: replays_log refused a claimed slot")
+        self._k.shard_publish(region.stamps, self._words, self._base, self._cap, head, 1,
+                              head + 1, self._dropped, time.monotonic_ns())
+        self._head = head + 1
+        self._cursor = (slot + 1) % self._cap
+        self._words[_CURSOR] = self._cursor
+
+    def _claim(self, n: int) -> int:
+        region = self._region
+        got = self._k.replays_claim(region.taken, region.released, self._base, self._cap,
+                                    self._cursor, n, self._claimed)
+        if got < 0:
+            raise RuntimeError(f"SharedWriter: replays_claim returned {got}")
+        return got
+
+    def _publish_ek(self, values: list, one: bool, src: int, k: int, dropped: int) -> None:
+        """Write rows ``values[src:src+k]`` into the slots claimed, log them, publish."""
+        region, cap, base, head = self._region, self._cap, self._base, self._head
+        slots = self._claimed[:k]
+        if k:
+            self._k.shard_begin(self._words, head + k)
+            if one:
+                self._storage.write_row(base + int(slots[0]), values)
+            else:
+                i = 0
+                while i < k:  # runs of consecutive slots, one write each
+                    j = i + 1
+                    while j < k and slots[j] == slots[j - 1] + 1:
+                        j += 1
+                    self._storage.write_rows(base + int(slots[i]), values, src + i, j - i)
+                    i = j
+            # the slots and their takes before the head that publishes them (shard_publish
+            # stores the head with release order)
+            if self._k.replays_log(region.taken, region.log, base, cap, head, slots) != k:
+                raise RuntimeError("SharedWriter: replays_log refused claimed slots")
+            self._cursor = (int(slots[k - 1]) + 1) % cap
+            self._words[_CURSOR] = self._cursor
+        self._k.shard_publish(region.stamps, self._words, base, cap, head, k, head + k, dropped,
+                              time.monotonic_ns())
+        self._head, self._dropped = head + k, dropped
+
+    def _wait_for_room(self, done: int, n: int, room=None) -> int:
+        """Sleep until the learner frees a slot; returns the free slots (``room()``: what
+        tells, by default the FIFO's tail)."""
         region = self._region
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 20e-6
         check_owner = time.monotonic() + _WATCH_S
         while True:
-            free = self._cap - (self._head - int(region.tails[self.shard]))
+            free = self._cap - (self._head - int(region.tails[self.shard])) if room is None else room()
             if free > 0:
                 return free
             if region.closed:

@@ -27,6 +27,7 @@ from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._rng import draw_varying
+from ._sync import load_acquire, store_relaxed, store_release
 
 
 @njit(**INLINE_OPTIONS)
@@ -256,67 +257,184 @@ def replays_load(pool, remaining, meta, slots, counts):
     return 0
 
 
-@njit(**NJIT_OPTIONS)
-def replays_fold(pool, remaining, meta, heads, folded, cap, k):
-    """Shards of ``cap`` slots (shard ``s``: slots ``[s * cap, (s + 1) * cap)``, a ring its
-    writer fills): the rows published since the last call (``folded[s]`` up to ``heads[s]``,
-    read once) join the pool with ``k`` deliveries, in shard order; ``folded`` is advanced.
+# -- exactly-k across processes (tfdata/shared.py): per-slot counters and a publication log --------
+#
+# ``taken[g]`` (uint64, one per slot of the region) is written only by the writer of the slot's
+# shard: rows it has put in slot ``g``. ``released[g]`` is written only by the learner: rows of
+# slot ``g`` it has delivered ``k`` times and copied. Slot ``g`` is free iff the two are equal.
+# ``log[s * cap + p % cap]`` (written only by shard ``s``'s writer) is the slot (of the shard,
+# in ``[0, cap)``, low 32 bits) of the shard's ``p``-th published row tagged with ``p``'s low 32
+# bits (high 32 bits: an entry is known fresh), stored before the ``taken`` it increments and
+# before the head that publishes it. Never a read-modify-write of a word another process writes.
 
-    Returns the deliveries lost (rows a writer overwrote while they awaited replay, and ``k``
-    for each row lapped before it was folded), -1 with nothing changed when the arrays disagree,
-    -2 for a corrupt pool or a head behind ``folded`` (a writer's word the learner cannot trust;
-    the shards before stay folded)."""
+
+@njit(**NJIT_OPTIONS)
+def replays_claim(taken, released, base, cap, cursor, n, slots):
+    """The writer of the shard of slots ``[base, base + cap)``: the first free slots (``taken ==
+    released``) at or after ``cursor`` (of the shard, wrapping), at most ``n`` and at most
+    ``len(slots)``, each at most once (one sweep of the shard), into ``slots`` (of the shard, in
+    ``[0, cap)``), in order: where ``n`` single writes of a :class:`ReplayBuffer` put rows.
+
+    Parameters
+    ----------
+    taken, released : uint64[slots of the region]
+    base, cap, cursor, n : int
+    slots : int64[>= 1]
+        Output.
+
+    Returns
+    -------
+    int
+        Slots found (0: none free), -1 when the arguments disagree (nothing written).
+    """
+    total = taken.shape[0]
+    if (released.shape[0] != total or cap < 1 or base < 0 or base + cap > total or cursor < 0
+            or cursor >= cap or n < 0):
+        return -1
+    want = min(n, slots.shape[0])
+    pos = cursor
+    found = 0
+    steps = 0
+    while found < want and steps < cap:
+        # acquire: the row's stores below come after the learner's release was seen
+        if taken[base + pos] == load_acquire(released, base + pos):
+            slots[found] = pos
+            found += 1
+        pos += 1
+        if pos == cap:
+            pos = 0
+        steps += 1
+    return found
+
+
+@njit(**NJIT_OPTIONS)
+def replays_log(taken, log, base, cap, head, slots):
+    """The writer, after writing rows into ``slots`` (of the shard, claimed free) and before
+    publishing the new head ``head + len(slots)``: the log entries of rows ``head, head + 1,
+    ...`` and one more take of each slot. Returns the rows logged, -1 with nothing written when
+    the arguments disagree (a slot out of the shard, more slots than the shard)."""
+    total = taken.shape[0]
+    n = slots.shape[0]
+    if log.shape[0] != total or cap < 1 or base < 0 or base + cap > total or head < 0 or n > cap:
+        return -1
+    for i in range(n):
+        if slots[i] < 0 or slots[i] >= cap:
+            return -1
+    for i in range(n):
+        s = slots[i]
+        p = head + i
+        # the entry first: a writer that takes the shard over finds every slot whose take was
+        # stored without its head in a fresh entry (replays_recover)
+        store_relaxed(log, base + p % cap, ((np.uint64(p) & _LOW32) << _S32) | np.uint64(s))
+        store_relaxed(taken, base + s, taken[base + s] + np.uint64(1))
+    return n
+
+
+@njit(**NJIT_OPTIONS)
+def replays_recover(taken, released, log, base, cap, head, reserved):
+    """A writer taking over the shard of slots ``[base, base + cap)`` whose last writer died
+    mid-write (rows ``head .. reserved - 1`` begun, not published): each of those positions
+    whose log entry is fresh (tagged with the position) names a slot that writer may have taken
+    without publishing it; its take is undone (``taken = released``: the slot is free again).
+    Only that shard's writer writes ``taken``, and the learner never released such a slot (it
+    was never published), so nothing else moves these words. Returns the slots freed, -1 when
+    the arguments disagree."""
+    total = taken.shape[0]
+    if (released.shape[0] != total or log.shape[0] != total or cap < 1 or base < 0
+            or base + cap > total or head < 0):
+        return -1
+    freed = 0
+    end = min(reserved, head + cap)
+    for p in range(head, end):
+        e = log[base + p % cap]
+        if (e >> _S32) != (np.uint64(p) & _LOW32):
+            continue  # not written for this position: that row took no slot
+        s = np.int64(e & _LOW32)
+        if s < cap and taken[base + s] != load_acquire(released, base + s):
+            store_relaxed(taken, base + s, released[base + s])
+            freed += 1
+    return freed
+
+
+@njit(**NJIT_OPTIONS)
+def replays_fold_log(pool, remaining, meta, heads, log, folded, cap, k):
+    """The learner: the rows each shard published since the last call (positions ``folded[s]``
+    to ``heads[s]``, the head read once with acquire order) join the pool with ``k`` deliveries,
+    their slots read from the shard's log, in shard then publication order.
+
+    A writer writes only free slots, and a slot is free only once its previous row was folded,
+    delivered ``k`` times and released: the unfolded rows of a shard are in distinct slots, at
+    most ``cap`` of them, and none is in the pool. A head or log entry that says otherwise is a
+    word the learner cannot trust (-2).
+
+    Parameters
+    ----------
+    pool : uint32[slots]
+    remaining : uint8 or uint16[slots]
+    meta : int64[1]
+    heads : uint64[shards]
+    log : uint64[slots]
+    folded : int64[shards]
+        Positions folded so far, advanced.
+    cap, k : int
+
+    Returns
+    -------
+    int
+        Rows folded; -1 with nothing changed when the arguments disagree; -2 for a head behind
+        ``folded`` or more than ``cap`` ahead, a log entry not tagged with its position or out
+        of the shard, or a slot already
+        in the pool (the rows before it stay folded, ``folded`` says up to where).
+    """
     shards = heads.shape[0]
+    total = pool.shape[0]
     top = np.iinfo(remaining.dtype).max
-    if (folded.shape[0] != shards or cap < 1 or shards * cap != pool.shape[0]
-            or remaining.shape[0] != pool.shape[0] or meta.shape[0] < 1 or k < 1 or k > top):
+    if (folded.shape[0] != shards or cap < 1 or shards * cap != total or log.shape[0] != total
+            or remaining.shape[0] != total or meta.shape[0] < 1 or k < 1 or k > top):
         return -1
     m = meta[0]
-    if m < 0 or m > pool.shape[0]:
+    if m < 0 or m > total:
         return -1
-    lost = 0
+    added = 0
     for s in range(shards):
-        h = np.int64(heads[s])
+        h = np.int64(load_acquire(heads, s))
         f = folded[s]
-        if h < f:
-            meta[0] = m
+        if h < f or h - f > cap:
             return -2
-        if h - f > cap:  # lapped before they were folded: never deliverable
-            lost += (h - f - cap) * k
-            f = h - cap
-        for r in range(f, h):
-            slot = s * cap + r % cap
-            left = remaining[slot]
-            if left == 0:
-                if m >= pool.shape[0]:
-                    meta[0] = m
-                    return -2
-                pool[m] = slot
-                m += 1
-            lost += left
-            remaining[slot] = k
+        for p in range(f, h):
+            e = log[s * cap + p % cap]
+            slot = np.int64(e & _LOW32)
+            g = s * cap + slot
+            if ((e >> _S32) != (np.uint64(p) & _LOW32) or slot >= cap or remaining[g] != 0
+                    or m >= total):
+                folded[s] = p
+                meta[0] = m
+                return -2
+            pool[m] = g
+            m += 1
+            remaining[g] = k
+            added += 1
         folded[s] = h
     meta[0] = m
-    return lost
+    return added
 
 
 @njit(**NJIT_OPTIONS)
-def replays_advance_tails(remaining, tails, folded, cap):
-    """Each shard's ``tails[s]`` (its writer may write up to ``tails[s] + cap``) moves over its
-    oldest folded rows that are free. Returns the rows passed; -1 when the arrays disagree."""
-    shards = tails.shape[0]
-    if folded.shape[0] != shards or cap < 1 or shards * cap != remaining.shape[0]:
+def replays_release(remaining, released, idx):
+    """The learner, after copying a batch (slots ``idx``, distinct, just drawn): each slot whose
+    deliveries reached 0 is released (its writer may write it again). Returns the slots
+    released, -1 with nothing written when the arguments disagree (a slot out of range)."""
+    total = remaining.shape[0]
+    if released.shape[0] != total:
         return -1
-    moved = 0
-    for s in range(shards):
-        t = np.int64(tails[s])
-        f = folded[s]
-        if t < f - cap:  # rows lapped (overwrite) or never tracked: nothing to wait for there
-            t = f - cap
-        start = t
-        while t < f and remaining[s * cap + t % cap] == 0:
-            t += 1
-        if t != np.int64(tails[s]):
-            tails[s] = np.uint64(t)
-        moved += t - start
-    return moved
+    for i in range(idx.shape[0]):
+        if idx[i] < 0 or idx[i] >= total:
+            return -1
+    freed = 0
+    for i in range(idx.shape[0]):
+        g = idx[i]
+        if remaining[g] == 0:
+            # release: the copy's loads (earlier kernel calls) complete before the writer sees it
+            store_release(released, g, released[g] + np.uint64(1))
+            freed += 1
+    return freed

@@ -83,7 +83,10 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   each below ``size`` and none twice; ``exactly_k`` (exactly when ``config.sampler`` names it)
   ``slots`` and ``counts``, int64 arrays of one length, at most ``size`` (from the headers),
   slots below ``size`` and none twice, counts in ``[1, replays]``, and the counters
-  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]``; ``rate_limiter``
+  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]`` (a
+  ``SharedReplayBuffer``'s: ``slots`` of rows its shards held, ``counts``, ``delivered``,
+  ``released`` equal to the rows published less the slots, one ``cursors`` int per shard
+  within it, ``dropped`` all 0, policy not ``"overwrite"``: see :func:`_read_shared_replays`); ``rate_limiter``
   (exactly when the config has one) ``inserts`` int in ``[size, 2**63 - 1]``, ``samples`` int in
   ``[0, 2**63 - 1]``;
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
@@ -1277,6 +1280,45 @@ def save_shared(buffer, path, overwrite: bool = False) -> None:
         raise
 
 
+def _read_shared_replays(c: _Checker, arrays: _Arrays, part, heads: list, per: int,
+                         replays: int) -> tuple:
+    """``state.exactly_k`` of a :class:`tfdata.SharedReplayBuffer`: the pool (``slots``,
+    ``counts``: int64 arrays, at most the rows held, from the headers before anything is read;
+    each slot a row a shard held, none twice; each count in ``[1, replays]``), the counters
+    ``delivered`` and ``released`` (every row published awaits replay or was released:
+    ``released == sum(heads) - len(slots)``) and the writers' ``cursors`` (one per shard, in
+    ``[0, shard capacity)``). Returns ``(slots, counts, delivered, released, cursors)``."""
+    w = "state.exactly_k."
+    c.obj("state.exactly_k", part, ("slots", "counts", "delivered", "released", "cursors"))
+    c.integer(w + "delivered", part["delivered"], 0, (1 << 63) - 1)
+    c.integer(w + "released", part["released"], 0, (1 << 63) - 1)
+    cursors = part["cursors"]
+    if not isinstance(cursors, list) or len(cursors) != len(heads):
+        c.fail(w + "cursors", f"a list of {len(heads)} ints", cursors)
+    for s, cur in enumerate(cursors):
+        c.integer(f"{w}cursors[{s}]", cur, 0, per - 1)
+    held = np.minimum(np.asarray(heads, np.int64), per)
+    m = arrays.length(w + "slots", part["slots"])
+    if m > int(held.sum()):
+        c.fail(w + "slots", f"at most {int(held.sum())} slots (the rows held)", f"{m} slots", show=False)
+    slots = arrays.read(w + "slots", part["slots"], np.int64, (m,))
+    counts = arrays.read(w + "counts", part["counts"], np.int64, (m,))
+    bad = (slots < 0) | (slots >= per * len(heads))
+    bad[~bad] = slots[~bad] % per >= held[slots[~bad] // per]
+    if bad.any() or np.unique(slots).shape[0] != m:
+        i = int(np.argmax(bad)) if bad.any() else None
+        c.fail(w + "slots", "slots of rows the shards held, each once",
+               f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
+    bad = np.flatnonzero((counts < 1) | (counts > replays))
+    if bad.size:
+        c.fail(f"{w}counts[{int(bad[0])}]", f"an int in [1, {replays}] (config.replays)",
+               int(counts[bad[0]]))
+    if part["released"] != sum(heads) - m:
+        c.fail(w + "released", f"{sum(heads) - m} (the rows published, sum of state.heads, less "
+               f"the {m} awaiting replay)", part["released"])
+    return slots, counts, part["delivered"], part["released"], list(cursors)
+
+
 def load_shared(path, cls, **overrides):
     """Rebuild a :class:`tfdata.SharedReplayBuffer` saved with :func:`save_shared` in a new region;
     writers attach to it and continue each shard after its saved rows. Validated as :func:`load`
@@ -1300,12 +1342,14 @@ def load_shared(path, cls, **overrides):
         raise FormatError(f"{spath}: class: expected {cls.__name__!r}, got {_show(doc['class'])}")
     limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
     v = doc["config"]
-    wor = isinstance(v, dict) and "sampler" in v  # before the state's keys
+    named = isinstance(v, dict) and "sampler" in v  # before the state's keys
+    ek = named and v["sampler"] == "exactly_k" and v.get("prioritized") is False
+    wor = named and not ek
     if wor and (v["sampler"] != "without_replacement" or v.get("prioritized") is not False):
-        c.fail("config.sampler", "'without_replacement' with prioritized false (absent: uniform)",
-               v["sampler"])
+        c.fail("config.sampler", "'without_replacement' or 'exactly_k' with prioritized false "
+               "(absent: uniform)", v["sampler"])
     st = c.obj("state", doc["state"], _SHARED_STATE + (("rate_limiter",) if limited else ())
-               + (("without_replacement",) if wor else ()))
+               + (("without_replacement",) if wor else ()) + (("exactly_k",) if ek else ()))
     if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
         c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
     spec = c.spec(st["spec"])
@@ -1318,7 +1362,10 @@ def load_shared(path, cls, **overrides):
                                   f"(pass {k}= to load)")
     prioritized = isinstance(v, dict) and v.get("prioritized") is True
     config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()),
-                   optional=("rate_limiter", "sampler"))
+                   optional=("rate_limiter", "sampler") + _EXACTLY_K_KEYS)
+    c.exactly_k_config(config)  # replays, policy, timeout: present exactly with exactly_k
+    if ek and config["policy"] == "overwrite":
+        c.fail("config.policy", "'block' or 'drop' (a SharedReplayBuffer)", config["policy"])
     cap = c.integer(cf + "capacity", config["capacity"], 1, MAX_CAPACITY)
     layout = c.layout(cf + "layout", config["layout"], spec)
     c.integer(cf + "ring_size", config["ring_size"], 1, MAX_RING_SIZE)
@@ -1350,7 +1397,8 @@ def load_shared(path, cls, **overrides):
         c.fail("state.dropped", f"a list of {shards} ints", dropped)
     for s in range(shards):
         h = c.integer(f"state.heads[{s}]", heads[s], 0, _MAX_HEAD)
-        c.integer(f"state.dropped[{s}]", dropped[s], 0, min(h, per))
+        # exactly-k: a writer never writes a row awaiting replay, so nothing is left out
+        c.integer(f"state.dropped[{s}]", dropped[s], 0, 0 if ek else min(h, per))
     sampler = c.sampler(st["sampler"])
     limiter = None
     if limited:  # the counts: inserts are the heads' sum (what the writers published)
@@ -1406,6 +1454,9 @@ def load_shared(path, cls, **overrides):
             c.fail("state.without_replacement.undrawn", "slots of rows the shards held, each once",
                    f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
         undrawn = (slots, part["passes"])
+    replays = None
+    if ek:
+        replays = _read_shared_replays(c, arrays, st["exactly_k"], heads, per, config["replays"])
     rows_name = doc["rows"]
     if rows_name != file_name(saved_layout, "rows"):
         c.fail("rows", f"{file_name(saved_layout, 'rows')} (layout {_show_layout(saved_layout)})",
@@ -1425,6 +1476,8 @@ def load_shared(path, cls, **overrides):
             kw["rate_limiter"] = limiter
         if wor:
             kw["sampler"] = config["sampler"]
+        if ek:
+            kw.update({k: config[k] for k in ("sampler",) + _EXACTLY_K_KEYS})
         try:
             buf = cls(spec, cap, seed=sampler["seed"], **kw, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -1433,7 +1486,7 @@ def load_shared(path, cls, **overrides):
         try:
             buf.restore(ds, heads, dropped, sampler["counter"],
                         None if pri is None else (leaves, versions, pri["samples"]), undrawn,
-                        samples=None if limiter is None else counts["samples"])
+                        samples=None if limiter is None else counts["samples"], exactly_k=replays)
         except BaseException:
             buf.close()
             raise

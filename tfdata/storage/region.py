@@ -19,17 +19,26 @@ def _up(n: int, align: int) -> int:
     return -(-n // align) * align
 
 
-def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int) -> dict:
+def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int, slot_words: int = 0) -> dict:
     """Byte offsets of every section of a region and its total size (``layout`` resolved for
     ``spec``: ``"aos"``, ``"soa"`` or a grouping).
 
-    Returns ``{"ctrl": (offset, words), "stamps": (offset, count), "data": offset (AoS),
-    {field: offset} (SoA) or [offset per group] (a grouping), "nbytes": int}``.
+    ``slot_words`` arrays of one uint64 word per slot follow the stamps (exactly-k replay:
+    three, see :mod:`tfdata.shared`), each 64-byte aligned.
+
+    Returns ``{"ctrl": (offset, words), "stamps": (offset, count), "slot_words": [offset per
+    array], "data": offset (AoS), {field: offset} (SoA) or [offset per group] (a grouping),
+    "nbytes": int}``.
     """
     out = {"ctrl": (0, ctrl_words)}
     off = _up(8 * ctrl_words, ALIGN)
     out["stamps"] = (off, stamps)
-    off = _up(off + 8 * stamps, PAGE)
+    off = _up(off + 8 * stamps, ALIGN)
+    out["slot_words"] = []
+    for _ in range(slot_words):
+        out["slot_words"].append(off)
+        off = _up(off + 8 * slots, ALIGN)
+    off = _up(off, PAGE)
     if isinstance(layout, tuple):
         blocks = []
         for dtype, shape in group_arrays(spec, layout):

@@ -197,54 +197,62 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
 
 class SharedExactlyKSampler(ExactlyKSampler):
     """Exactly-k replay over the shards of a shared region (``SharedReplayBuffer(...,
-    sampler="exactly_k")``, replay mode): each sample first folds the rows the writers published
-    since the last one into the pool (``k`` deliveries each), draws and gathers as
-    :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` does, then moves each shard's
-    tail word over its oldest rows that are free. Writers write only below ``tail + shard
-    capacity`` (``"block"`` waits for the tail, ``"drop"`` drops what does not fit, as a FIFO
-    shard does), so a row awaiting replay is never being written while it is copied: no torn
-    rows to redraw. ``"overwrite"`` is not supported here (a row overwritten while copied would
-    need the seqlock redraws of the uniform sampler, which change who is delivered).
+    sampler="exactly_k")``, replay mode), with no head-of-line blocking.
+
+    Each shard's writer puts every row into the next free slot of its shard at or after its
+    cursor (the rule of :class:`ExactlyKSampler`'s writer), a slot being free when the
+    writer's ``taken`` count of it equals the learner's ``released`` count; it logs the slot of
+    each row it publishes before the head that publishes it. Each sample first folds the rows
+    published since the last one into the pool (``k`` deliveries each, slots read from the
+    logs), draws and gathers as :class:`ExactlyKSampler` does, then, after the copy, releases
+    the slots whose ``k``-th delivery it was. A writer waits (``"block"``) or drops
+    (``"drop"``) only when no slot of its shard is free, so the learner can always fill a
+    batch from the rows awaiting replay unless the writers stopped writing. The learner copies
+    only slots in its pool, which no writer writes (they are not free): no torn rows, no
+    redraws. ``"overwrite"`` is not supported here (a row overwritten while copied would need
+    the seqlock redraws of the uniform sampler, which change who is delivered).
 
     A sample short of rows polls the heads (sleeping, no lock held) up to ``timeout`` seconds
     for the writers to publish, then raises TimeoutError; ``timeout=None``: ValueError at once.
     A writer that died publishes nothing more: the learner is never waiting on it for longer.
 
-    Head-of-line blocking (unlike :class:`ExactlyKSampler`, whose writes skip to the next free
-    slot): a shard is a ring, so its writer waits for its *oldest* row to be free, and rows are
-    delivered in random order. With ``k > 1`` (or a batch near the shards' total capacity)
-    the rows awaiting replay can fall below the batch size while every writer waits for an
-    oldest row that still awaits: the learner's sample then polls out its ``timeout`` and
-    raises TimeoutError (ValueError at once with ``timeout=None``), and the writers' ``"block"``
-    waits time out too. Use ``k=1`` (rows then leave in the order they came, on average) or
-    ``policy="drop"`` (a writer never waits; what it drops is counted) across processes.
+    With one writer the batches are those of a :class:`~tfdata.ReplayBuffer` with
+    ``sampler="exactly_k"`` and the same seed given the same rows between the same samples
+    (same slots, same pool order).
+
+    Attributes
+    ----------
+    released : int
+        Rows whose slots this learner has released (delivered ``k`` times and copied).
     """
 
-    #: a shard's writer keeps its ring: rows stay in stream order
-    stream_order = True
+    #: a writer of a shard puts rows in free slots, not in stream order
+    stream_order = False
 
     def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
         self.heads, self.reserved, self.cap = heads, reserved, cap
         self.shards = heads.shape[0]
-        self.folded = np.zeros(self.shards, np.int64)  # rows of each shard in the pool or freed
-        self.tails = None
+        self.folded = np.zeros(self.shards, np.int64)  # log positions of each shard folded
+        self.taken = self.released_words = self.log = None
+        self.released = 0
 
     def bind_flags(self, term: np.ndarray, trunc: np.ndarray) -> None:
         """The episode flags (unused: no slices, no windows)."""
         self.flags = (term, trunc)
 
-    def bind_tails(self, tails: np.ndarray) -> None:
-        """The region's consumer-published tail words (uint64, one per shard)."""
-        self.tails = tails
+    def bind_slot_words(self, taken: np.ndarray, released: np.ndarray, log: np.ndarray) -> None:
+        """The region's per-slot words (uint64, one per slot each): the writers' ``taken``
+        counts, the learner's ``released`` counts, the writers' publication logs."""
+        self.taken, self.released_words, self.log = taken, released, log
 
     def fold(self) -> None:
         """The rows published since the last call join the pool (lock held)."""
-        lost = self._k.replays_fold(self.pool, self.remaining, self.meta, self.heads, self.folded,
-                                    self.cap, self.replays)
-        if lost < 0:
-            raise SharedBufferError(f"exactly_k: a shard's head went backwards or the pool is "
-                                    f"corrupt (replays_fold returned {lost})")
-        self.lost_replays += lost
+        got = self._k.replays_fold_log(self.pool, self.remaining, self.meta, self.heads, self.log,
+                                       self.folded, self.cap, self.replays)
+        if got < 0:
+            raise SharedBufferError(f"exactly_k: a shard's head or publication log names a slot "
+                                    f"that was not free (replays_fold_log returned {got}; shards "
+                                    f"folded up to {self.folded.tolist()})")
 
     def sample(self, n: int, out, arrays: dict) -> None:
         self.fold()
@@ -257,7 +265,10 @@ class SharedExactlyKSampler(ExactlyKSampler):
             raise RuntimeError(f"SharedExactlyKSampler: sample_exactly_k returned {got}")
         self.delivered += batch
         if got:  # after the copy: only now may a writer reuse the freed slots
-            self._k.replays_advance_tails(self.remaining, self.tails, self.folded, self.cap)
+            freed = self._k.replays_release(self.remaining, self.released_words, out.indices)
+            if freed != got:
+                raise RuntimeError(f"SharedExactlyKSampler: released {freed} slots of {got}")
+            self.released += got
 
     def _poll_rows(self, batch: int) -> None:
         if self.timeout is None or batch > self.capacity:
@@ -276,7 +287,27 @@ class SharedExactlyKSampler(ExactlyKSampler):
         raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
 
     def extra_state(self, copy: bool, size: int) -> dict:
-        raise NotImplementedError("a SharedReplayBuffer with sampler='exactly_k' has no checkpoint yet")
+        return {}  # the shared buffer's snapshot adds shared_state()
+
+    def shared_state(self, cursors: list) -> dict:
+        """``{"slots": int64[m], "counts": int64[m], "delivered": int, "released": int,
+        "cursors": [int per shard]}`` as of the last fold (call under the lock, after
+        :meth:`fold`): the pool in its order, the deliveries each slot has left."""
+        m = int(self.meta[0])
+        slots = self.pool[:m].astype(np.int64)
+        return {"slots": slots, "counts": self.remaining[slots].astype(np.int64),
+                "delivered": self.delivered, "released": self.released,
+                "cursors": [int(c) for c in cursors]}
+
+    def restore(self, slots: np.ndarray, counts: np.ndarray, heads: list, delivered: int,
+                released: int) -> None:
+        """The pool of a checkpoint (checked: slots distinct and held, counts in ``[1, k]``),
+        every row of ``heads`` folded."""
+        if self._k.replays_load(self.pool, self.remaining, self.meta, np.asarray(slots, np.int64),
+                                np.asarray(counts, np.int64)) != 0:
+            raise RuntimeError("SharedExactlyKSampler: a checked pool did not load")
+        self.folded[:] = heads
+        self.delivered, self.released = delivered, released
 
 class SharedWithoutReplacementSampler(_Shards, Sampler):
     """Sampling without replacement over the shards (``sampler="without_replacement"``): the
