@@ -29,6 +29,10 @@ from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._rng import draw_varying
 from ._sync import load_acquire, store_relaxed, store_release
 
+# a log entry: the position published (low 32 bits) above the slot
+_LOW32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+
 
 @njit(**INLINE_OPTIONS)
 def replays_draw(pool, remaining, meta, state, idx):
