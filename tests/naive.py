@@ -962,3 +962,100 @@ def exactly_k_recover_naive(taken: list, released: list, log: list, base: int, c
             taken[base + s] = released[base + s]
             freed += 1
     return taken, freed
+
+
+# -- frame stacks ------------------------------------------------------------------------------
+class FrameStackEnv:
+    """A vector of ``num_envs`` streams as gymnasium's ``FrameStackObservation`` over a
+    same-step-autoreset vector env returns them, with synthetic frames that carry their
+    ``(env, episode, step)`` in every pixel (so a frame of another stream, episode or step shows).
+
+    ``step(rng)`` returns one transition per env: obs and next_obs stacks ``(E, K, *frame)``,
+    terminated and truncated ``(E,)``; an episode ends with probability ``p_end`` (half of the
+    ends truncations). ``padding``: "reset", "zero" or a frame.
+    """
+
+    def __init__(self, num_envs: int, k: int, frame=(3, 2), padding="reset", p_end=0.15, dtype=np.uint8):
+        self.e, self.k, self.frame, self.padding, self.p_end = num_envs, k, tuple(frame), padding, p_end
+        self.dtype = np.dtype(dtype)
+        self.episode = [0] * num_envs
+        self.t = [0] * num_envs
+        self.queues = [self._reset(i) for i in range(num_envs)]
+
+    def _frame(self, env: int) -> np.ndarray:
+        n = int(np.prod(self.frame))
+        ids = [env + 1, self.episode[env] % 251 + 1, self.t[env] % 253 + 1,
+               self.episode[env] // 251 % 256, self.t[env] // 253 % 256]
+        vals = np.array([ids[i % len(ids)] for i in range(n)], dtype=np.int64)
+        return vals.astype(self.dtype).reshape(self.frame)
+
+    def _reset(self, env: int) -> list:
+        first = self._frame(env)
+        if isinstance(self.padding, str):
+            pad = first if self.padding == "reset" else np.zeros(self.frame, self.dtype)
+        else:
+            pad = np.asarray(self.padding, self.dtype)
+        return [pad] * (self.k - 1) + [first]
+
+    def step(self, rng) -> dict:
+        obs, nxt, term, trunc = [], [], [], []
+        for i in range(self.e):
+            q = self.queues[i]
+            obs.append(np.stack(q))
+            self.t[i] += 1
+            q = q[1:] + [self._frame(i)]
+            nxt.append(np.stack(q))
+            end = rng.random() < self.p_end
+            te = bool(end and rng.random() < 0.5)
+            tr = bool(end and not te)
+            term.append(te)
+            trunc.append(tr)
+            if end:
+                self.episode[i] += 1
+                self.t[i] = 0
+                q = self._reset(i)
+            self.queues[i] = q
+        return {"obs": np.stack(obs), "next_obs": np.stack(nxt),
+                "terminated": np.array(term), "truncated": np.array(trunc)}
+
+
+def frame_stack_naive(frames: list, depth: int, k: int, padding) -> np.ndarray:
+    """The stack of a row from its stream's newest frames (``frames[-1]`` the row's own, at
+    least ``min(depth, k-1) + 1`` of them): within ``depth`` steps of the episode's first row,
+    the positions before it padded as FrameStackObservation pads."""
+    out = []
+    for p in range(k):
+        j = k - 1 - p
+        if j <= depth:
+            out.append(frames[-1 - j])
+        elif isinstance(padding, str) and padding == "reset":
+            out.append(frames[-1 - depth])
+        elif isinstance(padding, str):
+            out.append(np.zeros_like(frames[-1]))
+        else:
+            out.append(np.asarray(padding, frames[-1].dtype))
+    return np.stack(out)
+
+
+def frame_breaks_naive(obs, nxt, ends_prev, prev_frames: list, prev_depth: list, k: int, padding,
+                       num_envs: int) -> int:
+    """``frame_breaks`` as a reference: ``obs``/``nxt`` ``(n, k, *frame)`` time-major; for each
+    stream its newest stored frames (oldest first) and depth (-1: the next row starts an
+    episode). Returns ``row * 4 + reason`` (0 padding, 1 continuity, 2 next) or -1."""
+    frames = [list(f) for f in prev_frames]
+    depth = list(prev_depth)
+    for r in range(obs.shape[0]):
+        e = r % num_envs
+        start = depth[e] < 0 if r < num_envs else bool(ends_prev[r - num_envs])
+        d = 0 if start else min(depth[e] + 1, k - 1)
+        if start:
+            want = frame_stack_naive([obs[r, -1]], 0, k, padding)
+        else:
+            want = frame_stack_naive(frames[e][-(k - 1):] + [obs[r, -1]], d, k, padding)
+        if not np.array_equal(want[:-1], obs[r, :-1]):
+            return r * 4 + (0 if start else 1)
+        if nxt is not None and not np.array_equal(nxt[r, :-1], obs[r, 1:]):
+            return r * 4 + 2
+        frames[e] = frames[e] + [obs[r, -1]]
+        depth[e] = d
+    return -1

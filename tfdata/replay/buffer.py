@@ -109,6 +109,19 @@ class ReplayBuffer(ReplayCore):
         previous row's ``next_obs`` unless that row ended an episode (else SpecError).
     roles : mapping, optional
         Field names of the roles ``reward``, ``terminated``, ``truncated`` if not those.
+    frame_stack : int or mapping, optional
+        Store a stacked observation one frame per row: ``{"obs": 4}`` (an int ``K`` stacks
+        ``obs``) for a field of shape ``(K, *frame)``, oldest frame first, as gymnasium's
+        ``FrameStackObservation`` returns it. Only its newest frame is stored; its next field
+        (``next_obs``) is not stored at all. Both are rebuilt when sampled, exactly what was
+        pushed: within an episode and a stream, padded before the episode's first row, for rows
+        the ring has overwritten too. Needs the episode flags; each row's stack must continue
+        its stream's previous row (an episode's first row: be padded), and ``next_obs`` must be
+        ``obs`` shifted by one frame, else SpecError. Every layout stores the frames as a column.
+    frame_padding : "reset", "zero", array or mapping, default "reset"
+        How the stacks of an episode's first rows are padded: FrameStackObservation's
+        ``padding_type`` (``"reset"``: the first frame repeated; ``"zero"``; or a frame);
+        per stacked field with a mapping.
     spill_path : str or path, optional
         Keep the rows in this file (an AoS ``.npy``, or an SoA or grouped directory, created sparse; the
         path must not exist: FileExistsError, nothing is replaced) instead of RAM: a capacity larger than memory. Sampling,
@@ -177,7 +190,7 @@ class ReplayBuffer(ReplayCore):
                  spill_path=None, hot_rows: int | None = None, hot_bytes=None,
                  allocator=None, memory_budget=None, stats=None, rate_limiter=None,
                  replays: int | None = None, policy: str | None = None,
-                 timeout: float | None = None):
+                 timeout: float | None = None, frame_stack=None, frame_padding="reset"):
         sampler = _named_sampler(sampler, seed, {"replays": replays, "policy": policy,
                                                  "timeout": timeout})
         _check_exactly_k(sampler, n_step, elide_next)
@@ -185,7 +198,8 @@ class ReplayBuffer(ReplayCore):
                          num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
                          elide_next=elide_next, roles=roles, spill_path=spill_path,
                          hot_rows=hot_rows, hot_bytes=hot_bytes, allocator=allocator,
-                         memory_budget=memory_budget, stats=stats, rate_limiter=rate_limiter)
+                         memory_budget=memory_budget, stats=stats, rate_limiter=rate_limiter,
+                         frame_stack=frame_stack, frame_padding=frame_padding)
 
     @property
     def config(self) -> dict:

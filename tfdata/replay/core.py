@@ -24,10 +24,12 @@ from .._checks import bad_slot, check_int
 from ..batch import UNHELD, OutputRing, getrefcount, retire
 from ..errors import SpecError
 from ..spec import Spec
-from ..storage import make_storage, output_nbytes, resolve_layout, restrict_layout, storage_nbytes
+from ..storage import (isolate_layout, make_storage, output_nbytes, resolve_layout, restrict_layout,
+                       storage_nbytes)
 from . import planning
 from .columns import Column, RunningStats, check_stats_fields, scan, stats_nbytes
 from .episodes import Episodes, stored_spec
+from .frames import FrameStack, FrameStacks, frame_spec, padding_config, resolve_frames
 from .transforms import ElideNext, NStep, episode_options
 from .writers import RingWriter
 
@@ -40,7 +42,8 @@ MAX_DRAWS = 10_000
 # the constructor's arguments that change what a buffer holds (see ReplayCore.plan_memory)
 CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=0.99,
                        next_of="auto", elide_next=False, roles=None, spill_path=None,
-                       hot_rows=None, hot_bytes=None, stats=None)
+                       hot_rows=None, hot_bytes=None, stats=None, frame_stack=None,
+                       frame_padding="reset")
 
 
 def fields_key(fields):
@@ -102,13 +105,13 @@ class ReplayCore:
                  num_envs: int = 1, n_step=None, gamma: float = 0.99, next_of="auto",
                  elide_next: bool = False, roles=None, spill_path=None, hot_rows=None,
                  hot_bytes=None, allocator=None, memory_budget=None, stats=None,
-                 rate_limiter=None):
+                 rate_limiter=None, frame_stack=None, frame_padding="reset"):
         from .. import alloc
 
         self._configure(spec, capacity, layout=layout, ring_size=ring_size, num_envs=num_envs,
                         n_step=n_step, gamma=gamma, next_of=next_of, elide_next=elide_next,
                         roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes,
-                        stats=stats)
+                        stats=stats, frame_stack=frame_stack, frame_padding=frame_padding)
         capacity = self._capacity
         self.sampler = sampler
         self.allocator = alloc.resolve(allocator)
@@ -119,8 +122,17 @@ class ReplayCore:
         self._rings = weakref.WeakSet()  # every thread's output rings, for nbytes
         self._episodes = None
         if self._tracks_episodes:
-            self._episodes = Episodes(self.spec, capacity, self.num_envs, self._roles, self.next_of,
-                                      self.elide_next, self.allocator, weak_method(self, "_grow_budget"))
+            # (without elision, next_of only names the pairs: n-step's stored next fields)
+            self._episodes = Episodes(self._frame_spec, capacity, self.num_envs, self._roles,
+                                      self._elided or self.next_of, bool(self._elided), self.allocator,
+                                      weak_method(self, "_grow_budget"))
+        self._frame_stacks = None
+        if self._frames is not None:
+            if not self._tracks_episodes:
+                raise ValueError(f"frame_stack: {type(self.sampler).__name__} does not keep rows in "
+                                 f"stream order, so stacks cannot be rebuilt from the previous rows")
+            self._frame_stacks = FrameStacks(self.spec, self._frames, capacity, self.num_envs,
+                                             self._roles, self.allocator)
         hooks = []
         self._spill = None
         if self.spill_path is None:
@@ -143,7 +155,7 @@ class ReplayCore:
             self._stats = RunningStats(self._stored, self._stats_fields, capacity, self.allocator)
             hooks.append(self._stats)
         self._writer = RingWriter(capacity, self.num_envs)
-        self._writer.bind(self.spec, self._storage, self._episodes, hooks)
+        self._writer.bind(self.spec, self._storage, self._episodes, hooks, self._frame_stacks)
         watch = getattr(self.sampler, "watch", None)
         if watch is not None:  # a sampler that places writes by the writer's cursor
             watch(self._writer)
@@ -153,9 +165,16 @@ class ReplayCore:
         if self.n_step is not None:
             self._transforms.append(NStep(self._storage, self.spec, self._roles, self.next_of,
                                           self.n_step, self.gamma, self.num_envs, capacity, self.allocator))
-        if self.elide_next:
+        plain = {n: s for n, s in self._elided.items() if s not in self._stacked}
+        if plain:
             self._transforms.append(ElideNext(self._storage, self.spec, self._episodes, self._roles,
-                                              self.next_of, self.num_envs, capacity, self.allocator))
+                                              plain, self.num_envs, capacity, self.allocator))
+        if self._frame_stacks is not None:
+            self._frame_stacks.bind(self._storage)
+            flags = (self._storage.field(self._roles["terminated"]),
+                     self._storage.field(self._roles["truncated"]))
+            self._transforms.append(FrameStack(self.spec, self._frame_stacks, self._episodes, flags,
+                                               self.num_envs, capacity, self.allocator, self._writer))
         self._lock = threading.Lock()
         use_lock = getattr(self.sampler, "use_lock", None)
         if use_lock is not None:  # a sampler whose gate or sample waits on a condition of it
@@ -207,7 +226,8 @@ class ReplayCore:
         return self._limiter
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
-                   elide_next, roles, spill_path, hot_rows, hot_bytes, stats=None) -> None:
+                   elide_next, roles, spill_path, hot_rows, hot_bytes, stats=None, frame_stack=None,
+                   frame_padding="reset") -> None:
         """Check the arguments and derive what the buffer will hold; allocates nothing."""
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
@@ -223,12 +243,21 @@ class ReplayCore:
         self.n_step, self.gamma, self.next_of, self.elide_next = (
             opts["n_step"], opts["gamma"], opts["next_of"], opts["elide_next"])
         self._roles, self._has_flags = opts["roles"], opts["has_flags"]
-        self._stored = stored_spec(self.spec, self.next_of, self._has_flags and self.elide_next)
-        self._stats_fields = check_stats_fields(self.spec, self._stored, stats, self.next_of,
-                                                self._has_flags and self.elide_next)
+        self._frames = resolve_frames(self.spec, frame_stack, frame_padding, self.next_of,
+                                      self._has_flags)
+        self._stacked = () if self._frames is None else tuple(self._frames["stacks"])
+        # next fields not stored: every one with elide_next, and those of stacked fields
+        elide = self._has_flags and self.elide_next
+        self._elided = {n: s for n, s in self.next_of.items() if elide or s in self._stacked}
+        self._frame_spec = frame_spec(self.spec, self._frames)
+        self._stored = stored_spec(self._frame_spec, self._elided, bool(self._elided))
+        self._stats_fields = check_stats_fields(self.spec, self._stored, stats, self._elided,
+                                                bool(self._elided))
         # the layout of the spec's fields (what ``layout`` returns), and of the stored ones
+        # (a stacked field's frames in a column of their own)
         self._layout = resolve_layout(layout, self.spec)
-        self._stored_layout = restrict_layout(self._layout, self._stored)
+        self._stored_layout = isolate_layout(restrict_layout(self._layout, self._stored), self._stored,
+                                             self._stacked)
         self.hot_rows = None  # rows kept resident, for a spilling buffer
         self.spill_path = None if spill_path is None else os.fspath(spill_path)
         if self.spill_path is None:
@@ -283,7 +312,10 @@ class ReplayCore:
                                  self._stored_layout)
         book = 0
         if self._tracks_episodes:
-            book = Episodes.planned_nbytes(self.spec, cap, self.num_envs, self.next_of, self.elide_next)
+            book = Episodes.planned_nbytes(self._frame_spec, cap, self.num_envs, self._elided,
+                                           bool(self._elided))
+            if self._frames is not None:
+                book += FrameStacks.planned_nbytes(self.spec, self._frames, cap, self.num_envs)
         rings = sum(self._ring_size * (self._planned_ring(*b) if isinstance(b, tuple) else self._planned_ring(b))
                     for b in batch_sizes)
         sampler = self.sampler.plan(cap)
@@ -298,12 +330,17 @@ class ReplayCore:
         stored = None
         if fields is not None:
             fields = self.spec.select(fields)
-            stored = [n for n in fields if n in self._stored]
+            stored = [n for n in fields if n in self._stored and n not in self._stacked]
+        elif self._stacked:
+            stored = [n for n in self._stored.names if n not in self._stacked]
         total = (output_nbytes(self._stored, rows, self._stored_layout, stored)
                  + self.sampler.ring_nbytes(batch_size, length))
         if self._has_flags:
-            if self.elide_next:
-                total += ElideNext.plan_ring(self.spec, self.next_of, rows, fields)
+            plain = {n: s for n, s in self._elided.items() if s not in self._stacked}
+            if plain:
+                total += ElideNext.plan_ring(self.spec, plain, rows, fields)
+            if self._frames is not None:
+                total += FrameStack.plan_ring(self.spec, self._frames, rows, fields)
             if self.n_step is not None:
                 total += NStep.plan_ring(rows, length, self._roles, fields)
         return total
@@ -319,6 +356,8 @@ class ReplayCore:
         """
         storage = self._storage.nbytes if self.hot_rows is None else self.hot_rows * self._row_nbytes()
         book = 0 if self._episodes is None else self._episodes.nbytes
+        if self._frame_stacks is not None:
+            book += self._frame_stacks.nbytes
         rings = sum(r.nbytes for r in list(self._rings))
         sampler = self.sampler.nbytes
         trees = sampler["trees"] + (0 if self._stats is None else self._stats.nbytes)
@@ -336,6 +375,9 @@ class ReplayCore:
             opts = {"layout": self._layout, "num_envs": self.num_envs, "n_step": self.n_step,
                     "elide_next": self.elide_next, "next_of": self.next_of, "roles": self._roles,
                     "stats": self._stats_fields or None}
+            if self._frames is not None:
+                opts.update(frame_stack=dict(self._frames["stacks"]),
+                            frame_padding=dict(self._frames["padding"]))
             cap = planning.max_capacity(type(self), self.spec, self.memory_budget, **opts)
             fits = f"the largest capacity that fits is {cap}" if cap else "no capacity fits"
         check_budget(self.memory_budget, parts, what, fits)
@@ -474,6 +516,8 @@ class ReplayCore:
             self._writer.reset()  # and the write hooks: sampler, spill (releases the pages)
             if self._episodes is not None:
                 self._episodes.clear(wipe)
+            if self._frame_stacks is not None:
+                self._frame_stacks.clear(wipe)
             if not self.sampler.hears_writes:
                 self.sampler.on_clear()
 
@@ -745,12 +789,16 @@ class ReplayCore:
             self._check_budget(parts, f"sampling batches of {batch_size}"
                                + (f" slices of {length} rows" if length else " rows")
                                + (f" of fields {list(fields)}" if fields is not None else ""))
-        if fields is None:
+        if fields is None and not self._stacked:
             source, transforms, names = self._storage, self._transforms, self.spec.names
         else:
-            # the stored fields through a projection of the storage; elided ones by ElideNext
-            source = self._storage.project([n for n in fields if n in self._stored])
-            transforms, names = [t.project(fields) for t in self._transforms], fields
+            # the stored fields through a projection of the storage (never a stacked field's
+            # frames: FrameStack rebuilds its stacks); elided ones by ElideNext
+            names = self.spec.names if fields is None else fields
+            source = self._storage.project([n for n in names if n in self._stored
+                                            and n not in self._stacked])
+            transforms = (self._transforms if fields is None
+                          else [t.project(fields) for t in self._transforms])
         ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length,
                                        [self.sampler, *transforms], names)
         if key is not None:
@@ -776,9 +824,12 @@ class ReplayCore:
             raise SpecError(f"{what}: {self.spec.unknown_message(name)}")
         if name not in self._stored:
             src = self.next_of.get(name)
+            if src in self._stacked:
+                raise SpecError(f"{what}: field {name!r} is not stored: with frame_stack it is rebuilt "
+                                f"from the frames of {src!r}")
             raise SpecError(f"{what}: field {name!r} is not stored: with elide_next=True it is read "
                             f"from the next row's {src!r}")
-        return self.spec[name]
+        return self._stored[name]
 
     def column(self, name: str) -> Column:
         """Read-only views of field ``name`` over the rows held, oldest to newest; no copy.
@@ -902,7 +953,11 @@ class ReplayCore:
             raise SpecError(f"update_field: field {name!r} is an episode flag of this buffer: episode "
                             f"numbers (slices, n-step windows, elision) are derived from it, so it "
                             f"cannot be rewritten in place")
-        if self._has_flags and self.elide_next and name in self.next_of.values():
+        if name in self._stacked:
+            raise SpecError(f"update_field: field {name!r} is stored one frame per row with "
+                            f"frame_stack: the stacks of the stream's next rows are rebuilt from "
+                            f"its frames, so it cannot be rewritten in place")
+        if name in self._elided.values():
             nxt = [k for k, v in self.next_of.items() if v == name]
             raise SpecError(f"update_field: field {name!r} cannot be rewritten with elide_next=True: "
                             f"the {nxt[0]!r} of each stream's previous row is read from it")
@@ -972,6 +1027,8 @@ class ReplayCore:
             "num_envs": self.num_envs,
             "episodes": None if self._episodes is None else self._episodes.state_dict(size, copy),
         }
+        if self._frame_stacks is not None:
+            state["frames"] = self._frame_stacks.state_dict(size, copy)
         state.update(self.sampler.extra_state(copy, size))
         if self._stats is not None:
             state["stats"] = self._stats.state_dict()
@@ -990,6 +1047,9 @@ class ReplayCore:
                   "roles": dict(self._roles)}
         if self._stats_fields:
             config["stats"] = list(self._stats_fields)
+        if self._frames is not None:
+            config["frame_stack"] = dict(self._frames["stacks"])
+            config["frame_padding"] = padding_config(self._frames)
         if self._limiter is not None:  # its parameters; the counts are in the state
             config["rate_limiter"] = self._limiter.params()
         return config
@@ -1057,6 +1117,9 @@ class ReplayCore:
         episodes = None
         if self._episodes is not None:
             episodes = self._episodes.check_state(state.get("episodes"), size)
+        frames = None
+        if self._frame_stacks is not None:
+            frames = self._frame_stacks.check_state(state.get("frames"), size)
         for f in self._storage.spec:
             arr = data.get(f.name) if isinstance(data, Mapping) else None
             if not isinstance(arr, np.ndarray):
@@ -1077,5 +1140,7 @@ class ReplayCore:
             self.sampler.load_state(sampler)
             if episodes is not None:
                 self._episodes.load_state(episodes, size)
+            if frames is not None:
+                self._frame_stacks.load_state(frames, size)
             if self._stats is not None:
                 self._stats.rebuild()  # from the rows just loaded

@@ -64,21 +64,27 @@ class RingWriter:
     """
 
     __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks",
-                 "gate", "placer", "moving", "__weakref__")
+                 "gate", "placer", "moving", "frames", "batched", "__weakref__")
 
     def __init__(self, capacity: int, num_envs: int = 1):
         self.capacity = capacity
         self.num_envs = num_envs
         self.cursor = 0
         self.size = 0
-        self.spec = self.storage = self.episodes = self.gate = self.placer = None
+        self.spec = self.storage = self.episodes = self.gate = self.placer = self.frames = None
+        self.batched = False
         self.hooks = ()
         self.moving = 0  # slots the write in progress moves the cursor over (see on_write)
 
-    def bind(self, spec, storage, episodes=None, hooks=()) -> None:
+    def bind(self, spec, storage, episodes=None, hooks=(), frames=None) -> None:
         """``spec``: the rows as pushed (next fields included); ``storage``: where the stored
-        fields go; ``episodes``: the bookkeeping (or None); ``hooks``: see the module docstring."""
+        fields go; ``episodes``: the bookkeeping (or None); ``hooks``: see the module docstring;
+        ``frames``: the frame-stack bookkeeping (:class:`~tfdata.replay.frames.FrameStacks`),
+        which checks a write's stacks and turns them into the frames stored."""
         self.spec, self.storage, self.episodes, self.hooks = spec, storage, episodes, tuple(hooks)
+        self.frames = frames
+        # rows that are checked against the stream and stored in part: written as arrays
+        self.batched = frames is not None or (episodes is not None and episodes.elide)
         self.gate = next((h for h in self.hooks if hasattr(h, "admit")), None)
         self.placer = getattr(self.gate, "place", None)
         if episodes is not None:
@@ -127,7 +133,7 @@ class RingWriter:
             raise SpecError(f"push appends one row, but this buffer interleaves num_envs="
                             f"{self.num_envs} streams: extend with {self.num_envs} rows per step")
         ep = self.episodes
-        if ep is not None and ep.elide:  # elision checks and keeps rows as arrays: the batch path
+        if self.batched:  # elision and frame stacks check and keep rows as arrays: the batch path
             arrays = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
             self.write(arrays, 1, extra)
             return
@@ -165,9 +171,13 @@ class RingWriter:
         stored = values
         if ep is not None:
             ep.catch_up(self.cursor)  # rows pushed one at a time, before this write can lap them
+            if n % self.num_envs == 0 and self.frames is not None:  # (else ep.check refuses)
+                values = stored = self.frames.check(values, n, self.cursor)
             ends = ep.ends(values) if ep.elide else None
             ep.check(values, n)
             ep.reserve(ends, spans)
+            if self.frames is not None:  # nothing refuses after this
+                self.frames.write(n, self.cursor, self.size)
             if ep.elide:
                 stored = [values[i] for i in ep.stored_pos]
         elif n % self.num_envs:
@@ -209,7 +219,7 @@ class RingWriter:
         the generated calls may be used at all (every hook has that form, no elision)."""
         ep = self.episodes
         slot_hooks = [h.slot_hook() for h in self._per_row()]
-        if (ep is not None and ep.elide) or any(f is None for f in slot_hooks):
+        if self.batched or any(f is None for f in slot_hooks):
             return None, False
         if len(slot_hooks) <= 1:
             return (slot_hooks[0] if slot_hooks else None), True

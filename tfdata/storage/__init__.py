@@ -771,6 +771,18 @@ def restrict_layout(layout, spec: Spec):
     return tuple(g for g in (tuple(n for n in group if n in spec) for group in layout) if g)
 
 
+def isolate_layout(layout, spec: Spec, names):
+    """``layout`` (resolved for ``spec``) with each field of ``names`` stored alone, as a column:
+    the frames of a stacked field, which the stack kernels read and no row gather copies. SoA
+    stores every field alone already; AoS becomes one record group of the other fields."""
+    names = [n for n in spec.names if n in set(names)]
+    if not names or (isinstance(layout, str) and layout == "soa"):
+        return layout
+    groups = [spec.names] if isinstance(layout, str) else layout
+    rest = tuple(g for g in (tuple(n for n in group if n not in names) for group in groups) if g)
+    return rest + tuple((n,) for n in names)
+
+
 def check_layout(layout, spec: Spec, what: str = "layout"):
     """``layout`` as read from a file (JSON: a string or lists): ``"aos"``, ``"soa"`` or a
     grouping of every field of ``spec``, exactly as :func:`resolve_layout` normalises it (each

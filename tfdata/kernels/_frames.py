@@ -1,0 +1,340 @@
+"""Frame-stack kernels: a stacked observation stored one frame per row, rebuilt at sample time.
+
+A field declared as a stack of ``K`` frames (``obs: u1[4, 84, 84]`` with ``frame_stack=4``) is
+stored as its newest frame only (``u1[84, 84]``, one per row, in the interleaved ring of
+:mod:`tfdata.kernels._episodes`). The stack of row ``x`` is the frames of the rows ``x - j*E``
+(``j = K-1 .. 0``, oldest first) of the same stream and episode; ``depth[x]`` (steps since the
+episode's first row, at most ``K - 1``) says how many of them belong to the episode, and the
+positions before the episode's first row are *padded* as gymnasium's ``FrameStackObservation``
+pads them:
+
+* ``PAD_RESET`` (its default ``padding_type="reset"``): the episode's first frame, repeated;
+* ``PAD_ZERO``: zeros;
+* ``PAD_VALUE``: a given frame (``pad``).
+
+A row the ring has overwritten keeps its frame in ``hist`` (``K - 1`` frames per stream, the
+steps evicted most recently: step ``s`` at ``hist[s % (K - 1), e]``) for as long as a held row's
+stack reaches it, so every held row can be sampled, exactly as a buffer that stores whole stacks.
+
+Frames are copied as words (``uintX``, the widest dividing the frame's bytes and offset); the
+storage is read through ``(words, offset, width)`` views, so nothing here knows the layout.
+Nothing allocates; slots, depths and table entries are bounded before use.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+
+PAD_RESET = 0
+PAD_ZERO = 1
+PAD_VALUE = 2
+
+# insert checks: what a refused row got wrong (``frame_breaks`` returns ``row * 4 + reason``)
+BREAK_PADDING = 0  # an episode's first row whose earlier frames are not the padding
+BREAK_CONTINUITY = 1  # earlier frames that are not the stream's previous frames
+BREAK_NEXT = 2  # a next stack that is not the stack shifted by one frame
+
+
+@njit(**INLINE_OPTIONS)
+def _put_frame(dst, i, o, x, a, j, e, steps, num_envs, capacity, src, src_off, hist, width):
+    """Frame ``j`` steps back from slot ``x`` (age ``a``, stream ``e``) into ``dst[i, o:o+width]``:
+    from its slot while the ring holds it, else from ``hist``."""
+    held = capacity // num_envs
+    if a + j < held:
+        s = x - j * num_envs
+        if s < 0:
+            s += capacity
+        for w in range(width):
+            dst[i, o + w] = src[s, src_off + w]
+    else:
+        h = (steps - 1 - a - j) % hist.shape[0]
+        for w in range(width):
+            dst[i, o + w] = hist[h, e, w]
+
+
+@njit(**INLINE_OPTIONS)
+def _put_back(dst, i, count, x, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad, mode,
+              width):
+    """Positions ``0 .. count-1`` of a stack whose newest is slot ``x``: position ``p`` is the frame
+    ``count - 1 - p`` steps back, or padding beyond the episode's first row (``d`` steps back)."""
+    for p in range(count):
+        j = count - 1 - p
+        o = p * width
+        if j <= d:
+            _put_frame(dst, i, o, x, a, j, e, steps, num_envs, capacity, src, src_off, hist, width)
+        elif mode == PAD_RESET:
+            _put_frame(dst, i, o, x, a, d, e, steps, num_envs, capacity, src, src_off, hist, width)
+        elif mode == PAD_ZERO:
+            for w in range(width):
+                dst[i, o + w] = 0
+        else:
+            for w in range(width):
+                dst[i, o + w] = pad[w]
+
+
+@njit(**INLINE_OPTIONS)
+def _age_depth(x, newest, num_envs, capacity, depth, kmax):
+    d = newest - (x - x % num_envs)
+    if d < 0:
+        d += capacity
+    dep = depth[x]
+    if dep > kmax:  # a bound, whatever the array holds
+        dep = kmax
+    return d // num_envs, dep
+
+
+@njit(**NJIT_OPTIONS)
+def frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, mode, dst):
+    """The stacks of ``rows`` (their observation), rebuilt from one stored frame per row.
+
+    Parameters
+    ----------
+    rows : ndarray of int64, shape (B,)
+        Held slots.
+    cursor, steps : int
+        The writer's cursor and the steps written since the buffer was cleared.
+    depth : ndarray of uint8, shape (capacity,)
+        Steps since the episode's first row, at most ``K - 1``.
+    src : ndarray of uintX, shape (capacity, row_words)
+        Storage words; the frame is at word ``src_off``, ``width = dst.shape[1] // K`` words.
+    hist : ndarray of uintX, shape (K - 1, num_envs, width)
+        Frames of overwritten rows.
+    pad : ndarray of uintX, shape (width,)
+        The padding frame (``mode == PAD_VALUE``).
+    mode : int
+        ``PAD_RESET``, ``PAD_ZERO`` or ``PAD_VALUE``.
+    dst : ndarray of uintX, shape (B, K * width)
+        The stacks, oldest frame first.
+    """
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    newest = cursor - num_envs
+    if newest < 0:
+        newest += capacity
+    for i in range(rows.shape[0]):
+        x = rows[i]
+        a, d = _age_depth(x, newest, num_envs, capacity, depth, k - 1)
+        _put_back(dst, i, k, x, a, d, x % num_envs, steps, num_envs, capacity, src, src_off, hist,
+                  pad, mode, width)
+
+
+@njit(**NJIT_OPTIONS)
+def next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, mode,
+                      term, trunc, final_idx, finals, pending, dst):
+    """The next stacks of ``rows``: each row's stack shifted by one frame, then its next frame
+    (the stream's next row, the final table at an episode's end, ``pending`` for the newest step).
+
+    Parameters are those of :func:`frame_stacks`, and (as ``copy_next_elided``):
+
+    term, trunc : ndarray of bool, shape (capacity,), any stride
+    final_idx : ndarray of int32, shape (capacity,)
+        Final-table entry of episode-ending rows, else -1.
+    finals : ndarray of uintX, shape (F, width)
+        Final frames of episode-ending rows.
+    pending : ndarray of uintX, shape (num_envs, width)
+        Next frame of each stream's newest row.
+    """
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    last = (k - 1) * width
+    newest = cursor - num_envs
+    if newest < 0:
+        newest += capacity
+    for i in range(rows.shape[0]):
+        y = rows[i]
+        a, d = _age_depth(y, newest, num_envs, capacity, depth, k - 1)
+        e = y % num_envs
+        _put_back(dst, i, k - 1, y, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad,
+                  mode, width)
+        f = final_idx[y] if term[y] or trunc[y] else -1
+        if 0 <= f < finals.shape[0]:
+            for w in range(width):
+                dst[i, last + w] = finals[f, w]
+        elif a == 0:  # the newest step: its next frame is not in the ring yet
+            for w in range(width):
+                dst[i, last + w] = pending[e, w]
+        else:
+            s = y + num_envs
+            if s >= capacity:
+                s -= capacity
+            for w in range(width):
+                dst[i, last + w] = src[s, src_off + w]
+
+
+@njit(**INLINE_OPTIONS)
+def _differs(a, ai, ao, b, bi, bo, width):
+    for w in range(width):
+        if a[ai, ao + w] != b[bi, bo + w]:
+            return True
+    return False
+
+
+@njit(**INLINE_OPTIONS)
+def _frame_differs(obs, r, o, back, num_envs, cursor, capacity, src, src_off, width):
+    """Whether ``obs[r, o:o+width]`` differs from the newest frame of the row ``back`` steps
+    before row ``r`` of the write: a row of the write, or a stored one."""
+    q = r - back * num_envs
+    if q >= 0:
+        return _differs(obs, r, o, obs, q, (hist_k(obs, width) - 1) * width, width)
+    s = (cursor + q) % capacity
+    if s < 0:
+        s += capacity
+    return _differs(obs, r, o, src, s, src_off, width)
+
+
+@njit(**INLINE_OPTIONS)
+def hist_k(obs, width):
+    return obs.shape[1] // width
+
+
+@njit(**NJIT_OPTIONS)
+def frame_breaks(obs, nxt, term, trunc, num_envs, cursor, capacity, src, src_off, prev, mode, pad,
+                 cur):
+    """The first row of a write whose stack is not what the stored frames rebuild, or -1.
+
+    Row ``r`` (time-major, ``E = num_envs`` streams) starts an episode when its stream's previous
+    row ended one (or, for the first step, ``prev[e] < 0``); its frames before the newest must
+    then be the padding. Otherwise they must be the newest frames of the stream's previous rows
+    (padded beyond the episode's first row). A next stack must be the stack shifted by one
+    (its newest frame is checked by the elision check: against the next row's frame).
+
+    Parameters
+    ----------
+    obs, nxt : ndarray of uintX, shape (n, K * width)
+        The rows' stacks; ``nxt`` has 0 rows when the field has no next field.
+    term, trunc : ndarray of bool, shape (n,), any stride
+    cursor, capacity : int
+        The slot of the write's first row; rows before it are read from ``src``.
+    src : ndarray of uintX, shape (capacity, row_words)
+        Stored frames at word ``src_off``.
+    prev : ndarray of int16, shape (E,)
+        Depth of each stream's newest stored row, -1 when the next row starts an episode.
+    pad : ndarray of uintX, shape (width,)
+    cur : ndarray of int16, shape (E,)
+        Scratch: the streams' depths as the rows are checked (written).
+
+    Returns
+    -------
+    int
+        ``row * 4 + reason`` (``BREAK_PADDING``, ``BREAK_CONTINUITY``, ``BREAK_NEXT``), or -1.
+    """
+    width = pad.shape[0]
+    k = obs.shape[1] // width
+    for e in range(num_envs):
+        cur[e] = prev[e]
+    for r in range(obs.shape[0]):
+        e = r % num_envs
+        if r >= num_envs and (term[r - num_envs] or trunc[r - num_envs]):
+            d = -1
+        else:
+            d = cur[e]
+        top = (k - 1) * width
+        if d < 0:  # an episode's first row: every earlier position is padding
+            d = 0
+            for p in range(k - 1):
+                o = p * width
+                if mode == PAD_RESET:
+                    bad = _differs(obs, r, o, obs, r, top, width)
+                elif mode == PAD_ZERO:
+                    bad = False
+                    for w in range(width):
+                        if obs[r, o + w] != 0:
+                            bad = True
+                            break
+                else:
+                    bad = False
+                    for w in range(width):
+                        if obs[r, o + w] != pad[w]:
+                            bad = True
+                            break
+                if bad:
+                    return r * 4 + BREAK_PADDING
+        else:
+            d = d + 1 if d + 1 < k else k - 1
+            for p in range(k - 1):
+                j = k - 1 - p
+                o = p * width
+                if j <= d:
+                    bad = _frame_differs(obs, r, o, j, num_envs, cursor, capacity, src, src_off, width)
+                elif mode == PAD_RESET:
+                    bad = _frame_differs(obs, r, o, d, num_envs, cursor, capacity, src, src_off, width)
+                elif mode == PAD_ZERO:
+                    bad = False
+                    for w in range(width):
+                        if obs[r, o + w] != 0:
+                            bad = True
+                            break
+                else:
+                    bad = False
+                    for w in range(width):
+                        if obs[r, o + w] != pad[w]:
+                            bad = True
+                            break
+                if bad:
+                    return r * 4 + BREAK_CONTINUITY
+        if nxt.shape[0]:
+            for p in range(k - 1):
+                if _differs(nxt, r, p * width, obs, r, (p + 1) * width, width):
+                    return r * 4 + BREAK_NEXT
+        cur[e] = d
+    return -1
+
+
+@njit(**NJIT_OPTIONS)
+def frames_write(obs, term, trunc, num_envs, cursor, capacity, size, steps, src, src_off, hist,
+                 prev, depth):
+    """Before ``n`` checked rows are written from slot ``cursor``: keep in ``hist`` the frames of
+    the rows this write overwrites that a held stack still reaches, stamp the written rows'
+    depths and move ``prev`` on. Reads the storage before it is overwritten.
+
+    Parameters
+    ----------
+    obs : ndarray of uintX, shape (n, K * width)
+        The rows' stacks (their newest frame is what the write stores).
+    size, steps : int
+        Rows held and steps written before this write.
+    hist : ndarray of uintX, shape (K - 1, num_envs, width)
+    prev : ndarray of int16, shape (num_envs,)
+        As in :func:`frame_breaks`; updated.
+    depth : ndarray of uint8, shape (capacity,)
+        Written for the rows the write stores (the last ``capacity`` of them).
+    """
+    width = hist.shape[2]
+    km = hist.shape[0]
+    top = km * width
+    n = obs.shape[0]
+    m = n // num_envs
+    held = capacity // num_envs
+    had = size // num_envs
+    t1 = steps + m
+    # steps a held stack may still reach after the write: [t1 - held - km, t1 - held); keep those
+    # this write evicts (held before it, or its own rows it does not store)
+    lo = t1 - held - km
+    if lo < steps - had:
+        lo = steps - had
+    if lo < 0:
+        lo = 0
+    for s in range(lo, t1 - held):
+        h = s % km
+        for e in range(num_envs):
+            if s >= steps:
+                r = (s - steps) * num_envs + e
+                for w in range(width):
+                    hist[h, e, w] = obs[r, top + w]
+            else:
+                slot = (cursor - (steps - s) * num_envs + e) % capacity
+                if slot < 0:
+                    slot += capacity
+                for w in range(width):
+                    hist[h, e, w] = src[slot, src_off + w]
+    first = n - capacity if n > capacity else 0
+    for r in range(n):
+        e = r % num_envs
+        d = prev[e] + 1
+        if d > km:
+            d = km
+        if r >= first:
+            depth[(cursor + r) % capacity] = d
+        prev[e] = -1 if term[r] or trunc[r] else d
