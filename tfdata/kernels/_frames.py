@@ -163,12 +163,69 @@ def next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_o
                 dst[i, last + w] = src[s, src_off + w]
 
 
+@njit(**NJIT_OPTIONS)
+def frame_stack_pairs(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, mode,
+                      term, trunc, final_idx, finals, pending, dst, nxt):
+    """:func:`frame_stacks` and :func:`next_frame_stacks` of the same ``rows`` in one pass (no
+    n-step): a row's next stack is its stack shifted by one frame, copied from ``dst`` while it
+    is in cache, then its next frame; the frames are read from the storage once.
+
+    Parameters are those of :func:`next_frame_stacks`; ``dst`` receives the stacks and ``nxt``
+    (the same shape) the next stacks.
+    """
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    last = (k - 1) * width
+    newest = cursor - num_envs
+    if newest < 0:
+        newest += capacity
+    for i in range(rows.shape[0]):
+        x = rows[i]
+        a, d = _age_depth(x, newest, num_envs, capacity, depth, k - 1)
+        e = x % num_envs
+        _put_back(dst, i, k, x, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad, mode,
+                  width)
+        for w in range(last):
+            nxt[i, w] = dst[i, width + w]
+        f = final_idx[x] if term[x] or trunc[x] else -1
+        if 0 <= f < finals.shape[0]:
+            for w in range(width):
+                nxt[i, last + w] = finals[f, w]
+        elif a == 0:
+            for w in range(width):
+                nxt[i, last + w] = pending[e, w]
+        else:
+            s = x + num_envs
+            if s >= capacity:
+                s -= capacity
+            for w in range(width):
+                nxt[i, last + w] = src[s, src_off + w]
+
+
 @njit(**INLINE_OPTIONS)
 def _differs(a, ai, ao, b, bi, bo, width):
+    # no early exit: an OR of XORs vectorises (a loop that returns at the first difference
+    # compares one word per cycle); rows that differ are the rare, refused case
+    acc = a[ai, ao] ^ a[ai, ao]
     for w in range(width):
-        if a[ai, ao + w] != b[bi, bo + w]:
-            return True
-    return False
+        acc |= a[ai, ao + w] ^ b[bi, bo + w]
+    return acc != 0
+
+
+@njit(**INLINE_OPTIONS)
+def _nonzero(a, ai, ao, width):
+    acc = a[ai, ao] ^ a[ai, ao]
+    for w in range(width):
+        acc |= a[ai, ao + w]
+    return acc != 0
+
+
+@njit(**INLINE_OPTIONS)
+def _differs_1d(a, ai, ao, b, width):
+    acc = a[ai, ao] ^ a[ai, ao]
+    for w in range(width):
+        acc |= a[ai, ao + w] ^ b[w]
+    return acc != 0
 
 
 @njit(**INLINE_OPTIONS)
@@ -238,17 +295,9 @@ def frame_breaks(obs, nxt, term, trunc, num_envs, cursor, capacity, src, src_off
                 if mode == PAD_RESET:
                     bad = _differs(obs, r, o, obs, r, top, width)
                 elif mode == PAD_ZERO:
-                    bad = False
-                    for w in range(width):
-                        if obs[r, o + w] != 0:
-                            bad = True
-                            break
+                    bad = _nonzero(obs, r, o, width)
                 else:
-                    bad = False
-                    for w in range(width):
-                        if obs[r, o + w] != pad[w]:
-                            bad = True
-                            break
+                    bad = _differs_1d(obs, r, o, pad, width)
                 if bad:
                     return r * 4 + BREAK_PADDING
         else:
@@ -261,17 +310,9 @@ def frame_breaks(obs, nxt, term, trunc, num_envs, cursor, capacity, src, src_off
                 elif mode == PAD_RESET:
                     bad = _frame_differs(obs, r, o, d, num_envs, cursor, capacity, src, src_off, width)
                 elif mode == PAD_ZERO:
-                    bad = False
-                    for w in range(width):
-                        if obs[r, o + w] != 0:
-                            bad = True
-                            break
+                    bad = _nonzero(obs, r, o, width)
                 else:
-                    bad = False
-                    for w in range(width):
-                        if obs[r, o + w] != pad[w]:
-                            bad = True
-                            break
+                    bad = _differs_1d(obs, r, o, pad, width)
                 if bad:
                     return r * 4 + BREAK_CONTINUITY
         if nxt.shape[0]:
@@ -338,3 +379,117 @@ def frames_write(obs, term, trunc, num_envs, cursor, capacity, size, steps, src,
         if r >= first:
             depth[(cursor + r) % capacity] = d
         prev[e] = -1 if term[r] or trunc[r] else d
+
+
+# refusals of :func:`frame_push` beyond ``frame_breaks``'s (``row * 4 + reason`` with row 0)
+PUSH_ELIDED = 3  # the newest frame is not the previous row's next frame
+PUSH_GROW = 5  # the final table has no free entry: the generic path grows it
+
+
+@njit(**NJIT_OPTIONS)
+def frame_push(obs, nxt, ended, p, size, steps, src, src_off, hist, pad, mode, depth, prev, final_idx,
+               finals, free, n_free, pending, has_pending, episode, current):
+    """One row of one stream into a frame-stacked buffer, all of it or nothing: the checks of
+    ``frame_breaks`` and of elision, then the frame, the frames kept for older stacks, the
+    depth, the final table, the pending next frame and the episode number.
+
+    Parameters
+    ----------
+    obs, nxt : ndarray of uintX, shape (K, width)
+        The row's stack and next stack, as words (every array here: the same word).
+    ended : bool
+        The row is terminated or truncated.
+    p, size, steps : int
+        The slot written, rows held and steps written before.
+    src : ndarray of uintX, shape (capacity, row_words)
+        Storage words; the frame at ``src_off``.
+    hist : ndarray of uintX, shape (K - 1, width)
+    pad : ndarray of uintX, shape (width,)
+    depth : ndarray of uint8, shape (capacity,)
+    prev : ndarray of int16, shape (1,)
+    final_idx : ndarray of int32, shape (capacity,)
+    finals : ndarray of uintX, shape (F, width)
+    free : ndarray of int32, shape (F,)
+        Free final-table entries, ``free[:n_free]`` (a stack).
+    pending : ndarray of uintX, shape (1, width)
+    has_pending : ndarray of bool, shape (1,)
+    episode : ndarray of uint32, shape (capacity,)
+    current : ndarray of uint32, shape (1,)
+
+    Returns
+    -------
+    int
+        ``< 0`` written: ``-1 - n_free`` with the number of free final-table entries after the
+        write; else a refusal (``row * 4 + reason``, ``PUSH_ELIDED`` or ``PUSH_GROW``), nothing changed.
+    """
+    width = pad.shape[0]
+    k = obs.shape[0]
+    km = k - 1
+    capacity = depth.shape[0]
+    if p < 0 or p >= capacity or k != hist.shape[0] + 1 or obs.shape[1] != width or nxt.shape[1] != width:
+        return BREAK_PADDING
+    d = prev[0]
+    if d < 0:
+        d = 0
+        for q in range(km):
+            if mode == PAD_RESET:
+                bad = _differs(obs, q, 0, obs, km, 0, width)
+            elif mode == PAD_ZERO:
+                bad = _nonzero(obs, q, 0, width)
+            else:
+                bad = _differs_1d(obs, q, 0, pad, width)
+            if bad:
+                return BREAK_PADDING
+    else:
+        if has_pending[0] and _differs(obs, km, 0, pending, 0, 0, width):
+            return PUSH_ELIDED
+        d = d + 1 if d + 1 < k else km
+        for q in range(km):
+            j = km - q
+            back = j if j <= d else d
+            if mode == PAD_RESET or j <= d:
+                s = (p - back) % capacity
+                bad = _differs(obs, q, 0, src, s, src_off, width)
+            elif mode == PAD_ZERO:
+                bad = _nonzero(obs, q, 0, width)
+            else:
+                bad = _differs_1d(obs, q, 0, pad, width)
+            if bad:
+                return BREAK_CONTINUITY
+    for q in range(km):
+        if _differs(nxt, q, 0, obs, q + 1, 0, width):
+            return BREAK_NEXT
+    old = final_idx[p]
+    freed = 1 if 0 <= old < finals.shape[0] and n_free < free.shape[0] else 0
+    if ended and n_free + freed == 0:
+        return PUSH_GROW
+    # everything checked: write
+    if size == capacity:  # slot p holds step steps - capacity, which older stacks may reach
+        h = (steps - capacity) % km
+        for w in range(width):
+            hist[h, w] = src[p, src_off + w]
+    for w in range(width):
+        src[p, src_off + w] = obs[km, w]
+    depth[p] = d
+    prev[0] = -1 if ended else d
+    if freed:
+        free[n_free] = old
+        n_free += 1
+    if ended:
+        n_free -= 1
+        f = free[n_free]
+        if 0 <= f < finals.shape[0]:
+            for w in range(width):
+                finals[f, w] = nxt[km, w]
+            final_idx[p] = f
+        else:
+            final_idx[p] = -1
+    else:
+        final_idx[p] = -1
+    for w in range(width):
+        pending[0, w] = nxt[km, w]
+    has_pending[0] = not ended
+    episode[p] = current[0]
+    if ended:
+        current[0] += 1
+    return -1 - n_free

@@ -210,6 +210,10 @@ class FrameStacks:
         """``(word, words, offset, width)``: where the stored frames of ``name`` are."""
         return self._src[name]
 
+    def pad_bytes(self, name: str) -> np.ndarray:
+        """The padding frame of ``name`` as uint8 (frame_bytes,)."""
+        return self._pads[name].reshape(-1).view(np.uint8)
+
     def pad_words(self, name: str, word: int) -> np.ndarray:
         return self._pads[name].reshape(1, -1).view(np.uint8).view(WORD_TYPES[word])[0]
 
@@ -395,13 +399,128 @@ class FrameStack:
             pad = fr.pad_words(name, word)
             mode = mode_of(fr.padding[name])
             hist = fr.hist_words(name, word)
+            nxt = fr.nexts[name]
+            if rows is out.indices and self._wants(name) and self._wants(nxt):
+                # both stacks of the same rows: one pass, the frames read once (1.2x faster)
+                k.frame_stack_pairs(rows, cursor, steps, e, cap, fr.depth, src, off, hist, pad, mode,
+                                    self.flags[0], self.flags[1], ep.final_idx,
+                                    ep.final_words(nxt, word), ep.pending_words(nxt, word),
+                                    _words(arrays[name], word), _words(arrays[nxt], word))
+                continue
             if self._wants(name):
                 k.frame_stacks(out.indices, cursor, steps, e, cap, fr.depth, src, off, hist, pad, mode,
                                _words(arrays[name], word))
-            nxt = fr.nexts[name]
             if self._wants(nxt):
                 k.next_frame_stacks(rows, cursor, steps, e, cap, fr.depth, src, off, hist, pad, mode,
                                     self.flags[0], self.flags[1], ep.final_idx,
                                     ep.final_words(nxt, word), ep.pending_words(nxt, word),
                                     _words(arrays[nxt], word))
         return rows
+
+
+def make_push(frames: FrameStacks, spec: Spec, storage, episodes, writer, lock, slow, on_write=None,
+              on_wrap=None, gate=None):
+    """``push(row)`` for a frame-stacked buffer of one stream whose one stacked field has a next
+    field (the Atari case), or None (the generic path then takes every row).
+
+    Guards in Python (exact dtypes and shapes, scalar types that cast without loss, as the
+    second tier of :mod:`tfdata.replay.fastpush`), then one compiled call that checks the stacks
+    and writes the frame and the bookkeeping (:func:`tfdata.kernels._frames.frame_push`), then
+    numpy assignments of the other fields. Anything the call refuses (a broken stream, a full
+    final table) goes to ``slow``, which raises the precise error or grows the table.
+    """
+    if (len(frames.stacks) != 1 or writer.num_envs != 1 or episodes is None
+            or set(episodes.next_of) != {n for n in frames.nexts.values() if n is not None}):
+        return None
+    (name, k), = frames.stacks.items()
+    nxt = frames.nexts[name]
+    if nxt is None:
+        return None
+    from .. import kernels
+
+    fb = spec[name].nbytes // k
+    # frames compared and copied as words: a byte loop does not vectorise (7 KB: 880 ns a
+    # compare against 63 ns as uint64 words)
+    word, src, off, width = frames.source(name)
+    wt = WORD_TYPES[word]
+    stored = storage.spec
+    views = dict(zip(stored.names, storage.field_views()))
+    ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity, "fr": frames,
+          "ep": episodes, "acquire": lock.acquire, "release": lock.release, "kpush": kernels.frame_push,
+          "src": src, "off": off, "hist": frames.hist_words(name, word)[:, 0, :],
+          "pad": frames.pad_words(name, word), "mode": mode_of(frames.padding[name]),
+          "depth": frames.depth, "prev": frames.prev, "fidx": episodes.final_idx,
+          "fin": [None, None], "final_words": episodes.final_words, "WORD": word, "WT": wt,
+          "pending": episodes.pending_words(nxt, word), "has_pending": episodes.has_pending,
+          "episode": episodes.episode, "current": episodes.current, "K": k, "FB": fb, "NXT": nxt,
+          "on_write": on_write, "on_wrap": on_wrap, "gate": gate, "dt": spec[name].dtype,
+          "sh": spec[name].shape}
+    reads, guards, writes = [], [], []
+    flags = []
+    for i, f in enumerate(spec):
+        v = f"v{i}"
+        reads.append(f"        {v} = row[{f.name!r}]")
+        if f.name in (name, nxt):
+            guards.append(f"type({v}) is ndarray and {v}.dtype is dt and {v}.shape == sh "
+                          f"and {v}.flags.c_contiguous")
+            continue
+        if f.name in (frames.spec.names[frames.term_i], frames.spec.names[frames.trunc_i]):
+            flags.append(v)
+        ns[f"a{i}"] = views[f.name]
+        if f.shape:
+            ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
+            guards.append(f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}")
+        else:
+            ns[f"ok{i}"] = f.scalar_types
+            if f.int_bounds is not None:
+                ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
+                guards.append(f"(type({v}) in ok{i} or type({v}) is int and lo{i} <= {v} <= hi{i})")
+            else:
+                guards.append(f"type({v}) in ok{i}")
+        writes.append(f"            a{i}[p] = {v}")
+    io, inx = spec.names.index(name), spec.names.index(nxt)
+    lines = [
+        "def push(row):",
+        f"    if type(row) is not dict or len(row) != {len(spec)}:",
+        "        return slow(row)",
+        "    try:",
+        *reads,
+        "    except KeyError:",
+        "        return slow(row)",
+        "    if not (" + "\n            and ".join(guards) + "):",
+        "        return slow(row)",
+        f"    ended = bool({flags[0]}) or bool({flags[1]})",
+        "    acquire()",
+        "    try:",
+        *([] if gate is None else ["        gate(1)"]),
+        "        p = w.cursor",
+        "        t = ep.finals[NXT]",
+        "        if t is not fin[0]:  # the table grew: its words again",
+        "            fin[0], fin[1] = t, final_words(NXT, WORD)",
+        f"        r = kpush(v{io}.reshape(K, FB).view(WT), v{inx}.reshape(K, FB).view(WT), ended, p,",
+        "                  w.size, fr.steps, src, off, hist, pad, mode, depth, prev, fidx, fin[1],",
+        "                  ep.free, ep.n_free, pending, has_pending, episode, current)",
+        "        if r >= 0:",
+        "            p = -1",
+        "        else:",
+        "            ep.n_free = -1 - r",
+        "            fr.steps += 1",
+        *writes,
+        *([] if on_write is None else ["            on_write(p)"]),
+        "            if p + 1 != cap:",
+        "                w.cursor = ep.stamped = p + 1",
+        "            else:",
+        *([] if on_wrap is None else ["                on_wrap()"]),
+        "                w.cursor = ep.stamped = 0",
+        "            if w.size != cap:",
+        "                w.size += 1",
+        "    finally:",
+        "        release()",
+        "    if p < 0:  # refused or the final table is full: the generic path says why, or grows it",
+        "        return slow(row)",
+    ]
+    src_code = "\n".join(lines)
+    exec(compile(src_code, "<tfdata generated frame push>", "exec"), ns)
+    push = ns.pop("push")
+    push.__source__ = src_code
+    return push

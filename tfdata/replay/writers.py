@@ -236,6 +236,23 @@ class RingWriter:
         hook (and the sampler's gate) has a per-slot form and rows are written as they are; else
         ``slow``. ``gate(1)``: called under the lock before the row's slot is read (a rate
         limiter waits and counts)."""
+        if self.frames is not None:  # frame stacks: a push of their own (checks in compiled code)
+            from .frames import make_push as frame_push
+
+            slot_hooks = [h.slot_hook() for h in self._per_row()]
+            if self.gate is not None or any(f is None for f in slot_hooks):
+                return slow
+            on_write = None
+            if slot_hooks:
+                hooks = tuple(slot_hooks)
+
+                def on_write(slot, _hooks=hooks):
+                    for f in _hooks:
+                        f(slot)
+
+            push = frame_push(self.frames, spec, self.storage, self.episodes, self, lock, slow,
+                              on_write=on_write, on_wrap=self._on_wrap(None), gate=gate)
+            return slow if push is None else push
         on_write, usable = self._slot_writes()
         on_begin = None if self.gate is None else self.gate.slot_gate()
         if not usable or self.num_envs != 1 or (self.gate is not None and on_begin is None):
