@@ -65,11 +65,13 @@ def same(x, y, names):
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["aos", "soa", "groups"])
 @pytest.mark.parametrize("num_envs", [1, 3])
 @pytest.mark.parametrize("padding", ["reset", "zero", "value"])
-def test_samples_equal_full_stacks(layout, num_envs, padding):
+@pytest.mark.parametrize("frame", [(3, 2), (4, 4)], ids=["6B", "16B"])
+def test_samples_equal_full_stacks(layout, num_envs, padding, frame):
+    """(3, 2) frames take the generic push (6 bytes: not uint64 words), (4, 4) the compiled one."""
     k = 4
-    pad = np.full((3, 2), 77, np.uint8) if padding == "value" else padding
-    spec = spec_of(k)
-    env = naive.FrameStackEnv(num_envs, k, padding=pad, p_end=0.12)
+    pad = np.full(frame, 77, np.uint8) if padding == "value" else padding
+    spec = spec_of(k, frame)
+    env = naive.FrameStackEnv(num_envs, k, frame=frame, padding=pad, p_end=0.12)
     rng = np.random.default_rng(0)
     a, b = pair(spec, 8 * num_envs, num_envs, layout=layout, frame_padding=pad)
     for t, step in enumerate(steps_of(env, rng, 60)):
@@ -231,3 +233,66 @@ def test_bad_options():
         tfdata.ReplayBuffer({"obs": ("u1", (4, 2))}, 16, frame_stack=4)
     with pytest.raises(ValueError, match="frame_stack is None"):
         tfdata.ReplayBuffer(spec, 16, frame_padding="zero")
+
+
+def test_compiled_push_equals_generic_path():
+    """Frames of 16 bytes take the compiled push; pushing the same stream through ``extend``
+    (the generic path) gives the same state, bit for bit, and the same batches."""
+    k, frame = 4, (4, 4)
+    spec = spec_of(k, frame)
+    env = naive.FrameStackEnv(1, k, frame=frame, p_end=0.2)
+    rng = np.random.default_rng(9)
+    a, _ = pair(spec, 12)
+    b, _ = pair(spec, 12)
+    assert "frame push" in a.push.__code__.co_filename
+    for step in steps_of(env, rng, 50):
+        a.push({f: v[0] for f, v in step.items()})
+        b.extend(step)
+        sa, sb = a.state_dict(), b.state_dict()
+        for f in sa["data"]:
+            assert np.array_equal(sa["data"][f], sb["data"][f]), f
+        for key in ("depth", "prev"):
+            assert np.array_equal(sa["frames"][key], sb["frames"][key]), key
+        assert sa["frames"]["steps"] == sb["frames"]["steps"]
+        for f in sa["frames"]["hist"]:
+            assert np.array_equal(sa["frames"]["hist"][f], sb["frames"]["hist"][f])
+        ea, eb = sa["episodes"], sb["episodes"]
+        for key in ("episode", "current", "final_slots", "has_pending"):
+            assert np.array_equal(ea[key], eb[key]), key
+        for f in ea["finals"]:
+            assert np.array_equal(ea["finals"][f], eb["finals"][f])
+            assert np.array_equal(ea["pending"][f], eb["pending"][f])
+        if len(a) >= 3:
+            same(a.sample(3), b.sample(3), spec)
+
+
+def test_compiled_push_refusals_change_nothing():
+    k, frame = 3, (4, 2)
+    spec = spec_of(k, frame)
+    env = naive.FrameStackEnv(1, k, frame=frame, p_end=0.0)
+    rng = np.random.default_rng(4)
+    a, _ = pair(spec, 12)
+    assert "frame push" in a.push.__code__.co_filename
+    steps = steps_of(env, rng, 7)
+    for s in steps[:5]:
+        put(a, s, 1)
+    good = {f: v[0] for f, v in steps[5].items()}
+    before = a.state_dict()
+    for field, index, match in [("obs", 0, "frames 0..1 of the stack differ"),
+                                ("next_obs", 0, "shifted by one frame"),
+                                ("obs", -1, "differs from")]:
+        bad = dict(good, obs=good["obs"].copy(), next_obs=good["next_obs"].copy())
+        bad[field][index] ^= 4
+        if index == -1:
+            bad["next_obs"][-2] ^= 4
+        with pytest.raises(SpecError, match=match):
+            a.push(bad)
+        after = a.state_dict()
+        assert before["writer"] == after["writer"]
+        for f in before["data"]:
+            assert np.array_equal(before["data"][f], after["data"][f])
+        for key in ("depth", "prev"):
+            assert np.array_equal(before["frames"][key], after["frames"][key])
+        for f in before["episodes"]["pending"]:
+            assert np.array_equal(before["episodes"]["pending"][f], after["episodes"]["pending"][f])
+    a.push(good)

@@ -23,6 +23,7 @@ Nothing allocates; slots, depths and table entries are bounded before use.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
@@ -493,3 +494,16 @@ def frame_push(obs, nxt, ended, p, size, steps, src, src_off, hist, pad, mode, d
     if ended:
         current[0] += 1
     return -1 - n_free
+
+
+@njit(**NJIT_OPTIONS)
+def frame_push_u8(obs, nxt, ended, p, size, steps, src, src_off, hist, pad, mode, depth, prev,
+                  final_idx, finals, free, n_free, pending, has_pending, episode, current):
+    """:func:`frame_push` for stacks as the environment gives them (C-contiguous ``(K, *frame)``
+    of any dtype), compared as uint64 words: the frame's bytes must be a multiple of 8 (the
+    caller checks). Reshaping here saves the caller four numpy calls (~0.4 µs)."""
+    k = obs.shape[0]
+    o = obs.reshape((k, obs.size // k)).view(np.uint64)
+    n = nxt.reshape((k, nxt.size // k)).view(np.uint64)
+    return frame_push(o, n, ended, p, size, steps, src, src_off, hist, pad, mode, depth, prev,
+                      final_idx, finals, free, n_free, pending, has_pending, episode, current)

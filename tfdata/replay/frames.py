@@ -442,15 +442,16 @@ def make_push(frames: FrameStacks, spec: Spec, storage, episodes, writer, lock, 
     # frames compared and copied as words: a byte loop does not vectorise (7 KB: 880 ns a
     # compare against 63 ns as uint64 words)
     word, src, off, width = frames.source(name)
-    wt = WORD_TYPES[word]
+    if word != 8:  # the compiled push views the stacks as uint64 words
+        return None
     stored = storage.spec
     views = dict(zip(stored.names, storage.field_views()))
     ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity, "fr": frames,
-          "ep": episodes, "acquire": lock.acquire, "release": lock.release, "kpush": kernels.frame_push,
+          "ep": episodes, "acquire": lock.acquire, "release": lock.release, "kpush": kernels.frame_push_u8,
           "src": src, "off": off, "hist": frames.hist_words(name, word)[:, 0, :],
           "pad": frames.pad_words(name, word), "mode": mode_of(frames.padding[name]),
           "depth": frames.depth, "prev": frames.prev, "fidx": episodes.final_idx,
-          "fin": [None, None], "final_words": episodes.final_words, "WORD": word, "WT": wt,
+          "fin": [None, None], "final_words": episodes.final_words, "WORD": word,
           "pending": episodes.pending_words(nxt, word), "has_pending": episodes.has_pending,
           "episode": episodes.episode, "current": episodes.current, "K": k, "FB": fb, "NXT": nxt,
           "on_write": on_write, "on_wrap": on_wrap, "gate": gate, "dt": spec[name].dtype,
@@ -497,7 +498,7 @@ def make_push(frames: FrameStacks, spec: Spec, storage, episodes, writer, lock, 
         "        t = ep.finals[NXT]",
         "        if t is not fin[0]:  # the table grew: its words again",
         "            fin[0], fin[1] = t, final_words(NXT, WORD)",
-        f"        r = kpush(v{io}.reshape(K, FB).view(WT), v{inx}.reshape(K, FB).view(WT), ended, p,",
+        f"        r = kpush(v{io}, v{inx}, ended, p,",
         "                  w.size, fr.steps, src, off, hist, pad, mode, depth, prev, fidx, fin[1],",
         "                  ep.free, ep.n_free, pending, has_pending, episode, current)",
         "        if r >= 0:",
