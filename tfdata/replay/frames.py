@@ -279,9 +279,12 @@ class FrameStacks:
         self._pending = None
         k = self._k
         prev = self.prev
+        # each call stamps depths and moves prev on capped at its own K - 1: the field of the
+        # largest K goes last, so depth and prev keep the cap every stack reads (each kernel
+        # caps again at its own K)
+        pending = sorted(pending, key=lambda item: self.stacks[item[0]])
         for i, (name, obs) in enumerate(pending):
             word, src, off, width = self._src[name]
-            # every field moves prev on the same way: keep it for the last one
             p = prev if i == len(pending) - 1 else prev.copy()
             k.frames_write(obs, term, trunc, self.num_envs, cursor, self.capacity, size, self.steps,
                            src, off, self.hist_words(name, word), p, self.depth)
