@@ -107,10 +107,17 @@ def _padding(field: Field, p):
                              f"shape {list(field.shape[1:])}, got {p[:50]!r}")
         return p
     frame = Field(field.name, field.dtype, field.shape[1:])
+    if field.dtype.kind not in "biuf":
+        raise SpecError(f"frame_padding for {field.name!r}: a padding frame of dtype {field.dtype} "
+                        f"cannot be kept in a checkpoint's config (JSON); use 'reset' or 'zero'")
     try:
         arr = np.array(frame.coerce(p), dtype=field.dtype)
     except SpecError as exc:
         raise SpecError(f"frame_padding for {field.name!r}: {exc}") from None
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ValueError(f"frame_padding for {field.name!r}: the padding frame must be finite "
+                         f"(a checkpoint keeps it in JSON, which has no NaN or infinity), got "
+                         f"{int((~np.isfinite(arr)).sum())} non-finite value(s)")
     return np.ascontiguousarray(arr)
 
 
