@@ -310,16 +310,35 @@ class ReplayCore:
         fields)`` for batches of some fields, ``length`` None for :meth:`sample`). Returns the
         same keys as :attr:`nbytes_parts`. ``memory_budget=`` checks this plan before allocating.
         """
+        return cls._plan(spec, capacity, options, "plan_memory")._planned_parts(batch_sizes)
+
+    @classmethod
+    def _plan(cls, spec, capacity: int, options: dict, what: str) -> "ReplayCore":
+        """An unbuilt buffer of these arguments, configured (checked), nothing allocated."""
         plan = cls.__new__(cls)
         plan.sampler = cls._planned_sampler(options)
         for k in ("seed", "allocator", "memory_budget", "rate_limiter"):  # no effect on the bytes held
             options.pop(k, None)
         bad = set(options) - set(CONFIG_DEFAULTS)
         if bad:
-            raise TypeError(f"plan_memory: unexpected keyword(s) {sorted(bad)}; allowed: "
+            raise TypeError(f"{what}: unexpected keyword(s) {sorted(bad)}; allowed: "
                             f"{sorted(CONFIG_DEFAULTS)}")
         plan._configure(spec, capacity, **{k: options.get(k, v) for k, v in CONFIG_DEFAULTS.items()})
-        return plan._planned_parts(batch_sizes)
+        return plan
+
+    @classmethod
+    def plan_storage(cls, spec, capacity: int, **options) -> dict:
+        """What a buffer built with these arguments stores, without building it (a checkpoint
+        checks its files against this): ``stored`` (the Spec of the stored fields: next fields
+        elided or rebuilt left out, stacked fields one frame wide), ``layout`` (the storage's
+        layout of them), ``episodes`` (``(spec, next_of, elide)`` of the episode bookkeeping, or
+        None when none is kept) and ``frames`` (the resolved frame stacks, or None)."""
+        plan = cls._plan(spec, capacity, dict(options), "plan_storage")
+        episodes = None
+        if plan._tracks_episodes:
+            episodes = (plan._frame_spec, dict(plan._elided or plan.next_of), bool(plan._elided))
+        return {"stored": plan._stored, "layout": plan._stored_layout, "episodes": episodes,
+                "frames": plan._frames}
 
     @classmethod
     def _planned_sampler(cls, options: dict):
