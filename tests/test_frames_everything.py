@@ -591,3 +591,37 @@ def test_bad_padding_frames_are_refused():
     spec = {"obs": ("c8", (3, 2)), "terminated": "?", "truncated": "?"}
     with pytest.raises(SpecError, match="'reset' or 'zero'"):
         tfdata.ReplayBuffer(spec, 12, frame_stack=3, frame_padding=np.zeros(2, np.complex64))
+
+
+# -- other frames, no next field --------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,frame", [("u1", (5,)), ("f4", (3,)), ("i2", (2, 3)), ("f8", (2, 2)),
+                                         ("?", (4,)), ("u2", (7,))])
+@pytest.mark.parametrize("layout", ["aos", "groups"])
+def test_frames_of_every_width(dtype, frame, layout):
+    """Frames of 4 to 32 bytes are copied as words of 1 to 8 bytes (in a record at any offset)."""
+    spec = spec_of(3, frame, dtype)
+    tw = Twin(k=3, num_envs=2, capacity=8, spec=spec, frame=frame, dtype=dtype, n_step=2,
+              layout=LAYOUTS[layout], p_end=0.25)
+    for t in range(12):
+        tw.feed(1)
+        n = len(tw.a)
+        tw.same(tw.a.sample(n), tw.b.sample(n))
+        tw.same(tw.a.sample(2, fields=["next_obs"]), tw.b.sample(2, fields=["next_obs"]), ["next_obs"])
+
+
+@pytest.mark.parametrize("n_step", [None, 2])
+def test_a_stacked_field_without_a_next_field(tmp_path, n_step):
+    spec = spec_of(3, next_obs=False)
+    tw = Twin(k=3, num_envs=2, capacity=8, spec=spec, n_step=n_step, p_end=0.3)
+    assert set(tw.a.storage.spec.names) == {"obs", "action", "reward", "terminated", "truncated"}
+    for t in range(15):
+        step = tw.steps(1)[0]
+        step.pop("next_obs")
+        tw.a.extend(step)
+        tw.b.extend(step)
+        if len(tw.a) >= 3:
+            tw.same(tw.a.sample(3), tw.b.sample(3))
+            tw.same(tw.a.sample_sequences(2, 2), tw.b.sample_sequences(2, 2))
+    tw.a.save(tmp_path / "ck")
+    loaded = tfdata.ReplayBuffer.load(tmp_path / "ck")
+    tw.same(loaded.sample(4), tw.a.sample(4))
