@@ -355,6 +355,14 @@ def test_state_dict_refusals_change_nothing():
     bad(lambda f: f["hist"].__setitem__("obs", np.zeros((3, 2, 3, 2), np.uint8)), "frames.hist")
     bad(lambda f: f.__setitem__("hist", {}), "frames.hist")
     bad(lambda f: f.__setitem__("stacks", {"obs": 4}), "frames.stacks")
+    # before the ring wraps, the steps are exactly the rows held over num_envs
+    part = Twin(k=3, num_envs=2, capacity=8)
+    part.feed(2)
+    st = part.a.state_dict()
+    for steps in (1, 3, 40):
+        st["frames"]["steps"] = steps
+        with pytest.raises(ValueError, match="has not wrapped"):
+            c.load_state_dict(st)
     st = dict(good)
     st.pop("frames")
     with pytest.raises(ValueError, match="frame-stack bookkeeping"):
