@@ -312,7 +312,10 @@ class FrameStacks:
                 "prev": c(self.prev), "hist": {n: c(h) for n, h in self.hist.items()}}
 
     def check_state(self, state, size: int) -> dict:
-        """Validate a :meth:`state_dict` (untrusted); ValueError naming the entry."""
+        """Validate a :meth:`state_dict` (untrusted); ValueError naming the entry. Dtypes,
+        shapes and ranges (no kernel reads outside its arrays whatever they hold), and steps
+        against the rows held; a checkpoint load also checks the depths against the rows'
+        episode ends (:func:`depth_break`)."""
         if not isinstance(state, Mapping):
             raise ValueError("state has no frame-stack bookkeeping ('frames' entry)")
         if state.get("stacks") != self.stacks:
