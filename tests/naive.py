@@ -1059,3 +1059,108 @@ def frame_breaks_naive(obs, nxt, ends_prev, prev_frames: list, prev_depth: list,
         frames[e] = frames[e] + [obs[r, -1]]
         depth[e] = d
     return -1
+
+
+# The stack kernels see the ring as steps: step ``t`` (since the buffer was cleared) of stream
+# ``e`` is in slot ``(cursor - (steps - t) * num_envs + e) % capacity`` while the ring holds it
+# (the newest ``capacity // num_envs`` steps), else, for the ``K - 1`` steps evicted last, in
+# ``hist[t % (K - 1), e]``. Frames are rows of words (any dtype); positions before a row's
+# episode start are padding.
+def step_frame_naive(t: int, e: int, cursor: int, steps: int, num_envs: int, capacity: int,
+                     src, src_off: int, width: int, hist):
+    """The stored frame of step ``t`` of stream ``e`` (Python's modulo for any ``t``)."""
+    if steps - t <= capacity // num_envs:
+        slot = (cursor - (steps - t) * num_envs + e) % capacity
+        return np.array(src[slot, src_off:src_off + width])
+    return np.array(hist[t % hist.shape[0], e])
+
+
+def _stack_positions(x: int, count: int, cursor: int, steps: int, num_envs: int, capacity: int,
+                     depth, src, src_off: int, hist, pad, mode: int, width: int) -> list:
+    """Frames ``count - 1 .. 0`` steps back from slot ``x`` (oldest first), padded beyond the
+    episode's first row (``depth[x]`` steps back, at most ``K - 1``)."""
+    k = hist.shape[0] + 1
+    e = x % num_envs
+    age = ((cursor - num_envs) - (x - e)) % capacity // num_envs
+    t = steps - 1 - age  # the row's step
+    d = min(int(depth[x]), k - 1)
+    out = []
+    for p in range(count):
+        j = count - 1 - p
+        if j <= d:
+            out.append(step_frame_naive(t - j, e, cursor, steps, num_envs, capacity, src, src_off,
+                                        width, hist))
+        elif mode == 0:  # PAD_RESET: the episode's first frame
+            out.append(step_frame_naive(t - d, e, cursor, steps, num_envs, capacity, src, src_off,
+                                        width, hist))
+        elif mode == 1:  # PAD_ZERO
+            out.append(np.zeros(width, src.dtype))
+        else:
+            out.append(np.array(pad))
+    return out
+
+
+def frame_stacks_naive(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad,
+                       mode) -> np.ndarray:
+    """``frame_stacks`` as a reference: ``(len(rows), K * width)`` words, oldest frame first."""
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    out = np.zeros((len(rows), k * width), src.dtype)
+    for i, x in enumerate(rows):
+        out[i] = np.concatenate(_stack_positions(int(x), k, cursor, steps, num_envs, capacity, depth,
+                                                 src, src_off, hist, pad, mode, width))
+    return out
+
+
+def next_frame_stacks_naive(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad,
+                            mode, term, trunc, final_idx, finals, pending) -> np.ndarray:
+    """``next_frame_stacks`` as a reference: the row's stack without its oldest frame, then its
+    next frame: the final frame of an episode-ending row (when its table entry exists), the
+    pending frame of a stream's newest row, else the frame of the stream's next slot."""
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    out = np.zeros((len(rows), k * width), src.dtype)
+    for i, y in enumerate(rows):
+        y = int(y)
+        e = y % num_envs
+        head = _stack_positions(y, k - 1, cursor, steps, num_envs, capacity, depth, src, src_off,
+                                hist, pad, mode, width)
+        f = int(final_idx[y])
+        if (term[y] or trunc[y]) and 0 <= f < finals.shape[0]:
+            last = finals[f]
+        elif y == (cursor - num_envs + e) % capacity:  # the stream's newest row
+            last = pending[e]
+        else:
+            last = src[(y + num_envs) % capacity, src_off:src_off + width]
+        out[i] = np.concatenate(head + [np.array(last)])
+    return out
+
+
+def frames_write_naive(obs, term, trunc, num_envs, cursor, capacity, size, steps, src, src_off,
+                       hist, prev, depth) -> tuple:
+    """``frames_write`` as a reference, by steps: every step the ring holds before the write or
+    the write brings, and does not hold after it, goes into ``hist`` (in step order, so the
+    last ``K - 1`` of them remain); each written row's depth is its stream's previous depth plus
+    one (at most ``K - 1``; the previous is -1 after an episode's end), stamped for the rows the
+    ring keeps (the last ``capacity``). Returns new ``(hist, prev, depth)``."""
+    hist, prev, depth = hist.copy(), prev.copy(), depth.copy()
+    km = hist.shape[0]
+    width = hist.shape[2]
+    n = obs.shape[0]
+    m = n // num_envs
+    held = capacity // num_envs
+    t1 = steps + m
+    for t in range(max(0, steps - size // num_envs), t1 - held):
+        for e in range(num_envs):
+            if t >= steps:  # brought by the write: its newest frame
+                frame = obs[(t - steps) * num_envs + e, km * width:]
+            else:
+                frame = src[(cursor - (steps - t) * num_envs + e) % capacity, src_off:src_off + width]
+            hist[t % km, e] = frame
+    for r in range(n):
+        e = r % num_envs
+        d = min(int(prev[e]) + 1, km)
+        if r >= n - capacity:
+            depth[(cursor + r) % capacity] = d % 256
+        prev[e] = -1 if term[r] or trunc[r] else d
+    return hist, prev, depth

@@ -89,13 +89,16 @@ def max_capacity(spec, budget, *, batch_size=None, prioritized: bool = False, **
         Size a :class:`tfdata.PrioritizedReplayBuffer` (priority trees and slot versions).
     **options
         The buffer's keyword arguments that change its memory: ``layout``, ``num_envs``,
-        ``n_step``, ``next_of``, ``elide_next``, ``roles``, ``ring_size``.
+        ``n_step``, ``next_of``, ``elide_next``, ``roles``, ``ring_size``, ``stats``,
+        ``frame_stack`` and ``frame_padding`` (a stacked field counts one frame per row, plus
+        its bookkeeping: a depth byte per row and ``K - 1`` frames per stream).
 
     Returns
     -------
     int
         A capacity (a multiple of ``num_envs``) such that building the buffer and sampling the
-        given batch sizes stays within ``budget``; 0 if not even the smallest buffer fits.
+        given batch sizes stays within ``budget``; 0 if not even the smallest buffer fits (with
+        ``frame_stack``, the smallest holds ``K`` steps per stream).
     """
     from .replay import planning
     from .replay.buffer import ReplayBuffer

@@ -118,9 +118,15 @@ class ReplayBuffer(ReplayCore):
         the ring has overwritten too. Needs the episode flags; each row's stack must continue
         its stream's previous row (an episode's first row: be padded), and ``next_obs`` must be
         ``obs`` shifted by one frame, else SpecError. Every layout stores the frames as a column.
+        The capacity must hold ``K`` steps per stream (``capacity >= K * num_envs``). Works with
+        every other option (n-step, sequences, prioritized and without-replacement sampling,
+        spill, checkpoints, budgets) except ``sampler="exactly_k"``, which writes rows off
+        stream order (ValueError). ``column(name)`` gives the stored frames, ``stats=`` their
+        statistics; ``update_field`` refuses the stacked field and its next field.
     frame_padding : "reset", "zero", array or mapping, default "reset"
         How the stacks of an episode's first rows are padded: FrameStackObservation's
-        ``padding_type`` (``"reset"``: the first frame repeated; ``"zero"``; or a frame);
+        ``padding_type`` (``"reset"``: the first frame repeated; ``"zero"``; or a frame of a
+        bool, integer or float field, finite: a checkpoint keeps it in its JSON config);
         per stacked field with a mapping.
     spill_path : str or path, optional
         Keep the rows in this file (an AoS ``.npy``, or an SoA or grouped directory, created sparse; the
@@ -151,7 +157,9 @@ class ReplayBuffer(ReplayCore):
         (see :mod:`tfdata.replay.columns`). Memory: a tree over blocks of 256 rows (1024 for
         1-byte fields), about ``capacity / 32`` float64 values per element of the field (up to
         twice that when the number of blocks is just above a power of two), counted in
-        ``nbytes_parts["trees"]``.
+        ``nbytes_parts["trees"]``. A field stacked with ``frame_stack`` has the statistics of
+        its frames (one per row, as stored), of the frame's shape: ``normalize`` broadcasts
+        them over a batch of stacks.
     rate_limiter : tfdata.RateLimiter, optional
         Keeps rows sampled per row inserted near its ``samples_per_insert``: ``sample`` and
         ``sample_sequences`` wait while sampling would run ahead, ``push`` and ``extend`` while

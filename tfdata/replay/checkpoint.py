@@ -65,7 +65,14 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``timeout`` null or a float in ``(0, 1e9]``; ``rate_limiter`` (present only for a buffer with a
   :class:`tfdata.RateLimiter`) an object of ``samples_per_insert`` float in ``(0, 1e12]``,
   ``min_size_to_sample`` int in ``[1, capacity]``, ``error_buffer`` null or a float in
-  ``[max(1, samples_per_insert), 1e18]``, ``timeout`` null or a float in ``(0, 1e9]``; and for a
+  ``[max(1, samples_per_insert), 1e18]``, ``timeout`` null or a float in ``(0, 1e9]``;
+  ``frame_stack`` and ``frame_padding`` (present together, for a buffer built with
+  ``frame_stack=``): an object of 1 to (number of fields) stacked fields of the spec, each to
+  its ``K``, an int in ``[2, 64]`` equal to the field's first dimension (shape ``(K, *frame)``,
+  at least 2-D); and an object with exactly those fields, each ``"reset"``, ``"zero"`` or the
+  padding frame as nested lists of exactly the frame's shape (checked level by level before
+  anything is converted) holding values of the field's dtype (bools; ints in its range; finite
+  floats it holds); and for a
   ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
   float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
   ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
@@ -96,6 +103,14 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   stored float64 leaves is rounded once, when loaded), positive normal float32 values, so that
   their sum is finite and positive; versions keep their low byte (the buffer counts writes
   per slot modulo 256, with an epoch in each batch);
+* frame stacks (``state.frames``, exactly when ``config.frame_stack`` is present): ``stacks``
+  equal to ``config.frame_stack``; ``steps`` (steps written since the last clear) an int in
+  ``[0, 2**62 - 1]`` with ``size == min(steps * num_envs, capacity)``; ``depth`` ``uint8[size]``
+  with values in ``[0, max(K) - 1]``, ``prev`` ``int16[num_envs]`` in ``[-1, max(K) - 1]``, and
+  ``hist`` an array per stacked field of its dtype and shape ``(K - 1, num_envs, *frame)``. The
+  stored spec and the rows file's layout are those of the frames (each stacked field one frame
+  wide and a column of its own, its next field not stored), and the episode bookkeeping is
+  checked as for ``elide_next`` over them;
 * statistics (``state.stats``): present exactly when ``config.stats`` names fields, with an
   entry for exactly those, each ``count`` equal to ``size`` and ``mean``, ``var``, ``min``,
   ``max`` float64 arrays of the field's shape;
@@ -112,7 +127,10 @@ chunk's pages), and ``load_state_dict`` validates again before a byte of the buf
 written. Last, once the rows are in memory, the episode numbers must be what inserting those
 rows gave (each stream's number grows by one after a terminated or truncated row and only
 then; ``current`` is the newest number plus the newest row's end) and the elided-next
-bookkeeping must name exactly the rows that ended an episode; otherwise the new buffer is
+bookkeeping must name exactly the rows that ended an episode, and (``frame_stack``) each row's
+depth must be its steps since its episode's first row, capped at ``max(K) - 1`` (the oldest
+row's at most its step number) and each stream's ``prev`` its newest row's depth, or -1 after an
+episode's end; otherwise the new buffer is
 dropped and FormatError raised (one pass, about 1 ms per million rows). The statistics are
 computed from the loaded rows and each saved value must equal its recomputation bit for bit
 (they are a deterministic function of the rows, see :mod:`tfdata.replay.columns`), so a value
@@ -169,7 +187,11 @@ _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
 # keys a checkpoint of an earlier version may lack
-_CONFIG_OPTIONAL = ("stats", "sampler", "replays", "policy", "timeout", "rate_limiter")
+_CONFIG_OPTIONAL = ("stats", "sampler", "replays", "policy", "timeout", "rate_limiter",
+                    "frame_stack", "frame_padding")
+_FRAMES_KEYS = ("stacks", "steps", "depth", "prev", "hist")
+#: ``frames.steps`` accepted from a checkpoint (steps written since a clear)
+_MAX_STEPS = (1 << 62) - 1
 _LIMITER_KEYS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
 #: config.sampler values a checkpoint may name (absent: uniform) and the state key each adds
 _SAMPLER_STATE = {"without_replacement": "without_replacement", "exactly_k": "exactly_k"}
@@ -625,6 +647,8 @@ class _Checker:
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
         if "stats" in v:
             self.stats_names(c + "stats", v["stats"], spec)
+        if "frame_stack" in v or "frame_padding" in v:
+            self.frames_config(v, spec)
         if "sampler" in v and (prioritized or v["sampler"] not in _SAMPLER_STATE):
             self.fail(c + "sampler", "absent (a prioritized buffer)" if prioritized else
                       f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", v["sampler"])
@@ -634,6 +658,74 @@ class _Checker:
         if "rate_limiter" in v:
             self.limiter_config(v["rate_limiter"], cap)
         return dict(v, layout=layout)
+
+    def frames_config(self, v: dict, spec: Spec) -> None:
+        """``frame_stack`` (an object of stacked fields to ``K`` in ``[2, 64]``, each field of
+        shape ``(K, *frame)``) and ``frame_padding`` (an object with exactly those fields, each
+        ``"reset"``, ``"zero"`` or the frame as nested lists): present together."""
+        from .frames import MAX_STACK, PADDINGS
+
+        for k in ("frame_stack", "frame_padding"):
+            if k not in v:
+                self.fail("config." + k, "present (config.frame_stack and config.frame_padding go "
+                          "together)", show=False)
+        w = "config.frame_stack"
+        fs = v["frame_stack"]
+        if not isinstance(fs, dict) or not 1 <= len(fs) <= len(spec):
+            self.fail(w, f"an object of 1 to {len(spec)} stacked fields {{field: K}}", fs)
+        for name, k in fs.items():
+            if name not in spec:
+                self.fail(f"{w} key", f"a field of the spec {list(spec.names)[:20]}", name)
+            where = f"{w}[{name[:40]!r}]"
+            self.integer(where, k, 2, MAX_STACK)
+            shape = spec[name].shape
+            if len(shape) < 2 or shape[0] != k:
+                self.fail(where, f"the stack depth of field {name[:40]!r}, whose shape is "
+                          f"{list(shape)} (a stacked field has shape (K, *frame))", k)
+        pad = self.obj("config.frame_padding", v["frame_padding"], tuple(fs))
+        for name in fs:
+            p = pad[name]
+            where = f"config.frame_padding[{name[:40]!r}]"
+            if isinstance(p, str):
+                self.choice(where, p, PADDINGS)
+            else:
+                self.frame(where, p, spec[name])
+
+    def frame(self, where: str, v, field: Field) -> None:
+        """A padding frame of ``field`` as nested lists: exactly the frame's shape (checked level
+        by level before anything is converted) and values of its dtype (a bool field: true or
+        false; integers: ints in the dtype's range; floats: finite floats the dtype holds)."""
+        shape = field.shape[1:]
+        dt = field.dtype
+        if dt.kind not in "biuf":
+            self.fail(where, f"'reset' or 'zero' (a padding frame of dtype {dt} is not kept)", v)
+        level = [v]
+        for depth, n in enumerate(shape):
+            nxt = []
+            for item in level:
+                if not isinstance(item, list) or len(item) != n:
+                    self.fail(where, f"the frame {list(shape)} as nested lists ('reset', 'zero' "
+                              f"or a frame); level {depth} must be lists of {n}", item)
+                nxt.extend(item)
+            level = nxt
+        for i, x in enumerate(level):
+            if not self._fits(x, dt):
+                if dt.kind == "b":
+                    want = "true or false"
+                elif dt.kind in "iu":
+                    want = f"ints in [{np.iinfo(dt).min}, {np.iinfo(dt).max}] ({dt})"
+                else:
+                    want = f"finite floats of at most {float(np.finfo(dt).max)} in magnitude ({dt})"
+                self.fail(f"{where} value {i}", want, x)
+
+    @staticmethod
+    def _fits(x, dt: np.dtype) -> bool:
+        if dt.kind == "b":
+            return type(x) is bool
+        if dt.kind in "iu":
+            info = np.iinfo(dt)
+            return type(x) is int and info.min <= x <= info.max
+        return type(x) is float and math.isfinite(x) and abs(x) <= float(np.finfo(dt).max)
 
     def limiter_config(self, v, cap: int) -> None:
         """``config.rate_limiter``: the parameters of a :class:`tfdata.RateLimiter`."""
@@ -794,6 +886,66 @@ def _read_episodes(c: _Checker, arrays: _Arrays, ep, next_of: dict, spec: Spec, 
                                        (lead,) + spec[name].shape) for name in next_of}
     out["has_pending"] = arrays.read(w + "has_pending", ep["has_pending"], np.bool_, (envs,))
     return out
+
+
+def _read_frames(c: _Checker, arrays: _Arrays, fr, stacks: dict, spec: Spec, envs: int,
+                 size: int, cap: int) -> dict:
+    """The frame-stack bookkeeping of the state (``frame_stack=``): ``stacks`` equal to
+    ``config.frame_stack``; ``steps`` an int consistent with the rows held (``size == min(steps *
+    num_envs, capacity)``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
+    ``prev`` int16 ``(num_envs,)`` in ``[-1, max(K) - 1]``; ``hist`` an array per stacked field
+    of its dtype and shape ``(K - 1, num_envs, *frame)``. Each array's header is checked before
+    its data is read. Checked against the rows' episode ends by :func:`_check_frames_order`
+    once they are in memory."""
+    from .frames import steps_message
+
+    w = "state.frames."
+    c.obj("state.frames", fr, _FRAMES_KEYS)
+    if not isinstance(fr["stacks"], dict) or fr["stacks"] != stacks or any(
+            type(k) is not int for k in fr["stacks"].values()):
+        c.fail(w + "stacks", f"{stacks} (config.frame_stack)", fr["stacks"])
+    steps = c.integer(w + "steps", fr["steps"], 0, _MAX_STEPS)
+    problem = steps_message(steps, size, envs, cap)
+    if problem is not None:
+        c.fail(w + "steps", problem[len("expected "):], steps)
+    kmax = max(stacks.values()) - 1
+    depth = arrays.read(w + "depth", fr["depth"], np.uint8, (size,))
+    if size and int(depth.max()) > kmax:
+        i = int(np.argmax(depth > kmax))
+        c.fail(f"{w}depth[{i}]", f"an int in [0, {kmax}] (steps since the episode's first row, "
+               f"at most max(K) - 1)", int(depth[i]))
+    prev = arrays.read(w + "prev", fr["prev"], np.int16, (envs,))
+    bad = np.flatnonzero((prev < -1) | (prev > kmax))
+    if bad.size:
+        i = int(bad[0])
+        c.fail(f"{w}prev[{i}]", f"an int in [-1, {kmax}]", int(prev[i]))
+    table = c.obj(w + "hist", fr["hist"], tuple(stacks))
+    hist = {}
+    for name, k in stacks.items():
+        f = spec[name]
+        hist[name] = arrays.read(f"{w}hist[{name[:40]!r}]", table[name], f.dtype,
+                                 (k - 1, envs) + f.shape[1:])
+    return {"stacks": dict(stacks), "steps": steps, "depth": depth, "prev": prev, "hist": hist}
+
+
+def _check_frames_order(c: _Checker, frames: dict, term, trunc, cursor: int, size: int,
+                        envs: int, cap: int) -> None:
+    """The depths and ``prev`` of the frame-stack bookkeeping must be what writing the rows held
+    gave (see :func:`tfdata.replay.frames.depth_break`); ``term``, ``trunc``: the loaded flags."""
+    from .frames import depth_break
+
+    kmax = max(frames["stacks"].values()) - 1
+    bad = depth_break(frames["depth"], term, trunc, frames["prev"], cursor, size, envs, cap,
+                      frames["steps"], kmax)
+    if bad is None:
+        return
+    if bad >= 0:
+        c.fail(f"state.frames.depth[{bad}]", "each row's steps since its episode's first row (0 "
+               "after a row that ended an episode, else the previous row's plus one, at most "
+               f"{kmax}; the oldest row's at most its step number)", int(frames["depth"][bad]))
+    e = -1 - bad
+    c.fail(f"state.frames.prev[{e}]", "the depth of the stream's newest row, or -1 when it ended "
+           "an episode", int(frames["prev"][e]))
 
 
 class _EpisodeOrder:
@@ -1106,6 +1258,8 @@ def load(path, classes: dict, **overrides):
         + ((sampler_key,) if sampler_key else ())
     limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
     state_keys += ("rate_limiter",) if limited else ()
+    framed = isinstance(doc["config"], dict) and "frame_stack" in doc["config"]
+    state_keys += ("frames",) if framed else ()
     c.obj("state", st, state_keys, optional=("stats",))
     if st["format"] != "tfdata.ReplayBuffer" or type(st["version"]) is not int or st["version"] != 1:
         raise FormatError(f"{spath}: state: format {_show(st['format'])} version "
@@ -1121,8 +1275,6 @@ def load(path, classes: dict, **overrides):
     rows_name = doc["rows"]
     if rows_name not in ("rows.npy", "rows"):
         raise FormatError(f"{spath}: rows must be 'rows.npy' or 'rows', got {_show(rows_name)}")
-    if rows_name != file_name(layout, "rows"):
-        c.fail("rows", f"{file_name(layout, 'rows')} (layout {_show_layout(layout)})", rows_name)
     writer = c.obj("state.writer", st["writer"], ("cursor", "size"))
     size = c.integer("state.writer.size", writer["size"], 0, cap)
     cursor = c.integer("state.writer.cursor", writer["cursor"], 0, cap - 1)
@@ -1139,8 +1291,14 @@ def load(path, classes: dict, **overrides):
         next_of = resolve_next_of(spec, config["next_of"])
         opts = {k: v for k, v in config.items() if k != "capacity"}
         cls.plan_memory(spec, cap, **opts)
+        # what the saved buffer stored, and in which layout (a stacked field's frames are a
+        # column of their own: its rows file is a grouped directory even for "aos")
+        saved = cls.plan_storage(spec, cap, **opts)
     except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
         raise FormatError(f"{spath}: config: {str(exc)[:300]}") from None
+    if rows_name != file_name(saved["layout"], "rows"):
+        c.fail("rows", f"{file_name(saved['layout'], 'rows')} (layout {_show_layout(layout)}"
+               + (", frames stored as a column)" if saved["frames"] else ")"), rows_name)
     if wanted:  # the caller's: checked as the constructor checks it, errors theirs
         cls.plan_memory(spec, cap, **{**opts, **wanted})
         config = {**config, **wanted}
@@ -1162,20 +1320,20 @@ def load(path, classes: dict, **overrides):
 
     has_flags = "terminated" in roles and "truncated" in roles
     # exactly-k writes rows off stream order: such a buffer keeps no episode numbers
-    tracks = has_flags and sampler_key != _SAMPLER_STATE["exactly_k"]
+    tracks = saved["episodes"] is not None
     arrays = _Arrays(path, c)
     rpath, ds = _open_rows(path, rows_name)
     with ds:
-        from .episodes import stored_spec
-
-        stored = stored_spec(spec, next_of, has_flags and config["elide_next"])
+        stored = saved["stored"]
         if ds.spec != stored:
             raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {stored}")
         if size != len(ds):
             raise FormatError(f"{rpath}: holds {len(ds)} rows, the state says {size}")
         if tracks:
-            episodes = _read_episodes(c, arrays, st["episodes"], next_of, spec,
-                                      config["elide_next"], envs, size)
+            # (with frame_stack: over the stored frames, next fields of stacked fields elided)
+            ep_spec, ep_next, ep_elide = saved["episodes"]
+            episodes = _read_episodes(c, arrays, st["episodes"], ep_next, ep_spec, ep_elide,
+                                      envs, size)
         elif st["episodes"] is not None:
             c.fail("state.episodes", "null (the spec has no terminated and truncated fields, "
                    "or sampler='exactly_k')" if has_flags else
@@ -1192,7 +1350,12 @@ def load(path, classes: dict, **overrides):
                                                config["replays"])
         elif sampler_key:
             state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
-        stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), spec, size)
+        frames = None
+        if framed:
+            frames = state["frames"] = _read_frames(c, arrays, st["frames"],
+                                                    saved["frames"]["stacks"], spec, envs, size, cap)
+        # statistics of a stacked field are of its frames: the stored shape
+        stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), stored, size)
         if limited:  # checked with the config; rebuilt as an object for the constructor
             from .limiter import RateLimiter
 
@@ -1226,6 +1389,10 @@ def load(path, classes: dict, **overrides):
         # against the flags as loaded, in memory: reading them from the mapped file first would
         # fault in every page of an AoS file twice (a third of the load's time)
         order.finish()
+    if frames is not None:
+        store = buf.storage
+        _check_frames_order(c, frames, store.field(roles["terminated"]),
+                            store.field(roles["truncated"]), cursor, size, envs, cap)
     # the state's statistics were left out of load_state_dict (which would compute them from the
     # mapped rows first): the buffer computed them from the rows in memory; they must agree
     _compare_stats(c, arrays, st.get("stats"), stats, buf)

@@ -240,8 +240,9 @@ def check_stats_fields(spec, stored, names, next_of: dict, elide: bool) -> tuple
         if name in out:
             raise SpecError(f"stats: field {name!r} is named twice")
         if name not in stored:
-            raise SpecError(f"stats: field {name!r} is not stored (elide_next=True reads it from the "
-                            f"next row's {next_of.get(name)!r}); keep the statistics of "
+            raise SpecError(f"stats: field {name!r} is not stored (it is read from the next row's "
+                            f"{next_of.get(name)!r}: elide_next=True, or frame_stack of "
+                            f"{next_of.get(name)!r}); keep the statistics of "
                             f"{next_of.get(name)!r} instead")
         f = spec[name]
         if f.dtype.kind not in "biuf":

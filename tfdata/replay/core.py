@@ -108,12 +108,12 @@ class ReplayCore:
                  rate_limiter=None, frame_stack=None, frame_padding="reset"):
         from .. import alloc
 
+        self.sampler = sampler  # before _configure, which checks what frame stacks need of it
         self._configure(spec, capacity, layout=layout, ring_size=ring_size, num_envs=num_envs,
                         n_step=n_step, gamma=gamma, next_of=next_of, elide_next=elide_next,
                         roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes,
                         stats=stats, frame_stack=frame_stack, frame_padding=frame_padding)
         capacity = self._capacity
-        self.sampler = sampler
         self.allocator = alloc.resolve(allocator)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:  # refuse before allocating anything
@@ -127,10 +127,7 @@ class ReplayCore:
                                       self._elided or self.next_of, bool(self._elided), self.allocator,
                                       weak_method(self, "_grow_budget"))
         self._frame_stacks = None
-        if self._frames is not None:
-            if not self._tracks_episodes:
-                raise ValueError(f"frame_stack: {type(self.sampler).__name__} does not keep rows in "
-                                 f"stream order, so stacks cannot be rebuilt from the previous rows")
+        if self._frames is not None:  # (_configure refused a sampler off stream order)
             self._frame_stacks = FrameStacks(self.spec, self._frames, capacity, self.num_envs,
                                              self._roles, self.allocator)
         hooks = []
@@ -246,6 +243,8 @@ class ReplayCore:
         self._frames = resolve_frames(self.spec, frame_stack, frame_padding, self.next_of,
                                       self._has_flags)
         self._stacked = () if self._frames is None else tuple(self._frames["stacks"])
+        if self._frames is not None:
+            self._check_frames()
         # next fields not stored: every one with elide_next, and those of stacked fields
         elide = self._has_flags and self.elide_next
         self._elided = {n: s for n, s in self.next_of.items() if elide or s in self._stacked}
@@ -271,6 +270,33 @@ class ReplayCore:
             hot_rows = parse_bytes("hot_bytes", hot_bytes) // row
         self.hot_rows = min(check_int("hot_rows", hot_rows, 1), capacity)
 
+    def _check_frames(self) -> None:
+        """What frame stacks need of the sampler and the capacity (refused before anything is
+        allocated, and by :meth:`plan_memory`)."""
+        if not getattr(self.sampler, "stream_order", True):
+            name = getattr(self.sampler, "name", type(self.sampler).__name__)
+            raise ValueError(f"frame_stack with sampler={name!r}: this sampler writes each row into "
+                             f"a free slot, not in stream order, so a row's stack cannot be rebuilt "
+                             f"from its stream's previous rows; use another sampler, or store the "
+                             f"whole stacks (no frame_stack)")
+        kmax = max(self._frames["stacks"].values())
+        steps = self._capacity // self.num_envs
+        if steps < kmax:
+            raise ValueError(f"frame_stack: each stream holds capacity / num_envs = {steps} steps, "
+                             f"fewer than a stack of {kmax} frames; use a capacity of at least "
+                             f"{kmax * self.num_envs}")
+
+    @classmethod
+    def min_capacity(cls, spec, **options) -> int:
+        """The smallest capacity a buffer of these options can have: ``num_envs`` rows, or with
+        ``frame_stack`` a stack of frames per stream (``max(K) * num_envs``). Checks nothing else."""
+        envs = check_int("num_envs", options.get("num_envs", 1), 1)
+        fs = options.get("frame_stack")
+        if fs is None:
+            return envs
+        ks = fs.values() if isinstance(fs, Mapping) else [fs]
+        return envs * max([int(k) for k in ks if isinstance(k, (int, np.integer))] or [1])
+
     def _row_nbytes(self) -> int:
         return storage_nbytes(self._stored, 1, self._stored_layout)
 
@@ -284,16 +310,35 @@ class ReplayCore:
         fields)`` for batches of some fields, ``length`` None for :meth:`sample`). Returns the
         same keys as :attr:`nbytes_parts`. ``memory_budget=`` checks this plan before allocating.
         """
+        return cls._plan(spec, capacity, options, "plan_memory")._planned_parts(batch_sizes)
+
+    @classmethod
+    def _plan(cls, spec, capacity: int, options: dict, what: str) -> "ReplayCore":
+        """An unbuilt buffer of these arguments, configured (checked), nothing allocated."""
         plan = cls.__new__(cls)
         plan.sampler = cls._planned_sampler(options)
         for k in ("seed", "allocator", "memory_budget", "rate_limiter"):  # no effect on the bytes held
             options.pop(k, None)
         bad = set(options) - set(CONFIG_DEFAULTS)
         if bad:
-            raise TypeError(f"plan_memory: unexpected keyword(s) {sorted(bad)}; allowed: "
+            raise TypeError(f"{what}: unexpected keyword(s) {sorted(bad)}; allowed: "
                             f"{sorted(CONFIG_DEFAULTS)}")
         plan._configure(spec, capacity, **{k: options.get(k, v) for k, v in CONFIG_DEFAULTS.items()})
-        return plan._planned_parts(batch_sizes)
+        return plan
+
+    @classmethod
+    def plan_storage(cls, spec, capacity: int, **options) -> dict:
+        """What a buffer built with these arguments stores, without building it (a checkpoint
+        checks its files against this): ``stored`` (the Spec of the stored fields: next fields
+        elided or rebuilt left out, stacked fields one frame wide), ``layout`` (the storage's
+        layout of them), ``episodes`` (``(spec, next_of, elide)`` of the episode bookkeeping, or
+        None when none is kept) and ``frames`` (the resolved frame stacks, or None)."""
+        plan = cls._plan(spec, capacity, dict(options), "plan_storage")
+        episodes = None
+        if plan._tracks_episodes:
+            episodes = (plan._frame_spec, dict(plan._elided or plan.next_of), bool(plan._elided))
+        return {"stored": plan._stored, "layout": plan._stored_layout, "episodes": episodes,
+                "frames": plan._frames}
 
     @classmethod
     def _planned_sampler(cls, options: dict):
@@ -843,10 +888,14 @@ class ReplayCore:
             The views read the buffer's memory as it is: rows written or relabelled later
             change them (see :class:`~tfdata.replay.columns.Column`).
 
+            A field stacked with ``frame_stack`` gives what is stored: each row's newest frame,
+            shape ``(len(self), *frame)`` (``batch[name][:, -1]`` of the rows), not the stacks.
+
         Raises
         ------
         SpecError
-            Unknown field, or a next field that ``elide_next`` does not store.
+            Unknown field, or a next field that is not stored (``elide_next``, or the next
+            field of a stacked field).
         """
         f = self._stored_field(name, "column")
         with self._lock:
@@ -872,7 +921,8 @@ class ReplayCore:
         FieldStats
             ``count``, and per element (arrays of the field's shape, float64) ``mean``, ``var``
             (population), ``std``, ``min``, ``max``; see
-            :class:`~tfdata.replay.columns.FieldStats`.
+            :class:`~tfdata.replay.columns.FieldStats`. A field stacked with ``frame_stack``:
+            the statistics of its stored frames (each row's newest), of the frame's shape.
 
         Raises
         ------
@@ -929,7 +979,9 @@ class ReplayCore:
             A stored field. Refused: the ``terminated`` / ``truncated`` fields of a buffer that
             tracks episodes (they define its episode numbers, which slices and n-step windows
             read); with ``elide_next``, an elided next field (not stored) and the field it is
-            read from (``obs``: rewriting it would change the previous row's ``next_obs``).
+            read from (``obs``: rewriting it would change the previous row's ``next_obs``);
+            with ``frame_stack``, a stacked field (its frames make the next rows' stacks) and
+            its next field (not stored).
         indices : array_like of int, shape (k,)
             Slots of live rows, as in ``batch.indices``: each in ``[0, len(self))``, each once.
         values : array_like, shape ``(k, *spec[name].shape)``

@@ -107,10 +107,17 @@ def _padding(field: Field, p):
                              f"shape {list(field.shape[1:])}, got {p[:50]!r}")
         return p
     frame = Field(field.name, field.dtype, field.shape[1:])
+    if field.dtype.kind not in "biuf":
+        raise SpecError(f"frame_padding for {field.name!r}: a padding frame of dtype {field.dtype} "
+                        f"cannot be kept in a checkpoint's config (JSON); use 'reset' or 'zero'")
     try:
         arr = np.array(frame.coerce(p), dtype=field.dtype)
     except SpecError as exc:
         raise SpecError(f"frame_padding for {field.name!r}: {exc}") from None
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ValueError(f"frame_padding for {field.name!r}: the padding frame must be finite "
+                         f"(a checkpoint keeps it in JSON, which has no NaN or infinity), got "
+                         f"{int((~np.isfinite(arr)).sum())} non-finite value(s)")
     return np.ascontiguousarray(arr)
 
 
@@ -283,9 +290,12 @@ class FrameStacks:
         self._pending = None
         k = self._k
         prev = self.prev
+        # each call stamps depths and moves prev on capped at its own K - 1: the field of the
+        # largest K goes last, so depth and prev keep the cap every stack reads (each kernel
+        # caps again at its own K)
+        pending = sorted(pending, key=lambda item: self.stacks[item[0]])
         for i, (name, obs) in enumerate(pending):
             word, src, off, width = self._src[name]
-            # every field moves prev on the same way: keep it for the last one
             p = prev if i == len(pending) - 1 else prev.copy()
             k.frames_write(obs, term, trunc, self.num_envs, cursor, self.capacity, size, self.steps,
                            src, off, self.hist_words(name, word), p, self.depth)
@@ -306,7 +316,10 @@ class FrameStacks:
                 "prev": c(self.prev), "hist": {n: c(h) for n, h in self.hist.items()}}
 
     def check_state(self, state, size: int) -> dict:
-        """Validate a :meth:`state_dict` (untrusted); ValueError naming the entry."""
+        """Validate a :meth:`state_dict` (untrusted); ValueError naming the entry. Dtypes,
+        shapes and ranges (no kernel reads outside its arrays whatever they hold), and steps
+        against the rows held; a checkpoint load also checks the depths against the rows'
+        episode ends (:func:`depth_break`)."""
         if not isinstance(state, Mapping):
             raise ValueError("state has no frame-stack bookkeeping ('frames' entry)")
         if state.get("stacks") != self.stacks:
@@ -315,8 +328,9 @@ class FrameStacks:
         steps = state.get("steps")
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps < 2**62:
             raise ValueError(f"state frames.steps: expected an int in [0, 2**62), got {str(steps)[:50]}")
-        if steps * self.num_envs < size:
-            raise ValueError(f"state frames.steps {steps}: fewer steps than the {size} rows held")
+        want = steps_message(int(steps), size, self.num_envs, self.capacity)
+        if want is not None:
+            raise ValueError(f"state frames.steps {steps}: {want}")
         kmax = max(self.stacks.values()) - 1
         depth = state.get("depth")
         _expect(depth, np.uint8, (size,), "frames.depth")
@@ -340,6 +354,66 @@ class FrameStacks:
         self.steps = int(state["steps"])
         for n, h in self.hist.items():
             h[...] = state["hist"][n]
+
+
+def steps_message(steps: int, size: int, num_envs: int, capacity: int):
+    """Why ``steps`` (steps written since the buffer was cleared) cannot go with ``size`` rows
+    held, or None: every write of ``m`` steps adds ``m * num_envs`` rows up to the capacity, so
+    ``size == min(steps * num_envs, capacity)``."""
+    if size == min(steps * num_envs, capacity):
+        return None
+    if size < capacity:
+        return (f"expected {size // num_envs} (the rows held, {size}, over num_envs={num_envs}: the "
+                f"ring has not wrapped since the buffer was cleared)")
+    return (f"expected at least {capacity // num_envs} (the ring is full: capacity {capacity} "
+            f"over num_envs={num_envs})")
+
+
+def depth_break(depth, term, trunc, prev, cursor: int, size: int, num_envs: int, capacity: int,
+                steps: int, kmax: int):
+    """The first slot whose depth is not what writing the rows held gave, or ``-1 - e`` for a
+    stream ``e`` whose ``prev`` is not its newest row's (its depth, or -1 after an episode's
+    end), or None when all agree. Numpy, O(size).
+
+    In each stream (rows oldest to newest) a row's depth is 0 after a row that ended an episode,
+    else one more than the previous row's, at most ``kmax``; the oldest row held may have any
+    depth up to its step number (no stack reaches before the first step since the buffer was
+    cleared, which starts an episode), at most ``kmax``.
+
+    Parameters
+    ----------
+    depth : ndarray of uint8, shape (size,)
+    term, trunc : ndarray of bool, shape (size,), any stride
+    prev : ndarray of int16, shape (num_envs,)
+    cursor, size, capacity, steps : int
+        The writer's cursor and size (already checked), and the steps written since a clear.
+    """
+    e = num_envs
+    if size == 0:
+        bad = np.flatnonzero(prev != -1)
+        return -1 - int(bad[0]) if bad.size else None
+    m = size // e
+    oldest = 0 if size < capacity else cursor
+    # each stream's slots, oldest first: (m, e)
+    order = (oldest + np.arange(m, dtype=np.int64)[:, None] * e + np.arange(e)) % capacity
+    d = depth[order].astype(np.int64)
+    ends = np.logical_or(term[order], trunc[order])
+    top = min(kmax, steps - m)  # the oldest row's step number
+    bad = d[0] > top
+    if bad.any():
+        return int(order[0, int(np.argmax(bad))])
+    t = np.arange(m, dtype=np.int64)[:, None]
+    fresh = np.zeros((m, e), bool)
+    fresh[1:] = ends[:-1]  # rows that start an episode
+    start = np.maximum.accumulate(np.where(fresh, t, -1), axis=0)
+    want = np.minimum(np.where(start >= 0, t - start, t + d[0]), kmax)
+    bad = (want != d).reshape(-1)
+    if bad.any():
+        return int(order.reshape(-1)[int(np.argmax(bad))])
+    bad = np.where(ends[-1], -1, d[-1]) != prev
+    if bad.any():
+        return -1 - int(np.argmax(bad))
+    return None
 
 
 def _expect(arr, dtype, shape, what: str) -> None:

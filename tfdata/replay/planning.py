@@ -14,20 +14,22 @@ def max_capacity(cls, spec, budget, *, batch_size=None, **options) -> int:
     """The largest capacity of a ``cls`` buffer of ``spec`` whose memory fits ``budget``.
 
     ``cls`` has ``plan_memory`` (every buffer class does); see :func:`tfdata.memory.max_capacity`
-    for the arguments. Binary search over capacities in units of ``num_envs`` rows: the plan
-    grows with the capacity.
+    for the arguments. Binary search over capacities in units of ``num_envs`` rows, from the
+    smallest the options allow (``cls.min_capacity``): the plan grows with the capacity.
     """
     budget = parse_bytes("budget", budget)
     sizes = () if batch_size is None else ((batch_size,) if np.ndim(batch_size) == 0 else tuple(batch_size))
     step = int(options.get("num_envs", 1))
+    # the smallest buffer: one step per stream, or (frame_stack) a stack of frames per stream
+    least = max(1, cls.min_capacity(spec, **options) // step)
 
     def total(capacity: int) -> int:
         return sum(cls.plan_memory(spec, capacity, batch_sizes=sizes, **options).values())
 
-    lo, hi = 0, MAX_CAPACITY // step
-    if total(step) > budget:
+    hi = MAX_CAPACITY // step
+    if least > hi or total(least * step) > budget:
         return 0
-    lo = 1
+    lo = least
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if total(mid * step) <= budget:
