@@ -1059,3 +1059,66 @@ def frame_breaks_naive(obs, nxt, ends_prev, prev_frames: list, prev_depth: list,
         frames[e] = frames[e] + [obs[r, -1]]
         depth[e] = d
     return -1
+
+
+def cold_stacks_naive(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, pmode,
+                      nexts, cold_from, block, cache_map, cache, mode, mark, gen, need, count, dst,
+                      npos):
+    """``cold_frame_stacks`` (``nexts == ()``, ``npos == K``) and ``cold_next_frame_stacks``
+    (``nexts = (term, trunc, final_idx, finals, pending)``, ``npos == K - 1``) as a reference.
+    Returns ``(dst, need[:count], mark)`` as the kernel leaves them (copies; inputs untouched).
+    Modes: 0 list the compressed blocks read, 1 write all (cold frames from cached blocks),
+    2 write cold frames of cached blocks only."""
+    dst, need, mark = dst.copy(), list(need[:count]), mark.copy()
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    held = capacity // num_envs
+    newest = (cursor - num_envs) % capacity
+    nb = min(len(cold_from), len(cache_map), len(mark))
+
+    def slot(i, o, s):
+        b = s // block
+        r = s - b * block
+        if b < nb and r >= cold_from[b]:
+            if mode == 0:
+                if mark[b] != gen and len(need) < len(mark):
+                    mark[b] = gen
+                    need.append(b)
+            else:
+                c = cache_map[b]
+                if 0 <= c < cache.shape[0] and r < cache.shape[1] and width <= cache.shape[2]:
+                    dst[i, o:o + width] = cache[c, r, :width]
+        elif mode == 1:
+            dst[i, o:o + width] = src[s, src_off:src_off + width]
+
+    def back(i, x, a, j, e, o):
+        if a + j < held:
+            slot(i, o, (x - j * num_envs) % capacity)
+        elif mode == 1:
+            dst[i, o:o + width] = hist[(steps - 1 - a - j) % (k - 1), e]
+
+    for i, x in enumerate(int(v) for v in rows):
+        a = ((newest - (x - x % num_envs)) % capacity) // num_envs
+        d = min(int(depth[x]), k - 1)
+        e = x % num_envs
+        for p in range(npos):
+            j = npos - 1 - p
+            if j <= d:
+                back(i, x, a, j, e, p * width)
+            elif pmode == 0:
+                back(i, x, a, d, e, p * width)
+            elif mode == 1:
+                dst[i, p * width:(p + 1) * width] = 0 if pmode == 1 else pad
+        if nexts:
+            term, trunc, final_idx, finals, pending = nexts
+            f = int(final_idx[x]) if term[x] or trunc[x] else -1
+            o = (k - 1) * width
+            if 0 <= f < len(finals):
+                if mode == 1:
+                    dst[i, o:o + width] = finals[f]
+            elif a == 0:
+                if mode == 1:
+                    dst[i, o:o + width] = pending[e]
+            else:
+                slot(i, o, (x + num_envs) % capacity)
+    return dst, np.array(need, np.int32), mark

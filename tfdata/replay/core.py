@@ -447,7 +447,8 @@ class ReplayCore:
         """The compressed cold tier (``compress_cold=True``), per stacked field: ``codec``,
         ``block`` (slots per block), ``blocks`` (copies held), ``raw_bytes`` (their frames),
         ``compressed_bytes`` (the copies), ``ratio``, ``refused`` (blocks not kept: over the
-        budget or incompressible), ``decompressed`` (blocks decompressed by samples); None
+        budget or incompressible), ``shed`` (copies dropped to make room in the budget for
+        something the buffer needed), ``decompressed`` (blocks decompressed by samples); None
         without a cold tier."""
         if not self.compress_cold:
             return None
@@ -459,8 +460,16 @@ class ReplayCore:
         """Total of :attr:`nbytes_parts`: every byte of memory this buffer allocated."""
         return sum(self.nbytes_parts.values())
 
-    def _check_budget(self, parts: dict, what: str, construction: bool = False) -> None:
+    def _check_budget(self, parts: dict, what: str, construction: bool = False,
+                      locked: bool = True) -> None:
         fits = None
+        over = sum(parts.values()) - self.memory_budget
+        if over > 0 and not construction and getattr(self, "_cold", None):
+            # compressed copies are a cache of the file: drop them (the oldest rows' first)
+            # before refusing something the buffer needs
+            with contextlib.nullcontext() if locked else self._lock:
+                freed = sum(t.shed(over) for t in self._cold.values())
+            parts["cold"] -= freed
         if construction and sum(parts.values()) > self.memory_budget:
             opts = {"layout": self._layout, "num_envs": self.num_envs, "n_step": self.n_step,
                     "elide_next": self.elide_next, "next_of": self.next_of, "roles": self._roles,
@@ -878,7 +887,8 @@ class ReplayCore:
             parts["new output ring"] = self._ring_size * self._planned_ring(batch_size, length, fields)
             self._check_budget(parts, f"sampling batches of {batch_size}"
                                + (f" slices of {length} rows" if length else " rows")
-                               + (f" of fields {list(fields)}" if fields is not None else ""))
+                               + (f" of fields {list(fields)}" if fields is not None else ""),
+                               locked=False)
         if fields is None and not self._stacked:
             source, transforms, names = self._storage, self._transforms, self.spec.names
         else:

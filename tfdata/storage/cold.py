@@ -20,7 +20,9 @@ in RAM, compressed, and a sample reads cold frames from there:
   from the cache, in passes when a batch needs more blocks than the cache holds.
 * **budget**: a block whose copy would not be smaller than its frames, or would exceed the
   buffer's ``memory_budget``, is not kept: its frames are read from the file, as without the
-  tier (counted in :attr:`ColdFrames.refused`).
+  tier (counted in :attr:`ColdFrames.refused`). When the buffer needs memory the budget would
+  refuse (a new output ring, a growth of the episode-final table), copies are dropped first,
+  the oldest rows' first (:meth:`ColdFrames.shed`): they are a cache of the file.
 
 The codec sits behind :func:`codec` (one class, ``compress`` and ``decompress_into``): the
 package is chosen by measurement on Atari frames (``reports/frame_codecs``) and installed by the
@@ -172,6 +174,7 @@ class ColdFrames:
         self.blobs = [None] * self.nblocks
         self.compressed = 0
         self.refused = 0
+        self.shed_blocks = 0  # copies dropped to make room in the memory budget
         self.decompressed = 0  # blocks decompressed by samples (a counter for measurements)
         self.written = 0  # ring position of the next row (rows written since clear)
         self.done = 0  # ring position up to which blocks were considered for compression
@@ -196,7 +199,7 @@ class ColdFrames:
         data = sum(len(blob) for blob in self.blobs if blob is not None)
         return {"codec": self.codec_name, "block": self.block, "blocks": held, "raw_bytes": raw,
                 "compressed_bytes": data, "ratio": raw / data if data else 0.0,
-                "refused": self.refused, "decompressed": self.decompressed}
+                "refused": self.refused, "shed": self.shed_blocks, "decompressed": self.decompressed}
 
     def _len(self, b: int) -> int:
         return min(self.block, self.capacity - b * self.block)
@@ -267,6 +270,22 @@ class ColdFrames:
             self.blobs[b] = None
         self.cold_from[b] = self.block
         self._uncache(b)
+
+    def shed(self, nbytes: int) -> int:
+        """Drop copies until ``nbytes`` are freed (or none is left), the oldest rows' first (the
+        blocks from the cursor on: the next to be overwritten); their frames are read from the
+        file. Returns the bytes freed."""
+        freed, first = 0, (self.written % self.capacity) // self.block
+        for i in range(self.nblocks):
+            if freed >= nbytes:
+                break
+            b = (first + i) % self.nblocks
+            blob = self.blobs[b]
+            if blob is not None:
+                freed += sys.getsizeof(blob)
+                self._drop(b)
+                self.shed_blocks += 1
+        return freed
 
     def reset(self) -> None:
         """Forget every copy (the buffer was cleared)."""
