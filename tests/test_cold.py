@@ -220,16 +220,17 @@ def test_shipped_block_size(tmp_path):
     env = naive.FrameStackEnv(1, k, frame=(10, 12), p_end=0.02)
     rng = np.random.default_rng(4)
     a, b, c = trio(tmp_path, spec, cap, 30, 1, "aos")
-    assert a.cold_info["obs"]["block"] == coldmod.BLOCK == 64
+    assert a.cold_info["obs"]["block"] == coldmod.BLOCK == 16
     for step in steps_of(env, rng, 420):
         put_all((a, b, c), step, 1)
     for _ in range(5):
         x, z = a.sample(32), c.sample(32)
         same(x, z, spec)
     info = a.cold_info["obs"]
-    # positions [120, 390) are cold: blocks 2, 3, 4 (44 slots) and 0 whole, block 1 entered in its
-    # middle; block 1's copy of the previous lap is held for its slots not overwritten yet
-    assert info["blocks"] == 5 and int(a._cold["obs"].cold_from[1]) == 420 - 364  # noqa: SLF001
+    # positions [120, 390) are cold: blocks 8..18 (the last of 12 slots) and 0..4 whole (block 7
+    # is entered in its middle); the cursor (slot 120) is in block 7, whose copy of the previous
+    # lap is held for the slots not overwritten yet, from offset 120 - 112
+    assert info["blocks"] == 17 and int(a._cold["obs"].cold_from[7]) == 8  # noqa: SLF001
     assert info["ratio"] > 2
 
 

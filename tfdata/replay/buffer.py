@@ -136,7 +136,7 @@ class ReplayBuffer(ReplayCore):
         With ``frame_stack`` and ``spill_path``: keep the frames of the rows that left the hot
         window compressed in RAM too, and read them from there when sampled (the file still
         holds every row: state dicts and checkpoints are unchanged; a loaded state is compressed
-        again when it loads). Frames are compressed in blocks of 64 slots with zstd (level 3)
+        again when it loads). Frames are compressed in blocks of 16 slots with zstd (level 3)
         once a whole block is out of the hot window, and decompressed into a cache of a few
         blocks (4 MiB) when a sample needs them: sampling a cold row then costs a block's
         decompression instead of a read from the page cache or the disk. Batches are
