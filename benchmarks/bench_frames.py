@@ -22,7 +22,7 @@
 
 Frames: ``ALE/Breakout-v5`` through gymnasium's ``AtariPreprocessing`` (frame skip 4, 84x84
 grayscale, up to 30 no-ops) and ``FrameStackObservation(4)``, a random policy, seed 0, episodes
-back to back; generated once per machine (20,000 steps, ~15 s) into the temporary directory and
+back to back; generated once per machine (20,001 steps, ~15 s) into the temporary directory and
 reused (the newest frame of each step and the final frames; the stacks are rebuilt as the
 wrapper builds them, checked against it while generating). Without ``ale-py`` (the ``atari``
 extra) the benchmark is skipped (``NotImplementedError``).
@@ -68,7 +68,7 @@ def _tmpdir() -> str:
     return _DIR[0]
 
 
-def atari_frames(steps: int = ROWS, seed: int = 0) -> dict:
+def atari_frames(steps: int = ROWS + 1, seed: int = 0) -> dict:
     """``steps`` steps of Breakout (see the module docstring) as arrays: ``frames`` uint8
     ``(steps, 84, 84)`` (the newest frame of each step's obs), ``finals`` uint8 ``(F, 84, 84)``
     (the newest frame of next_obs of each episode-ending step), ``action`` int64, ``reward``
@@ -160,8 +160,8 @@ def filled(layout: str, cold: float, tier: str):
                   compress_cold=tier == "zstd")
     buf = tfdata.ReplayBuffer(SPEC, ROWS, **kw)
     stacks, finals = Stacks(), list(data["finals"])
-    for start in range(0, ROWS - 1, 1000):  # the last step's next frame is the first of the next
-        buf.extend(transitions(data, start, min(start + 1000, ROWS - 1), stacks, finals))
+    for start in range(0, ROWS, 1000):  # (one step more: the last row's next frame)
+        buf.extend(transitions(data, start, min(start + 1000, ROWS), stacks, finals))
     _CACHE[key] = buf
     return buf
 

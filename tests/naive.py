@@ -1122,3 +1122,31 @@ def cold_stacks_naive(rows, cursor, steps, num_envs, capacity, depth, src, src_o
             else:
                 slot(i, o, (x + num_envs) % capacity)
     return dst, np.array(need, np.int32), mark
+
+
+def cold_assign_naive(need, start, count, cache_map, slot_block, slot_used, slot_pass, pass_id, clock):
+    """``cold_assign`` as a reference: returns ``(next, todo, clock, cache_map, slot_block,
+    slot_used, slot_pass)`` (copies; inputs untouched)."""
+    cache_map, slot_block = cache_map.copy(), slot_block.copy()
+    slot_used, slot_pass = slot_used.copy(), slot_pass.copy()
+    nc, nb = len(slot_block), len(cache_map)
+    todo = []
+    for i in range(start, count):
+        b = int(need[i])
+        if not 0 <= b < nb:
+            continue
+        c = int(cache_map[b])
+        if not (0 <= c < nc and slot_block[c] == b):
+            free = [s for s in range(nc) if slot_pass[s] != pass_id]
+            if not free:
+                return i, todo, clock, cache_map, slot_block, slot_used, slot_pass
+            c = min(free, key=lambda s: (slot_used[s], s))
+            if 0 <= slot_block[c] < nb:
+                cache_map[slot_block[c]] = -1
+            slot_block[c] = b
+            cache_map[b] = c
+            todo.append(c)
+        clock += 1
+        slot_used[c] = clock
+        slot_pass[c] = pass_id
+    return count, todo, clock, cache_map, slot_block, slot_used, slot_pass

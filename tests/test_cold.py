@@ -433,3 +433,54 @@ def test_kernels_against_reference(small_blocks):
                 kern(*args, *extra, cf, block, cmap, csh, mode, mark, 1, need, 0, dst)
                 mode = COLD
             np.testing.assert_array_equal(dst, plain, err_msg=str((trial, nxt)))
+
+
+def test_assign_against_reference():
+    """The cache's slot assignment on random states (garbage included) against
+    ``naive.cold_assign_naive``; and on a consistent cache: every block of a pass ends up cached,
+    in a slot of its own."""
+    from tfdata.kernels._cold import cold_assign
+
+    rng = np.random.default_rng(1)
+    for trial in range(2000):
+        nb = int(rng.integers(1, 12))
+        nc = int(rng.integers(1, 5))
+        count = int(rng.integers(0, 10))
+        need = rng.integers(-2, nb + 2, max(count, 1)).astype(np.int32)
+        start = int(rng.integers(0, count + 1))
+        cache_map = rng.integers(-2, nc + 2, nb).astype(np.int32)
+        slot_block = rng.integers(-2, nb + 2, nc).astype(np.int64)
+        slot_used = rng.integers(0, 5, nc).astype(np.int64)
+        slot_pass = rng.integers(0, 3, nc).astype(np.int64)
+        pass_id, clock = int(rng.integers(0, 3)), 10
+        want = naive.cold_assign_naive(need, start, count, cache_map, slot_block, slot_used,
+                                       slot_pass, pass_id, clock)
+        todo = np.full(nc, -5, np.int32)
+        got = cold_assign(need, start, count, cache_map, slot_block, slot_used, slot_pass, pass_id,
+                          clock, todo)
+        assert got[0] == want[0] and got[2] == want[2], trial
+        np.testing.assert_array_equal(todo[:got[1]], want[1])
+        for arr, w in zip((cache_map, slot_block, slot_used, slot_pass), want[3:]):
+            np.testing.assert_array_equal(arr, w, err_msg=str(trial))
+    # consistent states: passes over distinct blocks, as a sample makes them
+    nb, nc = 20, 3
+    cache_map = np.full(nb, -1, np.int32)
+    slot_block = np.full(nc, -1, np.int64)
+    used, passes = np.zeros(nc, np.int64), np.zeros(nc, np.int64)
+    clock, pid = 0, 0
+    for trial in range(300):
+        need = rng.permutation(nb)[:int(rng.integers(0, 8))].astype(np.int32)
+        i = 0
+        while True:
+            pid += 1
+            todo = np.zeros(nc, np.int32)
+            j, n, clock = cold_assign(need, i, len(need), cache_map, slot_block, used, passes, pid,
+                                      clock, todo)
+            assert j - i <= nc and (j > i or i == len(need))
+            for b in need[i:j]:
+                assert slot_block[cache_map[b]] == b
+            i = j
+            if i >= len(need):
+                break
+        held = [b for b in range(nb) if cache_map[b] >= 0]
+        assert sorted(cache_map[held].tolist()) == sorted(set(cache_map[held].tolist()))

@@ -202,3 +202,62 @@ def cold_next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, 
             count = _cold_frame(dst, i, last, s, src, src_off, width, cold_from, block, cache_map,
                                 cache, mode, mark, gen, need, count)
     return count
+
+
+@njit(**NJIT_OPTIONS)
+def cold_assign(need, start, count, cache_map, slot_block, slot_used, slot_pass, pass_id, clock,
+                todo):
+    """Give the listed blocks ``need[start:count]`` cache slots for one pass: a block cached
+    already keeps its slot; another takes the least recently used slot that no block of this
+    pass holds (its previous block leaves the cache), until every slot holds a block of this
+    pass.
+
+    Parameters
+    ----------
+    need : ndarray of int32, shape (nblocks,)
+        Blocks listed by the stack kernels (``LIST``).
+    start, count : int
+    cache_map : ndarray of int32, shape (nblocks,)
+        Cache slot of each block, or -1 (written).
+    slot_block, slot_used, slot_pass : ndarray of int64, shape (C,)
+        Block held by each slot (-1: none), its last use (``clock``), the pass that used it last
+        (written).
+    pass_id, clock : int
+    todo : ndarray of int32, shape (C,)
+        Slots whose new block must be decompressed into them (written).
+
+    Returns
+    -------
+    (int, int, int)
+        The index of the first block left for the next pass (``count``: none), the number of
+        slots in ``todo``, the clock.
+    """
+    nc = slot_block.shape[0]
+    nb = cache_map.shape[0]
+    n = 0
+    i = start
+    while i < count:
+        b = need[i]
+        if b < 0 or b >= nb:  # not a block: nothing to cache
+            i += 1
+            continue
+        c = cache_map[b]
+        if c < 0 or c >= nc or slot_block[c] != b:
+            c = -1
+            for s in range(nc):
+                if slot_pass[s] != pass_id and (c < 0 or slot_used[s] < slot_used[c]):
+                    c = s
+            if c < 0 or n >= todo.shape[0]:
+                return i, n, clock
+            old = slot_block[c]
+            if 0 <= old < nb:
+                cache_map[old] = -1
+            slot_block[c] = b
+            cache_map[b] = c
+            todo[n] = c
+            n += 1
+        clock += 1
+        slot_used[c] = clock
+        slot_pass[c] = pass_id
+        i += 1
+    return i, n, clock

@@ -92,13 +92,6 @@ def codec(name: str | None = None):
                           f"pip install 'tfdata[compress]'") from None
 
 
-def available() -> bool:
-    """Whether the package of the cold tier's codec is installed (imports nothing)."""
-    import importlib.util
-
-    return importlib.util.find_spec(_CODECS[CODEC].package) is not None
-
-
 def cache_blocks(frame_nbytes: int, block: int) -> int:
     return max(2, CACHE_BYTES // max(1, block * frame_nbytes))
 
@@ -110,7 +103,7 @@ def planned_nbytes(capacity: int, hot_rows: int, frame_nbytes: int) -> tuple:
     block = BLOCK
     nblocks = -(-capacity // block)
     c = cache_blocks(frame_nbytes, block)
-    fixed = nblocks * (4 * 4 + 8) + c * (block * frame_nbytes + 3 * 8)
+    fixed = nblocks * (4 * 4 + 8) + c * (block * frame_nbytes + 3 * 8 + 4)
     cold = min(capacity, capacity - hot_rows + block)  # the cold rows, and the cursor's block
     return int(fixed), int(max(0, cold) * frame_nbytes)
 
@@ -174,6 +167,10 @@ class ColdFrames:
         self.slot_block[:] = -1
         self.slot_used = a.zeros(c, np.int64)
         self.slot_pass = a.zeros(c, np.int64)
+        self.todo = a.zeros(c, np.int32)
+        from ..kernels._cold import cold_assign
+
+        self._assign = cold_assign
         self.blobs = [None] * self.nblocks
         self.compressed = 0
         self.refused = 0
@@ -189,7 +186,7 @@ class ColdFrames:
     def nbytes(self) -> int:
         return int(self.cold_from.nbytes + self.cache_map.nbytes + self.mark.nbytes + self.need.nbytes
                    + 8 * self.nblocks + self.cache.nbytes + self.slot_block.nbytes
-                   + self.slot_used.nbytes + self.slot_pass.nbytes + self.compressed)
+                   + self.slot_used.nbytes + self.slot_pass.nbytes + self.todo.nbytes + self.compressed)
 
     @property
     def blocks(self) -> int:
@@ -321,31 +318,22 @@ class ColdFrames:
         (blocks cached already count, and are kept); returns the index of the first block left
         for the next pass (``count``: all cached)."""
         self._pass += 1
-        p = self._pass
-        cmap, sb, used, spass = self.cache_map, self.slot_block, self.slot_used, self.slot_pass
-        ncache = sb.shape[0]
-        i = start
-        while i < count:
-            b = int(self.need[i])
-            c = int(cmap[b])
-            if c < 0:
-                c = -1
-                for s in range(ncache):  # the least recently used slot this pass does not hold
-                    if spass[s] != p and (c < 0 or used[s] < used[c]):
-                        c = s
-                if c < 0:
-                    break  # the cache is full of this pass's blocks
-                old = int(sb[c])
-                if old >= 0:
-                    cmap[old] = -1
-                n = self._len(b) * self.frame_nbytes
+        done, n, self._clock = self._assign(self.need, start, count, self.cache_map, self.slot_block,
+                                            self.slot_used, self.slot_pass, self._pass, self._clock,
+                                            self.todo)
+        k = 0
+        try:
+            for k in range(n):
+                c = int(self.todo[k])
+                b = int(self.slot_block[c])
+                size = self._len(b) * self.frame_nbytes
                 view = self._cache_bytes[c]
-                self.codec.decompress_into(self.blobs[b], view if n == len(view) else view[:n])
+                self.codec.decompress_into(self.blobs[b], view if size == len(view) else view[:size])
                 self.decompressed += 1
-                sb[c] = b
-                cmap[b] = c
-            self._clock += 1
-            used[c] = self._clock
-            spass[c] = p
-            i += 1
-        return i
+        except BaseException:
+            for j in range(k, n):  # slots not filled hold no block
+                c = int(self.todo[j])
+                self.cache_map[self.slot_block[c]] = -1
+                self.slot_block[c] = -1
+            raise
+        return done
