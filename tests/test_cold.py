@@ -383,6 +383,7 @@ def test_kernels_against_reference(small_blocks):
         cold_from = rng.integers(-2, block + 2, nb).astype(np.int32)
         ncache = int(rng.integers(1, 4))
         cache = rng.integers(0, 2**16, (ncache, block, width)).astype(np.uint16)
+        filled = rng.integers(-1, block + 2, ncache).astype(np.int64)
         cache_map = rng.integers(-2, ncache + 2, nb).astype(np.int32)
         rows = rng.integers(0, cap, int(rng.integers(1, 9))).astype(np.int64)
         term = rng.random(cap) < 0.2
@@ -398,17 +399,20 @@ def test_kernels_against_reference(small_blocks):
             for mode in (LIST, ALL, COLD):
                 dst = rng.integers(0, 2**16, (rows.shape[0], k * width)).astype(np.uint16)
                 mark = rng.integers(0, 3, nb).astype(np.int32)
-                need = np.full(nb, -7, np.int32)
+                need = np.full(int(rng.integers(1, nb + 1)), -7, np.int32)  # short: a bound
+                reach = rng.integers(-1, block + 1, nb).astype(np.int32)
                 pre = int(rng.integers(0, 2))
-                want_dst, want_need, want_mark = naive.cold_stacks_naive(
+                want_dst, want_need, want_mark, want_reach = naive.cold_stacks_naive(
                     rows, cursor, steps, e, cap, depth, src, off, hist, pad, pmode, extra, cold_from,
-                    block, cache_map, cache, mode, mark, 2, need, pre, dst, npos)
+                    block, cache_map, cache, filled, mode, mark, 2, need, reach, pre, dst, npos)
                 kern = cold_next_frame_stacks if nxt else cold_frame_stacks
-                got = kern(*args, *extra, cold_from, block, cache_map, cache, mode, mark, 2, need, pre, dst)
+                got = kern(*args, *extra, cold_from, block, cache_map, cache, filled, mode, mark, 2, need,
+                           reach, pre, dst)
                 assert got == len(want_need), trial
                 np.testing.assert_array_equal(dst, want_dst, err_msg=str((trial, nxt, mode)))
                 np.testing.assert_array_equal(need[:got], want_need, err_msg=str(trial))
                 np.testing.assert_array_equal(mark, want_mark, err_msg=str(trial))
+                np.testing.assert_array_equal(reach, want_reach, err_msg=str(trial))
             # passes with a valid tier: the cache holds the blocks' frames -> the plain stacks
             cf = rng.integers(0, block + 1, nb).astype(np.int32)
             plain = np.zeros((rows.shape[0], k * width), np.uint16)
@@ -417,20 +421,25 @@ def test_kernels_against_reference(small_blocks):
             dst = np.full_like(plain, 0xABCD)
             mark = np.zeros(nb, np.int32)
             need = np.zeros(nb, np.int32)
+            reach = np.zeros(nb, np.int32)
             kern = cold_next_frame_stacks if nxt else cold_frame_stacks
             cmap = np.full(nb, -1, np.int32)
             csh = np.zeros((1, block, width), np.uint16)
-            count = kern(*args, *extra, cf, block, cmap, csh, LIST, mark, 1, need, 0, dst)
+            fill = np.zeros(1, np.int64)
+            count = kern(*args, *extra, cf, block, cmap, csh, fill, LIST, mark, 1, need, reach, 0, dst)
             assert len(set(need[:count].tolist())) == count
             mode = ALL
             for b in list(need[:count]) or [None]:  # a cache of one block: a pass per block
                 cmap[:] = -1
-                if b is not None:
+                csh[...] = 0xEEEE
+                if b is not None:  # decompressed up to the frame reach says, no further
                     start = b * block
-                    n = min(block, cap - start)
+                    n = int(reach[b])
+                    assert 1 <= n <= min(block, cap - start)
                     csh[0, :n] = src[start:start + n, off:off + width]
                     cmap[b] = 0
-                kern(*args, *extra, cf, block, cmap, csh, mode, mark, 1, need, 0, dst)
+                    fill[0] = n
+                kern(*args, *extra, cf, block, cmap, csh, fill, mode, mark, 1, need, reach, 0, dst)
                 mode = COLD
             np.testing.assert_array_equal(dst, plain, err_msg=str((trial, nxt)))
 
@@ -450,35 +459,39 @@ def test_assign_against_reference():
         start = int(rng.integers(0, count + 1))
         cache_map = rng.integers(-2, nc + 2, nb).astype(np.int32)
         slot_block = rng.integers(-2, nb + 2, nc).astype(np.int64)
+        reach = rng.integers(0, 5, nb).astype(np.int32)
+        filled = rng.integers(0, 5, nc).astype(np.int64)
         slot_used = rng.integers(0, 5, nc).astype(np.int64)
         slot_pass = rng.integers(0, 3, nc).astype(np.int64)
         pass_id, clock = int(rng.integers(0, 3)), 10
-        want = naive.cold_assign_naive(need, start, count, cache_map, slot_block, slot_used,
-                                       slot_pass, pass_id, clock)
+        want = naive.cold_assign_naive(need, reach, start, count, cache_map, slot_block, filled,
+                                       slot_used, slot_pass, pass_id, clock)
         todo = np.full(nc, -5, np.int32)
-        got = cold_assign(need, start, count, cache_map, slot_block, slot_used, slot_pass, pass_id,
-                          clock, todo)
+        got = cold_assign(need, reach, start, count, cache_map, slot_block, filled, slot_used,
+                          slot_pass, pass_id, clock, todo)
         assert got[0] == want[0] and got[2] == want[2], trial
         np.testing.assert_array_equal(todo[:got[1]], want[1])
-        for arr, w in zip((cache_map, slot_block, slot_used, slot_pass), want[3:]):
+        for arr, w in zip((cache_map, slot_block, filled, slot_used, slot_pass), want[3:]):
             np.testing.assert_array_equal(arr, w, err_msg=str(trial))
     # consistent states: passes over distinct blocks, as a sample makes them
     nb, nc = 20, 3
     cache_map = np.full(nb, -1, np.int32)
     slot_block = np.full(nc, -1, np.int64)
+    filled = np.zeros(nc, np.int64)
     used, passes = np.zeros(nc, np.int64), np.zeros(nc, np.int64)
     clock, pid = 0, 0
     for trial in range(300):
         need = rng.permutation(nb)[:int(rng.integers(0, 8))].astype(np.int32)
+        reach = rng.integers(1, 5, nb).astype(np.int32)
         i = 0
         while True:
             pid += 1
             todo = np.zeros(nc, np.int32)
-            j, n, clock = cold_assign(need, i, len(need), cache_map, slot_block, used, passes, pid,
-                                      clock, todo)
+            j, n, clock = cold_assign(need, reach, i, len(need), cache_map, slot_block, filled, used,
+                                      passes, pid, clock, todo)
             assert j - i <= nc and (j > i or i == len(need))
             for b in need[i:j]:
-                assert slot_block[cache_map[b]] == b
+                assert slot_block[cache_map[b]] == b and filled[cache_map[b]] >= reach[b]
             i = j
             if i >= len(need):
                 break

@@ -435,13 +435,15 @@ class FrameStack:
             if want_obs:
                 got = k.cold_frame_stacks(obs_rows, cursor, steps, e, cap, fr.depth, src, off, hist, pad,
                                           mode, cold.cold_from, cold.block, cold.cache_map, cold.cache,
-                                          m, cold.mark, gen, cold.need, count, obs)
+                                          cold.filled, m, cold.mark, gen, cold.need, cold.reach, count,
+                                          obs)
                 count = got if m == LIST else count
             if want_next:
                 got = k.cold_next_frame_stacks(next_rows, cursor, steps, e, cap, fr.depth, src, off,
                                                hist, pad, mode, term, trunc, ep.final_idx, finals,
                                                pending, cold.cold_from, cold.block, cold.cache_map,
-                                               cold.cache, m, cold.mark, gen, cold.need, count, dst)
+                                               cold.cache, cold.filled, m, cold.mark, gen, cold.need,
+                                               cold.reach, count, dst)
                 count = got if m == LIST else count
             if m != LIST and done >= count:
                 return

@@ -16,8 +16,9 @@ in RAM, compressed, and a sample reads cold frames from there:
   was overwritten. A block is compressed again when it leaves the hot window again.
 * **sample**: the kernels of :mod:`tfdata.kernels._cold` list the compressed blocks a batch's
   stacks read; :meth:`ColdFrames.load` decompresses them into a cache of a few blocks (least
-  recently used slot first, straight into the cache's memory), and the kernels read cold frames
-  from the cache, in passes when a batch needs more blocks than the cache holds.
+  recently used slot first, straight into the cache's memory, up to the last frame the batch
+  reads in the block: zstd stops there), and the kernels read cold frames from the cache, in
+  passes when a batch needs more blocks than the cache holds.
 * **budget**: a block whose copy would not be smaller than its frames, or would exceed the
   buffer's ``memory_budget``, is not kept: its frames are read from the file, as without the
   tier (counted in :attr:`ColdFrames.refused`). When the buffer needs memory the budget would
@@ -103,7 +104,7 @@ def planned_nbytes(capacity: int, hot_rows: int, frame_nbytes: int) -> tuple:
     block = BLOCK
     nblocks = -(-capacity // block)
     c = cache_blocks(frame_nbytes, block)
-    fixed = nblocks * (4 * 4 + 8) + c * (block * frame_nbytes + 3 * 8 + 4)
+    fixed = nblocks * (5 * 4 + 8) + c * (block * frame_nbytes + 4 * 8 + 4)
     cold = min(capacity, capacity - hot_rows + block)  # the cold rows, and the cursor's block
     return int(fixed), int(max(0, cold) * frame_nbytes)
 
@@ -130,8 +131,10 @@ class ColdFrames:
     cold_from : ndarray of int32, shape (nblocks,)
     cache_map : ndarray of int32, shape (nblocks,)
     cache : ndarray of uintX, shape (C, block, width)
-    mark, need : ndarray of int32, shape (nblocks,)
+    mark, need, reach : ndarray of int32, shape (nblocks,)
         Scratch of the listing kernel.
+    filled : ndarray of int64, shape (C,)
+        Frames decompressed in each cache slot (from the block's first).
     compressed : int
         Bytes of the compressed copies held (``sys.getsizeof`` of each ``bytes``).
     refused : int
@@ -160,11 +163,13 @@ class ColdFrames:
         self.cache_map[:] = -1
         self.mark = a.zeros(self.nblocks, np.int32)
         self.need = a.zeros(self.nblocks, np.int32)
+        self.reach = a.zeros(self.nblocks, np.int32)
         c = cache_blocks(self.frame_nbytes, block)
         self.cache = a.zeros((c, block, self.width), words.dtype)
         self._cache_bytes = [memoryview(self.cache[i].reshape(-1).view(np.uint8)) for i in range(c)]
         self.slot_block = a.empty(c, np.int64)
         self.slot_block[:] = -1
+        self.filled = a.zeros(c, np.int64)
         self.slot_used = a.zeros(c, np.int64)
         self.slot_pass = a.zeros(c, np.int64)
         self.todo = a.zeros(c, np.int32)
@@ -185,8 +190,9 @@ class ColdFrames:
     @property
     def nbytes(self) -> int:
         return int(self.cold_from.nbytes + self.cache_map.nbytes + self.mark.nbytes + self.need.nbytes
-                   + 8 * self.nblocks + self.cache.nbytes + self.slot_block.nbytes
-                   + self.slot_used.nbytes + self.slot_pass.nbytes + self.todo.nbytes + self.compressed)
+                   + self.reach.nbytes + 8 * self.nblocks + self.cache.nbytes + self.slot_block.nbytes
+                   + self.filled.nbytes + self.slot_used.nbytes + self.slot_pass.nbytes
+                   + self.todo.nbytes + self.compressed)
 
     @property
     def blocks(self) -> int:
@@ -318,16 +324,18 @@ class ColdFrames:
         (blocks cached already count, and are kept); returns the index of the first block left
         for the next pass (``count``: all cached)."""
         self._pass += 1
-        done, n, self._clock = self._assign(self.need, start, count, self.cache_map, self.slot_block,
-                                            self.slot_used, self.slot_pass, self._pass, self._clock,
-                                            self.todo)
+        done, n, self._clock = self._assign(self.need, self.reach, start, count, self.cache_map,
+                                            self.slot_block, self.filled, self.slot_used,
+                                            self.slot_pass, self._pass, self._clock, self.todo)
         k = 0
         try:
             for k in range(n):
                 c = int(self.todo[k])
                 b = int(self.slot_block[c])
-                size = self._len(b) * self.frame_nbytes
+                frames = min(int(self.filled[c]), self._len(b))  # up to the last frame needed
+                self.filled[c] = frames
                 view = self._cache_bytes[c]
+                size = frames * self.frame_nbytes
                 self.codec.decompress_into(self.blobs[b], view if size == len(view) else view[:size])
                 self.decompressed += 1
         except BaseException:
