@@ -68,12 +68,12 @@ def _tmpdir() -> str:
     return _DIR[0]
 
 
-def atari_frames(steps: int = ROWS + 1, seed: int = 0) -> dict:
-    """``steps`` steps of Breakout (see the module docstring) as arrays: ``frames`` uint8
+def atari_frames(steps: int = ROWS + 1, seed: int = 0, game: str = "Breakout") -> dict:
+    """``steps`` steps of ``game`` (see the module docstring) as arrays: ``frames`` uint8
     ``(steps, 84, 84)`` (the newest frame of each step's obs), ``finals`` uint8 ``(F, 84, 84)``
     (the newest frame of next_obs of each episode-ending step), ``action`` int64, ``reward``
     float32, ``terminated``/``truncated`` bool ``(steps,)``. Cached in the temporary directory."""
-    path = os.path.join(tempfile.gettempdir(), f"tfdata-bench-breakout-{steps}-{seed}.npz")
+    path = os.path.join(tempfile.gettempdir(), f"tfdata-bench-{game.lower()}-{steps}-{seed}.npz")
     if os.path.exists(path):
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
@@ -84,7 +84,7 @@ def atari_frames(steps: int = ROWS + 1, seed: int = 0) -> dict:
     except ImportError:
         raise NotImplementedError("needs gymnasium and ale-py (the atari extra)") from None
     gym.register_envs(ale_py)
-    env = FrameStackObservation(AtariPreprocessing(gym.make("ALE/Breakout-v5", frameskip=1),
+    env = FrameStackObservation(AtariPreprocessing(gym.make(f"ALE/{game}-v5", frameskip=1),
                                                    frame_skip=4, screen_size=84, noop_max=30), K)
     env.action_space.seed(seed)
     obs, _ = env.reset(seed=seed)

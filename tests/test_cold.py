@@ -27,6 +27,7 @@ FRAME = (6, 5)
 
 @pytest.fixture
 def small_blocks(monkeypatch):
+    pytest.importorskip("zstandard")  # the compress extra
     monkeypatch.setattr(coldmod, "BLOCK", 4)
     monkeypatch.setattr(coldmod, "CACHE_BYTES", 1)  # 2 blocks
 
@@ -214,6 +215,7 @@ def test_writes_after_compression_invalidate_copies(tmp_path, small_blocks):
 
 
 def test_shipped_block_size(tmp_path):
+    pytest.importorskip("zstandard")
     k = 4
     spec = spec_of(k, (10, 12))
     cap = 300
@@ -357,7 +359,7 @@ def test_refused_options(tmp_path, monkeypatch):
     tfdata.ReplayBuffer(spec, 40, frame_stack=4, spill_path=tmp_path / "a.npy", hot_rows=4)
 
 
-def test_kernels_against_reference(small_blocks):
+def test_kernels_against_reference():
     """The cold kernels, every mode, against ``naive.cold_stacks_naive`` on random bookkeeping,
     cold tables (garbage included) and caches; and LIST + ALL + COLD passes give the stacks of
     the storage-only kernels when the cache holds the blocks' frames."""
@@ -497,3 +499,31 @@ def test_assign_against_reference():
                 break
         held = [b for b in range(nb) if cache_map[b] >= 0]
         assert sorted(cache_map[held].tolist()) == sorted(set(cache_map[held].tolist()))
+
+
+def test_a_sample_allocates_no_frames(tmp_path, small_blocks):
+    """Blocks are decompressed into the cache: a steady-state sample allocates a few small
+    Python objects (the codec's reader, views), never a block or a stack (16 KiB blocks here)."""
+    import tracemalloc
+
+    k, frame = 4, (64, 64)
+    spec = spec_of(k, frame)
+    env = naive.FrameStackEnv(1, k, frame=frame, p_end=0.05)
+    rng = np.random.default_rng(0)
+    a = tfdata.ReplayBuffer(spec, 200, seed=0, frame_stack=k, spill_path=tmp_path / "a.npy",
+                            hot_rows=20, compress_cold=True)
+    for step in steps_of(env, rng, 250):
+        a.extend(step)
+    for _ in range(20):
+        a.sample(16)
+    before = a.cold_info["obs"]["decompressed"]
+    tracemalloc.start()
+    try:
+        for _ in range(20):
+            tracemalloc.reset_peak()
+            cur = tracemalloc.get_traced_memory()[0]
+            a.sample(16)
+            assert tracemalloc.get_traced_memory()[1] - cur < 8192
+    finally:
+        tracemalloc.stop()
+    assert a.cold_info["obs"]["decompressed"] > before + 100  # blocks were decompressed
