@@ -326,6 +326,9 @@ def test_budget_refuses_compression_not_rows(tmp_path, small_blocks):
                 if free < tfdata.ReplayBuffer.plan_memory(
                     spec, cap, batch_sizes=[(b, None, ["action"])])["output_rings"]
                 <= free + tier.compressed // 2)
+    with pytest.raises(tfdata.MemoryBudgetError):  # more than the copies could free: none dropped
+        a.sample(cap, fields=["obs"])
+    assert a.cold_info["obs"]["blocks"] == held
     a.sample(size, fields=["action"])  # copies are dropped to make room
     assert 0 < a.cold_info["obs"]["blocks"] < held and a.nbytes <= budget
     no_rings = fixed_only - plan["output_rings"]

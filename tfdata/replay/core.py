@@ -464,9 +464,11 @@ class ReplayCore:
                       locked: bool = True) -> None:
         fits = None
         over = sum(parts.values()) - self.memory_budget
-        if over > 0 and not construction and getattr(self, "_cold", None):
+        tiers = getattr(self, "_cold", None)
+        if (over > 0 and not construction and tiers
+                and over <= sum(t.compressed for t in tiers.values())):
             # compressed copies are a cache of the file: drop them (the oldest rows' first)
-            # before refusing something the buffer needs
+            # rather than refuse something the buffer needs (a refusal drops none)
             with contextlib.nullcontext() if locked else self._lock:
                 freed = sum(t.shed(over) for t in self._cold.values())
             parts["cold"] -= freed

@@ -423,6 +423,8 @@ class FrameStack:
         e, cap = self.num_envs, self.capacity
         nxt = fr.nexts[name]
         want_obs, want_next = self._wants(name), self._wants(nxt)
+        if not (want_obs or want_next):
+            return
         if want_obs:
             obs = _words(arrays[name], word)
         if want_next:
