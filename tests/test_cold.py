@@ -530,3 +530,39 @@ def test_a_sample_allocates_no_frames(tmp_path, small_blocks):
     finally:
         tracemalloc.stop()
     assert a.cold_info["obs"]["decompressed"] > before + 100  # blocks were decompressed
+
+
+def test_threads_share_the_cache(tmp_path, small_blocks):
+    """Three threads sample at once through a cache of two blocks: every batch's stacks are those
+    the full-stack buffer holds at the batch's slots."""
+    import threading
+
+    k, num_envs = 4, 2
+    spec = spec_of(k, FRAME)
+    cap = 40 * num_envs
+    env = naive.FrameStackEnv(num_envs, k, frame=FRAME, p_end=0.1)
+    rng = np.random.default_rng(8)
+    a, _, c = trio(tmp_path, spec, cap, 6, num_envs, "aos")
+    for step in steps_of(env, rng, 130):
+        put_all((a, c), step, num_envs)
+    obs, nxt = c.storage.field("obs"), c.storage.field("next_obs")
+    bad, done = [], []
+
+    def run():
+        try:
+            for _ in range(150):
+                x = a.sample(12, copy=True)
+                idx = np.asarray(x.indices)
+                if not (np.array_equal(x["obs"], obs[idx]) and np.array_equal(x["next_obs"], nxt[idx])):
+                    bad.append(idx)
+            done.append(1)
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            bad.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad and len(done) == 3
+    assert a.cold_info["obs"]["decompressed"] > 300
