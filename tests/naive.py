@@ -1164,3 +1164,107 @@ def frames_write_naive(obs, term, trunc, num_envs, cursor, capacity, size, steps
             depth[(cursor + r) % capacity] = d % 256
         prev[e] = -1 if term[r] or trunc[r] else d
     return hist, prev, depth
+
+
+def cold_stacks_naive(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, pmode,
+                      nexts, cold_from, block, cache_map, cache, filled, mode, mark, gen, need, reach,
+                      count, dst, npos):
+    """``cold_frame_stacks`` (``nexts == ()``, ``npos == K``) and ``cold_next_frame_stacks``
+    (``nexts = (term, trunc, final_idx, finals, pending)``, ``npos == K - 1``) as a reference.
+    Returns ``(dst, need[:count], mark, reach)`` as the kernel leaves them (copies; inputs
+    untouched). Modes: 0 list the compressed blocks read (and one more than the last offset read
+    in each), 1 write all (cold frames from cached blocks, within the frames decompressed),
+    2 write cold frames of cached blocks only."""
+    size = len(need)
+    dst, need, mark, reach = dst.copy(), list(need[:count]), mark.copy(), reach.copy()
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    held = capacity // num_envs
+    newest = (cursor - num_envs) % capacity
+    nb = min(len(cold_from), len(cache_map), len(mark), len(reach))
+
+    def slot(i, o, s):
+        b = s // block
+        r = s - b * block
+        if b < nb and r >= cold_from[b]:
+            if mode == 0:
+                if mark[b] != gen:
+                    if len(need) < size:
+                        mark[b] = gen
+                        need.append(b)
+                        reach[b] = r + 1
+                else:
+                    reach[b] = max(reach[b], r + 1)
+            else:
+                c = cache_map[b]
+                if (0 <= c < min(cache.shape[0], len(filled)) and r < filled[c] and r < cache.shape[1]
+                        and width <= cache.shape[2]):
+                    dst[i, o:o + width] = cache[c, r, :width]
+        elif mode == 1:
+            dst[i, o:o + width] = src[s, src_off:src_off + width]
+
+    def back(i, x, a, j, e, o):
+        if a + j < held:
+            slot(i, o, (x - j * num_envs) % capacity)
+        elif mode == 1:
+            dst[i, o:o + width] = hist[(steps - 1 - a - j) % (k - 1), e]
+
+    for i, x in enumerate(int(v) for v in rows):
+        a = ((newest - (x - x % num_envs)) % capacity) // num_envs
+        d = min(int(depth[x]), k - 1)
+        e = x % num_envs
+        for p in range(npos):
+            j = npos - 1 - p
+            if j <= d:
+                back(i, x, a, j, e, p * width)
+            elif pmode == 0:
+                back(i, x, a, d, e, p * width)
+            elif mode == 1:
+                dst[i, p * width:(p + 1) * width] = 0 if pmode == 1 else pad
+        if nexts:
+            term, trunc, final_idx, finals, pending = nexts
+            f = int(final_idx[x]) if term[x] or trunc[x] else -1
+            o = (k - 1) * width
+            if 0 <= f < len(finals):
+                if mode == 1:
+                    dst[i, o:o + width] = finals[f]
+            elif a == 0:
+                if mode == 1:
+                    dst[i, o:o + width] = pending[e]
+            else:
+                slot(i, o, (x + num_envs) % capacity)
+    return dst, np.array(need, np.int32), mark, reach
+
+
+def cold_assign_naive(need, reach, start, count, cache_map, slot_block, filled, slot_used, slot_pass,
+                      pass_id, clock):
+    """``cold_assign`` as a reference: returns ``(next, todo, clock, cache_map, slot_block,
+    filled, slot_used, slot_pass)`` (copies; inputs untouched)."""
+    cache_map, slot_block, filled = cache_map.copy(), slot_block.copy(), filled.copy()
+    slot_used, slot_pass = slot_used.copy(), slot_pass.copy()
+    nc, nb = len(slot_block), len(cache_map)
+    todo = []
+    for i in range(start, count):
+        b = int(need[i])
+        if not (0 <= b < nb and b < len(reach)):
+            continue
+        c = int(cache_map[b])
+        if 0 <= c < nc and slot_block[c] == b:
+            if filled[c] < reach[b]:  # decompressed again, further
+                filled[c] = reach[b]
+                todo.append(c)
+        else:
+            free = [s for s in range(nc) if slot_pass[s] != pass_id]
+            if not free:
+                return i, todo, clock, cache_map, slot_block, filled, slot_used, slot_pass
+            c = min(free, key=lambda s: (slot_used[s], s))
+            if 0 <= slot_block[c] < nb:
+                cache_map[slot_block[c]] = -1
+            slot_block[c] = b
+            filled[c] = reach[b]
+            cache_map[b] = c
+            todo.append(c)
+        clock += 1
+        slot_used[c] = clock
+        slot_pass[c] = pass_id
+    return count, todo, clock, cache_map, slot_block, filled, slot_used, slot_pass

@@ -138,6 +138,23 @@ class ReplayBuffer(ReplayCore):
         Rows kept resident by a spilling buffer.
     hot_bytes : int or str, optional
         The same as bytes (``"64MB"``, ``"1.5GiB"``; k, M, G are powers of 1024).
+    compress_cold : bool, default False
+        With ``frame_stack`` and ``spill_path``: keep the frames of the rows that left the hot
+        window compressed in RAM too, and read them from there when sampled (the file still
+        holds every row: state dicts and checkpoints are unchanged; a loaded state is compressed
+        again when it loads). Frames are compressed in blocks of 16 slots with zstd (level 3)
+        once a whole block is out of the hot window, and decompressed into a cache of a few
+        blocks (4 MiB) when a sample needs them: sampling a cold row then costs a block's
+        decompression (~10 us for Atari frames) instead of a read from the page cache or the
+        disk (Breakout, 20,000 rows, 90% cold: sample(32) ~2x the time from the page cache,
+        1/40 of the time from the disk; 121 MiB of cold frames held in 0.8 MiB). Batches are
+        bit-identical to those of the same buffer without it. Memory:
+        ``nbytes_parts["cold"]`` (the compressed blocks, the cache and the block tables);
+        ``plan_memory`` counts every frame that can be cold uncompressed (a bound); with a
+        ``memory_budget``, a block whose copy would exceed it (or would not be smaller than its
+        frames) stays in the file only (see :attr:`cold_info`). Needs the ``zstandard`` package
+        (``pip install 'tfdata[compress]'``; ImportError otherwise). See
+        :mod:`tfdata.storage.cold`.
     allocator : str or tfdata.alloc.Allocator, optional
         Where every array of the buffer comes from (rows, output rings, trees, bookkeeping):
         ``"numpy"``, ``"jemalloc"``, ``"mimalloc"``, ``"hugepages"`` or ``"nohugepages"`` (see
@@ -198,7 +215,8 @@ class ReplayBuffer(ReplayCore):
                  spill_path=None, hot_rows: int | None = None, hot_bytes=None,
                  allocator=None, memory_budget=None, stats=None, rate_limiter=None,
                  replays: int | None = None, policy: str | None = None,
-                 timeout: float | None = None, frame_stack=None, frame_padding="reset"):
+                 timeout: float | None = None, frame_stack=None, frame_padding="reset",
+                 compress_cold: bool = False):
         sampler = _named_sampler(sampler, seed, {"replays": replays, "policy": policy,
                                                  "timeout": timeout})
         _check_exactly_k(sampler, n_step, elide_next)
@@ -207,7 +225,8 @@ class ReplayBuffer(ReplayCore):
                          elide_next=elide_next, roles=roles, spill_path=spill_path,
                          hot_rows=hot_rows, hot_bytes=hot_bytes, allocator=allocator,
                          memory_budget=memory_budget, stats=stats, rate_limiter=rate_limiter,
-                         frame_stack=frame_stack, frame_padding=frame_padding)
+                         frame_stack=frame_stack, frame_padding=frame_padding,
+                         compress_cold=compress_cold)
 
     @property
     def config(self) -> dict:

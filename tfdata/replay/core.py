@@ -43,7 +43,7 @@ MAX_DRAWS = 10_000
 CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=0.99,
                        next_of="auto", elide_next=False, roles=None, spill_path=None,
                        hot_rows=None, hot_bytes=None, stats=None, frame_stack=None,
-                       frame_padding="reset")
+                       frame_padding="reset", compress_cold=False)
 
 
 def fields_key(fields):
@@ -98,6 +98,27 @@ class _SpillHook:
         self.spill.reset()
 
 
+class _ColdHook:
+    """The compressed cold tiers of a spilling frame-stacked buffer as a write hook (before the
+    spill policy's: a block is compressed while its frames are still resident)."""
+
+    hears_writes = True
+
+    def __init__(self, tiers):
+        self.tiers = tiers
+
+    def on_write(self, spans, n, extra) -> None:
+        for t in self.tiers:
+            t.after_write(spans, n)
+
+    def slot_hook(self):
+        return None  # frame-stacked buffers write through the array path only
+
+    def on_clear(self) -> None:
+        for t in self.tiers:
+            t.reset()
+
+
 class ReplayCore:
     """The parts and the lock; see :class:`tfdata.ReplayBuffer` for the public behaviour."""
 
@@ -105,20 +126,26 @@ class ReplayCore:
                  num_envs: int = 1, n_step=None, gamma: float = 0.99, next_of="auto",
                  elide_next: bool = False, roles=None, spill_path=None, hot_rows=None,
                  hot_bytes=None, allocator=None, memory_budget=None, stats=None,
-                 rate_limiter=None, frame_stack=None, frame_padding="reset"):
+                 rate_limiter=None, frame_stack=None, frame_padding="reset", compress_cold=False):
         from .. import alloc
 
         self.sampler = sampler  # before _configure, which checks what frame stacks need of it
         self._configure(spec, capacity, layout=layout, ring_size=ring_size, num_envs=num_envs,
                         n_step=n_step, gamma=gamma, next_of=next_of, elide_next=elide_next,
                         roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes,
-                        stats=stats, frame_stack=frame_stack, frame_padding=frame_padding)
+                        stats=stats, frame_stack=frame_stack, frame_padding=frame_padding,
+                        compress_cold=compress_cold)
         capacity = self._capacity
+        if self.compress_cold:
+            from ..storage import cold
+
+            cold.codec()  # ImportError naming the extra, before anything is allocated
         self.allocator = alloc.resolve(allocator)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:  # refuse before allocating anything
-            self._check_budget(self._planned_parts(), f"{type(self).__name__} of capacity {capacity}",
-                               construction=True)
+            # (the compressed blocks are budgeted as they are made: see nbytes_parts["cold"])
+            self._check_budget(self._planned_parts(cold_bound=False),
+                               f"{type(self).__name__} of capacity {capacity}", construction=True)
         self._rings = weakref.WeakSet()  # every thread's output rings, for nbytes
         self._episodes = None
         if self._tracks_episodes:
@@ -145,6 +172,19 @@ class ReplayCore:
         self.sampler.bind(self._storage, capacity, self.num_envs, self.allocator)
         if self.sampler.hears_writes:
             hooks.append(self.sampler)
+        self._cold = {}
+        if self.compress_cold:
+            from ..storage.cold import ColdFrames
+
+            self._frame_stacks.bind(self._storage)
+            for name in self._stacked:
+                word, words, off, width = self._frame_stacks.source(name)
+                if off != 0 or words.shape[1] != width:  # isolate_layout makes it a column
+                    raise AssertionError(f"frames of {name!r} are not a column of their own")
+                self._cold[name] = ColdFrames(words, self.hot_rows, self.allocator,
+                                              room=None if self.memory_budget is None
+                                              else weak_method(self, "_cold_room"))
+            hooks.append(_ColdHook(list(self._cold.values())))
         if self._spill is not None:
             hooks.append(_SpillHook(self._spill))
         self._stats = None
@@ -171,7 +211,8 @@ class ReplayCore:
             flags = (self._storage.field(self._roles["terminated"]),
                      self._storage.field(self._roles["truncated"]))
             self._transforms.append(FrameStack(self.spec, self._frame_stacks, self._episodes, flags,
-                                               self.num_envs, capacity, self.allocator, self._writer))
+                                               self.num_envs, capacity, self.allocator, self._writer,
+                                               self._cold))
         self._lock = threading.Lock()
         use_lock = getattr(self.sampler, "use_lock", None)
         if use_lock is not None:  # a sampler whose gate or sample waits on a condition of it
@@ -224,7 +265,7 @@ class ReplayCore:
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes, stats=None, frame_stack=None,
-                   frame_padding="reset") -> None:
+                   frame_padding="reset", compress_cold=False) -> None:
         """Check the arguments and derive what the buffer will hold; allocates nothing."""
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
@@ -259,6 +300,17 @@ class ReplayCore:
                                              self._stacked)
         self.hot_rows = None  # rows kept resident, for a spilling buffer
         self.spill_path = None if spill_path is None else os.fspath(spill_path)
+        if not isinstance(compress_cold, (bool, np.bool_)):
+            raise TypeError(f"compress_cold must be True or False, got {type(compress_cold).__name__} "
+                            f"{compress_cold!r:.100}")
+        self.compress_cold = bool(compress_cold)
+        if self.compress_cold and self._frames is None:
+            raise ValueError("compress_cold=True compresses the frames of stacked fields: it needs "
+                             "frame_stack= (and spill_path=)")
+        if self.compress_cold and self.spill_path is None:
+            raise ValueError("compress_cold=True keeps the frames of rows that left the hot window "
+                             "of a spilling buffer compressed in RAM: it needs spill_path= and "
+                             "hot_rows= or hot_bytes=")
         if self.spill_path is None:
             if hot_rows is not None or hot_bytes is not None:
                 raise ValueError("hot_rows / hot_bytes need spill_path (the file that holds the cold rows)")
@@ -309,6 +361,9 @@ class ReplayCore:
         ``(batch_size, length)`` for :meth:`sample_sequences`; a triple ``(batch_size, length,
         fields)`` for batches of some fields, ``length`` None for :meth:`sample`). Returns the
         same keys as :attr:`nbytes_parts`. ``memory_budget=`` checks this plan before allocating.
+        With ``compress_cold=True``, ``cold`` is a bound: the tables and the cache, and every frame
+        that can be cold at its uncompressed size (the budget check at construction counts the
+        tables and the cache; each compressed block is checked against the budget when it is made).
         """
         return cls._plan(spec, capacity, options, "plan_memory")._planned_parts(batch_sizes)
 
@@ -351,7 +406,7 @@ class ReplayCore:
         (a sampler that places writes off it, exactly-k, has none to number)."""
         return self._has_flags and getattr(getattr(self, "sampler", None), "stream_order", True)
 
-    def _planned_parts(self, batch_sizes=()) -> dict:
+    def _planned_parts(self, batch_sizes=(), cold_bound: bool = True) -> dict:
         cap = self._capacity
         storage = storage_nbytes(self._stored, cap if self.hot_rows is None else self.hot_rows,
                                  self._stored_layout)
@@ -365,8 +420,22 @@ class ReplayCore:
                     for b in batch_sizes)
         sampler = self.sampler.plan(cap)
         trees = sampler["trees"] + stats_nbytes(self._stored, self._stats_fields, cap)
-        return {"storage": storage, "bookkeeping": book + sampler["bookkeeping"],
-                "trees": trees, "output_rings": rings}
+        parts = {"storage": storage, "bookkeeping": book + sampler["bookkeeping"],
+                 "trees": trees, "output_rings": rings}
+        if self.compress_cold:
+            parts["cold"] = self._planned_cold(cold_bound)
+        return parts
+
+    def _planned_cold(self, bound: bool) -> int:
+        """The cold tiers' tables and caches, plus (``bound``) a bound of their compressed
+        blocks: every frame that can be cold, uncompressed."""
+        from ..storage.cold import planned_nbytes
+
+        total = 0
+        for name, k in self._frames["stacks"].items():
+            fixed, most = planned_nbytes(self._capacity, self.hot_rows, self.spec[name].nbytes // k)
+            total += fixed + (most if bound else 0)
+        return total
 
     def _planned_ring(self, batch_size: int, length: int | None = None, fields=None) -> int:
         """Bytes of one slot of an output ring (see :class:`tfdata.batch.OutputRing`); of a
@@ -398,6 +467,8 @@ class ReplayCore:
         holds the rest). ``bookkeeping``: episode numbers, elided final values, slot versions.
         ``trees``: priority trees and the trees of running statistics (``stats=``).
         ``output_rings``: the preallocated batches of every thread and batch size sampled so far.
+        ``cold`` (``compress_cold=True`` only): the compressed copies of cold frames, the cache
+        they are decompressed into and the block tables.
         """
         storage = self._storage.nbytes if self.hot_rows is None else self.hot_rows * self._row_nbytes()
         book = 0 if self._episodes is None else self._episodes.nbytes
@@ -406,16 +477,46 @@ class ReplayCore:
         rings = sum(r.nbytes for r in list(self._rings))
         sampler = self.sampler.nbytes
         trees = sampler["trees"] + (0 if self._stats is None else self._stats.nbytes)
-        return {"storage": int(storage), "bookkeeping": int(book + sampler["bookkeeping"]),
-                "trees": int(trees), "output_rings": int(rings)}
+        parts = {"storage": int(storage), "bookkeeping": int(book + sampler["bookkeeping"]),
+                 "trees": int(trees), "output_rings": int(rings)}
+        if self.compress_cold:
+            parts["cold"] = int(sum(c.nbytes for c in self._cold.values()))
+        return parts
+
+    def _cold_room(self) -> int:
+        """Bytes the memory budget has left, for a compressed block (see ColdFrames)."""
+        return self.memory_budget - self.nbytes
+
+    @property
+    def cold_info(self) -> dict | None:
+        """The compressed cold tier (``compress_cold=True``), per stacked field: ``codec``,
+        ``block`` (slots per block), ``blocks`` (copies held), ``raw_bytes`` (their frames),
+        ``compressed_bytes`` (the copies), ``ratio``, ``refused`` (blocks not kept: over the
+        budget or incompressible), ``shed`` (copies dropped to make room in the budget for
+        something the buffer needed), ``decompressed`` (blocks decompressed by samples); None
+        without a cold tier."""
+        if not self.compress_cold:
+            return None
+        with self._lock:
+            return {name: c.info() for name, c in self._cold.items()}
 
     @property
     def nbytes(self) -> int:
         """Total of :attr:`nbytes_parts`: every byte of memory this buffer allocated."""
         return sum(self.nbytes_parts.values())
 
-    def _check_budget(self, parts: dict, what: str, construction: bool = False) -> None:
+    def _check_budget(self, parts: dict, what: str, construction: bool = False,
+                      locked: bool = True) -> None:
         fits = None
+        over = sum(parts.values()) - self.memory_budget
+        tiers = getattr(self, "_cold", None)
+        if (over > 0 and not construction and tiers
+                and over <= sum(t.compressed for t in tiers.values())):
+            # compressed copies are a cache of the file: drop them (the oldest rows' first)
+            # rather than refuse something the buffer needs (a refusal drops none)
+            with contextlib.nullcontext() if locked else self._lock:
+                freed = sum(t.shed(over) for t in self._cold.values())
+            parts["cold"] -= freed
         if construction and sum(parts.values()) > self.memory_budget:
             opts = {"layout": self._layout, "num_envs": self.num_envs, "n_step": self.n_step,
                     "elide_next": self.elide_next, "next_of": self.next_of, "roles": self._roles,
@@ -833,7 +934,8 @@ class ReplayCore:
             parts["new output ring"] = self._ring_size * self._planned_ring(batch_size, length, fields)
             self._check_budget(parts, f"sampling batches of {batch_size}"
                                + (f" slices of {length} rows" if length else " rows")
-                               + (f" of fields {list(fields)}" if fields is not None else ""))
+                               + (f" of fields {list(fields)}" if fields is not None else ""),
+                               locked=False)
         if fields is None and not self._stacked:
             source, transforms, names = self._storage, self._transforms, self.spec.names
         else:
@@ -1194,5 +1296,7 @@ class ReplayCore:
                 self._episodes.load_state(episodes, size)
             if frames is not None:
                 self._frame_stacks.load_state(frames, size)
+            for c in self._cold.values():  # compressed from the rows just loaded
+                c.rebuild(self._writer.cursor, size)
             if self._stats is not None:
                 self._stats.rebuild()  # from the rows just loaded
