@@ -279,6 +279,9 @@ class FrameStacks:
         self._pending = None
         k = self._k
         prev = self.prev
+        # depth and prev are capped at the field's K - 1 by frames_write: the field with the
+        # largest K writes them last (a smaller cap would pad the larger stacks too early)
+        pending = sorted(pending, key=lambda p: self.stacks[p[0]])
         for i, (name, obs) in enumerate(pending):
             word, src, off, width = self._src[name]
             # every field moves prev on the same way: keep it for the last one
