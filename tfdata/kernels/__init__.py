@@ -21,7 +21,9 @@ from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity, 
                         nstep_windows,  # noqa: E402
                         sample_slices, sample_slices_prioritized, stamp_episodes)  # noqa: E402
 
-from ._frames import frame_breaks, frame_stacks, frames_write, next_frame_stacks  # noqa: E402
+from ._frames import (frame_breaks, frame_stacks, frames_write, next_frame_stacks,  # noqa: E402
+                      shard_finals_index, shard_finals_room, shard_finals_write,  # noqa: E402
+                      shard_frame_stacks, shard_frames_torn, shard_next_frame_stacks)  # noqa: E402
 
 from ._loader import permutation, touch_pages, window_order  # noqa: E402
 
@@ -35,6 +37,8 @@ BY_LAYOUT = {"aos": aos, "soa": soa}
 __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
            "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "sample_slices_prioritized", "stamp_episodes",
            "frame_breaks", "frame_stacks", "frames_write", "next_frame_stacks",
+           "shard_finals_index", "shard_finals_room", "shard_finals_write", "shard_frame_stacks",
+           "shard_frames_torn", "shard_next_frame_stacks",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",
            "draw_prioritized", "fold_published", "read_heads", "shard_nstep", "shard_slices", "shard_slices_prioritized", "torn_after_copy"]

@@ -1,0 +1,391 @@
+"""Frame stacks in a shared-memory region (``SharedReplayBuffer(frame_stack=...)``).
+
+The single-process design (:mod:`tfdata.replay.frames`) over shards: each shard is one
+writer's stream (``num_envs = 1``, ``capacity = shard_capacity``), and everything the learner
+reads to rebuild a stack lives in the region, next to the rows:
+
+``frames.depth`` uint8[slots], ``frames.final_idx`` int32[slots]
+    Per slot, written with the row: steps since the episode's first row (at most ``K - 1``),
+    and the row's entry in its shard's final table (-1: not an episode end).
+``frames.hist.<field>`` (K - 1, shards, *frame)
+    Per shard, the frames of the ``K - 1`` steps its ring overwrote last (the oldest held
+    rows' stacks reach them).
+``frames.finals.<next>`` (shards, F, *frame), ``frames.final_rows`` int64[shards, F]
+    Per shard, the final frames of episode-ending rows, a ring of ``F`` entries (``final_frames``):
+    the shard's ``j``-th episode end takes entry ``j % F``. ``final_rows`` says which row each
+    entry belongs to: a write whose end would take an entry a held row still uses is refused
+    (a region cannot grow, unlike the single-process table).
+``frames.pending.<next>`` (shards, *frame)
+    The next frame of each shard's newest row.
+``frames.words`` uint64[shards, 8], one cache line per shard, its writer's alone
+    Word 0: episode ends stored; byte 8: whether the newest row's next frame is pending
+    (it did not end an episode); bytes 16-17 (int16): ``prev``, the newest row's depth (-1
+    when the next row starts an episode).
+
+A writer checks its write against its own shard (:class:`ShardFrameWriter`; nothing changes
+on refusal) and updates all of these after it announced the write (its reserve) and before it
+publishes it (its head), so the sequence lock covers them: the learner
+(:class:`ShardFrameStack`) rebuilds the stacks as of heads read before the draw, then checks
+(kernel ``shard_frames_torn``) that no slot a stack read, from ``depth`` rows back to one row
+forward, was in a write window; a torn row is drawn again, like any torn row.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..errors import SharedBufferError, SpecError
+from ..spec import Spec
+from ..storage import WORD_TYPES, isolate_layout, restrict_layout, word_size
+from .episodes import resolve_next_of, resolve_roles, stored_spec
+from .frames import break_message, frame_spec, mode_of, padding_config, resolve_frames
+
+#: bytes of a shard's writer words (one cache line)
+_WORDS = 8
+# positions in a shard's writer words: uint64 word, bool byte, int16 half-word
+_ENDS, _HAS_PENDING_BYTE, _PREV_HALF = 0, 8, 8
+
+
+def default_final_frames(cap: int) -> int:
+    """Final-table entries per shard when ``final_frames`` is not given: episodes of 64 steps
+    or more on average (over any ``cap`` rows) never fill it, as the single-process table's
+    first size assumes."""
+    return min(cap, cap // 64 + 2)
+
+
+def elided(frames: dict) -> dict:
+    """``{next field: stacked field}``: the next fields a frame region does not store."""
+    return {nxt: name for name, nxt in frames["next"].items() if nxt is not None}
+
+
+def stored(spec: Spec, frames: dict, layout) -> tuple:
+    """``(stored spec, stored layout)``: each stacked field one frame wide and in a column of
+    its own, its next field not stored (``layout`` resolved for ``spec``)."""
+    st = stored_spec(frame_spec(spec, frames), elided(frames), True)
+    return st, isolate_layout(restrict_layout(layout, st), st, list(frames["stacks"]))
+
+
+def region_arrays(spec: Spec, frames: dict, shards: int, cap: int, final_frames: int) -> list:
+    """``[(key, dtype, shape), ...]``: the frame arrays of a region (see the module docstring)."""
+    slots = shards * cap
+    out = [("frames.words", np.uint64, (shards, _WORDS)), ("frames.depth", np.uint8, (slots,)),
+           ("frames.final_idx", np.int32, (slots,)),
+           ("frames.final_rows", np.int64, (shards, final_frames))]
+    for name, k in frames["stacks"].items():
+        f = spec[name]
+        out.append((f"frames.hist.{name}", f.dtype, (k - 1, shards) + f.shape[1:]))
+        nxt = frames["next"][name]
+        if nxt is not None:
+            out.append((f"frames.finals.{nxt}", f.dtype, (shards, final_frames) + f.shape[1:]))
+            out.append((f"frames.pending.{nxt}", f.dtype, (shards,) + f.shape[1:]))
+    return out
+
+
+def check_options(spec: Spec, frames: dict, cap: int, final_frames) -> int:
+    """Refuse a shard too short for a stack, or a bad ``final_frames``; returns the entries."""
+    kmax = max(frames["stacks"].values())
+    if cap < kmax:
+        raise ValueError(f"frame_stack: each writer's shard holds capacity / num_writers = {cap} "
+                         f"rows, fewer than a stack of {kmax} frames; use a capacity of at least "
+                         f"{kmax} per writer")
+    if final_frames is None:
+        return default_final_frames(cap)
+    if (isinstance(final_frames, (bool, np.bool_)) or not isinstance(final_frames, (int, np.integer))
+            or not 1 <= final_frames <= cap):
+        raise ValueError(f"final_frames: expected an int in [1, {cap}] (final-frame entries per "
+                         f"shard, at most the shard capacity), got {final_frames!r}")
+    return int(final_frames)
+
+
+def describe(frames: dict, final_frames: int, next_of: dict, roles: dict) -> dict:
+    """What ``region.json`` says of the frames (JSON), for writers and :func:`from_doc`."""
+    return {"stacks": dict(frames["stacks"]), "padding": padding_config(frames),
+            "final_frames": int(final_frames), "next_of": dict(next_of), "roles": dict(roles)}
+
+
+def from_doc(doc, spec: Spec, cap: int) -> tuple:
+    """``(frames, final_frames, roles)`` from ``region.json``'s ``frames`` (untrusted): checked
+    as the constructor checks its options. ValueError (SpecError, TypeError) naming the entry."""
+    if not isinstance(doc, Mapping) or sorted(doc) != ["final_frames", "next_of", "padding", "roles", "stacks"]:
+        raise ValueError(f"frames: expected an object with stacks, padding, final_frames, next_of, "
+                         f"roles, got {str(doc)[:200]}")
+    roles = resolve_roles(spec, doc["roles"])
+    next_of = resolve_next_of(spec, doc["next_of"])
+    if roles != doc["roles"] or next_of != doc["next_of"]:
+        raise ValueError(f"frames.roles / next_of: not in resolved form ({str(doc['roles'])[:100]}, "
+                         f"{str(doc['next_of'])[:100]})")
+    stacks, padding = doc["stacks"], doc["padding"]
+    if not isinstance(stacks, Mapping) or not isinstance(padding, Mapping) or set(padding) != set(stacks):
+        raise ValueError("frames.stacks / padding: objects naming the same fields")
+    frames = resolve_frames(spec, dict(stacks), dict(padding), next_of,
+                            "terminated" in roles and "truncated" in roles)
+    if frames is None:
+        raise ValueError("frames.stacks: empty")
+    final_frames = doc["final_frames"]
+    if type(final_frames) is not int:
+        raise ValueError(f"frames.final_frames: expected an int, got {str(final_frames)[:50]}")
+    return frames, check_options(spec, frames, cap, final_frames), roles
+
+
+def _words(arr: np.ndarray, word: int) -> np.ndarray:
+    """``arr`` as ``uint{8*word}[rows, width]`` (rows: its first dimension)."""
+    return arr.reshape(arr.shape[0], -1).view(np.uint8).view(WORD_TYPES[word])
+
+
+class ShardFrames:
+    """The frame arrays of a region, as the writers and the learner read them.
+
+    Parameters
+    ----------
+    spec : Spec
+        The rows as pushed (stacks whole).
+    frames : dict
+        From :func:`resolve_frames`.
+    final_frames : int
+    roles : dict
+    arrays : dict of ndarray
+        The region's arrays named by :func:`region_arrays`.
+    storage
+        The storage over the region's stored rows.
+    shards, cap : int
+    """
+
+    def __init__(self, spec: Spec, frames: dict, final_frames: int, roles: dict, arrays: dict,
+                 storage, shards: int, cap: int):
+        self.spec, self.frames, self.final_frames, self.roles = spec, frames, final_frames, roles
+        self.stacks, self.nexts, self.padding = frames["stacks"], frames["next"], frames["padding"]
+        self.shards, self.cap = shards, cap
+        self.kmax = max(self.stacks.values()) - 1
+        self.words = arrays["frames.words"]
+        self.depth = arrays["frames.depth"]
+        self.final_idx = arrays["frames.final_idx"]
+        self.final_rows = arrays["frames.final_rows"]
+        self.hist, self.finals, self.pending, self.src, self.pads = {}, {}, {}, {}, {}
+        for name, k in self.stacks.items():
+            f = spec[name]
+            fb = f.nbytes // k
+            word = word_size(storage.field_offset(name), fb)
+            src, off, width = storage.field_words(name, word)
+            self.src[name] = (word, src, off, width)
+            h = arrays[f"frames.hist.{name}"]
+            self.hist[name] = h.reshape(h.shape[0], shards, -1).view(np.uint8).view(WORD_TYPES[word])
+            nxt = self.nexts[name]
+            if nxt is not None:
+                t = arrays[f"frames.finals.{nxt}"]
+                self.finals[nxt] = t.reshape(shards, final_frames, -1).view(np.uint8).view(WORD_TYPES[word])
+                self.pending[nxt] = _words(arrays[f"frames.pending.{nxt}"], word)
+            p = self.padding[name]
+            pad = np.zeros(f.shape[1:], f.dtype) if isinstance(p, str) else np.asarray(p, f.dtype)
+            self.pads[name] = np.ascontiguousarray(pad).reshape(1, -1).view(np.uint8).view(WORD_TYPES[word])[0]
+
+    def nbytes_per_row(self) -> int:
+        """Bytes of per-slot bookkeeping (depth, final-table index)."""
+        return 5
+
+    def start(self) -> None:
+        """A new region: every shard's next row starts an episode (the owner, before writers)."""
+        for s in range(self.shards):
+            self.prev(s)[0] = -1
+
+    def prev(self, s: int) -> np.ndarray:
+        """int16[1] view: shard ``s``'s newest depth (-1: its next row starts an episode)."""
+        return self.words[s].view(np.int16)[_PREV_HALF:_PREV_HALF + 1]
+
+    def has_pending(self, s: int) -> np.ndarray:
+        """bool[1] view: whether shard ``s``'s newest row's next frame is pending."""
+        return self.words[s].view(np.bool_)[_HAS_PENDING_BYTE:_HAS_PENDING_BYTE + 1]
+
+    def ends(self, s: int) -> int:
+        return int(self.words[s, _ENDS])
+
+
+class ShardFrameWriter:
+    """One writer's side: check a write against its shard, then keep its frames' bookkeeping.
+
+    :meth:`check` (nothing changes) gives the values the storage takes; :meth:`write` runs
+    after the writer announced the write (its reserve) and before the rows are stored (the
+    frames of the rows it overwrites are read from the ring first).
+    """
+
+    def __init__(self, sf: ShardFrames, shard: int):
+        from .. import kernels
+
+        self.k, self.sf, self.shard = kernels, sf, shard
+        spec, cap = sf.spec, sf.cap
+        self.cap = cap
+        base = shard * cap
+        self.term_i = spec.names.index(sf.roles["terminated"])
+        self.trunc_i = spec.names.index(sf.roles["truncated"])
+        self.index = {n: spec.names.index(n) for n in spec.names}
+        skipped = set(elided(sf.frames))
+        self.stored_pos = [i for i, n in enumerate(spec.names) if n not in skipped]
+        self.prev = sf.prev(shard)
+        self.has_pending = sf.has_pending(shard)
+        self.cur = np.zeros(1, np.int16)
+        self.depth = sf.depth[base:base + cap]
+        self.final_idx = sf.final_idx[base:base + cap]
+        self.final_rows = sf.final_rows[shard]
+        self.fields = []  # (name, K, word, src, off, hist, pad, mode, nxt, finals, pending), largest K last
+        for name in sorted(sf.stacks, key=lambda n: sf.stacks[n]):
+            word, src, off, width = sf.src[name]
+            nxt = sf.nexts[name]
+            self.fields.append((name, sf.stacks[name], word, src[base:base + cap], off,
+                                sf.hist[name][:, shard:shard + 1], sf.pads[name],
+                                mode_of(sf.padding[name]), nxt,
+                                None if nxt is None else sf.finals[nxt][shard],
+                                None if nxt is None else sf.pending[nxt][shard]))
+        self._pending = None
+
+    def check(self, values: list, n: int, head: int) -> list:
+        """Refuse a write of ``n`` rows (values in the spec's order, stacks whole) that the
+        shard's frames would not rebuild (SpecError), or whose episode ends would take a
+        final-table entry a held row still uses (SharedBufferError); nothing changes. Returns
+        the stored values (each stacked field's newest frame, its next field left out)."""
+        k, cap = self.k, self.cap
+        term, trunc = values[self.term_i], values[self.trunc_i]
+        out = list(values)
+        kept = []
+        for name, kk, word, src, off, hist, pad, mode, nxt, finals, pending in self.fields:
+            i = self.index[name]
+            obs = _words(np.ascontiguousarray(values[i]), word)
+            nx = obs[:0] if nxt is None else _words(np.ascontiguousarray(values[self.index[nxt]]), word)
+            r = k.frame_breaks(obs, nx, term, trunc, 1, head % cap, cap, src, off, self.prev, mode,
+                               pad, self.cur)
+            if r >= 0:
+                raise SpecError(break_message(name, kk, self.sf.padding[name], nxt, 1, r // 4, r % 4,
+                                              f"shard {self.shard}, row {r // 4} of the write"))
+            if nxt is not None:
+                width = pad.shape[0]
+                top = (kk - 1) * width
+                # the newest frame continues the stream: the previous row's next frame (elision)
+                r = k.first_discontinuity(_bytes(obs[:, top:]), _bytes(nx[:, top:]), term, trunc,
+                                          _bytes(pending.reshape(1, -1)), self.has_pending)
+                if r >= 0:
+                    raise SpecError(
+                        f"shard {self.shard}, row {r} of the write: the newest frame of {name!r} "
+                        f"differs from the newest frame of {nxt!r} pushed with the stream's "
+                        f"previous row, which did not end an episode: with frame_stack the next "
+                        f"frame is read from the next row, so the stream must be continuous "
+                        f"(mark the previous row terminated or truncated)")
+            out[i] = values[i][:, -1]
+            kept.append((obs, nx))
+        skip = max(0, n - cap)
+        if self.sf.finals:
+            r = k.shard_finals_room(term, trunc, skip, head, cap, self.sf.ends(self.shard), self.final_rows)
+            if r >= 0:
+                f = self.sf.final_frames
+                raise SharedBufferError(
+                    f"shard {self.shard}, row {r} of the write: it ends an episode, and the "
+                    f"shard's table of final frames (final_frames={f} entries) is full of rows "
+                    f"still held: more than {f} episodes end within {cap} rows of the shard "
+                    f"(nothing was written). Build the buffer with a larger final_frames "
+                    f"(at most the shard capacity {cap}), e.g. {min(cap, 2 * f)}")
+        self._pending = (kept, term, trunc, n, head)
+        return [out[i] for i in self.stored_pos]
+
+    def write(self) -> None:
+        """Keep the frames of the rows the checked write overwrites, stamp depths, keep its
+        final and pending frames (after the reserve, before the rows are stored)."""
+        kept, term, trunc, n, head = self._pending
+        self._pending = None
+        k, cap = self.k, self.cap
+        size = min(head, cap)
+        skip = max(0, n - cap)
+        ends = self.sf.ends(self.shard)
+        prev = self.prev
+        last = len(self.fields) - 1
+        for i, ((name, kk, word, src, off, hist, pad, mode, nxt, finals, pending), (obs, nx)) in \
+                enumerate(zip(self.fields, kept)):
+            # every field moves prev on the same way; the largest K (last) keeps it
+            k.frames_write(obs, term, trunc, 1, head % cap, cap, size, head, src, off, hist,
+                           prev if i == last else prev.copy(), self.depth)
+            if nxt is not None:
+                k.shard_finals_write(nx, term, trunc, skip, ends, finals, pending)
+        self.sf.words[self.shard, _ENDS] = k.shard_finals_index(term, trunc, skip, head, ends,
+                                                                self.final_idx, self.final_rows)
+        self.has_pending[0] = not (term[n - 1] or trunc[n - 1])
+
+
+def _bytes(words: np.ndarray) -> np.ndarray:
+    """uint8 ``(rows, bytes)`` of a 2-D word array (copied to C order if needed)."""
+    return np.ascontiguousarray(words).view(np.uint8)
+
+
+class ShardFrameStack:
+    """The learner's transform: the stacked fields (and their next fields) of a batch rebuilt
+    from the region's frames, as of the heads read before the draw (``apply``'s ``where``:
+    ``ring_arrays()["heads"]``, which the buffer fills). See :mod:`tfdata.replay.transforms`
+    for the contract."""
+
+    on_slices = False
+
+    def __init__(self, sf: ShardFrames, flags, allocator):
+        from .. import kernels
+
+        self.k, self.sf, self.flags, self.allocator = kernels, sf, flags, allocator
+        self.spec, self.shards, self.cap = sf.spec, sf.shards, sf.cap
+        self.names = list(sf.stacks)
+        self.wanted = None  # every field; a projection sets the names it fills
+
+    @staticmethod
+    def plan_ring(spec: Spec, frames: dict, rows: int, shards: int, fields=None) -> int:
+        names = list(frames["stacks"]) + [n for n in frames["next"].values() if n is not None]
+        return (rows * sum(spec[n].nbytes for n in names if fields is None or n in fields)
+                + 8 * (7 * shards + rows))
+
+    def project(self, names) -> "ShardFrameStack":
+        t = copy.copy(self)
+        t.wanted = set(names)
+        return t
+
+    def _wants(self, name) -> bool:
+        return name is not None and (self.wanted is None or name in self.wanted)
+
+    def ring_arrays(self, batch_size: int, length, out) -> dict:
+        arrays = {}
+        for name in self.names:
+            for field in (name, self.sf.nexts[name]):
+                if self._wants(field):
+                    f = self.spec[field]
+                    arrays[field] = self.allocator.zeros((batch_size,) + f.shape, f.dtype)
+        # the heads snapshot (3 per shard), write windows (4 per shard), one mark per row
+        arrays["heads"] = self.allocator.zeros(7 * self.shards + batch_size, np.int64)
+        return arrays
+
+    def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
+        for name, arr in arrays.items():
+            if name != "heads":
+                fields[name] = arr
+
+    def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
+        self._stacks(out.indices, rows, arrays, where, slice(None))
+        return rows
+
+    def apply_row(self, out, arrays: dict, i: int, where) -> None:
+        """:meth:`apply` for row ``i`` of the batch only (a redrawn row)."""
+        one = out.indices[i:i + 1]
+        self._stacks(one, one, arrays, where, slice(i, i + 1))
+
+    def _stacks(self, idx, rows, arrays, heads, part) -> None:
+        sf, k = self.sf, self.k
+        for name in self.names:
+            word, src, off, width = sf.src[name]
+            pad, hist = sf.pads[name], sf.hist[name]
+            mode = mode_of(sf.padding[name])
+            if self._wants(name):
+                k.shard_frame_stacks(idx, heads, self.shards, self.cap, sf.depth, src, off, hist,
+                                     pad, mode, _words(arrays[name][part], word))
+            nxt = sf.nexts[name]
+            if self._wants(nxt):
+                k.shard_next_frame_stacks(rows, heads, self.shards, self.cap, sf.depth, src, off,
+                                          hist, pad, mode, self.flags[0], self.flags[1],
+                                          sf.final_idx, sf.finals[nxt], sf.pending[nxt],
+                                          _words(arrays[nxt][part], word))
+
+    def torn(self, reserved: np.ndarray, heads: np.ndarray, idx: np.ndarray, mark: np.ndarray) -> int:
+        """Mark the rows of ``idx`` whose stacks a writer may have touched since ``heads``."""
+        return self.k.shard_frames_torn(reserved, self.cap, heads, idx, self.sf.depth, self.sf.kmax,
+                                        mark)
