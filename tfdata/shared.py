@@ -1071,7 +1071,7 @@ class SharedReplayBuffer:
         try:
             i = ring.next
             if self._frames is not None:
-                self._sample_stacks(ring.slots[i], ring.arrays[i])
+                self._sample_stacks(ring.slots[i], ring.arrays[i], ring.transforms[-1])
             elif self._nstep is None:
                 self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
             else:
@@ -1106,10 +1106,10 @@ class SharedReplayBuffer:
 
             self._redraw_torn(mark, heads, redo, "windows")
 
-    def _sample_stacks(self, out, arrays) -> None:
-        """Draw, rebuild the frame stacks, then redraw every row whose stack a writer may have
-        touched while it was read (lock held)."""
-        k, t, r = self._k, self._frames, self._region
+    def _sample_stacks(self, out, arrays, t) -> None:
+        """Draw, rebuild the frame stacks (``t``: the ring's ShardFrameStack), then redraw every
+        row whose stack a writer may have touched while it was read (lock held)."""
+        k, r = self._k, self._region
         a = arrays[-1]
         heads = a["heads"]
         mark = heads[7 * r.shards:]
