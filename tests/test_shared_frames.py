@@ -519,3 +519,27 @@ def test_kernels_against_references():
         final_rows = np.array([head - int(rng.integers(1, 2 * cap)) for _ in range(f)], np.int64)
         want = naive.shard_finals_room_naive(np.flatnonzero(wt | wr).tolist(), cap, ends, final_rows, head)
         assert kernels.shard_finals_room(wt, wr, 0, head, cap, ends, final_rows) == want, trial
+
+
+def test_rate_limiter_and_memory_budget(shm_dir):
+    from tfdata import MemoryBudgetError, RateLimiter
+
+    spec = spec_of()
+    rng = np.random.default_rng(0)
+    lim = RateLimiter(samples_per_insert=2.0, min_size_to_sample=2, error_buffer=20, timeout=5)
+    with SharedReplayBuffer(spec, 16, frame_stack=K, final_frames=16, rate_limiter=lim) as a, \
+            SharedWriter(a.name, 0) as w:
+        env = WriterEnv(0, p_end=0.2)
+        w.extend(take(env, rng, 4))
+        for _ in range(10):
+            w.extend(take(env, rng, 2))
+            check_stacks(a.sample(4))
+        assert (a.rate_limiter.inserts, a.rate_limiter.samples) == (24, 40)
+    region = region_nbytes(spec, 16, frame_stack=K)
+    with SharedReplayBuffer(spec, 16, frame_stack=K, memory_budget=region + 2000) as a, \
+            SharedWriter(a.name, 0) as w:
+        w.extend(take(WriterEnv(0, p_end=0.0), rng, 8))
+        check_stacks(a.sample(2))  # a ring of 2 x 2 rows (stacks, heads scratch) fits
+        with pytest.raises(MemoryBudgetError, match="sampling batches of 8 rows"):
+            a.sample(8)  # 2 x 8 rows of two stacks do not
+        assert a.nbytes_parts["output_rings"] <= 2000
