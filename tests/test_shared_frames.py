@@ -40,8 +40,10 @@ def spec_of(k=K, frame=FRAME, next_obs=True):
 
 @pytest.fixture
 def shm_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
-    return tmp_path
+    d = tmp_path / "shm"
+    d.mkdir()
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(d))
+    return d
 
 
 class WriterEnv(naive.FrameStackEnv):
@@ -422,8 +424,6 @@ def test_what_is_not_implemented_says_so(shm_dir):
         w.extend(take(WriterEnv(0, p_end=0.0), rng, 6))
         with pytest.raises(NotImplementedError, match="sample_sequences .* frame_stack"):
             buf.sample_sequences(2, 3)
-        with pytest.raises(NotImplementedError, match="checkpoints .* frame_stack"):
-            buf.save(os.path.join(str(shm_dir), "ckpt"))
         with pytest.raises(SpecError, match="'next_obs' is not stored: with frame_stack"):
             buf.column("next_obs")
         assert np.asarray(buf.column("obs")).shape == (6,) + FRAME  # the frames stored
@@ -543,3 +543,184 @@ def test_rate_limiter_and_memory_budget(shm_dir):
         with pytest.raises(MemoryBudgetError, match="sampling batches of 8 rows"):
             a.sample(8)  # 2 x 8 rows of two stacks do not
         assert a.nbytes_parts["output_rings"] <= 2000
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+def env_after(buf, shard: int, k=K, padding="reset") -> WriterEnv:
+    """The writer env that continues shard ``shard`` of ``buf`` after its newest row (from its id
+    and flags): the same episode one step on, or the next episode."""
+    ids = np.asarray(buf.column("id"))
+    ends = np.asarray(buf.column("terminated")) | np.asarray(buf.column("truncated"))
+    mine = [i for i, x in enumerate(ids.tolist()) if x // 10**9 == shard]
+    env = WriterEnv(shard, k=k, padding=padding)
+    if not mine:
+        return env
+    w, rest = divmod(int(ids[mine[-1]]), 10**9)
+    ep, t = divmod(rest, 10**5)
+    if ends[mine[-1]]:
+        env.episode[0], env.t[0] = ep + 1, 0
+        env.queues[0] = env._reset(0)
+    else:
+        env.episode[0], env.t[0] = ep, t + 1
+        env.queues[0] = list(naive.stack_of(w, ep, t + 1, k, padding))
+    return env
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_checkpoint_continues_the_same_samples(layout, shm_dir, tmp_path):
+    spec = spec_of()
+    rng = np.random.default_rng(8)
+    with SharedReplayBuffer(spec, 16, num_writers=2, seed=3, layout=layout, frame_stack=K,
+                            final_frames=8) as a:
+        envs = [WriterEnv(s, p_end=0.2) for s in range(2)]
+        wa = [SharedWriter(a.name, s) for s in range(2)]
+        wa[0].extend(take(envs[0], rng, 21))  # wrapped: its oldest stacks read the hist
+        wa[1].extend(take(envs[1], rng, 5))  # not full
+        a.save(tmp_path / "ck")
+        for new_layout in (None, "soa" if layout == "aos" else "aos"):
+            b = SharedReplayBuffer.load(tmp_path / "ck", layout=new_layout)
+            assert b.config["frame_stack"] == {"obs": K} and b.config["final_frames"] == 8
+            wb = [SharedWriter(b.name, s) for s in range(2)]
+            for s in range(2):  # the loaded shards go on where the saved ones stood
+                e = env_after(b, s)
+                assert (e.episode, e.t) == (envs[s].episode, envs[s].t)
+            for _ in range(12):
+                x = a.sample(len(a))
+                same(x, b.sample(len(b)), spec)
+                check_stacks(x)
+                for s in range(2):
+                    rows = take(envs[s], rng, int(rng.integers(1, 4)))
+                    wa[s].extend(rows)
+                    wb[s].extend(rows)
+            for w in wb:
+                w.close()
+            b.close()
+            a.close()
+            a = SharedReplayBuffer.load(tmp_path / "ck")  # the saved state again, for the next layout
+            wa = [SharedWriter(a.name, s) for s in range(2)]
+            envs = [env_after(a, s) for s in range(2)]
+        for w in wa:
+            w.close()
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_checkpoint_while_a_write_is_in_flight(m, shm_dir, tmp_path):
+    """A write stored but not published when the save runs: the rows it overwrites are left
+    out, and K - 1 more (their frames become the oldest kept row's older frames), and the newest
+    row (the write replaced its pending frame); the loaded rows' stacks are exact and a writer
+    continues the stream after the newest kept row."""
+    spec = spec_of()
+    rng = np.random.default_rng(m)
+    env = WriterEnv(0, p_end=0.1)
+    cap = 12
+    with SharedReplayBuffer(spec, cap, seed=0, frame_stack=K, final_frames=cap) as a:
+        w = SharedWriter(a.name, 0)
+        w.extend(take(env, rng, 3 * cap))
+        env.p_end = 0.0  # the newest row continues its episode
+        w.extend(take(env, rng, 1))
+        head = w.published
+        w._k = _StopBeforePublish(w._k)
+        with pytest.raises(_Stopped):
+            w.extend(take(env, rng, m))
+        a.save(tmp_path / "ck")
+        state = json.load(open(tmp_path / "ck" / "state.json"))["state"]
+        assert state["heads"] == [head - 1] and state["dropped"] == [m + K - 1 + 1]
+        b = SharedReplayBuffer.load(tmp_path / "ck")
+        kept = cap - m - (K - 1) - 1
+        assert len(b) == kept
+        ids = np.asarray(b.column("id"))
+        np.testing.assert_array_equal(ids, np.asarray(a.column("id"))[m + K - 1:cap - 1])
+        check_stacks(b.sample(kept))
+        e = env_after(b, 0)
+        with SharedWriter(b.name, 0) as wb:
+            for _ in range(8):
+                wb.extend(take(e, rng, 2))
+                check_stacks(b.sample(len(b)))
+        b.close()
+
+
+def test_checkpoints_while_writer_processes_write(shm_dir, tmp_path):
+    """Saves while two writer processes write: each keeps some, all or none of a shard's rows
+    (shards of 512 rows: a save's copy takes about as long as a writer's lap); every kept
+    stack is exact and every shard goes on."""
+    spec = spec_of()
+    errors, stop = FORK.Queue(), FORK.Event()
+    shards, cap = 2, 512
+    with SharedReplayBuffer(spec, shards * cap, num_writers=shards, seed=3, frame_stack=K,
+                            final_frames=cap) as buf:
+        procs = [FORK.Process(target=_race, args=(buf.name, s, stop, errors)) for s in range(shards)]
+        for p in procs:
+            p.start()
+        try:
+            while len(buf) < shards * cap:
+                time.sleep(0.01)
+            for i in range(5):
+                buf.save(tmp_path / f"ck{i}")
+        finally:
+            stop.set()
+            for p in procs:
+                p.join(30)
+        assert errors.empty(), errors.get()
+    for i in range(5):
+        with SharedReplayBuffer.load(tmp_path / f"ck{i}") as b:
+            if len(b):
+                check_stacks(b.sample(min(len(b), 200)))
+            for s in range(shards):
+                with SharedWriter(b.name, s) as w:  # every shard goes on
+                    w.extend(take(env_after(b, s), np.random.default_rng(s), 5))
+            check_stacks(b.sample(min(len(b), 200)))
+
+
+def test_a_hostile_checkpoint_is_refused_before_a_region_exists(shm_dir, tmp_path):
+    spec = spec_of()
+    rng = np.random.default_rng(1)
+    with SharedReplayBuffer(spec, 16, seed=0, frame_stack=K, final_frames=8) as a, \
+            SharedWriter(a.name, 0) as w:
+        w.extend(take(WriterEnv(0, p_end=0.3), rng, 20))
+        a.save(tmp_path / "ck")
+    good = json.load(open(tmp_path / "ck" / "state.json"))
+    arrays = tmp_path / "ck" / "arrays"
+
+    def npy(name):
+        return str(arrays / name)
+
+    def attempt(doc=None, array=None, match=""):
+        import shutil
+
+        bad = tmp_path / "bad"
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(tmp_path / "ck", bad)
+        if doc is not None:
+            json.dump(doc, open(bad / "state.json", "w"))
+        if array is not None:
+            np.save(bad / "arrays" / array[0], array[1])
+        with pytest.raises(FormatError, match=match):
+            SharedReplayBuffer.load(bad)
+        assert list(shm_dir.iterdir()) == []
+
+    depth = np.load(npy("frames.depth.npy"))
+    final_slots = np.load(npy("frames.final_slots.npy"))
+    for key, value, match in (("final_frames", 0, "final_frames"), ("final_frames", True, "final_frames"),
+                              ("frame_stack", {"obs": 3}, "stack of 3 frames"),
+                              ("frame_padding", {"obs": "edge"}, "frame_padding")):
+        doc = json.loads(json.dumps(good))
+        doc["config"][key] = value
+        attempt(doc, match=match)
+    doc = json.loads(json.dumps(good))
+    del doc["state"]["frames"]
+    attempt(doc, match="state: expected the keys")
+    doc = json.loads(json.dumps(good))
+    doc["state"]["frames"]["stacks"] = {"obs": 3}
+    attempt(doc, match="state.frames.stacks")
+    attempt(array=("frames.depth.npy", np.full_like(depth, K)), match=r"frames.depth: expected values in \[0, 3\]")
+    d = depth.copy()
+    d[int(np.argmax(d == 1))] = 2
+    attempt(array=("frames.depth.npy", d), match=r"state.frames.depth\[\d+\]")
+    attempt(array=("frames.depth.npy", depth[:-1]), match="frames.depth")
+    attempt(array=("frames.final_slots.npy", final_slots[:-1]), match="finals")
+    other = sorted(set(final_slots.tolist()[1:]) | {int(np.setdiff1d(np.arange(16), final_slots)[0])})
+    attempt(array=("frames.final_slots.npy", np.array(other, np.int64)),
+            match="final_slots: expected the slots of the kept rows that end an episode")
+    attempt(array=("frames.final_slots.npy", final_slots[::-1].copy()), match="ascending")
+    attempt(array=("frames.back.obs.npy", np.zeros((1, 2) + FRAME, np.uint8)), match="back")
+    SharedReplayBuffer.load(tmp_path / "ck").close()  # the untouched checkpoint loads

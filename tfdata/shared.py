@@ -1309,9 +1309,6 @@ class SharedReplayBuffer:
         if self._fifo:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
                                     f"in flight, not a state to checkpoint")
-        if self._frames is not None:
-            raise NotImplementedError("checkpoints of a SharedReplayBuffer with frame_stack are not "
-                                      "implemented")
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
@@ -1340,6 +1337,8 @@ class SharedReplayBuffer:
             if r.exactly_k:
                 state["exactly_k"] = self.sampler.shared_state(
                     [int(r.words(s)[_CURSOR]) for s in range(r.shards)])
+            if r.frames is not None:  # as of the heads; settled by settle_frames after the rows
+                state["frame_copies"] = shared_frames.copies(r.frames)
             yield state
 
     def overwritten_since(self, heads: list) -> list:
@@ -1355,6 +1354,18 @@ class SharedReplayBuffer:
             held = min(h, r.cap)
             out.append(max(0, min(held, begun - r.cap - max(0, h - r.cap))))
         return out
+
+    def settle_frames(self, state: dict) -> None:
+        """After the rows of a :meth:`snapshot` were copied (frame stacks only): the rows the
+        checkpoint keeps (``heads``, ``dropped``) and its ``frames`` part, from the frame arrays
+        copied with the heads and frames read now (see
+        :func:`tfdata.replay.shared_frames.checkpoint_state`)."""
+        r = self._region
+        heads, dropped, frames = shared_frames.checkpoint_state(
+            r.frames, r.storage, r.reserved, state["heads"], state.pop("frame_copies"), self._k)
+        state.update(heads=heads, dropped=dropped, frames=frames)
+        if "rate_limiter" in state:  # inserts as of the heads kept
+            state["rate_limiter"]["inserts"] = sum(heads)
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory (replay mode): the rows each shard held when the save
@@ -1381,7 +1392,7 @@ class SharedReplayBuffer:
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
-                undrawn=None, samples: int | None = None, exactly_k=None) -> None:
+                undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
         ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
@@ -1389,13 +1400,15 @@ class SharedReplayBuffer:
         leave the pass); ``samples``: the rate limiter's count of rows sampled (its inserts are
         the heads restored: rows left out at the save are not counted); ``exactly_k``: the
         checked ``(slots, counts, delivered, released, cursors)`` (every row of ``heads`` folded,
-        ``dropped`` all 0). Used by
+        ``dropped`` all 0); ``frames``: the checked frame part (see
+        :func:`tfdata.replay.shared_frames.restore`). Used by
         :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
             raise SharedBufferError("restore: the buffer already holds rows")
-        st.load_state_dict({n: ds.field(n) for n in self.spec.names}, self.capacity, ds.release,
+        names = r.stored_spec.names
+        st.load_state_dict({n: ds.field(n) for n in names}, self.capacity, ds.release,
                            ds.records)
         leaves = versions = None
         if priorities is not None:
@@ -1410,13 +1423,15 @@ class SharedReplayBuffer:
             keep = held - t
             src = s * cap + (np.arange(h - held + t, h, dtype=np.int64) % cap)
             dst = slice(s * cap, s * cap + keep)
-            for n in self.spec.names:
+            for n in names:
                 st.field(n)[dst] = ds.field(n)[src]
             if leaves is not None:
                 lv, vv = leaves[src].copy(), versions[src].copy()
                 leaves[s * cap:s * cap + cap] = 0.0
                 leaves[dst], versions[dst] = lv, vv
             new_heads.append(keep)
+        if frames is not None:  # before the heads: nothing of a shard is held until then
+            shared_frames.restore(r.frames, st, frames, heads, dropped)
         for s, h in enumerate(new_heads):
             w = r.words(s)
             w[_RESERVED] = h

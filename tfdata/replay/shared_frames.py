@@ -164,6 +164,10 @@ class ShardFrames:
         self.final_idx = arrays["frames.final_idx"]
         self.final_rows = arrays["frames.final_rows"]
         self.hist, self.finals, self.pending, self.src, self.pads = {}, {}, {}, {}, {}
+        # the arrays by field, at the fields' dtypes and shapes (checkpoints)
+        self.hist_arrays = {n: arrays[f"frames.hist.{n}"] for n in self.stacks}
+        self.finals_arrays = {nx: arrays[f"frames.finals.{nx}"] for nx in self.nexts.values() if nx is not None}
+        self.pending_arrays = {nx: arrays[f"frames.pending.{nx}"] for nx in self.nexts.values() if nx is not None}
         for name, k in self.stacks.items():
             f = spec[name]
             fb = f.nbytes // k
@@ -389,3 +393,191 @@ class ShardFrameStack:
         """Mark the rows of ``idx`` whose stacks a writer may have touched since ``heads``."""
         return self.k.shard_frames_torn(reserved, self.cap, heads, idx, self.sf.depth, self.sf.kmax,
                                         mark)
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+# A checkpoint keeps, besides the rows (one frame each) and per slot depth, what the stacks of
+# the rows it keeps read that is not a kept row: the final frames of the kept rows that end an
+# episode (``final_slots``, ``finals``), each shard's pending frame, and the frames of the rows
+# just before each shard's oldest kept row (``back``: K - 1 per field, oldest first). The writer
+# words are derived from the rows when the checkpoint is loaded.
+
+def copies(sf: ShardFrames) -> dict:
+    """Copies of the frame arrays (writers may be writing: see :func:`checkpoint_state`)."""
+    return {"depth": sf.depth.copy(), "final_idx": sf.final_idx.copy(),
+            "finals": {n: a.copy() for n, a in sf.finals_arrays.items()},
+            "pending": {n: a.copy() for n, a in sf.pending_arrays.items()},
+            "hist": {n: a.copy() for n, a in sf.hist_arrays.items()}}
+
+
+def checkpoint_state(sf: ShardFrames, storage, reserved: np.ndarray, heads: list, copied: dict,
+                     kernels) -> tuple:
+    """The frame part of a checkpoint whose rows were copied after ``copied`` (taken just after
+    the heads were read), and the rows it keeps: ``(heads, dropped, state)``.
+
+    A shard keeps its rows up to its head, less the oldest rows its writer began overwriting
+    since (as the rows of any shared checkpoint), less the K - 1 rows after those when there are
+    any (their frames become the ``back`` frames of the oldest kept row: the overwritten rows'
+    frames may be torn), less its newest row if the writer began a write since the heads and
+    that row did not end an episode (the write replaced its pending frame; its next frame is the
+    frame of the row itself, kept as the pending frame of the row before it). Frames read from
+    the region after the copy are checked against the writer's reserve, and read again if it
+    moved over them.
+    """
+    shards, cap, kmax = sf.shards, sf.cap, sf.kmax
+    scratch = np.zeros(7 * shards + 2 * (kmax + 1), np.int64)
+    scratch[shards:2 * shards] = heads  # the windows of torn_after_copy are judged from these
+    for s in range(shards):
+        scratch[2 * shards + s] = heads[s] % cap
+    out_heads, out_dropped = [], []
+    back = {n: np.zeros((shards, k - 1) + sf.spec[n].shape[1:], sf.spec[n].dtype)
+            for n, k in sf.stacks.items()}
+    pending = {n: np.zeros((shards,) + sf.spec[n].shape[1:], sf.spec[n].dtype) for n in sf.pending_arrays}
+    fidx = copied["final_idx"]
+    final_slots = []
+    for s in range(shards):
+        h = heads[s]
+        held = min(h, cap)
+        oldest = h - held
+        base = s * cap
+        res = int(reserved[s])
+        for _ in range(1000):
+            t = min(held, max(0, res - cap - oldest))
+            lo, hi = oldest + t, h
+            ended = held > 0 and fidx[base + (h - 1) % cap] >= 0
+            if lo < hi and res > h and not ended:
+                hi = h - 1
+            if lo > oldest:
+                lo = min(hi, lo + kmax)
+            lo = min(lo, hi)
+            if lo == hi:  # nothing kept: no frame to read
+                break
+            live = []  # rows whose frames are read from the ring now
+            for name, k in sf.stacks.items():
+                col = storage.field(name)
+                for i in range(k - 1):
+                    q = lo - (k - 1) + i
+                    if q < 0:
+                        continue
+                    if q >= oldest:
+                        back[name][s, i] = col[base + q % cap]
+                        live.append(q)
+                    else:  # overwritten before the heads: the hist (unchanged: no eviction began)
+                        back[name][s, i] = copied["hist"][name][q % (k - 1), s]
+            for name, nxt in sf.nexts.items():
+                if nxt is None:
+                    continue
+                if hi < h and hi > lo:  # the newest kept row's next frame is the dropped row's frame
+                    pending[nxt][s] = storage.field(name)[base + (h - 1) % cap]
+                    live.append(h - 1)
+                else:
+                    pending[nxt][s] = copied["pending"][nxt][s]
+            rows = np.array(sorted(set(live)), np.int64) % cap + base
+            mark = np.zeros(rows.shape[0], np.int64)
+            if not rows.shape[0] or not kernels.torn_after_copy(reserved, cap, scratch, rows, mark):
+                break
+            res = int(reserved[s])  # the writer moved over frames read: again, further on
+        else:  # pragma: no cover - a writer lapping its shard 1000 times during a few reads
+            raise SharedBufferError(f"checkpoint: the writer of shard {s} kept overwriting the "
+                                    f"rows being saved")
+        # restore keeps rows [hi - min(hi, cap) + dropped, hi)
+        out_heads.append(hi)
+        out_dropped.append(lo - (hi - min(hi, cap)))
+        for q in range(lo, hi):
+            if fidx[base + q % cap] >= 0:
+                final_slots.append(base + q % cap)
+    final_slots = np.array(sorted(final_slots), np.int64)
+    finals = {}
+    for nxt, table in copied["finals"].items():
+        f = table.shape[1]
+        entries = np.clip(fidx[final_slots], 0, f - 1)
+        finals[nxt] = table[final_slots // cap, entries]
+    state = {"stacks": dict(sf.stacks), "depth": copied["depth"], "final_slots": final_slots,
+             "finals": finals, "pending": pending, "back": back}
+    return out_heads, out_dropped, state
+
+
+def restore(sf: ShardFrames, storage, state: dict, heads: list, dropped: list) -> None:
+    """Fill a new region's frame arrays from a checked checkpoint (:func:`checkpoint_state`),
+    its rows already in place: a shard that lost none of its oldest rows keeps its slots and
+    row numbers, another holds its rows from its first slot on, numbered from 0 (as
+    :meth:`tfdata.SharedReplayBuffer.restore` moves them). The writer words follow from the
+    rows: the final-table entries are given again in row order, oldest first.
+
+    The ``back`` frames (rows before the oldest kept one) go to the hist, and, for a shard
+    moved to its first slots, also to the free slots those rows would occupy (row ``-j`` in
+    slot ``cap - j`` while the shard holds fewer than ``cap - j`` rows): the stack kernels read
+    a row from the ring while no newer row took its slot, and the writer's checks read the
+    ring only."""
+    cap, kmax = sf.cap, sf.kmax
+    saved_depth, final_slots = state["depth"], state["final_slots"]
+    index = {int(x): i for i, x in enumerate(final_slots.tolist())}
+    sf.final_idx[:] = -1
+    for s in range(sf.shards):
+        h, t = heads[s], dropped[s]
+        held = min(h, cap)
+        lo = h - held + t
+        base = s * cap
+        shift = 0 if t == 0 else lo  # new row number = old - shift
+        e = 0
+        for q in range(lo, h):
+            old, new = base + q % cap, base + (q - shift) % cap
+            sf.depth[new] = saved_depth[old]
+            i = index.get(old)
+            if i is not None:
+                sf.final_idx[new] = e
+                sf.final_rows[s, e] = q - shift
+                for nxt, table in sf.finals_arrays.items():
+                    table[s, e] = state["finals"][nxt][i]
+                e += 1
+            else:
+                sf.final_idx[new] = -1
+        sf.words[s, _ENDS] = e
+        new_head = h - shift
+        for name, k in sf.stacks.items():
+            col = storage.field(name)
+            for i in range(k - 1):
+                q = lo - shift - (k - 1) + i
+                sf.hist_arrays[name][q % (k - 1), s] = state["back"][name][s, i]
+                if shift and q >= new_head - cap:  # a free slot: no kept row is there
+                    col[base + q % cap] = state["back"][name][s, i]
+        for nxt, p in sf.pending_arrays.items():
+            p[s] = state["pending"][nxt][s]
+        newest = base + (h - 1) % cap
+        ended = h > lo and newest in index
+        sf.has_pending(s)[0] = h > lo and not ended
+        sf.prev(s)[0] = -1 if h == lo or ended else min(int(saved_depth[newest]), kmax)
+
+
+def check_checkpoint(state: dict, heads: list, dropped: list, cap: int, kmax: int,
+                     final_frames: int, term: np.ndarray, trunc: np.ndarray):
+    """The row-level consistency of a checkpoint's frame part with its rows (read ``term`` and
+    ``trunc`` of every slot): ``final_slots`` are exactly the kept rows that end an episode
+    (at most ``final_frames`` per shard), and the kept rows' depths are what inserting them
+    gave. Returns None, or ``(field, expected, got)`` of the first problem."""
+    ends = np.asarray(term, bool) | np.asarray(trunc, bool)
+    depth = state["depth"]
+    want = []
+    for s, (h, t) in enumerate(zip(heads, dropped)):
+        held = min(h, cap)
+        lo = h - held + t
+        base = s * cap
+        kept = [base + q % cap for q in range(lo, h)]
+        mine = [x for x in kept if ends[x]]
+        if len(mine) > final_frames:
+            return ("frames.final_slots", f"at most final_frames={final_frames} episode ends in "
+                    f"shard {s}", f"{len(mine)}")
+        want += mine
+        if kept and int(depth[kept[0]]) > min(kmax, lo):
+            return (f"frames.depth[{kept[0]}]", f"at most {min(kmax, lo)} (the rows before it)",
+                    int(depth[kept[0]]))
+        for a, b in zip(kept, kept[1:]):
+            d = 0 if ends[a] else min(int(depth[a]) + 1, kmax)
+            if int(depth[b]) != d:
+                return (f"frames.depth[{b}]", f"{d} (the depth of the row before it, and its "
+                        f"episode end)", int(depth[b]))
+    got = state["final_slots"]
+    if sorted(want) != got.tolist():
+        return ("frames.final_slots", "the slots of the kept rows that end an episode, ascending",
+                f"{got.tolist()[:10]}")
+    return None
