@@ -77,10 +77,14 @@ def one(rows, i) -> dict:
     return {f: v[i] for f, v in rows.items()}
 
 
-def check_stacks(batch, k=K, padding="reset", frame=FRAME) -> None:
+def check_stacks(batch, k=K, padding="reset", frame=FRAME, gamma=None) -> None:
     """Every row's stacks are what its writer pushed: the FrameStackObservation stacks of the
-    step its id names (``next_obs``: of the step after)."""
+    step its id names (``next_obs``: of the step after; n-step, ``gamma``: after the window's
+    ``k`` steps, from ``batch.discounts``)."""
     ids = np.asarray(batch["id"])
+    after = np.ones(ids.shape[0], np.int64)
+    if gamma is not None:
+        after = np.rint(np.log(np.asarray(batch.discounts, np.float64)) / np.log(gamma)).astype(np.int64)
     for i, x in enumerate(ids.tolist()):
         w, rest = divmod(x, 10**9)
         ep, t = divmod(rest, 10**5)
@@ -89,7 +93,7 @@ def check_stacks(batch, k=K, padding="reset", frame=FRAME) -> None:
                                           err_msg=f"obs of row {i}, id {x}")
         if "next_obs" in batch:
             np.testing.assert_array_equal(batch["next_obs"][i],
-                                          naive.stack_of(w, ep, t + 1, k, padding, frame),
+                                          naive.stack_of(w, ep, t + int(after[i]), k, padding, frame),
                                           err_msg=f"next_obs of row {i}, id {x}")
 
 
@@ -177,6 +181,40 @@ def test_stacks_without_a_next_field(shm_dir):
             check_stacks(x)
 
 
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+@pytest.mark.parametrize("prioritized", [False, True])
+@pytest.mark.parametrize("n_step", [None, 3])
+def test_n_step_and_prioritized_equal_full_stacks(layout, prioritized, n_step, shm_dir):
+    """n-step: obs the window's first row's stack, next_obs its last row's next stack;
+    prioritized: the same weights, and priorities updated alike."""
+    if not (prioritized or n_step):
+        return
+    spec = spec_of()
+    rng = np.random.default_rng(3)
+    kw = dict(n_step=n_step, gamma=0.9, seed=4, layout=layout, prioritized=prioritized)
+    with SharedReplayBuffer(spec, 10, frame_stack=K, final_frames=10, **kw) as a, \
+            SharedReplayBuffer(spec, 10, **kw) as b, \
+            SharedWriter(a.name, 0) as wa, SharedWriter(b.name, 0) as wb:
+        env = WriterEnv(0, p_end=0.2)
+        for _ in range(25):
+            rows = take(env, rng, int(rng.integers(1, 11)))  # a fold skips rows lapped before it
+            wa.extend(rows)
+            wb.extend(rows)
+            for size in (1, min(4, len(a)), len(a)):
+                x, y = a.sample(size), b.sample(size)
+                same(x, y, spec)
+                check_stacks(x, gamma=0.9 if n_step else None)
+                if n_step:
+                    np.testing.assert_array_equal(x.discounts, y.discounts)
+                if prioritized:
+                    np.testing.assert_array_equal(x.weights, y.weights)
+                    p = rng.random(size) + 0.5
+                    a.update_priorities(x, p)
+                    b.update_priorities(y, p)
+            for fields in (["next_obs"], ["obs", "reward"]):
+                same(a.sample(3, fields=fields), b.sample(3, fields=fields), fields)
+
+
 # -- writer processes -----------------------------------------------------------------------
 def _write_all(names, seed, n, errors):
     """One writer process: the same rows to the shard 0 of every buffer named."""
@@ -232,12 +270,13 @@ def _race(name, shard, stop, errors):
         errors.put(f"shard {shard}: {exc!r}")
 
 
-def test_stacks_stay_whole_while_writer_processes_lap_their_shards(shm_dir):
+@pytest.mark.parametrize("kw", [{}, dict(n_step=3, gamma=0.5, prioritized=True)], ids=["uniform", "per-nstep"])
+def test_stacks_stay_whole_while_writer_processes_lap_their_shards(kw, shm_dir):
     spec = spec_of()
     errors, stop = FORK.Queue(), FORK.Event()
     shards, cap = 3, 12
     with SharedReplayBuffer(spec, shards * cap, num_writers=shards, seed=3, frame_stack=K,
-                            final_frames=cap) as buf:
+                            final_frames=cap, **kw) as buf:
         procs = [FORK.Process(target=_race, args=(buf.name, s, stop, errors)) for s in range(shards)]
         for p in procs:
             p.start()
@@ -249,7 +288,7 @@ def test_stacks_stay_whole_while_writer_processes_lap_their_shards(shm_dir):
             t_end = time.monotonic() + 2.0
             while time.monotonic() < t_end or (sampled < 3000 and time.monotonic() < t_end + 20):
                 b = buf.sample(32)
-                check_stacks(b)
+                check_stacks(b, gamma=kw.get("gamma"))
                 sampled += 32
         finally:
             stop.set()
@@ -279,16 +318,18 @@ class _StopBeforePublish:
         raise _Stopped
 
 
-@pytest.mark.parametrize("m", [1, 2, 5])
-def test_rows_whose_stacks_read_a_write_in_flight_are_never_sampled(m, shm_dir):
+@pytest.mark.parametrize("m,n_step", [(1, None), (2, None), (5, None), (2, 3)])
+def test_rows_whose_stacks_read_a_write_in_flight_are_never_sampled(m, n_step, shm_dir):
     """A write of ``m`` rows stored but not published: the rows it overwrites, the rows whose
     stacks read them as older frames (up to K - 1 after them), and the newest published row
-    (its pending next frame was replaced) must be drawn again, every time."""
+    (its pending next frame was replaced; n-step: every window that ends there) must be drawn
+    again, every time."""
     spec = spec_of()
     cap = 10
     rng = np.random.default_rng(m)
     env = WriterEnv(0, p_end=0.0)  # one long episode: every row's stack reads K - 1 rows back
-    with SharedReplayBuffer(spec, cap, seed=4, frame_stack=K) as buf:
+    kw = {} if n_step is None else dict(n_step=n_step, gamma=0.5)
+    with SharedReplayBuffer(spec, cap, seed=4, frame_stack=K, **kw) as buf:
         w = SharedWriter(buf.name, 0)
         w.extend(take(env, rng, 2 * cap + 3))  # lapped: hist is in use
         head = w.published
@@ -298,11 +339,12 @@ def test_rows_whose_stacks_read_a_write_in_flight_are_never_sampled(m, shm_dir):
         rows = {r % cap: r for r in range(head - cap, head)}  # slot -> row held
         overwritten = set(range(head - cap, head - cap + m))
         unsafe = {r for r in range(head - cap, head) if any(r - j in overwritten for j in range(K))}
-        unsafe.add(head - 1)  # its next frame (pending) was replaced
+        for r in range(head - (n_step or 1), head):  # next frame: the newest row's pending
+            unsafe.add(r)
         seen = set()
         for _ in range(60):
             b = buf.sample(8)
-            check_stacks(b)
+            check_stacks(b, gamma=kw.get("gamma"))
             seen.update(rows[int(x)] for x in b.indices)
         assert not seen & unsafe, sorted(seen & unsafe)
         assert seen == set(rows.values()) - unsafe  # every other row is drawn (480 draws)
@@ -396,8 +438,6 @@ def test_options_are_refused_before_the_region_exists(shm_dir):
     spec = spec_of()
     cases = [
         (dict(mode="fifo"), ValueError, "mode='replay'"),
-        (dict(prioritized=True), NotImplementedError, "frame_stack=..., prioritized=True"),
-        (dict(n_step=3), NotImplementedError, "frame_stack=..., n_step"),
         (dict(sampler="exactly_k"), NotImplementedError, "sampler='exactly_k'"),
         (dict(sampler="without_replacement"), NotImplementedError, "sampler='without_replacement'"),
         (dict(final_frames=0), ValueError, "final_frames"),
@@ -566,12 +606,13 @@ def env_after(buf, shard: int, k=K, padding="reset") -> WriterEnv:
     return env
 
 
-@pytest.mark.parametrize("layout", ["aos", "soa"])
-def test_checkpoint_continues_the_same_samples(layout, shm_dir, tmp_path):
+@pytest.mark.parametrize("layout,kw", [("aos", {}), ("soa", {}),
+                                       ("aos", dict(n_step=2, gamma=0.5, prioritized=True))])
+def test_checkpoint_continues_the_same_samples(layout, kw, shm_dir, tmp_path):
     spec = spec_of()
     rng = np.random.default_rng(8)
     with SharedReplayBuffer(spec, 16, num_writers=2, seed=3, layout=layout, frame_stack=K,
-                            final_frames=8) as a:
+                            final_frames=8, **kw) as a:
         envs = [WriterEnv(s, p_end=0.2) for s in range(2)]
         wa = [SharedWriter(a.name, s) for s in range(2)]
         wa[0].extend(take(envs[0], rng, 21))  # wrapped: its oldest stacks read the hist
@@ -585,9 +626,14 @@ def test_checkpoint_continues_the_same_samples(layout, shm_dir, tmp_path):
                 e = env_after(b, s)
                 assert (e.episode, e.t) == (envs[s].episode, envs[s].t)
             for _ in range(12):
-                x = a.sample(len(a))
-                same(x, b.sample(len(b)), spec)
-                check_stacks(x)
+                x, y = a.sample(len(a)), b.sample(len(b))
+                same(x, y, spec)
+                check_stacks(x, gamma=kw.get("gamma"))
+                if kw:
+                    np.testing.assert_array_equal(x.weights, y.weights)
+                    p = rng.random(len(a)) + 0.5
+                    a.update_priorities(x, p)
+                    b.update_priorities(y, p)
                 for s in range(2):
                     rows = take(envs[s], rng, int(rng.integers(1, 4)))
                     wa[s].extend(rows)
@@ -724,3 +770,25 @@ def test_a_hostile_checkpoint_is_refused_before_a_region_exists(shm_dir, tmp_pat
     attempt(array=("frames.final_slots.npy", final_slots[::-1].copy()), match="ascending")
     attempt(array=("frames.back.obs.npy", np.zeros((1, 2) + FRAME, np.uint8)), match="back")
     SharedReplayBuffer.load(tmp_path / "ck").close()  # the untouched checkpoint loads
+
+
+def test_prioritized_checkpoint_of_a_shard_not_full_with_a_write_in_flight(shm_dir, tmp_path):
+    """The newest row is left out of the checkpoint (its pending frame was replaced) while the
+    shard keeps its slots: its priority goes too, so it is never drawn after the load."""
+    spec = spec_of()
+    rng = np.random.default_rng(4)
+    env = WriterEnv(0, p_end=0.0)
+    with SharedReplayBuffer(spec, 12, seed=0, frame_stack=K, prioritized=True) as a:
+        w = SharedWriter(a.name, 0)
+        w.extend(take(env, rng, 8))
+        a.sample(2)  # folds the rows into the trees
+        w._k = _StopBeforePublish(w._k)
+        with pytest.raises(_Stopped):
+            w.extend(take(env, rng, 1))
+        a.save(tmp_path / "ck")
+        with SharedReplayBuffer.load(tmp_path / "ck") as b:
+            assert len(b) == 7 and b.priorities()[7] == 0
+            for _ in range(30):
+                x = b.sample(7)
+                assert 7 not in x.indices
+                check_stacks(x)

@@ -182,7 +182,7 @@ def _frame_options(spec: Spec, frame_stack, frame_padding, final_frames, next_of
             opts["roles"])
 
 
-def _refuse_with_frames(mode: str, sampler: str, prioritized: bool, n_step) -> None:
+def _refuse_with_frames(mode: str, sampler: str) -> None:
     """Refuse what frame stacks over shards do not do (before anything is created)."""
     if mode != "replay":
         raise ValueError(f"frame_stack needs mode='replay', got mode={mode!r}: a FIFO hands a row "
@@ -190,15 +190,8 @@ def _refuse_with_frames(mode: str, sampler: str, prioritized: bool, n_step) -> N
                          f"then have reused")
     if sampler != "uniform":
         raise NotImplementedError(f"SharedReplayBuffer(frame_stack=..., sampler={sampler!r}) is not "
-                                  f"implemented: frame stacks over shards sample uniformly")
-    if prioritized:
-        raise NotImplementedError("SharedReplayBuffer(frame_stack=..., prioritized=True) is not "
-                                  "implemented (frame stacks over shards sample uniformly); use a "
-                                  "PrioritizedReplayBuffer(frame_stack=...) in one process")
-    if n_step is not None:
-        raise NotImplementedError("SharedReplayBuffer(frame_stack=..., n_step=...) is not "
-                                  "implemented; use a ReplayBuffer(frame_stack=..., n_step=...) in "
-                                  "one process")
+                                  f"implemented: frame stacks over shards sample uniformly or by "
+                                  f"priority")
 
 
 def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
@@ -660,7 +653,7 @@ class SharedReplayBuffer:
         sampler_name = "uniform" if sampler is None else sampler
         frames = _frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
         if frames is not None:
-            _refuse_with_frames(mode, sampler_name, prioritized, n_step)
+            _refuse_with_frames(mode, sampler_name)
         if sampler_name == "without_replacement" and (mode == "fifo" or prioritized):
             raise ValueError(f"sampler={sampler_name!r} needs mode='replay' and prioritized=False, "
                              f"got mode={mode!r}, prioritized={prioritized!r}")
@@ -1070,8 +1063,8 @@ class SharedReplayBuffer:
             self._limit_sample(batch_size)  # returns holding the lock
         try:
             i = ring.next
-            if self._frames is not None:
-                self._sample_stacks(ring.slots[i], ring.arrays[i], ring.transforms[-1])
+            if self._frames is not None:  # the ring's own (projected) frame transform
+                self._sample_windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
             elif self._nstep is None:
                 self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
             else:
@@ -1087,53 +1080,47 @@ class SharedReplayBuffer:
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
 
-    def _sample_windows(self, out, arrays) -> None:
-        """Draw, then n-step windows, then redraw every row whose window a writer may have
-        touched while it was read (lock held)."""
+    def _sample_windows(self, out, arrays, ft=None) -> None:
+        """Draw, then the n-step windows and the frame stacks (``ft``: the ring's
+        ShardFrameStack, or None) as of heads read before the draw, then redraw every row whose
+        window or stacks a writer may have touched while they were read (lock held).
+
+        A writer overwrites its oldest rows first: if a window's first row was not touched
+        since the snapshot, none of its later (newer) rows was. A stack reads its row, up to
+        K - 1 rows back and one row forward (its next frame): the obs stack is the window's
+        first row's, the next_obs stack its last row's."""
         k, t, r = self._k, self._nstep, self._region
-        heads = arrays[1]["heads"]
+        fa = None if ft is None else arrays[-1]
+        heads = (fa if t is None else arrays[1])["heads"]
         mark = heads[7 * r.shards:]
-        k.read_heads(r.heads, r.cap, heads)  # before the draw: no window reads past these rows
+        k.read_heads(r.heads, r.cap, heads)  # before the draw: nothing reads past these rows
         self.sampler.sample(0, out, arrays[0])
-        t.apply(out, arrays[1], out.indices, heads)
-        # a writer overwrites its oldest rows first: if a window's first row was not touched
-        # since the snapshot, none of its later (newer) rows was
-        if k.torn_after_copy(r.reserved, r.cap, heads, out.indices, mark):
+        last = out.indices if t is None else t.apply(out, arrays[1], out.indices, heads)
+        if ft is not None:
+            ft.apply(out, fa, last, heads)
+
+        def torn(heads, i, m):
+            part = slice(None) if i is None else slice(i, i + 1)
+            if ft is None:
+                return k.torn_after_copy(r.reserved, r.cap, heads, out.indices[part], m)
+            return ft.torn(r.reserved, heads, out.indices[part], m,
+                           None if t is None else last[part], fa["mark2"][part])
+
+        if torn(heads, None, mark):
             def redo(i):
                 self.sampler.redraw(i, out, arrays[0])
-                t.apply_row(out, arrays[1], i, heads)
-                return out.indices[i:i + 1]
+                if t is not None:
+                    t.apply_row(out, arrays[1], i, heads)
+                if ft is not None:
+                    ft.apply_row(out, fa, i, heads, last[i:i + 1])
 
-            self._redraw_torn(mark, heads, redo, "windows")
+            self._redraw_torn(mark, heads, redo, torn, "windows" if ft is None else "stacks")
 
-    def _sample_stacks(self, out, arrays, t) -> None:
-        """Draw, rebuild the frame stacks (``t``: the ring's ShardFrameStack), then redraw every
-        row whose stack a writer may have touched while it was read (lock held)."""
-        k, r = self._k, self._region
-        a = arrays[-1]
-        heads = a["heads"]
-        mark = heads[7 * r.shards:]
-        k.read_heads(r.heads, r.cap, heads)  # before the draw: the stacks are as of these heads
-        self.sampler.sample(0, out, arrays[0])
-        t.apply(out, a, out.indices, heads)
-        # a stack reads its row, up to K - 1 rows back and one row forward (its next frame)
-        if t.torn(r.reserved, heads, out.indices, mark):
-            def redo(i):
-                self.sampler.redraw(i, out, arrays[0])
-                t.apply_row(out, a, i, heads)
-                return out.indices[i:i + 1]
-
-            self._redraw_torn(mark, heads, redo, "stacks", t.torn)
-
-    def _redraw_torn(self, mark, heads, redo, what: str, torn=None) -> None:
+    def _redraw_torn(self, mark, heads, redo, torn, what: str) -> None:
         """For every ``i`` marked (its rows may have been written while read): read the heads
-        afresh into ``heads``, ``redo(i)`` (draw and copy again; returns the slots to check),
-        check again (``torn(reserved, heads, slots, mark)``, by default the slots' own rows),
-        until it copies cleanly (lock held)."""
+        afresh into ``heads``, ``redo(i)`` (draw and copy again), check again
+        (``torn(heads, i, mark[i:i + 1])``), until it copies cleanly (lock held)."""
         k, r = self._k, self._region
-        if torn is None:
-            def torn(reserved, heads, idx, m):
-                return k.torn_after_copy(reserved, r.cap, heads, idx, m)
         for i in range(mark.shape[0]):
             tries = 0
             while mark[i]:
@@ -1142,7 +1129,8 @@ class SharedReplayBuffer:
                                             f"drawn were all being written")
                 tries += 1
                 k.read_heads(r.heads, r.cap, heads)
-                torn(r.reserved, heads, redo(i), mark[i:i + 1])
+                redo(i)
+                torn(heads, i, mark[i:i + 1])
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
                          copy: bool = False, fields=None) -> Batch:
@@ -1215,9 +1203,11 @@ class SharedReplayBuffer:
                                               arrays, one) != -1:
                         raise ValueError(f"policy='reject': no slice of {length} steps found")
                     out.source.gather_at(idx[b], out, b * length)
-                    return idx[one, 0]
 
-                self._redraw_torn(marks, scratch, redo, "slices")
+                def torn(heads, b, m):
+                    return k.torn_after_copy(r.reserved, r.cap, heads, idx[b:b + 1, 0], m)
+
+                self._redraw_torn(marks, scratch, redo, torn, "slices")
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:
                 self._count_sample(batch_size)
@@ -1361,9 +1351,20 @@ class SharedReplayBuffer:
         copied with the heads and frames read now (see
         :func:`tfdata.replay.shared_frames.checkpoint_state`)."""
         r = self._region
+        old = state["heads"]
         heads, dropped, frames = shared_frames.checkpoint_state(
-            r.frames, r.storage, r.reserved, state["heads"], state.pop("frame_copies"), self._k)
+            r.frames, r.storage, r.reserved, old, state.pop("frame_copies"), self._k)
         state.update(heads=heads, dropped=dropped, frames=frames)
+        pri = state["prioritized"]
+        if pri is not None and heads != old:
+            # a shard that keeps its slots (dropped 0) but not its newest row: that slot's
+            # leaf goes (the others of a shard moved to its first slots are rebuilt by restore)
+            leaves = np.array(pri["leaves"], copy=True)  # a copy: never the live trees
+            for s, (h, was, t) in enumerate(zip(heads, old, dropped)):
+                if t == 0:
+                    for q in range(h, was):
+                        leaves[s * r.cap + q % r.cap] = 0.0
+            pri["leaves"] = leaves
         if "rate_limiter" in state:  # inserts as of the heads kept
             state["rate_limiter"]["inserts"] = sum(heads)
 

@@ -338,7 +338,7 @@ class ShardFrameStack:
     def plan_ring(spec: Spec, frames: dict, rows: int, shards: int, fields=None) -> int:
         names = list(frames["stacks"]) + [n for n in frames["next"].values() if n is not None]
         return (rows * sum(spec[n].nbytes for n in names if fields is None or n in fields)
-                + 8 * (7 * shards + rows))
+                + 8 * (7 * shards + 2 * rows))
 
     def project(self, names) -> "ShardFrameStack":
         t = copy.copy(self)
@@ -355,23 +355,28 @@ class ShardFrameStack:
                 if self._wants(field):
                     f = self.spec[field]
                     arrays[field] = self.allocator.zeros((batch_size,) + f.shape, f.dtype)
-        # the heads snapshot (3 per shard), write windows (4 per shard), one mark per row
+        # the heads snapshot (3 per shard), write windows (4 per shard), one mark per row; marks
+        # of the windows' last rows (n-step)
         arrays["heads"] = self.allocator.zeros(7 * self.shards + batch_size, np.int64)
+        arrays["mark2"] = self.allocator.zeros(batch_size, np.int64)
         return arrays
 
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
         for name, arr in arrays.items():
-            if name != "heads":
+            if name not in ("heads", "mark2"):
                 fields[name] = arr
 
     def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
+        """Stacks of the rows drawn (``out.indices``); next stacks of ``rows`` (n-step: each
+        window's last row)."""
         self._stacks(out.indices, rows, arrays, where, slice(None))
         return rows
 
-    def apply_row(self, out, arrays: dict, i: int, where) -> None:
-        """:meth:`apply` for row ``i`` of the batch only (a redrawn row)."""
+    def apply_row(self, out, arrays: dict, i: int, where, rows=None) -> None:
+        """:meth:`apply` for row ``i`` of the batch only (a redrawn row; ``rows``: the slot whose
+        next stack it shows, default its own)."""
         one = out.indices[i:i + 1]
-        self._stacks(one, one, arrays, where, slice(i, i + 1))
+        self._stacks(one, one if rows is None else rows, arrays, where, slice(i, i + 1))
 
     def _stacks(self, idx, rows, arrays, heads, part) -> None:
         sf, k = self.sf, self.k
@@ -389,10 +394,17 @@ class ShardFrameStack:
                                           sf.final_idx, sf.finals[nxt], sf.pending[nxt],
                                           _words(arrays[nxt][part], word))
 
-    def torn(self, reserved: np.ndarray, heads: np.ndarray, idx: np.ndarray, mark: np.ndarray) -> int:
-        """Mark the rows of ``idx`` whose stacks a writer may have touched since ``heads``."""
-        return self.k.shard_frames_torn(reserved, self.cap, heads, idx, self.sf.depth, self.sf.kmax,
-                                        mark)
+    def torn(self, reserved: np.ndarray, heads: np.ndarray, idx: np.ndarray, mark: np.ndarray,
+             last=None, scratch=None) -> int:
+        """Mark the rows of ``idx`` whose stacks a writer may have touched since ``heads``
+        (``last``: the slots the next stacks were read at, checked too, marks in ``scratch``)."""
+        k, sf = self.k, self.sf
+        torn = k.shard_frames_torn(reserved, self.cap, heads, idx, sf.depth, sf.kmax, mark)
+        if last is not None and k.shard_frames_torn(reserved, self.cap, heads, last, sf.depth,
+                                                    sf.kmax, scratch):
+            np.bitwise_or(mark, scratch, out=mark)
+            torn = int(np.count_nonzero(mark))
+        return torn
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -429,6 +441,8 @@ def checkpoint_state(sf: ShardFrames, storage, reserved: np.ndarray, heads: list
     scratch[shards:2 * shards] = heads  # the windows of torn_after_copy are judged from these
     for s in range(shards):
         scratch[2 * shards + s] = heads[s] % cap
+    # an acquire fence: the reserves read below are read after the copies they judge
+    kernels.torn_after_copy(reserved, cap, scratch, np.zeros(0, np.int64), np.zeros(0, np.int64))
     out_heads, out_dropped = [], []
     back = {n: np.zeros((shards, k - 1) + sf.spec[n].shape[1:], sf.spec[n].dtype)
             for n, k in sf.stacks.items()}
