@@ -265,8 +265,10 @@ class ShardFrameWriter:
                 width = pad.shape[0]
                 top = (kk - 1) * width
                 # the newest frame continues the stream: the previous row's next frame (elision)
-                r = k.first_discontinuity(_bytes(obs[:, top:]), _bytes(nx[:, top:]), term, trunc,
-                                          _bytes(pending.reshape(1, -1)), self.has_pending)
+                # (compared as words: the kernel takes any integer dtype)
+                r = k.first_discontinuity(np.ascontiguousarray(obs[:, top:]),
+                                          np.ascontiguousarray(nx[:, top:]), term, trunc,
+                                          pending.reshape(1, -1), self.has_pending)
                 if r >= 0:
                     raise SpecError(
                         f"shard {self.shard}, row {r} of the write: the newest frame of {name!r} "
@@ -311,11 +313,6 @@ class ShardFrameWriter:
         self.sf.words[self.shard, _ENDS] = k.shard_finals_index(term, trunc, skip, head, ends,
                                                                 self.final_idx, self.final_rows)
         self.has_pending[0] = not (term[n - 1] or trunc[n - 1])
-
-
-def _bytes(words: np.ndarray) -> np.ndarray:
-    """uint8 ``(rows, bytes)`` of a 2-D word array (copied to C order if needed)."""
-    return np.ascontiguousarray(words).view(np.uint8)
 
 
 class ShardFrameStack:
