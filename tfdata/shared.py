@@ -33,6 +33,10 @@ last delivery is copied; each writer puts a row into the next free slot of its s
 ``taken`` / ``released`` words, one writer each) and logs the slot before publishing the head.
 A writer waits (``"block"``) or drops (``"drop"``) only when no slot of its shard is free.
 
+With ``frame_stack=`` (replay mode) a stacked observation is stored one frame per row and its
+stacks rebuilt at sample time from the writer's shard, with the frame bookkeeping in the region
+under the same sequence lock (see :mod:`tfdata.replay.shared_frames`).
+
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
 (``flock``) is held by its process for as long as it lives and released by the kernel however
@@ -601,6 +605,24 @@ class SharedReplayBuffer:
         sample waiting while every writer has finished or died raises SharedBufferError;
         closing the buffer makes waiting writers raise SharedBufferError. The counts are in
         checkpoints. See :mod:`tfdata.replay.limiter`.
+    frame_stack, frame_padding
+        As for :class:`~tfdata.ReplayBuffer` (replay mode, uniform or prioritized, with or
+        without ``n_step``): a stacked observation (``obs: (K, *frame)``, ``next_obs`` of the
+        same shape) is stored one frame per row, and the stacks are rebuilt at sample time from
+        the writer's shard, exactly as pushed. Each writer's writes are checked against its own
+        shard (a stream must start at an episode's first row and stay continuous: SpecError,
+        nothing written). The depths, the frames of overwritten rows, the final and pending
+        frames live in the region (see :mod:`tfdata.replay.shared_frames`); a row whose stack a
+        writer touched while it was read is drawn again, like a torn row. Not with
+        ``mode="fifo"``, ``sampler="without_replacement"`` or ``"exactly_k"``, nor for
+        :meth:`sample_sequences` (NotImplementedError or ValueError naming the combination).
+    final_frames : int, optional
+        With ``frame_stack``: entries per shard of the table of final frames (the next frame
+        of rows that end an episode), at most the shard capacity; default
+        ``shard_capacity // 64 + 2``. A region cannot grow: a write whose episode end would
+        need an entry that a held row still uses (more than ``final_frames`` episodes ending
+        within ``shard_capacity`` rows of a shard) is refused with SharedBufferError, nothing
+        written.
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
         process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
@@ -1850,6 +1872,12 @@ class SharedWriter:
     :class:`~tfdata.SpecError` naming the field, the expected and the given shape or dtype, and
     the shard is unchanged. Threads of one process may share a writer (its own lock orders
     their writes).
+
+    With ``frame_stack`` a shard is one stream: a writer that takes a shard over (or attaches
+    to a loaded checkpoint) continues its stream, after its newest row (a new episode only if
+    that row ended one). A shard whose last writer died in the middle of a write cannot be
+    taken over (SharedBufferError: its frame bookkeeping may be half-written); its published
+    rows stay sampled.
     """
 
     def __init__(self, name: str, shard: int, *, dir: str | None = None,
