@@ -1240,6 +1240,10 @@ def load(path, classes: dict, **overrides):
 # Without replacement, config.sampler is "without_replacement" (absent: uniform) and
 # state.without_replacement holds the pass as for a ReplayBuffer (undrawn slots of held rows,
 # each once; passes), every published row added before the save.
+# With frame stacks, config has frame_stack, frame_padding and final_frames, the rows are the
+# stored ones (one frame per row, no elided next field) and state.frames holds what the kept
+# rows' stacks read besides them (_read_shared_frames); heads and dropped then say which rows
+# were kept (SharedReplayBuffer.settle_frames may leave out more than the rows overwritten).
 _SHARED_CONFIG = ("capacity", "layout", "ring_size", "num_writers", "prioritized", "n_step",
                   "gamma", "next_of", "roles")
 _SHARED_STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "heads",
