@@ -792,3 +792,35 @@ def test_prioritized_checkpoint_of_a_shard_not_full_with_a_write_in_flight(shm_d
                 x = b.sample(7)
                 assert 7 not in x.indices
                 check_stacks(x)
+
+
+def test_kernels_stay_in_bounds_whatever_the_shared_arrays_hold():
+    """Heads, depths, final-table indices and reserves as a corrupted region could hold them:
+    the stack kernels write their rows of ``dst`` only and read within their arrays."""
+    from tfdata import kernels
+
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        k, shards = int(rng.integers(2, 6)), int(rng.integers(1, 4))
+        cap, width, f, b = int(rng.integers(k, k + 5)), 2, int(rng.integers(1, 4)), 6
+        slots = shards * cap
+        scratch = np.zeros(7 * shards + b, np.int64)
+        scratch[:3 * shards] = rng.integers(-2**62, 2**62, 3 * shards)
+        depth = rng.integers(0, 256, slots).astype(np.uint8)
+        src = rng.integers(0, 255, (slots, width + 1)).astype(np.uint8)
+        hist = rng.integers(0, 255, (k - 1, shards, width)).astype(np.uint8)
+        pad = np.zeros(width, np.uint8)
+        term, trunc = rng.random(slots) < 0.5, rng.random(slots) < 0.5
+        final_idx = rng.integers(-2**31, 2**31, slots).astype(np.int32)
+        finals = np.zeros((shards, f, width), np.uint8)
+        pending = np.zeros((shards, width), np.uint8)
+        rows = rng.integers(0, slots, b).astype(np.int64)
+        guard = np.full((b + 2, k * width), 0xAB, np.uint8)
+        kernels.shard_frame_stacks(rows, scratch, shards, cap, depth, src, 1, hist, pad, 0, guard[1:-1])
+        kernels.shard_next_frame_stacks(rows, scratch, shards, cap, depth, src, 1, hist, pad, 0, term,
+                                        trunc, final_idx, finals, pending, guard[1:-1])
+        assert (guard[0] == 0xAB).all() and (guard[-1] == 0xAB).all(), trial
+        reserved = rng.integers(0, 2**63, shards).astype(np.uint64)
+        mark = np.zeros(b + 2, np.int64)
+        kernels.shard_frames_torn(reserved, cap, scratch, rows, depth, k - 1, mark[1:-1])
+        assert mark[0] == 0 and mark[-1] == 0
