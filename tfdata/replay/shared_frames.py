@@ -185,10 +185,6 @@ class ShardFrames:
             pad = np.zeros(f.shape[1:], f.dtype) if isinstance(p, str) else np.asarray(p, f.dtype)
             self.pads[name] = np.ascontiguousarray(pad).reshape(1, -1).view(np.uint8).view(WORD_TYPES[word])[0]
 
-    def nbytes_per_row(self) -> int:
-        """Bytes of per-slot bookkeeping (depth, final-table index)."""
-        return 5
-
     def start(self) -> None:
         """A new region: every shard's next row starts an episode (the owner, before writers)."""
         for s in range(self.shards):
