@@ -965,6 +965,23 @@ def exactly_k_recover_naive(taken: list, released: list, log: list, base: int, c
 
 
 # -- frame stacks ------------------------------------------------------------------------------
+def frame_of(env: int, episode: int, t: int, frame=(3, 2), dtype=np.uint8) -> np.ndarray:
+    """The synthetic frame of :class:`FrameStackEnv`: step ``t`` of ``episode`` of stream ``env``,
+    its ids repeated over the pixels."""
+    n = int(np.prod(frame))
+    ids = [env + 1, episode % 251 + 1, t % 253 + 1, episode // 251 % 256, t // 253 % 256]
+    vals = np.array([ids[i % len(ids)] for i in range(n)], dtype=np.int64)
+    return vals.astype(np.dtype(dtype)).reshape(tuple(frame))
+
+
+def stack_of(env: int, episode: int, t: int, k: int, padding="reset", frame=(3, 2),
+             dtype=np.uint8) -> np.ndarray:
+    """The ``FrameStackObservation`` stack of :class:`FrameStackEnv` whose newest frame is step
+    ``t`` of ``episode`` of stream ``env`` (steps before 0 padded)."""
+    frames = [frame_of(env, episode, j, frame, dtype) for j in range(max(0, t - k + 1), t + 1)]
+    return frame_stack_naive(frames, min(t, k - 1), k, padding)
+
+
 class FrameStackEnv:
     """A vector of ``num_envs`` streams as gymnasium's ``FrameStackObservation`` over a
     same-step-autoreset vector env returns them, with synthetic frames that carry their
@@ -983,11 +1000,7 @@ class FrameStackEnv:
         self.queues = [self._reset(i) for i in range(num_envs)]
 
     def _frame(self, env: int) -> np.ndarray:
-        n = int(np.prod(self.frame))
-        ids = [env + 1, self.episode[env] % 251 + 1, self.t[env] % 253 + 1,
-               self.episode[env] // 251 % 256, self.t[env] // 253 % 256]
-        vals = np.array([ids[i % len(ids)] for i in range(n)], dtype=np.int64)
-        return vals.astype(self.dtype).reshape(self.frame)
+        return frame_of(env, self.episode[env], self.t[env], self.frame, self.dtype)
 
     def _reset(self, env: int) -> list:
         first = self._frame(env)
@@ -1268,3 +1281,77 @@ def cold_assign_naive(need, reach, start, count, cache_map, slot_block, filled, 
         slot_used[c] = clock
         slot_pass[c] = pass_id
     return count, todo, clock, cache_map, slot_block, filled, slot_used, slot_pass
+# -- frame stacks over the shards of a shared region ------------------------------------------
+def _shard_row(x: int, heads, cap: int):
+    """``(shard, absolute row)`` of a held region slot ``x`` as of ``heads``."""
+    s, local = divmod(int(x), cap)
+    newest = int(heads[s]) - 1
+    return s, newest - ((newest - local) % cap)
+
+
+def shard_stack_naive(x, heads, cap, depth, src, hist, pad, mode, k, count=None):
+    """Positions ``0..count-1`` (default ``k``) of the stack of region slot ``x``: the frames of
+    its shard's rows (``src[slot]`` while held, ``hist[row % (k-1), shard]`` once overwritten),
+    padded beyond ``depth[x]`` as ``mode`` says (0 reset, 1 zero, 2 ``pad``)."""
+    count = k if count is None else count
+    s, r = _shard_row(x, heads, cap)
+    h = int(heads[s])
+    d = min(int(depth[x]), k - 1)
+
+    def frame(row):
+        return src[s * cap + row % cap] if row >= h - cap else hist[row % (k - 1), s]
+
+    out = []
+    for p in range(count):
+        j = count - 1 - p
+        if j <= d:
+            out.append(frame(r - j))
+        elif mode == 0:
+            out.append(frame(r - d))
+        elif mode == 1:
+            out.append(np.zeros_like(src[0]))
+        else:
+            out.append(pad)
+    return np.stack(out)
+
+
+def shard_next_stack_naive(x, heads, cap, depth, src, hist, pad, mode, k, term, trunc, final_idx,
+                           finals, pending):
+    """The next stack of region slot ``x``: its stack shifted by one, then the next frame (the
+    final table at an episode end, the shard's pending frame for its newest row, else the next
+    row's frame)."""
+    s, r = _shard_row(x, heads, cap)
+    back = shard_stack_naive(x, heads, cap, depth, src, hist, pad, mode, k, k - 1)
+    f = int(final_idx[x]) if term[x] or trunc[x] else -1
+    if 0 <= f < finals.shape[1]:
+        last = finals[s, f]
+    elif r == int(heads[s]) - 1:
+        last = pending[s]
+    else:
+        last = src[s * cap + (r + 1) % cap]
+    return np.concatenate([back, last[None]])
+
+
+def shard_frames_torn_naive(x, heads, reserved, cap, depth, kmax) -> bool:
+    """Whether a slot read by the stacks of region slot ``x`` (``depth`` rows back to one row
+    forward) is one a writer began since ``heads`` (rows ``heads[s] .. reserved[s] - 1``)."""
+    s, local = divmod(int(x), cap)
+    h, res = int(heads[s]), int(reserved[s])
+    busy = {r % cap for r in range(h, min(res, h + cap))}
+    d = min(int(depth[x]), kmax)
+    return any((local - j) % cap in busy for j in range(-1, d + 1))
+
+
+def shard_finals_room_naive(ends_rows, cap: int, ends: int, final_rows, head: int) -> int:
+    """First write row (of ``ends_rows``: the write's rows that end an episode, stored as shard
+    rows ``head + r``) whose final-table entry a held row still uses, or -1."""
+    f = len(final_rows)
+    users = {e: int(final_rows[e]) for e in range(min(ends, f))}
+    j = ends
+    for r in ends_rows:
+        e = j % f
+        if e in users and users[e] + cap > head + r:
+            return r
+        users[e] = head + r
+        j += 1
+    return -1

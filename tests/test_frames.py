@@ -296,3 +296,27 @@ def test_compiled_push_refusals_change_nothing():
         for f in before["episodes"]["pending"]:
             assert np.array_equal(before["episodes"]["pending"][f], after["episodes"]["pending"][f])
     a.push(good)
+
+
+@pytest.mark.parametrize("order", [("obs", "pix"), ("pix", "obs")])
+def test_two_stacks_of_different_depths(order):
+    """Two stacked fields, K = 4 and K = 2, in either order: depths are capped at the larger
+    K - 1 (a cap at the smaller one padded the K = 4 stacks from their third row on)."""
+    shapes = {"obs": ("u1", (4, 3, 2)), "pix": ("u1", (2, 3, 2))}
+    spec = {}
+    for n in order:
+        spec[n] = shapes[n]
+        spec["next_" + n] = shapes[n]
+    spec.update(terminated="?", truncated="?")
+    env = naive.FrameStackEnv(1, 4, p_end=0.1)
+    rng = np.random.default_rng(0)
+    a = tfdata.ReplayBuffer(spec, 16, seed=1, frame_stack={"obs": 4, "pix": 2})
+    b = tfdata.ReplayBuffer(spec, 16, seed=1)
+    for _ in range(40):
+        s = env.step(rng)
+        row = {"obs": s["obs"][0], "next_obs": s["next_obs"][0], "pix": s["obs"][0][2:],
+               "next_pix": s["next_obs"][0][2:], "terminated": s["terminated"][0],
+               "truncated": s["truncated"][0]}
+        a.push(row)
+        b.push(row)
+        same(a.sample(len(a)), b.sample(len(b)), spec)

@@ -33,6 +33,10 @@ last delivery is copied; each writer puts a row into the next free slot of its s
 ``taken`` / ``released`` words, one writer each) and logs the slot before publishing the head.
 A writer waits (``"block"``) or drops (``"drop"``) only when no slot of its shard is free.
 
+With ``frame_stack=`` (replay mode) a stacked observation is stored one frame per row and its
+stacks rebuilt at sample time from the writer's shard, with the frame bookkeeping in the region
+under the same sequence lock (see :mod:`tfdata.replay.shared_frames`).
+
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
 (``flock``) is held by its process for as long as it lives and released by the kernel however
@@ -74,6 +78,8 @@ from .replay.core import MAX_DRAWS as _MAX_DRAWS
 from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from .replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from .replay.samplers.shared import SharedWithoutReplacementSampler
+from .replay import shared_frames
+from .replay.frames import padding_config, resolve_frames
 from .replay.transforms import ShardNStep, episode_options
 from .replay.writers import RingWriter
 from .spec import Spec
@@ -134,22 +140,62 @@ def _region_path(name: str, dir: str | None) -> str:
     return os.path.join(dir or shm_dir(), _PREFIX + name)
 
 
-def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool, exactly_k: bool = False) -> dict:
+def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool, exactly_k: bool = False,
+            frames=None) -> dict:
     """Byte offsets of every section of a region (and its total size); exactly-k replay adds
-    three words per slot (``taken``, ``released``, ``log``: see :class:`_Region`)."""
+    three words per slot (``taken``, ``released``, ``log``: see :class:`_Region`). ``frames``:
+    ``(resolved frame_stack, final_frames)``: the rows stored one frame per row, and the frame
+    arrays (``lay["frame_arrays"]``, see :mod:`tfdata.replay.shared_frames`). ``lay["stored"]``:
+    the stored spec and layout."""
     slots = shards * cap
-    return shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots,
-                           3 if exactly_k else 0)
+    extra = []
+    if frames is not None:
+        extra = shared_frames.region_arrays(spec, frames[0], shards, cap, frames[1])
+        spec, layout = shared_frames.stored(spec, frames[0], layout)
+    lay = shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots,
+                          3 if exactly_k else 0, extra)
+    lay["frame_arrays"], lay["stored"] = extra, (spec, layout)
+    return lay
 
 
 def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
-                  mode: str = "replay", sampler: str | None = None) -> int:
+                  mode: str = "replay", sampler: str | None = None, frame_stack=None,
+                  frame_padding="reset", final_frames: int | None = None, next_of="auto",
+                  roles=None) -> int:
     """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps
-    (``sampler="exactly_k"``: 24 bytes more per slot)."""
+    (``sampler="exactly_k"``: 24 bytes more per slot; ``frame_stack``: one frame per row and
+    the frame bookkeeping)."""
     spec = spec if isinstance(spec, Spec) else Spec(spec)
     shards, cap = _shards(capacity, num_writers)
+    frames = _frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
     return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo",
-                   sampler == "exactly_k")["nbytes"]
+                   sampler == "exactly_k", frames)["nbytes"]
+
+
+def _frame_options(spec: Spec, frame_stack, frame_padding, final_frames, next_of, roles, cap):
+    """``(resolved frame_stack, final_frames, next_of, roles)`` or None (no frame_stack);
+    refuses bad options (nothing is created)."""
+    opts = episode_options(spec, None, 0.99, next_of, False, roles)
+    frames = resolve_frames(spec, frame_stack, frame_padding, opts["next_of"], opts["has_flags"])
+    if frames is None:
+        if final_frames is not None:
+            raise ValueError("final_frames is given but frame_stack is None (it sizes the "
+                             "final-frame table of stacked fields)")
+        return None
+    return (frames, shared_frames.check_options(spec, frames, cap, final_frames), opts["next_of"],
+            opts["roles"])
+
+
+def _refuse_with_frames(mode: str, sampler: str) -> None:
+    """Refuse what frame stacks over shards do not do (before anything is created)."""
+    if mode != "replay":
+        raise ValueError(f"frame_stack needs mode='replay', got mode={mode!r}: a FIFO hands a row "
+                         f"out once, and a stack reads the rows before it, which its writer may "
+                         f"then have reused")
+    if sampler != "uniform":
+        raise NotImplementedError(f"SharedReplayBuffer(frame_stack=..., sampler={sampler!r}) is not "
+                                  f"implemented: frame stacks over shards sample uniformly or by "
+                                  f"priority")
 
 
 def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
@@ -209,7 +255,15 @@ class _Region:
         self.map = mapped
         # fewer TLB misses for random gathers where the system gives shared memory huge pages
         mapped.hugepages()
-        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo", self.exactly_k)
+        # frame stacks (region.json "frames", checked by _open_region): stored one frame per row
+        self.frames = None
+        frames = None
+        if doc.get("frames") is not None:
+            fr, final_frames, roles = shared_frames.from_doc(doc["frames"], self.spec, self.cap)
+            frames = (fr, final_frames)
+        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo", self.exactly_k,
+                      frames)
+        self.stored_spec, self.stored_layout = lay["stored"]
         if mapped.nbytes < lay["nbytes"]:
             raise FormatError(f"{path}: region file holds {mapped.nbytes} bytes, its description "
                               f"needs {lay['nbytes']}")
@@ -231,7 +285,11 @@ class _Region:
         if self.exactly_k:
             self.taken, self.released, self.log = (mapped.at(o, np.uint64, (slots,))
                                                    for o in lay["slot_words"])
-        self.storage = shm_region.storage_over(mapped, lay, self.spec, self.layout, slots)
+        self.storage = shm_region.storage_over(mapped, lay, self.stored_spec, self.stored_layout, slots)
+        if frames is not None:
+            self.frames = shared_frames.ShardFrames(self.spec, fr, final_frames, roles,
+                                                    shm_region.map_extra(mapped, lay, lay["frame_arrays"]),
+                                                    self.storage, self.shards, self.cap)
 
     def torn(self, shard: int) -> int:
         """Slots of ``shard`` a writer began and did not publish (one that died mid-write)."""
@@ -309,6 +367,10 @@ def _open_region(path: str) -> _Region:
             raise ValueError(f"layout: {type(doc['layout']).__name__}")
         check_layout(doc["layout"], Spec.from_dict(doc["spec"]))
         _check_limiter_doc(doc)
+        if doc.get("frames") is not None:
+            if doc["mode"] != "replay" or doc.get("sampler") is not None:
+                raise ValueError(f"frames with mode {doc['mode']!r}, sampler {str(doc.get('sampler'))[:40]!r}")
+            shared_frames.from_doc(doc["frames"], Spec.from_dict(doc["spec"]), doc["shard_capacity"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # SpecError is a ValueError
         raise FormatError(f"{doc_path}: not a valid shared buffer description ({exc})") from None
     return _Region(path, doc, io.MappedFile(os.path.join(path, "region"), 0, writable=True))
@@ -543,6 +605,24 @@ class SharedReplayBuffer:
         sample waiting while every writer has finished or died raises SharedBufferError;
         closing the buffer makes waiting writers raise SharedBufferError. The counts are in
         checkpoints. See :mod:`tfdata.replay.limiter`.
+    frame_stack, frame_padding
+        As for :class:`~tfdata.ReplayBuffer` (replay mode, uniform or prioritized, with or
+        without ``n_step``): a stacked observation (``obs: (K, *frame)``, ``next_obs`` of the
+        same shape) is stored one frame per row, and the stacks are rebuilt at sample time from
+        the writer's shard, exactly as pushed. Each writer's writes are checked against its own
+        shard (a stream must start at an episode's first row and stay continuous: SpecError,
+        nothing written). The depths, the frames of overwritten rows, the final and pending
+        frames live in the region (see :mod:`tfdata.replay.shared_frames`); a row whose stack a
+        writer touched while it was read is drawn again, like a torn row. Not with
+        ``mode="fifo"``, ``sampler="without_replacement"`` or ``"exactly_k"``, nor for
+        :meth:`sample_sequences` (NotImplementedError or ValueError naming the combination).
+    final_frames : int, optional
+        With ``frame_stack``: entries per shard of the table of final frames (the next frame
+        of rows that end an episode), at most the shard capacity; default
+        ``shard_capacity // 64 + 2``. A region cannot grow: a write whose episode end would
+        need an entry that a held row still uses (more than ``final_frames`` episodes ending
+        within ``shard_capacity`` rows of a shard) is refused with SharedBufferError, nothing
+        written.
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
         process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
@@ -563,7 +643,8 @@ class SharedReplayBuffer:
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
                  memory_budget=None, stats=None, rate_limiter=None, sampler: str | None = None,
-                 replays: int | None = None, timeout: float | None = None):
+                 replays: int | None = None, timeout: float | None = None, frame_stack=None,
+                 frame_padding="reset", final_frames: int | None = None):
         if stats is not None:
             raise NotImplementedError(
                 "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
@@ -592,6 +673,9 @@ class SharedReplayBuffer:
         if n_step is not None and mode == "fifo":
             raise ValueError("n_step needs mode='replay' (a FIFO delivers the rows as written)")
         sampler_name = "uniform" if sampler is None else sampler
+        frames = _frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
+        if frames is not None:
+            _refuse_with_frames(mode, sampler_name)
         if sampler_name == "without_replacement" and (mode == "fifo" or prioritized):
             raise ValueError(f"sampler={sampler_name!r} needs mode='replay' and prioritized=False, "
                              f"got mode={mode!r}, prioritized={prioritized!r}")
@@ -615,7 +699,8 @@ class SharedReplayBuffer:
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
             planned = sampler.plan(shards * cap)
-            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo", exactly_k)["nbytes"],
+            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo", exactly_k,
+                                                                       frames and frames[:2])["nbytes"],
                                               "trees": planned["trees"], "bookkeeping": planned["bookkeeping"]},
                          f"SharedReplayBuffer of capacity {shards * cap}")
         self._k = _kernels()
@@ -624,7 +709,7 @@ class SharedReplayBuffer:
         path = _region_path(name, dir)
         if os.path.exists(path):
             raise FileExistsError(f"a shared buffer named {name!r} exists already ({path})")
-        lay = _layout(spec, layout, shards, cap, mode == "fifo", exactly_k)
+        lay = _layout(spec, layout, shards, cap, mode == "fifo", exactly_k, frames and frames[:2])
         doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
                "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
@@ -632,6 +717,8 @@ class SharedReplayBuffer:
             doc["rate_limiter"] = rate_limiter.params()
         if exactly_k:  # what the writers need to know: write free slots only, and the policy
             doc.update(sampler="exactly_k", replays=sampler.replays)
+        if frames is not None:  # what the writers check their writes against
+            doc["frames"] = shared_frames.describe(*frames)
         # built under a temporary name and renamed: a writer finds a complete region or none
         parent = os.path.dirname(path)
         sweep(parent)  # regions of owners that died without closing them
@@ -648,6 +735,8 @@ class SharedReplayBuffer:
             with open(os.path.join(tmp, "region.json"), "w", encoding="utf-8") as f:
                 json.dump(doc, f)
             region = _Region(tmp, doc, mapped)  # what can still fail, before writers can see it
+            if region.frames is not None:
+                region.frames.start()  # every shard's first row starts an episode
             os.rename(tmp, path)
             region.path = path
         except BaseException:
@@ -692,6 +781,15 @@ class SharedReplayBuffer:
             self._nstep = ShardNStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
                                      self.gamma, shards, cap, alloc.resolve(None))
             self._parts.append(self._nstep)
+        # frame stacks: rebuilt from the region's frames, after the draw, as of heads read
+        # before it (see replay/shared_frames.py)
+        self._frames = None
+        if self._region.frames is not None:
+            roles = episodes["roles"]
+            self._frames = shared_frames.ShardFrameStack(
+                self._region.frames, (st.field(roles["terminated"]), st.field(roles["truncated"])),
+                alloc.resolve(None))
+            self._parts.append(self._frames)
         self._rings = weakref.WeakSet()
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -987,7 +1085,9 @@ class SharedReplayBuffer:
             self._limit_sample(batch_size)  # returns holding the lock
         try:
             i = ring.next
-            if self._nstep is None:
+            if self._frames is not None:  # the ring's own (projected) frame transform
+                self._sample_windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
+            elif self._nstep is None:
                 self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
             else:
                 self._sample_windows(ring.slots[i], ring.arrays[i])
@@ -1002,29 +1102,46 @@ class SharedReplayBuffer:
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
 
-    def _sample_windows(self, out, arrays) -> None:
-        """Draw, then n-step windows, then redraw every row whose window a writer may have
-        touched while it was read (lock held)."""
+    def _sample_windows(self, out, arrays, ft=None) -> None:
+        """Draw, then the n-step windows and the frame stacks (``ft``: the ring's
+        ShardFrameStack, or None) as of heads read before the draw, then redraw every row whose
+        window or stacks a writer may have touched while they were read (lock held).
+
+        A writer overwrites its oldest rows first: if a window's first row was not touched
+        since the snapshot, none of its later (newer) rows was. A stack reads its row, up to
+        K - 1 rows back and one row forward (its next frame): the obs stack is the window's
+        first row's, the next_obs stack its last row's."""
         k, t, r = self._k, self._nstep, self._region
-        heads = arrays[1]["heads"]
+        fa = None if ft is None else arrays[-1]
+        heads = (fa if t is None else arrays[1])["heads"]
         mark = heads[7 * r.shards:]
-        k.read_heads(r.heads, r.cap, heads)  # before the draw: no window reads past these rows
+        k.read_heads(r.heads, r.cap, heads)  # before the draw: nothing reads past these rows
         self.sampler.sample(0, out, arrays[0])
-        t.apply(out, arrays[1], out.indices, heads)
-        # a writer overwrites its oldest rows first: if a window's first row was not touched
-        # since the snapshot, none of its later (newer) rows was
-        if k.torn_after_copy(r.reserved, r.cap, heads, out.indices, mark):
+        last = out.indices if t is None else t.apply(out, arrays[1], out.indices, heads)
+        if ft is not None:
+            ft.apply(out, fa, last, heads)
+
+        def torn(heads, i, m):
+            part = slice(None) if i is None else slice(i, i + 1)
+            if ft is None:
+                return k.torn_after_copy(r.reserved, r.cap, heads, out.indices[part], m)
+            return ft.torn(r.reserved, heads, out.indices[part], m,
+                           None if t is None else last[part], fa["mark2"][part])
+
+        if torn(heads, None, mark):
             def redo(i):
                 self.sampler.redraw(i, out, arrays[0])
-                t.apply_row(out, arrays[1], i, heads)
-                return out.indices[i:i + 1]
+                if t is not None:
+                    t.apply_row(out, arrays[1], i, heads)
+                if ft is not None:
+                    ft.apply_row(out, fa, i, heads, last[i:i + 1])
 
-            self._redraw_torn(mark, heads, redo, "windows")
+            self._redraw_torn(mark, heads, redo, torn, "windows" if ft is None else "stacks")
 
-    def _redraw_torn(self, mark, heads, redo, what: str) -> None:
+    def _redraw_torn(self, mark, heads, redo, torn, what: str) -> None:
         """For every ``i`` marked (its rows may have been written while read): read the heads
-        afresh into ``heads``, ``redo(i)`` (draw and copy again; returns the slots to check),
-        check again, until it copies cleanly (lock held)."""
+        afresh into ``heads``, ``redo(i)`` (draw and copy again), check again
+        (``torn(heads, i, mark[i:i + 1])``), until it copies cleanly (lock held)."""
         k, r = self._k, self._region
         for i in range(mark.shape[0]):
             tries = 0
@@ -1034,7 +1151,8 @@ class SharedReplayBuffer:
                                             f"drawn were all being written")
                 tries += 1
                 k.read_heads(r.heads, r.cap, heads)
-                k.torn_after_copy(r.reserved, r.cap, heads, redo(i), mark[i:i + 1])
+                redo(i)
+                torn(heads, i, mark[i:i + 1])
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
                          copy: bool = False, fields=None) -> Batch:
@@ -1058,6 +1176,10 @@ class SharedReplayBuffer:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
         if self._region.exactly_k:
             raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
+        if self._frames is not None:
+            raise NotImplementedError("sample_sequences of a SharedReplayBuffer with frame_stack is "
+                                      "not implemented (sample() rebuilds the stacks); use a "
+                                      "ReplayBuffer(frame_stack=...) in one process for slices")
         if not self._has_flags:
             raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
                             "fields 'terminated' and 'truncated' (or name them with roles=)")
@@ -1103,9 +1225,11 @@ class SharedReplayBuffer:
                                               arrays, one) != -1:
                         raise ValueError(f"policy='reject': no slice of {length} steps found")
                     out.source.gather_at(idx[b], out, b * length)
-                    return idx[one, 0]
 
-                self._redraw_torn(marks, scratch, redo, "slices")
+                def torn(heads, b, m):
+                    return k.torn_after_copy(r.reserved, r.cap, heads, idx[b:b + 1, 0], m)
+
+                self._redraw_torn(marks, scratch, redo, torn, "slices")
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:
                 self._count_sample(batch_size)
@@ -1132,19 +1256,29 @@ class SharedReplayBuffer:
                 rings[key] = ring
             return ring
         rows = batch_size * (length or 1)
+        r = self._region
+        source_fields = fields
+        if self._frames is not None:  # the stored fields but the frames; the stacks come after
+            source_fields = tuple(n for n in (self.spec.names if fields is None else fields)
+                                  if n in r.stored_spec and n not in self._frames.names)
         if self.memory_budget is not None:  # refuse before allocating the ring
             nbytes = self.nbytes_parts
             nbytes["new output ring"] = self._ring_size * (
-                output_nbytes(self.spec, rows, self.layout, fields)
+                output_nbytes(r.stored_spec, rows, r.stored_layout, source_fields)
                 + self.sampler.ring_nbytes(batch_size, length)
                 + (0 if self._nstep is None or length else
-                   self._nstep.plan_ring_shards(batch_size, None, fields)))
+                   self._nstep.plan_ring_shards(batch_size, None, fields))
+                + (0 if self._frames is None else
+                   shared_frames.ShardFrameStack.plan_ring(self.spec, r.frames.frames, rows,
+                                                           r.shards, fields)))
             check_budget(self.memory_budget, nbytes, f"sampling batches of {batch_size}"
                          + (f" slices of {length} rows" if length else " rows")
                          + (f" of fields {list(fields)}" if fields is not None else ""))
         st = self._region.storage
-        source = st if fields is None else st.project(fields)
+        source = st if source_fields is None else st.project(source_fields)
         parts = self._parts if length is None else [self.sampler]
+        if fields is not None and self._frames is not None:
+            parts = [p.project(fields) if p is self._frames else p for p in parts]
         names = self.spec.names if fields is None else fields
         ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
         if key is not None:
@@ -1160,6 +1294,10 @@ class SharedReplayBuffer:
                "num_writers": self.num_writers, "prioritized": self._is_prioritized,
                "n_step": self.n_step, "gamma": self.gamma, "next_of": dict(self._next_of),
                "roles": dict(self._roles)}
+        fr = self._region.frames
+        if fr is not None:  # absent: no frame stacks (checkpoints as before)
+            cfg.update(frame_stack=dict(fr.stacks), frame_padding=padding_config(fr.frames),
+                       final_frames=fr.final_frames)
         if isinstance(self.sampler, SharedWithoutReplacementSampler):
             cfg["sampler"] = self.sampler.name  # absent: uniform (checkpoints as before)
         if self._region.exactly_k:
@@ -1211,6 +1349,8 @@ class SharedReplayBuffer:
             if r.exactly_k:
                 state["exactly_k"] = self.sampler.shared_state(
                     [int(r.words(s)[_CURSOR]) for s in range(r.shards)])
+            if r.frames is not None:  # as of the heads; settled by settle_frames after the rows
+                state["frame_copies"] = shared_frames.copies(r.frames)
             yield state
 
     def overwritten_since(self, heads: list) -> list:
@@ -1226,6 +1366,29 @@ class SharedReplayBuffer:
             held = min(h, r.cap)
             out.append(max(0, min(held, begun - r.cap - max(0, h - r.cap))))
         return out
+
+    def settle_frames(self, state: dict) -> None:
+        """After the rows of a :meth:`snapshot` were copied (frame stacks only): the rows the
+        checkpoint keeps (``heads``, ``dropped``) and its ``frames`` part, from the frame arrays
+        copied with the heads and frames read now (see
+        :func:`tfdata.replay.shared_frames.checkpoint_state`)."""
+        r = self._region
+        old = state["heads"]
+        heads, dropped, frames = shared_frames.checkpoint_state(
+            r.frames, r.storage, r.reserved, old, state.pop("frame_copies"), self._k)
+        state.update(heads=heads, dropped=dropped, frames=frames)
+        pri = state["prioritized"]
+        if pri is not None and heads != old:
+            # a shard that keeps its slots (dropped 0) but not its newest row: that slot's
+            # leaf goes (the others of a shard moved to its first slots are rebuilt by restore)
+            leaves = np.array(pri["leaves"], copy=True)  # a copy: never the live trees
+            for s, (h, was, t) in enumerate(zip(heads, old, dropped)):
+                if t == 0:
+                    for q in range(h, was):
+                        leaves[s * r.cap + q % r.cap] = 0.0
+            pri["leaves"] = leaves
+        if "rate_limiter" in state:  # inserts as of the heads kept
+            state["rate_limiter"]["inserts"] = sum(heads)
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory (replay mode): the rows each shard held when the save
@@ -1252,7 +1415,7 @@ class SharedReplayBuffer:
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
-                undrawn=None, samples: int | None = None, exactly_k=None) -> None:
+                undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
         the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
         ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
@@ -1260,13 +1423,15 @@ class SharedReplayBuffer:
         leave the pass); ``samples``: the rate limiter's count of rows sampled (its inserts are
         the heads restored: rows left out at the save are not counted); ``exactly_k``: the
         checked ``(slots, counts, delivered, released, cursors)`` (every row of ``heads`` folded,
-        ``dropped`` all 0). Used by
+        ``dropped`` all 0); ``frames``: the checked frame part (see
+        :func:`tfdata.replay.shared_frames.restore`). Used by
         :func:`tfdata.replay.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
             raise SharedBufferError("restore: the buffer already holds rows")
-        st.load_state_dict({n: ds.field(n) for n in self.spec.names}, self.capacity, ds.release,
+        names = r.stored_spec.names
+        st.load_state_dict({n: ds.field(n) for n in names}, self.capacity, ds.release,
                            ds.records)
         leaves = versions = None
         if priorities is not None:
@@ -1281,13 +1446,15 @@ class SharedReplayBuffer:
             keep = held - t
             src = s * cap + (np.arange(h - held + t, h, dtype=np.int64) % cap)
             dst = slice(s * cap, s * cap + keep)
-            for n in self.spec.names:
+            for n in names:
                 st.field(n)[dst] = ds.field(n)[src]
             if leaves is not None:
                 lv, vv = leaves[src].copy(), versions[src].copy()
                 leaves[s * cap:s * cap + cap] = 0.0
                 leaves[dst], versions[dst] = lv, vv
             new_heads.append(keep)
+        if frames is not None:  # before the heads: nothing of a shard is held until then
+            shared_frames.restore(r.frames, st, frames, heads, dropped)
         for s, h in enumerate(new_heads):
             w = r.words(s)
             w[_RESERVED] = h
@@ -1355,7 +1522,12 @@ class SharedReplayBuffer:
                                     f"in flight, not columns to read")
         if not isinstance(name, str) or name not in self.spec:
             raise SpecError(f"{what}: {self.spec.unknown_message(name)}")
-        return self.spec[name]
+        stored = self._region.stored_spec
+        if name not in stored:
+            src = self._region.frames.frames["next"]
+            raise SpecError(f"{what}: field {name!r} is not stored: with frame_stack it is rebuilt "
+                            f"from the frames of {[k for k, v in src.items() if v == name][0]!r}")
+        return stored[name]
 
     def _slot_ranges(self, los: list, heads: list) -> np.ndarray:
         """int64[m, 2]: the slots of rows ``[los[s], heads[s])`` of every shard, in slot order,
@@ -1700,6 +1872,12 @@ class SharedWriter:
     :class:`~tfdata.SpecError` naming the field, the expected and the given shape or dtype, and
     the shard is unchanged. Threads of one process may share a writer (its own lock orders
     their writes).
+
+    With ``frame_stack`` a shard is one stream: a writer that takes a shard over (or attaches
+    to a loaded checkpoint) continues its stream, after its newest row (a new episode only if
+    that row ended one). A shard whose last writer died in the middle of a write cannot be
+    taken over (SharedBufferError: its frame bookkeeping may be half-written); its published
+    rows stay sampled.
     """
 
     def __init__(self, name: str, shard: int, *, dir: str | None = None,
@@ -1745,6 +1923,20 @@ class SharedWriter:
                                        self._cap, self._head, int(self._words[_RESERVED]))
         self._claimed = np.empty(self._cap, np.int64)
         self._k = _kernels()
+        # frame stacks: this writer checks its writes against its shard and keeps the frames'
+        # bookkeeping in the region (see replay/shared_frames.py)
+        self._frames = None
+        if region.frames is not None:
+            if int(self._words[_RESERVED]) > self._head:
+                os.close(self._lockfd)
+                _HELD.discard(self._lockfd)
+                raise SharedBufferError(
+                    f"shard {shard} of {path}: its last writer died while writing rows "
+                    f"{self._head}..{int(self._words[_RESERVED]) - 1}, and with frame_stack the "
+                    f"shard's frame bookkeeping (previous frames, final and pending frames) may "
+                    f"be half-written: the shard cannot be continued (its published rows stay "
+                    f"sampled; the other shards go on)")
+            self._frames = shared_frames.ShardFrameWriter(region.frames, shard)
         self._storage = region.storage
         self.spec = region.spec
         self._words[_PID] = os.getpid()
@@ -1764,7 +1956,9 @@ class SharedWriter:
         # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
         self._ring = RingWriter(self._cap)
         self._sync_ring()
-        if self._drop and (self._fifo or self._ek):  # a dropped row writes nothing: the generic path
+        if (self._drop and (self._fifo or self._ek)) or self._frames is not None:
+            # a dropped row writes nothing, a stacked row is checked against the shard's frames
+            # and stored in part: the generic path
             self._fast_push = _weak_method(self, "_checked_push")
         elif self._ek:  # exactly-k "block": the generated push, to the slot _place_ek finds
             views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
@@ -1891,6 +2085,11 @@ class SharedWriter:
     def _checked_push(self, row: Mapping) -> None:
         # the generic path: full validation with precise errors, then the same writes
         values = self.spec.check_row(row)
+        if self._frames is not None:  # checked and stored as arrays: the batch path
+            values = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
+            with self._lock:
+                self._write(1, values, False)
+            return
         with self._lock:
             self._write(1, values, True)
 
@@ -1931,7 +2130,10 @@ class SharedWriter:
             return self._write_ek(n, values, one)
         if not self._fifo:  # a ring keeps the last cap rows, as n single pushes would
             skip = max(0, n - cap)
-            self._put(values, one, skip, n - skip, head + skip, head + n, self._dropped)
+            fr = self._frames
+            if fr is not None:  # checked against the shard (nothing changes if refused)
+                values = fr.check(values, n, head)
+            self._put(values, one, skip, n - skip, head + skip, head + n, self._dropped, fr)
             return n - skip
         free = cap - (head - int(region.tails[self.shard]))
         if self._drop:  # the rows that fit go in; the newest ones are dropped, and counted
@@ -1951,12 +2153,16 @@ class SharedWriter:
             free -= k
         return n
 
-    def _put(self, values: list, one: bool, src: int, k: int, r0: int, head: int, dropped: int) -> None:
+    def _put(self, values: list, one: bool, src: int, k: int, r0: int, head: int, dropped: int,
+             frames=None) -> None:
         """Write rows ``values[src:src+k]`` as rows ``r0..r0+k-1`` of the shard and publish
-        them with the new ``head`` and ``dropped`` count."""
+        them with the new ``head`` and ``dropped`` count (``frames``: the frame bookkeeping of
+        the write it checked, kept after the reserve, before the rows)."""
         region, cap = self._region, self._cap
         if k:
             self._k.shard_begin(self._words, r0 + k)
+            if frames is not None:
+                frames.write()
             start = r0 % cap
             if one:
                 self._storage.write_row(self._base + start, values)

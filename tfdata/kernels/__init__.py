@@ -22,7 +22,9 @@ from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity, 
                         sample_slices, sample_slices_prioritized, stamp_episodes)  # noqa: E402
 
 from ._frames import (frame_breaks, frame_push, frame_push_u8, frame_stack_pairs, frame_stacks,  # noqa: E402
-                      frames_write, next_frame_stacks)
+                      frames_write, next_frame_stacks, shard_finals_index, shard_finals_room,
+                      shard_finals_write, shard_frame_stacks, shard_frames_torn,
+                      shard_next_frame_stacks)
 from ._cold import cold_frame_stacks, cold_next_frame_stacks  # noqa: E402
 
 from ._loader import permutation, touch_pages, window_order  # noqa: E402
@@ -37,6 +39,8 @@ BY_LAYOUT = {"aos": aos, "soa": soa}
 __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
            "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "sample_slices_prioritized", "stamp_episodes",
            "frame_breaks", "frame_push", "frame_push_u8", "frame_stack_pairs", "frame_stacks", "frames_write", "next_frame_stacks",
+           "shard_finals_index", "shard_finals_room", "shard_finals_write", "shard_frame_stacks",
+           "shard_frames_torn", "shard_next_frame_stacks",
            "cold_frame_stacks", "cold_next_frame_stacks",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",

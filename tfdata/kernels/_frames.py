@@ -27,6 +27,8 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._shared import in_windows, windows
+from ._sync import fence_acquire
 
 PAD_RESET = 0
 PAD_ZERO = 1
@@ -207,6 +209,8 @@ def frame_stack_pairs(rows, cursor, steps, num_envs, capacity, depth, src, src_o
 def _differs(a, ai, ao, b, bi, bo, width):
     # no early exit: an OR of XORs vectorises (a loop that returns at the first difference
     # compares one word per cycle); rows that differ are the rare, refused case
+    if width == 0:
+        return False
     acc = a[ai, ao] ^ a[ai, ao]
     for w in range(width):
         acc |= a[ai, ao + w] ^ b[bi, bo + w]
@@ -215,6 +219,8 @@ def _differs(a, ai, ao, b, bi, bo, width):
 
 @njit(**INLINE_OPTIONS)
 def _nonzero(a, ai, ao, width):
+    if width == 0:
+        return False
     acc = a[ai, ao] ^ a[ai, ao]
     for w in range(width):
         acc |= a[ai, ao + w]
@@ -223,6 +229,8 @@ def _nonzero(a, ai, ao, width):
 
 @njit(**INLINE_OPTIONS)
 def _differs_1d(a, ai, ao, b, width):
+    if width == 0:
+        return False
     acc = a[ai, ao] ^ a[ai, ao]
     for w in range(width):
         acc |= a[ai, ao + w] ^ b[w]
@@ -507,3 +515,263 @@ def frame_push_u8(obs, nxt, ended, p, size, steps, src, src_off, hist, pad, mode
     n = nxt.reshape((k, nxt.size // k)).view(np.uint64)
     return frame_push(o, n, ended, p, size, steps, src, src_off, hist, pad, mode, depth, prev,
                       final_idx, finals, free, n_free, pending, has_pending, episode, current)
+
+
+# -- shards of a shared-memory region ---------------------------------------------------------
+# A SharedReplayBuffer's shard is one writer's stream: a ring of ``cap`` slots (row ``r`` of
+# shard ``s`` in slot ``s * cap + r % cap``) whose position is the shard's head. The kernels
+# above serve it with ``num_envs = 1``, ``capacity = cap`` and the shard's slices of the slot
+# arrays; ``hist`` is ``(K - 1, shards, width)``, the shard being the stream index. The learner's
+# kernels below take the heads as :func:`tfdata.kernels._shared.snapshot_heads` leaves them in
+# ``scratch`` (``scratch[shards + s]``: shard ``s``'s head) and bound every slot to the row's
+# own shard, whatever the heads or the shared arrays hold.
+
+
+@njit(**INLINE_OPTIONS)
+def _shard_of(x, scratch, shards, cap):
+    """``(shard, slot within it, head)`` of the region slot ``x``, each bounded."""
+    s = x // cap
+    if s < 0:
+        s = 0
+    elif s >= shards:
+        s = shards - 1
+    local = x - s * cap
+    if local < 0 or local >= cap:
+        local = 0
+    h = scratch[shards + s]
+    if h < 0:
+        h = 0
+    return s, local, h
+
+
+@njit(**NJIT_OPTIONS)
+def shard_frame_stacks(rows, scratch, shards, cap, depth, src, src_off, hist, pad, mode, dst):
+    """:func:`frame_stacks` over the shards of a shared region: row ``rows[i]``'s stack from
+    its own shard's frames (the ring of ``cap`` slots, then ``hist[:, s]``), as of the heads
+    in ``scratch``.
+
+    Parameters
+    ----------
+    rows : ndarray of int64, shape (B,)
+        Region slots, each in ``[0, shards * cap)``.
+    scratch : ndarray of int64, shape (>= 2 * shards,)
+        ``scratch[shards + s]``: the head of shard ``s`` (rows it had published).
+    shards, cap : int
+        Shards and slots per shard (``cap >= K``).
+    depth : ndarray of uint8, shape (shards * cap,)
+    src : ndarray of uintX, shape (shards * cap, row_words)
+        Stored frames at word ``src_off``.
+    hist : ndarray of uintX, shape (K - 1, shards, width)
+    pad : ndarray of uintX, shape (width,)
+    mode : int
+    dst : ndarray of uintX, shape (B, K * width)
+    """
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    for i in range(rows.shape[0]):
+        s, x, h = _shard_of(rows[i], scratch, shards, cap)
+        base = s * cap
+        newest = h % cap - 1
+        if newest < 0:
+            newest += cap
+        a, d = _age_depth(x, newest, 1, cap, depth[base:base + cap], k - 1)
+        _put_back(dst, i, k, x, a, d, s, h, 1, cap, src[base:base + cap], src_off, hist, pad, mode,
+                  width)
+
+
+@njit(**NJIT_OPTIONS)
+def shard_next_frame_stacks(rows, scratch, shards, cap, depth, src, src_off, hist, pad, mode,
+                            term, trunc, final_idx, finals, pending, dst):
+    """:func:`next_frame_stacks` over the shards of a shared region (see
+    :func:`shard_frame_stacks`): the stack shifted by one frame, then the next frame: the
+    shard's final table at an episode's end, its pending frame for its newest row (as of the
+    heads), else the shard's next slot.
+
+    Parameters are those of :func:`shard_frame_stacks`, and:
+
+    term, trunc : ndarray of bool, shape (shards * cap,), any stride
+    final_idx : ndarray of int32, shape (shards * cap,)
+        Entry of an episode-ending row in its shard's final table.
+    finals : ndarray of uintX, shape (shards, F, width)
+    pending : ndarray of uintX, shape (shards, width)
+    """
+    width = pad.shape[0]
+    k = hist.shape[0] + 1
+    last = (k - 1) * width
+    for i in range(rows.shape[0]):
+        s, x, h = _shard_of(rows[i], scratch, shards, cap)
+        base = s * cap
+        newest = h % cap - 1
+        if newest < 0:
+            newest += cap
+        a, d = _age_depth(x, newest, 1, cap, depth[base:base + cap], k - 1)
+        _put_back(dst, i, k - 1, x, a, d, s, h, 1, cap, src[base:base + cap], src_off, hist, pad,
+                  mode, width)
+        y = base + x
+        f = final_idx[y] if term[y] or trunc[y] else -1
+        if 0 <= f < finals.shape[1]:
+            for w in range(width):
+                dst[i, last + w] = finals[s, f, w]
+        elif a == 0:  # the shard's newest row: its next frame is not in the ring yet
+            for w in range(width):
+                dst[i, last + w] = pending[s, w]
+        else:
+            z = x + 1
+            if z >= cap:
+                z -= cap
+            for w in range(width):
+                dst[i, last + w] = src[base + z, src_off + w]
+
+
+@njit(**NJIT_OPTIONS)
+def shard_frames_torn(reserved, cap, scratch, idx, depth, kmax, mark):
+    """After the stacks of ``idx`` were rebuilt: which of them a writer may have been writing
+    since the heads in ``scratch`` were read (``mark[i] = 1``); returns how many.
+
+    A stack reads its row, the ``depth`` rows before it (at most ``kmax``) and the row after it
+    (the next frame; for the shard's newest row, the pending frame its writer replaces when it
+    writes that row): the row is torn if any of their slots is in the shard's write window.
+    The frames of overwritten rows (``hist``) and final-table entries a writer replaces belong
+    to rows whose own slot the same write overwrites, so they are covered too.
+
+    Parameters
+    ----------
+    reserved : ndarray of uint64, shape (shards,)
+    scratch : ndarray of int64, shape (>= 7 * shards,)
+        The heads as :func:`tfdata.kernels._shared.snapshot_heads` read them; the windows are
+        written to ``scratch[3S:7S]``.
+    idx : ndarray of int64, shape (B,)
+    depth : ndarray of uint8, shape (shards * cap,)
+    kmax : int
+        The largest ``K - 1`` of the stacked fields.
+    mark : ndarray of int64, shape (B,)
+    """
+    fence_acquire()
+    n = reserved.shape[0]
+    m = windows(reserved, scratch, cap)
+    torn = 0
+    for i in range(idx.shape[0]):
+        mark[i] = 0
+        if m == 0:
+            continue
+        x = idx[i]
+        s = x // cap
+        if s < 0:
+            s = 0
+        elif s >= n:
+            s = n - 1
+        base = s * cap
+        local = x - base
+        if local < 0 or local >= cap:
+            local = 0
+        d = np.int64(depth[base + local])
+        if d > kmax:
+            d = kmax
+        for j in range(-1, d + 1):
+            q = local - j
+            if q < 0:
+                q += cap
+            elif q >= cap:
+                q -= cap
+            if in_windows(scratch, n, m, base + q):
+                mark[i] = 1
+                break
+        torn += mark[i]
+    return torn
+
+
+@njit(**NJIT_OPTIONS)
+def shard_finals_room(term, trunc, skip, r0, cap, ends, final_rows):
+    """The first row of a write whose episode end would take a final-table entry that a held
+    row still uses, or -1 (the table is a ring: the ``j``-th end of a shard takes entry
+    ``j % F``, whose last user must have been overwritten by then).
+
+    Parameters
+    ----------
+    term, trunc : ndarray of bool, shape (n,), any stride
+        The write's flags; rows ``skip ..`` are stored, as rows ``r0 + skip ..`` of the shard.
+    cap : int
+        Slots of the shard.
+    ends : int
+        Episode ends the shard stored before this write.
+    final_rows : ndarray of int64, shape (F,)
+        The shard row each entry holds the final frame of (entries ``< ends``).
+    """
+    f = final_rows.shape[0]
+    if f == 0:
+        return -1
+    j = ends
+    for r in range(skip, term.shape[0]):
+        if term[r] or trunc[r]:
+            if j - f >= ends:  # the entry's last user is a row of this write, still held
+                return r
+            if j >= f and final_rows[j % f] + cap > r0 + r:
+                return r
+            j += 1
+    return -1
+
+
+@njit(**NJIT_OPTIONS)
+def shard_finals_write(nxt, term, trunc, skip, ends, finals, pending):
+    """Keep the next frames a shard's rows do not store: the final frame of each stored row
+    that ends an episode (entry ``j % F`` for the shard's ``j``-th end) and the newest row's
+    next frame (``pending``). Called after :func:`shard_finals_room` accepted the write.
+
+    Parameters
+    ----------
+    nxt : ndarray of uintX, shape (n, K * width)
+        The rows' next stacks (the newest frame is kept).
+    term, trunc : ndarray of bool, shape (n,), any stride
+    skip : int
+        Rows of the write that are not stored (a write longer than the shard).
+    ends : int
+        Episode ends the shard stored before this write.
+    finals : ndarray of uintX, shape (F, width)
+        The shard's final table.
+    pending : ndarray of uintX, shape (width,)
+    """
+    width = pending.shape[0]
+    f = finals.shape[0]
+    n = nxt.shape[0]
+    top = nxt.shape[1] - width
+    if n == 0 or top < 0:
+        return
+    j = ends
+    for r in range(skip, n):
+        if term[r] or trunc[r]:
+            if f:
+                e = j % f
+                for w in range(width):
+                    finals[e, w] = nxt[r, top + w]
+            j += 1
+    for w in range(width):
+        pending[w] = nxt[n - 1, top + w]
+
+
+@njit(**NJIT_OPTIONS)
+def shard_finals_index(term, trunc, skip, r0, ends, final_idx, final_rows):
+    """Point each stored row of a write at its final-table entry (-1: not an episode end) and
+    each entry at its row; returns the shard's episode ends after the write.
+
+    Parameters
+    ----------
+    term, trunc : ndarray of bool, shape (n,), any stride
+    skip, r0, ends : int
+        As :func:`shard_finals_room`.
+    final_idx : ndarray of int32, shape (cap,)
+        The shard's slots.
+    final_rows : ndarray of int64, shape (F,)
+    """
+    f = final_rows.shape[0]
+    cap = final_idx.shape[0]
+    j = ends
+    for r in range(skip, term.shape[0]):
+        slot = (r0 + r) % cap
+        if (term[r] or trunc[r]) and f:
+            e = j % f
+            final_idx[slot] = e
+            final_rows[e] = r0 + r
+            j += 1
+        else:
+            final_idx[slot] = -1
+    return j

@@ -1407,10 +1407,16 @@ def load(path, classes: dict, **overrides):
 # Without replacement, config.sampler is "without_replacement" (absent: uniform) and
 # state.without_replacement holds the pass as for a ReplayBuffer (undrawn slots of held rows,
 # each once; passes), every published row added before the save.
+# With frame stacks, config has frame_stack, frame_padding and final_frames, the rows are the
+# stored ones (one frame per row, no elided next field) and state.frames holds what the kept
+# rows' stacks read besides them (_read_shared_frames); heads and dropped then say which rows
+# were kept (SharedReplayBuffer.settle_frames may leave out more than the rows overwritten).
 _SHARED_CONFIG = ("capacity", "layout", "ring_size", "num_writers", "prioritized", "n_step",
                   "gamma", "next_of", "roles")
 _SHARED_STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "heads",
                  "dropped", "sampler", "prioritized")
+# frame stacks (config keys present together, with state.frames: see replay/shared_frames.py)
+_FRAME_KEYS = ("frame_stack", "frame_padding", "final_frames")
 MAX_WRITERS = 4096
 _MAX_HEAD = (1 << 62) - 1
 
@@ -1436,6 +1442,8 @@ def save_shared(buffer, path, overwrite: bool = False) -> None:
                 for start in range(0, slots, step):
                     storage.append_to(w, start, min(slots, start + step))
             state["dropped"] = buffer.overwritten_since(state["heads"])
+            if "frame_copies" in state:  # frame stacks: what the kept rows' stacks read
+                buffer.settle_frames(state)
             _widen_priorities(state)
             arrays: list = []
             doc = {"format": FORMAT, "version": list(VERSION), "class": type(buffer).__name__,
@@ -1486,6 +1494,40 @@ def _read_shared_replays(c: _Checker, arrays: _Arrays, part, heads: list, per: i
     return slots, counts, part["delivered"], part["released"], list(cursors)
 
 
+def _read_shared_frames(c: _Checker, arrays: _Arrays, part, spec: Spec, frames: dict, cap: int,
+                        shards: int) -> dict:
+    """``state.frames`` of a :class:`tfdata.SharedReplayBuffer` with ``frame_stack``: ``stacks``
+    (the config's), ``depth`` uint8[capacity] in ``[0, K - 1]``, ``final_slots`` int64 (at most
+    the capacity, from the header), ascending slots, ``finals`` (one array of final frames per
+    next field of a stacked field, a row per final slot), ``pending`` (one frame per shard) and
+    ``back`` (``K - 1`` frames per shard, per stacked field). Their agreement with the rows is
+    checked once the rows are open (:func:`tfdata.replay.shared_frames.check_checkpoint`)."""
+    w = "state.frames."
+    nexts = [n for n in frames["next"].values() if n is not None]
+    c.obj("state.frames", part, ("stacks", "depth", "final_slots", "finals", "pending", "back"))
+    if part["stacks"] != frames["stacks"]:
+        c.fail(w + "stacks", f"{frames['stacks']} (config.frame_stack)", part["stacks"])
+    kmax = max(frames["stacks"].values()) - 1
+    depth = arrays.read(w + "depth", part["depth"], np.uint8, (cap,))
+    if cap and int(depth.max()) > kmax:
+        c.fail(w + "depth", f"values in [0, {kmax}]", int(depth.max()))
+    m = arrays.length(w + "final_slots", part["final_slots"])
+    if m > cap:
+        c.fail(w + "final_slots", f"at most {cap} slots", f"{m} slots", show=False)
+    slots = arrays.read(w + "final_slots", part["final_slots"], np.int64, (m,))
+    if m and (int(slots[0]) < 0 or int(slots[-1]) >= cap or (np.diff(slots) <= 0).any()):
+        c.fail(w + "final_slots", f"ascending slots in [0, {cap})", slots.tolist()[:10])
+    out = {"depth": depth, "final_slots": slots, "finals": {}, "pending": {}, "back": {}}
+    for key, names, lead in (("finals", nexts, (m,)), ("pending", nexts, (shards,)),
+                             ("back", list(frames["stacks"]), None)):
+        c.obj(w + key, part[key], names)
+        for n in names:
+            f = spec[n]
+            shape = (shards, frames["stacks"][n] - 1) if lead is None else lead
+            out[key][n] = arrays.read(f"{w}{key}[{n!r}]", part[key][n], f.dtype, shape + f.shape[1:])
+    return out
+
+
 def load_shared(path, cls, **overrides):
     """Rebuild a :class:`tfdata.SharedReplayBuffer` saved with :func:`save_shared` in a new region;
     writers attach to it and continue each shard after its saved rows. Validated as :func:`load`
@@ -1515,8 +1557,10 @@ def load_shared(path, cls, **overrides):
     if wor and (v["sampler"] != "without_replacement" or v.get("prioritized") is not False):
         c.fail("config.sampler", "'without_replacement' or 'exactly_k' with prioritized false "
                "(absent: uniform)", v["sampler"])
+    framed = isinstance(v, dict) and any(k in v for k in _FRAME_KEYS)
     st = c.obj("state", doc["state"], _SHARED_STATE + (("rate_limiter",) if limited else ())
-               + (("without_replacement",) if wor else ()) + (("exactly_k",) if ek else ()))
+               + (("without_replacement",) if wor else ()) + (("exactly_k",) if ek else ())
+               + (("frames",) if framed else ()))
     if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
         c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
     spec = c.spec(st["spec"])
@@ -1528,7 +1572,8 @@ def load_shared(path, cls, **overrides):
                 raise FormatError(f"{spath}: config: {k!r} is not accepted from a checkpoint "
                                   f"(pass {k}= to load)")
     prioritized = isinstance(v, dict) and v.get("prioritized") is True
-    config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ()),
+    config = c.obj("config", v, _SHARED_CONFIG + (_PRIORITIZED_KEYS if prioritized else ())
+                   + (_FRAME_KEYS if framed else ()),
                    optional=("rate_limiter", "sampler") + _EXACTLY_K_KEYS)
     c.exactly_k_config(config)  # replays, policy, timeout: present exactly with exactly_k
     if ek and config["policy"] == "overwrite":
@@ -1584,6 +1629,25 @@ def load_shared(path, cls, **overrides):
     if config["roles"] != roles or config["next_of"] != next_of:
         c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}", show=False)
     arrays = _Arrays(path, c)
+    frames = frame_part = None
+    stored_spec, stored_layout = spec, saved_layout
+    if framed:
+        from .frames import resolve_frames
+        from . import shared_frames
+
+        if type(config["final_frames"]) is not int:
+            c.fail(cf + "final_frames", "an int", config["final_frames"])
+        try:
+            frames = resolve_frames(spec, config["frame_stack"], config["frame_padding"], next_of,
+                                    "terminated" in roles and "truncated" in roles)
+            if frames is None:
+                raise ValueError("frame_stack: None")
+            final_frames = shared_frames.check_options(spec, frames, per, config["final_frames"])
+        except (SpecError, ValueError, TypeError) as exc:
+            raise FormatError(f"{spath}: config.frame_stack / frame_padding / final_frames: "
+                              f"{str(exc)[:300]}") from None
+        stored_spec, stored_layout = shared_frames.stored(spec, frames, saved_layout)
+        frame_part = _read_shared_frames(c, arrays, st["frames"], spec, frames, cap, shards)
     pri = None
     if prioritized:
         pri = st["prioritized"]
@@ -1591,7 +1655,13 @@ def load_shared(path, cls, **overrides):
     elif st["prioritized"] is not None:
         c.fail("state.prioritized", "null (config.prioritized is false)", st["prioritized"])
     # memory: the region, the trees; a memory_budget is the caller's (the constructor checks it)
-    need = storage_nbytes(spec, cap, layout) + (tree_nbytes(cap) + cap if prioritized else 0)
+    if frames is None:
+        need = storage_nbytes(spec, cap, layout) + (tree_nbytes(cap) + cap if prioritized else 0)
+    else:  # one frame per row, and the frame arrays
+        st_spec, st_layout = shared_frames.stored(spec, frames, layout)
+        need = storage_nbytes(st_spec, cap, st_layout)
+        need += sum(np.dtype(d).itemsize * int(np.prod(shape, dtype=np.int64))
+                    for _, d, shape in shared_frames.region_arrays(spec, frames, shards, per, final_frames))
     if overrides.get("memory_budget") is None and need > _available_memory():
         raise FormatError(f"{spath}: config.capacity {cap} would need {need} bytes, more than the "
                           f"memory available on this machine; refused before allocating")
@@ -1625,15 +1695,21 @@ def load_shared(path, cls, **overrides):
     if ek:
         replays = _read_shared_replays(c, arrays, st["exactly_k"], heads, per, config["replays"])
     rows_name = doc["rows"]
-    if rows_name != file_name(saved_layout, "rows"):
-        c.fail("rows", f"{file_name(saved_layout, 'rows')} (layout {_show_layout(saved_layout)})",
+    if rows_name != file_name(stored_layout, "rows"):
+        c.fail("rows", f"{file_name(stored_layout, 'rows')} (layout {_show_layout(stored_layout)})",
                rows_name)
     rpath, ds = _open_rows(path, rows_name)
     with ds:
-        if ds.spec != spec:
-            raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {spec}")
+        if ds.spec != stored_spec:
+            raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {stored_spec}")
         if len(ds) != cap:
             raise FormatError(f"{rpath}: holds {len(ds)} rows, the region has {cap} slots")
+        if frame_part is not None:  # the frames agree with the rows they belong to
+            bad = shared_frames.check_checkpoint(frame_part, heads, dropped, per, max(frames["stacks"].values()) - 1,
+                                                 final_frames, ds.field(roles["terminated"]),
+                                                 ds.field(roles["truncated"]))
+            if bad is not None:
+                c.fail(f"state.{bad[0]}", bad[1], bad[2])
         kw = {k: config[k] for k in ("ring_size", "num_writers", "prioritized", "n_step",
                                      "gamma", "next_of", "roles")}
         kw["layout"] = layout
@@ -1645,6 +1721,8 @@ def load_shared(path, cls, **overrides):
             kw["sampler"] = config["sampler"]
         if ek:
             kw.update({k: config[k] for k in ("sampler",) + _EXACTLY_K_KEYS})
+        if framed:
+            kw.update({k: config[k] for k in _FRAME_KEYS})
         try:
             buf = cls(spec, cap, seed=sampler["seed"], **kw, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -1653,7 +1731,8 @@ def load_shared(path, cls, **overrides):
         try:
             buf.restore(ds, heads, dropped, sampler["counter"],
                         None if pri is None else (leaves, versions, pri["samples"]), undrawn,
-                        samples=None if limiter is None else counts["samples"], exactly_k=replays)
+                        samples=None if limiter is None else counts["samples"], exactly_k=replays,
+                        frames=frame_part)
         except BaseException:
             buf.close()
             raise

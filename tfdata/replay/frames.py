@@ -146,6 +146,34 @@ def _words(arr: np.ndarray, word: int) -> np.ndarray:
     return arr.reshape(arr.shape[0], -1).view(np.uint8).view(WORD_TYPES[word])
 
 
+def break_message(name: str, kk: int, padding, next_name, num_envs: int, row: int, reason: int,
+                  where: str | None = None) -> str:
+    """The SpecError message of a write that ``frame_breaks`` refused: ``row`` (of the write,
+    ``num_envs`` streams) broke ``reason`` for the stacked field ``name`` of ``kk`` frames.
+    ``where``: how to name the row instead (a shard's writer names its shard)."""
+    from ..kernels._frames import BREAK_CONTINUITY, BREAK_PADDING
+
+    e = num_envs
+    if where is None:
+        where = f"row {row} (env {row % e})" if e > 1 else f"row {row}"
+    p = padding
+    pad = (f"padding_type={p!r}" if isinstance(p, str) else "the frame_padding frame")
+    if reason == BREAK_PADDING:
+        return (f"{where}: field {name!r} starts an episode (the stream's previous row ended "
+                f"one, or it is the stream's first row), so its frames 0..{kk - 2} must be the "
+                f"padding of gymnasium's FrameStackObservation with {pad}, and they are not; "
+                f"a buffer with frame_stack stores one frame per row and rebuilds the rest "
+                f"(a stream must start at an episode's first row)")
+    if reason == BREAK_CONTINUITY:
+        return (f"{where}: field {name!r}: frames 0..{kk - 2} of the stack differ from the "
+                f"newest frames of the stream's previous rows, which did not end an episode; "
+                f"with frame_stack the stream must be continuous (mark the previous row "
+                f"terminated or truncated)")
+    return (f"{where}: field {next_name!r} is not {name!r} shifted by one frame "
+            f"(its frames 0..{kk - 2} must be {name!r}'s frames 1..{kk - 1}, as "
+            f"FrameStackObservation returns them)")
+
+
 class FrameStacks:
     """The per-row bookkeeping of stacked fields (see the module docstring).
 
@@ -262,26 +290,7 @@ class FrameStacks:
         return out
 
     def _message(self, name: str, kk: int, row: int, reason: int) -> str:
-        from ..kernels._frames import BREAK_CONTINUITY, BREAK_PADDING
-
-        e = self.num_envs
-        where = f"row {row} (env {row % e})" if e > 1 else f"row {row}"
-        p = self.padding[name]
-        pad = (f"padding_type={p!r}" if isinstance(p, str) else "the frame_padding frame")
-        if reason == BREAK_PADDING:
-            return (f"{where}: field {name!r} starts an episode (the stream's previous row ended "
-                    f"one, or it is the stream's first row), so its frames 0..{kk - 2} must be the "
-                    f"padding of gymnasium's FrameStackObservation with {pad}, and they are not; "
-                    f"a buffer with frame_stack stores one frame per row and rebuilds the rest "
-                    f"(a stream must start at an episode's first row)")
-        if reason == BREAK_CONTINUITY:
-            return (f"{where}: field {name!r}: frames 0..{kk - 2} of the stack differ from the "
-                    f"newest frames of the stream's previous rows, which did not end an episode; "
-                    f"with frame_stack the stream must be continuous (mark the previous row "
-                    f"terminated or truncated)")
-        return (f"{where}: field {self.nexts[name]!r} is not {name!r} shifted by one frame "
-                f"(its frames 0..{kk - 2} must be {name!r}'s frames 1..{kk - 1}, as "
-                f"FrameStackObservation returns them)")
+        return break_message(name, kk, self.padding[name], self.nexts[name], self.num_envs, row, reason)
 
     def write(self, n: int, cursor: int, size: int) -> None:
         """After :meth:`check` accepted the write and before the rows are stored: keep the

@@ -8,6 +8,8 @@ group, records or a column).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..spec import Spec
 from . import group_arrays, make_storage
 from .files import PAGE
@@ -19,16 +21,19 @@ def _up(n: int, align: int) -> int:
     return -(-n // align) * align
 
 
-def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int, slot_words: int = 0) -> dict:
+def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int, slot_words: int = 0,
+         extra=()) -> dict:
     """Byte offsets of every section of a region and its total size (``layout`` resolved for
     ``spec``: ``"aos"``, ``"soa"`` or a grouping).
 
     ``slot_words`` arrays of one uint64 word per slot follow the stamps (exactly-k replay:
-    three, see :mod:`tfdata.shared`), each 64-byte aligned.
+    three, see :mod:`tfdata.shared`), each 64-byte aligned. ``extra``: more arrays, each
+    ``(key, dtype, shape)``, after those (frame stacks: see :mod:`tfdata.replay.shared_frames`),
+    each 64-byte aligned.
 
     Returns ``{"ctrl": (offset, words), "stamps": (offset, count), "slot_words": [offset per
-    array], "data": offset (AoS), {field: offset} (SoA) or [offset per group] (a grouping),
-    "nbytes": int}``.
+    array], "extra": {key: offset}, "data": offset (AoS), {field: offset} (SoA) or [offset per
+    group] (a grouping), "nbytes": int}``.
     """
     out = {"ctrl": (0, ctrl_words)}
     off = _up(8 * ctrl_words, ALIGN)
@@ -38,6 +43,10 @@ def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int, slot_word
     for _ in range(slot_words):
         out["slot_words"].append(off)
         off = _up(off + 8 * slots, ALIGN)
+    out["extra"] = {}
+    for key, dtype, shape in extra:
+        out["extra"][key] = off
+        off = _up(off + np.dtype(dtype).itemsize * _count(shape), ALIGN)
     off = _up(off, PAGE)
     if isinstance(layout, tuple):
         blocks = []
@@ -75,3 +84,8 @@ def storage_over(mapped, lay: dict, spec: Spec, layout, slots: int):
     else:
         backing = {f.name: mapped.at(lay["data"][f.name], f.dtype, (slots,) + f.shape) for f in spec}
     return make_storage(spec, slots, layout, backing=backing)
+
+
+def map_extra(mapped, lay: dict, extra) -> dict:
+    """``{key: ndarray}`` over a mapped region of the ``extra`` arrays :func:`plan` placed."""
+    return {key: mapped.at(lay["extra"][key], np.dtype(dtype), tuple(shape)) for key, dtype, shape in extra}
