@@ -34,8 +34,9 @@ interleaved (the candidates' order rotates every repetition, one process, one th
   ("into": ``blosc2.decompress2(dst=)``, ``zstandard``'s ``stream_reader(src).readinto(dst)``;
   ``lz4`` has no such call, so its "into" is decompress + copy);
 * the cost of a sample's frames: fetch the 5 consecutive frames of one (obs, next_obs) stack
-  from a random position into a preallocated array, the way the cold tier would (decompress the
-  block or blocks holding them, or, for blosc2, ``get_slice`` of those frames);
+  from a random position into a preallocated array, the way the cold tier would: decompress the
+  block or blocks holding them (zstandard streams, so it stops after the last frame needed:
+  half a block on average), or, for blosc2, ``get_slice`` of those frames;
 * the Python memory one call allocates (``tracemalloc`` peak), which the library must avoid
   while sampling.
 
@@ -43,7 +44,7 @@ Every decompressed block and every fetched stack is compared with the original f
 candidate that returns a wrong byte is reported and excluded.
 
     python experiments/frame_codecs.py --quick   # seconds: Breakout, one policy, 1,500 frames
-    python experiments/frame_codecs.py           # 3 games x 2 policies x 10,000 frames, 5 reps
+    python experiments/frame_codecs.py           # 3 games x 2 policies x 10,000 frames, 4 reps (~8 min)
 
 Needs the ``atari`` extra and the three codec packages (``pip install lz4 zstandard blosc2``).
 Writes ``reports/frame_codecs/`` (README.md, results.json, frame_codecs.png). Uses no tfdata
@@ -77,7 +78,7 @@ DICT_FRAMES = {"full": 2_000, "quick": 500}             # the zstd dictionary's 
 DICT_BYTES = 64 * 1024                                  # zstd dictionary size asked for
 DICT_SEED = 1_000                                       # its rollout's seed (not a measured stream)
 BLOCKS = (1, 16, 64, 256)                               # frames per compressed block
-REPS = {"full": 5, "quick": 2}
+REPS = {"full": 4, "quick": 2}
 FETCHES = {"full": 64, "quick": 32}                     # stack fetches per (stream, candidate, B, rep)
 STACK = 5                                               # frames of one (obs, next_obs) pair of 4-stacks
 FRAME_SHAPE = (84, 84)
@@ -87,9 +88,11 @@ BOARD_BYTES = 512 * 2**20
 MEMORY_SLACK = 0.05
 CAPACITY = 1_000_000                                    # frames in the cold tier, for the footprint
 COMPRESS_FLOOR_MBPS = 100.0   # must keep up with actors: one ALE env makes ~15 MB/s of frames
-# fetch times within 25% of the fastest are a tie (about 0.1 ms on a batch of 32 at ~10 µs a stack;
-# repetitions of one run move the medians by about this much), broken by fewer dependencies
+# fetch times within 25% of the fastest are a tie, broken by fewer dependencies: a practical
+# threshold (25% of a ~12 µs stack is 3 µs, 0.1 ms on a batch of 32), not a noise bound (within one
+# run the repetitions' medians differ by a few percent; the report shows them)
 TIE = 0.25
+SENSITIVITY = {"memory_slack": (0.025, 0.05, 0.10), "tie": (0.10, 0.25)}  # the rule's choice under other thresholds
 PACKAGES = ("lz4", "zstandard", "blosc2")
 OUT_DIR = report_dir(EXPERIMENT)
 
@@ -101,15 +104,18 @@ class Codec:
     """One candidate: how it compresses a block, decompresses it (two ways) and fetches frames.
 
     ``compress(block) -> bytes``; ``alloc(comp) -> bytes``; ``into(comp, dst)`` fills ``dst``
-    (uint8 ``(B, 84, 84)``); ``store(comps, B)`` builds what ``fetch(store, start, out)`` reads
+    (uint8 ``(B, 84, 84)``); ``prefix(comp, dst)``, where the codec streams, decompresses only
+    the block's first ``len(dst)`` frames (a fetch then stops after the frames it needs);
+    ``store(comps, B)`` builds what ``fetch(store, start, out)`` reads
     from (the list of blocks, or a blosc2 SChunk). ``bind(game)`` gives the per-game instance
     (only the dictionary candidate differs per game).
     """
 
-    def __init__(self, name, package, note, compress, alloc, into, partial=False, dictionary=False):
+    def __init__(self, name, package, note, compress, alloc, into, partial=False, dictionary=False, prefix=None):
         self.name, self.package, self.note = name, package, note
         self.compress, self.alloc, self.into = compress, alloc, into
         self.partial, self.dictionary = partial, dictionary
+        self.prefix = prefix  # prefix(comp, dst): the first len(dst) frames of a block only, or None
 
     def fetch(self, store, B, start, out, scratch):
         """Frames ``start .. start + len(out)`` of the stream into ``out``."""
@@ -122,6 +128,9 @@ class Codec:
             lo, hi = max(start, b * B), min(start + n, (b + 1) * B)
             if B == 1:
                 self.into(store[b], out[k:k + 1])
+            elif self.prefix is not None:  # a stream codec stops after the last frame needed
+                self.prefix(store[b], scratch[:hi - b * B])
+                out[k:k + hi - lo] = scratch[lo - b * B:hi - b * B]
             else:
                 self.into(store[b], scratch)
                 out[k:k + hi - lo] = scratch[lo - b * B:hi - b * B]
@@ -162,7 +171,7 @@ def zstd_codec(name: str, level: int, note: str, d=None) -> Codec:
     c = zstd.ZstdCompressor(level=level, dict_data=d) if d is not None else zstd.ZstdCompressor(level=level)
     dec = zstd.ZstdDecompressor(dict_data=d) if d is not None else zstd.ZstdDecompressor()
 
-    def into(comp, dst):
+    def into(comp, dst):  # also the prefix: the reader stops when dst is full
         mv = memoryview(dst).cast("B")
         n, reader = 0, dec.stream_reader(comp)
         while n < len(mv):
@@ -170,7 +179,7 @@ def zstd_codec(name: str, level: int, note: str, d=None) -> Codec:
             if k == 0:
                 raise ValueError(f"{name}: {n} bytes decompressed, {len(mv)} expected")
             n += k
-    return Codec(name, "zstandard", note, c.compress, dec.decompress, into, dictionary=d is not None)
+    return Codec(name, "zstandard", note, c.compress, dec.decompress, into, dictionary=d is not None, prefix=into)
 
 
 def blosc2_codec(name: str, codec: str, clevel: int, filters: list, note: str, blocksize: int = 0) -> Codec:
@@ -463,7 +472,7 @@ def package_footprint(name: str) -> dict:
             "new_dependencies": [d for d in deps if d not in ("numpy",)], "installed_bytes": size}
 
 
-def decide(rows: list, footprints: dict) -> dict:
+def decide(rows: list, footprints: dict, slack: float = MEMORY_SLACK, tie: float = TIE) -> dict:
     """The rule: among correct candidates compressing at least COMPRESS_FLOOR_MBPS, those whose
     1M-frame footprint is within MEMORY_SLACK x the board of the smallest footprint of any of them;
     of these, the fastest median stack fetch; a candidate of a package with fewer new dependencies
@@ -473,11 +482,11 @@ def decide(rows: list, footprints: dict) -> dict:
     if not ok:
         return {"chosen": None, "why": "no candidate passed"}
     best_bytes = min(r["bytes_per_1m_frames"] for r in ok)
-    limit = best_bytes + MEMORY_SLACK * BOARD_BYTES
+    limit = best_bytes + slack * BOARD_BYTES
     eligible = sorted((r for r in ok if r["bytes_per_1m_frames"] <= limit), key=lambda r: r["fetch_us_median"])
     fastest = eligible[0]
     ndeps = {p: len(f["new_dependencies"]) for p, f in footprints.items()}
-    ties = [r for r in eligible if r["fetch_us_median"] <= fastest["fetch_us_median"] * (1 + TIE)]
+    ties = [r for r in eligible if r["fetch_us_median"] <= fastest["fetch_us_median"] * (1 + tie)]
     chosen = min(ties, key=lambda r: (ndeps.get(r["package"], 99), r["fetch_us_median"]))
     best_per_package = {}
     for p in dict.fromkeys(r["package"] for r in ok):
@@ -532,7 +541,8 @@ def plot(rows, decision) -> str:
     ax2.set_title("speed (one thread)")
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=c, marker="o", ls="", label=p) for p, c in COLORS.items() if p != "-"]
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=p if p != "-" else "uncompressed")
+               for p, c in COLORS.items()]
     handles += [Line2D([], [], color="grey", marker=m, ls="", label=f"B = {b}") for b, m in MARKERS.items()]
     ax2.legend(handles=handles, fontsize=8, loc="lower right")
     ax1.legend(fontsize=8, loc="upper right")
@@ -590,6 +600,15 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
                  f"from a package with fewer new dependencies wins the tie. "
                  f"{len(decision['eligible'])} (candidate, B) pairs were eligible; within the tie: "
                  + ", ".join(f"{n} B={b}" for n, b in decision["ties"]) + ".")
+        spread = lambda x: f"{min(x['fetch_us_median_per_rep']):.1f}-{max(x['fetch_us_median_per_rep']):.1f} µs"  # noqa: E731
+        fr = next(x for x in rows if x["candidate"] == fastest["candidate"] and x["block"] == fastest["block"])
+        L.append(f"* Stack-fetch medians of the {r['repetitions']} repetitions: chosen {spread(r)}, fastest {spread(fr)}.")
+        sens = decision.get("sensitivity") or []
+        if sens:
+            L.append("* The rule under other thresholds (memory slack as a share of the board, tie): "
+                     + "; ".join(f"{x['memory_slack']:.1%}, {x['tie']:.0%}: "
+                                 + (f"{x['chosen']['package']} ({x['chosen']['candidate']}, B={x['chosen']['block']})"
+                                    if x["chosen"] else "none") for x in sens) + ".")
         L.append("* Fastest eligible per package: "
                  + "; ".join(f"{p}: {v or 'none eligible'}" for p, v in decision["best_per_package"].items()) + ".")
     if decision.get("excluded_wrong"):
@@ -629,7 +648,8 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
              "frames, median over repetitions of the total over all streams, one thread. Block µs: median "
              "decompression of one block into a buffer. Stack µs: median (p99) fetch of 5 consecutive frames "
              "from a random position into a preallocated array, the decompression of every block it touches "
-             "included (blosc2: `get_slice`, only its internal blocks holding the frames).\n")
+             "included (zstandard: up to the last frame needed, `stream_reader` stopping there; blosc2: "
+             "`get_slice`, only its internal blocks holding the frames; lz4: the whole block).\n")
     hdr = ["candidate", "B", "ratio", "MiB / 1M frames", "compress MB/s", "decompress into MB/s",
            "decompress alloc MB/s", "block µs", "stack µs (p99)"]
     for B in BLOCKS:
@@ -666,7 +686,7 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
 def main(argv=None) -> None:
     ap = seeds_parser(__doc__, "Breakout, one policy, 1,500 frames, 2 repetitions (seconds)",
                       "unused (the rollouts use seed 0; the dictionary's seed 1000)")
-    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 5, quick 2)")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 4, quick 2)")
     ap.add_argument("--frames", type=int, default=None, help="frames per (game, policy) stream")
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
@@ -704,6 +724,8 @@ def main(argv=None) -> None:
     rows = summarise(measured, candidates, streams, allocs)
     footprints = {p: package_footprint(p) for p in packages}
     decision = decide(rows, footprints)
+    decision["sensitivity"] = [{"memory_slack": sl, "tie": t, "chosen": decide(rows, footprints, sl, t)["chosen"]}
+                               for sl in SENSITIVITY["memory_slack"] for t in SENSITIVITY["tie"]]
     versions = {p: footprints[p]["version"] for p in packages}
     if "zstandard" in packages:
         import zstandard
