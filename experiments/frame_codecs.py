@@ -35,8 +35,9 @@ interleaved (the candidates' order rotates every repetition, one process, one th
   ``lz4`` has no such call, so its "into" is decompress + copy);
 * the cost of a sample's frames: fetch the 5 consecutive frames of one (obs, next_obs) stack
   from a random position into a preallocated array, the way the cold tier would: decompress the
-  block or blocks holding them (zstandard streams, so it stops after the last frame needed:
-  half a block on average), or, for blosc2, ``get_slice`` of those frames;
+  block or blocks holding them (zstandard streams, so in blocks of 64 frames or more it stops
+  after the last frame needed when that is in the first half), or, for blosc2, ``get_slice`` of
+  those frames;
 * the Python memory one call allocates (``tracemalloc`` peak), which the library must avoid
   while sampling.
 
@@ -81,6 +82,11 @@ BLOCKS = (1, 16, 64, 256)                               # frames per compressed 
 REPS = {"full": 4, "quick": 2}
 FETCHES = {"full": 64, "quick": 32}                     # stack fetches per (stream, candidate, B, rep)
 STACK = 5                                               # frames of one (obs, next_obs) pair of 4-stacks
+# zstandard: decompressing a block's first frames only (stream_reader.readinto into a shorter buffer)
+# streams through zstd's own window buffer, ~10 µs more than one-shot decompression of a whole
+# frame into a buffer that holds it (Pong, 5 frames of a 16-frame block: 11.7 µs, all 16: 10.8 µs;
+# 5 frames of a 256-frame block: 11.7 µs, all 256: 132 µs): used for blocks of 64 frames and more
+PREFIX_MIN_BLOCK = 64
 FRAME_SHAPE = (84, 84)
 FRAME_BYTES = FRAME_SHAPE[0] * FRAME_SHAPE[1]
 # the decision: a 512 MB board; compressed sizes within 5% of it of the best count as equal
@@ -128,7 +134,8 @@ class Codec:
             lo, hi = max(start, b * B), min(start + n, (b + 1) * B)
             if B == 1:
                 self.into(store[b], out[k:k + 1])
-            elif self.prefix is not None:  # a stream codec stops after the last frame needed
+            elif self.prefix is not None and B >= PREFIX_MIN_BLOCK and 2 * (hi - b * B) <= B:
+                # a stream codec stops after the last frame needed, when that is at most half a block
                 self.prefix(store[b], scratch[:hi - b * B])
                 out[k:k + hi - lo] = scratch[lo - b * B:hi - b * B]
             else:
@@ -648,7 +655,8 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
              "frames, median over repetitions of the total over all streams, one thread. Block µs: median "
              "decompression of one block into a buffer. Stack µs: median (p99) fetch of 5 consecutive frames "
              "from a random position into a preallocated array, the decompression of every block it touches "
-             "included (zstandard: up to the last frame needed, `stream_reader` stopping there; blosc2: "
+             "included (zstandard, blocks of 64 frames or more: up to the last frame needed when that is in the "
+             "first half of the block, `stream_reader` stopping there; blosc2: "
              "`get_slice`, only its internal blocks holding the frames; lz4: the whole block).\n")
     hdr = ["candidate", "B", "ratio", "MiB / 1M frames", "compress MB/s", "decompress into MB/s",
            "decompress alloc MB/s", "block µs", "stack µs (p99)"]

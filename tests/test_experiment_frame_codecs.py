@@ -67,7 +67,7 @@ def _codecs(fc):
     return [c for c, _ in fc.make_candidates({}, have)] + [fc.Uncompressed()]
 
 
-@pytest.mark.parametrize("B", [1, 16])
+@pytest.mark.parametrize("B", [1, 16, 64])
 def test_every_codec_round_trips_and_fetches_stacks(fc, B):
     F = frames()
     starts = np.arange(0, len(F) - fc.STACK + 1, 3)
