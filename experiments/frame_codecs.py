@@ -258,8 +258,8 @@ class Uncompressed(Codec):
     def __init__(self):
         def into(comp, dst):
             np.copyto(dst.reshape(-1), np.frombuffer(comp, np.uint8))
-        super().__init__("none (copy)", "-", "uncompressed, numpy copy", lambda b: b.tobytes(), bytes, into,
-                         partial=True)
+        super().__init__("none (copy)", "-", "uncompressed, numpy copy", lambda b: b.tobytes(),
+                         lambda c: bytes(memoryview(c)), into, partial=True)  # bytes(bytes) would not copy
 
     def store(self, comps, B):
         return np.frombuffer(b"".join(comps), np.uint8).reshape(-1, *FRAME_SHAPE)
@@ -590,9 +590,9 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
     if ch:
         r = next(x for x in rows if x["candidate"] == ch["candidate"] and x["block"] == ch["block"])
         L.append(f"* **{ch['package']}**: `{ch['candidate']}` ({r['note']}) in blocks of **{ch['block']}** "
-                 f"consecutive frames. Ratio {r['ratio']:.1f} over every frame measured "
+                 f"consecutive frames. Ratio {r['ratio']:.1f} over every frame measured ("
                  + ", ".join(f"{g} {v:.0f}" for g, v in r["ratio_by_game"].items())
-                 + f"; a cold tier of 1M frames takes {r['bytes_per_1m_frames'] / 2**20:.0f} MiB "
+                 + f"); a cold tier of 1M frames takes {r['bytes_per_1m_frames'] / 2**20:.0f} MiB "
                  f"(raw: {CAPACITY * FRAME_BYTES / 2**20:,.0f} MiB). Fetching the 5 frames of one sampled "
                  f"(obs, next_obs) pair: {r['fetch_us_median']:.1f} µs median, {r['fetch_us_p99']:.0f} µs p99, "
                  f"so about {32 * r['fetch_us_median'] / 1e3:.2f} ms for a batch of 32 drawn from the cold tier. "
@@ -677,7 +677,7 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
                                             for d in dicts) + ". It must be stored with the buffer (checkpoints).",
           "* blosc2 is a meta-compressor: its lz4 and zstd are the same algorithms as the other two packages "
           "(bundled copies), run per internal block after its filters. Byte shuffle is not measured: on 1-byte "
-          "items it moves nothing. `nthreads=1` in both compression and decompression parameters and "
+          "items it reorders nothing (blosc2 may still choose another internal block size with it). `nthreads=1` in both compression and decompression parameters and "
           "`blosc2.set_nthreads(1)`.",
           f"* Stack fetches: {FETCHES[mode]} random positions per (stream, candidate, B, repetition), the same "
           "positions for every candidate; frames may cross an episode boundary (the cost is the same).",
