@@ -102,11 +102,18 @@ def test_wrong_bytes_are_caught(fc):
     assert "fetched stacks differ" in fc.measure_once(bad_fetch, F, 16, starts, verify=True)["error"]
 
 
-def test_smoke_run(fc, tmp_path, monkeypatch):
-    """The whole experiment on real ALE frames at tiny sizes writes its report, data and plot."""
+@pytest.mark.parametrize("only", [None, "zstandard"], ids=["installed", "zstandard-only"])
+def test_smoke_run(fc, tmp_path, monkeypatch, only):
+    """The whole experiment on real ALE frames at tiny sizes writes its report, data and plot; with
+    only the compress extra's package (what CI installs) it measures that one and says so."""
     pytest.importorskip("ale_py", reason="the atari extra")
     pytest.importorskip("cv2", reason="the atari extra")
     _codecs(fc)
+    if only is not None:
+        if not fc.installed(only):
+            pytest.skip(f"{only} not installed")
+        real = fc.installed
+        monkeypatch.setattr(fc, "installed", lambda p: real(p) and (p not in fc.PACKAGES or p == only))
     monkeypatch.setattr(fc, "OUT_DIR", str(tmp_path))
     monkeypatch.setattr(fc, "BLOCKS", (1, 16))
     monkeypatch.setitem(fc.FRAMES, "quick", 200)
@@ -123,3 +130,7 @@ def test_smoke_run(fc, tmp_path, monkeypatch):
     report = (tmp_path / "README.md").read_text()
     assert "<!-- headline: " in report and "## Answer" in report and "### Blocks of 16 frames" in report
     assert (tmp_path / "frame_codecs.png").exists()
+    packages = {r["package"] for r in measured} - {"-"}
+    if only is not None:
+        assert packages == {only} and res["decision"]["chosen"]["package"] == only
+        assert "**Not measured: lz4, blosc2 (not installed).**" in report
