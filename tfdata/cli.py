@@ -38,6 +38,7 @@ EXPERIMENTS = {
     "dqn_cartpole": "dqn",
     "replay_ratio": "replay_ratio",
     "ingestion": "ingest",
+    "frame_codecs": "frame_codecs",
 }
 ALIASES = {"dqn": "dqn_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
            "ingest": "ingestion"}

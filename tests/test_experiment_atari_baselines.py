@@ -1,0 +1,64 @@
+"""experiments/_atari_baselines.py: the memory baselines (stable-baselines3's ReplayBuffer, a
+numpy buffer of full stacks) plan the bytes their dtypes say, make them resident when filled with
+real frames, and sample."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from .atari import rollout
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STACK = 4 * 84 * 84
+
+
+@pytest.fixture(scope="module")
+def ab():
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    try:
+        import _atari_baselines
+    finally:
+        sys.path.remove(os.path.join(REPO, "experiments"))
+    return _atari_baselines
+
+
+def _kinds(ab):
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        return ["numpy"]
+    return list(ab.KINDS)
+
+
+def test_planned_bytes_follow_the_dtypes(ab):
+    per_row = {"numpy": 2 * STACK + 8 + 4 + 1 + 1,             # obs, next_obs, int64, f4, 2 bools
+               "sb3": 2 * STACK + 8 + 4 + 4 + 4,               # SB3: action int64, reward/done/timeout f4
+               "sb3-optimized": STACK + 8 + 4 + 4 + 4}         # next_obs read from the next row
+    for kind in _kinds(ab):
+        assert ab.planned_bytes(kind, 1_000_000) == per_row[kind] * 1_000_000, kind
+
+
+def test_filled_buffers_are_resident_and_sample(ab):
+    d = rollout("Breakout", 300)
+    for kind in _kinds(ab):
+        r = ab.run_forked(ab.measure, kind, 400, 400, d, 5)
+        assert "error" not in r, r
+        assert r["arrays_bytes"] == ab.planned_bytes(kind, 400)
+        assert r["build_rss_growth"] < 0.25 * r["arrays_bytes"]  # np.zeros: nothing resident yet
+        assert r["fill_rss_growth"] > 0.8 * r["arrays_bytes"]   # every page written
+        assert r["sample32_us_median"] > 0
+
+
+def test_numpy_buffer_keeps_transitions(ab):
+    d = rollout("Breakout", 300)
+    buf = ab.NumpyStackBuffer(128)
+    for i in range(200):
+        ab.add("numpy", buf, d, i)
+    assert len(buf) == 128 and buf.pos == 200 - 128
+    assert np.array_equal(buf.obs[5], d["obs"][128 + 5]) and np.array_equal(buf.next_obs[100], d["next_obs"][100])
+    s = buf.sample(32, np.random.default_rng(0))
+    assert s["obs"].shape == (32, 4, 84, 84) and s["next_obs"].dtype == np.uint8
