@@ -42,7 +42,8 @@ buffers by repeating a real block of one stream that starts at a reset and ends 
 end, so the stream written stays continuous (each repetition is a new episode).
 
     python experiments/atari_frames.py --quick   # seconds: Breakout, random policy, small sizes
-    python experiments/atari_frames.py           # the report (~10 min on a busy 2-core machine)
+    python experiments/atari_frames.py           # the report (~4 min on a busy 2-core machine)
+    python experiments/atari_frames.py --render reports/atari_frames/results.json   # report and plots again
 
 Needs the ``atari`` and ``compress`` extras; stable-baselines3 (the ``dqn`` extra) for its
 baselines (left out, and said so, without it). Writes ``reports/atari_frames/`` (README.md,
@@ -824,6 +825,15 @@ COLORS = {"tfdata frames AoS": "tab:blue", "tfdata frames SoA": "tab:cyan", "tfd
 TIER_COLORS = {"ram": "tab:blue", "tier": "tab:green", "page cache": "tab:orange", "disk": "tab:red"}
 
 
+def plain_log_ticks(axis) -> None:
+    """Plain numbers on a log axis (1, 2, 5 per decade), no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def plot_memory(mem: list) -> str:
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -839,16 +849,18 @@ def plot_memory(mem: list) -> str:
     ax1.axvline(TARGET_MEMORY * ONE_FRAME_ROW * PLAN_FOR / 2**30, color="r", lw=1, ls="--",
                 label=f"target {TARGET_MEMORY}x")
     ax1.set_xscale("log")
+    plain_log_ticks(ax1.xaxis)
     ax1.set_yticks(y, kinds, fontsize=8)
     ax1.invert_yaxis()
     ax1.set_xlabel("GiB per 1M transitions (log)")
-    ax1.legend(fontsize=7, loc="lower right")
+    ax1.legend(fontsize=7, loc="upper right")
     ax1.grid(True, axis="x", which="both", alpha=0.3)
     w = 0.8 / len(BUDGETS_GB)
     xs = np.arange(len(kinds))
     for j, gb in enumerate(BUDGETS_GB):
         ax2.bar(xs + (j - (len(BUDGETS_GB) - 1) / 2) * w, [r["fits"][str(gb)] for r in mem], w, label=f"{gb} GB")
     ax2.set_yscale("log")
+    plain_log_ticks(ax2.yaxis)
     ax2.set_xticks(xs, [k.replace(" ", "\n", 1) for k in kinds], fontsize=7)
     ax2.set_ylabel("transitions that fit (log)")
     ax2.legend(fontsize=8)
@@ -872,8 +884,7 @@ def plot_speed(spd: dict) -> str:
         ax.axvline(target * d[ref]["median_us"], color="r", ls="--", lw=1, label=f"target: {target}x {ref}")
         ax.set_yticks(y, kinds, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xscale("log")
-        ax.set_xlabel("µs per call (median, bars p10-p90; log)")
+        ax.set_xlabel("µs per call (median, bars p10-p90)")
         ax.set_title(title)
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(True, axis="x", which="both", alpha=0.3)
@@ -896,17 +907,19 @@ def plot_cold(cold: list, ratios: list) -> str:
                    color=TIER_COLORS[t], label=t)
         ax.set_xticks(xs, [f"{r['cold_fraction']:.0%} cold" for r in rs])
         ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
         ax.set_ylabel("sample(32) ms (median, log)")
         ax.set_title(f"{game}, {rs[0]['rows']:,} rows")
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", which="both", alpha=0.3)
     ax = axes[-1]
-    labels = [f"{r['game']}\n{r['policy']}\n{r['stream']}" for r in ratios]
-    ax.bar(np.arange(len(ratios)), [r["ratio"] for r in ratios], color="tab:green")
-    ax.set_xticks(np.arange(len(ratios)), labels, fontsize=6)
-    ax.set_ylabel("compression ratio of the tier")
+    labels = [f"{r['game']} {r['policy']} {r['stream']}" for r in ratios]
+    ax.barh(np.arange(len(ratios)), [r["ratio"] for r in ratios], color="tab:green")
+    ax.set_yticks(np.arange(len(ratios)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("compression ratio of the tier")
     ax.set_title("ratio per stream (zstd 3, 16-slot blocks)")
-    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, OUT_DIR, "cold.png")
 
@@ -984,8 +997,9 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
 
     # 1. exactness
     L.append("## 1. Exactness\n")
-    L.append("Every transition the environments returned is written (one environment: a push when a chunk is one "
-             f"step, else extend; chunks of 1-{2 * MEAN_CHUNK - 1} steps drawn at random) into every buffer; after "
+    L.append(f"Every transition the environments returned is written into every buffer in chunks of 1-"
+             f"{2 * MEAN_CHUNK - 1} steps drawn at random (one environment: {PUSH_SHARE:.0%} of the chunks row by row "
+             "with `push`, the others with `extend`; four: `extend`); after "
              "each chunk, batches are drawn and compared field by field (`np.array_equal` of obs, next_obs, action, "
              "reward, terminated, truncated; and indices, n-step discounts, prioritized weights between the tfdata "
              "buffers). *uniform*: frames AoS and SoA against the full-stack tfdata buffer, that against the numpy "
@@ -993,7 +1007,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
              "side computes (return summed in float64 in order, next_obs and flags of the window's last row, "
              "`gamma**k`). *prioritized*: frames AoS against full stacks (the same `update_priorities` after each "
              "batch), that against the numpy ring.\n")
-    hdr = ["game", "policy", "stream", "envs", "transitions", "ends (trunc.)", "capacity", "laps", "pushes / extends",
+    hdr = ["game", "policy", "stream", "envs", "transitions", "ends (trunc.)", "capacity", "laps", "rows pushed / extends",
            "uniform", "n-step", "prioritized", "mismatches"]
     rows = [[r["game"], r["policy"], r["stream"], r["num_envs"], f"{r['rows_written']:,}",
              f"{r['episode_ends']} ({r['truncations']})", f"{r['capacity']:,}", f"{r['wraps']:.1f}",
@@ -1088,8 +1102,9 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
                  "after the first timed call of each round: a sample's page faults read ahead far more of the file "
                  "than the frames it needs); *ram*: a frame buffer without spill. Tiers interleaved in rounds "
                  "(order rotated). *nbytes*: the buffer's own memory (`nbytes`: hot rows, bookkeeping, output "
-                 "ring, and for the tier its compressed copies and 4 MiB cache); the spill tiers also need the page "
-                 "cache to hold the file (last column) to sample at that speed.\n")
+                 "ring, and for the tier its compressed copies and 4 MiB cache); *page cache* samples at its speed only "
+                 "while the page cache holds the file (last column), the tier needs none of it (its file is cached "
+                 "too here, having just been written, but cold frames come from the copies).\n")
         hdr = ["game", "cold", "tier", "median ms", "p10 ms", "p90 ms", "calls", "x ram", "nbytes (resident)",
                "spill file", "file in page cache"]
         rows = []
@@ -1157,13 +1172,38 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
     write_methodology_report(OUT_DIR, L, run)
 
 
+def publish(run, sources, exact, ratios, mem, spd, cold) -> tuple:
+    """results.json, the plots and the report from the measurements."""
+    tot, tg = exactness_totals(exact), targets(mem, spd)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    pngs = {"memory": plot_memory(mem), "speed": plot_speed(spd), "cold": plot_cold(cold, ratios)}
+    write_json(os.path.join(OUT_DIR, "results.json"),
+               {"methodology": run, "sources": sources, "targets": tg, "exactness_totals": tot, "exactness": exact,
+                "cold_ratios": ratios, "memory": mem, "speed": spd, "cold_sampling": cold,
+                "constants": {"one_frame_row_bytes": ONE_FRAME_ROW, "batch_bytes": OUT_BYTES,
+                              "target_memory": TARGET_MEMORY, "target_sample": TARGET_SAMPLE, "target_push": TARGET_PUSH}})
+    write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, run["mode"],
+                 run["parameters"]["stable_baselines3"])
+    return tot, tg
+
+
 # ---------------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     ap = seeds_parser(__doc__, "Breakout, the random policy, small sizes (seconds)",
                       "unused (streams use fixed seeds, listed in the report)")
+    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                    help="rewrite the report and plots from a results.json (no measurement)")
     args = ap.parse_args(argv)
+    if args.render:
+        import json
+
+        with open(args.render, encoding="utf-8") as f:
+            data = json.load(f)
+        publish(data["methodology"], data["sources"], data["exactness"], data["cold_ratios"], data["memory"],
+                data["speed"], data["cold_sampling"])
+        return 0
     mode = "quick" if args.quick else "full"
     missing = [m for m in ("ale_py", "gymnasium", "cv2", "zstandard") if not have(m)]
     if missing:
@@ -1192,7 +1232,6 @@ def main(argv=None) -> int:
     try:
         log("1. exactness (and the tier's ratio per stream)")
         exact, ratios, blocks, sources = collect_and_check(mode, workdir, log)
-        tot = exactness_totals(exact)
         block = blocks["Breakout"]
         log(f"2. memory (block of {len(block['action']):,} Breakout transitions)")
         kinds = [k for k, (fam, opt) in MEMORY_KINDS.items() if with_sb3 or not str(opt).startswith("sb3")]
@@ -1207,16 +1246,9 @@ def main(argv=None) -> int:
                                   DISK_CALLS[mode], log)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    tg = targets(mem, spd)
     run = rec.finish(child_peak_rss_bytes=max((r["measured"].get("rss_before", 0) + r["measured"].get("sampled_rss_growth", 0)
                                                for r in mem if "rss_before" in r["measured"]), default=None))
-    pngs = {"memory": plot_memory(mem), "speed": plot_speed(spd), "cold": plot_cold(cold, ratios)}
-    write_json(os.path.join(OUT_DIR, "results.json"),
-               {"methodology": run, "sources": sources, "targets": tg, "exactness_totals": tot, "exactness": exact,
-                "cold_ratios": ratios, "memory": mem, "speed": spd, "cold_sampling": cold,
-                "constants": {"one_frame_row_bytes": ONE_FRAME_ROW, "batch_bytes": OUT_BYTES,
-                              "target_memory": TARGET_MEMORY, "target_sample": TARGET_SAMPLE, "target_push": TARGET_PUSH}})
-    write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mode, with_sb3)
+    tot, tg = publish(run, sources, exact, ratios, mem, spd, cold)
     log(headline(tot, tg, spd, cold, ratios))
     log(f"{mode} run done in {run['wall_clock_s']:.0f} s; report: {os.path.relpath(OUT_DIR)}/README.md")
     if tot["all"]["mismatches"]:

@@ -191,3 +191,11 @@ def test_smoke_run(af, tmp_path, monkeypatch, sb3):
     assert ("stable-baselines3 is not installed" in report) != sb3
     for png in ("memory.png", "speed.png", "cold.png"):
         assert (tmp_path / png).exists()
+        (tmp_path / png).unlink()
+    # --render rewrites the report and plots from results.json alone
+    saved = tmp_path / "saved.json"
+    saved.write_text((tmp_path / "results.json").read_text())
+    (tmp_path / "README.md").unlink()
+    assert af.main(["--render", str(saved)]) == 0
+    assert (tmp_path / "README.md").read_text() == report
+    assert all((tmp_path / png).exists() for png in ("memory.png", "speed.png", "cold.png"))
