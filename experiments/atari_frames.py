@@ -67,7 +67,7 @@ sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments
 from _atari_baselines import NumpyStackBuffer, planned_bytes  # noqa: E402
 from _atari_baselines import make_buffer as make_baseline  # noqa: E402
 from _atari_baselines import measure as measure_baseline  # noqa: E402
-from _methodology import RunRecord, SliceTimer, atari_transitions, fmt_bytes, fresh_pages_allocator  # noqa: E402
+from _methodology import RunRecord, SliceTimer, atari_transitions, cache_size, fmt_bytes, fresh_pages_allocator  # noqa: E402
 from _methodology import md_table, pyplot, report_dir, rotated, rss_bytes, run_forked, run_rounds  # noqa: E402
 from _methodology import save_figure, seeds_parser, write_json  # noqa: E402
 from _methodology import write_report as write_methodology_report  # noqa: E402
@@ -524,6 +524,10 @@ def memory(block: dict, fill: int, kinds, log) -> list:
              "planned_fill_bytes": planned_row_bytes(kind, fill), "filled": fill,
              "fits": {str(gb): fits(kind, gb << 30) for gb in BUDGETS_GB}}
         r["planned_bytes_per_row"] = r["planned_1m_bytes"] / PLAN_FOR
+        if family == "tfdata":
+            import tfdata
+
+            r["planned_1m_parts"] = tfdata.ReplayBuffer.plan_memory(SPEC, PLAN_FOR, batch_sizes=(BATCH,), **opt)
         r["over_one_frame"] = r["planned_bytes_per_row"] / ONE_FRAME_ROW
         free = psutil.virtual_memory().available
         if free < MEMORY_HEADROOM * r["planned_fill_bytes"]:
@@ -932,6 +936,19 @@ def _mib(b) -> str:
     return "-" if b is None else fmt_bytes(b)
 
 
+def pool_sentence(spd: dict) -> str:
+    """Whether the DRAM memcpy's pool came from memory, judged by its time against the hot copy."""
+    l3 = cache_size(3)
+    slower = spd["sample"]["memcpy (DRAM)"]["median_us"] / spd["sample"]["memcpy (hot cache)"]["median_us"]
+    pool = spd["frames_pool_bytes"]
+    text = f"The DRAM memcpy's pool is {pool / 2**20:,.0f} MiB"
+    if l3:
+        text += f" (the machine reports an L3 of {l3 / 2**20:,.0f} MiB, shared: on a virtual machine, with other guests too)"
+    return text + (f"; it is copied {slower:.2f}x slower than the hot source, so " +
+                   ("not from the caches." if slower >= 1.2 else "largely from the caches (a small pool in this "
+                                                                   "run): ratios to it are harsher on tfdata, not kinder."))
+
+
 def headline(tot, tg, spd, cold, ratios) -> str:
     aos = "tfdata frames AoS"
     mem = tg["memory"].get(aos, {})
@@ -1054,7 +1071,15 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
     if a and "nbytes_parts" in a["measured"]:
         parts = a["measured"]["nbytes_parts"]
         L.append(f"`{aos}` at {a['filled']:,} rows, `nbytes_parts`: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in parts.items())
-                 + f" (`nbytes` {fmt_bytes(a['measured']['nbytes'])}, RSS growth {fmt_bytes(a['measured']['sampled_rss_growth'])}).\n")
+                 + f" (`nbytes` {fmt_bytes(a['measured']['nbytes'])}, RSS growth {fmt_bytes(a['measured']['sampled_rss_growth'])}).")
+        pp = a.get("planned_1m_parts")
+        if pp:
+            L.append(f"Planned for {PLAN_FOR:,}, per transition: " + ", ".join(f"{k} {v / PLAN_FOR:,.1f} B" for k, v in pp.items())
+                     + f". Over one frame plus the other fields ({ONE_FRAME_ROW:,} B): the AoS record of the small fields "
+                     "is padded to 8-byte words, and the bookkeeping is mostly the table of episodes' final frames "
+                     "(`next_obs` of an episode's last row), allocated for one episode end per 64 rows and grown when "
+                     "episodes are shorter (only the entries used become resident: the measured RSS is lower).")
+        L.append("")
     L.append(f"![memory]({pngs['memory']})\n")
 
     # 3. speed
@@ -1168,7 +1193,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
           "(`_methodology.run_forked`, every allocation above 4 KiB a fresh mmap), kernels loaded before the "
           "first reading. Memory is measured only when the machine has 1.5x the planned bytes free.",
           "* The speed ratios compare candidates timed in the same rounds of the same process on a shared 2-core "
-          "machine (load in the table below); medians of all calls.", ""]
+          "machine (load in the table below); medians of all calls. " + pool_sentence(spd), ""]
     write_methodology_report(OUT_DIR, L, run)
 
 
