@@ -39,6 +39,7 @@ EXPERIMENTS = {
     "replay_ratio": "replay_ratio",
     "ingestion": "ingest",
     "frame_codecs": "frame_codecs",
+    "atari_frames": "atari_frames",
 }
 ALIASES = {"dqn": "dqn_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
            "ingest": "ingestion"}
