@@ -79,6 +79,40 @@ def test_rss_stays_near_the_hot_size_while_the_total_exceeds_it(tmp_path, layout
     assert peak < 64 << 20, f"RSS grew by {peak >> 20} MiB with 16 MiB hot and a 200 MB buffer"
 
 
+def test_a_freed_spilling_buffer_lends_its_residency_to_no_other(tmp_path):
+    """The release policy measures the process's file-backed bytes against their value when the
+    buffer was built; a buffer built while another spilling buffer was resident, which is then
+    freed, must not keep that much more of its own cold part (it kept the whole file: 60 MB
+    with a 2 MB hot window, after a 120 MB buffer was freed)."""
+    import gc
+
+    import psutil
+
+    spec = {"x": ("u1", (4096,))}
+    rows = {"x": np.full((1000, 4096), 3, "u1")}
+
+    def filled(name, n):
+        buf = tfdata.ReplayBuffer(spec, n, seed=0, spill_path=str(tmp_path / name), hot_rows=500)
+        for _ in range(n // 1000):
+            buf.extend(rows)
+        return buf
+
+    a = filled("a.npy", 30_000)  # 120 MB, all of it made resident
+    assert int(np.asarray(a.column("x")).sum(dtype=np.int64)) > 0  # every page of a resident
+    b = filled("b.npy", 15_000)  # 60 MB
+    b.sample(64)
+    del a
+    gc.collect()
+    proc = psutil.Process()
+    before = proc.memory_info().shared
+    for _ in range(2500):  # 160,000 rows read: the whole file, without releases
+        b.sample(64)
+    grew = proc.memory_info().shared - before
+    # hot window 2 MB, slack 16 MiB: releases keep it near that (22 MB measured), not at the
+    # file's 60 MB (the freed buffer's 120 MB counted as this one's allowance)
+    assert grew < 36 << 20, f"file-backed memory grew by {grew >> 20} MiB"
+
+
 def test_spill_configuration_errors(tmp_path):
     with pytest.raises(ValueError, match="need spill_path"):
         tfdata.ReplayBuffer(CARTPOLE, 10, hot_rows=3)

@@ -81,7 +81,13 @@ class Spill:
     def check_resident(self) -> None:
         """Release the cold part if reads or in-place writes anywhere in the ring (samples, a
         relabelling) have made too much of it resident."""
-        if self.probe.file_bytes() - self.base > self.hot_bytes + self.slack:
+        now = self.probe.file_bytes()
+        if now < self.base:
+            # the process's file-backed bytes are what is measured: when other mappings went
+            # away since this buffer was built (another spilling buffer freed), the baseline
+            # follows them down, or this buffer could keep that much more of its cold part
+            self.base = now
+        if now - self.base > self.hot_bytes + self.slack:
             cold_end = self.written - self.hot_rows
             if cold_end > 0:
                 # the cold part of the ring: everything but the hot window (wrap-aware)
