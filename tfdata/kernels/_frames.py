@@ -88,6 +88,27 @@ def _age_depth(x, newest, num_envs, capacity, depth, kmax):
     return d // num_envs, dep
 
 
+@njit(**INLINE_OPTIONS)
+def _put_next(dst, i, o, y, a, e, num_envs, capacity, src, src_off, term, trunc, final_idx, finals,
+              pending, width):
+    """Slot ``y``'s next frame into ``dst[i, o:o+width]``: its final frame at an episode's end
+    (when its table entry exists), the pending frame for the newest step (age ``a == 0``: the
+    next row is not in the ring yet), else the stream's next row's frame."""
+    f = final_idx[y] if term[y] or trunc[y] else -1
+    if 0 <= f < finals.shape[0]:
+        for w in range(width):
+            dst[i, o + w] = finals[f, w]
+    elif a == 0:
+        for w in range(width):
+            dst[i, o + w] = pending[e, w]
+    else:
+        s = y + num_envs
+        if s >= capacity:
+            s -= capacity
+        for w in range(width):
+            dst[i, o + w] = src[s, src_off + w]
+
+
 @njit(**NJIT_OPTIONS)
 def frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, mode, dst):
     """The stacks of ``rows`` (their observation), rebuilt from one stored frame per row.
@@ -151,19 +172,8 @@ def next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_o
         e = y % num_envs
         _put_back(dst, i, k - 1, y, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad,
                   mode, width)
-        f = final_idx[y] if term[y] or trunc[y] else -1
-        if 0 <= f < finals.shape[0]:
-            for w in range(width):
-                dst[i, last + w] = finals[f, w]
-        elif a == 0:  # the newest step: its next frame is not in the ring yet
-            for w in range(width):
-                dst[i, last + w] = pending[e, w]
-        else:
-            s = y + num_envs
-            if s >= capacity:
-                s -= capacity
-            for w in range(width):
-                dst[i, last + w] = src[s, src_off + w]
+        _put_next(dst, i, last, y, a, e, num_envs, capacity, src, src_off, term, trunc, final_idx,
+                  finals, pending, width)
 
 
 @njit(**NJIT_OPTIONS)
@@ -190,19 +200,8 @@ def frame_stack_pairs(rows, cursor, steps, num_envs, capacity, depth, src, src_o
                   width)
         for w in range(last):
             nxt[i, w] = dst[i, width + w]
-        f = final_idx[x] if term[x] or trunc[x] else -1
-        if 0 <= f < finals.shape[0]:
-            for w in range(width):
-                nxt[i, last + w] = finals[f, w]
-        elif a == 0:
-            for w in range(width):
-                nxt[i, last + w] = pending[e, w]
-        else:
-            s = x + num_envs
-            if s >= capacity:
-                s -= capacity
-            for w in range(width):
-                nxt[i, last + w] = src[s, src_off + w]
+        _put_next(nxt, i, last, x, a, e, num_envs, capacity, src, src_off, term, trunc, final_idx,
+                  finals, pending, width)
 
 
 @njit(**INLINE_OPTIONS)

@@ -81,6 +81,21 @@ def _tier1(f, v: str, i: int, ns: dict) -> str | None:
     return f"(type({v}) in pk{i} or type({v}) is int and -EXACT <= {v} <= EXACT)"
 
 
+def exact_guard(f, i: int, ns: dict) -> str:
+    """The generated check that value ``v{i}`` enters field ``f`` as it is (the second tier):
+    an ndarray of its exact dtype and shape, or a scalar type that casts without loss (ints
+    within the field's range). Puts the names it uses into ``ns``."""
+    v = f"v{i}"
+    if f.shape:
+        ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
+        return f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}"
+    ns[f"ok{i}"] = f.scalar_types
+    if f.int_bounds is not None:
+        ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
+        return f"(type({v}) in ok{i} or type({v}) is int and lo{i} <= {v} <= hi{i})"
+    return f"type({v}) in ok{i}"
+
+
 def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_write=None,
               on_begin=None, regions=None, gate=None, place=None):
     """Return ``push(row)`` for ``spec``.
@@ -133,16 +148,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         v = f"v{i}"
         ns[f"a{i}"] = arrays[i]
         reads.append(f"        {v} = row[{f.name!r}]")
-        if f.shape:
-            ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
-            checks.append(f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}")
-        else:
-            ns[f"ok{i}"] = f.scalar_types
-            if f.int_bounds is not None:
-                ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
-                checks.append(f"(type({v}) in ok{i} or type({v}) is int and lo{i} <= {v} <= hi{i})")
-            else:
-                checks.append(f"type({v}) in ok{i}")
+        checks.append(exact_guard(f, i, ns))
         writes.append(f"        a{i}[p] = {v}")
         fast_checks.append(_tier1(f, v, i, ns))
     fast = _fast_writes(spec, regions, fast_checks, ns) if regions is not None else None
@@ -238,17 +244,7 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
         body.append(f"            S{r}.pack_into(r{r}, p * {stride} + {packed[0][0]}, {', '.join(args)})")
     for i, c in enumerate(fast_checks):
         if c is None:  # the second tier's check: numpy writes it, validated as there
-            f = spec[spec.names[i]]
-            if f.shape:
-                ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
-                c = f"type(v{i}) is ndarray and v{i}.dtype is dt{i} and v{i}.shape == sh{i}"
-            else:
-                ns[f"ok{i}"] = f.scalar_types
-                if f.int_bounds is not None:
-                    ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
-                    c = f"(type(v{i}) in ok{i} or type(v{i}) is int and lo{i} <= v{i} <= hi{i})"
-                else:
-                    c = f"type(v{i}) in ok{i}"
+            c = exact_guard(spec[spec.names[i]], i, ns)
         guard.append(c)
     return guard, body + numpy_writes
 

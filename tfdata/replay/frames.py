@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import SpecError
 from ..spec import Field, Spec
 from ..storage import WORD_TYPES, word_size
+from .fastpush import exact_guard
 
 PADDINGS = ("reset", "zero")
 MAX_STACK = 64
@@ -597,16 +598,7 @@ def make_push(frames: FrameStacks, spec: Spec, storage, episodes, writer, lock, 
         if f.name in (frames.spec.names[frames.term_i], frames.spec.names[frames.trunc_i]):
             flags.append(v)
         ns[f"a{i}"] = views[f.name]
-        if f.shape:
-            ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
-            guards.append(f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}")
-        else:
-            ns[f"ok{i}"] = f.scalar_types
-            if f.int_bounds is not None:
-                ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
-                guards.append(f"(type({v}) in ok{i} or type({v}) is int and lo{i} <= {v} <= hi{i})")
-            else:
-                guards.append(f"type({v}) in ok{i}")
+        guards.append(exact_guard(f, i, ns))
         writes.append(f"            a{i}[p] = {v}")
     io, inx = spec.names.index(name), spec.names.index(nxt)
     lines = [

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import SpecError
 from .fastpush import make_extend, make_push
+from .frames import make_push as frame_push
 
 
 class RingWriter:
@@ -237,8 +238,6 @@ class RingWriter:
         ``slow``. ``gate(1)``: called under the lock before the row's slot is read (a rate
         limiter waits and counts)."""
         if self.frames is not None:  # frame stacks: a push of their own (checks in compiled code)
-            from .frames import make_push as frame_push
-
             slot_hooks = [h.slot_hook() for h in self._per_row()]
             if self.gate is not None or any(f is None for f in slot_hooks):
                 return slow
