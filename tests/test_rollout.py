@@ -408,7 +408,9 @@ def test_an_iterator_stops_when_the_buffer_moves_on():
 
 
 def snapshot(buf) -> tuple:
-    return (buf.steps, buf.computed, {k: v.tobytes() for k, v in buf.state_dict()["data"].items()},
+    """Everything a refused call must leave alone: the counts, the generator and every byte of
+    every field, rows not yet added included."""
+    return (buf.steps, buf.computed, {name: buf.field(name).tobytes() for name in buf.fields},
             buf.state_dict()["rng"])
 
 
@@ -633,6 +635,9 @@ def test_hostile_states_change_nothing():
         (with_(data=dict(data, obs=data["obs"].reshape(8, 2, 2))), SpecError, "'obs'"),
         (with_(data=dict(data, advantage=list(data["advantage"]))), SpecError, "'advantage'.*list"),
         (with_(steps=2, computed=False), SpecError, r"float32\(4"),  # the arrays hold 4 steps
+        # more steps than the buffer holds, with arrays to match
+        (with_(steps=5, computed=False, data={k: np.concatenate([v, v[:2]]) for k, v in data.items()}),
+         ValueError, r"state\['steps'\]: expected an int in \[0, 4\], got 5"),
     ]
     for state, err, match in hostile:
         with pytest.raises(err, match=match):
