@@ -507,6 +507,8 @@ def test_bad_compute_changes_nothing():
         ((np.zeros(3),), dict(gae_lambda=-0.1), ValueError, "gae_lambda"),
         ((np.zeros(3),), dict(gae_lambda="0.9"), TypeError, "gae_lambda"),
         ((np.zeros(3),), dict(gamma=True), TypeError, "gamma"),
+        ((np.zeros(3),), dict(gamma=np.array([0.9, 0.9])), TypeError, "gamma: expected a float"),
+        ((np.zeros(3),), dict(gamma=np.float64(np.nan)), ValueError, "gamma"),
     ]
     for args, kw, err, match in bads:
         with pytest.raises(err, match=match):
@@ -518,6 +520,10 @@ def test_bad_compute_changes_nothing():
     buf.compute_returns_and_advantages(np.ones(3, np.float32), gamma=0.9, gae_lambda=0.8)
     adv, _ = reference(steps, spec, np.ones(3, np.float32), 0.9, 0.8)
     assert np.array_equal(bits(buf.field("advantage")), bits(adv))
+    buf.compute_returns_and_advantages(np.ones(3, np.float32))  # back to the defaults
+    buf.compute_returns_and_advantages(np.ones(3, np.float32), gamma=np.float64(0.9), gae_lambda=1 - 0.2)
+    adv2, _ = reference(steps, spec, np.ones(3, np.float32), 0.9, 1 - 0.2)
+    assert np.array_equal(bits(buf.field("advantage")), bits(adv2))
 
 
 def test_bad_minibatch_arguments():
