@@ -749,3 +749,71 @@ def test_repr_and_exports():
     assert "RolloutBuffer" in tfdata.__all__ and tfdata.RolloutBuffer is RolloutBuffer
     buf = RolloutBuffer(BASE, num_steps=2, num_envs=2, seed=0)
     assert "2 steps x 2 envs" in repr(buf)
+
+
+# -- the fast path of add -------------------------------------------------------------------------
+
+
+def _variants(step, rng):
+    """The same step as the PPO loop may give it: gymnasium's float64 rewards, an int32 action,
+    a non-contiguous obs, flags as 0/1 ints (never the fast path: their values must be checked)."""
+    obs = np.zeros((step["obs"].shape[0], 8), np.float32)
+    obs[:, ::2] = step["obs"]
+    out = [dict(step), dict(step, reward=step["reward"].astype(np.float64)),
+           dict(step, action=step["action"].astype(np.int32), obs=obs[:, ::2]),
+           dict(step, terminated=step["terminated"].astype(np.int64), truncated=step["truncated"].astype(np.uint8))]
+    return out[int(rng.integers(len(out)))]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_fast_add_writes_what_the_generic_path_writes(layout):
+    import types
+    rng = np.random.default_rng(11)
+    spec = tfdata.Spec(FINAL)
+    fast = RolloutBuffer(spec, num_steps=16, num_envs=3, layout=layout, seed=0)
+    slow = RolloutBuffer(spec, num_steps=16, num_envs=3, layout=layout, seed=0)
+    for rollout in range(2):
+        steps = [_variants(s, rng) for s in random_rollout(spec, 16, 3, rng)]
+        for s in steps:
+            fast.add(s)
+            slow.add(types.MappingProxyType(s))  # not a dict: always the generic path
+        for f in spec:
+            np.testing.assert_array_equal(fast.field(f.name), stacked(steps, f.name).astype(f.dtype))
+            assert fast.field(f.name).tobytes() == slow.field(f.name).tobytes()
+        fast.reset()
+        slow.reset()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_fast_add_refuses_as_the_generic_path_after_fast_calls(layout):
+    rng = np.random.default_rng(12)
+    spec = tfdata.Spec(TRUNC)
+    buf = RolloutBuffer(spec, num_steps=8, num_envs=2, layout=layout, seed=0)
+    steps = random_rollout(spec, 8, 2, rng)
+    # warm every dtype the fast path may learn, and the 0/1 ints into bool it must not learn
+    buf.add(dict(steps[0], reward=steps[0]["reward"].astype(np.float64)))
+    buf.add(dict(steps[1], terminated=np.array([0, 1]), truncated=np.array([1, 0], np.uint8)))
+    buf.add(steps[2])
+    buf.add(dict(steps[3], reward=steps[3]["reward"].astype(np.float64)))
+    g = steps[4]
+    bads = [dict(g, terminated=np.array([0, 2])), dict(g, truncated=np.array([2, 0], np.uint8)),
+            dict(g, action=np.array([0.5, 1.0])), dict(g, reward=np.zeros(3)),
+            dict(g, reward=np.zeros((2, 1))), dict(g, obs=np.zeros((1, 4), np.float32)),
+            dict(g, obs=np.zeros((2, 4), object)), dict(g, truncated=np.zeros(3, bool)),
+            dict(g, truncated=[True, 2]), dict(g, extra=np.zeros(2)),
+            {k: v for k, v in g.items() if k != "value"}, dict(g, value=np.float32(0))]
+    for bad in bads:
+        ref = RolloutBuffer(spec, num_steps=8, num_envs=2, layout=layout, seed=0)
+        with pytest.raises(SpecError) as expected:
+            ref.add(bad)
+        before = snapshot(buf)
+        with pytest.raises(SpecError) as got:
+            buf.add(bad)
+        assert str(got.value) == str(expected.value)
+        assert snapshot(buf) == before
+    for s in steps[4:]:
+        buf.add(s)
+    full = snapshot(buf)
+    with pytest.raises(RuntimeError, match="full"):
+        buf.add(steps[0])
+    assert snapshot(buf) == full

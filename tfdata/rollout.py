@@ -196,6 +196,7 @@ class RolloutBuffer:
         self._pos = 0  # steps added
         self._computed = False
         self._token = 0  # bumped by whatever invalidates a running minibatch iterator
+        self._fast_add, self._fast_dtypes = self._make_fast_add()
 
     # -- construction helpers -----------------------------------------------------------------
     @staticmethod
@@ -214,6 +215,49 @@ class RolloutBuffer:
         if not np.shares_memory(view, col):  # a reshape that copied would detach the buffer
             raise RuntimeError(f"field {name!r}: the storage's view cannot be seen as steps x envs")
         return view
+
+    def _make_fast_add(self):
+        """``fast(step, t) -> bool``: write step ``t`` and return True if every value of ``step``
+        is one the generic path of :meth:`add` would accept as it is, else write nothing and
+        return False (the generic path then validates in full and raises its precise errors).
+
+        ``step`` must be a plain dict with exactly the spec's fields, each an ndarray of shape
+        ``(num_envs, *field.shape)`` whose dtype is the one last accepted for that field (at
+        first the field's own; the generic path records any dtype that casts safely whatever the
+        values, never one whose values must be checked such as ints into bool). Everything is
+        checked before the first write, and a numpy assignment of such an array cannot fail. The
+        checks are written out field by field as the source of one function (as
+        :mod:`tfdata.replay.fastpush` does): a loop over fields costs twice as much.
+        """
+        spec, E = self.spec, self.num_envs
+        dtypes = [f.dtype for f in spec]
+        if any("." in name for name in spec.names):  # nested specs: the generic path flattens
+            return (lambda step, t: False), dtypes
+        ns = {"ndarray": np.ndarray, "dt": dtypes}
+        lines = ["def fast(step, t):",
+                 f"    if type(step) is not dict or len(step) != {len(spec)}:",
+                 "        return False"]
+        checks = []
+        for i, f in enumerate(spec):
+            ns[f"sh{i}"], ns[f"w{i}"] = (E, *f.shape), self._views[f.name]
+            lines.append(f"    v{i} = step.get({f.name!r})")
+            checks.append(f"type(v{i}) is ndarray and v{i}.dtype is dt[{i}] and v{i}.shape == sh{i}")
+        lines.append("    if not (" + "\n            and ".join(checks) + "):")
+        lines.append("        return False")
+        lines += [f"    w{i}[t] = v{i}" for i in range(len(spec))]
+        lines.append("    return True")
+        exec(compile("\n".join(lines), "<tfdata generated RolloutBuffer.add>", "exec"), ns)
+        return ns["fast"], dtypes
+
+    def _learn_dtypes(self, step) -> None:
+        """After the generic path accepted ``step``: let the fast path take the dtypes it was
+        given next time, those that cast safely whatever the values (``cast_rule`` "ok")."""
+        E, dtypes = self.num_envs, self._fast_dtypes
+        for i, f in enumerate(self.spec):
+            v = step.get(f.name)
+            if (type(v) is np.ndarray and v.shape == (E, *f.shape) and v.dtype is not dtypes[i]
+                    and f.cast_rule(v.dtype) == "ok"):
+                dtypes[i] = v.dtype
 
     # -- planning -------------------------------------------------------------------------------
     @classmethod
@@ -292,7 +336,11 @@ class RolloutBuffer:
             written.
         """
         T, E = self.num_steps, self.num_envs
-        if self._pos >= T:
+        t = self._pos
+        if t < T and self._fast_add(step, t):  # writes only what it has checked in full
+            self._pos = t + 1
+            return
+        if t >= T:
             raise RuntimeError(f"RolloutBuffer.add: the rollout is full ({T} steps of {E} envs); "
                                f"call reset() to start the next one")
         try:
@@ -307,6 +355,8 @@ class RolloutBuffer:
         # it is given values, so ``advantage`` and ``return`` are left alone
         self._storage.write_rows(self._pos * E, values, 0, E)
         self._pos += 1
+        if type(step) is dict:
+            self._learn_dtypes(step)
 
     def reset(self) -> None:
         """Start the next rollout: no steps held (rows are overwritten by the next :meth:`add`,
