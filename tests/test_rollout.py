@@ -792,11 +792,14 @@ def test_fast_add_refuses_as_the_generic_path_after_fast_calls(layout):
     steps = random_rollout(spec, 8, 2, rng)
     # warm every dtype the fast path may learn, and the 0/1 ints into bool it must not learn
     buf.add(dict(steps[0], reward=steps[0]["reward"].astype(np.float64)))
-    buf.add(dict(steps[1], terminated=np.array([0, 1]), truncated=np.array([1, 0], np.uint8)))
-    buf.add(steps[2])
-    buf.add(dict(steps[3], reward=steps[3]["reward"].astype(np.float64)))
+    buf.add(steps[1])
+    buf.add(dict(steps[2], reward=steps[2]["reward"].astype(np.float64)))
+    ints = dict(terminated=np.array([0, 1]), truncated=np.array([1, 0], np.uint8))
+    buf.add(dict(steps[3], **ints))
     g = steps[4]
-    bads = [dict(g, terminated=np.array([0, 2])), dict(g, truncated=np.array([2, 0], np.uint8)),
+    bads = [dict(g, **dict(ints, terminated=np.array([0, 2]))),
+            dict(g, **dict(ints, truncated=np.array([2, 0], np.uint8))),
+            dict(g, terminated=np.array([0, 2])), dict(g, truncated=np.array([2, 0], np.uint8)),
             dict(g, action=np.array([0.5, 1.0])), dict(g, reward=np.zeros(3)),
             dict(g, reward=np.zeros((2, 1))), dict(g, obs=np.zeros((1, 4), np.float32)),
             dict(g, obs=np.zeros((2, 4), object)), dict(g, truncated=np.zeros(3, bool)),
