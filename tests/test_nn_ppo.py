@@ -574,6 +574,7 @@ def test_act_matches_reference(e):
     agent = PPO(5, 3, seed=e)
     agent.actor.reset_orthogonal(e, out_gain=2.0)  # confident, unequal probabilities
     rng = np.random.default_rng(e)
+    agent.params[...] += rng.normal(0, 0.1, agent.params.size)  # nonzero biases
     obs = rng.standard_normal((e, 5)).astype(np.float32)
     logits = naive.tanh_mlp_forward_naive(*wb(agent.actor.sizes, agent.actor.params), obs)[-1]
     values = naive.tanh_mlp_forward_naive(*wb(agent.critic.sizes, agent.critic.params), obs)[-1][:, 0]
