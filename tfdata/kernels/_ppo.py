@@ -163,7 +163,11 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
     batch = xT.shape[1]
     for j in range(n_out):
         d = dT[j]
-        s = 0.0
+        # accumulators of the array's float type (a Python 0.0 would make them float64 and
+        # halve the vector width): a zero read back from the output
+        gb[j] = 0.0
+        zero = gb[j]
+        s = zero
         for b in range(batch):
             s += d[b]
         gb[j] = s
@@ -173,7 +177,7 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
             x1 = xT[i + 1]
             x2 = xT[i + 2]
             x3 = xT[i + 3]
-            s0 = s1 = s2 = s3 = d[0] * 0.0
+            s0 = s1 = s2 = s3 = zero
             for b in range(batch):
                 db = d[b]
                 s0 += db * x0[b]
@@ -187,7 +191,7 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
             i += 4
         while i < n_in:
             x0 = xT[i]
-            s0 = d[0] * 0.0
+            s0 = zero
             for b in range(batch):
                 s0 += d[b] * x0[b]
             gw[j, i] = s0
@@ -202,7 +206,7 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
             if tanh_in:
                 y = xT[i]
                 for b in range(batch):
-                    p[b] *= 1.0 - y[b] * y[b]
+                    p[b] -= p[b] * y[b] * y[b]  # * (1 - y**2), in the array's float type
 
 
 @njit(**INLINE_NN)
