@@ -894,3 +894,22 @@ def test_train_refuses_non_finite_parameters():
     with pytest.raises(ValueError, match="gradient is not finite"):
         agent.train(good)
     state_equal(agent.state_dict(), before)
+
+
+def test_mlp_state_dict_and_copy_from_check_the_activation():
+    relu, tanh = MLP((4, 8, 2), seed=0), MLP((4, 8, 2), seed=1, activation="tanh")
+    assert tanh.state_dict()["activation"] == "tanh"
+    before = relu.params.copy()
+    with pytest.raises(ValueError, match="state\\['activation'\\]: expected 'relu', got 'tanh'"):
+        relu.load_state_dict(tanh.state_dict())
+    with pytest.raises(ValueError, match="copy_from.*\\(relu\\).*\\(tanh\\)"):
+        relu.copy_from(tanh)
+    np.testing.assert_array_equal(relu.params, before)
+    old = {k: v for k, v in tanh.state_dict().items() if k != "activation"}  # written before tanh
+    relu.load_state_dict(old)
+    np.testing.assert_array_equal(relu.params, tanh.params)
+    t2 = MLP((4, 8, 2), activation="tanh")
+    t2.load_state_dict(tanh.state_dict())
+    np.testing.assert_array_equal(t2.forward(np.ones((3, 4), np.float32)), tanh.forward(np.ones((3, 4), np.float32)))
+    # no sparse-product scratch: parameters and gradient only before any forward
+    assert MLP((4, 8, 2), activation="tanh").nbytes == 2 * 4 * relu.n_params < MLP((4, 8, 2)).nbytes

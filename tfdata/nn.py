@@ -108,8 +108,10 @@ class MLP:
         self.n_params = off
         self.n_units = col
         self.width = max(self.sizes[1:])
-        self._tmp = np.zeros(max(a * b for a, b in zip(self.sizes, self.sizes[1:])), dtype=self.dtype)
-        # the nonzero terms of one sparse product (see kernels._mlp._axpy_rows)
+        # the nonzero terms of one sparse product (see kernels._mlp._axpy_rows; tanh networks'
+        # dense kernels need none)
+        self._tmp = np.zeros(0 if activation == "tanh" else
+                             max(a * b for a, b in zip(self.sizes, self.sizes[1:])), dtype=self.dtype)
         self.params = np.zeros(off, dtype=self.dtype)
         self.grad = np.zeros(off, dtype=self.dtype)
         self._ws: dict[int, tuple] = {}
