@@ -640,6 +640,10 @@ def test_act_returns_views_and_uses_its_own_rng():
     assert all(x is y for x, y in zip(out1, out2))
     assert np.random.get_state()[1].tolist() == state[1].tolist()  # numpy's global RNG untouched
     assert agent.value(obs) is agent.value(obs)
+    # value() (a bootstrap value between act and storing its output) leaves act's values alone
+    values = out1[2].copy()
+    agent.value(np.ones((4, 4), np.float32))
+    np.testing.assert_array_equal(out1[2], values)
 
 
 def test_log_prob_matches_act():
