@@ -757,6 +757,7 @@ def test_state_dict_round_trip_continues_exactly():
     ("obs_size", 5, "obs_size"),
     ("n_actions", 3, "n_actions"),
     ("hidden", [64, 32], "hidden"),
+    ("hidden", 64, "hidden"),
     ("clip_coef", -0.1, "clip_coef"),
     ("ent_coef", float("nan"), "ent_coef"),
     ("max_grad_norm", 0.0, "max_grad_norm"),

@@ -764,8 +764,10 @@ class PPO:
                 raise ValueError(f"state: missing field {key!r}")
         for key, want in self._config().items():
             got = state[key]
-            if (list(got) if key == "hidden" else got) != want:
-                fail(key, want, got)
+            if key == "hidden":
+                got = list(got) if isinstance(got, (list, tuple)) else got
+            if got != want:
+                fail(key, want, state[key])
         params = np.asarray(state["params"])
         if params.shape != self.params.shape or params.dtype.kind != "f" or not np.isfinite(params).all():
             fail("params", f"finite floats of shape {self.params.shape}",
