@@ -415,9 +415,10 @@ def loop_tfdata(envs, hp, seed, total, clock, episodes, learner, buf, bootstrap)
             if bootstrap and truncated.any():
                 # the act outputs may be views of the learner's workspace: keep them first
                 actions, log_probs, values = actions.copy(), log_probs.copy(), values.copy()
-                final_value[:] = 0.0
-                idx = np.flatnonzero(truncated)
-                final_value[idx] = value_of(np.stack([infos["final_obs"][e] for e in idx]))
+                final_obs = next_obs.copy()  # a full (E, obs) batch; final_value is read only where truncated
+                for e in np.flatnonzero(truncated):
+                    final_obs[e] = infos["final_obs"][e]
+                final_value[:] = value_of(final_obs)
             t3 = pc()
             row = {"obs": obs, "action": actions, "log_prob": log_probs, "value": values,
                    "reward": reward, "terminated": terminated, "truncated": truncated}
