@@ -1355,3 +1355,69 @@ def shard_finals_room_naive(ends_rows, cap: int, ends: int, final_rows, head: in
         users[e] = head + r
         j += 1
     return -1
+
+
+# -- rollouts (tfdata.RolloutBuffer) ---------------------------------------------------------------
+
+
+def gae_naive(reward, value, terminated, truncated, final_value, last_values, gamma: float,
+              gae_lambda: float):
+    """Advantages and returns of a rollout ``(T, E)``, one float32 scalar operation at a time in
+    CleanRL's order (``truncated`` / ``final_value`` may be None).
+
+    Per row, the flags of the step that produced the reward: a termination bootstraps nothing; a
+    truncation bootstraps ``final_value`` when given, else nothing; otherwise the next row's value
+    (``last_values`` after the last row). Either flag cuts the sum of later deltas.
+    """
+    f32 = np.float32
+    T, E = len(reward), len(reward[0])
+    g, gl = f32(gamma), f32(gamma * gae_lambda)  # the product in double, as Python computes it
+    adv = np.zeros((T, E), np.float32)
+    ret = np.zeros((T, E), np.float32)
+    for e in range(E):
+        lastgaelam = f32(0.0)
+        for t in reversed(range(T)):
+            term = bool(terminated[t][e])
+            trunc = bool(truncated[t][e]) if truncated is not None else False
+            nextvalues = f32(last_values[e]) if t == T - 1 else f32(value[t + 1][e])
+            if term:
+                nextnonterminal = f32(0.0)
+            elif trunc and final_value is not None:
+                nextvalues, nextnonterminal = f32(final_value[t][e]), f32(1.0)
+            elif trunc:
+                nextnonterminal = f32(0.0)
+            else:
+                nextnonterminal = f32(1.0)
+            cont = f32(0.0) if (term or trunc) else f32(1.0)
+            delta = f32(reward[t][e]) + g * nextvalues * nextnonterminal - f32(value[t][e])
+            lastgaelam = delta + gl * cont * lastgaelam
+            adv[t, e] = lastgaelam
+            ret[t, e] = lastgaelam + f32(value[t][e])
+    return adv, ret
+
+
+def rollout_permutations(seed: int, n_rows: int, epochs: int) -> list:
+    """The row order of each epoch of ``RolloutBuffer.minibatches(..., seed=seed)``: epoch ``k``
+    shuffles the identity with Fisher-Yates, its draws continuing the stream of epoch ``k - 1``
+    (key ``mix64(seed)``, counter 0 at the first epoch)."""
+    key, counter = key_of(seed), 0
+    out = []
+    for _ in range(epochs):
+        order = list(range(n_rows))
+        counter = fisher_yates(order, key, counter)
+        out.append(order)
+    return out
+
+
+def rollout_minibatches_naive(fields: dict, seed: int, n: int, epochs: int) -> list:
+    """Every minibatch as ``(rows, {name: array})``: fields given time-major ``(T, E, ...)``,
+    flattened to rows ``t * E + e`` and fancy-indexed by each ``n``-th of each epoch's order."""
+    flat = {k: np.asarray(v).reshape((-1,) + np.shape(v)[2:]) for k, v in fields.items()}
+    n_rows = len(next(iter(flat.values())))
+    m = n_rows // n
+    out = []
+    for order in rollout_permutations(seed, n_rows, epochs):
+        for b in range(n):
+            rows = np.array(order[b * m:(b + 1) * m], dtype=np.int64)
+            out.append((rows, {k: v[rows] for k, v in flat.items()}))
+    return out
