@@ -392,7 +392,6 @@ def loop_tfdata(envs, hp, seed, total, clock, episodes, learner, buf, bootstrap)
     ``tfdata.nn.PPO`` (same interface). Returns the number of iterations."""
     T, E = hp["num_steps"], hp["num_envs"]
     num_iterations = total // (T * E)
-    mb_seeds = np.random.default_rng(seed).integers(0, 2**31, size=num_iterations)
     final_value = np.zeros(E, np.float32)
     pc, ns = time.perf_counter_ns, clock.ns
     act, value_of, add, step_envs = learner.act, learner.value, buf.add, envs.step
@@ -436,8 +435,8 @@ def loop_tfdata(envs, hp, seed, total, clock, episodes, learner, buf, bootstrap)
         buf.compute_returns_and_advantages(value_of(next_obs), next_done, gamma=hp["gamma"],
                                            gae_lambda=hp["gae_lambda"])
         ns["gae"] += pc() - t0
-        batches = iter(buf.minibatches(hp["num_minibatches"], epochs=hp["update_epochs"],
-                                       seed=int(mb_seeds[iteration - 1])))
+        # permutations continue the buffer's own seeded stream, rollout after rollout
+        batches = iter(buf.minibatches(hp["num_minibatches"], epochs=hp["update_epochs"]))
         while True:
             t0 = pc()
             mb = next(batches, None)
@@ -522,7 +521,7 @@ def run_worker(variant: str, seed: int, total: int) -> dict:
                 lrn = TorchLearner(obs_size, n_actions, hp, s)
             else:
                 lrn = edge_learner(tfdata, obs_size, n_actions, hp, s)
-            return lrn, tfdata.RolloutBuffer(spec, num_steps=hp["num_steps"], num_envs=E, layout="aos")
+            return lrn, tfdata.RolloutBuffer(spec, num_steps=hp["num_steps"], num_envs=E, layout="aos", seed=s)
 
         warm_up(tfdata, hp, *build(seed + 10_000), obs_size, bootstrap)
         learner, buf = build(seed)
@@ -878,7 +877,7 @@ def write_report(agg, comps, run, pngs, total, versions) -> None:
     L.append("* Other differences from CleanRL, the same in every variant: no TensorBoard writer and no "
              "explained-variance computation (logging only); the torch loop computes CleanRL's logged statistics "
              "(approx KL, clip fraction) as CleanRL does, `tfdata.nn.PPO` in its compiled update. The tfdata loops "
-             "shuffle with the buffer's own generator (seeded per iteration from the run's seed), the torch loop "
+             "shuffle with the buffer's own generator (one stream per run, seeded with the run's seed), the torch loop "
              "with numpy's global generator as CleanRL; actions are sampled by torch's generator (torch loops) or "
              "`tfdata.nn.PPO`'s own (edge). Runs with the same seed therefore differ in their random draws across "
              "variants; the comparison is between seed distributions.")

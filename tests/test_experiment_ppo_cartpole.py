@@ -165,6 +165,6 @@ def test_small_run_writes_the_report(tmp_path):
     assert by["edge"]["torch_imported"] is False and by["torch_tfdata"]["torch_imported"] is True
     for r in by.values():
         assert r["steps"] == 1024 and r["iterations"] == 2 and r["episodes"]
-        assert 0 < r["peak_rss_bytes"] <= r["ru_maxrss_bytes"]
+        assert 20 << 20 < r["peak_rss_bytes"] < 2 << 30
         assert sum(r["sections_s"].values()) == pytest.approx(r["wall_s"], rel=0.05)
     assert "## Findings" in (d / "README.md").read_text()
