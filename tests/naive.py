@@ -402,6 +402,148 @@ def td_loss_naive(q, q_next, actions, rewards, terminated, discounts, weights):
     return float(np.mean(w * err * err)), grad, np.abs(err)
 
 
+# -- tanh networks and PPO (tfdata.nn.PPO, kernels._ppo) ------------------------------------------
+def tanh_mlp_forward_naive(weights: list, biases: list, x) -> list:
+    """Every layer's output in float64: ``h @ W.T + b``, tanh on all but the last layer."""
+    h = np.asarray(x, dtype=np.float64)
+    outs = []
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        z = h @ np.asarray(w, dtype=np.float64).T + np.asarray(b, dtype=np.float64)
+        h = np.tanh(z) if i < len(weights) - 1 else z
+        outs.append(h)
+    return outs
+
+
+def tanh_mlp_backward_naive(weights: list, biases: list, x, grad_out) -> list:
+    """(dW, db) of every layer of a tanh network by the chain rule, in float64; tanh's derivative
+    is ``1 - tanh(z)**2``."""
+    outs = tanh_mlp_forward_naive(weights, biases, x)
+    inputs = [np.asarray(x, dtype=np.float64)] + outs[:-1]
+    d = np.asarray(grad_out, dtype=np.float64)
+    grads = [None] * len(weights)
+    for i in range(len(weights) - 1, -1, -1):
+        dw = np.zeros(np.shape(weights[i]))
+        for r in range(d.shape[0]):
+            dw += np.outer(d[r], inputs[i][r])
+        grads[i] = (dw, d.sum(axis=0))
+        if i > 0:
+            d = (d @ np.asarray(weights[i], dtype=np.float64)) * (1.0 - inputs[i] ** 2)
+    return grads
+
+
+def categorical_naive(logits) -> tuple:
+    """Log-probabilities (B, A) and entropies (B,) of ``softmax(logits)`` row by row, float64."""
+    logits = np.asarray(logits, dtype=np.float64)
+    logp = np.zeros_like(logits)
+    ent = np.zeros(len(logits))
+    for b, row in enumerate(logits):
+        m = max(row)
+        lse = m + math.log(sum(math.exp(z - m) for z in row))
+        for k, z in enumerate(row):
+            logp[b, k] = z - lse
+            ent[b] -= math.exp(z - lse) * (z - lse)
+    return logp, ent
+
+
+def _tie_weights(a: float, b: float) -> tuple:
+    """How ``torch.max(a, b)`` (elementwise maximum) splits the gradient: half each on ties."""
+    if a > b:
+        return 1.0, 0.0
+    if a < b:
+        return 0.0, 1.0
+    return 0.5, 0.5
+
+
+def ppo_loss_naive(logits, values, actions, old_log_probs, advantages, returns, old_values, *,
+                   clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, norm_adv=True, clip_vloss=True):
+    """CleanRL ``ppo.py``'s minibatch loss and its gradient, row by row in float64.
+
+    ``logits`` (B, A) and ``values`` (B,) are the networks' outputs. Returns ``(loss, stats,
+    d loss / d logits (B, A), d loss / d values (B,))``; stats as :attr:`tfdata.nn.PPO.stats`
+    (without grad_norm). Gradients follow torch's rules at kinks: ``max`` splits ties in half,
+    ``clamp`` passes the gradient on its closed interval.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    n, n_act = logits.shape
+    logp, ent = categorical_naive(logits)
+    adv = np.asarray(advantages, dtype=np.float64)
+    if norm_adv:
+        mean = sum(adv) / n
+        std = math.sqrt(sum((a - mean) ** 2 for a in adv) / (n - 1))  # unbiased, as torch's std
+        adv = (adv - mean) / (std + 1e-8)
+    c = float(clip_coef)
+    pg = vl = okl = kl = cf = 0.0
+    d_logits = np.zeros_like(logits)
+    d_values = np.zeros(n)
+    for b in range(n):
+        a = int(actions[b])
+        logratio = logp[b, a] - float(old_log_probs[b])
+        ratio = math.exp(logratio)
+        okl += -logratio
+        kl += (ratio - 1) - logratio
+        cf += abs(ratio - 1) > c
+        pg1 = -adv[b] * ratio
+        clipped = min(max(ratio, 1 - c), 1 + c)
+        pg2 = -adv[b] * clipped
+        pg += max(pg1, pg2)
+        w1, w2 = _tie_weights(pg1, pg2)
+        d_ratio = (w1 * -adv[b] + w2 * -adv[b] * (1 - c <= ratio <= 1 + c)) / n
+        d_logp = d_ratio * ratio
+        p = np.exp(logp[b])
+        for k in range(n_act):
+            # d logp[a] / d z_k = [k == a] - p_k;  d entropy / d z_k = -p_k (logp_k + entropy)
+            d_logits[b, k] = d_logp * ((k == a) - p[k]) - ent_coef / n * -p[k] * (logp[b, k] + ent[b])
+        v, r, ov = float(values[b]), float(returns[b]), float(old_values[b])
+        if clip_vloss:
+            unclipped = (v - r) ** 2
+            delta = v - ov
+            vc = ov + min(max(delta, -c), c)
+            clipped_v = (vc - r) ** 2
+            vl += max(unclipped, clipped_v)
+            wu, wc = _tie_weights(unclipped, clipped_v)
+            dv = wu * 2 * (v - r) + wc * 2 * (vc - r) * (-c <= delta <= c)
+        else:
+            vl += (v - r) ** 2
+            dv = 2 * (v - r)
+        d_values[b] = vf_coef * 0.5 * dv / n
+    pg /= n
+    vl = 0.5 * vl / n
+    entropy = float(np.mean(ent))
+    loss = pg - ent_coef * entropy + vf_coef * vl
+    stats = {"pg_loss": pg, "v_loss": vl, "entropy": entropy, "old_approx_kl": okl / n,
+             "approx_kl": kl / n, "clipfrac": cf / n}
+    return loss, stats, d_logits, d_values
+
+
+def clip_grad_norm_naive(grads, max_norm: float) -> tuple:
+    """``torch.nn.utils.clip_grad_norm_`` over one flat gradient: returns (clipped copy, norm)."""
+    g = np.asarray(grads, dtype=np.float64)
+    norm = math.sqrt(sum(x * x for x in g))
+    coef = min(max_norm / (norm + 1e-6), 1.0)
+    return g * coef, norm
+
+
+def categorical_sample_naive(key: int, counter: int, logits) -> tuple:
+    """Actions drawn as kernels._ppo.ppo_act draws them: row ``b``'s uniform is the top 53 bits
+    of word ``counter + b``; the action is the first one whose cumulative probability exceeds it.
+    Returns (actions, new counter)."""
+    logp, _ = categorical_naive(logits)
+    out = []
+    for row in logp:
+        u = (mix64(key + counter * GOLDEN) >> 11) / 2.0 ** 53
+        counter += 1
+        cum, act = 0.0, -1
+        for k, lp in enumerate(row):
+            p = math.exp(lp)
+            cum += p
+            if p > 0:
+                act = k
+                if u < cum:
+                    break
+        out.append(act)
+    return np.array(out, dtype=np.int64), counter
+
+
 # -- shared-memory buffers ----------------------------------------------------------------------
 def shared_sample_slots(key: int, counter: int, counts: list, cap: int, batch: int):
     """Slots a shared buffer samples when no row is being written: uniform draws over the

@@ -22,7 +22,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["MLP", "Adam", "DQN"]
+from ._rng import splitmix64
+
+__all__ = ["MLP", "Adam", "DQN", "PPO", "orthogonal"]
+
+ACTIVATIONS = ("relu", "tanh")
 
 
 def _kernels():
@@ -31,8 +35,32 @@ def _kernels():
     return _mlp
 
 
+def _ppo_kernels():
+    from .kernels import _ppo
+
+    return _ppo
+
+
+def orthogonal(shape: tuple, gain: float, rng: np.random.Generator) -> np.ndarray:
+    """A float64 matrix drawn as ``torch.nn.init.orthogonal_`` draws one (with numpy's generator).
+
+    A (rows, cols) standard normal matrix, transposed if rows < cols, factored ``Q R``; ``Q``'s
+    columns are multiplied by the signs of ``diag(R)`` (so ``Q`` is uniform over the orthogonal
+    matrices), transposed back, and scaled by ``gain``.
+    """
+    rows, cols = shape
+    flat = rng.standard_normal((rows, cols))
+    if rows < cols:
+        flat = flat.T
+    q, r = np.linalg.qr(flat)
+    q = q * np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return gain * q
+
+
 class MLP:
-    """A multilayer perceptron with ReLU between layers and a linear output, in one flat array.
+    """A multilayer perceptron with ReLU or tanh between layers and a linear output, in one flat array.
 
     Parameters
     ----------
@@ -43,6 +71,9 @@ class MLP:
         uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``.
     dtype : {"float32", "float64"}, default "float32"
         float64 is for gradient checks.
+    activation : {"relu", "tanh"}, default "relu"
+        Of the hidden layers. ReLU networks run sparse kernels (``kernels._mlp``: about half of
+        every hidden layer is zero); tanh networks dense feature-major ones (``kernels._ppo``).
 
     Attributes
     ----------
@@ -54,7 +85,11 @@ class MLP:
         ``(n_in, n_out, weight offset, bias offset, output column)`` of each layer.
     """
 
-    def __init__(self, sizes: Sequence[int], *, seed: int | None = None, dtype="float32"):
+    def __init__(self, sizes: Sequence[int], *, seed: int | None = None, dtype="float32",
+                 activation: str = "relu"):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.activation = activation
         sizes = tuple(sizes)
         if len(sizes) < 2 or any(isinstance(s, bool) or not isinstance(s, (int, np.integer))
                                  or s < 1 for s in sizes):
@@ -79,6 +114,7 @@ class MLP:
         self.grad = np.zeros(off, dtype=self.dtype)
         self._ws: dict[int, tuple] = {}
         self._k = _kernels()
+        self._kt = _ppo_kernels() if activation == "tanh" else None
         self.reset_parameters(seed)
 
     @property
@@ -104,8 +140,29 @@ class MLP:
             weight[...] = rng.uniform(-bound, bound, weight.shape)
             bias[...] = rng.uniform(-bound, bound, bias.shape)
 
+    def reset_orthogonal(self, seed=None, gain: float = math.sqrt(2.0), out_gain: float = 1.0) -> None:
+        """Initialise as CleanRL's ``layer_init``: :func:`orthogonal` weights (``gain`` for
+        hidden layers, ``out_gain`` for the output layer), biases 0.
+
+        ``seed`` may be a ``numpy.random.Generator`` (drawn from in layer order)."""
+        rng = np.random.default_rng(seed)
+        last = len(self.table) - 1
+        for index in range(len(self.table)):
+            weight, bias = self.layer(index)
+            weight[...] = orthogonal(weight.shape, out_gain if index == last else gain, rng)
+            bias[...] = 0.0
+
     def _workspace(self, batch: int) -> tuple:
         ws = self._ws.get(batch)
+        if ws is None and self._kt is not None:
+            # feature-major (kernels._ppo): layer outputs as (n_out, batch) blocks, x transposed
+            ws = self._ws[batch] = (
+                np.zeros(batch * self.n_units, dtype=self.dtype),       # acts
+                np.zeros(2 * batch * self.width, dtype=self.dtype),     # work
+                np.zeros(batch, dtype=np.int64),                        # argmax
+                np.zeros((self.n_in, batch), dtype=self.dtype),         # x transposed
+                np.zeros((self.n_out, batch), dtype=self.dtype),        # grad_out transposed
+            )
         if ws is None:
             # layer outputs as contiguous (batch, n_out) blocks, see kernels._mlp
             acts = np.zeros(batch * self.n_units, dtype=self.dtype)
@@ -139,6 +196,10 @@ class MLP:
             ``forward`` of the same batch size (copy it to keep it).
         """
         x = self._check_x(x)
+        if self._kt is not None:
+            acts, _, _, xT, _ = self._workspace(x.shape[0])
+            self._kt.tanh_forward(self.params, self.table, x, xT, acts)
+            return acts[x.shape[0] * int(self.table[-1, 4]):].reshape(self.n_out, x.shape[0]).T
         acts, _, _, idx, coef = self._workspace(x.shape[0])
         self._k.mlp_forward(self.params, self.table, x, acts, self._tmp, idx, coef)
         return acts[x.shape[0] * int(self.table[-1, 4]):].reshape(x.shape[0], self.n_out)
@@ -146,6 +207,9 @@ class MLP:
     def argmax(self, x: np.ndarray) -> np.ndarray:
         """Index of the largest output of every row of ``x`` (int64, shape (batch,), a view)."""
         x = self._check_x(x)
+        if self._kt is not None:
+            out = self._workspace(x.shape[0])[2]
+            return np.argmax(self.forward(x), axis=1, out=out)
         acts, _, out, idx, coef = self._workspace(x.shape[0])
         self._k.mlp_argmax(self.params, self.table, x, acts, self._tmp, idx, coef, out)
         return out
@@ -167,15 +231,21 @@ class MLP:
         if grad_out.shape != (x.shape[0], self.n_out) or grad_out.dtype != self.dtype:
             raise ValueError(f"grad_out: expected {self.dtype} of shape {(x.shape[0], self.n_out)}, "
                              f"got {grad_out.dtype} of shape {grad_out.shape}")
+        if self._kt is not None:
+            acts, work, _, xT, dT = self._workspace(x.shape[0])
+            self._kt.tanh_backward(self.params, self.table, xT, acts, grad_out, self.grad, dT, work)
+            return self.grad
         acts, work, _, idx, coef = self._workspace(x.shape[0])
         self._k.mlp_backward(self.params, self.table, x, acts, grad_out, self.grad, work, self._tmp, idx, coef)
         return self.grad
 
     def copy_from(self, other: "MLP") -> None:
         """Take ``other``'s parameters (a hard target-network update)."""
-        if other.sizes != self.sizes or other.dtype != self.dtype:
+        if (other.sizes != self.sizes or other.dtype != self.dtype
+                or other.activation != self.activation):
             raise ValueError(f"copy_from: expected a network of sizes {self.sizes} and dtype "
-                             f"{self.dtype}, got {other.sizes} and {other.dtype}")
+                             f"{self.dtype} ({self.activation}), got {other.sizes} and {other.dtype} "
+                             f"({other.activation})")
         self.params[...] = other.params
 
     @property
@@ -185,9 +255,13 @@ class MLP:
                 + sum(a.nbytes for ws in self._ws.values() for a in ws))
 
     def state_dict(self) -> dict:
-        return {"sizes": list(self.sizes), "dtype": self.dtype.name, "params": self.params.copy()}
+        return {"sizes": list(self.sizes), "dtype": self.dtype.name, "activation": self.activation,
+                "params": self.params.copy()}
 
     def load_state_dict(self, state: Mapping) -> None:
+        activation = state.get("activation", "relu")  # states written before tanh existed
+        if activation != self.activation:
+            raise ValueError(f"state['activation']: expected {self.activation!r}, got {activation!r}")
         sizes = tuple(int(s) for s in state["sizes"])
         params = np.asarray(state["params"])
         if sizes != self.sizes or params.shape != self.params.shape:
@@ -377,3 +451,346 @@ class DQN:
         self.target.load_state_dict(state["target"])
         self.optim.load_state_dict(state["optim"])
         self.gamma = float(state["gamma"])
+
+
+_PPO_STATS = ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+#: the minibatch fields :meth:`PPO.train` reads, besides ``obs`` and ``action``
+_PPO_FLOAT_FIELDS = ("log_prob", "advantage", "return", "value")
+
+
+class PPO:
+    """Proximal policy optimisation for discrete actions: CleanRL's ``ppo.py`` agent and update.
+
+    An actor ``obs_size-64-64-n_actions`` and a critic ``obs_size-64-64-1``, separate tanh
+    :class:`MLP` s with CleanRL's ``layer_init`` (orthogonal, gain sqrt(2), output gains 0.01 and
+    1, biases 0); one Adam over both networks' parameters (kept in one flat array: the actor's,
+    then the critic's). :meth:`train` is one compiled call per minibatch; :meth:`act` one per
+    vector-env step. Nothing is allocated after the first call with a given batch size.
+
+    Parameters
+    ----------
+    obs_size, n_actions : int
+    hidden : sequence of int, default (64, 64)
+        Hidden layer sizes of both networks.
+    lr : float, default 2.5e-4
+        Adam's learning rate; settable (``agent.lr = frac * 2.5e-4`` anneals as CleanRL does).
+    eps : float, default 1e-5
+        Adam's epsilon (CleanRL's; torch's default is 1e-8). Betas are (0.9, 0.999).
+    clip_coef : float, default 0.2
+        Clip range of the probability ratio, and of the value change when ``clip_vloss``.
+    clip_vloss : bool, default True
+    ent_coef, vf_coef : float, default 0.01, 0.5
+    max_grad_norm : float or None, default 0.5
+        Global L2 norm the gradient of both networks together is clipped to
+        (``torch.nn.utils.clip_grad_norm_``); None: no clipping.
+    norm_adv : bool, default True
+        Normalise advantages per minibatch (``(a - mean) / (std + 1e-8)``, unbiased std).
+    seed : int, optional
+        Seeds the initialisation and the action sampler (tfdata's counter-based generator,
+        never numpy's global one).
+
+    Attributes
+    ----------
+    actor, critic : MLP
+        Their ``params`` and ``grad`` are views of :attr:`params` and :attr:`grad`.
+    params, grad : ndarray of float32, shape (n_params,)
+        Both networks' parameters and the last (clipped) gradient.
+    stats : dict
+        Of the last :meth:`train` call: pg_loss, v_loss, entropy, old_approx_kl, approx_kl,
+        clipfrac (floats, as CleanRL logs them), and grad_norm (before clipping).
+    """
+
+    def __init__(self, obs_size: int, n_actions: int, *, hidden: Sequence[int] = (64, 64),
+                 lr: float = 2.5e-4, eps: float = 1e-5, clip_coef: float = 0.2,
+                 clip_vloss: bool = True, ent_coef: float = 0.01, vf_coef: float = 0.5,
+                 max_grad_norm: float | None = 0.5, norm_adv: bool = True,
+                 seed: int | None = None, betas=(0.9, 0.999)):
+        for name, value in (("obs_size", obs_size), ("n_actions", n_actions)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if n_actions < 2:
+            raise ValueError(f"n_actions must be >= 2, got {n_actions!r}")
+        hidden = tuple(hidden)
+        if len(hidden) < 1:
+            raise ValueError(f"hidden must name at least one layer, got {hidden!r}")
+        for name, value in (("clip_coef", clip_coef), ("ent_coef", ent_coef), ("vf_coef", vf_coef)):
+            if not (isinstance(value, (int, float, np.floating)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite float >= 0, got {value!r}")
+        if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a finite float > 0 or None, got {max_grad_norm!r}")
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % (1 << 63))
+        self.seed = int(seed)
+        rng = np.random.default_rng(self.seed)
+        self.actor = MLP((int(obs_size), *hidden, int(n_actions)), activation="tanh")
+        self.critic = MLP((int(obs_size), *hidden, 1), activation="tanh")
+        self.actor.reset_orthogonal(rng, out_gain=0.01)
+        self.critic.reset_orthogonal(rng, out_gain=1.0)
+        self.split = self.actor.n_params
+        n = self.split + self.critic.n_params
+        self.params = np.zeros(n, np.float32)
+        self.grad = np.zeros(n, np.float32)
+        self.params[:self.split] = self.actor.params
+        self.params[self.split:] = self.critic.params
+        # the networks see their parts of the flat arrays (MLP.forward etc. keep working)
+        self.actor.params, self.critic.params = self.params[:self.split], self.params[self.split:]
+        self.actor.grad, self.critic.grad = self.grad[:self.split], self.grad[self.split:]
+        self.optim = Adam(self.params, lr=lr, betas=betas, eps=eps)
+        self.obs_size, self.n_actions = int(obs_size), int(n_actions)
+        self.hidden = hidden
+        # hyperparameters as the kernel reads them (see kernels._ppo.ppo_train)
+        self._hp = np.zeros(10, np.float64)
+        self._cst = np.zeros(3, np.float32)
+        self.clip_coef, self.clip_vloss = float(clip_coef), bool(clip_vloss)
+        self.ent_coef, self.vf_coef = float(ent_coef), float(vf_coef)
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.norm_adv = bool(norm_adv)
+        self._rng = np.zeros(2, np.uint64)
+        self._rng[0] = np.uint64(splitmix64(self.seed + 0x5A17))  # not the init's stream
+        self._stats = np.zeros(8, np.float64)
+        self._act_ws: dict[int, tuple] = {}
+        self._train_ws: dict[int, tuple] = {}
+        self._kp = _ppo_kernels()
+
+    # -- hyperparameters ----------------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        return self.optim.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        value = float(value)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"lr must be a finite float >= 0, got {value!r}")
+        self.optim.lr = value
+
+    def _pack(self) -> None:
+        hp = self._hp
+        b1, b2 = self.optim.betas
+        hp[:] = (self.optim.lr, b1, b2, self.optim.eps, self.clip_coef, self.ent_coef, self.vf_coef,
+                 -1.0 if self.max_grad_norm is None else self.max_grad_norm,
+                 float(self.norm_adv), float(self.clip_vloss))
+        c = np.float32(self.clip_coef)
+        self._cst[:] = (c, np.float32(1.0) - c, np.float32(1.0) + c)
+
+    # -- acting -------------------------------------------------------------------------------
+    def _check_obs(self, obs) -> np.ndarray:
+        if not isinstance(obs, np.ndarray) or obs.dtype != np.float32 or obs.ndim != 2 \
+                or obs.shape[1] != self.obs_size or obs.shape[0] < 1:
+            raise ValueError(f"obs: expected float32 of shape (E >= 1, {self.obs_size}), got "
+                             f"{getattr(obs, 'dtype', type(obs).__name__)} of shape {np.shape(obs)}")
+        return obs
+
+    def _act_workspace(self, e: int) -> tuple:
+        ws = self._act_ws.get(e)
+        if ws is None:
+            actions, log_probs, values = np.zeros(e, np.int64), np.zeros(e, np.float32), np.zeros(e, np.float32)
+            # the last item is act's return value, built once
+            ws = self._act_ws[e] = (np.zeros(e * self.actor.n_units, np.float32),
+                                    np.zeros(e * self.critic.n_units, np.float32),
+                                    actions, log_probs, values, (actions, log_probs, values))
+        return ws
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample an action for each of E observations.
+
+        Parameters
+        ----------
+        obs : ndarray of float32, shape (E, obs_size)
+
+        Returns
+        -------
+        actions : ndarray of int64, shape (E,)
+            Drawn from ``softmax(actor(obs))`` with the agent's own seeded generator.
+        log_probs : ndarray of float32, shape (E,)
+            ``logits[action] - logsumexp(logits)``.
+        values : ndarray of float32, shape (E,)
+            ``critic(obs)``.
+
+        The three are views of this agent's workspace for E: overwritten by the next ``act``
+        with E observations (copy them to keep them; a rollout buffer's ``add`` copies).
+        """
+        obs = self._check_obs(obs)
+        acts_a, acts_c, actions, log_probs, values, out = self._act_workspace(obs.shape[0])
+        self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table, self.critic.table,
+                         obs, acts_a, acts_c, actions, log_probs, values, self._rng, True)
+        return out
+
+    def log_prob(self, obs: np.ndarray, actions) -> tuple[np.ndarray, np.ndarray]:
+        """Log-probabilities of given actions and the values (float32, (E,), views), no sampling."""
+        obs = self._check_obs(obs)
+        e = obs.shape[0]
+        actions = np.asarray(actions)
+        if actions.shape != (e,) or actions.dtype.kind not in "iu":
+            raise ValueError(f"actions: expected ints of shape {(e,)}, got {actions.dtype} of shape {actions.shape}")
+        bad = np.flatnonzero((actions < 0) | (actions >= self.n_actions))
+        if bad.size:
+            raise ValueError(f"actions: expected values in [0, {self.n_actions}), got "
+                             f"{actions[bad[0]]} at row {bad[0]}")
+        acts_a, acts_c, act_out, log_probs, values, _ = self._act_workspace(e)
+        act_out[:] = actions
+        self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table, self.critic.table,
+                         obs, acts_a, acts_c, act_out, log_probs, values, self._rng, False)
+        return log_probs, values
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """``critic(obs)``: float32, shape (E,), a view (overwritten by the next ``act``/``value``
+        with E observations)."""
+        obs = self._check_obs(obs)
+        acts_a, acts_c, _, _, values, _ = self._act_workspace(obs.shape[0])
+        self._kp.ppo_value(self.critic.params, self.critic.table, obs, acts_c, values)
+        return values
+
+    # -- training -----------------------------------------------------------------------------
+    def _train_workspace(self, b: int) -> tuple:
+        ws = self._train_ws.get(b)
+        if ws is None:
+            width = max(self.actor.width, self.critic.width)
+            ws = self._train_ws[b] = (
+                np.zeros((self.obs_size, b), np.float32),                 # obs transposed
+                np.zeros(b * self.actor.n_units, np.float32),
+                np.zeros(b * self.critic.n_units, np.float32),
+                np.zeros((self.n_actions, b), np.float32),               # d loss / d logits
+                np.zeros((1, b), np.float32),                            # d loss / d value
+                np.zeros(2 * b * width, np.float32))
+        return ws
+
+    def train(self, mb: Mapping) -> float:
+        """One PPO update on a minibatch (CleanRL's inner loop body); returns the loss.
+
+        Parameters
+        ----------
+        mb : Mapping
+            ``obs`` (float32, (B, obs_size)), ``action`` (int, (B,), in [0, n_actions)),
+            ``log_prob``, ``advantage``, ``return``, ``value`` (float32, (B,)): what
+            :meth:`act` gave when the rollout was collected, and the rollout buffer's GAE. B >= 2
+            when ``norm_adv`` (an unbiased std needs two rows).
+
+        Bad fields raise ValueError naming the field; nothing is updated then.
+        """
+        try:
+            obs, actions = mb["obs"], mb["action"]
+            floats = [mb[name] for name in _PPO_FLOAT_FIELDS]
+        except KeyError as exc:
+            raise KeyError(f"minibatch: missing field {exc.args[0]!r} (PPO.train needs obs, action, "
+                           f"{', '.join(_PPO_FLOAT_FIELDS)})") from None
+        if not isinstance(obs, np.ndarray) or obs.dtype != np.float32 or obs.ndim != 2 \
+                or obs.shape[1] != self.obs_size or obs.shape[0] < 1:
+            raise ValueError(f"minibatch['obs']: expected float32 of shape (B, {self.obs_size}), got "
+                             f"{getattr(obs, 'dtype', type(obs).__name__)} of shape {np.shape(obs)}")
+        b = obs.shape[0]
+        if self.norm_adv and b < 2:
+            raise ValueError(f"minibatch['obs']: expected B >= 2 rows with norm_adv (unbiased std), got {b}")
+        for name, arr in zip(_PPO_FLOAT_FIELDS, floats):
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.shape != (b,):
+                raise ValueError(f"minibatch[{name!r}]: expected float32 of shape {(b,)}, got "
+                                 f"{getattr(arr, 'dtype', type(arr).__name__)} of shape {np.shape(arr)}")
+        if not isinstance(actions, np.ndarray) or actions.shape != (b,) or actions.dtype.kind not in "iu":
+            raise ValueError(f"minibatch['action']: expected ints of shape {(b,)}, got "
+                             f"{getattr(actions, 'dtype', type(actions).__name__)} of shape {np.shape(actions)}")
+        self._pack()
+        xT, acts_a, acts_c, dA, dC, work = self._train_workspace(b)
+        opt = self.optim
+        bad = self._kp.ppo_train(self.params, self.grad, opt.m, opt.v, self.split, self.actor.table,
+                                 self.critic.table, obs, actions, floats[0], floats[1], floats[2],
+                                 floats[3], xT, acts_a, acts_c, dA, dC, work, self._hp, self._cst,
+                                 opt.t + 1, self._stats)
+        if bad >= 0:
+            raise ValueError(f"minibatch['action']: expected actions in [0, {self.n_actions}), got "
+                             f"{actions[bad]} at row {bad}; nothing was updated")
+        opt.t += 1
+        return float(self._stats[0])
+
+    @property
+    def stats(self) -> dict:
+        """pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac, grad_norm of the last
+        :meth:`train` (zeros before it)."""
+        s = self._stats
+        return {"pg_loss": float(s[1]), "v_loss": float(s[2]), "entropy": float(s[3]),
+                "old_approx_kl": float(s[4]), "approx_kl": float(s[5]), "clipfrac": float(s[6]),
+                "grad_norm": float(s[7])}
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes of parameters, gradient, Adam's moments and every workspace."""
+        return (self.params.nbytes + self.grad.nbytes + self.optim.m.nbytes + self.optim.v.nbytes
+                + self.actor.nbytes - self.actor.params.nbytes - self.actor.grad.nbytes
+                + self.critic.nbytes - self.critic.params.nbytes - self.critic.grad.nbytes
+                + sum(a.nbytes for ws in self._act_ws.values() for a in ws[:5])
+                + sum(a.nbytes for ws in self._train_ws.values() for a in ws))
+
+    def _config(self) -> dict:
+        return {"obs_size": self.obs_size, "n_actions": self.n_actions, "hidden": list(self.hidden)}
+
+    def state_dict(self) -> dict:
+        return {**self._config(), "params": self.params.copy(), "optim": self.optim.state_dict(),
+                "clip_coef": self.clip_coef, "clip_vloss": self.clip_vloss, "ent_coef": self.ent_coef,
+                "vf_coef": self.vf_coef, "max_grad_norm": self.max_grad_norm,
+                "norm_adv": self.norm_adv, "rng": [int(self._rng[0]), int(self._rng[1])]}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field, and nothing changed, when anything is missing or does not fit."""
+        def fail(field, expected, got):
+            raise ValueError(f"state[{field!r}]: expected {expected}, got {got!r}")
+
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state: expected a mapping, got {type(state).__name__}")
+        for key in ("obs_size", "n_actions", "hidden", "params", "optim", "clip_coef", "clip_vloss",
+                    "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "rng"):
+            if key not in state:
+                raise ValueError(f"state: missing field {key!r}")
+        for key, want in self._config().items():
+            got = state[key]
+            if (list(got) if key == "hidden" else got) != want:
+                fail(key, want, got)
+        params = np.asarray(state["params"])
+        if params.shape != self.params.shape or params.dtype.kind != "f" or not np.isfinite(params).all():
+            fail("params", f"finite floats of shape {self.params.shape}",
+                 f"{params.dtype} of shape {params.shape}")
+        optim = state["optim"]
+        if not isinstance(optim, Mapping) or any(k not in optim for k in ("t", "m", "v", "lr", "betas", "eps")):
+            fail("optim", "an Adam state (t, m, v, lr, betas, eps)", type(optim).__name__)
+        for key in ("m", "v"):
+            arr = np.asarray(optim[key])
+            if arr.shape != self.params.shape or arr.dtype.kind != "f" or not np.isfinite(arr).all() \
+                    or (key == "v" and (arr < 0).any()):
+                fail(f"optim.{key}", f"finite floats of shape {self.params.shape}" + (" >= 0" if key == "v" else ""),
+                     f"{arr.dtype} of shape {arr.shape}")
+        t = optim["t"]
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+            fail("optim.t", "an int >= 0", t)
+        lr, eps = optim["lr"], optim["eps"]
+        if not (isinstance(lr, (int, float, np.floating)) and math.isfinite(lr) and lr >= 0):
+            fail("optim.lr", "a finite float >= 0", lr)
+        if not (isinstance(eps, (int, float, np.floating)) and math.isfinite(eps) and eps > 0):
+            fail("optim.eps", "a finite float > 0", eps)
+        betas = tuple(optim["betas"])
+        if len(betas) != 2 or not all(isinstance(x, (int, float, np.floating)) and 0 <= x < 1 for x in betas):
+            fail("optim.betas", "two floats in [0, 1)", optim["betas"])
+        for key in ("clip_coef", "ent_coef", "vf_coef"):
+            x = state[key]
+            if not (isinstance(x, (int, float, np.floating)) and math.isfinite(x) and x >= 0):
+                fail(key, "a finite float >= 0", x)
+        mgn = state["max_grad_norm"]
+        if mgn is not None and not (isinstance(mgn, (int, float, np.floating)) and math.isfinite(mgn) and mgn > 0):
+            fail("max_grad_norm", "None or a finite float > 0", mgn)
+        for key in ("clip_vloss", "norm_adv"):
+            if not isinstance(state[key], (bool, np.bool_)):
+                fail(key, "a bool", state[key])
+        rng = state["rng"]
+        if not (isinstance(rng, (list, tuple)) and len(rng) == 2
+                and all(isinstance(x, (int, np.integer)) and 0 <= x < 1 << 64 for x in rng)):
+            fail("rng", "[key, counter], two ints in [0, 2**64)", rng)
+        # everything checked: apply
+        self.params[...] = params
+        self.optim.m[...] = optim["m"]
+        self.optim.v[...] = optim["v"]
+        self.optim.t = int(t)
+        self.optim.lr, self.optim.betas, self.optim.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
+        self.clip_coef, self.ent_coef, self.vf_coef = (float(state[k]) for k in ("clip_coef", "ent_coef", "vf_coef"))
+        self.max_grad_norm = None if mgn is None else float(mgn)
+        self.clip_vloss, self.norm_adv = bool(state["clip_vloss"]), bool(state["norm_adv"])
+        self._rng[0], self._rng[1] = np.uint64(rng[0]), np.uint64(rng[1])
+
