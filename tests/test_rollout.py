@@ -408,7 +408,9 @@ def test_an_iterator_stops_when_the_buffer_moves_on():
 
 
 def snapshot(buf) -> tuple:
-    return (buf.steps, buf.computed, {k: v.tobytes() for k, v in buf.state_dict()["data"].items()},
+    """Everything a refused call must leave alone: the counts, the generator and every byte of
+    every field, rows not yet added included."""
+    return (buf.steps, buf.computed, {name: buf.field(name).tobytes() for name in buf.fields},
             buf.state_dict()["rng"])
 
 
@@ -505,6 +507,8 @@ def test_bad_compute_changes_nothing():
         ((np.zeros(3),), dict(gae_lambda=-0.1), ValueError, "gae_lambda"),
         ((np.zeros(3),), dict(gae_lambda="0.9"), TypeError, "gae_lambda"),
         ((np.zeros(3),), dict(gamma=True), TypeError, "gamma"),
+        ((np.zeros(3),), dict(gamma=np.array([0.9, 0.9])), TypeError, "gamma: expected a float"),
+        ((np.zeros(3),), dict(gamma=np.float64(np.nan)), ValueError, "gamma"),
     ]
     for args, kw, err, match in bads:
         with pytest.raises(err, match=match):
@@ -516,6 +520,10 @@ def test_bad_compute_changes_nothing():
     buf.compute_returns_and_advantages(np.ones(3, np.float32), gamma=0.9, gae_lambda=0.8)
     adv, _ = reference(steps, spec, np.ones(3, np.float32), 0.9, 0.8)
     assert np.array_equal(bits(buf.field("advantage")), bits(adv))
+    buf.compute_returns_and_advantages(np.ones(3, np.float32))  # back to the defaults
+    buf.compute_returns_and_advantages(np.ones(3, np.float32), gamma=np.float64(0.9), gae_lambda=1 - 0.2)
+    adv2, _ = reference(steps, spec, np.ones(3, np.float32), 0.9, 1 - 0.2)
+    assert np.array_equal(bits(buf.field("advantage")), bits(adv2))
 
 
 def test_bad_minibatch_arguments():
@@ -633,6 +641,9 @@ def test_hostile_states_change_nothing():
         (with_(data=dict(data, obs=data["obs"].reshape(8, 2, 2))), SpecError, "'obs'"),
         (with_(data=dict(data, advantage=list(data["advantage"]))), SpecError, "'advantage'.*list"),
         (with_(steps=2, computed=False), SpecError, r"float32\(4"),  # the arrays hold 4 steps
+        # more steps than the buffer holds, with arrays to match
+        (with_(steps=5, computed=False, data={k: np.concatenate([v, v[:2]]) for k, v in data.items()}),
+         ValueError, r"state\['steps'\]: expected an int in \[0, 4\], got 5"),
     ]
     for state, err, match in hostile:
         with pytest.raises(err, match=match):

@@ -365,7 +365,10 @@ class RolloutBuffer:
         if self._pos != self.num_steps:
             raise RuntimeError(f"compute_returns_and_advantages: the rollout holds {self._pos} of "
                                f"{self.num_steps} steps; add them all first")
-        if gamma != self._gamma or gae_lambda != self._lambda or self._gamma is None:
+        # the discounts of the last call are kept as float32; Python floats equal to them skip
+        # the checks (anything else, an array included, is checked in full)
+        if (gamma.__class__ is not float or gae_lambda.__class__ is not float
+                or gamma != self._gamma or gae_lambda != self._lambda):
             self._set_discounts(gamma, gae_lambda)
         lv = self._last_values
         if (type(last_values) is np.ndarray and last_values.shape == self._env_shape

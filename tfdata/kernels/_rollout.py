@@ -84,10 +84,19 @@ def gae(reward, value, terminated, truncated, final_value, use_final, last_value
             ended = terminated[T - 1, e] or truncated[T - 1, e]
             if ended != (last_dones[e] == _ONE):
                 return 1 + 2 * E + e
-    for e in range(E):
-        lastgaelam = _ZERO
-        nextvalues = last_values[e]
-        for t in range(T - 1, -1, -1):
+    # time outer, envs inner: the envs' recurrences are independent, so their latency chains
+    # overlap and rows are read in memory order (env outer, one chain at a time, took 44-50 us
+    # against 25-35 us at 2048 x 8, 2.8-3.0 against 2.2-2.7 us a call at 128 x 4); the running
+    # ``lastgaelam`` of env e is the advantage just written at row t + 1
+    for t in range(T - 1, -1, -1):
+        last = t == T - 1
+        for e in range(E):
+            if last:
+                nextvalues = last_values[e]
+                lastgaelam = _ZERO
+            else:
+                nextvalues = value[t + 1, e]
+                lastgaelam = advantage[t + 1, e]
             term = terminated[t, e]
             trunc = truncated[t, e]
             if term:
@@ -106,7 +115,6 @@ def gae(reward, value, terminated, truncated, final_value, use_final, last_value
             lastgaelam = delta + gamma_lambda * cont * lastgaelam
             advantage[t, e] = lastgaelam
             returns[t, e] = lastgaelam + v
-            nextvalues = v
     return 0
 
 
