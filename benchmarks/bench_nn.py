@@ -35,6 +35,24 @@ buffer (AoS fields are strided views of the sampled records, SoA fields contiguo
   batch has the array types of a sampled AoS batch (the default layout; an SoA batch compiles
   the same code for contiguous arrays, in about the same time).
 
+PPO (``tfdata.nn.PPO`` against CleanRL's ``ppo.py`` agent and update on CartPole: actor and
+critic 4-64-64-{2,1} tanh, minibatch 128 of a 512-step rollout, Adam lr 2.5e-4 eps 1e-5, clip 0.2,
+clipped value loss, ent_coef 0.01, vf_coef 0.5, max_grad_norm 0.5):
+
+* ``PPOTrain``: ``time_train``, one minibatch update. The minibatch's fields are ``"aos"``: views
+  of one record array (what an AoS rollout buffer's gather gives), or ``"soa"``: one contiguous
+  array per field. ``"tfdata"``: ``PPO.train(mb)`` (one compiled call, ``kernels._ppo.ppo_train``);
+  ``"torch"``: CleanRL's loop body (``get_action_and_value``, ratio, clipped losses, entropy,
+  ``backward``, ``clip_grad_norm_``, ``Adam.step``), the fields converted with
+  ``torch.from_numpy`` inside the timed call. A 512-row rollout takes 16 of these (4 epochs of 4).
+* ``PPOAct``: ``time_act``, the action, log-probability and value of 4 observations (one vector
+  step of 4 CartPole envs; ``PPO.act`` against CleanRL's ``get_action_and_value`` under
+  ``no_grad``), and ``time_value`` (the critic alone: bootstrap values). 128 acts per rollout.
+* ``PPOMemory``: ``peakmem_train``, peak RSS of a process that builds an agent and runs 100
+  updates and acts; ``track_nbytes`` (tfdata only): ``PPO.nbytes`` after them.
+* ``PPOCompile``: ``track_first_train_and_act``, seconds of ``PPO(4, 2)`` + first ``train`` (AoS
+  field types) + first ``act`` + first ``value`` in a fresh interpreter, cold and warm cache.
+
 Torch runs with ``torch.set_num_threads(1)`` (``OMP_NUM_THREADS=1`` set before torch is
 imported, if unset): the single core of a small device, and a fair match for tfdata's
 single-threaded kernels. Where torch cannot be imported its cases are skipped
@@ -365,6 +383,251 @@ class Compile:
             try:
                 env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
                 times.append(child_seconds(FIRST_TRAIN_AND_ACT, env=env))
+            finally:
+                shutil.rmtree(numba_cache, ignore_errors=True)
+        return statistics.median(times)
+
+
+# -- PPO ----------------------------------------------------------------------------------------
+#: CleanRL ppo.py's CartPole agent: 4 observations, 2 actions, 4 envs, minibatch 128
+PPO_OBS, PPO_ACTIONS, PPO_ENVS, PPO_BATCH = 4, 2, 4, 128
+PPO_FIELDS = [("obs", "f4", (PPO_OBS,)), ("action", "i8"), ("log_prob", "f4"), ("advantage", "f4"),
+              ("return", "f4"), ("value", "f4"), ("reward", "f4"), ("terminated", "?")]
+
+
+def ppo_minibatch(layout: str, seed: int = 0, batch: int = PPO_BATCH) -> dict:
+    """A minibatch as a rollout buffer of ``layout`` gives one: ``"aos"`` field views of one
+    record array, ``"soa"`` one contiguous array per field. Old log-probs near uniform's."""
+    rng = np.random.default_rng(seed)
+    rec = np.zeros(batch, dtype=np.dtype(PPO_FIELDS, align=True))  # as tfdata's AoS records
+    rec["obs"] = rng.standard_normal((batch, PPO_OBS))
+    rec["action"] = rng.integers(0, PPO_ACTIONS, batch)
+    rec["log_prob"] = np.log(0.5) + rng.normal(0, 0.05, batch)
+    rec["advantage"] = rng.standard_normal(batch)
+    rec["return"] = rng.standard_normal(batch)
+    rec["value"] = rng.normal(0, 0.5, batch)
+    names = ["obs", "action", "log_prob", "advantage", "return", "value"]
+    if layout == "aos":
+        return {k: rec[k] for k in names}
+    return {k: np.ascontiguousarray(rec[k]) for k in names}
+
+
+class TorchPPO:
+    """CleanRL's ``ppo.py`` Agent (critic and actor ``nn.Sequential`` with ``layer_init``) and its
+    minibatch update, with :class:`tfdata.nn.PPO`'s ``train``/``act``/``value``."""
+
+    def __init__(self, torch, seed: int = 0):
+        from torch import nn
+        from torch.distributions.categorical import Categorical
+
+        torch.manual_seed(seed)
+
+        def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+            torch.nn.init.orthogonal_(layer.weight, std)
+            torch.nn.init.constant_(layer.bias, bias_const)
+            return layer
+
+        self.torch, self.Categorical = torch, Categorical
+        self.critic = nn.Sequential(layer_init(nn.Linear(PPO_OBS, 64)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 1), std=1.0))
+        self.actor = nn.Sequential(layer_init(nn.Linear(PPO_OBS, 64)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, PPO_ACTIONS), std=0.01))
+        self.params = list(self.critic.parameters()) + list(self.actor.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=LR, eps=1e-5)
+        self.stats = {}
+
+    def act(self, obs):
+        torch = self.torch
+        with torch.no_grad():
+            x = torch.from_numpy(obs)
+            probs = self.Categorical(logits=self.actor(x))
+            action = probs.sample()
+            return action.numpy(), probs.log_prob(action).numpy(), self.critic(x).flatten().numpy()
+
+    def value(self, obs):
+        with self.torch.no_grad():
+            return self.critic(self.torch.from_numpy(obs)).flatten().numpy()
+
+    def train(self, mb) -> float:
+        torch = self.torch
+        from_numpy = torch.from_numpy
+        obs, actions = from_numpy(mb["obs"]), from_numpy(mb["action"])
+        logprobs, advantages = from_numpy(mb["log_prob"]), from_numpy(mb["advantage"])
+        returns, values = from_numpy(mb["return"]), from_numpy(mb["value"])
+        logits = self.actor(obs)
+        probs = self.Categorical(logits=logits)
+        newlogprob, entropy, newvalue = probs.log_prob(actions), probs.entropy(), self.critic(obs)
+        logratio = newlogprob - logprobs
+        ratio = logratio.exp()
+        with torch.no_grad():
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > 0.2).float().mean().item()
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - 0.2, 1 + 0.2)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+        newvalue = newvalue.view(-1)
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = values + torch.clamp(newvalue - values, -0.2, 0.2)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        entropy_loss = entropy.mean()
+        loss = pg_loss - 0.01 * entropy_loss + v_loss * 0.5
+        self.optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 0.5)
+        self.optimizer.step()
+        self.stats = {"old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+        return loss.item()
+
+
+def new_ppo(impl: str):
+    """A fresh agent, seed 0: :class:`tfdata.nn.PPO` or :class:`TorchPPO`."""
+    if impl == "torch":
+        return TorchPPO(require_torch())
+    return tfdata.nn.PPO(PPO_OBS, PPO_ACTIONS, lr=LR, seed=0)
+
+
+def ppo_obs(seed: int = 2) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((PPO_ENVS, PPO_OBS), dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=None)  # one per (layout, impl) and process
+def ppo_agent(layout: str, impl: str):
+    """An agent of ``impl`` that has trained on 3 minibatches of ``layout``, acted and valued
+    once (kernels loaded, workspaces and Adam's moments allocated)."""
+    agent = new_ppo(impl)
+    for seed in range(3):
+        agent.train(ppo_minibatch(layout, seed))
+    agent.act(ppo_obs())
+    agent.value(ppo_obs())
+    return agent
+
+
+@functools.lru_cache(maxsize=None)
+def timed_minibatch(layout: str) -> dict:
+    """The minibatch the timed updates repeat (PPO takes 4 epochs over each row)."""
+    return ppo_minibatch(layout, seed=3)
+
+
+class PPOTrain:
+    """One PPO minibatch update (128 rows): ``PPO.train(mb)`` against CleanRL's loop body.
+    Target: a 512-step rollout's 16 updates + 128 acts well under 15 ms (3x torch's loop)."""
+
+    params = [TFDATA_LAYOUTS, IMPLS]
+    param_names = ["layout", "impl"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, layout, impl):
+        self.agent = ppo_agent(layout, impl)
+        self.mb = timed_minibatch(layout)
+
+    def time_train(self, layout, impl):
+        self.agent.train(self.mb)
+
+
+class PPOAct:
+    """Actions, log-probabilities and values of 4 observations (one vector-env step), and the
+    critic's values alone."""
+
+    params = [IMPLS]
+    param_names = ["impl"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, impl):
+        self.agent = ppo_agent("aos", impl)
+        self.obs = ppo_obs()
+
+    def time_act(self, impl):
+        self.agent.act(self.obs)
+
+    def time_value(self, impl):
+        self.agent.value(self.obs)
+
+
+def ppo_run(impl: str, steps: int):
+    """Build an agent, run ``steps`` minibatch updates (AoS fields), an act and a value."""
+    agent = new_ppo(impl)
+    mb = ppo_minibatch("aos")
+    for _ in range(steps):
+        agent.train(mb)
+    agent.act(ppo_obs())
+    agent.value(ppo_obs())
+    return agent
+
+
+class PPOMemory:
+    """Peak RSS of building an agent and 100 updates + an act; ``PPO.nbytes`` after them."""
+
+    params = [IMPLS]
+    param_names = ["impl"]
+    timeout = 300
+    steps = 100
+
+    def setup(self, impl):
+        if first_time("ppo_memory", impl):
+            warm_kernels()
+            ppo_run(impl, 2)  # a throwaway agent: kernels (or torch) loaded before the run
+
+    def peakmem_train(self, impl):
+        ppo_run(impl, self.steps)
+
+    def track_nbytes(self, impl):
+        return ppo_run(impl, self.steps).nbytes
+
+    track_nbytes.unit = "bytes"
+    track_nbytes.skip_params = [("torch",)]
+
+
+PPO_FIRST_TRAIN_AND_ACT = """
+import time
+import numpy as np
+import numba  # imported before the clock starts
+import tfdata
+rec = np.zeros(%(batch)d, dtype=np.dtype(%(fields)r, align=True))
+rng = np.random.default_rng(0)
+rec["obs"] = rng.standard_normal(rec["obs"].shape)
+rec["action"] = rng.integers(0, 2, %(batch)d)
+rec["log_prob"] = np.log(0.5)
+mb = {k: rec[k] for k in ("obs", "action", "log_prob", "advantage", "return", "value")}
+obs = rng.standard_normal((4, 4)).astype(np.float32)
+t0 = time.perf_counter()
+agent = tfdata.nn.PPO(4, 2, seed=0)
+agent.train(mb)
+agent.act(obs)
+agent.value(obs)
+print(time.perf_counter() - t0)
+""" % {"batch": PPO_BATCH, "fields": PPO_FIELDS}
+
+
+class PPOCompile:
+    """``PPO(4, 2)`` + first ``train`` (AoS field types) + first ``act`` and ``value``, in a
+    fresh interpreter: ``"cold"`` (empty ``NUMBA_CACHE_DIR``) and ``"warm"`` (median of 3)."""
+
+    params = [["cold", "warm"]]
+    param_names = ["cache"]
+    unit = "seconds"
+    timeout = 300
+    runs = {"cold": 1, "warm": 3}
+
+    def setup(self, cache):
+        child_seconds(PPO_FIRST_TRAIN_AND_ACT if cache == "warm" else IMPORTS)
+
+    def track_first_train_and_act(self, cache):
+        times = []
+        for _ in range(self.runs[cache]):
+            if cache == "warm":
+                times.append(child_seconds(PPO_FIRST_TRAIN_AND_ACT))
+                continue
+            numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
+            try:
+                env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
+                times.append(child_seconds(PPO_FIRST_TRAIN_AND_ACT, env=env))
             finally:
                 shutil.rmtree(numba_cache, ignore_errors=True)
         return statistics.median(times)

@@ -11,6 +11,7 @@ are compared to a fraction of lr.
 from __future__ import annotations
 
 import math
+import re
 import tracemalloc
 
 import numpy as np
@@ -574,6 +575,7 @@ def test_act_matches_reference(e):
     agent = PPO(5, 3, seed=e)
     agent.actor.reset_orthogonal(e, out_gain=2.0)  # confident, unequal probabilities
     rng = np.random.default_rng(e)
+    agent.params[...] += rng.normal(0, 0.1, agent.params.size)  # nonzero biases
     obs = rng.standard_normal((e, 5)).astype(np.float32)
     logits = naive.tanh_mlp_forward_naive(*wb(agent.actor.sizes, agent.actor.params), obs)[-1]
     values = naive.tanh_mlp_forward_naive(*wb(agent.critic.sizes, agent.critic.params), obs)[-1][:, 0]
@@ -854,3 +856,60 @@ def test_lr_setter():
 
 def test_import_tfdata_nn_ppo_is_public():
     assert tfdata.nn.PPO is PPO and "PPO" in tfdata.nn.__all__
+
+
+@pytest.mark.parametrize("field", ["obs", "log_prob", "advantage", "return", "value"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_train_refuses_a_non_finite_minibatch(field, bad):
+    agent = PPO(4, 2, seed=0)
+    good = minibatch(np.random.default_rng(0), agent, 32)
+    agent.train(good)
+    state, stats = agent.state_dict(), agent.stats
+    mb = {k: v.copy() for k, v in good.items()}
+    mb[field][(5, 1) if field == "obs" else 5] = bad
+    got = re.escape(str(mb["obs"][5].tolist())) if field == "obs" else bad
+    with pytest.raises(ValueError, match=rf"\['{field}'\]: expected finite floats, got {got} at row 5"):
+        agent.train(mb)
+    state_equal(agent.state_dict(), state)
+    assert agent.stats == stats
+    agent.train(good)  # and it goes on
+
+
+def test_act_refuses_nan_obs():
+    agent = PPO(4, 2, seed=0)
+    obs = np.zeros((4, 4), np.float32)
+    obs[2, 1] = np.nan
+    rng = agent._rng.copy()
+    with pytest.raises(ValueError, match="NaN at row 2"):
+        agent.act(obs)
+    np.testing.assert_array_equal(agent._rng, rng)
+    assert np.isnan(agent.value(obs)[2])  # values carry NaN through: no state to protect
+
+
+def test_train_refuses_non_finite_parameters():
+    agent = PPO(4, 2, seed=0)
+    good = minibatch(np.random.default_rng(0), agent, 32)
+    agent.params[7] = np.nan  # (an inf weight can give finite gradients, as in torch)
+    before = agent.state_dict()
+    with pytest.raises(ValueError, match="gradient is not finite"):
+        agent.train(good)
+    state_equal(agent.state_dict(), before)
+
+
+def test_mlp_state_dict_and_copy_from_check_the_activation():
+    relu, tanh = MLP((4, 8, 2), seed=0), MLP((4, 8, 2), seed=1, activation="tanh")
+    assert tanh.state_dict()["activation"] == "tanh"
+    before = relu.params.copy()
+    with pytest.raises(ValueError, match="state\\['activation'\\]: expected 'relu', got 'tanh'"):
+        relu.load_state_dict(tanh.state_dict())
+    with pytest.raises(ValueError, match="copy_from.*\\(relu\\).*\\(tanh\\)"):
+        relu.copy_from(tanh)
+    np.testing.assert_array_equal(relu.params, before)
+    old = {k: v for k, v in tanh.state_dict().items() if k != "activation"}  # written before tanh
+    relu.load_state_dict(old)
+    np.testing.assert_array_equal(relu.params, tanh.params)
+    t2 = MLP((4, 8, 2), activation="tanh")
+    t2.load_state_dict(tanh.state_dict())
+    np.testing.assert_array_equal(t2.forward(np.ones((3, 4), np.float32)), tanh.forward(np.ones((3, 4), np.float32)))
+    # no sparse-product scratch: parameters and gradient only before any forward
+    assert MLP((4, 8, 2), activation="tanh").nbytes == 2 * 4 * relu.n_params < MLP((4, 8, 2)).nbytes

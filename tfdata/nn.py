@@ -108,8 +108,10 @@ class MLP:
         self.n_params = off
         self.n_units = col
         self.width = max(self.sizes[1:])
-        self._tmp = np.zeros(max(a * b for a, b in zip(self.sizes, self.sizes[1:])), dtype=self.dtype)
-        # the nonzero terms of one sparse product (see kernels._mlp._axpy_rows)
+        # the nonzero terms of one sparse product (see kernels._mlp._axpy_rows; tanh networks'
+        # dense kernels need none)
+        self._tmp = np.zeros(0 if activation == "tanh" else
+                             max(a * b for a, b in zip(self.sizes, self.sizes[1:])), dtype=self.dtype)
         self.params = np.zeros(off, dtype=self.dtype)
         self.grad = np.zeros(off, dtype=self.dtype)
         self._ws: dict[int, tuple] = {}
@@ -612,8 +614,12 @@ class PPO:
         """
         obs = self._check_obs(obs)
         acts_a, acts_c, actions, log_probs, values, out = self._act_workspace(obs.shape[0])
-        self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table, self.critic.table,
-                         obs, acts_a, acts_c, actions, log_probs, values, self._rng, True)
+        bad = self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table,
+                               self.critic.table, obs, acts_a, acts_c, actions, log_probs, values,
+                               self._rng, True)
+        if bad >= 0:
+            raise ValueError(f"obs: the actor's logits are NaN at row {bad} (NaN in obs "
+                             f"{obs[bad].tolist()} or in the parameters); no action was drawn")
         return out
 
     def log_prob(self, obs: np.ndarray, actions) -> tuple[np.ndarray, np.ndarray]:
@@ -666,7 +672,8 @@ class PPO:
             :meth:`act` gave when the rollout was collected, and the rollout buffer's GAE. B >= 2
             when ``norm_adv`` (an unbiased std needs two rows).
 
-        Bad fields raise ValueError naming the field; nothing is updated then.
+        Bad fields raise ValueError naming the field, and so does a minibatch whose loss
+        gradient is not finite (NaN or inf in a field); nothing is updated then.
         """
         try:
             obs, actions = mb["obs"], mb["action"]
@@ -695,6 +702,15 @@ class PPO:
                                  self.critic.table, obs, actions, floats[0], floats[1], floats[2],
                                  floats[3], xT, acts_a, acts_c, dA, dC, work, self._hp, self._cst,
                                  opt.t + 1, self._stats)
+        if bad <= -3:
+            field, row = divmod(-3 - bad, b)
+            name = ("obs",) + _PPO_FLOAT_FIELDS
+            raise ValueError(f"minibatch[{name[field]!r}]: expected finite floats, got "
+                             f"{obs[row].tolist() if field == 0 else floats[field - 1][row]} at row {row}; "
+                             "nothing was updated")
+        if bad == -2:
+            raise ValueError("minibatch: the loss gradient is not finite (NaN or inf in the "
+                             "parameters, or a diverging loss); nothing was updated")
         if bad >= 0:
             raise ValueError(f"minibatch['action']: expected actions in [0, {self.n_actions}), got "
                              f"{actions[bad]} at row {bad}; nothing was updated")

@@ -163,7 +163,11 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
     batch = xT.shape[1]
     for j in range(n_out):
         d = dT[j]
-        s = 0.0
+        # accumulators of the array's float type (a Python 0.0 would make them float64 and
+        # halve the vector width): a zero read back from the output
+        gb[j] = 0.0
+        zero = gb[j]
+        s = zero
         for b in range(batch):
             s += d[b]
         gb[j] = s
@@ -173,7 +177,7 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
             x1 = xT[i + 1]
             x2 = xT[i + 2]
             x3 = xT[i + 3]
-            s0 = s1 = s2 = s3 = d[0] * 0.0
+            s0 = s1 = s2 = s3 = zero
             for b in range(batch):
                 db = d[b]
                 s0 += db * x0[b]
@@ -187,7 +191,7 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
             i += 4
         while i < n_in:
             x0 = xT[i]
-            s0 = d[0] * 0.0
+            s0 = zero
             for b in range(batch):
                 s0 += d[b] * x0[b]
             gw[j, i] = s0
@@ -202,7 +206,7 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
             if tanh_in:
                 y = xT[i]
                 for b in range(batch):
-                    p[b] *= 1.0 - y[b] * y[b]
+                    p[b] -= p[b] * y[b] * y[b]  # * (1 - y**2), in the array's float type
 
 
 @njit(**INLINE_NN)
@@ -398,6 +402,12 @@ def ppo_act(params_a, params_c, table_a, table_c, obs, acts_a, acts_c, actions, 
         action is the first ``k`` whose cumulative probability exceeds it. Advanced by E.
     sample : bool
         Draw the actions (True) or score the given ones.
+
+    Returns
+    -------
+    int
+        -1, or the first row whose probabilities are not numbers (NaN logits): then the
+        generator's counter is left as it was.
     """
     _rows_forward(params_a, table_a, obs, acts_a)
     ppo_value(params_c, table_c, obs, acts_c, values)
@@ -407,6 +417,7 @@ def ppo_act(params_a, params_c, table_a, table_c, obs, acts_a, acts_c, actions, 
     a0 = batch * table_a[last, 4]
     key = rng[0]
     ctr = rng[1]
+    bad = -1
     for b in range(batch):
         z = acts_a[a0 + b * n_act:a0 + (b + 1) * n_act]
         zmax = np.float64(z[0])
@@ -430,9 +441,15 @@ def ppo_act(params_a, params_c, table_a, table_c, obs, acts_a, acts_c, actions, 
                     act = k
                     if u < cum:
                         break
+            if act < 0:
+                # NaN logits (NaN in obs or params): no distribution to draw from
+                bad = b if bad < 0 else bad
+                act = 0
             actions[b] = act
         log_probs[b] = z[actions[b]] - lse
-    rng[1] = ctr
+    if bad < 0:
+        rng[1] = ctr
+    return bad
 
 
 @njit(**NN_OPTIONS)
@@ -478,7 +495,11 @@ def ppo_train(params, grads, m, v, split, table_a, table_c, obs, actions, old_lo
     Returns
     -------
     int
-        -1, or the first row whose action is not in ``[0, n_actions)``: nothing was updated.
+        -1; or the first row whose action is not in ``[0, n_actions)``; or
+        ``-3 - (field * B + row)`` for the first NaN or inf of field 0 ``obs``, 1
+        ``old_log_probs``, 2 ``advantages``, 3 ``returns``, 4 ``old_values``; or -2 when the
+        gradient is not finite (NaN or inf in the minibatch or the networks). In both cases
+        nothing was updated (``params``, ``m``, ``v``, ``stats``; ``grads`` is scratch then).
     """
     batch = obs.shape[0]
     la = table_a.shape[0] - 1
@@ -487,6 +508,19 @@ def ppo_train(params, grads, m, v, split, table_a, table_c, obs, actions, old_lo
     for b in range(batch):
         if actions[b] < 0 or actions[b] >= n_act:
             return b
+    # NaN or inf in a float field (math.isfinite: fastmath's reassociation may cancel an
+    # x - x test; about 1 us for 128 rows)
+    for f in range(5):
+        for b in range(batch):
+            if f == 0:
+                for i in range(obs.shape[1]):
+                    if not math.isfinite(obs[b, i]):
+                        return -3 - b
+            else:
+                x = (old_log_probs[b] if f == 1 else advantages[b] if f == 2
+                     else returns[b] if f == 3 else old_values[b])
+                if not math.isfinite(x):
+                    return -3 - (f * batch + b)
     pa = params[:split]
     pc = params[split:]
     _transpose_in(obs, xT)
@@ -581,13 +615,6 @@ def ppo_train(params, grads, m, v, split, table_a, table_c, obs, actions, old_lo
     pg *= inv_b
     vl *= 0.5 * inv_b
     ent *= inv_b
-    stats[0] = pg - ent_coef * ent + vf_coef * vl
-    stats[1] = pg
-    stats[2] = vl
-    stats[3] = ent
-    stats[4] = okl * inv_b
-    stats[5] = kl * inv_b
-    stats[6] = cf * inv_b
     _net_backward(pa, table_a, xT, acts_a, dA, grads[:split], work)
     _net_backward(pc, table_c, xT, acts_c, dC, grads[split:], work)
     total = 0.0
@@ -595,6 +622,15 @@ def ppo_train(params, grads, m, v, split, table_a, table_c, obs, actions, old_lo
         g = np.float64(grads[k])
         total += g * g
     total = math.sqrt(total)
+    if not math.isfinite(total):
+        return -2  # NaN or inf in a field or in the networks: the update would spread it
+    stats[0] = pg - ent_coef * ent + vf_coef * vl
+    stats[1] = pg
+    stats[2] = vl
+    stats[3] = ent
+    stats[4] = okl * inv_b
+    stats[5] = kl * inv_b
+    stats[6] = cf * inv_b
     stats[7] = total
     max_norm = hp[7]
     if max_norm >= 0.0:
