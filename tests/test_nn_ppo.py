@@ -640,6 +640,10 @@ def test_act_returns_views_and_uses_its_own_rng():
     assert all(x is y for x, y in zip(out1, out2))
     assert np.random.get_state()[1].tolist() == state[1].tolist()  # numpy's global RNG untouched
     assert agent.value(obs) is agent.value(obs)
+    # value() (a bootstrap value between act and storing its output) leaves act's values alone
+    values = out1[2].copy()
+    agent.value(np.ones((4, 4), np.float32))
+    np.testing.assert_array_equal(out1[2], values)
 
 
 def test_log_prob_matches_act():
@@ -753,6 +757,7 @@ def test_state_dict_round_trip_continues_exactly():
     ("obs_size", 5, "obs_size"),
     ("n_actions", 3, "n_actions"),
     ("hidden", [64, 32], "hidden"),
+    ("hidden", 64, "hidden"),
     ("clip_coef", -0.1, "clip_coef"),
     ("ent_coef", float("nan"), "ent_coef"),
     ("max_grad_norm", 0.0, "max_grad_norm"),

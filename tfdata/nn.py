@@ -587,10 +587,12 @@ class PPO:
         ws = self._act_ws.get(e)
         if ws is None:
             actions, log_probs, values = np.zeros(e, np.int64), np.zeros(e, np.float32), np.zeros(e, np.float32)
-            # the last item is act's return value, built once
+            # act's return value built once; value() has its own output, so that a value() call
+            # (a bootstrap or final value) leaves the values of the last act() alone
             ws = self._act_ws[e] = (np.zeros(e * self.actor.n_units, np.float32),
                                     np.zeros(e * self.critic.n_units, np.float32),
-                                    actions, log_probs, values, (actions, log_probs, values))
+                                    actions, log_probs, values, (actions, log_probs, values),
+                                    np.zeros(e, np.float32))
         return ws
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -613,7 +615,7 @@ class PPO:
         with E observations (copy them to keep them; a rollout buffer's ``add`` copies).
         """
         obs = self._check_obs(obs)
-        acts_a, acts_c, actions, log_probs, values, out = self._act_workspace(obs.shape[0])
+        acts_a, acts_c, actions, log_probs, values, out, _ = self._act_workspace(obs.shape[0])
         bad = self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table,
                                self.critic.table, obs, acts_a, acts_c, actions, log_probs, values,
                                self._rng, True)
@@ -623,7 +625,10 @@ class PPO:
         return out
 
     def log_prob(self, obs: np.ndarray, actions) -> tuple[np.ndarray, np.ndarray]:
-        """Log-probabilities of given actions and the values (float32, (E,), views), no sampling."""
+        """Log-probabilities of given actions and the values (float32, (E,)), without sampling.
+
+        The outputs are the same views :meth:`act` returns for E observations (overwritten by
+        either)."""
         obs = self._check_obs(obs)
         e = obs.shape[0]
         actions = np.asarray(actions)
@@ -633,17 +638,17 @@ class PPO:
         if bad.size:
             raise ValueError(f"actions: expected values in [0, {self.n_actions}), got "
                              f"{actions[bad[0]]} at row {bad[0]}")
-        acts_a, acts_c, act_out, log_probs, values, _ = self._act_workspace(e)
+        acts_a, acts_c, act_out, log_probs, values, _, _ = self._act_workspace(e)
         act_out[:] = actions
         self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table, self.critic.table,
                          obs, acts_a, acts_c, act_out, log_probs, values, self._rng, False)
         return log_probs, values
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        """``critic(obs)``: float32, shape (E,), a view (overwritten by the next ``act``/``value``
-        with E observations)."""
+        """``critic(obs)``: float32, shape (E,), a view (overwritten by the next ``value`` with E
+        observations; not by ``act``, and it does not overwrite ``act``'s values)."""
         obs = self._check_obs(obs)
-        acts_a, acts_c, _, _, values, _ = self._act_workspace(obs.shape[0])
+        _, acts_c, _, _, _, _, values = self._act_workspace(obs.shape[0])
         self._kp.ppo_value(self.critic.params, self.critic.table, obs, acts_c, values)
         return values
 
@@ -733,7 +738,7 @@ class PPO:
         return (self.params.nbytes + self.grad.nbytes + self.optim.m.nbytes + self.optim.v.nbytes
                 + self.actor.nbytes - self.actor.params.nbytes - self.actor.grad.nbytes
                 + self.critic.nbytes - self.critic.params.nbytes - self.critic.grad.nbytes
-                + sum(a.nbytes for ws in self._act_ws.values() for a in ws[:5])
+                + sum(a.nbytes for ws in self._act_ws.values() for a in ws[:5] + ws[6:])
                 + sum(a.nbytes for ws in self._train_ws.values() for a in ws))
 
     def _config(self) -> dict:
@@ -759,8 +764,10 @@ class PPO:
                 raise ValueError(f"state: missing field {key!r}")
         for key, want in self._config().items():
             got = state[key]
-            if (list(got) if key == "hidden" else got) != want:
-                fail(key, want, got)
+            if key == "hidden":
+                got = list(got) if isinstance(got, (list, tuple)) else got
+            if got != want:
+                fail(key, want, state[key])
         params = np.asarray(state["params"])
         if params.shape != self.params.shape or params.dtype.kind != "f" or not np.isfinite(params).all():
             fail("params", f"finite floats of shape {self.params.shape}",
