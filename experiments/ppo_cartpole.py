@@ -950,8 +950,8 @@ def write_report(agg, comps, run, pngs, total, versions) -> None:
              "its address space; `getrusage`'s max RSS is kept in `results.json` as `ru_maxrss_bytes` but is not "
              "used: a child started by vfork + exec, as `subprocess` does, begins with its parent's peak, so it "
              "cannot read below the driver's): the interpreter, numpy, "
-             "gymnasium, tfdata with numba (every variant but `torch`, which imports tfdata without building a "
-             "buffer, so no numba), and torch (all but `edge`).")
+             "gymnasium, tfdata with numba (every variant but `torch`, whose process never imports tfdata, as CleanRL's "
+             "does not), and torch (all but `edge`).")
     L.append(f"* Learning: final return = mean return of the last {LAST_EPISODES} episodes of a run; mean return = "
              "over every episode of the run (area under the learning curve). Two variants are compared with an "
              "exact two-sided permutation test of equal means over seeds (all C(10, 5) = 252 splits for 5 against "
