@@ -52,6 +52,14 @@ def test_dev_script_installs_the_dqn_extra():
     extras = re.search(r'EXTRAS = "([^"]+)"', text).group(1).split(",")
     assert set(extras) <= set(_extras()), extras
     assert "dqn" in extras  # the main job runs experiments/dqn_cartpole.py
+    assert "ppo" in extras  # ... and experiments/ppo_cartpole.py
+
+
+def test_ppo_extra_brings_a_gymnasium_with_autoreset_modes():
+    """experiments/ppo_cartpole.py builds its vector env with autoreset_mode=SAME_STEP (gymnasium 1.1+)."""
+    reqs = {_name(r): r for r in _extras()["ppo"]}
+    assert set(reqs) == {"gymnasium", "torch"}
+    assert reqs["gymnasium"].replace(" ", "") == "gymnasium>=1.1"
 
 
 def test_dev_script_installs_the_ray_extra_without_torch():

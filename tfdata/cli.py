@@ -36,12 +36,13 @@ EXPERIMENTS = {
     "sumtree_shape": "sumtree",
     "cold_start": "cold_start",
     "dqn_cartpole": "dqn",
+    "ppo_cartpole": "ppo",
     "replay_ratio": "replay_ratio",
     "ingestion": "ingest",
     "frame_codecs": "frame_codecs",
     "atari_frames": "atari_frames",
 }
-ALIASES = {"dqn": "dqn_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
+ALIASES = {"dqn": "dqn_cartpole", "ppo": "ppo_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
            "ingest": "ingestion"}
 #: Reports written by asv runs rather than experiments (listed in the index as they are).
 ASV_REPORTS = {

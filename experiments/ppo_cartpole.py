@@ -1,0 +1,1046 @@
+"""PPO on CartPole-v1: can tfdata's on-policy data layer and a torch-free PPO train CleanRL's PPO
+as well as CleanRL does, faster and in less memory?
+
+Three loops with CleanRL's ``ppo.py`` algorithm and hyperparameters, the same environments:
+
+* ``torch``: a faithful port of CleanRL's loop: torch tensors of shape (num_steps, num_envs) for
+  storage, GAE as a Python loop over time, ``torch.distributions.Categorical``, the clipped policy
+  and value losses, ``clip_grad_norm_`` and Adam with a linearly annealed learning rate.
+* ``torch_tfdata``: the same torch agent and update, but storage, GAE and the shuffled minibatches
+  come from ``tfdata.RolloutBuffer`` (its batches reach torch through ``torch.from_numpy``).
+* ``edge``: ``tfdata.nn.PPO`` (numba kernels: forward, sampling, loss, backward, Adam) over the
+  same ``RolloutBuffer``; its process never imports torch (checked).
+
+Targets for the edge loop: learning not significantly different from the torch loop, at least 3x
+its steps per second and at most half its peak memory. An optional fourth loop,
+``torch_tfdata_nobootstrap``, is ``torch_tfdata`` with CleanRL's handling of time limits (no
+bootstrap), to measure what bootstrapping truncated episodes changes.
+
+Every (variant, seed) runs in a fresh process (its own peak memory, no shared caches), variants
+alternating seed by seed, with one thread for torch and OpenMP.
+
+    python experiments/ppo_cartpole.py --quick   # 1 seed, 24,576 steps: about a minute
+    python experiments/ppo_cartpole.py           # 5 seeds, 500k steps (CleanRL's run)
+
+Needs gymnasium >= 1.1 (``AutoresetMode``) and torch 2.13.0 CPU (the ``ppo`` extra). Writes
+``reports/ppo/`` (README.md, results.json, learning.png, speed.png). Only the public tfdata API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import warnings
+
+import numpy as np
+
+sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
+from _methodology import RunRecord, permutation_test, report_dir, run_in_fresh_processes, write_json  # noqa: E402
+from _methodology import return_curve as _return_curve  # noqa: E402
+from _methodology import write_report as write_methodology_report  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------------------------
+EXPERIMENT = "ppo"
+ENV_ID = "CartPole-v1"
+# CleanRL's ppo.py defaults (github.com/vwxyzjn/cleanrl, cleanrl/ppo.py, class Args): the
+# configuration of its published CartPole-v1 runs.
+HP = {
+    "total_timesteps": 500_000,
+    "learning_rate": 2.5e-4,
+    "adam_eps": 1e-5,
+    "num_envs": 4,
+    "num_steps": 128,               # batch 512
+    "anneal_lr": True,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "num_minibatches": 4,           # minibatch 128
+    "update_epochs": 4,
+    "norm_adv": True,
+    "clip_coef": 0.2,
+    "clip_vloss": True,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "target_kl": None,
+    "hidden": (64, 64),             # separate actor and critic MLPs, tanh
+}
+VARIANTS = {
+    # name: (learner, storage)
+    "torch": ("torch", "torch"),
+    "torch_tfdata": ("torch", "tfdata"),
+    "edge": ("numba", "tfdata"),
+    # CleanRL's time-limit semantics on tfdata's buffer (no truncated-episode bootstrap)
+    "torch_tfdata_nobootstrap": ("torch", "tfdata-nobootstrap"),
+}
+DEFAULT_VARIANTS = ["torch", "torch_tfdata", "edge", "torch_tfdata_nobootstrap"]
+COLORS = {"torch": "tab:blue", "torch_tfdata": "tab:orange", "edge": "tab:green",
+          "torch_tfdata_nobootstrap": "tab:red"}
+REFERENCE = "torch"
+TWIN = "torch_tfdata"               # the torch loop on the same data layer as the edge loop
+EDGE = "edge"
+NO_BOOTSTRAP = "torch_tfdata_nobootstrap"
+SEEDS = {"full": [0, 1, 2, 3, 4], "quick": [0]}
+STEPS = {"full": HP["total_timesteps"], "quick": 48 * 512}
+TARGETS = {"sps_ratio": 3.0, "peak_rss_ratio": 0.5, "alpha": 0.05}
+LAST_EPISODES = 100                 # final return = mean of the last 100 episodes
+CURVE_BINS = 50
+BARE_ENV_STEPS = 2_000              # vector steps of the bare env.step loop (per run)
+TIMEOUT_S = 3600
+OUT_DIR = report_dir(EXPERIMENT)
+SECTIONS = ("env", "act", "buffer_add", "gae", "minibatch", "update", "other")
+SECTION_HELP = {
+    "env": "`envs.step` of the 4 environments (autoreset included)",
+    "act": "policy forward and action sampling (and the critic's value of `final_obs` at truncations)",
+    "buffer_add": "storing the step (tensor conversions in the torch loop, `RolloutBuffer.add`)",
+    "gae": "the last value and GAE (a Python loop over 128 steps in torch, one compiled call in tfdata)",
+    "minibatch": "permutation and gather of a minibatch (indexing in torch, `RolloutBuffer.minibatches`)",
+    "update": "loss, backward, gradient clipping, Adam, learning-rate annealing",
+    "other": "the rest of the loop (episode statistics, loop control)",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The environments (identical in every variant)
+# ---------------------------------------------------------------------------------------------
+def make_envs(gym, num_envs: int):
+    """CleanRL's vector env: ``RecordEpisodeStatistics`` around each CartPole-v1, stepped in
+    turn, reset in the same step (``SAME_STEP``, gymnasium 0.29's behaviour, which CleanRL's
+    loop was written for: the observation of a finished episode is ``info["final_obs"]``)."""
+    def thunk():
+        return gym.wrappers.RecordEpisodeStatistics(gym.make(ENV_ID))
+
+    return gym.vector.SyncVectorEnv([thunk for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def finished_episodes(info) -> list:
+    """(env index, return, length) of the episodes that ended in this vector step."""
+    fi = info.get("final_info")
+    if not fi or "_episode" not in fi:
+        return []
+    ep = fi["episode"]
+    return [(int(e), float(ep["r"][e]), int(ep["l"][e])) for e in np.flatnonzero(fi["_episode"])]
+
+
+def bare_env_us(gym, num_envs: int, seed: int, n: int) -> float:
+    """µs per vector step of a loop that only steps the environments (fixed random actions):
+    the floor of any loop over these environments."""
+    envs = make_envs(gym, num_envs)
+    envs.reset(seed=seed + 7_919)
+    actions = np.random.default_rng(seed).integers(0, 2, size=(n, num_envs))
+    step = envs.step
+    for k in range(min(n, 100)):  # warm-up
+        step(actions[k])
+    t0 = time.perf_counter_ns()
+    for k in range(n):
+        step(actions[k])
+    dt = time.perf_counter_ns() - t0
+    envs.close()
+    return dt / n / 1e3
+
+
+# ---------------------------------------------------------------------------------------------
+# Learners (runs in a worker process)
+# ---------------------------------------------------------------------------------------------
+def torch_agent(obs_size: int, n_actions: int, hidden=(64, 64)):
+    """CleanRL's ``Agent``: critic and actor MLPs obs-64-64-out with tanh, orthogonal weights
+    (sqrt(2) hidden, 1.0 critic head, 0.01 actor head), zero biases; the critic is built first,
+    as in CleanRL, so the same torch seed gives the same weights."""
+    import torch
+    from torch import nn
+    from torch.distributions.categorical import Categorical
+
+    def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+        torch.nn.init.orthogonal_(layer.weight, std)
+        torch.nn.init.constant_(layer.bias, bias_const)
+        return layer
+
+    h1, h2 = hidden
+
+    class Agent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.critic = nn.Sequential(layer_init(nn.Linear(obs_size, h1)), nn.Tanh(),
+                                        layer_init(nn.Linear(h1, h2)), nn.Tanh(),
+                                        layer_init(nn.Linear(h2, 1), std=1.0))
+            self.actor = nn.Sequential(layer_init(nn.Linear(obs_size, h1)), nn.Tanh(),
+                                       layer_init(nn.Linear(h1, h2)), nn.Tanh(),
+                                       layer_init(nn.Linear(h2, n_actions), std=0.01))
+
+        def get_value(self, x):
+            return self.critic(x)
+
+        def get_action_and_value(self, x, action=None):
+            logits = self.actor(x)
+            probs = Categorical(logits=logits)
+            if action is None:
+                action = probs.sample()
+            return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+    return Agent()
+
+
+def torch_update(agent, optimizer, hp, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values):
+    """One CleanRL minibatch step: clipped surrogate, clipped value loss, entropy bonus, backward,
+    global gradient-norm clip over both networks, Adam. Returns CleanRL's logged statistics."""
+    import torch
+    from torch import nn
+
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions.long())
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > hp["clip_coef"]).float().mean().item()
+    if hp["norm_adv"]:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - hp["clip_coef"], 1 + hp["clip_coef"])
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+    newvalue = newvalue.view(-1)
+    if hp["clip_vloss"]:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -hp["clip_coef"], hp["clip_coef"])
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - hp["ent_coef"] * entropy_loss + v_loss * hp["vf_coef"]
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), hp["max_grad_norm"])
+    optimizer.step()
+    return {"approx_kl": float(approx_kl), "old_approx_kl": float(old_approx_kl), "clipfrac": clipfrac}
+
+
+class TorchLearner:
+    """The torch agent behind the numpy interface of ``tfdata.nn.PPO`` (act, value, lr, train),
+    for the loop over tfdata's buffer."""
+
+    def __init__(self, obs_size, n_actions, hp, seed):
+        import torch
+
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        self.torch, self.hp = torch, hp
+        self.agent = torch_agent(obs_size, n_actions, hp["hidden"])
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=hp["learning_rate"], eps=hp["adam_eps"])
+        self.stats = {}
+
+    @property
+    def lr(self):
+        return self.optimizer.param_groups[0]["lr"]
+
+    @lr.setter
+    def lr(self, value):
+        self.optimizer.param_groups[0]["lr"] = value
+
+    def act(self, obs):
+        with self.torch.no_grad():
+            action, logprob, _, value = self.agent.get_action_and_value(self.torch.from_numpy(obs))
+        return action.numpy(), logprob.numpy(), value.view(-1).numpy()
+
+    def value(self, obs):
+        with self.torch.no_grad():
+            return self.agent.get_value(self.torch.from_numpy(obs)).view(-1).numpy()
+
+    def train(self, mb):
+        f = self.torch.from_numpy
+        self.stats = torch_update(self.agent, self.optimizer, self.hp, f(mb["obs"]), f(mb["action"]),
+                                  f(mb["log_prob"]), f(mb["advantage"]), f(mb["return"]), f(mb["value"]))
+
+
+def edge_learner(tfdata, obs_size, n_actions, hp, seed):
+    """``tfdata.nn.PPO`` with CleanRL's hyperparameters (numba kernels, no torch)."""
+    return tfdata.nn.PPO(obs_size=obs_size, n_actions=n_actions, hidden=hp["hidden"], lr=hp["learning_rate"],
+                         eps=hp["adam_eps"], clip_coef=hp["clip_coef"], clip_vloss=hp["clip_vloss"],
+                         ent_coef=hp["ent_coef"], vf_coef=hp["vf_coef"], max_grad_norm=hp["max_grad_norm"],
+                         norm_adv=hp["norm_adv"], seed=seed)
+
+
+def rollout_spec(tfdata, obs_size: int, bootstrap: bool):
+    """The rollout rows: what CleanRL stores, plus both gymnasium flags and, with ``bootstrap``,
+    the critic's value of ``info["final_obs"]`` for truncated episodes."""
+    fields = {"obs": ("f4", (obs_size,)), "action": "i8", "log_prob": "f4", "value": "f4", "reward": "f4",
+              "terminated": "?", "truncated": "?"}
+    if bootstrap:
+        fields["final_value"] = "f4"
+    return tfdata.Spec(fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured loops (run in a worker process)
+# ---------------------------------------------------------------------------------------------
+def cleanrl_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """CleanRL's GAE loop, verbatim in its logic (torch tensors of shape (num_steps, num_envs);
+    ``dones[t]`` is the flag of the observation at t, ``next_done`` of the one after the last)."""
+    import torch
+
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+class Clock:
+    """Per-section time of the loop (``perf_counter_ns`` deltas, summed)."""
+
+    def __init__(self):
+        self.ns = dict.fromkeys(SECTIONS, 0)
+
+
+def loop_cleanrl(envs, hp, seed, total, clock, episodes):
+    """CleanRL's ppo.py loop on torch tensors. Returns the number of iterations."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    np.random.seed(seed)  # CleanRL shuffles minibatch indices with numpy's global generator
+    obs_shape = envs.single_observation_space.shape
+    T, E = hp["num_steps"], hp["num_envs"]
+    batch_size, minibatch_size = T * E, T * E // hp["num_minibatches"]
+    num_iterations = total // batch_size
+    agent = torch_agent(obs_shape[0], int(envs.single_action_space.n), hp["hidden"])
+    optimizer = torch.optim.Adam(agent.parameters(), lr=hp["learning_rate"], eps=hp["adam_eps"])
+    obs = torch.zeros((T, E) + obs_shape)
+    actions = torch.zeros((T, E))
+    logprobs = torch.zeros((T, E))
+    rewards = torch.zeros((T, E))
+    dones = torch.zeros((T, E))
+    values = torch.zeros((T, E))
+    pc, ns = time.perf_counter_ns, clock.ns
+    global_step = 0
+    next_obs, _ = envs.reset(seed=seed)
+    next_obs = torch.Tensor(next_obs)
+    next_done = torch.zeros(E)
+    for iteration in range(1, num_iterations + 1):
+        t0 = pc()
+        if hp["anneal_lr"]:
+            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * hp["learning_rate"]
+        ns["update"] += pc() - t0
+        for step in range(T):
+            global_step += E
+            t0 = pc()
+            obs[step] = next_obs
+            dones[step] = next_done
+            t1 = pc()
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+            a = action.cpu().numpy()
+            t2 = pc()
+            values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+            t3 = pc()
+            next_obs, reward, terminations, truncations, infos = envs.step(a)
+            t4 = pc()
+            next_done = np.logical_or(terminations, truncations)
+            rewards[step] = torch.tensor(reward).view(-1)
+            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
+            t5 = pc()
+            ns["buffer_add"] += (t1 - t0) + (t3 - t2) + (t5 - t4)
+            ns["act"] += t2 - t1
+            ns["env"] += t4 - t3
+            for _, r, length in finished_episodes(infos):
+                episodes.append((global_step, r, length))
+        t0 = pc()
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages, returns = cleanrl_gae(rewards, values, dones, next_value, next_done,
+                                              hp["gamma"], hp["gae_lambda"])
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+        b_inds = np.arange(batch_size)
+        ns["gae"] += pc() - t0
+        for epoch in range(hp["update_epochs"]):
+            t0 = pc()
+            np.random.shuffle(b_inds)
+            ns["minibatch"] += pc() - t0
+            for start in range(0, batch_size, minibatch_size):
+                t0 = pc()
+                mb_inds = b_inds[start:start + minibatch_size]
+                mb = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
+                      b_returns[mb_inds], b_values[mb_inds])
+                t1 = pc()
+                torch_update(agent, optimizer, hp, *mb)
+                ns["minibatch"] += t1 - t0
+                ns["update"] += pc() - t1
+    return num_iterations
+
+
+def loop_tfdata(envs, hp, seed, total, clock, episodes, learner, buf, bootstrap):
+    """The same loop over ``tfdata.RolloutBuffer``: ``learner`` is a :class:`TorchLearner` or a
+    ``tfdata.nn.PPO`` (same interface). Returns the number of iterations."""
+    T, E = hp["num_steps"], hp["num_envs"]
+    num_iterations = total // (T * E)
+    final_value = np.zeros(E, np.float32)
+    pc, ns = time.perf_counter_ns, clock.ns
+    act, value_of, add, step_envs = learner.act, learner.value, buf.add, envs.step
+    global_step = 0
+    next_obs, _ = envs.reset(seed=seed)
+    next_done = np.zeros(E, bool)
+    for iteration in range(1, num_iterations + 1):
+        t0 = pc()
+        if hp["anneal_lr"]:
+            learner.lr = (1.0 - (iteration - 1.0) / num_iterations) * hp["learning_rate"]
+        ns["update"] += pc() - t0
+        for step in range(T):
+            global_step += E
+            t0 = pc()
+            actions, log_probs, values = act(next_obs)
+            t1 = pc()
+            obs = next_obs
+            next_obs, reward, terminated, truncated, infos = step_envs(actions)
+            t2 = pc()
+            if bootstrap and truncated.any():
+                # the act outputs may be views of the learner's workspace: keep them first
+                actions, log_probs, values = actions.copy(), log_probs.copy(), values.copy()
+                final_obs = next_obs.copy()  # a full (E, obs) batch; final_value is read only where truncated
+                for e in np.flatnonzero(truncated):
+                    final_obs[e] = infos["final_obs"][e]
+                final_value[:] = value_of(final_obs)
+            t3 = pc()
+            row = {"obs": obs, "action": actions, "log_prob": log_probs, "value": values,
+                   "reward": reward, "terminated": terminated, "truncated": truncated}
+            if bootstrap:
+                row["final_value"] = final_value
+            add(row)
+            next_done = terminated | truncated
+            t4 = pc()
+            ns["act"] += (t1 - t0) + (t3 - t2)
+            ns["env"] += t2 - t1
+            ns["buffer_add"] += t4 - t3
+            for _, r, length in finished_episodes(infos):
+                episodes.append((global_step, r, length))
+        t0 = pc()
+        buf.compute_returns_and_advantages(value_of(next_obs), next_done, gamma=hp["gamma"],
+                                           gae_lambda=hp["gae_lambda"])
+        ns["gae"] += pc() - t0
+        # permutations continue the buffer's own seeded stream, rollout after rollout
+        batches = iter(buf.minibatches(hp["num_minibatches"], epochs=hp["update_epochs"]))
+        while True:
+            t0 = pc()
+            mb = next(batches, None)
+            t1 = pc()
+            ns["minibatch"] += t1 - t0
+            if mb is None:
+                break
+            learner.train(mb)
+            ns["update"] += pc() - t1
+        buf.reset()
+    return num_iterations
+
+
+def warm_up(tfdata, hp, learner, buf, obs_size, bootstrap):
+    """Run every call of the loop once on a throwaway learner and buffer of the same types
+    (numba kernels loaded or compiled, torch's first-call allocations), before the clock."""
+    T, E = hp["num_steps"], hp["num_envs"]
+    rng = np.random.default_rng(0)
+    for t in range(T):
+        o = rng.standard_normal((E, obs_size)).astype(np.float32)
+        a, lp, v = learner.act(o)
+        row = {"obs": o, "action": a, "log_prob": lp, "value": v, "reward": np.ones(E),
+               "terminated": np.arange(E) == t % E, "truncated": np.zeros(E, bool)}
+        if bootstrap:
+            row["final_value"] = learner.value(o).copy()
+        buf.add(row)
+    buf.compute_returns_and_advantages(learner.value(o), row["terminated"], gamma=hp["gamma"],
+                                       gae_lambda=hp["gae_lambda"])
+    for mb in buf.minibatches(hp["num_minibatches"], epochs=1, seed=0):
+        learner.train(mb)
+    buf.reset()
+
+
+def warm_up_torch(hp, obs_size, n_actions):
+    """The torch loop's calls once on a throwaway agent (torch's first-call allocations), before
+    the clock; the run's own agent is built afterwards from the run's seed."""
+    import torch
+
+    agent = torch_agent(obs_size, n_actions, hp["hidden"])
+    opt = torch.optim.Adam(agent.parameters(), lr=hp["learning_rate"], eps=hp["adam_eps"])
+    n = hp["num_steps"] * hp["num_envs"] // hp["num_minibatches"]
+    with torch.no_grad():
+        agent.get_action_and_value(torch.zeros(hp["num_envs"], obs_size))
+    torch_update(agent, opt, hp, torch.randn(n, obs_size), torch.zeros(n), torch.full((n,), -0.69),
+                 torch.randn(n), torch.randn(n), torch.randn(n))
+
+
+def run_worker(variant: str, seed: int, total: int) -> dict:
+    t_start = time.perf_counter()
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    learner_kind, storage = VARIANTS[variant]
+    hp = dict(HP, total_timesteps=total)
+    import gymnasium as gym
+
+    versions = {"gymnasium": gym.__version__, "numpy": np.__version__}
+    E = hp["num_envs"]
+    bare_us = bare_env_us(gym, E, seed, BARE_ENV_STEPS)
+    envs = make_envs(gym, E)
+    obs_size = envs.single_observation_space.shape[0]
+    n_actions = int(envs.single_action_space.n)
+    bootstrap = storage == "tfdata"
+    clock, episodes = Clock(), []
+    buf = None
+    if storage == "torch":  # CleanRL's loop: no tfdata in the process
+        import torch
+
+        versions["torch"] = torch.__version__
+        torch.set_num_threads(1)
+        warm_up_torch(hp, obs_size, n_actions)
+        rss_ready = _rss_now()
+        setup_s = time.perf_counter() - t_start
+        t_loop = time.perf_counter_ns()
+        iterations = loop_cleanrl(envs, hp, seed, total, clock, episodes)
+    else:
+        import tfdata
+
+        versions["tfdata"] = tfdata.__version__
+        spec = rollout_spec(tfdata, obs_size, bootstrap)
+
+        def build(s):
+            if learner_kind == "torch":
+                lrn = TorchLearner(obs_size, n_actions, hp, s)
+            else:
+                lrn = edge_learner(tfdata, obs_size, n_actions, hp, s)
+            return lrn, tfdata.RolloutBuffer(spec, num_steps=hp["num_steps"], num_envs=E, layout="aos", seed=s)
+
+        warm_up(tfdata, hp, *build(seed + 10_000), obs_size, bootstrap)
+        learner, buf = build(seed)
+        if learner_kind == "torch":
+            versions["torch"] = sys.modules["torch"].__version__
+        rss_ready = _rss_now()
+        setup_s = time.perf_counter() - t_start
+        t_loop = time.perf_counter_ns()
+        iterations = loop_tfdata(envs, hp, seed, total, clock, episodes, learner, buf, bootstrap)
+    wall = (time.perf_counter_ns() - t_loop) / 1e9
+    envs.close()
+    secs = {k: v / 1e9 for k, v in clock.ns.items()}
+    secs["other"] = max(0.0, wall - sum(secs[k] for k in SECTIONS if k != "other"))
+    steps = iterations * hp["num_steps"] * E
+    torch_imported = "torch" in sys.modules
+    if learner_kind == "numba":
+        assert not torch_imported, "the edge loop imported torch"
+    return {
+        "variant": variant, "seed": seed, "total_steps": total, "steps": steps, "iterations": iterations,
+        "episodes": episodes,
+        "final_return": float(np.mean([e[1] for e in episodes[-LAST_EPISODES:]])) if episodes else None,
+        "mean_return": float(np.mean([e[1] for e in episodes])) if episodes else None,
+        "wall_s": wall, "setup_s": setup_s, "sps": steps / wall, "sections_s": secs,
+        "bare_env_us_per_vector_step": bare_us, "bare_env_sps": E / bare_us * 1e6,
+        "peak_rss_bytes": _peak_rss(),
+        # getrusage's figure, for the record: a child started by vfork + exec (subprocess) starts
+        # from its parent's peak, so it cannot go below the driver's (about 110 MiB here)
+        "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rss_ready_bytes": rss_ready, "rss_end_bytes": _rss_now(),
+        "buffer_nbytes": int(buf.nbytes) if buf is not None else None,
+        "torch_imported": torch_imported, "numba_imported": "numba" in sys.modules,
+        "versions": versions, "load_start": load_start, "load_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _peak_rss() -> int:
+    """Peak resident set of this process's own address space (``VmHWM``, reset by exec), bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver and analysis
+# ---------------------------------------------------------------------------------------------
+def run_all(variants, seeds, total, log) -> list[dict]:
+    def describe(r):
+        return (f"final return {r['final_return']:.1f}, mean {r['mean_return']:.1f}, {r['sps']:.0f} steps/s, "
+                f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+
+    return run_in_fresh_processes(__file__, list(variants), seeds, ["--steps", str(total)],
+                                  timeout_s=TIMEOUT_S, describe=describe, log=log)
+
+
+def curve(episodes, total, bins=CURVE_BINS):
+    """See :func:`_methodology.return_curve` (this experiment's number of bins)."""
+    return _return_curve(episodes, total, bins)
+
+
+def _ms(values) -> dict:
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if v.size == 0:
+        return {"mean": None, "std": None, "median": None, "n": 0}
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+            "median": float(np.median(v)), "n": int(v.size)}
+
+
+def summarise(runs, variants, total) -> dict:
+    out = {}
+    for v in variants:
+        rs = [r for r in runs if r["variant"] == v]
+        if not rs:
+            continue
+        curves = [curve(r["episodes"], total)[1] for r in rs]
+        with warnings.catch_warnings():  # a bin before any seed's first episode is NaN: drawn as a gap
+            warnings.simplefilter("ignore", RuntimeWarning)
+            curve_mean = np.nanmean(curves, axis=0).tolist()
+            curve_std = (np.nanstd(curves, axis=0, ddof=1).tolist() if len(curves) > 1 else [0.0] * len(curves[0]))
+        out[v] = {
+            "final_return": _ms(r["final_return"] for r in rs),
+            "mean_return": _ms(r["mean_return"] for r in rs),
+            "sps": _ms(r["sps"] for r in rs),
+            "wall_s": _ms(r["wall_s"] for r in rs),
+            "setup_s": _ms(r["setup_s"] for r in rs),
+            "sections_share": {k: _ms(r["sections_s"][k] / r["wall_s"] for r in rs) for k in SECTIONS},
+            # µs per environment step (one transition), by section
+            "sections_us": {k: _ms(1e6 * r["sections_s"][k] / r["steps"] for r in rs) for k in SECTIONS},
+            "bare_env_us_per_step": _ms(r["bare_env_us_per_vector_step"] / HP["num_envs"] for r in rs),
+            "bare_env_sps": _ms(r["bare_env_sps"] for r in rs),
+            "peak_rss_bytes": _ms(r["peak_rss_bytes"] for r in rs),
+            "rss_ready_bytes": _ms(r["rss_ready_bytes"] for r in rs),
+            "buffer_nbytes": _ms(r["buffer_nbytes"] for r in rs),
+            "episodes": _ms(len(r["episodes"]) for r in rs),
+            "torch_imported": any(r["torch_imported"] for r in rs),
+            "curve_mean": curve_mean,
+            "curve_std": curve_std,
+            "seeds": [r["seed"] for r in rs],
+            "sps_by_seed": {r["seed"]: r["sps"] for r in rs},
+            "finals": [r["final_return"] for r in rs],
+            "means": [r["mean_return"] for r in rs],
+        }
+    return out
+
+
+def comparisons(agg) -> list[dict]:
+    """Each tfdata variant against torch; the edge loop against its torch twin on the same data
+    layer; the bootstrap effect (same loop with and without it)."""
+    pairs = [(v, REFERENCE) for v in agg if v != REFERENCE] + [(EDGE, TWIN), (TWIN, NO_BOOTSTRAP)]
+    rows = []
+    for a, b in pairs:
+        if a not in agg or b not in agg:
+            continue
+        A, B = agg[a], agg[b]
+        enough = len(A["finals"]) > 1 and len(B["finals"]) > 1
+        rows.append({
+            "variant": a, "against": b,
+            "final_diff": A["final_return"]["mean"] - B["final_return"]["mean"],
+            "final_p": permutation_test(A["finals"], B["finals"]) if enough else None,
+            "mean_diff": A["mean_return"]["mean"] - B["mean_return"]["mean"],
+            "mean_p": permutation_test(A["means"], B["means"]) if enough else None,
+            "sps_ratio": A["sps"]["mean"] / B["sps"]["mean"],
+            # the two runs of a seed ran back to back, under about the same load: their ratio
+            "sps_ratio_per_seed": [A["sps_by_seed"][s] / B["sps_by_seed"][s] for s in A["seeds"] if s in B["sps_by_seed"]],
+            "peak_rss_ratio": A["peak_rss_bytes"]["mean"] / B["peak_rss_bytes"]["mean"],
+        })
+    return rows
+
+
+def goals(comps) -> list[tuple] | None:
+    """The edge loop's targets against torch: (goal, met or None, measured)."""
+    c = next((r for r in comps if r["variant"] == EDGE and r["against"] == REFERENCE), None)
+    if c is None:
+        return None
+    ps = [p for p in (c["final_p"], c["mean_p"]) if p is not None]
+    return [
+        (f"learning not significantly different (permutation tests, α = {TARGETS['alpha']})",
+         (min(ps) >= TARGETS["alpha"]) if ps else None,
+         f"final return {c['final_diff']:+.1f} (p = {_p(c['final_p'])}), whole-run mean {c['mean_diff']:+.1f} "
+         f"(p = {_p(c['mean_p'])})"),
+        (f"at least {TARGETS['sps_ratio']:.0f}x the steps per second", c["sps_ratio"] >= TARGETS["sps_ratio"],
+         f"{c['sps_ratio']:.2f}x (mean steps/s over seeds; per seed {_range(c['sps_ratio_per_seed'])})"),
+        ("at most half the peak RSS", c["peak_rss_ratio"] <= TARGETS["peak_rss_ratio"], f"{c['peak_rss_ratio']:.2f}x"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+def plot(agg, total) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = curve([], total)[0]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for v, a in agg.items():
+        m, s = np.asarray(a["curve_mean"]), np.asarray(a["curve_std"])
+        ax.plot(x, m, label=f"{v} ({a['final_return']['n']} seeds)", lw=1.8 if v in (EDGE, REFERENCE) else 1.0,
+                ls="--" if v == NO_BOOTSTRAP else "-", color=COLORS.get(v))
+        ax.fill_between(x, m - s, m + s, alpha=0.15, color=COLORS.get(v))
+    ax.set_xlabel("environment step")
+    ax.set_ylabel("episodic return (mean ± std over seeds)")
+    ax.set_title(f"PPO on {ENV_ID}, CleanRL ppo.py hyperparameters")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(OUT_DIR, "learning.png"), dpi=110)
+    plt.close(fig)
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4.2))
+    vs = list(agg)
+    colors = [COLORS.get(v, "tab:gray") for v in vs]
+    ax1.barh(vs, [agg[v]["sps"]["mean"] for v in vs], xerr=[agg[v]["sps"]["std"] for v in vs], color=colors)
+    bare = np.mean([agg[v]["bare_env_sps"]["mean"] for v in vs])
+    ax1.axvline(bare, color="k", ls=":", lw=1)
+    ax1.text(bare, len(vs) - 0.5, " bare env.step loop", fontsize=7, va="bottom", ha="right")
+    ax1.set_xlabel("environment steps per second")
+    ax1.invert_yaxis()
+    left = np.zeros(len(vs))
+    for k in SECTIONS:
+        us = np.array([agg[v]["sections_us"][k]["mean"] for v in vs])
+        ax2.barh(vs, us, left=left, label=k)
+        left += us
+    ax2.axvline(np.mean([agg[v]["bare_env_us_per_step"]["mean"] for v in vs]), color="k", ls=":", lw=1)
+    ax2.set_xlabel("µs per environment step, by section (dotted: the bare env.step loop)")
+    ax2.set_yticklabels([])
+    ax2.invert_yaxis()
+    ax2.legend(fontsize=7, ncol=len(SECTIONS), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+               handlelength=1.0, columnspacing=0.8)
+    ax3.barh(vs, [agg[v]["peak_rss_bytes"]["mean"] / 2**20 for v in vs], color=colors)
+    ax3.set_xlabel("peak RSS of the run's process (MiB)")
+    ax3.set_yticklabels([])
+    ax3.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(os.path.join(OUT_DIR, "speed.png"), dpi=110)
+    plt.close(fig)
+    return ["learning.png", "speed.png"]
+
+
+def _pm(cell, fmt="{:.0f}", scale=1.0) -> str:
+    if cell["mean"] is None:
+        return "n/a"
+    return (fmt + " ± " + fmt).format(cell["mean"] * scale, cell["std"] * scale)
+
+
+def _range(xs) -> str:
+    return "n/a" if not xs else f"{min(xs):.2f}x" if len(xs) == 1 else f"{min(xs):.2f}-{max(xs):.2f}x"
+
+
+def _p(p) -> str:
+    return "n/a (1 seed)" if p is None else f"{p:.2f}"
+
+
+def _verdict(c) -> str:
+    ps = [p for p in (c["final_p"], c["mean_p"]) if p is not None]
+    if not ps:
+        return "learning not compared (1 seed)"
+    if min(ps) >= TARGETS["alpha"]:
+        return "no difference in learning detected"
+    which = [f"{name} return {'higher' if c[key + '_diff'] > 0 else 'lower'}"
+             for name, key in (("final", "final"), ("whole-run mean", "mean"))
+             if c[key + "_p"] is not None and c[key + "_p"] < TARGETS["alpha"]]
+    return f"**learning differs** ({c['variant']}'s {' and '.join(which)})"
+
+
+def _significant(c) -> bool:
+    return c is not None and any(p is not None and p < TARGETS["alpha"] for p in (c["final_p"], c["mean_p"]))
+
+
+def _cmp(comps, a, b):
+    return next((c for c in comps if c["variant"] == a and c["against"] == b), None)
+
+
+def headline(agg, comps) -> str | None:
+    c = _cmp(comps, EDGE, REFERENCE)
+    if c is None:
+        return None
+    return (f"edge PPO (tfdata.nn.PPO + RolloutBuffer, no torch) against CleanRL's torch loop: "
+            f"{c['sps_ratio']:.1f}x steps/s, {c['peak_rss_ratio']:.2f}x peak RSS, final return "
+            f"{agg[EDGE]['final_return']['mean']:.0f} vs {agg[REFERENCE]['final_return']['mean']:.0f} "
+            f"(p = {_p(c['final_p'])})")
+
+
+def write_report(agg, comps, run, pngs, total, versions) -> None:
+    n_seeds = max(a["final_return"]["n"] for a in agg.values())
+    L = [f"# PPO on {ENV_ID}: tfdata's on-policy data layer and a torch-free PPO against CleanRL\n",
+         f"Made by `experiments/ppo_cartpole.py` ({run['mode']} run, command `{run['command']}`, {n_seeds} "
+         f"seed(s) per variant, {total:,} environment steps each, {run['wall_clock_s']:.0f} s in all). Raw "
+         "numbers and every episode: `results.json`.\n"]
+    hl = headline(agg, comps)
+    if hl:
+        L.append(f"<!-- headline: {hl} -->\n")
+    ref, twin, edge, nob = (agg.get(k) for k in (REFERENCE, TWIN, EDGE, NO_BOOTSTRAP))
+    L.append("## Findings\n")
+    us = {v: a["sections_us"] for v, a in agg.items()}
+    if ref and edge:
+        c = _cmp(comps, EDGE, REFERENCE)
+        L.append(f"* The edge loop (`tfdata.nn.PPO` over `tfdata.RolloutBuffer`, no torch in the process) runs "
+                 f"{c['sps_ratio']:.1f}x the steps per second of CleanRL's torch loop ({edge['sps']['mean']:.0f} vs "
+                 f"{ref['sps']['mean']:.0f}; {_range(c['sps_ratio_per_seed'])} between the two runs of each seed) in {c['peak_rss_ratio']:.2f}x its peak memory "
+                 f"({edge['peak_rss_bytes']['mean'] / 2**20:.0f} vs {ref['peak_rss_bytes']['mean'] / 2**20:.0f} MiB); "
+                 f"{_verdict(c)}: final return {_pm(edge['final_return'])} vs {_pm(ref['final_return'])} "
+                 f"(p = {_p(c['final_p'])}), mean return over the run {_pm(edge['mean_return'], '{:.1f}')} vs "
+                 f"{_pm(ref['mean_return'], '{:.1f}')} (p = {_p(c['mean_p'])}).")
+    if ref and twin:
+        c = _cmp(comps, TWIN, REFERENCE)
+        data_ref = sum(us[REFERENCE][k]["mean"] for k in ("buffer_add", "gae", "minibatch"))
+        data_twin = sum(us[TWIN][k]["mean"] for k in ("buffer_add", "gae", "minibatch"))
+        L.append(f"* Swapping only the data layer (torch agent and update kept): storage, GAE and minibatches cost "
+                 f"{data_twin:.1f} µs per environment step with tfdata against {data_ref:.1f} µs with CleanRL's tensors "
+                 f"(GAE {us[TWIN]['gae']['mean']:.2f} vs {us[REFERENCE]['gae']['mean']:.2f} µs, minibatch gather "
+                 f"{us[TWIN]['minibatch']['mean']:.2f} vs {us[REFERENCE]['minibatch']['mean']:.2f}, add "
+                 f"{us[TWIN]['buffer_add']['mean']:.2f} vs {us[REFERENCE]['buffer_add']['mean']:.2f}); the loop runs "
+                 f"{c['sps_ratio']:.2f}x as fast, because the torch forward passes and update dominate it "
+                 f"(act + update {us[TWIN]['act']['mean'] + us[TWIN]['update']['mean']:.0f} of "
+                 f"{1e6 / twin['sps']['mean']:.0f} µs per step; per seed {_range(c['sps_ratio_per_seed'])}). "
+                 f"{_verdict(c)[0].upper() + _verdict(c)[1:]}: final return "
+                 f"{_pm(twin['final_return'])} vs {_pm(ref['final_return'])} (p = {_p(c['final_p'])}), mean "
+                 f"{_pm(twin['mean_return'], '{:.1f}')} vs {_pm(ref['mean_return'], '{:.1f}')} (p = {_p(c['mean_p'])}).")
+    if edge and twin:
+        c = _cmp(comps, EDGE, TWIN)
+        L.append(f"* The edge loop against the torch loop on the same data layer (the learner swapped alone): "
+                 f"{c['sps_ratio']:.1f}x the steps per second; act {us[EDGE]['act']['mean']:.1f} vs "
+                 f"{us[TWIN]['act']['mean']:.1f} µs per step, update {us[EDGE]['update']['mean']:.1f} vs "
+                 f"{us[TWIN]['update']['mean']:.1f} µs per step; {_verdict(c)} (final p = {_p(c['final_p'])}, "
+                 f"whole-run p = {_p(c['mean_p'])}).")
+    if edge:
+        env_us = us[EDGE]["env"]["mean"]
+        per_step = 1e6 / edge["sps"]["mean"]
+        bare = edge["bare_env_us_per_step"]["mean"]
+        top = sorted(((us[EDGE][k]["mean"], k) for k in SECTIONS), reverse=True)
+        L.append(f"* Where the edge loop's time goes ({per_step:.1f} µs per environment step): "
+                 + ", ".join(f"{k} {t:.1f} µs ({100 * t / per_step:.0f}%)" for t, k in top)
+                 + f". Stepping the 4 gymnasium environments alone (a bare `envs.step` loop) costs {bare:.1f} µs "
+                 f"per environment step, {bare * HP['num_envs']:.0f} µs per vector step: no loop over these "
+                 f"environments can exceed {1e6 / bare:.0f} steps/s, and the edge loop reaches "
+                 f"{100 * edge['sps']['mean'] * bare / 1e6:.0f}% of that ceiling (env share in the loop "
+                 f"{100 * env_us / per_step:.0f}%).")
+        per_call = HP["num_steps"] * HP["num_envs"] / (HP["update_epochs"] * HP["num_minibatches"])
+        L.append(f"* Per call in the edge loop: one `PPO.train` on a minibatch of "
+                 f"{HP['num_steps'] * HP['num_envs'] // HP['num_minibatches']} rows "
+                 f"{us[EDGE]['update']['mean'] * per_call:.0f} µs, one `act` on {HP['num_envs']} observations "
+                 f"{us[EDGE]['act']['mean'] * HP['num_envs']:.1f} µs, one `RolloutBuffer.add` "
+                 f"{us[EDGE]['buffer_add']['mean'] * HP['num_envs']:.1f} µs, one GAE over the rollout "
+                 f"{us[EDGE]['gae']['mean'] * HP['num_steps'] * HP['num_envs']:.1f} µs"
+                 + (f" (CleanRL's Python loop: {us[REFERENCE]['gae']['mean'] * HP['num_steps'] * HP['num_envs']:.0f} µs, "
+                    f"torch's update {us[REFERENCE]['update']['mean'] * per_call:.0f} µs per minibatch)" if ref else "")
+                 + ".")
+        if ref:
+            L.append(f"* The same `envs.step` costs more inside a loop than alone: {us[REFERENCE]['env']['mean']:.1f} µs "
+                     f"per environment step in the torch loop, {env_us:.1f} in the edge loop, {bare:.1f} in the bare "
+                     "loop (same environments, same process; the loops' other work presumably leaves caches and "
+                     "branch predictors cold for gymnasium's Python code).")
+    if twin and nob:
+        c = _cmp(comps, TWIN, NO_BOOTSTRAP)
+        L.append(f"* Bootstrapping truncated episodes (tfdata's `truncated` + `final_value`) against CleanRL's "
+                 f"semantics (a time limit ends the return like a failure), same torch loop otherwise: final return "
+                 f"{_pm(twin['final_return'])} vs {_pm(nob['final_return'])} (p = {_p(c['final_p'])}), mean "
+                 f"{_pm(twin['mean_return'], '{:.1f}')} vs {_pm(nob['mean_return'], '{:.1f}')} (p = {_p(c['mean_p'])}).")
+    c_edge, c_twin, c_nob = _cmp(comps, EDGE, REFERENCE), _cmp(comps, TWIN, REFERENCE), _cmp(comps, NO_BOOTSTRAP, REFERENCE)
+    c_learner = _cmp(comps, EDGE, TWIN)
+    if _significant(c_edge) and _significant(c_twin) and not _significant(c_learner) \
+            and c_nob is not None and not _significant(c_nob) \
+            and np.sign(c_edge["final_diff"]) == np.sign(c_twin["final_diff"]):
+        at_cap = {v: sum(x >= 500.0 for x in agg[v]["finals"]) for v in (REFERENCE, TWIN, EDGE, NO_BOOTSTRAP)}
+        c_sem = _cmp(comps, TWIN, NO_BOOTSTRAP)
+        L.append(f"* The learning difference between the edge loop and CleanRL's points to the time-limit semantics, "
+                 f"not the learner: the torch loop on tfdata's buffer with the same bootstrap differs from CleanRL's in the "
+                 f"same way (final return {c_twin['final_diff']:+.1f}, p = {_p(c_twin['final_p'])}), the edge loop does "
+                 f"not differ from that torch loop (final p = {_p(c_learner['final_p'])}, whole-run p = "
+                 f"{_p(c_learner['mean_p'])}), and with CleanRL's semantics on tfdata's buffer the difference is gone "
+                 f"(final p = {_p(c_nob['final_p'])}); the direct comparison of the two semantics in the same loop "
+                 f"is not conclusive with 5 seeds (final p = {_p(c_sem['final_p'])}). Final returns at CartPole-v1's cap of 500: "
+                 + ", ".join(f"{v} {n} of {len(agg[v]['finals'])} seeds" for v, n in at_cap.items())
+                 + f". The difference concerns the last {LAST_EPISODES} episodes of each run; over the whole run the "
+                 f"mean return differs by {c_edge['mean_diff']:+.1f} (p = {_p(c_edge['mean_p'])}).")
+    g = goals(comps)
+    if g:
+        L.append("\n## Targets of the edge loop (against CleanRL's torch loop)\n")
+        L.append("| target | met? | measured |")
+        L.append("|---|---|---|")
+        for goal, ok, meas in g:
+            L.append(f"| {goal} | {'n/a' if ok is None else 'yes' if ok else '**no**'} | {meas} |")
+    L.append("")
+    for p in pngs:
+        L.append(f"![{p}]({p})\n")
+    L.append("## Every variant (mean ± std over seeds)\n")
+    L.append("| variant | final return | mean return | episodes | steps/s | wall (s) | setup (s) | peak RSS (MiB) "
+             "| RSS at start of loop (MiB) | buffer (KiB) | torch imported |")
+    L.append("|---|" + "---:|" * 9 + "---|")
+    for v, a in agg.items():
+        buf = "" if a["buffer_nbytes"]["mean"] is None else f"{a['buffer_nbytes']['mean'] / 1024:.0f}"
+        L.append(f"| {v} | {_pm(a['final_return'], '{:.1f}')} | {_pm(a['mean_return'], '{:.1f}')} "
+                 f"| {a['episodes']['mean']:.0f} | {_pm(a['sps'])} | {_pm(a['wall_s'], '{:.1f}')} "
+                 f"| {_pm(a['setup_s'], '{:.1f}')} | {_pm(a['peak_rss_bytes'], '{:.0f}', 2**-20)} "
+                 f"| {_pm(a['rss_ready_bytes'], '{:.0f}', 2**-20)} | {buf} | {'yes' if a['torch_imported'] else 'no'} |")
+    L.append("")
+    L.append("Time per environment step by section, µs (share of the loop's wall clock), mean over seeds:\n")
+    L.append("| variant | " + " | ".join(SECTIONS) + " | total | bare env.step loop |")
+    L.append("|---|" + "---:|" * (len(SECTIONS) + 2))
+    for v, a in agg.items():
+        L.append(f"| {v} | " + " | ".join(f"{a['sections_us'][k]['mean']:.2f} ({100 * a['sections_share'][k]['mean']:.0f}%)"
+                                           for k in SECTIONS)
+                 + f" | {1e6 / a['sps']['mean']:.1f} | {a['bare_env_us_per_step']['mean']:.2f} |")
+    L.append("")
+    L.append("Sections: " + "; ".join(f"`{k}`: {SECTION_HELP[k]}" for k in SECTIONS) + ".\n")
+    L.append("## Comparisons\n")
+    L.append("| variant | against | final return diff | p | mean return diff | p | steps/s ratio | per seed "
+             "| peak RSS ratio |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for c in comps:
+        L.append(f"| {c['variant']} | {c['against']} | {c['final_diff']:+.1f} | {_p(c['final_p'])} "
+                 f"| {c['mean_diff']:+.1f} | {_p(c['mean_p'])} | {c['sps_ratio']:.2f} | {_range(c['sps_ratio_per_seed'])} "
+                 f"| {c['peak_rss_ratio']:.2f} |")
+    L.append("")
+    L.append("## Method\n")
+    L.append(f"* Algorithm and hyperparameters: CleanRL's `ppo.py` (github.com/vwxyzjn/cleanrl, `cleanrl/ppo.py`, "
+             f"defaults of its `Args`): {HP['num_envs']} synchronous CartPole-v1 environments, {HP['num_steps']} steps "
+             f"per rollout (batch {HP['num_steps'] * HP['num_envs']}), {HP['update_epochs']} epochs of "
+             f"{HP['num_minibatches']} shuffled minibatches, Adam lr {HP['learning_rate']} (eps {HP['adam_eps']}) "
+             f"annealed linearly to 0, gamma {HP['gamma']}, GAE lambda {HP['gae_lambda']}, advantages normalised per "
+             f"minibatch, clip {HP['clip_coef']} for the ratio and the value, entropy {HP['ent_coef']}, value "
+             f"{HP['vf_coef']}, global gradient-norm clip {HP['max_grad_norm']}, no target KL; actor and critic "
+             f"MLPs 4-64-64-out with tanh and CleanRL's orthogonal initialisation. {total:,} steps requested, "
+             f"{total // (HP['num_steps'] * HP['num_envs']):,} iterations of "
+             f"{HP['num_steps'] * HP['num_envs']} steps run (CleanRL's integer division).")
+    L.append("* Environments: gymnasium " + str(versions.get("gymnasium")) + " `SyncVectorEnv` of "
+             f"{HP['num_envs']} `RecordEpisodeStatistics(CartPole-v1)` with `autoreset_mode=SAME_STEP` (the "
+             "behaviour of gymnasium 0.29, which CleanRL's loop was written for: the step that ends an episode "
+             "returns the next episode's first observation and the last one in `info[\"final_obs\"]`), reset with "
+             "the run's seed. Returns and lengths are read from `info[\"final_info\"][\"episode\"]`.")
+    L.append("* **Documented difference, time limits.** The `torch` loop keeps CleanRL's semantics: `done = "
+             "terminated or truncated`, and a truncated episode (CartPole-v1 stops at 500 steps) is not "
+             "bootstrapped. The tfdata loops store both flags and `final_value`, the critic's value of "
+             "`info[\"final_obs\"]` where truncated, so GAE bootstraps through the time limit (the correct "
+             "treatment). `torch_tfdata_nobootstrap` stores `truncated` without `final_value`, which tfdata's GAE "
+             "then treats as CleanRL does: it isolates the data layer from this change.")
+    L.append("* Other differences from CleanRL, the same in every variant: no TensorBoard writer and no "
+             "explained-variance computation (logging only); the torch loop computes CleanRL's logged statistics "
+             "(approx KL, clip fraction) as CleanRL does, `tfdata.nn.PPO` in its compiled update. The tfdata loops "
+             "shuffle with the buffer's own generator (one stream per run, seeded with the run's seed), the torch loop "
+             "with numpy's global generator as CleanRL; actions are sampled by torch's generator (torch loops) or "
+             "`tfdata.nn.PPO`'s own (edge). Runs with the same seed therefore differ in their random draws across "
+             "variants; the comparison is between seed distributions.")
+    L.append("* Learners: torch " + str(versions.get("torch")) + " on the CPU with `torch.set_num_threads(1)` and "
+             "`OMP_NUM_THREADS=1`; `tfdata.nn.PPO` (numba kernels, float32). Storage: torch tensors of shape "
+             f"({HP['num_steps']}, {HP['num_envs']}) (`torch`), `tfdata.RolloutBuffer` with the AoS layout (tfdata "
+             "loops), read by torch through `torch.from_numpy` (no copy).")
+    L.append("* Timing: `time.perf_counter_ns` around each part of the loop (sections above), summed per run; "
+             "`other` = loop wall clock minus the timed sections. Steps per second = environment steps (transitions, "
+             "as CleanRL's SPS) / loop wall clock; setup (imports, warm-up of every call on a throwaway learner and "
+             "buffer so numba kernels are loaded and torch has made its first-call allocations) is outside the "
+             f"clock. The bare env.step loop: {BARE_ENV_STEPS:,} vector steps with fixed random actions on a "
+             "separate vector env of the same construction, timed in every run's process before the run.")
+    L.append("* Memory: peak RSS of each run's own process (`VmHWM` of `/proc/self/status`, the high-water mark of "
+             "its address space; `getrusage`'s max RSS is kept in `results.json` as `ru_maxrss_bytes` but is not "
+             "used: a child started by vfork + exec, as `subprocess` does, begins with its parent's peak, so it "
+             "cannot read below the driver's): the interpreter, numpy, "
+             "gymnasium, tfdata with numba (every variant but `torch`, whose process never imports tfdata, as CleanRL's "
+             "does not), and torch (all but `edge`).")
+    L.append(f"* Learning: final return = mean return of the last {LAST_EPISODES} episodes of a run; mean return = "
+             "over every episode of the run (area under the learning curve). Two variants are compared with an "
+             "exact two-sided permutation test of equal means over seeds (all C(10, 5) = 252 splits for 5 against "
+             "5; the smallest possible p is 2/252 = 0.008). A p above 0.05 means no difference was detected with "
+             "5 seeds, not that the variants are identical. Learning curves: mean return of the episodes ending in "
+             f"each of {CURVE_BINS} step ranges, mean ± std over seeds.")
+    L.append("* Each run is a fresh process; variants alternate seed by seed (the order rotates). Load average at "
+             "the start and end of every run is in `results.json`. Before the measured runs, each tfdata variant runs "
+             "one rollout in a process of its own (not recorded) so numba's on-disk cache holds every kernel: "
+             "the measured processes load compiled kernels, as any run after the first does.")
+    L.append("")
+    write_methodology_report(OUT_DIR, L, run)
+
+
+def publish(runs, run, versions, variants, total) -> None:
+    """results.json, plots and README.md from the raw runs."""
+    agg = summarise(runs, variants, total)
+    comps = comparisons(agg)
+    pngs = plot(agg, total)
+    write_json(os.path.join(OUT_DIR, "results.json"),
+               {"methodology": run, "versions": versions,
+                "summary": {v: {k: x for k, x in a.items() if k not in ("curve_mean", "curve_std")}
+                            for v, a in agg.items()},
+                "curves": {v: {"mean": a["curve_mean"], "std": a["curve_std"]} for v, a in agg.items()},
+                "comparisons": comps, "goals": goals(comps), "raw": runs})
+    write_report(agg, comps, run, pngs, total, versions)
+
+
+def render(path: str) -> None:
+    """Redo the report of a finished run (its raw runs and methodology are kept as they were)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    runs = data["raw"]
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    publish(runs, data["methodology"], data["versions"], variants, runs[0]["total_steps"])
+    print(f"report rewritten: {os.path.relpath(OUT_DIR)}/README.md", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"1 seed, {STEPS['quick']:,} steps (about a minute)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=None)
+    ap.add_argument("--steps", type=int, default=None, help="environment steps per run")
+    ap.add_argument("--variants", nargs="*", default=None, help=f"subset of: {', '.join(VARIANTS)}")
+    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                    help="rewrite the report and plots from a results.json (no runs)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.render:
+        render(args.render)
+        return
+    mode = "quick" if args.quick else "full"
+    total = args.steps or STEPS[mode]
+    if args.worker:
+        r = run_worker(args.worker, args.seed, total)
+        print("RESULT " + json.dumps(r), flush=True)
+        return
+    variants = args.variants or list(DEFAULT_VARIANTS)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    if total < HP["num_steps"] * HP["num_envs"]:
+        raise SystemExit(f"--steps: at least one rollout of {HP['num_steps'] * HP['num_envs']} steps needed, got {total}")
+    seeds = args.seeds if args.seeds is not None else SEEDS[mode]
+    os.makedirs(OUT_DIR, exist_ok=True)
+    command = "python experiments/ppo_cartpole.py" + (" --quick" if args.quick else "")
+    extra = " ".join(a for a in sys.argv[1:] if a != "--quick")
+    if extra:
+        command += " " + extra
+    rec = RunRecord(EXPERIMENT, mode=mode, seeds=seeds, command=command,
+                    parameters={"hyperparameters": HP, "env": ENV_ID, "total_steps": total, "variants": variants,
+                                "targets": TARGETS, "bare_env_steps": BARE_ENV_STEPS})
+    # numba's on-disk cache filled before anything is measured (a run after a kernel edit would
+    # otherwise compile in its setup and carry LLVM's memory in its peak RSS): one rollout of
+    # each tfdata variant, in its own process, not recorded
+    warm = [v for v in variants if VARIANTS[v][1] != "torch"]
+    if warm:
+        run_in_fresh_processes(__file__, warm, seeds[:1], ["--steps", str(HP["num_steps"] * HP["num_envs"])],
+                               timeout_s=TIMEOUT_S, describe=lambda r: "cache warm-up", log=lambda s: None)
+    runs = run_all(variants, seeds, total, lambda s: print(s, flush=True))
+    run = rec.finish(child_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs))
+    versions = {}
+    for r in runs:
+        versions.update(r["versions"])
+    publish(runs, run, versions, variants, total)
+    print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: "
+          f"{os.path.relpath(OUT_DIR)}/README.md", flush=True)
+
+
+if __name__ == "__main__":
+    main()
