@@ -745,6 +745,40 @@ def test_from_spaces_cartpole():
     assert set(mb) == set(spec.names) | {"advantage", "return"}
 
 
+@pytest.mark.parametrize("final_value", [False, True])
+def test_spec_from_spaces_on_a_vector_env(final_value):
+    """The spec built from a real vector env's spaces takes its steps as they come (float64
+    rewards, int64 actions, bool flags) and, with ``final_value``, bootstraps truncations."""
+    gym = pytest.importorskip("gymnasium")
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=7)] * 3,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    spec = RolloutBuffer.spec_from_spaces(envs.single_observation_space, envs.single_action_space,
+                                          final_value=final_value)
+    names = ["obs", "action", "reward", "terminated", "truncated", "log_prob", "value"]
+    assert spec.names == tuple(names + ["final_value"] * final_value)
+    assert spec["obs"].shape == (4,) and spec["value"].dtype == np.float32
+    buf = RolloutBuffer(spec, num_steps=10, num_envs=3, seed=0)
+    obs, _ = envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        action = rng.integers(0, 2, 3)
+        nxt, reward, terminated, truncated, info = envs.step(action)
+        step = {"obs": obs, "action": action, "reward": reward, "terminated": terminated,
+                "truncated": truncated, "log_prob": np.full(3, -0.69, np.float32),
+                "value": np.full(3, 2.0, np.float32)}
+        if final_value:
+            step["final_value"] = np.full(3, 5.0, np.float32)
+        buf.add(step)
+        obs = nxt
+    assert buf.field("truncated").any()  # episodes of 7 steps: the time limit cut some
+    buf.compute_returns_and_advantages(np.full(3, 2.0, np.float32))
+    ref = naive.gae_naive(buf.field("reward"), buf.field("value"), buf.field("terminated"),
+                    buf.field("truncated"), buf.field("final_value") if final_value else None,
+                    np.full(3, 2.0, np.float32), 0.99, 0.95)
+    np.testing.assert_array_equal(buf.field("advantage"), ref[0])
+    envs.close()
+
+
 def test_repr_and_exports():
     assert "RolloutBuffer" in tfdata.__all__ and tfdata.RolloutBuffer is RolloutBuffer
     buf = RolloutBuffer(BASE, num_steps=2, num_envs=2, seed=0)

@@ -260,6 +260,21 @@ class RolloutBuffer:
                 dtypes[i] = v.dtype
 
     # -- planning -------------------------------------------------------------------------------
+    @staticmethod
+    def spec_from_spaces(observation_space, action_space, *, final_value: bool = False) -> Spec:
+        """The spec of a PPO rollout from gymnasium spaces (one env's, as a vector env's
+        ``single_observation_space`` and ``single_action_space``).
+
+        Fields: :meth:`tfdata.Spec.from_spaces` without ``next_obs`` (``obs``, ``action``,
+        ``reward``, ``terminated``, ``truncated``), then ``log_prob`` and ``value`` (float32,
+        shape ()), then ``final_value`` (float32, ()) if ``final_value``: the critic's value of
+        ``info["final_obs"]``, so that GAE bootstraps through truncations (without it a
+        truncation ends the return as CleanRL's ``ppo.py`` does).
+        """
+        base = Spec.from_spaces(observation_space, action_space, next_obs=False)
+        extra = ["log_prob", "value"] + (["final_value"] if final_value else [])
+        return Spec(list(base.fields) + [Field(name, np.float32, ()) for name in extra])
+
     @classmethod
     def plan_memory(cls, spec, num_steps: int, num_envs: int, *, layout=None, batch_sizes=(),
                     ring_size: int = 2) -> dict:
