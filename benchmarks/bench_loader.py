@@ -101,7 +101,7 @@ import psutil
 
 import tfdata
 
-from .common import CARTPOLE, IMAGE, child_seconds, fill_chunk, first_time, read_through
+from .common import CARTPOLE, IMAGE, child_seconds, fill_chunk, first_call_seconds, first_time, read_through
 
 PAGE = 4096
 SPECS = {"cartpole": CARTPOLE, "image": IMAGE}
@@ -852,17 +852,6 @@ class FirstBatch:
         child_seconds(FIRST_BATCH, self.path)  # warms the kernel cache, the page cache and the .pyc files
 
     def track_first_batch(self, layout, cache):
-        times = []
-        for _ in range(self.runs[cache]):
-            if cache == "warm":
-                times.append(child_seconds(FIRST_BATCH, self.path))
-                continue
-            numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
-            try:
-                env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
-                times.append(child_seconds(FIRST_BATCH, self.path, env=env))
-            finally:
-                shutil.rmtree(numba_cache, ignore_errors=True)
-        return statistics.median(times)
+        return first_call_seconds(FIRST_BATCH, self.path, cache=cache, runs=self.runs[cache])
 
     track_first_batch.unit = "seconds"

@@ -71,16 +71,13 @@ import functools
 import importlib.util
 import json
 import os
-import shutil
-import statistics
-import tempfile
 
 import numpy as np
 
 import tfdata
 
 from .common import (CARTPOLE, TFDATA_LAYOUTS, build_and_fill, child_seconds, filled_buffer,
-                     first_time, one_row, warm_kernels)
+                     first_call_seconds, first_time, one_row, warm_kernels)
 
 #: CleanRL's CartPole Q-network and hyperparameters
 SIZES = (4, 120, 84, 2)
@@ -374,18 +371,7 @@ class Compile:
         child_seconds(FIRST_TRAIN_AND_ACT if cache == "warm" else IMPORTS)
 
     def track_first_train_and_act(self, cache):
-        times = []
-        for _ in range(self.runs[cache]):
-            if cache == "warm":
-                times.append(child_seconds(FIRST_TRAIN_AND_ACT))
-                continue
-            numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
-            try:
-                env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
-                times.append(child_seconds(FIRST_TRAIN_AND_ACT, env=env))
-            finally:
-                shutil.rmtree(numba_cache, ignore_errors=True)
-        return statistics.median(times)
+        return first_call_seconds(FIRST_TRAIN_AND_ACT, cache=cache, runs=self.runs[cache])
 
 
 # -- PPO ----------------------------------------------------------------------------------------
@@ -619,15 +605,4 @@ class PPOCompile:
         child_seconds(PPO_FIRST_TRAIN_AND_ACT if cache == "warm" else IMPORTS)
 
     def track_first_train_and_act(self, cache):
-        times = []
-        for _ in range(self.runs[cache]):
-            if cache == "warm":
-                times.append(child_seconds(PPO_FIRST_TRAIN_AND_ACT))
-                continue
-            numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
-            try:
-                env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
-                times.append(child_seconds(PPO_FIRST_TRAIN_AND_ACT, env=env))
-            finally:
-                shutil.rmtree(numba_cache, ignore_errors=True)
-        return statistics.median(times)
+        return first_call_seconds(PPO_FIRST_TRAIN_AND_ACT, cache=cache, runs=self.runs[cache])

@@ -35,15 +35,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
-import statistics
-import tempfile
 
 import numpy as np
 
 import tfdata
 
-from .common import MemcpyReference, child_seconds, first_time
+from .common import MemcpyReference, child_seconds, first_call_seconds, first_time
 
 CARTPOLE_ROLLOUT = tfdata.Spec({"obs": ("f4", (4,)), "action": "i8", "log_prob": "f4",
                                 "reward": "f4", "value": "f4", "terminated": "?", "truncated": "?"})
@@ -287,18 +284,7 @@ class Compile:
             child_seconds(FIRST_ROLLOUT)
 
     def track_first_rollout(self, cache):
-        times = []
-        for _ in range(self.runs[cache]):
-            if cache == "warm":
-                times.append(child_seconds(FIRST_ROLLOUT))
-                continue
-            numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
-            try:
-                env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
-                times.append(child_seconds(FIRST_ROLLOUT, env=env))
-            finally:
-                shutil.rmtree(numba_cache, ignore_errors=True)
-        return statistics.median(times)
+        return first_call_seconds(FIRST_ROLLOUT, cache=cache, runs=self.runs[cache])
 
 
 def rollouts(n: int):

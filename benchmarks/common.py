@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -284,6 +285,24 @@ def read_through(path: str) -> None:
         with open(name, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
+
+
+def first_call_seconds(code: str, *args: str, cache: str, runs: int) -> float:
+    """Median seconds ``code`` (with ``args``) prints over ``runs`` fresh interpreters:
+    ``cache="warm"`` with numba's kernel cache as it is, ``"cold"`` with an empty
+    ``NUMBA_CACHE_DIR`` for each run (so every kernel it calls is compiled)."""
+    times = []
+    for _ in range(runs):
+        if cache == "warm":
+            times.append(child_seconds(code, *args))
+            continue
+        numba_cache = tempfile.mkdtemp(prefix="tfdata-numba-cold-")
+        try:
+            env = {**os.environ, "NUMBA_CACHE_DIR": numba_cache}
+            times.append(child_seconds(code, *args, env=env))
+        finally:
+            shutil.rmtree(numba_cache, ignore_errors=True)
+    return statistics.median(times)
 
 
 def child_seconds(code: str, *args: str, env: dict | None = None) -> float:
