@@ -115,38 +115,51 @@ def _dense(inp, wt, bias, out, relu, tmp, idx, coef):
                 ob[j] = bias[j]
             _axpy_rows(ob, wtt, idx, coef, count)
     else:
-        b = 0
-        while b + 4 <= batch:
-            i0 = inp[b]
-            i1 = inp[b + 1]
-            i2 = inp[b + 2]
-            i3 = inp[b + 3]
-            for j in range(n_out):
-                wr = wt[j]
-                s0 = s1 = s2 = s3 = bias[j]
-                for i in range(n_in):
-                    wi = wr[i]
-                    s0 += i0[i] * wi
-                    s1 += i1[i] * wi
-                    s2 += i2[i] * wi
-                    s3 += i3[i] * wi
-                out[b, j] = s0
-                out[b + 1, j] = s1
-                out[b + 2, j] = s2
-                out[b + 3, j] = s3
-            b += 4
-        while b < batch:
-            for j in range(n_out):
-                s = bias[j]
-                for i in range(n_in):
-                    s += inp[b, i] * wt[j, i]
-                out[b, j] = s
-            b += 1
+        rows_dense(inp, wt, bias, out)
     if relu:
         for b in range(batch):
             for j in range(n_out):
                 if out[b, j] < 0.0:
                     out[b, j] = 0.0
+
+
+@njit(**INLINE_NN)
+def rows_dense(inp, wt, bias, out):
+    """``out = inp @ wt.T + bias``: dot products along the inputs, four rows sharing each
+    weight load (scalar accumulators, which LLVM vectorises). The wide layers of the ReLU
+    networks and every layer of a tanh network acting on a few observations
+    (:mod:`tfdata.kernels._ppo`)."""
+    batch = inp.shape[0]
+    n_out, n_in = wt.shape
+    b = 0
+    while b + 4 <= batch:
+        i0 = inp[b]
+        i1 = inp[b + 1]
+        i2 = inp[b + 2]
+        i3 = inp[b + 3]
+        for j in range(n_out):
+            wr = wt[j]
+            s0 = s1 = s2 = s3 = bias[j]
+            for i in range(n_in):
+                wi = wr[i]
+                s0 += i0[i] * wi
+                s1 += i1[i] * wi
+                s2 += i2[i] * wi
+                s3 += i3[i] * wi
+            out[b, j] = s0
+            out[b + 1, j] = s1
+            out[b + 2, j] = s2
+            out[b + 3, j] = s3
+        b += 4
+    while b < batch:
+        i0 = inp[b]
+        for j in range(n_out):
+            wr = wt[j]
+            s0 = bias[j]
+            for i in range(n_in):
+                s0 += i0[i] * wr[i]
+            out[b, j] = s0
+        b += 1
 
 
 @njit(**INLINE_NN)

@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit
 
 from .._config import NN_OPTIONS
-from ._mlp import adam_step
+from ._mlp import rows_dense, adam_step
 from ._rng import GOLDEN, mix64
 
 # layer helpers: compiled once per signature and called (see _mlp.INLINE_NN)
@@ -312,50 +312,13 @@ def _rows_forward(params, table, x, acts):
         bias = params[bo:bo + n_out]
         out = acts[batch * a:batch * (a + n_out)].reshape((batch, n_out))
         if layer == 0:
-            _rows_layer(x, wt, bias, out)
+            rows_dense(x, wt, bias, out)
         else:
             pa = table[layer - 1, 4]
-            _rows_layer(acts[batch * pa:batch * (pa + n_in)].reshape((batch, n_in)), wt, bias, out)
+            rows_dense(acts[batch * pa:batch * (pa + n_in)].reshape((batch, n_in)), wt, bias, out)
         if layer < n_layers - 1:
             for b in range(batch):
                 _tanh_row(out[b])
-
-
-@njit(**INLINE_NN)
-def _rows_layer(inp, wt, bias, out):
-    """``out = inp @ wt.T + bias``: dot products along the inputs, four rows sharing each
-    weight load (scalar accumulators, which LLVM vectorises)."""
-    batch = inp.shape[0]
-    n_out, n_in = wt.shape
-    b = 0
-    while b + 4 <= batch:
-        i0 = inp[b]
-        i1 = inp[b + 1]
-        i2 = inp[b + 2]
-        i3 = inp[b + 3]
-        for j in range(n_out):
-            wr = wt[j]
-            s0 = s1 = s2 = s3 = bias[j]
-            for i in range(n_in):
-                wi = wr[i]
-                s0 += i0[i] * wi
-                s1 += i1[i] * wi
-                s2 += i2[i] * wi
-                s3 += i3[i] * wi
-            out[b, j] = s0
-            out[b + 1, j] = s1
-            out[b + 2, j] = s2
-            out[b + 3, j] = s3
-        b += 4
-    while b < batch:
-        i0 = inp[b]
-        for j in range(n_out):
-            wr = wt[j]
-            s0 = bias[j]
-            for i in range(n_in):
-                s0 += i0[i] * wr[i]
-            out[b, j] = s0
-        b += 1
 
 
 @njit(**NN_OPTIONS)
