@@ -402,6 +402,13 @@ def test_an_iterator_stops_when_the_buffer_moves_on():
         next(it)
     assert len(list(it2)) == 2
     assert list(buf.minibatches(2, epochs=0)) == []
+    # a load replaces the rows and the generator under a running iterator: it stops too
+    state = buf.state_dict()
+    it = buf.minibatches(2, epochs=2, seed=0)
+    next(it)
+    buf.load_state_dict(state)
+    with pytest.raises(RuntimeError, match="invalidated"):
+        next(it)
 
 
 # -- bad input changes nothing --------------------------------------------------------------------
