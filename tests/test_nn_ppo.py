@@ -369,6 +369,24 @@ def test_grad_norm_clip_matches_reference():
     np.testing.assert_array_equal(run_kernel(params, a, c, mb, ws, mgn=norm * 10)[0], raw)
 
 
+def test_clipfrac_counts_ratios_strictly_outside_the_clip_range():
+    """CleanRL's ``((ratio - 1).abs() > clip_coef)``: a ratio of exactly 1 with clip_coef 0 (the
+    first update of an epoch with a zero clip range) is not clipped. A zero actor gives logits of
+    exactly 0, so the old log-prob -log(n) makes every ratio exactly 1 in float64."""
+    sizes_a, sizes_c = (4, 16, 9, 3), (4, 16, 9, 1)
+    rng = np.random.default_rng(4)
+    params, split_at = flat_params(sizes_a, sizes_c, 4, "float64")
+    params[:split_at] = 0.0
+    mb = minibatch(rng, None, 16, n_actions=3)
+    mb["log_prob"] = np.full(16, -math.log(3.0))
+    a, c, ws = kernel_ws(sizes_a, sizes_c, 16, "float64")
+    for clip in (0.0, 0.2):
+        stats = run_kernel(params, a, c, mb, ws, clip=clip)[1]
+        _, ref_stats, _ = reference_grads(sizes_a, sizes_c, params, mb, split_at, clip_coef=clip)
+        assert stats[6] == ref_stats["clipfrac"] == 0.0
+        assert stats[5] == 0.0 and stats[4] == 0.0  # approx_kl, old_approx_kl of ratio 1
+
+
 def test_ppo_kernel_adam_step_float64():
     sizes_a, sizes_c = (4, 16, 9, 2), (4, 16, 9, 1)
     rng = np.random.default_rng(4)
