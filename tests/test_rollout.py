@@ -492,6 +492,15 @@ def test_bad_compute_changes_nothing():
     with pytest.raises(RuntimeError, match="not computed"):
         buf.minibatches(1)
     buf.add(steps[2])
+    # a refused first call leaves the rollout not computed (minibatches still refused)
+    fresh = snapshot(buf)
+    with pytest.raises(SpecError, match="finite"):
+        buf.compute_returns_and_advantages(np.float32([0, np.nan, 0]))
+    with pytest.raises(SpecError, match="env 1: expected True"):
+        buf.compute_returns_and_advantages(np.zeros(3, np.float32), [True, False, False])
+    assert not buf.computed and snapshot(buf) == fresh
+    with pytest.raises(RuntimeError, match="not computed"):
+        buf.minibatches(1)
     buf.compute_returns_and_advantages(np.ones(3, np.float32), [True, True, False])
     before = snapshot(buf)
     bads = [
