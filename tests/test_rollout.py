@@ -382,6 +382,14 @@ def test_views_and_the_ring():
     assert c.indices.shape == (8,)
     with pytest.raises(StopIteration):
         next(it)
+    # a batch held by one name only (no second reference) is retired as well
+    del b0, b1, b2, kept
+    it = buf.minibatches(4, epochs=1, seed=0)
+    held = next(it)
+    next(it)
+    next(it)
+    with pytest.raises(StaleBatchError):
+        held["advantage"]
 
 
 def test_an_iterator_stops_when_the_buffer_moves_on():
