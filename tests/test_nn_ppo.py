@@ -422,6 +422,22 @@ def test_train_matches_reference(b):
     np.testing.assert_allclose(agent.params, ref_p, rtol=1e-6, atol=0.05 * 1e-3)
 
 
+def test_train_without_grad_norm_clip_matches_reference():
+    """max_grad_norm=None: the raw gradient goes to Adam (CleanRL without the clip)."""
+    agent = PPO(4, 2, seed=3, lr=1e-3, max_grad_norm=None)
+    rng = np.random.default_rng(3)
+    mb = minibatch(rng, agent, 64)
+    mb["return"] = (mb["return"] * 10).astype(np.float32)  # a norm above CleanRL's 0.5
+    p0 = agent.params.astype(np.float64)
+    agent.train(mb)
+    _, _, ref_grads = reference_grads(agent.actor.sizes, agent.critic.sizes, p0, mb, agent.split)
+    assert np.linalg.norm(ref_grads) > 0.5
+    assert agent.stats["grad_norm"] == pytest.approx(np.linalg.norm(ref_grads), rel=1e-4)
+    np.testing.assert_allclose(agent.grad, ref_grads, rtol=1e-3, atol=1e-5 * np.abs(ref_grads).max())
+    ref_p, _, _ = naive.adam_naive(p0, [ref_grads], 1e-3, eps=1e-5)
+    np.testing.assert_allclose(agent.params, ref_p, rtol=1e-6, atol=0.05 * 1e-3)
+
+
 def test_train_fields_in_records_equal_contiguous():
     """A minibatch of record-array views (what an AoS rollout buffer gives) trains exactly as
     its contiguous copy."""
@@ -731,7 +747,9 @@ def test_nbytes_counts_workspaces():
     n1 = agent.nbytes
     assert n1 > n0 + 128 * 4 * (64 * 2 * 2)  # layer outputs of both nets at least
     agent.act(np.zeros((4, 4), np.float32))
-    assert agent.nbytes > n1
+    # act's workspace for 4 observations: both networks' layer outputs, the actions (int64),
+    # log-probs and values (float32), and value()'s own output (float32)
+    assert agent.nbytes == n1 + 4 * 4 * (agent.actor.n_units + agent.critic.n_units) + 4 * (8 + 4 + 4 + 4)
 
 
 def state_equal(s1, s2):
