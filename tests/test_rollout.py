@@ -392,6 +392,24 @@ def test_views_and_the_ring():
         held["advantage"]
 
 
+def test_ring_size_is_how_long_a_batch_stays_valid():
+    rng = np.random.default_rng(8)
+    spec = tfdata.Spec(BASE)
+    buf, _ = filled(spec, 8, 4, rng, ring_size=3)
+    buf.compute_returns_and_advantages(np.zeros(4, np.float32))
+    it = buf.minibatches(8, epochs=1, seed=0)
+    held = next(it)
+    rows = held.indices.copy()
+    next(it)
+    next(it)
+    assert np.array_equal(held.indices, rows)  # two more: still valid with 3 slots
+    next(it)
+    with pytest.raises(StaleBatchError):
+        held.indices
+    plan = RolloutBuffer.plan_memory(spec, 8, 4, batch_sizes=[4], ring_size=3)
+    assert buf.nbytes_parts == plan
+
+
 def test_an_iterator_stops_when_the_buffer_moves_on():
     rng = np.random.default_rng(9)
     buf, steps = filled(tfdata.Spec(BASE), 4, 2, rng)
