@@ -566,6 +566,16 @@ def test_bad_compute_changes_nothing():
     buf.compute_returns_and_advantages(np.ones(3, np.float32), gamma=np.float64(0.9), gae_lambda=1 - 0.2)
     adv2, _ = reference(steps, spec, np.ones(3, np.float32), 0.9, 1 - 0.2)
     assert np.array_equal(bits(buf.field("advantage")), bits(adv2))
+    # a refusal of one discount caches neither: after a good gamma next to a bad lambda, that
+    # gamma with the lambda in use is computed with that gamma (and the same for lambda)
+    for bad, good in ((dict(gamma=0.5, gae_lambda=2.0), dict(gamma=0.5, gae_lambda=0.95)),
+                      (dict(gamma=2.0, gae_lambda=0.5), dict(gamma=0.99, gae_lambda=0.5))):
+        buf.compute_returns_and_advantages(np.ones(3, np.float32))  # the defaults, cached
+        with pytest.raises(ValueError):
+            buf.compute_returns_and_advantages(np.ones(3, np.float32), **bad)
+        buf.compute_returns_and_advantages(np.ones(3, np.float32), **good)
+        want, _ = reference(steps, spec, np.ones(3, np.float32), good["gamma"], good["gae_lambda"])
+        assert np.array_equal(bits(buf.field("advantage")), bits(want))
 
 
 def test_bad_minibatch_arguments():
