@@ -613,7 +613,7 @@ def test_reset_and_a_second_rollout(layout):
     steps = random_rollout(spec, 6, 2, rng)
     for k, s in enumerate(steps):
         buf.add(s)
-        assert buf.steps == k + 1 and buf.full == (k == 5)
+        assert buf.steps == k + 1 and buf.full == (k == 5) and len(buf) == 2 * (k + 1)  # rows
     last = rng.standard_normal(2).astype(np.float32)
     buf.compute_returns_and_advantages(last)
     adv, ret = reference(steps, spec, last)
