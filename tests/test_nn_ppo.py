@@ -369,6 +369,24 @@ def test_grad_norm_clip_matches_reference():
     np.testing.assert_array_equal(run_kernel(params, a, c, mb, ws, mgn=norm * 10)[0], raw)
 
 
+def test_clipfrac_counts_ratios_strictly_outside_the_clip_range():
+    """CleanRL's ``((ratio - 1).abs() > clip_coef)``: a ratio of exactly 1 with clip_coef 0 (the
+    first update of an epoch with a zero clip range) is not clipped. A zero actor gives logits of
+    exactly 0, so the old log-prob -log(n) makes every ratio exactly 1 in float64."""
+    sizes_a, sizes_c = (4, 16, 9, 3), (4, 16, 9, 1)
+    rng = np.random.default_rng(4)
+    params, split_at = flat_params(sizes_a, sizes_c, 4, "float64")
+    params[:split_at] = 0.0
+    mb = minibatch(rng, None, 16, n_actions=3)
+    mb["log_prob"] = np.full(16, -math.log(3.0))
+    a, c, ws = kernel_ws(sizes_a, sizes_c, 16, "float64")
+    for clip in (0.0, 0.2):
+        stats = run_kernel(params, a, c, mb, ws, clip=clip)[1]
+        _, ref_stats, _ = reference_grads(sizes_a, sizes_c, params, mb, split_at, clip_coef=clip)
+        assert stats[6] == ref_stats["clipfrac"] == 0.0
+        assert stats[5] == 0.0 and stats[4] == 0.0  # approx_kl, old_approx_kl of ratio 1
+
+
 def test_ppo_kernel_adam_step_float64():
     sizes_a, sizes_c = (4, 16, 9, 2), (4, 16, 9, 1)
     rng = np.random.default_rng(4)
@@ -401,6 +419,22 @@ def test_train_matches_reference(b):
     assert agent.stats["grad_norm"] == pytest.approx(norm, rel=1e-4)
     np.testing.assert_allclose(agent.grad, clipped, rtol=1e-3, atol=1e-5 * np.abs(clipped).max())
     ref_p, _, _ = naive.adam_naive(p0, [clipped], 1e-3, eps=1e-5)
+    np.testing.assert_allclose(agent.params, ref_p, rtol=1e-6, atol=0.05 * 1e-3)
+
+
+def test_train_without_grad_norm_clip_matches_reference():
+    """max_grad_norm=None: the raw gradient goes to Adam (CleanRL without the clip)."""
+    agent = PPO(4, 2, seed=3, lr=1e-3, max_grad_norm=None)
+    rng = np.random.default_rng(3)
+    mb = minibatch(rng, agent, 64)
+    mb["return"] = (mb["return"] * 10).astype(np.float32)  # a norm above CleanRL's 0.5
+    p0 = agent.params.astype(np.float64)
+    agent.train(mb)
+    _, _, ref_grads = reference_grads(agent.actor.sizes, agent.critic.sizes, p0, mb, agent.split)
+    assert np.linalg.norm(ref_grads) > 0.5
+    assert agent.stats["grad_norm"] == pytest.approx(np.linalg.norm(ref_grads), rel=1e-4)
+    np.testing.assert_allclose(agent.grad, ref_grads, rtol=1e-3, atol=1e-5 * np.abs(ref_grads).max())
+    ref_p, _, _ = naive.adam_naive(p0, [ref_grads], 1e-3, eps=1e-5)
     np.testing.assert_allclose(agent.params, ref_p, rtol=1e-6, atol=0.05 * 1e-3)
 
 
@@ -713,7 +747,9 @@ def test_nbytes_counts_workspaces():
     n1 = agent.nbytes
     assert n1 > n0 + 128 * 4 * (64 * 2 * 2)  # layer outputs of both nets at least
     agent.act(np.zeros((4, 4), np.float32))
-    assert agent.nbytes > n1
+    # act's workspace for 4 observations: both networks' layer outputs, the actions (int64),
+    # log-probs and values (float32), and value()'s own output (float32)
+    assert agent.nbytes == n1 + 4 * 4 * (agent.actor.n_units + agent.critic.n_units) + 4 * (8 + 4 + 4 + 4)
 
 
 def state_equal(s1, s2):

@@ -382,6 +382,32 @@ def test_views_and_the_ring():
     assert c.indices.shape == (8,)
     with pytest.raises(StopIteration):
         next(it)
+    # a batch held by one name only (no second reference) is retired as well
+    del b0, b1, b2, kept
+    it = buf.minibatches(4, epochs=1, seed=0)
+    held = next(it)
+    next(it)
+    next(it)
+    with pytest.raises(StaleBatchError):
+        held["advantage"]
+
+
+def test_ring_size_is_how_long_a_batch_stays_valid():
+    rng = np.random.default_rng(8)
+    spec = tfdata.Spec(BASE)
+    buf, _ = filled(spec, 8, 4, rng, ring_size=3)
+    buf.compute_returns_and_advantages(np.zeros(4, np.float32))
+    it = buf.minibatches(8, epochs=1, seed=0)
+    held = next(it)
+    rows = held.indices.copy()
+    next(it)
+    next(it)
+    assert np.array_equal(held.indices, rows)  # two more: still valid with 3 slots
+    next(it)
+    with pytest.raises(StaleBatchError):
+        held.indices
+    plan = RolloutBuffer.plan_memory(spec, 8, 4, batch_sizes=[4], ring_size=3)
+    assert buf.nbytes_parts == plan
 
 
 def test_an_iterator_stops_when_the_buffer_moves_on():
@@ -402,6 +428,13 @@ def test_an_iterator_stops_when_the_buffer_moves_on():
         next(it)
     assert len(list(it2)) == 2
     assert list(buf.minibatches(2, epochs=0)) == []
+    # a load replaces the rows and the generator under a running iterator: it stops too
+    state = buf.state_dict()
+    it = buf.minibatches(2, epochs=2, seed=0)
+    next(it)
+    buf.load_state_dict(state)
+    with pytest.raises(RuntimeError, match="invalidated"):
+        next(it)
 
 
 # -- bad input changes nothing --------------------------------------------------------------------
@@ -485,6 +518,15 @@ def test_bad_compute_changes_nothing():
     with pytest.raises(RuntimeError, match="not computed"):
         buf.minibatches(1)
     buf.add(steps[2])
+    # a refused first call leaves the rollout not computed (minibatches still refused)
+    fresh = snapshot(buf)
+    with pytest.raises(SpecError, match="finite"):
+        buf.compute_returns_and_advantages(np.float32([0, np.nan, 0]))
+    with pytest.raises(SpecError, match="env 1: expected True"):
+        buf.compute_returns_and_advantages(np.zeros(3, np.float32), [True, False, False])
+    assert not buf.computed and snapshot(buf) == fresh
+    with pytest.raises(RuntimeError, match="not computed"):
+        buf.minibatches(1)
     buf.compute_returns_and_advantages(np.ones(3, np.float32), [True, True, False])
     before = snapshot(buf)
     bads = [
@@ -524,6 +566,16 @@ def test_bad_compute_changes_nothing():
     buf.compute_returns_and_advantages(np.ones(3, np.float32), gamma=np.float64(0.9), gae_lambda=1 - 0.2)
     adv2, _ = reference(steps, spec, np.ones(3, np.float32), 0.9, 1 - 0.2)
     assert np.array_equal(bits(buf.field("advantage")), bits(adv2))
+    # a refusal of one discount caches neither: after a good gamma next to a bad lambda, that
+    # gamma with the lambda in use is computed with that gamma (and the same for lambda)
+    for bad, good in ((dict(gamma=0.5, gae_lambda=2.0), dict(gamma=0.5, gae_lambda=0.95)),
+                      (dict(gamma=2.0, gae_lambda=0.5), dict(gamma=0.99, gae_lambda=0.5))):
+        buf.compute_returns_and_advantages(np.ones(3, np.float32))  # the defaults, cached
+        with pytest.raises(ValueError):
+            buf.compute_returns_and_advantages(np.ones(3, np.float32), **bad)
+        buf.compute_returns_and_advantages(np.ones(3, np.float32), **good)
+        want, _ = reference(steps, spec, np.ones(3, np.float32), good["gamma"], good["gae_lambda"])
+        assert np.array_equal(bits(buf.field("advantage")), bits(want))
 
 
 def test_bad_minibatch_arguments():
@@ -561,7 +613,7 @@ def test_reset_and_a_second_rollout(layout):
     steps = random_rollout(spec, 6, 2, rng)
     for k, s in enumerate(steps):
         buf.add(s)
-        assert buf.steps == k + 1 and buf.full == (k == 5)
+        assert buf.steps == k + 1 and buf.full == (k == 5) and len(buf) == 2 * (k + 1)  # rows
     last = rng.standard_normal(2).astype(np.float32)
     buf.compute_returns_and_advantages(last)
     adv, ret = reference(steps, spec, last)
