@@ -75,8 +75,10 @@ def test_cleanrl_gae_is_the_textbook_recursion(ppo):
 
 @pytest.mark.skipif(not HAVE_ROLLOUT, reason="tfdata.RolloutBuffer not built yet")
 def test_buffer_without_final_value_is_cleanrl(ppo):
-    """The nobootstrap variant's claim: tfdata's GAE over both flags and no final_value equals
-    CleanRL's loop over done = terminated | truncated (float32, same operation order)."""
+    """The claim of torch_tfdata and edge (the default tfdata variants): tfdata's GAE over both
+    flags and no final_value equals CleanRL's loop over done = terminated | truncated (float32,
+    same operation order)."""
+    assert ppo.VARIANTS["torch_tfdata"][1] == ppo.VARIANTS["edge"][1] == "tfdata"
     rewards, values, term, trunc, last_values = episode_data(seed=3)
     T, E = rewards.shape
     adv, ret = cleanrl_layout(ppo, rewards, values, term | trunc, last_values)
@@ -88,6 +90,82 @@ def test_buffer_without_final_value_is_cleanrl(ppo):
     buf.compute_returns_and_advantages(last_values, term[-1] | trunc[-1], gamma=0.99, gae_lambda=0.95)
     np.testing.assert_allclose(buf.field("advantage"), adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(buf.field("return"), ret, rtol=1e-5, atol=1e-5)
+
+
+class FakeVectorEnv:
+    """A deterministic stand-in for the SAME_STEP vector env: random observations, reward 1,
+    terminations and truncations at fixed steps, ``info["final_obs"]`` where an episode ended."""
+
+    def __init__(self, E=4, seed=0):
+        self.E, self.rng, self.k = E, np.random.default_rng(seed), 0
+        self.log = []   # (obs given, reward, terminated, truncated, final_obs) per step
+
+    def reset(self, seed=None):
+        self.obs = self.rng.standard_normal((self.E, 4)).astype(np.float32)
+        return self.obs, {}
+
+    def step(self, actions):
+        self.k += 1
+        e = np.arange(self.E)
+        terminated = self.k % 11 == e
+        truncated = ~terminated & (self.k % 7 == e)
+        final_obs = self.rng.standard_normal((self.E, 4)).astype(np.float32)
+        self.obs = self.rng.standard_normal((self.E, 4)).astype(np.float32)
+        self.log.append((np.ones(self.E), terminated, truncated, final_obs))
+        return self.obs, np.ones(self.E), terminated, truncated, {"final_obs": final_obs}
+
+
+class StubLearner:
+    """act's values and value() differ (sum vs 2 * first coordinate): a loop that stores the wrong
+    one is caught."""
+    lr = 0.0
+
+    def __init__(self):
+        self.value_calls = 0
+
+    def act(self, obs):
+        return np.zeros(len(obs), np.int64), np.zeros(len(obs), np.float32), obs.sum(1).astype(np.float32)
+
+    def value(self, obs):
+        self.value_calls += 1
+        return (2 * obs[:, 0]).astype(np.float32)
+
+    def train(self, mb):
+        pass
+
+
+@pytest.mark.skipif(not HAVE_ROLLOUT, reason="tfdata.RolloutBuffer not built yet")
+@pytest.mark.parametrize("bootstrap", [False, True])
+def test_loop_stores_what_each_semantics_needs(ppo, bootstrap):
+    """The tfdata loop itself: without bootstrap (torch_tfdata, edge) its advantages are CleanRL's
+    recursion over done = terminated | truncated; with it (edge_bootstrap) final_value is the
+    critic's value of final_obs where truncated and GAE bootstraps from it there."""
+    T, E = 16, 4
+    hp = dict(ppo.HP, num_steps=T, num_envs=E, num_minibatches=2, update_epochs=1)
+    envs, learner = FakeVectorEnv(E), StubLearner()
+    buf = tfdata.RolloutBuffer(ppo.rollout_spec(tfdata, 4, bootstrap), num_steps=T, num_envs=E, seed=0)
+    assert ("final_value" in buf.spec) == bootstrap
+    obs0 = envs.reset()[0].copy()
+    envs.rng = np.random.default_rng(0)  # the loop's reset draws the same first observations
+    assert ppo.loop_tfdata(envs, hp, 0, T * E, ppo.Clock(), [], learner, buf, bootstrap) == 1
+    np.testing.assert_array_equal(buf.field("obs")[0], obs0)
+    reward = np.stack([s[0] for s in envs.log]).astype(np.float32)
+    term = np.stack([s[1] for s in envs.log])
+    trunc = np.stack([s[2] for s in envs.log])
+    assert trunc.any() and term.any()
+    values = buf.field("obs").sum(-1).astype(np.float32)
+    np.testing.assert_array_equal(buf.field("value"), values)
+    last = (2 * envs.obs[:, 0]).astype(np.float32)
+    if bootstrap:
+        fv = np.stack([2 * s[3][:, 0] for s in envs.log]).astype(np.float32)
+        np.testing.assert_array_equal(buf.field("final_value")[trunc], fv[trunc])
+        # a truncated row's GAE: reward + gamma * final_value - value, then cut
+        g = 0.99
+        np.testing.assert_allclose(buf.field("advantage")[trunc], (reward + g * fv - values)[trunc], rtol=1e-5, atol=1e-5)
+    else:
+        assert learner.value_calls == 1  # only the last value: no critic call at truncations
+        ref = naive_gae(reward.astype(float), values.astype(float), term | trunc, last.astype(float), 0.99, 0.95)
+        np.testing.assert_allclose(buf.field("advantage"), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_finished_episodes_match_the_steps(ppo):
@@ -129,22 +207,34 @@ def test_comparisons_and_targets(ppo):
         runs.append(fake_run("torch_tfdata", s, 402 + s, 151 + s, 8000, 340 << 20))
         # edge: clearly worse learning, 3.5x faster, 0.4x memory
         runs.append(fake_run("edge", s, 100 + s, 50 + s, 24500, 132 << 20))
-    agg = ppo.summarise(runs, ["torch", "torch_tfdata", "edge"], 4096)
+        # the bootstrap: clearly better than edge at the end, the same whole-run mean
+        runs.append(fake_run("edge_bootstrap", s, 200 + s, 50 + (s + 2) % 5, 24000, 133 << 20))
+    agg = ppo.summarise(runs, ["torch", "torch_tfdata", "edge", "edge_bootstrap"], 4096)
     comps = ppo.comparisons(agg)
     pairs = {(c["variant"], c["against"]): c for c in comps}
-    assert set(pairs) == {("torch_tfdata", "torch"), ("edge", "torch"), ("edge", "torch_tfdata")}
+    assert set(pairs) == {("torch_tfdata", "torch"), ("edge", "torch"), ("edge_bootstrap", "torch"),
+                          ("edge", "torch_tfdata"), ("edge_bootstrap", "edge")}
     c = pairs[("edge", "torch")]
     assert c["final_p"] == pytest.approx(2 / 252) and c["sps_ratio"] == pytest.approx(3.5)
     assert c["peak_rss_ratio"] == pytest.approx(0.4)
     assert pairs[("torch_tfdata", "torch")]["final_p"] > 0.05
-    met = [ok for _, ok, _ in ppo.goals(comps)]
-    assert met == [False, True, True]
-    # slower than 3x and heavier than half: both targets missed
+    b = pairs[("edge_bootstrap", "edge")]
+    assert b["final_p"] == pytest.approx(2 / 252) and b["final_diff"] == pytest.approx(100)
+    assert b["mean_p"] == pytest.approx(1.0) and b["mean_diff"] == pytest.approx(0)
+    g = ppo.goals(comps)
+    # learning: edge vs torch, torch_tfdata vs torch; speed, memory: edge vs torch
+    assert ["`edge`" in goal and "`torch_tfdata`" not in goal for goal, _, _ in g] == [True, False, True, True]
+    assert [ok for _, ok, _ in g] == [False, True, True, True]
+    # the bootstrap variant is never a target
+    assert not any("edge_bootstrap" in goal for goal, _, _ in g)
+    # torch_tfdata learning differently and edge slower than 3x and heavier than half: all missed
     for r in runs:
         if r["variant"] == "edge":
             r["sps"], r["wall_s"], r["peak_rss_bytes"] = 20000, 4096 / 20000, 200 << 20
-    met = [ok for _, ok, _ in ppo.goals(ppo.comparisons(ppo.summarise(runs, ["torch", "edge"], 4096)))]
-    assert met == [False, False, False]
+        if r["variant"] == "torch_tfdata":
+            r["final_return"] = 300 + r["seed"]
+    met = [ok for _, ok, _ in ppo.goals(ppo.comparisons(ppo.summarise(runs, ["torch", "torch_tfdata", "edge"], 4096)))]
+    assert met == [False, False, False, False]
 
 
 @pytest.mark.skipif(not (HAVE_ROLLOUT and HAVE_PPO), reason="tfdata.RolloutBuffer / tfdata.nn.PPO not built yet")
@@ -161,10 +251,16 @@ def test_small_run_writes_the_report(tmp_path):
     assert {"README.md", "results.json", "learning.png", "speed.png"} <= set(os.listdir(d))
     res = json.loads((d / "results.json").read_text())
     by = {r["variant"]: r for r in res["raw"]}
-    assert set(by) == {"torch", "torch_tfdata", "edge", "torch_tfdata_nobootstrap"}
-    assert by["edge"]["torch_imported"] is False and by["torch_tfdata"]["torch_imported"] is True
+    assert set(by) == {"torch", "torch_tfdata", "edge", "edge_bootstrap"}
+    assert by["edge"]["torch_imported"] is False and by["edge_bootstrap"]["torch_imported"] is False
+    assert by["torch_tfdata"]["torch_imported"] is True
+    # CleanRL's semantics in every variant but edge_bootstrap, whose buffer has one more field
+    assert {v: r["bootstrap"] for v, r in by.items()} == {"torch": False, "torch_tfdata": False, "edge": False,
+                                                         "edge_bootstrap": True}
+    assert by["edge"]["buffer_nbytes"] == by["torch_tfdata"]["buffer_nbytes"] < by["edge_bootstrap"]["buffer_nbytes"]
     for r in by.values():
         assert r["steps"] == 1024 and r["iterations"] == 2 and r["episodes"]
         assert 20 << 20 < r["peak_rss_bytes"] < 2 << 30
         assert sum(r["sections_s"].values()) == pytest.approx(r["wall_s"], rel=0.05)
-    assert "## Findings" in (d / "README.md").read_text()
+    text = (d / "README.md").read_text()
+    assert "## Findings" in text and "Separate finding, not a target" in text
