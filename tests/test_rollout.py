@@ -156,9 +156,11 @@ def test_gae_in_float32_by_hand():
 # -- against CleanRL's loop (numpy float32 arrays and torch float32 tensors) ----------------------
 
 
-def cleanrl_numpy(rewards, values, dones, next_value, next_done, gamma, gae_lambda, num_steps):
-    """cleanrl/ppo.py's GAE loop, with numpy float32 arrays in place of tensors."""
-    advantages = np.zeros_like(rewards)
+def cleanrl_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """cleanrl/ppo.py's GAE loop verbatim, over numpy float32 arrays or torch float32 tensors
+    alike (``args.*`` Python floats; ``dones[t]`` is the flag of the observation at t)."""
+    num_steps = rewards.shape[0]
+    advantages = rewards * 0
     lastgaelam = 0
     for t in reversed(range(num_steps)):
         if t == num_steps - 1:
@@ -170,25 +172,6 @@ def cleanrl_numpy(rewards, values, dones, next_value, next_done, gamma, gae_lamb
         delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
         advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
     returns = advantages + values
-    return advantages, returns
-
-
-def cleanrl_torch(torch, rewards, values, dones, next_value, next_done, gamma, gae_lambda, num_steps):
-    """cleanrl/ppo.py's GAE loop verbatim (torch float32 tensors, ``args.*`` Python floats)."""
-    with torch.no_grad():
-        next_value = next_value.reshape(1, -1)
-        advantages = torch.zeros_like(rewards)
-        lastgaelam = 0
-        for t in reversed(range(num_steps)):
-            if t == num_steps - 1:
-                nextnonterminal = 1.0 - next_done
-                nextvalues = next_value
-            else:
-                nextnonterminal = 1.0 - dones[t + 1]
-                nextvalues = values[t + 1]
-            delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-            advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
-        returns = advantages + values
     return advantages, returns
 
 
@@ -216,14 +199,15 @@ def test_gae_equals_cleanrl_numpy_and_torch_bit_for_bit(kind, gamma, lam):
         last = (rng.standard_normal(E) * 10).astype(np.float32)
         rewards, values, dones, next_done = cleanrl_inputs(steps, spec)
         buf.compute_returns_and_advantages(last, next_done, gamma=gamma, gae_lambda=lam)
-        adv, ret = cleanrl_numpy(rewards, values, dones, last, next_done, gamma, lam, T)
+        adv, ret = cleanrl_gae(rewards, values, dones, last, next_done, gamma, lam)
         assert adv.dtype == np.float32
         assert np.array_equal(bits(buf.field("advantage")), bits(adv))
         assert np.array_equal(bits(buf.field("return")), bits(ret))
         torch = pytest.importorskip("torch")
         t = torch.from_numpy
-        adv_t, ret_t = cleanrl_torch(torch, t(rewards), t(values), t(dones), t(last), t(next_done),
-                                     gamma, lam, T)
+        with torch.no_grad():
+            adv_t, ret_t = cleanrl_gae(t(rewards), t(values), t(dones), t(last), t(next_done),
+                                       gamma, lam)
         assert adv_t.dtype == torch.float32
         assert np.array_equal(bits(buf.field("advantage")), bits(adv_t.numpy()))
         assert np.array_equal(bits(buf.field("return")), bits(ret_t.numpy()))
