@@ -70,6 +70,7 @@ from .batch import UNHELD as _UNHELD
 from .batch import Batch, OutputRing, retire
 from .batch import getrefcount as _getrefcount
 from .errors import FormatError, SharedBufferError, SpecError, WriterLostWarning
+from .replay import combinations
 from .replay.core import fields_key
 from .replay.core import weak_method as _weak_method
 from .replay.fastpush import make_push
@@ -186,21 +187,10 @@ def _frame_options(spec: Spec, frame_stack, frame_padding, final_frames, next_of
             opts["roles"])
 
 
-def _refuse_with_frames(mode: str, sampler: str) -> None:
-    """Refuse what frame stacks over shards do not do (before anything is created)."""
-    if mode != "replay":
-        raise ValueError(f"frame_stack needs mode='replay', got mode={mode!r}: a FIFO hands a row "
-                         f"out once, and a stack reads the rows before it, which its writer may "
-                         f"then have reused")
-    if sampler != "uniform":
-        raise NotImplementedError(f"SharedReplayBuffer(frame_stack=..., sampler={sampler!r}) is not "
-                                  f"implemented: frame stacks over shards sample uniformly or by "
-                                  f"priority")
-
-
-def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step) -> bool:
-    """Whether ``sampler`` asks for exactly-k replay; ValueError / NotImplementedError for the
-    combinations it does not take (before anything is created)."""
+def _exactly_k_options(sampler, policy, replays, timeout) -> bool:
+    """Whether ``sampler`` asks for exactly-k replay; ValueError for a sampler or policy that
+    does not exist, or exactly-k's options with another sampler (what combines with what is
+    the table of :mod:`tfdata.replay.combinations`)."""
     if sampler not in (None, "uniform", "without_replacement", "exactly_k"):
         raise ValueError(f"sampler must be one of ['uniform', 'without_replacement', 'exactly_k'] "
                          f"(None: uniform), got {sampler!r}")
@@ -210,21 +200,8 @@ def _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_s
             raise ValueError(f"{', '.join(k + '=' for k in given)} given with sampler={sampler!r}: "
                              f"these options belong to sampler='exactly_k'")
         return False
-    if mode != "replay" or prioritized:
-        raise ValueError("sampler='exactly_k' needs mode='replay' and prioritized=False (a FIFO "
-                         "delivers every row once already; priorities would decide who is "
-                         "delivered, not k)")
-    if policy is not None and policy not in EXACTLY_K_POLICIES:
-        if policy == "overwrite":
-            raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') takes policy='block' "
-                                      "or 'drop'; 'overwrite' (a writer overwriting a row the "
-                                      "learner may be copying would need the seqlock redraws, "
-                                      "which change who is delivered) is not "
-                                      "implemented across processes")
+    if policy is not None and policy not in EXACTLY_K_POLICIES + ("overwrite",):
         raise ValueError(f"policy must be one of {list(EXACTLY_K_POLICIES)}, got {policy!r}")
-    if n_step is not None:
-        raise NotImplementedError("SharedReplayBuffer(sampler='exactly_k') with n_step is not "
-                                  "implemented")
     return True
 
 
@@ -398,6 +375,12 @@ def _check_limiter_doc(doc: dict) -> None:
     if lim.min_size_to_sample > doc["shard_capacity"] * doc["num_writers"]:
         raise ValueError(f"rate_limiter.min_size_to_sample must be <= the capacity "
                          f"{doc['shard_capacity'] * doc['num_writers']}, got {lim.min_size_to_sample}")
+    exactly_k = doc.get("sampler") == "exactly_k"
+    found = combinations.refusal(combinations.facets(
+        "SharedReplayBuffer", sampler=doc.get("sampler", "uniform"), stream_order=not exactly_k,
+        policy=doc["policy"] if exactly_k else None, replays=doc.get("replays"), rate_limiter=p))
+    if found is not None:  # a region no constructor would have made
+        raise ValueError(found[1])
 
 
 # lock files this process holds (an owner's, its writers'): a forked child closes its copies,
@@ -501,9 +484,6 @@ def _check_shared_limiter(limiter, mode: str, capacity: int) -> None:
     if not isinstance(limiter, RateLimiter):
         raise TypeError(f"rate_limiter must be a tfdata.RateLimiter or None, got "
                         f"{type(limiter).__name__} {limiter!r:.100}")
-    if mode != "replay":
-        raise ValueError(f"rate_limiter needs mode='replay', got mode={mode!r}: a FIFO delivers "
-                         f"every row once (its policy already ties the learner to the writers)")
     if limiter.min_size_to_sample > capacity:
         raise ValueError(f"rate_limiter: min_size_to_sample must be <= capacity {capacity}, got "
                          f"{limiter.min_size_to_sample}")
@@ -645,15 +625,20 @@ class SharedReplayBuffer:
                  memory_budget=None, stats=None, rate_limiter=None, sampler: str | None = None,
                  replays: int | None = None, timeout: float | None = None, frame_stack=None,
                  frame_padding="reset", final_frames: int | None = None):
-        if stats is not None:
-            raise NotImplementedError(
-                "SharedReplayBuffer keeps no running statistics (stats=): its rows are written by "
-                "other processes, which the learner does not hear; use a ReplayBuffer for stats=")
         spec = spec if isinstance(spec, Spec) else Spec(spec)
         shards, cap = _shards(capacity, num_writers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        exactly_k = _exactly_k_options(sampler, mode, policy, replays, timeout, prioritized, n_step)
+        exactly_k = _exactly_k_options(sampler, policy, replays, timeout)
+        _check_shared_limiter(rate_limiter, mode, shards * cap)
+        sampler_name = "uniform" if sampler is None else sampler
+        combinations.check(combinations.facets(
+            "SharedReplayBuffer", sampler=sampler_name, stream_order=not exactly_k,
+            policy=(policy or "block") if exactly_k else None,
+            replays=(1 if replays is None else replays) if exactly_k else None,
+            rate_limiter=None if rate_limiter is None else rate_limiter.params(),
+            n_step=n_step, frame_stack=frame_stack is not None, stats=stats is not None,
+            fifo=mode == "fifo", prioritized=bool(prioritized)))
         if exactly_k:
             policy = "block" if policy is None else policy
         elif mode == "fifo":
@@ -664,25 +649,13 @@ class SharedReplayBuffer:
             raise ValueError(f"policy applies to mode='fifo' only (a replay ring overwrites its "
                              f"oldest rows), got policy={policy!r}")
         layout = resolve_layout(layout, spec)
-        _check_shared_limiter(rate_limiter, mode, shards * cap)
         if rate_limiter is not None:  # refused if another buffer holds it (bound once built)
             rate_limiter.check_free(self)
         self._ring_size = _check_int("ring_size", ring_size, 1)
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
-        if n_step is not None and mode == "fifo":
-            raise ValueError("n_step needs mode='replay' (a FIFO delivers the rows as written)")
-        sampler_name = "uniform" if sampler is None else sampler
         frames = _frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
-        if frames is not None:
-            _refuse_with_frames(mode, sampler_name)
-        if sampler_name == "without_replacement" and (mode == "fifo" or prioritized):
-            raise ValueError(f"sampler={sampler_name!r} needs mode='replay' and prioritized=False, "
-                             f"got mode={mode!r}, prioritized={prioritized!r}")
         if prioritized:
-            if mode == "fifo":
-                raise ValueError("prioritized=True needs mode='replay' (a FIFO delivers every row "
-                                 "once, in order)")
             checked = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
             sampler = SharedPrioritizedSampler(checked.alpha, checked.beta_start, checked.beta_final,
                                                checked.beta_steps, checked.eps, seed)
@@ -890,6 +863,10 @@ class SharedReplayBuffer:
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity {self.capacity}")
             if self._limiter is not None:
                 self._limiter.check_sample(batch_size)
+                why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
+                                                  self.capacity, batch_size)
+                if why is not None:
+                    raise ValueError(why)
             return
         n = len(self)
         if batch_size > n:

@@ -33,18 +33,6 @@ def _named_sampler(sampler, seed, options=None):
     return sampler
 
 
-def _check_exactly_k(sampler, n_step, elide_next) -> None:
-    """Exactly-k writes rows where a slot is free, not in stream order: refused where rows are
-    read in stream order."""
-    if isinstance(sampler, ExactlyKSampler) and (n_step is not None or elide_next):
-        what = "n_step" if n_step is not None else "elide_next"
-        raise ValueError(f"sampler='exactly_k' with {what}={n_step if n_step is not None else elide_next!r}: "
-                         f"exactly-k writes each row into the next free slot, skipping rows that "
-                         f"await replay, so rows are not in stream order, which {what} reads (an "
-                         f"n-step return or a next_obs from the next slot would be wrong); build "
-                         f"the buffer without {what}")
-
-
 class ReplayBuffer(ReplayCore):
     """A fixed-capacity circular replay buffer with uniform sampling.
 
@@ -219,7 +207,6 @@ class ReplayBuffer(ReplayCore):
                  compress_cold: bool = False):
         sampler = _named_sampler(sampler, seed, {"replays": replays, "policy": policy,
                                                  "timeout": timeout})
-        _check_exactly_k(sampler, n_step, elide_next)
         super().__init__(spec, capacity, sampler, layout=layout, ring_size=ring_size,
                          num_envs=num_envs, n_step=n_step, gamma=gamma, next_of=next_of,
                          elide_next=elide_next, roles=roles, spill_path=spill_path,

@@ -26,9 +26,10 @@ from ..errors import SpecError
 from ..spec import Spec
 from ..storage import (isolate_layout, make_storage, output_nbytes, resolve_layout, restrict_layout,
                        storage_nbytes)
-from . import planning
+from . import combinations, planning
 from .columns import Column, RunningStats, check_stats_fields, scan, stats_nbytes
 from .episodes import Episodes, stored_spec
+from .limiter import RateLimiter
 from .frames import FrameStack, FrameStacks, frame_spec, padding_config, resolve_frames
 from .transforms import ElideNext, NStep, episode_options
 from .writers import RingWriter
@@ -134,7 +135,7 @@ class ReplayCore:
                         n_step=n_step, gamma=gamma, next_of=next_of, elide_next=elide_next,
                         roles=roles, spill_path=spill_path, hot_rows=hot_rows, hot_bytes=hot_bytes,
                         stats=stats, frame_stack=frame_stack, frame_padding=frame_padding,
-                        compress_cold=compress_cold)
+                        compress_cold=compress_cold, rate_limiter=rate_limiter)
         capacity = self._capacity
         if self.compress_cold:
             from ..storage import cold
@@ -265,8 +266,10 @@ class ReplayCore:
 
     def _configure(self, spec, capacity, *, layout, ring_size, num_envs, n_step, gamma, next_of,
                    elide_next, roles, spill_path, hot_rows, hot_bytes, stats=None, frame_stack=None,
-                   frame_padding="reset", compress_cold=False) -> None:
-        """Check the arguments and derive what the buffer will hold; allocates nothing."""
+                   frame_padding="reset", compress_cold=False, rate_limiter=None) -> None:
+        """Check the arguments and derive what the buffer will hold; allocates nothing. The
+        options are checked against each other by the table of
+        :mod:`tfdata.replay.combinations` first."""
         self.spec = spec if isinstance(spec, Spec) else Spec(spec)
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
         self._ring_size = check_int("ring_size", ring_size, 1)
@@ -284,6 +287,14 @@ class ReplayCore:
         self._frames = resolve_frames(self.spec, frame_stack, frame_padding, self.next_of,
                                       self._has_flags)
         self._stacked = () if self._frames is None else tuple(self._frames["stacks"])
+        if not isinstance(compress_cold, (bool, np.bool_)):
+            raise TypeError(f"compress_cold must be True or False, got {type(compress_cold).__name__} "
+                            f"{compress_cold!r:.100}")
+        combinations.check(combinations.facets(
+            type(self).__name__, **self.sampler.facets(), n_step=self.n_step,
+            elide_next=bool(self.elide_next), frame_stack=self._frames is not None,
+            compress_cold=bool(compress_cold), spill=spill_path is not None,
+            stats=bool(stats), rate_limiter=rate_limiter.params() if isinstance(rate_limiter, RateLimiter) else None))
         if self._frames is not None:
             self._check_frames()
         # next fields not stored: every one with elide_next, and those of stacked fields
@@ -300,17 +311,7 @@ class ReplayCore:
                                              self._stacked)
         self.hot_rows = None  # rows kept resident, for a spilling buffer
         self.spill_path = None if spill_path is None else os.fspath(spill_path)
-        if not isinstance(compress_cold, (bool, np.bool_)):
-            raise TypeError(f"compress_cold must be True or False, got {type(compress_cold).__name__} "
-                            f"{compress_cold!r:.100}")
         self.compress_cold = bool(compress_cold)
-        if self.compress_cold and self._frames is None:
-            raise ValueError("compress_cold=True compresses the frames of stacked fields: it needs "
-                             "frame_stack= (and spill_path=)")
-        if self.compress_cold and self.spill_path is None:
-            raise ValueError("compress_cold=True keeps the frames of rows that left the hot window "
-                             "of a spilling buffer compressed in RAM: it needs spill_path= and "
-                             "hot_rows= or hot_bytes=")
         if self.spill_path is None:
             if hot_rows is not None or hot_bytes is not None:
                 raise ValueError("hot_rows / hot_bytes need spill_path (the file that holds the cold rows)")
@@ -323,14 +324,8 @@ class ReplayCore:
         self.hot_rows = min(check_int("hot_rows", hot_rows, 1), capacity)
 
     def _check_frames(self) -> None:
-        """What frame stacks need of the sampler and the capacity (refused before anything is
-        allocated, and by :meth:`plan_memory`)."""
-        if not getattr(self.sampler, "stream_order", True):
-            name = getattr(self.sampler, "name", type(self.sampler).__name__)
-            raise ValueError(f"frame_stack with sampler={name!r}: this sampler writes each row into "
-                             f"a free slot, not in stream order, so a row's stack cannot be rebuilt "
-                             f"from its stream's previous rows; use another sampler, or store the "
-                             f"whole stacks (no frame_stack)")
+        """What frame stacks need of the capacity (refused before anything is allocated, and by
+        :meth:`plan_memory`; what they need of the sampler is in the table of combinations)."""
         kmax = max(self._frames["stacks"].values())
         steps = self._capacity // self.num_envs
         if steps < kmax:
@@ -372,13 +367,15 @@ class ReplayCore:
         """An unbuilt buffer of these arguments, configured (checked), nothing allocated."""
         plan = cls.__new__(cls)
         plan.sampler = cls._planned_sampler(options)
-        for k in ("seed", "allocator", "memory_budget", "rate_limiter"):  # no effect on the bytes held
+        for k in ("seed", "allocator", "memory_budget"):  # no effect on the bytes held
             options.pop(k, None)
+        limiter = options.pop("rate_limiter", None)  # none either, but it combines or not
         bad = set(options) - set(CONFIG_DEFAULTS)
         if bad:
             raise TypeError(f"{what}: unexpected keyword(s) {sorted(bad)}; allowed: "
                             f"{sorted(CONFIG_DEFAULTS)}")
-        plan._configure(spec, capacity, **{k: options.get(k, v) for k, v in CONFIG_DEFAULTS.items()})
+        plan._configure(spec, capacity, rate_limiter=limiter,
+                        **{k: options.get(k, v) for k, v in CONFIG_DEFAULTS.items()})
         return plan
 
     @classmethod
@@ -770,13 +767,13 @@ class ReplayCore:
             if batch_size > self.capacity:  # rows may still come: refused only if they never can
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity "
                                  f"{self.capacity}; sampling needs batch_size <= len(buffer)")
-            lim.check_sample(batch_size)
+            self._check_limited(batch_size)
             ring = self._new_ring(batch_size, fields=names, key=key)
         writer = self._writer
         lock = self._lock
         lock.__enter__()
         try:
-            lim.sample_wait(batch_size, writer)
+            lim.sample_wait(batch_size, self._drawable, self.num_envs)
             n = writer.size
             i = ring.next
             ring.next = (i + 1) % len(ring.slots)
@@ -796,6 +793,20 @@ class ReplayCore:
         if getrefcount(batch) > UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
+
+    def _drawable(self) -> int:
+        """Rows a batch can draw from now (what a limited sample waits for; under the lock)."""
+        return self.sampler.drawable(self._writer.size)
+
+    def _check_limited(self, batch_size: int) -> None:
+        """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
+        ring is built): the limiter's own bound, then the sampler's with the limiter (the table
+        of :mod:`tfdata.replay.combinations`)."""
+        self._limiter.check_sample(batch_size)
+        why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
+                                          self.capacity, batch_size)
+        if why is not None:
+            raise ValueError(why)
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
                          copy: bool = False, fields=None):
@@ -850,7 +861,7 @@ class ReplayCore:
             self._check_slices(batch_size, length, reject, self._writer.size)
         else:  # rows may still come: refused now only what no rows can make possible
             self._check_slices(batch_size, length, False, self.capacity)
-            lim.check_sample(batch_size)
+            self._check_limited(batch_size)
         key = ("seq", batch_size, length) if names is None else ("seq", batch_size, length, names)
         try:
             ring = self._local.rings[key]
@@ -858,7 +869,7 @@ class ReplayCore:
             ring = self._new_ring(batch_size, length, names)
         with self._lock:
             if lim is not None:
-                lim.sample_wait(batch_size, self._writer)
+                lim.sample_wait(batch_size, self._drawable, self.num_envs)
             n = self._writer.size
             self._check_slices(batch_size, length, reject, n)  # a clear() may have run since
             i = ring.next

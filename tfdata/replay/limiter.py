@@ -218,16 +218,19 @@ class RateLimiter:
         if self._waiting:
             self._cond.notify_all()
 
-    def sample_wait(self, batch_size: int, held=None) -> None:
-        """Return when a sample of ``batch_size`` rows may proceed and, if ``held`` is given
-        (an object whose ``size`` is the rows held, such as the buffer's writer), at least
-        ``batch_size`` rows are held; the lock is released while waiting.
+    def sample_wait(self, batch_size: int, rows=None, step: int = 1) -> None:
+        """Return when a sample of ``batch_size`` rows may proceed and, if ``rows`` is given
+        (a function of no argument: the rows a batch can draw from now), ``rows() >=
+        batch_size``; the lock is released while waiting. ``step``: the fewest rows an insert
+        writes (the buffer's ``num_envs``).
 
-        Raises ValueError if it never can, TimeoutError after ``timeout`` seconds."""
+        Raises ValueError if it never can (at once, or as soon as the sample waits for rows
+        while no insert of ``step`` rows may proceed: only a sample could let one in, and this
+        one waits for rows: both would wait for ever), TimeoutError after ``timeout`` seconds."""
         if not (self.inserts >= self.min_size_to_sample
                 and self.inserts * self.samples_per_insert - self.samples - batch_size >= self.min_diff
-                and (held is None or held.size >= batch_size)):
-            self._wait("sample", batch_size, held)
+                and (rows is None or rows() >= batch_size)):
+            self._wait("sample", batch_size, rows, step)
 
     def sampled(self, batch_size: int) -> None:
         """Count ``batch_size`` rows sampled (under the lock, with the sample)."""
@@ -241,12 +244,17 @@ class RateLimiter:
         if self._waiting:
             self._cond.notify_all()
 
-    def _wait(self, side: str, n: int, held) -> None:
+    def _wait(self, side: str, n: int, rows=None, step: int = 1) -> None:
         if side == "sample":
             self.check_sample(n)
 
             def ok():
-                return self.can_sample(n) and (held is None or held.size >= n)
+                if rows is None:
+                    return self.can_sample(n)
+                have = rows()
+                if have < n and not self.can_insert(step):
+                    raise ValueError(self._stuck_message(n, have, step))
+                return have >= n and self.can_sample(n)
         else:
             self.check_insert(n)
 
@@ -271,6 +279,14 @@ class RateLimiter:
         finally:
             self._waiting -= 1
             self._metrics[side + "_wait_s"] += time.monotonic() - t0
+
+    def _stuck_message(self, n: int, have: int, step: int) -> str:
+        return (f"rate limiter: a sample of {n} rows waits for rows ({have} can be drawn now), "
+                f"and an insert of {step} rows waits for samples (inserts={self.inserts}, "
+                f"samples={self.samples}, samples_per_insert={self.samples_per_insert}, "
+                f"min_size_to_sample={self.min_size_to_sample}, error_buffer="
+                f"{self.error_buffer}): neither can proceed, so nothing was sampled; sample "
+                f"smaller batches, or raise min_size_to_sample or error_buffer")
 
     def _timeout_message(self, side: str, n: int) -> str:
         what = f"a sample of {n} rows" if side == "sample" else f"an insert of {n} rows"

@@ -107,6 +107,13 @@ class Sampler:
         """Number of 64-bit random words consumed so far."""
         return int(self.state[1])
 
+    def facets(self) -> dict:
+        """What the table of option combinations (:mod:`tfdata.replay.combinations`) needs to
+        know of this sampler: its ``sampler`` name (a user's sampler: its class name) and
+        ``stream_order``; a sampler with options that meet other options' adds them."""
+        return {"sampler": getattr(self, "name", None) or type(self).__name__,
+                "stream_order": bool(self.stream_order)}
+
     # -- construction and memory ---------------------------------------------------------------
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         self.storage, self.capacity, self.num_envs, self.allocator = storage, capacity, num_envs, allocator
@@ -131,6 +138,12 @@ class Sampler:
             attrs["mask"] = arrays["mask"]
 
     # -- drawing ---------------------------------------------------------------------------------
+    def drawable(self, n: int) -> int:
+        """Rows a batch can draw from now, of the ``n`` held: a sample of more waits for rows
+        (under a rate limiter) or is refused. Every row held, unless the sampler holds some back
+        (exactly-k: the rows awaiting replay)."""
+        return n
+
     def sample(self, n: int, out, arrays: dict) -> None:
         raise NotImplementedError
 

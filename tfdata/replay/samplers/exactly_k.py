@@ -128,6 +128,9 @@ class ExactlyKSampler(Sampler):
         """The constructor's options (what a checkpoint's config records)."""
         return {"replays": self.replays, "policy": self.policy, "timeout": self.timeout}
 
+    def facets(self) -> dict:
+        return {**super().facets(), "replays": self.replays, "policy": self.policy}
+
     # -- construction and memory ---------------------------------------------------------------
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
@@ -160,6 +163,10 @@ class ExactlyKSampler(Sampler):
     @property
     def awaiting(self) -> int:
         """Rows awaiting replay (delivered fewer than ``replays`` times)."""
+        return int(self.meta[0])
+
+    def drawable(self, n: int) -> int:
+        """The rows awaiting replay: a batch holds distinct ones."""
         return int(self.meta[0])
 
     def counts(self) -> np.ndarray:

@@ -47,6 +47,12 @@ class PrioritizedSampler(Sampler):
         Sample calls so far: the position in the beta schedule.
     """
 
+    name = "prioritized"
+
+    def facets(self) -> dict:
+        return {**super().facets(), "prioritized": True}
+
+
     hears_writes = True
     state_key = "prioritized"
     projects = True

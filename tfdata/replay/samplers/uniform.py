@@ -13,6 +13,7 @@ class UniformSampler(Sampler):
     """
 
     projects = True
+    name = "uniform"
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)

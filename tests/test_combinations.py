@@ -1,0 +1,415 @@
+"""Every combination of the replay buffers' options either works or is refused.
+
+The table is :mod:`tfdata.replay.combinations`. For every pair of options (and the triples
+that matter), on every buffer class, the constructor either refuses with exactly the table's
+message (which names both options), or the buffer runs: a writer thread fills it with
+episodes of two-frame stacks (so frame stacks, elision and n-step all have real streams to
+read) while this thread samples, then state dicts and checkpoints are round-tripped into twins
+that must continue with the same batches. Every sampled row is checked against the rows as
+pushed (by its id), and against what the sampler promises (rows held; no row twice in a batch
+for without-replacement and exactly-k). Everything that may wait runs under a deadline: a hang
+fails the test instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tfdata
+from tfdata.replay import combinations
+from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+SPEC = {"id": "i8", "obs": ("f4", (2, 3)), "action": "i8", "reward": "f4",
+        "next_obs": ("f4", (2, 3)), "terminated": "?", "truncated": "?"}
+CAP, B, STEPS, DEADLINE = 32, 4, 40, 60.0
+GROUPS = [["id", "action", "reward"], ["obs", "terminated", "truncated"]]
+
+
+def limiter(spi):
+    return tfdata.RateLimiter(spi, 8, 8.0, timeout=DEADLINE)
+
+
+# each option: its values, as (label, constructor keywords, facets); the first value of
+# "sampler" is the default (uniform), every other option's values are all non-default
+SINGLE = {
+    "sampler": [("uniform", {}, {}),
+                ("without_replacement", {"sampler": "without_replacement"},
+                 {"sampler": "without_replacement"}),
+                ("exactly_k", {"sampler": "exactly_k", "replays": 2, "timeout": DEADLINE},
+                 {"sampler": "exactly_k", "stream_order": False, "replays": 2, "policy": "block"}),
+                ("exactly_k_drop", {"sampler": "exactly_k", "replays": 2, "policy": "drop"},
+                 {"sampler": "exactly_k", "stream_order": False, "replays": 2, "policy": "drop"}),
+                ("exactly_k_overwrite", {"sampler": "exactly_k", "replays": 2, "policy": "overwrite"},
+                 {"sampler": "exactly_k", "stream_order": False, "replays": 2,
+                  "policy": "overwrite"}),
+                ("prioritized", {"prioritized": True}, {"sampler": "prioritized", "prioritized": True})],
+    "rate_limiter": [("limiter2", {"rate_limiter": 2.0}, {"rate_limiter": 2.0}),
+                     ("limiter1", {"rate_limiter": 1.0}, {"rate_limiter": 1.0})],
+    "n_step": [("n_step", {"n_step": 3}, {"n_step": 3})],
+    "elide_next": [("elide_next", {"elide_next": True}, {"elide_next": True})],
+    "frame_stack": [("frame_stack", {"frame_stack": 2}, {"frame_stack": True})],
+    "spill": [("spill", {"spill": True}, {"spill": True})],
+    "compress_cold": [("compress_cold", {"compress_cold": True}, {"compress_cold": True})],
+    "stats": [("stats", {"stats": ["reward"]}, {"stats": True})],
+    "layout": [("soa", {"layout": "soa"}, {}), ("groups", {"layout": GROUPS}, {})],
+    "num_envs": [("num_envs", {"num_envs": 2}, {})],
+}
+SHARED = {
+    "sampler": [("uniform", {}, {}),
+                ("without_replacement", {"sampler": "without_replacement"},
+                 {"sampler": "without_replacement"}),
+                ("exactly_k", {"sampler": "exactly_k", "replays": 2, "timeout": 2.0},
+                 {"sampler": "exactly_k", "stream_order": False, "replays": 2, "policy": "block"}),
+                ("exactly_k_drop", {"sampler": "exactly_k", "replays": 2, "policy": "drop"},
+                 {"sampler": "exactly_k", "stream_order": False, "replays": 2, "policy": "drop"}),
+                ("exactly_k_overwrite", {"sampler": "exactly_k", "replays": 2,
+                                         "policy": "overwrite"},
+                 {"sampler": "exactly_k", "stream_order": False, "replays": 2,
+                  "policy": "overwrite"}),
+                ("prioritized", {"prioritized": True}, {"prioritized": True})],
+    "mode": [("fifo", {"mode": "fifo"}, {"fifo": True})],
+    "rate_limiter": SINGLE["rate_limiter"],
+    "n_step": SINGLE["n_step"],
+    "frame_stack": SINGLE["frame_stack"],
+    "stats": SINGLE["stats"],
+    "layout": SINGLE["layout"],
+}
+# triples where three options meet in one mechanism
+SINGLE_TRIPLES = [
+    ("exactly_k", "limiter2", "num_envs"), ("exactly_k_drop", "limiter1", "num_envs"),
+    ("frame_stack", "spill", "compress_cold"), ("prioritized", "frame_stack", "spill"),
+    ("without_replacement", "frame_stack", "limiter2"), ("frame_stack", "n_step", "elide_next"),
+    ("prioritized", "limiter2", "n_step"), ("exactly_k", "limiter2", "stats"),
+    ("frame_stack", "num_envs", "n_step"), ("spill", "elide_next", "num_envs"),
+]
+SHARED_TRIPLES = [("exactly_k", "limiter2", "soa"), ("prioritized", "frame_stack", "n_step"),
+                  ("without_replacement", "limiter2", "groups")]
+
+
+def _values(options):
+    return {label: (opt, kw, fc) for opt, vals in options.items() for label, kw, fc in vals}
+
+
+def _cases(options, triples):
+    by_label = _values(options)
+    names = list(options)
+    cases = []
+    for a, b in itertools.combinations(names, 2):
+        for va, vb in itertools.product(options[a], options[b]):
+            if va[0] != "uniform" and vb[0] != "uniform":
+                cases.append((va[0], vb[0]))
+    for label in by_label:  # each option alone too
+        if label != "uniform":
+            cases.append((label,))
+    cases += triples
+    return cases
+
+
+def _facets(buffer, labels, options):
+    by_label = _values(options)
+    o = {}
+    for lab in labels:
+        o.update(by_label[lab][2])
+    if "rate_limiter" in o:
+        o["rate_limiter"] = limiter(o["rate_limiter"]).params()
+    if buffer == "ReplayBuffer" and o.get("sampler") == "prioritized":
+        buffer = "PrioritizedReplayBuffer"
+    return combinations.facets(buffer, **o)
+
+
+def _kwargs(labels, options):
+    by_label = _values(options)
+    kw = {}
+    for lab in labels:
+        kw.update(by_label[lab][1])
+    return kw
+
+
+# -- streams --------------------------------------------------------------------------------
+class Stream:
+    """Episodes of ``num_envs`` streams whose rows carry unique ids and frames: ``obs`` is the
+    stack of the last two frames (the first frame repeated at an episode's start), ``next_obs``
+    the stack one frame on; every frame is ``[frame id, env, step]``."""
+
+    def __init__(self, num_envs, seed):
+        self.rng = np.random.default_rng(seed)
+        self.E = num_envs
+        self.next_id = 0
+        self.next_frame = 0
+        self.stacks = [None] * num_envs
+        self.left = [0] * num_envs
+        self.rows = {}
+        self.pushed = 0  # rows the buffer has taken (the writer counts them after each call)
+
+    def _frame(self, e, t):
+        f = np.array([self.next_frame, e, t], np.float32)
+        self.next_frame += 1
+        return f
+
+    def step(self) -> dict:
+        out = {k: [] for k in SPEC}
+        for e in range(self.E):
+            if self.left[e] == 0:
+                f = self._frame(e, 0)
+                self.stacks[e] = np.stack([f, f])
+                self.left[e] = int(self.rng.integers(2, 7))
+            obs = self.stacks[e]
+            nxt = np.stack([obs[1], self._frame(e, obs[1][2] + 1)])
+            self.left[e] -= 1
+            end = self.left[e] == 0
+            term = bool(end and self.rng.random() < 0.5)
+            row = {"id": self.next_id, "obs": obs, "action": int(self.rng.integers(0, 4)),
+                   "reward": np.float32(self.rng.random()), "next_obs": nxt, "terminated": term,
+                   "truncated": bool(end and not term)}
+            self.rows[self.next_id] = row
+            self.next_id += 1
+            self.stacks[e] = nxt
+            for k in SPEC:
+                out[k].append(row[k])
+        return {k: np.asarray(v, dtype=np.dtype(SPEC[k][0] if isinstance(SPEC[k], tuple) else SPEC[k]))
+                for k, v in out.items()}
+
+
+def check_batch(batch, stream, *, n_step, distinct, newest, pushed):
+    """``pushed``: rows the buffer had taken before the sample began (a ring holds the newest
+    ``newest`` rows of at least that many)."""
+    ids = np.asarray(batch["id"])
+    assert ((ids >= 0) & (ids < stream.next_id)).all(), ids
+    if newest is not None:
+        assert (ids >= pushed - newest).all(), (ids, pushed)
+    if distinct:
+        assert len(set(ids.tolist())) == len(ids), ids
+    fields = ("obs", "action") if n_step else ("obs", "action", "reward", "next_obs",
+                                               "terminated", "truncated")
+    for j, i in enumerate(ids.tolist()):
+        for f in fields:
+            np.testing.assert_array_equal(np.asarray(batch[f][j]), stream.rows[i][f], err_msg=f"{f} of row {i}")
+
+
+def assert_same(a, b):
+    assert set(a.keys()) == set(b.keys())
+    for k in a.keys():
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+    np.testing.assert_array_equal(a.indices, b.indices)
+
+
+# -- one process ----------------------------------------------------------------------------
+def build_single(kw, tmp_path, tag):
+    kw = dict(kw)
+    cls = tfdata.PrioritizedReplayBuffer if kw.pop("prioritized", False) else tfdata.ReplayBuffer
+    if "rate_limiter" in kw:
+        kw["rate_limiter"] = limiter(kw["rate_limiter"])
+    if kw.pop("spill", False):
+        kw.update(spill_path=tmp_path / f"spill-{tag}", hot_rows=8)
+    return cls, cls(SPEC, CAP, seed=3, **kw)
+
+
+def can_sample(buf):
+    """Whether a sample of B would go on now, from public state only (a single learner)."""
+    lim = buf.rate_limiter
+    if lim is not None and not lim.can_sample(B):
+        return False
+    sampler = buf.sampler
+    if getattr(sampler, "name", None) == "exactly_k":
+        return sampler.awaiting >= B
+    return len(buf) >= B
+
+
+def run(buf, stream, *, learner_check, writer_step, sample, can):
+    """A writer thread pushes STEPS steps while this thread samples; fails on a hang."""
+    errors = []
+    E = stream.E
+
+    def write():
+        try:
+            for _ in range(STEPS):
+                writer_step(stream.step() if E > 1 else {k: v[0] for k, v in stream.step().items()})
+                stream.pushed += E
+        except BaseException as exc:  # re-raised by the test
+            errors.append(exc)
+
+    t = threading.Thread(target=write, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    batches = 0
+    while True:
+        assert time.monotonic() - t0 < DEADLINE, "the writer and the learner made no progress"
+        done = not t.is_alive()
+        if can():
+            pushed = stream.pushed
+            learner_check(sample(), pushed)
+            batches += 1
+        elif done:
+            break
+        else:
+            time.sleep(0.0005)
+    t.join()
+    if errors:
+        raise errors[0]
+    return batches
+
+
+SINGLE_CASES = _cases(SINGLE, SINGLE_TRIPLES)
+
+
+@pytest.mark.parametrize("labels", SINGLE_CASES, ids=["+".join(c) for c in SINGLE_CASES])
+def test_single_process(labels, tmp_path):
+    kw = _kwargs(labels, SINGLE)
+    o = _facets("ReplayBuffer", labels, SINGLE)
+    refused = combinations.refusal(o)
+    if refused is not None:
+        with pytest.raises(refused[0]) as info:
+            build_single(kw, tmp_path, "a")
+        assert str(info.value) == refused[1]
+        assert list(tmp_path.iterdir()) == []  # nothing created
+        return
+    if kw.get("compress_cold"):
+        pytest.importorskip("zstandard")
+    cls, buf = build_single(kw, tmp_path, "a")
+    E = kw.get("num_envs", 1)
+    stream = Stream(E, 0)
+    distinct = o["sampler"] in ("without_replacement", "exactly_k")
+    rng = np.random.default_rng(1)
+
+    def check(batch, pushed):
+        check_batch(batch, stream, n_step=o["n_step"], distinct=distinct,
+                    newest=CAP if o["stream_order"] else None, pushed=pushed)
+        if o["sampler"] == "prioritized":
+            buf.update_priorities(batch, rng.random(B) + 0.1)
+
+    writer_step = buf.extend if E > 1 else buf.push
+    n = run(buf, stream, learner_check=check, writer_step=writer_step,
+            sample=lambda: buf.sample(B), can=lambda: can_sample(buf))
+    assert n > 0 or o["sampler"] == "exactly_k"
+    if o["frame_stack"] or o["n_step"] or o["elide_next"]:
+        if can_sample(buf) and o["stream_order"]:
+            s = buf.sample_sequences(2, 3)
+            assert s["obs"].shape == (2, 3, 2, 3)
+    # the state round trip: a twin built alike continues with the same batches
+    state = buf.state_dict()
+    _, twin = build_single(kw, tmp_path, "b")
+    twin.load_state_dict(state)
+    # and a checkpoint
+    buf.save(tmp_path / "ckpt")
+    spill = {"spill_path": tmp_path / "spill-c", "hot_rows": 8} if kw.get("spill") else {}
+    loaded = cls.load(tmp_path / "ckpt", **spill)
+    for _ in range(2):
+        if not can_sample(buf):
+            break
+        want = buf.sample(B, copy=True)
+        assert_same(want, twin.sample(B, copy=True))
+        assert_same(want, loaded.sample(B, copy=True))
+        check_batch(want, stream, n_step=o["n_step"], distinct=distinct,
+                    newest=CAP if o["stream_order"] else None, pushed=stream.pushed)
+
+
+# -- shared memory --------------------------------------------------------------------------
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    d = tmp_path / "shm"
+    d.mkdir()
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(d))
+    return d
+
+
+def build_shared(kw):
+    kw = dict(kw)
+    if "rate_limiter" in kw:
+        kw["rate_limiter"] = tfdata.RateLimiter(kw["rate_limiter"], 8, 8.0, timeout=2.0)
+    return SharedReplayBuffer(SPEC, CAP, seed=3, **kw)
+
+
+SHARED_CASES = _cases(SHARED, SHARED_TRIPLES)
+
+
+@pytest.mark.parametrize("labels", SHARED_CASES, ids=["+".join(c) for c in SHARED_CASES])
+def test_shared(labels, tmp_path, shm_dir):
+    kw = _kwargs(labels, SHARED)
+    o = _facets("SharedReplayBuffer", labels, SHARED)
+    refused = combinations.refusal(o)
+    if refused is not None:
+        with pytest.raises(refused[0]) as info:
+            build_shared(kw)
+        assert str(info.value) == refused[1]
+        assert list(shm_dir.iterdir()) == []  # no region was made
+        return
+    fifo = o["fifo"]
+    distinct = fifo or o["sampler"] in ("without_replacement", "exactly_k")
+    rng = np.random.default_rng(1)
+    stream = Stream(1, 0)
+    delivered = []
+    with build_shared(kw) as buf, SharedWriter(buf.name, 0) as w:
+        def check(batch, pushed):
+            check_batch(batch, stream, n_step=o["n_step"], distinct=distinct,
+                        newest=CAP if o["stream_order"] and not fifo else None, pushed=pushed)
+            delivered.extend(np.asarray(batch["id"]).tolist())
+            if o["prioritized"]:
+                buf.update_priorities(batch, rng.random(B) + 0.1)
+
+        def sample():
+            return buf.get_batch(B, timeout=DEADLINE) if fifo else buf.sample(B)
+
+        def can():
+            # the learner's waits poll shared memory: a wait may begin just before the writer's
+            # last row, so a timed-out wait after the writer finished ends the run
+            if fifo:
+                return len(buf) >= B
+            if o["sampler"] == "exactly_k" or o["rate_limiter"] is not None:
+                return not state["done"]
+            return len(buf) >= B
+
+        state = {"done": False}
+
+        def writer_step(row):
+            w.push(row)
+
+        errors = []
+
+        def write():
+            try:
+                for _ in range(STEPS):
+                    writer_step({k: v[0] for k, v in stream.step().items()})
+                    stream.pushed += 1
+            except BaseException as exc:
+                errors.append(exc)
+            state["done"] = True
+
+        t = threading.Thread(target=write, daemon=True)
+        t0 = time.monotonic()
+        t.start()
+        while True:
+            assert time.monotonic() - t0 < DEADLINE, "the writer and the learner made no progress"
+            if can():
+                pushed = stream.pushed
+                try:
+                    batch = sample()
+                except TimeoutError:
+                    assert state["done"], "a sample timed out while the writer was writing"
+                    break
+                check(batch, pushed)
+            elif state["done"]:
+                break
+            else:
+                time.sleep(0.0005)
+        t.join()
+        if errors:
+            raise errors[0]
+        if fifo:  # every row exactly once, in order
+            assert delivered == list(range(len(delivered)))
+            return
+        assert delivered, "no batch was sampled"
+        if o["sampler"] == "exactly_k":
+            counts = np.bincount(np.asarray(delivered))
+            assert counts.max() <= 2
+        buf.save(tmp_path / "ckpt")
+        with SharedReplayBuffer.load(tmp_path / "ckpt") as loaded:
+            if o["sampler"] == "exactly_k" or o["rate_limiter"] is not None:
+                return  # their samples would wait for rows or inserts no writer brings
+            for _ in range(2):
+                want = buf.sample(B, copy=True)
+                assert_same(want, loaded.sample(B, copy=True))
