@@ -918,21 +918,131 @@ def test_adam_rejects_bad_grad(g):
     assert opt.t == 1
 
 
+LR_RANGE = "lr must be finite and in (0.0, 1000.0], got"
+EPS_RANGE = "eps must be finite and >= 1.1754943508222875e-38, got"
+
+
 @pytest.mark.parametrize("kwargs, msg", [
-    ({"lr": 0}, "lr must be > 0, got 0"),
-    ({"lr": -1e-3}, "lr must be > 0, got -0.001"),
-    ({"lr": float("nan")}, "lr must be > 0, got nan"),
-    ({"eps": 0.0}, "eps must be > 0, got 0.0"),
-    ({"betas": (1.0, 0.999)}, "betas must be in [0, 1), got (1.0, 0.999)"),
-    ({"betas": (0.9, 1.0)}, "betas must be in [0, 1), got (0.9, 1.0)"),
-    ({"betas": (-0.1, 0.999)}, "betas must be in [0, 1), got (-0.1, 0.999)"),
-    ({"betas": (0.9, 1.5)}, "betas must be in [0, 1), got (0.9, 1.5)"),
+    ({"lr": 0}, f"{LR_RANGE} 0.0"),
+    ({"lr": -1e-3}, f"{LR_RANGE} -0.001"),
+    ({"lr": float("nan")}, f"{LR_RANGE} nan"),
+    # inf or 1e308 made every parameter inf in one step; 1e4 is past the documented bound
+    ({"lr": float("inf")}, f"{LR_RANGE} inf"),
+    ({"lr": 1e308}, f"{LR_RANGE} 1e+308"),
+    ({"lr": 1e4}, f"{LR_RANGE} 10000.0"),
+    ({"eps": 0.0}, f"{EPS_RANGE} 0.0"),
+    ({"eps": float("inf")}, f"{EPS_RANGE} inf"),
+    ({"eps": 1e-300}, f"{EPS_RANGE} 1e-300"),
+    ({"betas": (1.0, 0.999)}, "betas must be two floats in [0, 1), got (1.0, 0.999)"),
+    ({"betas": (0.9, 1.0)}, "betas must be two floats in [0, 1), got (0.9, 1.0)"),
+    ({"betas": (-0.1, 0.999)}, "betas must be two floats in [0, 1), got (-0.1, 0.999)"),
+    ({"betas": (0.9, 1.5)}, "betas must be two floats in [0, 1), got (0.9, 1.5)"),
+    ({"betas": (0.9,)}, "betas must be two floats in [0, 1), got (0.9,)"),
+    ({"betas": (0.9, 0.99, 0.9)}, "betas must be two floats in [0, 1), got (0.9, 0.99, 0.9)"),
+    ({"betas": ("0.9", 0.999)}, "betas must be two floats in [0, 1), got ('0.9', 0.999)"),
+    ({"betas": 0.9}, "betas must be two floats in [0, 1), got 0.9"),
 ], ids=lambda v: str(v))
 def test_adam_rejects_bad_hyperparameters(kwargs, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
         Adam(np.zeros(3, np.float32), **kwargs)
     with pytest.raises(ValueError, match=re.escape(msg)):
         DQN((4, 2), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"lr": "1e-3"}, {"lr": True}, {"eps": None}], ids=str)
+def test_adam_rejects_hyperparameters_of_the_wrong_type(kwargs):
+    (name, value), = kwargs.items()
+    msg = f"{name} must be a number, got {type(value).__name__} {value!r}"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        Adam(np.zeros(3, np.float32), **kwargs)
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        DQN((4, 2), **kwargs)
+
+
+def test_adam_bounds_keep_a_step_finite():
+    """The extremes accepted (lr 1e3, eps 2**-126) on the gradients the bounds are about: a
+    gradient whose square underflows float32's second moment to 0 (the step is then m / eps),
+    a large one and an ordinary one; every parameter stays finite."""
+    p = np.zeros(4, np.float32)
+    opt = Adam(p, lr=1e3, eps=float(np.finfo(np.float32).tiny), betas=(0.0, 0.999))
+    g = np.array([1e-23, -1e-30, 1e18, 1.0], np.float32)
+    for _ in range(3):
+        opt.step(g)
+    assert opt.v[0] == 0 and np.isfinite(p).all() and (np.abs(p) > 0).all()
+    # and just past them: refused
+    with pytest.raises(ValueError, match="lr must be"):
+        Adam(p, lr=np.nextafter(1e3, np.inf))
+    with pytest.raises(ValueError, match="eps must be"):
+        Adam(p, eps=np.nextafter(np.finfo(np.float32).tiny, 0, dtype=np.float64))
+
+
+def adam_state(**change):
+    opt = Adam(np.arange(5, dtype=np.float32), lr=0.01)
+    opt.step(np.ones(5, np.float32))
+    state = opt.state_dict()
+    state.update(change)
+    return state
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"lr": float("inf")}, "state['lr']: expected a finite float in [0.0, 1000.0], got inf"),
+    ({"lr": 1e308}, "state['lr']: expected a finite float in [0.0, 1000.0], got 1e+308"),
+    ({"lr": -1.0}, "state['lr']: expected a finite float in [0.0, 1000.0], got -1.0"),
+    ({"lr": "0.1"}, "state['lr']: expected a finite float in [0.0, 1000.0], got '0.1'"),
+    ({"eps": float("inf")}, "state['eps']: expected a finite float >= 1.1754943508222875e-38, got inf"),
+    ({"eps": 0.0}, "state['eps']: expected a finite float >= 1.1754943508222875e-38, got 0.0"),
+    ({"betas": [1.0, 0.9]}, "state['betas']: expected two floats in [0, 1), got [1.0, 0.9]"),
+    ({"betas": [0.9]}, "state['betas']: expected two floats in [0, 1), got [0.9]"),
+    ({"t": 2 ** 70}, f"state['t']: expected an int in [0, {2 ** 62}], got {2 ** 70}"),
+    ({"t": 2 ** 62 + 1}, f"state['t']: expected an int in [0, {2 ** 62}], got {2 ** 62 + 1}"),
+    ({"t": -1}, f"state['t']: expected an int in [0, {2 ** 62}], got -1"),
+    ({"t": 1.0}, f"state['t']: expected an int in [0, {2 ** 62}], got 1.0"),
+    ({"t": True}, f"state['t']: expected an int in [0, {2 ** 62}], got True"),
+    ({"m": np.zeros(3)}, "state['m']: expected finite floats of shape (5,), got float64 of shape (3,)"),
+    ({"m": np.array([0, 0, np.nan, 0, 0])}, "state['m']: expected finite floats of shape (5,), got nan at index 2"),
+    ({"m": np.array([0, 0, 0, 1e39, 0])}, "state['m']: expected finite floats of shape (5,), got 1e+39 at index 3"),
+    ({"v": np.array([0, -1.0, 0, 0, 0])}, "state['v']: expected finite floats of shape (5,) >= 0, got -1.0 at index 1"),
+    ({"v": np.zeros(5, np.int64)}, "state['v']: expected finite floats of shape (5,) >= 0, got int64 of shape (5,)"),
+], ids=str)
+def test_adam_load_state_dict_rejects_bad_state_and_changes_nothing(change, match):
+    p = np.arange(5, dtype=np.float32)
+    opt = Adam(p, lr=0.1, betas=(0.5, 0.9), eps=1e-6)
+    opt.step(np.full(5, 0.5, np.float32))
+    before = snapshot(p, opt.m, opt.v)
+    hyper = (opt.t, opt.lr, opt.betas, opt.eps)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        opt.load_state_dict(adam_state(**change))
+    assert_unchanged(before, (p, opt.m, opt.v))
+    assert (opt.t, opt.lr, opt.betas, opt.eps) == hyper
+    opt.load_state_dict(adam_state())  # a good state still loads
+
+
+def test_adam_load_state_dict_names_missing_fields():
+    opt = Adam(np.zeros(5, np.float32))
+    state = adam_state()
+    del state["eps"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'eps'")):
+        opt.load_state_dict(state)
+    with pytest.raises(ValueError, match=re.escape("state: expected a mapping, got list")):
+        opt.load_state_dict([1, 2])
+    assert opt.t == 0 and opt.lr == 1e-3
+
+
+def test_adam_state_at_the_bounds_loads_and_steps():
+    """lr 0 (a rate annealed to 0) loads; the largest step count accepted, 2**62, still steps
+    (the kernel's int64 step number is t + 1; beta ** t underflows to 0)."""
+    p = np.arange(5, dtype=np.float32)
+    opt = Adam(p)
+    opt.load_state_dict(adam_state(lr=0.0))
+    opt.step(np.ones(5, np.float32))
+    np.testing.assert_array_equal(p, np.arange(5, dtype=np.float32))
+    opt.load_state_dict(adam_state(t=2 ** 62, lr=1e-3))
+    opt.step(np.ones(5, np.float32))
+    assert opt.t == 2 ** 62 + 1 and np.isfinite(p).all() and not np.array_equal(p, np.arange(5))
+    with pytest.raises(ValueError, match="state\\['t'\\]"):
+        opt.load_state_dict(adam_state(t=2 ** 62 + 1))
+    with pytest.raises(ValueError, match="state\\['lr'\\]"):
+        opt.load_state_dict(adam_state(lr=np.nextafter(1e3, np.inf)))
 
 
 @pytest.mark.parametrize("params", [[1.0, 2.0], np.zeros((2, 3), np.float32), np.zeros(3, np.int64)],
@@ -1033,6 +1143,7 @@ def test_state_dict_and_copy_from_reject_mismatches():
         a.load_state_dict(b.state_dict())
     np.testing.assert_array_equal(a.params, before)
     opt = Adam(a.params)
-    with pytest.raises(ValueError, match=re.escape("state['m']: expected shape (58,), got (3,)")):
+    with pytest.raises(ValueError, match=re.escape("state['m']: expected finite floats of shape (58,), "
+                                                   "got float64 of shape (3,)")):
         opt.load_state_dict({"t": 1, "m": np.zeros(3), "v": np.zeros(58), "lr": 1.0, "betas": (0.9, 0.9), "eps": 1.0})
     assert opt.t == 0 and opt.lr == 1e-3 and not opt.m.any()

@@ -22,11 +22,80 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ._checks import check_float, check_int, float_range
 from ._rng import splitmix64
 
 __all__ = ["MLP", "Adam", "DQN", "PPO", "orthogonal"]
 
 ACTIVATIONS = ("relu", "tanh")
+
+# Bounds of Adam's hyperparameters (the reasons are in its docstring).
+_LR_MAX = 1e3
+_EPS_MIN = float(np.finfo(np.float32).tiny)  # float32's smallest normal, 2**-126
+_T_MAX = 1 << 62
+
+
+def _betas(value) -> tuple[float, float] | None:
+    """``value`` as two floats in [0, 1), or None if it is not that."""
+    try:
+        pair = tuple(value)
+    except TypeError:
+        return None
+    if len(pair) != 2 or not all(
+            not isinstance(b, bool) and isinstance(b, (int, float, np.integer, np.floating))
+            and 0.0 <= b < 1.0 for b in pair):
+        return None
+    return float(pair[0]), float(pair[1])
+
+
+# -- checks of state dicts: untrusted input, every problem a ValueError naming the field ----------
+def _state_error(field: str, expected: str, got: str) -> ValueError:
+    return ValueError(f"state[{field!r}]: expected {expected}, got {got}")
+
+
+def _state_fields(state, keys, prefix: str = "") -> None:
+    """``state`` is a mapping holding every key of ``keys``."""
+    if not isinstance(state, Mapping):
+        where = f"state[{prefix[:-1]!r}]" if prefix else "state"
+        raise ValueError(f"{where}: expected a mapping, got {type(state).__name__}")
+    for key in keys:
+        if key not in state:
+            raise ValueError(f"state: missing field {prefix + key!r}")
+
+
+def _state_float(field: str, value, low: float, high: float | None = None, *,
+                 low_open: bool = False) -> float:
+    try:
+        return check_float(field, value, low, low_open=low_open, high=high)
+    except (TypeError, ValueError):
+        raise _state_error(field, f"a finite float {float_range(low, high, low_open)}",
+                           repr(value)) from None
+
+
+def _state_int(field: str, value, low: int, high: int) -> int:
+    try:
+        return check_int(field, value, low, high)
+    except (TypeError, ValueError):
+        raise _state_error(field, f"an int in [{low}, {high}]", repr(value)) from None
+
+
+def _state_array(field: str, value, like: np.ndarray, *, nonneg: bool = False) -> np.ndarray:
+    """``value`` as floats of ``like``'s shape, finite in ``like``'s dtype (a float64 value
+    beyond float32's range would turn inf when stored)."""
+    expected = f"finite floats of shape {like.shape}" + (" >= 0" if nonneg else "")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):  # a ragged sequence
+        raise _state_error(field, expected, type(value).__name__) from None
+    if arr.shape != like.shape or arr.dtype.kind != "f":
+        raise _state_error(field, expected, f"{arr.dtype} of shape {arr.shape}")
+    bad = ~np.isfinite(arr) | (np.abs(arr) > np.finfo(like.dtype).max)
+    if nonneg:
+        bad |= arr < 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _state_error(field, expected, f"{float(arr.flat[i])} at index {i}")
+    return arr
 
 
 def _kernels():
@@ -280,22 +349,43 @@ class Adam:
     params : ndarray of float, shape (n_params,)
         Updated in place by :meth:`step`.
     lr : float, default 1e-3
+        Finite, in (0, 1e3]. Adam moves each parameter by about ``lr`` per step whatever the
+        gradient's scale (by exactly ``lr`` on the first step, eps aside), so 1e3 is far above
+        any useful rate, and far below the rates whose arithmetic overflows: the bias-corrected
+        ``lr / (1 - beta1 ** t)`` in float64 from about 1e292, a float32 parameter's step from
+        about 3e38 (an inf step makes the parameters inf or NaN).
     betas : (float, float), default (0.9, 0.999)
+        Each in [0, 1).
     eps : float, default 1e-8
+        Finite, >= float32's smallest normal (2**-126, about 1.2e-38). The moments are kept in
+        the parameters' type: where the second moment has underflowed to 0 the step is ``m /
+        eps``, which a smaller eps could overflow (a gradient of 1e-23 in float32 with eps
+        1e-300 did).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A hyperparameter of the wrong type or out of range (the message names it).
+
+    Attributes
+    ----------
+    t : int
+        Steps taken (bias corrections use ``t``); a loaded state holds at most 2**62, which
+        leaves the kernels' int64 step number 2**62 updates of room (centuries at a
+        microsecond each). ``beta ** t`` is well defined for any such ``t``.
     """
 
     def __init__(self, params: np.ndarray, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
         if not isinstance(params, np.ndarray) or params.ndim != 1 or params.dtype.kind != "f":
             raise TypeError("params: expected a 1-D float ndarray, got "
                             f"{type(params).__name__} {getattr(params, 'shape', '')}")
-        for name, value in (("lr", lr), ("eps", eps)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
-        b1, b2 = (float(b) for b in betas)
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {betas!r}")
+        lr = check_float("lr", lr, 0.0, low_open=True, high=_LR_MAX)
+        eps = check_float("eps", eps, _EPS_MIN)
+        pair = _betas(betas)
+        if pair is None:
+            raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
         self.params = params
-        self.lr, self.betas, self.eps = float(lr), (b1, b2), float(eps)
+        self.lr, self.betas, self.eps = lr, pair, eps
         self.m = np.zeros_like(params)
         self.v = np.zeros_like(params)
         self.t = 0
@@ -315,13 +405,29 @@ class Adam:
                 "betas": list(self.betas), "eps": self.eps}
 
     def load_state_dict(self, state: Mapping) -> None:
-        for key in ("m", "v"):
-            if np.shape(state[key]) != self.params.shape:
-                raise ValueError(f"state[{key!r}]: expected shape {self.params.shape}, got {np.shape(state[key])}")
-        self.m[...] = state["m"]
-        self.v[...] = state["v"]
-        self.t = int(state["t"])
-        self.lr, self.betas, self.eps = float(state["lr"]), tuple(state["betas"]), float(state["eps"])
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field, and nothing changed, when anything is missing or out of range (as for the
+        constructor, but ``lr`` may be 0: a rate annealed to 0; ``t`` in [0, 2**62]; ``m`` and
+        ``v`` finite, ``v >= 0``)."""
+        self._apply(self._check_state(state))
+
+    def _check_state(self, state, prefix: str = "") -> tuple:
+        """The checked values of ``state`` (fields named ``prefix + key``), for :meth:`_apply`."""
+        _state_fields(state, ("t", "m", "v", "lr", "betas", "eps"), prefix)
+        m = _state_array(prefix + "m", state["m"], self.m)
+        v = _state_array(prefix + "v", state["v"], self.v, nonneg=True)
+        t = _state_int(prefix + "t", state["t"], 0, _T_MAX)
+        lr = _state_float(prefix + "lr", state["lr"], 0.0, _LR_MAX)
+        betas = _betas(state["betas"])
+        if betas is None:
+            raise _state_error(prefix + "betas", "two floats in [0, 1)", repr(state["betas"]))
+        eps = _state_float(prefix + "eps", state["eps"], _EPS_MIN)
+        return m, v, t, lr, betas, eps
+
+    def _apply(self, checked: tuple) -> None:
+        m, v, self.t, self.lr, self.betas, self.eps = checked
+        self.m[...] = m
+        self.v[...] = v
 
 
 class DQN:
