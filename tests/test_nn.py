@@ -1058,6 +1058,121 @@ def test_dqn_rejects_bad_gamma(gamma):
         DQN((4, 2), gamma=gamma)
 
 
+@pytest.mark.parametrize("gamma", ["0.9", True, None])
+def test_dqn_rejects_a_gamma_of_the_wrong_type(gamma):
+    with pytest.raises(TypeError, match=re.escape(f"gamma must be a number, got {type(gamma).__name__}")):
+        DQN((4, 2), gamma=gamma)
+
+
+@pytest.mark.parametrize("seed, exc", [(-1, ValueError), (2 ** 64, ValueError), (1.5, TypeError),
+                                       ("1", TypeError), (True, TypeError)], ids=str)
+def test_mlp_and_dqn_reject_bad_seeds(seed, exc):
+    for make in (lambda: MLP((4, 2), seed=seed), lambda: DQN((4, 2), seed=seed),
+                 lambda: MLP((4, 2)).reset_parameters(seed)):
+        with pytest.raises(exc, match="^seed must be"):
+            make()
+    MLP((4, 2), seed=2 ** 64 - 1)  # the largest accepted
+
+
+def test_mlp_refuses_more_parameters_than_int64_offsets_hold():
+    # (the layer table's int64 offsets overflowed with an OverflowError naming nothing)
+    with pytest.raises(ValueError, match=re.escape(f"sizes: expected at most 2**63 - 1 parameters, got "
+                                                   f"{2 ** 64 + 2 ** 32} from (4294967296, 4294967296)")):
+        MLP((2 ** 32, 2 ** 32))
+
+
+def test_mlp_load_state_dict_rejects_bad_params_and_changes_nothing():
+    net = MLP((4, 8, 2), seed=0)
+    before = net.params.copy()
+    for params, got in ((np.where(np.arange(58) == 7, np.nan, 0.0), "nan at index 7"),
+                        (np.where(np.arange(58) == 3, np.inf, 0.0), "inf at index 3"),
+                        (np.full(58, 1e39), "1e+39 at index 0"),  # inf once stored as float32
+                        (np.zeros(58, np.int64), "int64 of shape (58,)"),
+                        (np.zeros((58, 1)), "float64 of shape (58, 1)")):
+        state = {**net.state_dict(), "params": params}
+        with pytest.raises(ValueError, match=re.escape(f"state['params']: expected finite floats of "
+                                                       f"shape (58,), got {got}")):
+            net.load_state_dict(state)
+    for change, match in (({"sizes": "4,8,2"}, "state['sizes']: expected [4, 8, 2] (58 params), got '4,8,2'"),
+                          ({"sizes": [4.0, 8, 2]}, "state['sizes']: expected [4, 8, 2]"),
+                          ({"sizes": None}, "state['sizes']: expected [4, 8, 2]")):
+        with pytest.raises(ValueError, match=re.escape(match)):
+            net.load_state_dict({**net.state_dict(), **change})
+    state = net.state_dict()
+    del state["params"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'params'")):
+        net.load_state_dict(state)
+    np.testing.assert_array_equal(net.params, before)
+
+
+def dqn_state(**change):
+    d = DQN((4, 8, 2), lr=1e-3, gamma=0.9, seed=1)
+    d.train(make_batch(np.random.default_rng(3), 16, 4, 2))
+    state = d.state_dict()
+    for key, value in change.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            state[outer] = {**state[outer], inner: value}
+        else:
+            state[key] = value
+    return state
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"gamma": 2.0}, "state['gamma']: expected a float in [0, 1], got 2.0"),
+    ({"gamma": float("nan")}, "state['gamma']: expected a float in [0, 1], got nan"),
+    ({"gamma": "0.9"}, "state['gamma']: expected a float in [0, 1], got '0.9'"),
+    ({"optim.lr": float("inf")}, "state['optim.lr']: expected a finite float in [0.0, 1000.0], got inf"),
+    ({"optim.lr": 1e308}, "state['optim.lr']: expected a finite float in [0.0, 1000.0], got 1e+308"),
+    ({"optim.eps": float("inf")}, "state['optim.eps']: expected a finite float >= "),
+    ({"optim.t": 2 ** 70}, f"state['optim.t']: expected an int in [0, {2 ** 62}], got {2 ** 70}"),
+    ({"optim.betas": (0.9, 1.0)}, "state['optim.betas']: expected two floats in [0, 1), got (0.9, 1.0)"),
+    ({"optim.v": -np.ones(58)}, "state['optim.v']: expected finite floats of shape (58,) >= 0, got -1.0 at index 0"),
+    ({"online.params": np.full(58, np.nan)}, "state['online.params']: expected finite floats of shape (58,), got nan"),
+    # the online network is fine and differs from ours: a refused target must not leave it loaded
+    ({"target.sizes": [4, 9, 2]}, "state['target.sizes']: expected [4, 8, 2] (58 params), got [4, 9, 2]"),
+    ({"target.activation": "tanh"}, "state['target.activation']: expected 'relu', got 'tanh'"),
+    ({"optim": [1, 2]}, "state['optim']: expected a mapping, got list"),
+    ({"gamma": None}, "state['gamma']: expected a float in [0, 1], got None"),
+], ids=str)
+def test_dqn_load_state_dict_rejects_bad_state_and_changes_nothing(change, match):
+    d = DQN((4, 8, 2), lr=2e-3, gamma=0.5, seed=0)
+    d.train(make_batch(np.random.default_rng(2), 16, 4, 2))
+    d.sync_target()
+    before = snapshot(d.online.params, d.target.params, d.optim.m, d.optim.v)
+    hyper = (d.gamma, d.optim.t, d.optim.lr, d.optim.betas, d.optim.eps)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        d.load_state_dict(dqn_state(**change))
+    assert_unchanged(before, (d.online.params, d.target.params, d.optim.m, d.optim.v))
+    assert (d.gamma, d.optim.t, d.optim.lr, d.optim.betas, d.optim.eps) == hyper
+    d.load_state_dict(dqn_state())
+    assert d.gamma == 0.9 and d.optim.lr == 1e-3
+
+
+def test_dqn_load_state_dict_names_missing_fields():
+    d = DQN((4, 8, 2), seed=0)
+    state = dqn_state()
+    del state["optim"]["t"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'optim.t'")):
+        d.load_state_dict(state)
+    del state["gamma"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'gamma'")):
+        d.load_state_dict(state)
+    assert d.optim.t == 0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_dqn_act_refuses_non_finite_q_values(bad):
+    d = DQN((4, 8, 2), seed=0)
+    with pytest.raises(ValueError, match=r"obs: the Q-values are \[nan, nan\].*no action is greedy"):
+        d.act(np.array([0.5, np.nan, 0.0, 0.0]))
+    d.online.layer(1)[1][1] = bad  # an output bias: that Q-value is not finite whatever obs is
+    with pytest.raises(ValueError, match=r"obs: the Q-values are \[.*(nan|inf)\]"):
+        d.act(np.zeros(4))
+    d.online.layer(1)[1][1] = 0.0
+    assert d.act(np.zeros(4)) in (0, 1)
+
+
 def bad_batches(n=6):
     def change(**kv):
         b = make_batch(np.random.default_rng(0), n, 4, 2)
@@ -1139,7 +1254,7 @@ def test_state_dict_and_copy_from_reject_mismatches():
     msg = "copy_from: expected a network of sizes (4, 8, 2) and dtype float32"
     with pytest.raises(ValueError, match=re.escape(msg)):
         a.copy_from(MLP((4, 8, 2), dtype="float64"))
-    with pytest.raises(ValueError, match=re.escape("state: expected sizes (4, 8, 2)")):
+    with pytest.raises(ValueError, match=re.escape("state['sizes']: expected [4, 8, 2] (58 params), got [4, 9, 2]")):
         a.load_state_dict(b.state_dict())
     np.testing.assert_array_equal(a.params, before)
     opt = Adam(a.params)

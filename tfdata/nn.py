@@ -22,17 +22,27 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._checks import check_float, check_int, float_range
+from ._checks import check_float, check_int, check_unit, float_range
 from ._rng import splitmix64
 
 __all__ = ["MLP", "Adam", "DQN", "PPO", "orthogonal"]
 
 ACTIVATIONS = ("relu", "tanh")
 
-# Bounds of Adam's hyperparameters (the reasons are in its docstring).
+# Bounds of the hyperparameters (the reasons are in Adam's docstring).
 _LR_MAX = 1e3
 _EPS_MIN = float(np.finfo(np.float32).tiny)  # float32's smallest normal, 2**-126
 _T_MAX = 1 << 62
+_SEED_MAX = (1 << 64) - 1
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_seed(seed) -> int | None:
+    """``seed`` as None or an int in [0, 2**64)."""
+    return None if seed is None else check_int("seed", seed, 0, _SEED_MAX)
 
 
 def _betas(value) -> tuple[float, float] | None:
@@ -136,8 +146,8 @@ class MLP:
     sizes : sequence of int
         Units per layer, input first: ``(4, 120, 84, 2)`` is CleanRL's CartPole Q-network.
     seed : int, optional
-        Seed of the initialisation, which follows ``torch.nn.Linear``: weights and biases
-        uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``.
+        Seed of the initialisation (in [0, 2**64)), which follows ``torch.nn.Linear``: weights
+        and biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``.
     dtype : {"float32", "float64"}, default "float32"
         float64 is for gradient checks.
     activation : {"relu", "tanh"}, default "relu"
@@ -167,6 +177,9 @@ class MLP:
         if self.dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
         self.sizes = tuple(int(s) for s in sizes)
+        n_params = sum(a * b + b for a, b in zip(self.sizes, self.sizes[1:]))
+        if n_params >= 1 << 63:  # the layer table holds int64 offsets
+            raise ValueError(f"sizes: expected at most 2**63 - 1 parameters, got {n_params} from {sizes!r}")
         table = np.zeros((len(sizes) - 1, 5), dtype=np.int64)
         off = col = 0
         for layer, (n_in, n_out) in enumerate(zip(self.sizes, self.sizes[1:])):
@@ -204,7 +217,7 @@ class MLP:
 
     def reset_parameters(self, seed: int | None = None) -> None:
         """Initialise as ``torch.nn.Linear``: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both."""
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(_check_seed(seed))
         for index in range(len(self.table)):
             weight, bias = self.layer(index)
             bound = 1.0 / math.sqrt(weight.shape[1])
@@ -216,7 +229,7 @@ class MLP:
         hidden layers, ``out_gain`` for the output layer), biases 0.
 
         ``seed`` may be a ``numpy.random.Generator`` (drawn from in layer order)."""
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed if isinstance(seed, np.random.Generator) else _check_seed(seed))
         last = len(self.table) - 1
         for index in range(len(self.table)):
             weight, bias = self.layer(index)
@@ -330,15 +343,22 @@ class MLP:
                 "params": self.params.copy()}
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field, and nothing changed, when anything is missing or does not fit (parameters
+        must be finite)."""
+        self.params[...] = self._check_state(state)
+
+    def _check_state(self, state, prefix: str = "") -> np.ndarray:
+        """The parameters of ``state``, checked (fields named ``prefix + key``)."""
+        _state_fields(state, ("sizes", "params"), prefix)
         activation = state.get("activation", "relu")  # states written before tanh existed
         if activation != self.activation:
-            raise ValueError(f"state['activation']: expected {self.activation!r}, got {activation!r}")
-        sizes = tuple(int(s) for s in state["sizes"])
-        params = np.asarray(state["params"])
-        if sizes != self.sizes or params.shape != self.params.shape:
-            raise ValueError(f"state: expected sizes {self.sizes} ({self.n_params} params), got "
-                             f"{sizes} ({params.shape})")
-        self.params[...] = params
+            raise _state_error(prefix + "activation", repr(self.activation), repr(activation))
+        sizes = state["sizes"]
+        if not (isinstance(sizes, (list, tuple)) and len(sizes) == len(self.sizes)
+                and all(_is_int(n) and n == m for n, m in zip(sizes, self.sizes))):
+            raise _state_error(prefix + "sizes", f"{list(self.sizes)} ({self.n_params} params)", repr(sizes))
+        return _state_array(prefix + "params", state["params"], self.params)
 
 
 class Adam:
@@ -444,31 +464,43 @@ class DQN:
     sizes : sequence of int
         Q-network layer sizes, observation size first, number of actions last.
     lr : float, default 2.5e-4
+        Finite, in (0, 1e3] (see :class:`Adam`).
     gamma : float, default 0.99
+        In [0, 1].
     betas, eps
-        Adam's.
+        Adam's (see :class:`Adam` for their ranges).
     seed : int, optional
-        Seed of the initialisation (the target starts as a copy of the online network).
+        Seed of the initialisation, in [0, 2**64) (the target starts as a copy of the online
+        network).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument of the wrong type or out of range (the message names it).
     """
 
     def __init__(self, sizes: Sequence[int], *, lr: float = 2.5e-4, gamma: float = 0.99,
                  betas=(0.9, 0.999), eps: float = 1e-8, seed: int | None = None):
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-        self.gamma = float(gamma)
+        self.gamma = check_unit("gamma", gamma)
         self.online = MLP(sizes, seed=seed)
         self.target = MLP(sizes)
         self.target.copy_from(self.online)
         self.optim = Adam(self.online.params, lr=lr, betas=betas, eps=eps)
         self._x1 = np.zeros((1, self.online.n_in), dtype=np.float32)
         self._act_ws = self.online._workspace(1)
+        # act's Q-values: the output block of its batch-of-one workspace
+        q0 = int(self.online.table[-1, 4])
+        self._q1 = self._act_ws[0][q0:q0 + self.online.n_out]
         self._obs_shape = (self.online.n_in,)
         self._ws: dict[int, tuple] = {}
         self.td_errors = np.zeros(0, dtype=np.float32)
         self._k = self.online._k
 
     def act(self, obs) -> int:
-        """The greedy action for one observation (shape (n_in,))."""
+        """The greedy action for one observation (shape (n_in,)).
+
+        Raises ValueError when the Q-values are not finite (NaN or inf in ``obs`` or in the
+        parameters): no action is the greedy one then."""
         if np.shape(obs) != self._obs_shape:
             raise ValueError(f"obs: expected shape {self._obs_shape}, got {np.shape(obs)}")
         self._x1[0] = obs  # one copy into float32, no allocation
@@ -476,6 +508,9 @@ class DQN:
         acts, _, out, idx, coef = self._act_ws
         # straight to the kernel: _x1 is this object's own, of the right shape and dtype
         self._k.mlp_argmax(net.params, net.table, self._x1, acts, net._tmp, idx, coef, out)
+        if not np.isfinite(self._q1).all():
+            raise ValueError(f"obs: the Q-values are {self._q1.tolist()} (NaN or inf in obs "
+                             f"{self._x1[0].tolist()} or in the parameters); no action is greedy")
         return int(out[0])
 
     def _workspace(self, batch: int) -> tuple:
@@ -555,10 +590,22 @@ class DQN:
                 "optim": self.optim.state_dict(), "gamma": self.gamma}
 
     def load_state_dict(self, state: Mapping) -> None:
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optim.load_state_dict(state["optim"])
-        self.gamma = float(state["gamma"])
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field (``online.params``, ``optim.lr``, ``gamma``, ...), and nothing changed, when
+        anything is missing or out of range (the ranges of :class:`Adam` and the constructor)."""
+        _state_fields(state, ("online", "target", "optim", "gamma"))
+        online = self.online._check_state(state["online"], "online.")
+        target = self.target._check_state(state["target"], "target.")
+        optim = self.optim._check_state(state["optim"], "optim.")
+        try:
+            gamma = check_unit("gamma", state["gamma"])
+        except (TypeError, ValueError):
+            raise _state_error("gamma", "a float in [0, 1]", repr(state["gamma"])) from None
+        # everything checked: apply
+        self.online.params[...] = online
+        self.target.params[...] = target
+        self.optim._apply(optim)
+        self.gamma = gamma
 
 
 _PPO_STATS = ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
