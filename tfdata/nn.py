@@ -29,10 +29,11 @@ __all__ = ["MLP", "Adam", "DQN", "PPO", "orthogonal"]
 
 ACTIVATIONS = ("relu", "tanh")
 
-# Bounds of the hyperparameters (the reasons are in Adam's docstring).
+# Bounds of the hyperparameters (the reasons are in Adam's and PPO's docstrings).
 _LR_MAX = 1e3
 _EPS_MIN = float(np.finfo(np.float32).tiny)  # float32's smallest normal, 2**-126
 _T_MAX = 1 << 62
+_F32_MAX = float(np.finfo(np.float32).max)
 _SEED_MAX = (1 << 64) - 1
 
 
@@ -608,6 +609,8 @@ class DQN:
         self.gamma = gamma
 
 
+#: PPO's float coefficients ``(name, low, low open)``; each also at most float32's largest
+_PPO_COEFS = (("clip_coef", 0.0, False), ("ent_coef", 0.0, False), ("vf_coef", 0.0, False))
 _PPO_STATS = ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
 #: the minibatch fields :meth:`PPO.train` reads, besides ``obs`` and ``action``
 _PPO_FLOAT_FIELDS = ("log_prob", "advantage", "return", "value")
@@ -628,21 +631,32 @@ class PPO:
     hidden : sequence of int, default (64, 64)
         Hidden layer sizes of both networks.
     lr : float, default 2.5e-4
-        Adam's learning rate; settable (``agent.lr = frac * 2.5e-4`` anneals as CleanRL does).
+        Adam's learning rate, finite, in (0, 1e3] (see :class:`Adam`); settable, in [0, 1e3]
+        (``agent.lr = frac * 2.5e-4`` anneals as CleanRL does).
     eps : float, default 1e-5
-        Adam's epsilon (CleanRL's; torch's default is 1e-8). Betas are (0.9, 0.999).
+        Adam's epsilon (CleanRL's; torch's default is 1e-8), finite, >= 2**-126 (see
+        :class:`Adam`).
     clip_coef : float, default 0.2
-        Clip range of the probability ratio, and of the value change when ``clip_vloss``.
+        Clip range of the probability ratio, and of the value change when ``clip_vloss``; in
+        [0, 3.4e38] (see Notes).
     clip_vloss : bool, default True
     ent_coef, vf_coef : float, default 0.01, 0.5
+        In [0, 3.4e38] (see Notes).
     max_grad_norm : float or None, default 0.5
         Global L2 norm the gradient of both networks together is clipped to
-        (``torch.nn.utils.clip_grad_norm_``); None: no clipping.
+        (``torch.nn.utils.clip_grad_norm_``), in (0, 3.4e38]; None: no clipping.
     norm_adv : bool, default True
         Normalise advantages per minibatch (``(a - mean) / (std + 1e-8)``, unbiased std).
     seed : int, optional
-        Seeds the initialisation and the action sampler (tfdata's counter-based generator,
-        never numpy's global one).
+        In [0, 2**64). Seeds the initialisation and the action sampler (tfdata's counter-based
+        generator, never numpy's global one).
+    betas : (float, float), default (0.9, 0.999)
+        Adam's, each in [0, 1).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument of the wrong type or out of range (the message names it).
 
     Attributes
     ----------
@@ -653,6 +667,13 @@ class PPO:
     stats : dict
         Of the last :meth:`train` call: pg_loss, v_loss, entropy, old_approx_kl, approx_kl,
         clipfrac (floats, as CleanRL logs them), and grad_norm (before clipping).
+
+    Notes
+    -----
+    The coefficients' upper bound is float32's largest value: the update is computed in
+    float32, the type of the networks (the clip range is a float32 constant, as torch's clamp
+    bounds). A coefficient so large that the gradient overflows is refused by :meth:`train`,
+    which then updates nothing.
     """
 
     def __init__(self, obs_size: int, n_actions: int, *, hidden: Sequence[int] = (64, 64),
@@ -665,17 +686,23 @@ class PPO:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if n_actions < 2:
             raise ValueError(f"n_actions must be >= 2, got {n_actions!r}")
-        hidden = tuple(hidden)
-        if len(hidden) < 1:
-            raise ValueError(f"hidden must name at least one layer, got {hidden!r}")
-        for name, value in (("clip_coef", clip_coef), ("ent_coef", ent_coef), ("vf_coef", vf_coef)):
-            if not (isinstance(value, (int, float, np.floating)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite float >= 0, got {value!r}")
-        if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a finite float > 0 or None, got {max_grad_norm!r}")
+        try:
+            layers = tuple(hidden)
+        except TypeError:
+            layers = ()
+        if not layers or not all(_is_int(h) and h >= 1 for h in layers):
+            raise ValueError(f"hidden must be a non-empty sequence of positive ints, got {hidden!r}")
+        hidden = tuple(int(h) for h in layers)
+        coefs = {name: check_float(name, value, low, low_open=low_open, high=_F32_MAX)
+                 for (name, low, low_open), value in zip(_PPO_COEFS, (clip_coef, ent_coef, vf_coef))}
+        if max_grad_norm is not None:
+            max_grad_norm = check_float("max_grad_norm", max_grad_norm, 0.0, low_open=True, high=_F32_MAX)
+        for name, value in (("clip_vloss", clip_vloss), ("norm_adv", norm_adv)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (1 << 63))
-        self.seed = int(seed)
+        self.seed = _check_seed(seed)
         rng = np.random.default_rng(self.seed)
         self.actor = MLP((int(obs_size), *hidden, int(n_actions)), activation="tanh")
         self.critic = MLP((int(obs_size), *hidden, 1), activation="tanh")
@@ -696,9 +723,9 @@ class PPO:
         # hyperparameters as the kernel reads them (see kernels._ppo.ppo_train)
         self._hp = np.zeros(10, np.float64)
         self._cst = np.zeros(3, np.float32)
-        self.clip_coef, self.clip_vloss = float(clip_coef), bool(clip_vloss)
-        self.ent_coef, self.vf_coef = float(ent_coef), float(vf_coef)
-        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.clip_coef, self.clip_vloss = coefs["clip_coef"], bool(clip_vloss)
+        self.ent_coef, self.vf_coef = coefs["ent_coef"], coefs["vf_coef"]
+        self.max_grad_norm = max_grad_norm
         self.norm_adv = bool(norm_adv)
         self._rng = np.zeros(2, np.uint64)
         self._rng[0] = np.uint64(splitmix64(self.seed + 0x5A17))  # not the init's stream
@@ -714,10 +741,8 @@ class PPO:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        value = float(value)
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"lr must be a finite float >= 0, got {value!r}")
-        self.optim.lr = value
+        # 0 allowed here (an annealed rate), not at construction (as Adam's)
+        self.optim.lr = check_float("lr", value, 0.0, high=_LR_MAX)
 
     def _pack(self) -> None:
         hp = self._hp
@@ -905,68 +930,39 @@ class PPO:
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
-        the field, and nothing changed, when anything is missing or does not fit."""
-        def fail(field, expected, got):
-            raise ValueError(f"state[{field!r}]: expected {expected}, got {got!r}")
-
-        if not isinstance(state, Mapping):
-            raise ValueError(f"state: expected a mapping, got {type(state).__name__}")
-        for key in ("obs_size", "n_actions", "hidden", "params", "optim", "clip_coef", "clip_vloss",
-                    "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "rng"):
-            if key not in state:
-                raise ValueError(f"state: missing field {key!r}")
+        the field (``optim.lr``, ``clip_coef``, ...), and nothing changed, when anything is
+        missing, does not fit, or is out of the constructor's ranges (``optim`` as
+        :meth:`Adam.load_state_dict` checks it: ``lr`` may be 0, ``t`` at most 2**62)."""
+        _state_fields(state, ("obs_size", "n_actions", "hidden", "params", "optim", "clip_coef",
+                              "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "rng"))
         for key, want in self._config().items():
             got = state[key]
             if key == "hidden":
-                got = list(got) if isinstance(got, (list, tuple)) else got
-            if got != want:
-                fail(key, want, state[key])
-        params = np.asarray(state["params"])
-        if params.shape != self.params.shape or params.dtype.kind != "f" or not np.isfinite(params).all():
-            fail("params", f"finite floats of shape {self.params.shape}",
-                 f"{params.dtype} of shape {params.shape}")
-        optim = state["optim"]
-        if not isinstance(optim, Mapping) or any(k not in optim for k in ("t", "m", "v", "lr", "betas", "eps")):
-            fail("optim", "an Adam state (t, m, v, lr, betas, eps)", type(optim).__name__)
-        for key in ("m", "v"):
-            arr = np.asarray(optim[key])
-            if arr.shape != self.params.shape or arr.dtype.kind != "f" or not np.isfinite(arr).all() \
-                    or (key == "v" and (arr < 0).any()):
-                fail(f"optim.{key}", f"finite floats of shape {self.params.shape}" + (" >= 0" if key == "v" else ""),
-                     f"{arr.dtype} of shape {arr.shape}")
-        t = optim["t"]
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-            fail("optim.t", "an int >= 0", t)
-        lr, eps = optim["lr"], optim["eps"]
-        if not (isinstance(lr, (int, float, np.floating)) and math.isfinite(lr) and lr >= 0):
-            fail("optim.lr", "a finite float >= 0", lr)
-        if not (isinstance(eps, (int, float, np.floating)) and math.isfinite(eps) and eps > 0):
-            fail("optim.eps", "a finite float > 0", eps)
-        betas = tuple(optim["betas"])
-        if len(betas) != 2 or not all(isinstance(x, (int, float, np.floating)) and 0 <= x < 1 for x in betas):
-            fail("optim.betas", "two floats in [0, 1)", optim["betas"])
-        for key in ("clip_coef", "ent_coef", "vf_coef"):
-            x = state[key]
-            if not (isinstance(x, (int, float, np.floating)) and math.isfinite(x) and x >= 0):
-                fail(key, "a finite float >= 0", x)
+                ok = (isinstance(got, (list, tuple)) and len(got) == len(want)
+                      and all(_is_int(g) and g == w for g, w in zip(got, want)))
+            else:
+                ok = _is_int(got) and got == want
+            if not ok:
+                raise _state_error(key, repr(want), repr(got))
+        params = _state_array("params", state["params"], self.params)
+        optim = self.optim._check_state(state["optim"], "optim.")
+        coefs = {name: _state_float(name, state[name], low, _F32_MAX, low_open=low_open)
+                 for name, low, low_open in _PPO_COEFS}
         mgn = state["max_grad_norm"]
-        if mgn is not None and not (isinstance(mgn, (int, float, np.floating)) and math.isfinite(mgn) and mgn > 0):
-            fail("max_grad_norm", "None or a finite float > 0", mgn)
+        if mgn is not None:
+            mgn = _state_float("max_grad_norm", mgn, 0.0, _F32_MAX, low_open=True)
         for key in ("clip_vloss", "norm_adv"):
             if not isinstance(state[key], (bool, np.bool_)):
-                fail(key, "a bool", state[key])
+                raise _state_error(key, "a bool", repr(state[key]))
         rng = state["rng"]
         if not (isinstance(rng, (list, tuple)) and len(rng) == 2
-                and all(isinstance(x, (int, np.integer)) and 0 <= x < 1 << 64 for x in rng)):
-            fail("rng", "[key, counter], two ints in [0, 2**64)", rng)
+                and all(_is_int(x) and 0 <= x <= _SEED_MAX for x in rng)):
+            raise _state_error("rng", "[key, counter], two ints in [0, 2**64)", repr(rng))
         # everything checked: apply
         self.params[...] = params
-        self.optim.m[...] = optim["m"]
-        self.optim.v[...] = optim["v"]
-        self.optim.t = int(t)
-        self.optim.lr, self.optim.betas, self.optim.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
-        self.clip_coef, self.ent_coef, self.vf_coef = (float(state[k]) for k in ("clip_coef", "ent_coef", "vf_coef"))
-        self.max_grad_norm = None if mgn is None else float(mgn)
+        self.optim._apply(optim)
+        self.clip_coef, self.ent_coef, self.vf_coef = (coefs[k] for k in ("clip_coef", "ent_coef", "vf_coef"))
+        self.max_grad_norm = mgn
         self.clip_vloss, self.norm_adv = bool(state["clip_vloss"]), bool(state["norm_adv"])
         self._rng[0], self._rng[1] = np.uint64(rng[0]), np.uint64(rng[1])
 
