@@ -1010,7 +1010,32 @@ def test_act_refuses_nan_obs():
     with pytest.raises(ValueError, match="NaN at row 2"):
         agent.act(obs)
     np.testing.assert_array_equal(agent._rng, rng)
-    assert np.isnan(agent.value(obs)[2])  # values carry NaN through: no state to protect
+
+
+def test_value_and_log_prob_refuse_nan_obs_as_act_does():
+    """They returned NaN values and log-probabilities (a NaN bootstrap value then spreads
+    through GAE into every advantage of its env)."""
+    agent = PPO(4, 2, seed=0)
+    obs = np.zeros((4, 4), np.float32)
+    obs[2, 1] = np.nan
+    rng, state = agent._rng.copy(), agent.state_dict()
+    row = re.escape(str(obs[2].tolist()))
+    with pytest.raises(ValueError, match=rf"^obs: the critic's value is nan at row 2 \(NaN or inf in obs {row} "):
+        agent.value(obs)
+    with pytest.raises(ValueError, match=rf"^obs: the actor's logits are NaN at row 2 \(NaN in obs {row} "):
+        agent.log_prob(obs, np.zeros(4, np.int64))
+    np.testing.assert_array_equal(agent._rng, rng)
+    state_equal(agent.state_dict(), state)
+    obs[2, 1] = 0.0
+    assert np.isfinite(agent.value(obs)).all()
+    assert np.isfinite(agent.log_prob(obs, np.zeros(4, np.int64))[0]).all()
+
+
+def test_value_refuses_a_non_finite_value_from_the_parameters():
+    agent = PPO(4, 2, seed=0)
+    agent.critic.layer(2)[1][0] = np.inf  # the critic's output bias
+    with pytest.raises(ValueError, match=r"^obs: the critic's value is inf at row 0 "):
+        agent.value(np.zeros((3, 4), np.float32))
 
 
 def test_train_refuses_non_finite_parameters():

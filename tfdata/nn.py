@@ -806,7 +806,8 @@ class PPO:
         """Log-probabilities of given actions and the values (float32, (E,)), without sampling.
 
         The outputs are the same views :meth:`act` returns for E observations (overwritten by
-        either)."""
+        either). NaN logits (NaN in ``obs`` or in the parameters) raise ValueError, as in
+        :meth:`act`."""
         obs = self._check_obs(obs)
         e = obs.shape[0]
         actions = np.asarray(actions)
@@ -818,16 +819,26 @@ class PPO:
                              f"{actions[bad[0]]} at row {bad[0]}")
         acts_a, acts_c, act_out, log_probs, values, _, _ = self._act_workspace(e)
         act_out[:] = actions
-        self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table, self.critic.table,
-                         obs, acts_a, acts_c, act_out, log_probs, values, self._rng, False)
+        bad = self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table,
+                               self.critic.table, obs, acts_a, acts_c, act_out, log_probs, values,
+                               self._rng, False)
+        if bad >= 0:
+            raise ValueError(f"obs: the actor's logits are NaN at row {bad} (NaN in obs "
+                             f"{obs[bad].tolist()} or in the parameters); no log-probability")
         return log_probs, values
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """``critic(obs)``: float32, shape (E,), a view (overwritten by the next ``value`` with E
-        observations; not by ``act``, and it does not overwrite ``act``'s values)."""
+        observations; not by ``act``, and it does not overwrite ``act``'s values).
+
+        A value that is NaN or inf (from NaN or inf in ``obs`` or in the parameters) raises
+        ValueError: a bootstrap value is no use then."""
         obs = self._check_obs(obs)
         _, acts_c, _, _, _, _, values = self._act_workspace(obs.shape[0])
-        self._kp.ppo_value(self.critic.params, self.critic.table, obs, acts_c, values)
+        bad = self._kp.ppo_value(self.critic.params, self.critic.table, obs, acts_c, values)
+        if bad >= 0:
+            raise ValueError(f"obs: the critic's value is {values[bad]} at row {bad} (NaN or inf "
+                             f"in obs {obs[bad].tolist()} or in the parameters)")
         return values
 
     # -- training -----------------------------------------------------------------------------
