@@ -918,21 +918,131 @@ def test_adam_rejects_bad_grad(g):
     assert opt.t == 1
 
 
+LR_RANGE = "lr must be finite and in (0.0, 1000.0], got"
+EPS_RANGE = "eps must be finite and >= 1.1754943508222875e-38, got"
+
+
 @pytest.mark.parametrize("kwargs, msg", [
-    ({"lr": 0}, "lr must be > 0, got 0"),
-    ({"lr": -1e-3}, "lr must be > 0, got -0.001"),
-    ({"lr": float("nan")}, "lr must be > 0, got nan"),
-    ({"eps": 0.0}, "eps must be > 0, got 0.0"),
-    ({"betas": (1.0, 0.999)}, "betas must be in [0, 1), got (1.0, 0.999)"),
-    ({"betas": (0.9, 1.0)}, "betas must be in [0, 1), got (0.9, 1.0)"),
-    ({"betas": (-0.1, 0.999)}, "betas must be in [0, 1), got (-0.1, 0.999)"),
-    ({"betas": (0.9, 1.5)}, "betas must be in [0, 1), got (0.9, 1.5)"),
+    ({"lr": 0}, f"{LR_RANGE} 0.0"),
+    ({"lr": -1e-3}, f"{LR_RANGE} -0.001"),
+    ({"lr": float("nan")}, f"{LR_RANGE} nan"),
+    # inf or 1e308 made every parameter inf in one step; 1e4 is past the documented bound
+    ({"lr": float("inf")}, f"{LR_RANGE} inf"),
+    ({"lr": 1e308}, f"{LR_RANGE} 1e+308"),
+    ({"lr": 1e4}, f"{LR_RANGE} 10000.0"),
+    ({"eps": 0.0}, f"{EPS_RANGE} 0.0"),
+    ({"eps": float("inf")}, f"{EPS_RANGE} inf"),
+    ({"eps": 1e-300}, f"{EPS_RANGE} 1e-300"),
+    ({"betas": (1.0, 0.999)}, "betas must be two floats in [0, 1), got (1.0, 0.999)"),
+    ({"betas": (0.9, 1.0)}, "betas must be two floats in [0, 1), got (0.9, 1.0)"),
+    ({"betas": (-0.1, 0.999)}, "betas must be two floats in [0, 1), got (-0.1, 0.999)"),
+    ({"betas": (0.9, 1.5)}, "betas must be two floats in [0, 1), got (0.9, 1.5)"),
+    ({"betas": (0.9,)}, "betas must be two floats in [0, 1), got (0.9,)"),
+    ({"betas": (0.9, 0.99, 0.9)}, "betas must be two floats in [0, 1), got (0.9, 0.99, 0.9)"),
+    ({"betas": ("0.9", 0.999)}, "betas must be two floats in [0, 1), got ('0.9', 0.999)"),
+    ({"betas": 0.9}, "betas must be two floats in [0, 1), got 0.9"),
 ], ids=lambda v: str(v))
 def test_adam_rejects_bad_hyperparameters(kwargs, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
         Adam(np.zeros(3, np.float32), **kwargs)
     with pytest.raises(ValueError, match=re.escape(msg)):
         DQN((4, 2), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"lr": "1e-3"}, {"lr": True}, {"eps": None}], ids=str)
+def test_adam_rejects_hyperparameters_of_the_wrong_type(kwargs):
+    (name, value), = kwargs.items()
+    msg = f"{name} must be a number, got {type(value).__name__} {value!r}"
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        Adam(np.zeros(3, np.float32), **kwargs)
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        DQN((4, 2), **kwargs)
+
+
+def test_adam_bounds_keep_a_step_finite():
+    """The extremes accepted (lr 1e3, eps 2**-126) on the gradients the bounds are about: a
+    gradient whose square underflows float32's second moment to 0 (the step is then m / eps),
+    a large one and an ordinary one; every parameter stays finite."""
+    p = np.zeros(4, np.float32)
+    opt = Adam(p, lr=1e3, eps=float(np.finfo(np.float32).tiny), betas=(0.0, 0.999))
+    g = np.array([1e-23, -1e-30, 1e18, 1.0], np.float32)
+    for _ in range(3):
+        opt.step(g)
+    assert opt.v[0] == 0 and np.isfinite(p).all() and (np.abs(p) > 0).all()
+    # and just past them: refused
+    with pytest.raises(ValueError, match="lr must be"):
+        Adam(p, lr=np.nextafter(1e3, np.inf))
+    with pytest.raises(ValueError, match="eps must be"):
+        Adam(p, eps=np.nextafter(np.finfo(np.float32).tiny, 0, dtype=np.float64))
+
+
+def adam_state(**change):
+    opt = Adam(np.arange(5, dtype=np.float32), lr=0.01)
+    opt.step(np.ones(5, np.float32))
+    state = opt.state_dict()
+    state.update(change)
+    return state
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"lr": float("inf")}, "state['lr']: expected a finite float in [0.0, 1000.0], got inf"),
+    ({"lr": 1e308}, "state['lr']: expected a finite float in [0.0, 1000.0], got 1e+308"),
+    ({"lr": -1.0}, "state['lr']: expected a finite float in [0.0, 1000.0], got -1.0"),
+    ({"lr": "0.1"}, "state['lr']: expected a finite float in [0.0, 1000.0], got '0.1'"),
+    ({"eps": float("inf")}, "state['eps']: expected a finite float >= 1.1754943508222875e-38, got inf"),
+    ({"eps": 0.0}, "state['eps']: expected a finite float >= 1.1754943508222875e-38, got 0.0"),
+    ({"betas": [1.0, 0.9]}, "state['betas']: expected two floats in [0, 1), got [1.0, 0.9]"),
+    ({"betas": [0.9]}, "state['betas']: expected two floats in [0, 1), got [0.9]"),
+    ({"t": 2 ** 70}, f"state['t']: expected an int in [0, {2 ** 62}], got {2 ** 70}"),
+    ({"t": 2 ** 62 + 1}, f"state['t']: expected an int in [0, {2 ** 62}], got {2 ** 62 + 1}"),
+    ({"t": -1}, f"state['t']: expected an int in [0, {2 ** 62}], got -1"),
+    ({"t": 1.0}, f"state['t']: expected an int in [0, {2 ** 62}], got 1.0"),
+    ({"t": True}, f"state['t']: expected an int in [0, {2 ** 62}], got True"),
+    ({"m": np.zeros(3)}, "state['m']: expected finite floats of shape (5,), got float64 of shape (3,)"),
+    ({"m": np.array([0, 0, np.nan, 0, 0])}, "state['m']: expected finite floats of shape (5,), got nan at index 2"),
+    ({"m": np.array([0, 0, 0, 1e39, 0])}, "state['m']: expected finite floats of shape (5,), got 1e+39 at index 3"),
+    ({"v": np.array([0, -1.0, 0, 0, 0])}, "state['v']: expected finite floats of shape (5,) >= 0, got -1.0 at index 1"),
+    ({"v": np.zeros(5, np.int64)}, "state['v']: expected finite floats of shape (5,) >= 0, got int64 of shape (5,)"),
+], ids=str)
+def test_adam_load_state_dict_rejects_bad_state_and_changes_nothing(change, match):
+    p = np.arange(5, dtype=np.float32)
+    opt = Adam(p, lr=0.1, betas=(0.5, 0.9), eps=1e-6)
+    opt.step(np.full(5, 0.5, np.float32))
+    before = snapshot(p, opt.m, opt.v)
+    hyper = (opt.t, opt.lr, opt.betas, opt.eps)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        opt.load_state_dict(adam_state(**change))
+    assert_unchanged(before, (p, opt.m, opt.v))
+    assert (opt.t, opt.lr, opt.betas, opt.eps) == hyper
+    opt.load_state_dict(adam_state())  # a good state still loads
+
+
+def test_adam_load_state_dict_names_missing_fields():
+    opt = Adam(np.zeros(5, np.float32))
+    state = adam_state()
+    del state["eps"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'eps'")):
+        opt.load_state_dict(state)
+    with pytest.raises(ValueError, match=re.escape("state: expected a mapping, got list")):
+        opt.load_state_dict([1, 2])
+    assert opt.t == 0 and opt.lr == 1e-3
+
+
+def test_adam_state_at_the_bounds_loads_and_steps():
+    """lr 0 (a rate annealed to 0) loads; the largest step count accepted, 2**62, still steps
+    (the kernel's int64 step number is t + 1; beta ** t underflows to 0)."""
+    p = np.arange(5, dtype=np.float32)
+    opt = Adam(p)
+    opt.load_state_dict(adam_state(lr=0.0))
+    opt.step(np.ones(5, np.float32))
+    np.testing.assert_array_equal(p, np.arange(5, dtype=np.float32))
+    opt.load_state_dict(adam_state(t=2 ** 62, lr=1e-3))
+    opt.step(np.ones(5, np.float32))
+    assert opt.t == 2 ** 62 + 1 and np.isfinite(p).all() and not np.array_equal(p, np.arange(5))
+    with pytest.raises(ValueError, match="state\\['t'\\]"):
+        opt.load_state_dict(adam_state(t=2 ** 62 + 1))
+    with pytest.raises(ValueError, match="state\\['lr'\\]"):
+        opt.load_state_dict(adam_state(lr=np.nextafter(1e3, np.inf)))
 
 
 @pytest.mark.parametrize("params", [[1.0, 2.0], np.zeros((2, 3), np.float32), np.zeros(3, np.int64)],
@@ -946,6 +1056,121 @@ def test_adam_rejects_bad_params(params):
 def test_dqn_rejects_bad_gamma(gamma):
     with pytest.raises(ValueError, match="gamma must be in"):
         DQN((4, 2), gamma=gamma)
+
+
+@pytest.mark.parametrize("gamma", ["0.9", True, None])
+def test_dqn_rejects_a_gamma_of_the_wrong_type(gamma):
+    with pytest.raises(TypeError, match=re.escape(f"gamma must be a number, got {type(gamma).__name__}")):
+        DQN((4, 2), gamma=gamma)
+
+
+@pytest.mark.parametrize("seed, exc", [(-1, ValueError), (2 ** 64, ValueError), (1.5, TypeError),
+                                       ("1", TypeError), (True, TypeError)], ids=str)
+def test_mlp_and_dqn_reject_bad_seeds(seed, exc):
+    for make in (lambda: MLP((4, 2), seed=seed), lambda: DQN((4, 2), seed=seed),
+                 lambda: MLP((4, 2)).reset_parameters(seed)):
+        with pytest.raises(exc, match="^seed must be"):
+            make()
+    MLP((4, 2), seed=2 ** 64 - 1)  # the largest accepted
+
+
+def test_mlp_refuses_more_parameters_than_int64_offsets_hold():
+    # (the layer table's int64 offsets overflowed with an OverflowError naming nothing)
+    with pytest.raises(ValueError, match=re.escape(f"sizes: expected at most 2**63 - 1 parameters, got "
+                                                   f"{2 ** 64 + 2 ** 32} from (4294967296, 4294967296)")):
+        MLP((2 ** 32, 2 ** 32))
+
+
+def test_mlp_load_state_dict_rejects_bad_params_and_changes_nothing():
+    net = MLP((4, 8, 2), seed=0)
+    before = net.params.copy()
+    for params, got in ((np.where(np.arange(58) == 7, np.nan, 0.0), "nan at index 7"),
+                        (np.where(np.arange(58) == 3, np.inf, 0.0), "inf at index 3"),
+                        (np.full(58, 1e39), "1e+39 at index 0"),  # inf once stored as float32
+                        (np.zeros(58, np.int64), "int64 of shape (58,)"),
+                        (np.zeros((58, 1)), "float64 of shape (58, 1)")):
+        state = {**net.state_dict(), "params": params}
+        with pytest.raises(ValueError, match=re.escape(f"state['params']: expected finite floats of "
+                                                       f"shape (58,), got {got}")):
+            net.load_state_dict(state)
+    for change, match in (({"sizes": "4,8,2"}, "state['sizes']: expected [4, 8, 2] (58 params), got '4,8,2'"),
+                          ({"sizes": [4.0, 8, 2]}, "state['sizes']: expected [4, 8, 2]"),
+                          ({"sizes": None}, "state['sizes']: expected [4, 8, 2]")):
+        with pytest.raises(ValueError, match=re.escape(match)):
+            net.load_state_dict({**net.state_dict(), **change})
+    state = net.state_dict()
+    del state["params"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'params'")):
+        net.load_state_dict(state)
+    np.testing.assert_array_equal(net.params, before)
+
+
+def dqn_state(**change):
+    d = DQN((4, 8, 2), lr=1e-3, gamma=0.9, seed=1)
+    d.train(make_batch(np.random.default_rng(3), 16, 4, 2))
+    state = d.state_dict()
+    for key, value in change.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            state[outer] = {**state[outer], inner: value}
+        else:
+            state[key] = value
+    return state
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"gamma": 2.0}, "state['gamma']: expected a float in [0, 1], got 2.0"),
+    ({"gamma": float("nan")}, "state['gamma']: expected a float in [0, 1], got nan"),
+    ({"gamma": "0.9"}, "state['gamma']: expected a float in [0, 1], got '0.9'"),
+    ({"optim.lr": float("inf")}, "state['optim.lr']: expected a finite float in [0.0, 1000.0], got inf"),
+    ({"optim.lr": 1e308}, "state['optim.lr']: expected a finite float in [0.0, 1000.0], got 1e+308"),
+    ({"optim.eps": float("inf")}, "state['optim.eps']: expected a finite float >= "),
+    ({"optim.t": 2 ** 70}, f"state['optim.t']: expected an int in [0, {2 ** 62}], got {2 ** 70}"),
+    ({"optim.betas": (0.9, 1.0)}, "state['optim.betas']: expected two floats in [0, 1), got (0.9, 1.0)"),
+    ({"optim.v": -np.ones(58)}, "state['optim.v']: expected finite floats of shape (58,) >= 0, got -1.0 at index 0"),
+    ({"online.params": np.full(58, np.nan)}, "state['online.params']: expected finite floats of shape (58,), got nan"),
+    # the online network is fine and differs from ours: a refused target must not leave it loaded
+    ({"target.sizes": [4, 9, 2]}, "state['target.sizes']: expected [4, 8, 2] (58 params), got [4, 9, 2]"),
+    ({"target.activation": "tanh"}, "state['target.activation']: expected 'relu', got 'tanh'"),
+    ({"optim": [1, 2]}, "state['optim']: expected a mapping, got list"),
+    ({"gamma": None}, "state['gamma']: expected a float in [0, 1], got None"),
+], ids=str)
+def test_dqn_load_state_dict_rejects_bad_state_and_changes_nothing(change, match):
+    d = DQN((4, 8, 2), lr=2e-3, gamma=0.5, seed=0)
+    d.train(make_batch(np.random.default_rng(2), 16, 4, 2))
+    d.sync_target()
+    before = snapshot(d.online.params, d.target.params, d.optim.m, d.optim.v)
+    hyper = (d.gamma, d.optim.t, d.optim.lr, d.optim.betas, d.optim.eps)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        d.load_state_dict(dqn_state(**change))
+    assert_unchanged(before, (d.online.params, d.target.params, d.optim.m, d.optim.v))
+    assert (d.gamma, d.optim.t, d.optim.lr, d.optim.betas, d.optim.eps) == hyper
+    d.load_state_dict(dqn_state())
+    assert d.gamma == 0.9 and d.optim.lr == 1e-3
+
+
+def test_dqn_load_state_dict_names_missing_fields():
+    d = DQN((4, 8, 2), seed=0)
+    state = dqn_state()
+    del state["optim"]["t"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'optim.t'")):
+        d.load_state_dict(state)
+    del state["gamma"]
+    with pytest.raises(ValueError, match=re.escape("state: missing field 'gamma'")):
+        d.load_state_dict(state)
+    assert d.optim.t == 0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_dqn_act_refuses_non_finite_q_values(bad):
+    d = DQN((4, 8, 2), seed=0)
+    with pytest.raises(ValueError, match=r"obs: the Q-values are \[nan, nan\].*no action is greedy"):
+        d.act(np.array([0.5, np.nan, 0.0, 0.0]))
+    d.online.layer(1)[1][1] = bad  # an output bias: that Q-value is not finite whatever obs is
+    with pytest.raises(ValueError, match=r"obs: the Q-values are \[.*(nan|inf)\]"):
+        d.act(np.zeros(4))
+    d.online.layer(1)[1][1] = 0.0
+    assert d.act(np.zeros(4)) in (0, 1)
 
 
 def bad_batches(n=6):
@@ -1029,10 +1254,11 @@ def test_state_dict_and_copy_from_reject_mismatches():
     msg = "copy_from: expected a network of sizes (4, 8, 2) and dtype float32"
     with pytest.raises(ValueError, match=re.escape(msg)):
         a.copy_from(MLP((4, 8, 2), dtype="float64"))
-    with pytest.raises(ValueError, match=re.escape("state: expected sizes (4, 8, 2)")):
+    with pytest.raises(ValueError, match=re.escape("state['sizes']: expected [4, 8, 2] (58 params), got [4, 9, 2]")):
         a.load_state_dict(b.state_dict())
     np.testing.assert_array_equal(a.params, before)
     opt = Adam(a.params)
-    with pytest.raises(ValueError, match=re.escape("state['m']: expected shape (58,), got (3,)")):
+    with pytest.raises(ValueError, match=re.escape("state['m']: expected finite floats of shape (58,), "
+                                                   "got float64 of shape (3,)")):
         opt.load_state_dict({"t": 1, "m": np.zeros(3), "v": np.zeros(58), "lr": 1.0, "betas": (0.9, 0.9), "eps": 1.0})
     assert opt.t == 0 and opt.lr == 1e-3 and not opt.m.any()

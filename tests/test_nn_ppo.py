@@ -806,13 +806,32 @@ def test_state_dict_round_trip_continues_exactly():
     ("optim.lr", float("inf"), "optim.lr"),
     ("optim.betas", [0.9, 1.0], "optim.betas"),
     ("missing", None, "missing field 'rng'"),
+    # accepted before, and every later train() made the parameters inf or failed naming nothing
+    ("optim.lr", 1e308, r"state\['optim.lr'\]: expected a finite float in \[0.0, 1000.0\], got 1e\+308"),
+    ("optim.lr", 1e4, r"state\['optim.lr'\]: .* got 10000.0"),
+    ("optim.eps", float("inf"), r"state\['optim.eps'\]: expected a finite float >= 1.17\d*e-38, got inf"),
+    ("optim.eps", 1e-300, r"state\['optim.eps'\]: .* got 1e-300"),
+    ("optim.t", 2 ** 70, rf"state\['optim.t'\]: expected an int in \[0, {2 ** 62}\], got {2 ** 70}"),
+    ("optim.t", 2 ** 63 - 1, rf"state\['optim.t'\]: .* got {2 ** 63 - 1}"),
+    ("optim.m", lambda m: np.full(m.shape, 1e39), r"state\['optim.m'\]: .* got 1e\+39 at index 0"),
+    ("params", lambda p: np.full(p.shape, -1e39), r"state\['params'\]: .* got -1e\+39 at index 0"),
+    ("clip_coef", 1e39, r"state\['clip_coef'\]: expected a finite float in \[0.0, 3.40\d*e\+38\], got 1e\+39"),
+    ("max_grad_norm", float("inf"), r"state\['max_grad_norm'\]: expected a finite float in \(0.0, 3.40\d*e\+38\], got inf"),
+    ("obs_size", np.array([4, 4]), r"state\['obs_size'\]: expected 4"),
+    ("hidden", [64.0, 64.0], r"state\['hidden'\]: expected \[64, 64\]"),
+    ("rng", [True, 0], r"state\['rng'\]"),
+    ("optim", [1, 2], r"state\['optim'\]: expected a mapping, got list"),
 ])
 def test_load_state_dict_rejects_bad_state_and_changes_nothing(field, value, match):
     a = PPO(4, 2, seed=0)
     a.train(minibatch(np.random.default_rng(0), a, 32))
     state = a.state_dict()
     good = a.state_dict()
-    if field == "missing":
+    if callable(value):  # of the good value: a float64 array beyond float32's range
+        outer, _, inner = field.partition(".")
+        holder = state[outer] if inner else state
+        holder[inner or outer] = value(holder[inner or outer])
+    elif field == "missing":
         del state["rng"]
     elif field.startswith("optim."):
         key = field.split(".")[1]
@@ -878,7 +897,24 @@ def test_act_and_value_reject_bad_obs():
 @pytest.mark.parametrize("kw, match", [
     (dict(obs_size=0), "obs_size"), (dict(n_actions=1), "n_actions"), (dict(n_actions=True), "n_actions"),
     (dict(hidden=()), "hidden"), (dict(clip_coef=-1.0), "clip_coef"), (dict(max_grad_norm=0.0), "max_grad_norm"),
-    (dict(lr=-1.0), "lr"), (dict(eps=0.0), "eps"), (dict(vf_coef=float("nan")), "vf_coef")])
+    (dict(lr=-1.0), "lr"), (dict(eps=0.0), "eps"), (dict(vf_coef=float("nan")), "vf_coef"),
+    # accepted before: one train() then left every parameter inf (lr) or did nothing (eps)
+    (dict(lr=float("inf")), r"^lr must be finite and in \(0.0, 1000.0\], got inf$"),
+    (dict(lr=1e308), r"^lr must be finite and in \(0.0, 1000.0\], got 1e\+308$"),
+    (dict(lr=1e4), r"^lr must be finite and in \(0.0, 1000.0\], got 10000.0$"),
+    (dict(eps=float("inf")), r"^eps must be finite and >= 1.17\d*e-38, got inf$"),
+    (dict(eps=1e-300), r"^eps must be finite and >= 1.17\d*e-38, got 1e-300$"),
+    (dict(betas=(0.9, 1.0)), r"^betas must be two floats in \[0, 1\), got \(0.9, 1.0\)$"),
+    (dict(betas=(0.9,)), r"^betas must be two floats in \[0, 1\), got \(0.9,\)$"),
+    (dict(clip_coef=1e39), r"^clip_coef must be finite and in \[0.0, 3.40\d*e\+38\], got 1e\+39$"),
+    (dict(ent_coef=float("inf")), r"^ent_coef must be finite and in \[0.0, 3.40\d*e\+38\], got inf$"),
+    (dict(max_grad_norm=1e39), r"^max_grad_norm must be finite and in \(0.0, 3.40\d*e\+38\], got 1e\+39$"),
+    (dict(seed=-1), r"^seed must be in \[0, 18446744073709551615\], got -1$"),
+    (dict(seed=2 ** 64), r"^seed must be in \[0, 18446744073709551615\], got 18446744073709551616$"),
+    (dict(hidden=64), r"^hidden must be a non-empty sequence of positive ints, got 64$"),
+    (dict(hidden=(64, 0)), r"^hidden must be a non-empty sequence of positive ints, got \(64, 0\)$"),
+    (dict(hidden=(64.0,)), r"^hidden must be a non-empty sequence of positive ints, got \(64.0,\)$"),
+], ids=str)
 def test_ppo_rejects_bad_arguments(kw, match):
     args = dict(obs_size=4, n_actions=2)
     args.update(kw)
@@ -886,13 +922,63 @@ def test_ppo_rejects_bad_arguments(kw, match):
         PPO(args.pop("obs_size"), args.pop("n_actions"), **args)
 
 
+@pytest.mark.parametrize("kw, match", [
+    # accepted before: a truthy string or None silently became a flag, a float seed was truncated
+    (dict(clip_vloss="no"), "^clip_vloss must be a bool, got str 'no'$"),
+    (dict(norm_adv=None), "^norm_adv must be a bool, got NoneType None$"),
+    (dict(seed=1.5), "^seed must be an int, got float 1.5$"),
+    (dict(lr="1e-3"), "^lr must be a number, got str '1e-3'$"),
+    (dict(max_grad_norm="1"), "^max_grad_norm must be a number, got str '1'$"),
+    (dict(ent_coef=True), "^ent_coef must be a number, got bool True$"),
+], ids=str)
+def test_ppo_rejects_arguments_of_the_wrong_type(kw, match):
+    with pytest.raises(TypeError, match=match):
+        PPO(4, 2, **kw)
+
+
+def test_ppo_accepts_the_extremes_of_its_ranges():
+    f32_max = float(np.finfo(np.float32).max)
+    agent = PPO(4, 2, seed=2 ** 64 - 1, lr=1e3, eps=float(np.finfo(np.float32).tiny), clip_coef=f32_max,
+                ent_coef=0.0, vf_coef=f32_max, max_grad_norm=f32_max, betas=(0.0, 0.0), hidden=[3])
+    assert agent.clip_coef == agent.vf_coef == agent.max_grad_norm == f32_max
+    agent.act(np.zeros((2, 4), np.float32))
+    # and just past them: refused (clip_coef became an inf float32 clip range)
+    past = np.nextafter(f32_max, np.inf)
+    for kw in (dict(clip_coef=past), dict(vf_coef=past), dict(max_grad_norm=past), dict(seed=2 ** 64),
+               dict(lr=np.nextafter(1e3, np.inf))):
+        with pytest.raises(ValueError, match=f"^{next(iter(kw))} must be"):
+            PPO(4, 2, **kw)
+
+
 def test_lr_setter():
     agent = PPO(4, 2, seed=0)
     agent.lr = 1e-3
     assert agent.lr == agent.optim.lr == 1e-3
-    with pytest.raises(ValueError, match="lr"):
-        agent.lr = float("nan")
+    # inf and nan were refused before; 1e4 (past the bound) and a string were not
+    for bad, exc in ((float("nan"), ValueError), (float("inf"), ValueError), (1e4, ValueError),
+                     (-1e-3, ValueError), ("1e-4", TypeError)):
+        with pytest.raises(exc, match="^lr must be"):
+            agent.lr = bad
     assert agent.lr == 1e-3
+    agent.lr = 0.0  # annealed to 0
+    assert agent.lr == 0.0
+
+
+def test_optim_t_at_its_bound_still_trains():
+    """The largest step count a state may hold, 2**62: train() steps with t + 1 (an int64 in the
+    kernel; the bias corrections' beta ** t is 0), and one more is refused."""
+    agent = PPO(4, 2, seed=0)
+    mb = minibatch(np.random.default_rng(0), agent, 32)
+    state = agent.state_dict()
+    state["optim"]["t"] = 2 ** 62
+    agent.load_state_dict(state)
+    params = agent.params.copy()
+    assert math.isfinite(agent.train(mb))
+    assert agent.optim.t == 2 ** 62 + 1
+    assert np.isfinite(agent.params).all() and not np.array_equal(agent.params, params)
+    state["optim"]["t"] = 2 ** 62 + 1
+    with pytest.raises(ValueError, match="optim.t"):
+        agent.load_state_dict(state)
 
 
 def test_import_tfdata_nn_ppo_is_public():
@@ -924,7 +1010,32 @@ def test_act_refuses_nan_obs():
     with pytest.raises(ValueError, match="NaN at row 2"):
         agent.act(obs)
     np.testing.assert_array_equal(agent._rng, rng)
-    assert np.isnan(agent.value(obs)[2])  # values carry NaN through: no state to protect
+
+
+def test_value_and_log_prob_refuse_nan_obs_as_act_does():
+    """They returned NaN values and log-probabilities (a NaN bootstrap value then spreads
+    through GAE into every advantage of its env)."""
+    agent = PPO(4, 2, seed=0)
+    obs = np.zeros((4, 4), np.float32)
+    obs[2, 1] = np.nan
+    rng, state = agent._rng.copy(), agent.state_dict()
+    row = re.escape(str(obs[2].tolist()))
+    with pytest.raises(ValueError, match=rf"^obs: the critic's value is nan at row 2 \(NaN or inf in obs {row} "):
+        agent.value(obs)
+    with pytest.raises(ValueError, match=rf"^obs: the actor's logits are NaN at row 2 \(NaN in obs {row} "):
+        agent.log_prob(obs, np.zeros(4, np.int64))
+    np.testing.assert_array_equal(agent._rng, rng)
+    state_equal(agent.state_dict(), state)
+    obs[2, 1] = 0.0
+    assert np.isfinite(agent.value(obs)).all()
+    assert np.isfinite(agent.log_prob(obs, np.zeros(4, np.int64))[0]).all()
+
+
+def test_value_refuses_a_non_finite_value_from_the_parameters():
+    agent = PPO(4, 2, seed=0)
+    agent.critic.layer(2)[1][0] = np.inf  # the critic's output bias
+    with pytest.raises(ValueError, match=r"^obs: the critic's value is inf at row 0 "):
+        agent.value(np.zeros((3, 4), np.float32))
 
 
 def test_train_refuses_non_finite_parameters():

@@ -30,13 +30,23 @@ def check_unit(name: str, value) -> float:
     return value
 
 
-def check_float(name: str, value, low: float, *, low_open: bool = False) -> float:
-    """``value`` as a finite float ``>= low`` (``> low`` with ``low_open``)."""
+def float_range(low: float, high: float | None = None, low_open: bool = False) -> str:
+    """The words of a range for messages: ``>= 0.0``, ``> 0.0``, ``in (0.0, 1000.0]``."""
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    return f"in {'(' if low_open else '['}{low}, {high}]"
+
+
+def check_float(name: str, value, low: float, *, low_open: bool = False,
+                high: float | None = None) -> float:
+    """``value`` as a finite float ``>= low`` (``> low`` with ``low_open``) and ``<= high``
+    (``high`` None: no upper bound)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     value = float(value)
-    if not math.isfinite(value) or value < low or (low_open and value == low):
-        raise ValueError(f"{name} must be finite and {'>' if low_open else '>='} {low}, got {value}")
+    if (not math.isfinite(value) or value < low or (low_open and value == low)
+            or (high is not None and value > high)):
+        raise ValueError(f"{name} must be finite and {float_range(low, high, low_open)}, got {value}")
     return value
 
 

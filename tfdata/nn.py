@@ -22,11 +22,91 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ._checks import check_float, check_int, check_unit, float_range
 from ._rng import splitmix64
 
 __all__ = ["MLP", "Adam", "DQN", "PPO", "orthogonal"]
 
 ACTIVATIONS = ("relu", "tanh")
+
+# Bounds of the hyperparameters (the reasons are in Adam's and PPO's docstrings).
+_LR_MAX = 1e3
+_EPS_MIN = float(np.finfo(np.float32).tiny)  # float32's smallest normal, 2**-126
+_T_MAX = 1 << 62
+_F32_MAX = float(np.finfo(np.float32).max)
+_SEED_MAX = (1 << 64) - 1
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_seed(seed) -> int | None:
+    """``seed`` as None or an int in [0, 2**64)."""
+    return None if seed is None else check_int("seed", seed, 0, _SEED_MAX)
+
+
+def _betas(value) -> tuple[float, float] | None:
+    """``value`` as two floats in [0, 1), or None if it is not that."""
+    try:
+        pair = tuple(value)
+    except TypeError:
+        return None
+    if len(pair) != 2 or not all(
+            not isinstance(b, bool) and isinstance(b, (int, float, np.integer, np.floating))
+            and 0.0 <= b < 1.0 for b in pair):
+        return None
+    return float(pair[0]), float(pair[1])
+
+
+# -- checks of state dicts: untrusted input, every problem a ValueError naming the field ----------
+def _state_error(field: str, expected: str, got: str) -> ValueError:
+    return ValueError(f"state[{field!r}]: expected {expected}, got {got}")
+
+
+def _state_fields(state, keys, prefix: str = "") -> None:
+    """``state`` is a mapping holding every key of ``keys``."""
+    if not isinstance(state, Mapping):
+        where = f"state[{prefix[:-1]!r}]" if prefix else "state"
+        raise ValueError(f"{where}: expected a mapping, got {type(state).__name__}")
+    for key in keys:
+        if key not in state:
+            raise ValueError(f"state: missing field {prefix + key!r}")
+
+
+def _state_float(field: str, value, low: float, high: float | None = None, *,
+                 low_open: bool = False) -> float:
+    try:
+        return check_float(field, value, low, low_open=low_open, high=high)
+    except (TypeError, ValueError):
+        raise _state_error(field, f"a finite float {float_range(low, high, low_open)}",
+                           repr(value)) from None
+
+
+def _state_int(field: str, value, low: int, high: int) -> int:
+    try:
+        return check_int(field, value, low, high)
+    except (TypeError, ValueError):
+        raise _state_error(field, f"an int in [{low}, {high}]", repr(value)) from None
+
+
+def _state_array(field: str, value, like: np.ndarray, *, nonneg: bool = False) -> np.ndarray:
+    """``value`` as floats of ``like``'s shape, finite in ``like``'s dtype (a float64 value
+    beyond float32's range would turn inf when stored)."""
+    expected = f"finite floats of shape {like.shape}" + (" >= 0" if nonneg else "")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):  # a ragged sequence
+        raise _state_error(field, expected, type(value).__name__) from None
+    if arr.shape != like.shape or arr.dtype.kind != "f":
+        raise _state_error(field, expected, f"{arr.dtype} of shape {arr.shape}")
+    bad = ~np.isfinite(arr) | (np.abs(arr) > np.finfo(like.dtype).max)
+    if nonneg:
+        bad |= arr < 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _state_error(field, expected, f"{float(arr.flat[i])} at index {i}")
+    return arr
 
 
 def _kernels():
@@ -67,8 +147,8 @@ class MLP:
     sizes : sequence of int
         Units per layer, input first: ``(4, 120, 84, 2)`` is CleanRL's CartPole Q-network.
     seed : int, optional
-        Seed of the initialisation, which follows ``torch.nn.Linear``: weights and biases
-        uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``.
+        Seed of the initialisation (in [0, 2**64)), which follows ``torch.nn.Linear``: weights
+        and biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``.
     dtype : {"float32", "float64"}, default "float32"
         float64 is for gradient checks.
     activation : {"relu", "tanh"}, default "relu"
@@ -98,6 +178,9 @@ class MLP:
         if self.dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
         self.sizes = tuple(int(s) for s in sizes)
+        n_params = sum(a * b + b for a, b in zip(self.sizes, self.sizes[1:]))
+        if n_params >= 1 << 63:  # the layer table holds int64 offsets
+            raise ValueError(f"sizes: expected at most 2**63 - 1 parameters, got {n_params} from {sizes!r}")
         table = np.zeros((len(sizes) - 1, 5), dtype=np.int64)
         off = col = 0
         for layer, (n_in, n_out) in enumerate(zip(self.sizes, self.sizes[1:])):
@@ -135,7 +218,7 @@ class MLP:
 
     def reset_parameters(self, seed: int | None = None) -> None:
         """Initialise as ``torch.nn.Linear``: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both."""
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(_check_seed(seed))
         for index in range(len(self.table)):
             weight, bias = self.layer(index)
             bound = 1.0 / math.sqrt(weight.shape[1])
@@ -147,7 +230,7 @@ class MLP:
         hidden layers, ``out_gain`` for the output layer), biases 0.
 
         ``seed`` may be a ``numpy.random.Generator`` (drawn from in layer order)."""
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed if isinstance(seed, np.random.Generator) else _check_seed(seed))
         last = len(self.table) - 1
         for index in range(len(self.table)):
             weight, bias = self.layer(index)
@@ -261,15 +344,22 @@ class MLP:
                 "params": self.params.copy()}
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field, and nothing changed, when anything is missing or does not fit (parameters
+        must be finite)."""
+        self.params[...] = self._check_state(state)
+
+    def _check_state(self, state, prefix: str = "") -> np.ndarray:
+        """The parameters of ``state``, checked (fields named ``prefix + key``)."""
+        _state_fields(state, ("sizes", "params"), prefix)
         activation = state.get("activation", "relu")  # states written before tanh existed
         if activation != self.activation:
-            raise ValueError(f"state['activation']: expected {self.activation!r}, got {activation!r}")
-        sizes = tuple(int(s) for s in state["sizes"])
-        params = np.asarray(state["params"])
-        if sizes != self.sizes or params.shape != self.params.shape:
-            raise ValueError(f"state: expected sizes {self.sizes} ({self.n_params} params), got "
-                             f"{sizes} ({params.shape})")
-        self.params[...] = params
+            raise _state_error(prefix + "activation", repr(self.activation), repr(activation))
+        sizes = state["sizes"]
+        if not (isinstance(sizes, (list, tuple)) and len(sizes) == len(self.sizes)
+                and all(_is_int(n) and n == m for n, m in zip(sizes, self.sizes))):
+            raise _state_error(prefix + "sizes", f"{list(self.sizes)} ({self.n_params} params)", repr(sizes))
+        return _state_array(prefix + "params", state["params"], self.params)
 
 
 class Adam:
@@ -280,22 +370,43 @@ class Adam:
     params : ndarray of float, shape (n_params,)
         Updated in place by :meth:`step`.
     lr : float, default 1e-3
+        Finite, in (0, 1e3]. Adam moves each parameter by about ``lr`` per step whatever the
+        gradient's scale (by exactly ``lr`` on the first step, eps aside), so 1e3 is far above
+        any useful rate, and far below the rates whose arithmetic overflows: the bias-corrected
+        ``lr / (1 - beta1 ** t)`` in float64 from about 1e292, a float32 parameter's step from
+        about 3e38 (an inf step makes the parameters inf or NaN).
     betas : (float, float), default (0.9, 0.999)
+        Each in [0, 1).
     eps : float, default 1e-8
+        Finite, >= float32's smallest normal (2**-126, about 1.2e-38). The moments are kept in
+        the parameters' type: where the second moment has underflowed to 0 the step is ``m /
+        eps``, which a smaller eps could overflow (a gradient of 1e-23 in float32 with eps
+        1e-300 did).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A hyperparameter of the wrong type or out of range (the message names it).
+
+    Attributes
+    ----------
+    t : int
+        Steps taken (bias corrections use ``t``); a loaded state holds at most 2**62, which
+        leaves the kernels' int64 step number 2**62 updates of room (centuries at a
+        microsecond each). ``beta ** t`` is well defined for any such ``t``.
     """
 
     def __init__(self, params: np.ndarray, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
         if not isinstance(params, np.ndarray) or params.ndim != 1 or params.dtype.kind != "f":
             raise TypeError("params: expected a 1-D float ndarray, got "
                             f"{type(params).__name__} {getattr(params, 'shape', '')}")
-        for name, value in (("lr", lr), ("eps", eps)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
-        b1, b2 = (float(b) for b in betas)
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {betas!r}")
+        lr = check_float("lr", lr, 0.0, low_open=True, high=_LR_MAX)
+        eps = check_float("eps", eps, _EPS_MIN)
+        pair = _betas(betas)
+        if pair is None:
+            raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
         self.params = params
-        self.lr, self.betas, self.eps = float(lr), (b1, b2), float(eps)
+        self.lr, self.betas, self.eps = lr, pair, eps
         self.m = np.zeros_like(params)
         self.v = np.zeros_like(params)
         self.t = 0
@@ -315,13 +426,29 @@ class Adam:
                 "betas": list(self.betas), "eps": self.eps}
 
     def load_state_dict(self, state: Mapping) -> None:
-        for key in ("m", "v"):
-            if np.shape(state[key]) != self.params.shape:
-                raise ValueError(f"state[{key!r}]: expected shape {self.params.shape}, got {np.shape(state[key])}")
-        self.m[...] = state["m"]
-        self.v[...] = state["v"]
-        self.t = int(state["t"])
-        self.lr, self.betas, self.eps = float(state["lr"]), tuple(state["betas"]), float(state["eps"])
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field, and nothing changed, when anything is missing or out of range (as for the
+        constructor, but ``lr`` may be 0: a rate annealed to 0; ``t`` in [0, 2**62]; ``m`` and
+        ``v`` finite, ``v >= 0``)."""
+        self._apply(self._check_state(state))
+
+    def _check_state(self, state, prefix: str = "") -> tuple:
+        """The checked values of ``state`` (fields named ``prefix + key``), for :meth:`_apply`."""
+        _state_fields(state, ("t", "m", "v", "lr", "betas", "eps"), prefix)
+        m = _state_array(prefix + "m", state["m"], self.m)
+        v = _state_array(prefix + "v", state["v"], self.v, nonneg=True)
+        t = _state_int(prefix + "t", state["t"], 0, _T_MAX)
+        lr = _state_float(prefix + "lr", state["lr"], 0.0, _LR_MAX)
+        betas = _betas(state["betas"])
+        if betas is None:
+            raise _state_error(prefix + "betas", "two floats in [0, 1)", repr(state["betas"]))
+        eps = _state_float(prefix + "eps", state["eps"], _EPS_MIN)
+        return m, v, t, lr, betas, eps
+
+    def _apply(self, checked: tuple) -> None:
+        m, v, self.t, self.lr, self.betas, self.eps = checked
+        self.m[...] = m
+        self.v[...] = v
 
 
 class DQN:
@@ -338,31 +465,43 @@ class DQN:
     sizes : sequence of int
         Q-network layer sizes, observation size first, number of actions last.
     lr : float, default 2.5e-4
+        Finite, in (0, 1e3] (see :class:`Adam`).
     gamma : float, default 0.99
+        In [0, 1].
     betas, eps
-        Adam's.
+        Adam's (see :class:`Adam` for their ranges).
     seed : int, optional
-        Seed of the initialisation (the target starts as a copy of the online network).
+        Seed of the initialisation, in [0, 2**64) (the target starts as a copy of the online
+        network).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument of the wrong type or out of range (the message names it).
     """
 
     def __init__(self, sizes: Sequence[int], *, lr: float = 2.5e-4, gamma: float = 0.99,
                  betas=(0.9, 0.999), eps: float = 1e-8, seed: int | None = None):
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-        self.gamma = float(gamma)
+        self.gamma = check_unit("gamma", gamma)
         self.online = MLP(sizes, seed=seed)
         self.target = MLP(sizes)
         self.target.copy_from(self.online)
         self.optim = Adam(self.online.params, lr=lr, betas=betas, eps=eps)
         self._x1 = np.zeros((1, self.online.n_in), dtype=np.float32)
         self._act_ws = self.online._workspace(1)
+        # act's Q-values: the output block of its batch-of-one workspace
+        q0 = int(self.online.table[-1, 4])
+        self._q1 = self._act_ws[0][q0:q0 + self.online.n_out]
         self._obs_shape = (self.online.n_in,)
         self._ws: dict[int, tuple] = {}
         self.td_errors = np.zeros(0, dtype=np.float32)
         self._k = self.online._k
 
     def act(self, obs) -> int:
-        """The greedy action for one observation (shape (n_in,))."""
+        """The greedy action for one observation (shape (n_in,)).
+
+        Raises ValueError when the Q-values are not finite (NaN or inf in ``obs`` or in the
+        parameters): no action is the greedy one then."""
         if np.shape(obs) != self._obs_shape:
             raise ValueError(f"obs: expected shape {self._obs_shape}, got {np.shape(obs)}")
         self._x1[0] = obs  # one copy into float32, no allocation
@@ -370,6 +509,9 @@ class DQN:
         acts, _, out, idx, coef = self._act_ws
         # straight to the kernel: _x1 is this object's own, of the right shape and dtype
         self._k.mlp_argmax(net.params, net.table, self._x1, acts, net._tmp, idx, coef, out)
+        if not np.isfinite(self._q1).all():
+            raise ValueError(f"obs: the Q-values are {self._q1.tolist()} (NaN or inf in obs "
+                             f"{self._x1[0].tolist()} or in the parameters); no action is greedy")
         return int(out[0])
 
     def _workspace(self, batch: int) -> tuple:
@@ -449,12 +591,26 @@ class DQN:
                 "optim": self.optim.state_dict(), "gamma": self.gamma}
 
     def load_state_dict(self, state: Mapping) -> None:
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optim.load_state_dict(state["optim"])
-        self.gamma = float(state["gamma"])
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field (``online.params``, ``optim.lr``, ``gamma``, ...), and nothing changed, when
+        anything is missing or out of range (the ranges of :class:`Adam` and the constructor)."""
+        _state_fields(state, ("online", "target", "optim", "gamma"))
+        online = self.online._check_state(state["online"], "online.")
+        target = self.target._check_state(state["target"], "target.")
+        optim = self.optim._check_state(state["optim"], "optim.")
+        try:
+            gamma = check_unit("gamma", state["gamma"])
+        except (TypeError, ValueError):
+            raise _state_error("gamma", "a float in [0, 1]", repr(state["gamma"])) from None
+        # everything checked: apply
+        self.online.params[...] = online
+        self.target.params[...] = target
+        self.optim._apply(optim)
+        self.gamma = gamma
 
 
+#: PPO's float coefficients ``(name, low, low open)``; each also at most float32's largest
+_PPO_COEFS = (("clip_coef", 0.0, False), ("ent_coef", 0.0, False), ("vf_coef", 0.0, False))
 _PPO_STATS = ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
 #: the minibatch fields :meth:`PPO.train` reads, besides ``obs`` and ``action``
 _PPO_FLOAT_FIELDS = ("log_prob", "advantage", "return", "value")
@@ -475,21 +631,32 @@ class PPO:
     hidden : sequence of int, default (64, 64)
         Hidden layer sizes of both networks.
     lr : float, default 2.5e-4
-        Adam's learning rate; settable (``agent.lr = frac * 2.5e-4`` anneals as CleanRL does).
+        Adam's learning rate, finite, in (0, 1e3] (see :class:`Adam`); settable, in [0, 1e3]
+        (``agent.lr = frac * 2.5e-4`` anneals as CleanRL does).
     eps : float, default 1e-5
-        Adam's epsilon (CleanRL's; torch's default is 1e-8). Betas are (0.9, 0.999).
+        Adam's epsilon (CleanRL's; torch's default is 1e-8), finite, >= 2**-126 (see
+        :class:`Adam`).
     clip_coef : float, default 0.2
-        Clip range of the probability ratio, and of the value change when ``clip_vloss``.
+        Clip range of the probability ratio, and of the value change when ``clip_vloss``; in
+        [0, 3.4e38] (see Notes).
     clip_vloss : bool, default True
     ent_coef, vf_coef : float, default 0.01, 0.5
+        In [0, 3.4e38] (see Notes).
     max_grad_norm : float or None, default 0.5
         Global L2 norm the gradient of both networks together is clipped to
-        (``torch.nn.utils.clip_grad_norm_``); None: no clipping.
+        (``torch.nn.utils.clip_grad_norm_``), in (0, 3.4e38]; None: no clipping.
     norm_adv : bool, default True
         Normalise advantages per minibatch (``(a - mean) / (std + 1e-8)``, unbiased std).
     seed : int, optional
-        Seeds the initialisation and the action sampler (tfdata's counter-based generator,
-        never numpy's global one).
+        In [0, 2**64). Seeds the initialisation and the action sampler (tfdata's counter-based
+        generator, never numpy's global one).
+    betas : (float, float), default (0.9, 0.999)
+        Adam's, each in [0, 1).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument of the wrong type or out of range (the message names it).
 
     Attributes
     ----------
@@ -500,6 +667,13 @@ class PPO:
     stats : dict
         Of the last :meth:`train` call: pg_loss, v_loss, entropy, old_approx_kl, approx_kl,
         clipfrac (floats, as CleanRL logs them), and grad_norm (before clipping).
+
+    Notes
+    -----
+    The coefficients' upper bound is float32's largest value: the update is computed in
+    float32, the type of the networks (the clip range is a float32 constant, as torch's clamp
+    bounds). A coefficient so large that the gradient overflows is refused by :meth:`train`,
+    which then updates nothing.
     """
 
     def __init__(self, obs_size: int, n_actions: int, *, hidden: Sequence[int] = (64, 64),
@@ -512,17 +686,23 @@ class PPO:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if n_actions < 2:
             raise ValueError(f"n_actions must be >= 2, got {n_actions!r}")
-        hidden = tuple(hidden)
-        if len(hidden) < 1:
-            raise ValueError(f"hidden must name at least one layer, got {hidden!r}")
-        for name, value in (("clip_coef", clip_coef), ("ent_coef", ent_coef), ("vf_coef", vf_coef)):
-            if not (isinstance(value, (int, float, np.floating)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite float >= 0, got {value!r}")
-        if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a finite float > 0 or None, got {max_grad_norm!r}")
+        try:
+            layers = tuple(hidden)
+        except TypeError:
+            layers = ()
+        if not layers or not all(_is_int(h) and h >= 1 for h in layers):
+            raise ValueError(f"hidden must be a non-empty sequence of positive ints, got {hidden!r}")
+        hidden = tuple(int(h) for h in layers)
+        coefs = {name: check_float(name, value, low, low_open=low_open, high=_F32_MAX)
+                 for (name, low, low_open), value in zip(_PPO_COEFS, (clip_coef, ent_coef, vf_coef))}
+        if max_grad_norm is not None:
+            max_grad_norm = check_float("max_grad_norm", max_grad_norm, 0.0, low_open=True, high=_F32_MAX)
+        for name, value in (("clip_vloss", clip_vloss), ("norm_adv", norm_adv)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (1 << 63))
-        self.seed = int(seed)
+        self.seed = _check_seed(seed)
         rng = np.random.default_rng(self.seed)
         self.actor = MLP((int(obs_size), *hidden, int(n_actions)), activation="tanh")
         self.critic = MLP((int(obs_size), *hidden, 1), activation="tanh")
@@ -543,9 +723,9 @@ class PPO:
         # hyperparameters as the kernel reads them (see kernels._ppo.ppo_train)
         self._hp = np.zeros(10, np.float64)
         self._cst = np.zeros(3, np.float32)
-        self.clip_coef, self.clip_vloss = float(clip_coef), bool(clip_vloss)
-        self.ent_coef, self.vf_coef = float(ent_coef), float(vf_coef)
-        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.clip_coef, self.clip_vloss = coefs["clip_coef"], bool(clip_vloss)
+        self.ent_coef, self.vf_coef = coefs["ent_coef"], coefs["vf_coef"]
+        self.max_grad_norm = max_grad_norm
         self.norm_adv = bool(norm_adv)
         self._rng = np.zeros(2, np.uint64)
         self._rng[0] = np.uint64(splitmix64(self.seed + 0x5A17))  # not the init's stream
@@ -561,10 +741,8 @@ class PPO:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        value = float(value)
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"lr must be a finite float >= 0, got {value!r}")
-        self.optim.lr = value
+        # 0 allowed here (an annealed rate), not at construction (as Adam's)
+        self.optim.lr = check_float("lr", value, 0.0, high=_LR_MAX)
 
     def _pack(self) -> None:
         hp = self._hp
@@ -628,7 +806,8 @@ class PPO:
         """Log-probabilities of given actions and the values (float32, (E,)), without sampling.
 
         The outputs are the same views :meth:`act` returns for E observations (overwritten by
-        either)."""
+        either). NaN logits (NaN in ``obs`` or in the parameters) raise ValueError, as in
+        :meth:`act`."""
         obs = self._check_obs(obs)
         e = obs.shape[0]
         actions = np.asarray(actions)
@@ -640,16 +819,26 @@ class PPO:
                              f"{actions[bad[0]]} at row {bad[0]}")
         acts_a, acts_c, act_out, log_probs, values, _, _ = self._act_workspace(e)
         act_out[:] = actions
-        self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table, self.critic.table,
-                         obs, acts_a, acts_c, act_out, log_probs, values, self._rng, False)
+        bad = self._kp.ppo_act(self.actor.params, self.critic.params, self.actor.table,
+                               self.critic.table, obs, acts_a, acts_c, act_out, log_probs, values,
+                               self._rng, False)
+        if bad >= 0:
+            raise ValueError(f"obs: the actor's logits are NaN at row {bad} (NaN in obs "
+                             f"{obs[bad].tolist()} or in the parameters); no log-probability")
         return log_probs, values
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """``critic(obs)``: float32, shape (E,), a view (overwritten by the next ``value`` with E
-        observations; not by ``act``, and it does not overwrite ``act``'s values)."""
+        observations; not by ``act``, and it does not overwrite ``act``'s values).
+
+        A value that is NaN or inf (from NaN or inf in ``obs`` or in the parameters) raises
+        ValueError: a bootstrap value is no use then."""
         obs = self._check_obs(obs)
         _, acts_c, _, _, _, _, values = self._act_workspace(obs.shape[0])
-        self._kp.ppo_value(self.critic.params, self.critic.table, obs, acts_c, values)
+        bad = self._kp.ppo_value(self.critic.params, self.critic.table, obs, acts_c, values)
+        if bad >= 0:
+            raise ValueError(f"obs: the critic's value is {values[bad]} at row {bad} (NaN or inf "
+                             f"in obs {obs[bad].tolist()} or in the parameters)")
         return values
 
     # -- training -----------------------------------------------------------------------------
@@ -752,68 +941,39 @@ class PPO:
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
-        the field, and nothing changed, when anything is missing or does not fit."""
-        def fail(field, expected, got):
-            raise ValueError(f"state[{field!r}]: expected {expected}, got {got!r}")
-
-        if not isinstance(state, Mapping):
-            raise ValueError(f"state: expected a mapping, got {type(state).__name__}")
-        for key in ("obs_size", "n_actions", "hidden", "params", "optim", "clip_coef", "clip_vloss",
-                    "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "rng"):
-            if key not in state:
-                raise ValueError(f"state: missing field {key!r}")
+        the field (``optim.lr``, ``clip_coef``, ...), and nothing changed, when anything is
+        missing, does not fit, or is out of the constructor's ranges (``optim`` as
+        :meth:`Adam.load_state_dict` checks it: ``lr`` may be 0, ``t`` at most 2**62)."""
+        _state_fields(state, ("obs_size", "n_actions", "hidden", "params", "optim", "clip_coef",
+                              "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "rng"))
         for key, want in self._config().items():
             got = state[key]
             if key == "hidden":
-                got = list(got) if isinstance(got, (list, tuple)) else got
-            if got != want:
-                fail(key, want, state[key])
-        params = np.asarray(state["params"])
-        if params.shape != self.params.shape or params.dtype.kind != "f" or not np.isfinite(params).all():
-            fail("params", f"finite floats of shape {self.params.shape}",
-                 f"{params.dtype} of shape {params.shape}")
-        optim = state["optim"]
-        if not isinstance(optim, Mapping) or any(k not in optim for k in ("t", "m", "v", "lr", "betas", "eps")):
-            fail("optim", "an Adam state (t, m, v, lr, betas, eps)", type(optim).__name__)
-        for key in ("m", "v"):
-            arr = np.asarray(optim[key])
-            if arr.shape != self.params.shape or arr.dtype.kind != "f" or not np.isfinite(arr).all() \
-                    or (key == "v" and (arr < 0).any()):
-                fail(f"optim.{key}", f"finite floats of shape {self.params.shape}" + (" >= 0" if key == "v" else ""),
-                     f"{arr.dtype} of shape {arr.shape}")
-        t = optim["t"]
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-            fail("optim.t", "an int >= 0", t)
-        lr, eps = optim["lr"], optim["eps"]
-        if not (isinstance(lr, (int, float, np.floating)) and math.isfinite(lr) and lr >= 0):
-            fail("optim.lr", "a finite float >= 0", lr)
-        if not (isinstance(eps, (int, float, np.floating)) and math.isfinite(eps) and eps > 0):
-            fail("optim.eps", "a finite float > 0", eps)
-        betas = tuple(optim["betas"])
-        if len(betas) != 2 or not all(isinstance(x, (int, float, np.floating)) and 0 <= x < 1 for x in betas):
-            fail("optim.betas", "two floats in [0, 1)", optim["betas"])
-        for key in ("clip_coef", "ent_coef", "vf_coef"):
-            x = state[key]
-            if not (isinstance(x, (int, float, np.floating)) and math.isfinite(x) and x >= 0):
-                fail(key, "a finite float >= 0", x)
+                ok = (isinstance(got, (list, tuple)) and len(got) == len(want)
+                      and all(_is_int(g) and g == w for g, w in zip(got, want)))
+            else:
+                ok = _is_int(got) and got == want
+            if not ok:
+                raise _state_error(key, repr(want), repr(got))
+        params = _state_array("params", state["params"], self.params)
+        optim = self.optim._check_state(state["optim"], "optim.")
+        coefs = {name: _state_float(name, state[name], low, _F32_MAX, low_open=low_open)
+                 for name, low, low_open in _PPO_COEFS}
         mgn = state["max_grad_norm"]
-        if mgn is not None and not (isinstance(mgn, (int, float, np.floating)) and math.isfinite(mgn) and mgn > 0):
-            fail("max_grad_norm", "None or a finite float > 0", mgn)
+        if mgn is not None:
+            mgn = _state_float("max_grad_norm", mgn, 0.0, _F32_MAX, low_open=True)
         for key in ("clip_vloss", "norm_adv"):
             if not isinstance(state[key], (bool, np.bool_)):
-                fail(key, "a bool", state[key])
+                raise _state_error(key, "a bool", repr(state[key]))
         rng = state["rng"]
         if not (isinstance(rng, (list, tuple)) and len(rng) == 2
-                and all(isinstance(x, (int, np.integer)) and 0 <= x < 1 << 64 for x in rng)):
-            fail("rng", "[key, counter], two ints in [0, 2**64)", rng)
+                and all(_is_int(x) and 0 <= x <= _SEED_MAX for x in rng)):
+            raise _state_error("rng", "[key, counter], two ints in [0, 2**64)", repr(rng))
         # everything checked: apply
         self.params[...] = params
-        self.optim.m[...] = optim["m"]
-        self.optim.v[...] = optim["v"]
-        self.optim.t = int(t)
-        self.optim.lr, self.optim.betas, self.optim.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
-        self.clip_coef, self.ent_coef, self.vf_coef = (float(state[k]) for k in ("clip_coef", "ent_coef", "vf_coef"))
-        self.max_grad_norm = None if mgn is None else float(mgn)
+        self.optim._apply(optim)
+        self.clip_coef, self.ent_coef, self.vf_coef = (coefs[k] for k in ("clip_coef", "ent_coef", "vf_coef"))
+        self.max_grad_norm = mgn
         self.clip_vloss, self.norm_adv = bool(state["clip_vloss"]), bool(state["norm_adv"])
         self._rng[0], self._rng[1] = np.uint64(rng[0]), np.uint64(rng[1])
 

@@ -334,12 +334,21 @@ def ppo_value(params_c, table_c, obs, acts_c, values):
         Scratch (layer outputs).
     values : ndarray of float32, shape (E,)
         Output.
+
+    Returns
+    -------
+    int
+        -1, or the first row whose value is NaN or inf (from NaN or inf in obs or params).
     """
     _rows_forward(params_c, table_c, obs, acts_c)
     batch = obs.shape[0]
     a = table_c[table_c.shape[0] - 1, 4]
+    bad = -1
     for b in range(batch):
         values[b] = acts_c[batch * a + b]
+        if bad < 0 and not math.isfinite(values[b]):
+            bad = b
+    return bad
 
 
 @njit(**NN_OPTIONS)
@@ -368,8 +377,8 @@ def ppo_act(params_a, params_c, table_a, table_c, obs, acts_a, acts_c, actions, 
     Returns
     -------
     int
-        -1, or the first row whose probabilities are not numbers (NaN logits): then the
-        generator's counter is left as it was.
+        -1, or the first row whose probabilities are not numbers (NaN logits), sampling or
+        not: then the generator's counter is left as it was.
     """
     _rows_forward(params_a, table_a, obs, acts_a)
     ppo_value(params_c, table_c, obs, acts_c, values)
@@ -408,6 +417,9 @@ def ppo_act(params_a, params_c, table_a, table_c, obs, acts_a, acts_c, actions, 
                 bad = b if bad < 0 else bad
                 act = 0
             actions[b] = act
+        elif math.isnan(lse):
+            # NaN logits (as act < 0 above: a finite lse leaves the largest logit p >= 1/n)
+            bad = b if bad < 0 else bad
         log_probs[b] = z[actions[b]] - lse
     if bad < 0:
         rng[1] = ctr
