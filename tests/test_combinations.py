@@ -65,13 +65,14 @@ SHARED = {
                  {"sampler": "without_replacement"}),
                 ("exactly_k", {"sampler": "exactly_k", "replays": 2, "timeout": 2.0},
                  {"sampler": "exactly_k", "stream_order": False, "replays": 2, "policy": "block"}),
-                ("exactly_k_drop", {"sampler": "exactly_k", "replays": 2, "policy": "drop"},
+                ("exactly_k_drop", {"sampler": "exactly_k", "replays": 2, "policy": "drop",
+                                    "timeout": 2.0},
                  {"sampler": "exactly_k", "stream_order": False, "replays": 2, "policy": "drop"}),
                 ("exactly_k_overwrite", {"sampler": "exactly_k", "replays": 2,
                                          "policy": "overwrite"},
                  {"sampler": "exactly_k", "stream_order": False, "replays": 2,
-                  "policy": "overwrite"}),
-                ("prioritized", {"prioritized": True}, {"prioritized": True})],
+                  "policy": "overwrite"})],
+    "prioritized": [("prioritized", {"prioritized": True}, {"prioritized": True})],
     "mode": [("fifo", {"mode": "fifo"}, {"fifo": True})],
     "rate_limiter": SINGLE["rate_limiter"],
     "n_step": SINGLE["n_step"],
@@ -236,11 +237,12 @@ def run(buf, stream, *, learner_check, writer_step, sample, can):
     t = threading.Thread(target=write, daemon=True)
     t0 = time.monotonic()
     t.start()
-    batches = 0
+    batches = after = 0
     while True:
         assert time.monotonic() - t0 < DEADLINE, "the writer and the learner made no progress"
         done = not t.is_alive()
-        if can():
+        after += done
+        if can() and after <= 8:  # a few samples after the last write, then stop
             pushed = stream.pushed
             learner_check(sample(), pushed)
             batches += 1
@@ -280,7 +282,10 @@ def test_single_process(labels, tmp_path):
         check_batch(batch, stream, n_step=o["n_step"], distinct=distinct,
                     newest=CAP if o["stream_order"] else None, pushed=pushed)
         if o["sampler"] == "prioritized":
-            buf.update_priorities(batch, rng.random(B) + 0.1)
+            try:
+                buf.update_priorities(batch, rng.random(B) + 0.1)
+            except ValueError as exc:  # the writer thread overwrote a row since the sample
+                assert "stale batch" in str(exc)
 
     writer_step = buf.extend if E > 1 else buf.push
     n = run(buf, stream, learner_check=check, writer_step=writer_step,
@@ -321,6 +326,8 @@ def build_shared(kw):
     kw = dict(kw)
     if "rate_limiter" in kw:
         kw["rate_limiter"] = tfdata.RateLimiter(kw["rate_limiter"], 8, 8.0, timeout=2.0)
+    if "frame_stack" in kw:  # an episode ends every 2-6 rows: room for every final frame held
+        kw["final_frames"] = CAP
     return SharedReplayBuffer(SPEC, CAP, seed=3, **kw)
 
 
@@ -349,7 +356,10 @@ def test_shared(labels, tmp_path, shm_dir):
                         newest=CAP if o["stream_order"] and not fifo else None, pushed=pushed)
             delivered.extend(np.asarray(batch["id"]).tolist())
             if o["prioritized"]:
-                buf.update_priorities(batch, rng.random(B) + 0.1)
+                try:
+                    buf.update_priorities(batch, rng.random(B) + 0.1)
+                except ValueError as exc:  # the writer thread overwrote a row since the sample
+                    assert "stale batch" in str(exc)
 
         def sample():
             return buf.get_batch(B, timeout=DEADLINE) if fifo else buf.sample(B)
@@ -360,7 +370,7 @@ def test_shared(labels, tmp_path, shm_dir):
             if fifo:
                 return len(buf) >= B
             if o["sampler"] == "exactly_k" or o["rate_limiter"] is not None:
-                return not state["done"]
+                return True  # the sample waits for what it needs (a timeout once writes end)
             return len(buf) >= B
 
         state = {"done": False}
@@ -382,15 +392,18 @@ def test_shared(labels, tmp_path, shm_dir):
         t = threading.Thread(target=write, daemon=True)
         t0 = time.monotonic()
         t.start()
+        after = 0
         while True:
             assert time.monotonic() - t0 < DEADLINE, "the writer and the learner made no progress"
-            if can():
+            after += state["done"]
+            if can() and after <= 8:
                 pushed = stream.pushed
                 try:
                     batch = sample()
                 except TimeoutError:
-                    assert state["done"], "a sample timed out while the writer was writing"
-                    break
+                    if state["done"]:
+                        break
+                    continue  # a slow writer: the deadline above catches a hang
                 check(batch, pushed)
             elif state["done"]:
                 break
@@ -413,3 +426,135 @@ def test_shared(labels, tmp_path, shm_dir):
             for _ in range(2):
                 want = buf.sample(B, copy=True)
                 assert_same(want, loaded.sample(B, copy=True))
+
+
+# -- the cases of the issue, and the waits the table cannot see ----------------------------
+def test_exactly_k_with_a_limiter_below_its_replays_is_refused():
+    """Accepted before, and then an actor pushing and a learner sampling both waited for ever."""
+    with pytest.raises(ValueError, match=r"sampler='exactly_k' \(replays=4, policy='block'\) with "
+                                         r"rate_limiter=RateLimiter\(samples_per_insert=1,"):
+        tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4, policy="block",
+                            rate_limiter=tfdata.RateLimiter(1.0, 8, 16.0))
+    for spi, policy in [(5.0, "block"), (5.0, "drop"), (4.5, "overwrite")]:
+        with pytest.raises(ValueError, match="samples_per_insert = replays"):
+            tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4, policy=policy,
+                                rate_limiter=tfdata.RateLimiter(spi, 8, 16.0))
+    with pytest.raises(ValueError, match="samples_per_insert = replays"):
+        tfdata.ReplayBuffer.plan_memory({"x": "i8"}, 32, sampler="exactly_k", replays=4,
+                                        rate_limiter=tfdata.RateLimiter(1.0, 8, 16.0))
+    # at the ratio, or below it where writers never wait for slots: built
+    tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4,
+                        rate_limiter=tfdata.RateLimiter(4.0, 8, 16.0))
+    tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4, policy="drop",
+                        rate_limiter=tfdata.RateLimiter(1.0, 8, 16.0))
+
+
+@pytest.mark.parametrize("policy", ["block", "drop", "overwrite"])
+def test_exactly_k_at_its_ratio_runs_with_an_actor_and_a_learner_thread(policy):
+    """The issue's buffer with samples_per_insert = replays: an actor thread pushes 400 rows, the
+    learner samples sample(4) while rows can come; nothing hangs, no row is delivered more than
+    replays times, and the counts stay within the limiter's bounds."""
+    k, n = 4, 400
+    lim = tfdata.RateLimiter(float(k), 8, 16.0, timeout=DEADLINE)
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=k, policy=policy,
+                              rate_limiter=lim, seed=0)
+    errors, seen = [], []
+
+    def actor():
+        try:
+            for i in range(n):
+                buf.push({"x": i})
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=actor, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    while t.is_alive() or can_sample(buf):
+        assert time.monotonic() - t0 < DEADLINE, "the actor and the learner made no progress"
+        if can_sample(buf):
+            seen.extend(buf.sample(4)["x"].tolist())
+            m = lim.metrics()
+            assert m["samples"] <= m["inserts"] * k - (k * 8 - 16.0)
+        else:
+            time.sleep(0.0005)
+    t.join()
+    assert not errors, errors
+    counts = np.bincount(seen, minlength=n)
+    assert counts.max() <= k
+    if policy == "block":  # every row but the last ones awaiting replay got all its deliveries
+        assert (counts == k).sum() >= n - 32
+
+
+def test_a_limited_sample_waiting_for_rows_no_insert_can_bring_raises():
+    """min_size_to_sample 1, error_buffer 4, 4 samples per insert: inserts stop at 2 rows until
+    something is sampled, and sample(4) waits for 4 rows: each would wait for the other for ever
+    (until the timeout, None here). The sample raises ValueError instead, naming the counts."""
+    lim = tfdata.RateLimiter(4.0, 1, 4.0, timeout=None)
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 32, rate_limiter=lim)
+    buf.push({"x": 0})
+    buf.push({"x": 1})
+    assert not lim.can_insert(1)
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r"a sample of 4 rows waits for rows \(2 can be drawn now\), "
+                                         r"and an insert of 1 rows waits for samples"):
+        buf.sample(4)
+    after = buf.state_dict()
+    assert after["sampler"] == before["sampler"] and lim.metrics()["samples"] == 0
+    buf.sample(2)  # what can proceed still does
+
+
+def test_a_limited_sample_that_waits_for_rows_wakes_when_an_insert_brings_them():
+    """The check above raises only when no insert may proceed: a sample short of rows whose
+    writer is still allowed to insert waits for it (a writer thread that starts late)."""
+    lim = tfdata.RateLimiter(1.0, 1, 8.0, timeout=DEADLINE)
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 32, rate_limiter=lim, seed=0)
+
+    def late():
+        time.sleep(0.3)
+        for i in range(8):
+            buf.push({"x": i})
+
+    t = threading.Thread(target=late, daemon=True)
+    t.start()
+    assert buf.sample(4)["x"].shape == (4,)
+    t.join()
+
+
+def test_a_limited_exactly_k_batch_that_could_wait_for_ever_is_refused_before_its_ring():
+    lim = tfdata.RateLimiter(4.0, 8, 16.0)
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4, rate_limiter=lim)
+    nbytes = buf.nbytes
+    with pytest.raises(ValueError, match="a sample of 13 distinct rows can wait for ever, since "
+                                         "inserts stop while only 12 rows may await replay"):
+        buf.sample(13)
+    assert buf.nbytes == nbytes  # no ring was built
+    lim = tfdata.RateLimiter(4.0, 16, 16.0)
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 64, sampler="exactly_k", replays=4, rate_limiter=lim)
+    with pytest.raises(ValueError, match="more than the capacity 64 may hold"):
+        buf.sample(17)
+    with pytest.raises(ValueError, match="more than the capacity 64 may hold"):
+        SharedReplayBuffer({"x": "i8"}, 64, sampler="exactly_k", replays=4,
+                           rate_limiter=tfdata.RateLimiter(4.0, 16, 16.0)).sample(17)
+
+
+def test_the_table_in_architecture_md_is_the_table_in_the_code():
+    import pathlib
+
+    text = (pathlib.Path(__file__).parents[1] / "ARCHITECTURE.md").read_text()
+    assert combinations.markdown() in text
+
+
+def test_every_rule_is_walked():
+    """Each rule of the table refuses at least one case of the walk above (a rule no case
+    reaches is untested)."""
+    hit = set()
+    for buffer, options, cases in (("ReplayBuffer", SINGLE, SINGLE_CASES),
+                                   ("SharedReplayBuffer", SHARED, SHARED_CASES)):
+        for labels in cases:
+            o = _facets(buffer, labels, options)
+            for r in combinations.RULES:
+                if o["buffer"] in r.where and r.applies(o):
+                    hit.add((r.a, r.b))
+                    break
+    assert hit == {(r.a, r.b) for r in combinations.RULES}
