@@ -248,14 +248,19 @@ def test_bad_sampler_arguments_change_nothing(shm_dir):
 
 
 # -- writer processes --------------------------------------------------------------------------
-def _writer(name, shard, stop, errors):
+def _allowed_writer(name, shard, allowed, stop, errors):
+    """Pushes rows with unique ids, one at a time, never more than ``allowed[shard]`` (the
+    learner raises it as it samples: the writer's pace is the learner's, whatever the
+    machine's speed)."""
     try:
         with SharedWriter(name, shard) as w:
             i = 0
             while not stop.is_set():
-                w.extend(id_rows(np.arange(i, i + 16) + 1_000_000 * shard))
-                w.push(row(id_rows([i + 16 + 1_000_000 * shard]), 0))
-                i += 17
+                if i < allowed[shard]:
+                    w.push(row(id_rows([i + 1_000_000 * shard]), 0))
+                    i += 1
+                else:
+                    time.sleep(0)
     except BaseException as exc:
         errors.put(f"shard {shard}: {exc!r}")
 
@@ -266,21 +271,30 @@ def test_two_writer_processes_no_row_twice_in_a_pass(layout, shm_dir):
     row twice within a pass (batches of 1 near a pass's end, so the boundary is known: a
     batch smaller than the undrawn rows cannot end its pass, unless rows torn by a writer
     were drawn again from the pool; a batch that redrew and ended a pass starts the check
-    afresh, its rows still distinct)."""
+    afresh, its rows still distinct). The writers write a row per 4 rows sampled (an eighth
+    each), so that every pass ends whatever the machine's speed (writers that lap their rings
+    between two samples keep every slot in the pool); runs until 3 passes ended (time cap:
+    300 s)."""
     errors, stop = FORK.Queue(), FORK.Event()
     cap = 2 * 256
+    allowed = FORK.RawArray("q", [256, 256])
     with wor(cap, num_writers=2, layout=layout) as buf:
-        procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors)) for s in range(2)]
+        procs = [FORK.Process(target=_allowed_writer, args=(buf.name, s, allowed, stop, errors))
+                 for s in range(2)]
         for p in procs:
             p.start()
-        while len(buf) < cap:
+        deadline = time.monotonic() + 60
+        while len(buf) < cap and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert len(buf) == cap, errors.get() if not errors.empty() else "no rows"
         seen, passes, sampled = set(), buf.sampler.passes, 0
         first = passes
-        t_end = time.monotonic() + 2.0
-        while time.monotonic() < t_end or buf.sampler.passes < first + 3:
+        deadline = time.monotonic() + 300
+        while buf.sampler.passes < first + 3 and time.monotonic() < deadline:
             redraws = buf.redraws
+            allowed[0] = allowed[1] = 256 + sampled // 8
             b = buf.sample(64 if buf.sampler.undrawn > 64 else 1)
+            sampled += len(b.indices)
             assert consistent(b).all()
             ids = b["id"].tolist()
             assert len(set(ids)) == len(ids), "a row twice in a batch"
@@ -290,7 +304,6 @@ def test_two_writer_processes_no_row_twice_in_a_pass(layout, shm_dir):
                 continue
             assert not seen & set(ids), ("a row twice in a pass", seen & set(ids))
             seen |= set(ids)
-            sampled += len(ids)
         stop.set()
         for p in procs:
             p.join(30)
@@ -347,23 +360,6 @@ def test_slots_left_torn_never_make_a_batch_repeat_a_slot(shm_dir):
             assert consistent(b).all() and len(set(b["id"].tolist())) == len(b.indices)
             crossed += buf.sampler.passes > passes and buf.redraws > redraws
         assert crossed > 50
-
-
-def _allowed_writer(name, shard, allowed, stop, errors):
-    """Pushes rows with unique ids, one at a time, never more than ``allowed[shard]`` (the
-    learner raises it as it samples: the writer's pace is the learner's, whatever the
-    machine's speed)."""
-    try:
-        with SharedWriter(name, shard) as w:
-            i = 0
-            while not stop.is_set():
-                if i < allowed[shard]:
-                    w.push(row(id_rows([i + 1_000_000 * shard]), 0))
-                    i += 1
-                else:
-                    time.sleep(0)
-    except BaseException as exc:
-        errors.put(f"shard {shard}: {exc!r}")
 
 
 def test_a_writer_lapping_its_shard_never_makes_a_batch_repeat_a_row(shm_dir):
@@ -512,31 +508,28 @@ def test_one_writer_n_step_and_projection_as_a_replay_buffer(shm_dir):
         assert buf.sampler.passes == ref.sampler.passes > 5
 
 
-def _paced_writer(name, shard, stop, errors):
-    try:
-        with SharedWriter(name, shard) as w:
-            i = 0
-            while not stop.is_set():
-                w.extend(id_rows(np.arange(i, i + 4) + 1_000_000 * shard))
-                i += 4
-                time.sleep(0.0005)  # paced: a save is not lapped whole (full speed can)
-    except BaseException as exc:
-        errors.put(f"shard {shard}: {exc!r}")
-
-
 def test_checkpoint_while_writer_processes_write(shm_dir, tmp_path):
     """A save while two processes overwrite their rings: the loaded buffer's pass holds only
-    rows it holds, each once, and finishes by returning each of them once."""
+    rows it holds, each once, and finishes by returning each of them once. Each writer may
+    begin 32 rows during the save, so the save is never lapped whole (at full speed it can
+    be, on a loaded machine) and the pass it keeps is not empty."""
     errors, stop = FORK.Queue(), FORK.Event()
+    allowed = FORK.RawArray("q", [128, 128])
     with wor(2 * 128, num_writers=2) as buf:
-        procs = [FORK.Process(target=_paced_writer, args=(buf.name, s, stop, errors))
+        procs = [FORK.Process(target=_allowed_writer, args=(buf.name, s, allowed, stop, errors))
                  for s in range(2)]
         for p in procs:
             p.start()
-        while len(buf) < 2 * 128:
+        deadline = time.monotonic() + 60
+        while len(buf) < 2 * 128 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert len(buf) == 2 * 128, errors.get() if not errors.empty() else "no rows"
         for _ in range(3):
+            allowed[0] += 25
+            allowed[1] += 25
             buf.sample(50)
+        for s, info in enumerate(buf.writers()):
+            allowed[s] = info["published"] + 32
         buf.save(tmp_path / "ck")
         stop.set()
         for p in procs:
