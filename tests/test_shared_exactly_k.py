@@ -479,6 +479,23 @@ def test_hostile_exactly_k_checkpoints_are_refused(shm_dir, tmp_path):
         assert len(back) == 3
 
 
+@pytest.mark.parametrize("timeout", [None, 1.0])
+def test_a_batch_larger_than_the_rows_says_what_exactly_k_does(timeout, shm_dir):
+    """The refusal of a batch larger than the rows awaiting replay, or than the capacity, says
+    that exactly-k batches hold distinct rows, never 'with replacement'."""
+    with SharedReplayBuffer(SPEC, 8, seed=0, sampler="exactly_k", timeout=timeout) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        w.extend(rows(range(5)))
+        cases = [(9, ValueError, "capacity 8; an exactly_k batch holds distinct rows")]
+        cases.append((6, ValueError if timeout is None else TimeoutError,
+                      "exactly_k: a batch of 6 distinct rows, but 5 rows await replay"))
+        for b, exc, match in cases:
+            with pytest.raises(exc, match=match) as e:
+                buf.sample(b)
+            assert "with replacement" not in str(e.value)
+        assert sorted(buf.sample(5)["id"].tolist()) == list(range(5))
+
+
 def test_region_has_three_words_per_slot(shm_dir):
     cap = 1 << 14
     plain = region_nbytes(SPEC, cap, num_writers=2)

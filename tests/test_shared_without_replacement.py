@@ -229,6 +229,22 @@ def test_one_writer_samples_as_a_replay_buffer_and_follows_the_rule(layout, shm_
         assert model.passes > 10
 
 
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "rate limiter"])
+def test_a_batch_larger_than_the_rows_says_sampling_is_without_replacement(limited, shm_dir):
+    """The refusal of a batch larger than the rows held (or, with a rate limiter, than the
+    capacity) says what this sampler does: distinct rows, not 'with replacement'."""
+    from tfdata import RateLimiter
+
+    kw = dict(rate_limiter=RateLimiter(1.0, 1, 40, timeout=1)) if limited else {}
+    with wor(8, **kw) as buf, SharedWriter(buf.name, 0) as w:
+        w.extend(id_rows(np.arange(5)))
+        for b in (9,) if limited else (6, 9):
+            with pytest.raises(ValueError, match="without replacement: a batch holds distinct") as e:
+                buf.sample(b)
+            assert "with replacement" not in str(e.value).replace("without replacement", "")
+        assert sorted(buf.sample(5)["id"].tolist()) == list(range(5))
+
+
 def test_bad_sampler_arguments_change_nothing(shm_dir):
     with pytest.raises(ValueError, match="sampler must be one of .* got 'bogus'"):
         SharedReplayBuffer(ID_SPEC, 8, sampler="bogus")

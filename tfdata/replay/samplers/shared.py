@@ -50,11 +50,15 @@ class _Shards:
     def ring_nbytes(self, batch_size: int, length) -> int:
         return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
 
-    def _too_few(self, batch: int, n: int | None = None):
+    #: why a batch cannot hold more rows than the buffer (the end of the message that says so)
+    batch_rule = "sampling is with replacement but needs batch_size <= len(buffer)"
+
+    def too_few(self, batch: int, n: int | None = None) -> ValueError:
+        """The error for a batch of ``batch`` rows with ``n`` held (None: read the heads)."""
         if n is None:  # rows held, from the heads as they are now (an error path only)
             n = int(np.minimum(self.heads.astype(np.int64), self.cap).sum())
         return ValueError("cannot sample from an empty buffer" if n == 0 else
-                          f"batch_size {batch} is larger than the {n} rows held")
+                          f"batch_size {batch} is larger than the {n} rows held; {self.batch_rule}")
 
 
 class SharedUniformSampler(_Shards, UniformSampler):
@@ -82,7 +86,7 @@ class SharedUniformSampler(_Shards, UniformSampler):
                                         arrays["shard_scratch"], self.state, out.indices,
                                         out.kernel_out, MAX_REDRAWS)
         if got == -2:
-            raise self._too_few(out.indices.shape[0])
+            raise self.too_few(out.indices.shape[0])
         if got < 0:
             raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
         self.redraws += got
@@ -181,7 +185,7 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         held = self.fold(scratch)
         batch = idx.shape[0]
         if held < batch:
-            raise self._too_few(batch, held)
+            raise self.too_few(batch, held)
         if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
             raise self._no_mass(held)
         self.stamp(v)
@@ -228,6 +232,8 @@ class SharedExactlyKSampler(ExactlyKSampler):
 
     #: a writer of a shard puts rows in free slots, not in stream order
     stream_order = False
+    #: why a batch cannot hold more rows than the capacity (see ``_Shards.batch_rule``)
+    batch_rule = "an exactly_k batch holds distinct rows awaiting replay, never more than the capacity"
 
     def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
         self.heads, self.reserved, self.cap = heads, reserved, cap
@@ -333,6 +339,8 @@ class SharedWithoutReplacementSampler(_Shards, Sampler):
     state_key = "without_replacement"
     #: the name ``SharedReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "without_replacement"
+    batch_rule = ("sampling is without replacement: a batch holds distinct rows, so "
+                  "batch_size <= len(buffer)")
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
@@ -373,7 +381,7 @@ class SharedWithoutReplacementSampler(_Shards, Sampler):
             got = self._pool.pool_fold_redraw(self.heads, self.cap, self.pool, self.inpool,
                                               self.meta, self.folded, scratch, self.state, idx, i)
         if got == -3:
-            raise self._too_few(idx.shape[0], int(self.meta[2]))
+            raise self.too_few(idx.shape[0], int(self.meta[2]))
         if got < 0:  # the arguments are this object's: a bug, not the caller's input
             kernel = "pool_fold_draw" if i < 0 else "pool_fold_redraw"
             raise RuntimeError(f"SharedWithoutReplacementSampler: {kernel} returned {got}")
