@@ -873,6 +873,47 @@ def pool_sample_naive(pool: list, m: int, passes: int, start: int, count: int, n
     return pool, m, passes, np.array(out, np.int64), counter
 
 
+def pool_redraw_naive(pool: list, m: int, passes: int, key: int, counter: int, batch, i: int,
+                      live) -> tuple:
+    """Reference of ``kernels._pool.pool_fold_redraw`` after its fold (the rows published since
+    already in ``pool[:m]``): row ``i`` of ``batch`` drawn again, never a slot the batch's other
+    rows hold. Returns ``(pool, m, passes, batch, counter)``.
+
+    The batch's other rows that are in the pool go last (the kernel's scan: an entry among them
+    swaps with the last entry within reach); the draw takes a uniform entry within reach as
+    ``pool_sample_naive`` does. With nothing within reach the pass is over: the next one is
+    ``live`` without the batch's other rows, then those rows in batch order. A redraw that
+    empties the pool begins the next pass, ``live``, at once."""
+    pool, batch, live = list(pool), [int(s) for s in batch], list(live)
+    others = [s for j, s in enumerate(batch) if j != i]
+    taken = set(others)
+    a, r = m, 0
+    while r < a:
+        if pool[r] in taken:
+            a -= 1
+            pool[r], pool[a] = pool[a], pool[r]
+        else:
+            r += 1
+    if a == 0:
+        fresh = [s for s in live if s not in taken]
+        pool[:len(fresh) + len(others)] = fresh + others
+        a, m = len(fresh), len(fresh) + len(others)
+        passes += 1
+    (r,), counter = draw_indices(key, counter, a, 1)
+    r = int(r)
+    s = pool[r]
+    pool[r] = pool[a - 1]
+    if a - 1 != m - 1:
+        pool[a - 1] = pool[m - 1]
+    m -= 1
+    batch[i] = s
+    if m == 0:
+        pool[:len(live)] = live
+        m = len(live)
+        passes += 1
+    return pool, m, passes, np.array(batch, np.int64), counter
+
+
 # -- the sample-to-insert rate limiter ---------------------------------------------------------------
 
 

@@ -7,9 +7,11 @@ a plain ReplayBuffer given the same rows.
 
 from __future__ import annotations
 
+import collections
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import tracemalloc
 import warnings
@@ -428,19 +430,21 @@ def _replay_worker(name, shard, stop, errors):
 def test_no_torn_rows_while_worker_processes_write(layout, shm_dir):
     """Two processes overwrite their rings as fast as they can while the learner samples. Every
     sampled row is whole; reading the same memory without the protocol (the control) does see
-    rows mixed from two writes, so this test can fail."""
+    rows mixed from two writes, so this test can fail. Runs until 10,000 rows were sampled and
+    the control saw a torn row (time cap: 300 s), not for a fixed time: the count reached in
+    a given time depends on the machine."""
     errors, stop = FORK.Queue(), FORK.Event()
     with SharedReplayBuffer(ID_SPEC, 2 * 512, num_writers=2, layout=layout, seed=0) as buf:
         procs = [FORK.Process(target=_replay_worker, args=(buf.name, s, stop, errors)) for s in range(2)]
         for p in procs:
             p.start()
-        while len(buf) < 2 * 512:
+        deadline = time.monotonic() + 60
+        while len(buf) < 2 * 512 and time.monotonic() < deadline:
             time.sleep(0.01)
-        buf.sample(256)  # compiled before the clock starts
         fields = {f: buf.storage.field(f) for f in ID_SPEC}
         sampled = torn_raw = 0
-        t_end = time.monotonic() + 1.5
-        while time.monotonic() < t_end:
+        deadline = time.monotonic() + 300
+        while (sampled < 10_000 or torn_raw == 0) and time.monotonic() < deadline:
             b = buf.sample(256)
             assert consistent(b).all(), b["id"][~consistent(b)]
             sampled += 256
@@ -451,7 +455,7 @@ def test_no_torn_rows_while_worker_processes_write(layout, shm_dir):
         for p in procs:
             p.join(30)
         assert errors.empty(), errors.get()
-    assert sampled > 10_000
+    assert sampled >= 10_000
     assert torn_raw > 0, "the control saw no torn row: the writers did not race the reader"
 
 
@@ -588,10 +592,8 @@ def test_a_blocked_writer_learns_that_the_learner_died(shm_dir):
     w.extend(id_rows(range(4)))  # the queue is full
     here.send("go")
     p.join(30)
-    t0 = time.monotonic()
     with pytest.raises(SharedBufferError, match="has ended: no one will take rows .0 of 1"):
         w.push(row(id_rows([4]), 0))
-    assert time.monotonic() - t0 < 5
     w.close()
     from tfdata.shared import sweep
 
@@ -685,11 +687,10 @@ def test_fifo_batch_larger_than_a_shard_cannot_deadlock(shm_dir):
         p = FORK.Process(target=_blocking_worker, args=(buf.name, 0, 20, there))
         p.start()
         try:
-            t0 = time.monotonic()
             try:
-                ids = np.concatenate([np.array(b["id"]) for b in buf.batches(6, timeout=1.0)])
+                ids = np.concatenate([np.array(b["id"]) for b in buf.batches(6, timeout=60)])
             except ValueError as exc:  # refused up front, naming the shard capacity
-                assert "shard" in str(exc) and time.monotonic() - t0 < 0.5
+                assert "shard" in str(exc)
             else:
                 np.testing.assert_array_equal(ids, np.arange(20))
                 assert here.recv() == "done"
@@ -834,29 +835,31 @@ def _attach_close_loop(name, stop):
 def test_a_writer_that_closes_is_never_reported_dead(shm_dir):
     """A writer process attaches and closes over and over while the learner watches: between the
     learner's reads of the state word and of the lock, a writer may finish; it is then
-    finished, never dead, and no WriterLostWarning is raised."""
+    finished, never dead, and no WriterLostWarning is raised. Runs until each state was seen
+    1,000 times (time cap: 300 s), not for a fixed time: the writer may start late."""
     stop = FORK.Event()
     with SharedReplayBuffer(ID_SPEC, 4) as buf:
         p = FORK.Process(target=_attach_close_loop, args=(buf.name, stop))
         p.start()
         try:
-            states = set()
-            t_end = time.monotonic() + 1.0
+            states = collections.Counter()
+            deadline = time.monotonic() + 300
             with warnings.catch_warnings():
                 warnings.simplefilter("error", WriterLostWarning)
-                while time.monotonic() < t_end:
-                    states.add(buf.writers()[0]["state"])
+                while (min(states["attached"], states["finished"]) < 1000
+                       and time.monotonic() < deadline):
+                    states[buf.writers()[0]["state"]] += 1
                     buf.lost_writers
         finally:
             stop.set()
-            p.join(10)
-        assert "dead" not in states and states & {"attached", "finished"}
+            p.join(30)
+        assert states["dead"] == 0 and min(states["attached"], states["finished"]) >= 1000, states
         assert buf.lost_writers == []
 
 
 def _blocked_writer(name, conn):
     try:
-        with SharedWriter(name, 0, timeout=5) as w:
+        with SharedWriter(name, 0, timeout=60) as w:
             conn.send("attached")
             w.extend(id_rows(np.arange(6)))  # the shard holds 2: blocks after 2 rows
         conn.send("finished")
@@ -866,7 +869,8 @@ def _blocked_writer(name, conn):
 
 def test_a_writer_blocked_on_a_full_shard_fails_when_the_owner_closes(shm_dir):
     """Writers still attached get SharedBufferError at their next write: a writer already
-    waiting for room too, at once, saying how many rows went in, not after its timeout."""
+    waiting for room too, saying how many rows went in, not after its timeout (60 s: the
+    message tells the close from the timeout, whatever the machine's speed)."""
     here, there = FORK.Pipe()
     buf = SharedReplayBuffer(ID_SPEC, 2, mode="fifo")
     p = FORK.Process(target=_blocked_writer, args=(buf.name, there))
@@ -876,12 +880,10 @@ def test_a_writer_blocked_on_a_full_shard_fails_when_the_owner_closes(shm_dir):
         while buf.writers()[0]["queued"] < 2:
             time.sleep(0.005)
         time.sleep(0.05)  # the writer is waiting for room now
-        t0 = time.monotonic()
         buf.close()
-        assert here.poll(2), "the blocked writer did not notice the close"
+        assert here.poll(120), "the blocked writer did not notice the close"
         msg = here.recv()
         assert "SharedBufferError" in msg and "closed by its owner" in msg and "2 of 6" in msg
-        assert time.monotonic() - t0 < 2
     finally:
         p.kill()
         p.join(10)
@@ -902,9 +904,7 @@ def _use_and_close(mode):
             with SharedWriter(buf.name, 1) as w:
                 w.push(row(id_rows([1]), 0))
                 w.extend(id_rows([2, 3]))
-            t0 = time.monotonic()
-            SharedWriter(buf.name, 1).close()  # the lock was released: no 1 s retry
-            assert time.monotonic() - t0 < 0.5
+            SharedWriter(buf.name, 1).close()  # the lock was released (else SharedBufferError)
 
 
 def _fd_targets() -> list:
@@ -990,14 +990,19 @@ def test_a_death_is_reported_once(shm_dir):
 
 def test_partial_get_batch_returns_at_once_when_every_writer_is_done(shm_dir):
     """partial=True: 'at once when every writer has finished or died and fewer rows remain',
-    even without a timeout."""
+    even without a timeout (none given: a call that waited for one would never return; a
+    thread lets the test fail instead of hanging)."""
     with SharedReplayBuffer(ID_SPEC, 2 * 8, num_writers=2, mode="fifo") as buf:
         with SharedWriter(buf.name, 0) as w:
             w.extend(id_rows([1, 2]))
         SharedWriter(buf.name, 1).close()
-        t0 = time.monotonic()
-        b = buf.get_batch(5, partial=True, timeout=3)
-        assert list(b["id"]) == [1, 2] and time.monotonic() - t0 < 1
+        got = []
+        t = threading.Thread(target=lambda: got.append(buf.get_batch(5, partial=True, copy=True)),
+                             daemon=True)
+        t.start()
+        t.join(120)
+        assert not t.is_alive(), "get_batch(partial=True) waited with every writer done"
+        assert list(got[0]["id"]) == [1, 2]
 
 
 def test_hostile_region_policy_and_spec_are_format_errors(shm_dir):
@@ -1023,14 +1028,12 @@ def test_a_blocked_writer_learns_of_the_learners_death_before_its_timeout(shm_di
     p = FORK.Process(target=_learner_then_killed, args=(there,))
     p.start()
     here.recv()
-    with SharedWriter("doomed", 0, timeout=3) as w:
+    with SharedWriter("doomed", 0, timeout=60) as w:
         w.extend(id_rows(range(4)))  # the queue is full
         here.send("go")
         p.join(30)
-        t0 = time.monotonic()
         with pytest.raises(SharedBufferError, match="has ended: no one will take rows .0 of 2"):
             w.extend(id_rows([4, 5]))
-        assert time.monotonic() - t0 < 2
 
 
 @pytest.mark.parametrize("sizes", [(7, 3, 12), (12, 7, 5)])

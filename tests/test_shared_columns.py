@@ -4,6 +4,7 @@ processes write; rows a writer overwrites during a pass are left out of the stat
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 
 import numpy as np
 import pytest
@@ -139,37 +140,56 @@ def test_rows_overwritten_during_a_pass_are_left_out(shm_dir, monkeypatch):
         assert len(calls) == 16
 
 
-def _writer(name, stop, errors):
+def _writer(name, allowed, stop, errors):
+    """Extends 8 rows at a time, never past ``allowed[0]`` rows (the learner's pace, not the
+    machine's)."""
     try:
         with SharedWriter(name, 0) as w:
             i = 0
             while not stop.is_set():
-                w.extend(id_rows(np.arange(i, i + 8)))
-                i += 8
+                if i + 8 <= allowed[0]:
+                    w.extend(id_rows(np.arange(i, i + 8)))
+                    i += 8
+                else:
+                    time.sleep(0)
     except BaseException as exc:
         errors.put(repr(exc))
 
 
 @pytest.mark.parametrize("layout", ["aos", "soa"])
 def test_stats_count_whole_consecutive_rows_while_a_process_writes(layout, shm_dir):
-    """A writer process laps a 4096-row shard continually: each result is the statistics of
-    consecutive whole rows (ids, and rewards equal to them, from min to max, none torn)."""
-    cap = 4096
+    """A writer process laps a 4096-row shard continually, up to W rows during each call: each
+    result is the statistics of consecutive whole rows (ids, and rewards equal to them, from
+    min to max, none torn). The rule bounds the count whatever the machine's speed: a pass
+    leaves out the rows in flight (8 at most) and twice the rows begun during the pass before
+    (W in all: 2 * W), and a pass that fails has more than twice as many begun as the one
+    before, so with W rows in all the 16 passes never run out."""
+    cap, W = 4096, 512
     errors, stop = FORK.Queue(), FORK.Event()
+    allowed = FORK.RawArray("q", [cap])
     with SharedReplayBuffer(SPEC, cap, layout=layout) as buf:
-        proc = FORK.Process(target=_writer, args=(buf.name, stop, errors))
+        proc = FORK.Process(target=_writer, args=(buf.name, allowed, stop, errors))
         proc.start()
         try:
-            while len(buf) < cap:
-                pass
-            for _ in range(200):
-                ids = buf.column_stats("id")
-                rew = buf.column_stats("reward")
-                for st in (ids, rew):
+            deadline = time.monotonic() + 60
+            while len(buf) < cap and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(buf) == cap, errors.get() if not errors.empty() else "no rows"
+            calls = raced = 0
+            deadline = time.monotonic() + 300
+            while calls < 400 or (raced < 3 and time.monotonic() < deadline):
+                stats = []
+                for name in ("id", "reward"):
+                    allowed[0] = buf.writers()[0]["published"] + W  # W more during this call
+                    stats.append(buf.column_stats(name))
+                for st in stats:
                     lo, hi = int(st.min[()]), int(st.max[()])
                     assert hi - lo + 1 == st.count, (lo, hi, st.count)  # consecutive, no torn row
                     assert st.mean[()] == pytest.approx((lo + hi) / 2, rel=1e-12)
-                    assert cap // 2 <= st.count <= cap
+                    assert cap - 2 * W - 8 <= st.count <= cap
+                    raced += st.count < cap - 8  # a pass repeated: the writer overwrote rows
+                calls += 2
+            assert raced >= 3, "no pass was repeated: the writer did not race the reader"
         finally:
             stop.set()
             proc.join(30)

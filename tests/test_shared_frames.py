@@ -284,9 +284,13 @@ def test_stacks_stay_whole_while_writer_processes_lap_their_shards(kw, shm_dir):
             deadline = time.monotonic() + 20
             while len(buf) < shards * cap and time.monotonic() < deadline:
                 time.sleep(0.01)
+            def done():  # 3000 rows sampled, every writer lapped, a stack redrawn
+                return (sampled >= 3000 and buf.redraws > 0
+                        and all(w["published"] > 10 * cap for w in buf.writers()))
+
             sampled = 0
-            t_end = time.monotonic() + 2.0
-            while time.monotonic() < t_end or (sampled < 3000 and time.monotonic() < t_end + 20):
+            deadline = time.monotonic() + 300  # a cap: the loop runs until done, not for a time
+            while not done() and time.monotonic() < deadline:
                 b = buf.sample(32)
                 check_stacks(b, gamma=kw.get("gamma"))
                 sampled += 32
@@ -295,6 +299,7 @@ def test_stacks_stay_whole_while_writer_processes_lap_their_shards(kw, shm_dir):
             for p in procs:
                 p.join(30)
         assert errors.empty(), errors.get()
+        assert sampled >= 3000
         assert {w["published"] > 10 * cap for w in buf.writers()} == {True}  # every writer lapped
         assert buf.redraws > 0, "no stack was ever redrawn: the writers did not race the reader"
 

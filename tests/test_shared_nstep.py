@@ -122,11 +122,12 @@ def test_windows_stay_whole_while_writer_processes_overwrite(layout, prioritized
         procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors)) for s in range(2)]
         for p in procs:
             p.start()
-        while len(buf) < 2 * cap:
+        deadline = time.monotonic() + 60
+        while len(buf) < 2 * cap and time.monotonic() < deadline:
             time.sleep(0.01)
         sampled = 0
-        t_end = time.monotonic() + 1.5
-        while time.monotonic() < t_end:
+        deadline = time.monotonic() + 300  # a cap: until 640 rows and a redraw, not for a time
+        while (sampled < 640 or buf.redraws == 0) and time.monotonic() < deadline:
             b = buf.sample(64)
             check_windows(b, n, gamma, 2, cap)
             sampled += 64
@@ -214,11 +215,12 @@ def test_slices_stay_whole_while_writer_processes_overwrite(prioritized, shm_dir
         procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors)) for s in range(2)]
         for p in procs:
             p.start()
-        while len(buf) < 2 * cap:
+        deadline = time.monotonic() + 60
+        while len(buf) < 2 * cap and time.monotonic() < deadline:
             time.sleep(0.01)
         sampled = 0
-        t_end = time.monotonic() + 1.5
-        while time.monotonic() < t_end:
+        deadline = time.monotonic() + 300  # a cap: until 320 slices and a redraw, not for a time
+        while (sampled < 320 or buf.redraws == 0) and time.monotonic() < deadline:
             for policy in ("mask", "reject"):
                 check_slices(buf.sample_sequences(16, 5, policy=policy))
                 sampled += 16

@@ -88,6 +88,99 @@ def test_pool_fold_draw_matches_reference():
             assert sorted(np.flatnonzero(inpool).tolist()) == sorted(ref[:ref_m])
 
 
+def _ref_fold(ref, ref_m, ref_folded, heads, span):
+    """The reference's join of the rows published since (each slot once a lap behind)."""
+    members = set(ref[:ref_m])
+    for g in range(len(heads)):
+        h, lo = int(heads[g]), ref_folded[g]
+        for r in range(lo, min(h, lo + span)):
+            s = g * span + r % span
+            if s not in members:
+                ref[ref_m] = s
+                members.add(s)
+                ref_m += 1
+        ref_folded[g] = max(lo, h)
+    return ref_m
+
+
+def test_pool_fold_redraw_matches_reference_and_never_repeats_a_slot():
+    """A batch, then rows of it drawn again with rows published in between (slots of the batch
+    among them), against ``pool_redraw_naive``: the batch never holds a slot twice, whether the
+    pass ended in the batch's draws, in a redraw, or a writer republished one of its slots."""
+    rng = np.random.default_rng(11)
+    ended = republished = 0
+    for trial in range(300):
+        S, span = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        cap = S * span + int(rng.integers(0, 3))
+        pool, inpool = np.zeros(cap, np.uint32), np.zeros(cap, np.uint8)
+        meta, folded = np.zeros(3, np.int64), np.zeros(S, np.int64)
+        heads, scratch = np.zeros(S, np.uint64), np.zeros(7 * S + 8, np.int64)
+        state = np.array([naive.mix64(trial), 0], np.uint64)
+        ref, ref_m, ref_passes, ref_folded = [0] * cap, 0, 0, [0] * S
+        heads[:] = rng.integers(1, 2 * span, S)
+        for step in range(12):
+            held = [min(int(h), span) for h in heads]
+            live = [g * span + j for g in range(S) for j in range(held[g])]
+            batch = int(rng.integers(1, len(live) + 1))
+            idx = np.zeros(batch, np.int64)
+            key, ctr = int(state[0]), int(state[1])
+            got = _pool.pool_fold_draw(heads, span, pool, inpool, meta, folded, scratch, state, idx)
+            ref_m = _ref_fold(ref, ref_m, ref_folded, heads, span)
+            ref, ref_m, passes, ref_idx, _ = naive.pool_sample_naive(
+                ref, ref_m, ref_passes, 0, 0, 0, key, ctr, batch, live=live)
+            assert got == passes - ref_passes
+            ended += got > 0
+            ref_passes = passes
+            np.testing.assert_array_equal(idx, ref_idx)
+            for _ in range(int(rng.integers(0, 4))):  # rows torn during the copy, drawn again
+                if rng.random() < 0.5:  # a writer published meanwhile (maybe a batch row's slot)
+                    g = int(rng.integers(0, S))
+                    heads[g] += int(rng.integers(1, span + 1))
+                    republished += any(g * span <= s < (g + 1) * span for s in idx)
+                i = int(rng.integers(0, batch))
+                key, ctr = int(state[0]), int(state[1])
+                got = _pool.pool_fold_redraw(heads, span, pool, inpool, meta, folded, scratch,
+                                             state, idx, i)
+                ref_m = _ref_fold(ref, ref_m, ref_folded, heads, span)
+                held = [min(int(h), span) for h in heads]
+                live = [g * span + j for g in range(S) for j in range(held[g])]
+                ref, ref_m, passes, ref_idx, ref_ctr = naive.pool_redraw_naive(
+                    ref, ref_m, ref_passes, key, ctr, ref_idx, i, live)
+                assert got == passes - ref_passes, (trial, step)
+                ended += got > 0
+                ref_passes = passes
+                np.testing.assert_array_equal(idx, ref_idx, err_msg=f"trial {trial} step {step}")
+                assert len(set(idx.tolist())) == batch, "a slot twice in a batch"
+                assert int(meta[0]) == ref_m and int(meta[1]) == ref_passes
+                assert int(state[1]) == ref_ctr
+                np.testing.assert_array_equal(pool[:ref_m], ref[:ref_m])
+                assert sorted(np.flatnonzero(inpool).tolist()) == sorted(ref[:ref_m])
+                assert set(np.unique(inpool).tolist()) <= {0, 1}
+            if rng.random() < 0.5:
+                heads[int(rng.integers(0, S))] += int(rng.integers(0, 2 * span))
+    assert ended > 100 and republished > 100  # the cases the test is about happened
+
+
+def test_pool_fold_redraw_refuses_bad_arguments():
+    pool, inpool, meta = np.zeros(8, np.uint32), np.zeros(8, np.uint8), np.zeros(3, np.int64)
+    heads, folded, scratch = np.array([3, 2], np.uint64), np.zeros(2, np.int64), np.zeros(14, np.int64)
+    state, idx = np.array([1, 0], np.uint64), np.array([0, 4], np.int64)
+    for i in (-1, 2):
+        assert _pool.pool_fold_redraw(heads, 4, pool, inpool, meta, folded, scratch, state, idx, i) == -1
+    assert not meta.any() and not folded.any() and int(state[1]) == 0
+    big = np.zeros(6, np.int64)  # more rows than the shards hold
+    assert _pool.pool_fold_redraw(heads, 4, pool, inpool, meta, folded, scratch, state, big, 0) == -3
+    assert folded.tolist() == [3, 2] and int(state[1]) == 0
+    idx[1] = 10 ** 9  # a batch slot outside the arrays: refused, never read
+    assert _pool.pool_fold_redraw(heads, 4, pool, inpool, meta, folded, scratch, state, idx, 0) == -2
+    meta[0] = 3
+    pool[:3] = [100, 0, 4]  # a corrupt pool entry met by the scan
+    idx[:] = [1, 0]
+    inpool[[0, 4]] = 1
+    assert _pool.pool_fold_redraw(heads, 4, pool, inpool, meta, folded, scratch, state, idx, 0) == -2
+    assert set(np.unique(inpool).tolist()) <= {0, 1}
+
+
 def test_pool_fold_draw_refuses_disagreeing_arrays():
     pool, inpool, meta = np.zeros(8, np.uint32), np.zeros(8, np.uint8), np.zeros(3, np.int64)
     heads, folded, scratch = np.array([3, 2], np.uint64), np.zeros(2, np.int64), np.zeros(14, np.int64)
@@ -136,6 +229,22 @@ def test_one_writer_samples_as_a_replay_buffer_and_follows_the_rule(layout, shm_
         assert model.passes > 10
 
 
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "rate limiter"])
+def test_a_batch_larger_than_the_rows_says_sampling_is_without_replacement(limited, shm_dir):
+    """The refusal of a batch larger than the rows held (or, with a rate limiter, than the
+    capacity) says what this sampler does: distinct rows, not 'with replacement'."""
+    from tfdata import RateLimiter
+
+    kw = dict(rate_limiter=RateLimiter(1.0, 1, 40, timeout=1)) if limited else {}
+    with wor(8, **kw) as buf, SharedWriter(buf.name, 0) as w:
+        w.extend(id_rows(np.arange(5)))
+        for b in (9,) if limited else (6, 9):
+            with pytest.raises(ValueError, match="without replacement: a batch holds distinct") as e:
+                buf.sample(b)
+            assert "with replacement" not in str(e.value).replace("without replacement", "")
+        assert sorted(buf.sample(5)["id"].tolist()) == list(range(5))
+
+
 def test_bad_sampler_arguments_change_nothing(shm_dir):
     with pytest.raises(ValueError, match="sampler must be one of .* got 'bogus'"):
         SharedReplayBuffer(ID_SPEC, 8, sampler="bogus")
@@ -155,14 +264,19 @@ def test_bad_sampler_arguments_change_nothing(shm_dir):
 
 
 # -- writer processes --------------------------------------------------------------------------
-def _writer(name, shard, stop, errors):
+def _allowed_writer(name, shard, allowed, stop, errors):
+    """Pushes rows with unique ids, one at a time, never more than ``allowed[shard]`` (the
+    learner raises it as it samples: the writer's pace is the learner's, whatever the
+    machine's speed)."""
     try:
         with SharedWriter(name, shard) as w:
             i = 0
             while not stop.is_set():
-                w.extend(id_rows(np.arange(i, i + 16) + 1_000_000 * shard))
-                w.push(row(id_rows([i + 16 + 1_000_000 * shard]), 0))
-                i += 17
+                if i < allowed[shard]:
+                    w.push(row(id_rows([i + 1_000_000 * shard]), 0))
+                    i += 1
+                else:
+                    time.sleep(0)
     except BaseException as exc:
         errors.put(f"shard {shard}: {exc!r}")
 
@@ -173,30 +287,39 @@ def test_two_writer_processes_no_row_twice_in_a_pass(layout, shm_dir):
     row twice within a pass (batches of 1 near a pass's end, so the boundary is known: a
     batch smaller than the undrawn rows cannot end its pass, unless rows torn by a writer
     were drawn again from the pool; a batch that redrew and ended a pass starts the check
-    afresh)."""
+    afresh, its rows still distinct). The writers write a row per 4 rows sampled (an eighth
+    each), so that every pass ends whatever the machine's speed (writers that lap their rings
+    between two samples keep every slot in the pool); runs until 3 passes ended (time cap:
+    300 s)."""
     errors, stop = FORK.Queue(), FORK.Event()
     cap = 2 * 256
+    allowed = FORK.RawArray("q", [256, 256])
     with wor(cap, num_writers=2, layout=layout) as buf:
-        procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors)) for s in range(2)]
+        procs = [FORK.Process(target=_allowed_writer, args=(buf.name, s, allowed, stop, errors))
+                 for s in range(2)]
         for p in procs:
             p.start()
-        while len(buf) < cap:
+        deadline = time.monotonic() + 60
+        while len(buf) < cap and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert len(buf) == cap, errors.get() if not errors.empty() else "no rows"
         seen, passes, sampled = set(), buf.sampler.passes, 0
         first = passes
-        t_end = time.monotonic() + 2.0
-        while time.monotonic() < t_end or buf.sampler.passes < first + 3:
+        deadline = time.monotonic() + 300
+        while buf.sampler.passes < first + 3 and time.monotonic() < deadline:
             redraws = buf.redraws
+            allowed[0] = allowed[1] = 256 + sampled // 8
             b = buf.sample(64 if buf.sampler.undrawn > 64 else 1)
+            sampled += len(b.indices)
             assert consistent(b).all()
             ids = b["id"].tolist()
+            assert len(set(ids)) == len(ids), "a row twice in a batch"
             if buf.sampler.passes != passes:  # a batch of 1 ended the pass
                 assert (len(ids) == 1 and buf.sampler.passes == passes + 1) or buf.redraws > redraws
                 passes, seen = buf.sampler.passes, set()
                 continue
-            assert not seen & set(ids) and len(set(ids)) == len(ids), ("a row twice in a pass", seen & set(ids), len(set(ids)), len(ids), buf.redraws - redraws, len(seen), buf.sampler.undrawn)
+            assert not seen & set(ids), ("a row twice in a pass", seen & set(ids))
             seen |= set(ids)
-            sampled += len(ids)
         stop.set()
         for p in procs:
             p.join(30)
@@ -230,6 +353,65 @@ def test_a_killed_writer_does_not_wedge_the_learner(shm_dir):
             assert len(returned) < 10_000, "the learner is wedged"
         assert set(returned) == held and len(returned) < 5 * len(held)
         assert buf.redraws >= 5
+
+
+def test_slots_left_torn_never_make_a_batch_repeat_a_slot(shm_dir):
+    """A killed writer leaves 8 of 64 slots torn for good: every pass draws them, finds them
+    torn and draws again, in batches during which the pass ends (at their end, in the middle,
+    or in a redraw). No batch holds a slot twice (nothing moves any more: the same batches on
+    every machine)."""
+    cap = 64
+    with wor(cap, seed=5) as buf:
+        p = FORK.Process(target=_dying_worker, args=(buf.name, 0, 100, 8))
+        p.start()
+        p.join(30)
+        assert p.exitcode == -signal.SIGKILL
+        with pytest.warns(WriterLostWarning, match="shard 0"):
+            assert buf.lost_writers[0]["torn"] == 8
+        crossed = 0
+        for t in range(400):
+            passes, redraws = buf.sampler.passes, buf.redraws
+            b = buf.sample([32, 17, 5, 56][t % 4])
+            assert len(set(b.indices.tolist())) == len(b.indices), ("a slot twice", t)
+            assert consistent(b).all() and len(set(b["id"].tolist())) == len(b.indices)
+            crossed += buf.sampler.passes > passes and buf.redraws > redraws
+        assert crossed > 50
+
+
+def test_a_writer_lapping_its_shard_never_makes_a_batch_repeat_a_row(shm_dir):
+    """A writer process overwrites its 64 slots while the learner samples batches of 32: no
+    batch ever holds a slot, or a row (ids are unique), twice, counted over batches in which a
+    pass ended and a row torn by the writer was drawn again (the old rule repeated a slot
+    within a few dozen batches). The writer may write 16 rows per batch: the passes end at the
+    learner's pace; it writes them while the learner samples, so rows are torn and drawn
+    again. Runs until 100 such batches (time cap: 300 s)."""
+    errors, stop = FORK.Queue(), FORK.Event()
+    allowed = FORK.RawArray("q", [64])
+    cap, want = 64, 100
+    with wor(cap) as buf:
+        proc = FORK.Process(target=_allowed_writer, args=(buf.name, 0, allowed, stop, errors))
+        proc.start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(buf) < cap and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(buf) == cap, errors.get() if not errors.empty() else "no rows"
+            crossed = batches = 0
+            deadline = time.monotonic() + 300
+            while crossed < want and time.monotonic() < deadline:
+                passes, redraws = buf.sampler.passes, buf.redraws
+                allowed[0] += 16
+                b = buf.sample(32)
+                batches += 1
+                ids = b["id"].tolist()
+                assert len(set(b.indices.tolist())) == 32, ("a slot twice in a batch", batches)
+                assert len(set(ids)) == 32 and consistent(b).all(), ("a row twice", batches)
+                crossed += buf.sampler.passes > passes and buf.redraws > redraws
+        finally:
+            stop.set()
+            proc.join(30)
+        assert errors.empty(), errors.get()
+    assert crossed >= want, f"{crossed} batches crossed a pass boundary and redrew, of {batches}"
 
 
 # -- checkpoints -------------------------------------------------------------------------------
@@ -342,31 +524,28 @@ def test_one_writer_n_step_and_projection_as_a_replay_buffer(shm_dir):
         assert buf.sampler.passes == ref.sampler.passes > 5
 
 
-def _paced_writer(name, shard, stop, errors):
-    try:
-        with SharedWriter(name, shard) as w:
-            i = 0
-            while not stop.is_set():
-                w.extend(id_rows(np.arange(i, i + 4) + 1_000_000 * shard))
-                i += 4
-                time.sleep(0.0005)  # paced: a save is not lapped whole (full speed can)
-    except BaseException as exc:
-        errors.put(f"shard {shard}: {exc!r}")
-
-
 def test_checkpoint_while_writer_processes_write(shm_dir, tmp_path):
     """A save while two processes overwrite their rings: the loaded buffer's pass holds only
-    rows it holds, each once, and finishes by returning each of them once."""
+    rows it holds, each once, and finishes by returning each of them once. Each writer may
+    begin 32 rows during the save, so the save is never lapped whole (at full speed it can
+    be, on a loaded machine) and the pass it keeps is not empty."""
     errors, stop = FORK.Queue(), FORK.Event()
+    allowed = FORK.RawArray("q", [128, 128])
     with wor(2 * 128, num_writers=2) as buf:
-        procs = [FORK.Process(target=_paced_writer, args=(buf.name, s, stop, errors))
+        procs = [FORK.Process(target=_allowed_writer, args=(buf.name, s, allowed, stop, errors))
                  for s in range(2)]
         for p in procs:
             p.start()
-        while len(buf) < 2 * 128:
+        deadline = time.monotonic() + 60
+        while len(buf) < 2 * 128 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert len(buf) == 2 * 128, errors.get() if not errors.empty() else "no rows"
         for _ in range(3):
+            allowed[0] += 25
+            allowed[1] += 25
             buf.sample(50)
+        for s, info in enumerate(buf.writers()):
+            allowed[s] = info["published"] + 32
         buf.save(tmp_path / "ck")
         stop.set()
         for p in procs:

@@ -860,7 +860,8 @@ class SharedReplayBuffer:
         since sampling waits for them)."""
         if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
             if batch_size > self.capacity:
-                raise ValueError(f"batch_size {batch_size} is larger than the capacity {self.capacity}")
+                raise ValueError(f"batch_size {batch_size} is larger than the capacity "
+                                 f"{self.capacity}; {self.sampler.batch_rule}")
             if self._limiter is not None:
                 self._limiter.check_sample(batch_size)
                 why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
@@ -870,8 +871,7 @@ class SharedReplayBuffer:
             return
         n = len(self)
         if batch_size > n:
-            raise ValueError("cannot sample from an empty buffer" if n == 0 else
-                             f"batch_size {batch_size} is larger than the {n} rows held")
+            raise self.sampler.too_few(batch_size, n)
 
     def _count_sample(self, batch_size: int) -> None:
         """Count a sample of ``batch_size`` rows and publish the count to the writers (lock held)."""
@@ -1015,8 +1015,9 @@ class SharedReplayBuffer:
     # -- sampling (replay) -----------------------------------------------------------------
     def sample(self, batch_size: int, *, copy: bool = False, fields=None) -> Batch:
         """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard (with
-        ``sampler="without_replacement"``: from the undrawn rows of the current pass, the rows
-        published since the last sample added first).
+        ``sampler="without_replacement"``: distinct rows, from the undrawn rows of the current
+        pass, the rows published since the last sample added first; ``"exactly_k"``: distinct
+        rows awaiting replay, waiting up to ``timeout`` for them).
 
         Rows being written while the sample runs are never returned: a row whose slot a writer
         may have written during the copy is drawn again. With no writer writing, the
@@ -1026,7 +1027,8 @@ class SharedReplayBuffer:
         Parameters
         ----------
         batch_size : int
-            ``1 <= batch_size <= len(self)``.
+            ``1 <= batch_size <= len(self)`` (ValueError naming the sampler's rule otherwise;
+            with ``"exactly_k"`` or a rate limiter, ``<= capacity``: the call waits for rows).
         copy : bool, default False
             As :meth:`tfdata.ReplayBuffer.sample`: views into this thread's output ring, or
             arrays to keep.
@@ -1184,7 +1186,7 @@ class SharedReplayBuffer:
             counter = int(sm.state[1])
             held = sm.heads_snapshot(scratch)  # before the draw: slices end at these heads
             if held < batch_size:
-                raise ValueError(f"batch_size {batch_size} is larger than the {held} rows held")
+                raise sm.too_few(batch_size, held)
             failed = sm.sample_shard_slices(scratch, reject, _MAX_DRAWS, idx, mask, arrays)
             if failed != -1:
                 sm.state[1] = counter  # a refused sample consumes no randomness

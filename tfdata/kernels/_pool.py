@@ -18,7 +18,8 @@ the cache once in ``pool`` on a large buffer, and the gather once per row). ``po
 Arrays: ``pool`` uint32[capacity], ``inpool`` uint8[capacity], ``meta`` int64[2] (``m``, passes
 completed). Whatever they hold, no kernel reads or writes outside them: sizes are checked at
 entry, every slot read from ``pool`` is checked before it is used (-2: the pool was corrupt; the
-draws made so far stay). Reference: ``pool_sample_naive`` in ``tests/naive.py``.
+draws made so far stay). References: ``pool_sample_naive`` and ``pool_redraw_naive`` (a shared
+region's redraw of a torn row) in ``tests/naive.py``.
 """
 
 from __future__ import annotations
@@ -171,6 +172,38 @@ def pool_sample(pool, inpool, meta, start, count, n, state, idx):
     return pool_draw(pool, inpool, meta, start, count, n, state, idx)
 
 
+@njit(**INLINE_OPTIONS)
+def _fold(heads, span, pool, inpool, meta, folded, scratch):
+    """Add the rows published since the last call to the pool (see :func:`pool_fold_draw`);
+    returns the rows held, -1 when the arrays disagree, -2 for a corrupt pool."""
+    S = heads.shape[0]
+    cap = pool.shape[0]
+    m = meta[0]
+    if (inpool.shape[0] != cap or span < 1 or S * span > cap or folded.shape[0] != S
+            or scratch.shape[0] < 7 * S or meta.shape[0] < 3 or m < 0 or m > cap):
+        return -1
+    total = snapshot_heads(heads, span, scratch)
+    for g in range(S):
+        h = scratch[S + g]
+        base = g * span
+        lo = max(folded[g], 0)
+        # a lap or more behind: each slot once, from the oldest row not added (the slot order
+        # of a ring's pool_draw given the same writes)
+        for r in range(lo, min(h, lo + span)):
+            s = base + r % span
+            if inpool[s] == 0:
+                if m >= cap:
+                    meta[0] = m
+                    return -2
+                pool[m] = s
+                inpool[s] = 1
+                m += 1
+        folded[g] = max(folded[g], h)
+    meta[0] = m
+    meta[2] = total
+    return total
+
+
 @njit(**NJIT_OPTIONS)
 def pool_fold_draw(heads, span, pool, inpool, meta, folded, scratch, state, idx):
     """The pool of a shared region (see :mod:`tfdata.shared`): read every shard's head once
@@ -196,7 +229,7 @@ def pool_fold_draw(heads, span, pool, inpool, meta, folded, scratch, state, idx)
         ``torn_after_copy`` checks the copied rows against.
     state : uint64[2]
     idx : int64[batch]
-        Output: the slots drawn (may be a one-row slice, for a redraw).
+        Output: the slots drawn.
 
     Returns
     -------
@@ -205,35 +238,138 @@ def pool_fold_draw(heads, span, pool, inpool, meta, folded, scratch, state, idx)
         hold fewer rows than ``batch`` (the published rows were added, nothing drawn); -2 for a
         corrupt pool.
     """
-    S = heads.shape[0]
-    cap = pool.shape[0]
-    m = meta[0]
-    if (inpool.shape[0] != cap or span < 1 or S * span > cap or folded.shape[0] != S
-            or scratch.shape[0] < 7 * S or meta.shape[0] < 3 or state.shape[0] < 2 or m < 0
-            or m > cap):
+    if state.shape[0] < 2:
         return -1
-    total = snapshot_heads(heads, span, scratch)
-    for g in range(S):
-        h = scratch[S + g]
-        base = g * span
-        lo = max(folded[g], 0)
-        # a lap or more behind: each slot once, from the oldest row not added (the slot order
-        # of a ring's pool_draw given the same writes)
-        for r in range(lo, min(h, lo + span)):
-            s = base + r % span
-            if inpool[s] == 0:
-                if m >= cap:
-                    meta[0] = m
-                    return -2
-                pool[m] = s
-                inpool[s] = 1
-                m += 1
-        folded[g] = max(folded[g], h)
-    meta[0] = m
-    meta[2] = total
+    total = _fold(heads, span, pool, inpool, meta, folded, scratch)
+    if total < 0:
+        return total
     if idx.shape[0] > total:
         return -3
-    return _draws(pool, inpool, meta, scratch[:S], span, state, idx)
+    return _draws(pool, inpool, meta, scratch[:heads.shape[0]], span, state, idx)
+
+
+@njit(**NJIT_OPTIONS)
+def pool_fold_redraw(heads, span, pool, inpool, meta, folded, scratch, state, idx, i):
+    """Draw row ``i`` of a batch again (a row a writer touched while it was copied): add the
+    rows published since, as :func:`pool_fold_draw` does, then draw one slot for ``idx[i]``
+    out of reach of the batch's other rows, ``idx[j]`` for ``j != i``, so that a batch never
+    holds a slot twice. Those rows may be in the pool: a pass that ended during the batch put
+    them in the next one, and a writer may have published a new row in one of their slots
+    since. They go last in the pool (a scan of the pool, only when some are in it: a redraw is
+    rare) and stay in the pass for later batches. When the pool holds nothing else, the pass is
+    over: the next is every row held, the batch's other rows last, in batch order (as
+    :func:`_draws` defers the rows a batch took). A redraw that takes the pass's last row
+    begins the next pass at once, as a batch does.
+
+    Parameters
+    ----------
+    heads, span, pool, inpool, meta, folded, scratch, state
+        As for :func:`pool_fold_draw`.
+    idx : int64[batch]
+        The batch's slots; ``idx[i]`` gets the slot drawn.
+    i : int
+        The row to draw again, ``0 <= i < batch``.
+
+    Returns
+    -------
+    int
+        As :func:`pool_fold_draw` (passes completed: 0 or 1).
+    """
+    B = idx.shape[0]
+    if state.shape[0] < 2 or i < 0 or i >= B:
+        return -1
+    total = _fold(heads, span, pool, inpool, meta, folded, scratch)
+    if total < 0:
+        return total
+    if B > total:
+        return -3
+    return _redraw(pool, inpool, meta, scratch[:heads.shape[0]], span, state, idx, i)
+
+
+@njit(**INLINE_OPTIONS)
+def _redraw(pool, inpool, meta, held, span, state, idx, i):
+    """The draw of :func:`pool_fold_redraw` (arguments checked there, ``sum(held) >= len(idx)``).
+    The batch's other rows in the pool are flagged 2 while it runs."""
+    cap = pool.shape[0]
+    B = idx.shape[0]
+    m = meta[0]
+    key = state[0]
+    ctr = state[1]
+    for j in range(B):
+        if idx[j] < 0 or idx[j] >= cap:
+            return -2
+    k = 0
+    for j in range(B):
+        if j != i and inpool[idx[j]] == 1:
+            inpool[idx[j]] = 2
+            k += 1
+    a = m  # pool[:a]: within reach; pool[a:m]: the batch's other rows
+    r = 0
+    while k and r < a:
+        s = np.int64(pool[r])
+        if s >= cap:
+            a = -1
+            break
+        if inpool[s] == 2:
+            a -= 1
+            pool[r] = pool[a]
+            pool[a] = s
+        else:
+            r += 1
+    done = 0
+    if a == 0:  # only the batch's rows are left: the next pass is every row held, them last
+        for j in range(B):
+            if j != i:
+                inpool[idx[j]] = 2
+        m = 0
+        for g in range(held.shape[0]):
+            for s in range(g * span, g * span + held[g]):
+                if inpool[s] != 2:
+                    pool[m] = s
+                    inpool[s] = 1
+                    m += 1
+        if m + B - 1 > cap:  # a batch row outside the rows held: the pool was corrupt
+            a = -1
+        else:
+            a = m
+            for j in range(B):
+                if j != i:
+                    pool[m] = idx[j]
+                    m += 1
+            done = 1
+            meta[1] += 1
+    s = -1
+    if a > 0:
+        r, ctr = draw_varying(np.uint64(a), key, ctr)
+        s = np.int64(pool[r])
+        if s < cap and inpool[s] == 1:
+            last = a - 1
+            pool[r] = pool[last]
+            if last != m - 1:  # keep the batch's rows at the end: the pool's last moves to last
+                pool[last] = pool[m - 1]
+            inpool[s] = 0
+            m -= 1
+            idx[i] = s
+        else:
+            s = -1
+    for j in range(B):  # the batch's other rows stay in the pass
+        if j != i and inpool[idx[j]] == 2:
+            inpool[idx[j]] = 1
+    if s < 0:
+        meta[0] = 0 if a < 0 else m
+        state[1] = ctr
+        return -2
+    if m == 0:  # the redraw took the pass's last row: the next pass begins now (as _draws)
+        for g in range(held.shape[0]):
+            for t in range(g * span, g * span + held[g]):
+                pool[m] = t
+                inpool[t] = 1
+                m += 1
+        done += 1
+        meta[1] += 1
+    meta[0] = m
+    state[1] = ctr
+    return done
 
 
 @njit(**NJIT_OPTIONS)

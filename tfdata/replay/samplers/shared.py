@@ -50,11 +50,15 @@ class _Shards:
     def ring_nbytes(self, batch_size: int, length) -> int:
         return super().ring_nbytes(batch_size, length) + 8 * (7 * self.shards + batch_size)
 
-    def _too_few(self, batch: int, n: int | None = None):
+    #: why a batch cannot hold more rows than the buffer (the end of the message that says so)
+    batch_rule = "sampling is with replacement but needs batch_size <= len(buffer)"
+
+    def too_few(self, batch: int, n: int | None = None) -> ValueError:
+        """The error for a batch of ``batch`` rows with ``n`` held (None: read the heads)."""
         if n is None:  # rows held, from the heads as they are now (an error path only)
             n = int(np.minimum(self.heads.astype(np.int64), self.cap).sum())
         return ValueError("cannot sample from an empty buffer" if n == 0 else
-                          f"batch_size {batch} is larger than the {n} rows held")
+                          f"batch_size {batch} is larger than the {n} rows held; {self.batch_rule}")
 
 
 class SharedUniformSampler(_Shards, UniformSampler):
@@ -82,7 +86,7 @@ class SharedUniformSampler(_Shards, UniformSampler):
                                         arrays["shard_scratch"], self.state, out.indices,
                                         out.kernel_out, MAX_REDRAWS)
         if got == -2:
-            raise self._too_few(out.indices.shape[0])
+            raise self.too_few(out.indices.shape[0])
         if got < 0:
             raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
         self.redraws += got
@@ -181,7 +185,7 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         held = self.fold(scratch)
         batch = idx.shape[0]
         if held < batch:
-            raise self._too_few(batch, held)
+            raise self.too_few(batch, held)
         if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
             raise self._no_mass(held)
         self.stamp(v)
@@ -228,6 +232,8 @@ class SharedExactlyKSampler(ExactlyKSampler):
 
     #: a writer of a shard puts rows in free slots, not in stream order
     stream_order = False
+    #: why a batch cannot hold more rows than the capacity (see ``_Shards.batch_rule``)
+    batch_rule = "an exactly_k batch holds distinct rows awaiting replay, never more than the capacity"
 
     def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
         self.heads, self.reserved, self.cap = heads, reserved, cap
@@ -322,14 +328,19 @@ class SharedWithoutReplacementSampler(_Shards, Sampler):
     returned (its slot's new row takes its place once published; a row torn during the copy
     has left the pool and is drawn again from it); a new pass begins when every row of the pass
     was drawn, over every row the shards then hold. With one writer, the same rows published
-    between the same samples give the same batches. A redraw that ends a pass may take a row
-    the batch took before the pass ended (a new pass: still no repeat within one pass).
+    between the same samples give the same batches. A batch never holds a slot twice: a pass
+    that ends during a batch, in its draws or in a redraw, begins the next one with the rows
+    the batch holds out of reach of its other draws (they stay in that pass), as a
+    single-process batch defers the rows it took; a redraw never takes a slot of the batch
+    whose new row a writer published meanwhile either.
     """
 
     projects = True
     state_key = "without_replacement"
     #: the name ``SharedReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "without_replacement"
+    batch_rule = ("sampling is without replacement: a batch holds distinct rows, so "
+                  "batch_size <= len(buffer)")
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
@@ -360,13 +371,20 @@ class SharedWithoutReplacementSampler(_Shards, Sampler):
         """Rows of the current pass not drawn yet, as of the last sample."""
         return int(self.meta[0])
 
-    def _fold_draw(self, scratch, idx) -> int:
-        got = self._pool.pool_fold_draw(self.heads, self.cap, self.pool, self.inpool, self.meta,
-                                        self.folded, scratch, self.state, idx)
+    def _fold_draw(self, scratch, idx, i: int = -1) -> int:
+        """Add the rows published since, then draw ``idx`` (or, ``i >= 0``, draw ``idx[i]``
+        again, out of reach of the batch's other rows); returns rows held."""
+        if i < 0:
+            got = self._pool.pool_fold_draw(self.heads, self.cap, self.pool, self.inpool,
+                                            self.meta, self.folded, scratch, self.state, idx)
+        else:
+            got = self._pool.pool_fold_redraw(self.heads, self.cap, self.pool, self.inpool,
+                                              self.meta, self.folded, scratch, self.state, idx, i)
         if got == -3:
-            raise self._too_few(idx.shape[0], int(self.meta[2]))
+            raise self.too_few(idx.shape[0], int(self.meta[2]))
         if got < 0:  # the arguments are this object's: a bug, not the caller's input
-            raise RuntimeError(f"SharedWithoutReplacementSampler: pool_fold_draw returned {got}")
+            kernel = "pool_fold_draw" if i < 0 else "pool_fold_redraw"
+            raise RuntimeError(f"SharedWithoutReplacementSampler: {kernel} returned {got}")
         return int(self.meta[2])
 
     def fold(self, scratch: np.ndarray) -> int:
@@ -386,7 +404,8 @@ class SharedWithoutReplacementSampler(_Shards, Sampler):
 
     def redraw(self, i: int, out, arrays: dict) -> None:
         """Draw row ``i`` of ``out`` again from the pool (the rows published since added
-        first), checked against heads read afresh, until it copies cleanly."""
+        first; never a slot the batch's other rows hold), checked against heads read afresh,
+        until it copies cleanly."""
         scratch = arrays["shard_scratch"]
         one = out.indices[i:i + 1]
         mark = scratch[7 * self.shards + i:7 * self.shards + i + 1]
@@ -396,7 +415,7 @@ class SharedWithoutReplacementSampler(_Shards, Sampler):
             if tries == MAX_REDRAWS:
                 raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
             tries += 1
-            self._fold_draw(scratch, one)
+            self._fold_draw(scratch, out.indices, i)
             out.source.gather_at(one, out, i)
             self.k.torn_after_copy(self.reserved, self.cap, scratch, one, mark)
         self.redraws += tries
