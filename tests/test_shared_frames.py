@@ -442,8 +442,8 @@ def test_region_holds_one_frame_per_row(shm_dir):
 def test_options_are_refused_before_the_region_exists(shm_dir):
     spec = spec_of()
     cases = [
-        (dict(mode="fifo"), ValueError, "mode='replay'"),
-        (dict(sampler="exactly_k"), NotImplementedError, "sampler='exactly_k'"),
+        (dict(mode="fifo"), ValueError, "frame_stack=True with mode='fifo'"),
+        (dict(sampler="exactly_k"), ValueError, "sampler='exactly_k'.*not in stream order"),
         (dict(sampler="without_replacement"), NotImplementedError, "sampler='without_replacement'"),
         (dict(final_frames=0), ValueError, "final_frames"),
         (dict(final_frames=17), ValueError, r"final_frames: expected an int in \[1, 16\]"),

@@ -248,9 +248,9 @@ def test_a_batch_larger_than_the_rows_says_sampling_is_without_replacement(limit
 def test_bad_sampler_arguments_change_nothing(shm_dir):
     with pytest.raises(ValueError, match="sampler must be one of .* got 'bogus'"):
         SharedReplayBuffer(ID_SPEC, 8, sampler="bogus")
-    with pytest.raises(ValueError, match="needs mode='replay' and prioritized=False"):
+    with pytest.raises(ValueError, match="sampler='without_replacement' with prioritized=True"):
         SharedReplayBuffer(ID_SPEC, 8, sampler=WOR, prioritized=True)
-    with pytest.raises(ValueError, match="needs mode='replay'"):
+    with pytest.raises(ValueError, match="sampler='without_replacement' with mode='fifo'"):
         SharedReplayBuffer(ID_SPEC, 8, sampler=WOR, mode="fifo")
     assert os.listdir(shm_dir) == []
     spec = dict(ID_SPEC, terminated="?", truncated="?")
