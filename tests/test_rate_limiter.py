@@ -562,7 +562,7 @@ def shm_dir(tmp_path, monkeypatch):
 
 
 def test_shared_refusals(shm_dir):
-    with pytest.raises(ValueError, match="mode='replay'"):
+    with pytest.raises(ValueError, match="rate_limiter=.* with mode='fifo'"):
         SharedReplayBuffer(SPEC, 16, mode="fifo", rate_limiter=RateLimiter(1.0, 1, 1.0))
     with pytest.raises(ValueError, match="min_size_to_sample must be <= capacity"):
         SharedReplayBuffer(SPEC, 16, rate_limiter=RateLimiter(1.0, 17, 1.0))
