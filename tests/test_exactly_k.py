@@ -778,7 +778,7 @@ def test_shared_a_killed_writer_does_not_wedge_the_learner(shm_dir):
 
 
 def test_shared_options_are_checked(shm_dir):
-    for kw, exc in (({"policy": "overwrite"}, NotImplementedError), ({"n_step": 2}, NotImplementedError),
+    for kw, exc in (({"policy": "overwrite"}, NotImplementedError), ({"n_step": 2}, ValueError),
                     ({"mode": "fifo"}, ValueError), ({"prioritized": True}, ValueError),
                     ({"replays": 0}, ValueError), ({"policy": "wait"}, ValueError)):
         with pytest.raises(exc):

@@ -176,8 +176,8 @@ def test_without_replacement():
 def test_exactly_k_is_refused_clearly():
     spec = spec_of(4)
     for kw in ({}, {"replays": 2, "policy": "drop"}):
-        with pytest.raises(ValueError, match=r"frame_stack with sampler='exactly_k'.*not in stream "
-                                             r"order.*cannot be rebuilt"):
+        with pytest.raises(ValueError, match=r"sampler='exactly_k'.* with frame_stack=True: .*not "
+                                             r"in stream order.*cannot be rebuilt"):
             tfdata.ReplayBuffer(spec, 16, sampler="exactly_k", frame_stack=4, **kw)
     with pytest.raises(ValueError, match="sampler='exactly_k'"):
         tfdata.ReplayBuffer.plan_memory(spec, 16, sampler="exactly_k", frame_stack=4)
