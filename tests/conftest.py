@@ -26,6 +26,16 @@ ODD = {
 }
 
 
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    """Shared regions of a test go to a directory of its own, so leftovers are visible and
+    never shared."""
+    d = tmp_path / "shm"
+    d.mkdir()
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(d))
+    return d
+
+
 @pytest.fixture(params=LAYOUTS)
 def layout(request):
     return request.param

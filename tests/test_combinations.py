@@ -221,8 +221,11 @@ def can_sample(buf):
     return len(buf) >= B
 
 
-def run(buf, stream, *, learner_check, writer_step, sample, can):
-    """A writer thread pushes STEPS steps while this thread samples; fails on a hang."""
+def run(stream, *, learner_check, writer_step, sample, can):
+    """A writer thread writes STEPS steps while this thread samples whenever ``can()``, and a
+    few times after the last write; fails on a hang. A sample that times out ends the run once
+    the writer is done (a shared learner's wait polls shared memory: it may begin just before
+    the last row), and is tried again while it writes (a slow writer, not a hang)."""
     errors = []
     E = stream.E
 
@@ -242,9 +245,15 @@ def run(buf, stream, *, learner_check, writer_step, sample, can):
         assert time.monotonic() - t0 < DEADLINE, "the writer and the learner made no progress"
         done = not t.is_alive()
         after += done
-        if can() and after <= 8:  # a few samples after the last write, then stop
+        if can() and after <= 8:
             pushed = stream.pushed
-            learner_check(sample(), pushed)
+            try:
+                batch = sample()
+            except TimeoutError:
+                if done:
+                    break
+                continue
+            learner_check(batch, pushed)
             batches += 1
         elif done:
             break
@@ -288,7 +297,7 @@ def test_single_process(labels, tmp_path):
                 assert "stale batch" in str(exc)
 
     writer_step = buf.extend if E > 1 else buf.push
-    n = run(buf, stream, learner_check=check, writer_step=writer_step,
+    n = run(stream, learner_check=check, writer_step=writer_step,
             sample=lambda: buf.sample(B), can=lambda: can_sample(buf))
     assert n > 0 or o["sampler"] == "exactly_k"
     if o["frame_stack"] or o["n_step"] or o["elide_next"]:
@@ -314,14 +323,6 @@ def test_single_process(labels, tmp_path):
 
 
 # -- shared memory --------------------------------------------------------------------------
-@pytest.fixture
-def shm_dir(tmp_path, monkeypatch):
-    d = tmp_path / "shm"
-    d.mkdir()
-    monkeypatch.setenv("TFDATA_SHM_DIR", str(d))
-    return d
-
-
 def build_shared(kw):
     kw = dict(kw)
     if "rate_limiter" in kw:
@@ -365,53 +366,13 @@ def test_shared(labels, tmp_path, shm_dir):
             return buf.get_batch(B, timeout=DEADLINE) if fifo else buf.sample(B)
 
         def can():
-            # the learner's waits poll shared memory: a wait may begin just before the writer's
-            # last row, so a timed-out wait after the writer finished ends the run
             if fifo:
                 return len(buf) >= B
             if o["sampler"] == "exactly_k" or o["rate_limiter"] is not None:
                 return True  # the sample waits for what it needs (a timeout once writes end)
             return len(buf) >= B
 
-        state = {"done": False}
-
-        def writer_step(row):
-            w.push(row)
-
-        errors = []
-
-        def write():
-            try:
-                for _ in range(STEPS):
-                    writer_step({k: v[0] for k, v in stream.step().items()})
-                    stream.pushed += 1
-            except BaseException as exc:
-                errors.append(exc)
-            state["done"] = True
-
-        t = threading.Thread(target=write, daemon=True)
-        t0 = time.monotonic()
-        t.start()
-        after = 0
-        while True:
-            assert time.monotonic() - t0 < DEADLINE, "the writer and the learner made no progress"
-            after += state["done"]
-            if can() and after <= 8:
-                pushed = stream.pushed
-                try:
-                    batch = sample()
-                except TimeoutError:
-                    if state["done"]:
-                        break
-                    continue  # a slow writer: the deadline above catches a hang
-                check(batch, pushed)
-            elif state["done"]:
-                break
-            else:
-                time.sleep(0.0005)
-        t.join()
-        if errors:
-            raise errors[0]
+        run(stream, learner_check=check, writer_step=w.push, sample=sample, can=can)
         if fifo:  # every row exactly once, in order
             assert delivered == list(range(len(delivered)))
             return
@@ -558,3 +519,35 @@ def test_every_rule_is_walked():
                     hit.add((r.a, r.b))
                     break
     assert hit == {(r.a, r.b) for r in combinations.RULES}
+
+
+@pytest.mark.parametrize("policy", ["overwrite", "drop", "block"])
+def test_exactly_k_with_two_envs_saves_a_cursor_between_steps(policy, tmp_path):
+    """Exactly-k places each row of a step in the next free slot, so the writer's cursor can
+    stop between two environments' rows; a checkpoint of such a buffer loads and continues
+    (the walk above found it refused: 'state.writer.cursor: expected a multiple of num_envs')."""
+    spec = {"x": "i8"}
+    for seed in range(50):
+        buf = tfdata.ReplayBuffer(spec, 8, sampler="exactly_k", replays=1, policy=policy,
+                                  num_envs=2, seed=seed, timeout=None if policy != "block" else 1.0)
+        buf.extend({"x": np.arange(8)})  # 4 steps of 2 rows: full, every row awaiting replay
+        buf.sample(1)  # frees one random slot
+        if policy != "overwrite":
+            buf.sample(1)  # a step needs two free slots (else it waits or is dropped)
+        buf.extend({"x": np.array([100, 101])})
+        if buf.writer.cursor % 2:
+            break
+    else:
+        pytest.fail("no seed left the cursor between two steps")
+    path = tmp_path / f"ckpt-{policy}"
+    buf.save(path)
+    loaded = tfdata.ReplayBuffer.load(path)
+    twin = tfdata.ReplayBuffer(spec, 8, sampler="exactly_k", replays=1, policy=policy, num_envs=2,
+                               timeout=None if policy != "block" else 1.0)
+    twin.load_state_dict(buf.state_dict())
+    for other in (loaded, twin):
+        assert other.writer.cursor == buf.writer.cursor
+    while buf.sampler.awaiting:
+        want = buf.sample(1, copy=True)
+        assert_same(want, loaded.sample(1, copy=True))
+        assert_same(want, twin.sample(1, copy=True))

@@ -63,16 +63,7 @@ def test_pool_fold_draw_matches_reference():
             key, ctr = int(state[0]), int(state[1])
             got = _pool.pool_fold_draw(heads, span, pool, inpool, meta, folded, scratch, state, idx)
             # the reference: joins, then draws over the live slots
-            members = set(ref[:ref_m])
-            for g in range(S):
-                h, lo = int(heads[g]), ref_folded[g]
-                for r in range(lo, min(h, lo + span)):
-                    s = g * span + r % span
-                    if s not in members:
-                        ref[ref_m] = s
-                        members.add(s)
-                        ref_m += 1
-                ref_folded[g] = max(lo, h)
+            ref_m = _ref_fold(ref, ref_m, ref_folded, heads, span)
             assert folded.tolist() == ref_folded and int(meta[2]) == total
             if batch > total:
                 assert got == -3 and int(state[1]) == ctr and int(meta[0]) == ref_m

@@ -82,7 +82,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   bytes per row, dtype strings in numpy's canonical form of a bool or numeric type, names
   non-empty strings of at most 1024 characters;
 * state: capacity, layout (normalised) and num_envs equal the config's; writer ``size`` in ``[0, capacity]``
-  and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of num_envs and equal
+  and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of num_envs (but with
+  ``sampler="exactly_k"``, which places a step's rows in free slots) and equal
   to ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``;
   prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
   ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
@@ -1280,7 +1281,10 @@ def load(path, classes: dict, **overrides):
     cursor = c.integer("state.writer.cursor", writer["cursor"], 0, cap - 1)
     if size % envs:
         c.fail("state.writer.size", f"a multiple of num_envs {envs}", size)
-    if cursor % envs or (size < cap and cursor != size):
+    # exactly-k places rows in free slots: a step's rows need not be adjacent, so its cursor
+    # (past the last slot written) need not be a multiple of num_envs
+    in_steps = config.get("sampler") != "exactly_k"
+    if (in_steps and cursor % envs) or (size < cap and cursor != size):
         c.fail("state.writer.cursor", f"{size} (the size, until the ring is full)"
                if size < cap else f"a multiple of num_envs {envs}", cursor)
     sampler = c.sampler(st["sampler"])
