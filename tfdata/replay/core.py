@@ -693,7 +693,8 @@ class ReplayCore:
         ------
         ValueError
             ``batch_size`` larger than ``len(self)``: checked before the output ring of a new
-            batch size is allocated, so a refused call takes no memory.
+            batch size is allocated, so a refused call takes no memory. The message says how the sampler takes rows (its
+            ``rule``: with replacement, without, exactly-k).
         SpecError
             ``fields`` names an unknown field (the message names it), a field twice, a
             non-str, or nothing; checked before anything is allocated or drawn.
@@ -804,7 +805,7 @@ class ReplayCore:
         Parameters
         ----------
         batch_size, length : int
-            ``1 <= batch_size <= len(self)`` (start rows are drawn with replacement, as in
+            ``1 <= batch_size <= len(self)`` (start rows are drawn by the sampler, as in
             :meth:`sample`); ``1 <= length <= capacity // num_envs`` (no slice is longer than
             a stream can hold). Both are checked before any output is allocated.
         policy : {"mask", "reject"}
@@ -893,7 +894,8 @@ class ReplayCore:
             raise ValueError("cannot sample from an empty buffer")
         if batch_size > n:
             raise ValueError(f"batch_size {batch_size} is larger than the {n} rows held; slices "
-                             f"start at rows drawn with replacement but need batch_size <= len(buffer)")
+                             f"start at rows the sampler draws ({self.sampler.rule}), and a "
+                             f"batch needs batch_size <= len(buffer)")
         steps = self.capacity // self.num_envs
         if length > steps:
             raise ValueError(f"length {length} is longer than any slice can be: the buffer keeps "
@@ -954,10 +956,13 @@ class ReplayCore:
         return ring
 
     def _too_few_rows(self, batch_size: int, n: int) -> str:
+        """Why ``sample(batch_size)`` is refused with ``n`` rows held; the sampler says how it
+        takes rows (its ``rule``), the buffer does not guess it from the sampler's type."""
+        rule = self.sampler.rule
         if n == 0:
-            return "cannot sample from an empty buffer"
-        return (f"batch_size {batch_size} is larger than the {n} rows held; sampling is with "
-                f"replacement but needs batch_size <= len(buffer)")
+            return f"cannot sample from an empty buffer ({rule})"
+        return (f"batch_size {batch_size} is larger than the {n} rows held; {rule}, and a batch "
+                f"needs batch_size <= len(buffer)")
 
     # -- columns ----------------------------------------------------------------------------
     @property

@@ -50,6 +50,12 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     :mod:`tfdata.replay.writers`) or ``sample`` waits: it waits on a ``threading.Condition`` of
     that lock, which releases it (and the GIL) while waiting. A ``sample`` that raises leaves
     the output ring's slot unused.
+``name``, ``rule``
+    Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
+    and checkpoints call the sampler (None: a sampler of the user's, called by its class name);
+    ``rule`` says how a batch takes rows (``"rows are drawn uniformly with replacement"``), so
+    that a refusal such as ``sample(B)`` with ``B`` above the rows held says what this sampler
+    does, not what another would.
 ``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
     ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
     ``extra_state(copy, size)`` what it adds at the top of the buffer's state (``{"prioritized": ...}``);
@@ -93,6 +99,11 @@ class Sampler:
     #: ``place`` in :mod:`tfdata.replay.writers`; the buffer then keeps no episode numbers
     #: and refuses n-step and ``elide_next``, which read rows in stream order)
     stream_order = True
+    #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler (None: a sampler
+    #: of the user's, called by its class name)
+    name = None
+    #: how a batch takes rows, for messages (see the module docstring)
+    rule = "rows are drawn by this sampler"
 
     def __init__(self, seed: int | None = None):
         if seed is None:

@@ -124,6 +124,13 @@ class ExactlyKSampler(Sampler):
         self.samplers_waiting = 0  # threads in sample(), waiting for rows
 
     @property
+    def rule(self) -> str:
+        """How a batch takes rows (for messages)."""
+        return (f"rows are drawn without replacement from those awaiting replay (a batch holds "
+                f"distinct rows; each row is delivered in exactly {self.replays} "
+                f"batch{'' if self.replays == 1 else 'es'})")
+
+    @property
     def config(self) -> dict:
         """The constructor's options (what a checkpoint's config records)."""
         return {"replays": self.replays, "policy": self.policy, "timeout": self.timeout}

@@ -45,6 +45,8 @@ class WithoutReplacementSampler(Sampler):
     state_key = "without_replacement"
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "without_replacement"
+    rule = ("rows are drawn without replacement (every live row once per pass; a batch never "
+            "holds a row twice)")
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
