@@ -674,7 +674,10 @@ class ReplayCore:
         Parameters
         ----------
         batch_size : int
-            ``1 <= batch_size <= len(self)``.
+            ``1 <= batch_size <= len(self)``. With a rate limiter, or a sampler that waits for
+            rows (``sampler="exactly_k"`` with a ``timeout``), ``batch_size <= capacity``: the
+            call waits (the lock released) for the rows, up to that timeout, from the first call
+            on, an empty buffer included.
         copy : bool, default False
             False returns views into this thread's output ring (valid until this thread has
             sampled ``ring_size`` more batches of this size and fields; a batch still held then
@@ -692,9 +695,13 @@ class ReplayCore:
         Raises
         ------
         ValueError
-            ``batch_size`` larger than ``len(self)``: checked before the output ring of a new
-            batch size is allocated, so a refused call takes no memory. The message says how the sampler takes rows (its
+            ``batch_size`` larger than ``len(self)`` (than the capacity, for a call that waits
+            for rows): checked before the output ring of a new batch size is allocated, so a
+            refused call takes no memory. The message says how the sampler takes rows (its
             ``rule``: with replacement, without, exactly-k).
+        TimeoutError
+            A call that waits for rows (see ``batch_size``) waited out its timeout; nothing
+            was drawn or changed.
         SpecError
             ``fields`` names an unknown field (the message names it), a field twice, a
             non-str, or nothing; checked before anything is allocated or drawn.
@@ -724,8 +731,8 @@ class ReplayCore:
         except (AttributeError, KeyError, TypeError):
             names = None if fields is None else self._check_fields(fields, key[1])
             n = self._writer.size
-            if batch_size > n:  # check, then allocate: a refused sample builds no ring
-                raise ValueError(self._too_few_rows(batch_size, n))
+            if batch_size > n and self._short(batch_size):  # check, then allocate: a refused
+                raise ValueError(self._too_few_rows(batch_size, n))  # sample builds no ring
             ring = self._new_ring(batch_size, fields=names, key=key)
         # the context-manager protocol called by hand: 100 ns against 150 ns for ``with`` (Python
         # 3.11); acquire/release (70 ns) would need a Lock, not any context manager
@@ -733,7 +740,7 @@ class ReplayCore:
         lock.__enter__()
         try:
             n = self._writer.size  # again: a clear() may have run since
-            if batch_size > n:
+            if batch_size > n and self._short(batch_size):
                 raise ValueError(self._too_few_rows(batch_size, n))
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
@@ -780,9 +787,9 @@ class ReplayCore:
             lim.sample_wait(batch_size, writer)
             n = writer.size
             i = ring.next
-            ring.next = (i + 1) % len(ring.slots)
             out, arrays = ring.slots[i], ring.arrays[i]
             self.sampler.sample(n, out, arrays[0])
+            ring.next = (i + 1) % len(ring.slots)  # a sampler that refused took no slot
             transforms = ring.transforms
             if transforms:
                 rows, cursor = out.indices, writer.cursor
@@ -806,8 +813,9 @@ class ReplayCore:
         ----------
         batch_size, length : int
             ``1 <= batch_size <= len(self)`` (start rows are drawn by the sampler, as in
-            :meth:`sample`); ``1 <= length <= capacity // num_envs`` (no slice is longer than
-            a stream can hold). Both are checked before any output is allocated.
+            :meth:`sample`; with a rate limiter the call waits for the rows, up to its timeout,
+            from the first call on); ``1 <= length <= capacity // num_envs`` (no slice is
+            longer than a stream can hold). Both are checked before any output is allocated.
         policy : {"mask", "reject"}
             What to do with a slice that would run past its episode's end (or past the newest
             row): ``"mask"`` keeps it, repeats its last valid row in the remaining positions and
@@ -955,10 +963,19 @@ class ReplayCore:
         self._rings.add(ring)
         return ring
 
+    def _short(self, batch_size: int) -> bool:
+        """Whether a batch of ``batch_size`` rows, more than the rows held, is refused now: always,
+        unless the sampler waits for rows (``waits_for_rows``, exactly-k with a timeout), which
+        it does up to its timeout as long as the capacity can hold the batch."""
+        return not self.sampler.waits_for_rows or batch_size > self.capacity
+
     def _too_few_rows(self, batch_size: int, n: int) -> str:
         """Why ``sample(batch_size)`` is refused with ``n`` rows held; the sampler says how it
         takes rows (its ``rule``), the buffer does not guess it from the sampler's type."""
         rule = self.sampler.rule
+        if self.sampler.waits_for_rows:  # refused only beyond the capacity (see _short)
+            return (f"batch_size {batch_size} is larger than the capacity {self.capacity}: no "
+                    f"wait for writers can give a batch that many rows ({rule})")
         if n == 0:
             return f"cannot sample from an empty buffer ({rule})"
         return (f"batch_size {batch_size} is larger than the {n} rows held; {rule}, and a batch "

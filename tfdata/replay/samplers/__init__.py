@@ -56,6 +56,11 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     ``rule`` says how a batch takes rows (``"rows are drawn uniformly with replacement"``), so
     that a refusal such as ``sample(B)`` with ``B`` above the rows held says what this sampler
     does, not what another would.
+``waits_for_rows``
+    False by default: True for a sampler whose ``sample`` waits (on the condition of
+    ``use_lock``, up to a timeout) until it has rows for a batch. The buffer then does not
+    refuse a batch larger than the rows held (only one larger than the capacity) and lets
+    ``sample`` wait, from the first call on, even before any row exists.
 ``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
     ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
     ``extra_state(copy, size)`` what it adds at the top of the buffer's state (``{"prioritized": ...}``);
@@ -104,6 +109,8 @@ class Sampler:
     name = None
     #: how a batch takes rows, for messages (see the module docstring)
     rule = "rows are drawn by this sampler"
+    #: whether ``sample`` waits for rows (see the module docstring)
+    waits_for_rows = False
 
     def __init__(self, seed: int | None = None):
         if seed is None:

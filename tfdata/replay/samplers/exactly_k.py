@@ -55,7 +55,9 @@ class ExactlyKSampler(Sampler):
     otherwise; possible only when a write of ``n`` rows and ``B`` exceed the capacity), ValueError
     at once, naming the counts; so a single-threaded loop never hangs. With a
     ``timeout``, the sample waits (lock released) up to ``timeout`` seconds for writer threads,
-    then raises TimeoutError. Nothing is drawn or changed by a refused sample.
+    then raises TimeoutError; it does so from the first call on, before any row exists too, for
+    any ``B`` up to the capacity (``waits_for_rows``: the buffer then does not refuse a batch
+    larger than the rows held). Nothing is drawn or changed by a refused sample.
 
     Same seed and the same interleaving of writes and samples: the same batches on every
     layout. :meth:`state_dict` and checkpoints keep the pool, the counts and the counters, so a
@@ -129,6 +131,11 @@ class ExactlyKSampler(Sampler):
         return (f"rows are drawn without replacement from those awaiting replay (a batch holds "
                 f"distinct rows; each row is delivered in exactly {self.replays} "
                 f"batch{'' if self.replays == 1 else 'es'})")
+
+    @property
+    def waits_for_rows(self) -> bool:
+        """Whether a sample short of rows waits for writer threads: with a ``timeout``."""
+        return self.timeout is not None
 
     @property
     def config(self) -> dict:
