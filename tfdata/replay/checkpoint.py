@@ -95,7 +95,11 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``released`` equal to the rows published less the slots, one ``cursors`` int per shard
   within it, ``dropped`` all 0, policy not ``"overwrite"``: see :func:`_read_shared_replays`); ``rate_limiter``
   (exactly when the config has one) ``inserts`` int in ``[size, 2**63 - 1]``, ``samples`` int in
-  ``[0, 2**63 - 1]``;
+  ``[0, 2**63 - 1]``, and (a ``ReplayBuffer``'s) counts the configured limiter can reach: no
+  samples before ``min_size_to_sample`` inserts and, with an ``error_buffer``, ``inserts *
+  samples_per_insert - samples`` at most ``max_diff`` and, once something was sampled, at least
+  ``min_diff`` (see :func:`tfdata.replay.limiter.counts_problem`; a count beyond them would make
+  every insert, or every sample, wait for ever);
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
   exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
@@ -738,12 +742,22 @@ class _Checker:
         if v["timeout"] is not None:
             self.real(w + ".timeout", v["timeout"], 0.0, 1e9, lo_open=True)
 
-    def limiter_state(self, v, size: int) -> dict:
-        """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size."""
+    def limiter_state(self, v, size: int, params: dict | None = None) -> dict:
+        """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size; with
+        the limiter's ``params`` (``config.rate_limiter``, checked), counts those parameters
+        can reach (:func:`tfdata.replay.limiter.counts_problem`: no samples before
+        ``min_size_to_sample`` inserts, the difference within the error buffer of the ratio)."""
         w = "state.rate_limiter"
         self.obj(w, v, ("inserts", "samples"))
         self.integer(w + ".inserts", v["inserts"], size, (1 << 63) - 1)
         self.integer(w + ".samples", v["samples"], 0, (1 << 63) - 1)
+        if params is not None:
+            from .limiter import counts_problem
+
+            problem = counts_problem(v["inserts"], v["samples"], size, params["samples_per_insert"],
+                                     params["min_size_to_sample"], params["error_buffer"])
+            if problem is not None:
+                self.fail(f"{w}.{problem[0]}", problem[1], v[problem[0]])
         return {"inserts": v["inserts"], "samples": v["samples"]}
 
     def stats_names(self, where: str, v, spec: Spec) -> None:
@@ -1359,7 +1373,7 @@ def load(path, classes: dict, **overrides):
         if limited:  # checked with the config; rebuilt as an object for the constructor
             from .limiter import RateLimiter
 
-            state["rate_limiter"] = c.limiter_state(st["rate_limiter"], size)
+            state["rate_limiter"] = c.limiter_state(st["rate_limiter"], size, config["rate_limiter"])
             config = dict(config, rate_limiter=RateLimiter(**config["rate_limiter"]))
         try:
             buf = cls(spec, **config, **overrides)
