@@ -109,7 +109,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   per slot modulo 256, with an epoch in each batch);
 * frame stacks (``state.frames``, exactly when ``config.frame_stack`` is present): ``stacks``
   equal to ``config.frame_stack``; ``steps`` (steps written since the last clear) an int in
-  ``[0, 2**62 - 1]`` with ``size == min(steps * num_envs, capacity)``; ``depth`` ``uint8[size]``
+  ``[0, 2**62 - 1]`` with ``size == min(steps * num_envs, capacity)`` and ``cursor == steps *
+  num_envs % capacity`` (the writer's); ``depth`` ``uint8[size]``
   with values in ``[0, max(K) - 1]``, ``prev`` ``int16[num_envs]`` in ``[-1, max(K) - 1]``, and
   ``hist`` an array per stacked field of its dtype and shape ``(K - 1, num_envs, *frame)``. The
   stored spec and the rows file's layout are those of the frames (each stacked field one frame
@@ -903,10 +904,11 @@ def _read_episodes(c: _Checker, arrays: _Arrays, ep, next_of: dict, spec: Spec, 
 
 
 def _read_frames(c: _Checker, arrays: _Arrays, fr, stacks: dict, spec: Spec, envs: int,
-                 size: int, cap: int) -> dict:
+                 size: int, cap: int, cursor: int) -> dict:
     """The frame-stack bookkeeping of the state (``frame_stack=``): ``stacks`` equal to
-    ``config.frame_stack``; ``steps`` an int consistent with the rows held (``size == min(steps *
-    num_envs, capacity)``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
+    ``config.frame_stack``; ``steps`` an int consistent with the rows held and the writer's
+    cursor (``size == min(steps * num_envs, capacity)``, ``cursor == steps * num_envs %
+    capacity``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
     ``prev`` int16 ``(num_envs,)`` in ``[-1, max(K) - 1]``; ``hist`` an array per stacked field
     of its dtype and shape ``(K - 1, num_envs, *frame)``. Each array's header is checked before
     its data is read. Checked against the rows' episode ends by :func:`_check_frames_order`
@@ -919,7 +921,7 @@ def _read_frames(c: _Checker, arrays: _Arrays, fr, stacks: dict, spec: Spec, env
             type(k) is not int for k in fr["stacks"].values()):
         c.fail(w + "stacks", f"{stacks} (config.frame_stack)", fr["stacks"])
     steps = c.integer(w + "steps", fr["steps"], 0, _MAX_STEPS)
-    problem = steps_message(steps, size, envs, cap)
+    problem = steps_message(steps, size, envs, cap, cursor)
     if problem is not None:
         c.fail(w + "steps", problem[len("expected "):], steps)
     kmax = max(stacks.values()) - 1
@@ -1366,8 +1368,8 @@ def load(path, classes: dict, **overrides):
             state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
         frames = None
         if framed:
-            frames = state["frames"] = _read_frames(c, arrays, st["frames"],
-                                                    saved["frames"]["stacks"], spec, envs, size, cap)
+            frames = state["frames"] = _read_frames(c, arrays, st["frames"], saved["frames"]["stacks"],
+                                                    spec, envs, size, cap, cursor)
         # statistics of a stacked field are of its frames: the stored shape
         stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), stored, size)
         if limited:  # checked with the config; rebuilt as an object for the constructor

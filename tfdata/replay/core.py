@@ -1290,12 +1290,6 @@ class ReplayCore:
         size = writer.size
         sampler = self.sampler.check_state(state, size)
         data = state["data"]
-        episodes = None
-        if self._episodes is not None:
-            episodes = self._episodes.check_state(state.get("episodes"), size)
-        frames = None
-        if self._frame_stacks is not None:
-            frames = self._frame_stacks.check_state(state.get("frames"), size)
         for f in self._storage.spec:
             arr = data.get(f.name) if isinstance(data, Mapping) else None
             if not isinstance(arr, np.ndarray):
@@ -1303,6 +1297,17 @@ class ReplayCore:
             if arr.shape != (size,) + f.shape or arr.dtype != f.dtype:
                 raise SpecError(f"state data: field {f.name!r}: expected {f.dtype}{(size,) + f.shape}, "
                                 f"got {arr.dtype}{arr.shape}")
+        episodes = None
+        if self._episodes is not None:
+            episodes = self._episodes.check_state(state.get("episodes"), size)
+        frames = None
+        if self._frame_stacks is not None:  # its counters against the writer's and the rows'
+            ends = None
+            if size:  # whether each stream's newest row ended an episode (num_envs reads)
+                newest = (writer.cursor - self.num_envs + np.arange(self.num_envs)) % self.capacity
+                ends = (data[self._roles["terminated"]][newest]
+                        | data[self._roles["truncated"]][newest])
+            frames = self._frame_stacks.check_state(state.get("frames"), size, writer.cursor, ends)
         if self._stats is not None:  # against the state's rows: a refused state changes nothing
             self._stats.check_state(state.get("stats"), size, data)
         counts = None
