@@ -85,12 +85,19 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of num_envs and equal
   to ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``;
   prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
-  ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
+  the state holds exactly the sampler part its class and ``config.sampler`` name (none for
+  uniform; a state saved with another sampler is refused naming both samplers, and
+  ``PrioritizedReplayBuffer.load`` of a ``ReplayBuffer`` raises TypeError, before anything is
+  built); ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
   ``[0, 2**63 - 1]`` and ``undrawn``, int64 slots, at most ``size`` of them (from the header),
-  each below ``size`` and none twice; ``exactly_k`` (exactly when ``config.sampler`` names it)
+  each below ``size`` and none twice, at least one while rows are held, and ``passes`` 0 when
+  none is; ``exactly_k`` (exactly when ``config.sampler`` names it)
   ``slots`` and ``counts``, int64 arrays of one length, at most ``size`` (from the headers),
   slots below ``size`` and none twice, counts in ``[1, replays]``, and the counters
-  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]`` (a
+  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]`` with ``delivered +
+  lost_replays + sum(counts)`` a multiple of ``replays`` and at least ``size * replays`` (every
+  delivery owed to the rows written is made, lost or still owed), equal to it, and ``dropped``
+  and ``lost_replays`` 0, until the ring is full (a
   ``SharedReplayBuffer``'s: ``slots`` of rows its shards held, ``counts``, ``delivered``,
   ``released`` equal to the rows published less the slots, one ``cursors`` int per shard
   within it, ``dropped`` all 0, policy not ``"overwrite"``: see :func:`_read_shared_replays`); ``rate_limiter``
@@ -158,11 +165,13 @@ import warnings
 
 import numpy as np
 
+from .._checks import check_slot_list
 from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
 from ..storage import check_layout, file_name, storage_nbytes
 from ..storage.files import fsync_dir
-from .samplers.exactly_k import MAX_REPLAYS, POLICIES
+from .samplers.exactly_k import MAX_REPLAYS, POLICIES, replays_problem
+from .samplers.without_replacement import pass_problem
 
 FORMAT = "tfdata.checkpoint"
 VERSION = (1, 0)
@@ -200,6 +209,8 @@ _MAX_STEPS = (1 << 62) - 1
 _LIMITER_KEYS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
 #: config.sampler values a checkpoint may name (absent: uniform) and the state key each adds
 _SAMPLER_STATE = {"without_replacement": "without_replacement", "exactly_k": "exactly_k"}
+#: the state keys a sampler adds (a PrioritizedReplayBuffer's, and those of _SAMPLER_STATE)
+_SAMPLER_PARTS = ("prioritized", "without_replacement", "exactly_k")
 #: the config keys of sampler="exactly_k" (present exactly when it is named)
 _EXACTLY_K_KEYS = ("replays", "policy", "timeout")
 #: the largest timeout a checkpoint may carry (seconds; about 31 years)
@@ -1076,25 +1087,36 @@ def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: in
             "versions": versions}
 
 
-def _read_undrawn(c: _Checker, arrays: _Arrays, part, key: str, size: int) -> dict:
+def _read_undrawn(c: _Checker, arrays: _Arrays, part, key: str, size: int,
+                  ring: bool = True) -> dict:
     """``state.<key>`` of a sampler without replacement: ``undrawn``, int64 slots (at most the
-    rows held, from the header before anything is read) and ``passes``; the slots themselves
-    (each held, none twice) are checked by the sampler's ``check_state``."""
+    rows held, from the header before anything is read) and ``passes``, against the rows held
+    (:func:`tfdata.replay.samplers.without_replacement.pass_problem`: no pass without rows,
+    never an empty pool with rows; ``ring`` False: ``size`` bounds the slots of a shared
+    region, not its rows held, and the caller checks them); the slots themselves (each held,
+    none twice) are checked by the sampler's ``check_state``."""
     w = f"state.{key}."
     c.obj(f"state.{key}", part, ("undrawn", "passes"))
     c.integer(w + "passes", part["passes"], 0, (1 << 63) - 1)
     m = arrays.length(w + "undrawn", part["undrawn"])
     if m > size:
         c.fail(w + "undrawn", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
+    problem = pass_problem(m, part["passes"], size) if ring else None
+    if problem is not None:
+        c.fail(w + problem[0], problem[1], part["passes"] if problem[0] == "passes" else f"{m} slots",
+               show=problem[0] == "passes")
     return {"undrawn": arrays.read(w + "undrawn", part["undrawn"], np.int64, (m,)),
             "passes": part["passes"]}
 
 
-def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, replays: int) -> dict:
+def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, replays: int,
+                  cap: int) -> dict:
     """``state.<key>`` of exactly-k replay: ``slots`` and ``counts``, int64 arrays of the same
     length, at most the rows held (from the headers, before anything is read); each count in
-    ``[1, replays]`` (checked here); the slots (each held, none twice) by the sampler's
-    ``check_state``; the counters ints in ``[0, 2**63 - 1]``."""
+    ``[1, replays]`` and the slots (each held, none twice) checked here (and again by the
+    sampler's ``check_state``); the counters ints in ``[0, 2**63 - 1]``, and against the counts and the
+    rows held (:func:`tfdata.replay.samplers.exactly_k.replays_problem`: every delivery owed
+    to the rows written since the last clear is made, lost or still owed)."""
     w = f"state.{key}."
     c.obj(f"state.{key}", part, ("slots", "counts", "delivered", "dropped", "lost_replays"))
     for k in ("delivered", "dropped", "lost_replays"):
@@ -1108,6 +1130,14 @@ def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, repla
     if bad.size:
         c.fail(f"{w}counts[{int(bad[0])}]", f"an int in [1, {replays}] (config.replays)",
                int(counts[bad[0]]))
+    try:  # (the sampler's check_state checks them again, with the buffer)
+        check_slot_list(slots, size, f"{c.spath}: {w}slots")
+    except ValueError as exc:
+        raise FormatError(str(exc)) from None
+    problem = replays_problem(int(counts.sum()), part["delivered"], part["dropped"],
+                              part["lost_replays"], size, cap, replays)
+    if problem is not None:
+        c.fail(w + problem[0], problem[1], part[problem[0]])
     return {"slots": slots, "counts": counts, "delivered": part["delivered"],
             "dropped": part["dropped"], "lost_replays": part["lost_replays"]}
 
@@ -1214,11 +1244,21 @@ def _available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def load(path, classes: dict, **overrides):
+def _sampler_of(name, config) -> str:
+    """The sampler a checkpoint's class and config name (for messages; not checked)."""
+    if name == "PrioritizedReplayBuffer":
+        return "prioritized"
+    named = config.get("sampler", "uniform") if isinstance(config, dict) else "uniform"
+    return named if type(named) is str else _show(named)
+
+
+def load(path, classes: dict, want=None, **overrides):
     """Rebuild the buffer saved in ``path``; raises :class:`FormatError` for a bad checkpoint.
 
     ``classes``: ``{name: class}`` of the buffer classes a checkpoint may name (an allow-list:
-    a checkpoint never makes tfdata import or call anything else).
+    a checkpoint never makes tfdata import or call anything else). ``want``: a class the
+    buffer must be an instance of (``PrioritizedReplayBuffer.load``): TypeError naming both
+    classes and their samplers, before anything is built, for a checkpoint of another.
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
     ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either);
@@ -1260,6 +1300,10 @@ def load(path, classes: dict, **overrides):
     if type(name) is not str or name not in classes:
         raise FormatError(f"{spath}: unknown buffer class {_show(name)} (known: {sorted(classes)})")
     cls = classes[name]
+    if want is not None and not issubclass(cls, want):  # the caller's class, not the file's fault
+        raise TypeError(f"{path}: holds a {name} (sampler {_sampler_of(name, doc['config'])!r}), "
+                        f"not a {want.__name__}; nothing was built (load it with "
+                        f"ReplayBuffer.load, which returns the class saved)")
     prioritized = name == "PrioritizedReplayBuffer"
     st = doc["state"]
     sampler_key = None
@@ -1269,6 +1313,14 @@ def load(path, classes: dict, **overrides):
             c.fail("config.sampler", "absent (a prioritized buffer)" if prioritized else
                    f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", name_)
         sampler_key = _SAMPLER_STATE[name_]
+    if isinstance(st, dict):  # a state saved with another sampler than the class and config say
+        own = "prioritized" if prioritized else sampler_key
+        held = [k for k in _SAMPLER_PARTS if k in st]
+        if held != ([own] if own else []):
+            saved = " and ".join(repr(k) for k in held) or repr("uniform")
+            c.fail("state", f"the state of sampler {_sampler_of(name, doc['config'])!r}, which class "
+                   f"{name} and config.sampler name; it holds the state of sampler {saved} (a "
+                   f"sampler's state loads only into the same sampler)", show=False)
     state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
                   "num_envs", "episodes") + (("prioritized",) if prioritized else ()) \
         + ((sampler_key,) if sampler_key else ())
@@ -1363,7 +1415,7 @@ def load(path, classes: dict, **overrides):
             state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
         if sampler_key == "exactly_k":
             state[sampler_key] = _read_replays(c, arrays, st[sampler_key], sampler_key, size,
-                                               config["replays"])
+                                               config["replays"], cap)
         elif sampler_key:
             state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
         frames = None
@@ -1697,7 +1749,8 @@ def load_shared(path, cls, **overrides):
                    show=False)
     undrawn = None
     if wor:  # the pass: slots of held rows, each once
-        part = _read_undrawn(c, arrays, st["without_replacement"], "without_replacement", cap)
+        part = _read_undrawn(c, arrays, st["without_replacement"], "without_replacement", cap,
+                             ring=False)
         slots = part["undrawn"]
         held = np.minimum(np.asarray(heads, np.int64), per)
         bad = (slots < 0) | (slots >= cap)

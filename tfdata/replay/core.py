@@ -30,11 +30,16 @@ from . import planning
 from .columns import Column, RunningStats, check_stats_fields, scan, stats_nbytes
 from .episodes import Episodes, stored_spec
 from .frames import FrameStack, FrameStacks, frame_spec, padding_config, resolve_frames
+from .samplers import sampler_name
 from .transforms import ElideNext, NStep, episode_options
 from .writers import RingWriter
 
 STATE_FORMAT = "tfdata.ReplayBuffer"
 STATE_VERSION = 1
+#: the keys of a state dict that are not a sampler's: every other key is the part a sampler
+#: adds under its ``state_key`` (see :meth:`ReplayCore.load_state_dict`)
+STATE_KEYS = frozenset({"format", "version", "spec", "capacity", "layout", "writer", "sampler",
+                        "data", "num_envs", "episodes", "frames", "stats", "rate_limiter"})
 # Lemire's multiply-shift draws from the top 32 bits of each random word
 MAX_CAPACITY = (1 << 32) - 1
 # sample_sequences(policy="reject"): draws per slice before concluding no slice exists
@@ -326,7 +331,7 @@ class ReplayCore:
         """What frame stacks need of the sampler and the capacity (refused before anything is
         allocated, and by :meth:`plan_memory`)."""
         if not getattr(self.sampler, "stream_order", True):
-            name = getattr(self.sampler, "name", type(self.sampler).__name__)
+            name = sampler_name(self.sampler)
             raise ValueError(f"frame_stack with sampler={name!r}: this sampler writes each row into "
                              f"a free slot, not in stream order, so a row's stack cannot be rebuilt "
                              f"from its stream's previous rows; use another sampler, or store the "
@@ -841,7 +846,7 @@ class ReplayCore:
         """
         if not getattr(self.sampler, "stream_order", True):  # before the episodes' absence, which it causes
             raise NotImplementedError(
-                f"sample_sequences: sampler={getattr(self.sampler, 'name', type(self.sampler).__name__)!r} "
+                f"sample_sequences: sampler={sampler_name(self.sampler)!r} "
                 f"writes rows off stream order and delivers rows, not slices; use sample()")
         ep = self._episodes
         if ep is None:
@@ -1259,13 +1264,44 @@ class ReplayCore:
         """
         from .checkpoint import load
 
-        buf = load(path, planning.buffer_classes(ReplayCore), **spill)
-        if not isinstance(buf, cls):
-            raise TypeError(f"{path}: holds a {type(buf).__name__}, not a {cls.__name__}")
-        return buf
+        # a checkpoint of another class is refused before anything is built
+        return load(path, planning.buffer_classes(ReplayCore), want=cls, **spill)
+
+    def _check_sampler_part(self, state: Mapping) -> None:
+        """ValueError unless the sampler part of ``state`` (its keys beyond :data:`STATE_KEYS`)
+        is exactly this buffer's sampler's (its ``state_key``, or none for a sampler with
+        nothing beyond its RNG): a sampler never sees another sampler's state, which it would
+        drop (an exactly-k pool loaded by a uniform buffer: rows delivered sampled again) or
+        misread. The message names both samplers."""
+        own = self.sampler.state_key
+        parts = [k for k in state if k not in STATE_KEYS]
+        if parts == ([own] if own else []):
+            return
+        mine = sampler_name(self.sampler)
+        if not parts:
+            saved, what = "uniform", "no sampler state beyond the RNG"
+        elif len(parts) == 1:
+            saved, what = str(parts[0])[:60], f"its {str(parts[0])[:60]!r} entry"
+        else:
+            saved = " and ".join(repr(str(p)[:60]) for p in parts[:4])
+            what = "entries of several samplers"
+        hint = (f"build a PrioritizedReplayBuffer" if saved == "prioritized"
+                else f"build the buffer with sampler={saved!r}")
+        raise ValueError(f"sampler state: this state was saved by a buffer sampling with {saved!r} "
+                         f"({what}), but this buffer samples with {mine!r}"
+                         + (f" (its {own!r} entry is missing)" if own and own not in parts else "")
+                         + f": a sampler's state loads only into the same sampler (another would "
+                         f"drop or misread it, e.g. sample again rows already delivered); {hint} "
+                         f"to load it")
 
     def load_state_dict(self, state: Mapping, release=None, records=None) -> None:
         """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing.
+
+        Checked as a whole: the state's sampler part must be this buffer's sampler's (a state
+        saved with another sampler is refused, naming both), and each part's state is checked
+        against its own settings and against the other parts' (the writer's cursor and size, a
+        frame stack's steps, an exactly-k pool's counts, a pass, a rate limiter's counts)
+        before anything changes.
 
         ``release(start, stop)`` is called after each chunk of rows is copied (a mapped source
         drops its pages); ``records``: the same rows as one structured array, which an AoS
@@ -1285,6 +1321,7 @@ class ReplayCore:
         if state.get("num_envs", 1) != self.num_envs:
             raise ValueError(f"state num_envs {state.get('num_envs')} differs from this buffer's "
                              f"{self.num_envs}")
+        self._check_sampler_part(state)
         writer = RingWriter(self.capacity, self.num_envs)
         writer.load_state_dict(state["writer"])
         size = writer.size

@@ -52,7 +52,8 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     the output ring's slot unused.
 ``name``, ``rule``
     Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
-    and checkpoints call the sampler (None: a sampler of the user's, called by its class name);
+    and checkpoints call the sampler (None: a sampler of the user's, called by its class name:
+    :func:`sampler_name`);
     ``rule`` says how a batch takes rows (``"rows are drawn uniformly with replacement"``), so
     that a refusal such as ``sample(B)`` with ``B`` above the rows held says what this sampler
     does, not what another would.
@@ -63,9 +64,14 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     ``sample`` wait, from the first call on, even before any row exists.
 ``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
     ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
-    ``extra_state(copy, size)`` what it adds at the top of the buffer's state (``{"prioritized": ...}``);
-    ``check_state`` validates all of it against a state dict without changing anything and
-    returns what ``load_state`` applies.
+    ``extra_state(copy, size)`` what it adds at the top of the buffer's state, under its
+    ``state_key`` (``{"prioritized": ...}``; a sampler with nothing beyond its RNG has
+    ``state_key = None`` and adds nothing); ``check_state`` validates all of it against a state
+    dict without changing anything, against the other parts' state too (the rows held: an
+    exactly-k pool's deliveries against the rows written, a pass against the rows held), and
+    returns what ``load_state`` applies. The buffer refuses a state whose sampler part is
+    another sampler's (a key it does not own, or its own key missing), naming both samplers,
+    before asking ``check_state``: a sampler never sees, or silently drops, another's state.
 """
 
 from __future__ import annotations
@@ -75,6 +81,12 @@ import secrets
 import numpy as np
 
 from ..._rng import MASK64, splitmix64
+
+
+def sampler_name(sampler) -> str:
+    """What messages call ``sampler``: its ``name`` (``"uniform"``, ``"exactly_k"``, ...), or
+    its class's name for a sampler that has none."""
+    return getattr(sampler, "name", None) or type(sampler).__name__
 
 
 class Sampler:

@@ -18,6 +18,42 @@ POLICIES = ("block", "drop", "overwrite")
 MAX_REPLAYS = (1 << 16) - 1
 
 
+def replays_problem(owed: int, delivered: int, dropped: int, lost: int, size: int,
+                    capacity: int, replays: int) -> tuple | None:
+    """Why exactly-k counters cannot go with ``owed`` (the sum of the deliveries the rows
+    awaiting replay have left) and ``size`` rows held, as ``(field, expected)``, or None.
+
+    Every row written is owed ``replays`` deliveries, each of which is then made (``delivered``
+    counts a batch's rows), lost to ``"overwrite"`` (``lost_replays``) or still owed: so
+    ``delivered + lost_replays + owed = replays * W`` for the ``W`` rows written since the last
+    clear (which sets every counter to 0), and ``W >= size``. Until the buffer has filled, every
+    write went to a slot never written (the cursor equals the size), so ``W == size``, and
+    nothing was overwritten or dropped (both need every slot awaiting replay)."""
+    total = delivered + lost + owed
+    k = replays
+    if total % k:
+        return "delivered", (f"delivered + lost_replays + the deliveries left ({lost} + {owed}) "
+                             f"a multiple of replays = {k}: each row written is owed {k} deliveries")
+    if total < size * k:
+        each = f"{k} deliver{'y' if k == 1 else 'ies'}"
+        return "delivered", (f"at least {size * k - lost - owed}: the {size} rows held were written, "
+                             f"{each} owed each (delivered + lost_replays + the deliveries left >= "
+                             f"{size * k})")
+    if size < capacity:
+        if lost:
+            return "lost_replays", (f"0: the buffer has not filled since it was cleared ({size} of "
+                                    f"{capacity} rows), so no row awaiting replay was overwritten")
+        if dropped:
+            return "dropped", (f"0: the buffer has not filled since it was cleared ({size} of "
+                               f"{capacity} rows), so no write found every slot awaiting replay")
+        if total != size * k:
+            each = f"{k} deliver{'y' if k == 1 else 'ies'}"
+            return "delivered", (f"{size * k - owed} ({size} rows held, {each} each, less the "
+                                 f"{owed} left): until the buffer fills, exactly the rows held "
+                                 f"were written")
+    return None
+
+
 class ExactlyKSampler(Sampler):
     """Each row is delivered in exactly ``replays`` batches, in a random order from the seed.
 
@@ -417,7 +453,14 @@ class ExactlyKSampler(Sampler):
                 i = int(bad[0])
                 raise ValueError(f"sampler state: {key}.counts[{i}] = {counts[i]}: deliveries left "
                                  f"must be in [1, {self.replays}] (replays)")
-        return rng, slots, np.ascontiguousarray(counts, np.int64), counters
+        counts = np.ascontiguousarray(counts, np.int64)
+        delivered, dropped, lost = counters
+        problem = replays_problem(int(counts.sum()), delivered, dropped, lost, size,
+                                  self.capacity, self.replays)
+        if problem is not None:
+            field, want = problem
+            raise ValueError(f"sampler state: {key}.{field} = {part[field]}: expected {want}")
+        return rng, slots, counts, counters
 
     def load_state(self, checked) -> None:
         rng, slots, counts, counters = checked
