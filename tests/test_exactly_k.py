@@ -199,7 +199,7 @@ def test_options_are_checked():
 
 
 def test_memory_is_planned_and_counted():
-    for k, per in ((3, 5), (300, 6)):
+    for k, per in ((3, 9), (300, 10)):  # pool 4, deliveries left 1 or 2, last write's lap 4
         plan = ReplayBuffer.plan_memory(SPEC, 1000, sampler="exactly_k", replays=k)
         # no episode numbers (rows are off stream order): only the sampler's bytes
         assert plan["bookkeeping"] == per * 1000

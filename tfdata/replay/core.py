@@ -21,7 +21,7 @@ import numpy as np
 
 from .._budget import check_budget, parse_bytes
 from .._checks import bad_slot, check_int
-from ..batch import UNHELD, OutputRing, getrefcount, retire
+from ..batch import UNHELD, Batch, OutputRing, getrefcount, retire
 from ..errors import SpecError
 from ..spec import Spec
 from ..storage import (isolate_layout, make_storage, output_nbytes, resolve_layout, restrict_layout,
@@ -751,18 +751,21 @@ class ReplayCore:
             out, arrays = ring.slots[i], ring.arrays[i]
             self.sampler.sample(n, out, arrays[0])
             ring.next = (i + 1) % len(ring.slots)  # a sampler that refused took no slot
+            w = self._writer
             transforms = ring.transforms
             if transforms:
-                rows, cursor = out.indices, self._writer.cursor
+                rows, cursor = out.indices, w.cursor
                 for t, a in zip(transforms, arrays[1:]):
                     rows = t.apply(out, a, rows, cursor)
             if self._spill is not None:
                 self._spill.after_sample()
+            position = w.laps * w.capacity + w.cursor  # (writer.position, inline)
         finally:
             lock.__exit__(None, None, None)
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # the slot's previous batch is still held: retire it
             batch = ring.batches[i] = retire(batch)
+        batch.write_position = position  # what update_field(name, batch, ...) checks rows by
         return batch.copy() if copy else batch
 
     def _limited_sample(self, batch_size: int, copy: bool = False, fields=None):
@@ -803,11 +806,13 @@ class ReplayCore:
             if self._spill is not None:
                 self._spill.after_sample()
             lim.sampled(batch_size)
+            position = writer.position
         finally:
             lock.__exit__(None, None, None)
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
+        batch.write_position = position
         return batch.copy() if copy else batch
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
@@ -1111,8 +1116,13 @@ class ReplayCore:
             read from (``obs``: rewriting it would change the previous row's ``next_obs``);
             with ``frame_stack``, a stacked field (its frames make the next rows' stacks) and
             its next field (not stored).
-        indices : array_like of int, shape (k,)
-            Slots of live rows, as in ``batch.indices``: each in ``[0, len(self))``, each once.
+        indices : Batch or array_like of int, shape (k,)
+            A batch from :meth:`sample` (recommended): its rows, and the rows it sampled only,
+            since a row overwritten after the sample is refused (as ``update_priorities``
+            refuses a stale batch); or slots of live rows, as in ``batch.indices``, which
+            relabel whatever rows those slots hold now. Either way each in ``[0, len(self))``,
+            each once (a batch drawn with replacement that holds a row twice is refused as such
+            indices are).
         values : array_like, shape ``(k, *spec[name].shape)``
             Cast to the field's dtype only when no data can be lost (see :class:`Spec`).
 
@@ -1124,7 +1134,15 @@ class ReplayCore:
         IndexError
             An index outside ``[0, len(self))`` (the message names it and its position).
         ValueError
-            An index given twice (the message names it and both positions).
+            An index given twice (the message names it and both positions); a stale batch: rows
+            of it were overwritten since it was sampled (the message gives how many), by the
+            writer's position the batch keeps (``batch.write_position``; see
+            :meth:`tfdata.replay.writers.RingWriter.overwritten`: in ring order a slot is
+            overwritten once the writer has passed it, with exactly-k once its sweep wrote it);
+            a batch that carries no write position (not from :meth:`sample`) or one ahead of
+            this buffer's (another buffer's).
+        tfdata.StaleBatchError
+            ``indices`` is a batch whose ring slot was reused by a later sample (a ValueError).
 
         Whatever is refused, nothing has changed.
         """
@@ -1142,6 +1160,9 @@ class ReplayCore:
             nxt = [k for k, v in self.next_of.items() if v == name]
             raise SpecError(f"update_field: field {name!r} cannot be rewritten with elide_next=True: "
                             f"the {nxt[0]!r} of each stream's previous row is read from it")
+        since = None
+        if isinstance(indices, Batch):
+            indices, since = self._batch_rows(indices)
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise SpecError(f"update_field: indices must be a 1-D integer array, got "
@@ -1154,11 +1175,42 @@ class ReplayCore:
             n = self._writer.size
             if n < self.capacity and int(slots.max()) >= n:  # a clear() ran since the check
                 self._checked_slots(idx, n)
+            if since is not None:
+                self._check_fresh(slots, since)
             self._storage.field(name)[slots] = vals
             if self._stats is not None:
                 self._stats.mark(name, slots)
             if self._spill is not None:
                 self._spill.check_resident()
+
+    @staticmethod
+    def _batch_rows(batch: Batch) -> tuple:
+        """``(indices, write position)`` of a batch given to :meth:`update_field` (a retired
+        batch raises StaleBatchError here); ValueError for one that carries no position."""
+        indices, since = batch.indices, batch.write_position
+        if since is None or isinstance(since, bool) or not isinstance(since, (int, np.integer)):
+            raise ValueError(f"update_field: this batch carries no write position "
+                             f"({since!r:.40}): it did not come from this buffer's sample() (a "
+                             f"batch of sample_sequences(), of a shared buffer, or built by hand), "
+                             f"so whether its rows are still held cannot be told; pass its indices "
+                             f"to relabel whatever rows those slots hold now")
+        return indices, int(since)
+
+    def _check_fresh(self, slots: np.ndarray, since: int) -> None:
+        """ValueError unless every row of ``slots`` is the one a batch sampled at write position
+        ``since`` took (none written since; lock held)."""
+        w = self._writer
+        if since > w.position:
+            raise ValueError(f"update_field: this batch's write position {since} is ahead of this "
+                             f"buffer's ({w.position}): it was sampled from another buffer")
+        stale = w.overwritten(slots, since)
+        k = int(np.count_nonzero(stale))
+        if k:
+            shown = slots[stale][:10].tolist()
+            raise ValueError(f"update_field: stale batch: {k} of its {slots.shape[0]} rows were "
+                             f"overwritten since it was sampled (slots {shown}"
+                             f"{', ...' if k > 10 else ''}); nothing was written (relabel its other "
+                             f"rows with their indices, or sample again)")
 
     def _checked_slots(self, idx: np.ndarray, n: int) -> np.ndarray:
         """``idx`` (a 1-D integer array) as int64 slots, each in ``[0, n)`` and given once;
