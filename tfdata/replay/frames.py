@@ -428,7 +428,8 @@ def counters_message(depth, prev, steps: int, cursor: int, size: int, num_envs: 
     for i in range(e):
         p, d = int(prev[i]), int(depth[newest[i]])
         if ends is not None and bool(ends[i]) != (p == -1):
-            want = "-1 (its newest row ended an episode)" if ends[i] else f"{d}, the depth of its newest row (slot {int(newest[i])})"
+            want = ("-1 (its newest row ended an episode)" if ends[i]
+                    else f"{d}, the depth of its newest row (slot {int(newest[i])})")
             return f"prev[{i}] = {p}: expected {want}"
         if p != -1 and p != d:
             return (f"prev[{i}] = {p}: expected -1 or {d}, the depth of stream {i}'s newest row "
