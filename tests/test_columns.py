@@ -524,7 +524,10 @@ def test_generated_push_and_extend_stay_in_use_with_stats():
     plain = ReplayBuffer(spec, 100, seed=0)
     buf = ReplayBuffer(spec, 100, seed=0, stats=["obs"])
     assert hasattr(buf.push, "__source__") and hasattr(buf.extend, "__source__")
-    assert "on_wrap()" in buf.push.__source__ and "on_wrap()" not in plain.push.__source__
+    # every push calls on_wrap at the ring's end (the writer counts laps: its write position);
+    # the statistics' hook joins it there, and nothing else
+    assert "on_wrap()" in buf.push.__source__ and "on_wrap()" in plain.push.__source__
+    assert buf.push.__source__ == plain.push.__source__
     assert "on_write" not in buf.push.__source__  # nothing per row
     assert "store(p, values, 0, n)" in buf.extend.__source__  # the large-batch path is kept
     for b in (ReplayBuffer(CART, 100, stats=["obs"]), PrioritizedReplayBuffer(CART, 100, stats=["obs"])):
@@ -748,6 +751,174 @@ def test_update_field_after_clear_refuses_stale_indices():
     with pytest.raises(IndexError, match=r"\[0, 0\)"):
         buf.update_field("reward", [3], [1.0])
     assert buf.stats("reward").count == 0
+
+
+# -- relabelling a batch: refused once a row of it was overwritten ---------------------------------
+ID_SPEC = {"id": "i8", "label": "f4", "terminated": "?", "truncated": "?"}
+SEED_OFFSET = 0
+BATCH_KINDS = ["uniform", "without_replacement", "exactly_k-drop", "exactly_k-overwrite",
+               "exactly_k-block", "prioritized"]
+
+
+def _id_buffer(kind: str, cap: int, layout="aos"):
+    if kind == "prioritized":
+        return PrioritizedReplayBuffer(ID_SPEC, cap, layout=layout, seed=1, stats=["label"])
+    if kind.startswith("exactly_k"):
+        return ReplayBuffer(ID_SPEC, cap, layout=layout, seed=1, sampler="exactly_k", replays=2,
+                            policy=kind.split("-")[1], stats=["label"])
+    return ReplayBuffer(ID_SPEC, cap, layout=layout, seed=1, sampler=kind, stats=["label"])
+
+
+def _id_rows(ids) -> dict:
+    ids = np.asarray(ids, np.int64)
+    return {"id": ids, "label": np.zeros(len(ids), np.float32), "terminated": ids % 4 == 3,
+            "truncated": np.zeros(len(ids), bool)}
+
+
+@pytest.mark.parametrize("kind", BATCH_KINDS)
+@pytest.mark.parametrize("layout, laps", [("aos", 0), ("soa", 0), ("aos", 2 ** 32 - 3)])
+def test_update_field_of_a_batch_refuses_rows_overwritten_since(kind, layout, laps):
+    """Rows carry a unique id; a batch is stale exactly when one of its slots holds another id
+    than it sampled (or the rows were replaced by a load or a clear). Random pushes (the
+    generated push and the generic one), extends (some longer than the ring), samples, clears and
+    state loads; every update_field(batch) is accepted exactly when the batch is fresh, and a
+    refused one changes nothing. ``laps``: where the writer's position starts (exactly-k keeps
+    each slot's lap modulo 2**32: the laps cross it)."""
+    rng = np.random.default_rng([BATCH_KINDS.index(kind), len(layout), SEED_OFFSET, laps % 7])
+    cap = 7
+    buf = _id_buffer(kind, cap, layout)
+    buf.writer.laps = laps
+    next_id = 0
+    kept = []  # [batch (a copy), the ids it sampled, replaced-since flag]
+    accepted = refused = 0
+    for step in range(400):
+        r = rng.random()
+        sampler = buf.sampler
+        room = sampler.free if kind == "exactly_k-block" else cap + 5
+        if r < 0.3 and room >= 1:
+            n = int(rng.integers(1, min(room, cap + 4) + 1))
+            if n == 1 and rng.random() < 0.5:
+                row = {k: v[0] for k, v in _id_rows([next_id]).items()}
+                if kind == "prioritized" and rng.random() < 0.5:
+                    buf.push(row, priority=float(rng.random() + 0.1))  # the generic push
+                else:
+                    buf.push(row)  # the generated push (exactly-k: its sweep's place)
+            else:
+                buf.extend(_id_rows(range(next_id, next_id + n)))
+            next_id += n
+        elif r < 0.55 and len(buf):
+            want = int(rng.integers(1, min(3, len(buf)) + 1))
+            if kind.startswith("exactly_k") and sampler.awaiting < want:
+                continue
+            batch = buf.sample(want, copy=bool(rng.random() < 0.5))
+            kept.append([batch, batch["id"].copy(), False])
+            kept = kept[-6:]
+        elif r < 0.58:
+            buf.clear()
+            for k in kept:
+                k[2] = True
+        elif r < 0.62:
+            buf.load_state_dict(buf.state_dict())  # the same rows, loaded: batches before are stale
+            for k in kept:
+                k[2] = True
+        elif kept:
+            batch, ids, replaced = kept[int(rng.integers(len(kept)))]
+            try:
+                slots = batch.indices
+            except tfdata.StaleBatchError:  # a view whose ring slot a later sample reused
+                with pytest.raises(tfdata.StaleBatchError):
+                    buf.update_field("label", batch, [1.0])
+                continue
+            n, seen, problem = len(buf), set(), None
+            for s in slots.tolist():  # the first slot not held (a clear since) or given twice
+                if s >= n or s in seen:  # (drawn with replacement)
+                    problem = (IndexError, "not a live row") if s >= n else (ValueError, "given twice")
+                    break
+                seen.add(s)
+            if problem is not None:
+                with pytest.raises(problem[0], match=problem[1]):
+                    buf.update_field("label", batch, np.ones(len(slots), np.float32))
+                continue
+            now = np.asarray(buf.storage.field("id"))[slots]
+            stale = replaced or bool((now != ids).any())
+            values = rng.random(len(slots)).astype(np.float32)
+            if stale:
+                before = full_state(buf)
+                with pytest.raises(ValueError, match=r"update_field: stale batch: \d+ of its "):
+                    buf.update_field("label", batch, values)
+                assert_same(before, full_state(buf))
+                if not replaced:  # the count named is the rows whose id changed
+                    k = int((now != ids).sum())
+                    with pytest.raises(ValueError, match=f"stale batch: {k} of its {len(slots)} rows"):
+                        buf.update_field("label", batch, values)
+                refused += 1
+            else:
+                buf.update_field("label", batch, values)
+                np.testing.assert_array_equal(np.asarray(buf.storage.field("label"))[slots], values)
+                accepted += 1
+    assert accepted and refused, (accepted, refused)
+
+
+def test_an_exactly_k_batch_older_than_2_32_laps_is_stale():
+    buf = _id_buffer("exactly_k-drop", 8)
+    buf.extend(_id_rows(range(8)))
+    b = buf.sample(2, copy=True)
+    buf.update_field("label", b, [1.0, 2.0])
+    buf.writer.laps += 2 ** 32 - 1  # (as if that many laps had been written: none of b's rows)
+    with pytest.raises(ValueError, match="stale batch: 2 of its 2"):
+        buf.update_field("label", b, [1.0, 2.0])
+
+
+def test_update_field_of_a_batch_through_every_push_path():
+    """The write position counts the laps of every write path: the generated push and extend, the
+    generic ones, a frame-stacked buffer's push."""
+    from .test_frames_everything import Twin
+
+    buf = ReplayBuffer(ID_SPEC, 4, seed=0)
+    buf.extend(_id_rows(range(4)))
+    b = buf.sample(2, copy=True)
+    for i in range(4):  # a lap of generated pushes: every row overwritten
+        buf.push({k: v[0] for k, v in _id_rows([10 + i]).items()})
+    with pytest.raises(ValueError, match="stale batch: 2 of its 2"):
+        buf.update_field("label", b, [1.0, 2.0])
+    b = buf.sample(2, copy=True)
+    buf.extend(_id_rows(range(20, 22)))  # the generated extend of a few rows, to the end
+    buf.extend(_id_rows(range(30, 32)))  # past the end: the ring's first two slots
+    stale = int(np.isin(b.indices, [0, 1, 2, 3]).sum())
+    with pytest.raises(ValueError, match=f"stale batch: {stale} of its 2"):
+        buf.update_field("label", b, [1.0, 2.0])
+    tw = Twin(k=3, num_envs=1, capacity=6, p_end=0.2)
+    tw.feed(6)  # (pushes half the time: the frame-stacked buffer's generated push)
+    b = tw.a.sample(1, copy=True)
+    tw.a.update_field("reward", b, [1.0])
+    tw.feed(6)  # a lap: every row overwritten
+    with pytest.raises(ValueError, match="stale batch: 1 of its 1"):
+        tw.a.update_field("reward", b, [2.0])
+
+
+def test_update_field_of_a_batch_it_cannot_check():
+    buf = ReplayBuffer(CART, 16, seed=0)
+    buf.extend(random_rows(CART, 10, np.random.default_rng(3)))
+    before = buf.state_dict()
+    for batch, err, match in (
+            (buf.sample_sequences(2, 2), ValueError, "carries no write position"),
+            (tfdata.Batch({}, np.array([1, 2])), ValueError, "carries no write position"),
+            (tfdata.Batch({}, np.array([1, 2]), write_position=10 ** 9), ValueError, "another buffer"),
+    ):
+        with pytest.raises(err, match=match):
+            buf.update_field("reward", batch, [1.0, 2.0])
+    old = buf.sample(2)
+    for _ in range(2):
+        buf.sample(2)  # the ring slot of ``old`` is reused while it is held: retired
+    with pytest.raises(tfdata.StaleBatchError):
+        buf.update_field("reward", old, [1.0, 2.0])
+    assert_same(before["data"], buf.state_dict()["data"])
+    fresh = buf.sample(2, copy=True)
+    fresh_slots = fresh.indices
+    if fresh_slots[0] != fresh_slots[1]:
+        buf.update_field("reward", fresh, [5.0, 6.0])  # plain indices and batches both still work
+    buf.update_field("reward", [3], [7.0])
+    assert buf.storage.field("reward")[3] == 7.0
 
 
 # -- state and checkpoints ----------------------------------------------------------------------

@@ -199,7 +199,7 @@ def test_options_are_checked():
 
 
 def test_memory_is_planned_and_counted():
-    for k, per in ((3, 5), (300, 6)):
+    for k, per in ((3, 9), (300, 10)):  # pool 4, deliveries left 1 or 2, last write's lap 4
         plan = ReplayBuffer.plan_memory(SPEC, 1000, sampler="exactly_k", replays=k)
         # no episode numbers (rows are off stream order): only the sampler's bytes
         assert plan["bookkeeping"] == per * 1000
@@ -564,10 +564,20 @@ def test_sampler_waits_for_a_writer_thread_with_a_timeout(how):
         c.sample(3)
 
 
+def _consistent(part, size, k):
+    """``part`` (a state's ``exactly_k``) with ``delivered`` making its counters agree with its
+    pool and the rows held: every delivery owed to the rows written is made, lost or still owed
+    (``size + lost_replays`` rows written: enough for any pool)."""
+    owed = int(np.sum(part["counts"]))
+    part["delivered"] = (size + part["lost_replays"]) * k - part["lost_replays"] - owed
+    return part
+
+
 def _with_pool(b, slots, counts):
     """``b`` with the rows ``slots`` awaiting ``counts`` deliveries, every other slot free."""
     state = b.state_dict()
     state["exactly_k"].update(slots=np.array(slots, np.int64), counts=np.array(counts, np.int64))
+    _consistent(state["exactly_k"], len(b), b.sampler.replays)
     b.load_state_dict(state)
     return b
 
@@ -989,7 +999,7 @@ def test_running_stats_hear_a_push_whose_sweep_crosses_the_end():
     b.extend(rows(range(1000)))
     state = b.state_dict()
     state["writer"]["cursor"] = 995
-    state["exactly_k"].update(slots=np.arange(995, 1000), counts=np.ones(5, np.int64))
+    state["exactly_k"].update(slots=np.arange(995, 1000), counts=np.ones(5, np.int64), delivered=995)
     b.load_state_dict(state)  # slots 995..999 await, the rest free; the cursor at 995
     assert b.stats("reward").max == 999
     for i in range(3):

@@ -302,6 +302,8 @@ def test_hostile_frames_state_before_any_buffer_is_built(tmp_path, no_build):
         (_set(*f, "steps", 2.0), "state.frames.steps"),
         (_set(*f, "steps", True), "state.frames.steps"),
         (_set(*f, "steps", 3), "state.frames.steps"),  # 8 rows of 2 streams held: at least 4
+        (_set(*f, "steps", 8), "state.frames.steps"),  # 7 steps: cursor 6; 8 would end at 0
+        (_set(*f, "steps", 9), "state.frames.steps"),
         (_array(*f[1:], "depth", change=_at(5, 3)), "state.frames.depth[5]"),  # K - 1 = 2
         (_array(*f[1:], "depth", change=_at(0, 255)), "state.frames.depth[0]"),
         (_array(*f[1:], "depth", change=lambda a: a[:-1]), "state.frames.depth"),
@@ -360,6 +362,79 @@ def test_the_oldest_rows_depth_is_bounded_by_its_step(tmp_path):
     _array("frames", "depth", change=lambda a: np.array([1, 2, 3], np.uint8))(tmp_path / "ck")
     with pytest.raises(FormatError, match=r"state.frames.depth\[0\]"):
         tfdata.ReplayBuffer.load(tmp_path / "ck")
+
+
+def _same_state(a, b) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            _same_state(a[key], b[key])
+        elif isinstance(a[key], np.ndarray):
+            np.testing.assert_array_equal(a[key], b[key])
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_steps_must_end_at_the_writers_cursor(tmp_path, num_envs):
+    """Issue 30: ``state.frames.steps`` edited from 45 to 46 with the cursor unchanged loaded,
+    and the stacks that read ``hist`` (indexed by step) were wrong. The steps written must
+    end at the writer's cursor: ``cursor == steps * num_envs % capacity``."""
+    tw = Twin(k=4, num_envs=num_envs, capacity=16 * num_envs, p_end=0.1)
+    tw.feed(45)
+    st = tw.a.state_dict()
+    assert st["frames"]["steps"] == 45 and st["writer"]["cursor"] == 45 * num_envs % (16 * num_envs)
+    tw.a.save(tmp_path / "ck")
+    for steps in (46, 44, 47):
+        edit(tmp_path / "ck", lambda d: d["state"]["frames"].__setitem__("steps", steps))
+        with pytest.raises(FormatError, match=r"state\.frames\.steps: expected a count of steps "
+                                              r"whose rows end at the writer's cursor"):
+            tfdata.ReplayBuffer.load(tmp_path / "ck")
+        bad = tw.a.state_dict()
+        bad["frames"]["steps"] = steps
+        other = Twin(k=4, num_envs=num_envs, capacity=16 * num_envs, p_end=0.1, env_seed=1)
+        other.feed(20)
+        before = other.a.state_dict()
+        with pytest.raises(ValueError, match=f"state frames.steps {steps}: .*cursor"):
+            other.a.load_state_dict(bad)
+        _same_state(before, other.a.state_dict())
+    edit(tmp_path / "ck", lambda d: d["state"]["frames"].__setitem__("steps", 45))
+    go_on(tw, tfdata.ReplayBuffer.load(tmp_path / "ck"))
+
+
+def test_frame_counters_against_the_writer_in_a_state_dict():
+    """A state dict (trusted less than a checkpoint's rows check, more than nothing): each
+    depth at most its row's step number, each stream's ``prev`` its newest row's depth, or -1
+    exactly when that row ended an episode; refused naming the entry, nothing changed."""
+    tw = Twin(k=4, num_envs=2, capacity=12, p_end=0.3)
+    tw.feed(4)  # 8 of 12 rows: row t of a stream has step number t
+    good = tw.a.state_dict()
+    fr, data = good["frames"], good["data"]
+    newest = [(good["writer"]["cursor"] - 2 + e) % 12 for e in range(2)]
+    ended = [bool(data["terminated"][s] | data["truncated"][s]) for s in newest]
+
+    def bad_prev(e):
+        p = fr["prev"].copy()
+        p[e] = 0 if ended[e] else -1  # (the newest row's depth when it did not end: not -1)
+        return p
+
+    cases = [(("depth", np.where(np.arange(8) == 2, 2, fr["depth"]).astype(np.uint8)), "frames.depth[2] = 2"),
+             (("prev", bad_prev(0)), "frames.prev[0]"), (("prev", bad_prev(1)), "frames.prev[1]")]
+    for (key, value), match in cases:
+        state = tw.a.state_dict()
+        state["frames"][key] = value
+        other = Twin(k=4, num_envs=2, capacity=12, p_end=0.3, env_seed=2)
+        other.feed(7)
+        before = other.a.state_dict()
+        with pytest.raises(ValueError, match=match.replace("[", "\\[")):
+            other.a.load_state_dict(state)
+        _same_state(before, other.a.state_dict())
+    empty = Twin(k=4, num_envs=2, capacity=12).a
+    state = empty.state_dict()
+    state["frames"]["prev"] = np.array([-1, 1], np.int16)
+    with pytest.raises(ValueError, match=r"frames.prev\[1\] = 1: expected -1 \(no row held\)"):
+        tw.a.load_state_dict(state)
+    tw.a.load_state_dict(good)
 
 
 def test_rows_file_of_the_wrong_layout(tmp_path):

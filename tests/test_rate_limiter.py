@@ -84,16 +84,103 @@ def test_allowed_steps_keep_the_promise(spi, min_size, extra, ops):
 
 
 def test_limiter_state_dict():
-    lim = RateLimiter(2.0, 4, 4.0)
-    lim.load_state_dict({"inserts": 10, "samples": 7})
-    assert lim.state_dict() == {"inserts": 10, "samples": 7}
-    for bad in ({"inserts": 10}, {"inserts": 1, "samples": True}, {"inserts": -1, "samples": 0}, None):
+    lim = RateLimiter(2.0, 4, 4.0)  # min_diff 4, max_diff 12
+    lim.load_state_dict({"inserts": 10, "samples": 9})
+    assert lim.state_dict() == {"inserts": 10, "samples": 9}
+    for bad in ({"inserts": 10}, {"inserts": 1, "samples": True}, {"inserts": -1, "samples": 0}, None,
+                {"inserts": 10, "samples": 7}, {"inserts": 3, "samples": 1}):  # (the last two: unreachable)
         with pytest.raises(ValueError, match="rate_limiter state"):
             lim.load_state_dict(bad)
-    assert lim.state_dict() == {"inserts": 10, "samples": 7}
-    ReplayBuffer(SPEC, 16, rate_limiter=lim)
-    lim.load_state_dict({"inserts": 3, "samples": 1})  # bound: under the buffer's lock
-    assert lim.metrics()["inserts"] == 3
+    assert lim.state_dict() == {"inserts": 10, "samples": 9}
+    buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
+    lim.load_state_dict({"inserts": 5, "samples": 2})  # bound: under the buffer's lock
+    assert lim.metrics()["inserts"] == 5
+    buf.extend(rows([0]))  # a row held: no inserts cannot be (the buffer's rows count)
+    with pytest.raises(ValueError, match="inserts must be >= the 1 rows held"):
+        lim.load_state_dict({"inserts": 0, "samples": 0})
+    assert lim.metrics()["inserts"] == 6
+
+
+@settings(max_examples=150, deadline=None)
+@given(spi=st.sampled_from(SPIS + [0.3, 3.7]), min_size=st.integers(1, 30),
+       extra=st.sampled_from([0, 1, 5, None]),
+       ops=st.lists(st.tuples(st.sampled_from("sic"), st.integers(1, 8)), max_size=300))
+def test_every_reachable_count_is_a_valid_state(spi, min_size, extra, ops):
+    """The counts check refuses nothing the limiter's own steps can reach (clears included)."""
+    from tfdata.replay.limiter import counts_problem
+
+    eb = None if extra is None else max(1.0, spi) + extra
+    lim = RateLimiter(spi, min_size, eb) if eb is not None else RateLimiter.min_size(min_size)
+    for op, n in ops:
+        if op == "s" and lim.can_sample(n):
+            lim.samples += n
+        elif op == "i" and lim.can_insert(n):
+            lim.inserts += n
+        elif op == "c":
+            lim.inserts = lim.samples = 0
+        assert counts_problem(lim.inserts, lim.samples, 0, spi, min_size, eb) is None, \
+            (lim.inserts, lim.samples, spi, min_size, eb)
+        assert lim.check_state(lim.state_dict(), 0) == lim.state_dict()
+
+
+def _limited(cls=ReplayBuffer):
+    lim = RateLimiter(2.0, 4, 6.0, timeout=0.2)  # min_diff 2, max_diff 14
+    buf = cls(SPEC, 32, seed=3, rate_limiter=lim)
+    buf.extend(rows(range(7)))
+    buf.sample(5)
+    return buf
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+@pytest.mark.parametrize("counts, field", [
+    ({"inserts": 2 ** 63 - 1, "samples": 5}, "inserts"),  # every insert would time out
+    ({"inserts": 8, "samples": 2 ** 63 - 1}, "samples"),  # every sample would time out
+    ({"inserts": 13, "samples": 11}, "inserts"),  # 26 - 11 = 15 > max_diff 14
+    ({"inserts": 7, "samples": 13}, "samples"),  # 14 - 13 = 1 < min_diff 2
+    ({"inserts": 8, "samples": 0}, "inserts"),  # 16 > 14: the issue's case in small
+    ({"inserts": 7, "samples": 0}, None),  # in bounds: loads
+    ({"inserts": 10, "samples": 6}, None),
+])
+def test_counts_the_limiter_cannot_reach_are_refused(tmp_path, cls, counts, field):
+    # a checkpoint whose insert count was 2**63 - 1 was in range and loaded; after that every
+    # insert timed out (the difference was beyond max_diff for ever)
+    buf = _limited(cls)
+    state = buf.state_dict()
+    state["rate_limiter"] = counts
+    other = _limited(cls)
+    before = other.state_dict()
+    if field is None:
+        other.load_state_dict(state)
+        other.sample(2)  # neither side waits for ever
+        other.extend(rows([50]))
+    else:
+        with pytest.raises(ValueError, match=f"rate_limiter state: {field} = {counts[field]}"):
+            other.load_state_dict(state)
+        after = other.state_dict()
+        assert after["rate_limiter"] == before["rate_limiter"] and after["writer"] == before["writer"]
+        np.testing.assert_array_equal(after["data"]["id"], before["data"]["id"])
+    path = tmp_path / "ck"
+    buf.save(path)
+    _edit(path, lambda d: d["state"].update(rate_limiter=counts))
+    if field is None:
+        assert cls.load(path).rate_limiter.state_dict() == counts
+        return
+    with pytest.raises(FormatError, match=f"state\\.rate_limiter\\.{field}: expected") as exc:
+        cls.load(path)
+    assert "state.json" in str(exc.value)
+
+
+def test_a_limiter_without_error_buffer_takes_any_count_above_the_rows():
+    lim = RateLimiter.min_size(4)
+    buf = ReplayBuffer(SPEC, 32, rate_limiter=lim)
+    buf.extend(rows(range(2)))
+    state = buf.state_dict()
+    state["rate_limiter"] = {"inserts": 2 ** 63 - 1, "samples": 0}  # inserts never wait
+    buf.load_state_dict(state)
+    buf.extend(rows([9]))
+    state["rate_limiter"] = {"inserts": 3, "samples": 1}
+    with pytest.raises(ValueError, match="samples = 1: expected 0 while inserts"):
+        buf.load_state_dict(state)
 
 
 def test_min_size_only_gates_sampling():

@@ -32,6 +32,10 @@ class Batch(Mapping):
         ``n_step``): the bootstrap target is ``reward + discounts * (1 - terminated) * V(next_obs)``.
     mask : ndarray of bool, shape (batch_size, length), or None
         Which rows of a :meth:`ReplayBuffer.sample_sequences` slice belong to its episode.
+    write_position : int or None
+        The buffer's write position when the batch was sampled (batches of
+        :meth:`ReplayBuffer.sample`; see :attr:`tfdata.replay.writers.RingWriter.position`):
+        lets ``update_field(name, batch, values)`` refuse rows overwritten since the sample.
 
     Notes
     -----
@@ -52,15 +56,17 @@ class Batch(Mapping):
     not protected. Batches from ``copy=True`` or :meth:`copy` never go stale.
     """
 
-    __slots__ = ("_fields", "indices", "weights", "versions", "discounts", "mask")
+    __slots__ = ("_fields", "indices", "weights", "versions", "discounts", "mask", "write_position")
 
-    def __init__(self, fields, indices, weights=None, versions=None, discounts=None, mask=None):
+    def __init__(self, fields, indices, weights=None, versions=None, discounts=None, mask=None,
+                 write_position=None):
         self._fields = dict(fields)
         self.indices = indices
         self.weights = weights
         self.versions = versions
         self.discounts = discounts
         self.mask = mask
+        self.write_position = write_position
 
     def __getitem__(self, name):
         return self._fields[name]
@@ -77,7 +83,8 @@ class Batch(Mapping):
             return None if a is None else a.copy()
 
         return Batch({k: np.array(v, order="C") for k, v in self._fields.items()}, self.indices.copy(),
-                     dup(self.weights), dup(self.versions), dup(self.discounts), dup(self.mask))
+                     dup(self.weights), dup(self.versions), dup(self.discounts), dup(self.mask),
+                     self.write_position)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())

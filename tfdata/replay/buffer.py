@@ -72,8 +72,9 @@ class ReplayBuffer(ReplayCore):
         policy), no episode numbers are kept, ``column()`` gives rows in slot order.
     timeout : float, optional
         ``sampler="exactly_k"`` only: seconds a blocked write waits before TimeoutError (None:
-        for ever), and a sample short of rows waits for writer threads (None: ValueError at
-        once). See :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler`.
+        for ever), and a sample short of rows waits for writer threads, from the first call
+        on, an empty buffer included (None: ValueError at once).
+        See :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler`.
     ring_size : int, default 2
         Number of preallocated output batches per batch size (see :class:`Batch`).
     num_envs : int, default 1

@@ -86,17 +86,28 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   ``sampler="exactly_k"``, which places a step's rows in free slots) and equal
   to ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``;
   prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
-  ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
+  the state holds exactly the sampler part its class and ``config.sampler`` name (none for
+  uniform; a state saved with another sampler is refused naming both samplers, and
+  ``PrioritizedReplayBuffer.load`` of a ``ReplayBuffer`` raises TypeError, before anything is
+  built); ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
   ``[0, 2**63 - 1]`` and ``undrawn``, int64 slots, at most ``size`` of them (from the header),
-  each below ``size`` and none twice; ``exactly_k`` (exactly when ``config.sampler`` names it)
+  each below ``size`` and none twice, at least one while rows are held, and ``passes`` 0 when
+  none is; ``exactly_k`` (exactly when ``config.sampler`` names it)
   ``slots`` and ``counts``, int64 arrays of one length, at most ``size`` (from the headers),
   slots below ``size`` and none twice, counts in ``[1, replays]``, and the counters
-  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]`` (a
+  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]`` with ``delivered +
+  lost_replays + sum(counts)`` a multiple of ``replays`` and at least ``size * replays`` (every
+  delivery owed to the rows written is made, lost or still owed), equal to it, and ``dropped``
+  and ``lost_replays`` 0, until the ring is full (a
   ``SharedReplayBuffer``'s: ``slots`` of rows its shards held, ``counts``, ``delivered``,
   ``released`` equal to the rows published less the slots, one ``cursors`` int per shard
   within it, ``dropped`` all 0, policy not ``"overwrite"``: see :func:`_read_shared_replays`); ``rate_limiter``
   (exactly when the config has one) ``inserts`` int in ``[size, 2**63 - 1]``, ``samples`` int in
-  ``[0, 2**63 - 1]``;
+  ``[0, 2**63 - 1]``, and (a ``ReplayBuffer``'s) counts the configured limiter can reach: no
+  samples before ``min_size_to_sample`` inserts and, with an ``error_buffer``, ``inserts *
+  samples_per_insert - samples`` at most ``max_diff`` and, once something was sampled, at least
+  ``min_diff`` (see :func:`tfdata.replay.limiter.counts_problem`; a count beyond them would make
+  every insert, or every sample, wait for ever);
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
   exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
   ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
@@ -106,7 +117,8 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
   per slot modulo 256, with an epoch in each batch);
 * frame stacks (``state.frames``, exactly when ``config.frame_stack`` is present): ``stacks``
   equal to ``config.frame_stack``; ``steps`` (steps written since the last clear) an int in
-  ``[0, 2**62 - 1]`` with ``size == min(steps * num_envs, capacity)``; ``depth`` ``uint8[size]``
+  ``[0, 2**62 - 1]`` with ``size == min(steps * num_envs, capacity)`` and ``cursor == steps *
+  num_envs % capacity`` (the writer's); ``depth`` ``uint8[size]``
   with values in ``[0, max(K) - 1]``, ``prev`` ``int16[num_envs]`` in ``[-1, max(K) - 1]``, and
   ``hist`` an array per stacked field of its dtype and shape ``(K - 1, num_envs, *frame)``. The
   stored spec and the rows file's layout are those of the frames (each stacked field one frame
@@ -154,11 +166,13 @@ import warnings
 
 import numpy as np
 
+from .._checks import check_slot_list
 from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
 from ..storage import check_layout, file_name, storage_nbytes
 from ..storage.files import fsync_dir
-from .samplers.exactly_k import MAX_REPLAYS, POLICIES
+from .samplers.exactly_k import MAX_REPLAYS, POLICIES, replays_problem
+from .samplers.without_replacement import pass_problem
 
 FORMAT = "tfdata.checkpoint"
 VERSION = (1, 0)
@@ -196,6 +210,8 @@ _MAX_STEPS = (1 << 62) - 1
 _LIMITER_KEYS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
 #: config.sampler values a checkpoint may name (absent: uniform) and the state key each adds
 _SAMPLER_STATE = {"without_replacement": "without_replacement", "exactly_k": "exactly_k"}
+#: the state keys a sampler adds (a PrioritizedReplayBuffer's, and those of _SAMPLER_STATE)
+_SAMPLER_PARTS = ("prioritized", "without_replacement", "exactly_k")
 #: the config keys of sampler="exactly_k" (present exactly when it is named)
 _EXACTLY_K_KEYS = ("replays", "policy", "timeout")
 #: the largest timeout a checkpoint may carry (seconds; about 31 years)
@@ -739,12 +755,22 @@ class _Checker:
         if v["timeout"] is not None:
             self.real(w + ".timeout", v["timeout"], 0.0, 1e9, lo_open=True)
 
-    def limiter_state(self, v, size: int) -> dict:
-        """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size."""
+    def limiter_state(self, v, size: int, params: dict | None = None) -> dict:
+        """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size; with
+        the limiter's ``params`` (``config.rate_limiter``, checked), counts those parameters
+        can reach (:func:`tfdata.replay.limiter.counts_problem`: no samples before
+        ``min_size_to_sample`` inserts, the difference within the error buffer of the ratio)."""
         w = "state.rate_limiter"
         self.obj(w, v, ("inserts", "samples"))
         self.integer(w + ".inserts", v["inserts"], size, (1 << 63) - 1)
         self.integer(w + ".samples", v["samples"], 0, (1 << 63) - 1)
+        if params is not None:
+            from .limiter import counts_problem
+
+            problem = counts_problem(v["inserts"], v["samples"], size, params["samples_per_insert"],
+                                     params["min_size_to_sample"], params["error_buffer"])
+            if problem is not None:
+                self.fail(f"{w}.{problem[0]}", problem[1], v[problem[0]])
         return {"inserts": v["inserts"], "samples": v["samples"]}
 
     def stats_names(self, where: str, v, spec: Spec) -> None:
@@ -890,10 +916,11 @@ def _read_episodes(c: _Checker, arrays: _Arrays, ep, next_of: dict, spec: Spec, 
 
 
 def _read_frames(c: _Checker, arrays: _Arrays, fr, stacks: dict, spec: Spec, envs: int,
-                 size: int, cap: int) -> dict:
+                 size: int, cap: int, cursor: int) -> dict:
     """The frame-stack bookkeeping of the state (``frame_stack=``): ``stacks`` equal to
-    ``config.frame_stack``; ``steps`` an int consistent with the rows held (``size == min(steps *
-    num_envs, capacity)``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
+    ``config.frame_stack``; ``steps`` an int consistent with the rows held and the writer's
+    cursor (``size == min(steps * num_envs, capacity)``, ``cursor == steps * num_envs %
+    capacity``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
     ``prev`` int16 ``(num_envs,)`` in ``[-1, max(K) - 1]``; ``hist`` an array per stacked field
     of its dtype and shape ``(K - 1, num_envs, *frame)``. Each array's header is checked before
     its data is read. Checked against the rows' episode ends by :func:`_check_frames_order`
@@ -906,7 +933,7 @@ def _read_frames(c: _Checker, arrays: _Arrays, fr, stacks: dict, spec: Spec, env
             type(k) is not int for k in fr["stacks"].values()):
         c.fail(w + "stacks", f"{stacks} (config.frame_stack)", fr["stacks"])
     steps = c.integer(w + "steps", fr["steps"], 0, _MAX_STEPS)
-    problem = steps_message(steps, size, envs, cap)
+    problem = steps_message(steps, size, envs, cap, cursor)
     if problem is not None:
         c.fail(w + "steps", problem[len("expected "):], steps)
     kmax = max(stacks.values()) - 1
@@ -1061,25 +1088,36 @@ def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: in
             "versions": versions}
 
 
-def _read_undrawn(c: _Checker, arrays: _Arrays, part, key: str, size: int) -> dict:
+def _read_undrawn(c: _Checker, arrays: _Arrays, part, key: str, size: int,
+                  ring: bool = True) -> dict:
     """``state.<key>`` of a sampler without replacement: ``undrawn``, int64 slots (at most the
-    rows held, from the header before anything is read) and ``passes``; the slots themselves
-    (each held, none twice) are checked by the sampler's ``check_state``."""
+    rows held, from the header before anything is read) and ``passes``, against the rows held
+    (:func:`tfdata.replay.samplers.without_replacement.pass_problem`: no pass without rows,
+    never an empty pool with rows; ``ring`` False: ``size`` bounds the slots of a shared
+    region, not its rows held, and the caller checks them); the slots themselves (each held,
+    none twice) are checked by the sampler's ``check_state``."""
     w = f"state.{key}."
     c.obj(f"state.{key}", part, ("undrawn", "passes"))
     c.integer(w + "passes", part["passes"], 0, (1 << 63) - 1)
     m = arrays.length(w + "undrawn", part["undrawn"])
     if m > size:
         c.fail(w + "undrawn", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
+    problem = pass_problem(m, part["passes"], size) if ring else None
+    if problem is not None:
+        c.fail(w + problem[0], problem[1], part["passes"] if problem[0] == "passes" else f"{m} slots",
+               show=problem[0] == "passes")
     return {"undrawn": arrays.read(w + "undrawn", part["undrawn"], np.int64, (m,)),
             "passes": part["passes"]}
 
 
-def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, replays: int) -> dict:
+def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, replays: int,
+                  cap: int) -> dict:
     """``state.<key>`` of exactly-k replay: ``slots`` and ``counts``, int64 arrays of the same
     length, at most the rows held (from the headers, before anything is read); each count in
-    ``[1, replays]`` (checked here); the slots (each held, none twice) by the sampler's
-    ``check_state``; the counters ints in ``[0, 2**63 - 1]``."""
+    ``[1, replays]`` and the slots (each held, none twice) checked here (and again by the
+    sampler's ``check_state``); the counters ints in ``[0, 2**63 - 1]``, and against the counts and the
+    rows held (:func:`tfdata.replay.samplers.exactly_k.replays_problem`: every delivery owed
+    to the rows written since the last clear is made, lost or still owed)."""
     w = f"state.{key}."
     c.obj(f"state.{key}", part, ("slots", "counts", "delivered", "dropped", "lost_replays"))
     for k in ("delivered", "dropped", "lost_replays"):
@@ -1093,6 +1131,14 @@ def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, repla
     if bad.size:
         c.fail(f"{w}counts[{int(bad[0])}]", f"an int in [1, {replays}] (config.replays)",
                int(counts[bad[0]]))
+    try:  # (the sampler's check_state checks them again, with the buffer)
+        check_slot_list(slots, size, f"{c.spath}: {w}slots")
+    except ValueError as exc:
+        raise FormatError(str(exc)) from None
+    problem = replays_problem(int(counts.sum()), part["delivered"], part["dropped"],
+                              part["lost_replays"], size, cap, replays)
+    if problem is not None:
+        c.fail(w + problem[0], problem[1], part[problem[0]])
     return {"slots": slots, "counts": counts, "delivered": part["delivered"],
             "dropped": part["dropped"], "lost_replays": part["lost_replays"]}
 
@@ -1199,11 +1245,21 @@ def _available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def load(path, classes: dict, **overrides):
+def _sampler_of(name, config) -> str:
+    """The sampler a checkpoint's class and config name (for messages; not checked)."""
+    if name == "PrioritizedReplayBuffer":
+        return "prioritized"
+    named = config.get("sampler", "uniform") if isinstance(config, dict) else "uniform"
+    return named if type(named) is str else _show(named)
+
+
+def load(path, classes: dict, want=None, **overrides):
     """Rebuild the buffer saved in ``path``; raises :class:`FormatError` for a bad checkpoint.
 
     ``classes``: ``{name: class}`` of the buffer classes a checkpoint may name (an allow-list:
-    a checkpoint never makes tfdata import or call anything else).
+    a checkpoint never makes tfdata import or call anything else). ``want``: a class the
+    buffer must be an instance of (``PrioritizedReplayBuffer.load``): TypeError naming both
+    classes and their samplers, before anything is built, for a checkpoint of another.
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
     ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either);
@@ -1245,6 +1301,10 @@ def load(path, classes: dict, **overrides):
     if type(name) is not str or name not in classes:
         raise FormatError(f"{spath}: unknown buffer class {_show(name)} (known: {sorted(classes)})")
     cls = classes[name]
+    if want is not None and not issubclass(cls, want):  # the caller's class, not the file's fault
+        raise TypeError(f"{path}: holds a {name} (sampler {_sampler_of(name, doc['config'])!r}), "
+                        f"not a {want.__name__}; nothing was built (load it with "
+                        f"ReplayBuffer.load, which returns the class saved)")
     prioritized = name == "PrioritizedReplayBuffer"
     st = doc["state"]
     sampler_key = None
@@ -1254,6 +1314,14 @@ def load(path, classes: dict, **overrides):
             c.fail("config.sampler", "absent (a prioritized buffer)" if prioritized else
                    f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", name_)
         sampler_key = _SAMPLER_STATE[name_]
+    if isinstance(st, dict):  # a state saved with another sampler than the class and config say
+        own = "prioritized" if prioritized else sampler_key
+        held = [k for k in _SAMPLER_PARTS if k in st]
+        if held != ([own] if own else []):
+            saved = " and ".join(repr(k) for k in held) or repr("uniform")
+            c.fail("state", f"the state of sampler {_sampler_of(name, doc['config'])!r}, which class "
+                   f"{name} and config.sampler name; it holds the state of sampler {saved} (a "
+                   f"sampler's state loads only into the same sampler)", show=False)
     state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
                   "num_envs", "episodes") + (("prioritized",) if prioritized else ()) \
         + ((sampler_key,) if sampler_key else ())
@@ -1351,19 +1419,19 @@ def load(path, classes: dict, **overrides):
             state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
         if sampler_key == "exactly_k":
             state[sampler_key] = _read_replays(c, arrays, st[sampler_key], sampler_key, size,
-                                               config["replays"])
+                                               config["replays"], cap)
         elif sampler_key:
             state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
         frames = None
         if framed:
-            frames = state["frames"] = _read_frames(c, arrays, st["frames"],
-                                                    saved["frames"]["stacks"], spec, envs, size, cap)
+            frames = state["frames"] = _read_frames(c, arrays, st["frames"], saved["frames"]["stacks"],
+                                                    spec, envs, size, cap, cursor)
         # statistics of a stacked field are of its frames: the stored shape
         stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), stored, size)
         if limited:  # checked with the config; rebuilt as an object for the constructor
             from .limiter import RateLimiter
 
-            state["rate_limiter"] = c.limiter_state(st["rate_limiter"], size)
+            state["rate_limiter"] = c.limiter_state(st["rate_limiter"], size, config["rate_limiter"])
             config = dict(config, rate_limiter=RateLimiter(**config["rate_limiter"]))
         try:
             buf = cls(spec, **config, **overrides)
@@ -1685,7 +1753,8 @@ def load_shared(path, cls, **overrides):
                    show=False)
     undrawn = None
     if wor:  # the pass: slots of held rows, each once
-        part = _read_undrawn(c, arrays, st["without_replacement"], "without_replacement", cap)
+        part = _read_undrawn(c, arrays, st["without_replacement"], "without_replacement", cap,
+                             ring=False)
         slots = part["undrawn"]
         held = np.minimum(np.asarray(heads, np.int64), per)
         bad = (slots < 0) | (slots >= cap)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .._budget import check_budget, parse_bytes
 from .._checks import bad_slot, check_int
-from ..batch import UNHELD, OutputRing, getrefcount, retire
+from ..batch import UNHELD, Batch, OutputRing, getrefcount, retire
 from ..errors import SpecError
 from ..spec import Spec
 from ..storage import (isolate_layout, make_storage, output_nbytes, resolve_layout, restrict_layout,
@@ -31,11 +31,16 @@ from .columns import Column, RunningStats, check_stats_fields, scan, stats_nbyte
 from .episodes import Episodes, stored_spec
 from .limiter import RateLimiter
 from .frames import FrameStack, FrameStacks, frame_spec, padding_config, resolve_frames
+from .samplers import sampler_name
 from .transforms import ElideNext, NStep, episode_options
 from .writers import RingWriter
 
 STATE_FORMAT = "tfdata.ReplayBuffer"
 STATE_VERSION = 1
+#: the keys of a state dict that are not a sampler's: every other key is the part a sampler
+#: adds under its ``state_key`` (see :meth:`ReplayCore.load_state_dict`)
+STATE_KEYS = frozenset({"format", "version", "spec", "capacity", "layout", "writer", "sampler",
+                        "data", "num_envs", "episodes", "frames", "stats", "rate_limiter"})
 # Lemire's multiply-shift draws from the top 32 bits of each random word
 MAX_CAPACITY = (1 << 32) - 1
 # sample_sequences(policy="reject"): draws per slice before concluding no slice exists
@@ -671,7 +676,10 @@ class ReplayCore:
         Parameters
         ----------
         batch_size : int
-            ``1 <= batch_size <= len(self)``.
+            ``1 <= batch_size <= len(self)``. With a rate limiter, or a sampler that waits for
+            rows (``sampler="exactly_k"`` with a ``timeout``), ``batch_size <= capacity``: the
+            call waits (the lock released) for the rows, up to that timeout, from the first call
+            on, an empty buffer included.
         copy : bool, default False
             False returns views into this thread's output ring (valid until this thread has
             sampled ``ring_size`` more batches of this size and fields; a batch still held then
@@ -689,8 +697,13 @@ class ReplayCore:
         Raises
         ------
         ValueError
-            ``batch_size`` larger than ``len(self)``: checked before the output ring of a new
-            batch size is allocated, so a refused call takes no memory.
+            ``batch_size`` larger than ``len(self)`` (than the capacity, for a call that waits
+            for rows): checked before the output ring of a new batch size is allocated, so a
+            refused call takes no memory. The message says how the sampler takes rows (its
+            ``rule``: with replacement, without, exactly-k).
+        TimeoutError
+            A call that waits for rows (see ``batch_size``) waited out its timeout; nothing
+            was drawn or changed.
         SpecError
             ``fields`` names an unknown field (the message names it), a field twice, a
             non-str, or nothing; checked before anything is allocated or drawn.
@@ -720,8 +733,8 @@ class ReplayCore:
         except (AttributeError, KeyError, TypeError):
             names = None if fields is None else self._check_fields(fields, key[1])
             n = self._writer.size
-            if batch_size > n:  # check, then allocate: a refused sample builds no ring
-                raise ValueError(self._too_few_rows(batch_size, n))
+            if batch_size > n and self._short(batch_size):  # check, then allocate: a refused
+                raise ValueError(self._too_few_rows(batch_size, n))  # sample builds no ring
             ring = self._new_ring(batch_size, fields=names, key=key)
         # the context-manager protocol called by hand: 100 ns against 150 ns for ``with`` (Python
         # 3.11); acquire/release (70 ns) would need a Lock, not any context manager
@@ -729,24 +742,27 @@ class ReplayCore:
         lock.__enter__()
         try:
             n = self._writer.size  # again: a clear() may have run since
-            if batch_size > n:
+            if batch_size > n and self._short(batch_size):
                 raise ValueError(self._too_few_rows(batch_size, n))
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
             self.sampler.sample(n, out, arrays[0])
             ring.next = (i + 1) % len(ring.slots)  # a sampler that refused took no slot
+            w = self._writer
             transforms = ring.transforms
             if transforms:
-                rows, cursor = out.indices, self._writer.cursor
+                rows, cursor = out.indices, w.cursor
                 for t, a in zip(transforms, arrays[1:]):
                     rows = t.apply(out, a, rows, cursor)
             if self._spill is not None:
                 self._spill.after_sample()
+            position = w.laps * w.capacity + w.cursor  # (writer.position, inline)
         finally:
             lock.__exit__(None, None, None)
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # the slot's previous batch is still held: retire it
             batch = ring.batches[i] = retire(batch)
+        batch.write_position = position  # what update_field(name, batch, ...) checks rows by
         return batch.copy() if copy else batch
 
     def _limited_sample(self, batch_size: int, copy: bool = False, fields=None):
@@ -776,9 +792,9 @@ class ReplayCore:
             lim.sample_wait(batch_size, self._drawable, self.num_envs)
             n = writer.size
             i = ring.next
-            ring.next = (i + 1) % len(ring.slots)
             out, arrays = ring.slots[i], ring.arrays[i]
             self.sampler.sample(n, out, arrays[0])
+            ring.next = (i + 1) % len(ring.slots)  # a sampler that refused took no slot
             transforms = ring.transforms
             if transforms:
                 rows, cursor = out.indices, writer.cursor
@@ -787,11 +803,13 @@ class ReplayCore:
             if self._spill is not None:
                 self._spill.after_sample()
             lim.sampled(batch_size)
+            position = writer.position
         finally:
             lock.__exit__(None, None, None)
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
+        batch.write_position = position
         return batch.copy() if copy else batch
 
     def _drawable(self) -> int:
@@ -815,9 +833,10 @@ class ReplayCore:
         Parameters
         ----------
         batch_size, length : int
-            ``1 <= batch_size <= len(self)`` (start rows are drawn with replacement, as in
-            :meth:`sample`); ``1 <= length <= capacity // num_envs`` (no slice is longer than
-            a stream can hold). Both are checked before any output is allocated.
+            ``1 <= batch_size <= len(self)`` (start rows are drawn by the sampler, as in
+            :meth:`sample`; with a rate limiter the call waits for the rows, up to its timeout,
+            from the first call on); ``1 <= length <= capacity // num_envs`` (no slice is
+            longer than a stream can hold). Both are checked before any output is allocated.
         policy : {"mask", "reject"}
             What to do with a slice that would run past its episode's end (or past the newest
             row): ``"mask"`` keeps it, repeats its last valid row in the remaining positions and
@@ -843,7 +862,7 @@ class ReplayCore:
         """
         if not getattr(self.sampler, "stream_order", True):  # before the episodes' absence, which it causes
             raise NotImplementedError(
-                f"sample_sequences: sampler={getattr(self.sampler, 'name', type(self.sampler).__name__)!r} "
+                f"sample_sequences: sampler={sampler_name(self.sampler)!r} "
                 f"writes rows off stream order and delivers rows, not slices; use sample()")
         ep = self._episodes
         if ep is None:
@@ -904,7 +923,8 @@ class ReplayCore:
             raise ValueError("cannot sample from an empty buffer")
         if batch_size > n:
             raise ValueError(f"batch_size {batch_size} is larger than the {n} rows held; slices "
-                             f"start at rows drawn with replacement but need batch_size <= len(buffer)")
+                             f"start at rows the sampler draws ({self.sampler.rule}), and a "
+                             f"batch needs batch_size <= len(buffer)")
         steps = self.capacity // self.num_envs
         if length > steps:
             raise ValueError(f"length {length} is longer than any slice can be: the buffer keeps "
@@ -964,11 +984,23 @@ class ReplayCore:
         self._rings.add(ring)
         return ring
 
+    def _short(self, batch_size: int) -> bool:
+        """Whether a batch of ``batch_size`` rows, more than the rows held, is refused now: always,
+        unless the sampler waits for rows (``waits_for_rows``, exactly-k with a timeout), which
+        it does up to its timeout as long as the capacity can hold the batch."""
+        return not self.sampler.waits_for_rows or batch_size > self.capacity
+
     def _too_few_rows(self, batch_size: int, n: int) -> str:
+        """Why ``sample(batch_size)`` is refused with ``n`` rows held; the sampler says how it
+        takes rows (its ``rule``), the buffer does not guess it from the sampler's type."""
+        rule = self.sampler.rule
+        if self.sampler.waits_for_rows:  # refused only beyond the capacity (see _short)
+            return (f"batch_size {batch_size} is larger than the capacity {self.capacity}: no "
+                    f"wait for writers can give a batch that many rows ({rule})")
         if n == 0:
-            return "cannot sample from an empty buffer"
-        return (f"batch_size {batch_size} is larger than the {n} rows held; sampling is with "
-                f"replacement but needs batch_size <= len(buffer)")
+            return f"cannot sample from an empty buffer ({rule})"
+        return (f"batch_size {batch_size} is larger than the {n} rows held; {rule}, and a batch "
+                f"needs batch_size <= len(buffer)")
 
     # -- columns ----------------------------------------------------------------------------
     @property
@@ -1095,8 +1127,13 @@ class ReplayCore:
             read from (``obs``: rewriting it would change the previous row's ``next_obs``);
             with ``frame_stack``, a stacked field (its frames make the next rows' stacks) and
             its next field (not stored).
-        indices : array_like of int, shape (k,)
-            Slots of live rows, as in ``batch.indices``: each in ``[0, len(self))``, each once.
+        indices : Batch or array_like of int, shape (k,)
+            A batch from :meth:`sample` (recommended): its rows, and the rows it sampled only,
+            since a row overwritten after the sample is refused (as ``update_priorities``
+            refuses a stale batch); or slots of live rows, as in ``batch.indices``, which
+            relabel whatever rows those slots hold now. Either way each in ``[0, len(self))``,
+            each once (a batch drawn with replacement that holds a row twice is refused as such
+            indices are).
         values : array_like, shape ``(k, *spec[name].shape)``
             Cast to the field's dtype only when no data can be lost (see :class:`Spec`).
 
@@ -1108,7 +1145,15 @@ class ReplayCore:
         IndexError
             An index outside ``[0, len(self))`` (the message names it and its position).
         ValueError
-            An index given twice (the message names it and both positions).
+            An index given twice (the message names it and both positions); a stale batch: rows
+            of it were overwritten since it was sampled (the message gives how many), by the
+            writer's position the batch keeps (``batch.write_position``; see
+            :meth:`tfdata.replay.writers.RingWriter.overwritten`: in ring order a slot is
+            overwritten once the writer has passed it, with exactly-k once its sweep wrote it);
+            a batch that carries no write position (not from :meth:`sample`) or one ahead of
+            this buffer's (another buffer's).
+        tfdata.StaleBatchError
+            ``indices`` is a batch whose ring slot was reused by a later sample (a ValueError).
 
         Whatever is refused, nothing has changed.
         """
@@ -1126,6 +1171,9 @@ class ReplayCore:
             nxt = [k for k, v in self.next_of.items() if v == name]
             raise SpecError(f"update_field: field {name!r} cannot be rewritten with elide_next=True: "
                             f"the {nxt[0]!r} of each stream's previous row is read from it")
+        since = None
+        if isinstance(indices, Batch):
+            indices, since = self._batch_rows(indices)
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise SpecError(f"update_field: indices must be a 1-D integer array, got "
@@ -1138,11 +1186,42 @@ class ReplayCore:
             n = self._writer.size
             if n < self.capacity and int(slots.max()) >= n:  # a clear() ran since the check
                 self._checked_slots(idx, n)
+            if since is not None:
+                self._check_fresh(slots, since)
             self._storage.field(name)[slots] = vals
             if self._stats is not None:
                 self._stats.mark(name, slots)
             if self._spill is not None:
                 self._spill.check_resident()
+
+    @staticmethod
+    def _batch_rows(batch: Batch) -> tuple:
+        """``(indices, write position)`` of a batch given to :meth:`update_field` (a retired
+        batch raises StaleBatchError here); ValueError for one that carries no position."""
+        indices, since = batch.indices, batch.write_position
+        if since is None or isinstance(since, bool) or not isinstance(since, (int, np.integer)):
+            raise ValueError(f"update_field: this batch carries no write position "
+                             f"({since!r:.40}): it did not come from this buffer's sample() (a "
+                             f"batch of sample_sequences(), of a shared buffer, or built by hand), "
+                             f"so whether its rows are still held cannot be told; pass its indices "
+                             f"to relabel whatever rows those slots hold now")
+        return indices, int(since)
+
+    def _check_fresh(self, slots: np.ndarray, since: int) -> None:
+        """ValueError unless every row of ``slots`` is the one a batch sampled at write position
+        ``since`` took (none written since; lock held)."""
+        w = self._writer
+        if since > w.position:
+            raise ValueError(f"update_field: this batch's write position {since} is ahead of this "
+                             f"buffer's ({w.position}): it was sampled from another buffer")
+        stale = w.overwritten(slots, since)
+        k = int(np.count_nonzero(stale))
+        if k:
+            shown = slots[stale][:10].tolist()
+            raise ValueError(f"update_field: stale batch: {k} of its {slots.shape[0]} rows were "
+                             f"overwritten since it was sampled (slots {shown}"
+                             f"{', ...' if k > 10 else ''}); nothing was written (relabel its other "
+                             f"rows with their indices, or sample again)")
 
     def _checked_slots(self, idx: np.ndarray, n: int) -> np.ndarray:
         """``idx`` (a 1-D integer array) as int64 slots, each in ``[0, n)`` and given once;
@@ -1248,13 +1327,44 @@ class ReplayCore:
         """
         from .checkpoint import load
 
-        buf = load(path, planning.buffer_classes(ReplayCore), **spill)
-        if not isinstance(buf, cls):
-            raise TypeError(f"{path}: holds a {type(buf).__name__}, not a {cls.__name__}")
-        return buf
+        # a checkpoint of another class is refused before anything is built
+        return load(path, planning.buffer_classes(ReplayCore), want=cls, **spill)
+
+    def _check_sampler_part(self, state: Mapping) -> None:
+        """ValueError unless the sampler part of ``state`` (its keys beyond :data:`STATE_KEYS`)
+        is exactly this buffer's sampler's (its ``state_key``, or none for a sampler with
+        nothing beyond its RNG): a sampler never sees another sampler's state, which it would
+        drop (an exactly-k pool loaded by a uniform buffer: rows delivered sampled again) or
+        misread. The message names both samplers."""
+        own = self.sampler.state_key
+        parts = [k for k in state if k not in STATE_KEYS]
+        if parts == ([own] if own else []):
+            return
+        mine = sampler_name(self.sampler)
+        if not parts:
+            saved, what = "uniform", "no sampler state beyond the RNG"
+        elif len(parts) == 1:
+            saved, what = str(parts[0])[:60], f"its {str(parts[0])[:60]!r} entry"
+        else:
+            saved = " and ".join(repr(str(p)[:60]) for p in parts[:4])
+            what = "entries of several samplers"
+        hint = (f"build a PrioritizedReplayBuffer" if saved == "prioritized"
+                else f"build the buffer with sampler={saved!r}")
+        raise ValueError(f"sampler state: this state was saved by a buffer sampling with {saved!r} "
+                         f"({what}), but this buffer samples with {mine!r}"
+                         + (f" (its {own!r} entry is missing)" if own and own not in parts else "")
+                         + f": a sampler's state loads only into the same sampler (another would "
+                         f"drop or misread it, e.g. sample again rows already delivered); {hint} "
+                         f"to load it")
 
     def load_state_dict(self, state: Mapping, release=None, records=None) -> None:
         """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing.
+
+        Checked as a whole: the state's sampler part must be this buffer's sampler's (a state
+        saved with another sampler is refused, naming both), and each part's state is checked
+        against its own settings and against the other parts' (the writer's cursor and size, a
+        frame stack's steps, an exactly-k pool's counts, a pass, a rate limiter's counts)
+        before anything changes.
 
         ``release(start, stop)`` is called after each chunk of rows is copied (a mapped source
         drops its pages); ``records``: the same rows as one structured array, which an AoS
@@ -1274,17 +1384,12 @@ class ReplayCore:
         if state.get("num_envs", 1) != self.num_envs:
             raise ValueError(f"state num_envs {state.get('num_envs')} differs from this buffer's "
                              f"{self.num_envs}")
+        self._check_sampler_part(state)
         writer = RingWriter(self.capacity, self.num_envs)
         writer.load_state_dict(state["writer"])
         size = writer.size
         sampler = self.sampler.check_state(state, size)
         data = state["data"]
-        episodes = None
-        if self._episodes is not None:
-            episodes = self._episodes.check_state(state.get("episodes"), size)
-        frames = None
-        if self._frame_stacks is not None:
-            frames = self._frame_stacks.check_state(state.get("frames"), size)
         for f in self._storage.spec:
             arr = data.get(f.name) if isinstance(data, Mapping) else None
             if not isinstance(arr, np.ndarray):
@@ -1292,6 +1397,17 @@ class ReplayCore:
             if arr.shape != (size,) + f.shape or arr.dtype != f.dtype:
                 raise SpecError(f"state data: field {f.name!r}: expected {f.dtype}{(size,) + f.shape}, "
                                 f"got {arr.dtype}{arr.shape}")
+        episodes = None
+        if self._episodes is not None:
+            episodes = self._episodes.check_state(state.get("episodes"), size)
+        frames = None
+        if self._frame_stacks is not None:  # its counters against the writer's and the rows'
+            ends = None
+            if size:  # whether each stream's newest row ended an episode (num_envs reads)
+                newest = (writer.cursor - self.num_envs + np.arange(self.num_envs)) % self.capacity
+                ends = (data[self._roles["terminated"]][newest]
+                        | data[self._roles["truncated"]][newest])
+            frames = self._frame_stacks.check_state(state.get("frames"), size, writer.cursor, ends)
         if self._stats is not None:  # against the state's rows: a refused state changes nothing
             self._stats.check_state(state.get("stats"), size, data)
         counts = None

@@ -325,11 +325,15 @@ class FrameStacks:
         return {"stacks": dict(self.stacks), "steps": int(self.steps), "depth": c(self.depth[:size]),
                 "prev": c(self.prev), "hist": {n: c(h) for n, h in self.hist.items()}}
 
-    def check_state(self, state, size: int) -> dict:
-        """Validate a :meth:`state_dict` (untrusted); ValueError naming the entry. Dtypes,
-        shapes and ranges (no kernel reads outside its arrays whatever they hold), and steps
-        against the rows held; a checkpoint load also checks the depths against the rows'
-        episode ends (:func:`depth_break`)."""
+    def check_state(self, state, size: int, cursor: int, ends=None) -> dict:
+        """Validate a :meth:`state_dict` (untrusted) for a writer holding ``size`` rows with
+        ``cursor`` (both checked); ValueError naming the entry. Dtypes, shapes and ranges (no
+        kernel reads outside its arrays whatever they hold), and the counters against the
+        writer's (:func:`counters_message`): ``steps`` against the rows held and the cursor,
+        each depth at most its row's step number, each stream's ``prev`` its newest row's
+        depth or -1 (-1 exactly when that row ended an episode, given ``ends``, bool
+        ``(num_envs,)``: whether each stream's newest row held ended one). A checkpoint load
+        also checks every depth against the rows' episode ends (:func:`depth_break`)."""
         if not isinstance(state, Mapping):
             raise ValueError("state has no frame-stack bookkeeping ('frames' entry)")
         if state.get("stacks") != self.stacks:
@@ -338,7 +342,7 @@ class FrameStacks:
         steps = state.get("steps")
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps < 2**62:
             raise ValueError(f"state frames.steps: expected an int in [0, 2**62), got {str(steps)[:50]}")
-        want = steps_message(int(steps), size, self.num_envs, self.capacity)
+        want = steps_message(int(steps), size, self.num_envs, self.capacity, cursor)
         if want is not None:
             raise ValueError(f"state frames.steps {steps}: {want}")
         kmax = max(self.stacks.values()) - 1
@@ -350,6 +354,10 @@ class FrameStacks:
         _expect(prev, np.int16, (self.num_envs,), "frames.prev")
         if prev.size and (int(prev.min()) < -1 or int(prev.max()) > kmax):
             raise ValueError(f"state frames.prev: values must be in [-1, {kmax}]")
+        bad = counters_message(depth, prev, int(steps), cursor, size, self.num_envs,
+                               self.capacity, ends)
+        if bad is not None:
+            raise ValueError(f"state.frames.{bad}")
         hist = state.get("hist")
         if not isinstance(hist, Mapping) or set(hist) != set(self.hist):
             raise ValueError(f"state frames.hist: expected an entry per stacked field {sorted(self.hist)}")
@@ -366,17 +374,67 @@ class FrameStacks:
             h[...] = state["hist"][n]
 
 
-def steps_message(steps: int, size: int, num_envs: int, capacity: int):
+def steps_message(steps: int, size: int, num_envs: int, capacity: int, cursor: int):
     """Why ``steps`` (steps written since the buffer was cleared) cannot go with ``size`` rows
-    held, or None: every write of ``m`` steps adds ``m * num_envs`` rows up to the capacity, so
-    ``size == min(steps * num_envs, capacity)``."""
-    if size == min(steps * num_envs, capacity):
+    held and the writer's ``cursor``, or None: every write of ``m`` steps adds ``m * num_envs``
+    rows up to the capacity and moves the cursor over them, so ``size == min(steps * num_envs,
+    capacity)`` and ``cursor == steps * num_envs % capacity``."""
+    if size == min(steps * num_envs, capacity) and cursor == steps * num_envs % capacity:
         return None
     if size < capacity:
         return (f"expected {size // num_envs} (the rows held, {size}, over num_envs={num_envs}: the "
                 f"ring has not wrapped since the buffer was cleared)")
-    return (f"expected at least {capacity // num_envs} (the ring is full: capacity {capacity} "
-            f"over num_envs={num_envs})")
+    if steps * num_envs < capacity:
+        return (f"expected at least {capacity // num_envs} (the ring is full: capacity {capacity} "
+                f"over num_envs={num_envs})")
+    lap = capacity // num_envs
+    first = (steps // lap) * lap + cursor // num_envs
+    near = [t for t in (first - lap, first, first + lap) if t >= lap]
+    return (f"expected a count of steps whose rows end at the writer's cursor {cursor}: steps * "
+            f"num_envs % capacity == cursor (num_envs={num_envs}, capacity {capacity}), such as "
+            f"{' or '.join(map(str, near))}; a stack would take the frames of other steps")
+
+
+def counters_message(depth, prev, steps: int, cursor: int, size: int, num_envs: int,
+                     capacity: int, ends=None):
+    """What the frame-stack counters (``depth``, ``prev``; ``steps`` already agrees with the
+    writer, :func:`steps_message`) disagree on with the writer's ``cursor`` and ``size``, as
+    ``"<entry>[i] = v: expected ..."``, or None. O(size) numpy, without the rows' flags:
+
+    * each row's depth (steps since its episode's first row) is at most its step number since
+      the buffer was cleared (no stack reaches before the first step, which starts an episode);
+    * each stream's ``prev`` is -1 or its newest row's depth (-1 in an empty buffer); with
+      ``ends`` (bool ``(num_envs,)``, whether each stream's newest row ended an episode), -1
+      exactly when it did.
+
+    A checkpoint load checks every depth against the rows' flags too (:func:`depth_break`)."""
+    e = num_envs
+    if size == 0:
+        bad = np.flatnonzero(prev != -1)
+        if bad.size:
+            i = int(bad[0])
+            return f"prev[{i}] = {int(prev[i])}: expected -1 (no row held)"
+        return None
+    m = size // e
+    oldest = 0 if size < capacity else cursor
+    slots = np.arange(size, dtype=np.int64)
+    step = steps - m + ((slots - oldest) % capacity) // e
+    bad = np.flatnonzero(depth.astype(np.int64) > step)
+    if bad.size:
+        i = int(bad[0])
+        return (f"depth[{i}] = {int(depth[i])}: expected at most {int(step[i])}, the row's step "
+                f"number since the buffer was cleared (steps {steps}, cursor {cursor})")
+    newest = (cursor - e + np.arange(e, dtype=np.int64)) % capacity
+    for i in range(e):
+        p, d = int(prev[i]), int(depth[newest[i]])
+        if ends is not None and bool(ends[i]) != (p == -1):
+            want = ("-1 (its newest row ended an episode)" if ends[i]
+                    else f"{d}, the depth of its newest row (slot {int(newest[i])})")
+            return f"prev[{i}] = {p}: expected {want}"
+        if p != -1 and p != d:
+            return (f"prev[{i}] = {p}: expected -1 or {d}, the depth of stream {i}'s newest row "
+                    f"(slot {int(newest[i])})")
+    return None
 
 
 def depth_break(depth, term, trunc, prev, cursor: int, size: int, num_envs: int, capacity: int,

@@ -54,6 +54,54 @@ def insert_allowed(inserts: int, samples: int, n: int, spi: float, min_size: int
     return inserts + n <= min_size or (inserts + n) * spi - samples <= max_diff
 
 
+def counts_problem(inserts: int, samples: int, size: int, spi: float, min_size: int,
+                   error_buffer) -> tuple | None:
+    """Why counts of ``inserts`` and ``samples`` (ints in ``[0, MAX_COUNT]``) cannot be those of
+    a limiter with these parameters that serves a buffer holding ``size`` rows: ``(field,
+    expected)`` naming the count at fault and what it must be, or None when they can.
+
+    What every sequence of allowed inserts and samples (and clears, which set both to 0) keeps
+    true, whatever the interleaving, and so what is checked:
+
+    * ``inserts >= size``: every row held was inserted (and counted with its write);
+    * ``samples == 0`` or ``inserts >= min_size_to_sample``: no sample runs before that;
+    * with an ``error_buffer``: ``inserts * spi - samples <= max_diff`` (an insert is allowed
+      only up to that bound, or while ``inserts <= min_size_to_sample``, which is below it, and
+      samples only lower the difference), and, once something was sampled, ``inserts * spi -
+      samples >= min_diff`` (a sample is allowed only down to that bound, and inserts only
+      raise the difference; a few ulps of slack for the float rounding of the predicate).
+
+    Counts outside these would make every insert (or every sample) wait for ever: with
+    ``inserts = 2**63 - 1`` and a few samples no insert is ever allowed again. Without an
+    ``error_buffer`` inserts never wait and samples wait only for ``min_size_to_sample``, so
+    only the first two apply. Nothing bounds the counts above beyond the ratio: the rows held
+    do not say how many were overwritten."""
+    if inserts < size:
+        return "inserts", f"an int >= {size}, the rows held (each was inserted)"
+    if samples and inserts < min_size:
+        return "samples", (f"0 while inserts ({inserts}) < min_size_to_sample ({min_size}): no "
+                           f"sample runs before min_size_to_sample rows were inserted")
+    if error_buffer is None:
+        return None
+    offset = spi * min_size
+    min_diff, max_diff = offset - error_buffer, offset + error_buffer
+    ahead = inserts * spi
+    diff = ahead - samples
+    if diff > max_diff:
+        return "inserts", (f"at most {(samples + max_diff) / spi:.17g} with samples = {samples} "
+                           f"(inserts * samples_per_insert - samples = {diff:.17g} is above "
+                           f"samples_per_insert * min_size_to_sample + error_buffer = {max_diff:.17g}, "
+                           f"which no insert passes: every insert would wait for ever)")
+    slack = 4 * math.ulp(abs(ahead) + samples + abs(min_diff))
+    if samples and diff < min_diff - slack:
+        return "samples", (f"at most {ahead - min_diff:.17g} with inserts = {inserts} (inserts * "
+                           f"samples_per_insert - samples = {diff:.17g} is below "
+                           f"samples_per_insert * min_size_to_sample - error_buffer = "
+                           f"{min_diff:.17g}, which no sample passes: every sample would wait "
+                           f"for ever)")
+    return None
+
+
 def check_timeout(name: str, timeout):
     """``timeout`` as None (wait as long as it takes) or a finite float > 0."""
     if timeout is None:
@@ -326,10 +374,14 @@ class RateLimiter:
         """The counts, ``{"inserts": int, "samples": int}`` (what a checkpoint keeps)."""
         return {"inserts": self.inserts, "samples": self.samples}
 
-    @staticmethod
-    def check_state(state, size: int) -> dict:
-        """``state`` (from :meth:`state_dict`) checked: two ints in ``[0, 2**63 - 1]``,
-        ``inserts >= size`` (the rows held were all inserted). ValueError naming the field."""
+    def check_state(self, state, size: int) -> dict:
+        """``state`` (from :meth:`state_dict`) checked for a buffer holding ``size`` rows: two
+        ints in ``[0, 2**63 - 1]``, and counts these parameters can reach (see
+        :func:`counts_problem`): ``inserts >= size`` (the rows held were all inserted), no
+        samples before ``min_size_to_sample`` inserts, and with an ``error_buffer`` the two
+        counts within the bounds of the ratio the limiter keeps (``min_diff <= inserts *
+        samples_per_insert - samples <= max_diff``, the lower bound once something was
+        sampled). ValueError naming the field, the value and what it must be."""
         if not isinstance(state, dict) or set(state) != {"inserts", "samples"}:
             raise ValueError(f"rate_limiter state: expected a dict with keys 'inserts' and "
                              f"'samples', got {state!r:.200}")
@@ -340,21 +392,28 @@ class RateLimiter:
                 raise ValueError(f"rate_limiter state: {k} must be an int in [0, {MAX_COUNT}], "
                                  f"got {v!r:.100}")
             out[k] = int(v)
-        if out["inserts"] < size:
-            raise ValueError(f"rate_limiter state: inserts must be >= the {size} rows held, got "
-                             f"{out['inserts']}")
+        problem = counts_problem(out["inserts"], out["samples"], size, self.samples_per_insert,
+                                 self.min_size_to_sample, self.error_buffer)
+        if problem is not None:
+            k, want = problem
+            if k == "inserts" and out["inserts"] < size:  # (the message older callers match)
+                raise ValueError(f"rate_limiter state: inserts must be >= the {size} rows held, "
+                                 f"got {out['inserts']}")
+            raise ValueError(f"rate_limiter state: {k} = {out[k]}: expected {want}")
         return out
 
     def load_state_dict(self, state) -> None:
-        """Set the counts from a :meth:`state_dict` (checked first: ValueError naming the field,
+        """Set the counts from a :meth:`state_dict` (checked first by :meth:`check_state`
+        against the rows its buffer holds, if it serves one: ValueError naming the field,
         nothing changed); under the owning buffer's lock if it has one. A buffer's own
         ``load_state_dict`` and checkpoints restore the counts themselves."""
-        counts = self.check_state(state, 0)
-        if self._cond is None:
+        held = None if self._owner is None else self._owner()
+        if self._cond is None or held is None:
+            counts = self.check_state(state, 0)
             self.load_state(counts)
             return
         with self._cond:
-            self.load_state(counts)
+            self.load_state(self.check_state(state, len(held)))
 
     def load_state(self, state: dict) -> None:
         """Set the counts from a :meth:`check_state` result (under the owner's lock)."""

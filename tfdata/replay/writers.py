@@ -38,13 +38,19 @@ cursor over) in ``on_write``.
 ``make_push(spec, lock, slow)``
     The per-spec push of :mod:`tfdata.replay.fastpush` over the same hooks, or ``slow``.
 ``spans(n)``, ``advance(n)``, ``reset()``, ``state_dict()``, ``load_state_dict(state)``.
+``position``, ``overwritten(slots, since)``
+    The write position (``laps * capacity + cursor``: never decreases; a clear or a load moves
+    it two laps on) and which of ``slots`` were written at a position ``>= since``: a batch
+    keeps the position it was sampled at, and ``update_field(name, batch, ...)`` refuses rows
+    written since. In ring order a slot is written each time the position passes it; a gate
+    that places the writes (``place``) skips slots, so it says which it wrote
+    (``gate.overwritten(slots, since)``). Laps are counted by :meth:`RingWriter.advance` and, in
+    the generated push and extend, by the writer's own ``on_wrap`` (always installed).
 
 :class:`RingWriter` is the round-robin writer of every single-process buffer.
 """
 
 from __future__ import annotations
-
-import weakref
 
 import numpy as np
 
@@ -64,14 +70,15 @@ class RingWriter:
         Number of valid rows (slots ``[0, size)`` before the first wrap, all slots after).
     """
 
-    __slots__ = ("capacity", "cursor", "size", "num_envs", "spec", "storage", "episodes", "hooks",
-                 "gate", "placer", "moving", "frames", "batched", "__weakref__")
+    __slots__ = ("capacity", "cursor", "size", "laps", "num_envs", "spec", "storage", "episodes",
+                 "hooks", "gate", "placer", "moving", "frames", "batched", "__weakref__")
 
     def __init__(self, capacity: int, num_envs: int = 1):
         self.capacity = capacity
         self.num_envs = num_envs
         self.cursor = 0
         self.size = 0
+        self.laps = 0  # laps of the ring written, plus two per clear or load (see position)
         self.spec = self.storage = self.episodes = self.gate = self.placer = self.frames = None
         self.batched = False
         self.hooks = ()
@@ -94,8 +101,34 @@ class RingWriter:
     # -- positions ---------------------------------------------------------------------------
     def advance(self, n: int, moved: int | None = None) -> None:
         """``n`` rows were written; the cursor moves over ``moved`` slots (default ``n``)."""
-        self.cursor = (self.cursor + (n if moved is None else moved)) % self.capacity
+        c = self.cursor + (n if moved is None else moved)
+        self.laps += c // self.capacity
+        self.cursor = c % self.capacity
         self.size = min(self.size + n, self.capacity)
+
+    def lap(self) -> None:
+        """The cursor crossed the ring's end (the generated push and extend, through
+        :meth:`_on_wrap`)."""
+        self.laps += 1
+
+    @property
+    def position(self) -> int:
+        """The write position, ``laps * capacity + cursor``: it passes each slot as the cursor
+        does and never decreases (a clear or a load moves it two laps on, so that every batch
+        sampled before is older than a whole lap)."""
+        return self.laps * self.capacity + self.cursor
+
+    def overwritten(self, slots: np.ndarray, since: int) -> np.ndarray:
+        """Which of ``slots`` (int64, each below the size) were written at a position ``>=
+        since`` (a position this writer had; bool array). In ring order the position writes
+        every slot it passes, so a slot was written since iff the positions ``[since,
+        position)`` pass it; a gate that places the writes says which slots it wrote."""
+        if self.placer is not None:
+            return self.gate.overwritten(slots, since)
+        passed = self.position - since
+        if passed >= self.capacity:
+            return np.ones(slots.shape, bool)
+        return (slots - since) % self.capacity < passed
 
     def place(self, n: int):
         """``(spans, moved)`` of a write of ``n`` rows: the gate's placement, else the ring's."""
@@ -124,6 +157,7 @@ class RingWriter:
     def reset(self) -> None:
         self.cursor = 0
         self.size = 0
+        self.laps += 2  # every batch sampled before is now a whole lap behind: all stale
         for h in self.hooks:
             h.on_clear()
 
@@ -201,9 +235,9 @@ class RingWriter:
 
     def _on_wrap(self, episodes_wrap):
         """One ``f()`` for the generated calls to run when a write fills the last slot: the
-        episode bookkeeping's (if given) then every ``wraps_only`` hook's ``on_wrap``; None if
-        nothing listens."""
-        calls = ([] if episodes_wrap is None else [episodes_wrap])
+        writer's own lap count, the episode bookkeeping's (if given), then every ``wraps_only``
+        hook's ``on_wrap``."""
+        calls = [self.lap] + ([] if episodes_wrap is None else [episodes_wrap])
         calls += [h.on_wrap for h in self.hooks if getattr(h, "wraps_only", False)]
         if len(calls) <= 1:
             return calls[0] if calls else None
@@ -261,8 +295,7 @@ class RingWriter:
         place = None
         if self.placer is not None:  # the gate's one-row form gives the slot: f(cursor) -> slot
             place, on_begin = on_begin, None
-            if on_wrap is not None:
-                place = _wrapping(place, on_wrap, weakref.proxy(self))
+            place = _wrapping(place, on_wrap, self)
         return make_push(spec, self.storage.field_views(), self, lock, slow,
                          on_wrap=on_wrap, on_write=on_write, on_begin=on_begin,
                          regions=self.storage.byte_regions(), gate=gate, place=place)
@@ -299,12 +332,14 @@ class RingWriter:
         if size % self.num_envs:
             raise ValueError(f"writer state: size {size} is not a multiple of num_envs {self.num_envs}")
         self.cursor, self.size = cursor, size
+        self.laps += 2  # new rows: every batch sampled before is stale (see position)
 
 
 def _wrapping(place, on_wrap, writer):
     """``place(cursor)`` that also calls ``on_wrap()`` when the slot it gives is behind the
     writer's cursor: the sweep crossed the ring's end (the generated push calls ``on_wrap``
-    only for a row written into the last slot). ``writer``: a weak proxy (it holds this)."""
+    only for a row written into the last slot). ``writer``: the writer itself (the generated
+    push that holds this holds it too; the writer holds neither)."""
 
     def place_wrapping(cursor, _place=place, _on_wrap=on_wrap, _w=writer):
         p = _place(cursor)

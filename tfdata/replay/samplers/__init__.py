@@ -50,11 +50,28 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     :mod:`tfdata.replay.writers`) or ``sample`` waits: it waits on a ``threading.Condition`` of
     that lock, which releases it (and the GIL) while waiting. A ``sample`` that raises leaves
     the output ring's slot unused.
+``name``, ``rule``
+    Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
+    and checkpoints call the sampler (None: a sampler of the user's, called by its class name:
+    :func:`sampler_name`);
+    ``rule`` says how a batch takes rows (``"rows are drawn uniformly with replacement"``), so
+    that a refusal such as ``sample(B)`` with ``B`` above the rows held says what this sampler
+    does, not what another would.
+``waits_for_rows``
+    False by default: True for a sampler whose ``sample`` waits (on the condition of
+    ``use_lock``, up to a timeout) until it has rows for a batch. The buffer then does not
+    refuse a batch larger than the rows held (only one larger than the capacity) and lets
+    ``sample`` wait, from the first call on, even before any row exists.
 ``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
     ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
-    ``extra_state(copy, size)`` what it adds at the top of the buffer's state (``{"prioritized": ...}``);
-    ``check_state`` validates all of it against a state dict without changing anything and
-    returns what ``load_state`` applies.
+    ``extra_state(copy, size)`` what it adds at the top of the buffer's state, under its
+    ``state_key`` (``{"prioritized": ...}``; a sampler with nothing beyond its RNG has
+    ``state_key = None`` and adds nothing); ``check_state`` validates all of it against a state
+    dict without changing anything, against the other parts' state too (the rows held: an
+    exactly-k pool's deliveries against the rows written, a pass against the rows held), and
+    returns what ``load_state`` applies. The buffer refuses a state whose sampler part is
+    another sampler's (a key it does not own, or its own key missing), naming both samplers,
+    before asking ``check_state``: a sampler never sees, or silently drops, another's state.
 """
 
 from __future__ import annotations
@@ -64,6 +81,12 @@ import secrets
 import numpy as np
 
 from ..._rng import MASK64, splitmix64
+
+
+def sampler_name(sampler) -> str:
+    """What messages call ``sampler``: its ``name`` (``"uniform"``, ``"exactly_k"``, ...), or
+    its class's name for a sampler that has none."""
+    return getattr(sampler, "name", None) or type(sampler).__name__
 
 
 class Sampler:
@@ -93,6 +116,13 @@ class Sampler:
     #: ``place`` in :mod:`tfdata.replay.writers`; the buffer then keeps no episode numbers
     #: and refuses n-step and ``elide_next``, which read rows in stream order)
     stream_order = True
+    #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler (None: a sampler
+    #: of the user's, called by its class name)
+    name = None
+    #: how a batch takes rows, for messages (see the module docstring)
+    rule = "rows are drawn by this sampler"
+    #: whether ``sample`` waits for rows (see the module docstring)
+    waits_for_rows = False
 
     def __init__(self, seed: int | None = None):
         if seed is None:
@@ -111,7 +141,7 @@ class Sampler:
         """What the table of option combinations (:mod:`tfdata.replay.combinations`) needs to
         know of this sampler: its ``sampler`` name (a user's sampler: its class name) and
         ``stream_order``; a sampler with options that meet other options' adds them."""
-        return {"sampler": getattr(self, "name", None) or type(self).__name__,
+        return {"sampler": sampler_name(self),
                 "stream_order": bool(self.stream_order)}
 
     # -- construction and memory ---------------------------------------------------------------

@@ -56,6 +56,8 @@ class PrioritizedSampler(Sampler):
     hears_writes = True
     state_key = "prioritized"
     projects = True
+    name = "prioritized"
+    rule = "rows are drawn with replacement, in proportion to their priorities"
 
     def __init__(self, alpha: float, beta: float, beta_final: float, beta_steps, eps: float,
                  seed=None):

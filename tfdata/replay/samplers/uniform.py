@@ -14,6 +14,7 @@ class UniformSampler(Sampler):
 
     projects = True
     name = "uniform"
+    rule = "rows are drawn uniformly with replacement"
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)

@@ -10,6 +10,20 @@ from ..._checks import check_slot_list
 from . import Sampler
 
 
+def pass_problem(undrawn: int, passes: int, size: int) -> tuple | None:
+    """Why a pass of ``undrawn`` slots, after ``passes`` passes, cannot go with ``size`` rows
+    held, as ``(field, expected)``, or None. Every sample leaves the pool non-empty (a pass
+    that ends is refilled at once with every live row) and a saved state adds the rows written
+    since the last sample, so rows held means slots undrawn; a clear empties the buffer and
+    sets ``passes`` to 0, and no pass completes without a row, so an empty buffer has none."""
+    if size == 0 and passes:
+        return "passes", "0 (no row is held: none was written since the buffer was cleared, so no pass ran)"
+    if size and not undrawn:
+        return "undrawn", (f"at least one slot with {size} rows held (a pass that ends is refilled "
+                           f"at once with every live row: the pool is never empty while rows are held)")
+    return None
+
+
 class WithoutReplacementSampler(Sampler):
     """Each pass draws every live row exactly once, in a random order from the seed.
 
@@ -45,6 +59,8 @@ class WithoutReplacementSampler(Sampler):
     state_key = "without_replacement"
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "without_replacement"
+    rule = ("rows are drawn without replacement (every live row once per pass; a batch never "
+            "holds a row twice)")
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
@@ -164,6 +180,11 @@ class WithoutReplacementSampler(Sampler):
         if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or not 0 <= passes < 2**63:
             raise ValueError(f"sampler state: {self.state_key}.passes must be an int >= 0, got {passes!r}")
         undrawn = check_slot_list(part["undrawn"], size, f"sampler state: {self.state_key}.undrawn")
+        problem = pass_problem(undrawn.shape[0], int(passes), size)
+        if problem is not None:
+            field, want = problem
+            got = int(passes) if field == "passes" else f"{undrawn.shape[0]} slots"
+            raise ValueError(f"sampler state: {self.state_key}.{field} = {got}: expected {want}")
         return rng, undrawn, int(passes)
 
     def load_state(self, checked) -> None:
