@@ -26,6 +26,18 @@ ODD = {
 }
 
 
+def same_state(a, b) -> None:
+    """Two state dicts are equal: the same keys, arrays equal element for element."""
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            same_state(a[key], b[key])
+        elif isinstance(a[key], np.ndarray):
+            np.testing.assert_array_equal(a[key], b[key])
+        else:
+            assert a[key] == b[key], key
+
+
 @pytest.fixture
 def shm_dir(tmp_path, monkeypatch):
     """Shared regions of a test go to a directory of its own, so leftovers are visible and

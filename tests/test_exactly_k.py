@@ -26,6 +26,7 @@ from tfdata.errors import WriterLostWarning
 from tfdata.kernels import _replays
 
 from . import naive
+from .conftest import same_state
 
 SPEC = {"id": "i8", "obs": ("f4", (3,)), "reward": "f4", "terminated": "?", "truncated": "?"}
 GROUPS = (("id", "reward"), ("obs",))
@@ -276,22 +277,12 @@ def test_sample_short_of_rows_raises_at_once_with_counts():
     with pytest.raises(ValueError, match=r"batch of 2 distinct rows, but 1 rows await"):
         b.sample(2)
     assert time.monotonic() - t < 1
-    _same_state(before, b.state_dict())
+    same_state(before, b.state_dict())
     assert ring["id"].tolist() == kept  # a refused sample took no slot of the output ring
     b.extend(rows(range(3, 5)))
     b.sample(2)
     assert ring["id"].tolist() == kept  # ring_size=2: the batch before is still intact
 
-
-def _same_state(a, b):
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], dict):
-            _same_state(a[key], b[key])
-        elif isinstance(a[key], np.ndarray):
-            np.testing.assert_array_equal(a[key], b[key])
-        else:
-            assert a[key] == b[key], key
 
 
 # -- the model: random interleavings, every policy ------------------------------------------------
@@ -316,7 +307,7 @@ class ExactlyKMachine(RuleBasedStateMachine):
         else:
             with pytest.raises((TimeoutError, ValueError)):
                 self.buf.push(one(ids[0])) if push else self.buf.extend(rows(ids))
-            _same_state(before, self.buf.state_dict())
+            same_state(before, self.buf.state_dict())
 
     @rule()
     def push(self):
@@ -336,7 +327,7 @@ class ExactlyKMachine(RuleBasedStateMachine):
             before = self.buf.state_dict()
             with pytest.raises((ValueError, TimeoutError), match="await replay"):
                 self.buf.sample(bs)  # the timeout given: it waited for writes, then raised
-            _same_state(before, self.buf.state_dict())
+            same_state(before, self.buf.state_dict())
             return
         batch = self.buf.sample(bs)
         np.testing.assert_array_equal(batch.indices, want[0])
@@ -493,7 +484,7 @@ def test_state_dict_round_trip_refuses_bad_states():
         before = c.state_dict()
         with pytest.raises(ValueError, match=word):
             c.load_state_dict(state)
-        _same_state(before, c.state_dict())
+        same_state(before, c.state_dict())
     c = ek(16, k=2, seed=8)
     c.load_state_dict(good)
     assert c.sample(3)["id"].tolist() == b.sample(3)["id"].tolist()
@@ -531,7 +522,7 @@ def test_blocked_write_times_out_and_changes_nothing():
     assert 0.1 < time.monotonic() - t < 2
     with pytest.raises(TimeoutError):
         b.push(one(7))
-    _same_state(before, b.state_dict())
+    same_state(before, b.state_dict())
     with pytest.raises(ValueError, match="never fit"):
         b.extend(rows(range(5)))
 

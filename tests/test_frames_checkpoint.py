@@ -26,6 +26,7 @@ from .test_checkpoint_hostile import _mutate_array, _mutate_state, _normal, arra
 from .test_frames import spec_of, steps_of
 from .test_frames_everything import LAYOUTS, Twin
 from .test_nothing_lost import snapshot
+from .conftest import same_state
 
 PAD = np.full((3, 2), 7, np.uint8)
 
@@ -364,16 +365,6 @@ def test_the_oldest_rows_depth_is_bounded_by_its_step(tmp_path):
         tfdata.ReplayBuffer.load(tmp_path / "ck")
 
 
-def _same_state(a, b) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], dict):
-            _same_state(a[key], b[key])
-        elif isinstance(a[key], np.ndarray):
-            np.testing.assert_array_equal(a[key], b[key])
-        else:
-            assert a[key] == b[key], key
-
 
 @pytest.mark.parametrize("num_envs", [1, 3])
 def test_steps_must_end_at_the_writers_cursor(tmp_path, num_envs):
@@ -397,7 +388,7 @@ def test_steps_must_end_at_the_writers_cursor(tmp_path, num_envs):
         before = other.a.state_dict()
         with pytest.raises(ValueError, match=f"state frames.steps {steps}: .*cursor"):
             other.a.load_state_dict(bad)
-        _same_state(before, other.a.state_dict())
+        same_state(before, other.a.state_dict())
     edit(tmp_path / "ck", lambda d: d["state"]["frames"].__setitem__("steps", 45))
     go_on(tw, tfdata.ReplayBuffer.load(tmp_path / "ck"))
 
@@ -428,7 +419,7 @@ def test_frame_counters_against_the_writer_in_a_state_dict():
         before = other.a.state_dict()
         with pytest.raises(ValueError, match=match.replace("[", "\\[")):
             other.a.load_state_dict(state)
-        _same_state(before, other.a.state_dict())
+        same_state(before, other.a.state_dict())
     empty = Twin(k=4, num_envs=2, capacity=12).a
     state = empty.state_dict()
     state["frames"]["prev"] = np.array([-1, 1], np.int16)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tfdata import PrioritizedReplayBuffer, RateLimiter, ReplayBuffer
+from .conftest import same_state
 
 SPEC = {"id": "i8", "obs": ("f4", (3,)), "terminated": "?", "truncated": "?"}
 SAMPLERS = ["uniform", "without_replacement", "exactly_k", "prioritized"]
@@ -35,16 +36,6 @@ def build(sampler: str, cap: int = 32, **kw):
         return PrioritizedReplayBuffer(SPEC, cap, seed=0, **kw)
     return ReplayBuffer(SPEC, cap, seed=0, sampler=sampler, **kw)
 
-
-def same_state(a, b) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], dict):
-            same_state(a[key], b[key])
-        elif isinstance(a[key], np.ndarray):
-            np.testing.assert_array_equal(a[key], b[key])
-        else:
-            assert a[key] == b[key], key
 
 
 def later(buf, ids, delay: float = 0.3) -> threading.Thread:

@@ -20,6 +20,7 @@ import pytest
 
 from tfdata import FormatError, PrioritizedReplayBuffer, ReplayBuffer
 from tfdata.replay import core as core_mod
+from .conftest import same_state
 
 SPEC = {"id": "i8", "obs": ("f4", (3,)), "terminated": "?", "truncated": "?"}
 SAMPLERS = ["uniform", "without_replacement", "exactly_k", "prioritized"]
@@ -48,16 +49,6 @@ def used(sampler: str, seed: int = 0):
     b.sample(3)
     return b
 
-
-def same_state(a, b) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], dict):
-            same_state(a[key], b[key])
-        elif isinstance(a[key], np.ndarray):
-            np.testing.assert_array_equal(a[key], b[key])
-        else:
-            assert a[key] == b[key], key
 
 
 # -- state dicts ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from .columns import Column, RunningStats, check_stats_fields, scan, stats_nbyte
 from .episodes import Episodes, stored_spec
 from .limiter import RateLimiter
 from .frames import FrameStack, FrameStacks, frame_spec, padding_config, resolve_frames
-from .samplers import sampler_name
+from .samplers import Sampler, sampler_name
 from .transforms import ElideNext, NStep, episode_options
 from .writers import RingWriter
 
@@ -123,6 +123,20 @@ class _ColdHook:
     def on_clear(self) -> None:
         for t in self.tiers:
             t.reset()
+
+
+class _Drawable:
+    """The rows a sampler lets a batch draw, as ``size`` (what the rate limiter reads of the
+    rows held): for a sampler that holds rows back (:meth:`Sampler.drawable`)."""
+
+    __slots__ = ("sampler", "writer")
+
+    def __init__(self, sampler, writer):
+        self.sampler, self.writer = sampler, writer
+
+    @property
+    def size(self) -> int:
+        return self.sampler.drawable(self.writer.size)
 
 
 class ReplayCore:
@@ -230,6 +244,10 @@ class ReplayCore:
         gates = {}
         if rate_limiter is not None:
             gates = self._bind_limiter(rate_limiter)
+            # what a limited sample waits for: the rows held (the writer's size, an attribute),
+            # or the rows a sampler that holds some back lets a batch draw
+            held_back = getattr(type(self.sampler), "drawable", Sampler.drawable) is not Sampler.drawable
+            self._held = _Drawable(self.sampler, self._writer) if held_back else self._writer
         self._fast_push = self._writer.make_push(self.spec, self._lock, weak_method(self, "_checked_push"),
                                                  gate=gates.get("push"))
         if type(self).push is ReplayCore.push:
@@ -789,7 +807,7 @@ class ReplayCore:
         lock = self._lock
         lock.__enter__()
         try:
-            lim.sample_wait(batch_size, self._drawable, self.num_envs)
+            lim.sample_wait(batch_size, self._held, self.num_envs)
             n = writer.size
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
@@ -803,7 +821,7 @@ class ReplayCore:
             if self._spill is not None:
                 self._spill.after_sample()
             lim.sampled(batch_size)
-            position = writer.position
+            position = writer.laps * writer.capacity + writer.cursor  # (writer.position, inline)
         finally:
             lock.__exit__(None, None, None)
         batch = ring.batches[i]
@@ -811,10 +829,6 @@ class ReplayCore:
             batch = ring.batches[i] = retire(batch)
         batch.write_position = position
         return batch.copy() if copy else batch
-
-    def _drawable(self) -> int:
-        """Rows a batch can draw from now (what a limited sample waits for; under the lock)."""
-        return self.sampler.drawable(self._writer.size)
 
     def _check_limited(self, batch_size: int) -> None:
         """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
@@ -888,7 +902,7 @@ class ReplayCore:
             ring = self._new_ring(batch_size, length, names)
         with self._lock:
             if lim is not None:
-                lim.sample_wait(batch_size, self._drawable, self.num_envs)
+                lim.sample_wait(batch_size, self._held, self.num_envs)
             n = self._writer.size
             self._check_slices(batch_size, length, reject, n)  # a clear() may have run since
             i = ring.next

@@ -266,19 +266,20 @@ class RateLimiter:
         if self._waiting:
             self._cond.notify_all()
 
-    def sample_wait(self, batch_size: int, rows=None, step: int = 1) -> None:
-        """Return when a sample of ``batch_size`` rows may proceed and, if ``rows`` is given
-        (a function of no argument: the rows a batch can draw from now), ``rows() >=
-        batch_size``; the lock is released while waiting. ``step``: the fewest rows an insert
-        writes (the buffer's ``num_envs``).
+    def sample_wait(self, batch_size: int, held=None, step: int = 1) -> None:
+        """Return when a sample of ``batch_size`` rows may proceed and, if ``held`` is given
+        (an object whose ``size`` is the rows a batch can draw from now: the buffer's writer,
+        or what a sampler that holds rows back lets it draw), ``held.size >= batch_size``; the
+        lock is released while waiting. ``step``: the fewest rows an insert writes (the
+        buffer's ``num_envs``).
 
         Raises ValueError if it never can (at once, or as soon as the sample waits for rows
         while no insert of ``step`` rows may proceed: only a sample could let one in, and this
         one waits for rows: both would wait for ever), TimeoutError after ``timeout`` seconds."""
         if not (self.inserts >= self.min_size_to_sample
                 and self.inserts * self.samples_per_insert - self.samples - batch_size >= self.min_diff
-                and (rows is None or rows() >= batch_size)):
-            self._wait("sample", batch_size, rows, step)
+                and (held is None or held.size >= batch_size)):
+            self._wait("sample", batch_size, held, step)
 
     def sampled(self, batch_size: int) -> None:
         """Count ``batch_size`` rows sampled (under the lock, with the sample)."""
@@ -292,14 +293,14 @@ class RateLimiter:
         if self._waiting:
             self._cond.notify_all()
 
-    def _wait(self, side: str, n: int, rows=None, step: int = 1) -> None:
+    def _wait(self, side: str, n: int, held=None, step: int = 1) -> None:
         if side == "sample":
             self.check_sample(n)
 
             def ok():
-                if rows is None:
+                if held is None:
                     return self.can_sample(n)
-                have = rows()
+                have = held.size
                 if have < n and not self.can_insert(step):
                     raise ValueError(self._stuck_message(n, have, step))
                 return have >= n and self.can_sample(n)
