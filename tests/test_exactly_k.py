@@ -49,6 +49,35 @@ def ek(cap, k=2, policy="block", layout="aos", seed=0, **kw) -> ReplayBuffer:
                         policy=policy, **kw)
 
 
+class Waits:
+    """Every wait on a sampler's condition (where blocked writes and samples short of rows
+    wait), recorded as ``(thread, timeout given, notified)``; while ``allowed`` is False a wait
+    fails at once instead (a call that must not wait). What the tests assert about waiting,
+    instead of how long a call took."""
+
+    def __init__(self, sampler, allowed: bool = True):
+        self.log, self.allowed = [], allowed
+        self._wait = sampler.cond.wait
+        sampler.cond.wait = self.wait
+
+    def wait(self, timeout=None):
+        if not self.allowed:
+            raise AssertionError("a call waited on the sampler's condition")
+        notified = self._wait(timeout)
+        self.log.append((threading.get_ident(), timeout, notified))
+        return notified
+
+
+def until(condition, seconds: float = 60) -> bool:
+    """Poll ``condition`` until it holds; ``seconds`` only turns a hang into a failure."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 # -- the kernels against their references ----------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
 def test_kernels_match_reference(dtype):
@@ -273,10 +302,9 @@ def test_sample_short_of_rows_raises_at_once_with_counts():
     ring = b.sample(2)
     kept = ring["id"].tolist()
     before = b.state_dict()
-    t = time.monotonic()
-    with pytest.raises(ValueError, match=r"batch of 2 distinct rows, but 1 rows await"):
+    Waits(b.sampler, allowed=False)  # timeout=None: refused at once, it never waits
+    with pytest.raises(ValueError, match=r"batch of 2 distinct rows, but 1 rows await.*only with a timeout"):
         b.sample(2)
-    assert time.monotonic() - t < 1
     same_state(before, b.state_dict())
     assert ring["id"].tolist() == kept  # a refused sample took no slot of the output ring
     b.extend(rows(range(3, 5)))
@@ -502,13 +530,11 @@ def test_blocked_writer_is_released_by_a_sample():
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    time.sleep(0.2)
-    assert not done.is_set() and b.sampler.writers_waiting == 1
-    end = time.monotonic() + 10
-    while not done.is_set() and time.monotonic() < end:  # slot 0 is freed by one (k=1)
-        b.sample(1)
-        done.wait(0.05)
-    t.join(5)
+    assert until(lambda: b.sampler.writers_waiting == 1)  # no free slot: the write waits
+    assert not done.is_set()
+    b.sample(1)  # frees a slot (k=1): the writer goes on
+    assert done.wait(60)
+    t.join(60)
     assert 99 in b.column("id").__array__().tolist()
 
 
@@ -516,10 +542,12 @@ def test_blocked_write_times_out_and_changes_nothing():
     b = ek(4, k=2, policy="block", seed=0, timeout=0.15)
     b.extend(rows(range(4)))
     before = b.state_dict()
+    waits = Waits(b.sampler)
     t = time.monotonic()
     with pytest.raises(TimeoutError, match="nothing was written"):
         b.extend(rows([7, 8]))
-    assert 0.1 < time.monotonic() - t < 2
+    assert time.monotonic() - t >= 0.15  # waited the timeout out
+    assert waits.log and all(0 < timeout <= 0.15 for _, timeout, _ in waits.log)  # and no longer
     with pytest.raises(TimeoutError):
         b.push(one(7))
     same_state(before, b.state_dict())
@@ -529,12 +557,13 @@ def test_blocked_write_times_out_and_changes_nothing():
 
 @pytest.mark.parametrize("how", ["push", "extend"])
 def test_sampler_waits_for_a_writer_thread_with_a_timeout(how):
-    b = ek(16, k=1, seed=0, timeout=2.0)
+    b = ek(16, k=1, seed=0, timeout=60.0)
     b.extend(rows(range(6)))
     b.sample(4)  # 2 rows await; a sample needs batch_size <= len(buffer) as with any sampler
+    waits = Waits(b.sampler)
 
     def write():
-        time.sleep(0.2)
+        assert until(lambda: b.sampler.samplers_waiting == 1)  # the sample waits for rows
         if how == "extend":
             b.extend(rows(range(6, 8)))
         else:  # the generated push, with the gate's one-row form
@@ -543,11 +572,10 @@ def test_sampler_waits_for_a_writer_thread_with_a_timeout(how):
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    t0 = time.monotonic()
     batch = b.sample(4)  # waits for the writer thread
-    t.join()
+    t.join(60)
     assert len(set(batch["id"].tolist())) == 4
-    assert time.monotonic() - t0 < 1.5  # woken by the write, not by the timeout
+    assert waits.log and all(notified for _, _, notified in waits.log)  # woken by the write, not the timeout
     c = ek(16, k=1, seed=0, timeout=0.1)
     c.extend(rows(range(4)))
     c.sample(2)
@@ -574,37 +602,48 @@ def _with_pool(b, slots, counts):
 
 
 def test_a_sample_that_would_deadlock_a_blocked_writer_raises():
-    b = ek(4, k=2, policy="block", seed=0, timeout=5.0)
+    b = ek(4, k=2, policy="block", seed=0, timeout=60.0)
     b.extend(rows(range(4)))
     _with_pool(b, [0, 2], [1, 2])  # 2 rows await, 2 slots free: a write of 3 waits
-    t = threading.Thread(target=lambda: b.extend(rows([9, 10, 11])), daemon=True)
-    if True:
-        t.start()
-        time.sleep(0.2)
-        t0 = time.monotonic()
-        with pytest.raises(ValueError, match="writer"):
-            b.sample(3)  # the writer waits for this sample: it cannot wait for the writer
-        assert time.monotonic() - t0 < 1
-        end = time.monotonic() + 10
-        while t.is_alive() and time.monotonic() < end:
-            if b.sampler.awaiting:
-                b.sample(1)
-            t.join(0.05)
-        assert not t.is_alive()
+    waits, errors = Waits(b.sampler), []
+
+    def write():
+        try:
+            b.extend(rows([9, 10, 11]))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    assert until(lambda: b.sampler.writers_waiting == 1)
+    with pytest.raises(ValueError, match="writer"):
+        b.sample(3)  # the writer waits for this sample: it cannot wait for the writer
+    assert not [w for w in waits.log if w[0] == threading.get_ident()]  # refused without waiting
+    end = time.monotonic() + 60
+    while t.is_alive() and time.monotonic() < end:
+        if b.sampler.awaiting:
+            b.sample(1)
+        t.join(0.05)
+    assert not t.is_alive() and not errors, errors
+    assert {9, 10, 11} <= set(b.column("id").__array__().tolist())
 
 
 def test_threads_deliver_every_row_exactly_k_times():
     k, n_rows = 3, 3000
-    b = ek(64, k=k, policy="block", seed=4, timeout=10.0)
+    b = ek(64, k=k, policy="block", seed=4, timeout=60.0)
     seen = collections.Counter()
+    errors = []
 
     def write():
-        for i in range(0, n_rows, 3):
-            b.extend(rows(range(i, i + 3)))
+        try:
+            for i in range(0, n_rows, 3):
+                b.extend(rows(range(i, i + 3)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    end = time.monotonic() + 60
+    end = time.monotonic() + 300  # a cap for a hang, not a time the work must take
     while (t.is_alive() or b.sampler.awaiting) and time.monotonic() < end:
         if b.sampler.awaiting >= 8:
             seen.update(b.sample(8)["id"].tolist())
@@ -612,7 +651,8 @@ def test_threads_deliver_every_row_exactly_k_times():
             seen.update(b.sample(1)["id"].tolist())
         else:
             time.sleep(0.0005)
-    t.join()
+    t.join(60)
+    assert not errors, errors
     assert set(seen) == set(range(n_rows)) and set(seen.values()) == {k}
 
 
@@ -691,12 +731,12 @@ def _ek_writer(name, shard, n, errors, die_after=None):
         errors.put(f"shard {shard}: {exc!r}")
 
 
-def _drain(buf, want, batch=8, idle_s=3.0):
-    """Sample until ``want`` deliveries, or nothing came for ``idle_s``; the ids seen."""
+def _drain(buf, done, batch=8, cap_s=300):
+    """Sample until ``done(seen)``; the ids seen. The cap only turns a hang into a failure (a
+    bug that delivers too little): the learner stops on what it has seen, not after a time."""
     seen = collections.Counter()
-    idle = time.monotonic() + idle_s
-    end = time.monotonic() + 90  # a bug that delivers for ever fails, it does not hang
-    while sum(seen.values()) < want and time.monotonic() < min(idle, end):
+    end = time.monotonic() + cap_s
+    while not done(seen) and time.monotonic() < end:
         for b in (batch, 1):
             try:
                 got = buf.sample(b)
@@ -706,9 +746,12 @@ def _drain(buf, want, batch=8, idle_s=3.0):
             assert len(set(ids)) == b
             np.testing.assert_array_equal(got["obs"][:, 0], np.asarray(ids, np.float32))
             seen.update(ids)
-            idle = time.monotonic() + idle_s
             break
     return seen
+
+
+def _exited(procs) -> bool:
+    return not any(p.is_alive() for p in procs)
 
 
 @pytest.mark.parametrize("layout", ["aos", "soa"])
@@ -722,7 +765,7 @@ def test_shared_writer_processes_every_row_exactly_k_times(layout, shm_dir):
         procs = [FORK.Process(target=_ek_writer, args=(buf.name, s, n, errors)) for s in range(2)]
         for p in procs:
             p.start()
-        seen = _drain(buf, 2 * n * k)
+        seen = _drain(buf, lambda seen: sum(seen.values()) >= 2 * n * k)
         for p in procs:
             p.join(30)
         assert errors.empty(), errors.get()
@@ -740,7 +783,14 @@ def test_shared_drop_counts_what_it_drops(shm_dir):
         procs = [FORK.Process(target=_ek_writer, args=(buf.name, s, n, errors)) for s in range(2)]
         for p in procs:
             p.start()
-        seen = _drain(buf, 10 ** 9, idle_s=1.5)
+        # nothing is sampled until a writer has dropped rows (its shard full of rows awaiting
+        # replay), then every row published is delivered once the writers are done
+        assert until(lambda: sum(w["dropped"] for w in buf.writers()) > 0 or not errors.empty())
+
+        def done(seen):
+            return _exited(procs) and sum(seen.values()) == k * sum(w["published"] for w in buf.writers())
+
+        seen = _drain(buf, done)
         for p in procs:
             p.join(30)
         assert errors.empty(), errors.get()
@@ -762,8 +812,12 @@ def test_shared_a_killed_writer_does_not_wedge_the_learner(shm_dir):
         live = FORK.Process(target=_ek_writer, args=(buf.name, 1, n, errors))
         dying.start()
         live.start()
-        with pytest.warns(WriterLostWarning, match="shard 0"):  # the learner reports it
-            seen = _drain(buf, 10 ** 9, idle_s=1.5)
+        with pytest.warns(WriterLostWarning, match="shard 0") as lost:  # the learner reports it
+            def done(seen):  # both writers gone, reported, and every row published delivered
+                return (_exited([dying, live]) and any(w.category is WriterLostWarning for w in lost)
+                        and sum(seen.values()) == k * sum(w["published"] for w in buf.writers()))
+
+            seen = _drain(buf, done)
         dying.join(30)
         live.join(30)
         assert dying.exitcode == -signal.SIGKILL
@@ -772,10 +826,21 @@ def test_shared_a_killed_writer_does_not_wedge_the_learner(shm_dir):
         assert 300 <= published < n
         assert set(seen) == set(range(published)) | set(range(SHARD, SHARD + n))
         assert set(seen.values()) == {k}
-        t = time.monotonic()
-        with pytest.raises(TimeoutError):
-            buf.sample(1)
-        assert time.monotonic() - t < 2
+        # a sample with nothing to deliver times out rather than wait for the dead writer: in a
+        # thread, so that a regression fails (at the join) instead of hanging
+        out = []
+
+        def sample():
+            t = time.monotonic()
+            try:
+                buf.sample(1)
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                out.append((exc, time.monotonic() - t))
+
+        probe = threading.Thread(target=sample, daemon=True)
+        probe.start()
+        probe.join(60)
+        assert out and isinstance(out[0][0], TimeoutError) and out[0][1] >= 0.2, out
 
 
 def test_shared_options_are_checked(shm_dir):
@@ -810,9 +875,10 @@ def test_shared_options_are_checked(shm_dir):
 
 
 def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
-    b = ek(4, k=2, policy="block", seed=0, timeout=3.0)
+    b = ek(4, k=2, policy="block", seed=0, timeout=60.0)
     b.extend(rows(range(4)))
     _with_pool(b, [0], [1])  # one row awaits: 3 slots free
+    waits = Waits(b.sampler)
     got = []
 
     def sample():
@@ -823,14 +889,16 @@ def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    time.sleep(0.2)  # the sample waits for rows
-    t0 = time.monotonic()
+    assert until(lambda: b.sampler.samplers_waiting == 1)  # the sample waits for rows
     w = threading.Thread(target=lambda: b.extend(rows([9, 10, 11, 12])), daemon=True)
     w.start()  # the writer waits for a 4th free slot: the sample can never be served
-    t.join(5)
-    assert isinstance(got[0], ValueError) and time.monotonic() - t0 < 1.5
+    t.join(120)
+    assert got and isinstance(got[0], ValueError)
+    woken = [notified for ident, _, notified in waits.log if ident == t.ident]
+    assert woken and all(woken)  # woken by the writer's wait, not by its timeout
+    assert until(lambda: b.sampler.writers_waiting == 1)
     b.sample(1)  # frees slot 0: the writer goes on
-    w.join(5)
+    w.join(60)
     assert not w.is_alive()
 
 
@@ -868,10 +936,11 @@ def test_no_livelock_with_random_delivery_order():
 
 def test_actor_and_learner_threads_with_block_finish():
     k, B, n_rows = 13, 32, 20_000
-    b = ek(256, k=k, policy="block", seed=3, timeout=5.0)
+    b = ek(256, k=k, policy="block", seed=3, timeout=60.0)  # generous: each side waits for the other
     seen = collections.Counter()
     errors = []
     stop = threading.Event()
+    written = [n_rows]
 
     def actor():
         try:
@@ -881,6 +950,18 @@ def test_actor_and_learner_threads_with_block_finish():
             errors.append(exc)
         finally:
             stop.set()
+        # a sample that waits for the rows of a batch when the actor is done would wait out its
+        # timeout: more rows (counted) while it waits for them (after the stop the learner only
+        # samples batches that await, so it starts no new wait), until it has finished
+        try:
+            while threads[1].is_alive() and not errors:
+                if b.sampler.samplers_waiting and b.sampler.awaiting < B:
+                    b.extend(rows(range(written[0], written[0] + 4)))
+                    written[0] += 4
+                else:
+                    time.sleep(0.001)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
 
     def learner():
         try:
@@ -902,22 +983,24 @@ def test_actor_and_learner_threads_with_block_finish():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(300)
     assert not any(t.is_alive() for t in threads) and not errors, errors
     left = b.sampler.counts()
-    assert sum(seen.values()) + int(left.sum()) == k * n_rows
+    total = written[0]
+    assert sum(seen.values()) + int(left.sum()) == k * total
     assert max(seen.values()) == k  # the rows delivered fewer times are those still awaiting:
-    assert sum(1 for i in range(n_rows) if seen[i] < k) == b.sampler.awaiting < B
+    assert sum(1 for i in range(total) if seen[i] < k) == b.sampler.awaiting < B
 
 
 def test_block_waits_only_when_no_slot_is_free():
-    b = ek(8, k=2, policy="block", seed=0, timeout=30.0)  # a wait would show in the time taken
+    b = ek(8, k=2, policy="block", seed=0, timeout=30.0)
     b.extend(rows(range(8)))
     _with_pool(b, [0, 1, 2, 4, 5, 6, 7], [2] * 7)  # only slot 3 is free; cursor at 0
-    t0 = time.monotonic()
+    waits = Waits(b.sampler, allowed=False)  # a wait here fails at once
     b.push(one(100))  # does not wait: goes to slot 3
     assert b.writer.cursor == 4 and b.sampler.counts()[3] == 2
     b.sampler.timeout = 0.05
+    waits.allowed = True
     with pytest.raises(TimeoutError, match="free slots"):
         b.push(one(101))  # now none is free
     _with_pool(b, [0, 2, 3, 5, 6], [1] * 5)  # free: 1, 4, 7
@@ -925,10 +1008,10 @@ def test_block_waits_only_when_no_slot_is_free():
         b.extend(rows(range(4)))  # 4 rows, 3 free: waits (all or nothing), changes nothing
     assert b.writer.cursor == 4
     b.sampler.timeout = 30.0
+    waits.allowed = False
     _with_pool(b, [0, 2, 3, 4, 5, 6], [1] * 6)  # free: 1, 7; the cursor's slot 4 awaits
     b.extend(rows([200, 201]))  # 7, then 1 (wrapping), without waiting for slot 4
     assert b.writer.cursor == 2
-    assert time.monotonic() - t0 < 5  # the two timeouts, no 30 s wait
     assert b.sampler.counts().tolist() == [1, 2, 1, 1, 1, 1, 1, 2]
 
 

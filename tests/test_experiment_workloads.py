@@ -25,17 +25,30 @@ def wl():
     return workloads
 
 
-def test_setup_runs_before_every_call_untimed(wl):
-    """interleaved_latencies(setups=...): the setup (here a 3 ms sleep) precedes each timed call,
-    warm-up included, and its time is not in the figures."""
+def test_setup_runs_before_every_call_untimed(wl, monkeypatch):
+    """interleaved_latencies(setups=...): the setup precedes each timed call, warm-up included,
+    and its time is not in the figures. The clock is the test's: it moves by one second in each
+    setup and never in a call, so a setup inside a timed span shows whatever the machine's load."""
     import time
 
     m = sys.modules["_methodology"]
+
+    class Clock:
+        ns = 0
+
+        def perf_counter_ns(self):
+            return self.ns
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+    clock = Clock()
+    monkeypatch.setattr(m, "time", clock)
     log = []
 
     def setup(arg):
         log.append("setup")
-        time.sleep(0.003)
+        clock.ns += 10**9
 
     def fn(arg):
         assert log and log[-1] == "setup"  # each call right after its own setup
@@ -44,7 +57,8 @@ def test_setup_runs_before_every_call_untimed(wl):
     out = m.interleaved_latencies({"a": fn, "b": lambda arg: None}, [None], budget_s=0.0, lo=6, hi=6, rounds=2,
                                   warmup=2, setups={"a": setup})[None]
     assert log == ["setup", "call"] * 8  # 2 warm-up calls, 6 timed
-    assert out["a"]["n"] == 6 and out["a"]["median_us"] < 1000
+    assert out["a"]["n"] == 6 and out["a"]["median_us"] == out["a"]["p99_us"] == 0  # no setup timed
+    assert clock.ns == 8 * 10**9
 
 
 def raw_entry(kind, cap, seed, times):

@@ -178,7 +178,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _kill_trial(path, layout, seed, rng):
+def _kill_trial(path, layout, seed, rng, min_commits=0):
     import inspect
 
     code = _CHILD.format(source=textwrap.indent(inspect.getsource(id_rows), "    ").strip(), spec=ID_SPEC)
@@ -186,11 +186,18 @@ def _kill_trial(path, layout, seed, rng):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline()
     assert first == "ready\n", proc.stderr.read()
-    time.sleep(0.2 * rng.random())  # a random point of the append / commit loop
+    # a random point of the append / commit loop: after 0 to 3 commits the writer reported
+    # (at least min_commits), then a random pause; the commits, not the pause, make a trial write
+    seen = []
+    for _ in range(max(min_commits, int(rng.integers(0, 4)))):
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        seen.append(int(line))
+    time.sleep(0.2 * rng.random())
     proc.send_signal(signal.SIGKILL)
     out, err = proc.communicate()
     assert proc.returncode == -signal.SIGKILL, err
-    return [int(x) for x in out.split()]
+    return seen + [int(x) for x in out.split()]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -200,7 +207,7 @@ def test_sigkill_at_random_points_loses_no_committed_row(tmp_path, layout):
     seen_rows = 0
     trials = int(os.environ.get("TFDATA_KILL_TRIALS", "12"))
     for trial in range(trials):
-        committed = _kill_trial(path, layout, trial, rng)
+        committed = _kill_trial(path, layout, trial, rng, min_commits=1 if trial == 0 else 0)
         ds = tfdata.MmapDataset.open(path)
         rows = len(ds)
         # every commit the writer reported is there; the file may also hold one more commit that
@@ -210,7 +217,7 @@ def test_sigkill_at_random_points_loses_no_committed_row(tmp_path, layout):
         assert rows >= seen_rows  # a later writer appends after what it found committed
         seen_rows = rows
         ds.close()
-    assert seen_rows > 0  # the trials did write something
+    assert seen_rows > 0  # the trials did write something (the first one committed at least once)
     # and the file can still be appended to
     w = tfdata.io.Writer.open(path)
     w.append(id_rows(seen_rows, 3))

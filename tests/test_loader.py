@@ -7,6 +7,7 @@ import gc
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -444,7 +445,12 @@ def test_no_leaked_threads():
     assert not _prefetch_threads()
 
 
-def test_a_consumer_that_only_reads_batches_starts_no_thread():
+def test_a_consumer_that_only_reads_batches_starts_no_thread(monkeypatch):
+    # the loader's clock moves 1 ns per reading: every step outside next() is measured short,
+    # as it is for this loop on an idle machine (a loaded one may pause it anywhere, twice)
+    tfdata.loader._spin_reads()  # measured once per process, with the real clock
+    clock = itertools.count()
+    monkeypatch.setattr(tfdata.loader, "_pc", lambda: next(clock))
     spec, cols = make_data(CARTPOLE, 1000)
     loader = tfdata.DataLoader(tfdata.ArrayDataset(cols), 10, shuffle=True, seed=0, prefetch=2)
     for _ in range(3):  # epochs: nothing carried over starts one either
@@ -504,23 +510,27 @@ PATTERNS = {
 def test_batches_identical_for_every_depth_and_consumer(mode, pattern):
     n, batch = 230, 8
     spec, cols = make_data(ODD, n)
-    ref = None
     for prefetch in (0, 1, 2, 3):
         ds = Recording(cols, delay=0.0002)
         loader = tfdata.DataLoader(ds, batch, shuffle=mode, seed=7, prefetch=prefetch, zero_copy=False,
                                    block_rows=5, window_blocks=3)
-        epochs = [_consume(loader, PATTERNS[pattern]) for _ in range(2)]
-        want = [naive.loader_order(n, batch, MODE_NAME[mode], 7, e, False, 5, 3) for e in range(2)]
-        for e in range(2):
-            assert [i.tolist() for i, _ in epochs[e]] == [list(w) for w in want[e]]
-            for (idx, fields), w in zip(epochs[e], want[e]):
+        me = threading.get_ident()
+        # slow steps start the prefetch thread; whether it wins a batch from the consumer is
+        # the machine's scheduling: with those, epochs go on until it has gathered one (a cap
+        # ends a hang)
+        until_thread = prefetch and pattern in ("slow", "bursts")
+        deadline = time.monotonic() + 120
+        e = 0
+        while e < 2 or (until_thread and all(t == me for t in ds.threads) and time.monotonic() < deadline):
+            got = _consume(loader, PATTERNS[pattern])
+            want = naive.loader_order(n, batch, MODE_NAME[mode], 7, e, False, 5, 3)
+            assert [i.tolist() for i, _ in got] == [list(w) for w in want]
+            for (idx, fields), w in zip(got, want):
                 for f, v in cols.items():
                     np.testing.assert_array_equal(fields[f], v[w], err_msg=f)
-        if ref is None:
-            ref = epochs
-        me = threading.get_ident()
+            e += 1
         others = sum(t != me for t in ds.threads)
-        if prefetch and pattern in ("slow", "bursts"):
+        if until_thread:
             assert others > 0, "the prefetch thread never gathered: the test would not test it"
         if prefetch and pattern in ("fast", "bursts"):
             assert len(ds.threads) - others > 0, "the consumer never gathered a batch itself"
@@ -529,21 +539,50 @@ def test_batches_identical_for_every_depth_and_consumer(mode, pattern):
         assert not _prefetch_threads()
 
 
+class HeldBack(Recording):
+    """The prefetch thread's first gather waits until the consumer has gathered a batch while
+    it waited (at most 60 s: a consumer that waits for the thread instead fails, not hangs)."""
+
+    def __init__(self, cols, consumer):
+        super().__init__(cols)
+        self.consumer = consumer
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.held = None  # the rows of the batch the thread held back
+        self.released = None  # whether the consumer's gather released it
+
+    def gather(self, idx, out):
+        if threading.get_ident() != self.consumer and self.held is None:
+            self.held = idx.copy()
+            self.entered.set()
+            self.released = self.gate.wait(60)
+        elif threading.get_ident() == self.consumer and self.entered.is_set():
+            self.gate.set()
+        super().gather(idx, out)
+
+
 def test_consumer_gathers_ahead_while_the_thread_is_behind():
-    # gathers of 5 ms: after a slow stretch the thread is gathering the batch the consumer wants,
-    # so the consumer gathers the next one meanwhile; both threads then gather batches
+    # the thread is gathering the batch the consumer wants (held back until the consumer has
+    # gathered one): the consumer gathers a later batch meanwhile instead of waiting for it
     n, batch = 120, 4
     spec, cols = make_data(CARTPOLE, n)
-    ds = Recording(cols, delay=0.005)
+    ds = HeldBack(cols, threading.get_ident())
     loader = tfdata.DataLoader(ds, batch, shuffle=True, seed=3, prefetch=3, zero_copy=False)
-    got = _consume(loader, lambda k: 0.012 if k < 6 else 0)
+
+    def step(k):
+        if k < 2:
+            return 0.012  # long steps: the thread starts at the request of batch 2
+        if k == 2:  # a step until the thread is inside its first gather (the cap ends a hang)
+            assert ds.entered.wait(60), "the prefetch thread never gathered"
+        return 0
+
+    got = _consume(loader, step)
     want = naive.loader_order(n, batch, "full", 3, 0, False)
     assert [i.tolist() for i, _ in got] == [list(w) for w in want]
-    me = threading.get_ident()
-    mine = [i for i, t in enumerate(ds.threads) if t == me]
-    assert len(mine) >= 3 and len(ds.threads) - len(mine) >= 3
     for (idx, fields), w in zip(got, want):
         np.testing.assert_array_equal(fields["obs"], cols["obs"][w])
+    assert ds.released, "the consumer waited for the thread's batch instead of gathering another"
+    mine = ds.threads.count(threading.get_ident())
+    assert mine >= 3 and len(ds.threads) - mine >= 1  # batches 0, 1 and the one gathered ahead
 
 
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
@@ -575,11 +614,16 @@ def test_slow_consumer_gets_prefetched_batches_from_a_preallocated_ring(mode):
     ds = Recording(cols)
     loader = tfdata.DataLoader(ds, 10, shuffle=mode, seed=0, prefetch=2, zero_copy=False, block_rows=7)
     seen = set()
-    for b in loader:
-        seen.add(b["obs"].__array_interface__["data"][0])
-        time.sleep(0.001)
-    assert len(seen) == 3  # prefetch + 1 buffers, whoever gathered
-    assert any(t != threading.get_ident() for t in ds.threads)
+    me = threading.get_ident()
+    deadline = time.monotonic() + 120  # epochs until the thread has gathered a batch (a cap ends a hang)
+    while True:
+        for b in loader:
+            seen.add(b["obs"].__array_interface__["data"][0])
+            time.sleep(0.001)
+        assert len(seen) == 3  # prefetch + 1 buffers, whoever gathered
+        if any(t != me for t in ds.threads) or time.monotonic() > deadline:
+            break
+    assert any(t != me for t in ds.threads)
 
 
 def test_mmap_views_are_identical_with_a_slow_consumer(tmp_path, layout):
@@ -601,17 +645,28 @@ def test_spin_kernel_against_reference_and_sees_another_threads_store():
     for i, value, spins in [(0, 5, 100), (1, 5, 100), (1, 9, 0), (0, 4, 1)]:
         assert wait_change(state, i, value, spins) == naive.wait_change_naive(state, i, value, spins)
 
+    # the store comes while the kernel spins: the storing thread needs the GIL, which this thread
+    # keeps (a long switch interval) from the moment it says it calls until the nogil kernel runs
+    calling = []
+
     def later():
-        time.sleep(0.05)
+        while not calling:
+            time.sleep(0.001)
         state[0] = 6
 
+    old = sys.getswitchinterval()
     t = threading.Thread(target=later)
     t.start()
-    t0 = time.perf_counter()
-    # a load hoisted out of the loop would spin on the stale value for all 10**11 reads (minutes)
-    assert wait_change(state, 0, 5, 10**11) == 6
-    t.join()
-    assert time.perf_counter() - t0 < 5
+    sys.setswitchinterval(1.0)
+    try:
+        calling.append(True)
+        # a load hoisted out of the loop would spin on the stale value for all 10**11 reads
+        # (minutes) and return 5
+        got = wait_change(state, 0, 5, 10**11)
+    finally:
+        sys.setswitchinterval(old)
+    t.join(60)
+    assert got == 6
 
 
 def test_a_new_epoch_stops_the_previous_one_loudly():
@@ -626,33 +681,50 @@ def test_a_new_epoch_stops_the_previous_one_loudly():
     assert len(_prefetch_threads()) == 0
 
 
+class Ticked(Flaky):
+    """A dataset whose every gather waits until the event loop has ticked during it (at most
+    60 s: a gather that blocks the loop fails, it does not hang)."""
+
+    def __init__(self, cols):
+        super().__init__(cols)
+        self.tick = threading.Event()
+        self.gathers = 0
+
+    def gather(self, idx, out):
+        self.tick.clear()
+        if not self.tick.wait(60):
+            raise RuntimeError("the event loop did not run while a batch was gathered")
+        self.gathers += 1
+        self.inner.gather(idx, out)
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_async_iteration_yields_the_same_batches_without_blocking_the_loop(prefetch):
     spec, cols = make_data(CARTPOLE, 60)
     sync = [i.tolist() for i, _ in collect(tfdata.DataLoader(tfdata.ArrayDataset(cols), 10, shuffle=True, seed=1))]
-    loader = tfdata.DataLoader(Flaky(cols, delay=0.02), 10, shuffle=True, seed=1, prefetch=prefetch)
+    ds = Ticked(cols)
+    loader = tfdata.DataLoader(ds, 10, shuffle=True, seed=1, prefetch=prefetch)
 
     async def main():
-        ticks = 0
         done = False
 
         async def ticker():
-            nonlocal ticks
             while not done:
-                ticks += 1
+                ds.tick.set()
                 await asyncio.sleep(0.001)
 
         task = asyncio.create_task(ticker())
         got = []
-        async for b in loader:
-            got.append(b.indices.tolist())
-        done = True
-        await task
-        return got, ticks
+        try:
+            async for b in loader:
+                got.append(b.indices.tolist())
+        finally:
+            done = True
+            await task
+        return got
 
-    got, ticks = asyncio.run(main())
-    assert got == sync
-    assert ticks >= 30  # six 20 ms gathers: the loop kept ticking while they ran
+    assert asyncio.run(main()) == sync
+    assert ds.gathers == 6  # each gather waited for a tick of the loop: it kept running meanwhile
 
 
 # -- streaming beyond memory --------------------------------------------------------------------------

@@ -362,13 +362,10 @@ def test_a_batch_held_by_another_thread_goes_stale(layout):
 
     buf = filled(ReplayBuffer, layout=layout)
     box = []
-    threading.Thread(target=lambda: box.append(buf.sample(4))).start()
-    import time
-
-    for _ in range(200):
-        if box:
-            break
-        time.sleep(0.01)
+    t = threading.Thread(target=lambda: box.append(buf.sample(4)))
+    t.start()
+    t.join(60)  # a deadline for a hang only
+    assert box, "the other thread did not sample"
     mine = buf.sample(4)  # this thread's ring: the other thread's batch is unaffected
     np.testing.assert_array_equal(box[0]["x"], box[0].indices)
     kept = [mine]

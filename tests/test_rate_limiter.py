@@ -42,6 +42,16 @@ def row(i: int) -> dict:
             "terminated": i % 7 == 6, "truncated": False}
 
 
+def until(condition, seconds: float = 60) -> bool:
+    """Poll ``condition`` until it holds; ``seconds`` only turns a hang into a failure."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def in_bounds(m: dict, lim: RateLimiter) -> bool:
     """The limiter's promise for a snapshot of its counts."""
     i, s = m["inserts"], m["samples"]
@@ -231,14 +241,15 @@ def test_calls_that_can_never_proceed_raise_at_once():
     lim = RateLimiter(2.0, 4, 3.0, timeout=30)
     buf = ReplayBuffer(SPEC, 64, rate_limiter=lim)
     buf.extend(rows(range(4)))  # up to the minimum: free
-    t0 = time.monotonic()
     with pytest.raises(ValueError, match="2 \\* error_buffer"):
         buf.sample(7)  # 7 > 2 * 3: sampling can never run that far ahead
     with pytest.raises(ValueError, match="can never proceed"):
         buf.extend(rows(range(4, 8)))  # 4 rows count 8 samples > 2 * 3
+    small = ReplayBuffer(SPEC, 8, rate_limiter=RateLimiter(1.0, 1, 100.0))
     with pytest.raises(ValueError, match="larger than the capacity"):
-        ReplayBuffer(SPEC, 8, rate_limiter=RateLimiter(1.0, 1, 100.0)).sample(9)
-    assert time.monotonic() - t0 < 5
+        small.sample(9)
+    for m in (lim.metrics(), small.rate_limiter.metrics()):  # at once: no call waited
+        assert (m["sample_waits"], m["insert_waits"], m["timeouts"]) == (0, 0, 0)
     assert len(buf) == 4 and lim.metrics()["inserts"] == 4 and lim.metrics()["samples"] == 0
 
 
@@ -344,7 +355,7 @@ def test_threads_keep_the_ratio(layout, spi, batch, chunk, samplers):
     """One writer thread, one (or two) sampler threads: every snapshot of the counts is within
     bounds, and all finish (each side waits for the other, and none waits forever)."""
     eb = max(batch + chunk * spi, max(1.0, spi))
-    lim = RateLimiter(spi, 20, eb, timeout=20)
+    lim = RateLimiter(spi, 20, eb, timeout=60)  # generous: each side waits for the other to work
     buf = ReplayBuffer(SPEC, 256, layout=layout, seed=2, rate_limiter=lim)
     total = 600
     bad, errors = [], []
@@ -381,7 +392,7 @@ def test_threads_keep_the_ratio(layout, spi, batch, chunk, samplers):
     for t in ts:
         t.start()
     for t in ts:
-        t.join(60)
+        t.join(300)
     assert not errors and not bad, (errors, bad[:3])
     m = lim.metrics()
     assert m["samples"] == n_samples * batch
@@ -428,46 +439,48 @@ def python_work(seconds: float) -> int:
 def test_a_waiting_thread_lets_others_run():
     """While a sample waits, another thread does Python work and the waiter burns no CPU (it
     holds neither the GIL nor a core); a push (the lock is free) wakes it."""
-    lim = RateLimiter(1.0, 4, 2.0, timeout=10)
+    lim = RateLimiter(1.0, 4, 2.0, timeout=60)
     buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
     t, got, tid = run_waiting(lambda: buf.sample(2))
-    time.sleep(0.05)
+    # counted under the lock the wait releases: once read, the sample is waiting
+    assert until(lambda: lim.metrics()["sample_waits"] == 1)
     cpu0 = thread_cpu_s(tid)
-    n = python_work(0.3)
+    python_work(0.3)  # returns only if this thread ran Python while the sample waited:
+    assert t.is_alive() and not got  # the sample is still waiting
     assert thread_cpu_s(tid) - cpu0 < 0.05  # a spinning wait would use about 0.15-0.3 s
-    assert n > 10_000 and t.is_alive() and not got
     buf.extend(rows(range(4)))  # the lock is free too: a push does not wait for the sampler
-    t.join(5)
+    t.join(60)
     assert got and got[0]["id"].shape == (2,)
     assert lim.metrics()["sample_waits"] == 1 and lim.metrics()["sample_wait_s"] >= 0.3
 
 
 @needs_proc
 def test_a_waiting_writer_thread_burns_no_cpu():
-    lim = RateLimiter(1.0, 2, 1.0, timeout=10)
+    lim = RateLimiter(1.0, 2, 1.0, timeout=60)
     buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
     buf.extend(rows(range(3)))
     t, got, tid = run_waiting(lambda: buf.push(row(3)))
-    time.sleep(0.05)
+    assert until(lambda: lim.metrics()["insert_waits"] == 1)  # the push is waiting
     cpu0 = thread_cpu_s(tid)
-    n = python_work(0.3)
-    assert thread_cpu_s(tid) - cpu0 < 0.05 and n > 10_000 and not got
+    python_work(0.3)
+    assert thread_cpu_s(tid) - cpu0 < 0.05 and t.is_alive() and not got
     assert buf.sample(1)["id"].shape == (1,)  # the lock is free: the sampler runs, and wakes it
-    t.join(5)
+    t.join(60)
     assert got == [None] and len(buf) == 4
 
 
 def test_a_waiting_writer_is_woken_by_samples():
-    lim = RateLimiter(1.0, 2, 1.0, timeout=10)
+    lim = RateLimiter(1.0, 2, 1.0, timeout=60)
     buf = ReplayBuffer(SPEC, 16, rate_limiter=lim)
     buf.extend(rows(range(3)))  # diff 3 = max_diff 3
     done = threading.Event()
     t = threading.Thread(target=lambda: (buf.push(row(3)), done.set()))
     t.start()
-    assert not done.wait(0.1)
+    assert until(lambda: lim.metrics()["insert_waits"] == 1)  # the push waits
+    assert not done.is_set()
     buf.sample(1)
-    assert done.wait(5)
-    t.join()
+    assert done.wait(60)
+    t.join(60)
     assert lim.metrics()["insert_waits"] == 1 and len(buf) == 4
 
 
@@ -748,7 +761,7 @@ def test_shared_bad_region_json(shm_dir):
                 SharedWriter(buf.name, 0)
 
 
-def _limited_writer(name, shard, total, chunk, errors):
+def _limited_writer(name, shard, total, chunk, errors, waits):
     try:
         with SharedWriter(name, shard) as w:
             for i in range(0, total, chunk):
@@ -757,6 +770,7 @@ def _limited_writer(name, shard, total, chunk, errors):
                     w.push(row(int(ids[0])))
                 else:
                     w.extend(rows(ids))
+            waits.put(w.rate_limiter.metrics()["insert_waits"])
     except BaseException as exc:  # noqa: BLE001 - reported to the learner
         errors.put(f"shard {shard}: {exc!r}")
 
@@ -769,11 +783,11 @@ def test_processes_keep_the_ratio(layout, spi, batch, chunk, shm_dir):
     write without a lock between processes), and everyone finishes."""
     writers, per_writer = 2, 400
     eb = max(batch + chunk * spi, spi)
-    lim = RateLimiter(spi, 32, eb, timeout=30)
-    errors = FORK.Queue()
+    lim = RateLimiter(spi, 32, eb, timeout=60)  # generous: each side waits for the other to work
+    errors, waits = FORK.Queue(), FORK.Queue()
     with SharedReplayBuffer(SPEC, 2 * 256, num_writers=writers, layout=layout, seed=0,
                             rate_limiter=lim) as buf:
-        procs = [FORK.Process(target=_limited_writer, args=(buf.name, s, per_writer, chunk, errors))
+        procs = [FORK.Process(target=_limited_writer, args=(buf.name, s, per_writer, chunk, errors, waits))
                  for s in range(writers)]
         for p in procs:
             p.start()
@@ -795,7 +809,10 @@ def test_processes_keep_the_ratio(layout, spi, batch, chunk, shm_dir):
         assert all(p.exitcode == 0 for p in procs)
         m = buf.rate_limiter.metrics()
         assert m["inserts"] == total and m["samples"] == n_batches * batch
-        assert m["sample_waits"] > 0  # the learner was held back at times
+        # the limiter held one side or the other back at times (which one is the machine's
+        # scheduling: a learner that is never faster than the writers never waits)
+        insert_waits = sum(waits.get(timeout=60) for _ in procs)
+        assert m["sample_waits"] + insert_waits > 0
         assert len(seen) == n_batches
 
 
@@ -806,9 +823,9 @@ def _killed_writer(name, shard, n):
 
 
 def test_a_killed_writer_does_not_wedge_the_learner(shm_dir):
-    # a timeout only so that a regression fails instead of hanging: the wait must end (well
-    # before it) because no writer is left
-    lim = RateLimiter(1.0, 8, 8.0, timeout=20)
+    # a timeout only so that a regression fails (TimeoutError) instead of hanging: the wait
+    # must end with SharedBufferError because no writer is left
+    lim = RateLimiter(1.0, 8, 8.0, timeout=60)
     with SharedReplayBuffer(SPEC, 64, num_writers=2, seed=0, rate_limiter=lim) as buf:
         p = FORK.Process(target=_killed_writer, args=(buf.name, 0, 12))
         p.start()
@@ -820,10 +837,8 @@ def test_a_killed_writer_does_not_wedge_the_learner(shm_dir):
         with pytest.warns(tfdata.WriterLostWarning):
             buf.sample(8)
         buf.sample(8)
-        t0 = time.monotonic()
         with pytest.raises(SharedBufferError, match="every writer is gone"):
             buf.sample(8)
-        assert time.monotonic() - t0 < 5
         assert lim.metrics()["samples"] == 16
         # a writer that comes back lets sampling go on
         with SharedWriter(buf.name, 0) as w:
@@ -836,6 +851,15 @@ def _waiting_writer(name, conn):
         w = SharedWriter(name, 0)
         w.extend(rows(range(3)))  # 3 * 1 - 0 <= max_diff = 2 + 1
         conn.send("ready")
+        sleep, told = time.sleep, []
+
+        def first_sleep(seconds):  # the push's wait polls with sleeps: say it is waiting
+            if not told:
+                told.append(True)
+                conn.send("waiting")
+            sleep(seconds)
+
+        time.sleep = first_sleep  # in this child process only
         w.push(row(3))  # waits for samples that never come
         conn.send("pushed")
     except SharedBufferError as exc:
@@ -845,23 +869,31 @@ def _waiting_writer(name, conn):
 
 
 @needs_proc
-def test_shared_learner_waits_without_the_gil(shm_dir):
+def test_shared_learner_waits_without_the_gil(shm_dir, monkeypatch):
     """A learner thread waiting for inserts polls with sleeps: little CPU, other threads run,
     and its lock is free (another learner thread can read the priorities meanwhile)."""
-    lim = RateLimiter(1.0, 4, 8.0, timeout=10)
+    lim = RateLimiter(1.0, 4, 8.0, timeout=60)
+    sleepers, sleep = set(), time.sleep
+
+    def recorded_sleep(seconds):  # the learner's wait polls with sleeps: its first says it waits
+        sleepers.add(threading.get_ident())
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", recorded_sleep)
     with SharedReplayBuffer(SPEC, 16, seed=0, prioritized=True, rate_limiter=lim) as buf:
         t, got, tid = run_waiting(lambda: buf.sample(4))
-        time.sleep(0.05)
+        assert until(lambda: t.ident in sleepers)
         cpu0 = thread_cpu_s(tid)
-        n = python_work(0.3)
+        python_work(0.3)  # returns only if this thread ran Python while the sample waited
         probe = threading.Thread(target=buf.priorities, daemon=True)  # takes the learner's lock
         probe.start()
-        probe.join(2)
-        assert not probe.is_alive(), "the waiting sample holds the learner's lock"
-        assert thread_cpu_s(tid) - cpu0 < 0.1 and n > 10_000 and not got
+        probe.join(60)
+        # the probe is done while the sample still waits: the waiting sample holds no lock
+        assert not probe.is_alive() and t.is_alive() and not got, "the waiting sample holds the lock"
+        assert thread_cpu_s(tid) - cpu0 < 0.1
         with SharedWriter(buf.name, 0) as w:
             w.extend(rows(range(4)))
-        t.join(5)
+        t.join(60)
         assert got and got[0]["id"].shape == (4,)
         assert lim.metrics()["sample_waits"] == 1
 
@@ -919,13 +951,12 @@ def test_closing_the_buffer_wakes_a_waiting_writer(shm_dir):
     buf = SharedReplayBuffer(SPEC, 16, seed=0, rate_limiter=RateLimiter(1.0, 2, 1.0))
     p = FORK.Process(target=_waiting_writer, args=(buf.name, there))
     p.start()
-    assert here.poll(30) and here.recv() == "ready"
-    time.sleep(0.2)
-    assert not here.poll()  # waiting
+    assert here.poll(60) and here.recv() == "ready"
+    assert here.poll(60) and here.recv() == "waiting"  # the push is in its wait
     buf.close()
-    assert here.poll(10)
+    assert here.poll(60)
     msg = here.recv()
-    p.join(10)
+    p.join(60)
     assert msg.startswith("SharedBufferError") and "closed by its owner" in msg, msg
 
 

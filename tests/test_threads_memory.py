@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 import tracemalloc
@@ -68,12 +67,14 @@ def torn_rows(batch) -> int:
     return int((~ok).sum())
 
 
-def hammer(buf, seconds: float, n_samplers: int = 2, min_sampled: int = 0) -> tuple[int, int]:
-    """A writer pushes and extends rows that carry their id in every field; samplers check them,
-    for ``seconds`` and then until ``min_sampled`` rows were sampled (at most 60 s more: a loaded
-    machine slows the threads, it must not fail the check)."""
+def hammer(buf, n_samplers: int = 2, min_sampled: int = 0, min_written: int = 0,
+           until_torn: bool = False, cap_s: float = 300) -> tuple[int, int]:
+    """A writer pushes and extends rows that carry their id in every field; samplers check them
+    until ``min_sampled`` rows were sampled while the writer wrote ``min_written`` rows (with
+    ``until_torn``: until a torn row was seen). Returns ``(torn, sampled)``. ``cap_s`` only
+    turns a hang into a failure: the threads stop on what they did, not after a time."""
     stop = threading.Event()
-    torn, sampled = [0] * n_samplers, [0] * n_samplers
+    torn, sampled, written = [0] * n_samplers, [0] * n_samplers, [0]
     errors = []
 
     def writer():
@@ -86,6 +87,7 @@ def hammer(buf, seconds: float, n_samplers: int = 2, min_sampled: int = 0) -> tu
                     k += 1
                 buf.extend(seq_rows(k, 50))
                 k += 50
+                written[0] = k - 200
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -98,18 +100,25 @@ def hammer(buf, seconds: float, n_samplers: int = 2, min_sampled: int = 0) -> tu
         except BaseException as exc:  # pragma: no cover
             errors.append(exc)
 
+    def done():
+        if until_torn:
+            return sum(torn) > 0
+        return sum(sampled) >= min_sampled and written[0] >= min_written
+
     threads = [threading.Thread(target=writer)] + [
         threading.Thread(target=sampler, args=(i,)) for i in range(n_samplers)]
     for t in threads:
         t.start()
-    time.sleep(seconds)
-    deadline = time.monotonic() + 60
-    while sum(sampled) < min_sampled and time.monotonic() < deadline and not errors:
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join(10)
+    deadline = time.monotonic() + cap_s
+    try:
+        while not done() and not errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
     assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
     return sum(torn), sum(sampled)
 
 
@@ -117,9 +126,11 @@ def hammer(buf, seconds: float, n_samplers: int = 2, min_sampled: int = 0) -> tu
 def test_no_torn_rows_with_one_writer_and_two_samplers(layout, cls):
     buf = cls(SEQ_SPEC, 200, layout=layout, seed=0)
     buf.extend(seq_rows(0, 200))
-    buf.sample(128)  # compile (cold cache) or load the kernel before the clock starts
-    torn, sampled = hammer(buf, 1.5, min_sampled=10_001)
-    assert sampled > 10_000
+    buf.sample(128)  # compile (cold cache) or load the kernel before the threads start
+    # without the lock a torn row shows within some 30,000 rows written (the control below):
+    # a thousand laps of the 200-row ring and a million rows sampled meanwhile
+    torn, sampled = hammer(buf, min_sampled=1_000_000, min_written=200_000)
+    assert sampled >= 1_000_000
     assert torn == 0
 
 
@@ -130,60 +141,84 @@ def test_torn_rows_are_detected_without_the_lock():
     buf.extend(seq_rows(0, 200))
     buf.sample(128)
     buf._lock = contextlib.nullcontext()
-    torn = 0
-    deadline = time.monotonic() + 20
-    while torn == 0 and time.monotonic() < deadline:
-        torn, _ = hammer(buf, 1.0, n_samplers=1)
+    torn, _ = hammer(buf, n_samplers=1, until_torn=True)
     assert torn > 0
 
 
-def _progress_of_other_thread_during(action) -> int:
-    """How far a counting thread gets while ``action`` runs in this thread.
+def _released_mid_copy(out, action, attempts: int | None = None, cap_s: float = 60) -> bool:
+    """Whether another Python thread ran while ``action`` was copying into ``out``.
 
-    The switch interval is raised to 1 s, so this thread keeps the GIL unless it releases it
-    itself: the count can only move while ``action`` runs if ``action`` releases the GIL.
+    ``action`` fills ``out`` (zeroed before each attempt) with ones, first row first and last
+    row last, in one native call. A watching thread reads ``out``'s first and last byte while
+    the attempt is under way: the first written and the last not yet is a moment inside that
+    call, and the watcher can only have run Python then if the call had released the GIL. A
+    call that holds the GIL can never be seen so, however the threads are scheduled. The
+    attempts repeat until the watcher saw one (a loaded machine may not run it in time), at
+    most ``attempts`` times or for ``cap_s`` seconds.
     """
-    counter = [0]
-    stop = threading.Event()
+    state = {"gen": 0, "armed": False}
+    armed, stop, seen = threading.Event(), threading.Event(), threading.Event()
+    first = (0,) * out.ndim
+    last = (-1,) * out.ndim
 
-    def count():
-        while not stop.is_set():
-            counter[0] += 1
-            if counter[0] % 64 == 0:
-                time.sleep(0)  # hand the GIL back to the main thread
+    def watch():
+        while True:
+            armed.wait()  # asleep between attempts
+            if stop.is_set():
+                return
+            gen, on = state["gen"], state["armed"]
+            a, b = out[first], out[last]
+            if on and a == 1 and b == 0 and state["armed"] and state["gen"] == gen:
+                seen.set()
+                return
+            time.sleep(0)  # hand the GIL back: the main thread wants it after the call
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1.0)
-    t = threading.Thread(target=count)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    deadline = time.monotonic() + cap_s
+    n = 0
     try:
-        t.start()
-        time.sleep(0.02)
-        before = counter[0]
-        action()
-        during = counter[0] - before
+        while not seen.is_set() and time.monotonic() < deadline and (attempts is None or n < attempts):
+            out[...] = 0
+            state["gen"] += 1
+            state["armed"] = True
+            armed.set()
+            action()
+            state["armed"] = False
+            armed.clear()
+            assert out[first] == 1 and out[last] == 1, "the action did not fill out"
+            n += 1
     finally:
         stop.set()
-        t.join()
-        sys.setswitchinterval(old)
-    return during
+        armed.set()
+        t.join(60)
+    return seen.is_set()
 
 
 def test_kernels_release_the_gil(layout):
-    """A Python thread runs while one large sample is gathered (nogil kernels)."""
-    buf = ReplayBuffer({"img": ("u1", (4, 84, 84))}, 1000, layout=layout, seed=0)
+    """A Python thread runs while a large sample is being gathered (nogil kernels)."""
+    buf = ReplayBuffer({"img": ("u1", (4, 84, 84))}, 1000, layout=layout, seed=0, ring_size=1)
     buf.extend({"img": np.ones((1000, 4, 84, 84), np.uint8)})
-    buf.sample(1000)
-    assert _progress_of_other_thread_during(lambda: buf.sample(1000)) > 100
+    out = buf.sample(1000)["img"]  # ring_size=1: every sample of 1000 rows gathers into it
+    assert _released_mid_copy(out, lambda: buf.sample(1000))
 
 
 def test_gil_probe_can_fail():
-    """Control: a GIL-holding action of similar length lets the other thread make no progress."""
-    def busy():
-        end = time.perf_counter() + 0.03
-        while time.perf_counter() < end:
-            pass
+    """Control: the same copy compiled without nogil is never seen mid-copy; with nogil it is."""
+    from numba import njit
 
-    assert _progress_of_other_thread_during(busy) == 0
+    def fill(src, dst):
+        for i in range(dst.shape[0]):
+            for j in range(dst.shape[1]):
+                dst[i, j] = src[i, j]
+
+    holding, releasing = njit(nogil=False)(fill), njit(nogil=True)(fill)
+    src = np.ones((1000, 4 * 84 * 84), np.uint8)
+    out = np.zeros_like(src)
+    holding(src, out)
+    releasing(src, out)  # compiled before the attempts
+    assert not _released_mid_copy(out, lambda: holding(src, out), attempts=200)
+    assert _released_mid_copy(out, lambda: releasing(src, out))
 
 
 def test_output_rings_are_per_thread(layout):
