@@ -395,10 +395,12 @@ class ExactlyKSampler(Sampler):
 
     def slot_hook(self):
         """``on_write`` for one row, in Python (a kernel call costs more than these few reads)."""
-        pool, remaining, meta, k, cap = self.pool, self.remaining, self.meta, self.replays, self.capacity
+        # memoryviews of the arrays (the kernels' arrays, shared): reading or assigning one item
+        # of a memoryview costs half of numpy's scalar indexing
+        pool, remaining, meta = memoryview(self.pool), memoryview(self.remaining), memoryview(self.meta)
+        k, cap = self.replays, self.capacity
         # the writer itself, not its proxy: this closure is held by the generated push (which
         # holds the writer anyway), never by the writer
-        # a memoryview of the uint32 laps: its item assignment costs half of numpy's
         wrote, w = memoryview(self.wrote), self._writer_ref()
         me = weakref.ref(self)  # the writer holds this hook: no cycle through the sampler
 
@@ -406,11 +408,11 @@ class ExactlyKSampler(Sampler):
             # the generated push's place already counted the lap of a sweep past the ring's
             # end (writers._wrapping), so the writer's laps are the row's
             wrote[slot] = w.laps & 0xFFFFFFFF
-            left = int(remaining[slot])
+            left = remaining[slot]
             if left:
                 me().lost_replays += left  # only "overwrite" with no free slot writes over one
             else:
-                m = int(meta[0])
+                m = meta[0]
                 if m >= cap:
                     raise RuntimeError("ExactlyKSampler: the pool is full but a slot was free")
                 pool[m] = slot
