@@ -610,6 +610,13 @@ class SharedReplayBuffer:
 
     Notes
     -----
+    Options that do not combine are refused before the region exists, with a message naming
+    both (the table :data:`tfdata.replay.combinations.RULES`): ``mode="fifo"`` with priorities,
+    ``sampler=``, ``n_step``, ``frame_stack`` or a rate limiter; ``sampler="exactly_k"`` with
+    priorities, ``n_step``, ``frame_stack``, ``policy="overwrite"`` (not built) or a limiter
+    whose ``samples_per_insert`` is not ``replays``; ``frame_stack`` with
+    ``sampler="without_replacement"`` (not built); ``stats``.
+
     The owner (this object, in the process that built it) removes the region when it is
     closed or collected; writers still attached then fail their next write with
     :class:`~tfdata.SharedBufferError`. Learner threads may share the object: sampling and

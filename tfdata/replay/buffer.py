@@ -182,6 +182,13 @@ class ReplayBuffer(ReplayCore):
     ``1 <= batch_size <= len(buffer)``: a batch larger than the data is almost always a
     configuration error (learning starts before the buffer holds a batch).
 
+    *Combinations*: every option combines with every other, except the pairs refused at
+    construction (ValueError or NotImplementedError naming both options and why), listed in
+    one table, :data:`tfdata.replay.combinations.RULES`: with ``sampler="exactly_k"``,
+    ``n_step``, ``elide_next``, ``frame_stack`` and a rate limiter whose
+    ``samples_per_insert`` is not ``replays``; ``compress_cold`` without ``frame_stack`` and
+    ``spill_path``.
+
     *Threads*: one writer and any number of samplers may share a buffer. Writes and samples are
     serialised by an internal lock, and kernels release the GIL, so other Python threads
     (an environment, a learner) keep running while a sample is gathered. A sampler never sees a
