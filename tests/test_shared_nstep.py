@@ -76,7 +76,7 @@ def test_options_are_checked_before_the_region_exists(shm_dir):
         SharedReplayBuffer({"x": "f4"}, 8, n_step=3)
     with pytest.raises(ValueError, match="gamma"):
         SharedReplayBuffer(SPEC, 8, n_step=3, gamma=1.5)
-    with pytest.raises(ValueError, match="replay"):
+    with pytest.raises(ValueError, match="n_step=3 with mode=.fifo.: a FIFO delivers the rows as written"):
         SharedReplayBuffer(SPEC, 8, n_step=3, mode="fifo")
     assert list(shm_dir.iterdir()) == []
 
