@@ -759,6 +759,20 @@ def test_shared_bad_region_json(shm_dir):
                 json.dump({**good, "rate_limiter": bad}, f)
             with pytest.raises(FormatError, match="region.json.*rate_limiter"):
                 SharedWriter(buf.name, 0)
+    # a limiter no constructor would combine with the region's sampler (the table of
+    # combinations): exactly-k delivers 2 samples per row, not 3
+    with SharedReplayBuffer(SPEC, 16, sampler="exactly_k", replays=2,
+                            rate_limiter=RateLimiter(2.0, 2, 4.0)) as buf:
+        doc_path = os.path.join(buf.path, "region.json")
+        with open(doc_path) as f:
+            good = json.load(f)
+        with open(doc_path, "w") as f:
+            json.dump({**good, "rate_limiter": {**good["rate_limiter"], "samples_per_insert": 3.0}}, f)
+        with pytest.raises(FormatError, match="region.json.*samples_per_insert = replays"):
+            SharedWriter(buf.name, 0)
+        with open(doc_path, "w") as f:
+            json.dump(good, f)
+        SharedWriter(buf.name, 0).close()
 
 
 def _limited_writer(name, shard, total, chunk, errors, waits):
