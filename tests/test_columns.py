@@ -867,6 +867,16 @@ def test_an_exactly_k_batch_older_than_2_32_laps_is_stale():
     buf.writer.laps += 2 ** 32 - 1  # (as if that many laps had been written: none of b's rows)
     with pytest.raises(ValueError, match="stale batch: 2 of its 2"):
         buf.update_field("label", b, [1.0, 2.0])
+    # exactly 2**32 - 1 laps on, sampled mid-ring: the lap kept modulo 2**32 would read as the
+    # batch's own lap, and the rows before the batch's cursor as unwritten; refused whole
+    buf = _id_buffer("exactly_k-drop", 8)
+    buf.extend(_id_rows(range(4)))
+    b = buf.sample(2, copy=True)
+    assert buf.writer.cursor == 4 and (b.indices < 4).all()
+    buf.update_field("label", b, [1.0, 2.0])
+    buf.writer.laps += 2 ** 32 - 1
+    with pytest.raises(ValueError, match="stale batch: 2 of its 2"):
+        buf.update_field("label", b, [1.0, 2.0])
 
 
 def test_update_field_of_a_batch_through_every_push_path():

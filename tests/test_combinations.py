@@ -482,6 +482,73 @@ def test_a_limited_sample_that_waits_for_rows_wakes_when_an_insert_brings_them()
     t.join()
 
 
+def test_a_limited_sample_is_stuck_when_no_step_of_num_envs_rows_may_insert():
+    """With num_envs=2 an insert writes 2 rows: a sample short of rows waits for ever once an
+    insert of 2 rows is refused, even while one of 1 row would still pass the ratio."""
+    lim = tfdata.RateLimiter(1.0, 1, 2.0, timeout=2.0)  # inserts up to inserts - samples <= 3
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 32, num_envs=2, rate_limiter=lim)
+    buf.extend({"x": np.array([0, 1])})
+    assert lim.can_insert(1) and not lim.can_insert(2)
+    with pytest.raises(ValueError, match=r"a sample of 4 rows waits for rows \(2 can be drawn now\), "
+                                         r"and an insert of 2 rows waits for samples"):
+        buf.sample(4)
+    assert lim.metrics()["samples"] == 0
+
+
+def test_a_limited_exactly_k_sample_waits_for_rows_awaiting_replay_not_rows_held():
+    """The limiter waits for the rows an exactly-k batch can draw (those awaiting replay), not
+    the rows held: with 3 rows held of which 1 awaits replay, sample(2) waits for a writer
+    thread's insert (the sampler itself, without a timeout, would refuse at once)."""
+    lim = tfdata.RateLimiter(1.0, 1, 2.0, timeout=DEADLINE)  # min_diff -1: passes with 1 row owed
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 8, sampler="exactly_k", replays=1, rate_limiter=lim,
+                              seed=0)
+    for i in range(3):
+        buf.push({"x": i})
+    first = buf.sample(2, copy=True)["x"].tolist()
+    assert len(buf) == 3 and buf.sampler.awaiting == 1
+    got, errors = [], []
+
+    def learner():
+        try:
+            got.extend(buf.sample(2)["x"].tolist())
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=learner, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    while lim.metrics()["sample_waits"] == 0 and t.is_alive():  # the sample is waiting
+        assert time.monotonic() - t0 < DEADLINE
+        time.sleep(0.001)
+    assert not errors, errors
+    buf.push({"x": 3})
+    t.join(DEADLINE)
+    assert not t.is_alive() and not errors, errors
+    assert sorted(first + got) == [0, 1, 2, 3]  # each row once (replays=1), the new one too
+
+
+def test_limited_exactly_k_batches_at_the_bounds_are_sampled():
+    """The largest batches the refusals below let through do run: the pool bound and the
+    capacity bound are tight (one row more is refused), and a policy whose writers never wait
+    for slots is not held to the capacity bound."""
+    lim = tfdata.RateLimiter(4.0, 8, 16.0)  # inserts stop at 12 rows: 12 await replay
+    buf = tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4, rate_limiter=lim)
+    for i in range(12):
+        buf.push({"x": i})
+    assert not lim.can_insert(1)
+    assert sorted(buf.sample(12)["x"].tolist()) == list(range(12))
+    # capacity 64 >= k * min_size_to_sample - error_buffer + batch = 4 * 16 - 16 + 16
+    for policy, batch in (("block", 16), ("drop", 17)):
+        lim = tfdata.RateLimiter(4.0, 16, 16.0)  # inserts stop at 20 rows
+        buf = tfdata.ReplayBuffer({"x": "i8"}, 64, sampler="exactly_k", replays=4, policy=policy,
+                                  rate_limiter=lim)
+        for i in range(20):
+            buf.push({"x": i})
+        assert not lim.can_insert(1)
+        rows = buf.sample(batch)["x"].tolist()
+        assert len(set(rows)) == batch and set(rows) <= set(range(20)), policy
+
+
 def test_a_limited_exactly_k_batch_that_could_wait_for_ever_is_refused_before_its_ring():
     lim = tfdata.RateLimiter(4.0, 8, 16.0)
     buf = tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4, rate_limiter=lim)

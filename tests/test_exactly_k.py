@@ -299,6 +299,14 @@ def test_k1_is_exact_once_fifo_in_random_order():
 def test_sample_short_of_rows_raises_at_once_with_counts():
     b = ek(16, k=1)
     b.extend(rows(range(3)))
+    nbytes = b.nbytes
+    # timeout=None: a batch larger than the rows held is refused by the buffer, before its
+    # output ring is built (only a sampler with a timeout waits for rows, up to the capacity)
+    assert not b.sampler.waits_for_rows
+    with pytest.raises(ValueError, match=r"batch_size 5 is larger than the 3 rows held; rows are "
+                                         r"drawn without replacement"):
+        b.sample(5)
+    assert b.nbytes == nbytes
     ring = b.sample(2)
     kept = ring["id"].tolist()
     before = b.state_dict()

@@ -1038,6 +1038,13 @@ def test_value_refuses_a_non_finite_value_from_the_parameters():
         agent.value(np.zeros((3, 4), np.float32))
 
 
+def test_log_prob_refuses_nan_logits_from_the_parameters():
+    agent = PPO(4, 2, seed=0)
+    agent.actor.layer(2)[1][0] = np.nan  # the actor's output bias: every row's logits are NaN
+    with pytest.raises(ValueError, match=r"^obs: the actor's logits are NaN at row 0 .*no log-probability"):
+        agent.log_prob(np.zeros((3, 4), np.float32), np.zeros(3, np.int64))
+
+
 def test_train_refuses_non_finite_parameters():
     agent = PPO(4, 2, seed=0)
     good = minibatch(np.random.default_rng(0), agent, 32)

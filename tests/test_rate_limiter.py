@@ -759,6 +759,20 @@ def test_shared_bad_region_json(shm_dir):
                 json.dump({**good, "rate_limiter": bad}, f)
             with pytest.raises(FormatError, match="region.json.*rate_limiter"):
                 SharedWriter(buf.name, 0)
+    # a limiter no constructor would combine with the region's sampler (the table of
+    # combinations): exactly-k delivers 2 samples per row, not 3
+    with SharedReplayBuffer(SPEC, 16, sampler="exactly_k", replays=2,
+                            rate_limiter=RateLimiter(2.0, 2, 4.0)) as buf:
+        doc_path = os.path.join(buf.path, "region.json")
+        with open(doc_path) as f:
+            good = json.load(f)
+        with open(doc_path, "w") as f:
+            json.dump({**good, "rate_limiter": {**good["rate_limiter"], "samples_per_insert": 3.0}}, f)
+        with pytest.raises(FormatError, match="region.json.*samples_per_insert = replays"):
+            SharedWriter(buf.name, 0)
+        with open(doc_path, "w") as f:
+            json.dump(good, f)
+        SharedWriter(buf.name, 0).close()
 
 
 def _limited_writer(name, shard, total, chunk, errors, waits):
@@ -987,3 +1001,39 @@ def test_shared_checkpoint_keeps_counts(shm_dir, tmp_path):
             with pytest.raises(FormatError, match=where):
                 SharedReplayBuffer.load(tmp_path / "bad")
             shutil.rmtree(tmp_path / "bad")
+
+
+def test_a_limited_sample_the_sampler_refuses_takes_no_slot_of_the_output_ring():
+    """As an unlimited sample: a sample the sampler refuses (after the limiter let it through)
+    leaves the ring's next slot to the next sample, so the batch before it stays intact."""
+    buf = ReplayBuffer(SPEC, 16, seed=0, ring_size=2, rate_limiter=RateLimiter.min_size(1))
+    buf.extend(rows(range(8)))
+    first = buf.sample(2)
+    kept = first["id"].tolist()
+    real = buf.sampler.sample
+
+    def refuse(*args):
+        raise ValueError("refused by the sampler")
+
+    buf.sampler.sample = refuse
+    with pytest.raises(ValueError, match="refused by the sampler"):
+        buf.sample(2)
+    buf.sampler.sample = real
+    buf.sample(2)  # ring_size=2: the other slot, so the first batch is still intact
+    assert first["id"].tolist() == kept
+    assert buf.rate_limiter.metrics()["samples"] == 4  # the refused sample was not counted
+
+
+def test_a_limited_batch_carries_the_write_position_of_its_sample():
+    """update_field(name, batch) checks a limited batch's rows by the writer's position at its
+    sample, cursor included: mid-ring, no row written since, nothing is stale."""
+    buf = ReplayBuffer(SPEC, 8, seed=0, sampler="without_replacement",
+                       rate_limiter=RateLimiter.min_size(1))
+    buf.extend(rows(range(12)))  # a lap and a half: the cursor at slot 4
+    assert buf.writer.cursor == 4
+    b = buf.sample(8, copy=True)  # every slot, those before the cursor too
+    assert b.write_position == buf.writer.position
+    buf.update_field("reward", b, np.arange(8, dtype=np.float32))
+    buf.push(row(12))  # slot 4 overwritten: that row of the batch is stale now
+    with pytest.raises(ValueError, match="stale batch: 1 of its 8 rows"):
+        buf.update_field("reward", b, np.arange(8, dtype=np.float32))

@@ -91,6 +91,9 @@ def test_exactly_k_wait_times_out_on_an_empty_buffer_and_changes_nothing():
     with pytest.raises(ValueError, match="larger than the capacity 32"):
         b.sample(33)  # no wait can give it: refused at once
     same_state(before, b.state_dict())
+    with pytest.raises(TimeoutError, match="await replay"):
+        b.sample(32)  # the capacity can hold it: it waits for rows like any other
+    same_state(before, b.state_dict())
     c = build("exactly_k")  # no timeout: no wait, refused at once (documented)
     with pytest.raises(ValueError, match="empty buffer"):
         c.sample(4)

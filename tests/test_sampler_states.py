@@ -211,7 +211,9 @@ def _ek(cap=16, k=2, policy="drop"):
     (10, {"delivered": 0}, "delivered"),
     (10, {"lost_replays": 2}, "lost_replays"),  # not full: nothing overwritten
     (10, {"dropped": 1}, "dropped"),  # not full: nothing dropped
-    (16, {"delivered": 1}, "delivered"),  # full: odd total with k = 2
+    (10, {"delivered": 7}, "delivered"),  # not full: more than the rows held were written
+    (16, {"delivered": 1}, "delivered"),  # full: fewer than the rows held (28 < 32)
+    (16, {"delivered": 6}, "delivered"),  # full: odd total with k = 2 (6 + 27 left)
     (16, {"delivered": 0}, "delivered"),  # full: fewer than the rows held were written
 ])
 def test_exactly_k_counters_against_the_pool_and_the_rows(tmp_path, fill, change, field):
