@@ -450,8 +450,9 @@ def test_exactly_k_at_its_ratio_runs_with_an_actor_and_a_learner_thread(policy):
 def test_a_limited_sample_waiting_for_rows_no_insert_can_bring_raises():
     """min_size_to_sample 1, error_buffer 4, 4 samples per insert: inserts stop at 2 rows until
     something is sampled, and sample(4) waits for 4 rows: each would wait for the other for ever
-    (until the timeout, None here). The sample raises ValueError instead, naming the counts."""
-    lim = tfdata.RateLimiter(4.0, 1, 4.0, timeout=None)
+    (until the timeout). The sample raises ValueError at once instead, naming the counts (the
+    timeout only turns a regression into a TimeoutError rather than a hang)."""
+    lim = tfdata.RateLimiter(4.0, 1, 4.0, timeout=DEADLINE)
     buf = tfdata.ReplayBuffer({"x": "i8"}, 32, rate_limiter=lim)
     buf.push({"x": 0})
     buf.push({"x": 1})
@@ -549,21 +550,23 @@ def test_limited_exactly_k_batches_at_the_bounds_are_sampled():
         assert len(set(rows)) == batch and set(rows) <= set(range(20)), policy
 
 
-def test_a_limited_exactly_k_batch_that_could_wait_for_ever_is_refused_before_its_ring():
-    lim = tfdata.RateLimiter(4.0, 8, 16.0)
+def test_a_limited_exactly_k_batch_that_could_wait_for_ever_is_refused_before_its_ring(shm_dir):
+    # (timeouts: a regression fails with TimeoutError instead of hanging the suite)
+    lim = tfdata.RateLimiter(4.0, 8, 16.0, timeout=DEADLINE)
     buf = tfdata.ReplayBuffer({"x": "i8"}, 32, sampler="exactly_k", replays=4, rate_limiter=lim)
     nbytes = buf.nbytes
     with pytest.raises(ValueError, match="a sample of 13 distinct rows can wait for ever, since "
                                          "inserts stop while only 12 rows may await replay"):
         buf.sample(13)
     assert buf.nbytes == nbytes  # no ring was built
-    lim = tfdata.RateLimiter(4.0, 16, 16.0)
+    lim = tfdata.RateLimiter(4.0, 16, 16.0, timeout=DEADLINE)
     buf = tfdata.ReplayBuffer({"x": "i8"}, 64, sampler="exactly_k", replays=4, rate_limiter=lim)
     with pytest.raises(ValueError, match="more than the capacity 64 may hold"):
         buf.sample(17)
-    with pytest.raises(ValueError, match="more than the capacity 64 may hold"):
-        SharedReplayBuffer({"x": "i8"}, 64, sampler="exactly_k", replays=4,
-                           rate_limiter=tfdata.RateLimiter(4.0, 16, 16.0)).sample(17)
+    with SharedReplayBuffer({"x": "i8"}, 64, sampler="exactly_k", replays=4,
+                            rate_limiter=tfdata.RateLimiter(4.0, 16, 16.0, timeout=DEADLINE)) as sb:
+        with pytest.raises(ValueError, match="more than the capacity 64 may hold"):
+            sb.sample(17)
 
 
 def test_the_table_in_architecture_md_is_the_table_in_the_code():
