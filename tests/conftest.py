@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,16 @@ ODD = {
     "f": ("i8", (3,)),
     "g": "i4",
 }
+
+
+def until(condition, seconds: float = 60) -> bool:
+    """Poll ``condition`` until it holds; ``seconds`` only turns a hang into a failure."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def same_state(a, b) -> None:

@@ -26,7 +26,7 @@ from tfdata.errors import WriterLostWarning
 from tfdata.kernels import _replays
 
 from . import naive
-from .conftest import same_state
+from .conftest import same_state, until
 
 SPEC = {"id": "i8", "obs": ("f4", (3,)), "reward": "f4", "terminated": "?", "truncated": "?"}
 GROUPS = (("id", "reward"), ("obs",))
@@ -66,16 +66,6 @@ class Waits:
         notified = self._wait(timeout)
         self.log.append((threading.get_ident(), timeout, notified))
         return notified
-
-
-def until(condition, seconds: float = 60) -> bool:
-    """Poll ``condition`` until it holds; ``seconds`` only turns a hang into a failure."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 # -- the kernels against their references ----------------------------------------------------------

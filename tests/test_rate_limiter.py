@@ -23,6 +23,7 @@ import tfdata
 from tfdata import FormatError, PrioritizedReplayBuffer, RateLimiter, ReplayBuffer
 
 from . import naive
+from .conftest import until
 
 SPEC = {"id": "i8", "obs": ("f4", (3,)), "reward": "f4", "terminated": "?", "truncated": "?"}
 LAYOUTS = ["aos", "soa", (("id", "reward"), ("obs",))]
@@ -40,16 +41,6 @@ def rows(ids) -> dict:
 def row(i: int) -> dict:
     return {"id": i, "obs": np.full(3, i, np.float32), "reward": float(i),
             "terminated": i % 7 == 6, "truncated": False}
-
-
-def until(condition, seconds: float = 60) -> bool:
-    """Poll ``condition`` until it holds; ``seconds`` only turns a hang into a failure."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def in_bounds(m: dict, lim: RateLimiter) -> bool:
