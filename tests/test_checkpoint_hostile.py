@@ -288,7 +288,7 @@ def test_a_huge_ring_size_is_refused(tmp_path):
         with pytest.raises(FormatError, match="ring_size"):
             tfdata.ReplayBuffer.load(ck)
     edit(ck, lambda d: d["config"].update(ring_size=64))  # the bound itself is accepted
-    assert tfdata.ReplayBuffer.load(ck)._ring_size == 64
+    assert tfdata.ReplayBuffer.load(ck).ring_size == 64
 
 
 def test_a_huge_capacity_is_refused_before_any_allocation(tmp_path):

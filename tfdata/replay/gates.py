@@ -1,0 +1,130 @@
+"""The gate around a replay buffer's sample: when a batch may be drawn, and what it counts.
+
+A buffer has one gate, picked when it is built: :class:`OpenGate` (no rate limiter: a batch
+takes the rows held, and is refused when they are too few) or :class:`LimiterGate` (a
+:class:`~tfdata.replay.limiter.RateLimiter`: the sample waits, the lock released, until the
+limiter and the rows allow it, and is counted). The sample path calls the same three methods
+either way: ``admit`` before a new output ring is allocated, ``wait`` and ``done`` under the
+buffer's lock around the draw.
+"""
+
+from __future__ import annotations
+
+from . import combinations
+
+
+class OpenGate:
+    """No rate limiter: a batch draws from the rows held, now.
+
+    Parameters
+    ----------
+    writer
+        The buffer's writer (``size``: rows held).
+    sampler
+        The buffer's sampler: its ``rule`` (for messages) and ``waits_for_rows`` (a sampler
+        that waits for rows itself, up to its timeout, is refused only a batch larger than the
+        capacity).
+    """
+
+    __slots__ = ("writer", "sampler", "capacity")
+    limited = False
+
+    def __init__(self, writer, sampler):
+        self.writer, self.sampler, self.capacity = writer, sampler, writer.capacity
+
+    def _short(self, batch_size: int) -> bool:
+        return not self.sampler.waits_for_rows or batch_size > self.capacity
+
+    def too_few_rows(self, batch_size: int, n: int) -> str:
+        """Why ``sample(batch_size)`` is refused with ``n`` rows held; the sampler says how it
+        takes rows (its ``rule``), the buffer does not guess it from the sampler's type."""
+        rule = self.sampler.rule
+        if self.sampler.waits_for_rows:  # refused only beyond the capacity (see _short)
+            return (f"batch_size {batch_size} is larger than the capacity {self.capacity}: no "
+                    f"wait for writers can give a batch that many rows ({rule})")
+        if n == 0:
+            return f"cannot sample from an empty buffer ({rule})"
+        return (f"batch_size {batch_size} is larger than the {n} rows held; {rule}, and a batch "
+                f"needs batch_size <= len(buffer)")
+
+    def admit(self, batch_size: int) -> None:
+        """Refuse (ValueError) a batch the rows held cannot give, before its ring exists."""
+        n = self.writer.size
+        if batch_size > n and self._short(batch_size):
+            raise ValueError(self.too_few_rows(batch_size, n))
+
+    def admit_slices(self, batch_size: int) -> None:
+        """Nothing more to refuse of slices (their sizes are checked against :meth:`rows`)."""
+
+    def rows(self) -> int:
+        """Rows a batch can count on without waiting: the rows held."""
+        return self.writer.size
+
+    def wait(self, batch_size: int) -> int:
+        """The rows held (lock held); ValueError when a batch cannot be drawn from them."""
+        n = self.writer.size
+        if batch_size > n and self._short(batch_size):
+            raise ValueError(self.too_few_rows(batch_size, n))
+        return n
+
+    def wait_slices(self, batch_size: int) -> int:
+        return self.writer.size
+
+    def done(self, batch_size: int) -> None:
+        """Nothing is counted."""
+
+
+class LimiterGate:
+    """A rate limiter around the sample: ``wait`` blocks (the lock released) until the limiter
+    lets a batch through and ``held.size`` rows can be drawn; ``done`` counts the batch.
+
+    Parameters
+    ----------
+    limiter : RateLimiter
+        Bound to the buffer's lock.
+    writer
+        The buffer's writer.
+    held
+        ``.size``: the rows a batch can draw (the writer, or what a sampler that holds rows
+        back lets a batch draw).
+    sampler
+        The buffer's sampler (its facets, for the table of combinations).
+    num_envs : int
+        The fewest rows an insert writes.
+    """
+
+    __slots__ = ("limiter", "writer", "held", "sampler", "num_envs", "capacity")
+    limited = True
+
+    def __init__(self, limiter, writer, held, sampler, num_envs: int):
+        self.limiter, self.writer, self.held, self.sampler = limiter, writer, held, sampler
+        self.num_envs, self.capacity = num_envs, writer.capacity
+
+    def admit_slices(self, batch_size: int) -> None:
+        """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
+        ring is built): the limiter's own bound, then the sampler's with the limiter (the table
+        of :mod:`tfdata.replay.combinations`)."""
+        self.limiter.check_sample(batch_size)
+        why = combinations.sample_refusal(self.sampler.facets(), self.limiter.params(),
+                                          self.capacity, batch_size)
+        if why is not None:
+            raise ValueError(why)
+
+    def admit(self, batch_size: int) -> None:
+        if batch_size > self.capacity:  # rows may still come: refused only if they never can
+            raise ValueError(f"batch_size {batch_size} is larger than the capacity "
+                             f"{self.capacity}; sampling needs batch_size <= len(buffer)")
+        self.admit_slices(batch_size)
+
+    def rows(self) -> int:
+        """Rows a batch can count on after waiting: the capacity."""
+        return self.capacity
+
+    def wait(self, batch_size: int) -> int:
+        self.limiter.sample_wait(batch_size, self.held, self.num_envs)
+        return self.writer.size
+
+    wait_slices = wait
+
+    def done(self, batch_size: int) -> None:
+        self.limiter.sampled(batch_size)

@@ -1,0 +1,110 @@
+"""Slices of consecutive rows: ``sample_sequences`` of a replay buffer.
+
+:class:`Slices` draws the start rows with the buffer's sampler (``sample_slices``: a slice stays
+within one stream and one episode, from the episode numbers), gathers the rows, and applies
+the transforms that act on slices, under the buffer's lock and gate, into this thread's output
+ring of the batch's shape.
+"""
+
+from __future__ import annotations
+
+from .._checks import check_int
+from ..batch import UNHELD, getrefcount, retire
+from ..errors import SpecError
+from .samplers import sampler_name
+
+# policy="reject": draws per slice before concluding no slice exists
+MAX_DRAWS = 10_000
+
+
+class Slices:
+    """The sequence sampling of one buffer (see ``ReplayCore.sample_sequences``).
+
+    Parameters
+    ----------
+    sampler, writer, episodes, lock
+        The buffer's parts (``episodes`` None: the buffer keeps no episode numbers).
+    gate : OpenGate or LimiterGate
+        When a batch may be drawn, and what it counts.
+    rings : Rings
+        This thread's output rings.
+    after_sample : tuple of callables
+        Run after every sample, under the lock.
+    num_envs : int
+    """
+
+    def __init__(self, sampler, writer, episodes, lock, gate, rings, after_sample, num_envs: int):
+        self.sampler, self.writer, self.episodes, self.lock = sampler, writer, episodes, lock
+        self.gate, self.rings, self.after_sample, self.num_envs = gate, rings, after_sample, num_envs
+
+    def sample(self, batch_size, length, policy, copy, fields):
+        """``sample_sequences(batch_size, length, policy=, copy=, fields=)``."""
+        if not getattr(self.sampler, "stream_order", True):  # before the episodes' absence, which it causes
+            raise NotImplementedError(
+                f"sample_sequences: sampler={sampler_name(self.sampler)!r} "
+                f"writes rows off stream order and delivers rows, not slices; use sample()")
+        ep = self.episodes
+        if ep is None:
+            raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
+                            "fields 'terminated' and 'truncated' (or name them with roles=)")
+        if policy not in ("mask", "reject"):
+            raise ValueError(f"policy must be 'mask' or 'reject', got {policy!r}")
+        batch_size = check_int("batch_size", batch_size, 1)
+        length = check_int("length", length, 1)
+        reject = policy == "reject"
+        names = None if fields is None else self.rings.fields(fields)
+        gate = self.gate
+        # check, then allocate: a refused call builds no ring (with a limiter rows may still
+        # come: refused now only what no rows can make possible)
+        self.check(batch_size, length, reject and not gate.limited, gate.rows())
+        gate.admit_slices(batch_size)
+        key = ("seq", batch_size, length) if names is None else ("seq", batch_size, length, names)
+        try:
+            ring = self.rings.local.rings[key]
+        except (AttributeError, KeyError):
+            ring = self.rings.new(batch_size, length, names)
+        with self.lock:
+            n = gate.wait_slices(batch_size)
+            self.check(batch_size, length, reject, n)  # a clear() may have run since
+            i = ring.next
+            out, arrays = ring.slots[i], ring.arrays[i]
+            state = self.sampler.state
+            counter = int(state[1])
+            failed = self.sampler.sample_slices(n, self.writer.cursor, ep.episode, reject,
+                                                MAX_DRAWS, out, arrays[0])
+            if failed >= 0:
+                state[1] = counter  # a refused sample consumes no randomness
+                raise ValueError(f"policy='reject': {MAX_DRAWS} random starts found no slice of "
+                                 f"{length} steps within one episode; episodes held are shorter "
+                                 f"than that (use policy='mask')")
+            ring.next = (i + 1) % len(ring.slots)
+            out.source.gather(out.indices, out)
+            cursor = self.writer.cursor
+            for t, a in zip(ring.transforms, arrays[1:]):
+                if t.on_slices:
+                    t.apply(out, a, out.indices, cursor)
+            for f in self.after_sample:
+                f()
+            gate.done(batch_size)
+        batch = ring.batches[i]
+        if getrefcount(batch) > UNHELD:  # see sample()
+            batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def check(self, batch_size: int, length: int, reject: bool, n: int) -> None:
+        """Refuse slice sizes the rows ``n`` held cannot back (before anything is allocated)."""
+        if n == 0:
+            raise ValueError("cannot sample from an empty buffer")
+        if batch_size > n:
+            raise ValueError(f"batch_size {batch_size} is larger than the {n} rows held; slices "
+                             f"start at rows the sampler draws ({self.sampler.rule}), and a "
+                             f"batch needs batch_size <= len(buffer)")
+        steps = self.writer.capacity // self.num_envs
+        if length > steps:
+            raise ValueError(f"length {length} is longer than any slice can be: the buffer keeps "
+                             f"at most {steps} steps per stream (capacity {self.writer.capacity}, "
+                             f"num_envs {self.num_envs})")
+        steps = n // self.num_envs
+        if reject and length > steps:
+            raise ValueError(f"no slice of length {length} exists: the buffer holds {steps} "
+                             f"steps per stream")
