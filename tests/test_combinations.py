@@ -569,10 +569,10 @@ def test_a_limited_exactly_k_batch_that_could_wait_for_ever_is_refused_before_it
             sb.sample(17)
 
 
-def test_the_table_in_architecture_md_is_the_table_in_the_code():
+def test_the_table_in_the_design_record_is_the_table_in_the_code():
     import pathlib
 
-    text = (pathlib.Path(__file__).parents[1] / "ARCHITECTURE.md").read_text()
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "design" / "combinations.md").read_text()
     assert combinations.markdown() in text
 
 

@@ -90,7 +90,7 @@ def _env(reports: str) -> dict:
 
 
 class _Progress:
-    """One status line: ``[k/n] name  ####......  12 s``, redrawn every second on a terminal."""
+    """One status line: ``[k/n] name  ####......  <seconds> s``, redrawn every second on a terminal."""
 
     def __init__(self, total: int, stream=None):
         self.total, self.done, self.name, self.t0 = total, 0, "", time.monotonic()

@@ -15,8 +15,8 @@ fixed by the code below, never by the form, the machine's vector width or the la
 sum (no fast-math: that would let the order depend on the vector width). A contiguous column is
 read as ``rows * k`` consecutive values, ``GROUPS * L`` at a time (each lane's sums stay in
 registers across the groups); numba's SLP vectoriser is off, so independent scalar
-accumulators would stay scalar (measured on 1M float32 values: 0.88 ms, against 0.33 ms for
-lanes in memory and 0.24 ms with the groups). A strided field is read one element at a time
+accumulators would stay scalar, several times slower (docs/design/columns.md, "Measured"). A
+strided field is read one element at a time
 (see :func:`_lane_pass`). The lanes are then added per element in lane order: ``mean = K + S / n`` and
 ``M2 = Q - S * S / n`` (the "shifted data" form; with the shift a value of the same rows its
 relative error is about ``eps * (K - mean) ** 2 / var``).
@@ -76,8 +76,8 @@ def block_rows(k: int, itemsize: int) -> int:
     """Rows per leaf of a statistics tree over a field of ``k`` elements of ``itemsize`` bytes:
     256, or 1024 // itemsize for 1- and 2-byte elements, so that the tree takes about 1/8 of
     the field's bytes or less. Smaller leaves make a relabelled row cheaper to account for (its
-    whole leaf is recomputed) and the tree larger; 256 rows of a scalar are 256 values, about
-    0.2 us of a pass."""
+    whole leaf is recomputed) and the tree larger; 256 rows of a scalar are 256 values, a small
+    share of a pass."""
     return max(256, 1024 // int(itemsize))
 
 
@@ -201,8 +201,8 @@ def _lane_pass(x, k, a, b, lanes):
     rows) is read one element at a time, as a strided 1-D view, into ``r`` lanes of its own
     (``lanes[5:]`` as ``(k, 5, r)``), then moved to lane ``q * k + j``: every lane sees the same
     values in the same order as in the flat form, and the loop over lanes stays vectorised
-    (a copy of each row's ``k`` values first was twice as slow, 3.6 against 1.9 us for 2048
-    cached rows of one float32)."""
+    (a copy of each row's ``k`` values first was twice as slow: docs/design/columns.md,
+    "Measured")."""
     L = lanes.shape[1]
     n = (b - a) * k  # values
     if x.ndim == 1:

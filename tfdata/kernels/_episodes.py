@@ -300,7 +300,7 @@ def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, ma
         -1 on success, else the slice number for which ``max_draws`` draws found nothing.
     """
     # the loops of _slice_fits and _fill_slice written out here: calling them made policy
-    # "reject" 1.15x slower (sample_sequences(32, 16) of 1M AoS rows: 19.5-21.0 vs 17.5-17.7 us)
+    # "reject" slower (docs/design/kernels.md, "Measured")
     length = idx.shape[1]
     span = (length - 1) * num_envs
     for b in range(idx.shape[0]):

@@ -24,11 +24,11 @@ edit of ``_pool.py`` recompiles ``pool_sample`` but not the buffers' ``sample_po
 Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
 globals"); a closure over the copy (compiled again in every process: numba keys a closure's
 cache entry by its pickled cells, and a pickled dispatcher holds a random uuid); a generic
-kernel inlined into per-layout kernels (cold compile 1.27x: 8.6 s against 6.8 s for all eight);
-a copy picked by ``@overload`` on the store's type (compile 1.35x when inlined, samples
-1.05-1.2x slower when not); a whole-store copy function per layout, or the AoS array handed over
-as a one-field tuple (one more inline level, or a loop over a 1-tuple: cold compile 1.05-1.25x
-on one layout's kernels).
+kernel inlined into per-layout kernels (a slower cold compile); a copy picked by ``@overload``
+on the store's type (a slower compile when inlined, slower samples when not); a whole-store copy
+function per layout, or the AoS array handed over as a one-field tuple (one more inline level,
+or a loop over a 1-tuple: a slower cold compile of one layout's kernels). Figures:
+docs/design/kernels.md, "Measured".
 
 ``store`` and ``out`` are what the layout's storage hands the kernels: ``uint64[capacity,
 words]`` for AoS, a tuple of ``uint8[capacity, field_bytes]`` byte views (one per field) for

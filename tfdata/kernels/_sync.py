@@ -11,7 +11,7 @@ the same word. What they add is *order*:
 * on AArch64 (Raspberry Pi, Jetson), where the CPU itself may reorder, they become ``ldar`` /
   ``stlr`` / ``dmb ish``.
 
-The protocol they implement is in ``tfdata/shared.py`` and ARCHITECTURE.md ("Shared memory").
+The protocol they implement is in ``tfdata/shared.py`` and docs/design/shared-memory.md.
 """
 
 from __future__ import annotations

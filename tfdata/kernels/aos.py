@@ -6,12 +6,11 @@ runtime value), so a new schema never triggers a compile. The kernels are :mod:`
 specialized to :func:`copy_records`.
 
 A row is copied as one block (:func:`copy_row`, a :func:`._sample.row_copy` for the record widths
-8 to 128 bytes; wider rows go to ``memcpy``). Measured with 1M CartPole rows (48 B) on the 2-core
-VM, batch 256 / 1024: 4.5-4.8 / 14-15 µs against 8.9 / 37 µs for the loop over the row's 64-bit
-words this replaced (a copy with a runtime width: LLVM vectorises it with
-runtime trip-count checks, and its interleaved 8-byte loads and stores keep fewer rows' cache
-misses in flight), and 4.3-4.6 / 15.4-16.3 µs for the whole-record assignment of the record
-dtype. See reports/benchmarks.md, "Uniform sample: where the time goes".
+8 to 128 bytes; wider rows go to ``memcpy``). It is about twice as fast as the loop over the
+row's 64-bit words it replaced (a copy with a runtime width: LLVM vectorises it with runtime
+trip-count checks, and its interleaved 8-byte loads and stores keep fewer rows' cache misses in
+flight), and as fast as the whole-record assignment of the record dtype, which would compile
+once per schema. Figures: reports/benchmarks.md, "Uniform sample: where the time goes".
 """
 
 from __future__ import annotations

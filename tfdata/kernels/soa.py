@@ -7,11 +7,10 @@ per number of fields. The kernels are :mod:`._sample`'s, specialized to this cop
 
 A field's row is copied by :func:`copy_row`, a :func:`._sample.row_copy` for every width of 1 to
 64 bytes and the multiples of 8 to 128 (a fixed-size copy each; wider fields, such as image
-frames, by ``memcpy``). It replaced a word loop (the widest word that divides the
-width, then a loop over those words with a runtime width): 1M CartPole rows (six columns),
-kernel alone, interleaved in one process on a loaded machine, batch 32 / 256 / 1024: 5.2 / 23 /
-94 µs against 8.1 / 49 / 193 µs. Copying every field of a row before the next row instead of
-field by field was no better (7.0 / 43 / 189 µs with the same copy).
+frames, by ``memcpy``). It replaced a word loop (the widest word that divides the width, then a
+loop over those words with a runtime width), about twice as slow. Copying every field of a row
+before the next row instead of field by field was no better. Figures: reports/benchmarks.md,
+"Uniform sample: where the time goes" (**SoA**).
 """
 
 from __future__ import annotations

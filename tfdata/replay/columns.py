@@ -340,7 +340,7 @@ class RunningStats:
         """Once: where the rows are, and the writer whose cursor and size say which are live."""
         from ..kernels import _columns as kc
 
-        self.kc = kc  # bound once: an import statement on the read path costs ~0.5 us
+        self.kc = kc  # bound once: an import statement on every read costs more than the read
         # a proxy: the writer holds this hook, and a strong reference back would be a cycle
         # keeping the storage alive until the cyclic GC runs
         self.writer = weakref.proxy(writer)

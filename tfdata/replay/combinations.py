@@ -243,7 +243,8 @@ def check(o: dict) -> None:
 
 
 def markdown() -> str:
-    """The table as markdown rows (what ARCHITECTURE.md shows; a test keeps the two equal)."""
+    """The table as markdown rows (what docs/design/combinations.md shows; a test keeps the two
+    equal)."""
     lines = ["| option | with | buffers | refused with | why |", "| --- | --- | --- | --- | --- |"]
     for r in RULES:
         where = "all" if r.where == BUFFERS else ", ".join(r.where)

@@ -627,8 +627,8 @@ def make_push(frames: FrameStacks, spec: Spec, storage, episodes, writer, lock, 
     from .. import kernels
 
     fb = spec[name].nbytes // k
-    # frames compared and copied as words: a byte loop does not vectorise (7 KB: 880 ns a
-    # compare against 63 ns as uint64 words)
+    # frames compared and copied as words: a byte loop does not vectorise (docs/design/frames.md,
+    # "Measured")
     word, src, off, width = frames.source(name)
     if word != 8:  # the compiled push views the stacks as uint64 words
         return None

@@ -143,7 +143,7 @@ class NStep:
 
     def apply(self, out, arrays: dict, rows: np.ndarray, cursor: int) -> np.ndarray:
         # after the gather, so the window's first row is in cache (a kernel fusing the two
-        # measured slower: 54 vs 46 µs at 1M rows, AoS)
+        # measured slower: docs/design/nstep-and-elision.md, "Measured")
         k = self.k
         ret, term, trunc = arrays["outs"]
         last = arrays["last"]
