@@ -402,7 +402,7 @@ def td_loss_naive(q, q_next, actions, rewards, terminated, discounts, weights):
     return float(np.mean(w * err * err)), grad, np.abs(err)
 
 
-# -- tanh networks and PPO (tfdata.nn.PPO, kernels._ppo) ------------------------------------------
+# -- tanh networks and PPO (tfdata.nn.PPO, tfdata.nn._ppo_kernels) -----------------------------
 def tanh_mlp_forward_naive(weights: list, biases: list, x) -> list:
     """Every layer's output in float64: ``h @ W.T + b``, tanh on all but the last layer."""
     h = np.asarray(x, dtype=np.float64)
@@ -524,7 +524,7 @@ def clip_grad_norm_naive(grads, max_norm: float) -> tuple:
 
 
 def categorical_sample_naive(key: int, counter: int, logits) -> tuple:
-    """Actions drawn as kernels._ppo.ppo_act draws them: row ``b``'s uniform is the top 53 bits
+    """Actions drawn as nn._ppo_kernels.ppo_act draws them: row ``b``'s uniform is the top 53 bits
     of word ``counter + b``; the action is the first one whose cumulative probability exceeds it.
     Returns (actions, new counter)."""
     logp, _ = categorical_naive(logits)
