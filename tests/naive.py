@@ -299,7 +299,10 @@ def epoch_key(seed: int, epoch: int) -> int:
 
 
 def fisher_yates(items: list, key: int, counter: int) -> int:
-    """Shuffle ``items`` in place: for i from the top, swap with a uniform j in [0, i]."""
+    """Shuffle ``items`` in place: for i from the top, swap with a uniform j in [0, i]; returns
+    the counter after the last draw. The reference of the package's one shuffle
+    (``kernels._rng.shuffle`` and ``permutation``): the loader's epochs and block windows, the
+    rollout buffer's minibatch epochs."""
     for i in range(len(items) - 1, 0, -1):
         j, counter = draw_one(key, counter, i + 1)
         items[i], items[j] = items[j], items[i]
