@@ -3,14 +3,15 @@
 One module per layout (:mod:`.aos`, :mod:`.soa`) with the same function names and signatures;
 a storage picks its module once, when it is built. :mod:`.spans` has them too, for projections
 (some fields of any layout, gathered into columns). Importing this package decorates the kernels
-but compiles nothing: numba compiles (or loads from its cache) on the first call.
+but compiles nothing: numba compiles (or loads from its cache) on the first call. Every kernel's
+cache entry is stale when any source it imports changed (:mod:`tfdata._kernel_cache`).
 """
 
 from __future__ import annotations
 
-from .. import _config
+from .. import _kernel_cache
 
-_config.install_cache_dir()
+_kernel_cache.install()  # before the first kernel is defined
 
 from . import aos, soa, spans  # noqa: E402
 from ._rng import draw_indices, permutation  # noqa: E402

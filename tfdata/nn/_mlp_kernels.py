@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 
-from .. import _config
+from .. import _kernel_cache
 
-_config.install_cache_dir()  # before numba is imported, as tfdata.kernels does
+_kernel_cache.install()  # before the first kernel is defined, as tfdata.kernels does
 
 from numba import njit  # noqa: E402
 

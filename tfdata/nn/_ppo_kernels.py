@@ -22,9 +22,6 @@ tanh of float32 is Eigen's rational approximation (clamped to +-7.9053, odd degr
 even degree-6 polynomial; within a few float32 ulps of ``tanh``), which LLVM vectorises where
 ``math.tanh`` would be one libm call per element. float64 networks (gradient checks) use
 ``math.tanh``. Its derivative is taken as ``1 - y**2`` of the output ``y``, as torch does.
-
-The PPO kernels import :func:`tfdata.nn._mlp_kernels.adam_step`: numba's cache does not notice an
-edit of that file, so after changing it delete this module's cache files too.
 """
 
 from __future__ import annotations
