@@ -157,8 +157,8 @@ def install() -> None:
                 return None  # not ours (or in a zip): numba's own locators
             roots = [path]
             module = sys.modules.get(getattr(py_func, "__module__", None) or "")
-            made_for = getattr(module, "__file__", None)
-            if made_for and _in_package(os.path.abspath(made_for)):
+            made_for = os.path.abspath(getattr(module, "__file__", None) or path)
+            if made_for != path and _in_package(made_for):
                 roots.append(made_for)
             for fallback in fallbacks:
                 inner = fallback.from_function(py_func, py_file)
