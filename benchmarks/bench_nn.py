@@ -10,7 +10,7 @@ What each class measures, with the layout as its first parameter wherever a batc
 buffer (AoS fields are strided views of the sampled records, SoA fields contiguous columns):
 
 * ``TrainStep``: ``time_train``, one DQN update on a batch of 128 (sampled in ``setup``, not
-  timed). ``"tfdata"``: ``DQN.train(batch)`` (one compiled call, ``kernels._mlp.dqn_step``:
+  timed). ``"tfdata"``: ``DQN.train(batch)`` (one compiled call, ``nn._mlp_kernels.dqn_step``:
   target forward, online forward, TD loss, backward, Adam). ``"torch"``: CleanRL's update
   (``nn.Sequential`` 4-120-84-2 and its target, ``F.mse_loss``, ``torch.optim.Adam``), the batch
   converted with ``torch.from_numpy`` (zero copy, AoS fields as strided tensors) inside the timed
@@ -41,7 +41,7 @@ clipped value loss, ent_coef 0.01, vf_coef 0.5, max_grad_norm 0.5):
 
 * ``PPOTrain``: ``time_train``, one minibatch update. The minibatch's fields are ``"aos"``: views
   of one record array (what an AoS rollout buffer's gather gives), or ``"soa"``: one contiguous
-  array per field. ``"tfdata"``: ``PPO.train(mb)`` (one compiled call, ``kernels._ppo.ppo_train``);
+  array per field. ``"tfdata"``: ``PPO.train(mb)`` (one compiled call, ``nn._ppo_kernels.ppo_train``);
   ``"torch"``: CleanRL's loop body (``get_action_and_value``, ratio, clipped losses, entropy,
   ``backward``, ``clip_grad_norm_``, ``Adam.step``), the fields converted with
   ``torch.from_numpy`` inside the timed call. A 512-row rollout takes 16 of these (4 epochs of 4).

@@ -299,7 +299,10 @@ def epoch_key(seed: int, epoch: int) -> int:
 
 
 def fisher_yates(items: list, key: int, counter: int) -> int:
-    """Shuffle ``items`` in place: for i from the top, swap with a uniform j in [0, i]."""
+    """Shuffle ``items`` in place: for i from the top, swap with a uniform j in [0, i]; returns
+    the counter after the last draw. The reference of the package's one shuffle
+    (``kernels._rng.shuffle`` and ``permutation``): the loader's epochs and block windows, the
+    rollout buffer's minibatch epochs."""
     for i in range(len(items) - 1, 0, -1):
         j, counter = draw_one(key, counter, i + 1)
         items[i], items[j] = items[j], items[i]
@@ -402,7 +405,7 @@ def td_loss_naive(q, q_next, actions, rewards, terminated, discounts, weights):
     return float(np.mean(w * err * err)), grad, np.abs(err)
 
 
-# -- tanh networks and PPO (tfdata.nn.PPO, kernels._ppo) ------------------------------------------
+# -- tanh networks and PPO (tfdata.nn.PPO, tfdata.nn._ppo_kernels) -----------------------------
 def tanh_mlp_forward_naive(weights: list, biases: list, x) -> list:
     """Every layer's output in float64: ``h @ W.T + b``, tanh on all but the last layer."""
     h = np.asarray(x, dtype=np.float64)
@@ -524,7 +527,7 @@ def clip_grad_norm_naive(grads, max_norm: float) -> tuple:
 
 
 def categorical_sample_naive(key: int, counter: int, logits) -> tuple:
-    """Actions drawn as kernels._ppo.ppo_act draws them: row ``b``'s uniform is the top 53 bits
+    """Actions drawn as nn._ppo_kernels.ppo_act draws them: row ``b``'s uniform is the top 53 bits
     of word ``counter + b``; the action is the first one whose cumulative probability exceeds it.
     Returns (actions, new counter)."""
     logp, _ = categorical_naive(logits)

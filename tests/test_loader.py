@@ -131,6 +131,31 @@ def test_same_batches_whatever_the_prefetch_depth_and_layout(tmp_path):
                         np.testing.assert_array_equal(f1[k], f2[k])
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 17, 1000])
+def test_the_one_shuffle_is_the_reference(n, dtype):
+    """``kernels.permutation`` (the loader's epochs and, through ``_rng.shuffle``, its windows;
+    the rollout buffer's epochs) against ``naive.fisher_yates``, the counter it leaves included."""
+    from tfdata import kernels
+
+    for key, ctr in ((0, 0), (2**64 - 1, 5), (naive.key_of(7), 2**63)):
+        state = np.array([key, ctr], np.uint64)
+        perm = np.full(n, -1, dtype)
+        kernels.permutation(state, perm)
+        want = list(range(n))
+        counter = naive.fisher_yates(want, key, ctr)
+        assert perm.tolist() == want
+        assert (int(state[0]), int(state[1])) == (key, counter)
+    # a window: the rows of some blocks, shuffled from where the epoch's draws stopped
+    blocks = np.array([3, 0, 2, 1, 4], np.int64)
+    state = np.array([naive.key_of(n), 9], np.uint64)
+    out = np.full(40, -1, np.int64)
+    m = kernels.window_order(blocks, 1, 4, 7, 33, state, out)
+    rows = [r for b in (0, 2, 1) for r in range(b * 7, (b + 1) * 7)]
+    counter = naive.fisher_yates(rows, naive.key_of(n), 9)
+    assert m == 21 and out[:m].tolist() == rows and int(state[1]) == counter
+
+
 def test_fisher_yates_is_uniform():
     # all 120 orders of 5 rows over 12,000 epochs: chi-square with 119 degrees of freedom
     spec, cols = make_data(CARTPOLE, 5)

@@ -23,7 +23,7 @@ import pytest
 
 import tfdata
 from tfdata import Batch
-from tfdata.kernels import _mlp
+from tfdata.nn import _mlp_kernels as _mlp
 from tfdata.nn import DQN, MLP, Adam
 
 from . import naive

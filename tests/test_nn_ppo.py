@@ -1,4 +1,4 @@
-"""tfdata.nn's tanh MLP and PPO (kernels._ppo) against tests/naive.py, finite differences and torch.
+"""tfdata.nn's tanh MLP and PPO (nn._ppo_kernels) against tests/naive.py, finite differences and torch.
 
 Tolerances as in tests/test_nn.py: float32 results against float64 references within a small
 multiple of float32 rounding of the magnitudes involved; float64 kernels to 1e-10; finite
@@ -19,7 +19,7 @@ import pytest
 
 import tfdata
 from tfdata import Batch
-from tfdata.kernels import _ppo
+from tfdata.nn import _ppo_kernels as _ppo
 from tfdata.nn import MLP, PPO, orthogonal
 
 from . import naive
@@ -262,7 +262,7 @@ def kernel_ws(agent_sizes_a, agent_sizes_c, b, dtype):
 
 def run_kernel(params, a, c, mb, ws, *, lr=0.0, clip=0.2, ent=0.01, vf=0.5, mgn=-1.0, norm_adv=True,
                clip_vloss=True, step=1):
-    """kernels._ppo.ppo_train on a flat float64/float32 parameter vector; returns (grads, stats,
+    """_ppo_kernels.ppo_train on a flat float64/float32 parameter vector; returns (grads, stats,
     m, v, bad) and updates params (not at all when lr is 0)."""
     dtype = params.dtype
     grads, m, v = np.zeros_like(params), np.zeros_like(params), np.zeros_like(params)

@@ -388,8 +388,7 @@ class _Plan:
         self.perm = loader._perm
         self.blocks = loader._blocks
         self.window = loader._window
-        self.key = np.uint64(epoch_key(c.seed, epoch))
-        self.ctr = np.uint64(0)
+        self.rng = np.array([epoch_key(c.seed, epoch), 0], np.uint64)  # [key, counter]
         self.started = False
         mapped = getattr(self.ds, "mapped_nbytes", 0)
         limit = c.resident_limit
@@ -422,9 +421,9 @@ class _Plan:
             self.ds.release_all()
             self.probe_base = self.probe.file_bytes()
         if self.mode == "full":
-            self.ctr = np.uint64(kernels.permutation(self.key, self.ctr, self.perm))
+            kernels.permutation(self.rng, self.perm)
         elif self.mode == "block":
-            self.ctr = np.uint64(kernels.permutation(self.key, self.ctr, self.blocks))
+            kernels.permutation(self.rng, self.blocks)
         elif self.limit is not None and hasattr(self.ds, "sequential"):
             self.ds.sequential()
 
@@ -535,9 +534,8 @@ class _Plan:
         self.window_done = self.w_next > 0
         b0 = self.w_next
         b1 = min(b0 + self.window_blocks, self.blocks.shape[0])
-        self.w_len, ctr = kernels.window_order(self.blocks, b0, b1, self.block_rows, self.n,
-                                               self.key, self.ctr, self.window)
-        self.ctr = np.uint64(ctr)  # numba hands uint64 back as a Python int
+        self.w_len = kernels.window_order(self.blocks, b0, b1, self.block_rows, self.n, self.rng,
+                                          self.window)
         self.w_pos = 0
         self.w_next = b1
         if self.limit is not None:

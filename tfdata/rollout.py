@@ -4,7 +4,8 @@ epochs (the data path of PPO as CleanRL's ``ppo.py`` writes it).
 
 The buffer reuses the replay buffers' storage (any layout: ``"aos"``, ``"soa"`` or column
 groups, through :func:`tfdata.storage.make_storage`) and output rings
-(:class:`tfdata.batch.OutputRing`), and has kernels of its own (:mod:`tfdata.kernels._rollout`);
+(:class:`tfdata.batch.OutputRing`), and has kernels of its own (:mod:`tfdata.kernels._rollout`;
+its epochs are the loader's shuffle, :func:`tfdata.kernels._rng.permutation`);
 no sampler, no writer, no transforms. Row ``t * num_envs + e`` holds step ``t`` of env ``e``
 (time-major, CleanRL's ``b_obs = obs.reshape(-1, ...)``). This module never looks at the layout:
 the GAE kernel reads ``(num_steps, num_envs)`` views of single fields (contiguous or strided, as
@@ -154,6 +155,7 @@ class RolloutBuffer:
     def __init__(self, spec, num_steps: int, num_envs: int, layout=None, *, seed=None,
                  ring_size: int = 2, allocator=None):
         from .kernels import _rollout as k  # numba is imported when the first buffer is built
+        from .kernels import permutation
 
         spec = _check_spec(spec)
         T, E = self._check_shape(num_steps, num_envs)
@@ -170,6 +172,7 @@ class RolloutBuffer:
         self.seed = int(seed) & MASK64
         self._stored = stored
         self._k = k
+        self._permutation = permutation
         self._storage = make_storage(stored, T * E, self.layout, allocator=allocator)
         self._allocator = self._storage.allocator
         a = self._allocator
@@ -531,7 +534,7 @@ class RolloutBuffer:
         return self._epochs(ring, m, n, epochs, splitmix64(int(seed) & MASK64), self._token)
 
     def _epochs(self, ring, m, n, epochs, key, token):
-        perm, permute, take = self._perm, self._k.permute, self._k.take
+        perm, permute, take = self._perm, self._permutation, self._k.take
         gather = self._storage.gather
         slots, batches = ring.slots, ring.batches
         size = len(slots)

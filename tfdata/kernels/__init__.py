@@ -3,17 +3,18 @@
 One module per layout (:mod:`.aos`, :mod:`.soa`) with the same function names and signatures;
 a storage picks its module once, when it is built. :mod:`.spans` has them too, for projections
 (some fields of any layout, gathered into columns). Importing this package decorates the kernels
-but compiles nothing: numba compiles (or loads from its cache) on the first call.
+but compiles nothing: numba compiles (or loads from its cache) on the first call. Every kernel's
+cache entry is stale when any source it imports changed (:mod:`tfdata._kernel_cache`).
 """
 
 from __future__ import annotations
 
-from .. import _config
+from .. import _kernel_cache
 
-_config.install_cache_dir()
+_kernel_cache.install()  # before the first kernel is defined
 
 from . import aos, soa, spans  # noqa: E402
-from ._rng import draw_indices  # noqa: E402
+from ._rng import draw_indices, permutation  # noqa: E402
 from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # noqa: E402
                     tree_fill_values, tree_overwrite_max, tree_set, tree_set_priorities)  # noqa: E402
 
@@ -27,7 +28,7 @@ from ._frames import (frame_breaks, frame_push, frame_push_u8, frame_stack_pairs
                       shard_next_frame_stacks)
 from ._cold import cold_frame_stacks, cold_next_frame_stacks  # noqa: E402
 
-from ._loader import permutation, touch_pages, window_order  # noqa: E402
+from ._loader import touch_pages, window_order  # noqa: E402
 
 from ._shared import fifo_commit, fifo_plan, shard_begin, shard_publish  # noqa: E402
 from ._replays import replays_claim, replays_log, replays_recover  # noqa: E402

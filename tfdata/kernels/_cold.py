@@ -33,23 +33,11 @@ from __future__ import annotations
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._frames import PAD_RESET, PAD_ZERO
+from ._frames import PAD_RESET, PAD_ZERO, age_depth
 
 LIST = 0
 ALL = 1
 COLD = 2
-
-
-@njit(**INLINE_OPTIONS)
-def _age_depth(x, newest, num_envs, capacity, depth, kmax):
-    """As in :mod:`._frames` (a copy: numba's cache notices edits to the defining file only)."""
-    d = newest - (x - x % num_envs)
-    if d < 0:
-        d += capacity
-    dep = depth[x]
-    if dep > kmax:  # a bound, whatever the array holds
-        dep = kmax
-    return d // num_envs, dep
 
 
 @njit(**INLINE_OPTIONS)
@@ -174,7 +162,7 @@ def cold_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_o
         return count
     for i in range(rows.shape[0]):
         x = rows[i]
-        a, d = _age_depth(x, newest, num_envs, capacity, depth, k - 1)
+        a, d = age_depth(x, newest, num_envs, capacity, depth, k - 1)
         count = _back_c(dst, i, k, x, a, d, x % num_envs, steps, num_envs, capacity, src, src_off,
                         hist, pad, pmode, width, cold_from, block, cache_map, cache, filled, mode, mark,
                         gen, need, reach, count)
@@ -198,7 +186,7 @@ def cold_next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, 
         return count
     for i in range(rows.shape[0]):
         y = rows[i]
-        a, d = _age_depth(y, newest, num_envs, capacity, depth, k - 1)
+        a, d = age_depth(y, newest, num_envs, capacity, depth, k - 1)
         e = y % num_envs
         count = _back_c(dst, i, k - 1, y, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad,
                         pmode, width, cold_from, block, cache_map, cache, filled, mode, mark, gen, need,

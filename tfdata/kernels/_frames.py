@@ -88,6 +88,9 @@ def _age_depth(x, newest, num_envs, capacity, depth, kmax):
     return d // num_envs, dep
 
 
+age_depth = _age_depth  # the cold tier's kernels (kernels._cold) inline it too
+
+
 @njit(**INLINE_OPTIONS)
 def _put_next(dst, i, o, y, a, e, num_envs, capacity, src, src_off, term, trunc, final_idx, finals,
               pending, width):

@@ -3,6 +3,9 @@
 The whole generator state is two uint64 words ``state = [key, counter]``; kernels advance
 ``state[1]`` in place. Because output ``k`` depends only on ``(key, k)``, a restored state continues
 the exact sequence, and both layouts draw the same indices for the same state.
+
+The one shuffle of the package is here (:func:`shuffle`, :func:`permutation`): the data loader's
+epochs and block windows and the rollout buffer's minibatch epochs draw their orders with it.
 """
 
 from __future__ import annotations
@@ -88,3 +91,40 @@ def draw_indices(n, state, idx):
         Output.
     """
     fill_indices(n, state, idx)
+
+
+@njit(**INLINE_OPTIONS)
+def shuffle(arr, m, key, ctr):
+    """Shuffle ``arr[:m]`` in place: Durstenfeld's Fisher-Yates from the top, ``arr[i]`` swapped
+    with a uniform ``arr[j]``, ``j`` in ``[0, i]``, for ``i = m - 1`` down to 1 (every order of
+    the ``m`` items equally likely).
+
+    Each ``j`` is a :func:`draw_one` (Lemire's, with rejection) starting at word ``ctr`` of the
+    stream ``key``, taken by :func:`draw_varying` (the same words and results, and most draws
+    without a division); returns the counter after the last draw.
+    """
+    for i in range(m - 1, 0, -1):
+        j, ctr = draw_varying(np.uint64(i + 1), key, ctr)
+        t = arr[i]
+        arr[i] = arr[j]
+        arr[j] = t
+    return ctr
+
+
+@njit(**NJIT_OPTIONS)
+def permutation(state, perm):
+    """Fill ``perm`` with a uniform random permutation of ``0 .. len(perm) - 1``: the identity,
+    then :func:`shuffle`.
+
+    Parameters
+    ----------
+    state : ndarray of uint64, shape (2,)
+        ``[key, counter]``; the counter is advanced in place (one word per draw, more on a
+        rejection).
+    perm : ndarray of int32 or int64, shape (n,)
+        Output; ``n < 2**32``.
+    """
+    n = perm.shape[0]
+    for i in range(n):
+        perm[i] = i
+    state[1] = shuffle(perm, n, state[0], state[1])

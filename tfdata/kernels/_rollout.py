@@ -1,5 +1,6 @@
 """Kernels of the rollout buffer (:class:`tfdata.RolloutBuffer`): generalized advantage estimation
-over a time-major rollout, and the epoch permutations of its minibatches.
+over a time-major rollout, and a minibatch's rows of an epoch's permutation (drawn by
+:func:`tfdata.kernels._rng.permutation`, the loader's shuffle).
 
 The GAE kernel reads and writes ``(num_steps, num_envs)`` views of single fields, whatever the
 layout: contiguous columns (SoA, a column group of one field) or strided views into records (AoS,
@@ -15,7 +16,6 @@ import numpy as np
 from numba import njit
 
 from .._config import NJIT_OPTIONS
-from ._rng import draw_varying
 
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
@@ -119,33 +119,6 @@ def gae(reward, value, terminated, truncated, final_value, use_final, last_value
 
 
 @njit(**NJIT_OPTIONS)
-def permute(state, perm):
-    """Fill ``perm`` with a uniform random permutation of ``0 .. len(perm) - 1``: the identity,
-    then Durstenfeld's Fisher-Yates from the top (``perm[i]`` swaps with a uniform ``perm[j]``,
-    ``j`` in ``[0, i]``, drawn as :func:`tfdata.kernels._rng.draw_one` does).
-
-    Parameters
-    ----------
-    state : ndarray of uint64, shape (2,)
-        ``[key, counter]``; the counter is advanced in place (one word per draw, more on a
-        rejection).
-    perm : ndarray of int64, shape (n,)
-        Output; ``n < 2**32``.
-    """
-    n = perm.shape[0]
-    for i in range(n):
-        perm[i] = i
-    key = state[0]
-    ctr = state[1]
-    for i in range(n - 1, 0, -1):
-        j, ctr = draw_varying(np.uint64(i + 1), key, ctr)
-        t = perm[i]
-        perm[i] = perm[j]
-        perm[j] = t
-    state[1] = ctr
-
-
-@njit(**NJIT_OPTIONS)
 def take(perm, start, idx):
     """``idx[:] = perm[start:start + len(idx)]`` (a minibatch's rows; the caller checks the
     range)."""
@@ -153,4 +126,4 @@ def take(perm, start, idx):
         idx[i] = perm[start + i]
 
 
-__all__ = ["gae", "permute", "take"]
+__all__ = ["gae", "take"]

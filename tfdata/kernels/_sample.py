@@ -16,10 +16,9 @@ numba prunes the branch of a constant global before typing (the other branch wou
 type) and inlines the copy as any ``inline="always"`` global, so each kernel compiles, in the
 same time, to the machine code of a hand-written kernel for its layout. Each is cached like
 any kernel: the entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``),
-keyed by the signature and invalidated by an edit of this file (as for every kernel, not by an
-edit of the helpers it inlines, such as :func:`.aos.copy_records`, :func:`.spans.copy_spans`,
-:func:`._pool.pool_draw`, :func:`._replays.replays_draw` or :func:`row_copy`: delete the cache files after editing those; an
-edit of ``_pool.py`` recompiles ``pool_sample`` but not the buffers' ``sample_pool``).
+keyed by the signature and invalidated by an edit of this file, of the layout's module, or of
+a source either imports (:mod:`tfdata._kernel_cache`): of :func:`.aos.copy_records`,
+:func:`.spans.copy_spans`, :func:`._pool.pool_draw` or :func:`._replays.replays_draw` too.
 
 Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
 globals"); a closure over the copy (compiled again in every process: numba keys a closure's

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import math
 
-from numba import njit
+from .. import _kernel_cache
 
-from .._config import NN_OPTIONS
+_kernel_cache.install()  # before the first kernel is defined, as tfdata.kernels does
+
+from numba import njit  # noqa: E402
+
+from .._config import NN_OPTIONS  # noqa: E402
 
 # the layer helpers: compiled once per signature and called (numba's IR inlining made every
 # kernel that uses them twice as slow to compile, for no measurable speed)
@@ -128,7 +132,7 @@ def rows_dense(inp, wt, bias, out):
     """``out = inp @ wt.T + bias``: dot products along the inputs, four rows sharing each
     weight load (scalar accumulators, which LLVM vectorises). The wide layers of the ReLU
     networks and every layer of a tanh network acting on a few observations
-    (:mod:`tfdata.kernels._ppo`)."""
+    (:mod:`tfdata.nn._ppo_kernels`)."""
     batch = inp.shape[0]
     n_out, n_in = wt.shape
     b = 0

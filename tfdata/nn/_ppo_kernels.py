@@ -2,7 +2,7 @@
 
 Every kernel writes into arrays it is given and allocates nothing.
 
-Parameters are laid out as in :mod:`tfdata.kernels._mlp` (one flat array, a ``table`` of int64
+Parameters are laid out as in :mod:`tfdata.nn._mlp_kernels` (one flat array, a ``table`` of int64
 rows ``(n_in, n_out, w_off, b_off, a_off)``, weights ``(n_out, n_in)`` row-major as torch's
 ``Linear.weight``). Hidden layers apply tanh, the last layer is linear.
 
@@ -22,9 +22,6 @@ tanh of float32 is Eigen's rational approximation (clamped to +-7.9053, odd degr
 even degree-6 polynomial; within a few float32 ulps of ``tanh``), which LLVM vectorises where
 ``math.tanh`` would be one libm call per element. float64 networks (gradient checks) use
 ``math.tanh``. Its derivative is taken as ``1 - y**2`` of the output ``y``, as torch does.
-
-The PPO kernels import :func:`tfdata.kernels._mlp.adam_step`: numba's cache does not notice an
-edit of that file, so after changing it delete this module's cache files too.
 """
 
 from __future__ import annotations
@@ -35,10 +32,10 @@ import numpy as np
 from numba import njit
 
 from .._config import NN_OPTIONS
-from ._mlp import rows_dense, adam_step
-from ._rng import GOLDEN, mix64
+from ..kernels._rng import GOLDEN, mix64
+from ._mlp_kernels import adam_step, rows_dense
 
-# layer helpers: compiled once per signature and called (see _mlp.INLINE_NN)
+# layer helpers: compiled once per signature and called (see _mlp_kernels.INLINE_NN)
 INLINE_NN = dict(NN_OPTIONS)
 del INLINE_NN["cache"]
 

@@ -1,0 +1,110 @@
+"""The optimizer of :mod:`tfdata.nn`: ``torch.optim.Adam`` over one flat parameter array."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .._checks import check_float
+from ._checks import (EPS_MIN, LR_MAX, T_MAX, check_betas, state_array, state_error, state_fields,
+                      state_float, state_int)
+
+__all__ = ["Adam"]
+
+
+def _kernels():
+    from . import _mlp_kernels  # imports numba: only when an optimizer is built
+
+    return _mlp_kernels
+
+
+class Adam:
+    """``torch.optim.Adam`` (no weight decay, no amsgrad) over one flat parameter array.
+
+    Parameters
+    ----------
+    params : ndarray of float, shape (n_params,)
+        Updated in place by :meth:`step`.
+    lr : float, default 1e-3
+        Finite, in (0, 1e3]. Adam moves each parameter by about ``lr`` per step whatever the
+        gradient's scale (by exactly ``lr`` on the first step, eps aside), so 1e3 is far above
+        any useful rate, and far below the rates whose arithmetic overflows: the bias-corrected
+        ``lr / (1 - beta1 ** t)`` in float64 from about 1e292, a float32 parameter's step from
+        about 3e38 (an inf step makes the parameters inf or NaN).
+    betas : (float, float), default (0.9, 0.999)
+        Each in [0, 1).
+    eps : float, default 1e-8
+        Finite, >= float32's smallest normal (2**-126, about 1.2e-38). The moments are kept in
+        the parameters' type: where the second moment has underflowed to 0 the step is ``m /
+        eps``, which a smaller eps could overflow (a gradient of 1e-23 in float32 with eps
+        1e-300 did).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A hyperparameter of the wrong type or out of range (the message names it).
+
+    Attributes
+    ----------
+    t : int
+        Steps taken (bias corrections use ``t``); a loaded state holds at most 2**62, which
+        leaves the kernels' int64 step number 2**62 updates of room (centuries at a
+        microsecond each). ``beta ** t`` is well defined for any such ``t``.
+    """
+
+    def __init__(self, params: np.ndarray, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
+        if not isinstance(params, np.ndarray) or params.ndim != 1 or params.dtype.kind != "f":
+            raise TypeError("params: expected a 1-D float ndarray, got "
+                            f"{type(params).__name__} {getattr(params, 'shape', '')}")
+        lr = check_float("lr", lr, 0.0, low_open=True, high=LR_MAX)
+        eps = check_float("eps", eps, EPS_MIN)
+        pair = check_betas(betas)
+        if pair is None:
+            raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
+        self.params = params
+        self.lr, self.betas, self.eps = lr, pair, eps
+        self.m = np.zeros_like(params)
+        self.v = np.zeros_like(params)
+        self.t = 0
+        self._k = _kernels()
+
+    def step(self, grad: np.ndarray) -> None:
+        """Apply one update with gradient ``grad`` (same shape and dtype as ``params``)."""
+        if grad.shape != self.params.shape or grad.dtype != self.params.dtype:
+            raise ValueError(f"grad: expected {self.params.dtype} of shape {self.params.shape}, "
+                             f"got {grad.dtype} of shape {grad.shape}")
+        self.t += 1
+        self._k.adam_step(self.params, grad, self.m, self.v, self.lr, self.betas[0],
+                          self.betas[1], self.eps, self.t)
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "m": self.m.copy(), "v": self.v.copy(), "lr": self.lr,
+                "betas": list(self.betas), "eps": self.eps}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output, checked as untrusted input: a ValueError naming
+        the field, and nothing changed, when anything is missing or out of range (as for the
+        constructor, but ``lr`` may be 0: a rate annealed to 0; ``t`` in [0, 2**62]; ``m`` and
+        ``v`` finite, ``v >= 0``)."""
+        self.load_state(self.check_state(state))
+
+    def check_state(self, state, prefix: str = "") -> tuple:
+        """The values of ``state``, checked as :meth:`load_state_dict` checks them (fields named
+        ``prefix + key``), for :meth:`load_state`; nothing is changed."""
+        state_fields(state, ("t", "m", "v", "lr", "betas", "eps"), prefix)
+        m = state_array(prefix + "m", state["m"], self.m)
+        v = state_array(prefix + "v", state["v"], self.v, nonneg=True)
+        t = state_int(prefix + "t", state["t"], 0, T_MAX)
+        lr = state_float(prefix + "lr", state["lr"], 0.0, LR_MAX)
+        betas = check_betas(state["betas"])
+        if betas is None:
+            raise state_error(prefix + "betas", "two floats in [0, 1)", repr(state["betas"]))
+        eps = state_float(prefix + "eps", state["eps"], EPS_MIN)
+        return m, v, t, lr, betas, eps
+
+    def load_state(self, checked: tuple) -> None:
+        """Take the values :meth:`check_state` returned."""
+        m, v, self.t, self.lr, self.betas, self.eps = checked
+        self.m[...] = m
+        self.v[...] = v
