@@ -351,7 +351,9 @@ def test_shared(labels, tmp_path, shm_dir):
     rng = np.random.default_rng(1)
     stream = Stream(1, 0)
     delivered = []
-    with build_shared(kw) as buf, SharedWriter(buf.name, 0) as w:
+    # the writer may wait for the learner up to DEADLINE (the learner compiles its kernels at
+    # its first sample); the learner's own wait ends 2 s after the last write
+    with build_shared(kw) as buf, SharedWriter(buf.name, 0, timeout=DEADLINE) as w:
         def check(batch, pushed):
             check_batch(batch, stream, n_step=o["n_step"], distinct=distinct,
                         newest=CAP if o["stream_order"] and not fifo else None, pushed=pushed)
