@@ -68,7 +68,8 @@ import numpy as np
 
 from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
-from . import check_layout, group_arrays, resolve_layout
+from .groups import group_arrays
+from .layout import check_layout, resolve_layout
 
 MANIFEST = "manifest.json"
 SOA_FORMAT = "tfdata.soa"
