@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import Spec
-from .base import Storage
+from .base import Storage, opaque_items
 from .output import WORD_TYPES, Output
 
 
@@ -32,11 +32,8 @@ class AoSStorage(Storage):
         self.kernel_store = self.data.view(np.uint64).reshape(capacity, dtype.itemsize // 8)
         self._fields = {name: self.data[name] for name in spec.names}
         self._field_list = [self._fields[name] for name in spec.names]
-        self._opaque = {}  # see Storage._opaque
-        for i, f in enumerate(spec):
-            if f.shape:
-                self._opaque[i] = np.ndarray((capacity,), np.dtype((np.void, f.nbytes)), self.data,
-                                             dtype.fields[f.name][1], (dtype.itemsize,))
+        self._opaque = {i: opaque_items(self.data, capacity, dtype.fields[f.name][1], f.nbytes)
+                        for i, f in enumerate(spec) if f.shape}  # see Storage._opaque
 
     @property
     def nbytes(self) -> int:

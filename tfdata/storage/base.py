@@ -51,8 +51,8 @@ state_dict(n_rows, copy), load_state_dict(data, n_rows, release, records)
 :class:`Storage` implements what the layouts share. A layout sets ``layout``,
 ``kernel_layout``, ``file_suffix``, ``kernel_store`` and ``_fields`` / ``_field_list`` (views
 of every field, by name and in spec order), and implements ``nbytes``, ``column``, ``_words``,
-``byte_bases``, ``spans``, ``byte_regions``, ``append_to``, ``kernel_rows`` and
-``new_output``.
+``byte_bases``, ``spans``, ``byte_regions``, ``append_to`` and ``new_output`` (and
+``kernel_rows`` when its outputs are not one array per group or field).
 """
 
 from __future__ import annotations
@@ -97,6 +97,11 @@ class Storage:
         """Copy rows ``indices`` into rows ``[at, at + len(indices))`` of ``out``; no checks.
         (Slices ``out``'s kernel view: for rare paths, such as a redrawn row.)"""
         self._kernels.gather(self.kernel_store, indices, self.kernel_rows(out, at, len(indices)))
+
+    def kernel_rows(self, out: Output, at: int, k: int):
+        """Rows ``[at, at + k)`` of ``out`` as the kernels see them (views; one per array of
+        the output, as SoA and groupings hold them)."""
+        return tuple(c[at:at + k] for c in out.kernel_out)
 
     def byte_bases(self) -> tuple:
         """The arrays holding the rows, as C-contiguous ``uint8[capacity, row_bytes]`` views
@@ -180,10 +185,10 @@ class Storage:
         for view, v in zip(self._field_list, values):
             view[pos] = v
 
-    # field index: the field as one opaque item per record, for a shaped field inside records
-    # (AoS, a record group): numpy copies a strided column of fixed-size items with one inner
-    # loop, where the (rows, *shape) view costs a loop per row (1000 rows of f4[4]: 1.0 us
-    # against 5.3 us)
+    # field index: the field as one opaque item per record (see opaque_items), for a shaped
+    # field inside records (AoS, a record group): numpy copies a strided column of fixed-size
+    # items with one inner loop, where the (rows, *shape) view costs a loop per row (measured:
+    # reports/benchmarks.md, "opaque AoS copies")
     _opaque: dict = {}
 
     def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:
@@ -235,3 +240,10 @@ class Storage:
     def output_words(self, out: Output, name: str, word: int):
         """As :meth:`field_words`, for the rows of an output made by :meth:`new_output`."""
         return self._words(out.fields[name], name, word, self.field_offset(name), out.records)
+
+
+def opaque_items(records: np.ndarray, capacity: int, offset: int, nbytes: int) -> np.ndarray:
+    """The ``nbytes`` bytes at ``offset`` of every record of ``records`` (a record array, shape
+    ``(capacity,)``) as one opaque item per record: a view of dtype ``void{nbytes}``, shape
+    ``(capacity,)``, strided by the record size (see ``Storage._opaque``)."""
+    return np.ndarray((capacity,), np.dtype((np.void, nbytes)), records, offset, (records.dtype.itemsize,))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import Spec
-from .base import Storage
+from .base import Storage, opaque_items
 from .output import WORD_TYPES, Output, bytes2d
 from .projection import Projection
 
@@ -69,9 +69,7 @@ class GroupStorage(Storage):
         for i, f in enumerate(spec):
             k, offset = self._where[f.name]
             if f.shape and len(groups[k]) > 1:
-                block = self.blocks[k]
-                self._opaque[i] = np.ndarray((capacity,), np.dtype((np.void, f.nbytes)), block,
-                                             offset, (block.dtype.itemsize,))
+                self._opaque[i] = opaque_items(self.blocks[k], capacity, offset, f.nbytes)
 
     @property
     def nbytes(self) -> int:
@@ -97,12 +95,15 @@ class GroupStorage(Storage):
                           (block.dtype.itemsize, f.dtype.itemsize))
 
     def field_words(self, name: str, word: int):
-        k, offset = self._where[name]
-        return self.kernel_store[k].view(WORD_TYPES[word]), offset // word, self.spec[name].nbytes // word
+        return self._block_words(self.kernel_store, name, word)
 
     def output_words(self, out: Output, name: str, word: int):
+        return self._block_words(out.kernel_out, name, word)
+
+    def _block_words(self, rows: tuple, name: str, word: int):
+        """Field ``name`` in ``rows`` (one byte view per group: the storage's or an output's)."""
         k, offset = self._where[name]
-        return out.kernel_out[k].view(WORD_TYPES[word]), offset // word, self.spec[name].nbytes // word
+        return rows[k].view(WORD_TYPES[word]), offset // word, self.spec[name].nbytes // word
 
     def append_to(self, writer, start: int, stop: int) -> None:
         writer.append_blocks([b[start:stop] for b in self.blocks])
@@ -112,9 +113,6 @@ class GroupStorage(Storage):
         return [(kb[start:stop].reshape(-1), kb.shape[1],
                  [(index[name], self._where[name][1]) for name in g])
                 for g, kb in zip(self.layout, self.kernel_store)]
-
-    def kernel_rows(self, out: Output, at: int, k: int):
-        return tuple(c[at:at + k] for c in out.kernel_out)
 
     def byte_bases(self) -> tuple:
         return self.kernel_store

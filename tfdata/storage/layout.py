@@ -88,7 +88,7 @@ def restrict_layout(layout, spec: Spec):
     fields are elided): a grouping loses the other fields, and the groups left empty."""
     if isinstance(layout, str):
         return layout
-    return tuple(g for g in (tuple(n for n in group if n in spec) for group in layout) if g)
+    return _keep(layout, lambda n: n in spec)
 
 
 def isolate_layout(layout, spec: Spec, names):
@@ -99,8 +99,12 @@ def isolate_layout(layout, spec: Spec, names):
     if not names or (isinstance(layout, str) and layout == "soa"):
         return layout
     groups = [spec.names] if isinstance(layout, str) else layout
-    rest = tuple(g for g in (tuple(n for n in group if n not in names) for group in groups) if g)
-    return rest + tuple((n,) for n in names)
+    return _keep(groups, lambda n: n not in names) + tuple((n,) for n in names)
+
+
+def _keep(groups, keep) -> tuple:
+    """``groups`` with only the fields ``keep(name)`` accepts, and without the groups left empty."""
+    return tuple(g for g in (tuple(n for n in group if keep(n)) for group in groups) if g)
 
 
 def check_layout(layout, spec: Spec, what: str = "layout"):

@@ -52,9 +52,6 @@ class SoAStorage(Storage):
         return [(col[start:stop].reshape(-1).view(np.uint8), f.nbytes, [(i, 0)])
                 for i, (f, col) in enumerate(zip(self.spec, self._field_list))]
 
-    def kernel_rows(self, out: Output, at: int, k: int):
-        return tuple(c[at:at + k] for c in out.kernel_out)
-
     def byte_bases(self) -> tuple:
         return self.kernel_store
 
