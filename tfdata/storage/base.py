@@ -227,7 +227,7 @@ class Storage:
 
         ``words`` is a C-contiguous ``uint{8*word}`` array ``(capacity, row_words)`` holding the
         field at word ``offset``, ``width`` words wide. ``word`` must divide the field's byte
-        offset and width (see :func:`word_size`).
+        offset and width (see :func:`~tfdata.storage.output.word_size`).
         """
         return self._words(self._fields[name], name, word, self.field_offset(name))
 

@@ -28,7 +28,7 @@ class GroupStorage(Storage):
     spec : Spec
     capacity : int
     groups : tuple of tuple of str
-        A grouping normalised by :func:`resolve_layout` for ``spec``.
+        A grouping normalised by :func:`~tfdata.storage.layout.resolve_layout` for ``spec``.
     backing : sequence of ndarray, optional
         One array per group, of exactly the dtype and shape this class would allocate.
 

@@ -160,8 +160,9 @@ def storage_nbytes(spec: Spec, capacity: int, layout) -> int:
 
 def output_nbytes(spec: Spec, batch_size: int, layout, fields=None) -> int:
     """Bytes of one :meth:`new_output` of ``batch_size`` rows: rows plus int64 indices; with
-    ``fields`` (stored fields, checked), of one output of their :class:`Projection` (columns,
-    and for a grouping a record block per group of several fields held whole)."""
+    ``fields`` (stored fields, checked), of one output of their
+    :class:`~tfdata.storage.projection.Projection` (columns, and for a grouping a record block
+    per group of several fields held whole)."""
     if fields is not None:
         row = sum(spec[n].nbytes for n in fields)
         if isinstance(layout, tuple):

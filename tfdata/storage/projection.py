@@ -34,7 +34,7 @@ class Projection:
         The source's rows as bytes.
     spans : dict of str to (int, int, int)
         ``name: (base, offset, width)`` for every field of ``spec`` (see
-        :meth:`AoSStorage.spans`).
+        :meth:`~tfdata.storage.aos.AoSStorage.spans`).
     allocator : tfdata.alloc.Allocator
         Where outputs come from.
     dtypes : dict of str to numpy dtype, optional
@@ -43,8 +43,9 @@ class Projection:
         they are, so the projected field must read them as the full batch does.
     blocks : dict of tuple of str to (int, numpy dtype), optional
         Record blocks: ``{group: (base, dtype)}``, base ``base`` holding records of ``dtype``
-        whose fields are ``group`` (see :meth:`GroupStorage.record_blocks`). When every field
-        of a group is projected, the group's whole record is copied as one span (offset 0,
+        whose fields are ``group`` (see
+        :meth:`~tfdata.storage.groups.GroupStorage.record_blocks`). When every field of a group
+        is projected, the group's whole record is copied as one span (offset 0,
         the record's width) into a record array of ``dtype``, whose fields are the output's
         (strided views), as the full output holds them: one copy per row instead of one per
         field. Checked against ``spans``.
@@ -158,7 +159,8 @@ class Projection:
 
     def output_words(self, out: Output, name: str, word: int):
         """Field ``name`` of an output as ``(words, offset, width)`` (see
-        :meth:`Storage.field_words`): its own column at offset 0, or its group's records."""
+        :meth:`~tfdata.storage.base.Storage.field_words`): its own column at offset 0, or its
+        group's records."""
         piece, offset = self._where[name]
         nbytes = self.fields[self.names.index(name)].nbytes
         rows = out.kernel_out if self._records else out.kernel_out[piece]
