@@ -233,15 +233,7 @@ def map_storage(path: str, spec, rows: int, layout) -> tuple[object, list]:
     if os.path.lexists(path):
         raise FileExistsError(f"spill_path {path!r} exists; a spill file is the buffer's scratch "
                               f"storage and never replaces anything: delete it or choose a new path")
-    layout = dataset_layout(layout, spec)
-    if layout == "aos":
-        check_header_text(spec.aos_dtype, path)
-    elif layout == "soa":
-        entries = soa_entries(spec)
-    else:
-        entries = group_entries(spec, layout)
-        for _, dt, _, _ in entries:
-            check_header_text(dt, path)
+    layout, entries = _new_files(path, spec, layout)
     staged = Staged(path, layout, False)
     try:
         if layout == "aos":
@@ -307,15 +299,7 @@ def create(path: str, spec, rows: int, layout: str = "aos", *, overwrite: bool =
         raise ValueError(f"rows must be a non-negative int, got {rows!r}")
     rows = int(rows)
     path = os.fspath(path)
-    layout = dataset_layout(layout, spec)
-    if layout == "aos":
-        check_header_text(spec.aos_dtype, path)
-    elif layout == "soa":
-        entries = soa_entries(spec)
-    else:
-        entries = group_entries(spec, layout)
-        for _, dt, _, _ in entries:
-            check_header_text(dt, path)
+    layout, entries = _new_files(path, spec, layout)
     staged = Staged(path, layout, overwrite)
     try:
         if layout == "aos":
@@ -337,6 +321,24 @@ def create(path: str, spec, rows: int, layout: str = "aos", *, overwrite: bool =
         staged.discard()
         raise
     return cols
+
+
+def _new_files(path: str, spec: Spec, layout) -> tuple:
+    """``(layout, entries)`` of a new dataset at ``path``: the layout checked
+    (:func:`~tfdata.storage.replace.dataset_layout`) and a directory's files
+    (:func:`~tfdata.storage.manifest.soa_entries`, :func:`~tfdata.storage.manifest.group_entries`;
+    None for AoS), every record dtype's header checked to be writable before a file is made."""
+    layout = dataset_layout(layout, spec)
+    entries = None
+    if layout == "aos":
+        check_header_text(spec.aos_dtype, path)
+    elif layout == "soa":
+        entries = soa_entries(spec)
+    else:
+        entries = group_entries(spec, layout)
+        for _, dt, _, _ in entries:
+            check_header_text(dt, path)
+    return layout, entries
 
 
 def _create_npy(path: str, dtype: np.dtype, shape: tuple[int, ...], memmap: bool = True,

@@ -72,6 +72,12 @@ def save(path: str, data, layout: str = "aos", *, overwrite: bool = False) -> No
                 w.append({k: v[start:start + step] for k, v in cols.items()})
 
 
+def _not_appendable(path: str) -> FormatError:
+    """The refusal to append to a file whose header cannot grow in place (not tfdata's)."""
+    return FormatError(f"{path}: not written by tfdata (its header cannot grow in place); "
+                       "copy it with tfdata.io.convert to append")
+
+
 def _lock_free(path: str) -> bool:
     """Whether no :class:`Writer` holds the dataset at ``path`` (its first file's ``flock``)."""
     try:
@@ -264,8 +270,7 @@ class Writer:
             for g, (fpath, dt, sh) in zip(groups, files):
                 h = group_header(fpath, g, dt, sh, rows)
                 if h.offset != header_nbytes(dt, sh):
-                    raise FormatError(f"{fpath}: not written by tfdata (its header cannot grow in place); "
-                                      "copy it with tfdata.io.convert to append")
+                    raise _not_appendable(fpath)
             try:
                 return cls(path, spec, groups, _append=True, _rows=rows)
             except SpecError as exc:
@@ -275,8 +280,7 @@ class Writer:
             for field, fpath in entries:
                 h = read_npy_header(fpath, allow_tail=True, follow=False)
                 if h.offset != header_nbytes(field.dtype, field.shape):
-                    raise FormatError(f"{fpath}: not written by tfdata (its header cannot grow in place); "
-                                      "copy it with tfdata.io.convert to append")
+                    raise _not_appendable(fpath)
             try:
                 return cls(path, Spec([f for f, _ in entries]), "soa", _append=True, _rows=rows)
             except SpecError as exc:  # a field name the manifest allows but no file name can be
@@ -286,8 +290,7 @@ class Writer:
                               f"({os.path.realpath(path)}) to append")
         h = read_npy_header(path)
         if h.version is None:
-            raise FormatError(f"{path}: not written by tfdata (its header cannot grow in place); "
-                              "copy it with tfdata.io.convert to append")
+            raise _not_appendable(path)
         if h.dtype.names is None or len(h.shape) != 1:
             raise FormatError(f"{path}: expected a 1-D structured array, got {h.dtype}{list(h.shape)}")
         if h.offset != header_nbytes(h.dtype):
