@@ -171,6 +171,8 @@ def group_header(fpath: str, group, dtype, shape, rows: int) -> NpyHeader:
 
 
 def soa_entries(spec: Spec) -> list[tuple[Field, str]]:
+    """``(field, file_name)`` of every field's file in an SoA directory: ``<name>.npy``;
+    SpecError for a field whose name is no plain file name."""
     entries = []
     for field in spec:
         fname = field.name + ".npy"
@@ -181,6 +183,8 @@ def soa_entries(spec: Spec) -> list[tuple[Field, str]]:
 
 
 def write_manifest(path: str, rows: int, entries) -> None:
+    """Replace the manifest of the SoA directory ``path``: ``rows`` committed rows, the files of
+    ``entries`` (:func:`soa_entries`)."""
     doc = {"format": SOA_FORMAT, "version": list(SOA_VERSION), "rows": rows,
            "fields": [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape), "file": fname}
                       for f, fname in entries]}
@@ -200,6 +204,8 @@ def group_entries(spec: Spec, groups: tuple) -> list[tuple[tuple, np.dtype, tupl
 
 
 def write_group_manifest(path: str, rows: int, spec: Spec, entries) -> None:
+    """Replace the manifest of the grouped directory ``path``: ``rows`` committed rows, the
+    fields of ``spec``, the groups and files of ``entries`` (:func:`group_entries`)."""
     doc = {"format": GROUPS_FORMAT, "version": list(GROUPS_VERSION), "rows": rows,
            "fields": [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape)} for f in spec],
            "groups": [{"fields": list(g), "file": fname} for g, _, _, fname in entries]}

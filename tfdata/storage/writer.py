@@ -35,6 +35,8 @@ def _columns_of(data) -> tuple[Spec, dict, np.dtype | None]:
 
 
 def chunk_rows(row_nbytes: int, chunk_bytes: int = 16 << 20) -> int:
+    """Rows of ``row_nbytes`` bytes in a chunk of about ``chunk_bytes`` (at least one): how many
+    rows a copy into or out of a file moves at a time."""
     return max(1, chunk_bytes // max(1, row_nbytes))
 
 
