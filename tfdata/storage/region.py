@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import Spec
-from . import group_arrays, make_storage
-from .files import PAGE
+from .groups import group_arrays
+from .layout import make_storage
+from .npy import PAGE
 
 ALIGN = 64
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import Spec
-from . import Output, Projection, group_arrays
+from .groups import group_arrays
+from .output import Output
+from .projection import Projection
 
 
 def byte_rows(arr: np.ndarray, row_bytes: int) -> np.ndarray:

@@ -21,7 +21,8 @@ file: delete that first). Use :meth:`ReplayBuffer.save` for a checkpoint.
 
 from __future__ import annotations
 
-from .files import PAGE, ResidentFile
+from .mapping import ResidentFile
+from .npy import PAGE
 
 
 class Spill:

@@ -1,0 +1,66 @@
+"""What a gather writes into, and the views of rows the kernels read.
+
+:class:`Output` is a preallocated batch of rows of one storage or projection (made by its
+``new_output``); :func:`bytes2d` and :data:`WORD_TYPES` give the byte and word views of rows
+that the row kernels copy and the episode kernels read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Output:
+    """A preallocated batch of ``batch_size`` rows for one storage (or projection of it).
+
+    Attributes
+    ----------
+    indices : ndarray of int64, shape (batch_size,)
+        Row numbers of the last gather into this output.
+    fields : dict of str to ndarray
+        One array per field, shape ``(batch_size, *field.shape)``. For the AoS layout these are
+        strided views of one structured array; for SoA and projections each is C-contiguous.
+    kernel_out : ndarray or tuple of ndarray
+        The same memory as the kernels see it.
+    source : storage, Projection or None
+        What made this output and gathers into it (``source.gather``, ``source.kernel_rows``,
+        ``source.output_words``); None for a dataset's outputs.
+    kernels, store
+        ``source.kernels`` and ``source.kernel_store`` (None without a source): a sampler
+        calls ``out.kernels.sample_uniform(out.store, ..., out.kernel_out)``, so one sampler
+        fills full and projected outputs alike.
+    """
+
+    __slots__ = ("indices", "fields", "kernel_out", "records", "source", "kernels", "store")
+
+    def __init__(self, indices, fields, kernel_out, records=None, source=None):
+        self.indices = indices
+        self.fields = fields
+        self.kernel_out = kernel_out
+        self.records = records
+        self.source = source
+        self.kernels = None if source is None else source.kernels
+        self.store = None if source is None else source.kernel_store
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays this output owns: the indices and the rows (padding included:
+        the kernels' view of them)."""
+        rows = self.kernel_out if isinstance(self.kernel_out, tuple) else (self.kernel_out,)
+        return int(self.indices.nbytes + sum(a.nbytes for a in rows))
+
+
+def bytes2d(arr: np.ndarray) -> np.ndarray:
+    """uint8 view ``(rows, row_bytes)`` of a C-contiguous array ``(rows, ...)``."""
+    return arr.reshape(arr.shape[0], -1).view(np.uint8)
+
+
+WORD_TYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def word_size(*sizes: int) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing every byte offset and width in ``sizes``."""
+    for word in (8, 4, 2):
+        if all(s % word == 0 for s in sizes):
+            return word
+    return 1
