@@ -23,39 +23,16 @@ from ..batch import UNHELD, getrefcount, retire
 from . import planning, state as _state
 from .budget import Memory
 from .build import build, weak_method
-from .fields import Fields
+from .fields import Fields, delegate
 from .gates import LimiterGate, OpenGate
 from .plan import CONFIG_DEFAULTS, MAX_CAPACITY, Plan, min_capacity
-from .rings import Rings
+from .rings import Rings, fields_key
 from .slices import MAX_DRAWS, Slices
 from .state import STATE_FORMAT, STATE_KEYS, STATE_VERSION
+from .writes import Writes
 
 __all__ = ["ReplayCore", "CONFIG_DEFAULTS", "MAX_CAPACITY", "MAX_DRAWS", "STATE_FORMAT",
            "STATE_KEYS", "STATE_VERSION", "fields_key", "weak_method"]
-
-
-def fields_key(fields):
-    """``fields`` as a tuple to find a ring by (not checked); None when it cannot be one (a
-    string, something not iterable): such a key finds no ring, and the check then names the
-    problem."""
-    if type(fields) is tuple:
-        return fields
-    if isinstance(fields, (str, bytes)):
-        return None
-    try:
-        return tuple(fields)
-    except TypeError:
-        return None
-
-
-def _delegate(name: str):
-    """A method that calls the :class:`Fields` method ``name`` (documented there)."""
-    def method(self, *args):
-        return getattr(self._fields, name)(*args)
-
-    method.__name__ = name
-    method.__doc__ = getattr(Fields, name).__doc__
-    return method
 
 
 class ReplayCore:
@@ -99,17 +76,18 @@ class ReplayCore:
             self._gate = LimiterGate(rate_limiter, p.writer, p.held, sampler, self.num_envs)
         self._slices = Slices(sampler, p.writer, p.episodes, p.lock, self._gate, self._ringset,
                               self._after_sample, self.num_envs)
-        self._fast_push = self._writer.make_push(self.spec, self._lock, weak_method(self, "_checked_push"),
+        writes = self._writes = Writes(self.spec, p)
+        # the generic paths (tests compare the generated push and extend with them)
+        self._checked_push, self._checked_extend = writes.push, writes.extend
+        self._fast_push = self._writer.make_push(self.spec, self._lock, writes.push,
                                                  gate=gates.get("push"))
         if type(self).push is ReplayCore.push:
             # the generated push itself, not a method that calls it: one Python call less per
             # row; ReplayCore.push keeps the documentation
             self.push = self._fast_push
         if type(self).extend is ReplayCore.extend:  # the same for a vector env's step
-            self.extend = self._writer.make_extend(self.spec, self._lock,
-                                                   weak_method(self, "_checked_extend"),
-                                                   weak_method(self, "_write_values"),
-                                                   gate=gates.get("extend"))
+            self.extend = self._writer.make_extend(self.spec, self._lock, writes.extend,
+                                                   writes.values, gate=gates.get("extend"))
 
     def _bind_limiter(self, limiter) -> dict:
         """Take ``limiter`` (a :class:`~tfdata.replay.limiter.RateLimiter`, not another
@@ -122,10 +100,6 @@ class ReplayCore:
         limiter.bind(self._lock, self, self.capacity)
         self._parts.limiter = limiter
         return {"push": limiter.admit_insert, "extend": (limiter.insert_wait, limiter.inserted)}
-
-    @property
-    def _limiter(self):
-        return self._parts.limiter
 
     @property
     def rate_limiter(self):
@@ -272,21 +246,6 @@ class ReplayCore:
         """
         self._fast_push(row)
 
-    def _checked_push(self, row: Mapping, extra=None) -> None:
-        # the generic path: full validation with precise errors, then the same writes
-        self._write_row(self.spec.check_row(row), extra)
-
-    def _write_row(self, values: list, extra) -> None:
-        """Write one checked row under the lock, after the rate limiter (if any) lets it in,
-        counted with the write."""
-        lim = self._limiter
-        with self._lock:
-            if lim is not None:
-                lim.insert_wait(1)
-            self._writer.push_values(values, extra)
-            if lim is not None:
-                lim.inserted(1)
-
     def extend(self, batch: Mapping) -> None:
         """Append ``n`` rows given as one array per field, each with leading dimension ``n``.
 
@@ -301,39 +260,15 @@ class ReplayCore:
             ``num_envs``, and (``elide_next``) when a stream is not continuous. The buffer is
             unchanged.
         """
-        self._checked_extend(batch)
-
-    def _write_values(self, values: list, n: int) -> None:
-        # n >= 1 rows whose fields the caller has checked (exact dtypes and shapes)
-        self._write_rows(values, n, None)
-
-    def _write_rows(self, values: list, n: int, extra) -> None:
-        """Write ``n >= 1`` checked rows under the lock, after the rate limiter (if any) lets
-        them in, counted with the write."""
-        lim = self._limiter
-        if lim is not None:
-            lim.check_insert(n)  # before the lock: an insert that can never proceed
-        with self._lock:
-            if lim is not None:
-                lim.insert_wait(n)
-            self._writer.write(values, n, extra)
-            if lim is not None:
-                lim.inserted(n)
-
-    def _checked_extend(self, batch: Mapping) -> None:
-        # the generic path: full validation with precise errors, then the same writes
-        n, values = self.spec.check_batch(batch)
-        if n == 0:
-            return
-        self._write_rows(values, n, None)
+        self._writes.extend(batch)
 
     def clear(self, *, wipe: bool = False) -> None:
         """Forget every row. ``wipe=True`` also overwrites the storage with zeros. A rate
         limiter's counts go back to 0 (its wait metrics stay): sampling waits for
         ``min_size_to_sample`` new rows, as after construction."""
         with self._lock:
-            if self._limiter is not None:
-                self._limiter.reset()
+            if self._parts.limiter is not None:
+                self._parts.limiter.reset()
             if wipe:
                 self._storage.wipe()
             self._writer.reset()  # and the write hooks: sampler, spill (releases the pages)
@@ -476,10 +411,10 @@ class ReplayCore:
         """The fields whose running statistics this buffer keeps (``stats=`` at construction)."""
         return self._planned.stats_fields
 
-    column = _delegate("column")
-    column_stats = _delegate("column_stats")
-    stats = _delegate("stats")
-    update_field = _delegate("update_field")
+    column = delegate("column")
+    column_stats = delegate("column_stats")
+    stats = delegate("stats")
+    update_field = delegate("update_field")
 
     # -- state (see tfdata.replay.state) ------------------------------------------------------
     def state_dict(self) -> dict:
@@ -507,8 +442,8 @@ class ReplayCore:
         ``stats`` only when statistics are kept, so a checkpoint without them is what it was
         before they existed)."""
         config = self._planned.config()
-        if self._limiter is not None:  # its parameters; the counts are in the state
-            config["rate_limiter"] = self._limiter.params()
+        if self._parts.limiter is not None:  # its parameters; the counts are in the state
+            config["rate_limiter"] = self._parts.limiter.params()
         return config
 
     def save(self, path, *, overwrite: bool = False) -> None:

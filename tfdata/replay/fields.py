@@ -261,3 +261,14 @@ class Fields:
             raise ValueError(f"update_field: index {idx[i]} is given twice (indices[{first}] and "
                              f"indices[{i}]); each row may be rewritten once per call")
         return slots
+
+
+def delegate(name: str):
+    """A buffer method that calls its :class:`Fields` method ``name`` (``self._fields``), with
+    that method's documentation."""
+    def method(self, *args):
+        return getattr(self._fields, name)(*args)
+
+    method.__name__ = name
+    method.__doc__ = getattr(Fields, name).__doc__
+    return method

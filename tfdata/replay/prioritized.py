@@ -232,7 +232,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         else:
             values = self.spec.check_row(row)
             leaves = self.sampler.leaf_values([priority], 1, "push")
-            self._write_row(values, leaves)
+            self._writes.row(values, leaves)
 
     def extend(self, batch: Mapping, priorities=None) -> None:
         """Append ``n`` rows (see :meth:`ReplayBuffer.extend`), with the maximum priority unless
@@ -241,4 +241,4 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         leaves = self.sampler.leaf_values(priorities, n, "extend")
         if n == 0:
             return
-        self._write_rows(values, n, leaves)
+        self._writes.rows(values, n, leaves)

@@ -15,6 +15,20 @@ from .._checks import check_int
 from ..batch import OutputRing
 
 
+def fields_key(fields):
+    """``fields`` as a tuple to find a ring by (not checked); None when it cannot be one (a
+    string, something not iterable): such a key finds no ring, and the check then names the
+    problem."""
+    if type(fields) is tuple:
+        return fields
+    if isinstance(fields, (str, bytes)):
+        return None
+    try:
+        return tuple(fields)
+    except TypeError:
+        return None
+
+
 class Rings:
     """The output rings of every thread of one buffer.
 

@@ -1,0 +1,64 @@
+"""A replay buffer's checked writes: the path every row takes that the generated push and
+extend do not (a first call, an unusual value, priorities given, a rate limiter that refuses).
+
+:class:`Writes` validates in full (precise errors naming the field), then writes under the
+buffer's lock, after the rate limiter (if any) lets the rows in, counted with the write. It
+holds no reference to the buffer, so the generated functions may keep its bound methods.
+"""
+
+from __future__ import annotations
+
+
+class Writes:
+    """The checked write path of one buffer.
+
+    Parameters
+    ----------
+    spec : Spec
+    parts : Parts
+        The buffer's parts: ``writer``, ``lock`` and ``limiter`` (None: no rate limiter; read
+        at each write, since the buffer binds it after building the parts).
+    """
+
+    __slots__ = ("spec", "parts")
+
+    def __init__(self, spec, parts):
+        self.spec, self.parts = spec, parts
+
+    def push(self, row, extra=None) -> None:
+        """Check ``row`` (a mapping of field to value) in full, then write it."""
+        self.row(self.spec.check_row(row), extra)
+
+    def row(self, values: list, extra) -> None:
+        """Write one checked row; ``extra``: what the sampler's write hook takes (priorities)."""
+        p = self.parts
+        lim = p.limiter
+        with p.lock:
+            if lim is not None:
+                lim.insert_wait(1)
+            p.writer.push_values(values, extra)
+            if lim is not None:
+                lim.inserted(1)
+
+    def extend(self, batch) -> None:
+        """Check ``batch`` (one array per field, ``n`` rows) in full, then write it."""
+        n, values = self.spec.check_batch(batch)
+        if n:
+            self.rows(values, n, None)
+
+    def values(self, values: list, n: int) -> None:
+        """Write ``n >= 1`` rows whose fields the caller checked (exact dtypes and shapes)."""
+        self.rows(values, n, None)
+
+    def rows(self, values: list, n: int, extra) -> None:
+        """Write ``n >= 1`` checked rows."""
+        p = self.parts
+        lim = p.limiter
+        if lim is not None:
+            lim.check_insert(n)  # before the lock: an insert that can never proceed
+        with p.lock:
+            if lim is not None:
+                lim.insert_wait(n)
+            p.writer.write(values, n, extra)
+            if lim is not None:
+                lim.inserted(n)
