@@ -280,6 +280,7 @@ class ReplayBuffer(ReplayCore):
         ``name``; TypeError or ValueError for one that is not a sampler class with a name of
         its own)."""
         out = dict(cls.SAMPLERS)
+        given = () if given is None else given
         if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
             raise TypeError(f"samplers must be a list of sampler classes, got "
                             f"{type(given).__name__}")

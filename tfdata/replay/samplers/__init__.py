@@ -52,8 +52,9 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     the output ring's slot unused.
 ``name``, ``rule``
     Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
-    and checkpoints call the sampler (None: a sampler of the user's that is never saved, called
-    by its class name: :func:`sampler_name`);
+    and checkpoints call the sampler (a class attribute, required for a sampler that is saved;
+    None: a sampler of the user's that is never saved, called by its class name:
+    :func:`sampler_name`);
     ``rule`` says how a batch takes rows (``"rows are drawn uniformly with replacement"``), so
     that a refusal such as ``sample(B)`` with ``B`` above the rows held says what this sampler
     does, not what another would.
