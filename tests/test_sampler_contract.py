@@ -1,14 +1,20 @@
 """A sampler written outside the package plugs into ReplayBuffer through the public contract
 (tfdata.replay.samplers): nothing in tfdata names it, and everything else still works with it:
-both layouts, the generated push, extend, n-step windows, clear, state round trips."""
+every layout, the generated push, extend, n-step windows, clear, state round trips, and
+checkpoints (saved by its name and config, loaded with ``samplers=[RecentSampler]``, continuing
+exactly; a hostile checkpoint of it refused naming the field)."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import numpy as np
 import pytest
 
-from tfdata import ReplayBuffer, Spec
-from tfdata.replay.samplers import Sampler
+from tfdata import FormatError, ReplayBuffer, Spec
+from tfdata.replay.samplers import (Sampler, StateError, config_keys, config_value, state_int,
+                                    state_part)
 
 from .conftest import LAYOUTS
 
@@ -18,14 +24,24 @@ SPEC = Spec({"obs": ("f4", (3,)), "reward": "f4", "terminated": "?", "truncated"
 
 class RecentSampler(Sampler):
     """Uniform over the ``window`` newest rows: knows the newest slot from the write hooks, draws
-    with numpy from ``(seed, counter)`` and gathers through the storage (no layout)."""
+    with numpy from ``(seed, counter)`` and gathers through the storage (no layout). Saved by its
+    name and config (``window``), its state the RNG position and ``newest``."""
 
     hears_writes = True
+    name = "recent"
 
     def __init__(self, window: int, seed: int):
         super().__init__(seed)
         self.window = window
         self.newest = -1
+
+    def config(self) -> dict:
+        return {"window": self.window}
+
+    @classmethod
+    def from_config(cls, config, seed):
+        config_keys(config, ("window",), cls.name)  # exactly its options
+        return cls(config_value(config, "window", "int", 1, 1 << 32), seed)
 
     def on_write(self, spans, n, extra) -> None:
         dst, _, count = spans[-1]
@@ -46,6 +62,22 @@ class RecentSampler(Sampler):
         self.state[1] += np.uint64(1)
         out.indices[:] = (self.newest - back) % self.capacity
         self.storage.gather(out.indices, out)
+
+    def extra_state(self, size) -> dict:
+        return {"newest": self.newest}
+
+    def check_state(self, state, size, capacity):
+        rng = super().check_state(state, size, capacity)
+        state_part(state, ("newest",), self.name)
+        newest = state_int(state, "newest", "recent.newest", -1, capacity - 1)
+        if (newest < 0) != (size == 0):  # a row is written exactly when one is held
+            raise StateError("recent.newest", "-1 exactly when no row is held", newest)
+        return rng, newest
+
+    def load_state(self, checked) -> None:
+        rng, newest = checked
+        super().load_state(rng)
+        self.newest = newest
 
 
 def rows(rng, n):
@@ -86,9 +118,10 @@ def test_layouts_agree_and_state_round_trips():
         buf.extend(rows(np.random.default_rng(4), 23))
         out.append([buf.sample(6, copy=True) for _ in range(3)])
         state = buf.state_dict()
+        assert state["recent"] == {"newest": buf.sampler.newest}  # its state, under its name
         other = ReplayBuffer(SPEC, 16, layout=layout, n_step=3, gamma=0.5, sampler=RecentSampler(5, seed=7))
         other.load_state_dict(state)
-        other.sampler.newest = buf.sampler.newest  # the sampler's own state is its business
+        assert other.sampler.newest == buf.sampler.newest
         a, b = buf.sample(6), other.sample(6)
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.discounts, b.discounts)
@@ -106,3 +139,124 @@ def test_clear_reaches_the_sampler_and_seed_conflicts_are_refused():
     assert buf.sampler.newest == -1 and len(buf) == 0
     with pytest.raises(ValueError, match="seed"):
         ReplayBuffer(SPEC, 8, seed=1, sampler=RecentSampler(2, seed=0))
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+GROUPS = [["obs", "next_obs"], ["reward", "terminated", "truncated"]]
+
+
+def recent(layout, seed=2):
+    buf = ReplayBuffer(SPEC, 16, layout=layout, n_step=3, gamma=0.5, sampler=RecentSampler(5, seed=seed))
+    buf.extend(rows(np.random.default_rng(4), 23))
+    buf.sample(6)
+    return buf
+
+
+def same(a, b) -> None:
+    np.testing.assert_array_equal(a.indices, b.indices)
+    for k in SPEC.names:
+        np.testing.assert_array_equal(a[k], b[k])
+    np.testing.assert_array_equal(a.discounts, b.discounts)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS + [GROUPS])
+def test_an_outside_sampler_saves_loads_and_continues_exactly(tmp_path, layout):
+    saved, twin = recent(layout), recent(layout)  # twin: the same buffer, never saved
+    saved.save(tmp_path / "ck")
+    doc = json.loads((tmp_path / "ck" / "state.json").read_text())
+    assert doc["config"]["sampler"] == "recent" and doc["config"]["window"] == 5
+    assert doc["state"]["recent"] == {"newest": saved.sampler.newest}
+    back = ReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler])
+    assert type(back.sampler) is RecentSampler and back.sampler.window == 5
+    assert back.sampler.newest == twin.sampler.newest and back.config == twin.config
+    more = rows(np.random.default_rng(9), 6)
+    for step in range(4):  # samples, then writes and samples: the same as the buffer never saved
+        for _ in range(2):
+            same(back.sample(6), twin.sample(6))
+        back.extend({k: v[step:step + 1] for k, v in more.items()})
+        twin.extend({k: v[step:step + 1] for k, v in more.items()})
+    # into another layout too
+    other = ReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler], layout="soa")
+    again = recent(layout)
+    same(other.sample(6), again.sample(6))
+
+
+def test_an_outside_sampler_needs_to_be_given_to_load(tmp_path):
+    recent("aos").save(tmp_path / "ck")
+    with pytest.raises(FormatError, match=r"config\.sampler: the sampler 'recent' is neither one "
+                                          r"of tfdata's.*samplers=\[YourSampler\]"):
+        ReplayBuffer.load(tmp_path / "ck")
+    with pytest.raises(TypeError, match="sampler classes"):
+        ReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler(3, seed=0)])
+
+    class Impostor(RecentSampler):
+        name = "uniform"
+
+    with pytest.raises(ValueError, match="'uniform' of UniformSampler"):
+        ReplayBuffer.load(tmp_path / "ck", samplers=[Impostor])
+
+
+def test_a_sampler_without_a_name_is_not_saved(tmp_path):
+    class Nameless(RecentSampler):
+        name = None
+
+    buf = ReplayBuffer(SPEC, 8, sampler=Nameless(2, seed=0))
+    buf.extend(rows(np.random.default_rng(0), 3))
+    assert buf.config["sampler"] is None
+    with pytest.raises(TypeError, match="Nameless has no name"):
+        buf.save(tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+
+
+def _config(key, value):
+    return lambda d: d["config"].__setitem__(key, value)
+
+
+def _state(key, value):
+    return lambda d: d["state"]["recent"].__setitem__(key, value)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (_config("window", 0), "config.window: expected an int in [1, 4294967296], got int 0"),
+    (_config("window", 2.0), "config.window: expected an int"),
+    (_config("window", True), "config.window: expected an int"),
+    (lambda d: d["config"].pop("window"), "config.window: expected a value"),
+    (_config("depth", 3), "config.depth: expected no such key"),
+    (_state("newest", 16), "state.recent.newest: expected an int in [-1, 15], got int 16"),
+    (_state("newest", -1), "state.recent.newest: expected -1 exactly when no row is held, got -1"),
+    (_state("newest", "7"), "state.recent.newest: expected an int"),
+    (_state("newest", [7]), "state.recent.newest: expected an int"),
+    (_state("seed", 7), "state.recent.seed: expected no such key"),
+    (_state("older", 7), "state.recent: expected an object of the keys ['newest']"),
+    (lambda d: d["state"]["recent"].pop("newest"), "state.recent: expected an object of the keys"),
+    (lambda d: d["state"].__setitem__("recent", 3), "state.recent: expected an object"),
+    (lambda d: d["state"].pop("recent"), "the state of sampler 'recent'"),
+])
+def test_a_hostile_checkpoint_of_an_outside_sampler_is_refused(tmp_path, edit, field):
+    recent("aos").save(tmp_path / "saved")
+    path = tmp_path / "ck"
+    shutil.copytree(tmp_path / "saved", path)
+    doc = json.loads((path / "state.json").read_text())
+    edit(doc)
+    (path / "state.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError) as err:
+        ReplayBuffer.load(path, samplers=[RecentSampler])
+    assert field in str(err.value) and str(path) in str(err.value), str(err.value)
+
+
+def test_the_arrays_of_an_outside_samplers_state_are_bounded(tmp_path):
+    """An array in its part is read only within the bound a checkpoint's capacity justifies
+    (from the header, before its data), then checked by its check_state like any value."""
+    from tfdata.replay.samplers import STATE_BYTES_BASE, STATE_BYTES_PER_SLOT
+
+    recent("aos").save(tmp_path / "saved")
+    too_big = (STATE_BYTES_PER_SLOT * 16 + STATE_BYTES_BASE) // 8 + 1
+    for n, field in ((too_big, "expected at most"), (3, "state.recent.newest: expected an int")):
+        path = tmp_path / f"ck{n}"
+        shutil.copytree(tmp_path / "saved", path)
+        np.save(path / "arrays" / "big.npy", np.zeros(n, np.int64))
+        doc = json.loads((path / "state.json").read_text())
+        doc["state"]["recent"]["newest"] = {"$array": "arrays/big.npy"}
+        (path / "state.json").write_text(json.dumps(doc))
+        with pytest.raises(FormatError, match=field):
+            ReplayBuffer.load(path, samplers=[RecentSampler])

@@ -105,21 +105,21 @@ def test_a_sampler_of_the_users_is_named_by_its_class():
     from tfdata.replay.samplers.uniform import UniformSampler
 
     class Recent(UniformSampler):
-        name = None  # a sampler of the user's: no tfdata name
-        state_key = "recent"
+        name = None  # a sampler of the user's: no tfdata name, its class's names it
 
-        def extra_state(self, copy, size):
-            return {"recent": {"k": 3}}
+        def extra_state(self, size):
+            return {"k": 3}
 
-        def check_state(self, state, size):
-            return super().check_state(state, size), state["recent"]
+        def check_state(self, state, size, capacity):
+            return super().check_state(state, size, capacity), state["k"]
 
         def load_state(self, checked):
             super().load_state(checked[0])
 
     mine = ReplayBuffer(SPEC, 16, sampler=Recent(0))
     mine.extend(rows(range(4)))
-    with pytest.raises(ValueError, match="'recent'.*'uniform'"):
+    assert mine.state_dict()["Recent"] == {"k": 3}  # what it keeps, under its name
+    with pytest.raises(ValueError, match="'Recent'.*'uniform'"):
         build("uniform").load_state_dict(mine.state_dict())
     with pytest.raises(ValueError, match="'uniform'.*samples with 'Recent'"):
         mine.load_state_dict(used("uniform").state_dict())

@@ -3,15 +3,51 @@
 from __future__ import annotations
 
 from .core import ReplayCore
-from .samplers.exactly_k import ExactlyKSampler
+from .samplers.exactly_k import OPTIONS as EXACTLY_K_OPTIONS, ExactlyKSampler
+from .samplers.prioritized import PrioritizedSampler
 from .samplers.uniform import UniformSampler
 from .samplers.without_replacement import WithoutReplacementSampler
 
 #: the samplers a ReplayBuffer builds from a name (and a checkpoint records by that name)
 SAMPLERS = {"uniform": UniformSampler, "without_replacement": WithoutReplacementSampler,
             "exactly_k": ExactlyKSampler}
-#: the options of ``sampler="exactly_k"`` (None: not given)
-EXACTLY_K_OPTIONS = ("replays", "policy", "timeout")
+#: every sampler of tfdata, by name: a sampler of the user's takes none of these names
+TFDATA_SAMPLERS = {**SAMPLERS, "prioritized": PrioritizedSampler}
+
+
+def sampler_entries(buffer_class, sampler, default: str) -> dict:
+    """What the config of a ``buffer_class`` buffer says of its ``sampler``: its ``name`` (as
+    ``"sampler"``, unless it is ``default``) and its :meth:`~tfdata.replay.samplers.Sampler.config`;
+    ``{"sampler": None}`` for a sampler that cannot be saved (see :func:`unsaved_reason`)."""
+    if unsaved_reason(buffer_class, sampler) is not None:
+        return {"sampler": None}
+    name = sampler.name
+    return {**({} if name == default else {"sampler": name}), **sampler.config()}
+
+
+def unsaved_reason(buffer_class, sampler) -> str | None:
+    """Why a checkpoint could not rebuild ``sampler`` (None: it can): it has no ``name``, or
+    tfdata's name of another class (a subclass of one of tfdata's samplers keeps its name:
+    loading it would build tfdata's), or options that are the buffer's own."""
+    name = getattr(sampler, "name", None)
+    mine = type(sampler).__name__
+    if not isinstance(name, str) or not name:
+        return (f"{mine} has no name: a sampler that is saved needs a name, config() and "
+                f"from_config() (see tfdata.replay.samplers)")
+    known = TFDATA_SAMPLERS.get(name)
+    if known is not None and type(sampler) is not known:
+        return (f"{mine} is not one of tfdata's samplers but has the name {name!r} of "
+                f"{known.__name__}; give it a name of its own")
+    if known is not None and name not in buffer_class.SAMPLERS:
+        return (f"a {buffer_class.__name__} saves samplers {sorted(buffer_class.SAMPLERS)} and "
+                f"samplers of the user's, not a {mine}")
+    from .plan import CONFIG_DEFAULTS
+
+    clash = sorted(set(sampler.config()) & (set(CONFIG_DEFAULTS) | {
+        "capacity", "sampler", "rate_limiter", "allocator", "memory_budget", "seed"}))
+    if clash:
+        return f"{mine}.config() has the buffer's own option(s) {clash}"
+    return None
 
 
 def _named_sampler(sampler, seed, options=None):
@@ -59,8 +95,9 @@ class ReplayBuffer(ReplayCore):
         or ``"exactly_k"`` (every row delivered in exactly ``replays`` batches, then its slot is
         free: :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler`), seeded by ``seed``. Any object meeting the sampler contract of
         :mod:`tfdata.replay.samplers` plugs in here (then ``seed`` must be None: the sampler
-        holds its own); a buffer saves and loads only with one of these three classes (another
-        sampler: TypeError from ``save``).
+        holds its own). A sampler of the user's is saved by its ``name`` and ``config()`` and
+        loaded with ``ReplayBuffer.load(path, samplers=[ItsClass])`` (see :meth:`load`); one
+        without a name is not saved (TypeError from ``save``).
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1): deliveries per row, in ``[1, 65535]``.
     policy : {"block", "drop", "overwrite"}, optional
@@ -205,6 +242,11 @@ class ReplayBuffer(ReplayCore):
     ``stats=`` fields) and :meth:`update_field` (relabelling rows in place).
     """
 
+    #: the samplers it builds from a name (a checkpoint of it may name them), and the one it
+    #: has when its config names none
+    SAMPLERS = SAMPLERS
+    DEFAULT_SAMPLER = "uniform"
+
     def __init__(self, spec, capacity: int, *, layout=None, seed: int | None = None,
                  sampler=None, ring_size: int = 2, num_envs: int = 1, n_step: int | None = None,
                  gamma: float = 0.99, next_of="auto", elide_next: bool = False, roles=None,
@@ -225,15 +267,49 @@ class ReplayBuffer(ReplayCore):
 
     @property
     def config(self) -> dict:
-        """As :attr:`ReplayCore.config`, plus ``sampler`` (its name) when it is not uniform: a
-        sampler that is not one of tfdata's gives None (such a buffer is not saved)."""
-        return {**super().config, **self._sampler_config()}
+        """As :attr:`ReplayCore.config`, plus the sampler's: ``sampler`` (its name) when it is
+        not uniform, and its options (``replays``, ``policy``, ``timeout`` for exactly-k); a
+        sampler that cannot be saved (no ``name``, see :func:`unsaved_reason`) gives
+        ``sampler`` None."""
+        return {**super().config, **sampler_entries(type(self), self.sampler, self.DEFAULT_SAMPLER)}
 
-    def _sampler_config(self) -> dict:
-        name = next((k for k, c in SAMPLERS.items() if type(self.sampler) is c), None)
-        if name == "exactly_k":
-            return {"sampler": name, **self.sampler.config}
-        return {} if name == "uniform" else {"sampler": name}
+    @classmethod
+    def sampler_classes(cls, given=()) -> dict:
+        """``{name: class}`` of the samplers a checkpoint of this class may name: tfdata's, and
+        the classes ``given`` to :meth:`load` (``samplers=``: an allow-list, by their
+        ``name``; TypeError or ValueError for one that is not a sampler class with a name of
+        its own)."""
+        out = dict(cls.SAMPLERS)
+        given = () if given is None else given
+        if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+            raise TypeError(f"samplers must be a list of sampler classes, got "
+                            f"{type(given).__name__}")
+        for s in given:
+            name = getattr(s, "name", None)
+            if not isinstance(s, type) or not callable(getattr(s, "from_config", None)):
+                raise TypeError(f"samplers: expected sampler classes (with name and from_config), "
+                                f"got {s!r:.100}")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"samplers: {s.__name__} has no name (a str): a checkpoint "
+                                 f"names its sampler")
+            mine = TFDATA_SAMPLERS.get(name, out.get(name))
+            if mine is not None and mine is not s:
+                raise ValueError(f"samplers: {s.__name__} has the name {name!r} of "
+                                 f"{mine.__name__}; give it a name of its own")
+            out[name] = s
+        return out
+
+    @classmethod
+    def unsaved_reason(cls, sampler) -> str | None:
+        """Why a checkpoint could not rebuild ``sampler`` in a buffer of this class (None: it
+        can): see :func:`unsaved_reason`."""
+        return unsaved_reason(cls, sampler)
+
+    @classmethod
+    def sampler_options(cls, sampler) -> dict:
+        """The constructor's keywords that give a buffer ``sampler`` (an unbound sampler that
+        ``from_config`` built, seeded)."""
+        return {"sampler": sampler}
 
     @classmethod
     def _planned_sampler(cls, options: dict):

@@ -2,10 +2,12 @@
 
 Layout of a checkpoint directory (format ``tfdata.checkpoint`` 1.0)::
 
-    state.json        format, version, buffer class and constructor config, spec, writer
-                      cursor and size, RNG seed and counter, scalars of the episode bookkeeping
-                      and of the prioritized state, the row count of each field's running
-                      statistics; arrays are {"$array": "arrays/<name>.npy"}
+    state.json        format, version, buffer class and constructor config (the sampler's name
+                      and options among it), spec, writer cursor and size, each part's state:
+                      the sampler's RNG seed and counter and what it keeps (under its name), the
+                      scalars of the episode bookkeeping, of the frame stacks, of the rate
+                      limiter, the row count of each field's running statistics; arrays are
+                      {"$array": "arrays/<name>.npy"}
     arrays/*.npy      per-slot arrays: episode numbers, priorities (leaves), write versions, ...;
                       and the statistics of each ``stats=`` field (mean, var, min, max: float64
                       of the field's shape)
@@ -13,11 +15,23 @@ Layout of a checkpoint directory (format ``tfdata.checkpoint`` 1.0)::
                       in the buffer's layout (AoS ``.npy``, SoA directory, or for column groups a
                       grouped directory of the stored fields' grouping)
 
+This module knows the directory format, the array encoding and the generic checks of JSON
+values (:class:`_Checker`: types and bounds, every failure a FormatError naming the file and the
+field; :class:`_Arrays`: bounded reads of ``.npy`` files). What each part saves and how it is
+checked is the part's: the sampler's config and state its class's
+(:mod:`tfdata.replay.samplers`: ``from_config`` and ``check_state``), the episode bookkeeping's,
+the frame stacks', the rate limiter's and the running statistics' their modules' ``read_*``
+functions (:mod:`tfdata.replay.episodes`, :mod:`tfdata.replay.frames`,
+:mod:`tfdata.replay.limiter`, :mod:`tfdata.replay.columns`).
+
 Saving
 ------
 Saving holds the buffer's lock and streams the rows from the storage into the file in chunks
 of at most 16 MiB (AoS records are written straight from the storage's memory), so the peak
-memory of a save is the buffer plus one chunk.
+memory of a save is the buffer plus one chunk. A sampler is saved by its ``name`` and
+``config()`` (absent: the buffer's default sampler, uniform for a ``ReplayBuffer``); one without
+a name, or with the name of one of tfdata's samplers but another class, is refused (TypeError,
+before any file is written).
 
 *Nothing that is not a checkpoint is ever replaced or deleted.* An existing ``path`` is refused
 (``FileExistsError``) unless ``overwrite=True`` and ``path`` is a checkpoint directory: a real
@@ -50,83 +64,45 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
 * ``state.json``: at most 8 MiB, standard JSON (no NaN or Infinity, integers of at most 40
   digits), nested no deeper than the format needs (deeper is a FormatError, never a
   RecursionError); exactly the keys of the format at every level;
-* ``config``: an allow-list per class, exact JSON types (a bool is not an int):
-  ``capacity`` int in ``[1, 2**32 - 1]``; ``layout`` ``"aos"``, ``"soa"`` or a grouping of
-  the spec's fields in normal form (a list of at most as many lists as there are fields, each
-  field exactly once, by name, groups in spec order within: :func:`tfdata.storage.check_layout`,
-  which names an unknown or repeated field); ``ring_size`` int in
-  ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step`` null or int in
-  ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and ``roles`` objects of field
-  names (roles: ``reward``, ``terminated``, ``truncated``); ``elide_next`` bool; ``stats``
-  (present only for a buffer that keeps statistics) a non-empty list of distinct field names;
-  ``sampler`` (present only for a ``ReplayBuffer`` that does not sample uniformly)
-  ``"without_replacement"`` or ``"exactly_k"``, with (exactly for ``"exactly_k"``) ``replays``
-  int in ``[1, 65535]``, ``policy`` one of ``"block"``, ``"drop"``, ``"overwrite"`` and
-  ``timeout`` null or a float in ``(0, 1e9]``; ``rate_limiter`` (present only for a buffer with a
-  :class:`tfdata.RateLimiter`) an object of ``samples_per_insert`` float in ``(0, 1e12]``,
-  ``min_size_to_sample`` int in ``[1, capacity]``, ``error_buffer`` null or a float in
-  ``[max(1, samples_per_insert), 1e18]``, ``timeout`` null or a float in ``(0, 1e9]``;
-  ``frame_stack`` and ``frame_padding`` (present together, for a buffer built with
-  ``frame_stack=``): an object of 1 to (number of fields) stacked fields of the spec, each to
-  its ``K``, an int in ``[2, 64]`` equal to the field's first dimension (shape ``(K, *frame)``,
-  at least 2-D); and an object with exactly those fields, each ``"reset"``, ``"zero"`` or the
-  padding frame as nested lists of exactly the frame's shape (checked level by level before
-  anything is converted) holding values of the field's dtype (bools; ints in its range; finite
-  floats it holds); and for a
-  ``PrioritizedReplayBuffer`` ``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps``
-  float in ``(0, 1e6]``, ``beta_steps`` null or int in ``[1, 2**63 - 1]``. ``spill_path``,
-  ``hot_rows``, ``hot_bytes``, ``allocator``, ``memory_budget`` and any other key are refused:
-  *loading never writes outside the checkpoint directory* (where a buffer spills is the
-  caller's choice, through the keywords of :func:`load`);
+* the class and the sampler: the class one of the allow-list :func:`load` is given; the sampler
+  ``config.sampler`` names (absent: the class's default; the default named is refused) one of
+  tfdata's or one of the classes given to ``load(path, samplers=[...])``, an allow-list too (a
+  checkpoint never makes tfdata import or call anything else); any other name is a FormatError
+  saying how to pass its class. The state holds exactly the sampler part of that sampler (its
+  name, for a sampler that keeps more than its RNG): a state saved with another sampler is
+  refused naming both samplers, and ``PrioritizedReplayBuffer.load`` of a ``ReplayBuffer``
+  raises TypeError, before anything is built;
+* ``config``: exact JSON types (a bool is not an int): ``capacity`` int in ``[1, 2**32 - 1]``;
+  ``layout`` ``"aos"``, ``"soa"`` or a grouping of the spec's fields in normal form (a list of
+  at most as many lists as there are fields, each field exactly once, by name, groups in spec
+  order within: :func:`tfdata.storage.check_layout`, which names an unknown or repeated field);
+  ``ring_size`` int in ``[1, 64]``; ``num_envs`` int ``>= 1`` dividing ``capacity``; ``n_step``
+  null or int in ``[1, max(capacity, 1024)]``; ``gamma`` float in ``[0, 1]``; ``next_of`` and
+  ``roles`` objects of field names (roles: ``reward``, ``terminated``, ``truncated``);
+  ``elide_next`` bool; ``stats`` (present only for a buffer that keeps statistics),
+  ``frame_stack`` and ``frame_padding``, ``rate_limiter``: as their parts read them. Every
+  other key is the sampler's, checked by its class's ``from_config`` (exactly its options:
+  ``replays``, ``policy``, ``timeout`` for exactly-k; ``alpha``, ``beta``, ``beta_final``,
+  ``beta_steps``, ``eps`` for a ``PrioritizedReplayBuffer``). ``spill_path``, ``hot_rows``,
+  ``hot_bytes``, ``allocator`` and ``memory_budget`` are refused: *loading never writes outside
+  the checkpoint directory* (where a buffer spills is the caller's choice, through the keywords
+  of :func:`load`);
 * spec: at most 32 dimensions per field, each in ``[1, 2**31 - 1]``, at most ``2**31 - 1``
   bytes per row, dtype strings in numpy's canonical form of a bool or numeric type, names
   non-empty strings of at most 1024 characters;
-* state: capacity, layout (normalised) and num_envs equal the config's; writer ``size`` in ``[0, capacity]``
-  and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of num_envs (but with
-  ``sampler="exactly_k"``, which places a step's rows in free slots) and equal
-  to ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``;
-  prioritized ``samples`` in ``[0, 2**64 - 1]``, ``alpha`` and ``eps`` equal to the config's;
-  the state holds exactly the sampler part its class and ``config.sampler`` name (none for
-  uniform; a state saved with another sampler is refused naming both samplers, and
-  ``PrioritizedReplayBuffer.load`` of a ``ReplayBuffer`` raises TypeError, before anything is
-  built); ``without_replacement`` (exactly when ``config.sampler`` names it) ``passes`` in
-  ``[0, 2**63 - 1]`` and ``undrawn``, int64 slots, at most ``size`` of them (from the header),
-  each below ``size`` and none twice, at least one while rows are held, and ``passes`` 0 when
-  none is; ``exactly_k`` (exactly when ``config.sampler`` names it)
-  ``slots`` and ``counts``, int64 arrays of one length, at most ``size`` (from the headers),
-  slots below ``size`` and none twice, counts in ``[1, replays]``, and the counters
-  ``delivered``, ``dropped``, ``lost_replays`` ints in ``[0, 2**63 - 1]`` with ``delivered +
-  lost_replays + sum(counts)`` a multiple of ``replays`` and at least ``size * replays`` (every
-  delivery owed to the rows written is made, lost or still owed), equal to it, and ``dropped``
-  and ``lost_replays`` 0, until the ring is full (a
-  ``SharedReplayBuffer``'s: ``slots`` of rows its shards held, ``counts``, ``delivered``,
-  ``released`` equal to the rows published less the slots, one ``cursors`` int per shard
-  within it, ``dropped`` all 0, policy not ``"overwrite"``: see :func:`_read_shared_replays`); ``rate_limiter``
-  (exactly when the config has one) ``inserts`` int in ``[size, 2**63 - 1]``, ``samples`` int in
-  ``[0, 2**63 - 1]``, and (a ``ReplayBuffer``'s) counts the configured limiter can reach: no
-  samples before ``min_size_to_sample`` inserts and, with an ``error_buffer``, ``inserts *
-  samples_per_insert - samples`` at most ``max_diff`` and, once something was sampled, at least
-  ``min_diff`` (see :func:`tfdata.replay.limiter.counts_problem`; a count beyond them would make
-  every insert, or every sample, wait for ever);
+* state: capacity, layout (normalised) and num_envs equal the config's; writer ``size`` in
+  ``[0, capacity]`` and a multiple of num_envs, ``cursor`` in ``[0, capacity)``, a multiple of
+  num_envs (but for a sampler whose writes are placed off stream order: exactly-k) and equal to
+  ``size`` until the ring is full; sampler ``seed`` and ``counter`` in ``[0, 2**64 - 1]``; the
+  sampler's part (top-level values are JSON values or arrays, which hold at most
+  :data:`~tfdata.replay.samplers.STATE_BYTES_PER_SLOT` bytes per slot in all, plus
+  :data:`~tfdata.replay.samplers.STATE_BYTES_BASE`, from the headers)
+  checked by the sampler ``from_config`` built (``check_state``: bounds, dtypes and shapes,
+  against its config and the rows held); the episode bookkeeping, the frame stacks, the rate
+  limiter's counts and the statistics by their parts;
 * arrays: each header is read with :func:`tfdata.io.read_npy_header` (no pickle) and must have
-  exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, priorities
-  ``float64[size]``, versions ``uint64[capacity]``, ...) before its data is read; priorities
-  (leaves) must be, rounded to float32 (as the tree stores them; a checkpoint of a buffer that
-  stored float64 leaves is rounded once, when loaded), positive normal float32 values, so that
-  their sum is finite and positive; versions keep their low byte (the buffer counts writes
-  per slot modulo 256, with an epoch in each batch);
-* frame stacks (``state.frames``, exactly when ``config.frame_stack`` is present): ``stacks``
-  equal to ``config.frame_stack``; ``steps`` (steps written since the last clear) an int in
-  ``[0, 2**62 - 1]`` with ``size == min(steps * num_envs, capacity)`` and ``cursor == steps *
-  num_envs % capacity`` (the writer's); ``depth`` ``uint8[size]``
-  with values in ``[0, max(K) - 1]``, ``prev`` ``int16[num_envs]`` in ``[-1, max(K) - 1]``, and
-  ``hist`` an array per stacked field of its dtype and shape ``(K - 1, num_envs, *frame)``. The
-  stored spec and the rows file's layout are those of the frames (each stacked field one frame
-  wide and a column of its own, its next field not stored), and the episode bookkeeping is
-  checked as for ``elide_next`` over them;
-* statistics (``state.stats``): present exactly when ``config.stats`` names fields, with an
-  entry for exactly those, each ``count`` equal to ``size`` and ``mean``, ``var``, ``min``,
-  ``max`` float64 arrays of the field's shape;
+  exactly the dtype and shape the state needs (episode numbers ``uint32[size]``, ...) before its
+  data is read;
 * rows: the dataset's fields equal the spec's and it holds ``size`` rows;
 * memory: without a ``memory_budget``, the bytes the buffer would hold
   (:meth:`ReplayBuffer.plan_memory`, with the ``spill_path`` / ``hot_rows`` / ``hot_bytes``
@@ -138,19 +114,14 @@ naming the file and the field (only a missing ``path`` or ``state.json`` is
 Then the buffer is built, the rows are mapped and copied in 16 MiB chunks (releasing each
 chunk's pages), and ``load_state_dict`` validates again before a byte of the buffer is
 written. Last, once the rows are in memory, the episode numbers must be what inserting those
-rows gave (each stream's number grows by one after a terminated or truncated row and only
-then; ``current`` is the newest number plus the newest row's end) and the elided-next
-bookkeeping must name exactly the rows that ended an episode, and (``frame_stack``) each row's
-depth must be its steps since its episode's first row, capped at ``max(K) - 1`` (the oldest
-row's at most its step number) and each stream's ``prev`` its newest row's depth, or -1 after an
-episode's end; otherwise the new buffer is
-dropped and FormatError raised (one pass, about 1 ms per million rows). The statistics are
-computed from the loaded rows and each saved value must equal its recomputation bit for bit
-(they are a deterministic function of the rows, see :mod:`tfdata.replay.columns`), so a value
-is finite, a variance non-negative, a minimum at most its maximum, exactly when the rows make
-them so. A checkpoint written before statistics existed (no ``config.stats``) loads without
-them, or with those asked for by ``load(path, stats=[...])``, computed from the rows. No pickle anywhere:
-JSON and ``.npy`` read by tfdata's own header check.
+rows gave, the elided-next bookkeeping and the frame stacks' depths must agree with the rows'
+episode ends (:class:`tfdata.replay.episodes.EpisodeOrder`,
+:func:`tfdata.replay.frames.check_order`), and each saved statistic must equal its
+recomputation from the rows bit for bit (:func:`tfdata.replay.columns.compare_state`);
+otherwise the new buffer is dropped and FormatError raised. A checkpoint written before
+statistics existed (no ``config.stats``) loads without them, or with those asked for by
+``load(path, stats=[...])``, computed from the rows. No pickle anywhere: JSON and ``.npy`` read
+by tfdata's own header check.
 """
 
 from __future__ import annotations
@@ -166,13 +137,18 @@ import warnings
 
 import numpy as np
 
-from .._checks import check_slot_list
 from ..errors import FormatError, SpecError
 from ..spec import Field, Spec
 from ..storage import check_layout, file_name, storage_nbytes
 from ..storage.files import fsync_dir
-from .samplers.exactly_k import MAX_REPLAYS, POLICIES, replays_problem
-from .samplers.without_replacement import pass_problem
+from . import columns, episodes, frames as frame_stacks, limiter
+from .samplers import (RNG_KEYS, STATE_BYTES_BASE, STATE_BYTES_PER_SLOT, StateError,
+                       shown as _show, state_key)
+from .samplers.exactly_k import OPTIONS as _EXACTLY_K_KEYS, ExactlyKSampler
+from .samplers.prioritized import OPTIONS as _PRIORITIZED_KEYS, PrioritizedSampler, read_scalars
+from .samplers.prioritized import leaves32 as _leaves32
+from .samplers.without_replacement import read_undrawn as _read_undrawn
+from .state import STATE_FORMAT, STATE_KEYS
 
 FORMAT = "tfdata.checkpoint"
 VERSION = (1, 0)
@@ -198,26 +174,11 @@ _MAX_ROW_BYTES = (1 << 31) - 1
 _MAX_NAME = 1024
 _MAX_INT_DIGITS = 40
 _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
-# the constructor's keywords a checkpoint may carry, per class, and those it never may
+# the buffer's own config keys (every other key is its sampler's), and those a checkpoint of an
+# earlier version may lack
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
-# keys a checkpoint of an earlier version may lack
-_CONFIG_OPTIONAL = ("stats", "sampler", "replays", "policy", "timeout", "rate_limiter",
-                    "frame_stack", "frame_padding")
-_FRAMES_KEYS = ("stacks", "steps", "depth", "prev", "hist")
-#: ``frames.steps`` accepted from a checkpoint (steps written since a clear)
-_MAX_STEPS = (1 << 62) - 1
-_LIMITER_KEYS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
-#: config.sampler values a checkpoint may name (absent: uniform) and the state key each adds
-_SAMPLER_STATE = {"without_replacement": "without_replacement", "exactly_k": "exactly_k"}
-#: the state keys a sampler adds (a PrioritizedReplayBuffer's, and those of _SAMPLER_STATE)
-_SAMPLER_PARTS = ("prioritized", "without_replacement", "exactly_k")
-#: the config keys of sampler="exactly_k" (present exactly when it is named)
-_EXACTLY_K_KEYS = ("replays", "policy", "timeout")
-#: the largest timeout a checkpoint may carry (seconds; about 31 years)
-_MAX_TIMEOUT = 1e9
-_STATS_KEYS = ("count", "mean", "var", "min", "max")
-_PRIORITIZED_KEYS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
+_CONFIG_OPTIONAL = ("stats", "sampler", "rate_limiter", "frame_stack", "frame_padding")
 _OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")
 
 
@@ -466,9 +427,9 @@ def save(buffer, path, overwrite: bool = False) -> None:
     """
     from ..storage.files import Writer, chunk_rows
 
-    if "sampler" in buffer.config and buffer.config["sampler"] is None:  # before any file
-        raise TypeError(f"save: {type(buffer.sampler).__name__} is not one of tfdata's samplers; "
-                        f"a checkpoint could not rebuild it (nothing was written)")
+    reason = type(buffer).unsaved_reason(buffer.sampler)
+    if reason is not None:  # before any file
+        raise TypeError(f"save: {reason}; a checkpoint could not rebuild it (nothing was written)")
     path, tmp, stem, parent = _begin(path, overwrite)
     storage = buffer.storage
     rows_name = file_name(storage.layout, "rows")
@@ -516,24 +477,14 @@ def _publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool) -> No
 # -- loading: validation of state.json -------------------------------------------------------
 
 
-def _show(v) -> str:
-    """A short description of a JSON value (never a recursive repr)."""
-    if isinstance(v, dict):
-        return f"an object of {len(v)} key(s)"
-    if isinstance(v, list):
-        return f"a list of {len(v)} item(s)"
-    if isinstance(v, str):
-        return repr(v[:80]) + ("..." if len(v) > 80 else "")
-    return f"{type(v).__name__} {str(v)[:80]}"
-
-
 def _show_layout(layout) -> str:
     return repr(layout) if isinstance(layout, str) else str([list(g) for g in layout])[:200]
 
 
 class _Checker:
     """Validation of one ``state.json``: every failure is a FormatError naming the file and the
-    field (a dotted path from the top of the document)."""
+    field (a dotted path from the top of the document). The parts' readers
+    (:func:`tfdata.replay.frames.read_state`, ...) are given one."""
 
     def __init__(self, spath: str):
         self.spath = spath
@@ -602,7 +553,16 @@ class _Checker:
                 self.fail(f"{where}[{k[:40]!r}]", f"a field of the spec {list(spec.names)}", name)
         return v
 
-    # -- parts -------------------------------------------------------------------------------
+    def caught(self, exc: Exception, where: str) -> FormatError:
+        """The FormatError of a part's TypeError or ValueError: a sampler's ``from_config``
+        (``config.<key>: ...``) or ``check_state`` (:class:`StateError`: ``state.<field>``)."""
+        if isinstance(exc, StateError):
+            tail = "" if exc.got is None else f", got {exc.got}"
+            return FormatError(f"{self.spath}: state.{exc.field}: expected {exc.expected}{tail}")
+        text = str(exc)[:300]
+        return FormatError(f"{self.spath}: {text if text.startswith(where) else f'{where}: {text}'}")
+
+    # -- the buffer's own parts --------------------------------------------------------------
     def spec(self, v) -> Spec:
         self.obj("state.spec", v, ("fields",))
         fields = v["fields"]
@@ -638,8 +598,10 @@ class _Checker:
         except SpecError as exc:
             raise FormatError(f"{self.spath}: state.spec: {str(exc)[:300]}") from None
 
-    def config(self, v, prioritized: bool, spec: Spec) -> dict:
-        keys = _CONFIG_KEYS + (_PRIORITIZED_KEYS if prioritized else ())
+    def config(self, v, spec: Spec) -> tuple:
+        """``(the buffer's config, the sampler's)``: the buffer's own keys checked here and by
+        the parts that have options (statistics, frame stacks, rate limiter); every other key
+        is the sampler's, for its ``from_config``."""
         if isinstance(v, dict):
             for k in _OVERRIDES:
                 if k in v:
@@ -647,7 +609,8 @@ class _Checker:
                         f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
                         f"never writes outside the checkpoint directory nor takes memory settings "
                         f"from a file; pass {k}= to load)")
-        self.obj("config", v, keys, optional=_CONFIG_OPTIONAL)
+        own = _CONFIG_KEYS + _CONFIG_OPTIONAL
+        self.obj("config", v, _CONFIG_KEYS, optional=set(v) if isinstance(v, dict) else ())
         c = "config."
         cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
         layout = self.layout(c + "layout", v["layout"], spec)
@@ -663,169 +626,51 @@ class _Checker:
         self.flag(c + "elide_next", v["elide_next"])
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
         if "stats" in v:
-            self.stats_names(c + "stats", v["stats"], spec)
+            columns.read_names(self, c + "stats", v["stats"], spec)
         if "frame_stack" in v or "frame_padding" in v:
-            self.frames_config(v, spec)
-        if "sampler" in v and (prioritized or v["sampler"] not in _SAMPLER_STATE):
-            self.fail(c + "sampler", "absent (a prioritized buffer)" if prioritized else
-                      f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", v["sampler"])
-        self.exactly_k_config(v)
-        if prioritized:
-            self.prioritized_config(v)
+            frame_stacks.read_config(self, v, spec)
         if "rate_limiter" in v:
-            self.limiter_config(v["rate_limiter"], cap)
-        return dict(v, layout=layout)
+            limiter.read_config(self, v["rate_limiter"], cap)
+        buffer = {k: v[k] for k in own if k in v and k != "sampler"}
+        return dict(buffer, layout=layout), {k: x for k, x in v.items() if k not in own}
 
-    def frames_config(self, v: dict, spec: Spec) -> None:
-        """``frame_stack`` (an object of stacked fields to ``K`` in ``[2, 64]``, each field of
-        shape ``(K, *frame)``) and ``frame_padding`` (an object with exactly those fields, each
-        ``"reset"``, ``"zero"`` or the frame as nested lists): present together."""
-        from .frames import MAX_STACK, PADDINGS
+    def sampler(self, v) -> dict:
+        """``state.sampler``: the RNG's seed and counter (every sampler's)."""
+        self.obj("state.sampler", v, RNG_KEYS)
+        for k in RNG_KEYS:
+            self.integer(f"state.sampler.{k}", v[k], 0, _U64)
+        return v
 
-        for k in ("frame_stack", "frame_padding"):
-            if k not in v:
-                self.fail("config." + k, "present (config.frame_stack and config.frame_padding go "
-                          "together)", show=False)
-        w = "config.frame_stack"
-        fs = v["frame_stack"]
-        if not isinstance(fs, dict) or not 1 <= len(fs) <= len(spec):
-            self.fail(w, f"an object of 1 to {len(spec)} stacked fields {{field: K}}", fs)
-        for name, k in fs.items():
-            if name not in spec:
-                self.fail(f"{w} key", f"a field of the spec {list(spec.names)[:20]}", name)
-            where = f"{w}[{name[:40]!r}]"
-            self.integer(where, k, 2, MAX_STACK)
-            shape = spec[name].shape
-            if len(shape) < 2 or shape[0] != k:
-                self.fail(where, f"the stack depth of field {name[:40]!r}, whose shape is "
-                          f"{list(shape)} (a stacked field has shape (K, *frame))", k)
-        pad = self.obj("config.frame_padding", v["frame_padding"], tuple(fs))
-        for name in fs:
-            p = pad[name]
-            where = f"config.frame_padding[{name[:40]!r}]"
-            if isinstance(p, str):
-                self.choice(where, p, PADDINGS)
-            else:
-                self.frame(where, p, spec[name])
-
-    def frame(self, where: str, v, field: Field) -> None:
-        """A padding frame of ``field`` as nested lists: exactly the frame's shape (checked level
-        by level before anything is converted) and values of its dtype (a bool field: true or
-        false; integers: ints in the dtype's range; floats: finite floats the dtype holds)."""
-        shape = field.shape[1:]
-        dt = field.dtype
-        if dt.kind not in "biuf":
-            self.fail(where, f"'reset' or 'zero' (a padding frame of dtype {dt} is not kept)", v)
-        level = [v]
-        for depth, n in enumerate(shape):
-            nxt = []
-            for item in level:
-                if not isinstance(item, list) or len(item) != n:
-                    self.fail(where, f"the frame {list(shape)} as nested lists ('reset', 'zero' "
-                              f"or a frame); level {depth} must be lists of {n}", item)
-                nxt.extend(item)
-            level = nxt
-        for i, x in enumerate(level):
-            if not self._fits(x, dt):
-                if dt.kind == "b":
-                    want = "true or false"
-                elif dt.kind in "iu":
-                    want = f"ints in [{np.iinfo(dt).min}, {np.iinfo(dt).max}] ({dt})"
-                else:
-                    want = f"finite floats of at most {float(np.finfo(dt).max)} in magnitude ({dt})"
-                self.fail(f"{where} value {i}", want, x)
-
-    @staticmethod
-    def _fits(x, dt: np.dtype) -> bool:
-        if dt.kind == "b":
-            return type(x) is bool
-        if dt.kind in "iu":
-            info = np.iinfo(dt)
-            return type(x) is int and info.min <= x <= info.max
-        return type(x) is float and math.isfinite(x) and abs(x) <= float(np.finfo(dt).max)
-
-    def limiter_config(self, v, cap: int) -> None:
-        """``config.rate_limiter``: the parameters of a :class:`tfdata.RateLimiter`."""
-        w = "config.rate_limiter"
-        self.obj(w, v, _LIMITER_KEYS)
-        spi = self.real(w + ".samples_per_insert", v["samples_per_insert"], 0.0, 1e12, lo_open=True)
-        self.integer(w + ".min_size_to_sample", v["min_size_to_sample"], 1, cap)
-        if v["error_buffer"] is not None:
-            self.real(w + ".error_buffer", v["error_buffer"], max(1.0, spi), 1e18)
-        if v["timeout"] is not None:
-            self.real(w + ".timeout", v["timeout"], 0.0, 1e9, lo_open=True)
-
-    def limiter_state(self, v, size: int, params: dict | None = None) -> dict:
-        """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size; with
-        the limiter's ``params`` (``config.rate_limiter``, checked), counts those parameters
-        can reach (:func:`tfdata.replay.limiter.counts_problem`: no samples before
-        ``min_size_to_sample`` inserts, the difference within the error buffer of the ratio)."""
-        w = "state.rate_limiter"
-        self.obj(w, v, ("inserts", "samples"))
-        self.integer(w + ".inserts", v["inserts"], size, (1 << 63) - 1)
-        self.integer(w + ".samples", v["samples"], 0, (1 << 63) - 1)
-        if params is not None:
-            from .limiter import counts_problem
-
-            problem = counts_problem(v["inserts"], v["samples"], size, params["samples_per_insert"],
-                                     params["min_size_to_sample"], params["error_buffer"])
-            if problem is not None:
-                self.fail(f"{w}.{problem[0]}", problem[1], v[problem[0]])
-        return {"inserts": v["inserts"], "samples": v["samples"]}
-
-    def stats_names(self, where: str, v, spec: Spec) -> None:
-        """A non-empty list of distinct field names (the constructor checks that each can have
-        statistics); a buffer without statistics saves no ``stats`` key, so null or an empty
-        list is no form a save writes."""
-        if not isinstance(v, list) or not v or len(v) > len(spec):
-            self.fail(where, f"a list of 1 to {len(spec)} field names (no key: no statistics)", v)
-        for i, name in enumerate(v):
-            if type(name) is not str or name not in spec:
-                self.fail(f"{where}[{i}]", f"a field of the spec {list(spec.names)}", name)
-        if len(set(v)) != len(v):
-            self.fail(where, "distinct field names", v)
-
+    # -- what the shared-memory part reads of the samplers and the limiter -------------------
     def exactly_k_config(self, v: dict) -> None:
         """``replays``, ``policy``, ``timeout``: present exactly when ``config.sampler`` is
-        ``"exactly_k"``."""
-        c = "config."
+        ``"exactly_k"`` (checked by :meth:`ExactlyKSampler.from_config`)."""
         if v.get("sampler") != "exactly_k":
             for k in _EXACTLY_K_KEYS:
                 if k in v:
-                    self.fail(c + k, "absent (config.sampler is not 'exactly_k')", v[k])
+                    self.fail("config." + k, "absent (config.sampler is not 'exactly_k')", v[k])
             return
-        for k in _EXACTLY_K_KEYS:
-            if k not in v:
-                self.fail(c + k, "present (config.sampler is 'exactly_k')", show=False)
-        self.integer(c + "replays", v["replays"], 1, MAX_REPLAYS)
-        if type(v["policy"]) is not str or v["policy"] not in POLICIES:
-            self.fail(c + "policy", f"one of {list(POLICIES)}", v["policy"])
-        if v["timeout"] is not None:
-            self.real(c + "timeout", v["timeout"], 0.0, _MAX_TIMEOUT, lo_open=True)
+        try:
+            ExactlyKSampler.from_config({k: v[k] for k in _EXACTLY_K_KEYS if k in v}, 0)
+        except (TypeError, ValueError) as exc:
+            raise self.caught(exc, "config") from None
 
     def prioritized_config(self, v: dict) -> None:
-        """The settings of a prioritized sampler in ``config``."""
-        c = "config."
-        for k in ("alpha", "beta", "beta_final"):
-            self.real(c + k, v[k], 0.0, 1000.0)
-        self.real(c + "eps", v["eps"], 0.0, 1e6, lo_open=True)
-        self.opt_int(c + "beta_steps", v["beta_steps"], 1, (1 << 63) - 1)
-
-    def sampler(self, v) -> dict:
-        """``state.sampler``: the RNG's seed and counter."""
-        self.obj("state.sampler", v, ("seed", "counter"))
-        self.integer("state.sampler.seed", v["seed"], 0, _U64)
-        self.integer("state.sampler.counter", v["counter"], 0, _U64)
-        return v
+        """The settings of a prioritized sampler in ``config`` (checked by
+        :meth:`PrioritizedSampler.from_config`)."""
+        try:
+            PrioritizedSampler.from_config({k: v[k] for k in _PRIORITIZED_KEYS}, 0)
+        except (TypeError, ValueError) as exc:
+            raise self.caught(exc, "config") from None
 
     def prioritized_scalars(self, pri, config: dict) -> int:
-        """The scalars of ``state.prioritized``: alpha and eps as configured; returns samples."""
-        w = "state.prioritized."
-        self.obj("state.prioritized", pri, ("alpha", "eps", "samples", "leaves", "versions"))
-        for k in ("alpha", "eps"):
-            if type(pri[k]) is not float or pri[k] != config[k]:
-                self.fail(w + k, f"{config[k]} (config.{k})", pri[k])
-        return self.integer(w + "samples", pri["samples"], 0, _U64)
+        return read_scalars(self, pri, config)
+
+    def limiter_config(self, v, cap: int) -> None:
+        limiter.read_config(self, v, cap)
+
+    def limiter_state(self, v, size: int, params: dict | None = None) -> dict:
+        return limiter.read_state(self, v, size, params)
 
 
 class _Arrays:
@@ -855,6 +700,10 @@ class _Arrays:
         _regular(fpath)
         return fpath, read_npy_header(fpath)
 
+    def fail(self, ref: dict, text: str):
+        """FormatError naming the array file of ``ref`` (read, so checked) and ``text``."""
+        raise FormatError(f"{os.path.join(self.path, ref['$array'])}: {text}")
+
     def length(self, where: str, ref) -> int:
         """Rows of the 1-D array ``ref`` (from its header; nothing else is read)."""
         fpath, h = self.header(where, ref)
@@ -879,308 +728,66 @@ class _Arrays:
                 raise FormatError(f"{fpath}: truncated")
         return out
 
-
-def _read_episodes(c: _Checker, arrays: _Arrays, ep, next_of: dict, spec: Spec, elide: bool,
-                   envs: int, size: int) -> dict:
-    """The episode bookkeeping of the state: its keys, and each array of exactly the dtype and
-    shape the buffer needs (read only then). Checked against the rows by
-    :func:`_check_episode_order` once they are in memory."""
-    keys = ("num_envs", "elide", "next_of", "episode", "current")
-    if elide:
-        keys += ("final_slots", "finals", "pending", "has_pending")
-    c.obj("state.episodes", ep, keys)
-    w = "state.episodes."
-    if type(ep["num_envs"]) is not int or ep["num_envs"] != envs:
-        c.fail(w + "num_envs", f"{envs} (config.num_envs)", ep["num_envs"])
-    if type(ep["elide"]) is not bool or ep["elide"] != elide:
-        c.fail(w + "elide", f"{elide} (config.elide_next)", ep["elide"])
-    if not isinstance(ep["next_of"], dict) or ep["next_of"] != next_of:
-        c.fail(w + "next_of", f"{next_of} (from config.next_of)", ep["next_of"])
-    out = {"num_envs": envs, "elide": elide, "next_of": dict(next_of)}
-    out["episode"] = arrays.read(w + "episode", ep["episode"], np.uint32, (size,))
-    out["current"] = arrays.read(w + "current", ep["current"], np.uint32, (envs,))
-    if not elide:
-        return out
-    # one entry per row that ended an episode: the header's count, bounded by the rows held
-    slots = ep["final_slots"]
-    k = arrays.length(w + "final_slots", slots)
-    if k > size:
-        c.fail(w + "final_slots", f"at most {size} slots (the rows held)", f"{k} slots", show=False)
-    out["final_slots"] = arrays.read(w + "final_slots", slots, np.int64, (k,))
-    for part, lead in (("finals", k), ("pending", envs)):
-        table = c.obj(w + part, ep[part], tuple(next_of))
-        out[part] = {name: arrays.read(f"{w}{part}[{name!r}]", table[name], spec[name].dtype,
-                                       (lead,) + spec[name].shape) for name in next_of}
-    out["has_pending"] = arrays.read(w + "has_pending", ep["has_pending"], np.bool_, (envs,))
-    return out
+    def any(self, where: str, ref, limit: int) -> np.ndarray:
+        """The array ``ref`` whatever its shape, of a bool or numeric dtype and at most
+        ``limit`` bytes (from the header, before anything is read): what a part whose arrays
+        its own check validates may hold."""
+        fpath, h = self.header(where, ref)
+        dt = h.dtype
+        if dt.kind not in "biuf" or dt.fields is not None or dt.subdtype is not None:
+            raise FormatError(f"{fpath}: {where}: expected an array of a bool or numeric dtype, "
+                              f"the file holds {dt}{list(h.shape)}")
+        nbytes = dt.itemsize * math.prod(h.shape)
+        if nbytes > limit:
+            raise FormatError(f"{fpath}: {where}: expected at most {limit} bytes (what is left of "
+                              f"the {STATE_BYTES_PER_SLOT} bytes per slot, plus "
+                              f"{STATE_BYTES_BASE}, a sampler's arrays may hold in all), the "
+                              f"file holds {dt}{list(h.shape)}")
+        return self.read(where, ref, dt, tuple(h.shape))
 
 
-def _read_frames(c: _Checker, arrays: _Arrays, fr, stacks: dict, spec: Spec, envs: int,
-                 size: int, cap: int, cursor: int) -> dict:
-    """The frame-stack bookkeeping of the state (``frame_stack=``): ``stacks`` equal to
-    ``config.frame_stack``; ``steps`` an int consistent with the rows held and the writer's
-    cursor (``size == min(steps * num_envs, capacity)``, ``cursor == steps * num_envs %
-    capacity``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
-    ``prev`` int16 ``(num_envs,)`` in ``[-1, max(K) - 1]``; ``hist`` an array per stacked field
-    of its dtype and shape ``(K - 1, num_envs, *frame)``. Each array's header is checked before
-    its data is read. Checked against the rows' episode ends by :func:`_check_frames_order`
-    once they are in memory."""
-    from .frames import steps_message
-
-    w = "state.frames."
-    c.obj("state.frames", fr, _FRAMES_KEYS)
-    if not isinstance(fr["stacks"], dict) or fr["stacks"] != stacks or any(
-            type(k) is not int for k in fr["stacks"].values()):
-        c.fail(w + "stacks", f"{stacks} (config.frame_stack)", fr["stacks"])
-    steps = c.integer(w + "steps", fr["steps"], 0, _MAX_STEPS)
-    problem = steps_message(steps, size, envs, cap, cursor)
-    if problem is not None:
-        c.fail(w + "steps", problem[len("expected "):], steps)
-    kmax = max(stacks.values()) - 1
-    depth = arrays.read(w + "depth", fr["depth"], np.uint8, (size,))
-    if size and int(depth.max()) > kmax:
-        i = int(np.argmax(depth > kmax))
-        c.fail(f"{w}depth[{i}]", f"an int in [0, {kmax}] (steps since the episode's first row, "
-               f"at most max(K) - 1)", int(depth[i]))
-    prev = arrays.read(w + "prev", fr["prev"], np.int16, (envs,))
-    bad = np.flatnonzero((prev < -1) | (prev > kmax))
-    if bad.size:
-        i = int(bad[0])
-        c.fail(f"{w}prev[{i}]", f"an int in [-1, {kmax}]", int(prev[i]))
-    table = c.obj(w + "hist", fr["hist"], tuple(stacks))
-    hist = {}
-    for name, k in stacks.items():
-        f = spec[name]
-        hist[name] = arrays.read(f"{w}hist[{name[:40]!r}]", table[name], f.dtype,
-                                 (k - 1, envs) + f.shape[1:])
-    return {"stacks": dict(stacks), "steps": steps, "depth": depth, "prev": prev, "hist": hist}
-
-
-def _check_frames_order(c: _Checker, frames: dict, term, trunc, cursor: int, size: int,
-                        envs: int, cap: int) -> None:
-    """The depths and ``prev`` of the frame-stack bookkeeping must be what writing the rows held
-    gave (see :func:`tfdata.replay.frames.depth_break`); ``term``, ``trunc``: the loaded flags."""
-    from .frames import depth_break
-
-    kmax = max(frames["stacks"].values()) - 1
-    bad = depth_break(frames["depth"], term, trunc, frames["prev"], cursor, size, envs, cap,
-                      frames["steps"], kmax)
-    if bad is None:
-        return
-    if bad >= 0:
-        c.fail(f"state.frames.depth[{bad}]", "each row's steps since its episode's first row (0 "
-               "after a row that ended an episode, else the previous row's plus one, at most "
-               f"{kmax}; the oldest row's at most its step number)", int(frames["depth"][bad]))
-    e = -1 - bad
-    c.fail(f"state.frames.prev[{e}]", "the depth of the stream's newest row, or -1 when it ended "
-           "an episode", int(frames["prev"][e]))
-
-
-class _EpisodeOrder:
-    """Checks that the episode bookkeeping ``ep`` agrees with the rows' episode ends: what
-    inserting those rows gave. ``term``, ``trunc``: the new buffer's flags; ``src_term``,
-    ``src_trunc``: the same flags in the mapped rows file.
-
-    :meth:`ahead` checks the rows of the file up to a slot, and runs one chunk ahead of the copy
-    into the buffer (from the copy's ``release`` callback): it faults in the pages the copy
-    reads next, so the check adds almost nothing to a load (a separate pass over an AoS file
-    faulted every page in again, about 8% of the load). :meth:`finish` checks what is left and
-    raises FormatError naming the field."""
-
-    def __init__(self, c: _Checker, ep: dict, term, trunc, src_term, src_trunc, cursor: int,
-                 size: int, cap: int):
-        from ..kernels import _checkpoint as k
-
-        self.k, self.c, self.ep = k, c, ep
-        self.term, self.trunc, self.src = term, trunc, (src_term, src_trunc)
-        self.cursor, self.size, self.cap = cursor, size, cap
-        self.acc = 0
-        self.done = 0  # rows checked, in order from slot 0
-        self.pos = 0  # entries of final_slots matched so far (elision)
-
-    def ahead(self, stop: int) -> None:
-        start, stop = self.done, min(stop, self.size)
-        if stop <= start:
-            return
-        ep, k = self.ep, self.k
-        term, trunc = self.src
-        self.acc |= k.episode_mismatch(ep["episode"], term, trunc, start, stop, self.cursor,
-                                       self.size, self.cap, ep["num_envs"])
-        if ep["elide"] and self.pos >= 0:
-            self.pos = k.final_mismatch_from(ep["final_slots"], term, trunc, start, stop, self.pos)
-        self.done = stop
-
-    def finish(self) -> None:
-        c, ep, k = self.c, self.ep, self.k
-        w = "state.episodes."
-        envs, size, cap = ep["num_envs"], self.size, self.cap
-        self.ahead(size)  # what the copy's callbacks did not reach
-        bad = -1
-        if self.acc:
-            bad = k.first_episode_break(ep["episode"], ep["current"], self.term, self.trunc,
-                                        self.cursor, size, cap, envs)
-        elif size == 0:
-            bad = cap if ep["current"].any() else -1
-        else:  # every step agrees with the next: the newest one against current
-            lo = (self.cursor - envs) % cap
-            ends = np.logical_or(self.term[lo:lo + envs], self.trunc[lo:lo + envs])
-            grow = np.subtract(ep["current"], ep["episode"][lo:lo + envs])  # modulo 2**32
-            bad = cap if np.any(grow != ends) else -1
-        if 0 <= bad < cap:
-            c.fail(w + "episode", "numbers that grow by one exactly after a row that ended an "
-                   f"episode (terminated or truncated), in each stream; slot {bad} breaks that",
-                   show=False)
-        if bad >= cap:
-            c.fail(w + "current", "each stream's newest episode number, plus one if its newest "
-                   "row ended an episode (zeros in an empty buffer)", show=False)
-        if not ep["elide"]:
-            return
-        if self.pos != ep["final_slots"].shape[0]:
-            at = -1 - self.pos if self.pos < 0 else self.pos
-            c.fail(w + "final_slots", "the slots of the rows that ended an episode, in order; "
-                   f"position {at} differs", show=False)
-        want = np.zeros(envs, bool)
-        if size:
-            lo = (self.cursor - envs) % cap
-            want = ~np.logical_or(self.term[lo:lo + envs], self.trunc[lo:lo + envs])
-        if np.any(ep["has_pending"].view(np.uint8) != want.view(np.uint8)):
-            c.fail(w + "has_pending", "true exactly for the streams whose newest row did not "
-                   "end an episode", show=False)
-
-
-def _widen_priorities(state: dict) -> None:
-    """The prioritized arrays of ``state`` in the checkpoint's form: leaves float64, versions
-    uint64 (the trees hold float32 leaves and uint32 versions; the form on disk is unchanged)."""
-    pri = state.get("prioritized")
-    if pri is not None:
-        pri["leaves"] = np.asarray(pri["leaves"], np.float64)
-        pri["versions"] = np.asarray(pri["versions"], np.uint64)
-
-
-def _leaves32(leaves: np.ndarray) -> tuple:
-    """``(leaves as float32, mask of those not in [MIN_LEAF, MAX_LEAF] once rounded)``: the
-    tree stores float32 leaves, positive normal floats (so that their sum is finite and
-    positive); a float64 leaf of an older checkpoint is rounded to nearest."""
-    from ..kernels._tree import MAX_LEAF, MIN_LEAF
-
-    with np.errstate(over="ignore"):
-        l32 = leaves.astype(np.float32)
-    return l32, ~((l32 >= MIN_LEAF) & (l32 <= MAX_LEAF))
-
-
-def _check_prioritized(c: _Checker, arrays: _Arrays, pri, config: dict, size: int, cap: int) -> dict:
-    from ..kernels._tree import MAX_LEAF, MIN_LEAF
-
-    w = "state.prioritized."
-    samples = c.prioritized_scalars(pri, config)
-    leaves = arrays.read(w + "leaves", pri["leaves"], np.float64, (size,))
-    # the sampler divides by the total mass and descends by it: every leaf positive and finite,
-    # and small enough that the sum of all of them is finite
-    l32, bad = _leaves32(leaves)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise FormatError(f"{os.path.join(arrays.path, pri['leaves']['$array'])}: {w}leaves: leaf "
-                          f"{i} is {leaves[i]}; every leaf must be, rounded to float32, in "
-                          f"[{MIN_LEAF}, {MAX_LEAF}] (positive normal float32 values, so that "
-                          f"their sum is finite and positive)")
-    versions = arrays.read(w + "versions", pri["versions"], np.uint64, (cap,))
-    return {"alpha": config["alpha"], "eps": config["eps"], "samples": samples, "leaves": leaves,
-            "versions": versions}
-
-
-def _read_undrawn(c: _Checker, arrays: _Arrays, part, key: str, size: int,
-                  ring: bool = True) -> dict:
-    """``state.<key>`` of a sampler without replacement: ``undrawn``, int64 slots (at most the
-    rows held, from the header before anything is read) and ``passes``, against the rows held
-    (:func:`tfdata.replay.samplers.without_replacement.pass_problem`: no pass without rows,
-    never an empty pool with rows; ``ring`` False: ``size`` bounds the slots of a shared
-    region, not its rows held, and the caller checks them); the slots themselves (each held,
-    none twice) are checked by the sampler's ``check_state``."""
-    w = f"state.{key}."
-    c.obj(f"state.{key}", part, ("undrawn", "passes"))
-    c.integer(w + "passes", part["passes"], 0, (1 << 63) - 1)
-    m = arrays.length(w + "undrawn", part["undrawn"])
-    if m > size:
-        c.fail(w + "undrawn", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
-    problem = pass_problem(m, part["passes"], size) if ring else None
-    if problem is not None:
-        c.fail(w + problem[0], problem[1], part["passes"] if problem[0] == "passes" else f"{m} slots",
-               show=problem[0] == "passes")
-    return {"undrawn": arrays.read(w + "undrawn", part["undrawn"], np.int64, (m,)),
-            "passes": part["passes"]}
-
-
-def _read_replays(c: _Checker, arrays: _Arrays, part, key: str, size: int, replays: int,
-                  cap: int) -> dict:
-    """``state.<key>`` of exactly-k replay: ``slots`` and ``counts``, int64 arrays of the same
-    length, at most the rows held (from the headers, before anything is read); each count in
-    ``[1, replays]`` and the slots (each held, none twice) checked here (and again by the
-    sampler's ``check_state``); the counters ints in ``[0, 2**63 - 1]``, and against the counts and the
-    rows held (:func:`tfdata.replay.samplers.exactly_k.replays_problem`: every delivery owed
-    to the rows written since the last clear is made, lost or still owed)."""
-    w = f"state.{key}."
-    c.obj(f"state.{key}", part, ("slots", "counts", "delivered", "dropped", "lost_replays"))
-    for k in ("delivered", "dropped", "lost_replays"):
-        c.integer(w + k, part[k], 0, (1 << 63) - 1)
-    m = arrays.length(w + "slots", part["slots"])
-    if m > size:
-        c.fail(w + "slots", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
-    slots = arrays.read(w + "slots", part["slots"], np.int64, (m,))
-    counts = arrays.read(w + "counts", part["counts"], np.int64, (m,))
-    bad = np.flatnonzero((counts < 1) | (counts > replays))
-    if bad.size:
-        c.fail(f"{w}counts[{int(bad[0])}]", f"an int in [1, {replays}] (config.replays)",
-               int(counts[bad[0]]))
-    try:  # (the sampler's check_state checks them again, with the buffer)
-        check_slot_list(slots, size, f"{c.spath}: {w}slots")
-    except ValueError as exc:
-        raise FormatError(str(exc)) from None
-    problem = replays_problem(int(counts.sum()), part["delivered"], part["dropped"],
-                              part["lost_replays"], size, cap, replays)
-    if problem is not None:
-        c.fail(w + problem[0], problem[1], part[problem[0]])
-    return {"slots": slots, "counts": counts, "delivered": part["delivered"],
-            "dropped": part["dropped"], "lost_replays": part["lost_replays"]}
-
-
-def _read_stats(c: _Checker, arrays: _Arrays, st, names, spec: Spec, size: int) -> dict:
-    """``state.stats``: absent exactly when ``config.stats`` is (a save writes both or
-    neither), else an object with an entry per field of ``config.stats`` and nothing
-    else, each ``count`` equal to the rows held and arrays of float64 and the field's shape (read
-    only then)."""
-    if not names:
-        if st is not None:
-            c.fail("state.stats", "absent (config.stats names no field)", st)
-        return {}
-    if st is None:
-        c.fail("state.stats", f"the statistics of {list(names)[:8]} (config.stats)", show=False)
-    c.obj("state.stats", st, tuple(names))
+def _sampler_part(c: _Checker, arrays: _Arrays, part, key: str, capacity: int) -> dict:
+    """``state.<key>``, what a sampler keeps beyond its RNG position, decoded for its
+    ``check_state``: an object whose top-level array references are read (bool or numeric
+    arrays of at most :data:`STATE_BYTES_PER_SLOT` bytes per slot, plus
+    :data:`STATE_BYTES_BASE`, in all, from the headers) and whose other values are JSON
+    values."""
+    w = f"state.{key}"
+    if not isinstance(part, dict):
+        c.fail(w, "an object (what the sampler keeps beyond its RNG position)", part)
+    room = STATE_BYTES_PER_SLOT * capacity + STATE_BYTES_BASE
     out = {}
-    for name in names:
-        w = f"state.stats[{name[:40]!r}]"
-        entry = c.obj(w, st[name], _STATS_KEYS)
-        if type(entry["count"]) is not int or entry["count"] != size:
-            c.fail(w + ".count", f"{size} (the rows held)", entry["count"])
-        out[name] = {k: arrays.read(f"{w}.{k}", entry[k], np.float64, spec[name].shape)
-                     for k in _STATS_KEYS[1:]}
+    for k, v in part.items():
+        if k in RNG_KEYS:
+            c.fail(f"{w}.{k}", "no such key (the RNG position is state.sampler)", v)
+        if isinstance(v, dict) and "$array" in v:
+            v = arrays.any(f"{w}.{k}", v, room)
+            room -= v.nbytes
+        out[k] = v
     return out
 
 
-def _compare_stats(c: _Checker, arrays: _Arrays, st, stats: dict, buf) -> None:
-    """Each statistic read from the checkpoint must equal, bit for bit (NaN where NaN), what the
-    loaded rows give (a deterministic function of them: see :mod:`tfdata.replay.columns`), so a
-    value is finite, a variance non-negative, a min below its max exactly when the rows make
-    them so; FormatError naming the array file and the field otherwise."""
-    for name, values in stats.items():
-        if name not in buf.stats_fields:  # load(stats=...) asked for other fields
-            continue
-        fresh = buf.stats(name)
-        for key, want in values.items():
-            if not np.array_equal(want, getattr(fresh, key), equal_nan=True):
-                ref = st[name][key]["$array"]
-                raise FormatError(f"{os.path.join(arrays.path, ref)}: state.stats[{name[:40]!r}].{key}: "
-                                  f"expected the statistics of the checkpoint's rows "
-                                  f"({getattr(fresh, key).tolist()}), the file holds {want.tolist()}")
+def _sampler_class(c: _Checker, cls, config, known: dict) -> tuple:
+    """``(name, class)`` of the sampler a checkpoint of ``cls`` names (``config.sampler``;
+    absent: the class's default), among ``known`` (tfdata's and those given to :func:`load`)."""
+    default = cls.DEFAULT_SAMPLER
+    if not isinstance(config, dict) or "sampler" not in config:
+        return default, known[default]
+    named = config["sampler"]
+    if type(named) is str and named in known and named != default:
+        return named, known[named]
+    others = sorted(k for k in known if k != default)
+    if not others:
+        c.fail("config.sampler", f"absent (a {cls.__name__} samples with {default!r})", named)
+    if type(named) is not str or named in known:
+        c.fail("config.sampler", f"one of {others} (absent: {default})", named)
+    given = sorted(set(known) - set(cls.SAMPLERS))
+    raise FormatError(
+        f"{c.spath}: config.sampler: the sampler {_show(named)} is neither one of tfdata's "
+        f"({', '.join(sorted(cls.SAMPLERS))}) nor one given to load"
+        f"{f' ({given})' if given else ''}; if it is a sampler class of yours, pass it: "
+        f"{cls.__name__}.load(path, samplers=[YourSampler]) (a checkpoint never makes tfdata "
+        f"import or call anything it is not given)")
 
 
 def _check_files(path: str, rows_name: str) -> str:
@@ -1245,31 +852,32 @@ def _available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def _sampler_of(name, config) -> str:
+def _named(cls, config) -> str:
     """The sampler a checkpoint's class and config name (for messages; not checked)."""
-    if name == "PrioritizedReplayBuffer":
-        return "prioritized"
-    named = config.get("sampler", "uniform") if isinstance(config, dict) else "uniform"
-    return named if type(named) is str else _show(named)
+    named = config.get("sampler", cls.DEFAULT_SAMPLER) if isinstance(config, dict) else None
+    return named if type(named) is str else cls.DEFAULT_SAMPLER if named is None else _show(named)
 
 
-def load(path, classes: dict, want=None, **overrides):
+def load(path, classes: dict, want=None, samplers=(), **overrides):
     """Rebuild the buffer saved in ``path``; raises :class:`FormatError` for a bad checkpoint.
 
     ``classes``: ``{name: class}`` of the buffer classes a checkpoint may name (an allow-list:
     a checkpoint never makes tfdata import or call anything else). ``want``: a class the
     buffer must be an instance of (``PrioritizedReplayBuffer.load``): TypeError naming both
     classes and their samplers, before anything is built, for a checkpoint of another.
+    ``samplers``: sampler classes (of the user's) a checkpoint may name besides tfdata's, by
+    their ``name`` (an allow-list too); each is rebuilt by its ``from_config`` and its state
+    checked by its ``check_state``.
     ``overrides``: ``spill_path`` and ``hot_rows`` / ``hot_bytes`` to rebuild a buffer larger
     than memory as a spilling buffer (a checkpoint does not record where a buffer spilled);
     ``allocator`` and ``memory_budget`` as for the buffer's constructor (not recorded either);
     ``stats``, a list of fields (or None) to keep running statistics of instead of the
     checkpoint's ``config.stats`` (computed from the rows; those the checkpoint saved are
-    still checked for the fields in both). ``layout`` to rebuild it in another layout than the one saved (``"aos"``, ``"soa"`` or a
-    grouping of the spec's fields: the rows are copied field by field, the samples are the
-    same). Everything read from ``path`` is validated first (see the module docstring); the buffer's
-    planned memory must fit ``memory_budget`` (else MemoryBudgetError), or without one the
-    memory available on the machine (else FormatError).
+    still checked for the fields in both). ``layout`` to rebuild it in another layout than the
+    one saved (``"aos"``, ``"soa"`` or a grouping of the spec's fields: the rows are copied
+    field by field, the samples are the same). Everything read from ``path`` is validated first
+    (see the module docstring); the buffer's planned memory must fit ``memory_budget`` (else
+    MemoryBudgetError), or without one the memory available on the machine (else FormatError).
 
     Raises
     ------
@@ -1281,7 +889,7 @@ def load(path, classes: dict, want=None, **overrides):
     bad = set(overrides) - set(_OVERRIDES) - {"stats", "layout"}
     if bad:
         raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: "
-                        f"{_OVERRIDES + ('stats', 'layout')}")
+                        f"{_OVERRIDES + ('stats', 'layout', 'samplers')}")
     from .. import alloc
     from .._budget import parse_bytes
     from ..storage import resolve_layout
@@ -1295,6 +903,7 @@ def load(path, classes: dict, want=None, **overrides):
     budget = None if budget is None else parse_bytes("memory_budget", budget)
     if overrides.get("allocator") is not None:
         overrides["allocator"] = alloc.resolve(overrides["allocator"])
+    known = {name: k.sampler_classes(samplers) for name, k in classes.items()}
 
     path, spath, doc, c = _open_document(path)
     name = doc["class"]
@@ -1302,39 +911,33 @@ def load(path, classes: dict, want=None, **overrides):
         raise FormatError(f"{spath}: unknown buffer class {_show(name)} (known: {sorted(classes)})")
     cls = classes[name]
     if want is not None and not issubclass(cls, want):  # the caller's class, not the file's fault
-        raise TypeError(f"{path}: holds a {name} (sampler {_sampler_of(name, doc['config'])!r}), "
+        raise TypeError(f"{path}: holds a {name} (sampler {_named(cls, doc['config'])!r}), "
                         f"not a {want.__name__}; nothing was built (load it with "
                         f"ReplayBuffer.load, which returns the class saved)")
-    prioritized = name == "PrioritizedReplayBuffer"
     st = doc["state"]
-    sampler_key = None
-    if isinstance(doc["config"], dict) and "sampler" in doc["config"]:  # before the state's keys
-        name_ = doc["config"]["sampler"]
-        if prioritized or type(name_) is not str or name_ not in _SAMPLER_STATE:
-            c.fail("config.sampler", "absent (a prioritized buffer)" if prioritized else
-                   f"one of {sorted(_SAMPLER_STATE)} (absent: uniform)", name_)
-        sampler_key = _SAMPLER_STATE[name_]
+    # the sampler, and its part of the state, before the state's keys
+    sname, scls = _sampler_class(c, cls, doc["config"], known[name])
+    key = state_key(scls)
     if isinstance(st, dict):  # a state saved with another sampler than the class and config say
-        own = "prioritized" if prioritized else sampler_key
-        held = [k for k in _SAMPLER_PARTS if k in st]
-        if held != ([own] if own else []):
+        parts = {state_key(s) for k in known.values() for s in k.values()} | {key}
+        held = [k for k in st if k not in STATE_KEYS and k in parts]
+        if held != ([key] if key else []):
             saved = " and ".join(repr(k) for k in held) or repr("uniform")
-            c.fail("state", f"the state of sampler {_sampler_of(name, doc['config'])!r}, which class "
-                   f"{name} and config.sampler name; it holds the state of sampler {saved} (a "
-                   f"sampler's state loads only into the same sampler)", show=False)
+            c.fail("state", f"the state of sampler {sname!r}, which class {name} and "
+                   f"config.sampler name; it holds the state of sampler {saved} (a sampler's "
+                   f"state loads only into the same sampler)", show=False)
     state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
-                  "num_envs", "episodes") + (("prioritized",) if prioritized else ()) \
-        + ((sampler_key,) if sampler_key else ())
+                  "num_envs", "episodes") + ((key,) if key else ())
     limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
     state_keys += ("rate_limiter",) if limited else ()
     framed = isinstance(doc["config"], dict) and "frame_stack" in doc["config"]
     state_keys += ("frames",) if framed else ()
     c.obj("state", st, state_keys, optional=("stats",))
-    if st["format"] != "tfdata.ReplayBuffer" or type(st["version"]) is not int or st["version"] != 1:
+    if st["format"] != STATE_FORMAT or type(st["version"]) is not int or st["version"] != 1:
         raise FormatError(f"{spath}: state: format {_show(st['format'])} version "
                           f"{_show(st['version'])} is not a tfdata.ReplayBuffer state of version 1")
     spec = c.spec(st["spec"])
-    config = c.config(doc["config"], prioritized, spec)
+    config, sampler_config = c.config(doc["config"], spec)
     cap, layout, envs = config["capacity"], config["layout"], config["num_envs"]
     for k, want in (("capacity", cap), ("num_envs", envs)):
         if type(st[k]) is not type(want) or st[k] != want:
@@ -1344,24 +947,28 @@ def load(path, classes: dict, want=None, **overrides):
     rows_name = doc["rows"]
     if rows_name not in ("rows.npy", "rows"):
         raise FormatError(f"{spath}: rows must be 'rows.npy' or 'rows', got {_show(rows_name)}")
+    rng = dict(c.sampler(st["sampler"]))
+    try:  # the sampler's own options, by its class (a sampler given to load: its check)
+        sampler = scls.from_config(sampler_config, rng["seed"])
+    except (TypeError, ValueError, KeyError, OverflowError) as exc:
+        raise c.caught(exc, "config") from None
     writer = c.obj("state.writer", st["writer"], ("cursor", "size"))
     size = c.integer("state.writer.size", writer["size"], 0, cap)
     cursor = c.integer("state.writer.cursor", writer["cursor"], 0, cap - 1)
     if size % envs:
         c.fail("state.writer.size", f"a multiple of num_envs {envs}", size)
-    # exactly-k places rows in free slots: a step's rows need not be adjacent, so its cursor
-    # (past the last slot written) need not be a multiple of num_envs
-    in_steps = config.get("sampler") != "exactly_k"
+    # a sampler that places a step's rows in free slots (exactly-k): they need not be adjacent,
+    # so its cursor (past the last slot written) need not be a multiple of num_envs
+    in_steps = getattr(sampler, "stream_order", True)
     if (in_steps and cursor % envs) or (size < cap and cursor != size):
         c.fail("state.writer.cursor", f"{size} (the size, until the ring is full)"
                if size < cap else f"a multiple of num_envs {envs}", cursor)
-    sampler = c.sampler(st["sampler"])
 
     # what the constructor derives from the config, checked without building anything
+    opts = {**{k: v for k, v in config.items() if k != "capacity"}, **cls.sampler_options(sampler)}
     try:
         roles = resolve_roles(spec, config["roles"])
         next_of = resolve_next_of(spec, config["next_of"])
-        opts = {k: v for k, v in config.items() if k != "capacity"}
         cls.plan_memory(spec, cap, **opts)
         # what the saved buffer stored, and in which layout (a stacked field's frames are a
         # column of their own: its rows file is a grouped directory even for "aos")
@@ -1401,51 +1008,50 @@ def load(path, classes: dict, want=None, **overrides):
             raise FormatError(f"{rpath}: fields {ds.spec} differ from the buffer's {stored}")
         if size != len(ds):
             raise FormatError(f"{rpath}: holds {len(ds)} rows, the state says {size}")
+        episodes_ = None
         if tracks:
             # (with frame_stack: over the stored frames, next fields of stacked fields elided)
             ep_spec, ep_next, ep_elide = saved["episodes"]
-            episodes = _read_episodes(c, arrays, st["episodes"], ep_next, ep_spec, ep_elide,
-                                      envs, size)
+            episodes_ = episodes.read_state(c, arrays, st["episodes"], ep_next, ep_spec, ep_elide,
+                                            envs, size)
         elif st["episodes"] is not None:
             c.fail("state.episodes", "null (the spec has no terminated and truncated fields, "
                    "or sampler='exactly_k')" if has_flags else
                    "null (the spec has no terminated and truncated fields)", st["episodes"])
-        else:
-            episodes = None
-        state = {"format": "tfdata.ReplayBuffer", "version": 1, "spec": spec.to_dict(),
+        state = {"format": STATE_FORMAT, "version": 1, "spec": spec.to_dict(),
                  "capacity": cap, "layout": layout, "writer": {"cursor": cursor, "size": size},
-                 "sampler": dict(sampler), "num_envs": envs, "episodes": episodes}
-        if prioritized:
-            state["prioritized"] = _check_prioritized(c, arrays, st["prioritized"], config, size, cap)
-        if sampler_key == "exactly_k":
-            state[sampler_key] = _read_replays(c, arrays, st[sampler_key], sampler_key, size,
-                                               config["replays"], cap)
-        elif sampler_key:
-            state[sampler_key] = _read_undrawn(c, arrays, st[sampler_key], sampler_key, size)
+                 "sampler": rng, "num_envs": envs, "episodes": episodes_}
+        if key is not None:  # what the sampler keeps, checked by the sampler itself
+            state[key] = part = _sampler_part(c, arrays, st[key], key, cap)
+            try:
+                sampler.check_state({**rng, **part}, size, cap)
+            except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
+                raise c.caught(exc, f"state.{key}") from None
         frames = None
         if framed:
-            frames = state["frames"] = _read_frames(c, arrays, st["frames"], saved["frames"]["stacks"],
-                                                    spec, envs, size, cap, cursor)
+            frames = state["frames"] = frame_stacks.read_state(
+                c, arrays, st["frames"], saved["frames"]["stacks"], spec, envs, size, cap, cursor)
         # statistics of a stacked field are of its frames: the stored shape
-        stats = _read_stats(c, arrays, st.get("stats"), doc["config"].get("stats"), stored, size)
+        stats = columns.read_state(c, arrays, st.get("stats"), doc["config"].get("stats"), stored,
+                                   size)
         if limited:  # checked with the config; rebuilt as an object for the constructor
-            from .limiter import RateLimiter
-
-            state["rate_limiter"] = c.limiter_state(st["rate_limiter"], size, config["rate_limiter"])
-            config = dict(config, rate_limiter=RateLimiter(**config["rate_limiter"]))
+            state["rate_limiter"] = limiter.read_state(c, st["rate_limiter"], size,
+                                                       config["rate_limiter"])
+            config = dict(config, rate_limiter=limiter.RateLimiter(**config["rate_limiter"]))
         try:
-            buf = cls(spec, **config, **overrides)
+            buf = cls(spec, **config, **cls.sampler_options(sampler), **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
             raise FormatError(f"{spath}: cannot rebuild the buffer ({type(exc).__name__}: "
                               f"{str(exc)[:300]})") from None
         state["data"] = {name: ds.field(name) for name in stored.names}
         release = ds.release
         order = None
-        if episodes is not None:
+        if episodes_ is not None:
             store = buf.storage
-            order = _EpisodeOrder(c, episodes, store.field(roles["terminated"]),
-                                  store.field(roles["truncated"]), ds.field(roles["terminated"]),
-                                  ds.field(roles["truncated"]), cursor, size, cap)
+            order = episodes.EpisodeOrder(c, episodes_, store.field(roles["terminated"]),
+                                          store.field(roles["truncated"]),
+                                          ds.field(roles["terminated"]),
+                                          ds.field(roles["truncated"]), cursor, size, cap)
             order.ahead(max(1, (16 << 20) // max(1, stored.row_nbytes)))  # the copy's first chunk
 
             def release(start, stop, _order=order, _release=ds.release):
@@ -1463,12 +1069,21 @@ def load(path, classes: dict, want=None, **overrides):
         order.finish()
     if frames is not None:
         store = buf.storage
-        _check_frames_order(c, frames, store.field(roles["terminated"]),
-                            store.field(roles["truncated"]), cursor, size, envs, cap)
+        frame_stacks.check_order(c, frames, store.field(roles["terminated"]),
+                                 store.field(roles["truncated"]), cursor, size, envs, cap)
     # the state's statistics were left out of load_state_dict (which would compute them from the
     # mapped rows first): the buffer computed them from the rows in memory; they must agree
-    _compare_stats(c, arrays, st.get("stats"), stats, buf)
+    columns.compare_state(c, arrays, st.get("stats"), stats, buf)
     return buf
+
+
+def _widen_priorities(state: dict) -> None:
+    """The prioritized arrays of ``state`` in the checkpoint's form: leaves float64, versions
+    uint64 (the trees hold float32 leaves and uint32 versions; the form on disk is unchanged)."""
+    pri = state.get("prioritized")
+    if pri is not None:
+        pri["leaves"] = np.asarray(pri["leaves"], np.float64)
+        pri["versions"] = np.asarray(pri["versions"], np.uint64)
 
 
 # -- shared-memory buffers ----------------------------------------------------------------------

@@ -510,3 +510,62 @@ def scan_ranges(field, view: np.ndarray, ranges: np.ndarray) -> FieldStats:
     lanes, cnt, vals, out = _scan_scratch(k)
     n = kc.column_scan_ranges(kc.operand(view), k, ranges, kc.SCAN_CHUNK, lanes, cnt, vals, out)
     return FieldStats(field.name, n, out, field.shape)
+
+
+# -- checkpoints: config.stats and state.stats, read as untrusted input; ``c`` is the
+# checkpoint's checker of JSON values, ``arrays`` its reader of array files (exactly the dtype
+# and shape asked for, checked from the header before anything is read)
+#: the keys of each field's entry in ``state.stats``
+STATE_KEYS = ("count", "mean", "var", "min", "max")
+
+
+def read_names(c, where: str, v, spec) -> None:
+    """A non-empty list of distinct field names (the constructor checks that each can have
+    statistics); a buffer without statistics saves no ``stats`` key, so null or an empty
+    list is no form a save writes."""
+    if not isinstance(v, list) or not v or len(v) > len(spec):
+        c.fail(where, f"a list of 1 to {len(spec)} field names (no key: no statistics)", v)
+    for i, name in enumerate(v):
+        if type(name) is not str or name not in spec:
+            c.fail(f"{where}[{i}]", f"a field of the spec {list(spec.names)}", name)
+    if len(set(v)) != len(v):
+        c.fail(where, "distinct field names", v)
+
+
+def read_state(c, arrays, st, names, spec, size: int) -> dict:
+    """``state.stats``: absent exactly when ``config.stats`` (``names``) is (a save writes both
+    or neither), else an object with an entry per field of ``config.stats`` and nothing else,
+    each ``count`` equal to the rows held and arrays of float64 and the field's shape (read only
+    then)."""
+    if not names:
+        if st is not None:
+            c.fail("state.stats", "absent (config.stats names no field)", st)
+        return {}
+    if st is None:
+        c.fail("state.stats", f"the statistics of {list(names)[:8]} (config.stats)", show=False)
+    c.obj("state.stats", st, tuple(names))
+    out = {}
+    for name in names:
+        w = f"state.stats[{name[:40]!r}]"
+        entry = c.obj(w, st[name], STATE_KEYS)
+        if type(entry["count"]) is not int or entry["count"] != size:
+            c.fail(w + ".count", f"{size} (the rows held)", entry["count"])
+        out[name] = {k: arrays.read(f"{w}.{k}", entry[k], np.float64, spec[name].shape)
+                     for k in STATE_KEYS[1:]}
+    return out
+
+
+def compare_state(c, arrays, st, stats: dict, buf) -> None:
+    """Each statistic read from the checkpoint must equal, bit for bit (NaN where NaN), what the
+    loaded rows of ``buf`` give (a deterministic function of them: see the module docstring),
+    so a value is finite, a variance non-negative, a min below its max exactly when the rows
+    make them so; FormatError naming the array file and the field otherwise."""
+    for name, values in stats.items():
+        if name not in buf.stats_fields:  # load(stats=...) asked for other fields
+            continue
+        fresh = buf.stats(name)
+        for key, want in values.items():
+            if not np.array_equal(want, getattr(fresh, key), equal_nan=True):
+                arrays.fail(st[name][key], f"state.stats[{name[:40]!r}].{key}: expected the "
+                            f"statistics of the checkpoint's rows ({getattr(fresh, key).tolist()}), "
+                            f"the file holds {want.tolist()}")

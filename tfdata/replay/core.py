@@ -462,11 +462,15 @@ class ReplayCore:
         save(self, path, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path, **spill):
+    def load(cls, path, *, samplers=(), **spill):
         """Rebuild a buffer saved with :meth:`save`; it continues exactly where it stopped.
 
         ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
         ``PrioritizedReplayBuffer``); ``PrioritizedReplayBuffer.load`` insists on that class.
+        ``samplers=[MySampler, ...]``: the sampler classes of yours a checkpoint may name
+        besides tfdata's (an allow-list, by their ``name``: a checkpoint never makes tfdata
+        import or call anything else); the one it names is rebuilt with its ``from_config``
+        and its state checked by its ``check_state`` (see :mod:`tfdata.replay.samplers`).
         ``spill_path=`` with ``hot_rows=`` or ``hot_bytes=`` rebuilds it as a spilling buffer
         (a checkpoint does not record where, or whether, a buffer spilled); ``stats=`` keeps
         running statistics of other fields than the checkpoint's (computed from the rows: a
@@ -476,8 +480,7 @@ class ReplayCore:
         from .checkpoint import load
 
         # a checkpoint of another class is refused before anything is built
-        return load(path, planning.buffer_classes(ReplayCore), want=cls, **spill)
-
+        return load(path, planning.buffer_classes(ReplayCore), want=cls, samplers=samplers, **spill)
 
     def load_state_dict(self, state: Mapping, release=None, records=None) -> None:
         """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing.

@@ -502,3 +502,112 @@ def _expect(arr, dtype, shape, what: str) -> None:
         raise ValueError(f"state {what}: expected {np.dtype(dtype)}{shape}, got {got}")
 
 
+# -- checkpoints: state.episodes, read as untrusted input; ``c`` is the checkpoint's checker of
+# JSON values, ``arrays`` its reader of array files (exactly the dtype and shape asked for,
+# checked from the header before anything is read)
+
+def read_state(c, arrays, ep, next_of: dict, spec: Spec, elide: bool, envs: int,
+               size: int) -> dict:
+    """The episode bookkeeping of the state: its keys, and each array of exactly the dtype and
+    shape the buffer needs (read only then). Checked against the rows by
+    :class:`EpisodeOrder` once they are in memory."""
+    keys = ("num_envs", "elide", "next_of", "episode", "current")
+    if elide:
+        keys += ("final_slots", "finals", "pending", "has_pending")
+    c.obj("state.episodes", ep, keys)
+    w = "state.episodes."
+    if type(ep["num_envs"]) is not int or ep["num_envs"] != envs:
+        c.fail(w + "num_envs", f"{envs} (config.num_envs)", ep["num_envs"])
+    if type(ep["elide"]) is not bool or ep["elide"] != elide:
+        c.fail(w + "elide", f"{elide} (config.elide_next)", ep["elide"])
+    if not isinstance(ep["next_of"], dict) or ep["next_of"] != next_of:
+        c.fail(w + "next_of", f"{next_of} (from config.next_of)", ep["next_of"])
+    out = {"num_envs": envs, "elide": elide, "next_of": dict(next_of)}
+    out["episode"] = arrays.read(w + "episode", ep["episode"], np.uint32, (size,))
+    out["current"] = arrays.read(w + "current", ep["current"], np.uint32, (envs,))
+    if not elide:
+        return out
+    # one entry per row that ended an episode: the header's count, bounded by the rows held
+    slots = ep["final_slots"]
+    k = arrays.length(w + "final_slots", slots)
+    if k > size:
+        c.fail(w + "final_slots", f"at most {size} slots (the rows held)", f"{k} slots", show=False)
+    out["final_slots"] = arrays.read(w + "final_slots", slots, np.int64, (k,))
+    for part, lead in (("finals", k), ("pending", envs)):
+        table = c.obj(w + part, ep[part], tuple(next_of))
+        out[part] = {name: arrays.read(f"{w}{part}[{name!r}]", table[name], spec[name].dtype,
+                                       (lead,) + spec[name].shape) for name in next_of}
+    out["has_pending"] = arrays.read(w + "has_pending", ep["has_pending"], np.bool_, (envs,))
+    return out
+
+
+class EpisodeOrder:
+    """Checks that the episode bookkeeping ``ep`` agrees with the rows' episode ends: what
+    inserting those rows gave. ``term``, ``trunc``: the new buffer's flags; ``src_term``,
+    ``src_trunc``: the same flags in the mapped rows file.
+
+    :meth:`ahead` checks the rows of the file up to a slot, and runs one chunk ahead of the copy
+    into the buffer (from the copy's ``release`` callback): it faults in the pages the copy
+    reads next, so the check adds almost nothing to a load (a separate pass over an AoS file
+    faulted every page in again, about 8% of the load). :meth:`finish` checks what is left and
+    raises FormatError naming the field."""
+
+    def __init__(self, c, ep: dict, term, trunc, src_term, src_trunc, cursor: int,
+                 size: int, cap: int):
+        from ..kernels import _checkpoint as k  # numba: imported when a checkpoint loads
+
+        self.k, self.c, self.ep = k, c, ep
+        self.term, self.trunc, self.src = term, trunc, (src_term, src_trunc)
+        self.cursor, self.size, self.cap = cursor, size, cap
+        self.acc = 0
+        self.done = 0  # rows checked, in order from slot 0
+        self.pos = 0  # entries of final_slots matched so far (elision)
+
+    def ahead(self, stop: int) -> None:
+        start, stop = self.done, min(stop, self.size)
+        if stop <= start:
+            return
+        ep, k = self.ep, self.k
+        term, trunc = self.src
+        self.acc |= k.episode_mismatch(ep["episode"], term, trunc, start, stop, self.cursor,
+                                       self.size, self.cap, ep["num_envs"])
+        if ep["elide"] and self.pos >= 0:
+            self.pos = k.final_mismatch_from(ep["final_slots"], term, trunc, start, stop, self.pos)
+        self.done = stop
+
+    def finish(self) -> None:
+        c, ep, k = self.c, self.ep, self.k
+        w = "state.episodes."
+        envs, size, cap = ep["num_envs"], self.size, self.cap
+        self.ahead(size)  # what the copy's callbacks did not reach
+        bad = -1
+        if self.acc:
+            bad = k.first_episode_break(ep["episode"], ep["current"], self.term, self.trunc,
+                                        self.cursor, size, cap, envs)
+        elif size == 0:
+            bad = cap if ep["current"].any() else -1
+        else:  # every step agrees with the next: the newest one against current
+            lo = (self.cursor - envs) % cap
+            ends = np.logical_or(self.term[lo:lo + envs], self.trunc[lo:lo + envs])
+            grow = np.subtract(ep["current"], ep["episode"][lo:lo + envs])  # modulo 2**32
+            bad = cap if np.any(grow != ends) else -1
+        if 0 <= bad < cap:
+            c.fail(w + "episode", "numbers that grow by one exactly after a row that ended an "
+                   f"episode (terminated or truncated), in each stream; slot {bad} breaks that",
+                   show=False)
+        if bad >= cap:
+            c.fail(w + "current", "each stream's newest episode number, plus one if its newest "
+                   "row ended an episode (zeros in an empty buffer)", show=False)
+        if not ep["elide"]:
+            return
+        if self.pos != ep["final_slots"].shape[0]:
+            at = -1 - self.pos if self.pos < 0 else self.pos
+            c.fail(w + "final_slots", "the slots of the rows that ended an episode, in order; "
+                   f"position {at} differs", show=False)
+        want = np.zeros(envs, bool)
+        if size:
+            lo = (self.cursor - envs) % cap
+            want = ~np.logical_or(self.term[lo:lo + envs], self.trunc[lo:lo + envs])
+        if np.any(ep["has_pending"].view(np.uint8) != want.view(np.uint8)):
+            c.fail(w + "has_pending", "true exactly for the streams whose newest row did not "
+                   "end an episode", show=False)

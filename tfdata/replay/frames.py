@@ -31,6 +31,7 @@ every layout (its frames are read by the stack kernels, never gathered with the 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -704,3 +705,138 @@ def make_push(frames: FrameStacks, spec: Spec, storage, episodes, writer, lock, 
     push = ns.pop("push")
     push.__source__ = src_code
     return push
+
+
+# -- checkpoints: what a checkpoint holds of the frame stacks, read as untrusted input ---------
+# ``c`` is the checkpoint's checker of JSON values (``fail``, ``obj``, ``integer``, ``choice``:
+# FormatError naming the file and the field), ``arrays`` its reader of array files (``read``:
+# exactly the dtype and shape asked for, checked from the header before anything is read).
+#: the keys of ``state.frames``
+STATE_KEYS = ("stacks", "steps", "depth", "prev", "hist")
+#: ``frames.steps`` accepted from a checkpoint (steps written since a clear)
+MAX_STEPS = (1 << 62) - 1
+
+
+def read_config(c, v: dict, spec: Spec) -> None:
+    """A checkpoint's ``frame_stack`` (an object of stacked fields to ``K`` in ``[2, 64]``, each
+    field of shape ``(K, *frame)``) and ``frame_padding`` (an object with exactly those fields,
+    each ``"reset"``, ``"zero"`` or the frame as nested lists): present together."""
+    for k in ("frame_stack", "frame_padding"):
+        if k not in v:
+            c.fail("config." + k, "present (config.frame_stack and config.frame_padding go "
+                   "together)", show=False)
+    w = "config.frame_stack"
+    fs = v["frame_stack"]
+    if not isinstance(fs, dict) or not 1 <= len(fs) <= len(spec):
+        c.fail(w, f"an object of 1 to {len(spec)} stacked fields {{field: K}}", fs)
+    for name, k in fs.items():
+        if name not in spec:
+            c.fail(f"{w} key", f"a field of the spec {list(spec.names)[:20]}", name)
+        where = f"{w}[{name[:40]!r}]"
+        c.integer(where, k, 2, MAX_STACK)
+        shape = spec[name].shape
+        if len(shape) < 2 or shape[0] != k:
+            c.fail(where, f"the stack depth of field {name[:40]!r}, whose shape is "
+                   f"{list(shape)} (a stacked field has shape (K, *frame))", k)
+    pad = c.obj("config.frame_padding", v["frame_padding"], tuple(fs))
+    for name in fs:
+        p = pad[name]
+        where = f"config.frame_padding[{name[:40]!r}]"
+        if isinstance(p, str):
+            c.choice(where, p, PADDINGS)
+        else:
+            _read_frame(c, where, p, spec[name])
+
+
+def _read_frame(c, where: str, v, field: Field) -> None:
+    """A padding frame of ``field`` as nested lists: exactly the frame's shape (checked level
+    by level before anything is converted) and values of its dtype (a bool field: true or
+    false; integers: ints in the dtype's range; floats: finite floats the dtype holds)."""
+    shape = field.shape[1:]
+    dt = field.dtype
+    if dt.kind not in "biuf":
+        c.fail(where, f"'reset' or 'zero' (a padding frame of dtype {dt} is not kept)", v)
+    level = [v]
+    for depth, n in enumerate(shape):
+        nxt = []
+        for item in level:
+            if not isinstance(item, list) or len(item) != n:
+                c.fail(where, f"the frame {list(shape)} as nested lists ('reset', 'zero' "
+                       f"or a frame); level {depth} must be lists of {n}", item)
+            nxt.extend(item)
+        level = nxt
+    for i, x in enumerate(level):
+        if not _fits(x, dt):
+            if dt.kind == "b":
+                want = "true or false"
+            elif dt.kind in "iu":
+                want = f"ints in [{np.iinfo(dt).min}, {np.iinfo(dt).max}] ({dt})"
+            else:
+                want = f"finite floats of at most {float(np.finfo(dt).max)} in magnitude ({dt})"
+            c.fail(f"{where} value {i}", want, x)
+
+
+def _fits(x, dt: np.dtype) -> bool:
+    if dt.kind == "b":
+        return type(x) is bool
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return type(x) is int and info.min <= x <= info.max
+    return type(x) is float and math.isfinite(x) and abs(x) <= float(np.finfo(dt).max)
+
+
+def read_state(c, arrays, fr, stacks: dict, spec: Spec, envs: int, size: int, cap: int,
+               cursor: int) -> dict:
+    """The frame-stack bookkeeping of the state (``frame_stack=``): ``stacks`` equal to
+    ``config.frame_stack``; ``steps`` an int consistent with the rows held and the writer's
+    cursor (``size == min(steps * num_envs, capacity)``, ``cursor == steps * num_envs %
+    capacity``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
+    ``prev`` int16 ``(num_envs,)`` in ``[-1, max(K) - 1]``; ``hist`` an array per stacked field
+    of its dtype and shape ``(K - 1, num_envs, *frame)``. Each array's header is checked before
+    its data is read. Checked against the rows' episode ends by :func:`check_order`
+    once they are in memory."""
+    w = "state.frames."
+    c.obj("state.frames", fr, STATE_KEYS)
+    if not isinstance(fr["stacks"], dict) or fr["stacks"] != stacks or any(
+            type(k) is not int for k in fr["stacks"].values()):
+        c.fail(w + "stacks", f"{stacks} (config.frame_stack)", fr["stacks"])
+    steps = c.integer(w + "steps", fr["steps"], 0, MAX_STEPS)
+    problem = steps_message(steps, size, envs, cap, cursor)
+    if problem is not None:
+        c.fail(w + "steps", problem[len("expected "):], steps)
+    kmax = max(stacks.values()) - 1
+    depth = arrays.read(w + "depth", fr["depth"], np.uint8, (size,))
+    if size and int(depth.max()) > kmax:
+        i = int(np.argmax(depth > kmax))
+        c.fail(f"{w}depth[{i}]", f"an int in [0, {kmax}] (steps since the episode's first row, "
+               f"at most max(K) - 1)", int(depth[i]))
+    prev = arrays.read(w + "prev", fr["prev"], np.int16, (envs,))
+    bad = np.flatnonzero((prev < -1) | (prev > kmax))
+    if bad.size:
+        i = int(bad[0])
+        c.fail(f"{w}prev[{i}]", f"an int in [-1, {kmax}]", int(prev[i]))
+    table = c.obj(w + "hist", fr["hist"], tuple(stacks))
+    hist = {}
+    for name, k in stacks.items():
+        f = spec[name]
+        hist[name] = arrays.read(f"{w}hist[{name[:40]!r}]", table[name], f.dtype,
+                                 (k - 1, envs) + f.shape[1:])
+    return {"stacks": dict(stacks), "steps": steps, "depth": depth, "prev": prev, "hist": hist}
+
+
+def check_order(c, frames: dict, term, trunc, cursor: int, size: int, envs: int,
+                cap: int) -> None:
+    """The depths and ``prev`` of the frame-stack bookkeeping must be what writing the rows held
+    gave (see :func:`depth_break`); ``term``, ``trunc``: the loaded flags."""
+    kmax = max(frames["stacks"].values()) - 1
+    bad = depth_break(frames["depth"], term, trunc, frames["prev"], cursor, size, envs, cap,
+                      frames["steps"], kmax)
+    if bad is None:
+        return
+    if bad >= 0:
+        c.fail(f"state.frames.depth[{bad}]", "each row's steps since its episode's first row (0 "
+               "after a row that ended an episode, else the previous row's plus one, at most "
+               f"{kmax}; the oldest row's at most its step number)", int(frames["depth"][bad]))
+    e = -1 - bad
+    c.fail(f"state.frames.prev[{e}]", "the depth of the stream's newest row, or -1 when it ended "
+           "an episode", int(frames["prev"][e]))

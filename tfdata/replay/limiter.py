@@ -421,3 +421,39 @@ class RateLimiter:
         self.inserts, self.samples = state["inserts"], state["samples"]
         if self._waiting:
             self._cond.notify_all()
+
+
+# -- checkpoints: the parameters (config.rate_limiter) and counts (state.rate_limiter), read as
+# untrusted input; ``c`` is the checkpoint's checker of JSON values (FormatError naming the file
+# and the field)
+#: the parameters of a limiter, as :meth:`RateLimiter.params` gives them
+PARAMS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
+
+
+def read_config(c, v, cap: int) -> None:
+    """``config.rate_limiter``: the parameters of a :class:`tfdata.RateLimiter`."""
+    w = "config.rate_limiter"
+    c.obj(w, v, PARAMS)
+    spi = c.real(w + ".samples_per_insert", v["samples_per_insert"], 0.0, 1e12, lo_open=True)
+    c.integer(w + ".min_size_to_sample", v["min_size_to_sample"], 1, cap)
+    if v["error_buffer"] is not None:
+        c.real(w + ".error_buffer", v["error_buffer"], max(1.0, spi), 1e18)
+    if v["timeout"] is not None:
+        c.real(w + ".timeout", v["timeout"], 0.0, 1e9, lo_open=True)
+
+
+def read_state(c, v, size: int, params: dict | None = None) -> dict:
+    """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size; with
+    the limiter's ``params`` (``config.rate_limiter``, checked), counts those parameters can
+    reach (:func:`counts_problem`: no samples before ``min_size_to_sample`` inserts, the
+    difference within the error buffer of the ratio)."""
+    w = "state.rate_limiter"
+    c.obj(w, v, ("inserts", "samples"))
+    c.integer(w + ".inserts", v["inserts"], size, (1 << 63) - 1)
+    c.integer(w + ".samples", v["samples"], 0, (1 << 63) - 1)
+    if params is not None:
+        problem = counts_problem(v["inserts"], v["samples"], size, params["samples_per_insert"],
+                                 params["min_size_to_sample"], params["error_buffer"])
+        if problem is not None:
+            c.fail(f"{w}.{problem[0]}", problem[1], v[problem[0]])
+    return {"inserts": v["inserts"], "samples": v["samples"]}

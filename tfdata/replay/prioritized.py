@@ -124,11 +124,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     @staticmethod
     def checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed) -> PrioritizedSampler:
         """The sampler of these settings, each checked (TypeError or ValueError naming it)."""
-        return PrioritizedSampler(
-            alpha=check_float("alpha", alpha, 0.0), beta=check_float("beta", beta, 0.0),
-            beta_final=check_float("beta_final", beta_final, 0.0),
-            beta_steps=None if beta_steps is None else check_int("beta_steps", beta_steps, 1),
-            eps=check_float("eps", eps, 0.0, low_open=True), seed=seed)
+        return PrioritizedSampler.checked(alpha, beta, beta_final, beta_steps, eps, seed)
 
     @classmethod
     def _planned_sampler(cls, options: dict):
@@ -175,14 +171,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         *Bounds*)."""
         return self.sampler.p_low, self.sampler.p_high
 
-    @property
-    def config(self) -> dict:
-        s = self.sampler  # the sampler's settings are the class's own keys (no "sampler")
-        return {**super().config, "alpha": s.alpha, "beta": s.beta_start,
-                "beta_final": s.beta_final, "beta_steps": s.beta_steps, "eps": s.eps}
+    #: the sampler it has (its config names none: its settings are the config's own keys)
+    SAMPLERS = {"prioritized": PrioritizedSampler}
+    DEFAULT_SAMPLER = "prioritized"
 
-    def _sampler_config(self) -> dict:
-        return {}
+    @classmethod
+    def sampler_classes(cls, given=()) -> dict:
+        """Its one sampler (it builds its own: samplers given to :meth:`load` do not apply)."""
+        return dict(cls.SAMPLERS)
+
+    @classmethod
+    def sampler_options(cls, sampler) -> dict:
+        """The settings of ``sampler``, as keywords (the seed is restored with the state)."""
+        return sampler.config()
 
     # -- priorities -------------------------------------------------------------------------
     def priorities(self) -> np.ndarray:

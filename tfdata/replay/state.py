@@ -13,13 +13,13 @@ import numpy as np
 
 from ..errors import SpecError
 from ..spec import Spec
-from .samplers import sampler_name
+from .samplers import RNG_KEYS, sampler_name, state_key
 from .writers import RingWriter
 
 STATE_FORMAT = "tfdata.ReplayBuffer"
 STATE_VERSION = 1
 #: the keys of a state dict that are not a sampler's: every other key is the part a sampler
-#: adds under its ``state_key`` (see :func:`restore`)
+#: keeps beyond its RNG position, under its name (:func:`tfdata.replay.samplers.state_key`)
 STATE_KEYS = frozenset({"format", "version", "spec", "capacity", "layout", "writer", "sampler",
                         "data", "num_envs", "episodes", "frames", "stats", "rate_limiter"})
 
@@ -41,7 +41,9 @@ def gather(parts, copy: bool) -> dict:
     }
     if parts.frame_stacks is not None:
         state["frames"] = parts.frame_stacks.state_dict(size, copy)
-    state.update(parts.sampler.extra_state(copy, size))
+    key = state_key(parts.sampler)
+    if key is not None:  # what the sampler keeps beyond its RNG position, under its name
+        state[key] = parts.sampler.extra_state(size)
     if parts.stats is not None:
         state["stats"] = parts.stats.state_dict()
     if parts.limiter is not None:
@@ -51,11 +53,11 @@ def gather(parts, copy: bool) -> dict:
 
 def check_sampler_part(sampler, state: Mapping) -> None:
     """ValueError unless the sampler part of ``state`` (its keys beyond :data:`STATE_KEYS`) is
-    exactly ``sampler``'s (its ``state_key``, or none for a sampler with nothing beyond its
-    RNG): a sampler never sees another sampler's state, which it would drop (an exactly-k pool
-    loaded by a uniform buffer: rows delivered sampled again) or misread. The message names
-    both samplers."""
-    own = sampler.state_key
+    exactly ``sampler``'s (:func:`~tfdata.replay.samplers.state_key`, or none for a sampler
+    with nothing beyond its RNG): a sampler never sees another sampler's state, which it would
+    drop (an exactly-k pool loaded by a uniform buffer: rows delivered sampled again) or
+    misread. The message names both samplers."""
+    own = state_key(sampler)
     parts = [k for k in state if k not in STATE_KEYS]
     if parts == ([own] if own else []):
         return
@@ -75,6 +77,25 @@ def check_sampler_part(sampler, state: Mapping) -> None:
                      + f": a sampler's state loads only into the same sampler (another would "
                      f"drop or misread it, e.g. sample again rows already delivered); {hint} "
                      f"to load it")
+
+
+def sampler_state(sampler, state: Mapping) -> dict:
+    """The flat state of ``sampler`` in the buffer state dict ``state`` (whose sampler part is
+    ``sampler``'s, see :func:`check_sampler_part`): its RNG position (``state["sampler"]``)
+    and what it keeps (under its :func:`~tfdata.replay.samplers.state_key`), as one dict."""
+    rng, key = state.get("sampler"), state_key(sampler)
+    if not isinstance(rng, Mapping):
+        raise ValueError(f"sampler state: 'sampler' must be a dict of {list(RNG_KEYS)}, got "
+                         f"{type(rng).__name__}")
+    if key is None:
+        return dict(rng)
+    own = state[key]
+    if not isinstance(own, Mapping):
+        raise ValueError(f"sampler state: {key!r} must be a dict, got {type(own).__name__}")
+    clash = [k for k in own if k in rng]
+    if clash:
+        raise ValueError(f"sampler state: {key!r} holds {clash[:2]}, the keys of the RNG position")
+    return {**rng, **own}
 
 
 def _limiter_counts(limiter, state, size: int) -> dict:
@@ -109,7 +130,7 @@ def restore(parts, state: Mapping, release=None, records=None) -> None:
     writer = RingWriter(plan.capacity, plan.num_envs)
     writer.load_state_dict(state["writer"])
     size = writer.size
-    sampler = parts.sampler.check_state(state, size)
+    sampler = parts.sampler.check_state(sampler_state(parts.sampler, state), size, plan.capacity)
     data = state["data"]
     for f in parts.storage.spec:
         arr = data.get(f.name) if isinstance(data, Mapping) else None

@@ -52,7 +52,8 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     the output ring's slot unused.
 ``name``, ``rule``
     Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
-    and checkpoints call the sampler (None: a sampler of the user's, called by its class name:
+    and checkpoints call the sampler (a class attribute, required for a sampler that is saved;
+    None: a sampler of the user's that is never saved, called by its class name:
     :func:`sampler_name`);
     ``rule`` says how a batch takes rows (``"rows are drawn uniformly with replacement"``), so
     that a refusal such as ``sample(B)`` with ``B`` above the rows held says what this sampler
@@ -62,31 +63,192 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     ``use_lock``, up to a timeout) until it has rows for a batch. The buffer then does not
     refuse a batch larger than the rows held (only one larger than the capacity) and lets
     ``sample`` wait, from the first call on, even before any row exists.
-``state_dict()``, ``extra_state(copy)``, ``check_state(state, size)``, ``load_state(checked)``
-    ``state_dict`` is the RNG position (``{"seed", "counter"}``) every sampler has;
-    ``extra_state(copy, size)`` what it adds at the top of the buffer's state, under its
-    ``state_key`` (``{"prioritized": ...}``; a sampler with nothing beyond its RNG has
-    ``state_key = None`` and adds nothing); ``check_state`` validates all of it against a state
-    dict without changing anything, against the other parts' state too (the rows held: an
-    exactly-k pool's deliveries against the rows written, a pass against the rows held), and
-    returns what ``load_state`` applies. The buffer refuses a state whose sampler part is
-    another sampler's (a key it does not own, or its own key missing), naming both samplers,
-    before asking ``check_state``: a sampler never sees, or silently drops, another's state.
+
+Config and state (what a checkpoint saves, and what rebuilds the sampler from it):
+
+``config()``, ``from_config(config, seed)`` (classmethod)
+    ``config()`` is the constructor's options as JSON values (not the seed: the state holds the
+    RNG position); ``from_config`` builds an unbound sampler from such a dict and a seed. A
+    checkpoint's config is untrusted input: ``from_config`` checks every key (exactly its own
+    options, exact JSON types, bounds) and raises TypeError or ValueError naming the key, what
+    was expected and what was given (``config.replays: expected an int in [1, 65535], got int
+    0``; :func:`config_keys` and :func:`config_value` do this). The defaults here: no options.
+``state_dict()``, ``extra_state(size)``
+    The sampler's state is one part: ``state_dict()`` is the RNG position (``{"seed",
+    "counter"}``, every sampler's), ``extra_state(size)`` what it keeps beyond it as a dict of
+    JSON values and numeric arrays (a pool, passes, priorities: new arrays, not views), given
+    ``size``, the rows held. A buffer's state dict holds the first under ``"sampler"`` and, for
+    a sampler that overrides ``extra_state``, the second under its name
+    (:func:`state_key`: ``"exactly_k"``, ``"prioritized"``, ...).
+``check_state(state, size, capacity)``, ``load_state(checked)``
+    ``check_state`` validates the part as untrusted input, flat (``{"seed", "counter",
+    **extra}``), against its config and the rows held (``size`` of ``capacity``: a pass
+    against the rows held, an exactly-k pool's deliveries against the rows written), without
+    changing anything, and returns what ``load_state`` applies. It uses only its config and its
+    arguments: a checkpoint calls it on the sampler ``from_config`` built, before the buffer is.
+    Every problem is a ValueError or TypeError, ideally a :class:`StateError` naming the field
+    (``exactly_k.delivered``), which a checkpoint reports as ``state.exactly_k.delivered``. The
+    buffer refuses a state whose sampler part is another sampler's (a key it does not own, or
+    its own key missing), naming both samplers, before asking ``check_state``: a sampler never
+    sees, or silently drops, another's state.
+
+A checkpoint writes ``name`` and ``config()`` into its config (``"sampler"``, absent for the
+buffer's default sampler, and the options beside it) and the state as above, each array of
+``extra_state`` an ``.npy`` file. ``ReplayBuffer.load(path, samplers=[MySampler])`` rebuilds a
+sampler that is not tfdata's with ``MySampler.from_config`` and loads its state; the arrays of
+its part hold at most :data:`STATE_BYTES_PER_SLOT` bytes per slot of the buffer in all (plus
+:data:`STATE_BYTES_BASE`).
 """
 
 from __future__ import annotations
 
+import math
 import secrets
+from collections.abc import Mapping
 
 import numpy as np
 
+from ..._checks import check_slot_list
 from ..._rng import MASK64, splitmix64
+
+#: what the arrays of a sampler's state (its :meth:`Sampler.extra_state`) may hold in all when a
+#: checkpoint is read: ``STATE_BYTES_PER_SLOT`` bytes per slot of the buffer plus
+#: ``STATE_BYTES_BASE``. tfdata's samplers keep at most two 8-byte values per slot (priorities
+#: and write versions; an exactly-k pool's slots and counts), and a checkpoint of a few
+#: kilobytes must not make a load allocate more than its capacity justifies
+STATE_BYTES_PER_SLOT = 16
+STATE_BYTES_BASE = 1 << 16
+#: the keys of the RNG position, in every sampler's flat state
+RNG_KEYS = ("seed", "counter")
 
 
 def sampler_name(sampler) -> str:
-    """What messages call ``sampler``: its ``name`` (``"uniform"``, ``"exactly_k"``, ...), or
-    its class's name for a sampler that has none."""
-    return getattr(sampler, "name", None) or type(sampler).__name__
+    """What messages call ``sampler`` (an object or a class): its ``name`` (``"uniform"``,
+    ``"exactly_k"``, ...), or its class's name for a sampler that has none."""
+    cls = sampler if isinstance(sampler, type) else type(sampler)
+    name = getattr(sampler, "name", None)
+    return name if isinstance(name, str) and name else cls.__name__
+
+
+def keeps_state(sampler) -> bool:
+    """Whether ``sampler`` (an object or a class) keeps a state beyond its RNG position: it
+    overrides :meth:`Sampler.extra_state`."""
+    cls = sampler if isinstance(sampler, type) else type(sampler)
+    return getattr(cls, "extra_state", Sampler.extra_state) is not Sampler.extra_state
+
+
+def state_key(sampler):
+    """The key of a buffer's state dict under which ``sampler`` (an object or a class) keeps
+    its :meth:`~Sampler.extra_state`, or None for a sampler that keeps nothing beyond its RNG."""
+    return sampler_name(sampler) if keeps_state(sampler) else None
+
+
+def shown(v) -> str:
+    """A short description of a value read from a file (never a recursive repr)."""
+    if isinstance(v, Mapping):
+        return f"an object of {len(v)} key(s)"
+    if isinstance(v, (list, tuple)):
+        return f"a list of {len(v)} item(s)"
+    if isinstance(v, np.ndarray):
+        return f"an array {v.dtype}{list(v.shape)}"
+    if isinstance(v, str):
+        return repr(v[:80]) + ("..." if len(v) > 80 else "")
+    return f"{type(v).__name__} {str(v)[:80]}"
+
+
+class StateError(ValueError):
+    """A sampler's state refused by :meth:`Sampler.check_state`: ``field`` (where in the
+    buffer's state dict: ``"exactly_k.delivered"``, ``"sampler.counter"``), what was
+    ``expected`` and what was given (``got``, a short description; None: not shown).
+    ``str()`` is the state dict's form (``sampler state: exactly_k.delivered = 3: expected
+    ...``), unless a ``message`` is given; a checkpoint names the field as ``state.<field>``."""
+
+    def __init__(self, field: str, expected: str, got=None, message: str | None = None):
+        self.field, self.expected, self.got = field, expected, got
+        if message is None:
+            shown_got = "" if got is None else f" = {got}"
+            message = f"sampler state: {field}{shown_got}: expected {expected}"
+        super().__init__(message)
+
+
+def config_keys(config, keys, name: str) -> Mapping:
+    """``config`` (untrusted: a checkpoint's) checked to be a mapping of exactly the options
+    ``keys`` of sampler ``name``; TypeError naming the key otherwise."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config: expected an object of the options of sampler {name!r}, got "
+                        f"{shown(config)}")
+    for k in config:
+        if k not in keys:
+            raise TypeError(f"config.{str(k)[:40]}: expected no such key (the options of sampler "
+                            f"{name!r}: {', '.join(keys) or 'none'}), got {shown(config[k])}")
+    for k in keys:
+        if k not in config:
+            raise TypeError(f"config.{k}: expected a value (an option of sampler {name!r}), got "
+                            f"nothing")
+    return config
+
+
+def config_value(config: Mapping, key: str, kind: str, lo=None, hi=None, *, lo_open: bool = False,
+                 options=(), optional: bool = False):
+    """``config[key]`` checked as untrusted input, exact JSON types (a bool is not an int, an
+    int is not a float): ``kind`` ``"int"`` in ``[lo, hi]``, ``"float"`` finite in ``[lo, hi]``
+    (``(lo, hi]`` with ``lo_open``), or ``"choice"`` among ``options``; None accepted when
+    ``optional``. TypeError (wrong type) or ValueError (out of range) naming the key, what was
+    expected and what was given."""
+    v = config[key]
+    if optional and v is None:
+        return None
+    none = " or null" if optional else ""
+    if kind == "choice":
+        want = f"one of {list(options)}{none}"
+        if type(v) is not str:
+            raise TypeError(f"config.{key}: expected {want}, got {shown(v)}")
+        if v not in options:
+            raise ValueError(f"config.{key}: expected {want}, got {shown(v)}")
+        return v
+    if kind == "int":
+        want = f"an int in [{lo}, {hi}]{none}"
+        ok_type, ok = type(v) is int, type(v) is int and lo <= v <= hi
+    else:
+        want = f"a float in {'(' if lo_open else '['}{lo}, {hi}]{none}"
+        ok_type = type(v) is float
+        ok = ok_type and math.isfinite(v) and lo <= v <= hi and not (lo_open and v == lo)
+    if not ok:
+        raise (ValueError if ok_type else TypeError)(f"config.{key}: expected {want}, got {shown(v)}")
+    return v
+
+
+def state_part(state, keys, key: str) -> Mapping:
+    """``state`` (a sampler's flat state, untrusted) checked to hold exactly the RNG position
+    and ``keys``; :class:`StateError` naming ``key`` (the sampler's part) otherwise."""
+    if not isinstance(state, Mapping):
+        raise StateError(key, "an object", shown(state))
+    own = [k for k in state if k not in RNG_KEYS]
+    if sorted(map(str, own)) != sorted(keys):
+        raise StateError(key, f"an object of the keys {list(keys)}",
+                         f"the keys {sorted(str(k)[:40] for k in own)[:8]}")
+    return state
+
+
+def state_int(state: Mapping, key: str, field: str, lo: int, hi: int) -> int:
+    """``state[key]`` as an int in ``[lo, hi]`` (a Python or numpy integer, not a bool);
+    :class:`StateError` naming ``field`` otherwise."""
+    v = state[key]
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+        raise StateError(field, f"an int in [{lo}, {hi}]", shown(v))
+    return int(v)
+
+
+def checked_slots(slots, size: int, field: str) -> np.ndarray:
+    """``slots`` (from a state) as int64 slots of rows held, each once, at most ``size``;
+    :class:`StateError` naming ``field`` and the first bad slot otherwise."""
+    if not isinstance(slots, np.ndarray):
+        raise StateError(field, "an integer array of slots", shown(slots))
+    try:
+        return check_slot_list(slots, size, "slots")
+    except ValueError as exc:
+        raise StateError(field, f"slots of the {size} rows held, each once",
+                         str(exc)[len("slots: "):]) from None
 
 
 class Sampler:
@@ -107,8 +269,6 @@ class Sampler:
     #: whether the writer calls the write hooks (a sampler that keeps nothing per slot: False,
     #: so the push path makes no call for it)
     hears_writes = False
-    #: the key under which :meth:`extra_state` stores what this sampler adds (None: nothing)
-    state_key = None
     #: whether ``sample`` gathers through the output it is given (``out.kernels``, ``out.store``,
     #: ``out.source``), so that projected outputs (``fields=``) are filled right
     projects = False
@@ -117,7 +277,7 @@ class Sampler:
     #: and refuses n-step and ``elide_next``, which read rows in stream order)
     stream_order = True
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler (None: a sampler
-    #: of the user's, called by its class name)
+    #: of the user's that is not saved, called by its class name)
     name = None
     #: how a batch takes rows, for messages (see the module docstring)
     rule = "rows are drawn by this sampler"
@@ -143,6 +303,18 @@ class Sampler:
         ``stream_order``; a sampler with options that meet other options' adds them."""
         return {"sampler": sampler_name(self),
                 "stream_order": bool(self.stream_order)}
+
+    # -- config ----------------------------------------------------------------------------------
+    def config(self) -> dict:
+        """The constructor's options as JSON values (none here; the seed is in the state)."""
+        return {}
+
+    @classmethod
+    def from_config(cls, config, seed):
+        """An unbound sampler of ``config`` (untrusted: see the module docstring), seeded by
+        ``seed``; here: no options."""
+        config_keys(config, (), sampler_name(cls))
+        return cls(seed)
 
     # -- construction and memory ---------------------------------------------------------------
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
@@ -192,25 +364,26 @@ class Sampler:
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The RNG position: ``{"seed", "counter"}``."""
         return {"seed": self.seed, "counter": self.counter}
 
-    def extra_state(self, copy: bool, size: int) -> dict:
+    def extra_state(self, size: int) -> dict:
+        """What the sampler keeps beyond its RNG position (see the module docstring); a sampler
+        that keeps nothing does not override this."""
         return {}
 
-    def check_state(self, state, size: int):
-        """Validate the sampler's part of a buffer state dict; return what :meth:`load_state` needs."""
-        rng = state["sampler"]
-        seed, counter = int(rng["seed"]), int(rng["counter"])
-        if not (0 <= seed <= MASK64 and 0 <= counter <= MASK64):
-            raise ValueError(f"sampler state: seed and counter must be uint64, got {seed}, {counter}")
-        return seed, counter
+    def check_state(self, state, size: int, capacity: int):
+        """Validate the sampler's flat state (untrusted: see the module docstring); here the
+        RNG position. Returns what :meth:`load_state` needs."""
+        if not isinstance(state, Mapping):
+            raise StateError("sampler", "an object {seed, counter}", shown(state))
+        for k in RNG_KEYS:
+            if k not in state:
+                raise StateError("sampler", f"the keys {list(RNG_KEYS)}; missing {k!r}")
+        return tuple(state_int(state, k, f"sampler.{k}", 0, MASK64) for k in RNG_KEYS)
 
     def load_state(self, checked) -> None:
         seed, counter = checked
         self.seed = seed
         self.state[0] = splitmix64(seed)
         self.state[1] = counter
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the RNG from :meth:`state_dict`."""
-        Sampler.load_state(self, Sampler.check_state(self, {"sampler": state}, 0))

@@ -9,8 +9,7 @@ import weakref
 
 import numpy as np
 
-from ..._checks import check_slot_list
-from . import Sampler
+from . import Sampler, StateError, checked_slots, config_keys, config_value, state_int, state_part
 
 #: what a write does when the slot at the writer's cursor (the oldest row) is not free yet
 POLICIES = ("block", "drop", "overwrite")
@@ -18,6 +17,12 @@ POLICIES = ("block", "drop", "overwrite")
 MAX_REPLAYS = (1 << 16) - 1
 #: a slot's last write is kept as the writer's lap modulo this (uint32)
 _LAPS = 1 << 32
+#: the options of ``sampler="exactly_k"`` (its :meth:`ExactlyKSampler.config`)
+OPTIONS = ("replays", "policy", "timeout")
+#: the largest ``timeout`` a checkpoint may carry (seconds; about 31 years)
+MAX_TIMEOUT = 1e9
+#: the counters of the state, ints in ``[0, 2**63 - 1]``
+COUNTERS = ("delivered", "dropped", "lost_replays")
 
 
 def replays_problem(owed: int, delivered: int, dropped: int, lost: int, size: int,
@@ -143,7 +148,6 @@ class ExactlyKSampler(Sampler):
     hears_writes = True
     #: rows are written where a slot is free, not in stream order (no episodes, n-step, elision)
     stream_order = False
-    state_key = "exactly_k"
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "exactly_k"
 
@@ -182,10 +186,19 @@ class ExactlyKSampler(Sampler):
         """Whether a sample short of rows waits for writer threads: with a ``timeout``."""
         return self.timeout is not None
 
-    @property
     def config(self) -> dict:
         """The constructor's options (what a checkpoint's config records)."""
         return {"replays": self.replays, "policy": self.policy, "timeout": self.timeout}
+
+    @classmethod
+    def from_config(cls, config, seed) -> "ExactlyKSampler":
+        """``replays`` an int in ``[1, 65535]``, ``policy`` one of :data:`POLICIES`, ``timeout``
+        null or a float in ``(0, 1e9]``: each present, exact JSON types."""
+        config_keys(config, OPTIONS, "exactly_k")
+        return cls(seed, replays=config_value(config, "replays", "int", 1, MAX_REPLAYS),
+                   policy=config_value(config, "policy", "choice", options=POLICIES),
+                   timeout=config_value(config, "timeout", "float", 0.0, MAX_TIMEOUT,
+                                        lo_open=True, optional=True))
 
     def facets(self) -> dict:
         return {**super().facets(), "replays": self.replays, "policy": self.policy}
@@ -472,48 +485,45 @@ class ExactlyKSampler(Sampler):
                                   "no one chose); use sample()")
 
     # -- state ---------------------------------------------------------------------------------
-    def extra_state(self, copy: bool, size: int) -> dict:
-        """``{"exactly_k": {"slots": int64[m], "counts": int64[m], "delivered": int,
-        "dropped": int, "lost_replays": int}}``: the slots awaiting replay in the pool's order
-        and the deliveries each has left."""
+    def extra_state(self, size: int) -> dict:
+        """``{"slots": int64[m], "counts": int64[m], "delivered": int, "dropped": int,
+        "lost_replays": int}``: the slots awaiting replay in the pool's order and the
+        deliveries each has left."""
         m = int(self.meta[0])
         slots = self.pool[:m].astype(np.int64)
-        return {self.state_key: {"slots": slots, "counts": self.remaining[slots].astype(np.int64),
-                                 "delivered": self.delivered, "dropped": self.dropped,
-                                 "lost_replays": self.lost_replays}}
+        return {"slots": slots, "counts": self.remaining[slots].astype(np.int64),
+                "delivered": self.delivered, "dropped": self.dropped,
+                "lost_replays": self.lost_replays}
 
-    def check_state(self, state, size: int):
-        rng = super().check_state(state, size)
-        key = self.state_key
-        part = state.get(key) if hasattr(state, "get") else None
-        keys = {"slots", "counts", "delivered", "dropped", "lost_replays"}
-        if not isinstance(part, dict) or set(part) != keys:
-            raise ValueError(f"sampler state: {key!r} must be a dict with keys {sorted(keys)}, "
-                             f"got {type(part).__name__}")
-        counters = []
-        for name in ("delivered", "dropped", "lost_replays"):
-            v = part[name]
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2**63:
-                raise ValueError(f"sampler state: {key}.{name} must be an int in [0, 2**63), got {v!r}")
-            counters.append(int(v))
-        slots = check_slot_list(part["slots"], size, f"sampler state: {key}.slots")
-        counts = np.asarray(part["counts"])
-        if counts.shape != slots.shape or (counts.size and counts.dtype.kind not in "iu"):
-            raise ValueError(f"sampler state: {key}.counts: expected int64[{slots.shape[0]}] (one "
-                             f"per slot), got {counts.dtype}{list(counts.shape)}")
+    def check_state(self, state, size: int, capacity: int):
+        """``slots``: slots of rows held, each once; ``counts``: an int per slot in ``[1,
+        replays]``; the counters ints in ``[0, 2**63 - 1]``, against the counts and the rows
+        held (:func:`replays_problem`: every delivery owed to the rows written since the last
+        clear is made, lost or still owed)."""
+        rng = super().check_state(state, size, capacity)
+        key = self.name
+        state_part(state, ("slots", "counts") + COUNTERS, key)
+        counters = [state_int(state, k, f"{key}.{k}", 0, (1 << 63) - 1) for k in COUNTERS]
+        slots = checked_slots(state["slots"], size, f"{key}.slots")
+        counts = state["counts"]
+        if (not isinstance(counts, np.ndarray) or counts.shape != slots.shape
+                or (counts.size and counts.dtype.kind not in "iu")):
+            raise StateError(f"{key}.counts", f"int64[{slots.shape[0]}] (one per slot)",
+                             f"{getattr(counts, 'dtype', type(counts).__name__)}"
+                             f"{list(getattr(counts, 'shape', ()))}")
         if counts.size:
             bad = np.flatnonzero((counts < 1) | (counts > self.replays))
             if bad.size:
                 i = int(bad[0])
-                raise ValueError(f"sampler state: {key}.counts[{i}] = {counts[i]}: deliveries left "
-                                 f"must be in [1, {self.replays}] (replays)")
+                raise StateError(f"{key}.counts[{i}]", f"an int in [1, {self.replays}] (the "
+                                 f"deliveries left: config.replays at most)", int(counts[i]))
         counts = np.ascontiguousarray(counts, np.int64)
         delivered, dropped, lost = counters
-        problem = replays_problem(int(counts.sum()), delivered, dropped, lost, size,
-                                  self.capacity, self.replays)
+        problem = replays_problem(int(counts.sum()), delivered, dropped, lost, size, capacity,
+                                  self.replays)
         if problem is not None:
             field, want = problem
-            raise ValueError(f"sampler state: {key}.{field} = {part[field]}: expected {want}")
+            raise StateError(f"{key}.{field}", want, state[field])
         return rng, slots, counts, counters
 
     def load_state(self, checked) -> None:

@@ -4,13 +4,28 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-
 import numpy as np
 
-from ..._checks import check_int
+from ..._checks import check_float, check_int
 from ...errors import SpecError
-from . import Sampler
+from . import Sampler, StateError, config_keys, config_value, shown, state_int, state_part
+
+#: the options of a prioritized sampler (its :meth:`PrioritizedSampler.config`)
+OPTIONS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
+#: the keys of its state beyond the RNG position
+STATE_KEYS = ("alpha", "eps", "samples", "leaves", "versions")
+_U64 = (1 << 64) - 1
+
+
+def leaves32(leaves: np.ndarray) -> tuple:
+    """``(leaves as float32, mask of those not in [MIN_LEAF, MAX_LEAF] once rounded)``: the
+    tree stores float32 leaves, positive normal floats (so that their sum is finite and
+    positive); a float64 leaf of an older checkpoint is rounded to nearest."""
+    from ...kernels._tree import MAX_LEAF, MIN_LEAF
+
+    with np.errstate(over="ignore"):
+        l32 = leaves.astype(np.float32)
+    return l32, ~((l32 >= MIN_LEAF) & (l32 <= MAX_LEAF))
 
 
 class PrioritizedSampler(Sampler):
@@ -47,14 +62,7 @@ class PrioritizedSampler(Sampler):
         Sample calls so far: the position in the beta schedule.
     """
 
-    name = "prioritized"
-
-    def facets(self) -> dict:
-        return {**super().facets(), "prioritized": True}
-
-
     hears_writes = True
-    state_key = "prioritized"
     projects = True
     name = "prioritized"
     rule = "rows are drawn with replacement, in proportion to their priorities"
@@ -65,6 +73,35 @@ class PrioritizedSampler(Sampler):
         self.alpha, self.beta_start, self.beta_final = alpha, beta, beta_final
         self.beta_steps, self.eps = beta_steps, eps
         self.samples = 0
+
+    def facets(self) -> dict:
+        return {**super().facets(), "prioritized": True}
+
+    # -- config ------------------------------------------------------------------------------
+    @classmethod
+    def checked(cls, alpha, beta, beta_final, beta_steps, eps, seed) -> "PrioritizedSampler":
+        """The sampler of these settings, each checked (TypeError or ValueError naming it)."""
+        return cls(alpha=check_float("alpha", alpha, 0.0), beta=check_float("beta", beta, 0.0),
+                   beta_final=check_float("beta_final", beta_final, 0.0),
+                   beta_steps=None if beta_steps is None else check_int("beta_steps", beta_steps, 1),
+                   eps=check_float("eps", eps, 0.0, low_open=True), seed=seed)
+
+    def config(self) -> dict:
+        """The settings (``beta``: the schedule's start), as a PrioritizedReplayBuffer takes
+        them."""
+        return {"alpha": self.alpha, "beta": self.beta_start, "beta_final": self.beta_final,
+                "beta_steps": self.beta_steps, "eps": self.eps}
+
+    @classmethod
+    def from_config(cls, config, seed) -> "PrioritizedSampler":
+        """``alpha``, ``beta``, ``beta_final`` floats in ``[0, 1000]``, ``eps`` a float in
+        ``(0, 1e6]``, ``beta_steps`` null or an int in ``[1, 2**63 - 1]``: each present, exact
+        JSON types."""
+        config_keys(config, OPTIONS, "prioritized")
+        kw = {k: config_value(config, k, "float", 0.0, 1000.0) for k in ("alpha", "beta", "beta_final")}
+        kw["eps"] = config_value(config, "eps", "float", 0.0, 1e6, lo_open=True)
+        kw["beta_steps"] = config_value(config, "beta_steps", "int", 1, (1 << 63) - 1, optional=True)
+        return cls.checked(seed=seed, **kw)
 
     @staticmethod
     def leaves_of(capacity: int) -> int:
@@ -289,50 +326,53 @@ class PrioritizedSampler(Sampler):
         self.k.tree_build(*self.trees, np.zeros(0, np.float64))
 
     # -- state -------------------------------------------------------------------------------------
-    def extra_state(self, copy: bool, size: int = 0) -> dict:
-        # in the state's form, unchanged since the tree stored float64: leaves float64 (exactly
-        # the float32 values stored) and versions uint64; new arrays either way
-        return {self.state_key: {
-            "alpha": self.alpha, "eps": self.eps, "samples": self.samples,
-            "leaves": self.live_leaves(size), "versions": self.version.astype(np.uint64),
-        }}
+    def extra_state(self, size: int) -> dict:
+        """``{"alpha", "eps", "samples", "leaves": float64[size], "versions":
+        uint64[capacity]}``: in the state's form, unchanged since the tree stored float64
+        (leaves float64, exactly the float32 values stored; versions uint64); new arrays."""
+        return {"alpha": self.alpha, "eps": self.eps, "samples": self.samples,
+                "leaves": self.live_leaves(size), "versions": self.version.astype(np.uint64)}
 
-    def checked_leaves(self, leaves, size: int) -> np.ndarray:
-        """State leaves (float64 ``(size,)``, else None) as the float32 the tree stores, each a
-        positive normal float32 once rounded (ValueError naming the first bad one)."""
-        if not isinstance(leaves, np.ndarray) or leaves.dtype != np.float64 or leaves.shape != (size,):
-            return None
+    def check_state(self, state, size: int, capacity: int):
+        """``alpha`` and ``eps`` this sampler's (floats), ``samples`` an int in ``[0, 2**64 -
+        1]``, ``leaves`` float64 ``(size,)`` that are, rounded to float32, positive normal
+        float32 values (so that their sum is finite and positive), ``versions`` uint64
+        ``(capacity,)`` (their low byte is kept: writes per slot modulo 256)."""
         from ...kernels._tree import MAX_LEAF, MIN_LEAF
 
-        with np.errstate(over="ignore"):
-            l32 = leaves.astype(np.float32)
-        bad = ~((l32 >= MIN_LEAF) & (l32 <= MAX_LEAF))
+        rng = super().check_state(state, size, capacity)
+        key = self.name
+        state_part(state, STATE_KEYS, key)
+        for k in ("alpha", "eps"):
+            v = state[k]
+            if not isinstance(v, (float, np.floating)) or v != getattr(self, k):
+                raise StateError(f"{key}.{k}", f"{getattr(self, k)} (config.{k})", shown(v),
+                                 message=f"state alpha/eps {shown(state['alpha'])}/"
+                                 f"{shown(state['eps'])} differ from this buffer's "
+                                 f"{self.alpha}/{self.eps} ({key}.{k})")
+        samples = state_int(state, "samples", f"{key}.samples", 0, _U64)
+        raw = state["leaves"]
+        if not isinstance(raw, np.ndarray) or raw.dtype != np.float64 or raw.shape != (size,):
+            raise StateError(f"{key}.leaves", f"float64[{size}] (the rows held)", shown(raw),
+                             message=f"state priorities ({key}.leaves) must be float64 of shape "
+                             f"({size},), got {shown(raw)}")
+        leaves, bad = leaves32(raw)
         if bad.any():
             k = int(np.argmax(bad))
-            raise ValueError(f"state priorities: leaf {k} is {leaves[k]}; every leaf must be, "
-                             f"rounded to float32, in [{MIN_LEAF}, {MAX_LEAF}] (positive normal "
-                             f"float32 values, so that their sum is finite and positive)")
-        return l32
-
-    def check_state(self, state, size: int):
-        rng = super().check_state(state, size)
-        pri = state.get(self.state_key)
-        if not isinstance(pri, Mapping):
-            raise ValueError("not a PrioritizedReplayBuffer state dict (no 'prioritized' entry)")
-        if pri.get("alpha") != self.alpha or pri.get("eps") != self.eps:
-            raise ValueError(f"state alpha/eps {pri.get('alpha')}/{pri.get('eps')} differ from this "
-                             f"buffer's {self.alpha}/{self.eps}")
-        raw = pri.get("leaves")
-        leaves = self.checked_leaves(raw, size)
-        if leaves is None:
-            raise ValueError(f"state priorities must be float64 of shape ({size},), got "
-                             f"{getattr(raw, 'dtype', type(raw).__name__)}"
-                             f"{list(getattr(raw, 'shape', ()))}")
-        versions = pri.get("versions")
+            want = (f"leaves that are, rounded to float32, in [{MIN_LEAF}, {MAX_LEAF}] (positive "
+                    f"normal float32 values, so that their sum is finite and positive)")
+            raise StateError(f"{key}.leaves", want, f"leaf {k} = {raw[k]}",
+                             message=f"state priorities: leaf {k} is {raw[k]}; every leaf must "
+                             f"be, rounded to float32, in [{MIN_LEAF}, {MAX_LEAF}] (positive "
+                             f"normal float32 values, so that their sum is finite and positive; "
+                             f"{key}.leaves)")
+        versions = state["versions"]
         if (not isinstance(versions, np.ndarray) or versions.dtype != np.uint64
-                or versions.shape != (self.capacity,)):
-            raise ValueError(f"state versions must be uint64 of shape ({self.capacity},)")
-        return rng, leaves, versions, check_int("state samples", pri.get("samples"), 0)
+                or versions.shape != (capacity,)):
+            raise StateError(f"{key}.versions", f"uint64[{capacity}] (one per slot)", shown(versions),
+                             message=f"state versions ({key}.versions) must be uint64 of shape "
+                             f"({capacity},), got {shown(versions)}")
+        return rng, leaves, versions, samples
 
     def load_state(self, checked) -> None:
         rng, leaves, versions, samples = checked
@@ -348,3 +388,14 @@ class PrioritizedSampler(Sampler):
         self.v8[:] = (versions & np.uint64(0xFF)).astype(np.uint8)
         laps = int((versions >> np.uint64(8)).max()) & 0xFFFFFF if versions.size else 0
         self.sums[0] = float(laps * self.ring)
+
+
+def read_scalars(c, pri, config: dict) -> int:
+    """The scalars of a shared buffer's ``state.prioritized`` in a checkpoint (``c``: its
+    checker of JSON values): alpha and eps as configured; returns samples."""
+    w = "state.prioritized."
+    c.obj("state.prioritized", pri, STATE_KEYS)
+    for k in ("alpha", "eps"):
+        if type(pri[k]) is not float or pri[k] != config[k]:
+            c.fail(w + k, f"{config[k]} (config.{k})", pri[k])
+    return c.integer(w + "samples", pri["samples"], 0, _U64)

@@ -6,8 +6,7 @@ import weakref
 
 import numpy as np
 
-from ..._checks import check_slot_list
-from . import Sampler
+from . import Sampler, StateError, checked_slots, state_int, state_part
 
 
 def pass_problem(undrawn: int, passes: int, size: int) -> tuple | None:
@@ -56,7 +55,6 @@ class WithoutReplacementSampler(Sampler):
     hears_writes = True
     #: writes are placed by the writer's cursor and the laps counted here, at the next sample
     wraps_only = True
-    state_key = "without_replacement"
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "without_replacement"
     rule = ("rows are drawn without replacement (every live row once per pass; a batch never "
@@ -153,10 +151,10 @@ class WithoutReplacementSampler(Sampler):
         return -1
 
     # -- state ---------------------------------------------------------------------------------
-    def extra_state(self, copy: bool, size: int) -> dict:
-        """``{"without_replacement": {"undrawn": int64[m], "passes": int}}``: the slots of the
-        current pass not drawn yet, in the pool's order, the rows written since the last sample
-        included (they are added here first, as a sample would)."""
+    def extra_state(self, size: int) -> dict:
+        """``{"undrawn": int64[m], "passes": int}``: the slots of the current pass not drawn
+        yet, in the pool's order, the rows written since the last sample included (they are
+        added here first, as a sample would)."""
         start, count, position = self._written()
         if count:
             # join them now (a sample of nothing): the saved pool is the one a sample would see
@@ -166,26 +164,23 @@ class WithoutReplacementSampler(Sampler):
                                     self.state, empty)
             self.synced = position
         m = int(self.meta[0])
-        undrawn = self.pool[:m].astype(np.int64)  # the checkpoint's form: int64 slots
-        return {self.state_key: {"undrawn": undrawn,
-                                 "passes": int(self.meta[1])}}
+        return {"undrawn": self.pool[:m].astype(np.int64),  # the checkpoint's form: int64 slots
+                "passes": int(self.meta[1])}
 
-    def check_state(self, state, size: int):
-        rng = super().check_state(state, size)
-        part = state.get(self.state_key) if hasattr(state, "get") else None
-        if not isinstance(part, dict) or set(part) != {"undrawn", "passes"}:
-            raise ValueError(f"sampler state: {self.state_key!r} must be a dict with 'undrawn' and "
-                             f"'passes', got {type(part).__name__}")
-        passes = part["passes"]
-        if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or not 0 <= passes < 2**63:
-            raise ValueError(f"sampler state: {self.state_key}.passes must be an int >= 0, got {passes!r}")
-        undrawn = check_slot_list(part["undrawn"], size, f"sampler state: {self.state_key}.undrawn")
-        problem = pass_problem(undrawn.shape[0], int(passes), size)
+    def check_state(self, state, size: int, capacity: int):
+        """``undrawn``: slots of rows held, each once; ``passes`` an int in ``[0, 2**63 - 1]``;
+        together against the rows held (:func:`pass_problem`)."""
+        rng = super().check_state(state, size, capacity)
+        key = self.name
+        state_part(state, ("undrawn", "passes"), key)
+        passes = state_int(state, "passes", f"{key}.passes", 0, (1 << 63) - 1)
+        undrawn = checked_slots(state["undrawn"], size, f"{key}.undrawn")
+        problem = pass_problem(undrawn.shape[0], passes, size)
         if problem is not None:
             field, want = problem
-            got = int(passes) if field == "passes" else f"{undrawn.shape[0]} slots"
-            raise ValueError(f"sampler state: {self.state_key}.{field} = {got}: expected {want}")
-        return rng, undrawn, int(passes)
+            got = passes if field == "passes" else f"{undrawn.shape[0]} slots"
+            raise StateError(f"{key}.{field}", want, got)
+        return rng, undrawn, passes
 
     def load_state(self, checked) -> None:
         rng, undrawn, passes = checked
@@ -195,3 +190,23 @@ class WithoutReplacementSampler(Sampler):
         self.meta[1] = passes
         self.wraps = 0
         self.synced = self.writer.cursor  # the rows loaded are in the pool or drawn
+
+
+def read_undrawn(c, arrays, part, key: str, size: int, ring: bool = True) -> dict:
+    """``state.<key>`` of a sampler without replacement from a checkpoint (``c``: its checker of
+    JSON values, ``arrays``: its array reader), as a shared buffer reads it: ``undrawn``, int64
+    slots (at most ``size``, from the header before anything is read) and ``passes``, against
+    the rows held (:func:`pass_problem`; ``ring`` False: ``size`` bounds the slots of a shared
+    region, not its rows held, and the caller checks them)."""
+    w = f"state.{key}."
+    c.obj(f"state.{key}", part, ("undrawn", "passes"))
+    c.integer(w + "passes", part["passes"], 0, (1 << 63) - 1)
+    m = arrays.length(w + "undrawn", part["undrawn"])
+    if m > size:
+        c.fail(w + "undrawn", f"at most {size} slots (the rows held)", f"{m} slots", show=False)
+    problem = pass_problem(m, part["passes"], size) if ring else None
+    if problem is not None:
+        c.fail(w + problem[0], problem[1], part["passes"] if problem[0] == "passes" else f"{m} slots",
+               show=problem[0] == "passes")
+    return {"undrawn": arrays.read(w + "undrawn", part["undrawn"], np.int64, (m,)),
+            "passes": part["passes"]}
