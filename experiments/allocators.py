@@ -61,8 +61,9 @@ from tfdata import alloc as talloc
 from tfdata import memory as tmem
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import (RunRecord, markdown as methodology_markdown, peak_rss_bytes, report_dir,  # noqa: E402
-                          rotated, write_json)
+from _recording import RunRecord, peak_rss_bytes, report_dir, write_json  # noqa: E402
+from _render import markdown as methodology_markdown  # noqa: E402
+from _timing import rotated  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters

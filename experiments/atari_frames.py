@@ -36,7 +36,7 @@ On real ALE frames (Breakout, Pong; a random and an epsilon-greedy policy):
 
 Real transitions: ``ALE/<Game>-v5`` (sticky actions 0.25) through ``AtariPreprocessing`` (frame
 skip 4, 84x84 grayscale, up to 30 no-ops) and ``FrameStackObservation(4)`` (padding "reset"), in
-a ``SyncVectorEnv`` with same-step autoreset (``_methodology.atari_transitions``), collected once
+a ``SyncVectorEnv`` with same-step autoreset (``_envs.atari_transitions``), collected once
 per (game, policy, stream) and reused. Memory, speed and the cold tier's timings fill their
 buffers by repeating a real block of one stream that starts at a reset and ends with an episode
 end, so the stream written stays continuous (each repetition is a new episode).
@@ -67,10 +67,11 @@ sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments
 from _atari_baselines import NumpyStackBuffer, planned_bytes  # noqa: E402
 from _atari_baselines import make_buffer as make_baseline  # noqa: E402
 from _atari_baselines import measure as measure_baseline  # noqa: E402
-from _methodology import RunRecord, SliceTimer, atari_transitions, cache_size, fmt_bytes, fresh_pages_allocator  # noqa: E402
-from _methodology import md_table, pyplot, report_dir, rotated, rss_bytes, run_forked, run_rounds  # noqa: E402
-from _methodology import save_figure, seeds_parser, write_json  # noqa: E402
-from _methodology import write_report as write_methodology_report  # noqa: E402
+from _envs import atari_transitions  # noqa: E402
+from _plots import pyplot, save_figure  # noqa: E402
+from _recording import RunRecord, cache_size, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_bytes, md_table, write_report as write_methodology_report  # noqa: E402
+from _timing import SliceTimer, fresh_pages_allocator, rotated, rss_bytes, run_forked, run_rounds  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -1085,7 +1086,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
     # 3. speed
     L.append("## 3. Speed\n")
     L.append(f"One process; every candidate timed in slices of {spd['slice_ms']} ms, {spd['rounds']} rounds, the order "
-             "rotated and reversed every other round (`_methodology.run_rounds`), garbage collector off; each call "
+             "rotated and reversed every other round (`_timing.run_rounds`), garbage collector off; each call "
              "timed alone (`perf_counter_ns`). Frame buffers and the one-frame numpy ring hold "
              f"{spd['rows']:,} rows ({spd['rows'] * FRAME_BYTES / 2**20:,.0f} MiB of frames); the full-stack buffers "
              f"(tfdata, SB3, numpy) {spd['full_rows']:,} rows ({spd['full_rows'] * 2 * K * FRAME_BYTES / 2**20:,.0f} MiB "
@@ -1190,7 +1191,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
           f"sampling seed {BUFFER_SEED}.",
           "* Memory and speed fill their buffers with Breakout's random one-environment stream cut after its last "
           "episode end, repeated (a continuous stream of real frames); memory in fresh forked processes "
-          "(`_methodology.run_forked`, every allocation above 4 KiB a fresh mmap), kernels loaded before the "
+          "(`_timing.run_forked`, every allocation above 4 KiB a fresh mmap), kernels loaded before the "
           "first reading. Memory is measured only when the machine has 1.5x the planned bytes free.",
           "* The speed ratios compare candidates timed in the same rounds of the same process on a shared 2-core "
           "machine (load in the table below); medians of all calls. " + pool_sentence(spd), ""]

@@ -34,9 +34,10 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, permutation_test, report_dir, run_in_fresh_processes, write_json  # noqa: E402
-from _methodology import return_curve as _return_curve  # noqa: E402
-from _methodology import write_report as write_methodology_report  # noqa: E402
+from _recording import RunRecord, report_dir, write_json  # noqa: E402
+from _render import write_report as write_methodology_report  # noqa: E402
+from _stats import permutation_test, return_curve as _return_curve  # noqa: E402
+from _timing import run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -356,7 +357,7 @@ def run_all(variants, seeds, total, learning_starts, log) -> list[dict]:
 
 
 def curve(episodes, total, bins=CURVE_BINS):
-    """See :func:`_methodology.return_curve` (this experiment's number of bins)."""
+    """See :func:`_stats.return_curve` (this experiment's number of bins)."""
     return _return_curve(episodes, total, bins)
 
 

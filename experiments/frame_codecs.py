@@ -63,9 +63,11 @@ import tracemalloc
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, atari_transitions, fmt_sig, md_table, pyplot, report_dir  # noqa: E402
-from _methodology import rotated, save_figure, seeds_parser, write_json  # noqa: E402
-from _methodology import write_report as write_methodology_report  # noqa: E402
+from _envs import atari_transitions  # noqa: E402
+from _plots import pyplot, save_figure  # noqa: E402
+from _recording import RunRecord, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_sig, md_table, write_report as write_methodology_report  # noqa: E402
+from _timing import rotated  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters

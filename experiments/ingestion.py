@@ -53,7 +53,8 @@ import numpy as np  # noqa: E402
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
 import tfdata  # noqa: E402
 from tfdata.shared import SharedReplayBuffer, SharedWriter  # noqa: E402
-from _methodology import RunRecord, report_dir, write_json, write_report as write_methodology_report  # noqa: E402
+from _recording import RunRecord, report_dir, write_json  # noqa: E402
+from _render import write_report as write_methodology_report  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters

@@ -44,21 +44,23 @@ import numpy as np
 
 import tfdata
 
-from _methodology import (ROW_KINDS, RunRecord, build_filled, cache_placement, cache_size,  # noqa: E402
-                          calls_for_budget, column_legend, crossing_summary, crossing_text, crossings, fill, fmt_axis,
-                          fmt_bytes, fmt_count, fmt_rate, fmt_us, fresh_pages_allocator, gc_paused, gmean,
-                          grouped_bars, interleaved_latencies, latency_lines, latency_stats, log_axes, make_chunk,
-                          md_table, mean_std, parse_seeds, peak_rss_bytes, produced_by, pyplot, ratio_curves,
-                          ratio_summary, report_dir, rotated, rss_bytes, run_forked, save_figure, seed_summary,
-                          seeds_parser, text_table, time_calls, verdict as _verdict, write_json,
-                          write_report as write_methodology_report)
+from _envs import ROW_KINDS, build_filled, fill, make_chunk  # noqa: E402
+from _plots import column_legend, grouped_bars, latency_lines, log_axes, pyplot, ratio_curves  # noqa: E402
+from _plots import save_figure  # noqa: E402
+from _recording import RunRecord, cache_placement, cache_size, parse_seeds, peak_rss_bytes, report_dir  # noqa: E402
+from _recording import seeds_parser, write_json  # noqa: E402
+from _render import crossing_summary, crossing_text, fmt_axis, fmt_bytes, fmt_count, fmt_rate, fmt_us  # noqa: E402
+from _render import md_table, produced_by, text_table, write_report as write_methodology_report  # noqa: E402
+from _stats import crossings, gmean, mean_std, ratio_summary, seed_summary, verdict as _verdict  # noqa: E402
+from _timing import calls_for_budget, fresh_pages_allocator, gc_paused, interleaved_latencies  # noqa: E402
+from _timing import latency_stats, rotated, rss_bytes, run_forked, time_calls  # noqa: E402
 
 # -- Parameters ----------------------------------------------------------------------------------
 EXPERIMENT = "layout"
 IMPLS = ("aos", "soa", "numpy")  # two tfdata layouts and the plain numpy baseline
 LAYOUTS = ("aos", "soa")
 BATCH_SIZES = (32, 256, 1024)
-# the row kinds (tiny, cartpole, medium, image) are _methodology.ROW_KINDS, shared with workloads.py
+# the row kinds (tiny, cartpole, medium, image) are _envs.ROW_KINDS, shared with workloads.py
 
 # 1e4 rows is the "cache-resident" capacity for small rows; 1e6 (and 1e7 for the tiny row, whose
 # 1e6 rows are only 16 MB) is "beyond cache". The report states where each one really lands.

@@ -47,8 +47,10 @@ import numpy as np  # noqa: E402
 import tfdata  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import (RunRecord, SliceTimer, fmt_bytes, md_table, mean_std, report_dir,  # noqa: E402
-                          rotated, run_rounds, write_json, write_report as write_methodology_report)
+from _recording import RunRecord, report_dir, write_json  # noqa: E402
+from _render import fmt_bytes, md_table, write_report as write_methodology_report  # noqa: E402
+from _stats import mean_std  # noqa: E402
+from _timing import SliceTimer, rotated, run_rounds  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters

@@ -48,9 +48,10 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, md_table, permutation_test, report_dir, return_curve  # noqa: E402
-from _methodology import run_in_fresh_processes, write_json  # noqa: E402
-from _methodology import write_report as write_methodology_report  # noqa: E402
+from _recording import RunRecord, report_dir, write_json  # noqa: E402
+from _render import md_table, write_report as write_methodology_report  # noqa: E402
+from _stats import permutation_test, return_curve  # noqa: E402
+from _timing import run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters

@@ -59,9 +59,11 @@ import sys
 import time
 
 sys.dont_write_bytecode = True  # write nothing outside reports/sumtree (no __pycache__)
-from _methodology import (RunRecord, SliceTimer, block_size, fmt_kib_mib as mib, fmt_sig as fmt,  # noqa: E402
-                          latency_stats, machine_brief, machine_bullet, md_table, produced_by, pyplot,
-                          report_dir, run_rounds, seeds_parser, sysfs_cache_bytes, write_json)
+from _plots import pyplot  # noqa: E402
+from _recording import RunRecord, machine_brief, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_kib_mib as mib, fmt_sig as fmt, machine_bullet, md_table, produced_by  # noqa: E402
+from _render import sysfs_cache_bytes  # noqa: E402
+from _timing import SliceTimer, block_size, latency_stats, run_rounds  # noqa: E402
 
 OUT_DIR = report_dir("sumtree")
 # before numba is imported (by the candidates): cache=True kernels write their cache here

@@ -46,11 +46,13 @@ import numpy as np
 
 import tfdata
 
-from _methodology import (ROW_KINDS, RunRecord, build_filled, cache_placement, fmt_bytes,  # noqa: E402
-                          fmt_count, fmt_us, gc_paused, gmean, grouped_bars, interleaved_latencies, make_chunk,
-                          md_table, mean_std, parse_seeds, produced_by, pyplot, ratio_summary, report_dir, rotated,
-                          save_figure, seeds_parser, text_table, time_calls, write_json,
-                          write_report as write_methodology_report)
+from _envs import ROW_KINDS, build_filled, make_chunk  # noqa: E402
+from _plots import grouped_bars, pyplot, save_figure  # noqa: E402
+from _recording import RunRecord, cache_placement, parse_seeds, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_bytes, fmt_count, fmt_us, md_table, produced_by, text_table  # noqa: E402
+from _render import write_report as write_methodology_report  # noqa: E402
+from _stats import gmean, mean_std, ratio_summary  # noqa: E402
+from _timing import gc_paused, interleaved_latencies, rotated, time_calls  # noqa: E402
 
 # -- Parameters ----------------------------------------------------------------------------------
 EXPERIMENT = "workloads"

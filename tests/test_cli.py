@@ -17,10 +17,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fake_checkout(tmp_path, body: str, name: str = "layout"):
-    """A checkout with the real methodology module and one fake experiment ``name``."""
+    """A checkout with the real shared modules of the experiments and one fake experiment ``name``."""
     exp = tmp_path / "experiments"
     exp.mkdir()
-    shutil.copy(os.path.join(REPO, "experiments", "_methodology.py"), exp / "_methodology.py")
+    for shared in os.listdir(os.path.join(REPO, "experiments")):
+        if shared.startswith("_") and shared.endswith(".py"):
+            shutil.copy(os.path.join(REPO, "experiments", shared), exp / shared)
     (exp / f"{name}.py").write_text(body)
     return tmp_path
 
@@ -28,7 +30,7 @@ def fake_checkout(tmp_path, body: str, name: str = "layout"):
 GOOD = '''
 import os, sys
 sys.dont_write_bytecode = True
-from _methodology import RunRecord, report_dir, write_json
+from _recording import RunRecord, report_dir, write_json
 quick = "--quick" in sys.argv
 rec = RunRecord("layout", mode="quick" if quick else "full", seeds=[0, 1], command="x")
 out = report_dir("layout")

@@ -67,9 +67,9 @@ def find_root(start: str | None = None) -> str:
         here = parent
     candidates.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # editable install
     for c in candidates:
-        if os.path.isfile(os.path.join(c, "experiments", "_methodology.py")):
+        if os.path.isfile(os.path.join(c, "experiments", "_recording.py")):
             return c
-    raise SystemExit("tfdata: no tfdata checkout found (a folder with experiments/_methodology.py); "
+    raise SystemExit("tfdata: no tfdata checkout found (a folder with experiments/_recording.py); "
                      "run from the repository or pass --root")
 
 
