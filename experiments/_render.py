@@ -288,3 +288,17 @@ def crossing_summary(series_list: list) -> tuple[list, dict]:
                     + "; ".join(found[False]) if found[False] else "")
         lines.append(txt)
     return lines, by
+
+
+# -- cells of results.json --------------------------------------------------------------------
+def pm(cell: dict, fmt: str = "{:.0f}", scale: float = 1.0) -> str:
+    """``"mean ± std"`` of a summary cell ``{"mean": ..., "std": ...}`` (each scaled); "n/a" when
+    its mean is None."""
+    if cell.get("mean") is None:
+        return "n/a"
+    return (fmt + " ± " + fmt).format(cell["mean"] * scale, cell["std"] * scale)
+
+
+def p_value(p) -> str:
+    """A permutation test's p with two decimals; None (a single seed, nothing tested): "n/a (1 seed)"."""
+    return "n/a (1 seed)" if p is None else f"{p:.2f}"
