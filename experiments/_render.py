@@ -1,7 +1,12 @@
 """Report writing shared by the experiments: markdown tables built from data (:func:`md_table`,
 :func:`text_table` for the console), number formatting, the "Machine and run" section of a report
-(:func:`markdown`, :func:`write_report`), the machine bullet and provenance line, and ratio
-crossings in words.
+(:func:`markdown`, :func:`write_report`), the machine bullet and provenance line, ratio crossings
+in words, and the hand-written parts of a report (:func:`hand_written`).
+
+A report is written from its ``results.json``: the code writes the tables, plots and the machine
+section; conclusions and the prose of the method are written by hand in the full report's
+``README.md``, between ``<!-- hand-written: NAME -->`` and ``<!-- end hand-written -->``, and kept
+where they are when a rerun rewrites the report. A quick run's folder has none.
 
 Standard library only; it imports no sibling module.
 """
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 # -- the machine and run section --------------------------------------------------------------
 def _mib(n) -> str:
@@ -302,3 +308,30 @@ def pm(cell: dict, fmt: str = "{:.0f}", scale: float = 1.0) -> str:
 def p_value(p) -> str:
     """A permutation test's p with two decimals; None (a single seed, nothing tested): "n/a (1 seed)"."""
     return "n/a (1 seed)" if p is None else f"{p:.2f}"
+
+
+# -- hand-written parts -----------------------------------------------------------------------
+def hand_written(out_dir: str, name: str) -> list[str]:
+    """The hand-written block ``name`` of ``out_dir/README.md``, markers included, to put back when
+    the report is rewritten.
+
+    Parameters
+    ----------
+    out_dir : str
+        The report's folder (read before the report is rewritten).
+    name : str
+        The block's name, as in ``<!-- hand-written: NAME -->`` (ends at ``<!-- end hand-written -->``).
+
+    Returns
+    -------
+    list of str
+        The block and a blank line, or [] when the report has no such block (a quick run's
+        folder, a new experiment).
+    """
+    try:
+        with open(os.path.join(out_dir, "README.md"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return []
+    m = re.search(r"<!-- hand-written: " + re.escape(name) + r" -->.*?<!-- end hand-written -->", text, re.S)
+    return [m.group(0), ""] if m else []

@@ -63,7 +63,8 @@ import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
-from _render import md_table, p_value as _p, pm as _pm, write_report as write_methodology_report  # noqa: E402
+from _render import hand_written, md_table, p_value as _p, pm as _pm  # noqa: E402
+from _render import write_report as write_methodology_report  # noqa: E402
 from _stats import permutation_test, return_curve as _return_curve  # noqa: E402
 from _timing import run_in_fresh_processes  # noqa: E402
 
@@ -683,170 +684,69 @@ def plot(agg, total, study: str, out_dir: str) -> list[str]:
     return ["learning.png", "speed.png"]
 
 
-def _learning_verdict(c) -> str:
-    """How two variants' learning compares, from the permutation tests (alpha 0.05)."""
-    ps = [p for p in (c["final_p"], c["mean_p"]) if p is not None]
-    if not ps:
-        return "learning not compared (1 seed)"
-    if min(ps) >= 0.05:
-        return "no difference in learning detected"
-    return "**learning differs**"
-
-
 def _ratio(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
+def comparisons_table(comps, wide: bool) -> list[str]:
+    """Every comparison of two variants: learning (permutation tests), speed, and with ``wide``
+    the training-phase speed and peak memory."""
+    head = ["variant", "against", "final return diff", "p", "mean return diff", "p", "steps/s ratio"]
+    rows = [[c["variant"], c["against"], f"{c['final_diff']:+.1f}", _p(c["final_p"]), f"{c['mean_diff']:+.1f}",
+             _p(c["mean_p"]), f"{c['sps_ratio']:.2f}"]
+            + ([_ratio(c.get("train_sps_ratio")), f"{c['peak_rss_ratio']:.2f}"] if wide else []) for c in comps]
+    return md_table(head + (["training steps/s ratio", "peak RSS ratio"] if wide else []), rows,
+                    "ll" + "r" * (len(head) - 2 + 2 * wide)) + [""]
+
+
 def report_buffers(res: dict, agg: dict, pngs: list) -> list[str]:
     """The buffers study's report, from its results.json."""
-    run, comps, versions = res["methodology"], res["comparisons"], res.get("versions", {})
-    total, learning_starts = run["parameters"]["total_steps"], run["parameters"]["learning_starts"]
-    same_layouts = res.get("same_episodes_aos_soa")
-    reference = STUDIES["buffers"]["reference"]
+    run, comps = res["methodology"], res["comparisons"]
     n_seeds = max(a["final_return"]["n"] for a in agg.values())
     L = [f"# DQN on {ENV_ID}: tfdata inside a real training loop\n",
          f"Made by `experiments/dqn_cartpole.py` ({run['mode']} run, command `{run['command']}`, {n_seeds} "
-         f"seed(s) per variant, {total:,} environment steps each, {run['wall_clock_s']:.0f} s in all). Raw numbers "
-         "and every episode: `results.json`.\n"]
+         f"seed(s) per variant, {run['parameters']['total_steps']:,} environment steps each, "
+         f"{run['wall_clock_s']:.0f} s in all). Raw numbers and every episode: `results.json`.\n"]
     hl = headline(agg, comps)
     if hl:
         L.append(f"<!-- headline: {hl} -->\n")
-    edge, twin, ref = agg.get(EDGE), agg.get(SAME_BUFFER), agg.get(reference)
-    L.append("## Findings\n")
-    if ref:
-        shares = {v: a["buffer_share"]["mean"] for v, a in agg.items() if v != EDGE}
-        L.append(f"* In the torch loop the buffer is a small part: {100 * ref['buffer_share']['mean']:.1f}% of the "
-                 f"run with stable-baselines3's buffer, {min(100 * s for s in shares.values()):.1f}-"
-                 f"{max(100 * s for s in shares.values()):.1f}% over all torch variants, so no buffer can make "
-                 f"this loop more than {ref['amdahl_bound']['mean']:.2f}x faster (Amdahl bound of the reference).")
-    if ref and twin:
-        c = next(r for r in comps if r["variant"] == SAME_BUFFER and r["against"] == reference)
-        L.append(f"* Swapping stable-baselines3's buffer for tfdata's (AoS): buffer time per sample "
-                 f"{ref['buffer_sample_us']['mean']:.0f} → {twin['buffer_sample_us']['mean']:.0f} µs, per add "
-                 f"{ref['buffer_add_us']['mean']:.1f} → {twin['buffer_add_us']['mean']:.1f} µs (measured inside the "
-                 f"loop); steps per second {c['sps_ratio']:.2f}x; final return {_pm(twin['final_return'])} vs "
-                 f"{_pm(ref['final_return'])} (permutation test p = {_p(c['final_p'])}).")
-    if same_layouts:
-        n_same = sum(same_layouts.values())
-        L.append(f"* AoS and SoA give the same run: with the same seed the torch learner saw identical batches and "
-                 f"produced identical episodes in {n_same} of {len(same_layouts)} seeds (every episode's length "
-                 "compared), as the layout contract promises.")
-    if edge and twin:
-        c = next(r for r in comps if r["variant"] == EDGE and r["against"] == SAME_BUFFER)
-        L.append(f"* The edge loop (no torch: `tfdata.nn.DQN`, numba kernels) runs {c['sps_ratio']:.1f}x the steps "
-                 f"per second of the same loop with torch ({edge['sps']['mean']:.0f} vs {twin['sps']['mean']:.0f}; "
-                 f"{_ratio(c['train_sps_ratio'])}x while training) with {c['peak_rss_ratio']:.2f}x its peak memory "
-                 f"({edge['peak_rss_bytes']['mean'] / 2**20:.0f} vs {twin['peak_rss_bytes']['mean'] / 2**20:.0f} MiB); "
-                 f"{_learning_verdict(c)}: final return {_pm(edge['final_return'])} vs {_pm(twin['final_return'])} "
-                 f"(p = {_p(c['final_p'])}), mean return over the run {_pm(edge['mean_return'])} vs "
-                 f"{_pm(twin['mean_return'])} (p = {_p(c['mean_p'])}).")
-        upd = twin["update_us"]["mean"] / edge["update_us"]["mean"]
-        step_us = {k: 1e6 * edge["sections_share"][k]["mean"] / edge["sps"]["mean"] for k in SECTIONS}
-        L.append(f"* Why not more: the update is {100 * edge['sections_share']['update']['mean']:.0f}% of the edge loop "
-                 f"and {100 * twin['sections_share']['update']['mean']:.0f}% of the torch one, and one update takes "
-                 f"{edge['update_us']['mean']:.0f} µs against torch's {twin['update_us']['mean']:.0f} µs ({upd:.1f}x), so the "
-                 f"loop gains about what the update gains. Greedy actions are far cheaper without torch "
-                 f"(act {step_us['act']:.1f} µs per step against {1e6 * twin['sections_share']['act']['mean'] / twin['sps']['mean']:.1f}), "
-                 f"and gymnasium's step ({step_us['env']:.1f} µs per step) is the same in both and now "
-                 f"{100 * edge['sections_share']['env']['mean']:.0f}% of the edge loop.")
-        if ref:
-            L.append(f"* Memory: tfdata's kernels bring numba: the torch loop with tfdata's buffer peaks at "
-                     f"{twin['peak_rss_bytes']['mean'] / 2**20:.0f} MiB against {ref['peak_rss_bytes']['mean'] / 2**20:.0f} MiB "
-                     f"with stable-baselines3's (which needs no numba); the edge loop, numba without torch, at "
-                     f"{edge['peak_rss_bytes']['mean'] / 2**20:.0f} MiB.")
+    L += hand_written(OUT_DIRS["buffers"], "findings")
+    same = res.get("same_episodes_aos_soa")
+    if same:
+        L.append(f"AoS and SoA runs with the same seed produced identical episodes in {sum(same.values())} of "
+                 f"{len(same)} seeds.\n")
+    c = next((r for r in comps if r["variant"] == EDGE and r["against"] == SAME_BUFFER), None)
+    if c:
         goals = [("learning equal within seed noise (no significant difference, α = 0.05)",
-                  None if c["final_p"] is None else c["final_p"] >= 0.05 and (c["mean_p"] or 0) >= 0.05),
-                 ("at least 5x the steps per second", c["sps_ratio"] >= 5.0),
-                 ("at most half the peak memory", c["peak_rss_ratio"] <= 0.5)]
-        L.append("\n## Goals of the edge loop (against torch with the same buffer)\n")
-        L.append("| goal | met? | measured |")
-        L.append("|---|---|---|")
-        meas = [f"final p = {_p(c['final_p'])}, whole-run p = {_p(c['mean_p'])}",
-                f"{c['sps_ratio']:.2f}x (training phase {_ratio(c['train_sps_ratio'])}x)",
-                f"{c['peak_rss_ratio']:.2f}x"]
-        for (g, ok), m in zip(goals, meas):
-            L.append(f"| {g} | {'n/a' if ok is None else 'yes' if ok else '**no**'} | {m} |")
-    algo = [c for c in comps if c["against"] == reference and c["variant"] in ("torch+tfdata-per", "torch+tfdata-nstep3")]
-    if algo:
-        L.append("\n## The algorithm variants\n")
-        for c in algo:
-            a = agg[c["variant"]]
-            L.append(f"* {c['variant']}: mean return over the run {c['mean_diff']:+.1f} against CleanRL's setup "
-                     f"(p = {_p(c['mean_p'])}), final return {c['final_diff']:+.1f} (p = {_p(c['final_p'])}); "
-                     f"add {a['buffer_add_us']['mean']:.1f} µs, sample {a['buffer_sample_us']['mean']:.0f} µs in the loop.")
-        if "torch+tfdata-per" in agg and SAME_BUFFER in agg:
-            L.append(f"* The prioritized buffer's push costs {agg['torch+tfdata-per']['buffer_add_us']['mean']:.0f} µs in "
-                     f"the loop, against {agg[SAME_BUFFER]['buffer_add_us']['mean']:.1f} µs for the uniform buffer.")
-    L.append("")
-    for p in pngs:
-        L.append(f"![{p}]({p})\n")
+                  None if c["final_p"] is None else c["final_p"] >= 0.05 and (c["mean_p"] or 0) >= 0.05,
+                  f"final p = {_p(c['final_p'])}, whole-run p = {_p(c['mean_p'])}"),
+                 ("at least 5x the steps per second", c["sps_ratio"] >= 5.0,
+                  f"{c['sps_ratio']:.2f}x (training phase {_ratio(c['train_sps_ratio'])}x)"),
+                 ("at most half the peak memory", c["peak_rss_ratio"] <= 0.5, f"{c['peak_rss_ratio']:.2f}x")]
+        L.append("## Goals of the edge loop (against torch with the same buffer)\n")
+        L += md_table(["goal", "met?", "measured"],
+                      [[g, "n/a" if ok is None else "yes" if ok else "**no**", m] for g, ok, m in goals], "lll")
+        L.append("")
+    L += hand_written(OUT_DIRS["buffers"], "variants")
+    L += [f"![{p}]({p})\n" for p in pngs]
     L.append("## Every variant (mean ± std over seeds)\n")
-    L.append("| variant | final return | mean return | steps/s | steps/s training | wall (s) | training wall (s) "
-             "| buffer share | Amdahl bound | add (µs) | sample (µs) | update (µs) | peak RSS (MiB) | buffer (KiB) |")
-    L.append("|---|" + "---:|" * 13)
-    for v, a in agg.items():
-        L.append(f"| {v} | {_pm(a['final_return'], '{:.1f}')} | {_pm(a['mean_return'], '{:.1f}')} | {_pm(a['sps'])} "
-                 f"| {_pm(a['train_sps'])} | {_pm(a['wall_s'], '{:.1f}')} | {_pm(a['train_wall_s'], '{:.1f}')} "
-                 f"| {_pm(a['buffer_share'], '{:.1f}', 100)}% | {a['amdahl_bound']['mean']:.3f} "
-                 f"| {_pm(a['buffer_add_us'], '{:.1f}')} | {_pm(a['buffer_sample_us'], '{:.1f}')} "
-                 f"| {_pm(a['update_us'])} | {_pm(a['peak_rss_bytes'], '{:.0f}', 2**-20)} "
-                 f"| {a['buffer_nbytes']['mean'] / 1024:.0f} |")
+    L += md_table(["variant", "final return", "mean return", "steps/s", "steps/s training", "wall (s)",
+                   "training wall (s)", "buffer share", "Amdahl bound", "add (µs)", "sample (µs)", "update (µs)",
+                   "peak RSS (MiB)", "buffer (KiB)"],
+                  [[v, _pm(a["final_return"], "{:.1f}"), _pm(a["mean_return"], "{:.1f}"), _pm(a["sps"]),
+                    _pm(a["train_sps"]), _pm(a["wall_s"], "{:.1f}"), _pm(a["train_wall_s"], "{:.1f}"),
+                    _pm(a["buffer_share"], "{:.1f}", 100) + "%", f"{a['amdahl_bound']['mean']:.3f}",
+                    _pm(a["buffer_add_us"], "{:.1f}"), _pm(a["buffer_sample_us"], "{:.1f}"), _pm(a["update_us"]),
+                    _pm(a["peak_rss_bytes"], "{:.0f}", 2**-20), f"{a['buffer_nbytes']['mean'] / 1024:.0f}"]
+                   for v, a in agg.items()], "l" + "r" * 13)
     L.append("")
     L.append("Where the time goes (share of the loop's wall clock, mean over seeds):\n")
-    L.append("| variant | " + " | ".join(SECTIONS) + " |")
-    L.append("|---|" + "---:|" * len(SECTIONS))
-    for v, a in agg.items():
-        L.append(f"| {v} | " + " | ".join(f"{100 * a['sections_share'][k]['mean']:.1f}%" for k in SECTIONS) + " |")
+    L += md_table(["variant", *SECTIONS], [[v, *(f"{100 * a['sections_share'][k]['mean']:.1f}%" for k in SECTIONS)]
+                                           for v, a in agg.items()], "l" + "r" * len(SECTIONS))
     L.append("")
     L.append("## Comparisons\n")
-    L.append("| variant | against | final return diff | p | mean return diff | p | steps/s ratio | training steps/s "
-             "ratio | peak RSS ratio |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for c in comps:
-        L.append(f"| {c['variant']} | {c['against']} | {c['final_diff']:+.1f} | {_p(c['final_p'])} | {c['mean_diff']:+.1f} "
-                 f"| {_p(c['mean_p'])} | {c['sps_ratio']:.2f} | {_ratio(c['train_sps_ratio'])} "
-                 f"| {c['peak_rss_ratio']:.2f} |")
-    L.append("")
-    L.append("## Method\n")
-    L.append(f"* Algorithm and hyperparameters: CleanRL's `dqn.py` (github.com/vwxyzjn/cleanrl, defaults of its "
-             f"`Args`): {HP['total_timesteps']:,} steps, buffer {HP['buffer_size']:,}, batch {HP['batch_size']}, learning "
-             f"starts {HP['learning_starts']:,}, train every {HP['train_frequency']} steps, hard target update every "
-             f"{HP['target_network_frequency']}, gamma {HP['gamma']}, Adam {HP['learning_rate']}, epsilon "
-             f"{HP['start_e']} → {HP['end_e']} linearly over {HP['exploration_fraction']:.0%} of the run, MLP "
-             f"4-{HP['hidden'][0]}-{HP['hidden'][1]}-2 with ReLU, MSE loss. This run: {total:,} steps, learning "
-             f"starts {learning_starts:,}.")
-    L.append("* Differences from CleanRL, the same for every variant: one `gymnasium.make` environment (CleanRL "
-             "wraps it in a one-env vector env), reset by hand at episode end; greedy actions computed under "
-             "`torch.no_grad()` (faster than CleanRL's forward with autograd on: the torch baseline is not "
-             "handicapped); exploration draws from a seeded numpy generator. The prioritized (α "
-             f"{PER['alpha']}, β {PER['beta']} → {PER['beta_final']} over the training samples, loss weighted by the "
-             f"importance weights, priorities |TD error|) and {N_STEP}-step (target `r_n + gamma^k (1 - terminated) "
-             "max Q_target`) variants change the algorithm and are not expected to learn alike.")
-    L.append("* Learners: torch " + str(versions.get("torch")) + " on the CPU with `torch.set_num_threads(1)` and "
-             "`OMP_NUM_THREADS=1`; `tfdata.nn.DQN` (numba kernels: forward, backward, Adam as torch.optim.Adam, "
-             "torch's `nn.Linear` initialisation; float32; its gradients are tested against finite differences and "
-             "torch in `tests/test_nn.py`). Buffers: stable-baselines3 " + str(versions.get("stable_baselines3"))
-             + " `ReplayBuffer` (`handle_timeout_termination=False`, as CleanRL), tfdata `ReplayBuffer` / "
-             "`PrioritizedReplayBuffer`; the tfdata batches reach torch through `torch.from_numpy` (no copy); that "
-             "conversion is counted as buffer time, as SB3's own conversion is.")
-    L.append("* Timing: `time.perf_counter_ns` around each call in the loop: `act` (exploration draw and greedy "
-             "action), `env` (step and reset), `buffer_add`, `buffer_sample` (to tensors), `update` (loss, "
-             "backward, optimizer, target sync), `other` (the loop itself). Buffer share = (add + sample) / loop "
-             "wall clock; Amdahl bound = 1 / (1 - buffer share): the speed-up of this loop if buffer calls cost "
-             "nothing. Steps per second over the whole loop and over the training phase (after learning starts). "
-             f"The timer itself costs about {run.get('timer_overhead_ns') or 0:.0f} ns per pair of reads.")
-    L.append("* Memory: peak RSS (`getrusage` max RSS) of each run's own process, which holds the interpreter, "
-             "numpy, gymnasium, tfdata, and torch (torch variants) or numba (the edge loop; numba is imported by "
-             "tfdata's kernels in every variant).")
-    L.append("* Learning: final return = mean return of the last "
-             f"{LAST_EPISODES} episodes; mean return = over every episode of the run (area under the curve). "
-             "Two variants are compared with an exact two-sided permutation test of equal means over seeds (all "
-             "C(10, 5) = 252 splits for 5 against 5; the smallest possible p is 2/252 = 0.008). A p above 0.05 "
-             "means no difference was detected with 5 seeds, not that the variants are identical. Learning "
-             f"curves: mean return of the episodes ending in each of {CURVE_BINS} step ranges, mean ± std over seeds.")
-    L.append("* Each run is a fresh process; variants alternate seed by seed (the order rotates). Load average at "
-             "the start and end of every run is in `results.json`.")
-    L.append("")
+    L += comparisons_table(comps, wide=True)
+    L += hand_written(OUT_DIRS["buffers"], "method")
     return L
 
 
@@ -863,34 +763,27 @@ def headline(agg, comps) -> str | None:
 
 def report_ratio(res: dict, agg: dict, pngs: list) -> list[str]:
     """The replay-ratio study's report, from its results.json."""
-    run, comps = res["methodology"], res["comparisons"]
-    total, learning_starts = run["parameters"]["total_steps"], run["parameters"]["learning_starts"]
+    run = res["methodology"]
     n_seeds = max(a["final_return"]["n"] for a in agg.values())
     L = [f"# Replay ratio on DQN / {ENV_ID}: a rate limiter, exactly-k replay\n",
-         f"Made by `{run['command']}` ({run['mode']} run, {n_seeds} seed(s) per variant, {total:,} environment "
-         f"steps each, learning from step {learning_starts:,}, {run['wall_clock_s']:.0f} s in all). Raw numbers and "
-         "every episode: `results.json`.\n"]
+         f"Made by `{run['command']}` ({run['mode']} run, {n_seeds} seed(s) per variant, "
+         f"{run['parameters']['total_steps']:,} environment steps each, learning from step "
+         f"{run['parameters']['learning_starts']:,}, {run['wall_clock_s']:.0f} s in all). Raw numbers and every "
+         "episode: `results.json`.\n"]
     for e in run.get("earlier_runs", []):
         L.append(f"Runs of other variants come from an earlier run, kept as they were (`--add`): command "
                  f"`{e['command']}`, started {e['started_utc']}, tfdata commit "
                  f"{(e['environment']['software']['git']['commit'] or '?')[:12]}, load average "
                  f"{e['load_average_start']} / {e['load_average_end']}.\n")
-    L.append("## Findings\n")
-    for c in comps:
-        ps = [p for p in (c["final_p"], c["mean_p"]) if p is not None]
-        verdict = ("not tested (1 seed)" if not ps else "no difference detected" if min(ps) >= 0.05
-                   else "**differs** (p < 0.05)")
-        L.append(f"* **{c['variant']}** against {c['against']}: final return {c['final_diff']:+.1f} "
-                 f"(p = {_p(c['final_p'])}), mean return over the run {c['mean_diff']:+.1f} "
-                 f"(p = {_p(c['mean_p'])}): {verdict}; {c['sps_ratio']:.2f}x the steps per second.")
-    L.append("")
+    L += hand_written(OUT_DIRS["replay_ratio"], "findings")
+    L.append("## Comparisons\n")
+    L += comparisons_table(res["comparisons"], wide=False)
     L.append("## Results (mean ± std over seeds)\n")
-    header = ["variant", "final return", "mean return", "replay ratio measured", "updates", "steps/s",
-              "wall (s)", "peak RSS (MiB)"]
-    rows = [[v, _pm(a["final_return"]), _pm(a["mean_return"], "{:.1f}"),
-             _pm(a["replay_ratio"], "{:.2f}"), _pm(a["updates"]), _pm(a["sps"]), _pm(a["wall_s"], "{:.1f}"),
-             f"{a['peak_rss_bytes']['mean'] / 2**20:.0f}"] for v, a in agg.items()]
-    L += md_table(header, rows, "l" + "r" * (len(header) - 1))
+    L += md_table(["variant", "final return", "mean return", "replay ratio measured", "updates", "steps/s",
+                   "wall (s)", "peak RSS (MiB)"],
+                  [[v, _pm(a["final_return"]), _pm(a["mean_return"], "{:.1f}"), _pm(a["replay_ratio"], "{:.2f}"),
+                    _pm(a["updates"]), _pm(a["sps"]), _pm(a["wall_s"], "{:.1f}"),
+                    f"{a['peak_rss_bytes']['mean'] / 2**20:.0f}"] for v, a in agg.items()], "l" + "r" * 7)
     L.append("")
     L.append("Time per environment step by section (µs, summed over threads: in the two-thread variants "
              "sections overlap, so they add up to more than the wall clock):\n")
@@ -899,23 +792,7 @@ def report_ratio(res: dict, agg: dict, pngs: list) -> list[str]:
                                              for k in secs)] for v, a in agg.items()], "l" + "r" * len(secs))
     L.append("")
     L += [f"![learning curves]({pngs[0]})\n", f"![speed and final return]({pngs[1]})\n"]
-    L += ["## Method\n",
-          f"* CleanRL's DQN hyperparameters (`cleanrl/dqn.py`), {ENV_ID}, the torch-free learner "
-          "(`tfdata.nn.DQN`) and a `tfdata.ReplayBuffer` of 10,000 rows (AoS).",
-          f"* Limiter variants: `RateLimiter(R, min_size_to_sample={learning_starts}, "
-          f"error_buffer={ERROR_BATCHES} x 128)`; the actor's push and the learner's sample wait "
-          f"(timeout {WAIT_S} s, then retried); the learner copies its online network to the actor's "
-          "after every update. Exactly-k: `sampler=\"exactly_k\", replays=13, policy=\"block\"`; the "
-          "learner starts when the buffer holds `learning_starts` rows.",
-          "* Replay ratio measured = updates x 128 / environment steps after `learning_starts`. "
-          "Exactly-k replays every row, those inserted before learning starts too, hence "
-          "13 x steps / (steps - learning_starts) for `exactly-13`.",
-          f"* Final return: mean of the last {LAST_EPISODES} episodes; mean return: over every episode "
-          "of the run (area under the learning curve: sample efficiency). Exact two-sided "
-          "permutation tests over seeds (every split), alpha 0.05.",
-          "* Each (variant, seed) in a fresh process; the order of variants rotates seed by seed. "
-          "Two-thread runs are not bit-reproducible (thread timing decides which rows a batch "
-          "sees); the single-thread run is.\n"]
+    L += hand_written(OUT_DIRS["replay_ratio"], "method")
     return L
 
 
