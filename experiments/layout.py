@@ -641,7 +641,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
     mode, seeds = run["mode"], run["seeds"]
     cs, sc, fc = agg["configs"], agg["samplers"], agg["fields"]
     kinds = list(dict.fromkeys(c["kind"] for c in cs))
-    cross_by = crossing_summary(agg["crossovers"])[1]
+    cross_lines, cross_by = crossing_summary(agg["crossovers"])
     bullets = lambda lines: "- " + "\n- ".join(lines) + "\n"  # noqa: E731
     L = ["# AoS or SoA: which replay-buffer layout samples faster (by row size, batch, capacity, sampler and "
          "number of fields), where does it flip, and what does each cost?\n",
