@@ -325,13 +325,16 @@ def hand_written(out_dir: str, name: str) -> list[str]:
     Returns
     -------
     list of str
-        The block and a blank line, or [] when the report has no such block (a quick run's
-        folder, a new experiment).
+        The block and a blank line; where the report has no such block (a quick run's folder, a
+        new experiment), a line saying where the published report keeps it.
     """
     try:
         with open(os.path.join(out_dir, "README.md"), encoding="utf-8") as f:
             text = f.read()
     except OSError:
-        return []
+        text = ""
     m = re.search(r"<!-- hand-written: " + re.escape(name) + r" -->.*?<!-- end hand-written -->", text, re.S)
-    return [m.group(0), ""] if m else []
+    if m:
+        return [m.group(0), ""]
+    return [f"*{name.capitalize()}: written by hand in the published report, "
+            f"`reports/{os.path.basename(os.path.normpath(out_dir))}/README.md`.*", ""]

@@ -111,3 +111,21 @@ def test_every_experiment_writes_where_the_cli_says(tmp_path):
         src = open(os.path.join(REPO, "experiments", f"{stem}.py"), encoding="utf-8").read()
         studies = 'report_dir(s["report"])' in src and f'"report": "{folder}"' in src  # a file of studies
         assert 'report_dir(EXPERIMENT)' in src or f'report_dir("{folder}")' in src or studies, name
+
+
+def test_hand_written_text_survives_a_rewrite(tmp_path):
+    """A report's hand-written block is put back where the code asks for it; a folder without one
+    points to the published report."""
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    try:
+        import _render
+    finally:
+        sys.path.remove(os.path.join(REPO, "experiments"))
+    out = tmp_path / "layout"
+    out.mkdir()
+    assert _render.hand_written(str(out), "findings") == [
+        "*Findings: written by hand in the published report, `reports/layout/README.md`.*", ""]
+    block = "<!-- hand-written: findings -->\n## Findings\n\n* AoS wins.\n<!-- end hand-written -->"
+    (out / "README.md").write_text(f"# t\n\n{block}\n\n## Table\n")
+    assert _render.hand_written(str(out), "findings") == [block, ""]
+    assert _render.hand_written(str(out), "method")[0].startswith("*Method: written by hand")
