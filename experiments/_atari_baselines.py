@@ -7,7 +7,7 @@
 * ``numpy``: a hand-written numpy buffer that stores the full obs and next_obs stacks (what a
   naive DQN buffer does), sampled with fancy indexing.
 
-Each measurement runs in a fresh forked process (:func:`_methodology.run_forked`; the 3,000
+Each measurement runs in a fresh forked process (:func:`_timing.run_forked`; the 3,000
 source transitions, 170 MB, are resident before and after, so they cancel out): resident
 memory (RSS) before the buffer is built, after it is built (SB3 and numpy allocate with
 ``np.zeros``: pages become resident only when written) and after ``fill`` transitions were added
@@ -35,7 +35,9 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import atari_transitions, fresh_pages_allocator, rss_bytes, run_forked, text_table  # noqa: E402
+from _envs import atari_transitions  # noqa: E402
+from _render import text_table  # noqa: E402
+from _timing import fresh_pages_allocator, rss_bytes, run_forked  # noqa: E402
 
 OBS_SHAPE = (4, 84, 84)
 KINDS = ("sb3", "sb3-optimized", "numpy")

@@ -61,8 +61,9 @@ from tfdata import alloc as talloc
 from tfdata import memory as tmem
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import (RunRecord, markdown as methodology_markdown, peak_rss_bytes, report_dir,  # noqa: E402
-                          rotated, write_json)
+from _recording import RunRecord, peak_rss_bytes, report_dir, write_json  # noqa: E402
+from _render import hand_written, markdown as methodology_markdown  # noqa: E402
+from _timing import rotated  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -707,159 +708,6 @@ def consistent_diffs(cells, case, names, lays, path):
     return out
 
 
-def spread(cells, case, names, lays, path):
-    """Largest |relative difference| to numpy of any allocator's mean on ``path``."""
-    rels = []
-    for lay in lays:
-        for n in names:
-            cmp = cells.get(f"{case}/{n}/{lay}", {}).get("vs_" + REFERENCE, {}).get(path)
-            if cmp and cmp["rel"] is not None:
-                rels.append(abs(cmp["rel"]))
-    return max(rels) if rels else float("nan")
-
-
-def findings(cells, names, mode) -> list:
-    L = []
-    have = lambda case, n, lay, p: (cellv(cells, case, n, lay, p) is not None  # noqa: E731
-                                    and not math.isnan(cellv(cells, case, n, lay, p)["mean"]))
-    # steady state
-    steady = [("sample256_latency.p50_us", "sample(256) median latency"),
-              ("sample256_latency.p99_us", "sample(256) p99 latency"),
-              ("gather.4096.p50_us", "sample(4096) median time"),
-              ("extend_rows_per_s", "extend throughput on resident pages"),
-              ("push_per_s", "push throughput")]
-    lines = []
-    for p, label in steady:
-        d = consistent_diffs(cells, "cartpole", names, LAYOUTS, p)
-        sp = spread(cells, "cartpole", names, LAYOUTS, p)
-        if not d:
-            lines.append(f"{label}: no allocator differs consistently from numpy "
-                         f"(largest difference of means {sp * 100:.0f}%)")
-        else:
-            lines.append(f"{label}: " + ", ".join(f"{n} {lay.upper()} {r * 100:+.0f}%" for n, lay, r in d)
-                         + " against numpy (every seed agrees)")
-    L.append("* **Steady state on a filled CartPole buffer.** " + "; ".join(lines) + ". tfdata allocates "
-             "a buffer's storage and its output rings once, so in steady state no allocator call is in the "
-             "loop; what can differ is only where the pages are and how large they are.")
-    # huge pages in the gathers
-    for case, lay, b in (("cartpole", "aos", "4096"), ("cartpole", "soa", "4096"), ("image", "aos", "256"),
-                         ("image", "aos", "4096")):
-        p = f"gather.{b}.p50_us"
-        if not (have(case, "hugepages", lay, p) and have(case, "nohugepages", lay, p)):
-            continue
-        h, nh = cellv(cells, case, "hugepages", lay, p), cellv(cells, case, "nohugepages", lay, p)
-        hs, nhs = h["per_seed"], nh["per_seed"]
-        seeds = sorted(set(hs) & set(nhs))
-        agree = all(hs[s] < nhs[s] for s in seeds) or all(hs[s] > nhs[s] for s in seeds)
-        hb = cellv(cells, case, "hugepages", lay, "huge_after_fill")["mean"] - \
-            cellv(cells, case, "hugepages", lay, "huge_baseline")["mean"]
-        nhb = cellv(cells, case, "nohugepages", lay, "huge_after_fill")["mean"] - \
-            cellv(cells, case, "nohugepages", lay, "huge_baseline")["mean"]
-        extra = ""
-        if have(case, "numpy", lay, p):
-            npb = cellv(cells, case, "numpy", lay, "huge_after_fill")["mean"] - \
-                cellv(cells, case, "numpy", lay, "huge_baseline")["mean"]
-            extra = (f"; numpy {cellv(cells, case, 'numpy', lay, p)['mean']:.0f} µs with "
-                     f"{tmem.format_bytes(npb)} in huge pages")
-        L.append(f"* **Huge pages, {case} {lay.upper()} ({tmem.format_bytes(cellv(cells, case, 'hugepages', lay, 'nbytes')['mean'])}), "
-                 f"sample({b}).** hugepages {h['mean']:.0f} ± {h['std']:.0f} µs "
-                 f"({tmem.format_bytes(hb)} in huge pages after the fill) against nohugepages "
-                 f"{nh['mean']:.0f} ± {nh['std']:.0f} µs ({tmem.format_bytes(nhb)}): time ratio nohugepages / "
-                 f"hugepages {nh['mean'] / h['mean']:.2f}"
-                 f"{' (every seed agrees)' if agree and len(seeds) > 1 else ' (seeds disagree)'}{extra}.")
-    # first touch
-    for case, lay in (("cartpole", "aos"), ("image", "aos")):
-        parts = []
-        for n in names:
-            if have(case, n, lay, "first_fill_s"):
-                ff, rf = cellv(cells, case, n, lay, "first_fill_s"), cellv(cells, case, n, lay, "refill_s")
-                fl = cellv(cells, case, n, lay, "minor_faults_first_fill")["mean"]
-                parts.append(f"{n} {ff['mean']:.2f} s (second fill {rf['mean']:.2f} s, "
-                             f"{fl:,.0f} minor faults)")
-        if parts:
-            extra_text = ""
-            huge_ff = {n: cellv(cells, case, n, lay, "first_fill_s") for n in ("numpy", "hugepages")
-                       if have(case, n, lay, "first_fill_s")}
-            small_ff = {n: cellv(cells, case, n, lay, "first_fill_s") for n in ("jemalloc", "nohugepages")
-                        if have(case, n, lay, "first_fill_s")}
-            if huge_ff and small_ff:
-                slower = all(h["mean"] > sm["mean"] for h in huge_ff.values() for sm in small_ff.values())
-                faster = all(h["mean"] < sm["mean"] for h in huge_ff.values() for sm in small_ff.values())
-                verdict = ("slower than" if slower else "faster than" if faster else "not consistently faster "
-                           "or slower than")
-                fh = np.mean([cellv(cells, case, n, lay, "minor_faults_first_fill")["mean"] for n in huge_ff])
-                fs = np.mean([cellv(cells, case, n, lay, "minor_faults_first_fill")["mean"] for n in small_ff])
-                extra_text = (f" With huge pages (numpy, hugepages) the first fill had {fs / max(fh, 1):.0f}x "
-                              f"fewer faults than with 4 KiB pages (jemalloc, nohugepages) but was {verdict} them here "
-                              "(means); a huge-page fault zeroes 2 MiB at once, so the bytes written by the "
-                              "kernel are the same.")
-            L.append(f"* **First fill, {case} {lay.upper()} ({ROWS[mode][case]:,} rows).** " + "; ".join(parts)
-                     + ". The first fill is where the pages are faulted in (see the minor faults); "
-                     "an allocator that leaves no faults to it touched the pages at construction (below)."
-                     + extra_text)
-    # allocators that touch the memory at construction
-    for case in ("cartpole", "image"):
-        for lay in CASE_LAYOUTS[case]:
-            for n in names:
-                if not have(case, n, lay, "rss_after_construct_over_baseline"):
-                    continue
-                rc = cellv(cells, case, n, lay, "rss_after_construct_over_baseline")["mean"]
-                nb = cellv(cells, case, n, lay, "nbytes")["mean"]
-                if rc > 0.5 * nb:
-                    cm = cellv(cells, case, n, lay, "construct_ms")
-                    fc = cellv(cells, case, n, lay, "minor_faults_construct")["mean"]
-                    L.append(f"* **{n} touches the whole buffer at construction** ({case} {lay.upper()}): "
-                             f"constructing takes {cm['mean']:.1f} ± {cm['std']:.1f} ms with {fc:,.0f} minor "
-                             f"faults, and RSS grows by {mib(rc)} MiB of the buffer's {mib(nb)} MiB before a "
-                             "row is written (the other allocators leave the pages to the first write). "
-                             "Its first fill is correspondingly about as fast as its second.")
-    # churn
-    parts = []
-    for n in names:
-        if have("churn", n, None, "allocations_per_s"):
-            a = cellv(cells, "churn", n, None, "allocations_per_s")
-            fr = cellv(cells, "churn", n, None, "fragmentation_end")
-            pk = cellv(cells, "churn", n, None, "peak_rss_over_baseline")
-            tr = cellv(cells, "churn", n, None, "rss_after_trim_live_over_baseline")
-            parts.append(f"{n} {a['mean']:,.0f} allocations/s, RSS {fr['mean']:.2f}x the live bytes at the "
-                         f"end (peak {mib(pk['mean'])} MiB above the baseline; {mib(tr['mean'])} MiB after "
-                         "trim() with the window still alive)")
-    grow = []
-    for n in names:
-        if have("churn", n, None, "rss_growth_second_half"):
-            g = cellv(cells, "churn", n, None, "rss_growth_second_half")
-            live = cellv(cells, "churn", n, None, "live_bytes_end")["mean"]
-            if g["mean"] > 0.1 * live and all(v > 0 for v in g["per_seed"].values()):
-                grow.append(f"{n} +{mib(g['mean'])} ± {mib(g['std'])} MiB")
-    kept = [f"{n} {mib(cellv(cells, 'churn', n, None, 'rss_after_free_trim_over_baseline')['mean'])} MiB"
-            for n in names if have("churn", n, None, "rss_after_free_trim_over_baseline")]
-    if kept:
-        parts.append("after every array was freed and `trim()` called, RSS above the baseline was "
-                     + ", ".join(kept))
-    if grow:
-        parts.append("RSS was still growing at the end of the run for " + ", ".join(grow) + " over its "
-                     "second half (every seed), with the same live bytes (the next point says why)")
-    lib_parts = []
-    for n in names:
-        if have("churn", n, None, "rss_minus_library_end"):
-            own = cellv(cells, "churn", n, None, "library_own_over_live_end")
-            over = cellv(cells, "churn", n, None, "rss_minus_library_end")
-            ft = cellv(cells, "churn", n, None, "rss_after_free_trim_over_baseline")
-            lib_parts.append(f"{n}: its own figure ({'`stats.resident`' if n == 'jemalloc' else '`commit`'}) "
-                             f"was {own['mean']:.2f} ± {own['std']:.2f}x the live bytes, and RSS exceeded it by "
-                             f"{mib(over['mean'])} ± {mib(over['std'])} MiB; after every array was freed and "
-                             f"`trim()` called, {mib(ft['mean'])} MiB stayed resident")
-    if lib_parts:
-        # the process RSS against the allocator's own figure: a large positive remainder would be
-        # memory held outside the allocator (tfdata's per-block wrapper objects, for example)
-        parts.append("for the allocators that report their own memory: " + "; ".join(lib_parts))
-    if parts:
-        L.append("* **Churn (allocating every batch).** " + "; ".join(parts) + ". This is the one place "
-                 "the allocator is in the loop: it matters for a program that allocates per step, not for "
-                 "tfdata's preallocated buffers.")
-    return L
-
-
 def table_buffer(cells, names, case, lays) -> list:
     L = ["| allocator | layout | construct (ms) | first fill (s) | construct + first fill (s) | second fill (s) "
          "| minor faults, first fill | RSS after construct (MiB) | peak RSS above baseline (MiB) | buffer "
@@ -919,68 +767,13 @@ def write_report(out_dir, run, raw, cells, names, skipped, failed, files, mode, 
                               "this report."))
     L.append("")
     L.append(f"<!-- headline: {headline(cells, names)} -->\n")
-    L.append("## Question\n")
-    L.append("tfdata can take the memory of every array it allocates (storage, episode bookkeeping, output "
-             "rings) from one of five allocators (`tfdata.alloc`): **numpy** (glibc malloc through numpy, "
-             "which advises transparent huge pages for arrays of 4 MiB and more), **jemalloc** (Debian "
-             "libjemalloc2), **mimalloc** (Debian libmimalloc2.0), **hugepages** (one anonymous mmap per "
-             "array, `MADV_HUGEPAGE`, 2 MiB aligned) and **nohugepages** (mmap + `MADV_NOHUGEPAGE`, the "
-             "control). Does the choice change construction, first touch, push/extend/sample speed, the "
-             "latency tail, memory, or a workload that allocates all the time?\n")
-    L.append("## Findings\n")
-    L.extend(findings(cells, names, mode))
-    L.append("")
+    L.extend(hand_written(out_dir, "question"))
+    L.extend(hand_written(out_dir, "findings"))
     if skipped:
         L.append("Skipped allocators: " + "; ".join(f"**{n}**: {w}" for n, w in skipped.items()) + "\n")
     if failed:
         L.append("Failed measurements: " + "; ".join(failed) + "\n")
-    L.append("## Method\n")
-    c = CHURN[mode]
-    L.append(f"* **Processes.** Every (case, allocator, layout, seed) is measured in a fresh process "
-             f"(`allocators.py --worker`), started with `GLIBC_TUNABLES={talloc.TUNABLE}` "
-             "(`tfdata.alloc.tunable_env()`), which Debian's jemalloc needs. A fresh process isolates RSS, "
-             "the peak RSS and the allocator's state. Processes run one at a time; within a seed the "
-             "order of the jobs is rotated by a different offset per seed and reversed every other seed.")
-    L.append("* **Warm-up.** Each process loads its allocator and compiles tfdata's kernels on a small "
-             "buffer of the same spec, layout and allocator before anything is timed; the garbage "
-             "collector is off while measuring.")
-    L.append(f"* **cartpole** ({ROWS[mode]['cartpole']:,} rows, both layouts): construct "
-             f"`ReplayBuffer(spec, {ROWS[mode]['cartpole']:,}, layout=..., allocator=...)` (timed); fill it "
-             f"with `extend` in chunks of {FILL_CHUNK['cartpole']:,} rows (timed: the first write faults the "
-             "pages in); fill it again (the same work on resident pages: the steady extend rate; "
-             f"first fill minus second fill is the first-touch cost); {PUSHES[mode]:,} single-row `push` "
-             f"calls; {LAT_CALLS[mode]:,} `sample({LAT_BATCH})` calls, each timed with "
-             "`time.perf_counter_ns`; then `sample(4096)` calls for "
-             f"{GATHER_SECONDS[mode]:g} s (at least {GATHER_MIN}; the first call of a batch size, which "
-             "allocates its output ring, is reported apart).")
-    L.append(f"* **image** ({ROWS[mode]['image']:,} rows of a 4x84x84 uint8 observation plus action, "
-             "reward and flags, AoS only since the observation is 99.9% of a row): construct, first fill "
-             f"and second fill in chunks of {FILL_CHUNK['image']} rows, then `sample(256)` and "
-             f"`sample(4096)` for {GATHER_SECONDS[mode]:g} s each. `tfdata.memory.snapshot()['huge']` "
-             "(AnonHugePages of the process) is read before construction and after the fill.")
-    L.append(f"* **churn**: {c['allocations']:,} allocations of `alloc.open(name).empty(size, uint8)` with "
-             f"sizes drawn log-uniform in [4 KiB, 4 MiB] from `numpy.random.default_rng(seed)` (the same "
-             f"sequence for every allocator of a seed), one byte written per 4 KiB page (every page is "
-             f"faulted in, the rest is not written: the allocator, not memset, is measured), the last "
-             f"{c['window']} arrays kept alive and older ones dropped. RSS is read {CHURN_POINTS} times "
-             "(the reads are taken out of the rate). At the end: RSS with the window alive, after "
-             "`trim()` with the window alive, after freeing the window, after `trim()` again. "
-             "Fragmentation = (RSS − RSS before the loop) / live bytes, at the end of the loop.")
-    L.append("* **Memory figures** are `tfdata.memory.snapshot(uss=False)` (RSS from psutil, peak RSS = "
-             "`VmHWM` reset by `tfdata.memory.reset_peak()` just before construction / the churn loop, "
-             "huge = AnonHugePages from `/proc/self/smaps_rollup`, minor faults from `getrusage`). RSS "
-             "figures are given above the process's RSS just before the measured phase (the interpreter, "
-             "numba and the source data are in the baseline).")
-    L.append(f"* **Statistics.** Tables give mean ± std (sample std) across seeds of per-seed values; "
-             f"latency percentiles are per seed, then averaged. A percentage after a value is the "
-             f"difference of the means against numpy; it is prefixed with `~` unless every seed agrees in "
-             f"sign (paired by seed) and the difference exceeds {MARGIN * 100:g}%. With 5 seeds, "
-             "every seed agrees in sign by chance with probability 1/16 when there is no difference, and "
-             "the steady-state block alone makes 40 comparisons (5 metrics x 4 allocators x 2 layouts): "
-             "2 or 3 of them can pass the rule by chance. A single flagged difference is a lead, not a "
-             "result; a pattern across metrics and cases is stronger.")
-    L.append("")
-
+    L.extend(hand_written(out_dir, "method"))
     L.append("## 1. Construction and first touch\n")
     L.append("![first_touch.png](first_touch.png)\n")
     L.append(f"**cartpole, {ROWS[mode]['cartpole']:,} rows**\n")
@@ -1062,35 +855,17 @@ def write_report(out_dir, run, raw, cells, names, skipped, failed, files, mode, 
                  + " | " + ("–" if math.isnan(c["rss_minus_library_end"]["mean"]) else
                             ms(c["rss_minus_library_end"], 1 / (1 << 20))) + " |")
     L.append("")
-    L.append("## Limitations\n")
-    L.append("* One small shared virtual machine (2 vCPUs under KVM, see below); another job may have run "
-             "during the measurements. The share of the CPUs used by other processes while each "
-             "measurement process ran is in `results.json` (`other_processes_cpu_share`); "
-             f"its mean over all measurements was {extra.get('mean_other_share', float('nan')) * 100:.0f}% and "
-             f"its maximum {extra.get('max_other_share', float('nan')) * 100:.0f}%.")
-    L.append("* Transparent huge pages: the kernel settings are recorded below. With `enabled=madvise` only "
-             "memory advised `MADV_HUGEPAGE` (numpy's large arrays, the hugepages allocator) can get huge "
-             "pages; under `enabled=always` the control and the other allocators would behave differently. "
-             "Whether the hypervisor backs guest memory with huge pages is not visible from inside.")
-    L.append("* Debian's packaged jemalloc and mimalloc with their default options; no tuning "
-             "(`MALLOC_CONF`, `MIMALLOC_*` environment variables) was tried. jemalloc returns freed pages "
-             "to the system after a decay time (about 10 s by default), so its RSS in a short churn is not "
-             "its long-run RSS.")
-    L.append("* Single-threaded only: no measurement of allocator contention between threads.")
-    L.append("* The churn writes one byte per page; a loop that writes its whole batch spends more time "
-             "in memset, which dilutes the differences in allocations/s.")
-    L.append("* The image case is AoS only; the cartpole case uses both layouts.")
-    L.append("* The garbage collector is off in every measured phase (`gc.disable()`), as in a "
-             "latency-sensitive loop; anything only the cyclic collector frees would accumulate. "
-             "The column \"RSS − library's own figure\" checks for that in the churn (an earlier run "
-             "found 160 MiB of per-block ctypes types there; tfdata's wrapper was changed before this run).")
+    L.extend(hand_written(out_dir, "limitations"))
+    L.append(f"Share of the CPUs used by other processes while a measurement process ran (`results.json`, "
+             f"`other_processes_cpu_share`): mean {extra.get('mean_other_share', float('nan')) * 100:.0f}%, "
+             f"maximum {extra.get('max_other_share', float('nan')) * 100:.0f}%.\n")
     per_seed = {}
     for r in raw:
         v = r.get("result", {}).get("other_processes_cpu_share")
         if v is not None:
             per_seed.setdefault(r["seed"], []).append(v)
     if per_seed:
-        L.append("* Mean share of the CPUs used by other processes while each seed's measurements ran: "
+        L.append("Mean share of the CPUs used by other processes while each seed's measurements ran: "
                  + ", ".join(f"seed {s} {100 * np.mean(v):.0f}%" for s, v in sorted(per_seed.items()))
                  + ". On 2 CPUs, 50% is one core kept busy by something else.")
     L.append("")

@@ -36,7 +36,7 @@ On real ALE frames (Breakout, Pong; a random and an epsilon-greedy policy):
 
 Real transitions: ``ALE/<Game>-v5`` (sticky actions 0.25) through ``AtariPreprocessing`` (frame
 skip 4, 84x84 grayscale, up to 30 no-ops) and ``FrameStackObservation(4)`` (padding "reset"), in
-a ``SyncVectorEnv`` with same-step autoreset (``_methodology.atari_transitions``), collected once
+a ``SyncVectorEnv`` with same-step autoreset (``_envs.atari_transitions``), collected once
 per (game, policy, stream) and reused. Memory, speed and the cold tier's timings fill their
 buffers by repeating a real block of one stream that starts at a reset and ends with an episode
 end, so the stream written stays continuous (each repetition is a new episode).
@@ -67,10 +67,11 @@ sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments
 from _atari_baselines import NumpyStackBuffer, planned_bytes  # noqa: E402
 from _atari_baselines import make_buffer as make_baseline  # noqa: E402
 from _atari_baselines import measure as measure_baseline  # noqa: E402
-from _methodology import RunRecord, SliceTimer, atari_transitions, cache_size, fmt_bytes, fresh_pages_allocator  # noqa: E402
-from _methodology import md_table, pyplot, report_dir, rotated, rss_bytes, run_forked, run_rounds  # noqa: E402
-from _methodology import save_figure, seeds_parser, write_json  # noqa: E402
-from _methodology import write_report as write_methodology_report  # noqa: E402
+from _envs import atari_transitions  # noqa: E402
+from _plots import pyplot, save_figure  # noqa: E402
+from _recording import RunRecord, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_bytes, hand_written, md_table, write_report as write_methodology_report  # noqa: E402
+from _timing import SliceTimer, fresh_pages_allocator, rotated, rss_bytes, run_forked, run_rounds  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -936,9 +937,11 @@ def _mib(b) -> str:
     return "-" if b is None else fmt_bytes(b)
 
 
-def pool_sentence(spd: dict) -> str:
-    """Whether the DRAM memcpy's pool came from memory, judged by its time against the hot copy."""
-    l3 = cache_size(3)
+def pool_sentence(spd: dict, run: dict) -> str:
+    """Whether the DRAM memcpy's pool came from memory, judged by its time against the hot copy (the
+    L3 size is the run's machine's, as recorded)."""
+    l3 = next((c["size_bytes"] for c in run["environment"]["cpu"]["caches_cpu0"]
+               if c["level"] == 3 and c["type"] in ("Unified", "Data")), None)
     slower = spd["sample"]["memcpy (DRAM)"]["median_us"] / spd["sample"]["memcpy (hot cache)"]["median_us"]
     pool = spd["frames_pool_bytes"]
     text = f"The DRAM memcpy's pool is {pool / 2**20:,.0f} MiB"
@@ -975,41 +978,32 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
         L.append("**stable-baselines3 is not installed: its buffers were not measured** (`pip install -e '.[dqn]'`).\n")
     L.append("## Targets\n")
     bad = tot["all"]["mismatches"]
-    L.append(f"* **Exactness: {'0 mismatches' if bad == 0 else f'{bad} MISMATCHES'}.** {tot['all']['batches']:,} "
-             f"batches of {BATCH} ({tot['all']['rows']:,} rows, {tot['all']['bytes'] / 2**30:.1f} GiB of fields) "
-             "compared bit for bit: frame buffers (AoS, SoA) against a tfdata buffer of the full stacks (same seed, "
-             "same draws) and that against a numpy ring of the stacks the environments returned (uniform, n-step 3 "
-             "and prioritized), over " + f"{len(sources)} real streams, one and four environments, episode ends, "
-             "truncations, rings wrapping up to " + f"{max(r['wraps'] for r in exact):.0f} times.")
+    met = lambda ok: "**met**" if ok else "**missed**"  # noqa: E731
+    rows = [["exactness", "every buffer", f"{bad:,} mismatches in {tot['all']['batches']:,} batches of {BATCH} "
+             f"({tot['all']['rows']:,} rows, {tot['all']['bytes'] / 2**30:.1f} GiB of fields, {len(sources)} streams, "
+             f"rings wrapping up to {max(r['wraps'] for r in exact):.0f} times)", "0", met(bad == 0)]]
     for k in (aos, soa):
         if k in tg["memory"]:
             t = tg["memory"][k]
-            L.append(f"* **Memory, {k}: {t['planned']:.3f}x** one 84x84 frame plus the other fields per transition, "
-                     f"planned for 1M (`plan_memory`, a sample(32) ring included); measured RSS at "
-                     f"{mem[0]['filled']:,}: {_x(t['measured'], 3)}. Target {TARGET_MEMORY}x: "
-                     f"**{'met' if t['met'] else 'missed'}**.")
-    dram = spd["sample"]["memcpy (DRAM)"]["median_us"]
+            rows.append(["memory per transition, x one frame + the other fields", k,
+                         f"{t['planned']:.3f}x planned for 1M (a sample(32) ring included); RSS at "
+                         f"{mem[0]['filled']:,}: {_x(t['measured'], 3)}", f"{TARGET_MEMORY}x", met(t["met"])])
     for k in (aos, soa):
         t = tg["sample"][k]
-        L.append(f"* **sample(32), {k}: {t['over_memcpy_dram']:.2f}x** a memcpy of the batch's "
-                 f"{OUT_BYTES / 1e6:.2f} MB from DRAM ({spd['sample'][k]['median_us']:.0f} µs against {dram:.0f} µs; "
-                 f"{t['over_memcpy_hot']:.2f}x a memcpy from a hot cache). Target {TARGET_SAMPLE}x: "
-                 f"**{'met' if t['met'] else 'missed'}**.")
-    one = spd["push"]["numpy one frame"]["median_us"]
+        rows.append(["sample(32), x a memcpy of its bytes from DRAM", k,
+                     f"{t['over_memcpy_dram']:.2f}x ({spd['sample'][k]['median_us']:.0f} µs against "
+                     f"{spd['sample']['memcpy (DRAM)']['median_us']:.0f}; {t['over_memcpy_hot']:.2f}x a hot-cache "
+                     "memcpy)", f"{TARGET_SAMPLE}x", met(t["met"])])
     for k in (aos, soa):
         t = tg["push"][k]
-        L.append(f"* **push, {k}: {t['over_numpy_one_frame']:.1f}x** a hand-written numpy write of one frame and "
-                 f"the small fields ({spd['push'][k]['median_us']:.1f} µs against {one:.2f} µs). Target "
-                 f"{TARGET_PUSH}x: **{'met' if t['met'] else 'missed'}**. With the checks tfdata makes written "
-                 f"in numpy too: {t['over_numpy_checked']:.2f}x "
-                 f"({spd['push']['numpy one frame + checks']['median_us']:.1f} µs).")
+        rows.append(["push, x a numpy write of one frame and the small fields", k,
+                     f"{t['over_numpy_one_frame']:.1f}x ({spd['push'][k]['median_us']:.1f} µs against "
+                     f"{spd['push']['numpy one frame']['median_us']:.2f}; {t['over_numpy_checked']:.2f}x the numpy "
+                     "write with tfdata's checks)", f"{TARGET_PUSH}x", met(t["met"])])
     rat = {g: [r["ratio"] for r in ratios if r["game"] == g] for g in dict.fromkeys(r["game"] for r in ratios)}
-    L.append("* **Cold tier:** compression ratio " + ", ".join(f"{g} {min(v):.0f}-{max(v):.0f}" for g, v in rat.items())
-             + " over the streams; sample(32) " + "; ".join(
-                 f"{r['game']} {r['cold_fraction']:.0%} cold: tier {r['tiers']['tier']['median_us'] / 1e3:.2f} ms, page cache "
-                 f"{r['tiers']['page cache']['median_us'] / 1e3:.2f} ms"
-                 + (f", disk {r['tiers']['disk']['median_us'] / 1e3:.1f} ms" if "disk" in r["tiers"] else "")
-                 + f", RAM {r['tiers']['ram']['median_us'] / 1e3:.2f} ms" for r in cold) + ".")
+    rows.append(["cold tier compression ratio", "AoS, zstd", ", ".join(f"{g} {min(v):.0f}-{max(v):.0f}"
+                                                                       for g, v in rat.items()), "-", "-"])
+    L += md_table(["target", "buffer", "measured", "target", "met?"], rows, "lllrl")
     L.append("")
 
     # 1. exactness
@@ -1085,7 +1079,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
     # 3. speed
     L.append("## 3. Speed\n")
     L.append(f"One process; every candidate timed in slices of {spd['slice_ms']} ms, {spd['rounds']} rounds, the order "
-             "rotated and reversed every other round (`_methodology.run_rounds`), garbage collector off; each call "
+             "rotated and reversed every other round (`_timing.run_rounds`), garbage collector off; each call "
              "timed alone (`perf_counter_ns`). Frame buffers and the one-frame numpy ring hold "
              f"{spd['rows']:,} rows ({spd['rows'] * FRAME_BYTES / 2**20:,.0f} MiB of frames); the full-stack buffers "
              f"(tfdata, SB3, numpy) {spd['full_rows']:,} rows ({spd['full_rows'] * 2 * K * FRAME_BYTES / 2**20:,.0f} MiB "
@@ -1149,51 +1143,14 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
         L.append("")
         L.append(f"![cold tier]({pngs['cold']})\n")
 
-    # conclusion
-    L.append("## Conclusion\n")
-    m = tg["memory"].get(aos, {})
-    L.append(f"Storing one frame per transition gives back the environments' stacks exactly (every batch compared, "
-             f"{bad} mismatches) and takes {m.get('planned', float('nan')):.3f}x the bytes of one frame plus the other "
-             f"fields: {fits(aos, 1 << 30):,} transitions in 1 GB where SB3's buffer holds "
-             + (f"{next(r['fits']['1'] for r in mem if r['kind'] == 'SB3'):,} and its memory-optimised one "
-                f"{next(r['fits']['1'] for r in mem if r['kind'] == 'SB3 optimize_memory_usage'):,}. " if with_sb3 else "fewer. ")
-             + f"Sampling rebuilds both stacks in {tg['sample'][aos]['over_memcpy_dram']:.2f}x the time of copying the "
-             f"batch's bytes from memory ({'within' if tg['sample'][aos]['met'] else 'outside'} the {TARGET_SAMPLE}x "
-             f"target). A push costs {tg['push'][aos]['over_numpy_one_frame']:.1f}x a bare numpy write of one frame "
-             f"({'within' if tg['push'][aos]['met'] else 'outside'} the {TARGET_PUSH}x target): the push checks that "
-             "the stacks continue the stream (it reads both stacks it is given, 56 KB, and compares them with the "
-             "stream's previous frames, where the bare write copies 7 KB) and keeps the episode bookkeeping; the numpy write checks nothing and cannot "
-             "rebuild a stack at an episode start. The same checks written in numpy make the numpy write "
-             f"{1 / tg['push'][aos]['over_numpy_checked']:.2f}x tfdata's push time. "
-             f"The cold tier holds the frames of these streams compressed {min(x['ratio'] for x in ratios):.0f} to "
-             f"{max(x['ratio'] for x in ratios):.0f} times and samples 90% cold batches in "
-             + " and ".join(f"{r['tiers']['tier']['median_us'] / r['tiers']['page cache']['median_us']:.1f}x "
-                            f"({r['game']})" for r in cold if r["cold_fraction"] == 0.9)
-             + " the time of reading them from the page cache"
-             + ("".join(f", {r['tiers']['disk']['median_us'] / r['tiers']['tier']['median_us']:.0f}x faster than from "
-                        f"the disk ({r['game']})" for r in cold if r["cold_fraction"] == 0.9 and "disk" in r["tiers"]))
-             + ", in a fraction of the memory: the page cache must hold the whole file to be that fast.\n")
-
-    # method
+    L += hand_written(OUT_DIR, "conclusion")
     L += ["## Method\n",
           "* Streams: " + "; ".join(f"{s['game']} {s['policy']} {s['stream']} ({s['num_envs']} env, {s['steps']:,} "
                                      f"steps, seed {s['seed']}" + (f", truncated at {s['max_episode_steps']} steps"
                                                                    if s["max_episode_steps"] else "")
                                      + f": {s['episode_ends']} ends, {s['truncations']} truncations)" for s in sources) + ".",
-          "* Environments: `gymnasium.make('ALE/<Game>-v5', frameskip=1, repeat_action_probability=0.25)`, "
-          "`AtariPreprocessing(frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)`, optionally "
-          "`TimeLimit`, `FrameStackObservation(4, padding_type='reset')`, in a `SyncVectorEnv` with "
-          "`autoreset_mode=SAME_STEP` (the final observation from `info['final_obs']`). Policies: random "
-          "(epsilon 1) and epsilon-greedy around a fixed action per environment (epsilon 0.1).",
-          f"* Buffers: `ReplayBuffer(spec, capacity, frame_stack={{'obs': 4}}, frame_padding='reset', num_envs=E, "
-          f"layout=...)`, spec obs/next_obs `u1[4, 84, 84]`, action `i8`, reward `f4`, terminated/truncated bool; "
-          f"sampling seed {BUFFER_SEED}.",
-          "* Memory and speed fill their buffers with Breakout's random one-environment stream cut after its last "
-          "episode end, repeated (a continuous stream of real frames); memory in fresh forked processes "
-          "(`_methodology.run_forked`, every allocation above 4 KiB a fresh mmap), kernels loaded before the "
-          "first reading. Memory is measured only when the machine has 1.5x the planned bytes free.",
-          "* The speed ratios compare candidates timed in the same rounds of the same process on a shared 2-core "
-          "machine (load in the table below); medians of all calls. " + pool_sentence(spd), ""]
+          f"* Sampling seed {BUFFER_SEED}. " + pool_sentence(spd, run), ""]
+    L += hand_written(OUT_DIR, "method")
     write_methodology_report(OUT_DIR, L, run)
 
 

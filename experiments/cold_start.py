@@ -31,7 +31,8 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, report_dir, write_json, write_report as write_methodology_report  # noqa: E402
+from _recording import RunRecord, report_dir, write_json  # noqa: E402
+from _render import write_report as write_methodology_report  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters

@@ -63,9 +63,11 @@ import tracemalloc
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, atari_transitions, fmt_sig, md_table, pyplot, report_dir  # noqa: E402
-from _methodology import rotated, save_figure, seeds_parser, write_json  # noqa: E402
-from _methodology import write_report as write_methodology_report  # noqa: E402
+from _envs import atari_transitions  # noqa: E402
+from _plots import pyplot, save_figure  # noqa: E402
+from _recording import RunRecord, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_sig, hand_written, md_table, write_report as write_methodology_report  # noqa: E402
+from _timing import rotated  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -644,12 +646,7 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
                      f"{a['fetch']:,}" if "fetch" in a else "(block decompress into a scratch block)"])
     L += md_table(["candidate", "decompress (returns a new object)", "decompress into a buffer", "partial fetch"],
                   arow, "lrrr")
-    L += ["", f"(a block of {bmax} frames is {bmax * FRAME_BYTES:,} bytes.) `lz4.block.decompress` and "
-          "`lz4.frame.decompress` have no destination argument: each call allocates the decompressed block (its "
-          "`into` here is decompress + copy). `zstandard` (0.25) has no `decompress_into` either; "
-          "`ZstdDecompressor().stream_reader(src).readinto(dst)` fills a caller's buffer and allocates only a "
-          "small reader object. `blosc2.decompress2(src, dst=...)` and `SChunk.get_slice(start, stop, out=...)` "
-          "fill a caller's buffer.", ""]
+    L += ["", f"(a block of {bmax} frames is {bmax * FRAME_BYTES:,} bytes.)", "", *hand_written(OUT_DIR, "libraries")]
     L.append("## All candidates\n")
     L.append("Ratio: raw / compressed over every frame measured. MiB: a 1M-frame cold tier. Speeds: MB/s of raw "
              "frames, median over repetitions of the total over all streams, one thread. Block µs: median "
@@ -675,16 +672,9 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
           "* zstd dictionary: " + "; ".join(f"{d['game']}: {d['bytes']:,} bytes (asked {d['asked_bytes']:,}) "
                                             f"from {d['frames']:,} frames of seed {d['seed']}, trained in {d['train_s']:.2f} s"
                                             for d in dicts) + ". It must be stored with the buffer (checkpoints).",
-          "* blosc2 is a meta-compressor: its lz4 and zstd are the same algorithms as the other two packages "
-          "(bundled copies), run per internal block after its filters. Byte shuffle is not measured: on 1-byte "
-          "items it reorders nothing (blosc2 may still choose another internal block size with it). `nthreads=1` in both compression and decompression parameters and "
-          "`blosc2.set_nthreads(1)`.",
           f"* Stack fetches: {FETCHES[mode]} random positions per (stream, candidate, B, repetition), the same "
-          "positions for every candidate; frames may cross an episode boundary (the cost is the same).",
-          "* Real frames of random and near-constant policies: a trained agent's frames change more, so these "
-          "ratios are optimistic for late training; the ranking of the codecs is what the decision uses.",
-          "* Throughputs are medians of per-repetition totals; medians and ratios compare candidates measured in "
-          "the same run on a shared 2-core machine (load in the table below).", ""]
+          "positions for every candidate; frames may cross an episode boundary (the cost is the same).", ""]
+    L += hand_written(OUT_DIR, "method")
     write_methodology_report(OUT_DIR, L, run)
 
 

@@ -53,7 +53,8 @@ import numpy as np  # noqa: E402
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
 import tfdata  # noqa: E402
 from tfdata.shared import SharedReplayBuffer, SharedWriter  # noqa: E402
-from _methodology import RunRecord, report_dir, write_json, write_report as write_methodology_report  # noqa: E402
+from _recording import RunRecord, report_dir, write_json  # noqa: E402
+from _render import hand_written, write_report as write_methodology_report  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -850,15 +851,6 @@ def plot(summary: dict) -> list:
     return names
 
 
-def _span(v) -> str:
-    lo, hi = min(v), max(v)
-    return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
-
-
-def _workers(n: int) -> str:
-    return f"{n} worker" + ("" if n == 1 else "s")
-
-
 def _rate(v: float) -> str:
     return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
 
@@ -873,142 +865,8 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
     costs = summary["per_call_us"]
     L = ["# Ingestion: worker processes to learner through shared memory\n",
          f"Made by `experiments/ingestion.py` ({run['mode']} run, command `{run['command']}`, "
-         f"{nreps} repetition(s), {run['wall_clock_s']:.0f} s). Raw numbers: `results.json`.\n",
-         "## Findings\n"]
-    # -- target 1: CartPole rows at least 10x the queue --------------------------------------
-    cp = {(u, w, t): rat[f"cartpole/{u}/{w}/{t}"]["median"] for u in UNITS for w in WORKERS for t in TRANSPORTS[:2]}
-    met = sorted(k for k, v in cp.items() if v >= TARGET_THROUGHPUT)
-    best = max(cp.items(), key=lambda kv: kv[1])
-    worst = min(cp.items(), key=lambda kv: kv[1])
-    verdict = ("**met in every CartPole condition**" if len(met) == len(cp) else
-               "**not met in any CartPole condition**" if not met else
-               f"**met in {len(met)} of {len(cp)} CartPole conditions** ("
-               + ", ".join(f"{t} {u} x{w}" for u, w, t in met) + ")")
-
-    def ratios(kind, unit, t):
-        return ", ".join(f"{rat[f'{kind}/{unit}/{w}/{t}']['median']:.1f}x" for w in WORKERS)
-
-    L.append(f"* **Target 1**, ingestion at least {TARGET_THROUGHPUT:g}x the `multiprocessing.Queue` baseline for "
-             f"CartPole-like rows: {verdict}. Shared memory over queue (median of per-repetition ratios) with 1, "
-             f"2, 4 workers, one row per call (`push` vs `put` of a dict): shm-aos {ratios('cartpole', 'row', 'shm-aos')}, "
-             f"shm-soa {ratios('cartpole', 'row', 'shm-soa')}; one {STEP_ROWS}-row vector-env step per call (`extend` "
-             f"vs `put` of a dict of arrays): shm-aos {ratios('cartpole', 'step', 'shm-aos')}, shm-soa "
-             f"{ratios('cartpole', 'step', 'shm-soa')}. Best {best[1]:.1f}x ({best[0][2]}, {best[0][0]}, "
-             f"{_workers(best[0][1])}), worst {worst[1]:.1f}x ({worst[0][2]}, {worst[0][0]}, {_workers(worst[0][1])}).")
-    if costs:
-        push = costs.get("SharedWriter.push, 1 row (aos, replay ring)", {}).get("mean")
-        ext = costs.get(f"SharedWriter.extend, {STEP_ROWS}-row step (aos, replay ring)", {}).get("mean")
-        lpush = costs.get("ReplayBuffer.push, 1 row (aos, for scale)", {}).get("mean")
-        pk = costs.get("pickle + unpickle of a row dict (what a Queue put + get serialises)", {}).get("mean")
-        pks = costs.get(f"pickle + unpickle of a {STEP_ROWS}-row step dict", {}).get("mean")
-        if None not in (push, ext, lpush, pk, pks):
-            L.append(f"* Why not more: the transport is no longer the bottleneck, the Python call that hands a row "
-                     f"over is. Alone in a process, `SharedWriter.push` costs {push:.1f} µs per row "
-                     f"(`ReplayBuffer.push`: {lpush:.1f} µs) and `extend` of a {STEP_ROWS}-row step {ext:.1f} µs "
-                     f"({ext / STEP_ROWS:.2f} µs per row): validating the row against the spec and one numpy "
-                     f"assignment per field, as in a local buffer, plus the two steps that publish it to the "
-                     f"learner (two compiled calls and a clock read). The queue pays a pickle and an "
-                     f"unpickle ({pk:.0f} µs per row dict, {pks:.0f} µs per step dict) plus two pipe "
-                     f"system calls, a lock and the learner's copy into its batch, split between two processes: "
-                     f"so the queue is only ~{pk / push:.0f}x slower per row than a shared-memory push before the "
-                     f"pipe, and ~{pks / ext:.0f}x per step. With 2 cores, 2 and 4 workers add processes, not "
-                     f"CPU: the learner and N workers share the same two cores (and this machine's other load, see "
-                     f"the load average below).")
-    top = {(k, u): max(thr[f"{k}/{u}/{w}/{t}"]["rows_per_s"]["median"] for w in WORKERS for t in TRANSPORTS[:2])
-           for k in KINDS for u in UNITS}
-    topq = {(k, u): max(thr[f"{k}/{u}/{w}/queue"]["rows_per_s"]["median"] for w in WORKERS)
-            for k in KINDS for u in UNITS}
-    L.append("* Best rates delivered to the learner (best worker count and layout, median): CartPole "
-             f"{_rate(top[('cartpole', 'row')])} rows/s by `push` vs {_rate(topq[('cartpole', 'row')])} by queue, "
-             f"{_rate(top[('cartpole', 'step')])} by `extend` vs {_rate(topq[('cartpole', 'step')])}; image rows "
-             f"{_rate(top[('image', 'row')])} rows/s ({top[('image', 'row')] * spec_of('image').row_nbytes / 2**30:.1f} "
-             f"GiB/s) vs {_rate(topq[('image', 'row')])}, by step {_rate(top[('image', 'step')])} "
-             f"({top[('image', 'step')] * spec_of('image').row_nbytes / 2**30:.1f} GiB/s) vs "
-             f"{_rate(topq[('image', 'step')])}. Image rows, shm-aos over queue with 1, 2, 4 workers: one row per "
-             f"call {ratios('image', 'row', 'shm-aos')}, one step per call {ratios('image', 'step', 'shm-aos')}: "
-             "with 56 KB rows the copies dominate; shared memory copies a row twice (worker into the region, "
-             "region into the batch), the queue five times (pickle, pipe write, pipe read, unpickle, batch) in "
-             "64 KiB pipe-sized pieces.")
-    ld = summary["other_cpus"]
-    L.append(f"* The machine was shared while this ran: processes outside the experiment used on average "
-             f"{ld['ingest']['mean']:.2f} of the {run['environment']['cpu']['logical_cpus']} CPUs during the "
-             f"throughput conditions (median {ld['ingest']['median']:.2f}, max {ld['ingest']['max']:.2f}) and "
-             f"{ld['latency']['mean']:.2f} during the latency ones (from /proc/stat minus this experiment's "
-             "processes; per condition in `results.json`, per cell in the last column of the throughput table). "
-             "Each cell measures its three transports back to back, so the ratios share the conditions, but "
-             "absolute rates move with that load.")
-    L.append(f"* Exact-once held everywhere: in every condition and repetition the learner received every row id "
-             f"exactly once and in each writer's order, and every {CHECK_EVERY}th batch held exactly what was sent "
-             "(a failure stops the run before any report is written).")
-    # -- target 2: sample latency while workers write -----------------------------------------
-    flat = {(k, lay, n): lr[f"{k}/{lay}/shm+{n}"]["median"]["median"] for k in KINDS for lay in LAT_LAYOUTS for n in WORKERS}
-    paced = {(k, lay, n): lr[f"{k}/{lay}/shm+{n} paced"]["median"]["median"] for k in KINDS for lay in LAT_LAYOUTS for n in WORKERS}
-    idle = {(k, lay): lr[f"{k}/{lay}/shm-idle"]["median"]["median"] for k in KINDS for lay in LAT_LAYOUTS}
-    vs_idle = {(k, lay, n): lr[f"{k}/{lay}/shm+{n}"]["median_vs_idle"]["median"] for k in KINDS for lay in LAT_LAYOUTS for n in WORKERS}
-    p99 = {(k, lay, n): lr[f"{k}/{lay}/shm+{n}"]["p99"]["median"] for k in KINDS for lay in LAT_LAYOUTS for n in WORKERS}
-    p99p = {(k, lay, n): lr[f"{k}/{lay}/shm+{n} paced"]["p99"]["median"] for k in KINDS for lay in LAT_LAYOUTS for n in WORKERS}
-    p99i = {(k, lay): lr[f"{k}/{lay}/shm-idle"]["p99"]["median"] for k in KINDS for lay in LAT_LAYOUTS}
-    fmet = [k for k, v in flat.items() if v <= TARGET_LATENCY]
-    pmet = [k for k, v in paced.items() if v <= TARGET_LATENCY]
-
-    def cond_list(d):
-        return "; ".join(f"{k} {lay} " + ", ".join(f"{d[(k, lay, n)]:.2f}x" for n in WORKERS)
-                         for k in KINDS for lay in LAT_LAYOUTS)
-
-    def verdict2(m, d):
-        return ("**met in every condition**" if len(m) == len(d) else "**not met in any condition**" if not m
-                else f"**met in {len(m)} of {len(d)} conditions**")
-
-    L.append(f"* **Target 2**, the learner's `sample` latency within {TARGET_LATENCY}x of the single-process "
-             f"`ReplayBuffer` while workers write (median per call; ratio per repetition, median over repetitions; "
-             f"1, 2, 4 writers). Writers flat out: {verdict2(fmet, flat)} ({cond_list(flat)}). Writers paced to "
-             f"{PACE['cartpole']:,} CartPole / {PACE['image']:,} image rows/s in all: {verdict2(pmet, paced)} "
-             f"({cond_list(paced)}).")
-    vs_idle_p = {(k, lay, n): lr[f"{k}/{lay}/shm+{n} paced"]["median_vs_idle"]["median"]
-                 for k in KINDS for lay in LAT_LAYOUTS for n in WORKERS}
-    missed_f = [key for key, v in flat.items() if v > TARGET_LATENCY]
-    missed_idle = [key for key, v in idle.items() if v > TARGET_LATENCY]
-    L.append("* Where the cost comes from (medians): the shared buffer alone, no writer attached, is "
-             + ", ".join(f"{idle[(k, lay)]:.2f}x ({k} {lay})" for k in KINDS for lay in LAT_LAYOUTS)
-             + " the local buffer" + (" (over the target by itself for " + ", ".join(
-                 f"{k} {lay}" for k, lay in missed_idle) + ")" if missed_idle else "")
-             + ". Paced writers leave that unchanged ("
-             + ", ".join(_span([vs_idle_p[(k, lay, n)] for n in WORKERS]) + f" {k} {lay}"
-                         for k in KINDS for lay in LAT_LAYOUTS)
-             + " the writer-free median): writing into rows the learner reads is not what costs. Flat-out "
-             "writers raise it by " + cond_list(vs_idle) + " for 1, 2, 4 writers: with one writer the learner "
-             "keeps a core of its own; from two on it shares the 2 cores, and their caches, with N busy "
-             "processes" + (", which is where the target is missed (" + ", ".join(
-                 f"{k} {lay} with {n} writer{'s' if n > 1 else ''}" for k, lay, n in missed_f) + ")."
-                if missed_f else ".")
-             + " The µs-scale CartPole sample shows this most; the image sample (hundreds of µs of copying) "
-             "barely.")
-    L.append(f"* Tails: the learner competes with N writers for {run['environment']['cpu']['logical_cpus']} CPUs "
-             f"(1 + N = 2, 3, 5 processes, plus the machine's other load). p99 ratios to the local buffer, flat out: "
-             + cond_list(p99) + "; paced: " + cond_list(p99p) + "; no writer: " + ", ".join(
-                 f"{p99i[(k, lay)]:.2f}x ({k} {lay})" for k in KINDS for lay in LAT_LAYOUTS)
-             + ". With more runnable processes than cores the learner loses whole scheduler time slices "
-             "(milliseconds), which p99 shows and the median does not; paced writers sleep between steps "
-             "and need a fraction of a core, so the learner keeps its core, but a writer's wake-up can still "
-             "preempt it for a moment.")
-    cpl = thr["cartpole/step/4/shm-aos"]
-    iml = thr["image/step/4/shm-aos"]
-    cp_rec = spec_of("cartpole").aos_dtype.itemsize
-    cp_over = cpl["region_nbytes"] / FIFO_CAPACITY["cartpole"] - cp_rec
-    wpk = [thr[f"{k}/{u}/{w}/{t}"]["worker_peak_rss_max"] / 2**20 for k in KINDS for u in UNITS for w in WORKERS
-           for t in TRANSPORTS]
-    im_l = max(thr[f"image/{u}/{w}/shm-aos"]["learner_peak_growth_max"] for u in UNITS for w in WORKERS) / 2**20
-    im_q = max(thr[f"image/{u}/{w}/queue"]["learner_peak_growth_max"] for u in UNITS for w in WORKERS) / 2**20
-    L.append(f"* Memory: a FIFO region of {FIFO_CAPACITY['cartpole']:,} CartPole rows is "
-             f"{cpl['region_nbytes'] / 2**20:.1f} MiB ({cp_rec} bytes of AoS record and {cp_over:.0f} bytes of "
-             f"publication stamp per slot, plus control words), of {FIFO_CAPACITY['image']:,} image rows "
-             f"{iml['region_nbytes'] / 2**20:.0f} MiB; it exists once, but every process counts in its RSS the "
-             f"pages of it that it touched (the learner's peak grows by up to {im_l:.0f} MiB with image rows, "
-             f"against {im_q:.0f} MiB for the queue's learner; a worker's by the part of the region it "
-             f"wrote). Whole processes: the workers of this pool peak at {min(wpk):.0f}-{max(wpk):.0f} MiB "
-             "(numpy, numba and tfdata's kernels, plus heap kept from earlier conditions: the growth column of "
-             "the memory table is what a condition added).")
-    L.append("")
+         f"{nreps} repetition(s), {run['wall_clock_s']:.0f} s). Raw numbers: `results.json`.\n"]
+    L.extend(hand_written(OUT_DIR, "findings"))
     for p in pngs:
         L.append(f"![{p}]({p})\n")
 
@@ -1082,51 +940,7 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
             rows = STEP_ROWS if "step" in name else 1
             L.append(f"| {name} | {c['mean']:.2f} ± {c['std']:.2f} | {_rate(rows * 1e6 / c['mean'])} |")
         L.append("")
-    L.append("## Method\n")
-    L.append(f"* **Processes.** Workers are started with `multiprocessing` **{START_METHOD}**; a pool of "
-             f"{max(WORKERS)} is started once per repetition (startup "
-             + ", ".join(f"{p['startup_s']:.1f} s" for p in pools) + ", not timed) and each warms the writer "
-             "kernels on a private buffer. A condition with N workers uses the first N; the others sleep in "
-             "`recv`. The learner is the main process. No CPU pinning; the machine's other load is recorded per "
-             "condition in `results.json`: the 1-minute load average, and `other_cpus`, the CPU time that "
-             "processes outside the experiment took during the measurement (busy time in /proc/stat minus "
-             "the learner's and the workers' own), in CPUs.")
-    L.append(f"* **Throughput.** Each worker builds its rows before the clock ({POOL_ROWS['cartpole']} distinct "
-             f"CartPole rows or {POOL_ROWS['image']} image rows, reused cyclically; per call only a fresh dict with "
-             "the row id in `action` is made, for every transport alike: a `Queue.put` dict is pickled later by "
-             "the feeder thread, so it must not be reused). shm workers attach their `SharedWriter` before the "
-             "clock. Once every worker has said it is ready the learner starts the clock and sets an event; the "
-             "clock stops when the last row is in a learner batch. Row counts per condition: "
-             + ", ".join(f"{k}/{u}/{t} {v:,}" for (k, u, t), v in ROWS.items())
-             + f" (full mode; quick divides by {QUICK_DIVISOR}), split evenly between workers. shm: FIFO capacity "
-             f"{FIFO_CAPACITY['cartpole']:,} CartPole / {FIFO_CAPACITY['image']:,} image rows, `policy=\"block\"`, "
-             f"learner `for batch in buf.batches({BATCH})`. queue: one `multiprocessing.Queue()` (unbounded, the "
-             f"default) shared by the workers; the learner `get`s and copies each row or step into {BATCH}-row "
-             "preallocated arrays. The learner keeps the ids of every batch; afterwards each writer's ids must be "
-             f"0..n-1 exactly once and in order, and every {CHECK_EVERY}th batch's rows (all rows for CartPole, "
-             "every 16th for image rows) must equal what was sent. The learner does nothing else with a batch "
-             "(no training step): this is the transport's ceiling. Transport order rotates between cells and "
-             "repetitions (each cell measures the three transports back to back); ratios are per repetition.")
-    L.append(f"* **Latency.** Replay-mode `SharedReplayBuffer` of {LAT_CAPACITY['cartpole']:,} CartPole / "
-             f"{LAT_CAPACITY['image']:,} image rows in {max(WORKERS)} shards, prefilled (by writers in the learner "
-             f"process, closed before workers take shards 0..N-1 over), and a `tfdata.ReplayBuffer` of the same "
-             f"capacity and rows. The learner times each `sample({LAT_BATCH['cartpole']})` (image: "
-             f"{LAT_BATCH['image']}) with `perf_counter_ns` for {LAT_SECONDS['full']:g} s (quick "
-             f"{LAT_SECONDS['quick']:g} s) per condition, {LAT_SETTLE_S * 1e3:.0f} ms after releasing the writers; "
-             f"writers `extend` {STEP_ROWS}-row steps flat out, or paced to {PACE['cartpole']:,} (CartPole) / "
-             f"{PACE['image']:,} (image) rows/s in all (sleeping between steps). Conditions rotate between "
-             "repetitions; ratios are to the `ReplayBuffer` of the same repetition. Garbage collector on.")
-    L.append("* **Memory.** Peak RSS (`VmHWM`, reset per condition with `tfdata.memory.reset_peak`) of the "
-             "learner and of each worker; both count the shared pages they touched, so the region appears in "
-             "both (it exists once). Region size is `buf.nbytes`.")
-    L.append("* **Not measured.** A learner that also trains (a GPU step would leave the CPU to the "
-             "workers; a CPU step competes with them); rows produced by real environments (generation cost "
-             "is excluded on purpose); `fork` or `forkserver` start (the transport is the same after start); "
-             "other queue designs (`multiprocessing.shared_memory` hand-rolled rings, `torch.multiprocessing` "
-             "tensors, pipes of raw bytes, a bounded queue); more cores than 2; NUMA. Image rows are sent from "
-             f"a {POOL_ROWS['image']}-row pool that fits in cache, so the writers' reads are cheaper than "
-             "fresh frames would be.")
-    L.append("")
+    L.extend(hand_written(OUT_DIR, "method"))
     write_methodology_report(OUT_DIR, L, run)
 
 

@@ -44,21 +44,24 @@ import numpy as np
 
 import tfdata
 
-from _methodology import (ROW_KINDS, RunRecord, build_filled, cache_placement, cache_size,  # noqa: E402
-                          calls_for_budget, column_legend, crossing_summary, crossing_text, crossings, fill, fmt_axis,
-                          fmt_bytes, fmt_count, fmt_rate, fmt_us, fresh_pages_allocator, gc_paused, gmean,
-                          grouped_bars, interleaved_latencies, latency_lines, latency_stats, log_axes, make_chunk,
-                          md_table, mean_std, parse_seeds, peak_rss_bytes, produced_by, pyplot, ratio_curves,
-                          ratio_summary, report_dir, rotated, rss_bytes, run_forked, save_figure, seed_summary,
-                          seeds_parser, text_table, time_calls, verdict as _verdict, write_json,
-                          write_report as write_methodology_report)
+from _envs import ROW_KINDS, build_filled, fill, make_chunk  # noqa: E402
+from _plots import column_legend, grouped_bars, latency_lines, log_axes, pyplot, ratio_curves  # noqa: E402
+from _plots import save_figure  # noqa: E402
+from _recording import RunRecord, cache_placement, cache_size, parse_seeds, peak_rss_bytes, report_dir  # noqa: E402
+from _recording import seeds_parser, write_json  # noqa: E402
+from _render import crossing_summary, crossing_text, fmt_axis, fmt_bytes, fmt_count, fmt_rate, fmt_us  # noqa: E402
+from _render import hand_written, md_table, produced_by, text_table  # noqa: E402
+from _render import write_report as write_methodology_report  # noqa: E402
+from _stats import crossings, gmean, mean_std, ratio_summary, seed_summary, verdict as _verdict  # noqa: E402
+from _timing import calls_for_budget, fresh_pages_allocator, gc_paused, interleaved_latencies  # noqa: E402
+from _timing import latency_stats, rotated, rss_bytes, run_forked, time_calls  # noqa: E402
 
 # -- Parameters ----------------------------------------------------------------------------------
 EXPERIMENT = "layout"
 IMPLS = ("aos", "soa", "numpy")  # two tfdata layouts and the plain numpy baseline
 LAYOUTS = ("aos", "soa")
 BATCH_SIZES = (32, 256, 1024)
-# the row kinds (tiny, cartpole, medium, image) are _methodology.ROW_KINDS, shared with workloads.py
+# the row kinds (tiny, cartpole, medium, image) are _envs.ROW_KINDS, shared with workloads.py
 
 # 1e4 rows is the "cache-resident" capacity for small rows; 1e6 (and 1e7 for the tiny row, whose
 # 1e6 rows are only 16 MB) is "beyond cache". The report states where each one really lands.
@@ -582,152 +585,6 @@ def where(items, key: str = "soa/aos", label: str = "SoA/AoS ") -> str:
                      f"({label}{c['sample'][b]['ratios'][key]['mean']:.2f})" for c, b in items)
 
 
-def conclusions(agg: dict) -> list[str]:
-    """The main grid's findings, one bullet each: counts of wins, by row size, batch size and
-    capacity, crossovers, the numpy baseline, memory and writes."""
-    cs = agg["configs"]
-    cells = [(c, b) for c in cs for b in BATCH_SIZES]
-    n = len(cells)
-    sa = lambda c, b: c["sample"][b]["ratios"]["soa/aos"]  # noqa: E731
-    by = {k: [(c, b) for c, b in cells if sa(c, b)["faster"] == k] for k in ("aos", "soa", "tie")}
-    ratios = [sa(c, b)["mean"] for c, b in cells]
-    out = [f"**Sampling, AoS vs SoA.** Of {n} configurations (row kind x capacity x batch size), AoS samples "
-           f"faster in {len(by['aos'])}, SoA in {len(by['soa'])}, and {len(by['tie'])} "
-           f"{'is a tie' if len(by['tie']) == 1 else 'are ties'} (within {VERDICT_MARGIN:.0%} or seeds "
-           f"disagree). SoA/AoS median-latency ratio: geometric mean {gmean(ratios):.2f}, range "
-           f"{min(ratios):.2f} to {max(ratios):.2f}.",
-           f"**SoA wins** in: {where(by['soa'])}." if by["soa"] else "**SoA wins nowhere** in this grid."]
-    if by["tie"]:
-        def why(r):
-            if all(x < 1 for x in r["per_seed"]) or all(x > 1 for x in r["per_seed"]):
-                return f"within {VERDICT_MARGIN:.0%}"
-            return "seeds disagree: " + ", ".join(f"{x:.2f}" for x in r["per_seed"])
-
-        out.append("Ties: " + ", ".join(f"{c['kind']} {fmt_count(c['capacity'])} batch {b} (SoA/AoS "
-                                        f"{sa(c, b)['mean']:.2f}; {why(sa(c, b))})" for c, b in by["tie"])
-                   + ".")
-    kinds = list(dict.fromkeys(c["kind"] for c in cs))
-    first = {k: next(c for c in cs if c["kind"] == k) for k in kinds}
-
-    def rng(rs):
-        return f"{gmean(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"
-
-    out.append("**By row size** (SoA/AoS, geometric mean and range over capacities and batch sizes): "
-               + "; ".join(f"{k} ({first[k]['row_nbytes']} B, {len(make_spec(k))} fields): "
-                           + rng([sa(c, b)["mean"] for c, b in cells if c["kind"] == k]) for k in kinds) + ".")
-    out.append("**By batch size** (SoA/AoS, geometric mean over row kinds and capacities): " + "; ".join(
-        f"batch {b}: {gmean([c['sample'][b]['ratios']['soa/aos']['mean'] for c in cs]):.2f}" for b in BATCH_SIZES)
-        + ".")
-    caps = [f"{k} " + " -> ".join(f"{fmt_count(c['capacity'])}: "
-                                  f"{gmean([c['sample'][b]['ratios']['soa/aos']['mean'] for b in BATCH_SIZES]):.2f}"
-                                  for c in cs if c["kind"] == k)
-            for k in kinds if sum(c["kind"] == k for c in cs) > 1]
-    if caps:
-        out.append("**By capacity** (SoA/AoS, geometric mean over batch sizes): " + "; ".join(caps) + ".")
-    crossovers = []
-    for c in cs:
-        vs = [c["sample"][b]["ratios"]["soa/aos"]["faster"] for b in BATCH_SIZES]
-        if "aos" in vs and "soa" in vs:
-            crossovers.append(f"{c['kind']} {fmt_count(c['capacity'])} ("
-                              + ", ".join(f"{b}: {v}" for b, v in zip(BATCH_SIZES, vs)) + ")")
-    if not by["soa"] and len(by["aos"]) >= len(by["tie"]):
-        out.append("**Why (an interpretation consistent with these numbers, not measured directly).** AoS gathers "
-                   "a sampled row with one copy from one place; SoA makes one copy per field, each from a "
-                   "different array (2 for the tiny row, 6 for the others), so a sampled row costs several "
-                   "independent random memory accesses instead of one or two, plus a separate loop per field. "
-                   "That overhead is largest relative to the bytes moved when rows are small and many-fielded "
-                   "and the buffer is beyond cache, and it disappears when each field is a long contiguous run "
-                   "(the image row's 28 KB frame stacks).")
-    if crossovers:
-        out.append("**Crossover** (the faster layout changes with batch size): " + "; ".join(crossovers) + ".")
-    elif not by["soa"]:
-        out.append("**No crossover**: no row size, batch size or capacity in this grid makes SoA the faster "
-                   "layout" + (" (some are ties)." if by["tie"] else "."))
-    else:
-        flips = list(dict.fromkeys(c["kind"] for c, _ in by["soa"]))
-        out.append("**No crossover within a (row kind, capacity) across batch sizes**; SoA wins only "
-                   f"for: {', '.join(flips)}.")
-
-    nb = {k: [(c, b) for c, b in cells if c["sample"][b]["ratios"]["numpy/best_tfdata"]["faster"] == k]
-          for k in ("numpy", "tie")}
-    vals = [c["sample"][b]["ratios"]["numpy/best_tfdata"]["mean"] for c, b in cells]
-    out.append(f"**numpy baseline.** numpy / faster-tfdata-layout latency: geometric mean {gmean(vals):.2f}, "
-               f"range {min(vals):.2f} to {max(vals):.2f}; tfdata is faster in "
-               f"{n - len(nb['numpy']) - len(nb['tie'])} of {n} configurations.")
-    if nb["numpy"]:
-        out.append(f"**numpy wins** in: {where(nb['numpy'], 'numpy/best_tfdata', '')}.")
-    else:
-        out.append("**numpy wins nowhere** in this grid" + (
-            "; ties: " + ", ".join(f"{c['kind']} {fmt_count(c['capacity'])} batch {b}" for c, b in nb["tie"])
-            if nb["tie"] else "") + ".")
-    np_soa = [(c, b) for c, b in cells if c["sample"][b]["ratios"]["numpy/soa"]["faster"] == "numpy"]
-    if np_soa:
-        out.append(f"numpy is faster than tfdata **SoA** (not AoS) in: {where(np_soa, 'numpy/soa', 'numpy/SoA ')}.")
-
-    mem = [f"{k} {c['aos_itemsize']} vs {c['row_nbytes']} B/row (+{c['aos_itemsize'] / c['row_nbytes'] - 1:.1%})"
-           for k, c in first.items()]
-    out.append("**Memory.** Storage is allocated once; AoS pays record padding to a multiple of 8 bytes, SoA and "
-               "numpy store the data bytes only: " + "; ".join(mem) + ". RSS grows by about the storage bytes "
-               "when a buffer is filled, not when it is built (pages are zero-mapped until written); tfdata "
-               f"adds its output ring per batch size used ({RING_SIZE} x batch x row bytes), numpy allocates "
-               "a fresh batch per call instead.")
-    # numpy's rows/s over the faster tfdata layout's; SoA/AoS throughput ratios and who wins
-    vs_np = {op: [c[op]["numpy"]["rows_per_s_mean"] / max(c[op][l]["rows_per_s_mean"] for l in LAYOUTS)
-                  for c in cs] for op in ("push", "extend")}
-    sa_w = {op: [c[op]["soa_vs_aos"]["mean"] for c in cs] for op in ("push", "extend")}
-    wins = {op: "; ".join(f"{name}: {', '.join(v)}" for k, name in (("aos", "AoS"), ("soa", "SoA"), ("tie", "tie"))
-                          for v in [[f"{c['kind']} {fmt_count(c['capacity'])}" for c in cs
-                                     if c[op]["soa_vs_aos"]["faster"] == k]] if v)
-            for op in ("push", "extend")}
-    head = "**Writes: SoA wins extend.**" if any(c["extend"]["soa_vs_aos"]["faster"] == "soa" for c in cs) \
-        else "**Writes.**"
-    out.append(f"{head} extend(1000) rows/s, SoA/AoS {min(sa_w['extend']):.2f}-{max(sa_w['extend']):.2f}x "
-               f"({wins['extend']}); in SoA a block of rows lands as one contiguous copy per field, in AoS as one "
-               f"strided copy per field into the records. push rows/s, SoA/AoS {min(sa_w['push']):.2f}-"
-               f"{max(sa_w['push']):.2f}x ({wins['push']}); a single row's cost is mostly per-call Python work "
-               f"(validation, lock), the same for both layouts. The unvalidated numpy baseline pushes "
-               f"{min(vs_np['push']):.1f}-{max(vs_np['push']):.1f}x and extends {min(vs_np['extend']):.2f}-"
-               f"{max(vs_np['extend']):.2f}x the rows/s of the faster tfdata layout.")
-    return out
-
-
-def short_answer(agg: dict) -> str:
-    """The answer in three sentences, from the data."""
-    cells = [(c, b) for c in agg["configs"] for b in BATCH_SIZES]
-    rat = {(c["kind"], c["capacity"], b): c["sample"][b]["ratios"]["soa/aos"] for c, b in cells}
-    n = len(cells)
-    wins = {k: [key for key, r in rat.items() if r["faster"] == k] for k in ("aos", "soa", "tie")}
-    hi = max(rat, key=lambda k: rat[k]["mean"])
-    lo = min(rat, key=lambda k: rat[k]["mean"])
-    name = lambda k: f"{k[0]} row, capacity {k[1]:,}, batch {k[2]}"  # noqa: E731
-    if not wins["soa"]:
-        head = (f"**AoS samples faster.** It wins {len(wins['aos'])} of {n} configurations and loses none"
-                + (f" ({len(wins['tie'])} tied)" if wins["tie"] else "") + ".")
-    elif len(wins["soa"]) > len(wins["aos"]):
-        head = f"**SoA samples faster in most configurations** ({len(wins['soa'])} of {n}; AoS {len(wins['aos'])})."
-    else:
-        head = (f"**AoS samples faster in most configurations** ({len(wins['aos'])} of {n}); SoA wins "
-                f"{len(wins['soa'])}: " + "; ".join(name(k) for k in wins["soa"]) + ".")
-    kinds = list(dict.fromkeys(c["kind"] for c in agg["configs"]))
-    per_kind = {k: gmean([r["mean"] for key, r in rat.items() if key[0] == k]) for k in kinds}
-    kw, kn = max(per_kind, key=per_kind.get), min(per_kind, key=per_kind.get)
-    desc = lambda k: (f"{k} row ({make_spec(k).row_nbytes} B in {len(make_spec(k))} fields, "  # noqa: E731
-                      f"{per_kind[k]:.2f}x)")
-    body = (f" A SoA sample takes {gmean([r['mean'] for r in rat.values()]):.2f}x as long as an AoS one on "
-            f"geometric mean, from {rat[lo]['mean']:.2f}x ({name(lo)}) to {rat[hi]['mean']:.2f}x ({name(hi)}). "
-            f"By row kind the gap is widest for the {desc(kw)} and smallest for the {desc(kn)}.")
-    pad, pk = max((c["aos_itemsize"] / c["row_nbytes"] - 1, c["kind"]) for c in agg["configs"])
-    ext = [c["extend"]["soa_vs_aos"]["faster"] for c in agg["configs"]]
-    ext_txt = (f"; SoA extends faster in {ext.count('soa')} of {len(ext)} (row kind, capacity) pairs"
-               if ext.count("soa") else "")
-    mem = (f" In memory SoA is never larger and saves the AoS record padding, which matters only for "
-           f"rows whose fields do not fill 8-byte words ({pk}: AoS is {pad:.0%} larger){ext_txt}. "
-           "The hand-written numpy baseline is slower than the faster tfdata layout in "
-           f"{sum(c['sample'][b]['ratios']['numpy/best_tfdata']['faster'] == 'tfdata' for c, b in cells)} "
-           f"of {n} configurations.")
-    return head + body + mem
-
-
 def sampler_findings(agg: dict) -> list[str]:
     """Per sampler: the SoA/AoS ratio's geometric mean and range, and the wins."""
     out = []
@@ -789,39 +646,25 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
     L = ["# AoS or SoA: which replay-buffer layout samples faster (by row size, batch, capacity, sampler and "
          "number of fields), where does it flip, and what does each cost?\n",
          produced_by(mode, run["run_name"], len(seeds), run["wall_clock_s"], run["started_utc"])
-         + " Every table, figure and conclusion below comes from that run; rerunning overwrites this directory. "
+         + " Every table and figure below comes from that run's `results.json`; a rerun rewrites them and keeps "
+         "the hand-written text. "
          + ("The published report is the full run (`python experiments/layout.py`)." if mode == "quick" else
             "The quick demo (`python3 dev.py demo`) writes a smaller run to the same place."), "",
-         "## Answer\n", short_answer(agg) + "\n",
-         "**Samplers** (SoA/AoS median latency, cartpole and medium rows, cache-resident and beyond-cache "
-         "capacities; details in [Samplers](#samplers-uniform-prioritized-n-step)):\n", bullets(sampler_findings(agg)),
-         "**Number of fields** (64-byte row, uniform; details in "
-         "[Number of fields](#number-of-fields-same-64-bytes-per-row)):\n", bullets(field_findings(agg)),
-         "**Crossovers** (where SoA/AoS crosses 1; details in [Crossovers](#crossovers)):\n", bullets(cross_lines),
+         "## Answer\n", *hand_written(OUT_DIR, "answer"),
          "Headline figures (median µs per `sample()` call, mean ± std across seeds):\n"]
     heads = [(k, b) for k, b in (("cartpole", 256), ("image", 32), ("tiny", 256), ("medium", 256)) if k in kinds]
     last = {c["kind"]: c for c in cs}  # the largest capacity of each row kind
     L += md_table(["row kind", "capacity", "batch", "tfdata AoS", "tfdata SoA", "numpy", "SoA/AoS"],
                   [[k, f"{last[k]['capacity']:,}", b, *(pm(last[k]["sample"][b][i]) for i in IMPLS),
                     f"{last[k]['sample'][b]['ratios']['soa/aos']['mean']:.2f}"] for k, b in heads], "lrrrrrr")
-    L += ["", "Details (all from this run):\n", *(f"- {line}" for line in conclusions(agg)), "",
+    L += ["", *hand_written(OUT_DIR, "details"),
           "## Reproduce\n",
           "```sh\npython3 dev.py demo                                  # = python experiments/layout.py --quick  "
           "(< ~2 min)\n.venv/bin/python experiments/layout.py               # full run (< ~15 min), the "
           "published one\n.venv/bin/python experiments/layout.py --seeds 0,1,2  # explicit seeds\n```\n",
           "Files: `README.md` (this), `results.json` (every number, per seed; `schema_version` field), "
           + ", ".join(f"`{f}`" for f in files) + ".\n",
-          "## What is compared\n",
-          "* **tfdata AoS**: `tfdata.ReplayBuffer(spec, capacity, layout=\"aos\")`, one structured array; a sampled "
-          "row is one contiguous copy of the whole record.",
-          "* **tfdata SoA**: `layout=\"soa\"`, one array per field; a sampled row is one copy per field, each from a "
-          "different array.",
-          "* **numpy baseline**: what one writes by hand: one array per field, `idx = rng.integers(0, size, batch)`, "
-          "`{k: a[idx] for k, a in arrays.items()}`. It allocates fresh output arrays every call and validates "
-          "nothing on push/extend.", "",
-          "tfdata's `sample(batch)` is called with its defaults (`copy=False`): it returns views into a preallocated "
-          f"output ring of {RING_SIZE} batches, drawing indices with its counter-based RNG inside the same numba "
-          "kernel that gathers the rows.\n"]
+          *hand_written(OUT_DIR, "compared")]
     L += md_table(["row kind", "fields", "data bytes/row", "AoS record bytes",
                    "capacities (AoS storage, where it fits)"],
                   [[k, ", ".join(f"{f.name} {f.dtype.str[1:]}{list(f.shape) if f.shape else ''}" for f in spec),
@@ -832,33 +675,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
     L += [f"\nBatch sizes: {', '.join(map(str, BATCH_SIZES))}. Cache placement compares the AoS storage with this "
           f"machine's L2 ({fmt_bytes(l2) if l2 else '?'} per core) and L3 ({fmt_bytes(l3) if l3 else '?'}, "
           "shared): a \"cache-resident\" 10,000-row buffer of a large row is not cache-resident.\n",
-          "## Method\n",
-          "* **Seeds.** Each seed is a full repetition: fresh buffers, seed-specific random data, sampler seed = "
-          f"seed, and a different order of the three implementations. Seeds: {', '.join(map(str, seeds))}; seeds "
-          "run one after another (outer loop), so the spread across seeds includes drift of the machine over the "
-          "run.",
-          f"* **Fill before timing.** Every buffer is filled to capacity with `extend` of {EXTEND_ROWS}-row chunks "
-          "before anything is timed; kernels are loaded (or compiled) once before the first measurement "
-          f"({run['parameters'].get('kernel_warmup_s', float('nan')):.1f} s).",
-          "* **Sample latency.** Each `sample(batch)` call is timed alone with `time.perf_counter_ns` (Python call "
-          f"overhead included, as a training loop sees it). Per (configuration, implementation, seed): {WARMUP_CALLS} "
-          f"untimed warm-up calls, then as many calls as fit {SAMPLE_BUDGET_S[mode]} s (at least {MIN_CALLS[mode]}, "
-          f"at most {MAX_CALLS[mode]:,}), split into {ROUNDS[mode]} rounds in which the three implementations "
-          "alternate, so load changes hit all of them. The garbage collector is off while timing.",
-          "* **Statistics.** Per seed: median, p99 and mean of the per-call times. Tables give the mean ± std across "
-          "seeds of the per-seed medians; p99 is the mean of per-seed p99s (with fewer than ~100 calls a p99 is "
-          "close to the maximum; the call counts are in `results.json`). Ratios are computed per seed on medians "
-          "(same seed, same data, interleaved in time), then averaged.",
-          "* **Verdict.** A layout is called faster when it is faster in every seed and the mean ratio is beyond "
-          f"1 ± {VERDICT_MARGIN:.0%}; anything else is a tie.",
-          "* **Writes.** `push` of one gymnasium-style row (arrays for observations, Python scalars for the rest) "
-          f"and `extend` of {EXTEND_ROWS} rows, timed per call on a full buffer (overwriting), "
-          f"~{WRITE_BUDGET_S[mode]} s each; rows/s = rows per call / median call time. \"First fill\" is build + "
-          "fill from empty, which also pays the first-touch page faults.",
-          "* **Memory.** For each (row kind, capacity, implementation), a fresh forked process records its RSS "
-          "(psutil) before building, after building, after filling, and after one sample of every batch size "
-          "(twice, so both slots of tfdata's output ring exist); storage bytes are `buf.nbytes` (numpy: sum of "
-          "array bytes).", "",
+          *hand_written(OUT_DIR, "method"),
           "## Sample latency\n", *(f"![{f}]({f})\n" for f in files if f.startswith("latency_")),
           "![ratios.png](ratios.png)\n"]
     for kind in kinds:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import sys
@@ -48,9 +47,10 @@ import warnings
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import RunRecord, permutation_test, report_dir, run_in_fresh_processes, write_json  # noqa: E402
-from _methodology import return_curve as _return_curve  # noqa: E402
-from _methodology import write_report as write_methodology_report  # noqa: E402
+from _recording import RunRecord, report_dir, write_json  # noqa: E402
+from _render import hand_written, write_report as write_methodology_report  # noqa: E402
+from _stats import permutation_test, return_curve as _return_curve  # noqa: E402
+from _timing import run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -602,7 +602,7 @@ def run_all(variants, seeds, total, log) -> list[dict]:
 
 
 def curve(episodes, total, bins=CURVE_BINS):
-    """See :func:`_methodology.return_curve` (this experiment's number of bins)."""
+    """See :func:`_stats.return_curve` (this experiment's number of bins)."""
     return _return_curve(episodes, total, bins)
 
 
@@ -804,27 +804,6 @@ def headline(agg, comps) -> str | None:
             f"(p = {_p(c['final_p'])})")
 
 
-def _bootstrap_finding(agg, c, a, b) -> str:
-    """The time-limit bootstrap's effect: ``a`` (with ``final_value``) against ``b`` (the same
-    loop without), stated with CartPole-v1's cap and the test's power in mind."""
-    A, B = agg[a], agg[b]
-    at_cap = {v: sum(x >= 500.0 for x in agg[v]["finals"]) for v in (b, a)}
-    n = min(len(A["finals"]), len(B["finals"]))
-    return (f"* Separate finding, not a target: bootstrapping truncated episodes through the time limit "
-            f"(`final_value` = the critic's value of `info[\"final_obs\"]`, where CleanRL's loop treats a time "
-            f"limit as a failure). `{a}` against `{b}` (the same loop otherwise): final return "
-            f"{_pm(A['final_return'], '{:.1f}')} vs {_pm(B['final_return'], '{:.1f}')} (p = {_p(c['final_p'])}), "
-            f"whole-run mean {_pm(A['mean_return'], '{:.1f}')} vs {_pm(B['mean_return'], '{:.1f}')} "
-            f"(p = {_p(c['mean_p'])}): {_verdict(c)}; {c['sps_ratio']:.2f}x the steps per second (per seed "
-            f"{_range(c['sps_ratio_per_seed'])}: one critic forward on `final_obs` in the steps with a truncation, "
-            f"one more field per `add`). Final returns at CartPole-v1's cap of 500: "
-            + ", ".join(f"{v} {n} of {len(agg[v]['finals'])} seeds" for v, n in at_cap.items())
-            + ". Read with care: CartPole-v1 truncates at 500 steps, so truncations happen only once a policy "
-            "already reaches the cap, and the final return saturates there (a run at 500 cannot show more); "
-            f"{n} against {n} seeds give a smallest possible p of {2 / math.comb(2 * n, n):.3f}, a p above 0.05 does "
-            "not show the effect absent, and one p just below it is weak evidence.")
-
-
 def write_report(agg, comps, run, pngs, total, versions) -> None:
     n_seeds = max(a["final_return"]["n"] for a in agg.values())
     L = [f"# PPO on {ENV_ID}: tfdata's on-policy data layer and a torch-free PPO against CleanRL\n",
@@ -834,74 +813,10 @@ def write_report(agg, comps, run, pngs, total, versions) -> None:
     hl = headline(agg, comps)
     if hl:
         L.append(f"<!-- headline: {hl} -->\n")
-    ref, twin, edge = (agg.get(k) for k in (REFERENCE, TWIN, EDGE))
-    L.append("## Findings\n")
-    us = {v: a["sections_us"] for v, a in agg.items()}
-    if ref and edge:
-        c = _cmp(comps, EDGE, REFERENCE)
-        L.append(f"* The edge loop (`tfdata.nn.PPO` over `tfdata.RolloutBuffer`, no torch in the process, "
-                 f"CleanRL's time-limit semantics) runs "
-                 f"{c['sps_ratio']:.1f}x the steps per second of CleanRL's torch loop ({edge['sps']['mean']:.0f} vs "
-                 f"{ref['sps']['mean']:.0f}; {_range(c['sps_ratio_per_seed'])} between the two runs of each seed) in {c['peak_rss_ratio']:.2f}x its peak memory "
-                 f"({edge['peak_rss_bytes']['mean'] / 2**20:.0f} vs {ref['peak_rss_bytes']['mean'] / 2**20:.0f} MiB); "
-                 f"{_verdict(c)}: final return {_pm(edge['final_return'])} vs {_pm(ref['final_return'])} "
-                 f"(p = {_p(c['final_p'])}), mean return over the run {_pm(edge['mean_return'], '{:.1f}')} vs "
-                 f"{_pm(ref['mean_return'], '{:.1f}')} (p = {_p(c['mean_p'])}).")
-    if ref and twin:
-        c = _cmp(comps, TWIN, REFERENCE)
-        data_ref = sum(us[REFERENCE][k]["mean"] for k in ("buffer_add", "gae", "minibatch"))
-        data_twin = sum(us[TWIN][k]["mean"] for k in ("buffer_add", "gae", "minibatch"))
-        L.append(f"* Swapping only the data layer (torch agent and update kept): storage, GAE and minibatches cost "
-                 f"{data_twin:.1f} µs per environment step with tfdata against {data_ref:.1f} µs with CleanRL's tensors "
-                 f"(GAE {us[TWIN]['gae']['mean']:.2f} vs {us[REFERENCE]['gae']['mean']:.2f} µs, minibatch gather "
-                 f"{us[TWIN]['minibatch']['mean']:.2f} vs {us[REFERENCE]['minibatch']['mean']:.2f}, add "
-                 f"{us[TWIN]['buffer_add']['mean']:.2f} vs {us[REFERENCE]['buffer_add']['mean']:.2f}); the loop runs "
-                 f"{c['sps_ratio']:.2f}x as fast, because the torch forward passes and update dominate it "
-                 f"(act + update {us[TWIN]['act']['mean'] + us[TWIN]['update']['mean']:.0f} of "
-                 f"{1e6 / twin['sps']['mean']:.0f} µs per step; per seed {_range(c['sps_ratio_per_seed'])}). "
-                 f"{_verdict(c)[0].upper() + _verdict(c)[1:]}: final return "
-                 f"{_pm(twin['final_return'])} vs {_pm(ref['final_return'])} (p = {_p(c['final_p'])}), mean "
-                 f"{_pm(twin['mean_return'], '{:.1f}')} vs {_pm(ref['mean_return'], '{:.1f}')} (p = {_p(c['mean_p'])}).")
-    if edge and twin:
-        c = _cmp(comps, EDGE, TWIN)
-        L.append(f"* The edge loop against the torch loop on the same data layer (the learner swapped alone): "
-                 f"{c['sps_ratio']:.1f}x the steps per second; act {us[EDGE]['act']['mean']:.1f} vs "
-                 f"{us[TWIN]['act']['mean']:.1f} µs per step, update {us[EDGE]['update']['mean']:.1f} vs "
-                 f"{us[TWIN]['update']['mean']:.1f} µs per step; {_verdict(c)} (final p = {_p(c['final_p'])}, "
-                 f"whole-run p = {_p(c['mean_p'])}).")
-    if edge:
-        env_us = us[EDGE]["env"]["mean"]
-        per_step = 1e6 / edge["sps"]["mean"]
-        bare = edge["bare_env_us_per_step"]["mean"]
-        top = sorted(((us[EDGE][k]["mean"], k) for k in SECTIONS), reverse=True)
-        L.append(f"* Where the edge loop's time goes ({per_step:.1f} µs per environment step): "
-                 + ", ".join(f"{k} {t:.1f} µs ({100 * t / per_step:.0f}%)" for t, k in top)
-                 + f". Stepping the 4 gymnasium environments alone (a bare `envs.step` loop) costs {bare:.1f} µs "
-                 f"per environment step, {bare * HP['num_envs']:.0f} µs per vector step: no loop over these "
-                 f"environments can exceed {1e6 / bare:.0f} steps/s, and the edge loop reaches "
-                 f"{100 * edge['sps']['mean'] * bare / 1e6:.0f}% of that ceiling (env share in the loop "
-                 f"{100 * env_us / per_step:.0f}%).")
-        per_call = HP["num_steps"] * HP["num_envs"] / (HP["update_epochs"] * HP["num_minibatches"])
-        L.append(f"* Per call in the edge loop: one `PPO.train` on a minibatch of "
-                 f"{HP['num_steps'] * HP['num_envs'] // HP['num_minibatches']} rows "
-                 f"{us[EDGE]['update']['mean'] * per_call:.0f} µs, one `act` on {HP['num_envs']} observations "
-                 f"{us[EDGE]['act']['mean'] * HP['num_envs']:.1f} µs, one `RolloutBuffer.add` "
-                 f"{us[EDGE]['buffer_add']['mean'] * HP['num_envs']:.1f} µs, one GAE over the rollout "
-                 f"{us[EDGE]['gae']['mean'] * HP['num_steps'] * HP['num_envs']:.1f} µs"
-                 + (f" (CleanRL's Python loop: {us[REFERENCE]['gae']['mean'] * HP['num_steps'] * HP['num_envs']:.0f} µs, "
-                    f"torch's update {us[REFERENCE]['update']['mean'] * per_call:.0f} µs per minibatch)" if ref else "")
-                 + ".")
-        if ref:
-            L.append(f"* The same `envs.step` costs more inside a loop than alone: {us[REFERENCE]['env']['mean']:.1f} µs "
-                     f"per environment step in the torch loop, {env_us:.1f} in the edge loop, {bare:.1f} in the bare "
-                     "loop (same environments, same process; the loops' other work presumably leaves caches and "
-                     "branch predictors cold for gymnasium's Python code).")
-    for a, b in BOOTSTRAP_PAIRS:
-        if a in agg and b in agg:
-            L.append(_bootstrap_finding(agg, _cmp(comps, a, b), a, b))
+    L.extend(hand_written(OUT_DIR, "findings"))
     g = goals(comps)
     if g:
-        L.append("\n## Targets (against CleanRL's torch loop, CleanRL's time-limit semantics in every "
+        L.append("## Targets (against CleanRL's torch loop, CleanRL's time-limit semantics in every "
                  "compared loop)\n")
         L.append("| target | met? | measured |")
         L.append("|---|---|---|")
@@ -940,64 +855,7 @@ def write_report(agg, comps, run, pngs, total, versions) -> None:
                  f"| {c['mean_diff']:+.1f} | {_p(c['mean_p'])} | {c['sps_ratio']:.2f} | {_range(c['sps_ratio_per_seed'])} "
                  f"| {c['peak_rss_ratio']:.2f} |")
     L.append("")
-    L.append("## Method\n")
-    L.append(f"* Algorithm and hyperparameters: CleanRL's `ppo.py` (github.com/vwxyzjn/cleanrl, `cleanrl/ppo.py`, "
-             f"defaults of its `Args`): {HP['num_envs']} synchronous CartPole-v1 environments, {HP['num_steps']} steps "
-             f"per rollout (batch {HP['num_steps'] * HP['num_envs']}), {HP['update_epochs']} epochs of "
-             f"{HP['num_minibatches']} shuffled minibatches, Adam lr {HP['learning_rate']} (eps {HP['adam_eps']}) "
-             f"annealed linearly to 0, gamma {HP['gamma']}, GAE lambda {HP['gae_lambda']}, advantages normalised per "
-             f"minibatch, clip {HP['clip_coef']} for the ratio and the value, entropy {HP['ent_coef']}, value "
-             f"{HP['vf_coef']}, global gradient-norm clip {HP['max_grad_norm']}, no target KL; actor and critic "
-             f"MLPs 4-64-64-out with tanh and CleanRL's orthogonal initialisation. {total:,} steps requested, "
-             f"{total // (HP['num_steps'] * HP['num_envs']):,} iterations of "
-             f"{HP['num_steps'] * HP['num_envs']} steps run (CleanRL's integer division).")
-    L.append("* Environments: gymnasium " + str(versions.get("gymnasium")) + " `SyncVectorEnv` of "
-             f"{HP['num_envs']} `RecordEpisodeStatistics(CartPole-v1)` with `autoreset_mode=SAME_STEP` (the "
-             "behaviour of gymnasium 0.29, which CleanRL's loop was written for: the step that ends an episode "
-             "returns the next episode's first observation and the last one in `info[\"final_obs\"]`), reset with "
-             "the run's seed. Returns and lengths are read from `info[\"final_info\"][\"episode\"]`.")
-    L.append("* **Time limits.** `torch`, `torch_tfdata` and `edge` all have CleanRL's semantics: `done = "
-             "terminated or truncated`, and a truncated episode (CartPole-v1 stops at 500 steps) is not "
-             "bootstrapped. CleanRL's loop stores `done`; tfdata's buffer stores `terminated` and `truncated` and "
-             "no `final_value`, and its GAE then cuts at both without a bootstrap: the same advantages as "
-             "CleanRL's loop (tested against its GAE loop). `edge_bootstrap` (and `torch_tfdata_bootstrap`, run "
-             "only on request) also stores `final_value`, the critic's value of `info[\"final_obs\"]` where "
-             "truncated, so GAE bootstraps through the time limit; it is compared with `edge`, not with the "
-             "targets.")
-    L.append("* Other differences from CleanRL, the same in every variant: no TensorBoard writer and no "
-             "explained-variance computation (logging only); the torch loop computes CleanRL's logged statistics "
-             "(approx KL, clip fraction) as CleanRL does, `tfdata.nn.PPO` in its compiled update. The tfdata loops "
-             "shuffle with the buffer's own generator (one stream per run, seeded with the run's seed), the torch loop "
-             "with numpy's global generator as CleanRL; actions are sampled by torch's generator (torch loops) or "
-             "`tfdata.nn.PPO`'s own (edge). Runs with the same seed therefore differ in their random draws across "
-             "variants; the comparison is between seed distributions.")
-    L.append("* Learners: torch " + str(versions.get("torch")) + " on the CPU with `torch.set_num_threads(1)` and "
-             "`OMP_NUM_THREADS=1`; `tfdata.nn.PPO` (numba kernels, float32). Storage: torch tensors of shape "
-             f"({HP['num_steps']}, {HP['num_envs']}) (`torch`), `tfdata.RolloutBuffer` with the AoS layout (tfdata "
-             "loops), read by torch through `torch.from_numpy` (no copy).")
-    L.append("* Timing: `time.perf_counter_ns` around each part of the loop (sections above), summed per run; "
-             "`other` = loop wall clock minus the timed sections. Steps per second = environment steps (transitions, "
-             "as CleanRL's SPS) / loop wall clock; setup (imports, warm-up of every call on a throwaway learner and "
-             "buffer so numba kernels are loaded and torch has made its first-call allocations) is outside the "
-             f"clock. The bare env.step loop: {BARE_ENV_STEPS:,} vector steps with fixed random actions on a "
-             "separate vector env of the same construction, timed in every run's process before the run.")
-    L.append("* Memory: peak RSS of each run's own process (`VmHWM` of `/proc/self/status`, the high-water mark of "
-             "its address space; `getrusage`'s max RSS is kept in `results.json` as `ru_maxrss_bytes` but is not "
-             "used: a child started by vfork + exec, as `subprocess` does, begins with its parent's peak, so it "
-             "cannot read below the driver's): the interpreter, numpy, "
-             "gymnasium, tfdata with numba (every variant but `torch`, whose process never imports tfdata, as CleanRL's "
-             "does not), and torch (all but `edge`).")
-    L.append(f"* Learning: final return = mean return of the last {LAST_EPISODES} episodes of a run; mean return = "
-             "over every episode of the run (area under the learning curve). Two variants are compared with an "
-             "exact two-sided permutation test of equal means over seeds (all C(10, 5) = 252 splits for 5 against "
-             "5; the smallest possible p is 2/252 = 0.008). A p above 0.05 means no difference was detected with "
-             "5 seeds, not that the variants are identical. Learning curves: mean return of the episodes ending in "
-             f"each of {CURVE_BINS} step ranges, mean ± std over seeds.")
-    L.append("* Each run is a fresh process; variants alternate seed by seed (the order rotates). Load average at "
-             "the start and end of every run is in `results.json`. Before the measured runs, each tfdata variant runs "
-             "one rollout in a process of its own (not recorded) so numba's on-disk cache holds every kernel: "
-             "the measured processes load compiled kernels, as any run after the first does.")
-    L.append("")
+    L.extend(hand_written(OUT_DIR, "method"))
     write_methodology_report(OUT_DIR, L, run)
 
 

@@ -34,8 +34,8 @@ import os
 # explicit setting in the environment wins (and is recorded).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
 import gc  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
@@ -47,8 +47,10 @@ import numpy as np  # noqa: E402
 import tfdata  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _methodology import (RunRecord, SliceTimer, fmt_bytes, md_table, mean_std, report_dir,  # noqa: E402
-                          rotated, run_rounds, write_json, write_report as write_methodology_report)
+from _recording import RunRecord, parse_seeds, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_bytes, hand_written, md_table, write_report as write_methodology_report  # noqa: E402
+from _stats import mean_std  # noqa: E402
+from _timing import SliceTimer, rotated, run_rounds  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -529,22 +531,6 @@ def fmt_pm(m: dict, digits: int = 1) -> str:
     return f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f}"
 
 
-def fmt_range(xs, scale: float = 1.0, unit: str = "", signed: bool = False) -> str:
-    lo, hi = scale * min(xs), scale * max(xs)
-    f = "{:+.0f}" if signed else "{:.0f}"
-    if round(lo) == round(hi):
-        return f.format(lo) + unit
-    return f.format(lo) + unit + " to " + f.format(hi) + unit
-
-
-def fmt_us_range(xs) -> str:
-    """'120-850 µs', '1.5-13.1 ms'."""
-    lo, hi = min(xs), max(xs)
-    if hi >= 10_000:
-        return f"{lo / 1000:.1f}-{hi / 1000:.1f} ms"
-    return f"{fmt_us(lo)}-{fmt_us(hi)} µs"
-
-
 def fmt_mult(m: float) -> str:
     return f"{m:g}x"
 
@@ -555,10 +541,6 @@ def reference_mult(mults) -> float:
 
 def ref_depth() -> int:
     return 2 if 2 in PREFETCH else PREFETCH[-1]
-
-
-def short(c: dict) -> str:
-    return f"{c['case']}/{LNAME[c['layout']]}/{c['consumer']}/step {fmt_mult(c['mult'])}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -732,239 +714,6 @@ def detail_table(idx, case, order, mults) -> list[str]:
     return lines
 
 
-def conclusions(cells, idx, calib, mults) -> list[str]:
-    out = []
-    case, order, layout = MAIN
-    ref = reference_mult(mults)
-    d = ref_depth()
-    shuffled_cases = [c for c, o in case_orders() if o == "shuffled"]
-
-    # -- the main case, per consumer
-    for consumer in CONSUMERS:
-        parts = []
-        for mult in mults:
-            cs = [idx[(case, order, consumer, mult, layout, p)] for p in PREFETCH]
-            best = min(cs[1:], key=lambda c: c["stall_pct"]["mean"])
-            parts.append(f"step {fmt_mult(mult)}: {cs[0]['stall_pct']['mean']:.0f}% at depth 0, best "
-                         f"{best['stall_pct']['mean']:.0f}% (depth {best['prefetch']}); ideal "
-                         f"{cs[0]['model_stall_serial_pct']:.0f}% and {best['model_stall_overlap_pct']:.0f}%")
-        out.append(f"**Main case ({case}, {order}, {LNAME[layout]}), {consumer} step.** " + "; ".join(parts) + ".")
-
-    # -- how much of the stall is removed, per consumer and step, over every shuffled case
-    for consumer in CONSUMERS:
-        rows = []
-        for mult in mults:
-            cs = [idx[(cs_, "shuffled", consumer, mult, lay, d)] for cs_ in shuffled_cases for lay in LAYOUTS]
-            rows.append(f"step {fmt_mult(mult)}: {fmt_range([c['vs_p0']['stall_reduction'][0] for c in cs], 100, '%')} "
-                        f"of the depth-0 stall removed, {fmt_range([c['stall_pct']['mean'] for c in cs], 1, '%')} "
-                        f"left (ideal {fmt_range([c['model_stall_overlap_pct'] for c in cs], 1, '%')})")
-        out.append(f"**{CONSUMER_LABEL[consumer]}, depth {d}, over the {len(shuffled_cases) * len(LAYOUTS)} shuffled "
-                   "(case, layout) pairs** (a negative share: the stall rose): " + "; ".join(rows) + ".")
-
-    # -- producer-bound regime: the per-batch period of the prefetch thread
-    lo = min(mults)
-    if lo < 1:
-        per = []
-        for cs_ in shuffled_cases:
-            for lay in LAYOUTS:
-                c = idx[(cs_, "shuffled", "sleep", lo, lay, d)]
-                period = 1e6 * c["epoch_s"]["mean"] / c["batches"]
-                per.append((cs_, lay, period, period / c["gather_here_us"]))
-        out.append(f"**Step shorter than the gather (sleep step {fmt_mult(lo)}, depth {d}).** The loader is the "
-                   "bottleneck and the epoch advances one batch per period of the prefetch thread: "
-                   + "; ".join(f"{cs_}/{LNAME[lay]} {fmt_us(pd)} µs = {r:.2f}x g (+{fmt_us(pd - pd / r)} µs)"
-                               for cs_, lay, pd, r in per)
-                   + " (g: the mean wait of the same configuration at depth 0). A period above 1x g means the background loop produces a batch more slowly than the "
-                     "consumer's own gather at depth 0, so the stall stays above the ideal max(0, g−s)/g "
-                     "(interpretation, not measured here: the thread and the consumer hand the GIL to each "
-                     "other around every kernel call, and a thread wake-up costs ~15 µs on this VM).")
-
-    # -- helps / does not help / hurts
-    groups = {}
-    for c in cells:
-        if c["order"] == "shuffled" and c["prefetch"] > 0:
-            groups.setdefault(key_of(c)[:5], []).append(c)
-    helps = [k for k, cs in groups.items() if any(c["vs_p0"]["lower"] for c in cs)]
-    hurts = [k for k, cs in groups.items() if all(c["vs_p0"]["higher"] for c in cs)]
-
-    def name(k):
-        c0 = idx[k + (0,)]
-        best = min(groups[k], key=lambda c: c["stall_pct"]["mean"])
-        return f"{short(c0)} ({c0['stall_pct']['mean']:.0f}% → best {best['stall_pct']['mean']:.0f}%)"
-
-    counts = []
-    for cons in CONSUMERS:
-        per = []
-        for mult in mults:
-            ks = [k for k in groups if k[2] == cons and k[3] == mult]
-            per.append(f"{fmt_mult(mult)} {sum(k in helps for k in ks)}/{len(ks)}")
-        counts.append(f"{cons} step " + ", ".join(per))
-    out.append(f"**Where prefetch helps (shuffled).** Some depth >= 1 lowers the stall by more than "
-               f"{MARGIN_PP:g} points in every seed in {len(helps)} of {len(groups)} (case, layout, consumer, "
-               "step) configurations; by consumer and step (of the (case, layout) pairs): " + "; ".join(counts) + ".")
-    if hurts:
-        out.append("**Prefetch makes it worse** (every depth >= 1 raises the stall in every seed): "
-                   + "; ".join(name(k) for k in sorted(hurts)) + ".")
-
-    # -- the resident bound: image vs image-bounded
-    if "image" in CASES and "image-bounded" in CASES:
-        parts = []
-        diffs = []
-        for lay in LAYOUTS:
-            g1, g2 = calib["image-bounded"][lay]["gather_us"], calib["image"][lay]["gather_us"]
-            per = []
-            for consumer in CONSUMERS:
-                a = idx[("image-bounded", "shuffled", consumer, ref, lay, d)]
-                b = idx[("image", "shuffled", consumer, ref, lay, d)]
-                per.append(f"{consumer} {a['stall_pct']['mean']:.0f}% vs {b['stall_pct']['mean']:.0f}%")
-                diffs.append(a["vs_p0"]["stall_reduction"][0] - b["vs_p0"]["stall_reduction"][0])
-            parts.append(f"{LNAME[lay]}: gather {fmt_us(g1)} vs {fmt_us(g2)} µs per batch; stall at depth {d}, step "
-                         f"{fmt_mult(ref)}: " + ", ".join(per))
-        s = ("**Bounding the resident set of a shuffled epoch (image rows, `resident_bytes` = 64 MiB vs the "
-             "default, which leaves the file mapped).** "
-             + "; ".join(parts) + ". ")
-        if np.mean(diffs) < -0.05:
-            s += (f"With the bound, prefetch removes on average {-100 * np.mean(diffs):.0f} points less of the "
-                  "depth-0 stall than with the file left mapped (same step multiple). Interpretation, not "
-                  "measured here: above the bound a shuffled epoch releases the whole map with "
-                  "`madvise(MADV_DONTNEED)` each time the mapped bytes pass the bound, and CPython's "
-                  "`mmap.madvise` keeps the GIL for the duration of the call, so the prefetch thread blocks "
-                  "the consumer's Python code while it releases; it then faults the pages in again.")
-        elif np.mean(diffs) > 0.05:
-            s += (f"With the bound, prefetch removes on average {100 * np.mean(diffs):.0f} points more of the "
-                  "depth-0 stall than with the file left mapped (its gather is slower, so there is more to hide).")
-        else:
-            s += "Prefetch removes about the same share of the depth-0 stall in both."
-        out.append(s)
-
-    # -- depth beyond 1
-    deeper = [c for c in cells if c["order"] == "shuffled" and c["prefetch"] > 1]
-    better = [c for c in deeper if c["vs_p1"]["lower"]]
-    worse = [c for c in deeper if c["vs_p1"]["higher"]]
-    diffs = [c["vs_p1"]["stall_diff_pp"][0] for c in deeper]
-    s = (f"**Depth beyond 1.** Of {len(deeper)} shuffled (configuration, depth {'/'.join(str(p) for p in PREFETCH if p > 1)}) "
-         f"pairs, {len(better)} stall less than depth 1 by more than {MARGIN_PP:g} points in every seed and "
-         f"{len(worse)} stall more; the mean difference from depth 1 is {fmt_range(diffs, 1, '', True)} points "
-         f"(median {np.median(diffs):+.1f}).")
-    if better:
-        by = {}
-        for c in better:
-            by[c["consumer"]] = by.get(c["consumer"], 0) + 1
-        s += " Better: " + ", ".join(f"{n} with the {cons} step" for cons, n in by.items()) + "."
-    out.append(s)
-
-    # -- busy consumers do less work while the prefetch thread runs
-    slow = []
-    for consumer in ("numpy", "python"):
-        r = [idx[(cs_, "shuffled", consumer, mult, lay, p)]["work_vs_p0"]["mean"]
-             for cs_ in shuffled_cases for lay in LAYOUTS for mult in mults for p in PREFETCH[1:]]
-        slow.append(f"{consumer} step: median {100 * np.median(r):.0f}% ({fmt_range(r, 100, '%')})")
-    out.append("**Compute done in a step while the loader prefetches**, relative to the same fixed-time step "
-               "at depth 0 (where no loader work runs during the step), shuffled, over cases, layouts, steps "
-               "and depths >= 1: " + "; ".join(slow) + ". Below 100%, the prefetch thread running beside "
-               "the step (on the other CPU, for memory bandwidth and caches, or for the GIL) cost the step work.")
-
-    # -- epoch start and per-batch latency: at the longest step, where the loader can keep up
-    hi = max(mults)
-    firsts = []
-    for cs_ in shuffled_cases:
-        for lay in LAYOUTS:
-            c = idx[(cs_, "shuffled", "sleep", hi, lay, d)]
-            share = 100 * c["first_wait_us"]["mean"] / (1e6 * c["epoch_s"]["mean"])
-            firsts.append(f"{cs_}/{LNAME[lay]} {fmt_us(c['first_wait_us']['mean'])} µs = {share:.1f}% of the "
-                          f"epoch (stall {c['stall_pct']['mean']:.1f}% overall, {c['stall_steady_pct']['mean']:.1f}% "
-                          "after the first batch)")
-    out.append(f"**The epoch start is not hidden.** The first batch of an epoch waits for the permutation and the "
-               f"first gather at any depth (shuffled, sleep step {fmt_mult(hi)}, depth {d}): " + "; ".join(firsts) + ".")
-
-    # -- latency
-    lat = []
-    for cs_ in shuffled_cases:
-        for lay in LAYOUTS:
-            c0 = idx[(cs_, "shuffled", "sleep", hi, lay, 0)]
-            c2 = idx[(cs_, "shuffled", "sleep", hi, lay, d)]
-            lat.append(f"{cs_}/{LNAME[lay]} median {fmt_us(c0['wait_steady_median_us']['mean'])} → "
-                       f"{fmt_us(c2['wait_steady_median_us']['mean'])} µs, p99 {fmt_us(c0['wait_steady_p99_us']['mean'])} → "
-                       f"{fmt_us(c2['wait_steady_p99_us']['mean'])} µs")
-    out.append(f"**Per-batch wait (shuffled, sleep step {fmt_mult(hi)}, depth 0 → {d}).** " + "; ".join(lat) + ".")
-    gil = []
-    for consumer in ("numpy", "python"):
-        r0 = [idx[(cs_, "shuffled", consumer, hi, lay, 0)]["wait_steady_p99_us"]["mean"]
-              for cs_ in shuffled_cases for lay in LAYOUTS]
-        r1 = [idx[(cs_, "shuffled", consumer, hi, lay, p)]["wait_steady_p99_us"]["mean"]
-              for cs_ in shuffled_cases for lay in LAYOUTS for p in PREFETCH[1:]]
-        m0 = [idx[(cs_, "shuffled", consumer, hi, lay, p)]["wait_steady_median_us"]["mean"]
-              for cs_ in shuffled_cases for lay in LAYOUTS for p in PREFETCH[1:]]
-        gil.append(f"{consumer} step: p99 {fmt_us_range(r0)} at depth 0, {fmt_us_range(r1)} with prefetch "
-                   f"(median {fmt_us_range(m0)})")
-    out.append(f"With a busy step (step {fmt_mult(hi)}): " + "; ".join(gil) + ". The switch interval of the "
-               f"GIL is {1e3 * sys.getswitchinterval():g} ms.")
-
-    # -- sequential
-    seq = [c for c in cells if c["order"] == "sequential"]
-    if seq:
-        worst = max(seq, key=lambda c: c["stall_pct"]["mean"])
-        s0 = [c["stall_pct"]["mean"] for c in seq if c["prefetch"] == 0]
-        sp = [c["stall_pct"]["mean"] for c in seq if c["prefetch"] > 0]
-        t0 = [c["stall_touch_pct"]["mean"] for c in seq if c["prefetch"] == 0]
-        tp = [c["stall_touch_pct"]["mean"] for c in seq if c["prefetch"] > 0]
-        seq_h = [k for k in {key_of(c)[:5] for c in seq}
-                 if any(idx[k + (p,)]["vs_p0"]["lower"] for p in PREFETCH[1:])]
-        seq_w = [k for k in {key_of(c)[:5] for c in seq}
-                 if all(idx[k + (p,)]["vs_p0"]["higher"] for p in PREFETCH[1:])]
-        n_seq = len({key_of(c)[:5] for c in seq})
-        out.append(f"**Sequential order** (batches are zero-copy views of the file): stall {fmt_range(s0, 1, '%')} "
-                   f"at depth 0 and {fmt_range(sp, 1, '%')} with prefetch; counting the consumer's first read of "
-                   f"the batch's pages as loading (stall + touch): {fmt_range(t0, 1, '%')} and {fmt_range(tp, 1, '%')}. "
-                   f"Prefetch lowers the stall in {len(seq_h)} and raises it at every depth in {len(seq_w)} of "
-                   f"{n_seq} configurations; the largest stall is {short(worst)}, depth {worst['prefetch']} "
-                   f"({worst['stall_pct']['mean']:.0f}%).")
-        py = [k for k in {key_of(c)[:5] for c in seq} if k[2] == "python"]
-        py_w = [k for k in py if all(idx[k + (p,)]["vs_p0"]["higher"] for p in PREFETCH[1:])]
-        if py:
-            out.append(f"With the GIL-holding step, prefetch raises the sequential stall at every depth in "
-                       f"{len(py_w)} of {len(py)} configurations: depth 0 "
-                       f"{fmt_range([idx[k + (0,)]['stall_pct']['mean'] for k in py], 1, '%')}, depth {d} "
-                       f"{fmt_range([idx[k + (d,)]['stall_pct']['mean'] for k in py], 1, '%')}. Interpretation: a "
-                       "zero-copy batch costs the loader only Python work, which the prefetch thread cannot do "
-                       "while the step holds the GIL, so the consumer gathers most batches itself.")
-        hand = []
-        for cs_ in [c for c, o in case_orders() if o == "sequential"]:
-            for lay in LAYOUTS:
-                c0 = idx[(cs_, "sequential", "sleep", hi, lay, 0)]
-                c2 = idx[(cs_, "sequential", "sleep", hi, lay, d)]
-                hand.append(f"{cs_}/{LNAME[lay]} {fmt_us(c0['wait_steady_median_us']['mean'])} → "
-                            f"{fmt_us(c2['wait_steady_median_us']['mean'])} µs")
-        out.append(f"Median wait per batch in sequential order (sleep step {fmt_mult(hi)}, depth 0 → {d}): "
-                   + "; ".join(hand) + ". Where the depth-0 wait is already this small, the wait with prefetch "
-                     "is the cost of handing a ready batch over.")
-        if ("image", "sequential") in case_orders():
-            t = []
-            for lay in LAYOUTS:
-                c0 = idx[("image", "sequential", "sleep", ref, lay, 0)]
-                c2 = idx[("image", "sequential", "sleep", ref, lay, d)]
-                t.append(f"{LNAME[lay]} {fmt_us(c0['touch_median_us']['mean'])} µs at depth 0, "
-                         f"{fmt_us(c2['touch_median_us']['mean'])} µs at depth {d}")
-            out.append("What prefetch moves off the consumer in sequential order is the page faults of the batch "
-                       f"(image rows above the bound, sleep step {fmt_mult(ref)}, median touch per batch): "
-                       + "; ".join(t) + ".")
-
-    # -- layouts
-    lay_s = []
-    for cs_ in shuffled_cases:
-        ga, gs = calib[cs_]["aos"]["gather_us"], calib[cs_]["soa"]["gather_us"]
-        ea = idx[(cs_, "shuffled", "sleep", ref, "aos", 0)]["epoch_s"]["mean"]
-        es = idx[(cs_, "shuffled", "sleep", ref, "soa", 0)]["epoch_s"]["mean"]
-        a2 = idx[(cs_, "shuffled", "sleep", ref, "aos", d)]
-        s2 = idx[(cs_, "shuffled", "sleep", ref, "soa", d)]
-        lay_s.append(f"{cs_}: SoA gathers in {gs / ga:.2f}x the AoS time ({fmt_us(ga)} vs {fmt_us(gs)} µs); "
-                     f"depth-{d} stall {a2['stall_pct']['mean']:.0f}% (AoS) vs {s2['stall_pct']['mean']:.0f}% (SoA)")
-    out.append("**Layouts** (sleep step " + fmt_mult(ref) + " of each layout's own gather time): " + "; ".join(lay_s)
-               + ". Because steps scale with each layout's gather time, the stall says how well each layout's "
-                 "loading is hidden, not which is faster; the absolute gather times say that.")
-    return out
-
-
 def hidden_section(idx, mults) -> list[str]:
     """The share of the depth-0 wait each depth removes, for the steps of at least 1.2x g."""
     long_steps = [m for m in mults if m >= 1.2]
@@ -1021,15 +770,20 @@ def cost_section(cost: dict) -> list[str]:
     return L
 
 
-def write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log=(), cost=None) -> None:
+def write_report(res: dict, files: list) -> None:
+    """README.md from results.json: the tables; the conclusions and the method's prose are the
+    hand-written parts of the full report (kept when a rerun rewrites it)."""
+    run, cells, calib, meta = res["methodology"], res["cells"], res["calibration"], res["files"]
+    cost = {(c["layout"], c["order"], c["batch"]): {int(p): v for p, v in c["by_depth"].items()}
+            for c in res["noop_cost"]}
+    mults, seeds, mode = run["parameters"]["step_multiples"], run["seeds"], run["mode"]
     idx = {key_of(c): c for c in cells}
-    seeds = run["seeds"]
     d = ref_depth()
     L = []
     L.append("# Prefetch: how much data loading does the DataLoader hide?\n")
     L.append(f"> Produced by the **{mode}** run `{run['run_name']}` ({len(seeds)} seeds, "
-             f"{run['wall_clock_s']:.0f} s wall clock, started {run['started_utc']}). Every table, figure "
-             "and conclusion below comes from that run; rerunning overwrites this directory.\n")
+             f"{run['wall_clock_s']:.0f} s wall clock, started {run['started_utc']}). Every table and figure "
+             "below comes from that run's `results.json`; rerunning rewrites them.\n")
     case, order, layout = MAIN
     kind = CASES[case]["kind"]
     L.append("## Answer\n")
@@ -1050,62 +804,16 @@ def write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log
     L.append("")
     L.extend(hidden_section(idx, mults))
     L.extend(cost_section(cost))
-    L.append("Conclusions (computed from this run's numbers):\n")
-    for s in conclusions(cells, idx, calib, mults):
-        L.append(f"- {s}")
-    L.append("")
-
+    L.extend(hand_written(OUT_DIR, "conclusions"))
     L.append("## Reproduce\n")
     L.append("```sh\n.venv/bin/python experiments/prefetch.py --quick     # about a minute: 2 seeds, small files\n"
              ".venv/bin/python experiments/prefetch.py             # full run (< ~10 min), 5 seeds\n"
-             ".venv/bin/python experiments/prefetch.py --seeds 0,1,2\n```\n")
+             ".venv/bin/python experiments/prefetch.py --seeds 0,1,2\n"
+             ".venv/bin/python experiments/prefetch.py --render reports/prefetch/results.json  # the report again\n```\n")
     L.append("Files: `README.md` (this), `results.json` (every number, per seed; `schema_version` field), "
              + ", ".join(f"`{f}`" for f in files) + ".\n")
-
-    L.append("## What is measured\n")
-    L.append("A training loop, simulated:\n")
-    L.append("```python\nit = iter(loader)          # timed as waiting\n"
-             "for batch in it:           # every next(it) timed: the wait\n"
-             "    touch(batch)           # read one element per 4 KiB page of every field (timed apart)\n"
-             "    step()                 # the simulated training step, fixed duration\n```\n")
-    L.append("* **Loader.** `tfdata.DataLoader(tfdata.MmapDataset.open(path), batch_size, shuffle=..., "
-             "seed=seed, prefetch=depth)`, other options at their defaults (`zero_copy=True`, "
-             "`resident_bytes=\"auto\"`: unbounded for a shuffled epoch, 64 MiB for a sequential one) except in "
-             "the *image-bounded* case (`resident_bytes` = 64 MiB). Depth 0 "
-             "gathers in the consumer's thread; at depth k >= 1 one background thread gathers ahead into a "
-             "ring of k + 1 batches once the consumer spends 10 µs or more outside `next()` twice in a row, "
-             "and the consumer gathers a batch itself whenever it is not ready (see ARCHITECTURE.md). A fresh loader per configuration and seed: its epoch 0 runs a few batches untimed (so "
-             "the ring buffers have been written once, as in any epoch after the first) and is closed; the "
-             "timed epoch is epoch 1, which starts from scratch (permutation, thread start, first gather). All "
-             "depths of a seed yield the same batches.")
-    L.append("* **Orders.** *shuffled* (`shuffle=True`: a full permutation; every batch is a random gather "
-             "copied by the nogil kernel) and *sequential* (`shuffle=False`: batches are zero-copy views of "
-             "the file; with prefetch the thread faults their pages in ahead).")
-    L.append("* **Consumers** (the step): " + "; ".join(f"*{k}*: {v}" for k, v in CONSUMER_LABEL.items())
-             + f". Every step lasts a fixed time: the busy steps loop until a deadline (numpy: "
-               f"{MATMUL_N}x{MATMUL_N} float32 matmuls, {cons_cal['numpy_units_per_s']:,.0f}/s alone, OpenBLAS "
-               f"threads = {os.environ.get('OPENBLAS_NUM_THREADS')}; Python: chunks of {PY_CHUNK} loop "
-               f"iterations, {cons_cal['python_units_per_s']:,.0f}/s alone, the clock read between chunks) "
-               "and count the work done, so a step slowed by the loader shows as less work (*work vs depth 0* "
-               "in the detail tables), not as a longer step. The sleep step asks `time.sleep` for the time "
-               f"left minus its measured wake-up overshoot ({cons_cal['sleep_overshoot_ns'] / 1e3:.0f} µs).")
-    L.append("  They stand for: *sleep*, a GPU step (the Python thread waits on the device without the GIL "
-             "and leaves both CPUs to the loader); *numpy*, a CPU step in a library that releases the GIL "
-             "(numpy, torch operators) and keeps one CPU busy; *python*, Python-level work that holds the "
-             "GIL (environment stepping, pure-Python preprocessing).")
-    L.append("* **Touch.** A zero-copy batch is a view of the file; a real step reads it, and the page "
-             "faults land there. The consumer reads one element per 4 KiB page of every field (a few µs when "
-             "the pages are mapped), timed apart from the step; *stall + touch* counts it as loading.")
-    L.append(f"* **Step durations** are multiples ({', '.join(fmt_mult(m) for m in mults)}) of the gather "
-             "time g of the (case, layout): the mean `next()` time at depth 0 in shuffled order with no step "
-             f"(batches 2..n, the fastest of {CALIB_EPOCHS[mode]} epochs), measured at the start of the run. "
-             "Sequential order uses the same absolute steps.")
-    L.append("* **Metrics, per epoch.** *stall %* = (time in `iter()` + every `next()`, including the final "
-             "one that raises StopIteration) / epoch wall time. *steady stall %*: batches 2..n only (from the "
-             "return of the first batch to the end of the last step). *first wait*: `iter()` + the first "
-             "`next()`. Wait median and p99: over batches 2..n. *Epoch speed-up*: epoch time at depth 0 / at "
-             "this depth, per seed.")
-    L.append("")
+    L.extend(hand_written(OUT_DIR, "method"))
+    L.append("## Cases\n")
     L.append("| case | fields | bytes/row (AoS record) | rows | batch | batches/epoch | file AoS / SoA | "
              "loader `resident_bytes` | g at depth 0, AoS / SoA |")
     L.append("|---|---|---:|---:|---:|---:|---:|---|---:|")
@@ -1120,31 +828,6 @@ def write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log
                  f"{-(-rows // BATCH[k])} | {fmt_bytes(meta['file_bytes'][k]['aos'])} / "
                  f"{fmt_bytes(meta['file_bytes'][k]['soa'])} | {rb} | {fmt_us(calib[cs_]['aos']['gather_us'])} / "
                  f"{fmt_us(calib[cs_]['soa']['gather_us'])} µs |")
-    L.append("")
-    L.append("With the defaults a shuffled epoch leaves the whole file mapped; a sequential epoch over the "
-             "image files (larger than 64 MiB) releases pages behind and reads ahead. *image-bounded* opens "
-             "the same files (its own map of them) with `resident_bytes` = 64 MiB: a shuffled epoch then reads "
-             "the mapped bytes after each chunk of rows and releases the whole map when they pass the bound. "
-             "The cartpole files are under 64 MiB and stay mapped. Files are written just before the run and stay in the page cache (plenty of free RAM): "
-             "page faults are minor, no disk is read; this measures mapping and copying, not a disk.\n")
-
-    L.append("## Method\n")
-    L.append(f"* **Seeds.** {', '.join(map(str, seeds))}: the loader seed (the epoch's permutation). Each seed "
-             "repeats every configuration; seeds run one after another.")
-    L.append("* **Order of configurations.** Within a seed, configurations run in a list rotated by a "
-             "different offset for each seed and reversed for every other seed, so a slow spell of the machine "
-             "does not always hit the same depth, layout or case.")
-    L.append("* **Warm-up.** Before anything is timed, every kernel is loaded and every file read (one epoch "
-             "per case, layout, order and depth 0 / 2, each checked to yield every row exactly once); then g "
-             "and the consumers are calibrated.")
-    L.append("* **Residency.** Before each timed epoch a file above the loader's bound is unmapped "
-             "(`ds.release_all()`, the state the loader leaves after a release) and any other file is fully "
-             "mapped (`ds.touch(0, len(ds))`), so every epoch starts in the same state whatever ran before.")
-    L.append("* **Timing.** `time.perf_counter_ns` around every call; the garbage collector is off during an "
-             "epoch. Tables give the mean ± std across seeds of per-seed values; per-seed values are in "
-             "`results.json`.")
-    L.append(f"* **Verdicts.** A stall difference counts when every seed agrees in sign and exceeds "
-             f"{MARGIN_PP:g} points (paired by seed: same permutation).")
     L.append("")
 
     for cs_, o in case_orders():
@@ -1164,35 +847,11 @@ def write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log
     L.append("## Per-batch wait latency\n")
     L.append("![latency.png](latency.png)\n")
 
-    L.append("## Caveats\n")
-    L.append("* One small shared virtual machine with 2 logical CPUs: the prefetch thread and a busy step "
-             "share them with everything else running. Load and CPU steal over the run are recorded below.")
-    shares = [x["other_processes_cpu_share"] for x in seed_log if x.get("other_processes_cpu_share") is not None]
+    shares = [x for x in res["seed_log"] if x.get("other_processes_cpu_share") is not None]
     if shares:
-        per = ", ".join(f"seed {x['seed']} {100 * x['other_processes_cpu_share']:.0f}%" for x in seed_log
-                        if x.get("other_processes_cpu_share") is not None)
-        if max(shares) > 0.1:
-            L.append(f"* **Other processes were running.** Share of the machine's CPUs used by processes other "
-                     f"than this one while each seed was measured (`/proc/stat` busy time minus this process's "
-                     f"CPU time): {per}. On 2 CPUs, a process that keeps one CPU busy leaves the consumer and "
-                     "the prefetch thread one CPU between them: the busy-step results and the tails are the most "
-                     "affected, and absolute times are slower than on an idle machine.")
-        else:
-            L.append(f"* Other processes used little CPU while the seeds were measured ({per} of the machine's "
-                     "CPUs, `/proc/stat` busy time minus this process's CPU time).")
-    L.append("* Warm page cache only: no disk reads are measured. From a cold cache a shuffled gather would "
-             "wait for the disk, which prefetch could hide only with more requests in flight than one thread "
-             "issues.")
-    L.append("* The cartpole files are under 64 MiB; a bounded shuffled epoch over small rows above the bound "
-             "is not measured here.")
-    L.append("* `time.sleep` wakes late, by more when the other CPU is busy; the sleep step's achieved time is "
-             "in the detail tables.")
-    L.append("* The GIL-holding step drops the GIL only when it blocks or every switch interval "
-             f"({1e3 * sys.getswitchinterval():g} ms); the prefetch thread needs the GIL between kernel calls "
-             "(indices, batch object, page advice), and so does the consumer at the end of every step.")
-    L.append("* Epochs are short (64 batches in the full run, 20 in the quick one), so a p99 is close "
-             "to the largest wait of the epoch.")
-    L.append("")
+        L.append("Share of the machine's CPUs used by processes other than this one while each seed was measured "
+                 "(`/proc/stat` busy time minus this process's CPU time): "
+                 + ", ".join(f"seed {x['seed']} {100 * x['other_processes_cpu_share']:.0f}%" for x in shares) + ".\n")
     write_methodology_report(OUT_DIR, L, run)
 
 
@@ -1214,28 +873,18 @@ def print_summary(cells, mults) -> None:
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
-def parse_seeds(text: str | None, mode: str) -> list[int]:
-    if text is None:
-        return list(range(DEFAULT_SEEDS[mode]))
-    if "," in text:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    else:
-        seeds = list(range(int(text)))
-    if not seeds:
-        raise SystemExit("--seeds: need at least one seed")
-    return seeds
-
-
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small files, 2 seeds, 2 step durations (~1 min)")
-    ap.add_argument("--seeds", default=None,
-                    help="number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
-                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
+    ap = seeds_parser(__doc__, "small files, 2 seeds, 2 step durations (~1 min)",
+                      "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
+                      f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
+    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                    help="rewrite the report and plots from a results.json (no runs)")
     args = ap.parse_args(argv)
+    if args.render:
+        render(args.render)
+        return
     mode = "quick" if args.quick else "full"
-    seeds = parse_seeds(args.seeds, mode)
+    seeds = parse_seeds(args.seeds, DEFAULT_SEEDS[mode])
     mults = STEP_MULTS[mode]
     command = " ".join(["python experiments/prefetch.py", *(sys.argv[1:] if argv is None else argv)])
     params = {"prefetch_depths": PREFETCH, "layouts": LAYOUTS, "orders": ORDERS, "consumers": CONSUMERS,
@@ -1340,20 +989,30 @@ def main(argv=None) -> None:
 
     cells = aggregate(raw, calib)
     print_summary(cells, mults)
-    files = plot(cells, calib, mults, mode, len(seeds))
-    for name in os.listdir(OUT_DIR):  # plots of an earlier run that this one did not draw
-        if name.endswith(".png") and name not in files:
-            os.remove(os.path.join(OUT_DIR, name))
     run = rec.finish()
-    write_json(os.path.join(OUT_DIR, "results.json"),
-               {"methodology": run, "calibration": calib, "consumer_calibration": cons_cal, "files": meta,
-                "seed_log": seed_log, "cells": cells, "raw": raw,
-                "noop_cost": [{"layout": k[0], "order": k[1], "batch": k[2],
-                               "by_depth": {str(p): v for p, v in per.items()}} for k, per in cost.items()]})
-    write_report(cells, calib, cons_cal, meta, run, files, mults, mode, seed_log, cost)
+    path = os.path.join(OUT_DIR, "results.json")
+    write_json(path, {"methodology": run, "calibration": calib, "consumer_calibration": cons_cal, "files": meta,
+                      "seed_log": seed_log, "cells": cells, "raw": raw,
+                      "noop_cost": [{"layout": k[0], "order": k[1], "batch": k[2],
+                                     "by_depth": {str(p): v for p, v in per.items()}} for k, per in cost.items()]})
+    files = render(path)
     rel = os.path.relpath(OUT_DIR, ROOT)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: {rel}/README.md, "
           f"data: {rel}/results.json, plots: {', '.join(files)}", flush=True)
+
+
+def render(path: str) -> list[str]:
+    """The plots and README.md of ``OUT_DIR`` from a results.json; returns the plots' names."""
+    with open(path, encoding="utf-8") as f:
+        res = json.load(f)
+    run = res["methodology"]
+    os.makedirs(OUT_DIR, exist_ok=True)
+    files = plot(res["cells"], res["calibration"], run["parameters"]["step_multiples"], run["mode"], len(run["seeds"]))
+    for name in os.listdir(OUT_DIR):  # plots of an earlier run that this one did not draw
+        if name.endswith(".png") and name not in files:
+            os.remove(os.path.join(OUT_DIR, name))
+    write_report(res, files)
+    return files
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import numpy as np
 import tfdata
 
 sys.dont_write_bytecode = True  # write nothing outside reports/
-from _methodology import RunRecord, markdown as methodology_markdown, report_dir, write_json
+from _recording import RunRecord, report_dir, write_json
+from _render import markdown as methodology_markdown
 
 # ---------------------------------------------------------------------------------------------
 # Parameters

@@ -46,11 +46,13 @@ import numpy as np
 
 import tfdata
 
-from _methodology import (ROW_KINDS, RunRecord, build_filled, cache_placement, fmt_bytes,  # noqa: E402
-                          fmt_count, fmt_us, gc_paused, gmean, grouped_bars, interleaved_latencies, make_chunk,
-                          md_table, mean_std, parse_seeds, produced_by, pyplot, ratio_summary, report_dir, rotated,
-                          save_figure, seeds_parser, text_table, time_calls, write_json,
-                          write_report as write_methodology_report)
+from _envs import ROW_KINDS, build_filled, make_chunk  # noqa: E402
+from _plots import grouped_bars, pyplot, save_figure  # noqa: E402
+from _recording import RunRecord, cache_placement, parse_seeds, report_dir, seeds_parser, write_json  # noqa: E402
+from _render import fmt_bytes, fmt_count, fmt_us, md_table, produced_by, text_table  # noqa: E402
+from _render import hand_written, write_report as write_methodology_report  # noqa: E402
+from _stats import gmean, mean_std, ratio_summary  # noqa: E402
+from _timing import gc_paused, interleaved_latencies, rotated, time_calls  # noqa: E402
 
 # -- Parameters ----------------------------------------------------------------------------------
 EXPERIMENT = "workloads"
@@ -520,48 +522,6 @@ def headline(cells: list, candidates: list) -> str:
     return head + ". " + "; ".join(parts) + "."
 
 
-def notable(cells: list) -> list[str]:
-    """Facts the tables show that bear on the choice (each computed here)."""
-    out = []
-    get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
-    # column_stats against numpy's mean over the same column view, per layout
-    for field in ("reward", "obs"):
-        for c in [c for c in cells if c["op"] == f"scan_{field}"]:
-            ref = get.get((f"numpy_{field}", c["kind"], c["capacity"]))
-            if not ref:
-                continue
-            for lay in ("aos", "soa"):
-                if lay in c["layouts"] and lay in ref["layouts"]:
-                    r = c["layouts"][lay]["median_us_mean"] / ref["layouts"][lay]["median_us_mean"]
-                    if r > 3:
-                        out.append(f"`column_stats('{field}')` on {c['kind']} {fmt_count(c['capacity'])} in "
-                                   f"{LABELS[lay]} takes {r:.1f}x numpy's mean over the same column view "
-                                   f"({fmt_time(c['layouts'][lay]['median_us_mean'])} against "
-                                   f"{fmt_time(ref['layouts'][lay]['median_us_mean'])}; column_stats also "
-                                   "computes variance, min and max, in float64).")
-    # what a projection saves within each layout
-    for lay in ("aos", "soa"):
-        for op in ("sample_one", "sample_half"):
-            rs = [(c, c["layouts"][lay]["median_us_mean"] / get[("sample_full", c["kind"], c["capacity"])]
-                   ["layouts"][lay]["median_us_mean"]) for c in cells if c["op"] == op and lay in c["layouts"]
-                  and ("sample_full", c["kind"], c["capacity"]) in get]
-            if rs:
-                lo, hi = min(rs, key=lambda t: t[1]), max(rs, key=lambda t: t[1])
-                out.append(f"In {LABELS[lay]}, {OPS[op]['label']} takes {lo[1]:.2f}x ({lo[0]['kind']} "
-                           f"{fmt_count(lo[0]['capacity'])}) to {hi[1]:.2f}x ({hi[0]['kind']} "
-                           f"{fmt_count(hi[0]['capacity'])}) the time of a whole-row sample(B).")
-    # the mixed workloads: how much of a step the layout changes
-    for op in [o for o in OPS if OPS[o]["family"] in MIXED]:
-        cs = [c for c in cells if c["op"] == op and "soa_over_aos" in c]
-        if cs:
-            lo = min(cs, key=lambda c: c["soa_over_aos"]["mean"])
-            hi = max(cs, key=lambda c: c["soa_over_aos"]["mean"])
-            out.append(f"{OPS[op]['label']}: SoA/AoS time per {OPS[op]['unit']} from "
-                       f"{lo['soa_over_aos']['mean']:.2f} ({lo['kind']} {fmt_count(lo['capacity'])}) to "
-                       f"{hi['soa_over_aos']['mean']:.2f} ({hi['kind']} {fmt_count(hi['capacity'])}).")
-    return out
-
-
 # -- Formatting -----------------------------------------------------------------------------------
 def fmt_time(us: float) -> str:
     """'12.3 µs', '4.56 ms', '1.23 s'."""
@@ -683,7 +643,8 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
          "sampling, mixed training loops)?\n",
          f"<!-- headline: {headline(cells, candidates)} -->\n",
          produced_by(mode, run["run_name"], len(seeds), run["wall_clock_s"], run["started_utc"])
-         + " Every table, figure and conclusion below comes from that run; rerunning overwrites this directory. "
+         + " Every table and figure below comes from that run; a rerun rewrites them and keeps the hand-written "
+         "text. "
          + ("The published report is the full run (`python experiments/workloads.py`)." if mode == "quick" else
             "`tfdata run workloads --quick` writes a smaller run under `reports/quick/`."), "",
          "## Answer\n", headline(cells, candidates) + "\n", hybrid_note + "\n",
@@ -695,7 +656,7 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
          "layout's time over the winner's, geometric mean and range over the cells it wins):\n"]
     L += md_table(["choose", "it wins every measured row kind and capacity of", "it wins only some cells of"],
                   decision_table(rows), "lll")
-    L += ["", "Also measured:\n", bullets(notable(cells)),
+    L += ["", *hand_written(OUT_DIR, "also"),
           "## Crossover map\n", "![crossover_map.png](crossover_map.png)\n",
           "The winner of each cell and its factor over the next best layout (mean ± std across seeds of the "
           "per-seed ratio); a tie lists the layouts none of which beats the others clearly. Short names: "
@@ -747,53 +708,13 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
           "`obs`, or `reward` for the tiny row, which has no observation):\n"]
     L += md_table(["operation", "family", "what one timed call does"],
                   [[d["label"], d["family"], describe(op)] for op, d in OPS.items()], "lll")
-    L += ["", "## Method\n",
-          "* **Seeds.** Each seed is a full repetition: fresh buffers (sampler seed = seed), seed-specific random "
-          "rows, update slots and values, and a different order of the layouts. Seeds: "
-          f"{', '.join(map(str, seeds))}, one after another (outer loop), so the spread across seeds includes "
-          "drift of the machine over the run.",
-          f"* **Buffers.** Every buffer is filled to capacity with `extend` of {FILL_ROWS}-row chunks before "
-          "anything is timed; the operations then run on full buffers in a fixed order (the DQN-like blocks and "
-          "the statistics reads keep writing, so later operations see a wrapped ring). Kernels are loaded or "
-          f"compiled once before the first measurement ({run['parameters'].get('kernel_warmup_s', float('nan')):.1f}"
-          " s).",
-          "* **Timing.** Every call is timed alone with `time.perf_counter_ns` (Python call overhead included, as "
-          "a training loop sees it). Per (operation, configuration, layout, seed): one untimed call (a layout "
-          f"that refuses the operation is left out of it), {WARMUP_CALLS} untimed warm-up calls (1 for calls "
-          f"over {HEAVY_NS / 1e6:.0f} ms), then as many calls as fit {BUDGET_S[mode]} s (at least "
-          f"{MIN_CALLS[mode]}, at most {MAX_CALLS[mode]:,}), split into {ROUNDS[mode]} rounds in which the layouts "
-          "alternate, so load changes hit all of them. The statistics read's extend runs untimed before each "
-          "read. The garbage collector is off while timing.",
-          "* **Statistics.** Per seed, the median of the per-call times (per env step: the median block / m). "
-          "Tables give the mean ± std across seeds of these medians; ratios are computed per seed (same seed, "
-          "same data, interleaved in time), then averaged.",
-          f"* **Verdict.** A layout wins a cell when it is faster than every other layout in every seed and each "
-          f"mean ratio is beyond 1 ± {VERDICT_MARGIN:.0%}; anything else is a tie between the best layout and "
-          "those it does not clearly beat.", "",
-          "## Caveats\n",
-          "* One machine, a small shared virtual machine (below): absolute times move with the host; the "
-          "interleaved ratios are the robust part. The load average and CPU steal during the run are recorded "
-          "below."]
+    L += ["", *hand_written(OUT_DIR, "method")]
     busy = run.get("machine_busy_fraction")
     cv = [c["advantage"]["std"] / c["advantage"]["mean"] for c in cells if c["advantage"]]
     spread = (f"Across seeds, the winner's factor over the next best varies by {np.median(cv):.0%} (coefficient "
               f"of variation, median over cells; worst {max(cv):.0%})." if cv else "")
-    L += [f"* The machine was not idle: both CPUs together were busy {busy:.0%} of the run while this "
-          f"experiment kept one busy. {spread}" if busy is not None and busy > 0.6 else f"* {spread}",
-          "* The workloads are the buffer's share of a training step only: no environment, no model. In a real "
-          "loop the same absolute differences are diluted by everything else a step does.",
-          "* The normalised field of the image row is its 28 KB frame stack: `stats=[\"obs\"]` keeps per-pixel "
-          "statistics, which the DQN-like loop reads every m steps. Atari agents usually scale frames by 1/255 "
-          "instead; for them the image row's DQN-like step is `extend` + `sample` only (see the table of what a "
-          "step is made of).",
-          "* The offline epoch samples with replacement through the replay buffer; a `DataLoader` over an "
-          "`ArrayDataset` (a permutation) is a different code path, not timed here.",
-          "* `column_stats` computes count, mean, variance, min and max per element in float64; the numpy "
-          "reference computes only the mean, in the field's dtype. They are listed side by side for scale, "
-          "not as competitors.",
-          "* Slow calls (a scan of a large buffer, a DQN block of 1000 steps) get few timed calls per seed "
-          f"(at least {MIN_CALLS[mode]}); their per-seed medians are of those few (call counts in "
-          "`results.json`).", ""]
+    L += [(f"The machine was busy {busy:.0%} of the run (both CPUs together) while this experiment kept one "
+           "busy. " if busy is not None else "") + spread + "\n"]
     errs = {k: v for r in raw for k, v in r["errors"].items()}
     if errs:
         L += ["## Refused operations\n", "Layouts that raised on an operation (left out of that operation):\n",

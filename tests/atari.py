@@ -4,7 +4,7 @@
     d = rollout("Breakout")          # skips the test when the ``atari`` extra is missing
 
 :func:`rollout` gives the transitions exactly as the environments produced them (see
-``atari_transitions`` in ``experiments/_methodology.py``, which it calls: one definition of how
+``atari_transitions`` in ``experiments/_envs.py``, which it calls: one definition of how
 the environment is built): ``gymnasium.make("ALE/<Game>-v5", frameskip=1)`` +
 ``AtariPreprocessing(frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)`` +
 ``FrameStackObservation(4, padding_type)``, episodes ending by termination or truncation, the
@@ -27,9 +27,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAMES = {"Breakout": {}, "Pong": {"max_episode_steps": 150}}
 
 
-def _methodology():
-    spec = importlib.util.spec_from_file_location("_tfdata_experiments_methodology",
-                                                  os.path.join(REPO, "experiments", "_methodology.py"))
+def _envs():
+    spec = importlib.util.spec_from_file_location("_tfdata_experiments_envs",
+                                                  os.path.join(REPO, "experiments", "_envs.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -37,9 +37,9 @@ def _methodology():
 
 @functools.lru_cache(maxsize=16)
 def _cached(game, steps, num_envs, seed, epsilon, padding_type, max_episode_steps, frames_only):
-    out = _methodology().atari_transitions(game, steps, num_envs=num_envs, seed=seed, epsilon=epsilon,
-                                           padding_type=padding_type, max_episode_steps=max_episode_steps,
-                                           frames_only=frames_only)
+    out = _envs().atari_transitions(game, steps, num_envs=num_envs, seed=seed, epsilon=epsilon,
+                                    padding_type=padding_type, max_episode_steps=max_episode_steps,
+                                    frames_only=frames_only)
     for v in out.values():
         if hasattr(v, "setflags"):
             v.setflags(write=False)

@@ -17,10 +17,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fake_checkout(tmp_path, body: str, name: str = "layout"):
-    """A checkout with the real methodology module and one fake experiment ``name``."""
+    """A checkout with the real shared modules of the experiments and one fake experiment ``name``."""
     exp = tmp_path / "experiments"
     exp.mkdir()
-    shutil.copy(os.path.join(REPO, "experiments", "_methodology.py"), exp / "_methodology.py")
+    for shared in os.listdir(os.path.join(REPO, "experiments")):
+        if shared.startswith("_") and shared.endswith(".py"):
+            shutil.copy(os.path.join(REPO, "experiments", shared), exp / shared)
     (exp / f"{name}.py").write_text(body)
     return tmp_path
 
@@ -28,7 +30,7 @@ def fake_checkout(tmp_path, body: str, name: str = "layout"):
 GOOD = '''
 import os, sys
 sys.dont_write_bytecode = True
-from _methodology import RunRecord, report_dir, write_json
+from _recording import RunRecord, report_dir, write_json
 quick = "--quick" in sys.argv
 rec = RunRecord("layout", mode="quick" if quick else "full", seeds=[0, 1], command="x")
 out = report_dir("layout")
@@ -66,6 +68,15 @@ def test_a_failing_experiment_fails_the_command(tmp_path, capsys):
     assert "boom" in (root / "reports" / "quick" / "layout" / "run.log").read_text()
 
 
+def test_a_study_runs_its_file_with_its_arguments(tmp_path):
+    """replay_ratio is a study of dqn_cartpole.py: the command runs that file with --study."""
+    body = GOOD.replace('report_dir("layout")', 'report_dir("replay_ratio")')
+    root = fake_checkout(tmp_path, body, name="dqn_cartpole")
+    assert cli.main(["--root", str(root), "run", "replay_ratio", "--quick"]) == 0
+    res = json.loads((root / "reports" / "quick" / "replay_ratio" / "results.json").read_text())
+    assert res["argv"] == ["--study", "replay_ratio", "--quick"]
+
+
 def test_unknown_experiment_and_missing_checkout(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="unknown experiment 'layot'"):
         cli.main(["--root", REPO, "run", "layot"])
@@ -84,8 +95,9 @@ def test_entry_points_list_every_experiment():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     for name in cli.EXPERIMENTS:
-        assert f"experiments/{name}.py" in out.stdout
-        assert os.path.exists(os.path.join(REPO, "experiments", f"{name}.py"))
+        stem, study = cli.STUDIES.get(name, (name, []))
+        assert " ".join([f"experiments/{stem}.py", *study]) in out.stdout
+        assert os.path.exists(os.path.join(REPO, "experiments", f"{stem}.py"))
     script = os.path.join(os.path.dirname(sys.executable), "tfdata")
     if os.path.exists(script):  # the console script of an installed checkout
         out2 = subprocess.run([script, "list"], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -95,5 +107,25 @@ def test_entry_points_list_every_experiment():
 def test_every_experiment_writes_where_the_cli_says(tmp_path):
     """Each experiment resolves its output folder through report_dir (TFDATA_REPORTS_DIR)."""
     for name, folder in cli.EXPERIMENTS.items():
-        src = open(os.path.join(REPO, "experiments", f"{name}.py"), encoding="utf-8").read()
-        assert 'report_dir(EXPERIMENT)' in src or f'report_dir("{folder}")' in src, name
+        stem, _ = cli.STUDIES.get(name, (name, []))
+        src = open(os.path.join(REPO, "experiments", f"{stem}.py"), encoding="utf-8").read()
+        studies = 'report_dir(s["report"])' in src and f'"report": "{folder}"' in src  # a file of studies
+        assert 'report_dir(EXPERIMENT)' in src or f'report_dir("{folder}")' in src or studies, name
+
+
+def test_hand_written_text_survives_a_rewrite(tmp_path):
+    """A report's hand-written block is put back where the code asks for it; a folder without one
+    points to the published report."""
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    try:
+        import _render
+    finally:
+        sys.path.remove(os.path.join(REPO, "experiments"))
+    out = tmp_path / "layout"
+    out.mkdir()
+    assert _render.hand_written(str(out), "findings") == [
+        "*Findings: written by hand in the published report, `reports/layout/README.md`.*", ""]
+    block = "<!-- hand-written: findings -->\n## Findings\n\n* AoS wins.\n<!-- end hand-written -->"
+    (out / "README.md").write_text(f"# t\n\n{block}\n\n## Table\n")
+    assert _render.hand_written(str(out), "findings") == [block, ""]
+    assert _render.hand_written(str(out), "method")[0].startswith("*Method: written by hand")

@@ -31,7 +31,7 @@ def test_setup_runs_before_every_call_untimed(wl, monkeypatch):
     setup and never in a call, so a setup inside a timed span shows whatever the machine's load."""
     import time
 
-    m = sys.modules["_methodology"]
+    m = sys.modules["_timing"]
 
     class Clock:
         ns = 0

@@ -8,7 +8,8 @@
     python -m tfdata ...             # the same
 
 Experiments are the files ``experiments/<name>.py`` of a tfdata checkout (found from the
-current directory upwards, or beside the installed package, or ``--root``). Each runs in its own
+current directory upwards, or beside the installed package, or ``--root``), or a study of one of
+them (:data:`STUDIES`). Each runs in its own
 process with the glibc tunable jemalloc needs (:data:`tfdata.alloc.TUNABLE`). Full runs write
 ``reports/<name>/``; quick runs write ``reports/quick/<name>/`` (through the environment variable
 ``TFDATA_REPORTS_DIR``, which every experiment honours), so a quick run never replaces a
@@ -42,6 +43,8 @@ EXPERIMENTS = {
     "frame_codecs": "frame_codecs",
     "atari_frames": "atari_frames",
 }
+#: Experiments that are a study of another experiment's file: name -> (file stem, its arguments).
+STUDIES = {"replay_ratio": ("dqn_cartpole", ["--study", "replay_ratio"])}
 ALIASES = {"dqn": "dqn_cartpole", "ppo": "ppo_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
            "ingest": "ingestion"}
 #: Reports written by asv runs rather than experiments (listed in the index as they are).
@@ -67,9 +70,9 @@ def find_root(start: str | None = None) -> str:
         here = parent
     candidates.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # editable install
     for c in candidates:
-        if os.path.isfile(os.path.join(c, "experiments", "_methodology.py")):
+        if os.path.isfile(os.path.join(c, "experiments", "_recording.py")):
             return c
-    raise SystemExit("tfdata: no tfdata checkout found (a folder with experiments/_methodology.py); "
+    raise SystemExit("tfdata: no tfdata checkout found (a folder with experiments/_recording.py); "
                      "run from the repository or pass --root")
 
 
@@ -138,8 +141,9 @@ def run(names: list, quick: bool, root: str, extra: list, keep_going: bool) -> i
     failed = []
     t0 = time.monotonic()
     for name in names:
-        script = os.path.join(root, "experiments", f"{name}.py")
-        cmd = [sys.executable, script] + (["--quick"] if quick else []) + list(extra)
+        stem, study = STUDIES.get(name, (name, []))
+        script = os.path.join(root, "experiments", f"{stem}.py")
+        cmd = [sys.executable, script, *study] + (["--quick"] if quick else []) + list(extra)
         log_dir = os.path.join(reports, EXPERIMENTS[name])
         os.makedirs(log_dir, exist_ok=True)
         progress.start(name)
@@ -264,7 +268,8 @@ def main(argv=None) -> int:
     root = os.path.abspath(args.root) if args.root else find_root()
     if args.command == "list":
         for name, folder in EXPERIMENTS.items():
-            print(f"{name:<16} experiments/{name}.py -> reports/{folder}/")
+            stem, study = STUDIES.get(name, (name, []))
+            print(f"{name:<16} {' '.join([f'experiments/{stem}.py', *study])} -> reports/{folder}/")
         return 0
     if args.command == "index":
         reports = os.path.join(root, "reports", "quick") if args.quick else os.path.join(root, "reports")
