@@ -364,7 +364,7 @@ def test_sample_skips_slots_being_written(layout, shm_dir):
 
 def test_control_word_positions_agree_with_the_kernels():
     from tfdata.kernels import _shared
-    from tfdata import shared
+    from tfdata.shared import buffer as shared
 
     assert (shared._HEAD, shared._DROPPED, shared._RESERVED) == (_shared.HEAD, _shared.DROPPED,
                                                                  _shared.RESERVED)
@@ -720,7 +720,7 @@ def test_partial_get_batch_returns_the_queued_rows_when_its_timeout_ends(shm_dir
     """get_batch(partial=True, timeout=t) returns the rows queued when the timeout ends; it
     raises TimeoutError only with nothing queued. The deadline must be judged once per round:
     reading the clock twice let the deadline fall between the partial check and the raise."""
-    from tfdata import shared
+    from tfdata.shared import buffer as shared
 
     with SharedReplayBuffer(ID_SPEC, 8, mode="fifo") as buf, SharedWriter(buf.name, 0) as w:
         w.extend(id_rows([7, 8]))

@@ -1,49 +1,5 @@
-"""Shared-memory buffers: many writer processes, one learner, no pickling of rows.
-
-The learner builds a :class:`SharedReplayBuffer`; its rows live in a file in shared memory
-(``/dev/shm`` on Linux) that rollout worker processes attach to by name with
-:class:`SharedWriter` and write into directly, through the same AoS or SoA storage a
-:class:`~tfdata.ReplayBuffer` uses. Nothing is sent through a pipe: a row goes from the worker's
-arrays into the shared pages once, and from there into the learner's batch once.
-
-Each writer owns one *shard*, a ring of ``capacity // num_writers`` slots. Two words per
-shard, the rows it has begun (*reserved*) and the rows it has published (*head*), form a
-sequence lock over the slots being written (see :mod:`tfdata.kernels._shared`): the learner
-copies only rows that are complete, without any lock between processes and without
-read-modify-write atomics, since no word of the region has two writers.
-
-Two modes:
-
-``mode="replay"``
-    A ring per shard that overwrites its oldest rows; the learner ``sample``\\ s uniformly over
-    every complete row of every shard.
-``mode="fifo"``
-    A queue per shard: every row is delivered exactly once by ``get_batch``, in arrival order
-    (shards merged by publication time). When writers outrun the learner they either wait
-    (``policy="block"``) or drop the rows that do not fit and count them (``policy="drop"``).
-
-With a rate limiter (``rate_limiter=``, replay mode) the learner and the writers keep the ratio
-of rows sampled to rows published (see :mod:`tfdata.replay.limiter`): inserts are the sum of
-the shards' heads, samples a control word the learner publishes; the limiter's parameters are
-in ``region.json``. Both sides poll these words with short sleeps (no lock between processes).
-
-``mode="replay"`` with ``sampler="exactly_k"`` is between the two: the learner samples (every
-row in exactly ``replays`` batches, in a random order) and releases each slot once its row's
-last delivery is copied; each writer puts a row into the next free slot of its shard (per-slot
-``taken`` / ``released`` words, one writer each) and logs the slot before publishing the head.
-A writer waits (``"block"``) or drops (``"drop"``) only when no slot of its shard is free.
-
-With ``frame_stack=`` (replay mode) a stacked observation is stored one frame per row and its
-stacks rebuilt at sample time from the writer's shard, with the frame bookkeeping in the region
-under the same sequence lock (see :mod:`tfdata.replay.shared_frames`).
-
-A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
-``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock
-(``flock``) is held by its process for as long as it lives and released by the kernel however
-it ends, so the learner can tell a writer that died from one that is busy, and :func:`sweep`
-can tell a region whose owner died (and remove it) from one in use. This module and
-:mod:`tfdata.storage.region` (where the words and rows lie) alone know the region's byte layout.
-"""
+"""The learner's side of a shared-memory buffer: :class:`SharedReplayBuffer` (see
+:mod:`tfdata.shared`)."""
 
 from __future__ import annotations
 
@@ -63,30 +19,30 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import alloc
-from ._budget import check_budget, parse_bytes
-from ._checks import check_int as _check_int
-from .batch import UNHELD as _UNHELD
-from .batch import Batch, OutputRing, retire
-from .batch import getrefcount as _getrefcount
-from .errors import FormatError, SharedBufferError, SpecError, WriterLostWarning
-from .replay import combinations
-from .replay.core import fields_key
-from .replay.core import weak_method as _weak_method
-from .replay.fastpush import make_push
-from .replay.prioritized import PrioritizedReplayBuffer, batch_slots
-from .replay.core import MAX_DRAWS as _MAX_DRAWS
-from .replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
-from .replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
-from .replay.samplers.shared import SharedWithoutReplacementSampler
-from .replay import shared_frames
-from .replay.frames import padding_config, resolve_frames
-from .replay.transforms import ShardNStep, episode_options
-from .replay.writers import RingWriter
-from .spec import Spec
-from .storage import files as io
-from .storage import check_layout, output_nbytes, resolve_layout
-from .storage import region as shm_region
+from .. import alloc
+from .._budget import check_budget, parse_bytes
+from .._checks import check_int as _check_int
+from ..batch import UNHELD as _UNHELD
+from ..batch import Batch, OutputRing, retire
+from ..batch import getrefcount as _getrefcount
+from ..errors import FormatError, SharedBufferError, SpecError, WriterLostWarning
+from ..replay import combinations
+from ..replay.core import fields_key
+from ..replay.core import weak_method as _weak_method
+from ..replay.fastpush import make_push
+from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
+from ..replay.core import MAX_DRAWS as _MAX_DRAWS
+from ..replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
+from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
+from ..replay.samplers.shared import SharedWithoutReplacementSampler
+from ..replay import shared_frames
+from ..replay.frames import padding_config, resolve_frames
+from ..replay.transforms import ShardNStep, episode_options
+from ..replay.writers import RingWriter
+from ..spec import Spec
+from ..storage import files as io
+from ..storage import check_layout, output_nbytes, resolve_layout
+from ..storage import region as shm_region
 
 __all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
 
@@ -360,7 +316,7 @@ def _check_limiter_doc(doc: dict) -> None:
     p = doc.get("rate_limiter")
     if p is None:
         return
-    from .replay.limiter import RateLimiter
+    from ..replay.limiter import RateLimiter
 
     keys = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
     if not isinstance(p, dict) or sorted(p) != sorted(keys):
@@ -470,7 +426,7 @@ def sweep(dir: str | None = None) -> list[str]:
 
 
 def _kernels():
-    from . import kernels  # numba is imported when the first buffer is built, not at import
+    from .. import kernels  # numba is imported when the first buffer is built, not at import
 
     return kernels
 
@@ -479,7 +435,7 @@ def _check_shared_limiter(limiter, mode: str, capacity: int) -> None:
     """Refuse a rate limiter a shared buffer cannot use (before the region exists)."""
     if limiter is None:
         return
-    from .replay.limiter import RateLimiter
+    from ..replay.limiter import RateLimiter
 
     if not isinstance(limiter, RateLimiter):
         raise TypeError(f"rate_limiter must be a tfdata.RateLimiter or None, got "
@@ -1382,7 +1338,7 @@ class SharedReplayBuffer:
         writing: rows a writer overwrote while they were copied (a shard's oldest) are left out
         of the checkpoint. File rules as :meth:`tfdata.ReplayBuffer.save` (nothing but a
         checkpoint is replaced, and only with ``overwrite=True``)."""
-        from .replay.checkpoint import save_shared
+        from ..replay.checkpoint import save_shared
 
         save_shared(self, path, overwrite=overwrite)
 
@@ -1396,7 +1352,7 @@ class SharedReplayBuffer:
         were left out at the save holds its rows from its first slot on; otherwise every row
         keeps its slot, and sampling continues where the saved buffer was. ``layout``: the new
         region's layout, if not the one saved (the samples are the same)."""
-        from .replay.checkpoint import load_shared
+        from ..replay.checkpoint import load_shared
 
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
 
@@ -1554,7 +1510,7 @@ class SharedReplayBuffer:
         SpecError
             Unknown field. SharedBufferError: a FIFO buffer.
         """
-        from .replay.columns import Column
+        from ..replay.columns import Column
 
         f = self._column_field(name, "column")
         r = self._region
@@ -1598,7 +1554,7 @@ class SharedReplayBuffer:
             A FIFO buffer, or writers that overwrote the rows faster than 16 passes could read
             them (no pass kept a row).
         """
-        from .replay.columns import scan_ranges
+        from ..replay.columns import scan_ranges
 
         f = self._column_field(name, "column_stats")
         if f.dtype.kind not in "biuf":
@@ -1932,7 +1888,7 @@ class SharedWriter:
         self._lock = threading.Lock()
         self._limiter = None
         if region.limiter is not None:  # checked by _open_region
-            from .replay.limiter import RateLimiter
+            from ..replay.limiter import RateLimiter
 
             lim = self._limiter = RateLimiter(**region.limiter)
             # the fast check of a push reads these (no call unless it has to wait)
