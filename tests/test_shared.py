@@ -364,10 +364,10 @@ def test_sample_skips_slots_being_written(layout, shm_dir):
 
 def test_control_word_positions_agree_with_the_kernels():
     from tfdata.kernels import _shared
-    from tfdata.shared import buffer as shared
+    from tfdata.shared import region
 
-    assert (shared._HEAD, shared._DROPPED, shared._RESERVED) == (_shared.HEAD, _shared.DROPPED,
-                                                                 _shared.RESERVED)
+    assert (region.HEAD, region.DROPPED, region.RESERVED) == (_shared.HEAD, _shared.DROPPED,
+                                                              _shared.RESERVED)
 
 
 # -- real processes -------------------------------------------------------------------------

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import re
-import shutil
-import stat
-import tempfile
 import threading
 import time
 import warnings
@@ -25,7 +20,7 @@ from .._checks import check_int as _check_int
 from ..batch import UNHELD as _UNHELD
 from ..batch import Batch, OutputRing, retire
 from ..batch import getrefcount as _getrefcount
-from ..errors import FormatError, SharedBufferError, SpecError, WriterLostWarning
+from ..errors import SharedBufferError, SpecError, WriterLostWarning
 from ..replay import combinations
 from ..replay.core import fields_key
 from ..replay.core import weak_method as _weak_method
@@ -36,399 +31,17 @@ from ..replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from ..replay.samplers.shared import SharedWithoutReplacementSampler
 from ..replay import shared_frames
-from ..replay.frames import padding_config, resolve_frames
+from ..replay.frames import padding_config
 from ..replay.transforms import ShardNStep, episode_options
 from ..replay.writers import RingWriter
 from ..spec import Spec
-from ..storage import files as io
-from ..storage import check_layout, output_nbytes, resolve_layout
-from ..storage import region as shm_region
+from ..storage import output_nbytes, resolve_layout
+from .region import (ATTACHED, ATTACHES, CURSOR, DROPPED, FINISHED, FORMAT, GENERATION, HEAD, HELD,
+                     MODES, PID, POLICIES, RESERVED, SAMPLES, STATE, VERSION, WATCH_S, check_shards,
+                     exactly_k_options, frame_options, kernels, make_region, open_region, region_layout,
+                     region_path, release, remove_region, writer_alive)
 
-__all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
-
-FORMAT = "tfdata.shared"
-VERSION = 1
-MODES = ("replay", "fifo")
-POLICIES = ("block", "drop")
-#: the policies of sampler="exactly_k" in replay mode (writers write free slots only)
-EXACTLY_K_POLICIES = ("block", "drop")
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
-_PREFIX = "tfdata-shm-"
-# the files of a region directory (see _region_entries)
-_REGION_NAME = re.compile(r"^(region\.json|region|owner\.lock|writer-[0-9]{1,6}\.lock)$")
-
-# control words (uint64): global words, then one block of 16 per shard. The writer's words and
-# the consumer's are 64 bytes apart, so the two processes never write to one cache line.
-_CLOSED = 0            # global: set by the owner when it closes the buffer
-# global, written by the learner only: rows it has sampled in all, the "samples" count of a
-# rate limiter (region.json "rate_limiter"); its "inserts" are the sum of the shards' heads
-_SAMPLES = 1
-_FIRST = 16            # first shard block
-_STRIDE = 16           # words per shard
-# written by the shard's writer (HEAD, DROPPED, RESERVED: the positions kernels/_shared.py uses)
-_HEAD, _DROPPED, _RESERVED, _PID, _STATE, _ATTACHES = 0, 1, 2, 3, 4, 5
-# exactly-k replay: the writer's cursor (the shard's slot its next row's search starts at),
-# stored after each write, read by a writer taking the shard over and by checkpoints
-_CURSOR = 6
-_TAIL = 8              # written by the consumer
-# shard states (_STATE)
-_NEVER, _ATTACHED, _FINISHED = 0, 1, 2
-# check the writers' locks at most this often from sample / get_batch
-_WATCH_S = 0.25
-
-
-def shm_dir() -> str:
-    """Where regions live unless ``dir=`` says otherwise: ``TFDATA_SHM_DIR``, else ``/dev/shm``
-    (Linux's shared-memory file system), else the temporary directory."""
-    env = os.environ.get("TFDATA_SHM_DIR")
-    if env:
-        return env
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
-        return "/dev/shm"
-    return tempfile.gettempdir()
-
-
-def _region_path(name: str, dir: str | None) -> str:
-    if os.sep in name:  # a path, as SharedReplayBuffer.path gives it
-        return name
-    if not _NAME.match(name):
-        raise ValueError(f"shared buffer name must be 1-100 letters, digits, '_', '.' or '-' "
-                         f"(not starting with '.' or '-'), got {name!r}")
-    return os.path.join(dir or shm_dir(), _PREFIX + name)
-
-
-def _layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool, exactly_k: bool = False,
-            frames=None) -> dict:
-    """Byte offsets of every section of a region (and its total size); exactly-k replay adds
-    three words per slot (``taken``, ``released``, ``log``: see :class:`_Region`). ``frames``:
-    ``(resolved frame_stack, final_frames)``: the rows stored one frame per row, and the frame
-    arrays (``lay["frame_arrays"]``, see :mod:`tfdata.replay.shared_frames`). ``lay["stored"]``:
-    the stored spec and layout."""
-    slots = shards * cap
-    extra = []
-    if frames is not None:
-        extra = shared_frames.region_arrays(spec, frames[0], shards, cap, frames[1])
-        spec, layout = shared_frames.stored(spec, frames[0], layout)
-    lay = shm_region.plan(spec, layout, _FIRST + _STRIDE * shards, slots if fifo else 0, slots,
-                          3 if exactly_k else 0, extra)
-    lay["frame_arrays"], lay["stored"] = extra, (spec, layout)
-    return lay
-
-
-def region_nbytes(spec, capacity: int, *, num_writers: int = 1, layout=None,
-                  mode: str = "replay", sampler: str | None = None, frame_stack=None,
-                  frame_padding="reset", final_frames: int | None = None, next_of="auto",
-                  roles=None) -> int:
-    """Bytes of shared memory a :class:`SharedReplayBuffer` with these arguments maps
-    (``sampler="exactly_k"``: 24 bytes more per slot; ``frame_stack``: one frame per row and
-    the frame bookkeeping)."""
-    spec = spec if isinstance(spec, Spec) else Spec(spec)
-    shards, cap = _shards(capacity, num_writers)
-    frames = _frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
-    return _layout(spec, resolve_layout(layout, spec), shards, cap, mode == "fifo",
-                   sampler == "exactly_k", frames)["nbytes"]
-
-
-def _frame_options(spec: Spec, frame_stack, frame_padding, final_frames, next_of, roles, cap):
-    """``(resolved frame_stack, final_frames, next_of, roles)`` or None (no frame_stack);
-    refuses bad options (nothing is created)."""
-    opts = episode_options(spec, None, 0.99, next_of, False, roles)
-    frames = resolve_frames(spec, frame_stack, frame_padding, opts["next_of"], opts["has_flags"])
-    if frames is None:
-        if final_frames is not None:
-            raise ValueError("final_frames is given but frame_stack is None (it sizes the "
-                             "final-frame table of stacked fields)")
-        return None
-    return (frames, shared_frames.check_options(spec, frames, cap, final_frames), opts["next_of"],
-            opts["roles"])
-
-
-def _exactly_k_options(sampler, policy, replays, timeout) -> bool:
-    """Whether ``sampler`` asks for exactly-k replay; ValueError for a sampler or policy that
-    does not exist, or exactly-k's options with another sampler (what combines with what is
-    the table of :mod:`tfdata.replay.combinations`)."""
-    if sampler not in (None, "uniform", "without_replacement", "exactly_k"):
-        raise ValueError(f"sampler must be one of ['uniform', 'without_replacement', 'exactly_k'] "
-                         f"(None: uniform), got {sampler!r}")
-    if sampler != "exactly_k":
-        given = [k for k, v in (("replays", replays), ("timeout", timeout)) if v is not None]
-        if given:
-            raise ValueError(f"{', '.join(k + '=' for k in given)} given with sampler={sampler!r}: "
-                             f"these options belong to sampler='exactly_k'")
-        return False
-    if policy is not None and policy not in EXACTLY_K_POLICIES + ("overwrite",):
-        raise ValueError(f"policy must be one of {list(EXACTLY_K_POLICIES)}, got {policy!r}")
-    return True
-
-
-def _shards(capacity, num_writers) -> tuple[int, int]:
-    num_writers = _check_int("num_writers", num_writers, 1, 4096)
-    capacity = _check_int("capacity", capacity, 1, (1 << 32) - 1)
-    if capacity % num_writers:
-        raise ValueError(f"capacity {capacity} must be a multiple of num_writers={num_writers} "
-                         f"(each writer owns capacity // num_writers slots)")
-    return num_writers, capacity // num_writers
-
-
-class _Region:
-    """A mapped region: its description, its words and a storage over its rows."""
-
-    def __init__(self, path: str, doc: dict, mapped: io.MappedFile):
-        self.path = path
-        self.doc = doc
-        self.spec = Spec.from_dict(doc["spec"])
-        self.layout = check_layout(doc["layout"], self.spec)
-        self.mode = doc["mode"]
-        self.policy = doc["policy"]
-        # writers of an exactly-k replay region write free slots only (see taken / released)
-        self.exactly_k = doc.get("sampler") == "exactly_k"
-        self.shards = int(doc["num_writers"])
-        self.cap = int(doc["shard_capacity"])
-        self.limiter = doc.get("rate_limiter")  # checked by _open_region (or made by the owner)
-        self.map = mapped
-        # fewer TLB misses for random gathers where the system gives shared memory huge pages
-        mapped.hugepages()
-        # frame stacks (region.json "frames", checked by _open_region): stored one frame per row
-        self.frames = None
-        frames = None
-        if doc.get("frames") is not None:
-            fr, final_frames, roles = shared_frames.from_doc(doc["frames"], self.spec, self.cap)
-            frames = (fr, final_frames)
-        lay = _layout(self.spec, self.layout, self.shards, self.cap, self.mode == "fifo", self.exactly_k,
-                      frames)
-        self.stored_spec, self.stored_layout = lay["stored"]
-        if mapped.nbytes < lay["nbytes"]:
-            raise FormatError(f"{path}: region file holds {mapped.nbytes} bytes, its description "
-                              f"needs {lay['nbytes']}")
-        self.nbytes = lay["nbytes"]
-        slots = self.shards * self.cap
-        self.ctrl = mapped.at(lay["ctrl"][0], np.uint64, (lay["ctrl"][1],))
-        self.stamps = mapped.at(lay["stamps"][0], np.uint64, (lay["stamps"][1],))
-        blocks = self.ctrl[_FIRST:]
-        self.heads = blocks[_HEAD::_STRIDE]
-        self.reserved = blocks[_RESERVED::_STRIDE]
-        self.dropped = blocks[_DROPPED::_STRIDE]
-        self.tails = blocks[_TAIL::_STRIDE]
-        # exactly-k replay, one word per slot of the region (slot g of shard g // cap):
-        # taken[g]: rows the shard's writer has put in slot g (written by that writer only);
-        # released[g]: rows of slot g the learner delivered k times and copied (learner only);
-        # the slot is free iff they are equal. log[s * cap + p % cap]: the slot (of the shard)
-        # of shard s's p-th published row, stored before the head (its writer only).
-        self.taken = self.released = self.log = None
-        if self.exactly_k:
-            self.taken, self.released, self.log = (mapped.at(o, np.uint64, (slots,))
-                                                   for o in lay["slot_words"])
-        self.storage = shm_region.storage_over(mapped, lay, self.stored_spec, self.stored_layout, slots)
-        if frames is not None:
-            self.frames = shared_frames.ShardFrames(self.spec, fr, final_frames, roles,
-                                                    shm_region.map_extra(mapped, lay, lay["frame_arrays"]),
-                                                    self.storage, self.shards, self.cap)
-
-    def torn(self, shard: int) -> int:
-        """Slots of ``shard`` a writer began and did not publish (one that died mid-write)."""
-        w = self.words(shard)
-        return min(self.cap, max(0, int(w[_RESERVED]) - int(w[_HEAD])))
-
-    def words(self, shard: int) -> np.ndarray:
-        """The 16 control words of ``shard``."""
-        start = _FIRST + _STRIDE * shard
-        return self.ctrl[start:start + _STRIDE]
-
-    def lock_path(self, shard: int) -> str:
-        return os.path.join(self.path, f"writer-{shard}.lock")
-
-    @property
-    def closed(self) -> bool:
-        return bool(self.ctrl[_CLOSED])
-
-
-_REGION_FILES = ("region.json", "region", "owner.lock")
-
-
-def _region_entries(path: str) -> list[str] | None:
-    """The names in the region directory ``path`` if it is one tfdata could have made: a real
-    directory (not a link) holding only regular files (no links, no FIFOs) named as a region's
-    files are, all of ``region.json``, ``region`` and ``owner.lock`` among them; else None.
-
-    A region's files are mapped writable and locked: a link planted in its place would make a
-    writer (or ``sweep``) write into a file elsewhere, and a FIFO would block an open.
-    """
-    try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return None
-        names = os.listdir(path)
-        if not all(_REGION_NAME.match(n) and stat.S_ISREG(os.lstat(os.path.join(path, n)).st_mode)
-                   for n in names):
-            return None
-    except OSError:
-        return None
-    return names if all(n in names for n in _REGION_FILES) else None
-
-
-def _remove_region_files(path: str) -> None:
-    """Delete a region's own files, then its directory (kept if anything else is in it)."""
-    io.remove_names(path, _region_entries(path) or ())
-
-
-def _open_region(path: str) -> _Region:
-    doc_path = os.path.join(path, "region.json")
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no shared buffer at {path} (closed by its owner, or never made; "
-                                f"the owner's SharedReplayBuffer.name or .path names it)")
-    if _region_entries(path) is None:
-        raise FormatError(f"{path}: not a shared buffer region (a region is a directory of regular "
-                          f"files region.json, region, owner.lock and writer-N.lock, no links)")
-    doc = io.read_json_doc(doc_path, "tfdata shared buffer", FORMAT, 1 << 20)
-    if doc.get("version") != VERSION:
-        raise FormatError(f"{doc_path}: shared buffer version {doc.get('version')!r}, this tfdata "
-                          f"reads version {VERSION}")
-    try:
-        if doc["mode"] not in MODES:
-            raise ValueError(f"mode {str(doc['mode'])[:100]!r}")
-        if doc.get("sampler", "uniform") not in ("uniform", "exactly_k") or (
-                doc.get("sampler") == "exactly_k" and (
-                    doc["mode"] != "replay" or doc["policy"] not in EXACTLY_K_POLICIES
-                    or type(doc.get("replays")) is not int or not 1 <= doc["replays"] <= 65535)):
-            raise ValueError(f"sampler {str(doc.get('sampler'))[:40]!r}, policy {str(doc['policy'])[:40]!r}, "
-                             f"replays {str(doc.get('replays'))[:40]!r} for mode {doc['mode']!r}")
-        if doc.get("sampler") != "exactly_k" and (
-                doc["policy"] != (None if doc["mode"] == "replay" else doc["policy"]) or (
-                doc["mode"] == "fifo" and doc["policy"] not in POLICIES)):
-            raise ValueError(f"policy {doc['policy']!r} for mode {doc['mode']!r}")
-        _shards(doc["shard_capacity"] * doc["num_writers"], doc["num_writers"])
-        if not isinstance(doc["layout"], (str, list)):
-            raise ValueError(f"layout: {type(doc['layout']).__name__}")
-        check_layout(doc["layout"], Spec.from_dict(doc["spec"]))
-        _check_limiter_doc(doc)
-        if doc.get("frames") is not None:
-            if doc["mode"] != "replay" or doc.get("sampler") is not None:
-                raise ValueError(f"frames with mode {doc['mode']!r}, sampler {str(doc.get('sampler'))[:40]!r}")
-            shared_frames.from_doc(doc["frames"], Spec.from_dict(doc["spec"]), doc["shard_capacity"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # SpecError is a ValueError
-        raise FormatError(f"{doc_path}: not a valid shared buffer description ({exc})") from None
-    return _Region(path, doc, io.MappedFile(os.path.join(path, "region"), 0, writable=True))
-
-
-def _check_limiter_doc(doc: dict) -> None:
-    """``region.json``'s ``rate_limiter`` (absent or null: none): exactly the parameters of a
-    :class:`~tfdata.RateLimiter`, as its constructor checks them, in replay mode, with
-    ``min_size_to_sample`` at most the capacity. ValueError or TypeError naming the field."""
-    p = doc.get("rate_limiter")
-    if p is None:
-        return
-    from ..replay.limiter import RateLimiter
-
-    keys = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
-    if not isinstance(p, dict) or sorted(p) != sorted(keys):
-        raise ValueError(f"rate_limiter: expected an object with the keys {list(keys)}, got "
-                         f"{str(p)[:200]}")
-    if doc["mode"] != "replay":
-        raise ValueError(f"rate_limiter with mode {doc['mode']!r} (replay mode only)")
-    try:
-        lim = RateLimiter(**p)  # its own checks, each naming the argument
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"rate_limiter: {exc}") from None
-    if lim.min_size_to_sample > doc["shard_capacity"] * doc["num_writers"]:
-        raise ValueError(f"rate_limiter.min_size_to_sample must be <= the capacity "
-                         f"{doc['shard_capacity'] * doc['num_writers']}, got {lim.min_size_to_sample}")
-    exactly_k = doc.get("sampler") == "exactly_k"
-    found = combinations.refusal(combinations.facets(
-        "SharedReplayBuffer", sampler=doc.get("sampler", "uniform"), stream_order=not exactly_k,
-        policy=doc["policy"] if exactly_k else None, replays=doc.get("replays"), rate_limiter=p))
-    if found is not None:  # a region no constructor would have made
-        raise ValueError(found[1])
-
-
-# lock files this process holds (an owner's, its writers'): a forked child closes its copies,
-# so that only the process that took a lock keeps it held (and its death frees it)
-_HELD: set = set()
-
-
-# bumped in every forked child: a writer made before the fork belongs to the parent
-_GENERATION = [0]
-
-
-def _close_inherited_locks() -> None:
-    _GENERATION[0] += 1
-    for fd in list(_HELD):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited_locks)
-
-
-def _release(fd: int) -> None:
-    if fd in _HELD:
-        _HELD.discard(fd)
-        os.close(fd)
-
-
-def _writer_alive(lock_path: str) -> bool:
-    """Whether a process holds the lock at ``lock_path`` (a shared lock is refused)."""
-    try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also releases the shared lock if it was taken
-    return False
-
-
-def sweep(dir: str | None = None) -> list[str]:
-    """Remove the regions in ``dir`` (default :func:`shm_dir`) whose owner process has ended.
-
-    An owner holds a lock on its region's ``owner.lock`` for as long as it lives, and the
-    kernel releases it however the process ends (SIGKILL included), so a region whose lock is
-    free is an orphan: its rows would otherwise hold memory of ``/dev/shm`` until reboot.
-    Writers still attached to one get :class:`~tfdata.SharedBufferError` at their next write.
-    Every :class:`SharedReplayBuffer` sweeps its directory when it is built. Returns the paths
-    removed.
-    """
-    base = dir or shm_dir()
-    removed = []
-    try:
-        names = [n for n in os.listdir(base) if n.startswith(_PREFIX)]
-    except OSError:
-        return removed
-    for n in names:
-        path = os.path.join(base, n)
-        if _region_entries(path) is None:
-            continue  # not a region tfdata made: never ours to remove
-        try:
-            fd = os.open(os.path.join(path, "owner.lock"), os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:
-            continue  # not a complete region (or not ours to judge)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue  # the owner lives
-        try:
-            try:
-                ctrl = io.MappedFile(os.path.join(path, "region"), 0, writable=True)
-                ctrl.at(0, np.uint64, (1,))[_CLOSED] = 1
-            except (OSError, ValueError):
-                pass
-            _remove_region_files(path)
-            removed.append(path)
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _kernels():
-    from .. import kernels  # numba is imported when the first buffer is built, not at import
-
-    return kernels
+__all__ = ["SharedReplayBuffer", "SharedWriter"]
 
 
 def _check_shared_limiter(limiter, mode: str, capacity: int) -> None:
@@ -589,10 +202,10 @@ class SharedReplayBuffer:
                  replays: int | None = None, timeout: float | None = None, frame_stack=None,
                  frame_padding="reset", final_frames: int | None = None):
         spec = spec if isinstance(spec, Spec) else Spec(spec)
-        shards, cap = _shards(capacity, num_writers)
+        shards, cap = check_shards(capacity, num_writers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        exactly_k = _exactly_k_options(sampler, policy, replays, timeout)
+        exactly_k = exactly_k_options(sampler, policy, replays, timeout)
         _check_shared_limiter(rate_limiter, mode, shards * cap)
         sampler_name = "uniform" if sampler is None else sampler
         combinations.check(combinations.facets(
@@ -617,7 +230,7 @@ class SharedReplayBuffer:
         self._ring_size = _check_int("ring_size", ring_size, 1)
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
-        frames = _frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
+        frames = frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
         if prioritized:
             checked = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
             sampler = SharedPrioritizedSampler(checked.alpha, checked.beta_start, checked.beta_final,
@@ -635,17 +248,17 @@ class SharedReplayBuffer:
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
             planned = sampler.plan(shards * cap)
-            check_budget(self.memory_budget, {"shared_region": _layout(spec, layout, shards, cap, mode == "fifo", exactly_k,
-                                                                       frames and frames[:2])["nbytes"],
+            check_budget(self.memory_budget, {"shared_region": region_layout(spec, layout, shards, cap, mode == "fifo",
+                                                                             exactly_k, frames and frames[:2])["nbytes"],
                                               "trees": planned["trees"], "bookkeeping": planned["bookkeeping"]},
                          f"SharedReplayBuffer of capacity {shards * cap}")
-        self._k = _kernels()
+        self._k = kernels()
         if name is None:
             name = f"{os.getpid()}-{os.urandom(6).hex()}"
-        path = _region_path(name, dir)
+        path = region_path(name, dir)
         if os.path.exists(path):
             raise FileExistsError(f"a shared buffer named {name!r} exists already ({path})")
-        lay = _layout(spec, layout, shards, cap, mode == "fifo", exactly_k, frames and frames[:2])
+        lay = region_layout(spec, layout, shards, cap, mode == "fifo", exactly_k, frames and frames[:2])
         doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
                "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
                "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
@@ -655,39 +268,14 @@ class SharedReplayBuffer:
             doc.update(sampler="exactly_k", replays=sampler.replays)
         if frames is not None:  # what the writers check their writes against
             doc["frames"] = shared_frames.describe(*frames)
-        # built under a temporary name and renamed: a writer finds a complete region or none
-        parent = os.path.dirname(path)
-        sweep(parent)  # regions of owners that died without closing them
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", dir=parent)
-        owner_fd = None
-        try:
-            # held for the owner's lifetime: sweep() tells an orphaned region by this lock
-            owner_fd = os.open(os.path.join(tmp, "owner.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fcntl.flock(owner_fd, fcntl.LOCK_EX)
-            _HELD.add(owner_fd)
-            mapped = io.create_region(os.path.join(tmp, "region"), lay["nbytes"])
-            for s in range(shards):
-                open(os.path.join(tmp, f"writer-{s}.lock"), "wb").close()
-            with open(os.path.join(tmp, "region.json"), "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            region = _Region(tmp, doc, mapped)  # what can still fail, before writers can see it
-            if region.frames is not None:
-                region.frames.start()  # every shard's first row starts an episode
-            os.rename(tmp, path)
-            region.path = path
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if owner_fd is not None:
-                _HELD.discard(owner_fd)
-                os.close(owner_fd)
-            raise
+        region, owner_fd = make_region(path, doc)
         self.name = name
         self.path = path
         self._region = region
         self._owner = os.getpid()
         # removes the region when this object is collected or the interpreter exits, in the
         # owner only (a forked child inherits the object but must not remove the region)
-        self._finalizer = weakref.finalize(self, _remove_region, path, self._region.ctrl, self._owner,
+        self._finalizer = weakref.finalize(self, remove_region, path, self._region.ctrl, self._owner,
                                            owner_fd)
         st = self._region.storage
         self._store = st.kernel_store
@@ -790,7 +378,7 @@ class SharedReplayBuffer:
         lim.check_sample(batch_size)
         t0 = time.monotonic()
         deadline = None if lim.timeout is None else t0 + lim.timeout
-        check_at = t0 + _WATCH_S
+        check_at = t0 + WATCH_S
         pause = 20e-6
         timed_out = False
         try:
@@ -806,8 +394,8 @@ class SharedReplayBuffer:
                     timed_out = True
                     raise TimeoutError(lim.timeout_message("sample", batch_size, now - t0))
                 if now >= check_at:
-                    check_at = now + _WATCH_S
-                    states = [self._state(s) for s in range(self.num_writers)]
+                    check_at = now + WATCH_S
+                    states = [self._region.writer_state(s) for s in range(self.num_writers)]
                     if all(st in ("finished", "dead") for st in states):
                         raise SharedBufferError(
                             f"shared buffer {self.name!r}: a sample of {batch_size} rows waits for "
@@ -840,7 +428,7 @@ class SharedReplayBuffer:
         """Count a sample of ``batch_size`` rows and publish the count to the writers (lock held)."""
         lim = self._limiter
         lim.samples += batch_size
-        self._ctrl_words[_SAMPLES] = lim.samples  # a memoryview: half the cost of numpy's setitem
+        self._ctrl_words[SAMPLES] = lim.samples  # a memoryview: half the cost of numpy's setitem
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -924,43 +512,31 @@ class SharedReplayBuffer:
         out = []
         for s in range(r.shards):
             w = r.words(s)
-            state = self._state(s)
-            head = int(w[_HEAD])
-            out.append({"shard": s, "state": state, "pid": int(w[_PID]), "published": head,
-                        "dropped": int(w[_DROPPED]),
+            state = self._region.writer_state(s)
+            head = int(w[HEAD])
+            out.append({"shard": s, "state": state, "pid": int(w[PID]), "published": head,
+                        "dropped": int(w[DROPPED]),
                         "queued": head - int(r.tails[s]) if self.mode == "fifo" else 0,
                         "torn": r.torn(s)})
         return out
 
-    def _state(self, s: int) -> str:
-        w = self._region.words(s)
-        state = int(w[_STATE])
-        if state == _NEVER:
-            return "waiting"
-        if state == _FINISHED:
-            return "finished"
-        if _writer_alive(self._region.lock_path(s)):
-            return "attached"
-        # re-read: a writer that closed between the two reads is finished, not dead
-        return "finished" if int(w[_STATE]) == _FINISHED else "dead"
-
     def _watch(self) -> None:
-        """Warn once per incident about writers that died (at most every _WATCH_S seconds)."""
+        """Warn once per incident about writers that died (at most every WATCH_S seconds)."""
         now = time.monotonic()
         if now < self._watch_at:
             return
-        self._watch_at = now + _WATCH_S
+        self._watch_at = now + WATCH_S
         r = self._region
         for s in range(r.shards):
             w = r.words(s)
-            if int(w[_STATE]) != _ATTACHED:
+            if int(w[STATE]) != ATTACHED:
                 continue
-            key = (s, int(w[_ATTACHES]))
-            if key in self._reported or self._state(s) != "dead":
+            key = (s, int(w[ATTACHES]))
+            if key in self._reported or self._region.writer_state(s) != "dead":
                 continue
             self._reported.add(key)
             torn = r.torn(s)
-            info = {"shard": s, "pid": int(w[_PID]), "published": int(w[_HEAD]), "torn": torn}
+            info = {"shard": s, "pid": int(w[PID]), "published": int(w[HEAD]), "torn": torn}
             self._lost.append(info)
             warnings.warn(WriterLostWarning(
                 f"shared buffer {self.name!r}: the writer of shard {s} (pid {info['pid']}) died "
@@ -1036,7 +612,7 @@ class SharedReplayBuffer:
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:  # counted and published to the writers (_count_sample inlined)
                 lim.samples += batch_size
-                self._ctrl_words[_SAMPLES] = lim.samples
+                self._ctrl_words[SAMPLES] = lim.samples
         finally:
             self._lock.release()
         batch = ring.batches[i]
@@ -1290,7 +866,7 @@ class SharedReplayBuffer:
                 state[self.sampler.state_key] = self.sampler.pass_state()
             if r.exactly_k:
                 state["exactly_k"] = self.sampler.shared_state(
-                    [int(r.words(s)[_CURSOR]) for s in range(r.shards)])
+                    [int(r.words(s)[CURSOR]) for s in range(r.shards)])
             if r.frames is not None:  # as of the heads; settled by settle_frames after the rows
                 state["frame_copies"] = shared_frames.copies(r.frames)
             yield state
@@ -1399,14 +975,14 @@ class SharedReplayBuffer:
             shared_frames.restore(r.frames, st, frames, heads, dropped)
         for s, h in enumerate(new_heads):
             w = r.words(s)
-            w[_RESERVED] = h
-            w[_HEAD] = h
+            w[RESERVED] = h
+            w[HEAD] = h
         self.sampler.state[1] = counter
         if priorities is not None:
             self.sampler.restore(leaves, versions, new_heads, priorities[2])
         if samples is not None and self._limiter is not None:
             self._limiter.samples = samples
-            r.ctrl[_SAMPLES] = samples
+            r.ctrl[SAMPLES] = samples
 
         if undrawn is not None:
             slots = np.asarray(undrawn[0], np.int64)
@@ -1429,7 +1005,7 @@ class SharedReplayBuffer:
             r.released[:] = 0
             r.taken[slots] = 1
             for s, c in enumerate(cursors):
-                r.words(s)[_CURSOR] = c
+                r.words(s)[CURSOR] = c
             self.sampler.restore(slots, counts, new_heads, delivered, released)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
@@ -1656,7 +1232,7 @@ class SharedReplayBuffer:
                 k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap, batch_size,
                                       False, self._cursors, slots, self._info)
                 if k == 0 and partial and self._info[0] > 0:
-                    if expired or self._all_done():
+                    if expired or self._region.all_done():
                         k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap,
                                               batch_size, True, self._cursors, slots, self._info)
                 if k:
@@ -1696,10 +1272,6 @@ class SharedReplayBuffer:
         m["wait_s"] = now - t0
         self._last = (now, published, dropped)
 
-    def _all_done(self) -> bool:
-        """No writer can publish more: every shard's writer finished or died."""
-        return all(self._state(s) in ("finished", "dead") for s in range(self._region.shards))
-
     def batches(self, batch_size: int, *, timeout: float | None = None, copy: bool = False):
         """Iterate over FIFO batches of ``batch_size`` rows until every writer has finished (or
         died) and the queue is empty; only the last batch may be shorter.
@@ -1712,7 +1284,7 @@ class SharedReplayBuffer:
             try:
                 batch = self.get_batch(batch_size, timeout=0.05, copy=copy)
             except TimeoutError:
-                if self._all_done():  # nothing more can come: deliver the rest and stop
+                if self._region.all_done():  # nothing more can come: deliver the rest and stop
                     if len(self) == 0:
                         return
                     batch = self.get_batch(batch_size, timeout=0, partial=True, copy=copy)
@@ -1783,14 +1355,6 @@ class _FifoBatch(Batch):
         return out
 
 
-def _remove_region(path: str, ctrl: np.ndarray, owner: int, owner_fd: int) -> None:
-    if os.getpid() != owner:
-        return
-    ctrl[_CLOSED] = 1
-    _remove_region_files(path)
-    _release(owner_fd)
-
-
 class SharedWriter:
     """One writer process's handle on one shard of a :class:`SharedReplayBuffer`.
 
@@ -1824,8 +1388,8 @@ class SharedWriter:
 
     def __init__(self, name: str, shard: int, *, dir: str | None = None,
                  timeout: float | None = None):
-        path = _region_path(name, dir)
-        region = _open_region(path)
+        path = region_path(name, dir)
+        region = open_region(path)
         shard = _check_int("shard", shard, 0, region.shards - 1)
         if region.closed:
             raise SharedBufferError(f"shared buffer at {path} is closed by its owner")
@@ -1834,14 +1398,14 @@ class SharedWriter:
         while True:  # the learner's liveness check holds the lock for a moment
             try:
                 fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                _HELD.add(self._lockfd)
+                HELD.add(self._lockfd)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     os.close(self._lockfd)
                     self._lockfd = None
                     raise SharedBufferError(
-                        f"shard {shard} of {path} has a live writer (pid {int(region.words(shard)[_PID])})"
+                        f"shard {shard} of {path} has a live writer (pid {int(region.words(shard)[PID])})"
                     ) from None
                 time.sleep(0.001)
         self._region = region
@@ -1855,46 +1419,46 @@ class SharedWriter:
         # an exactly-k replay shard: each row goes to the next free slot at or after the cursor
         self._ek = region.exactly_k
         self._drop = region.policy == "drop"
-        self._head = int(self._words[_HEAD])
-        self._dropped = int(self._words[_DROPPED])
+        self._head = int(self._words[HEAD])
+        self._dropped = int(self._words[DROPPED])
         # any start is right (free slots are in the words); the last writer's keeps the order
-        self._cursor = int(self._words[_CURSOR]) % self._cap
-        if self._ek and int(self._words[_RESERVED]) > self._head:
+        self._cursor = int(self._words[CURSOR]) % self._cap
+        if self._ek and int(self._words[RESERVED]) > self._head:
             # the last writer died mid-write: free the slots it took and never published
-            _kernels().replays_recover(region.taken, region.released, region.log, self._base,
-                                       self._cap, self._head, int(self._words[_RESERVED]))
+            kernels().replays_recover(region.taken, region.released, region.log, self._base,
+                                      self._cap, self._head, int(self._words[RESERVED]))
         self._claimed = np.empty(self._cap, np.int64)
-        self._k = _kernels()
+        self._k = kernels()
         # frame stacks: this writer checks its writes against its shard and keeps the frames'
         # bookkeeping in the region (see replay/shared_frames.py)
         self._frames = None
         if region.frames is not None:
-            if int(self._words[_RESERVED]) > self._head:
+            if int(self._words[RESERVED]) > self._head:
                 os.close(self._lockfd)
-                _HELD.discard(self._lockfd)
+                HELD.discard(self._lockfd)
                 raise SharedBufferError(
                     f"shard {shard} of {path}: its last writer died while writing rows "
-                    f"{self._head}..{int(self._words[_RESERVED]) - 1}, and with frame_stack the "
+                    f"{self._head}..{int(self._words[RESERVED]) - 1}, and with frame_stack the "
                     f"shard's frame bookkeeping (previous frames, final and pending frames) may "
                     f"be half-written: the shard cannot be continued (its published rows stay "
                     f"sampled; the other shards go on)")
             self._frames = shared_frames.ShardFrameWriter(region.frames, shard)
         self._storage = region.storage
         self.spec = region.spec
-        self._words[_PID] = os.getpid()
-        self._words[_ATTACHES] = int(self._words[_ATTACHES]) + 1
-        self._words[_STATE] = _ATTACHED
+        self._words[PID] = os.getpid()
+        self._words[ATTACHES] = int(self._words[ATTACHES]) + 1
+        self._words[STATE] = ATTACHED
         self._finalizer = weakref.finalize(self, _detach, self._words, self._lockfd, os.getpid())
         self._lock = threading.Lock()
         self._limiter = None
-        if region.limiter is not None:  # checked by _open_region
+        if region.limiter is not None:  # checked by open_region
             from ..replay.limiter import RateLimiter
 
             lim = self._limiter = RateLimiter(**region.limiter)
             # the fast check of a push reads these (no call unless it has to wait)
             self._lim_fast = (lim.samples_per_insert, lim.min_size_to_sample, lim.max_diff)
             self._ctrl_words = memoryview(region.ctrl)
-        self._generation = _GENERATION[0]
+        self._generation = GENERATION[0]
         # the shard as a ring of its own slots, for the per-spec push (tfdata._fastpath)
         self._ring = RingWriter(self._cap)
         self._sync_ring()
@@ -1926,7 +1490,7 @@ class SharedWriter:
 
     def _begin_one(self, slot: int) -> None:
         """Before a fast push writes ``slot``: refuse if closed, wait for room, announce it."""
-        if not self._finalizer.alive or self._region.closed or self._generation != _GENERATION[0]:
+        if not self._finalizer.alive or self._region.closed or self._generation != GENERATION[0]:
             self._write_check()
         if self._fifo and self._head - int(self._region.tails[self.shard]) >= self._cap:
             self._wait_for_room(0, 1)
@@ -1935,11 +1499,11 @@ class SharedWriter:
     def _begin_limited(self, slot: int) -> None:
         """:meth:`_begin_one` (replay mode) after the rate limiter lets one row in."""
         region = self._region
-        if not self._finalizer.alive or region.closed or self._generation != _GENERATION[0]:
+        if not self._finalizer.alive or region.closed or self._generation != GENERATION[0]:
             self._write_check()
         spi, min_size, max_diff = self._lim_fast
         i = sum(region.heads.tolist()) + 1
-        if not (i <= min_size or i * spi - self._ctrl_words[_SAMPLES] <= max_diff):
+        if not (i <= min_size or i * spi - self._ctrl_words[SAMPLES] <= max_diff):
             self._limit_insert(1)
         self._k.shard_begin(self._words, self._head + 1)
 
@@ -1957,21 +1521,21 @@ class SharedWriter:
         sleeps that release the GIL). Raises ValueError if it never can, TimeoutError after
         the timeout, SharedBufferError if the buffer is closed or its owner has ended."""
         lim, region = self._limiter, self._region
-        lim.inserts, lim.samples = sum(region.heads.tolist()), self._ctrl_words[_SAMPLES]
+        lim.inserts, lim.samples = sum(region.heads.tolist()), self._ctrl_words[SAMPLES]
         if lim.can_insert(n):
             return
         lim.check_insert(n)
         timeout = lim.timeout if self.timeout is None else self.timeout
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        check_owner = t0 + _WATCH_S
+        check_owner = t0 + WATCH_S
         pause = 20e-6
         timed_out = False
         try:
             while True:
                 time.sleep(pause)  # releases the GIL
                 pause = min(2 * pause, 1e-3)
-                lim.inserts, lim.samples = sum(region.heads.tolist()), self._ctrl_words[_SAMPLES]
+                lim.inserts, lim.samples = sum(region.heads.tolist()), self._ctrl_words[SAMPLES]
                 if lim.can_insert(n):
                     return
                 if region.closed:
@@ -1980,8 +1544,8 @@ class SharedWriter:
                                             f"sample; nothing written)")
                 now = time.monotonic()
                 if now >= check_owner:
-                    check_owner = now + _WATCH_S
-                    if not _writer_alive(os.path.join(region.path, "owner.lock")):
+                    check_owner = now + WATCH_S
+                    if not writer_alive(os.path.join(region.path, "owner.lock")):
                         raise SharedBufferError(f"the owner of shared buffer {region.path} has "
                                                 f"ended: no one will sample (nothing written)")
                 if deadline is not None and now >= deadline:
@@ -2052,7 +1616,7 @@ class SharedWriter:
             return self._write(n, values, False)
 
     def _write_check(self) -> None:
-        if self._generation != _GENERATION[0]:
+        if self._generation != GENERATION[0]:
             raise SharedBufferError(f"this writer of shard {self.shard} was made before a fork: it "
                                     f"belongs to the parent process (one writer per shard); a "
                                     f"child attaches its own SharedWriter")
@@ -2140,7 +1704,7 @@ class SharedWriter:
         let the rate limiter count the row in, find the next free slot (waiting for one),
         announce the write; returns the slot (of the shard). ``cursor`` (the ring's) is not
         used: the writer's own cursor is."""
-        if not self._finalizer.alive or self._region.closed or self._generation != _GENERATION[0]:
+        if not self._finalizer.alive or self._region.closed or self._generation != GENERATION[0]:
             self._write_check()
         if self._limiter is not None:
             self._limit_insert(1)
@@ -2159,7 +1723,7 @@ class SharedWriter:
                               head + 1, self._dropped, time.monotonic_ns())
         self._head = head + 1
         self._cursor = (slot + 1) % self._cap
-        self._words[_CURSOR] = self._cursor
+        self._words[CURSOR] = self._cursor
 
     def _claim(self, n: int) -> int:
         region = self._region
@@ -2190,7 +1754,7 @@ class SharedWriter:
             if self._k.replays_log(region.taken, region.log, base, cap, head, slots) != k:
                 raise RuntimeError("SharedWriter: replays_log refused claimed slots")
             self._cursor = (int(slots[k - 1]) + 1) % cap
-            self._words[_CURSOR] = self._cursor
+            self._words[CURSOR] = self._cursor
         self._k.shard_publish(region.stamps, self._words, base, cap, head, k, head + k, dropped,
                               time.monotonic_ns())
         self._head, self._dropped = head + k, dropped
@@ -2201,7 +1765,7 @@ class SharedWriter:
         region = self._region
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         pause = 20e-6
-        check_owner = time.monotonic() + _WATCH_S
+        check_owner = time.monotonic() + WATCH_S
         while True:
             free = self._cap - (self._head - int(region.tails[self.shard])) if room is None else room()
             if free > 0:
@@ -2210,8 +1774,8 @@ class SharedWriter:
                 raise SharedBufferError(f"shared buffer {region.path} was closed by its owner "
                                         f"({done} of {n} rows written)")
             if time.monotonic() > check_owner:  # a learner that died takes no more rows
-                check_owner = time.monotonic() + _WATCH_S
-                if not _writer_alive(os.path.join(region.path, "owner.lock")):
+                check_owner = time.monotonic() + WATCH_S
+                if not writer_alive(os.path.join(region.path, "owner.lock")):
                     raise SharedBufferError(f"the owner of shared buffer {region.path} has ended: "
                                             f"no one will take rows ({done} of {n} rows written)")
             if deadline is not None and time.monotonic() >= deadline:
@@ -2239,6 +1803,6 @@ class SharedWriter:
 def _detach(words: np.ndarray, lockfd: int, pid: int) -> None:
     if os.getpid() != pid:  # a forked child must not detach its parent's writer
         return
-    words[_STATE] = _FINISHED
-    words[_PID] = 0
-    _release(lockfd)  # releases the lock
+    words[STATE] = FINISHED
+    words[PID] = 0
+    release(lockfd)  # releases the lock
