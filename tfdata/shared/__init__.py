@@ -46,7 +46,8 @@ can tell a region whose owner died (and remove it) from one in use. This package
 """
 
 from ..errors import FormatError  # noqa: F401  (tfdata.shared.FormatError, as before the split)
-from .buffer import SharedReplayBuffer, SharedWriter
+from .buffer import SharedReplayBuffer
 from .region import region_nbytes, shm_dir, sweep
+from .writer import SharedWriter
 
 __all__ = ["SharedReplayBuffer", "SharedWriter", "region_nbytes", "shm_dir", "sweep"]
