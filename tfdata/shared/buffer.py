@@ -21,6 +21,7 @@ from ..batch import getrefcount as _getrefcount
 from ..errors import SharedBufferError, SpecError, WriterLostWarning
 from ..replay import combinations
 from ..replay.core import fields_key
+from ..replay.core import weak_method as _weak_method
 from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from ..replay.core import MAX_DRAWS as _MAX_DRAWS
 from ..replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
@@ -31,6 +32,7 @@ from ..replay.frames import padding_config
 from ..replay.transforms import ShardNStep, episode_options
 from ..spec import Spec
 from ..storage import output_nbytes, resolve_layout
+from .fifo import FifoLearner
 from .region import (ATTACHED, ATTACHES, CURSOR, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, RESERVED,
                      SAMPLES, STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
@@ -272,11 +274,9 @@ class SharedReplayBuffer:
         self._finalizer = weakref.finalize(self, remove_region, path, self._region.ctrl, self._owner,
                                            owner_fd)
         st = self._region.storage
-        self._store = st.kernel_store
         # bound once: the sample path does no attribute lookups through the region
         self._fifo = mode == "fifo"
         self._heads, self._reserved, self._cap = self._region.heads, self._region.reserved, cap
-        self._gather_kernel = st.kernels.gather
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
         sampler.bind_shards(self._heads, self._reserved, cap)
@@ -314,10 +314,9 @@ class SharedReplayBuffer:
         self._watch_at = 0.0
         self._reported: set = set()
         self._lost: list = []
-        # FIFO bookkeeping of the consumer (under the lock)
-        self._cursors = np.zeros(2 * shards, np.int64)
-        self._info = np.zeros(4, np.int64)
-        self._last = (time.monotonic(), 0, 0)  # time, rows published, rows dropped at the last batch
+        # the FIFO learner (its calls refuse a replay region)
+        self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
+                                  _weak_method(self, "_watch"))
         self._limiter = None
         if rate_limiter is not None:
             rate_limiter.bind(self._lock, self, shards * cap)
@@ -485,7 +484,7 @@ class SharedReplayBuffer:
         if self._region.exactly_k:  # rows awaiting replay, folded or not
             return int(heads.sum()) - self.sampler.released
         if self.mode == "fifo":
-            return int((heads - self._region.tails.astype(np.int64)).sum())
+            return self._queue.queued()
         return int(np.minimum(heads, self._region.cap).sum())
 
     def __repr__(self) -> str:
@@ -514,8 +513,9 @@ class SharedReplayBuffer:
                         "torn": r.torn(s)})
         return out
 
-    def _watch(self) -> None:
-        """Warn once per incident about writers that died (at most every WATCH_S seconds)."""
+    def _watch(self, stacklevel: int = 3) -> None:
+        """Warn once per incident about writers that died (at most every WATCH_S seconds);
+        ``stacklevel``: the warning's, from here (3: the caller of the public method)."""
         now = time.monotonic()
         if now < self._watch_at:
             return
@@ -536,7 +536,7 @@ class SharedReplayBuffer:
                 f"shared buffer {self.name!r}: the writer of shard {s} (pid {info['pid']}) died "
                 f"without closing it; its {info['published']} published rows stay, {torn} slot(s) "
                 f"it was writing are never sampled or delivered; a new SharedWriter may take the "
-                f"shard over"), stacklevel=3)
+                f"shard over"), stacklevel=stacklevel)
 
     @property
     def lost_writers(self) -> list[dict]:
@@ -1208,63 +1208,7 @@ class SharedReplayBuffer:
             No full batch within ``timeout`` (and ``partial`` is False, or nothing is queued).
             Nothing is consumed.
         """
-        if self.mode != "fifo":
-            raise SharedBufferError(f"shared buffer {self.name!r} is a replay ring: use sample(), "
-                                    f"or build it with mode='fifo' for exact-once batches")
-        ring = self._fifo_ring(batch_size)
-        t0 = time.monotonic()
-        deadline = None if timeout is None else t0 + float(timeout)
-        pause = 20e-6
-        r = self._region
-        while True:
-            # the clock is read once per round: the partial batch and the TimeoutError below
-            # must agree on whether the time is up
-            expired = deadline is not None and time.monotonic() >= deadline
-            with self._lock:
-                i = ring[0]
-                out, slots, batch, metrics = ring[1][i]
-                k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap, batch_size,
-                                      False, self._cursors, slots, self._info)
-                if k == 0 and partial and self._info[0] > 0:
-                    if expired or self._region.all_done():
-                        k = self._k.fifo_plan(r.heads, r.tails, r.dropped, r.stamps, r.cap,
-                                              batch_size, True, self._cursors, slots, self._info)
-                if k:
-                    # rows below a head are complete, and their slots are not reused before
-                    # the tail passes them: a plain gather, then the tails
-                    self._gather_kernel(self._store, slots[:k], out.kernel_out)
-                    self._k.fifo_commit(r.tails, self._cursors)
-                    ring[0] = (i + 1) % self._ring_size
-                    now = time.monotonic()
-                    self._fill_metrics(metrics, k, now, t0)
-                    if k < batch_size:  # a partial batch: views of the first k rows
-                        batch = _FifoBatch({n: v[:k] for n, v in batch.items()}, batch.indices[:k])
-                        batch.metrics = metrics
-                    elif _getrefcount(batch) > _UNHELD:  # still held: retire it (see Batch)
-                        batch = retire(batch)
-                        ring[1][i] = (out, slots, batch, metrics)
-                    break
-            if expired:
-                raise TimeoutError(f"shared buffer {self.name!r}: {int(self._info[0])} rows queued "
-                                   f"after {timeout} s, a batch needs {batch_size}")
-            self._watch()
-            time.sleep(pause)  # releases the GIL
-            pause = min(2 * pause, 1e-3)
-        self._watch()
-        return batch.copy_with_metrics() if copy else batch
-
-    def _fill_metrics(self, m: dict, k: int, now: float, t0: float) -> None:
-        info = self._info
-        t_prev, pub_prev, drop_prev = self._last
-        published, dropped = int(info[2]), int(info[3])
-        m["rows"] = k
-        m["queued"] = int(info[0]) - k
-        m["oldest_age_s"] = max(0.0, (time.monotonic_ns() - int(info[1])) * 1e-9)
-        m["ingest_rows_per_s"] = (published - pub_prev) / max(now - t_prev, 1e-9)
-        m["dropped"] = dropped
-        m["dropped_since"] = dropped - drop_prev
-        m["wait_s"] = now - t0
-        self._last = (now, published, dropped)
+        return self._queue.get_batch(batch_size, timeout=timeout, partial=partial, copy=copy)
 
     def batches(self, batch_size: int, *, timeout: float | None = None, copy: bool = False):
         """Iterate over FIFO batches of ``batch_size`` rows until every writer has finished (or
@@ -1273,51 +1217,8 @@ class SharedReplayBuffer:
         ``timeout``: seconds without a batch before TimeoutError (None: wait for ever, e.g. for
         shards whose writer has not attached yet).
         """
-        since = time.monotonic()
-        while True:
-            try:
-                batch = self.get_batch(batch_size, timeout=0.05, copy=copy)
-            except TimeoutError:
-                if self._region.all_done():  # nothing more can come: deliver the rest and stop
-                    if len(self) == 0:
-                        return
-                    batch = self.get_batch(batch_size, timeout=0, partial=True, copy=copy)
-                elif timeout is not None and time.monotonic() - since > timeout:
-                    raise TimeoutError(f"shared buffer {self.name!r}: no batch of {batch_size} rows "
-                                       f"within {timeout} s ({len(self)} queued)") from None
-                else:
-                    continue
-            since = time.monotonic()
-            yield batch
-
-    def _fifo_ring(self, batch_size):
-        key = ("fifo", batch_size)
-        try:
-            return self._local.rings[key]
-        except (AttributeError, KeyError):
-            pass
-        batch_size = _check_int("batch_size", batch_size, 1)
-        if batch_size > self.capacity:
-            raise ValueError(f"batch_size {batch_size} is larger than the queue's capacity "
-                             f"{self.capacity}: no batch could ever fill")
-        if self.policy == "block" and batch_size > self._region.cap:
-            raise ValueError(
-                f"batch_size {batch_size} is larger than a shard's {self._region.cap} slots: with "
-                f"policy='block' a writer waits once its shard is full, so with the other writers "
-                f"idle or finished no batch could fill; use batch_size <= {self._region.cap} or "
-                f"capacity >= {batch_size * self.num_writers}")
-        if not hasattr(self._local, "rings"):
-            self._local.rings = {}
-        st = self._region.storage
-        slots = []
-        for _ in range(self._ring_size):
-            out = st.new_output(batch_size)
-            metrics: dict = {}
-            b = _FifoBatch(out.fields, out.indices)
-            b.metrics = metrics
-            slots.append((out, out.indices, b, metrics))  # the plan writes the slots there
-        ring = self._local.rings[key] = [0, slots]
-        return ring
+        # a generator: its frame keeps this buffer (so its region) alive while it is iterated
+        yield from self._queue.batches(batch_size, timeout=timeout, copy=copy)
 
     # -- life ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -1335,15 +1236,3 @@ class SharedReplayBuffer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _FifoBatch(Batch):
-    """A :class:`Batch` with the FIFO metrics of its delivery (``batch.metrics``)."""
-
-    __slots__ = ("metrics",)
-
-    def copy_with_metrics(self) -> "_FifoBatch":
-        b = self.copy()
-        out = _FifoBatch(dict(b), b.indices)
-        out.metrics = dict(self.metrics)
-        return out
