@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -28,14 +27,15 @@ from ..replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from ..replay.samplers.shared import SharedWithoutReplacementSampler
 from ..replay import shared_frames
-from ..replay.frames import padding_config
 from ..replay.transforms import ShardNStep, episode_options
 from ..spec import Spec
 from ..storage import output_nbytes, resolve_layout
+from .columns import ShardColumns
 from .fifo import FifoLearner
-from .region import (ATTACHED, ATTACHES, CURSOR, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, RESERVED,
-                     SAMPLES, STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
+from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
+                     STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
+from .state import ShardCheckpoint
 
 __all__ = ["SharedReplayBuffer"]
 
@@ -314,6 +314,7 @@ class SharedReplayBuffer:
         self._watch_at = 0.0
         self._reported: set = set()
         self._lost: list = []
+        self._columns = ShardColumns(region, name)
         # the FIFO learner (its calls refuse a replay region)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
                                   _weak_method(self, "_watch"))
@@ -324,6 +325,8 @@ class SharedReplayBuffer:
             self._limiter = rate_limiter
             self._held_known = 0  # rows known to be held (a lower bound: they never decrease)
             self._ctrl_words = memoryview(self._region.ctrl)
+        self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
+                                           self._ring_size, self._is_prioritized, episodes)
 
     @property
     def rate_limiter(self):
@@ -802,105 +805,20 @@ class SharedReplayBuffer:
     @property
     def config(self) -> dict:
         """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
-        cfg = {"capacity": self.capacity, "layout": self.layout, "ring_size": self._ring_size,
-               "num_writers": self.num_writers, "prioritized": self._is_prioritized,
-               "n_step": self.n_step, "gamma": self.gamma, "next_of": dict(self._next_of),
-               "roles": dict(self._roles)}
-        fr = self._region.frames
-        if fr is not None:  # absent: no frame stacks (checkpoints as before)
-            cfg.update(frame_stack=dict(fr.stacks), frame_padding=padding_config(fr.frames),
-                       final_frames=fr.final_frames)
-        if isinstance(self.sampler, SharedWithoutReplacementSampler):
-            cfg["sampler"] = self.sampler.name  # absent: uniform (checkpoints as before)
-        if self._region.exactly_k:
-            sm = self.sampler
-            cfg.update(sampler="exactly_k", replays=sm.replays, policy=self.policy, timeout=sm.timeout)
-        if self._is_prioritized:
-            sm = self.sampler
-            cfg.update(alpha=sm.alpha, beta=sm.beta_start, beta_final=sm.beta_final,
-                       beta_steps=sm.beta_steps, eps=sm.eps)
-        if self._limiter is not None:  # its parameters; the counts are in the state
-            cfg["rate_limiter"] = self._limiter.params()
-        return cfg
+        return self._checkpoint.config()
 
-    @contextlib.contextmanager
     def snapshot(self):
-        """Hold the lock, fold what the writers published (prioritized, without replacement,
-        exactly-k: then the heads are the positions folded), read every shard's
-        head, and yield the state as of those heads (views of the live arrays; valid inside the
-        ``with``). Rows are the storage's; :meth:`overwritten_since` says which of them a writer
-        touched since."""
-        if self._fifo:
-            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
-                                    f"in flight, not a state to checkpoint")
-        r = self._region
-        scratch = np.zeros(7 * r.shards + 1, np.int64)
-        with self._lock:
-            wor = isinstance(self.sampler, SharedWithoutReplacementSampler)
-            if self._is_prioritized or wor:
-                self.sampler.fold(scratch)
-            elif r.exactly_k:  # the state as of the fold: heads are the positions folded
-                self.sampler.fold()
-                scratch[r.shards:2 * r.shards] = self.sampler.folded
-            else:
-                self._k.read_heads(r.heads, r.cap, scratch)
-            state = {"format": "tfdata.SharedReplayBuffer", "version": 1,
-                     "spec": self.spec.to_dict(), "capacity": self.capacity, "layout": self.layout,
-                     "num_writers": r.shards, "heads": [int(h) for h in scratch[r.shards:2 * r.shards]],
-                     "dropped": None, "sampler": self.sampler.state_dict(), "prioritized": None}
-            if self._is_prioritized:
-                sm = self.sampler
-                state["prioritized"] = {"alpha": sm.alpha, "eps": sm.eps, "samples": sm.samples,
-                                        "leaves": sm.live_leaves(self.capacity), "versions": sm.version}
-            if self._limiter is not None:  # inserts as of the heads saved
-                state["rate_limiter"] = {"inserts": sum(state["heads"]),
-                                         "samples": self._limiter.samples}
-
-            if wor:
-                state[self.sampler.state_key] = self.sampler.pass_state()
-            if r.exactly_k:
-                state["exactly_k"] = self.sampler.shared_state(
-                    [int(r.words(s)[CURSOR]) for s in range(r.shards)])
-            if r.frames is not None:  # as of the heads; settled by settle_frames after the rows
-                state["frame_copies"] = shared_frames.copies(r.frames)
-            yield state
+        """A context manager: the state as of the shards' heads, this buffer's lock held (see
+        :meth:`tfdata.shared.state.ShardCheckpoint.snapshot`)."""
+        return self._checkpoint.snapshot()
 
     def overwritten_since(self, heads: list) -> list:
-        """Per shard, how many of the rows held at ``heads`` its writer has begun overwriting
-        since (the oldest of them: a writer overwrites in order). Exactly-k: none (a writer
-        writes only free slots, never a row awaiting replay)."""
-        r = self._region
-        if r.exactly_k:
-            return [0] * r.shards
-        out = []
-        for s, h in enumerate(heads):
-            begun = int(r.reserved[s])  # read after the copy it judges
-            held = min(h, r.cap)
-            out.append(max(0, min(held, begun - r.cap - max(0, h - r.cap))))
-        return out
+        """See :meth:`tfdata.shared.state.ShardCheckpoint.overwritten_since`."""
+        return self._checkpoint.overwritten_since(heads)
 
     def settle_frames(self, state: dict) -> None:
-        """After the rows of a :meth:`snapshot` were copied (frame stacks only): the rows the
-        checkpoint keeps (``heads``, ``dropped``) and its ``frames`` part, from the frame arrays
-        copied with the heads and frames read now (see
-        :func:`tfdata.replay.shared_frames.checkpoint_state`)."""
-        r = self._region
-        old = state["heads"]
-        heads, dropped, frames = shared_frames.checkpoint_state(
-            r.frames, r.storage, r.reserved, old, state.pop("frame_copies"), self._k)
-        state.update(heads=heads, dropped=dropped, frames=frames)
-        pri = state["prioritized"]
-        if pri is not None and heads != old:
-            # a shard that keeps its slots (dropped 0) but not its newest row: that slot's
-            # leaf goes (the others of a shard moved to its first slots are rebuilt by restore)
-            leaves = np.array(pri["leaves"], copy=True)  # a copy: never the live trees
-            for s, (h, was, t) in enumerate(zip(heads, old, dropped)):
-                if t == 0:
-                    for q in range(h, was):
-                        leaves[s * r.cap + q % r.cap] = 0.0
-            pri["leaves"] = leaves
-        if "rate_limiter" in state:  # inserts as of the heads kept
-            state["rate_limiter"]["inserts"] = sum(heads)
+        """See :meth:`tfdata.shared.state.ShardCheckpoint.settle_frames`."""
+        self._checkpoint.settle_frames(state)
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory (replay mode): the rows each shard held when the save
@@ -928,79 +846,11 @@ class SharedReplayBuffer:
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
                 undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
-        """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
-        the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
-        ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
-        (the saved slots: a shard's rows moved to its first slots are mapped, the rows left out
-        leave the pass); ``samples``: the rate limiter's count of rows sampled (its inserts are
-        the heads restored: rows left out at the save are not counted); ``exactly_k``: the
-        checked ``(slots, counts, delivered, released, cursors)`` (every row of ``heads`` folded,
-        ``dropped`` all 0); ``frames``: the checked frame part (see
-        :func:`tfdata.replay.shared_frames.restore`). Used by
+        """Fill this new buffer (no writer attached yet) from a checked checkpoint (see
+        :meth:`tfdata.shared.state.ShardCheckpoint.restore`). Used by
         :func:`tfdata.replay.checkpoint.load_shared`."""
-        r, st = self._region, self._region.storage
-        cap = r.cap
-        if any(int(w) for w in r.heads):
-            raise SharedBufferError("restore: the buffer already holds rows")
-        names = r.stored_spec.names
-        st.load_state_dict({n: ds.field(n) for n in names}, self.capacity, ds.release,
-                           ds.records)
-        leaves = versions = None
-        if priorities is not None:
-            leaves, versions = priorities[0].copy(), priorities[1].copy()
-        new_heads = []
-        for s, (h, t) in enumerate(zip(heads, dropped)):
-            held = min(h, cap)
-            if t == 0:
-                new_heads.append(h)
-                continue
-            # the oldest t rows were being overwritten: keep rows [h - held + t, h), from slot 0
-            keep = held - t
-            src = s * cap + (np.arange(h - held + t, h, dtype=np.int64) % cap)
-            dst = slice(s * cap, s * cap + keep)
-            for n in names:
-                st.field(n)[dst] = ds.field(n)[src]
-            if leaves is not None:
-                lv, vv = leaves[src].copy(), versions[src].copy()
-                leaves[s * cap:s * cap + cap] = 0.0
-                leaves[dst], versions[dst] = lv, vv
-            new_heads.append(keep)
-        if frames is not None:  # before the heads: nothing of a shard is held until then
-            shared_frames.restore(r.frames, st, frames, heads, dropped)
-        for s, h in enumerate(new_heads):
-            w = r.words(s)
-            w[RESERVED] = h
-            w[HEAD] = h
-        self.sampler.state[1] = counter
-        if priorities is not None:
-            self.sampler.restore(leaves, versions, new_heads, priorities[2])
-        if samples is not None and self._limiter is not None:
-            self._limiter.samples = samples
-            r.ctrl[SAMPLES] = samples
-
-        if undrawn is not None:
-            slots = np.asarray(undrawn[0], np.int64)
-            keep = np.ones(slots.shape[0], bool)
-            for s, (h, t) in enumerate(zip(heads, dropped)):
-                if t == 0:
-                    continue
-                # the rows kept moved to the shard's first slots: row q to slot s*cap + q - first
-                lo = h - min(h, cap)
-                first = lo + t
-                mine = slots // cap == s
-                q = lo + (slots[mine] - s * cap - lo) % cap  # the row each slot held
-                keep[mine] = q >= first
-                slots[mine] = s * cap + q - first
-            self.sampler.restore(slots[keep], undrawn[1], new_heads)
-        if exactly_k is not None:
-            slots, counts, delivered, released, cursors = exactly_k
-            # the slots awaiting replay are taken once and not released; every other slot free
-            r.taken[:] = 0
-            r.released[:] = 0
-            r.taken[slots] = 1
-            for s, c in enumerate(cursors):
-                r.words(s)[CURSOR] = c
-            self.sampler.restore(slots, counts, new_heads, delivered, released)
+        self._checkpoint.restore(ds, heads, dropped, counter, priorities, undrawn, samples, exactly_k,
+                                 frames)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> SharedPrioritizedSampler:
@@ -1028,38 +878,6 @@ class SharedReplayBuffer:
             return s.live_leaves(self.capacity).copy()
 
     # -- columns ----------------------------------------------------------------------------
-    def _column_field(self, name, what: str):
-        if self._fifo:
-            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: its rows are "
-                                    f"in flight, not columns to read")
-        if not isinstance(name, str) or name not in self.spec:
-            raise SpecError(f"{what}: {self.spec.unknown_message(name)}")
-        stored = self._region.stored_spec
-        if name not in stored:
-            src = self._region.frames.frames["next"]
-            raise SpecError(f"{what}: field {name!r} is not stored: with frame_stack it is rebuilt "
-                            f"from the frames of {[k for k, v in src.items() if v == name][0]!r}")
-        return stored[name]
-
-    def _slot_ranges(self, los: list, heads: list) -> np.ndarray:
-        """int64[m, 2]: the slots of rows ``[los[s], heads[s])`` of every shard, in slot order,
-        adjacent ranges joined (a shard whose ring is all live is one range)."""
-        cap = self._region.cap
-        out = []
-        for s, (lo, h) in enumerate(zip(los, heads)):
-            if h <= lo:
-                continue
-            a = lo % cap
-            b = a + (h - lo)
-            base = s * cap
-            parts = [(a, b)] if b <= cap else [(0, b - cap), (a, cap)]
-            for x, y in parts:
-                if out and out[-1][1] == base + x:
-                    out[-1][1] = base + y
-                else:
-                    out.append([base + x, base + y])
-        return np.array(out, np.int64).reshape(-1, 2)
-
     def column(self, name: str):
         """Read-only views of field ``name`` over the rows each shard holds: shard by shard,
         oldest to newest (one view per shard, two where its ring has wrapped); no copy.
@@ -1080,24 +898,7 @@ class SharedReplayBuffer:
         SpecError
             Unknown field. SharedBufferError: a FIFO buffer.
         """
-        from ..replay.columns import Column
-
-        f = self._column_field(name, "column")
-        r = self._region
-        heads = [int(h) for h in r.heads]
-        view = r.storage.field(name)
-        ranges = []
-        for s, h in enumerate(heads):
-            held = min(h, r.cap)
-            if held == 0:
-                continue
-            a = (h - held) % r.cap
-            base = s * r.cap
-            if a + held <= r.cap:
-                ranges.append((base + a, base + a + held))
-            else:
-                ranges += [(base + a, base + r.cap), (base, base + a + held - r.cap)]
-        return Column(name, tuple(view[a:b] for a, b in ranges), f)
+        return self._columns.column(name)
 
     def column_stats(self, name: str):
         """Statistics of field ``name`` over the rows the shards hold, by one compiled pass
@@ -1124,29 +925,7 @@ class SharedReplayBuffer:
             A FIFO buffer, or writers that overwrote the rows faster than 16 passes could read
             them (no pass kept a row).
         """
-        from ..replay.columns import scan_ranges
-
-        f = self._column_field(name, "column_stats")
-        if f.dtype.kind not in "biuf":
-            raise SpecError(f"column_stats: field {name!r} has dtype {f.dtype}; statistics are "
-                            f"computed for bool, integer and float fields only")
-        r = self._region
-        view = r.storage.column(name)
-        skip = [0] * r.shards
-        for _ in range(16):
-            heads = [int(h) for h in r.heads]  # published: read before the rows (x86 keeps the order)
-            begun = [int(b) for b in r.reserved]
-            # row i's slot is reused by row i + cap: being overwritten once reserved > i + cap
-            los = [min(h, max(h - min(h, r.cap), b - r.cap + sk))
-                   for h, b, sk in zip(heads, begun, skip)]
-            got = scan_ranges(f, view, self._slot_ranges(los, heads))
-            now = [int(b) for b in r.reserved]  # read after the pass it judges
-            if all(b - r.cap <= lo for lo, b in zip(los, now)) and (got.count or not any(heads)):
-                return got  # (no row counted of rows held: writers lapped them all; try again)
-            # the next pass leaves out twice as many of the oldest rows as were begun during this one
-            skip = [2 * (b - b0) for b, b0 in zip(now, begun)]
-        raise SharedBufferError(f"column_stats({name!r}): writers overwrote the rows of shared "
-                                f"buffer {self.name!r} faster than 16 passes could read them")
+        return self._columns.column_stats(name)
 
     def update_field(self, name, indices, values) -> None:
         """Not available: rows of a shared buffer are written by writer processes under their
