@@ -32,6 +32,7 @@ from ..spec import Spec
 from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
 from .fifo import FifoLearner
+from .gate import SampleGate
 from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
                      STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
@@ -276,7 +277,7 @@ class SharedReplayBuffer:
         st = self._region.storage
         # bound once: the sample path does no attribute lookups through the region
         self._fifo = mode == "fifo"
-        self._heads, self._reserved, self._cap = self._region.heads, self._region.reserved, cap
+        self._heads, self._reserved = self._region.heads, self._region.reserved
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
         sampler.bind_shards(self._heads, self._reserved, cap)
@@ -318,12 +319,12 @@ class SharedReplayBuffer:
         # the FIFO learner (its calls refuse a replay region)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
                                   _weak_method(self, "_watch"))
-        self._limiter = None
+        self._limiter = self._gate = None
         if rate_limiter is not None:
             rate_limiter.bind(self._lock, self, shards * cap)
             rate_limiter.reset()
             self._limiter = rate_limiter
-            self._held_known = 0  # rows known to be held (a lower bound: they never decrease)
+            self._gate = SampleGate(region, self._lock, rate_limiter, name)
             self._ctrl_words = memoryview(self._region.ctrl)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
                                            self._ring_size, self._is_prioritized, episodes)
@@ -335,72 +336,8 @@ class SharedReplayBuffer:
         waits); each writer's insert waits are in its :attr:`SharedWriter.rate_limiter`."""
         lim = self._limiter
         if lim is not None:
-            lim.inserts = self._inserts()
+            lim.inserts = self._gate.inserts()
         return lim
-
-    def _inserts(self) -> int:
-        """Rows published by every shard since the buffer was made (a limiter's inserts)."""
-        return sum(self._heads.tolist())
-
-    def _may_sample(self, batch_size: int) -> bool:
-        """Whether the limiter allows a sample of ``batch_size`` rows now and so many are held."""
-        heads = self._heads.tolist()
-        lim = self._limiter
-        i = lim.inserts = sum(heads)
-        if not (i >= lim.min_size_to_sample
-                and i * lim.samples_per_insert - lim.samples - batch_size >= lim.min_diff):
-            return False
-        if batch_size <= self._held_known:  # rows held never decrease in replay mode
-            return True
-        cap = self._cap
-        self._held_known = sum(h if h < cap else cap for h in heads)
-        return self._held_known >= batch_size
-
-    def _limit_sample(self, batch_size: int) -> None:
-        """Return holding the lock once the limiter allows a sample of ``batch_size`` rows;
-        waits (polling the heads, with sleeps that release the GIL) without the lock, so
-        other learner threads go on. Raises ValueError if it never can, TimeoutError after the
-        limiter's timeout, SharedBufferError when no writer is left to insert."""
-        lock, lim = self._lock, self._limiter
-        lock.acquire()
-        # _may_sample inlined: the check of a sample that does not wait (a call less)
-        i = lim.inserts = sum(self._heads.tolist())
-        if (i >= lim.min_size_to_sample and batch_size <= self._held_known
-                and i * lim.samples_per_insert - lim.samples - batch_size >= lim.min_diff):
-            return
-        if self._may_sample(batch_size):
-            return
-        lock.release()
-        lim.check_sample(batch_size)
-        t0 = time.monotonic()
-        deadline = None if lim.timeout is None else t0 + lim.timeout
-        check_at = t0 + WATCH_S
-        pause = 20e-6
-        timed_out = False
-        try:
-            while True:
-                time.sleep(pause)  # releases the GIL
-                pause = min(2 * pause, 1e-3)
-                lock.acquire()
-                if self._may_sample(batch_size):
-                    return
-                lock.release()
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    timed_out = True
-                    raise TimeoutError(lim.timeout_message("sample", batch_size, now - t0))
-                if now >= check_at:
-                    check_at = now + WATCH_S
-                    states = [self._region.writer_state(s) for s in range(self.num_writers)]
-                    if all(st in ("finished", "dead") for st in states):
-                        raise SharedBufferError(
-                            f"shared buffer {self.name!r}: a sample of {batch_size} rows waits for "
-                            f"inserts (rate limiter: inserts={lim.inserts}, samples={lim.samples}, "
-                            f"samples_per_insert={lim.samples_per_insert}) but every writer is gone "
-                            f"(shards {states}); nothing was sampled. A new SharedWriter may attach "
-                            f"and continue a shard")
-        finally:
-            lim.record_wait("sample", time.monotonic() - t0, timed_out)
 
     def _check_batch(self, batch_size: int) -> None:
         """Refuse a batch the rows held cannot fill (with a limiter: that no rows ever can,
@@ -419,12 +356,6 @@ class SharedReplayBuffer:
         n = len(self)
         if batch_size > n:
             raise self.sampler.too_few(batch_size, n)
-
-    def _count_sample(self, batch_size: int) -> None:
-        """Count a sample of ``batch_size`` rows and publish the count to the writers (lock held)."""
-        lim = self._limiter
-        lim.samples += batch_size
-        self._ctrl_words[SAMPLES] = lim.samples  # a memoryview: half the cost of numpy's setitem
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -597,7 +528,7 @@ class SharedReplayBuffer:
         if lim is None:
             self._lock.acquire()
         else:
-            self._limit_sample(batch_size)  # returns holding the lock
+            self._gate.acquire(batch_size)  # returns holding the lock
         try:
             i = ring.next
             if self._frames is not None:  # the ring's own (projected) frame transform
@@ -607,7 +538,7 @@ class SharedReplayBuffer:
             else:
                 self._sample_windows(ring.slots[i], ring.arrays[i])
             ring.next = (i + 1) % len(ring.slots)
-            if lim is not None:  # counted and published to the writers (_count_sample inlined)
+            if lim is not None:  # counted and published to the writers (SampleGate.count inlined)
                 lim.samples += batch_size
                 self._ctrl_words[SAMPLES] = lim.samples
         finally:
@@ -713,7 +644,7 @@ class SharedReplayBuffer:
         if lim is None:
             self._lock.acquire()
         else:
-            self._limit_sample(batch_size)  # returns holding the lock
+            self._gate.acquire(batch_size)  # returns holding the lock
         try:
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i][0]
@@ -747,7 +678,7 @@ class SharedReplayBuffer:
                 self._redraw_torn(marks, scratch, redo, torn, "slices")
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:
-                self._count_sample(batch_size)
+                self._gate.count(batch_size)
         finally:
             self._lock.release()
         batch = ring.batches[i]
