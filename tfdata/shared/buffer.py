@@ -22,8 +22,6 @@ from ..replay import combinations
 from ..replay.core import fields_key
 from ..replay.core import weak_method as _weak_method
 from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
-from ..replay.core import MAX_DRAWS as _MAX_DRAWS
-from ..replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
 from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from ..replay.samplers.shared import SharedWithoutReplacementSampler
 from ..replay import shared_frames
@@ -31,6 +29,7 @@ from ..replay.transforms import ShardNStep, episode_options
 from ..spec import Spec
 from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
+from .draws import ShardDraws
 from .fifo import FifoLearner
 from .gate import SampleGate
 from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
@@ -300,6 +299,7 @@ class SharedReplayBuffer:
             self._nstep = ShardNStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
                                      self.gamma, shards, cap, alloc.resolve(None))
             self._parts.append(self._nstep)
+        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name)
         # frame stacks: rebuilt from the region's frames, after the draw, as of heads read
         # before it (see replay/shared_frames.py)
         self._frames = None
@@ -532,11 +532,11 @@ class SharedReplayBuffer:
         try:
             i = ring.next
             if self._frames is not None:  # the ring's own (projected) frame transform
-                self._sample_windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
+                self._draws.windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
             elif self._nstep is None:
                 self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
             else:
-                self._sample_windows(ring.slots[i], ring.arrays[i])
+                self._draws.windows(ring.slots[i], ring.arrays[i])
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:  # counted and published to the writers (SampleGate.count inlined)
                 lim.samples += batch_size
@@ -547,58 +547,6 @@ class SharedReplayBuffer:
         if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
             batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
-
-    def _sample_windows(self, out, arrays, ft=None) -> None:
-        """Draw, then the n-step windows and the frame stacks (``ft``: the ring's
-        ShardFrameStack, or None) as of heads read before the draw, then redraw every row whose
-        window or stacks a writer may have touched while they were read (lock held).
-
-        A writer overwrites its oldest rows first: if a window's first row was not touched
-        since the snapshot, none of its later (newer) rows was. A stack reads its row, up to
-        K - 1 rows back and one row forward (its next frame): the obs stack is the window's
-        first row's, the next_obs stack its last row's."""
-        k, t, r = self._k, self._nstep, self._region
-        fa = None if ft is None else arrays[-1]
-        heads = (fa if t is None else arrays[1])["heads"]
-        mark = heads[7 * r.shards:]
-        k.read_heads(r.heads, r.cap, heads)  # before the draw: nothing reads past these rows
-        self.sampler.sample(0, out, arrays[0])
-        last = out.indices if t is None else t.apply(out, arrays[1], out.indices, heads)
-        if ft is not None:
-            ft.apply(out, fa, last, heads)
-
-        def torn(heads, i, m):
-            part = slice(None) if i is None else slice(i, i + 1)
-            if ft is None:
-                return k.torn_after_copy(r.reserved, r.cap, heads, out.indices[part], m)
-            return ft.torn(r.reserved, heads, out.indices[part], m,
-                           None if t is None else last[part], fa["mark2"][part])
-
-        if torn(heads, None, mark):
-            def redo(i):
-                self.sampler.redraw(i, out, arrays[0])
-                if t is not None:
-                    t.apply_row(out, arrays[1], i, heads)
-                if ft is not None:
-                    ft.apply_row(out, fa, i, heads, last[i:i + 1])
-
-            self._redraw_torn(mark, heads, redo, torn, "windows" if ft is None else "stacks")
-
-    def _redraw_torn(self, mark, heads, redo, torn, what: str) -> None:
-        """For every ``i`` marked (its rows may have been written while read): read the heads
-        afresh into ``heads``, ``redo(i)`` (draw and copy again), check again
-        (``torn(heads, i, mark[i:i + 1])``), until it copies cleanly (lock held)."""
-        k, r = self._k, self._region
-        for i in range(mark.shape[0]):
-            tries = 0
-            while mark[i]:
-                if tries == _MAX_REDRAWS:
-                    raise SharedBufferError(f"shared buffer {self.name!r}: {_MAX_REDRAWS} {what} "
-                                            f"drawn were all being written")
-                tries += 1
-                k.read_heads(r.heads, r.cap, heads)
-                redo(i)
-                torn(heads, i, mark[i:i + 1])
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
                          copy: bool = False, fields=None) -> Batch:
@@ -639,7 +587,6 @@ class SharedReplayBuffer:
         ring = self._ring(batch_size, length, names)
         if time.monotonic() >= self._watch_at:
             self._watch()
-        k, r, sm = self._k, self._region, self.sampler
         lim = self._limiter
         if lim is None:
             self._lock.acquire()
@@ -647,35 +594,7 @@ class SharedReplayBuffer:
             self._gate.acquire(batch_size)  # returns holding the lock
         try:
             i = ring.next
-            out, arrays = ring.slots[i], ring.arrays[i][0]
-            scratch, mask = arrays["shard_scratch"], arrays["mask"]
-            idx = out.indices.reshape(mask.shape)
-            counter = int(sm.state[1])
-            held = sm.heads_snapshot(scratch)  # before the draw: slices end at these heads
-            if held < batch_size:
-                raise sm.too_few(batch_size, held)
-            failed = sm.sample_shard_slices(scratch, reject, _MAX_DRAWS, idx, mask, arrays)
-            if failed != -1:
-                sm.state[1] = counter  # a refused sample consumes no randomness
-                raise ValueError(f"policy='reject': {_MAX_DRAWS} random starts found no slice of "
-                                 f"{length} steps within one episode; episodes held are shorter "
-                                 f"than that (use policy='mask')")
-            out.source.gather(out.indices, out)
-            # a slice's first row is its oldest: if no writer touched it, none touched the rest
-            marks = scratch[7 * r.shards:7 * r.shards + batch_size]
-            if k.torn_after_copy(r.reserved, r.cap, scratch, idx[:, 0], marks):
-                def redo(b):
-                    sm.redraws += 1
-                    one = slice(b, b + 1)
-                    if sm.sample_shard_slices(scratch, reject, _MAX_DRAWS, idx[one], mask[one],
-                                              arrays, one) != -1:
-                        raise ValueError(f"policy='reject': no slice of {length} steps found")
-                    out.source.gather_at(idx[b], out, b * length)
-
-                def torn(heads, b, m):
-                    return k.torn_after_copy(r.reserved, r.cap, heads, idx[b:b + 1, 0], m)
-
-                self._redraw_torn(marks, scratch, redo, torn, "slices")
+            self._draws.slices(ring.slots[i], ring.arrays[i][0], batch_size, length, reject)
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:
                 self._gate.count(batch_size)
