@@ -31,27 +31,13 @@ from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
 from .draws import ShardDraws
 from .fifo import FifoLearner
-from .gate import SampleGate
+from .gate import SampleGate, check_limiter
 from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
                      STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
 from .state import ShardCheckpoint
 
 __all__ = ["SharedReplayBuffer"]
-
-
-def _check_shared_limiter(limiter, mode: str, capacity: int) -> None:
-    """Refuse a rate limiter a shared buffer cannot use (before the region exists)."""
-    if limiter is None:
-        return
-    from ..replay.limiter import RateLimiter
-
-    if not isinstance(limiter, RateLimiter):
-        raise TypeError(f"rate_limiter must be a tfdata.RateLimiter or None, got "
-                        f"{type(limiter).__name__} {limiter!r:.100}")
-    if limiter.min_size_to_sample > capacity:
-        raise ValueError(f"rate_limiter: min_size_to_sample must be <= capacity {capacity}, got "
-                         f"{limiter.min_size_to_sample}")
 
 
 class SharedReplayBuffer:
@@ -202,7 +188,7 @@ class SharedReplayBuffer:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         exactly_k = exactly_k_options(sampler, policy, replays, timeout)
-        _check_shared_limiter(rate_limiter, mode, shards * cap)
+        check_limiter(rate_limiter, mode, shards * cap)
         sampler_name = "uniform" if sampler is None else sampler
         combinations.check(combinations.facets(
             "SharedReplayBuffer", sampler=sampler_name, stream_order=not exactly_k,

@@ -7,9 +7,22 @@ from __future__ import annotations
 import time
 
 from ..errors import SharedBufferError
+from ..replay.limiter import RateLimiter
 from .region import SAMPLES, WATCH_S
 
-__all__ = ["SampleGate"]
+__all__ = ["SampleGate", "check_limiter"]
+
+
+def check_limiter(limiter, mode: str, capacity: int) -> None:
+    """Refuse a rate limiter a shared buffer cannot use (before the region exists)."""
+    if limiter is None:
+        return
+    if not isinstance(limiter, RateLimiter):
+        raise TypeError(f"rate_limiter must be a tfdata.RateLimiter or None, got "
+                        f"{type(limiter).__name__} {limiter!r:.100}")
+    if limiter.min_size_to_sample > capacity:
+        raise ValueError(f"rate_limiter: min_size_to_sample must be <= capacity {capacity}, got "
+                         f"{limiter.min_size_to_sample}")
 
 
 class SampleGate:
