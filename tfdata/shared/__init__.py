@@ -43,6 +43,12 @@ A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the 
 it ends, so the learner can tell a writer that died from one that is busy, and :func:`sweep`
 can tell a region whose owner died (and remove it) from one in use. This package and
 :mod:`tfdata.storage.region` (where the words and rows lie) alone know the region's byte layout.
+
+Modules: ``region`` (the region's files, words, locks and removal, :func:`sweep`), ``buffer``
+(:class:`SharedReplayBuffer`, the learner), ``writer`` (:class:`SharedWriter`), and the parts the
+buffer holds: ``draws`` (the torn-row checks and redraws of a sample), ``columns``, ``fifo`` (the
+FIFO learner), ``gate`` (the learner's side of a rate limiter) and ``state`` (what checkpoints
+read and restore).
 """
 
 from ..errors import FormatError  # noqa: F401  (tfdata.shared.FormatError, as before the split)

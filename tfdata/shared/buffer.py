@@ -1,5 +1,7 @@
 """The learner's side of a shared-memory buffer: :class:`SharedReplayBuffer` (see
-:mod:`tfdata.shared`)."""
+:mod:`tfdata.shared`), the replay parts over a region, with the parts of this package for what
+only a region has (torn-row redraws, column reads, the FIFO learner, the limiter's gate,
+checkpoints)."""
 
 from __future__ import annotations
 
@@ -285,7 +287,6 @@ class SharedReplayBuffer:
             self._nstep = ShardNStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
                                      self.gamma, shards, cap, alloc.resolve(None))
             self._parts.append(self._nstep)
-        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name)
         # frame stacks: rebuilt from the region's frames, after the draw, as of heads read
         # before it (see replay/shared_frames.py)
         self._frames = None
@@ -301,8 +302,11 @@ class SharedReplayBuffer:
         self._watch_at = 0.0
         self._reported: set = set()
         self._lost: list = []
+        # the parts over the region: the draws that redraw what a writer touched, the column
+        # reads, the FIFO learner (its calls refuse a replay region); then the limiter's gate and
+        # the checkpoint part
+        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name)
         self._columns = ShardColumns(region, name)
-        # the FIFO learner (its calls refuse a replay region)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
                                   _weak_method(self, "_watch"))
         self._limiter = self._gate = None
