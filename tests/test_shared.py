@@ -364,10 +364,10 @@ def test_sample_skips_slots_being_written(layout, shm_dir):
 
 def test_control_word_positions_agree_with_the_kernels():
     from tfdata.kernels import _shared
-    from tfdata import shared
+    from tfdata.shared import region
 
-    assert (shared._HEAD, shared._DROPPED, shared._RESERVED) == (_shared.HEAD, _shared.DROPPED,
-                                                                 _shared.RESERVED)
+    assert (region.HEAD, region.DROPPED, region.RESERVED) == (_shared.HEAD, _shared.DROPPED,
+                                                              _shared.RESERVED)
 
 
 # -- real processes -------------------------------------------------------------------------
@@ -720,12 +720,12 @@ def test_partial_get_batch_returns_the_queued_rows_when_its_timeout_ends(shm_dir
     """get_batch(partial=True, timeout=t) returns the rows queued when the timeout ends; it
     raises TimeoutError only with nothing queued. The deadline must be judged once per round:
     reading the clock twice let the deadline fall between the partial check and the raise."""
-    from tfdata import shared
+    from tfdata.shared import fifo
 
     with SharedReplayBuffer(ID_SPEC, 8, mode="fifo") as buf, SharedWriter(buf.name, 0) as w:
         w.extend(id_rows([7, 8]))
         for step in (0.01, 0.004, 0.0015):
-            monkeypatch.setattr(shared, "time", _StepClock(step))
+            monkeypatch.setattr(fifo, "time", _StepClock(step))
             b = buf.get_batch(5, timeout=0.015, partial=True)
             monkeypatch.undo()
             assert list(b["id"]) == [7, 8]

@@ -1,0 +1,857 @@
+"""The learner's side of a shared-memory buffer: :class:`SharedReplayBuffer` (see
+:mod:`tfdata.shared`), the replay parts over a region, with the parts of this package for what
+only a region has (torn-row redraws, column reads, the FIFO learner, the limiter's gate,
+checkpoints)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+import weakref
+
+import numpy as np
+
+from .. import alloc
+from .._budget import check_budget, parse_bytes
+from .._checks import check_int as _check_int
+from ..batch import UNHELD as _UNHELD
+from ..batch import Batch, OutputRing, retire
+from ..batch import getrefcount as _getrefcount
+from ..errors import SharedBufferError, SpecError, WriterLostWarning
+from ..replay import combinations
+from ..replay.core import fields_key
+from ..replay.core import weak_method as _weak_method
+from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
+from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
+from ..replay.samplers.shared import SharedWithoutReplacementSampler
+from ..replay import shared_frames
+from ..replay.transforms import ShardNStep, episode_options
+from ..spec import Spec
+from ..storage import output_nbytes, resolve_layout
+from .columns import ShardColumns
+from .draws import ShardDraws
+from .fifo import FifoLearner
+from .gate import SampleGate, check_limiter
+from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
+                     STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
+                     kernels, make_region, region_layout, region_path, remove_region)
+from .state import ShardCheckpoint
+
+__all__ = ["SharedReplayBuffer"]
+
+
+class SharedReplayBuffer:
+    """A buffer in shared memory that writer processes fill and this process samples or drains.
+
+    Built from the replay parts: the region is the storage's backing
+    (:mod:`tfdata.storage.region`), sampling goes through a sampler of
+    :mod:`tfdata.replay.samplers.shared` (uniform or prioritized, the same contract as a
+    :class:`~tfdata.ReplayBuffer`'s) into :class:`~tfdata.batch.OutputRing` batches.
+
+    Parameters
+    ----------
+    spec : Spec or mapping
+        The row schema.
+    capacity : int
+        Slots in all, a multiple of ``num_writers``; each writer owns ``capacity // num_writers``
+        consecutive slots (its shard). In ``"fifo"`` mode this is the queue's capacity.
+    num_writers : int, default 1
+        Writer processes (shards). Each attaches with ``SharedWriter(buffer.name, shard)``.
+    mode : {"replay", "fifo"}, default "replay"
+        ``"replay"``: shards are rings (the oldest row is overwritten) and :meth:`sample` draws
+        uniformly from every complete row. ``"fifo"``: shards are queues and :meth:`get_batch`
+        delivers every row exactly once, in arrival order.
+    policy : {"block", "drop"}, optional
+        FIFO, or ``sampler="exactly_k"`` (default ``"block"``): when a writer's shard is full
+        (of rows not yet delivered, or with exactly-k, when no slot of the shard is free: every
+        one holds a row not yet delivered ``replays`` times; rows are written into any free
+        slot, so a writer never waits behind one row) it waits for the learner
+        (``"block"``), or writes the rows that fit and drops the rest, counted in the metrics
+        (``"drop"``). ``"overwrite"`` is not implemented across processes.
+    sampler : {"uniform", "without_replacement", "exactly_k"}, optional
+        Replay mode: uniform (None, the default); ``"without_replacement"``: every row once per
+        pass, the rows the writers publish during a pass joining it, as
+        :class:`~tfdata.ReplayBuffer`'s sampler of that name (see
+        :class:`~tfdata.replay.samplers.shared.SharedWithoutReplacementSampler`; the learner
+        owns the pool, 5 bytes per slot; not with ``prioritized=True``, nor for
+        :meth:`sample_sequences`); or exactly-k replay, each row delivered in exactly
+        ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
+        ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
+        awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
+        Not with ``prioritized``, ``n_step`` or :meth:`sample_sequences`.
+    replays : int, optional
+        ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
+    timeout : float, optional
+        ``sampler="exactly_k"`` only: seconds a :meth:`sample` short of rows awaiting replay
+        polls for the writers before TimeoutError (None: ValueError at once). A blocked
+        writer's own wait is :class:`SharedWriter`'s ``timeout``.
+    layout : {"aos", "soa"} or list of lists of str, optional
+        As for :class:`~tfdata.ReplayBuffer` (a grouping: column groups); samples do not
+        depend on it.
+    seed : int, optional
+        Seed of the sampling generator (None draws one).
+    ring_size : int, default 2
+        Preallocated output batches per batch size (see :class:`~tfdata.Batch`).
+    name : str, optional
+        The name writers attach by; default a fresh unique one.
+    dir : str, optional
+        Directory of the region; default :func:`shm_dir` (``/dev/shm``). Use a tmpfs large
+        enough for the buffer (a container's ``/dev/shm`` may be only 64 MiB), or a disk
+        directory (then the page cache holds the rows).
+    prioritized : bool, default False
+        Replay mode only: sample in proportion to priorities, as a
+        :class:`~tfdata.PrioritizedReplayBuffer` does, with :meth:`update_priorities`,
+        :meth:`priorities`, ``batch.weights`` and ``batch.versions``. The learner owns the
+        priority trees (in this process); writers never see them. Each :meth:`sample` first
+        folds the rows published since the last one into the trees, in publication order,
+        giving each what a push gives it in a single-process buffer (its slot's old row evicted,
+        the live maximum priority), so with one writer the batches are those of a
+        ``PrioritizedReplayBuffer`` given the same rows one push at a time, as long as a shard
+        publishes at most ``shard_capacity`` rows between two samples. Rows a writer laps
+        before the next sample are never folded (they can no longer be sampled): a fold does at
+        most ``capacity`` tree updates, however far the writers ran ahead.
+    alpha, beta, beta_final, beta_steps, eps
+        As for :class:`~tfdata.PrioritizedReplayBuffer` (``prioritized=True`` only).
+    n_step, gamma, next_of, roles
+        Replay mode only: n-step transitions as :class:`~tfdata.ReplayBuffer` samples them, each
+        writer's shard being one stream (a window never leaves its shard, and stops at an
+        episode end or at the shard's newest published row). ``batch.discounts`` is
+        ``gamma ** k``. A window a writer may have been overwriting while it was read is drawn
+        again, like a torn row. With one writer the batches are those of a ``ReplayBuffer``
+        (or ``PrioritizedReplayBuffer``) with the same rows and ``n_step``.
+    memory_budget : int or str, optional
+        Bytes this buffer may hold in all (:attr:`nbytes_parts`: the region, the trees, the
+        output rings); checked before the region is created and before a new output ring is
+        allocated (:class:`~tfdata.MemoryBudgetError`, nothing changed).
+    rate_limiter : tfdata.RateLimiter, optional
+        Replay mode only (ValueError with ``mode="fifo"``): keep rows sampled per row
+        published near its ``samples_per_insert``. :meth:`sample` and :meth:`sample_sequences`
+        wait (polling, the GIL released, without this buffer's lock) while sampling would run
+        ahead, and for ``batch_size`` rows; ``SharedWriter.push``/``extend`` wait while
+        inserting would run ahead (up to the writer's ``timeout``, else the limiter's). Inserts
+        are the rows every shard published (its head), samples the count this learner
+        publishes in the region's control words; writers read the parameters from
+        ``region.json``. Writers check and write without a lock between processes, so with
+        ``W`` writers the insert bound may be overshot by one write of each other writer. A
+        sample waiting while every writer has finished or died raises SharedBufferError;
+        closing the buffer makes waiting writers raise SharedBufferError. The counts are in
+        checkpoints. See :mod:`tfdata.replay.limiter`.
+    frame_stack, frame_padding
+        As for :class:`~tfdata.ReplayBuffer` (replay mode, uniform or prioritized, with or
+        without ``n_step``): a stacked observation (``obs: (K, *frame)``, ``next_obs`` of the
+        same shape) is stored one frame per row, and the stacks are rebuilt at sample time from
+        the writer's shard, exactly as pushed. Each writer's writes are checked against its own
+        shard (a stream must start at an episode's first row and stay continuous: SpecError,
+        nothing written). The depths, the frames of overwritten rows, the final and pending
+        frames live in the region (see :mod:`tfdata.replay.shared_frames`); a row whose stack a
+        writer touched while it was read is drawn again, like a torn row. Not with
+        ``mode="fifo"``, ``sampler="without_replacement"`` or ``"exactly_k"``, nor for
+        :meth:`sample_sequences` (NotImplementedError or ValueError naming the combination).
+    final_frames : int, optional
+        With ``frame_stack``: entries per shard of the table of final frames (the next frame
+        of rows that end an episode), at most the shard capacity; default
+        ``shard_capacity // 64 + 2``. A region cannot grow: a write whose episode end would
+        need an entry that a held row still uses (more than ``final_frames`` episodes ending
+        within ``shard_capacity`` rows of a shard) is refused with SharedBufferError, nothing
+        written.
+    stats : None
+        Not supported (NotImplementedError): running statistics hear the writes of one
+        process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
+        read the shards' rows as the writers leave them.
+
+    Notes
+    -----
+    Options that do not combine are refused before the region exists, with a message naming
+    both (the table :data:`tfdata.replay.combinations.RULES`): ``mode="fifo"`` with priorities,
+    ``sampler=``, ``n_step``, ``frame_stack`` or a rate limiter; ``sampler="exactly_k"`` with
+    priorities, ``n_step``, ``frame_stack``, ``policy="overwrite"`` (not built) or a limiter
+    whose ``samples_per_insert`` is not ``replays``; ``frame_stack`` with
+    ``sampler="without_replacement"`` (not built); ``stats``.
+
+    The owner (this object, in the process that built it) removes the region when it is
+    closed or collected; writers still attached then fail their next write with
+    :class:`~tfdata.SharedBufferError`. Learner threads may share the object: sampling and
+    draining hold a lock of this process (never one shared with the writers).
+    """
+
+    def __init__(self, spec, capacity: int, *, num_writers: int = 1, mode: str = "replay",
+                 policy: str | None = None, layout=None, seed: int | None = None,
+                 ring_size: int = 2, name: str | None = None, dir: str | None = None,
+                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
+                 beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
+                 n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
+                 memory_budget=None, stats=None, rate_limiter=None, sampler: str | None = None,
+                 replays: int | None = None, timeout: float | None = None, frame_stack=None,
+                 frame_padding="reset", final_frames: int | None = None):
+        spec = spec if isinstance(spec, Spec) else Spec(spec)
+        shards, cap = check_shards(capacity, num_writers)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        exactly_k = exactly_k_options(sampler, policy, replays, timeout)
+        check_limiter(rate_limiter, mode, shards * cap)
+        sampler_name = "uniform" if sampler is None else sampler
+        combinations.check(combinations.facets(
+            "SharedReplayBuffer", sampler=sampler_name, stream_order=not exactly_k,
+            policy=(policy or "block") if exactly_k else None,
+            replays=(1 if replays is None else replays) if exactly_k else None,
+            rate_limiter=None if rate_limiter is None else rate_limiter.params(),
+            n_step=n_step, frame_stack=frame_stack is not None, stats=stats is not None,
+            fifo=mode == "fifo", prioritized=bool(prioritized)))
+        if exactly_k:
+            policy = "block" if policy is None else policy
+        elif mode == "fifo":
+            policy = "block" if policy is None else policy
+            if policy not in POLICIES:
+                raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        elif policy is not None:
+            raise ValueError(f"policy applies to mode='fifo' only (a replay ring overwrites its "
+                             f"oldest rows), got policy={policy!r}")
+        layout = resolve_layout(layout, spec)
+        if rate_limiter is not None:  # refused if another buffer holds it (bound once built)
+            rate_limiter.check_free(self)
+        self._ring_size = _check_int("ring_size", ring_size, 1)
+        # everything that can refuse runs before the region exists
+        episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
+        frames = frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
+        if prioritized:
+            checked = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
+            sampler = SharedPrioritizedSampler(checked.alpha, checked.beta_start, checked.beta_final,
+                                               checked.beta_steps, checked.eps, seed)
+            if sampler.bounds(shards * cap) is None:
+                raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority gives a "
+                                 f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
+        elif exactly_k:
+            sampler = SharedExactlyKSampler(seed, 1 if replays is None else replays, policy, timeout)
+        elif sampler_name == "without_replacement":
+            sampler = SharedWithoutReplacementSampler(seed)
+        else:
+            sampler = SharedUniformSampler(seed)
+        sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
+        self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+        if self.memory_budget is not None:
+            planned = sampler.plan(shards * cap)
+            check_budget(self.memory_budget, {"shared_region": region_layout(spec, layout, shards, cap, mode == "fifo",
+                                                                             exactly_k, frames and frames[:2])["nbytes"],
+                                              "trees": planned["trees"], "bookkeeping": planned["bookkeeping"]},
+                         f"SharedReplayBuffer of capacity {shards * cap}")
+        self._k = kernels()
+        if name is None:
+            name = f"{os.getpid()}-{os.urandom(6).hex()}"
+        path = region_path(name, dir)
+        if os.path.exists(path):
+            raise FileExistsError(f"a shared buffer named {name!r} exists already ({path})")
+        lay = region_layout(spec, layout, shards, cap, mode == "fifo", exactly_k, frames and frames[:2])
+        doc = {"format": FORMAT, "version": VERSION, "spec": spec.to_dict(), "layout": layout,
+               "mode": mode, "policy": policy, "num_writers": shards, "shard_capacity": cap,
+               "nbytes": lay["nbytes"], "owner_pid": os.getpid()}
+        if rate_limiter is not None:  # what the writers read (absent: no limiter)
+            doc["rate_limiter"] = rate_limiter.params()
+        if exactly_k:  # what the writers need to know: write free slots only, and the policy
+            doc.update(sampler="exactly_k", replays=sampler.replays)
+        if frames is not None:  # what the writers check their writes against
+            doc["frames"] = shared_frames.describe(*frames)
+        region, owner_fd = make_region(path, doc)
+        self.name = name
+        self.path = path
+        self._region = region
+        self._owner = os.getpid()
+        # removes the region when this object is collected or the interpreter exits, in the
+        # owner only (a forked child inherits the object but must not remove the region)
+        self._finalizer = weakref.finalize(self, remove_region, path, self._region.ctrl, self._owner,
+                                           owner_fd)
+        st = self._region.storage
+        # bound once: the sample path does no attribute lookups through the region
+        self._fifo = mode == "fifo"
+        self._heads, self._reserved = self._region.heads, self._region.reserved
+        # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
+        # its storage): the same contract, output rings and batches
+        sampler.bind_shards(self._heads, self._reserved, cap)
+        sampler.bind(st, shards * cap, 1, alloc.resolve(None))
+        if exactly_k:
+            sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
+        self.sampler = sampler
+        # n-step windows over each writer's stream (its shard), after the draw; the heads
+        # snapshot they read is taken before the draw, and checked again after the windows
+        self.n_step, self.gamma = episodes["n_step"], episodes["gamma"]
+        self._next_of, self._roles = episodes["next_of"], episodes["roles"]
+        self._is_prioritized = bool(prioritized)
+        self._has_flags = episodes["has_flags"]
+        if self._has_flags:
+            roles = episodes["roles"]
+            sampler.bind_flags(st.field(roles["terminated"]), st.field(roles["truncated"]))
+        self._nstep = None
+        self._parts = [sampler]
+        if self.n_step is not None:
+            self._nstep = ShardNStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
+                                     self.gamma, shards, cap, alloc.resolve(None))
+            self._parts.append(self._nstep)
+        # frame stacks: rebuilt from the region's frames, after the draw, as of heads read
+        # before it (see replay/shared_frames.py)
+        self._frames = None
+        if self._region.frames is not None:
+            roles = episodes["roles"]
+            self._frames = shared_frames.ShardFrameStack(
+                self._region.frames, (st.field(roles["terminated"]), st.field(roles["truncated"])),
+                alloc.resolve(None))
+            self._parts.append(self._frames)
+        self._rings = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._watch_at = 0.0
+        self._reported: set = set()
+        self._lost: list = []
+        # the parts over the region: the draws that redraw what a writer touched, the column
+        # reads, the FIFO learner (its calls refuse a replay region); then the limiter's gate and
+        # the checkpoint part
+        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name)
+        self._columns = ShardColumns(region, name)
+        self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
+                                  _weak_method(self, "_watch"))
+        self._limiter = self._gate = None
+        if rate_limiter is not None:
+            rate_limiter.bind(self._lock, self, shards * cap)
+            rate_limiter.reset()
+            self._limiter = rate_limiter
+            self._gate = SampleGate(region, self._lock, rate_limiter, name)
+            self._ctrl_words = memoryview(self._region.ctrl)
+        self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
+                                           self._ring_size, self._is_prioritized, episodes)
+
+    @property
+    def rate_limiter(self):
+        """The :class:`~tfdata.RateLimiter` given as ``rate_limiter=`` (None without one), its
+        ``inserts`` read now from the shards' heads. Its metrics are the learner's (sample
+        waits); each writer's insert waits are in its :attr:`SharedWriter.rate_limiter`."""
+        lim = self._limiter
+        if lim is not None:
+            lim.inserts = self._gate.inserts()
+        return lim
+
+    def _check_batch(self, batch_size: int) -> None:
+        """Refuse a batch the rows held cannot fill (with a limiter: that no rows ever can,
+        since sampling waits for them)."""
+        if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
+            if batch_size > self.capacity:
+                raise ValueError(f"batch_size {batch_size} is larger than the capacity "
+                                 f"{self.capacity}; {self.sampler.batch_rule}")
+            if self._limiter is not None:
+                self._limiter.check_sample(batch_size)
+                why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
+                                                  self.capacity, batch_size)
+                if why is not None:
+                    raise ValueError(why)
+            return
+        n = len(self)
+        if batch_size > n:
+            raise self.sampler.too_few(batch_size, n)
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def spec(self) -> Spec:
+        return self._region.spec
+
+    @property
+    def layout(self) -> str:
+        return self._region.layout
+
+    @property
+    def mode(self) -> str:
+        return self._region.mode
+
+    @property
+    def policy(self) -> str | None:
+        return self._region.policy
+
+    @property
+    def num_writers(self) -> int:
+        return self._region.shards
+
+    @property
+    def capacity(self) -> int:
+        return self._region.shards * self._region.cap
+
+    @property
+    def shard_capacity(self) -> int:
+        return self._region.cap
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the shared region (rows, FIFO stamps, exactly-k slot words, control words)."""
+        return self._region.nbytes
+
+    @property
+    def nbytes_parts(self) -> dict:
+        """Bytes this buffer holds, by part: ``shared_region`` (:attr:`nbytes`), ``trees`` and
+        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, in this
+        process) and ``output_rings`` (every thread's preallocated batches)."""
+        s = self.sampler.nbytes
+        return {"shared_region": int(self._region.nbytes), "trees": int(s["trees"]),
+                "bookkeeping": int(s["bookkeeping"]),
+                "output_rings": int(sum(r.nbytes for r in list(self._rings)))}
+
+    @property
+    def redraws(self) -> int:
+        """Rows drawn again because a writer may have been writing them during the copy."""
+        return self.sampler.redraws
+
+    @property
+    def storage(self):
+        """The storage over the shared rows (``AoSStorage`` or ``SoAStorage``), all shards."""
+        return self._region.storage
+
+    def __len__(self) -> int:
+        """Rows held (replay; exactly-k: rows published and not yet delivered ``replays``
+        times) or queued (fifo) right now."""
+        heads = self._region.heads.astype(np.int64)
+        if self._region.exactly_k:  # rows awaiting replay, folded or not
+            return int(heads.sum()) - self.sampler.released
+        if self.mode == "fifo":
+            return self._queue.queued()
+        return int(np.minimum(heads, self._region.cap).sum())
+
+    def __repr__(self) -> str:
+        return (f"SharedReplayBuffer(name={self.name!r}, mode={self.mode!r}, len={len(self)}, "
+                f"capacity={self.capacity}, num_writers={self.num_writers}, layout={self.layout!r})")
+
+    def writers(self) -> list[dict]:
+        """The state of every shard, one dict each.
+
+        Keys: ``shard``; ``state``, one of ``"waiting"`` (no writer attached yet),
+        ``"attached"``, ``"finished"`` (closed its shard) and ``"dead"`` (its process ended
+        without closing it); ``pid`` (of the last writer, 0 if none); ``published`` (rows it
+        has published, including rows a replay ring has since overwritten); ``dropped`` (rows
+        the ``"drop"`` policy refused); ``queued`` (FIFO rows not yet delivered); ``torn``
+        (slots left mid-write: never sampled or delivered).
+        """
+        r = self._region
+        out = []
+        for s in range(r.shards):
+            w = r.words(s)
+            state = self._region.writer_state(s)
+            head = int(w[HEAD])
+            out.append({"shard": s, "state": state, "pid": int(w[PID]), "published": head,
+                        "dropped": int(w[DROPPED]),
+                        "queued": head - int(r.tails[s]) if self.mode == "fifo" else 0,
+                        "torn": r.torn(s)})
+        return out
+
+    def _watch(self, stacklevel: int = 3) -> None:
+        """Warn once per incident about writers that died (at most every WATCH_S seconds);
+        ``stacklevel``: the warning's, from here (3: the caller of the public method)."""
+        now = time.monotonic()
+        if now < self._watch_at:
+            return
+        self._watch_at = now + WATCH_S
+        r = self._region
+        for s in range(r.shards):
+            w = r.words(s)
+            if int(w[STATE]) != ATTACHED:
+                continue
+            key = (s, int(w[ATTACHES]))
+            if key in self._reported or self._region.writer_state(s) != "dead":
+                continue
+            self._reported.add(key)
+            torn = r.torn(s)
+            info = {"shard": s, "pid": int(w[PID]), "published": int(w[HEAD]), "torn": torn}
+            self._lost.append(info)
+            warnings.warn(WriterLostWarning(
+                f"shared buffer {self.name!r}: the writer of shard {s} (pid {info['pid']}) died "
+                f"without closing it; its {info['published']} published rows stay, {torn} slot(s) "
+                f"it was writing are never sampled or delivered; a new SharedWriter may take the "
+                f"shard over"), stacklevel=stacklevel)
+
+    @property
+    def lost_writers(self) -> list[dict]:
+        """Every writer death noticed so far: ``shard``, ``pid``, ``published``, ``torn``."""
+        self._watch_at = 0.0
+        self._watch()
+        return list(self._lost)
+
+    # -- sampling (replay) -----------------------------------------------------------------
+    def sample(self, batch_size: int, *, copy: bool = False, fields=None) -> Batch:
+        """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard (with
+        ``sampler="without_replacement"``: distinct rows, from the undrawn rows of the current
+        pass, the rows published since the last sample added first; ``"exactly_k"``: distinct
+        rows awaiting replay, waiting up to ``timeout`` for them).
+
+        Rows being written while the sample runs are never returned: a row whose slot a writer
+        may have written during the copy is drawn again. With no writer writing, the
+        same seed and rows give the same batch on both layouts (and, with one writer, the same
+        batch as a :class:`~tfdata.ReplayBuffer` that was given the same rows).
+
+        Parameters
+        ----------
+        batch_size : int
+            ``1 <= batch_size <= len(self)`` (ValueError naming the sampler's rule otherwise;
+            with ``"exactly_k"`` or a rate limiter, ``<= capacity``: the call waits for rows).
+        copy : bool, default False
+            As :meth:`tfdata.ReplayBuffer.sample`: views into this thread's output ring, or
+            arrays to keep.
+        fields : list of str, optional
+            As :meth:`tfdata.ReplayBuffer.sample`: only these fields are copied (and copied
+            again for a row drawn again); the batch is the full one restricted to them.
+
+        Returns
+        -------
+        Batch
+            ``batch[name]``: dtype ``spec[name].dtype``, shape ``(batch_size, *spec[name].shape)``;
+            ``batch.indices``: int64 ``(batch_size,)``, slots of the region (shard
+            ``slot // shard_capacity``).
+        """
+        if self._fifo:
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch(), "
+                                    f"or build it with mode='replay' to sample")
+        if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
+            batch_size = _check_int("batch_size", batch_size, 1)
+        key = batch_size if fields is None else (batch_size, fields_key(fields))
+        lim = self._limiter
+        try:
+            ring = self._local.rings[key]
+        except (AttributeError, KeyError, TypeError):
+            names = None if fields is None else self.spec.select(fields if key[1] is None else key[1])
+            self._check_batch(batch_size)  # check, then allocate: a refused sample builds no ring
+            ring = self._ring(batch_size, None, names, key)
+        if time.monotonic() >= self._watch_at:
+            self._watch()
+        if lim is None:
+            self._lock.acquire()
+        else:
+            self._gate.acquire(batch_size)  # returns holding the lock
+        try:
+            i = ring.next
+            if self._frames is not None:  # the ring's own (projected) frame transform
+                self._draws.windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
+            elif self._nstep is None:
+                self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
+            else:
+                self._draws.windows(ring.slots[i], ring.arrays[i])
+            ring.next = (i + 1) % len(ring.slots)
+            if lim is not None:  # counted and published to the writers (SampleGate.count inlined)
+                lim.samples += batch_size
+                self._ctrl_words[SAMPLES] = lim.samples
+        finally:
+            self._lock.release()
+        batch = ring.batches[i]
+        if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
+            batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
+                         copy: bool = False, fields=None) -> Batch:
+        """Slices of ``length`` consecutive rows of one writer's stream within one episode, as
+        :meth:`tfdata.ReplayBuffer.sample_sequences` draws them (each shard being one stream;
+        starts uniform, or by priority with ``prioritized=True``, with ``batch.weights`` and
+        ``batch.versions`` of the start rows). A slice stops at the row that ends an episode
+        (terminated or truncated) and at its writer's newest row; with one writer the slices
+        are those of a ``ReplayBuffer`` given the same rows. A slice a writer may have been
+        overwriting while it was copied is drawn again. ``fields``: as in :meth:`sample`.
+
+        Raises
+        ------
+        SpecError
+            The spec has no ``terminated`` and ``truncated`` fields.
+        ValueError
+            As :meth:`tfdata.ReplayBuffer.sample_sequences` (sizes checked before an output is
+            allocated; ``policy="reject"`` finding no slice consumes no randomness).
+        """
+        if self._fifo:
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
+        if self._region.exactly_k:
+            raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
+        if self._frames is not None:
+            raise NotImplementedError("sample_sequences of a SharedReplayBuffer with frame_stack is "
+                                      "not implemented (sample() rebuilds the stacks); use a "
+                                      "ReplayBuffer(frame_stack=...) in one process for slices")
+        if not self._has_flags:
+            raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
+                            "fields 'terminated' and 'truncated' (or name them with roles=)")
+        if policy not in ("mask", "reject"):
+            raise ValueError(f"policy must be 'mask' or 'reject', got {policy!r}")
+        batch_size = _check_int("batch_size", batch_size, 1)
+        length = _check_int("length", length, 1, self.shard_capacity)
+        reject = policy == "reject"
+        names = None if fields is None else self.spec.select(fields)
+        self._check_batch(batch_size)  # check, then allocate
+        ring = self._ring(batch_size, length, names)
+        if time.monotonic() >= self._watch_at:
+            self._watch()
+        lim = self._limiter
+        if lim is None:
+            self._lock.acquire()
+        else:
+            self._gate.acquire(batch_size)  # returns holding the lock
+        try:
+            i = ring.next
+            self._draws.slices(ring.slots[i], ring.arrays[i][0], batch_size, length, reject)
+            ring.next = (i + 1) % len(ring.slots)
+            if lim is not None:
+                self._gate.count(batch_size)
+        finally:
+            self._lock.release()
+        batch = ring.batches[i]
+        if _getrefcount(batch) > _UNHELD:  # see sample()
+            batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def _ring(self, batch_size, length=None, fields=None, key=None):
+        """This thread's output ring for ``batch_size`` rows (``length``: slices), of every
+        field or of ``fields`` (checked, in spec order); also found under ``key`` from now on."""
+        batch_size = _check_int("batch_size", batch_size, 1)
+        own = batch_size if length is None else ("seq", batch_size, length)
+        if fields is not None:
+            own = (batch_size, fields) if length is None else own + (fields,)
+        rings = getattr(self._local, "rings", None)
+        if rings is None:
+            rings = self._local.rings = {}
+        ring = rings.get(own)
+        if ring is not None:
+            if key is not None:
+                rings[key] = ring
+            return ring
+        rows = batch_size * (length or 1)
+        r = self._region
+        source_fields = fields
+        if self._frames is not None:  # the stored fields but the frames; the stacks come after
+            source_fields = tuple(n for n in (self.spec.names if fields is None else fields)
+                                  if n in r.stored_spec and n not in self._frames.names)
+        if self.memory_budget is not None:  # refuse before allocating the ring
+            nbytes = self.nbytes_parts
+            nbytes["new output ring"] = self._ring_size * (
+                output_nbytes(r.stored_spec, rows, r.stored_layout, source_fields)
+                + self.sampler.ring_nbytes(batch_size, length)
+                + (0 if self._nstep is None or length else
+                   self._nstep.plan_ring_shards(batch_size, None, fields))
+                + (0 if self._frames is None else
+                   shared_frames.ShardFrameStack.plan_ring(self.spec, r.frames.frames, rows,
+                                                           r.shards, fields)))
+            check_budget(self.memory_budget, nbytes, f"sampling batches of {batch_size}"
+                         + (f" slices of {length} rows" if length else " rows")
+                         + (f" of fields {list(fields)}" if fields is not None else ""))
+        st = self._region.storage
+        source = st if source_fields is None else st.project(source_fields)
+        parts = self._parts if length is None else [self.sampler]
+        if fields is not None and self._frames is not None:
+            parts = [p.project(fields) if p is self._frames else p for p in parts]
+        names = self.spec.names if fields is None else fields
+        ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
+        if key is not None:
+            rings[key] = ring
+        self._rings.add(ring)
+        return ring
+
+    # -- checkpoints (replay mode) ----------------------------------------------------------
+    @property
+    def config(self) -> dict:
+        """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
+        return self._checkpoint.config()
+
+    def snapshot(self):
+        """A context manager: the state as of the shards' heads, this buffer's lock held (see
+        :meth:`tfdata.shared.state.ShardCheckpoint.snapshot`)."""
+        return self._checkpoint.snapshot()
+
+    def overwritten_since(self, heads: list) -> list:
+        """See :meth:`tfdata.shared.state.ShardCheckpoint.overwritten_since`."""
+        return self._checkpoint.overwritten_since(heads)
+
+    def settle_frames(self, state: dict) -> None:
+        """See :meth:`tfdata.shared.state.ShardCheckpoint.settle_frames`."""
+        self._checkpoint.settle_frames(state)
+
+    def save(self, path, *, overwrite: bool = False) -> None:
+        """Write a checkpoint directory (replay mode): the rows each shard held when the save
+        began, the sampler's state (and priorities), the configuration. Writers may keep
+        writing: rows a writer overwrote while they were copied (a shard's oldest) are left out
+        of the checkpoint. File rules as :meth:`tfdata.ReplayBuffer.save` (nothing but a
+        checkpoint is replaced, and only with ``overwrite=True``)."""
+        from ..replay.checkpoint import save_shared
+
+        save_shared(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None,
+             layout=None):
+        """A new buffer (a new region, named ``name``) holding a checkpoint written by
+        :meth:`save`; writers attach to it as to any buffer and continue each shard after its
+        saved rows. The checkpoint is validated before the region is created
+        (:class:`~tfdata.FormatError` naming the file and the field). A shard whose oldest rows
+        were left out at the save holds its rows from its first slot on; otherwise every row
+        keeps its slot, and sampling continues where the saved buffer was. ``layout``: the new
+        region's layout, if not the one saved (the samples are the same)."""
+        from ..replay.checkpoint import load_shared
+
+        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
+
+    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
+                undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
+        """Fill this new buffer (no writer attached yet) from a checked checkpoint (see
+        :meth:`tfdata.shared.state.ShardCheckpoint.restore`). Used by
+        :func:`tfdata.replay.checkpoint.load_shared`."""
+        self._checkpoint.restore(ds, heads, dropped, counter, priorities, undrawn, samples, exactly_k,
+                                 frames)
+
+    # -- priorities (prioritized=True) -------------------------------------------------------
+    def _prioritized(self, what: str) -> SharedPrioritizedSampler:
+        if not isinstance(self.sampler, SharedPrioritizedSampler):
+            raise SharedBufferError(f"shared buffer {self.name!r}: {what} needs prioritized=True")
+        return self.sampler
+
+    @property
+    def beta(self) -> float:
+        """The importance-sampling exponent the next :meth:`sample` uses (prioritized)."""
+        return self._prioritized("beta").beta
+
+    @property
+    def priority_range(self) -> tuple:
+        """The priorities :meth:`update_priorities` accepts (see
+        :attr:`tfdata.PrioritizedReplayBuffer.priority_range`)."""
+        s = self._prioritized("priority_range")
+        return s.p_low, s.p_high
+
+    def priorities(self) -> np.ndarray:
+        """``(priority + eps) ** alpha`` of every slot (float64, a copy; 0 for slots whose row
+        was never sampled since it was published: rows are folded into the trees by a sample)."""
+        s = self._prioritized("priorities")
+        with self._lock:
+            return s.live_leaves(self.capacity).copy()
+
+    # -- columns ----------------------------------------------------------------------------
+    def column(self, name: str):
+        """Read-only views of field ``name`` over the rows each shard holds: shard by shard,
+        oldest to newest (one view per shard, two where its ring has wrapped); no copy.
+
+        The views read the region as it is: writers keep writing into it, so a row a writer
+        overwrites while a view is read changes under it (copy what must be kept,
+        ``np.array(column)``, and see :meth:`column_stats` for statistics that leave such rows
+        out).
+
+        Returns
+        -------
+        tfdata.replay.columns.Column
+            As :meth:`tfdata.ReplayBuffer.column`; ``np.asarray(column)`` concatenates the
+            segments (a copy), ``(len(self), *spec[name].shape)`` of ``spec[name].dtype``.
+
+        Raises
+        ------
+        SpecError
+            Unknown field. SharedBufferError: a FIFO buffer.
+        """
+        return self._columns.column(name)
+
+    def column_stats(self, name: str):
+        """Statistics of field ``name`` over the rows the shards hold, by one compiled pass
+        over them (in slot order), while writers keep writing.
+
+        The rows counted are those published when the pass began that no writer began to
+        overwrite before it ended: if a writer reached a shard's oldest rows during the pass,
+        the pass is repeated over the rows then held minus twice as many of the oldest as the
+        writer wrote during it (at most 16 passes); ``count`` says how many rows were counted. With no writer writing, every row held is counted,
+        and with one shard the statistics are bit for bit those of
+        :meth:`tfdata.ReplayBuffer.column_stats` over the same rows in the same slots.
+
+        Returns
+        -------
+        tfdata.replay.columns.FieldStats
+            ``count``, and per element (arrays of the field's shape, float64) ``mean``, ``var``
+            (population), ``std``, ``min``, ``max``.
+
+        Raises
+        ------
+        SpecError
+            Unknown field, or one of a dtype other than bool, integer or float.
+        SharedBufferError
+            A FIFO buffer, or writers that overwrote the rows faster than 16 passes could read
+            them (no pass kept a row).
+        """
+        return self._columns.column_stats(name)
+
+    def update_field(self, name, indices, values) -> None:
+        """Not available: rows of a shared buffer are written by writer processes under their
+        sequence locks, which an in-place rewrite from the learner would bypass. Raises
+        NotImplementedError."""
+        raise NotImplementedError("SharedReplayBuffer.update_field: rows are written only by the "
+                                  "writer processes (under their sequence locks); relabel rows "
+                                  "in a ReplayBuffer")
+
+    def update_priorities(self, indices, priorities) -> None:
+        """Set the priorities of sampled slots, as :meth:`tfdata.PrioritizedReplayBuffer.update_priorities`.
+
+        The learner owns the priorities; writers never see them. A slot overwritten by its
+        writer since the sample (detected through ``batch.versions`` once the new row has been
+        folded in by a sample) is refused like a single-process buffer refuses it; a row
+        published but not yet folded takes the live maximum when it is, as at a write.
+        """
+        s = self._prioritized("update_priorities")
+        idx, versions = batch_slots(indices)
+        p = s.checked_priorities(priorities, idx.shape[0], "update_priorities")
+        if idx.size == 0:
+            return
+        idx = idx.astype(np.int64, copy=False)
+        with self._lock:
+            s.update(idx, p, versions, self.capacity)
+
+    # -- FIFO ------------------------------------------------------------------------------
+    def get_batch(self, batch_size: int, *, timeout: float | None = None, partial: bool = False,
+                  copy: bool = False) -> Batch:
+        """The next ``batch_size`` rows in arrival order, each delivered exactly once.
+
+        Waits (sleeping, so the GIL is free) until enough rows are queued. Shards are merged by
+        the time each row was published; each shard's rows keep their order.
+
+        Parameters
+        ----------
+        batch_size : int
+        timeout : float, optional
+            Seconds to wait; None waits for ever.
+        partial : bool, default False
+            Return fewer rows (at least one) rather than raise when the timeout ends, or at
+            once when every writer has finished or died and fewer rows remain.
+        copy : bool
+            As :meth:`sample`.
+
+        Returns
+        -------
+        Batch
+            Fields of shape ``(k, ...)`` with ``k == batch_size`` (or ``1 <= k < batch_size``
+            with ``partial``); ``batch.indices`` int64 ``(k,)`` the slots; ``batch.metrics`` a
+            dict: ``rows``, ``queued`` (rows left after this batch), ``oldest_age_s`` (time since
+            the oldest row of the batch was published), ``ingest_rows_per_s`` (rows published
+            by all writers per second since the previous batch), ``dropped`` (rows dropped so
+            far, ``"drop"`` policy), ``dropped_since`` (since the previous batch), ``wait_s``.
+
+        Raises
+        ------
+        TimeoutError
+            No full batch within ``timeout`` (and ``partial`` is False, or nothing is queued).
+            Nothing is consumed.
+        """
+        return self._queue.get_batch(batch_size, timeout=timeout, partial=partial, copy=copy)
+
+    def batches(self, batch_size: int, *, timeout: float | None = None, copy: bool = False):
+        """Iterate over FIFO batches of ``batch_size`` rows until every writer has finished (or
+        died) and the queue is empty; only the last batch may be shorter.
+
+        ``timeout``: seconds without a batch before TimeoutError (None: wait for ever, e.g. for
+        shards whose writer has not attached yet).
+        """
+        # a generator: its frame keeps this buffer (so its region) alive while it is iterated
+        yield from self._queue.batches(batch_size, timeout=timeout, copy=copy)
+
+    # -- life ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Tell the writers the buffer is closed and remove the region (owner only; idempotent).
+
+        Arrays already handed out stay valid (the mapping lives as long as they do)."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> "SharedReplayBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
