@@ -196,21 +196,6 @@ _TIMING = re.compile(r"\d\s?(?:ns|µs|μs|us|ms)\b|\d\ss\b")
 #: docstrings: all in modules other work is rewriting now. Matched by text, so a line that moves
 #: to another module stays allowed until it changes. The list may only shrink, to empty.
 TIMING_DEBT = {
-    ("loader.py", "thread starts once the caller spends 10 µs or more between two batch requests twice"),
-    ("loader.py", "#: shuffled batch costs 2.6 µs gathered in the consumer's thread, a thread wake-up 3 µs)"),
-    ("loader.py", "# first spin without the GIL on the published counter (a wake-up costs ~15 µs,"),
-    ("loader.py", "# here, not at module level: it costs ~10 ms of import time"),
-    ("kernels/_loader.py", "thread wake-up costs the waker about 3 µs and the woken thread about 15 µs on the 2-core VM"),
-    ("kernels/_loader.py", "of reports/prefetch). Each read is about 0.5 ns on that VM, so ``spins=32768`` waits about"),
-    ("kernels/_loader.py", "20 µs at most; the caller loops until its own time budget is spent."),
-    ("kernels/_ppo.py", "# x - x test; about 1 us for 128 rows)"),
-    ("kernels/_rng.py", "so most draws take no division (a division per draw costs about 1 us per 256 draws)."),
-    ("kernels/_rollout.py", "# overlap and rows are read in memory order (env outer, one chain at a time, took 44-50 us"),
-    ("kernels/_rollout.py", "# against 25-35 us at 2048 x 8, 2.8-3.0 against 2.2-2.7 us a call at 128 x 4); the running"),
-    ("storage/__init__.py", "# loop, where the (rows, *shape) view costs a loop per row (1000 rows of f4[4]: 1.0 us"),
-    ("storage/__init__.py", "# against 5.3 us)"),
-    ("storage/cold.py", "#: Breakout, Pong and Seaquest, a block decompressed in ~10 us (level 9: +6-12% at a quarter of"),
-    ("replay/buffer.py", "decompression (~10 us for Atari frames) instead of a read from the page cache or the"),
     ("replay/checkpoint.py", "dropped and FormatError raised (one pass, about 1 ms per million rows). The statistics are"),
     ("replay/samplers/exactly_k.py", "generic path): 1.2 us to a free slot, 2.0 us past rows awaiting replay (a kernel call), 0.7 us"),
     ("replay/samplers/exactly_k.py", "uniform (AoS, 1M CartPole rows, by hand; keeping the lap of each write added about 0.1 us,"),

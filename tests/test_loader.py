@@ -473,7 +473,7 @@ def test_no_leaked_threads():
 def test_a_consumer_that_only_reads_batches_starts_no_thread(monkeypatch):
     # the loader's clock moves 1 ns per reading: every step outside next() is measured short,
     # as it is for this loop on an idle machine (a loaded one may pause it anywhere, twice)
-    tfdata.loader._spin_reads()  # measured once per process, with the real clock
+    tfdata._prefetch.spin_reads()  # measured once per process, with the real clock
     clock = itertools.count()
     monkeypatch.setattr(tfdata.loader, "_pc", lambda: next(clock))
     spec, cols = make_data(CARTPOLE, 1000)

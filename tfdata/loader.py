@@ -3,7 +3,7 @@
 No worker processes: with ``prefetch > 0`` one background thread per epoch gathers the next
 batches with a numba kernel that releases the GIL, into a ring of ``prefetch + 1`` preallocated
 batch buffers, while the consumer works between batches; a consumer whose batch is not ready
-gathers it itself rather than wait for a thread handoff (ARCHITECTURE.md, "Ring and prefetch").
+gathers it itself rather than wait for a thread handoff (docs/design/loader.md).
 The order of an epoch is a function of ``(seed, epoch)`` only, so the batches are the same
 whatever the prefetch depth, whichever thread gathered them, and however the previous epoch ended.
 
@@ -14,7 +14,7 @@ Orders (``shuffle=``)
     ``"block"``: for data far larger than memory. Rows are cut into blocks of ``block_rows``
     consecutive rows; each epoch permutes the blocks, takes them ``window_blocks`` at a time,
     and permutes the rows of each window. Reads are sequential within a block and only one
-    window is resident at a time. See ARCHITECTURE.md for what that does to randomness.
+    window is resident at a time. See docs/design/loader.md for what that does to randomness.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import weakref
 
 import numpy as np
 
+from ._prefetch import Ahead, Failure, WANT_STEP_NS, run_ahead, spin_reads
 from .batch import Batch
 from .dataset import PAGE, Dataset
 from .storage.files import ResidentFile
@@ -72,8 +73,8 @@ class LoaderConfig:
         Seed of every epoch's order; None draws one from the OS (kept in :attr:`seed`).
     prefetch : int
         Batches the background thread may prepare ahead; 0 gathers in the caller's thread. The
-        thread starts once the caller spends 10 µs or more between two batch requests twice
-        in a row (a loop that only reads batches gathers them itself, as with 0), and the
+        thread starts once the caller spends ``WANT_STEP_NS`` or more between two batch requests
+        twice in a row (a loop that only reads batches gathers them itself, as with 0), and the
         caller gathers any batch that is not ready when asked for. The ring has
         ``min(prefetch, batches per epoch) + 1`` slots.
     zero_copy : bool
@@ -544,146 +545,7 @@ class _Plan:
                 self.ds.willneed(s, min(s + self.block_rows, self.n))
 
 
-class _Failure:
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-#: the consumer wants the thread to run ahead when it spent at least this long outside ``next()``
-#: before each of its last two requests: a shorter step leaves the thread nothing to overlap, and a thread
-#: working beside a consumer that only asks for batches costs it GIL handoffs (measured: a 64-row
-#: shuffled batch costs 2.6 µs gathered in the consumer's thread, a thread wake-up 3 µs)
-_WANT_STEP_NS = 10_000
-#: how long the thread spins (without the GIL) for a slot to come back before it sleeps
-_SPIN_NS = 50_000
 _pc = time.perf_counter_ns
-_SPIN_READS = []
-
-
-def _spin_reads() -> int:
-    """Reads of the spin kernel in about ``_SPIN_NS`` on this machine, measured once per process."""
-    if not _SPIN_READS:
-        from .kernels._loader import wait_change
-
-        probe = np.zeros(1, np.int64)
-        wait_change(probe, 0, 0, 16)  # compiled or loaded from the cache
-        n = 1 << 15
-        t0 = _pc()
-        wait_change(probe, 0, 0, n)
-        per_read = max(_pc() - t0, 1) / n
-        _SPIN_READS.append(max(1024, int(_SPIN_NS / per_read)))
-    return _SPIN_READS[0]
-
-
-class _Ahead:
-    """What the consumer and the prefetch thread share for one epoch (no reference to the iterator).
-
-    Batch ``j`` goes to ring slot ``j % slots``; whoever produces it (the thread, or the consumer
-    when the thread is behind) writes ``out[slot]`` then ``ready[slot] = j``. ``nxt`` is the next
-    batch to prepare; batches are prepared in order under ``mutex`` (the plan's state is
-    sequential) and filled outside it, so both threads can copy at once. ``state[0]`` is the
-    first batch the thread may not prepare yet (the consumer holds the batch ``slots`` before
-    it): the consumer publishes it with one store on every ``next()``, and the thread spins on
-    it without the GIL before it sleeps. ``sleeping`` (the thread waits on ``wake``) and
-    ``waiting`` (the consumer waits on ``done``) are set under ``mutex`` by the thread that then
-    waits, and cleared, with the matching ``release``, by the one that wakes it: one release per
-    wait. The thread sets ``sleeping`` before it reads ``state`` and ``want`` for the last time,
-    the consumer writes them before it reads ``sleeping`` (so one of the two sees the other's
-    write; the GIL orders them), and ``asleep`` once it has decided to sleep: from then on only
-    the consumer can wake it, so the consumer prepares and fills batches without ``mutex``.
-    """
-
-    __slots__ = ("plan", "slots", "batches", "mutex", "wake", "done", "state", "nxt", "out", "ready",
-                 "want", "sleeping", "asleep", "waiting", "stop", "failed", "exited")
-
-    def __init__(self, plan: _Plan, slots: int, batches: int):
-        self.plan = plan
-        self.slots = slots
-        self.batches = batches
-        self.mutex = threading.Lock()
-        self.wake = threading.Lock()
-        self.wake.acquire()
-        self.done = threading.Lock()
-        self.done.acquire()
-        # [0]: first batch the thread may not prepare; [1]: the last batch published
-        self.state = np.array([slots, -1], np.int64)
-        self.nxt = 0
-        self.out = [None] * slots
-        self.ready = [-1] * slots
-        self.want = False
-        # no thread yet: as for a sleeping one, only the consumer can start it
-        self.sleeping = self.asleep = True
-        self.waiting = self.stop = self.failed = self.exited = False
-
-    def publish(self, j: int, batch) -> None:
-        slot = j % self.slots
-        self.out[slot] = batch
-        self.ready[slot] = j
-        self.state[1] = j
-        if self.waiting:
-            with self.mutex:
-                if self.waiting:
-                    self.waiting = False
-                    self.done.release()
-
-    def wake_thread(self) -> None:
-        with self.mutex:
-            if self.sleeping:
-                self.sleeping = self.asleep = False
-                self.wake.release()
-
-
-def _run_ahead(ctl: _Ahead) -> None:
-    """The prefetch thread: prepare and fill batches while there are free slots and the consumer
-    wants it, spin for a slot, then sleep until the consumer wakes it."""
-    from .kernels._loader import wait_change
-
-    plan, state, mutex = ctl.plan, ctl.state, ctl.mutex
-    spins = _spin_reads()
-    try:
-        while True:
-            work = None
-            with mutex:
-                if ctl.stop or ctl.failed or ctl.nxt >= ctl.batches:
-                    return
-                j = ctl.nxt
-                if ctl.want and j < state[0]:
-                    ctl.nxt = j + 1
-                    try:
-                        work = plan.prepare(j)
-                    except BaseException as exc:  # noqa: BLE001 - raised by the consumer at batch j
-                        ctl.failed = True
-                        ctl.publish(j, _Failure(exc))
-                        return
-            if work is not None:
-                try:
-                    batch = plan.fill(work, ahead=True)
-                except BaseException as exc:  # noqa: BLE001
-                    ctl.failed = True
-                    batch = _Failure(exc)
-                ctl.publish(j, batch)
-                continue
-            if ctl.want:  # the ring is full: spin for a slot, without the GIL, before sleeping
-                # one kernel call for the whole budget: every return to Python takes the GIL,
-                # which the consumer may be waiting for at the end of its step
-                limit = int(state[0])
-                if wait_change(state, 0, limit, spins) != limit:
-                    continue
-            with mutex:
-                if ctl.stop:
-                    return
-                ctl.sleeping = True
-                # read after ``sleeping`` is set: a consumer that moved on before it saw the flag
-                # has already published what this check reads
-                if ctl.want and ctl.nxt < state[0]:
-                    ctl.sleeping = False
-                    continue
-                ctl.asleep = True
-            ctl.wake.acquire()
-    finally:
-        ctl.exited = True
 
 
 class _Epoch:
@@ -701,7 +563,7 @@ class _Epoch:
         if loader.config.prefetch > 0 and self._batches > 0:
             # the thread starts when the consumer first spends a step outside next() (see
             # _start_thread): a loop that only reads batches never pays for one
-            self._ctl = _Ahead(self._plan, len(loader._ring), self._batches)
+            self._ctl = Ahead(self._plan, len(loader._ring), self._batches)
             if loader._worked:
                 # the previous epoch's consumer worked between batches: gather from the start
                 self._ctl.want = True
@@ -713,7 +575,7 @@ class _Epoch:
     def _start_thread(self) -> None:
         ctl = self._ctl
         ctl.sleeping = ctl.asleep = False
-        self._thread = threading.Thread(target=_run_ahead, args=(ctl,), name=f"tfdata-prefetch-epoch{self.epoch}",
+        self._thread = threading.Thread(target=run_ahead, args=(ctl,), name=f"tfdata-prefetch-epoch{self.epoch}",
                                         daemon=True)
         self._thread.start()
 
@@ -742,7 +604,7 @@ class _Epoch:
             self._k = k + 1
             return batch
         t = _pc()
-        if ctl.asleep and t - self._t_out < _WANT_STEP_NS:
+        if ctl.asleep and t - self._t_out < WANT_STEP_NS:
             # A consumer that only asks for batches and a thread asleep (or not started): gather
             # here, like prefetch=0, with no lock (only this thread can wake the other). Every
             # batch the thread claimed is published, so batch k is ready unless it is the next.
@@ -762,11 +624,11 @@ class _Epoch:
         else:
             # the consumer's step (the time since the previous batch was returned) was long
             # twice in a row: a single pause (the machine's noise, a log line) starts nothing
-            long = t - self._t_out >= _WANT_STEP_NS
+            long = t - self._t_out >= WANT_STEP_NS
             want = long and self._long
             self._long = long
             # batch k - 1 goes back: the thread may prepare up to batch k + slots - 1. Written
-            # before ``sleeping`` is read (see _Ahead); a thread that sleeps reads it when woken.
+            # before ``sleeping`` is read (see Ahead); a thread that sleeps reads it when woken.
             ctl.state[0] = k + ctl.slots
             if want is not ctl.want:
                 ctl.want = want
@@ -781,19 +643,19 @@ class _Epoch:
             else:
                 batch = self._take(ctl, k, slot)
         self._t_out = _pc()
-        if batch.__class__ is _Failure:
+        if batch.__class__ is Failure:
             self.close()
             raise batch.exc
         self._k = k + 1
         return batch
 
-    def _take(self, ctl: _Ahead, k: int, slot: int):
+    def _take(self, ctl: Ahead, k: int, slot: int):
         """Batch ``k`` when it is not ready: gather it here rather than wait for the thread; if
         the thread is gathering it, gather a later batch meanwhile if a slot is free, else wait."""
         from .kernels._loader import wait_change
 
         plan = self._plan
-        spins = _spin_reads()
+        spins = spin_reads()
         while True:
             if ctl.ready[slot] == k:
                 return ctl.out[slot]
@@ -807,7 +669,7 @@ class _Epoch:
                     return plan.fill(plan.prepare(k), ahead=False)
                 except BaseException as exc:  # noqa: BLE001
                     ctl.failed = True
-                    return _Failure(exc)
+                    return Failure(exc)
             work = None
             with ctl.mutex:
                 j = ctl.nxt
@@ -819,12 +681,12 @@ class _Epoch:
                         work = plan.prepare(j)
                     except BaseException as exc:  # noqa: BLE001
                         ctl.failed = True
-                        work = _Failure(exc)
+                        work = Failure(exc)
                 else:
                     ctl.waiting = True
             if work is None:  # the thread is gathering batch k: wait for it
-                # first spin without the GIL on the published counter (a wake-up costs ~15 µs,
-                # far more under load), then sleep
+                # first spin without the GIL on the published counter (a wake-up costs far more
+                # than a spin, more still under load: docs/design/loader.md), then sleep
                 seen = int(ctl.state[1])
                 if seen < k and wait_change(ctl.state, 1, seen, spins) != seen:
                     with ctl.mutex:
@@ -843,12 +705,12 @@ class _Epoch:
                         raise RuntimeError("tfdata: the prefetch thread stopped before batch "
                                            f"{k}") from None
                 continue
-            if work.__class__ is not _Failure:
+            if work.__class__ is not Failure:
                 try:
                     work = plan.fill(work, ahead=j > k)
                 except BaseException as exc:  # noqa: BLE001
                     ctl.failed = True
-                    work = _Failure(exc)
+                    work = Failure(exc)
             if j == k:
                 return work
             ctl.publish(j, work)
@@ -896,7 +758,7 @@ class _AsyncEpoch:
             return _DONE
 
     async def __anext__(self) -> Batch:
-        import asyncio  # here, not at module level: it costs ~10 ms of import time
+        import asyncio  # here, not at module level: ``import tfdata`` stays light
 
         loop = asyncio.get_running_loop()
         batch = await loop.run_in_executor(None, self._next)

@@ -94,9 +94,8 @@ def wait_change(state, i, value, spins):
 
     The prefetch thread waits this way for the consumer to give a ring slot back: the consumer
     publishes its position with one store into ``state`` and never has to wake the thread (a
-    thread wake-up costs the waker about 3 µs and the woken thread about 15 µs on the 2-core VM
-    of reports/prefetch). Each read is about 0.5 ns on that VM, so ``spins=32768`` waits about
-    20 µs at most; the caller loops until its own time budget is spent.
+    wake-up costs both threads far more than a read: docs/design/loader.md). ``spins`` bounds the
+    wait; the caller loops until its own time budget is spent.
 
     Parameters
     ----------

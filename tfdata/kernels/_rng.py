@@ -55,7 +55,7 @@ def draw_varying(nn, key, ctr):
     """:func:`draw_one` (the same words, the same rejections, the same results) for a bound that
     changes at every draw (sampling without replacement): the rejection threshold
     ``(2**32 - nn) % nn`` is computed only when the low word is below ``nn`` (Lemire's test),
-    so most draws take no division (a division per draw costs about 1 us per 256 draws)."""
+    so most draws take no division (a division per draw is most of a draw's cost)."""
     while True:
         r = mix64(key + ctr * GOLDEN)
         ctr += _ONE

@@ -85,8 +85,8 @@ def gae(reward, value, terminated, truncated, final_value, use_final, last_value
             if ended != (last_dones[e] == _ONE):
                 return 1 + 2 * E + e
     # time outer, envs inner: the envs' recurrences are independent, so their latency chains
-    # overlap and rows are read in memory order (env outer, one chain at a time, took 44-50 us
-    # against 25-35 us at 2048 x 8, 2.8-3.0 against 2.2-2.7 us a call at 128 x 4); the running
+    # overlap and rows are read in memory order (env outer, one chain at a time, was slower:
+    # docs/design/rollouts.md); the running
     # ``lastgaelam`` of env e is the advantage just written at row t + 1
     for t in range(T - 1, -1, -1):
         last = t == T - 1

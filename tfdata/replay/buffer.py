@@ -171,9 +171,9 @@ class ReplayBuffer(ReplayCore):
         again when it loads). Frames are compressed in blocks of 16 slots with zstd (level 3)
         once a whole block is out of the hot window, and decompressed into a cache of a few
         blocks (4 MiB) when a sample needs them: sampling a cold row then costs a block's
-        decompression (~10 us for Atari frames) instead of a read from the page cache or the
-        disk (Breakout, 20,000 rows, 90% cold: sample(32) ~2x the time from the page cache,
-        1/40 of the time from the disk; 121 MiB of cold frames held in 0.8 MiB). Batches are
+        decompression instead of a read from the page cache or the disk (about twice a read from
+        the page cache, far less than one from the disk, with the cold frames held in a small
+        fraction of their bytes: docs/design/spill-and-cold.md, reports/atari_frames). Batches are
         bit-identical to those of the same buffer without it. Memory:
         ``nbytes_parts["cold"]`` (the compressed blocks, the cache and the block tables);
         ``plan_memory`` counts every frame that can be cold uncompressed (a bound); with a

@@ -39,8 +39,8 @@ import numpy as np
 #: the codec of the cold tier (see :func:`codec`) and its compression level, and the slots per
 #: compressed block (the unit of compression and of decompression). Chosen by measurement on
 #: real Atari frames (``reports/frame_codecs``): zstd level 3 in blocks of 16 frames, ratio 96 on
-#: Breakout, Pong and Seaquest, a block decompressed in ~10 us (level 9: +6-12% at a quarter of
-#: the compression speed; a dictionary: +5-35%, to train and keep: see ARCHITECTURE.md).
+#: Breakout, Pong and Seaquest (level 9: +6-12% at a quarter of the compression speed; a
+#: dictionary: +5-35%, to train and keep: see docs/design/spill-and-cold.md).
 CODEC = "zstd"
 LEVEL = 3
 BLOCK = 16
