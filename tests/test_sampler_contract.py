@@ -260,3 +260,108 @@ def test_the_arrays_of_an_outside_samplers_state_are_bounded(tmp_path):
         (path / "state.json").write_text(json.dumps(doc))
         with pytest.raises(FormatError, match=field):
             ReplayBuffer.load(path, samplers=[RecentSampler])
+
+
+# -- shared memory: the same sampler object over the shards of a region ----------------------------
+def _recent_writer(name, data, steps, go, done, errors):
+    """A writer process: at each step, the rows of that step (then waits for the learner)."""
+    from tfdata.shared import SharedWriter
+
+    try:
+        with SharedWriter(name, 0) as w:
+            for lo, hi in steps:
+                go.wait(60)
+                go.clear()
+                if hi - lo == 1:
+                    w.push({k: (v[lo] if v[lo].ndim else v[lo].item()) for k, v in data.items()})
+                else:
+                    w.extend({k: v[lo:hi] for k, v in data.items()})
+                done.set()
+    except BaseException as exc:  # pragma: no cover - reported to the test
+        errors.put(repr(exc))
+        done.set()
+
+
+def _steps(counts):
+    out, at = [], 0
+    for c in counts:
+        out.append((at, at + c))
+        at += c
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_outside_sampler_runs_on_a_shared_buffer(tmp_path, monkeypatch, layout):
+    """RecentSampler, unchanged, on a SharedReplayBuffer whose writer is another process: it
+    hears the published rows through its write hooks before each sample, and its batches are
+    those of a ReplayBuffer given the same rows; saved, loaded (samplers=[RecentSampler]) and
+    continued as the buffer never saved."""
+    import multiprocessing as mp
+
+    from tfdata.shared import SharedReplayBuffer
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    ctx = mp.get_context("fork")
+    counts = [5, 1, 9, 1, 7, 20, 1, 3]  # pushes and extends, wrapping the ring of 16
+    data = rows(np.random.default_rng(3), sum(counts))
+    ref = ReplayBuffer(SPEC, 16, layout=layout, sampler=RecentSampler(5, seed=11))
+    go, done, errors = ctx.Event(), ctx.Event(), ctx.Queue()
+    with SharedReplayBuffer(SPEC, 16, layout=layout, sampler=RecentSampler(5, seed=11)) as buf:
+        p = ctx.Process(target=_recent_writer, args=(buf.name, data, _steps(counts), go, done, errors))
+        p.start()
+        try:
+            for step, (lo, hi) in enumerate(_steps(counts)):
+                done.clear()
+                go.set()
+                assert done.wait(60)
+                assert errors.empty(), errors.get()
+                ref.extend({k: v[lo:hi] for k, v in data.items()})
+                for b in (1, 4):
+                    got, want = buf.sample(b, copy=True), ref.sample(b, copy=True)
+                    same_rows(got, want)
+                if step == 5:  # save mid-run; the loaded buffer continues as the one saved
+                    buf.save(tmp_path / "ck")
+                    twin = {"state": ref.state_dict()}
+        finally:
+            p.join(60)
+        assert p.exitcode == 0
+        assert buf.redraws == 0 and buf.sampler.newest == ref.sampler.newest
+        doc = json.loads((tmp_path / "ck" / "state.json").read_text())
+        assert doc["config"]["sampler"] == "recent" and doc["config"]["window"] == 5
+        assert doc["state"]["recent"] == {"newest": twin["state"]["recent"]["newest"]}
+    with pytest.raises(FormatError, match=r"samplers=\[YourSampler\]"):
+        SharedReplayBuffer.load(tmp_path / "ck")
+    again = ReplayBuffer(SPEC, 16, layout=layout, sampler=RecentSampler(5, seed=0))
+    again.extend({k: v[:_steps(counts)[5][1]] for k, v in data.items()})
+    again.load_state_dict(twin["state"])
+    with SharedReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler]) as back:
+        assert type(back.sampler) is RecentSampler and back.sampler.window == 5
+        for _ in range(3):
+            same_rows(back.sample(4, copy=True), again.sample(4, copy=True))
+
+
+def same_rows(a, b) -> None:
+    np.testing.assert_array_equal(a.indices, b.indices)
+    for k in SPEC.names:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_shared_buffer_refuses_what_a_sampler_object_does_not_combine_with(tmp_path, monkeypatch):
+    from tfdata.shared import SharedReplayBuffer
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match="own seed"):
+        SharedReplayBuffer(SPEC, 8, seed=1, sampler=RecentSampler(2, seed=0))
+    with pytest.raises(NotImplementedError, match="n_step"):
+        SharedReplayBuffer(SPEC, 8, n_step=3, sampler=RecentSampler(2, seed=0))
+    assert list(tmp_path.iterdir()) == []
+
+    class Nameless(RecentSampler):
+        name = None
+
+    with SharedReplayBuffer(SPEC, 8, sampler=Nameless(2, seed=0)) as buf:
+        with pytest.raises(TypeError, match="Nameless has no name"):
+            buf.save(tmp_path / "ck")
+        with pytest.raises(NotImplementedError, match="sample_sequences"):
+            buf.sample_sequences(2, 2)
+    assert not (tmp_path / "ck").exists()

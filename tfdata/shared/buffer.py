@@ -23,9 +23,11 @@ from ..errors import SharedBufferError, SpecError, WriterLostWarning
 from ..replay import combinations
 from ..replay.core import fields_key
 from ..replay.core import weak_method as _weak_method
+from ..replay.buffer import TFDATA_SAMPLERS, ReplayBuffer
 from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from ..replay.samplers.shared import SharedWithoutReplacementSampler
+from ..replay.samplers import Sampler, sampler_name as _sampler_name
 from ..replay import shared_frames
 from ..replay.transforms import ShardNStep, episode_options
 from ..spec import Spec
@@ -38,8 +40,43 @@ from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLI
                      STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
 from .state import ShardCheckpoint
+from .streams import ShardStreams
 
 __all__ = ["SharedReplayBuffer"]
+
+
+#: the constructor's options a sampler's config() may not name (a checkpoint keeps both in one
+#: config)
+_BUFFER_OPTIONS = ("capacity", "num_writers", "mode", "policy", "layout", "seed", "ring_size",
+                   "name", "dir", "prioritized", "alpha", "beta", "beta_final", "beta_steps", "eps",
+                   "n_step", "gamma", "next_of", "roles", "memory_budget", "stats",
+                   "rate_limiter", "sampler", "replays", "timeout", "frame_stack",
+                   "frame_padding", "final_frames")
+
+
+def check_given(sampler, seed, mode, prioritized, n_step, frame_stack, rate_limiter) -> None:
+    """Refuse what a sampler object does not combine with on a shared region (before it exists)."""
+    name = _sampler_name(sampler)
+    if seed is not None:
+        raise ValueError(f"seed={seed} with a sampler object ({name!r}): the sampler holds its "
+                         f"own seed; give seed= to the sampler")
+    refused = [(mode == "fifo", "mode='fifo' (a FIFO delivers every row once, in order, without a sampler)"),
+               (bool(prioritized), "prioritized=True (give PrioritizedSampler's settings as "
+                                   "prioritized=True and alpha=..., not a sampler object)"),
+               (n_step is not None, "n_step (not built for a sampler object: the windows' redraw "
+                                    "needs a one-row redraw of the sampler)"),
+               (frame_stack is not None, "frame_stack (not built for a sampler object, as n_step)"),
+               (rate_limiter is not None, "rate_limiter (not built for a sampler object)")]
+    for bad, why in refused:
+        if bad:
+            raise NotImplementedError(f"SharedReplayBuffer(sampler={name!r} object) with {why}")
+    if not getattr(sampler, "stream_order", True) or getattr(sampler, "wraps_only", False):
+        raise NotImplementedError(
+            f"SharedReplayBuffer(sampler={name!r} object): a sampler that places the writes "
+            f"(stream_order False) or hears only laps (wraps_only) reads a single-process "
+            f"writer; use sampler='exactly_k' or 'without_replacement' by name")
+    if hasattr(sampler, "storage"):
+        raise ValueError(f"sampler {name!r} is bound to another buffer already")
 
 
 class SharedReplayBuffer:
@@ -81,6 +118,14 @@ class SharedReplayBuffer:
         ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
         awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
         Not with ``prioritized``, ``n_step`` or :meth:`sample_sequences`.
+        A :class:`~tfdata.replay.samplers.Sampler` object instead of a name: any sampler of
+        the contract, a user's too (see :mod:`tfdata.shared.streams`: before each draw it
+        hears, through its write hooks, the rows the writers published since the last one;
+        ``n`` is the rows held, numbered shard by shard; a batch holding a row a writer was
+        writing during the copy is drawn again whole). Its seed is its own (no ``seed=``);
+        saved by its ``name`` and ``config()``, loaded with ``load(path,
+        samplers=[TheClass])``. Not with ``prioritized``, ``n_step``, ``frame_stack``, a rate
+        limiter, ``mode="fifo"`` or :meth:`sample_sequences` (not built).
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
     timeout : float, optional
@@ -182,16 +227,22 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
-                 memory_budget=None, stats=None, rate_limiter=None, sampler: str | None = None,
+                 memory_budget=None, stats=None, rate_limiter=None, sampler=None,
                  replays: int | None = None, timeout: float | None = None, frame_stack=None,
                  frame_padding="reset", final_frames: int | None = None):
         spec = spec if isinstance(spec, Spec) else Spec(spec)
         shards, cap = check_shards(capacity, num_writers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        given = sampler if isinstance(sampler, Sampler) else None
+        if given is not None:  # a sampler object: any sampler of the contract (a user's too)
+            check_given(given, seed, mode, prioritized, n_step, frame_stack, rate_limiter)
+            sampler = None
         exactly_k = exactly_k_options(sampler, policy, replays, timeout)
         check_limiter(rate_limiter, mode, shards * cap)
         sampler_name = "uniform" if sampler is None else sampler
+        if given is not None:
+            sampler_name = _sampler_name(given)
         combinations.check(combinations.facets(
             "SharedReplayBuffer", sampler=sampler_name, stream_order=not exactly_k,
             policy=(policy or "block") if exactly_k else None,
@@ -215,7 +266,9 @@ class SharedReplayBuffer:
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
         frames = frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
-        if prioritized:
+        if given is not None:
+            sampler = given
+        elif prioritized:
             checked = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
             sampler = SharedPrioritizedSampler(checked.alpha, checked.beta_start, checked.beta_final,
                                                checked.beta_steps, checked.eps, seed)
@@ -228,7 +281,8 @@ class SharedReplayBuffer:
             sampler = SharedWithoutReplacementSampler(seed)
         else:
             sampler = SharedUniformSampler(seed)
-        sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
+        if given is None:
+            sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
             planned = sampler.plan(shards * cap)
@@ -267,8 +321,14 @@ class SharedReplayBuffer:
         self._heads, self._reserved = self._region.heads, self._region.reserved
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
-        sampler.bind_shards(self._heads, self._reserved, cap)
+        if given is None:
+            sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
+        # the shards as streams: the rows held, the writes caught up, the torn-row check
+        self._streams = ShardStreams(self._heads, self._reserved, cap, self._k)
+        self._given = given is not None
+        if self._given:
+            self._streams.bind(sampler)
         if exactly_k:
             sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
         self.sampler = sampler
@@ -278,7 +338,7 @@ class SharedReplayBuffer:
         self._next_of, self._roles = episodes["next_of"], episodes["roles"]
         self._is_prioritized = bool(prioritized)
         self._has_flags = episodes["has_flags"]
-        if self._has_flags:
+        if self._has_flags and not self._given:
             roles = episodes["roles"]
             sampler.bind_flags(st.field(roles["terminated"]), st.field(roles["truncated"]))
         self._nstep = None
@@ -317,7 +377,8 @@ class SharedReplayBuffer:
             self._gate = SampleGate(region, self._lock, rate_limiter, name)
             self._ctrl_words = memoryview(self._region.ctrl)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
-                                           self._ring_size, self._is_prioritized, episodes)
+                                           self._ring_size, self._is_prioritized, episodes,
+                                           self._streams if self._given else None)
 
     @property
     def rate_limiter(self):
@@ -335,7 +396,7 @@ class SharedReplayBuffer:
         if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
             if batch_size > self.capacity:
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                                 f"{self.capacity}; {self.sampler.batch_rule}")
+                                 f"{self.capacity}; {getattr(self.sampler, 'batch_rule', self.sampler.rule)}")
             if self._limiter is not None:
                 self._limiter.check_sample(batch_size)
                 why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
@@ -345,7 +406,7 @@ class SharedReplayBuffer:
             return
         n = len(self)
         if batch_size > n:
-            raise self.sampler.too_few(batch_size, n)
+            raise (self._streams if self._given else self.sampler).too_few(batch_size, n)
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -394,7 +455,7 @@ class SharedReplayBuffer:
     @property
     def redraws(self) -> int:
         """Rows drawn again because a writer may have been writing them during the copy."""
-        return self.sampler.redraws
+        return self._streams.redraws + getattr(self.sampler, "redraws", 0)
 
     @property
     def storage(self):
@@ -523,6 +584,8 @@ class SharedReplayBuffer:
             i = ring.next
             if self._frames is not None:  # the ring's own (projected) frame transform
                 self._draws.windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
+            elif self._given:  # any sampler: caught up, drawn, checked by the shard streams
+                self._streams.sample(ring.slots[i], ring.arrays[i][0])
             elif self._nstep is None:
                 self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
             else:
@@ -560,6 +623,11 @@ class SharedReplayBuffer:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
         if self._region.exactly_k:
             raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
+        if self._given:
+            raise NotImplementedError(f"sample_sequences of a SharedReplayBuffer with a sampler "
+                                      f"object ({_sampler_name(self.sampler)!r}) is not built: "
+                                      f"its slices follow the shards' geometry, not the sampler's "
+                                      f"sample_slices; use sampler='uniform' or prioritized=True")
         if self._frames is not None:
             raise NotImplementedError("sample_sequences of a SharedReplayBuffer with frame_stack is "
                                       "not implemented (sample() rebuilds the stacks); use a "
@@ -635,6 +703,7 @@ class SharedReplayBuffer:
         if fields is not None and self._frames is not None:
             parts = [p.project(fields) if p is self._frames else p for p in parts]
         names = self.spec.names if fields is None else fields
+        self._streams.reserve(batch_size)
         ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
         if key is not None:
             rings[key] = ring
@@ -672,17 +741,41 @@ class SharedReplayBuffer:
 
     @classmethod
     def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None,
-             layout=None):
+             layout=None, samplers=()):
         """A new buffer (a new region, named ``name``) holding a checkpoint written by
         :meth:`save`; writers attach to it as to any buffer and continue each shard after its
         saved rows. The checkpoint is validated before the region is created
         (:class:`~tfdata.FormatError` naming the file and the field). A shard whose oldest rows
         were left out at the save holds its rows from its first slot on; otherwise every row
         keeps its slot, and sampling continues where the saved buffer was. ``layout``: the new
-        region's layout, if not the one saved (the samples are the same)."""
+        region's layout, if not the one saved (the samples are the same). ``samplers``: sampler
+        classes of yours a checkpoint may name (an allow-list, by their ``name``, as for
+        :meth:`tfdata.ReplayBuffer.load`): rebuilt by their ``from_config``, their state checked
+        by their ``check_state`` before the region is created."""
         from ..replay.checkpoint import load_shared
 
-        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
+        known = ReplayBuffer.sampler_classes(samplers)
+        given = {k: c for k, c in known.items() if k not in TFDATA_SAMPLERS}
+        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget,
+                           layout=layout, samplers=given)
+
+    def unsaved_reason(self) -> str | None:
+        """Why a checkpoint could not rebuild this buffer's sampler (None: it can): a sampler
+        object without a name, with one of tfdata's names, or with the buffer's options."""
+        if not self._given:
+            return None
+        sampler, mine = self.sampler, type(self.sampler).__name__
+        name = getattr(sampler, "name", None)
+        if not isinstance(name, str) or not name:
+            return (f"{mine} has no name: a sampler that is saved needs a name, config() and "
+                    f"from_config() (see tfdata.replay.samplers)")
+        if name in TFDATA_SAMPLERS:
+            return (f"a SharedReplayBuffer saves tfdata's samplers given by name, not a {mine} "
+                    f"object named {name!r}; give a sampler of yours a name of its own")
+        clash = sorted(set(sampler.config()) & set(_BUFFER_OPTIONS))
+        if clash:
+            return f"{mine}.config() has the buffer's own option(s) {clash}"
+        return None
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
                 undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:

@@ -1,0 +1,148 @@
+"""The shards of a replay region as the streams a sampler samples: each writer's shard is one
+stream, its head says which rows it holds, its reserve which it is writing.
+
+What a single-process sampler gets from its buffer, :class:`ShardStreams` gives it over the
+shards, so that the same sampler object runs in both:
+
+- the rows held, read from the heads before a draw (not a writer's size);
+- the writes: a single-process writer calls the sampler's write hooks as it writes; across
+  processes the writers cannot, so before each draw the rows published since the previous one
+  are *caught up*: the sampler hears them through its ordinary hooks, in publication order
+  within each shard (shard after shard), in slot coordinates. A sampler with a one-row hook
+  (``slot_hook()``) hears each row as the generated push would have called it, one at a time
+  (the hook may carry a ``rows(start, count)`` form doing the same for consecutive slots in
+  one call); one without hears each shard's rows as one ``on_write(spans, n, None)``, as an
+  ``extend`` would have called it. Rows a writer lapped before the catch-up are skipped (they
+  can no longer be drawn);
+- after the copy, the torn-row check: a row whose slot a writer may have been writing while it
+  was copied is drawn again. A sampler with a one-row ``redraw(i, out, arrays)`` redraws that
+  row alone; any other sampler (a user's) draws the whole batch again, after a new catch-up,
+  until no row of it is torn (rare: only rows at a writer's oldest end while it overwrites).
+
+Called with the buffer's lock held.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SharedBufferError
+from ..replay.samplers import sampler_name
+
+__all__ = ["ShardStreams", "MAX_REDRAWS"]
+
+# batches (or rows) drawn again in one sample, at most, before concluding the writers never stop
+MAX_REDRAWS = 1 << 20
+
+
+class ShardStreams:
+    """The shard streams of a region: ``heads`` and ``reserved`` (uint64 ``(shards,)`` strided
+    views of the control words), ``cap`` slots per shard, the compiled ``kernels``.
+
+    Attributes
+    ----------
+    published : ndarray of int64, shape (shards,)
+        Rows of each shard the sampler has heard of (caught up to).
+    scratch : ndarray of int64, shape (7 * shards + batch,)
+        The heads snapshot (3 words per shard), the write windows of the torn-row check (4 per
+        shard) and one mark per row of the largest batch reserved (:meth:`reserve`).
+    redraws : int
+        Rows drawn again because a writer may have been writing them during the copy.
+    """
+
+    def __init__(self, heads: np.ndarray, reserved: np.ndarray, cap: int, kernels):
+        self.heads, self.reserved, self.cap = heads, reserved, cap
+        self.shards = heads.shape[0]
+        self._k = kernels
+        self.published = np.zeros(self.shards, np.int64)
+        self.scratch = np.zeros(7 * self.shards + 1, np.int64)
+        self.redraws = 0
+        self._hook = self._rows = self._sampler = None
+
+    def bind(self, sampler) -> None:
+        """The sampler whose write hooks the catch-up calls (once, after it is bound)."""
+        self._sampler = sampler
+        if getattr(sampler, "hears_writes", False):
+            self._hook = sampler.slot_hook()
+            self._rows = getattr(self._hook, "rows", None)
+
+    def reserve(self, batch: int) -> None:
+        """Room for a batch of ``batch`` rows in :attr:`scratch` (when an output ring is built,
+        never while sampling)."""
+        need = 7 * self.shards + batch
+        if self.scratch.shape[0] < need:
+            self.scratch = np.zeros(need, np.int64)
+
+    # -- the rows held and the writes -------------------------------------------------------
+    def held(self, scratch: np.ndarray) -> int:
+        """Read every head once into ``scratch`` (the snapshot the torn-row check judges
+        against); returns the rows held."""
+        return self._k.read_heads(self.heads, self.cap, scratch)
+
+    def catch_up(self, scratch: np.ndarray) -> int:
+        """Read the heads into ``scratch``, then let the sampler hear the rows published since
+        the last catch-up (see the module docstring); returns the rows held."""
+        held = self._k.read_heads(self.heads, self.cap, scratch)
+        if self._sampler is None or not getattr(self._sampler, "hears_writes", False):
+            self.published[:] = np.maximum(self.published, scratch[self.shards:2 * self.shards])
+            return held
+        S, cap = self.shards, self.cap
+        for s in range(S):
+            h = int(scratch[S + s])
+            start = max(int(self.published[s]), h - cap)  # lapped rows are gone: skipped
+            if start < h:
+                self._hear(s * cap, start, h)
+            self.published[s] = max(int(self.published[s]), h)
+        return held
+
+    def _hear(self, base: int, start: int, end: int) -> None:
+        """Rows ``start .. end - 1`` of the shard at slot ``base`` (at most one lap)."""
+        cap = self.cap
+        spans = []
+        r = start
+        while r < end:
+            dst = r % cap
+            count = min(end - r, cap - dst)
+            spans.append((base + dst, r - start, count))
+            r += count
+        if self._hook is None:  # as an extend of these rows would call it
+            self._sampler.on_write(spans, end - start, None)
+        elif self._rows is not None:  # the one-row hook over consecutive slots, in one call
+            for dst, _, count in spans:
+                self._rows(dst, count)
+        else:  # as the generated push would call it, one row at a time
+            hook = self._hook
+            for dst, _, count in spans:
+                for slot in range(dst, dst + count):
+                    hook(slot)
+
+    # -- drawing ------------------------------------------------------------------------------
+    def too_few(self, batch: int, n: int | None = None) -> ValueError:
+        """The error for a batch of ``batch`` rows with ``n`` held (None: read the heads)."""
+        if n is None:  # rows held, from the heads as they are now (an error path only)
+            n = int(np.minimum(self.heads.astype(np.int64), self.cap).sum())
+        rule = getattr(self._sampler, "rule", "rows are drawn by this sampler")
+        return ValueError("cannot sample from an empty buffer" if n == 0 else
+                          f"batch_size {batch} is larger than the {n} rows held; {rule} "
+                          f"(sampler {sampler_name(self._sampler)!r})")
+
+    def sample(self, out, arrays: dict) -> None:
+        """Catch up, let the sampler draw and gather over the rows held, check the copy, and
+        draw torn rows again (the whole batch for a sampler without a one-row ``redraw``)."""
+        sm, k, scratch = self._sampler, self._k, self.scratch
+        idx = out.indices
+        batch = idx.shape[0]
+        mark = scratch[7 * self.shards:7 * self.shards + batch]
+        tries = 0
+        while True:
+            held = self.catch_up(scratch)
+            if held < batch and not getattr(sm, "waits_for_rows", False):
+                raise self.too_few(batch, held)
+            sm.sample(held, out, arrays)
+            if not k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark):
+                return
+            tries += 1
+            self.redraws += batch
+            if tries == MAX_REDRAWS:
+                raise SharedBufferError(f"{MAX_REDRAWS} batches drawn by sampler "
+                                        f"{sampler_name(sm)!r} all held rows being written")
