@@ -60,6 +60,26 @@ def fold_published(heads, cap, sums, mm, leaves, version, folded, scratch):
 
 
 @njit(**NJIT_OPTIONS)
+def overwrite_max_rows(sums, mm, leaves, version, start, count):
+    """New rows in slots ``start .. start + count - 1``, one at a time, as that many pushes give
+    them (:func:`tfdata.kernels._tree.tree_overwrite_max` for each, in order): the one-row write
+    hook of a prioritized sampler over consecutive slots, in one call (what the shard streams
+    call for the rows a writer published since the last sample).
+
+    Parameters
+    ----------
+    sums, mm, leaves : ndarray of float64, shape (2 * NB,); of float32, shape (2 * NB, 2); of float32, shape (P,)
+        The priority tree (see :mod:`tfdata.kernels._tree`).
+    version : ndarray of uint8, shape (capacity,)
+        Writes per slot, modulo 256.
+    start, count : int
+        The slots written; a slot outside the tree or ``version`` changes nothing.
+    """
+    for slot in range(start, start + count):
+        tree_overwrite_max(sums, mm, leaves, version, slot)
+
+
+@njit(**NJIT_OPTIONS)
 def read_heads(heads, cap, scratch):
     """Read every head once (acquire) into ``scratch`` as :func:`fold_published` does, without
     folding: the heads a redrawn row is checked against; returns rows held."""

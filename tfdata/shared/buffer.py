@@ -327,8 +327,9 @@ class SharedReplayBuffer:
         # the shards as streams: the rows held, the writes caught up, the torn-row check
         self._streams = ShardStreams(self._heads, self._reserved, cap, self._k)
         self._given = given is not None
-        if self._given:
-            self._streams.bind(sampler)
+        self._streams.bind(sampler)
+        if prioritized:
+            sampler.streams = self._streams
         if exactly_k:
             sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
         self.sampler = sampler
@@ -365,7 +366,7 @@ class SharedReplayBuffer:
         # the parts over the region: the draws that redraw what a writer touched, the column
         # reads, the FIFO learner (its calls refuse a replay region); then the limiter's gate and
         # the checkpoint part
-        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name)
+        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name, self._streams)
         self._columns = ShardColumns(region, name)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
                                   _weak_method(self, "_watch"))
@@ -584,10 +585,8 @@ class SharedReplayBuffer:
             i = ring.next
             if self._frames is not None:  # the ring's own (projected) frame transform
                 self._draws.windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
-            elif self._given:  # any sampler: caught up, drawn, checked by the shard streams
+            elif self._nstep is None:  # caught up, drawn, checked by the shard streams
                 self._streams.sample(ring.slots[i], ring.arrays[i][0])
-            elif self._nstep is None:
-                self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
             else:
                 self._draws.windows(ring.slots[i], ring.arrays[i])
             ring.next = (i + 1) % len(ring.slots)

@@ -14,10 +14,19 @@ shards, so that the same sampler object runs in both:
   one call); one without hears each shard's rows as one ``on_write(spans, n, None)``, as an
   ``extend`` would have called it. Rows a writer lapped before the catch-up are skipped (they
   can no longer be drawn);
+- the draw over the rows held: where a single-process sampler draws in ``[0, n)`` (``n`` rows
+  held, slots ``[0, n)``), the shards' rows held are numbered shard by shard. tfdata's uniform
+  draw is the streams' own kernel (``sample_shared``: the number mapped to its shard's slot,
+  the copy, the check and the one-row redraws in one call); a prioritized sampler draws from
+  its trees, whose leaves are 0 for slots no shard holds, with ``n`` the capacity (its bound
+  on the slots drawn); any other sampler is given ``n``, the rows held, and draws its own
+  slots;
 - after the copy, the torn-row check: a row whose slot a writer may have been writing while it
-  was copied is drawn again. A sampler with a one-row ``redraw(i, out, arrays)`` redraws that
-  row alone; any other sampler (a user's) draws the whole batch again, after a new catch-up,
-  until no row of it is torn (rare: only rows at a writer's oldest end while it overwrites).
+  was copied is drawn again. tfdata's uniform and prioritized draws redraw that row alone (the
+  prioritized one from the same trees: no catch-up within a sample, so the weights of a batch
+  refer to one distribution); any other sampler (a user's, which has no one-row redraw) draws
+  the whole batch again, after a new catch-up, until no row of it is torn (rare: only rows at
+  a writer's oldest end while it overwrites them).
 
 Called with the buffer's lock held.
 """
@@ -28,6 +37,8 @@ import numpy as np
 
 from ..errors import SharedBufferError
 from ..replay.samplers import sampler_name
+from ..replay.samplers.prioritized import PrioritizedSampler
+from ..replay.samplers.uniform import UniformSampler
 
 __all__ = ["ShardStreams", "MAX_REDRAWS"]
 
@@ -57,11 +68,22 @@ class ShardStreams:
         self.published = np.zeros(self.shards, np.int64)
         self.scratch = np.zeros(7 * self.shards + 1, np.int64)
         self.redraws = 0
+        self._one = np.zeros(7 * self.shards + 1, np.int64)  # a one-row redraw's scratch
         self._hook = self._rows = self._sampler = None
+        self._kind = "any"
 
     def bind(self, sampler) -> None:
-        """The sampler whose write hooks the catch-up calls (once, after it is bound)."""
+        """The sampler whose write hooks the catch-up calls and whose draws are checked (once,
+        after it is bound)."""
         self._sampler = sampler
+        cls = type(sampler)
+        if isinstance(sampler, UniformSampler) and cls.sample is UniformSampler.sample:
+            self._kind = "uniform"
+        elif isinstance(sampler, PrioritizedSampler) and cls.sample is PrioritizedSampler.sample:
+            self._kind = "prioritized"
+        elif hasattr(sampler, "bind_shards"):  # a sampler of the shards' own (exactly-k,
+            self._kind = "own"  # without replacement): it catches up and checks itself
+            return
         if getattr(sampler, "hears_writes", False):
             self._hook = sampler.slot_hook()
             self._rows = getattr(self._hook, "rows", None)
@@ -128,21 +150,74 @@ class ShardStreams:
 
     def sample(self, out, arrays: dict) -> None:
         """Catch up, let the sampler draw and gather over the rows held, check the copy, and
-        draw torn rows again (the whole batch for a sampler without a one-row ``redraw``)."""
-        sm, k, scratch = self._sampler, self._k, self.scratch
+        draw torn rows again (see the module docstring)."""
+        sm, k, scratch, kind = self._sampler, self._k, self.scratch, self._kind
+        if kind == "own":
+            sm.sample(0, out, arrays)
+            return
         idx = out.indices
         batch = idx.shape[0]
+        if kind == "uniform":  # no catch-up: a uniform draw hears no writes
+            got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
+                                            scratch, sm.state, idx, out.kernel_out, MAX_REDRAWS)
+            if got == -2:
+                raise self.too_few(batch)
+            if got < 0:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            self.redraws += got
+            return
         mark = scratch[7 * self.shards:7 * self.shards + batch]
         tries = 0
         while True:
             held = self.catch_up(scratch)
             if held < batch and not getattr(sm, "waits_for_rows", False):
                 raise self.too_few(batch, held)
-            sm.sample(held, out, arrays)
+            sm.sample(sm.capacity if kind == "prioritized" else held, out, arrays)
             if not k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark):
+                return
+            if kind == "prioritized":  # rare: only rows a writer overwrote while copied
+                for i in range(batch):
+                    if mark[i]:
+                        self.redraw(i, out, arrays)
                 return
             tries += 1
             self.redraws += batch
             if tries == MAX_REDRAWS:
                 raise SharedBufferError(f"{MAX_REDRAWS} batches drawn by sampler "
                                         f"{sampler_name(sm)!r} all held rows being written")
+
+    def redraw(self, i: int, out, arrays: dict) -> None:
+        """Draw row ``i`` of ``out`` again until it copies cleanly, against heads read afresh
+        (tfdata's uniform and prioritized draws; the prioritized one from the same trees)."""
+        sm, k, kind = self._sampler, self._k, self._kind
+        if kind == "own":
+            sm.redraw(i, out, arrays)
+            return
+        if kind == "uniform":
+            got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
+                                            self._one, sm.state, out.indices[i:i + 1],
+                                            out.source.kernel_rows(out, i, 1), MAX_REDRAWS)
+            if got < 0:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            self.redraws += got + 1
+            return
+        if kind != "prioritized":
+            raise NotImplementedError(f"sampler {sampler_name(sm)!r} has no one-row redraw")
+        scratch = self.scratch
+        one = slice(i, i + 1)
+        idx, u, w, v = (out.indices[one], arrays["scratch"][one], arrays["weights"][one],
+                        arrays["versions"][one])
+        mark = scratch[7 * self.shards + i:7 * self.shards + i + 1]
+        mark[0] = 1
+        tries = 0
+        while mark[0]:
+            if tries == MAX_REDRAWS:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            tries += 1
+            k.read_heads(self.heads, self.cap, scratch)
+            if k.draw_prioritized(*sm.trees, sm.v8, sm.state, sm.beta, idx, u, w, v):
+                raise sm._no_mass(0)
+            sm.stamp(v)
+            out.source.gather_at(idx, out, i)
+            k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
+        self.redraws += tries

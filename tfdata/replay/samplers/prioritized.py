@@ -320,6 +320,11 @@ class PrioritizedSampler(Sampler):
         def on_write(slot, _k=overwrite, _t=trees):
             _k(*_t, slot)
 
+        # the same over consecutive slots in one call (the shard streams' catch-up of the rows
+        # a writer process published: each as a push gives it)
+        from ...kernels._shared_tree import overwrite_max_rows
+
+        on_write.rows = lambda start, count, _k=overwrite_max_rows, _t=trees: _k(*_t, start, count)
         return on_write
 
     def on_clear(self) -> None:
