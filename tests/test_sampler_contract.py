@@ -365,3 +365,53 @@ def test_a_shared_buffer_refuses_what_a_sampler_object_does_not_combine_with(tmp
         with pytest.raises(NotImplementedError, match="sample_sequences"):
             buf.sample_sequences(2, 2)
     assert not (tmp_path / "ck").exists()
+
+
+def _racing_writer(name, stop, errors):
+    from tfdata.shared import SharedWriter
+
+    from .test_shared import id_rows
+
+    try:
+        with SharedWriter(name, 0) as w:
+            i = 0
+            while not stop.is_set():
+                w.extend(id_rows(np.arange(i, i + 5)))
+                i += 5
+    except BaseException as exc:  # pragma: no cover - reported to the test
+        errors.put(repr(exc))
+
+
+def test_an_outside_sampler_never_returns_a_torn_row(tmp_path, monkeypatch):
+    """A writer process overwrites its ring flat out while RecentSampler (its window the whole
+    ring, so its draws reach the rows being overwritten) samples: every row is whole, the
+    batches holding a torn row were drawn again whole, and the sampler heard every write."""
+    import multiprocessing as mp
+    import time
+
+    from tfdata.shared import SharedReplayBuffer
+
+    from .test_shared import ID_SPEC, consistent
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    ctx = mp.get_context("fork")
+    stop, errors = ctx.Event(), ctx.Queue()
+    with SharedReplayBuffer(ID_SPEC, 8, sampler=RecentSampler(8, seed=4)) as buf:
+        p = ctx.Process(target=_racing_writer, args=(buf.name, stop, errors))
+        p.start()
+        try:
+            deadline = time.monotonic() + 120
+            while len(buf) < 8 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            n = 0
+            while (n < 2000 or buf.redraws == 0) and time.monotonic() < deadline:
+                b = buf.sample(8)
+                assert consistent(b).all()
+                # rows of one snapshot of the ring (a batch torn anywhere was drawn again whole)
+                assert int(b["id"].max()) - int(b["id"].min()) < 8
+                n += 1
+        finally:
+            stop.set()
+            p.join(30)
+        assert errors.empty(), errors.get()
+        assert buf.redraws > 0 and buf.redraws % 8 == 0, "the writer never raced the reader"
