@@ -415,3 +415,33 @@ def test_an_outside_sampler_never_returns_a_torn_row(tmp_path, monkeypatch):
             p.join(30)
         assert errors.empty(), errors.get()
         assert buf.redraws > 0 and buf.redraws % 8 == 0, "the writer never raced the reader"
+
+
+@pytest.mark.parametrize("edit, field", [
+    (_config("window", 0), "config.window: expected an int in [1, 4294967296], got int 0"),
+    (_config("depth", 3), "config.depth: expected no such key"),
+    (_state("newest", 16), "state.recent.newest: expected an int in [-1, 15], got int 16"),
+    (_state("newest", -1), "state.recent.newest: expected -1 exactly when no row is held, got -1"),
+    (_state("seed", 7), "state.recent.seed: expected no such key"),
+    (lambda d: d["state"].pop("recent"), "state: expected"),
+    (_config("sampler", "other"), "config.sampler: the sampler 'other' is neither"),
+])
+def test_a_hostile_shared_checkpoint_of_an_outside_sampler_is_refused(tmp_path, monkeypatch, edit,
+                                                                      field):
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    with SharedReplayBuffer(SPEC, 16, sampler=RecentSampler(5, seed=2)) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        w.extend(rows(np.random.default_rng(4), 23))
+        buf.sample(4)
+        buf.save(tmp_path / "saved")
+    path = tmp_path / "ck"
+    shutil.copytree(tmp_path / "saved", path)
+    doc = json.loads((path / "state.json").read_text())
+    edit(doc)
+    (path / "state.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError) as err:
+        SharedReplayBuffer.load(path, samplers=[RecentSampler])
+    assert field in str(err.value) and str(path) in str(err.value), str(err.value)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tfdata")] == []  # no region

@@ -137,7 +137,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import FormatError, SpecError
+from ..errors import FormatError, SharedBufferError, SpecError
 from ..spec import Field, Spec
 from ..storage import check_layout, file_name, storage_nbytes
 from ..storage.files import fsync_dir
@@ -1152,6 +1152,14 @@ def save_shared(buffer, path, overwrite: bool = False) -> None:
                 for start in range(0, slots, step):
                     storage.append_to(w, start, min(slots, start + step))
             state["dropped"] = buffer.overwritten_since(state["heads"])
+            if any(state["dropped"]) and getattr(buffer, "_given", False):
+                # a load moves a shard's kept rows to its first slots, which a state naming
+                # slots (a sampler of the user's) cannot follow: refused, nothing written
+                raise SharedBufferError(
+                    f"save: writers overwrote {state['dropped']} of the oldest rows of each shard "
+                    f"while they were copied; with a sampler object ({type(buffer.sampler).__name__}"
+                    f", whose state may name slots) the rows must keep their slots: save again, "
+                    f"or while the writers pause")
             if "frame_copies" in state:  # frame stacks: what the kept rows' stacks read
                 buffer.settle_frames(state)
             _widen_priorities(state)

@@ -23,11 +23,11 @@ from ..errors import SharedBufferError, SpecError, WriterLostWarning
 from ..replay import combinations
 from ..replay.core import fields_key
 from ..replay.core import weak_method as _weak_method
-from ..replay.buffer import TFDATA_SAMPLERS, ReplayBuffer
 from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
-from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
-from ..replay.samplers.shared import SharedWithoutReplacementSampler
 from ..replay.samplers import Sampler, sampler_name as _sampler_name
+from ..replay.samplers.prioritized import PrioritizedSampler
+from ..replay.samplers.shared import (SharedExactlyKSampler, SharedPrioritizedSampler,
+                                      SharedUniformSampler, SharedWithoutReplacementSampler)
 from ..replay import shared_frames
 from ..replay.transforms import ShardNStep, episode_options
 from ..spec import Spec
@@ -40,52 +40,21 @@ from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLI
                      STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
 from .state import ShardCheckpoint
-from .streams import ShardStreams
+from .streams import ShardStreams, check_sampler, sampler_classes, unsaved_reason
 
 __all__ = ["SharedReplayBuffer"]
-
-
-#: the constructor's options a sampler's config() may not name (a checkpoint keeps both in one
-#: config)
-_BUFFER_OPTIONS = ("capacity", "num_writers", "mode", "policy", "layout", "seed", "ring_size",
-                   "name", "dir", "prioritized", "alpha", "beta", "beta_final", "beta_steps", "eps",
-                   "n_step", "gamma", "next_of", "roles", "memory_budget", "stats",
-                   "rate_limiter", "sampler", "replays", "timeout", "frame_stack",
-                   "frame_padding", "final_frames")
-
-
-def check_given(sampler, seed, mode, prioritized, n_step, frame_stack, rate_limiter) -> None:
-    """Refuse what a sampler object does not combine with on a shared region (before it exists)."""
-    name = _sampler_name(sampler)
-    if seed is not None:
-        raise ValueError(f"seed={seed} with a sampler object ({name!r}): the sampler holds its "
-                         f"own seed; give seed= to the sampler")
-    refused = [(mode == "fifo", "mode='fifo' (a FIFO delivers every row once, in order, without a sampler)"),
-               (bool(prioritized), "prioritized=True (give PrioritizedSampler's settings as "
-                                   "prioritized=True and alpha=..., not a sampler object)"),
-               (n_step is not None, "n_step (not built for a sampler object: the windows' redraw "
-                                    "needs a one-row redraw of the sampler)"),
-               (frame_stack is not None, "frame_stack (not built for a sampler object, as n_step)"),
-               (rate_limiter is not None, "rate_limiter (not built for a sampler object)")]
-    for bad, why in refused:
-        if bad:
-            raise NotImplementedError(f"SharedReplayBuffer(sampler={name!r} object) with {why}")
-    if not getattr(sampler, "stream_order", True) or getattr(sampler, "wraps_only", False):
-        raise NotImplementedError(
-            f"SharedReplayBuffer(sampler={name!r} object): a sampler that places the writes "
-            f"(stream_order False) or hears only laps (wraps_only) reads a single-process "
-            f"writer; use sampler='exactly_k' or 'without_replacement' by name")
-    if hasattr(sampler, "storage"):
-        raise ValueError(f"sampler {name!r} is bound to another buffer already")
 
 
 class SharedReplayBuffer:
     """A buffer in shared memory that writer processes fill and this process samples or drains.
 
     Built from the replay parts: the region is the storage's backing
-    (:mod:`tfdata.storage.region`), sampling goes through a sampler of
-    :mod:`tfdata.replay.samplers.shared` (uniform or prioritized, the same contract as a
-    :class:`~tfdata.ReplayBuffer`'s) into :class:`~tfdata.batch.OutputRing` batches.
+    (:mod:`tfdata.storage.region`), and its shards are the streams a sampler samples
+    (:class:`tfdata.shared.streams.ShardStreams`: the rows held read from the writers' heads,
+    the writes published since the last sample caught up through the sampler's write hooks,
+    rows torn during the copy drawn again), so the samplers of a
+    :class:`~tfdata.ReplayBuffer` (uniform, prioritized, or one of the user's) fill the same
+    :class:`~tfdata.batch.OutputRing` batches.
 
     Parameters
     ----------
@@ -118,14 +87,11 @@ class SharedReplayBuffer:
         ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
         awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
         Not with ``prioritized``, ``n_step`` or :meth:`sample_sequences`.
-        A :class:`~tfdata.replay.samplers.Sampler` object instead of a name: any sampler of
-        the contract, a user's too (see :mod:`tfdata.shared.streams`: before each draw it
-        hears, through its write hooks, the rows the writers published since the last one;
-        ``n`` is the rows held, numbered shard by shard; a batch holding a row a writer was
-        writing during the copy is drawn again whole). Its seed is its own (no ``seed=``);
-        saved by its ``name`` and ``config()``, loaded with ``load(path,
-        samplers=[TheClass])``. Not with ``prioritized``, ``n_step``, ``frame_stack``, a rate
-        limiter, ``mode="fifo"`` or :meth:`sample_sequences` (not built).
+        Or a :class:`~tfdata.replay.samplers.Sampler` object, a user's too, run as
+        :mod:`tfdata.shared.streams` says (its seed its own: no ``seed=``); saved by its
+        ``name`` and ``config()``, loaded with ``load(path, samplers=[TheClass])``. Not with
+        ``prioritized``, ``n_step``, ``frame_stack``, a rate limiter, ``mode="fifo"`` or
+        :meth:`sample_sequences` (not built).
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
     timeout : float, optional
@@ -234,15 +200,12 @@ class SharedReplayBuffer:
         shards, cap = check_shards(capacity, num_writers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        given = sampler if isinstance(sampler, Sampler) else None
-        if given is not None:  # a sampler object: any sampler of the contract (a user's too)
-            check_given(given, seed, mode, prioritized, n_step, frame_stack, rate_limiter)
-            sampler = None
+        given = sampler if isinstance(sampler, Sampler) else None  # any sampler (a user's too)
+        if given is not None:
+            sampler = check_sampler(given, seed, mode, prioritized, n_step, frame_stack, rate_limiter)
         exactly_k = exactly_k_options(sampler, policy, replays, timeout)
         check_limiter(rate_limiter, mode, shards * cap)
-        sampler_name = "uniform" if sampler is None else sampler
-        if given is not None:
-            sampler_name = _sampler_name(given)
+        sampler_name = _sampler_name(given) if given is not None else "uniform" if sampler is None else sampler
         combinations.check(combinations.facets(
             "SharedReplayBuffer", sampler=sampler_name, stream_order=not exactly_k,
             policy=(policy or "block") if exactly_k else None,
@@ -753,28 +716,13 @@ class SharedReplayBuffer:
         by their ``check_state`` before the region is created."""
         from ..replay.checkpoint import load_shared
 
-        known = ReplayBuffer.sampler_classes(samplers)
-        given = {k: c for k, c in known.items() if k not in TFDATA_SAMPLERS}
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget,
-                           layout=layout, samplers=given)
+                           layout=layout, samplers=sampler_classes(samplers))
 
     def unsaved_reason(self) -> str | None:
-        """Why a checkpoint could not rebuild this buffer's sampler (None: it can): a sampler
-        object without a name, with one of tfdata's names, or with the buffer's options."""
-        if not self._given:
-            return None
-        sampler, mine = self.sampler, type(self.sampler).__name__
-        name = getattr(sampler, "name", None)
-        if not isinstance(name, str) or not name:
-            return (f"{mine} has no name: a sampler that is saved needs a name, config() and "
-                    f"from_config() (see tfdata.replay.samplers)")
-        if name in TFDATA_SAMPLERS:
-            return (f"a SharedReplayBuffer saves tfdata's samplers given by name, not a {mine} "
-                    f"object named {name!r}; give a sampler of yours a name of its own")
-        clash = sorted(set(sampler.config()) & set(_BUFFER_OPTIONS))
-        if clash:
-            return f"{mine}.config() has the buffer's own option(s) {clash}"
-        return None
+        """Why a checkpoint could not rebuild this buffer's sampler (None: it can; see
+        :func:`tfdata.shared.streams.unsaved_reason`)."""
+        return unsaved_reason(self.sampler) if self._given else None
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
                 undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
@@ -785,8 +733,8 @@ class SharedReplayBuffer:
                                  frames)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
-    def _prioritized(self, what: str) -> SharedPrioritizedSampler:
-        if not isinstance(self.sampler, SharedPrioritizedSampler):
+    def _prioritized(self, what: str) -> PrioritizedSampler:
+        if not isinstance(self.sampler, PrioritizedSampler):
             raise SharedBufferError(f"shared buffer {self.name!r}: {what} needs prioritized=True")
         return self.sampler
 

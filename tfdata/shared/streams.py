@@ -36,14 +36,76 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SharedBufferError
+from ..replay.buffer import TFDATA_SAMPLERS, ReplayBuffer
 from ..replay.samplers import sampler_name
 from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.uniform import UniformSampler
 
-__all__ = ["ShardStreams", "MAX_REDRAWS"]
+__all__ = ["ShardStreams", "MAX_REDRAWS", "check_sampler", "sampler_classes", "unsaved_reason"]
 
 # batches (or rows) drawn again in one sample, at most, before concluding the writers never stop
 MAX_REDRAWS = 1 << 20
+
+
+#: the constructor's options a sampler's config() may not name (a checkpoint keeps both in one
+#: config)
+_BUFFER_OPTIONS = ("capacity", "num_writers", "mode", "policy", "layout", "seed", "ring_size",
+                   "name", "dir", "prioritized", "alpha", "beta", "beta_final", "beta_steps", "eps",
+                   "n_step", "gamma", "next_of", "roles", "memory_budget", "stats",
+                   "rate_limiter", "sampler", "replays", "timeout", "frame_stack",
+                   "frame_padding", "final_frames")
+
+
+def check_sampler(sampler, seed, mode, prioritized, n_step, frame_stack, rate_limiter) -> None:
+    """Refuse what a sampler object does not combine with on a shared region (before it exists);
+    returns None (the sampler by name: none)."""
+    name = sampler_name(sampler)
+    if seed is not None:
+        raise ValueError(f"seed={seed} with a sampler object ({name!r}): the sampler holds its "
+                         f"own seed; give seed= to the sampler")
+    refused = [(mode == "fifo", "mode='fifo' (a FIFO delivers every row once, in order, without a sampler)"),
+               (bool(prioritized), "prioritized=True (give PrioritizedSampler's settings as "
+                                   "prioritized=True and alpha=..., not a sampler object)"),
+               (n_step is not None, "n_step (not built for a sampler object: the windows' redraw "
+                                    "needs a one-row redraw of the sampler)"),
+               (frame_stack is not None, "frame_stack (not built for a sampler object, as n_step)"),
+               (rate_limiter is not None, "rate_limiter (not built for a sampler object)")]
+    for bad, why in refused:
+        if bad:
+            raise NotImplementedError(f"SharedReplayBuffer(sampler={name!r} object) with {why}")
+    if not getattr(sampler, "stream_order", True) or getattr(sampler, "wraps_only", False):
+        raise NotImplementedError(
+            f"SharedReplayBuffer(sampler={name!r} object): a sampler that places the writes "
+            f"(stream_order False) or hears only laps (wraps_only) reads a single-process "
+            f"writer; use sampler='exactly_k' or 'without_replacement' by name")
+    if hasattr(sampler, "storage"):
+        raise ValueError(f"sampler {name!r} is bound to another buffer already")
+    return None
+
+
+def sampler_classes(given) -> dict:
+    """``{name: class}`` of the sampler classes of the user's ``given`` to a shared buffer's
+    ``load`` (an allow-list, checked as :meth:`tfdata.ReplayBuffer.sampler_classes` checks it)."""
+    known = ReplayBuffer.sampler_classes(given)
+    return {k: c for k, c in known.items() if k not in TFDATA_SAMPLERS}
+
+
+def unsaved_reason(sampler) -> str | None:
+    """Why a checkpoint could not rebuild a sampler object of a shared buffer (None: it can): it
+    has no ``name``, one of tfdata's (tfdata's samplers are given by name), or options that are
+    the buffer's own."""
+    mine = type(sampler).__name__
+    name = getattr(sampler, "name", None)
+    if not isinstance(name, str) or not name:
+        return (f"{mine} has no name: a sampler that is saved needs a name, config() and "
+                f"from_config() (see tfdata.replay.samplers)")
+    if name in TFDATA_SAMPLERS:
+        return (f"a SharedReplayBuffer saves tfdata's samplers given by name, not a {mine} "
+                f"object named {name!r}; give a sampler of yours a name of its own")
+    clash = sorted(set(sampler.config()) & set(_BUFFER_OPTIONS))
+    if clash:
+        return f"{mine}.config() has the buffer's own option(s) {clash}"
+    return None
 
 
 class ShardStreams:
@@ -216,7 +278,7 @@ class ShardStreams:
             tries += 1
             k.read_heads(self.heads, self.cap, scratch)
             if k.draw_prioritized(*sm.trees, sm.v8, sm.state, sm.beta, idx, u, w, v):
-                raise sm._no_mass(0)
+                raise sm.no_mass(0)
             sm.stamp(v)
             out.source.gather_at(idx, out, i)
             k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)

@@ -112,7 +112,7 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
             arrays["versions"][part])
         self.stamp(arrays["versions"][part])
         if got == -2:
-            raise self._no_mass(0)
+            raise self.no_mass(0)
         if got == -1 and part == slice(None):  # a whole batch: one step of the beta schedule
             self.samples += 1
         return got
