@@ -290,8 +290,18 @@ def _steps(counts):
     return out
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_an_outside_sampler_runs_on_a_shared_buffer(tmp_path, monkeypatch, layout):
+class RecentOnWrite(RecentSampler):
+    """RecentSampler without its one-row hook: it hears every write through on_write."""
+
+    name = "recent_on_write"
+
+    def slot_hook(self):
+        return None
+
+
+@pytest.mark.parametrize("layout, cls", [(layout, RecentSampler) for layout in LAYOUTS]
+                         + [("aos", RecentOnWrite)])
+def test_an_outside_sampler_runs_on_a_shared_buffer(tmp_path, monkeypatch, layout, cls):
     """RecentSampler, unchanged, on a SharedReplayBuffer whose writer is another process: it
     hears the published rows through its write hooks before each sample, and its batches are
     those of a ReplayBuffer given the same rows; saved, loaded (samplers=[RecentSampler]) and
@@ -304,9 +314,9 @@ def test_an_outside_sampler_runs_on_a_shared_buffer(tmp_path, monkeypatch, layou
     ctx = mp.get_context("fork")
     counts = [5, 1, 9, 1, 7, 20, 1, 3]  # pushes and extends, wrapping the ring of 16
     data = rows(np.random.default_rng(3), sum(counts))
-    ref = ReplayBuffer(SPEC, 16, layout=layout, sampler=RecentSampler(5, seed=11))
+    ref = ReplayBuffer(SPEC, 16, layout=layout, sampler=cls(5, seed=11))
     go, done, errors = ctx.Event(), ctx.Event(), ctx.Queue()
-    with SharedReplayBuffer(SPEC, 16, layout=layout, sampler=RecentSampler(5, seed=11)) as buf:
+    with SharedReplayBuffer(SPEC, 16, layout=layout, sampler=cls(5, seed=11)) as buf:
         p = ctx.Process(target=_recent_writer, args=(buf.name, data, _steps(counts), go, done, errors))
         p.start()
         try:
@@ -327,15 +337,15 @@ def test_an_outside_sampler_runs_on_a_shared_buffer(tmp_path, monkeypatch, layou
         assert p.exitcode == 0
         assert buf.redraws == 0 and buf.sampler.newest == ref.sampler.newest
         doc = json.loads((tmp_path / "ck" / "state.json").read_text())
-        assert doc["config"]["sampler"] == "recent" and doc["config"]["window"] == 5
-        assert doc["state"]["recent"] == {"newest": twin["state"]["recent"]["newest"]}
+        assert doc["config"]["sampler"] == cls.name and doc["config"]["window"] == 5
+        assert doc["state"][cls.name] == {"newest": twin["state"][cls.name]["newest"]}
     with pytest.raises(FormatError, match=r"samplers=\[YourSampler\]"):
         SharedReplayBuffer.load(tmp_path / "ck")
-    again = ReplayBuffer(SPEC, 16, layout=layout, sampler=RecentSampler(5, seed=0))
+    again = ReplayBuffer(SPEC, 16, layout=layout, sampler=cls(5, seed=0))
     again.extend({k: v[:_steps(counts)[5][1]] for k, v in data.items()})
     again.load_state_dict(twin["state"])
-    with SharedReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler]) as back:
-        assert type(back.sampler) is RecentSampler and back.sampler.window == 5
+    with SharedReplayBuffer.load(tmp_path / "ck", samplers=[cls]) as back:
+        assert type(back.sampler) is cls and back.sampler.window == 5
         for _ in range(3):
             same_rows(back.sample(4, copy=True), again.sample(4, copy=True))
 

@@ -197,10 +197,11 @@ def test_the_catch_up_gives_each_row_what_a_push_gives_it():
     for s in (a, b):
         s.bind(None, 40, 1, alloc.resolve(None))
     one, rows = a.slot_hook(), b.slot_hook().rows
-    for start, count in ((0, 17), (17, 23), (5, 9), (0, 40), (39, 1)):
-        for slot in range(start, start + count):
-            one(slot)
-        rows(start, count)
+    for spans in ([(0, 17)], [(17, 23)], [(35, 5), (0, 4)], [(5, 9), (20, 3)], [(0, 40)], [(39, 1)]):
+        for start, count in spans:
+            for slot in range(start, start + count):
+                one(slot)
+        rows(np.array(spans, np.int64))
         idx = rng.integers(0, 40, 6)
         p = rng.random(6) * 5
         a.update(idx, p, None, 40)

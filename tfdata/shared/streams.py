@@ -10,8 +10,8 @@ shards, so that the same sampler object runs in both:
   are *caught up*: the sampler hears them through its ordinary hooks, in publication order
   within each shard (shard after shard), in slot coordinates. A sampler with a one-row hook
   (``slot_hook()``) hears each row as the generated push would have called it, one at a time
-  (the hook may carry a ``rows(start, count)`` form doing the same for consecutive slots in
-  one call); one without hears each shard's rows as one ``on_write(spans, n, None)``, as an
+  (the hook may carry a ``rows(spans)`` form doing the same for many rows in one call); one
+  without hears each shard's rows as one ``on_write(spans, n, None)``, as an
   ``extend`` would have called it. Rows a writer lapped before the catch-up are skipped (they
   can no longer be drawn);
 - the draw over the rows held: where a single-process sampler draws in ``[0, n)`` (``n`` rows
@@ -128,6 +128,10 @@ class ShardStreams:
         self.shards = heads.shape[0]
         self._k = kernels
         self.published = np.zeros(self.shards, np.int64)
+        self._spans = np.zeros((2 * self.shards, 2), np.int64)  # the catch-up's spans of slots
+        from ..kernels._shared_tree import published_spans  # numba, once a buffer is built
+
+        self._published_spans = published_spans
         self.scratch = np.zeros(7 * self.shards + 1, np.int64)
         self.redraws = 0
         self._one = np.zeros(7 * self.shards + 1, np.int64)  # a one-row redraw's scratch
@@ -166,39 +170,29 @@ class ShardStreams:
     def catch_up(self, scratch: np.ndarray) -> int:
         """Read the heads into ``scratch``, then let the sampler hear the rows published since
         the last catch-up (see the module docstring); returns the rows held."""
-        held = self._k.read_heads(self.heads, self.cap, scratch)
-        if self._sampler is None or not getattr(self._sampler, "hears_writes", False):
-            self.published[:] = np.maximum(self.published, scratch[self.shards:2 * self.shards])
+        held, m = self._published_spans(self.heads, self.cap, scratch, self.published, self._spans)
+        if m == 0 or self._sampler is None or not getattr(self._sampler, "hears_writes", False):
             return held
-        S, cap = self.shards, self.cap
-        for s in range(S):
-            h = int(scratch[S + s])
-            start = max(int(self.published[s]), h - cap)  # lapped rows are gone: skipped
-            if start < h:
-                self._hear(s * cap, start, h)
-            self.published[s] = max(int(self.published[s]), h)
-        return held
-
-    def _hear(self, base: int, start: int, end: int) -> None:
-        """Rows ``start .. end - 1`` of the shard at slot ``base`` (at most one lap)."""
-        cap = self.cap
-        spans = []
-        r = start
-        while r < end:
-            dst = r % cap
-            count = min(end - r, cap - dst)
-            spans.append((base + dst, r - start, count))
-            r += count
-        if self._hook is None:  # as an extend of these rows would call it
-            self._sampler.on_write(spans, end - start, None)
-        elif self._rows is not None:  # the one-row hook over consecutive slots, in one call
-            for dst, _, count in spans:
-                self._rows(dst, count)
-        else:  # as the generated push would call it, one row at a time
+        spans = self._spans[:m]
+        if self._rows is not None:  # the one-row hook over every span, in one call
+            self._rows(spans)
+        elif self._hook is not None:  # as the generated push would call it, one row at a time
             hook = self._hook
-            for dst, _, count in spans:
+            for dst, count in spans.tolist():
                 for slot in range(dst, dst + count):
                     hook(slot)
+        else:  # each shard's rows as an extend of them would call on_write
+            cap, at = self.cap, 0
+            while at < m:
+                shard, n = spans[at, 0] // cap, 0
+                group = []
+                while at < m and spans[at, 0] // cap == shard:
+                    dst, count = int(spans[at, 0]), int(spans[at, 1])
+                    group.append((dst, n, count))
+                    n += count
+                    at += 1
+                self._sampler.on_write(group, n, None)
+        return held
 
     # -- drawing ------------------------------------------------------------------------------
     def too_few(self, batch: int, n: int | None = None) -> ValueError:

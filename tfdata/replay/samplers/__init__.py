@@ -69,8 +69,9 @@ The contract in full (see :class:`Sampler` for the defaults a new sampler inheri
     ``extend`` passed for this sampler (priorities), or None. A sampler with ``wraps_only =
     True`` hears only laps of the ring (``on_wrap()`` from the generated push and extend), and
     places the writes by the writer's position when it samples. The function ``slot_hook()``
-    returns may carry ``rows(start, count)``, the same for ``count`` consecutive slots in one
-    call (the prioritized sampler's: one kernel call for the rows a writer process published).
+    returns may carry ``rows(spans)``, the same for the slots of ``spans`` (int64 ``(m, 2)``:
+    first slot, count) in order, in one call (the prioritized sampler's: one kernel call for the
+    rows writer processes published).
 ``stream_order``
     Class attribute, True by default: False for a sampler whose gate places the writes
     (``place(n)``, see :mod:`tfdata.replay.writers`) off the ring order.

@@ -320,11 +320,11 @@ class PrioritizedSampler(Sampler):
         def on_write(slot, _k=overwrite, _t=trees):
             _k(*_t, slot)
 
-        # the same over consecutive slots in one call (the shard streams' catch-up of the rows
-        # a writer process published: each as a push gives it)
-        from ...kernels._shared_tree import overwrite_max_rows
+        # the same over spans of slots in one call (the shard streams' catch-up of the rows
+        # writer processes published: each as a push gives it)
+        from ...kernels._shared_tree import overwrite_max_spans
 
-        on_write.rows = lambda start, count, _k=overwrite_max_rows, _t=trees: _k(*_t, start, count)
+        on_write.rows = lambda spans, _k=overwrite_max_spans, _t=trees: _k(*_t, spans)
         return on_write
 
     def on_clear(self) -> None:
