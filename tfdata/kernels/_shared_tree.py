@@ -25,41 +25,6 @@ _TWO32 = np.uint64(1 << 32)
 
 
 @njit(**NJIT_OPTIONS)
-def fold_published(heads, cap, sums, mm, leaves, version, folded, scratch):
-    """Give the rows published since the last fold their leaves; read every head once.
-
-    Parameters
-    ----------
-    heads : ndarray of uint64, shape (shards,)
-        The shards' heads (strided view of the control words).
-    cap : int
-        Slots per shard; row ``r`` of shard ``s`` is in slot ``s * cap + r % cap``.
-    sums, mm, leaves : ndarray of float64, shape (2 * NB,); of float32, shape (2 * NB, 2); of float32, shape (P,)
-        The priority tree (see :mod:`tfdata.kernels._tree`), ``P >= shards * cap``.
-    version : ndarray of uint8, shape (shards * cap,)
-        Writes per slot, modulo 256 (``sums[0]`` counts the rows folded).
-    folded : ndarray of int64, shape (shards,)
-        Rows of each shard folded so far; advanced to the heads read here.
-    scratch : ndarray of int64, shape (>= 7 * shards,)
-        Gets the heads snapshot :func:`tfdata.kernels._shared.windows` later checks against.
-
-    Returns
-    -------
-    int
-        Rows held in all shards (``sum(min(head, cap))``).
-    """
-    total = snapshot_heads(heads, cap, scratch)
-    n = heads.shape[0]
-    for s in range(n):
-        h = scratch[n + s]
-        start = max(folded[s], h - cap)  # a lap or more behind: only the last cap rows remain
-        for r in range(start, h):
-            tree_overwrite_max(sums, mm, leaves, version, s * cap + r % cap)
-        folded[s] = max(folded[s], h)
-    return total
-
-
-@njit(**NJIT_OPTIONS)
 def published_spans(heads, cap, scratch, published, spans):
     """Read every head once (acquire) into ``scratch`` as :func:`read_heads` does, and list the
     rows published since ``published`` as spans of slots, shard after shard, each shard's in
@@ -117,8 +82,8 @@ def overwrite_max_spans(sums, mm, leaves, version, spans):
 
 @njit(**NJIT_OPTIONS)
 def read_heads(heads, cap, scratch):
-    """Read every head once (acquire) into ``scratch`` as :func:`fold_published` does, without
-    folding: the heads a redrawn row is checked against; returns rows held."""
+    """Read every head once (acquire) into ``scratch`` as :func:`published_spans` does, without
+    listing the writes: the heads a redrawn row is checked against; returns rows held."""
     return snapshot_heads(heads, cap, scratch)
 
 
