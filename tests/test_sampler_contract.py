@@ -455,3 +455,26 @@ def test_a_hostile_shared_checkpoint_of_an_outside_sampler_is_refused(tmp_path, 
         SharedReplayBuffer.load(path, samplers=[RecentSampler])
     assert field in str(err.value) and str(path) in str(err.value), str(err.value)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tfdata")] == []  # no region
+
+
+def test_a_shared_buffer_refuses_slots_no_shard_holds(tmp_path, monkeypatch):
+    """A user's sampler drawing in [0, n) as if the rows held were the first n slots: over two
+    shards partly filled they are not, and the batch is refused naming the slot."""
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    class FirstN(RecentSampler):
+        name = "first_n"
+
+        def sample(self, n, out, arrays):
+            out.indices[:] = np.arange(out.indices.shape[0]) % n
+            self.storage.gather(out.indices, out)
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    with SharedReplayBuffer(SPEC, 16, num_writers=2, sampler=FirstN(2, seed=0)) as buf, \
+            SharedWriter(buf.name, 0) as w0, SharedWriter(buf.name, 1) as w1:
+        w0.extend(rows(np.random.default_rng(0), 3))
+        w1.extend(rows(np.random.default_rng(1), 3))
+        assert buf.sample(3).indices.tolist() == [0, 1, 2]  # shard 0's rows
+        with pytest.raises(ValueError, match="drew slot 3, which holds no row"):
+            buf.sample(6)
+        assert buf.sampler.newest == 10  # heard shard 1's rows (slots 8, 9, 10)

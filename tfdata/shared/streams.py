@@ -229,6 +229,8 @@ class ShardStreams:
             if held < batch and not getattr(sm, "waits_for_rows", False):
                 raise self.too_few(batch, held)
             sm.sample(sm.capacity if kind == "prioritized" else held, out, arrays)
+            if kind == "any":
+                self._check_held(idx, scratch)
             if not k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark):
                 return
             if kind == "prioritized":  # rare: only rows a writer overwrote while copied
@@ -241,6 +243,20 @@ class ShardStreams:
             if tries == MAX_REDRAWS:
                 raise SharedBufferError(f"{MAX_REDRAWS} batches drawn by sampler "
                                         f"{sampler_name(sm)!r} all held rows being written")
+
+    def _check_held(self, idx: np.ndarray, scratch: np.ndarray) -> None:
+        """Refuse a batch of a sampler of the user's that holds a slot no shard held when the
+        heads were read (its rows would not be rows of the buffer)."""
+        shard, at = np.divmod(idx, self.cap)
+        bad = (idx < 0) | (shard >= self.shards)
+        bad[~bad] |= at[~bad] >= scratch[shard[~bad]]
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"sampler {sampler_name(self._sampler)!r} drew slot {int(idx[i])}, "
+                             f"which holds no row (a shard of {self.cap} slots holds its rows "
+                             f"from its first slot on: shard s, row r at slot s * {self.cap} + "
+                             f"r % {self.cap}; rows held per shard "
+                             f"{scratch[:self.shards].tolist()[:16]})")
 
     def redraw(self, i: int, out, arrays: dict) -> None:
         """Draw row ``i`` of ``out`` again until it copies cleanly, against heads read afresh
