@@ -478,3 +478,25 @@ def test_a_shared_buffer_refuses_slots_no_shard_holds(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="drew slot 3, which holds no row"):
             buf.sample(6)
         assert buf.sampler.newest == 10  # heard shard 1's rows (slots 8, 9, 10)
+
+
+def test_an_outside_sampler_under_a_rate_limiter_on_a_shared_buffer(tmp_path, monkeypatch):
+    """The limiter is a gate around the sample, whatever the sampler: a sample waits for rows
+    inserted, and the counts survive a checkpoint with the sampler's state."""
+    from tfdata import RateLimiter
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    lim = RateLimiter(1.0, 4, 8, timeout=0.2)
+    with SharedReplayBuffer(SPEC, 16, sampler=RecentSampler(3, seed=1), rate_limiter=lim) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        with pytest.raises(TimeoutError):
+            buf.sample(2)  # fewer than min_size_to_sample rows inserted
+        w.extend(rows(np.random.default_rng(0), 6))
+        b = buf.sample(2)
+        assert set(b.indices.tolist()) <= {3, 4, 5}
+        buf.save(tmp_path / "ck")
+        newest, samples = buf.sampler.newest, buf.rate_limiter.samples
+    with SharedReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler]) as back:
+        assert back.sampler.newest == newest and back.rate_limiter.samples == samples
+        assert set(back.sample(2).indices.tolist()) <= {3, 4, 5}

@@ -1426,9 +1426,9 @@ def load_shared(path, cls, **overrides):
         undrawn = (slots, part["passes"])
     user = None
     if ucls is not None:  # built by its class, its state checked by itself, before the region
-        if framed or config["n_step"] is not None or limited:
-            c.fail("config.sampler", "a sampler of tfdata's (n_step, frame_stack and rate_limiter "
-                   "are not built for a sampler object)", uname)
+        if framed or config["n_step"] is not None:
+            c.fail("config.sampler", "a sampler of tfdata's (n_step and frame_stack are not built "
+                   "for a sampler object)", uname)
         try:
             user = ucls.from_config(ucfg, sampler["seed"])
         except (TypeError, ValueError, KeyError, OverflowError) as exc:

@@ -90,7 +90,7 @@ class SharedReplayBuffer:
         Or a :class:`~tfdata.replay.samplers.Sampler` object, a user's too, run as
         :mod:`tfdata.shared.streams` says (its seed its own: no ``seed=``); saved by its
         ``name`` and ``config()``, loaded with ``load(path, samplers=[TheClass])``. Not with
-        ``prioritized``, ``n_step``, ``frame_stack``, a rate limiter, ``mode="fifo"`` or
+        ``prioritized``, ``n_step``, ``frame_stack``, ``mode="fifo"`` or
         :meth:`sample_sequences` (not built).
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.

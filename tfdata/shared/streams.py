@@ -68,8 +68,7 @@ def check_sampler(sampler, seed, mode, prioritized, n_step, frame_stack, rate_li
                                    "prioritized=True and alpha=..., not a sampler object)"),
                (n_step is not None, "n_step (not built for a sampler object: the windows' redraw "
                                     "needs a one-row redraw of the sampler)"),
-               (frame_stack is not None, "frame_stack (not built for a sampler object, as n_step)"),
-               (rate_limiter is not None, "rate_limiter (not built for a sampler object)")]
+               (frame_stack is not None, "frame_stack (not built for a sampler object, as n_step)")]
     for bad, why in refused:
         if bad:
             raise NotImplementedError(f"SharedReplayBuffer(sampler={name!r} object) with {why}")
