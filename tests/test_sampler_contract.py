@@ -500,3 +500,25 @@ def test_an_outside_sampler_under_a_rate_limiter_on_a_shared_buffer(tmp_path, mo
     with SharedReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler]) as back:
         assert back.sampler.newest == newest and back.rate_limiter.samples == samples
         assert set(back.sample(2).indices.tolist()) <= {3, 4, 5}
+
+
+def test_tfdatas_samplers_as_objects_on_a_shared_buffer(tmp_path, monkeypatch):
+    """A UniformSampler or PrioritizedSampler object draws as the sampler of that name does
+    (the same kernels, the same catch-up)."""
+    from tfdata.replay.samplers.prioritized import PrioritizedSampler
+    from tfdata.replay.samplers.uniform import UniformSampler
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    data = rows(np.random.default_rng(0), 40)
+    for obj, named in ((UniformSampler(7), {}),
+                       (PrioritizedSampler(0.6, 0.4, 1.0, None, 1e-6, seed=7),
+                        {"prioritized": True, "alpha": 0.6, "beta": 0.4})):
+        with SharedReplayBuffer(SPEC, 16, num_writers=2, sampler=obj) as a, \
+                SharedReplayBuffer(SPEC, 16, num_writers=2, seed=7, **named) as b:
+            for buf in (a, b):
+                for s, n in ((0, 5), (1, 11)):
+                    with SharedWriter(buf.name, s) as w:
+                        w.extend({k: v[:n] for k, v in data.items()})
+            for _ in range(3):
+                same_rows(a.sample(6), b.sample(6))

@@ -665,7 +665,8 @@ class SharedReplayBuffer:
         if fields is not None and self._frames is not None:
             parts = [p.project(fields) if p is self._frames else p for p in parts]
         names = self.spec.names if fields is None else fields
-        self._streams.reserve(batch_size)
+        with self._lock:  # a sample in another thread reads the scratch it replaces
+            self._streams.reserve(batch_size)
         ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
         if key is not None:
             rings[key] = ring
