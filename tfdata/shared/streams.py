@@ -161,11 +161,6 @@ class ShardStreams:
             self.scratch = np.zeros(need, np.int64)
 
     # -- the rows held and the writes -------------------------------------------------------
-    def held(self, scratch: np.ndarray) -> int:
-        """Read every head once into ``scratch`` (the snapshot the torn-row check judges
-        against); returns the rows held."""
-        return self._k.read_heads(self.heads, self.cap, scratch)
-
     def catch_up(self, scratch: np.ndarray) -> int:
         """Read the heads into ``scratch``, then let the sampler hear the rows published since
         the last catch-up (see the module docstring); returns the rows held."""
