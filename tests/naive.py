@@ -640,7 +640,7 @@ def prioritized_slice_starts(key: int, counter: int, leaves: np.ndarray, batch: 
 
 
 def fold_published_naive(leaves: np.ndarray, version: np.ndarray, heads, folded, cap: int):
-    """What folding the rows published since ``folded`` does to the leaves and versions of a
+    """What catching up (folding) the rows published since ``folded`` does to the leaves and versions of a
     shared buffer's tree: each row of each shard in order, unless lapped (only the last ``cap``
     rows before the head), evicts its slot and takes the largest live leaf (1.0 if none).
     Returns new leaves, versions, folded positions and rows held."""

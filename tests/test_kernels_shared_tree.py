@@ -22,7 +22,12 @@ def f32(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_fold_published_matches_the_reference(seed):
+def test_the_prioritized_catch_up_matches_the_reference(seed):
+    """The rows published since the last sample listed (published_spans), then each given what
+    a push gives it (overwrite_max_spans, the prioritized sampler's one-row hook over them): the
+    fold of the reference."""
+    from tfdata.kernels._shared_tree import overwrite_max_spans, published_spans
+
     rng = np.random.default_rng(seed)
     shards, cap = int(rng.integers(1, 4)), int(rng.integers(1, 9))
     slots = shards * cap
@@ -34,7 +39,9 @@ def test_fold_published_matches_the_reference(seed):
     s, mm, lv = tree_of(leaves)
     v, f = version.copy(), folded.astype(np.int64).copy()
     scratch = np.zeros(7 * shards + 4, np.int64)
-    held = kernels.fold_published(heads.astype(np.uint64), cap, s, mm, lv, v, f, scratch)
+    spans = np.zeros((2 * shards, 2), np.int64)
+    held, m = published_spans(heads.astype(np.uint64), cap, scratch, f, spans)
+    overwrite_max_spans(s, mm, lv, v, spans[:m])
     np.testing.assert_array_equal(lv[:slots], want[0])
     for got, ref in zip((s, mm, lv), tree_of(want[0])):  # the whole tree, as a fresh build
         np.testing.assert_array_equal(got[1:], ref[1:])

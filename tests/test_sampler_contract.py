@@ -260,3 +260,265 @@ def test_the_arrays_of_an_outside_samplers_state_are_bounded(tmp_path):
         (path / "state.json").write_text(json.dumps(doc))
         with pytest.raises(FormatError, match=field):
             ReplayBuffer.load(path, samplers=[RecentSampler])
+
+
+# -- shared memory: the same sampler object over the shards of a region ----------------------------
+def _recent_writer(name, data, steps, go, done, errors):
+    """A writer process: at each step, the rows of that step (then waits for the learner)."""
+    from tfdata.shared import SharedWriter
+
+    try:
+        with SharedWriter(name, 0) as w:
+            for lo, hi in steps:
+                go.wait(60)
+                go.clear()
+                if hi - lo == 1:
+                    w.push({k: (v[lo] if v[lo].ndim else v[lo].item()) for k, v in data.items()})
+                else:
+                    w.extend({k: v[lo:hi] for k, v in data.items()})
+                done.set()
+    except BaseException as exc:  # pragma: no cover - reported to the test
+        errors.put(repr(exc))
+        done.set()
+
+
+def _steps(counts):
+    out, at = [], 0
+    for c in counts:
+        out.append((at, at + c))
+        at += c
+    return out
+
+
+class RecentOnWrite(RecentSampler):
+    """RecentSampler without its one-row hook: it hears every write through on_write."""
+
+    name = "recent_on_write"
+
+    def slot_hook(self):
+        return None
+
+
+@pytest.mark.parametrize("layout, cls", [(layout, RecentSampler) for layout in LAYOUTS]
+                         + [("aos", RecentOnWrite)])
+def test_an_outside_sampler_runs_on_a_shared_buffer(tmp_path, monkeypatch, layout, cls):
+    """RecentSampler, unchanged, on a SharedReplayBuffer whose writer is another process: it
+    hears the published rows through its write hooks before each sample, and its batches are
+    those of a ReplayBuffer given the same rows; saved, loaded (samplers=[RecentSampler]) and
+    continued as the buffer never saved."""
+    import multiprocessing as mp
+
+    from tfdata.shared import SharedReplayBuffer
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    ctx = mp.get_context("fork")
+    counts = [5, 1, 9, 1, 7, 20, 1, 3]  # pushes and extends, wrapping the ring of 16
+    data = rows(np.random.default_rng(3), sum(counts))
+    ref = ReplayBuffer(SPEC, 16, layout=layout, sampler=cls(5, seed=11))
+    go, done, errors = ctx.Event(), ctx.Event(), ctx.Queue()
+    with SharedReplayBuffer(SPEC, 16, layout=layout, sampler=cls(5, seed=11)) as buf:
+        p = ctx.Process(target=_recent_writer, args=(buf.name, data, _steps(counts), go, done, errors))
+        p.start()
+        try:
+            for step, (lo, hi) in enumerate(_steps(counts)):
+                done.clear()
+                go.set()
+                assert done.wait(60)
+                assert errors.empty(), errors.get()
+                ref.extend({k: v[lo:hi] for k, v in data.items()})
+                for b in (1, 4):
+                    got, want = buf.sample(b, copy=True), ref.sample(b, copy=True)
+                    same_rows(got, want)
+                if step == 5:  # save mid-run; the loaded buffer continues as the one saved
+                    buf.save(tmp_path / "ck")
+                    twin = {"state": ref.state_dict()}
+        finally:
+            p.join(60)
+        assert p.exitcode == 0
+        assert buf.redraws == 0 and buf.sampler.newest == ref.sampler.newest
+        doc = json.loads((tmp_path / "ck" / "state.json").read_text())
+        assert doc["config"]["sampler"] == cls.name and doc["config"]["window"] == 5
+        assert doc["state"][cls.name] == {"newest": twin["state"][cls.name]["newest"]}
+    with pytest.raises(FormatError, match=r"samplers=\[YourSampler\]"):
+        SharedReplayBuffer.load(tmp_path / "ck")
+    again = ReplayBuffer(SPEC, 16, layout=layout, sampler=cls(5, seed=0))
+    again.extend({k: v[:_steps(counts)[5][1]] for k, v in data.items()})
+    again.load_state_dict(twin["state"])
+    with SharedReplayBuffer.load(tmp_path / "ck", samplers=[cls]) as back:
+        assert type(back.sampler) is cls and back.sampler.window == 5
+        for _ in range(3):
+            same_rows(back.sample(4, copy=True), again.sample(4, copy=True))
+
+
+def same_rows(a, b) -> None:
+    np.testing.assert_array_equal(a.indices, b.indices)
+    for k in SPEC.names:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_shared_buffer_refuses_what_a_sampler_object_does_not_combine_with(tmp_path, monkeypatch):
+    from tfdata.shared import SharedReplayBuffer
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match="own seed"):
+        SharedReplayBuffer(SPEC, 8, seed=1, sampler=RecentSampler(2, seed=0))
+    with pytest.raises(NotImplementedError, match="n_step"):
+        SharedReplayBuffer(SPEC, 8, n_step=3, sampler=RecentSampler(2, seed=0))
+    assert list(tmp_path.iterdir()) == []
+
+    class Nameless(RecentSampler):
+        name = None
+
+    with SharedReplayBuffer(SPEC, 8, sampler=Nameless(2, seed=0)) as buf:
+        with pytest.raises(TypeError, match="Nameless has no name"):
+            buf.save(tmp_path / "ck")
+        with pytest.raises(NotImplementedError, match="sample_sequences"):
+            buf.sample_sequences(2, 2)
+    assert not (tmp_path / "ck").exists()
+
+
+def _racing_writer(name, stop, errors):
+    from tfdata.shared import SharedWriter
+
+    from .test_shared import id_rows
+
+    try:
+        with SharedWriter(name, 0) as w:
+            i = 0
+            while not stop.is_set():
+                w.extend(id_rows(np.arange(i, i + 5)))
+                i += 5
+    except BaseException as exc:  # pragma: no cover - reported to the test
+        errors.put(repr(exc))
+
+
+def test_an_outside_sampler_never_returns_a_torn_row(tmp_path, monkeypatch):
+    """A writer process overwrites its ring flat out while RecentSampler (its window the whole
+    ring, so its draws reach the rows being overwritten) samples: every row is whole, the
+    batches holding a torn row were drawn again whole, and the sampler heard every write."""
+    import multiprocessing as mp
+    import time
+
+    from tfdata.shared import SharedReplayBuffer
+
+    from .test_shared import ID_SPEC, consistent
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    ctx = mp.get_context("fork")
+    stop, errors = ctx.Event(), ctx.Queue()
+    with SharedReplayBuffer(ID_SPEC, 8, sampler=RecentSampler(8, seed=4)) as buf:
+        p = ctx.Process(target=_racing_writer, args=(buf.name, stop, errors))
+        p.start()
+        try:
+            deadline = time.monotonic() + 120
+            while len(buf) < 8 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            n = 0
+            while (n < 2000 or buf.redraws == 0) and time.monotonic() < deadline:
+                b = buf.sample(8)
+                assert consistent(b).all()
+                # rows of one snapshot of the ring (a batch torn anywhere was drawn again whole)
+                assert int(b["id"].max()) - int(b["id"].min()) < 8
+                n += 1
+        finally:
+            stop.set()
+            p.join(30)
+        assert errors.empty(), errors.get()
+        assert buf.redraws > 0 and buf.redraws % 8 == 0, "the writer never raced the reader"
+
+
+@pytest.mark.parametrize("edit, field", [
+    (_config("window", 0), "config.window: expected an int in [1, 4294967296], got int 0"),
+    (_config("depth", 3), "config.depth: expected no such key"),
+    (_state("newest", 16), "state.recent.newest: expected an int in [-1, 15], got int 16"),
+    (_state("newest", -1), "state.recent.newest: expected -1 exactly when no row is held, got -1"),
+    (_state("seed", 7), "state.recent.seed: expected no such key"),
+    (lambda d: d["state"].pop("recent"), "state: expected"),
+    (_config("sampler", "other"), "config.sampler: the sampler 'other' is neither"),
+])
+def test_a_hostile_shared_checkpoint_of_an_outside_sampler_is_refused(tmp_path, monkeypatch, edit,
+                                                                      field):
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    with SharedReplayBuffer(SPEC, 16, sampler=RecentSampler(5, seed=2)) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        w.extend(rows(np.random.default_rng(4), 23))
+        buf.sample(4)
+        buf.save(tmp_path / "saved")
+    path = tmp_path / "ck"
+    shutil.copytree(tmp_path / "saved", path)
+    doc = json.loads((path / "state.json").read_text())
+    edit(doc)
+    (path / "state.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError) as err:
+        SharedReplayBuffer.load(path, samplers=[RecentSampler])
+    assert field in str(err.value) and str(path) in str(err.value), str(err.value)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tfdata")] == []  # no region
+
+
+def test_a_shared_buffer_refuses_slots_no_shard_holds(tmp_path, monkeypatch):
+    """A user's sampler drawing in [0, n) as if the rows held were the first n slots: over two
+    shards partly filled they are not, and the batch is refused naming the slot."""
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    class FirstN(RecentSampler):
+        name = "first_n"
+
+        def sample(self, n, out, arrays):
+            out.indices[:] = np.arange(out.indices.shape[0]) % n
+            self.storage.gather(out.indices, out)
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    with SharedReplayBuffer(SPEC, 16, num_writers=2, sampler=FirstN(2, seed=0)) as buf, \
+            SharedWriter(buf.name, 0) as w0, SharedWriter(buf.name, 1) as w1:
+        w0.extend(rows(np.random.default_rng(0), 3))
+        w1.extend(rows(np.random.default_rng(1), 3))
+        assert buf.sample(3).indices.tolist() == [0, 1, 2]  # shard 0's rows
+        with pytest.raises(ValueError, match="drew slot 3, which holds no row"):
+            buf.sample(6)
+        assert buf.sampler.newest == 10  # heard shard 1's rows (slots 8, 9, 10)
+
+
+def test_an_outside_sampler_under_a_rate_limiter_on_a_shared_buffer(tmp_path, monkeypatch):
+    """The limiter is a gate around the sample, whatever the sampler: a sample waits for rows
+    inserted, and the counts survive a checkpoint with the sampler's state."""
+    from tfdata import RateLimiter
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    lim = RateLimiter(1.0, 4, 8, timeout=0.2)
+    with SharedReplayBuffer(SPEC, 16, sampler=RecentSampler(3, seed=1), rate_limiter=lim) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        with pytest.raises(TimeoutError):
+            buf.sample(2)  # fewer than min_size_to_sample rows inserted
+        w.extend(rows(np.random.default_rng(0), 6))
+        b = buf.sample(2)
+        assert set(b.indices.tolist()) <= {3, 4, 5}
+        buf.save(tmp_path / "ck")
+        newest, samples = buf.sampler.newest, buf.rate_limiter.samples
+    with SharedReplayBuffer.load(tmp_path / "ck", samplers=[RecentSampler]) as back:
+        assert back.sampler.newest == newest and back.rate_limiter.samples == samples
+        assert set(back.sample(2).indices.tolist()) <= {3, 4, 5}
+
+
+def test_tfdatas_samplers_as_objects_on_a_shared_buffer(tmp_path, monkeypatch):
+    """A UniformSampler or PrioritizedSampler object draws as the sampler of that name does
+    (the same kernels, the same catch-up)."""
+    from tfdata.replay.samplers.prioritized import PrioritizedSampler
+    from tfdata.replay.samplers.uniform import UniformSampler
+    from tfdata.shared import SharedReplayBuffer, SharedWriter
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    data = rows(np.random.default_rng(0), 40)
+    for obj, named in ((UniformSampler(7), {}),
+                       (PrioritizedSampler(0.6, 0.4, 1.0, None, 1e-6, seed=7),
+                        {"prioritized": True, "alpha": 0.6, "beta": 0.4})):
+        with SharedReplayBuffer(SPEC, 16, num_writers=2, sampler=obj) as a, \
+                SharedReplayBuffer(SPEC, 16, num_writers=2, seed=7, **named) as b:
+            for buf in (a, b):
+                for s, n in ((0, 5), (1, 11)):
+                    with SharedWriter(buf.name, s) as w:
+                        w.extend({k: v[:n] for k, v in data.items()})
+            for _ in range(3):
+                same_rows(a.sample(6), b.sample(6))

@@ -184,3 +184,29 @@ def test_priorities_steer_draws_across_writer_processes(shm_dir):
         assert abs((drawn >= 64).mean() - mass1) < 0.03
         ids = buf.sample(128)["id"]
         assert set(ids // 1_000_000) <= {0, 1} and (ids % 1_000_000 >= 36).all()  # the newest 64 of 100
+
+
+def test_the_catch_up_gives_each_row_what_a_push_gives_it():
+    """The one-row write hook's ``rows`` form (what the shard streams call for the rows a writer
+    published) over consecutive slots equals that many pushes of one row, tree for tree."""
+    from tfdata import alloc
+    from tfdata.replay.samplers.prioritized import PrioritizedSampler
+
+    rng = np.random.default_rng(0)
+    a, b = (PrioritizedSampler(0.7, 0.4, 1.0, None, 1e-6, seed=0) for _ in range(2))
+    for s in (a, b):
+        s.bind(None, 40, 1, alloc.resolve(None))
+    one, rows = a.slot_hook(), b.slot_hook().rows
+    for spans in ([(0, 17)], [(17, 23)], [(35, 5), (0, 4)], [(5, 9), (20, 3)], [(0, 40)], [(39, 1)]):
+        for start, count in spans:
+            for slot in range(start, start + count):
+                one(slot)
+        rows(np.array(spans, np.int64))
+        idx = rng.integers(0, 40, 6)
+        p = rng.random(6) * 5
+        a.update(idx, p, None, 40)
+        b.update(idx, p, None, 40)
+        np.testing.assert_array_equal(a.leaves, b.leaves)
+        np.testing.assert_array_equal(a.sums, b.sums)
+        np.testing.assert_array_equal(a.mm, b.mm)
+        np.testing.assert_array_equal(a.v8, b.v8)

@@ -32,7 +32,7 @@ from ._loader import touch_pages, window_order  # noqa: E402
 
 from ._shared import fifo_commit, fifo_plan, shard_begin, shard_publish  # noqa: E402
 from ._replays import replays_claim, replays_log, replays_recover  # noqa: E402
-from ._shared_tree import (draw_prioritized, fold_published, read_heads, shard_nstep,  # noqa: E402
+from ._shared_tree import (draw_prioritized, read_heads, shard_nstep,  # noqa: E402
                            shard_slices, shard_slices_prioritized, torn_after_copy)  # noqa: E402
 
 BY_LAYOUT = {"aos": aos, "soa": soa}
@@ -45,4 +45,4 @@ __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tr
            "cold_frame_stacks", "cold_next_frame_stacks",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",
-           "draw_prioritized", "fold_published", "read_heads", "shard_nstep", "shard_slices", "shard_slices_prioritized", "torn_after_copy"]
+           "draw_prioritized", "read_heads", "shard_nstep", "shard_slices", "shard_slices_prioritized", "torn_after_copy"]

@@ -25,8 +25,11 @@ _TWO32 = np.uint64(1 << 32)
 
 
 @njit(**NJIT_OPTIONS)
-def fold_published(heads, cap, sums, mm, leaves, version, folded, scratch):
-    """Give the rows published since the last fold their leaves; read every head once.
+def published_spans(heads, cap, scratch, published, spans):
+    """Read every head once (acquire) into ``scratch`` as :func:`read_heads` does, and list the
+    rows published since ``published`` as spans of slots, shard after shard, each shard's in
+    publication order (rows a writer lapped since are skipped: only a shard's last ``cap`` rows
+    remain); advance ``published`` to the heads read.
 
     Parameters
     ----------
@@ -34,35 +37,53 @@ def fold_published(heads, cap, sums, mm, leaves, version, folded, scratch):
         The shards' heads (strided view of the control words).
     cap : int
         Slots per shard; row ``r`` of shard ``s`` is in slot ``s * cap + r % cap``.
-    sums, mm, leaves : ndarray of float64, shape (2 * NB,); of float32, shape (2 * NB, 2); of float32, shape (P,)
-        The priority tree (see :mod:`tfdata.kernels._tree`), ``P >= shards * cap``.
-    version : ndarray of uint8, shape (shards * cap,)
-        Writes per slot, modulo 256 (``sums[0]`` counts the rows folded).
-    folded : ndarray of int64, shape (shards,)
-        Rows of each shard folded so far; advanced to the heads read here.
     scratch : ndarray of int64, shape (>= 7 * shards,)
-        Gets the heads snapshot :func:`tfdata.kernels._shared.windows` later checks against.
+        Gets the heads snapshot (see :func:`tfdata.kernels._shared.snapshot_heads`).
+    published : ndarray of int64, shape (shards,)
+        Rows of each shard listed so far; advanced here.
+    spans : ndarray of int64, shape (>= 2 * shards, 2)
+        Output: ``[first slot, count]`` of each span (at most two per shard).
 
     Returns
     -------
-    int
-        Rows held in all shards (``sum(min(head, cap))``).
+    tuple of int
+        Rows held in all shards, and the number of spans written.
     """
     total = snapshot_heads(heads, cap, scratch)
     n = heads.shape[0]
+    m = 0
     for s in range(n):
         h = scratch[n + s]
-        start = max(folded[s], h - cap)  # a lap or more behind: only the last cap rows remain
-        for r in range(start, h):
-            tree_overwrite_max(sums, mm, leaves, version, s * cap + r % cap)
-        folded[s] = max(folded[s], h)
-    return total
+        r = max(published[s], h - cap)
+        while r < h:
+            dst = r % cap
+            count = min(h - r, cap - dst)
+            spans[m, 0] = s * cap + dst
+            spans[m, 1] = count
+            m += 1
+            r += count
+        if h > published[s]:
+            published[s] = h
+    return total, m
+
+
+@njit(**NJIT_OPTIONS)
+def overwrite_max_spans(sums, mm, leaves, version, spans):
+    """New rows in the slots of ``spans`` (int64 ``(m, 2)``: first slot, count), one at a time,
+    in order, as that many pushes give them (:func:`tfdata.kernels._tree.tree_overwrite_max`
+    for each): the one-row write hook of a prioritized sampler over many rows in one call (what
+    the shard streams call for the rows writer processes published since the last sample).
+    ``sums, mm, leaves`` the priority tree, ``version`` uint8 ``(capacity,)`` the writes per
+    slot; a slot outside them changes nothing."""
+    for j in range(spans.shape[0]):
+        for slot in range(spans[j, 0], spans[j, 0] + spans[j, 1]):
+            tree_overwrite_max(sums, mm, leaves, version, slot)
 
 
 @njit(**NJIT_OPTIONS)
 def read_heads(heads, cap, scratch):
-    """Read every head once (acquire) into ``scratch`` as :func:`fold_published` does, without
-    folding: the heads a redrawn row is checked against; returns rows held."""
+    """Read every head once (acquire) into ``scratch`` as :func:`published_spans` does, without
+    listing the writes: the heads a redrawn row is checked against; returns rows held."""
     return snapshot_heads(heads, cap, scratch)
 
 

@@ -137,7 +137,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import FormatError, SpecError
+from ..errors import FormatError, SharedBufferError, SpecError
 from ..spec import Field, Spec
 from ..storage import check_layout, file_name, storage_nbytes
 from ..storage.files import fsync_dir
@@ -779,7 +779,7 @@ def _sampler_class(c: _Checker, cls, config, known: dict) -> tuple:
     others = sorted(k for k in known if k != default)
     if not others:
         c.fail("config.sampler", f"absent (a {cls.__name__} samples with {default!r})", named)
-    if type(named) is not str or named in known:
+    if type(named) is not str:
         c.fail("config.sampler", f"one of {others} (absent: {default})", named)
     given = sorted(set(known) - set(cls.SAMPLERS))
     raise FormatError(
@@ -1108,15 +1108,38 @@ MAX_WRITERS = 4096
 _MAX_HEAD = (1 << 62) - 1
 
 
+def _shared_sampler(c: _Checker, v, samplers) -> tuple:
+    """``(name, class)`` of a sampler of the user's that a shared checkpoint's config names
+    (``config.sampler`` neither absent nor one of tfdata's), among ``samplers`` (the classes
+    given to load, ``{name: class}``: an allow-list); ``(None, None)`` otherwise."""
+    if not isinstance(v, dict) or "sampler" not in v:
+        return None, None
+    named = v["sampler"]
+    if named in ("without_replacement", "exactly_k"):
+        return None, None
+    if type(named) is str and named in samplers:
+        return named, samplers[named]
+    given = sorted(samplers)
+    if type(named) is not str:
+        c.fail("config.sampler", "'without_replacement', 'exactly_k' or the name of a sampler "
+               "given to load (absent: uniform)", named)
+    raise FormatError(
+        f"{c.spath}: config.sampler: the sampler {_show(named)} is neither one of tfdata's "
+        f"(without_replacement, exactly_k) nor one given to load"
+        f"{f' ({given})' if given else ''}; if it is a sampler class of yours, pass it: "
+        f"SharedReplayBuffer.load(path, samplers=[YourSampler]) (a checkpoint never makes "
+        f"tfdata import or call anything it is not given)")
+
+
 def save_shared(buffer, path, overwrite: bool = False) -> None:
     """Write a :class:`tfdata.SharedReplayBuffer` (replay mode) to the checkpoint directory
     ``path``: the rows each shard held when the save began, less the oldest rows a writer was
     overwriting while they were copied. Same file rules as :func:`save`."""
     from ..storage.files import Writer, chunk_rows
 
-    if "sampler" in buffer.config and buffer.config["sampler"] is None:  # before any file
-        raise TypeError(f"save: {type(buffer.sampler).__name__} is not one of tfdata's samplers; "
-                        f"a checkpoint could not rebuild it (nothing was written)")
+    reason = buffer.unsaved_reason()
+    if reason is not None:  # before any file
+        raise TypeError(f"save: {reason}; a checkpoint could not rebuild it (nothing was written)")
     path, tmp, stem, parent = _begin(path, overwrite)
     storage = buffer.storage
     rows_name = file_name(storage.layout, "rows")
@@ -1129,6 +1152,14 @@ def save_shared(buffer, path, overwrite: bool = False) -> None:
                 for start in range(0, slots, step):
                     storage.append_to(w, start, min(slots, start + step))
             state["dropped"] = buffer.overwritten_since(state["heads"])
+            if any(state["dropped"]) and getattr(buffer, "_given", False):
+                # a load moves a shard's kept rows to its first slots, which a state naming
+                # slots (a sampler of the user's) cannot follow: refused, nothing written
+                raise SharedBufferError(
+                    f"save: writers overwrote {state['dropped']} of the oldest rows of each shard "
+                    f"while they were copied; with a sampler object ({type(buffer.sampler).__name__}"
+                    f", whose state may name slots) the rows must keep their slots: save again, "
+                    f"or while the writers pause")
             if "frame_copies" in state:  # frame stacks: what the kept rows' stacks read
                 buffer.settle_frames(state)
             _widen_priorities(state)
@@ -1221,11 +1252,14 @@ def load_shared(path, cls, **overrides):
     validates (every problem a FormatError naming the file and the field) before the region is
     created. ``overrides``: ``name``, ``dir``, ``memory_budget``, and ``layout`` (another layout
     for the new region: the rows are copied field by field)."""
-    bad = set(overrides) - {"name", "dir", "memory_budget", "layout"}
+    bad = set(overrides) - {"name", "dir", "memory_budget", "layout", "samplers"}
     if bad:
-        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, memory_budget, layout")
+        raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, "
+                        f"memory_budget, layout, samplers")
     overrides = dict(overrides)
     new_layout = overrides.pop("layout", None)
+    # the caller's allow-list of samplers of theirs, {name: class} (checked by the caller)
+    samplers = overrides.pop("samplers", None) or {}
     from .._budget import parse_bytes
     from ..storage import resolve_layout
     from ..kernels._tree import MAX_LEAF, MIN_LEAF, tree_nbytes
@@ -1238,7 +1272,18 @@ def load_shared(path, cls, **overrides):
         raise FormatError(f"{spath}: class: expected {cls.__name__!r}, got {_show(doc['class'])}")
     limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
     v = doc["config"]
-    named = isinstance(v, dict) and "sampler" in v  # before the state's keys
+    # a sampler of the user's (given to load): its options are the config's keys beside the
+    # buffer's, its part of the state under its state key
+    uname, ucls = _shared_sampler(c, v, samplers)
+    ukey = None if ucls is None else state_key(ucls)
+    ucfg = None
+    if ucls is not None:
+        own = set(_SHARED_CONFIG) | {"sampler", "rate_limiter"}
+        ucfg = {k: x for k, x in v.items() if k not in own}
+        v = doc["config"] = {k: x for k, x in v.items() if k in own}
+        if v.get("prioritized") is not False:
+            c.fail("config.prioritized", f"false (config.sampler is {uname!r})", v.get("prioritized"))
+    named = isinstance(v, dict) and "sampler" in v and ucls is None  # before the state's keys
     ek = named and v["sampler"] == "exactly_k" and v.get("prioritized") is False
     wor = named and not ek
     if wor and (v["sampler"] != "without_replacement" or v.get("prioritized") is not False):
@@ -1247,7 +1292,7 @@ def load_shared(path, cls, **overrides):
     framed = isinstance(v, dict) and any(k in v for k in _FRAME_KEYS)
     st = c.obj("state", doc["state"], _SHARED_STATE + (("rate_limiter",) if limited else ())
                + (("without_replacement",) if wor else ()) + (("exactly_k",) if ek else ())
-               + (("frames",) if framed else ()))
+               + (("frames",) if framed else ()) + ((ukey,) if ukey else ()))
     if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
         c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
     spec = c.spec(st["spec"])
@@ -1379,6 +1424,21 @@ def load_shared(path, cls, **overrides):
             c.fail("state.without_replacement.undrawn", "slots of rows the shards held, each once",
                    f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
         undrawn = (slots, part["passes"])
+    user = None
+    if ucls is not None:  # built by its class, its state checked by itself, before the region
+        if framed or config["n_step"] is not None:
+            c.fail("config.sampler", "a sampler of tfdata's (n_step and frame_stack are not built "
+                   "for a sampler object)", uname)
+        try:
+            user = ucls.from_config(ucfg, sampler["seed"])
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise c.caught(exc, "config") from None
+        part = {} if ukey is None else _sampler_part(c, arrays, st[ukey], ukey, cap)
+        size = sum(min(h, per) - t for h, t in zip(heads, dropped))
+        try:
+            user_state = user.check_state({**sampler, **part}, size, cap)
+        except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
+            raise c.caught(exc, f"state.{ukey or 'sampler'}") from None
     replays = None
     if ek:
         replays = _read_shared_replays(c, arrays, st["exactly_k"], heads, per, config["replays"])
@@ -1411,8 +1471,10 @@ def load_shared(path, cls, **overrides):
             kw.update({k: config[k] for k in ("sampler",) + _EXACTLY_K_KEYS})
         if framed:
             kw.update({k: config[k] for k in _FRAME_KEYS})
+        if user is not None:
+            kw["sampler"] = user
         try:
-            buf = cls(spec, cap, seed=sampler["seed"], **kw, **overrides)
+            buf = cls(spec, cap, seed=None if user is not None else sampler["seed"], **kw, **overrides)
         except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
             raise FormatError(f"{spath}: cannot rebuild the buffer ({type(exc).__name__}: "
                               f"{str(exc)[:300]})") from None
@@ -1421,6 +1483,8 @@ def load_shared(path, cls, **overrides):
                         None if pri is None else (leaves, versions, pri["samples"]), undrawn,
                         samples=None if limiter is None else counts["samples"], exactly_k=replays,
                         frames=frame_part)
+            if user is not None:
+                user.load_state(user_state)
         except BaseException:
             buf.close()
             raise

@@ -24,8 +24,10 @@ from ..replay import combinations
 from ..replay.core import fields_key
 from ..replay.core import weak_method as _weak_method
 from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
-from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
-from ..replay.samplers.shared import SharedWithoutReplacementSampler
+from ..replay.samplers import Sampler, sampler_name as _sampler_name
+from ..replay.samplers.prioritized import PrioritizedSampler
+from ..replay.samplers.shared import (SharedExactlyKSampler, SharedPrioritizedSampler,
+                                      SharedUniformSampler, SharedWithoutReplacementSampler)
 from ..replay import shared_frames
 from ..replay.transforms import ShardNStep, episode_options
 from ..spec import Spec
@@ -38,6 +40,7 @@ from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLI
                      STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
 from .state import ShardCheckpoint
+from .streams import ShardStreams, check_sampler, sampler_classes, unsaved_reason
 
 __all__ = ["SharedReplayBuffer"]
 
@@ -46,9 +49,12 @@ class SharedReplayBuffer:
     """A buffer in shared memory that writer processes fill and this process samples or drains.
 
     Built from the replay parts: the region is the storage's backing
-    (:mod:`tfdata.storage.region`), sampling goes through a sampler of
-    :mod:`tfdata.replay.samplers.shared` (uniform or prioritized, the same contract as a
-    :class:`~tfdata.ReplayBuffer`'s) into :class:`~tfdata.batch.OutputRing` batches.
+    (:mod:`tfdata.storage.region`), and its shards are the streams a sampler samples
+    (:class:`tfdata.shared.streams.ShardStreams`: the rows held read from the writers' heads,
+    the writes published since the last sample caught up through the sampler's write hooks,
+    rows torn during the copy drawn again), so the samplers of a
+    :class:`~tfdata.ReplayBuffer` (uniform, prioritized, or one of the user's) fill the same
+    :class:`~tfdata.batch.OutputRing` batches.
 
     Parameters
     ----------
@@ -81,6 +87,11 @@ class SharedReplayBuffer:
         ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
         awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
         Not with ``prioritized``, ``n_step`` or :meth:`sample_sequences`.
+        Or a :class:`~tfdata.replay.samplers.Sampler` object, a user's too, run as
+        :mod:`tfdata.shared.streams` says (its seed its own: no ``seed=``); saved by its
+        ``name`` and ``config()``, loaded with ``load(path, samplers=[TheClass])``. Not with
+        ``prioritized``, ``n_step``, ``frame_stack``, ``mode="fifo"`` or
+        :meth:`sample_sequences` (not built).
     replays : int, optional
         ``sampler="exactly_k"`` only (default 1), in ``[1, 65535]``.
     timeout : float, optional
@@ -182,16 +193,19 @@ class SharedReplayBuffer:
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int | None = None, eps: float = 1e-6,
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
-                 memory_budget=None, stats=None, rate_limiter=None, sampler: str | None = None,
+                 memory_budget=None, stats=None, rate_limiter=None, sampler=None,
                  replays: int | None = None, timeout: float | None = None, frame_stack=None,
                  frame_padding="reset", final_frames: int | None = None):
         spec = spec if isinstance(spec, Spec) else Spec(spec)
         shards, cap = check_shards(capacity, num_writers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        given = sampler if isinstance(sampler, Sampler) else None  # any sampler (a user's too)
+        if given is not None:
+            sampler = check_sampler(given, seed, mode, prioritized, n_step, frame_stack, rate_limiter)
         exactly_k = exactly_k_options(sampler, policy, replays, timeout)
         check_limiter(rate_limiter, mode, shards * cap)
-        sampler_name = "uniform" if sampler is None else sampler
+        sampler_name = _sampler_name(given) if given is not None else "uniform" if sampler is None else sampler
         combinations.check(combinations.facets(
             "SharedReplayBuffer", sampler=sampler_name, stream_order=not exactly_k,
             policy=(policy or "block") if exactly_k else None,
@@ -215,7 +229,9 @@ class SharedReplayBuffer:
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
         frames = frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
-        if prioritized:
+        if given is not None:
+            sampler = given
+        elif prioritized:
             checked = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
             sampler = SharedPrioritizedSampler(checked.alpha, checked.beta_start, checked.beta_final,
                                                checked.beta_steps, checked.eps, seed)
@@ -228,7 +244,8 @@ class SharedReplayBuffer:
             sampler = SharedWithoutReplacementSampler(seed)
         else:
             sampler = SharedUniformSampler(seed)
-        sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
+        if given is None:
+            sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
             planned = sampler.plan(shards * cap)
@@ -267,8 +284,15 @@ class SharedReplayBuffer:
         self._heads, self._reserved = self._region.heads, self._region.reserved
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
-        sampler.bind_shards(self._heads, self._reserved, cap)
+        if given is None:
+            sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
+        # the shards as streams: the rows held, the writes caught up, the torn-row check
+        self._streams = ShardStreams(self._heads, self._reserved, cap, self._k)
+        self._given = given is not None
+        self._streams.bind(sampler)
+        if prioritized:
+            sampler.streams = self._streams
         if exactly_k:
             sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
         self.sampler = sampler
@@ -278,7 +302,7 @@ class SharedReplayBuffer:
         self._next_of, self._roles = episodes["next_of"], episodes["roles"]
         self._is_prioritized = bool(prioritized)
         self._has_flags = episodes["has_flags"]
-        if self._has_flags:
+        if self._has_flags and not self._given:
             roles = episodes["roles"]
             sampler.bind_flags(st.field(roles["terminated"]), st.field(roles["truncated"]))
         self._nstep = None
@@ -305,7 +329,7 @@ class SharedReplayBuffer:
         # the parts over the region: the draws that redraw what a writer touched, the column
         # reads, the FIFO learner (its calls refuse a replay region); then the limiter's gate and
         # the checkpoint part
-        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name)
+        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name, self._streams)
         self._columns = ShardColumns(region, name)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
                                   _weak_method(self, "_watch"))
@@ -317,7 +341,8 @@ class SharedReplayBuffer:
             self._gate = SampleGate(region, self._lock, rate_limiter, name)
             self._ctrl_words = memoryview(self._region.ctrl)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
-                                           self._ring_size, self._is_prioritized, episodes)
+                                           self._ring_size, self._is_prioritized, episodes,
+                                           self._streams if self._given else None)
 
     @property
     def rate_limiter(self):
@@ -335,7 +360,7 @@ class SharedReplayBuffer:
         if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
             if batch_size > self.capacity:
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                                 f"{self.capacity}; {self.sampler.batch_rule}")
+                                 f"{self.capacity}; {getattr(self.sampler, 'batch_rule', self.sampler.rule)}")
             if self._limiter is not None:
                 self._limiter.check_sample(batch_size)
                 why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
@@ -345,7 +370,7 @@ class SharedReplayBuffer:
             return
         n = len(self)
         if batch_size > n:
-            raise self.sampler.too_few(batch_size, n)
+            raise (self._streams if self._given else self.sampler).too_few(batch_size, n)
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -394,7 +419,7 @@ class SharedReplayBuffer:
     @property
     def redraws(self) -> int:
         """Rows drawn again because a writer may have been writing them during the copy."""
-        return self.sampler.redraws
+        return self._streams.redraws + getattr(self.sampler, "redraws", 0)
 
     @property
     def storage(self):
@@ -523,8 +548,8 @@ class SharedReplayBuffer:
             i = ring.next
             if self._frames is not None:  # the ring's own (projected) frame transform
                 self._draws.windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
-            elif self._nstep is None:
-                self.sampler.sample(0, ring.slots[i], ring.arrays[i][0])  # reads the heads itself
+            elif self._nstep is None:  # caught up, drawn, checked by the shard streams
+                self._streams.sample(ring.slots[i], ring.arrays[i][0])
             else:
                 self._draws.windows(ring.slots[i], ring.arrays[i])
             ring.next = (i + 1) % len(ring.slots)
@@ -560,6 +585,11 @@ class SharedReplayBuffer:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
         if self._region.exactly_k:
             raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
+        if self._given:
+            raise NotImplementedError(f"sample_sequences of a SharedReplayBuffer with a sampler "
+                                      f"object ({_sampler_name(self.sampler)!r}) is not built: "
+                                      f"its slices follow the shards' geometry, not the sampler's "
+                                      f"sample_slices; use sampler='uniform' or prioritized=True")
         if self._frames is not None:
             raise NotImplementedError("sample_sequences of a SharedReplayBuffer with frame_stack is "
                                       "not implemented (sample() rebuilds the stacks); use a "
@@ -635,6 +665,8 @@ class SharedReplayBuffer:
         if fields is not None and self._frames is not None:
             parts = [p.project(fields) if p is self._frames else p for p in parts]
         names = self.spec.names if fields is None else fields
+        with self._lock:  # a sample in another thread reads the scratch it replaces
+            self._streams.reserve(batch_size)
         ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
         if key is not None:
             rings[key] = ring
@@ -672,17 +704,26 @@ class SharedReplayBuffer:
 
     @classmethod
     def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None,
-             layout=None):
+             layout=None, samplers=()):
         """A new buffer (a new region, named ``name``) holding a checkpoint written by
         :meth:`save`; writers attach to it as to any buffer and continue each shard after its
         saved rows. The checkpoint is validated before the region is created
         (:class:`~tfdata.FormatError` naming the file and the field). A shard whose oldest rows
         were left out at the save holds its rows from its first slot on; otherwise every row
         keeps its slot, and sampling continues where the saved buffer was. ``layout``: the new
-        region's layout, if not the one saved (the samples are the same)."""
+        region's layout, if not the one saved (the samples are the same). ``samplers``: sampler
+        classes of yours a checkpoint may name (an allow-list, by their ``name``, as for
+        :meth:`tfdata.ReplayBuffer.load`): rebuilt by their ``from_config``, their state checked
+        by their ``check_state`` before the region is created."""
         from ..replay.checkpoint import load_shared
 
-        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget, layout=layout)
+        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget,
+                           layout=layout, samplers=sampler_classes(samplers))
+
+    def unsaved_reason(self) -> str | None:
+        """Why a checkpoint could not rebuild this buffer's sampler (None: it can; see
+        :func:`tfdata.shared.streams.unsaved_reason`)."""
+        return unsaved_reason(self.sampler) if self._given else None
 
     def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
                 undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
@@ -693,8 +734,8 @@ class SharedReplayBuffer:
                                  frames)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
-    def _prioritized(self, what: str) -> SharedPrioritizedSampler:
-        if not isinstance(self.sampler, SharedPrioritizedSampler):
+    def _prioritized(self, what: str) -> PrioritizedSampler:
+        if not isinstance(self.sampler, PrioritizedSampler):
             raise SharedBufferError(f"shared buffer {self.name!r}: {what} needs prioritized=True")
         return self.sampler
 

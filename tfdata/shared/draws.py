@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..errors import SharedBufferError
 from ..replay.core import MAX_DRAWS as _MAX_DRAWS
-from ..replay.samplers.shared import MAX_REDRAWS as _MAX_REDRAWS
+from .streams import MAX_REDRAWS as _MAX_REDRAWS
 
 __all__ = ["ShardDraws"]
 
@@ -17,9 +17,10 @@ class ShardDraws:
     ``sampler``, its n-step transform ``nstep`` (or None) and compiled ``kernels``; ``name``:
     the buffer's, for messages. Called with the buffer's lock held."""
 
-    def __init__(self, region, sampler, nstep, kernels, name: str):
+    def __init__(self, region, sampler, nstep, kernels, name: str, streams):
         self._region = region
         self._sampler = sampler
+        self._streams = streams  # the rows' draw, check and redraw
         self._nstep = nstep
         self._k = kernels
         self.name = name
@@ -38,7 +39,7 @@ class ShardDraws:
         heads = (fa if t is None else arrays[1])["heads"]
         mark = heads[7 * r.shards:]
         k.read_heads(r.heads, r.cap, heads)  # before the draw: nothing reads past these rows
-        self._sampler.sample(0, out, arrays[0])
+        self._streams.sample(out, arrays[0])
         last = out.indices if t is None else t.apply(out, arrays[1], out.indices, heads)
         if ft is not None:
             ft.apply(out, fa, last, heads)
@@ -52,7 +53,7 @@ class ShardDraws:
 
         if torn(heads, None, mark):
             def redo(i):
-                self._sampler.redraw(i, out, arrays[0])
+                self._streams.redraw(i, out, arrays[0])
                 if t is not None:
                     t.apply_row(out, arrays[1], i, heads)
                 if ft is not None:

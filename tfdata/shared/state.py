@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import SharedBufferError
 from ..replay import shared_frames
 from ..replay.frames import padding_config
+from ..replay.samplers import state_key
 from ..replay.samplers.shared import SharedWithoutReplacementSampler
 from .region import CURSOR, HEAD, RESERVED, SAMPLES
 
@@ -24,7 +25,7 @@ class ShardCheckpoint:
     ``n_step``, ``gamma``, ``next_of`` and ``roles``)."""
 
     def __init__(self, region, sampler, lock, kernels, limiter, name: str, ring_size: int,
-                 prioritized: bool, episodes: dict):
+                 prioritized: bool, episodes: dict, streams=None):
         self._region = region
         self._sampler = sampler
         self._lock = lock
@@ -36,6 +37,9 @@ class ShardCheckpoint:
         self._capacity = region.shards * region.cap
         self._n_step, self._gamma = episodes["n_step"], episodes["gamma"]
         self._next_of, self._roles = episodes["next_of"], episodes["roles"]
+        # a sampler object (a user's too): saved by its name, config() and extra_state(), its
+        # writes caught up by the shard streams
+        self._streams = streams
 
     def config(self) -> dict:
         """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
@@ -50,6 +54,11 @@ class ShardCheckpoint:
                        final_frames=fr.final_frames)
         if isinstance(self._sampler, SharedWithoutReplacementSampler):
             cfg["sampler"] = self._sampler.name  # absent: uniform (checkpoints as before)
+        if self._streams is not None:  # None: a sampler without a name, never saved
+            name = getattr(self._sampler, "name", None)
+            cfg["sampler"] = name if isinstance(name, str) and name else None
+            if cfg["sampler"] is not None:
+                cfg.update(self._sampler.config())
         if r.exactly_k:
             sm = self._sampler
             cfg.update(sampler="exactly_k", replays=sm.replays, policy=r.policy, timeout=sm.timeout)
@@ -75,7 +84,9 @@ class ShardCheckpoint:
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
             wor = isinstance(self._sampler, SharedWithoutReplacementSampler)
-            if self._prioritized or wor:
+            if self._streams is not None:  # the sampler hears every published row first
+                self._streams.catch_up(scratch)
+            elif self._prioritized or wor:
                 self._sampler.fold(scratch)
             elif r.exactly_k:  # the state as of the fold: heads are the positions folded
                 self._sampler.fold()
@@ -96,6 +107,9 @@ class ShardCheckpoint:
 
             if wor:
                 state[self._sampler.state_key] = self._sampler.pass_state()
+            key = None if self._streams is None else state_key(self._sampler)
+            if key is not None:  # what it keeps beyond its RNG, given the rows held
+                state[key] = self._sampler.extra_state(int(scratch[:r.shards].sum()))
             if r.exactly_k:
                 state["exactly_k"] = self._sampler.shared_state(
                     [int(r.words(s)[CURSOR]) for s in range(r.shards)])
@@ -186,6 +200,8 @@ class ShardCheckpoint:
             w[RESERVED] = h
             w[HEAD] = h
         self._sampler.state[1] = counter
+        if self._streams is not None:  # every row restored was heard before the save
+            self._streams.published[:] = new_heads
         if priorities is not None:
             self._sampler.restore(leaves, versions, new_heads, priorities[2])
         if samples is not None and self._limiter is not None:

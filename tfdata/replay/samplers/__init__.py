@@ -3,12 +3,42 @@
 A sampler draws slots, hears about writes, and says what it adds to a batch. tfdata's:
 ``uniform.py`` (with replacement), ``without_replacement.py`` (every live row once per pass,
 rows written during a pass joining it), ``exactly_k.py`` (every row in exactly k batches, with
-a gate on the writes), ``prioritized.py`` and ``shared.py``. The buffer calls it
-under its lock; it never sees the layout (it calls the kernels of the output it fills,
-``out.kernels`` over ``out.store``, or ``out.source.gather``), never allocates while sampling,
-and keeps its state in plain arrays.
+a gate on the writes), ``prioritized.py``; ``shared.py`` keeps what of them a shared region
+still needs apart (the slices over its shards, and the without-replacement and exactly-k pools
+over them). The buffer calls it under its lock; it never sees the layout (it calls the kernels
+of the output it fills, ``out.kernels`` over ``out.store``, or ``out.source.gather``), never
+allocates while sampling, and keeps its state in plain arrays.
 
-The contract (see :class:`Sampler` for the defaults a new sampler inherits):
+One sampler object runs in one process and across processes: a
+:class:`~tfdata.SharedReplayBuffer` given it (``sampler=MySampler(...)``) drives it through
+:class:`tfdata.shared.streams.ShardStreams`, which calls the same members: the rows the writer
+processes published since the last sample reach it through its write hooks before each draw
+(``slot_hook()`` row by row, else ``on_write``), ``sample`` gets the rows held, and a batch a
+writer tore during the copy is drawn again.
+
+What a sampler writes (ten members; everything else has a default in :class:`Sampler`):
+
+1. ``name`` (and ``rule``, for messages): what buffers and checkpoints call it.
+2. ``bind(storage, capacity, num_envs, allocator)``: allocate what it keeps per slot.
+3. ``sample(n, out, arrays)``: draw a batch over the ``n`` rows held and gather it.
+4. ``sample_slices(...)``: the same for slices (a sampler that draws none raises).
+5. ``on_write(spans, n, extra)`` with ``hears_writes``: hear the writes.
+6. ``slot_hook()``: the one-row form of ``on_write`` (None: none).
+7. ``on_clear()``.
+8. ``config()`` / ``from_config(config, seed)``: its options.
+9. ``extra_state(size)``: what it keeps beyond its RNG position.
+10. ``check_state(state, size, capacity)`` / ``load_state(checked)``: that state, checked and
+    applied.
+
+Defaults a sampler may override (each described below): ``plan``/``nbytes`` (its memory),
+``ring_arrays``/``ring_nbytes``/``batch_view`` (what it adds to a batch), ``projects``,
+``drawable``, ``waits_for_rows``, ``stream_order``, ``wraps_only``/``on_wrap``, ``watch``,
+``use_lock``, ``facets``, ``state_dict``. Three of them are a writer's concern held by the
+sampler until the writers own them: ``stream_order`` with exactly-k's gate (``admit``,
+``place``: a free-slot writer's job), and ``wraps_only``/``watch`` (a sampler reading the
+writer's position instead of hearing each write).
+
+The contract in full (see :class:`Sampler` for the defaults a new sampler inherits):
 
 ``bind(storage, capacity, num_envs, allocator)``
     Once, when the buffer is built, before any other call: allocate what it keeps per slot.
@@ -38,7 +68,10 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     The write hooks (see :mod:`tfdata.replay.writers`), called only if ``hears_writes``; ``extra`` is what ``push`` or
     ``extend`` passed for this sampler (priorities), or None. A sampler with ``wraps_only =
     True`` hears only laps of the ring (``on_wrap()`` from the generated push and extend), and
-    places the writes by the writer's position when it samples.
+    places the writes by the writer's position when it samples. The function ``slot_hook()``
+    returns may carry ``rows(spans)``, the same for the slots of ``spans`` (int64 ``(m, 2)``:
+    first slot, count) in order, in one call (the prioritized sampler's: one kernel call for the
+    rows writer processes published).
 ``stream_order``
     Class attribute, True by default: False for a sampler whose gate places the writes
     (``place(n)``, see :mod:`tfdata.replay.writers`) off the ring order.

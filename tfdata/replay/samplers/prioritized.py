@@ -187,7 +187,7 @@ class PrioritizedSampler(Sampler):
         attrs["weights"], attrs["versions"] = arrays["weights"], arrays["versions"]
 
     # -- drawing -----------------------------------------------------------------------------------
-    def _no_mass(self, n: int):
+    def no_mass(self, n: int):
         # unreachable while the bounds hold (every live leaf is in [MIN_LEAF, max_leaf]); the
         # kernel drew nothing and wrote nothing
         return RuntimeError(f"the priority tree's total mass is {float(self.sums[1])} over {n} "
@@ -199,7 +199,7 @@ class PrioritizedSampler(Sampler):
         if out.kernels.sample_prioritized(out.store, n, self.sums, self.mm, self.leaves, self.v8,
                                           self.state, self.beta, out.indices, arrays["scratch"],
                                           arrays["weights"], versions, out.kernel_out):
-            raise self._no_mass(n)
+            raise self.no_mass(n)
         versions |= np.uint32(self._epoch_of(self.sums, self.ring) << 8)
         self.samples += 1
 
@@ -211,7 +211,7 @@ class PrioritizedSampler(Sampler):
             arrays["scratch"], arrays["weights"], arrays["versions"])
         self.stamp(arrays["versions"])
         if failed == -2:
-            raise self._no_mass(n)
+            raise self.no_mass(n)
         if failed == -1:
             self.samples += 1
         return failed
@@ -320,6 +320,11 @@ class PrioritizedSampler(Sampler):
         def on_write(slot, _k=overwrite, _t=trees):
             _k(*_t, slot)
 
+        # the same over spans of slots in one call (the shard streams' catch-up of the rows
+        # writer processes published: each as a push gives it)
+        from ...kernels._shared_tree import overwrite_max_spans
+
+        on_write.rows = lambda spans, _k=overwrite_max_spans, _t=trees: _k(*_t, spans)
         return on_write
 
     def on_clear(self) -> None:

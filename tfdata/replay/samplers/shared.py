@@ -62,8 +62,9 @@ class _Shards:
 
 
 class SharedUniformSampler(_Shards, UniformSampler):
-    """Uniform over every complete row of every shard (kernel ``sample_shared``: draw, copy,
-    then redraw the rows a writer may have touched during the copy)."""
+    """The uniform sampler with the slices of a region's shards (``sample_shard_slices``); its
+    rows are drawn by :class:`tfdata.shared.streams.ShardStreams` (kernel ``sample_shared``:
+    draw, copy, then redraw the rows a writer may have touched during the copy)."""
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
@@ -80,75 +81,24 @@ class SharedUniformSampler(_Shards, UniformSampler):
         return self.k.shard_slices(scratch, self.shards, self.cap, self.state, term, trunc, reject,
                                    max_draws, idx, mask)
 
-    def sample(self, n: int, out, arrays: dict) -> None:
-        # n is not used: the kernel reads the rows held from the heads, under no lock
-        got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
-                                        arrays["shard_scratch"], self.state, out.indices,
-                                        out.kernel_out, MAX_REDRAWS)
-        if got == -2:
-            raise self.too_few(out.indices.shape[0])
-        if got < 0:
-            raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
-        self.redraws += got
-
-    def redraw(self, i: int, out, arrays: dict) -> None:
-        """Draw row ``i`` of ``out`` again (a complete row, copied cleanly)."""
-        scratch = arrays["shard_scratch"][:7 * self.shards + 1]
-        got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap, scratch,
-                                        self.state, out.indices[i:i + 1],
-                                        out.source.kernel_rows(out, i, 1), MAX_REDRAWS)
-        if got < 0:
-            raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
-        self.redraws += got + 1
-
 
 class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
-    """Proportional prioritized sampling over the shards: the learner's trees, into which each
-    sample first folds the rows published since the last (as a single-process buffer does at
-    each write), then stratified draws, the copy, and a redraw (one proportional draw from the
-    same trees, copy) of every row a writer may have touched during the copy."""
+    """The prioritized sampler with the slices of a region's shards (``sample_shard_slices``).
+    Its rows are drawn by :class:`tfdata.shared.streams.ShardStreams`: each sample first lets
+    the trees hear the rows published since the last, through the sampler's one-row write hook
+    (each as a push gives it), then draws, copies and redraws (one proportional draw from the
+    same trees) every row a writer may have touched during the copy."""
+
+    #: the streams that catch the trees up (set by the buffer)
+    streams = None
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
         super().bind(storage, capacity, num_envs, allocator)
-        self.folded = allocator.zeros(self.shards, np.int64)
         self.ring = self.cap  # a slot is written once per lap of its shard
 
-    def plan(self, capacity: int) -> dict:
-        parts = super().plan(capacity)
-        parts["bookkeeping"] += 8 * getattr(self, "shards", 0)
-        return parts
-
-    @property
-    def nbytes(self) -> dict:
-        parts = super().nbytes
-        parts["bookkeeping"] += int(self.folded.nbytes)
-        return parts
-
-    def redraw(self, i: int, out, arrays: dict) -> None:
-        """Draw row ``i`` of ``out`` again, from the same trees (a fold now would change the
-        distribution the batch's other rows and weights came from), checked against heads read
-        afresh, until it copies cleanly."""
-        k, scratch = self.k, arrays["shard_scratch"]
-        one = slice(i, i + 1)
-        idx, u, w, v = out.indices[one], arrays["scratch"][one], arrays["weights"][one], arrays["versions"][one]
-        mark = scratch[7 * self.shards + i:7 * self.shards + i + 1]
-        mark[0] = 1
-        tries = 0
-        while mark[0]:
-            if tries == MAX_REDRAWS:
-                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
-            tries += 1
-            k.read_heads(self.heads, self.cap, scratch)
-            if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
-                raise self._no_mass(0)
-            self.stamp(v)
-            out.source.gather_at(idx, out, i)
-            k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
-        self.redraws += tries
-
     def heads_snapshot(self, scratch: np.ndarray) -> int:
-        """Fold the rows published since the last sample (reading the heads into ``scratch``);
-        returns rows held."""
+        """Catch up the rows published since the last sample (reading the heads into
+        ``scratch``); returns rows held."""
         return self.fold(scratch)
 
     def sample_shard_slices(self, scratch, reject: bool, max_draws: int, idx, mask, arrays,
@@ -162,41 +112,22 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
             arrays["versions"][part])
         self.stamp(arrays["versions"][part])
         if got == -2:
-            raise self._no_mass(0)
+            raise self.no_mass(0)
         if got == -1 and part == slice(None):  # a whole batch: one step of the beta schedule
             self.samples += 1
         return got
 
     def restore(self, leaves: np.ndarray, versions: np.ndarray, heads: list, samples: int) -> None:
-        """Trees, versions and fold positions of a checkpoint (every held row folded)."""
+        """Trees, versions and catch-up positions of a checkpoint (every held row heard)."""
         self.k.tree_build(*self.trees, np.asarray(leaves, np.float64))
         self.set_versions(np.asarray(versions, np.uint64))
-        self.folded[:] = heads
+        self.streams.published[:] = heads
         self.samples = samples
 
     def fold(self, scratch: np.ndarray) -> int:
-        """Fold the rows published since the last fold into the trees; returns rows held."""
-        return self.k.fold_published(self.heads, self.cap, *self.trees, self.v8, self.folded,
-                                     scratch)
-
-    def sample(self, n: int, out, arrays: dict) -> None:
-        k, scratch = self.k, arrays["shard_scratch"]
-        idx, u, w, v = out.indices, arrays["scratch"], arrays["weights"], arrays["versions"]
-        held = self.fold(scratch)
-        batch = idx.shape[0]
-        if held < batch:
-            raise self.too_few(batch, held)
-        if k.draw_prioritized(*self.trees, self.v8, self.state, self.beta, idx, u, w, v):
-            raise self._no_mass(held)
-        self.stamp(v)
-        out.source.gather(idx, out)
-        mark = scratch[7 * self.shards:]
-        torn = k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
-        for i in range(batch if torn else 0):
-            # rare: only rows a writer overwrote while they were copied
-            if mark[i]:
-                self.redraw(i, out, arrays)
-        self.samples += 1
+        """Catch the trees up on the rows published since (see
+        :meth:`tfdata.shared.streams.ShardStreams.catch_up`); returns rows held."""
+        return self.streams.catch_up(scratch)
 
 
 class SharedExactlyKSampler(ExactlyKSampler):

@@ -1,0 +1,289 @@
+"""The shards of a replay region as the streams a sampler samples: each writer's shard is one
+stream, its head says which rows it holds, its reserve which it is writing.
+
+What a single-process sampler gets from its buffer, :class:`ShardStreams` gives it over the
+shards, so that the same sampler object runs in both:
+
+- the rows held, read from the heads before a draw (not a writer's size);
+- the writes: a single-process writer calls the sampler's write hooks as it writes; across
+  processes the writers cannot, so before each draw the rows published since the previous one
+  are *caught up*: the sampler hears them through its ordinary hooks, in publication order
+  within each shard (shard after shard), in slot coordinates. A sampler with a one-row hook
+  (``slot_hook()``) hears each row as the generated push would have called it, one at a time
+  (the hook may carry a ``rows(spans)`` form doing the same for many rows in one call); one
+  without hears each shard's rows as one ``on_write(spans, n, None)``, as an
+  ``extend`` would have called it. Rows a writer lapped before the catch-up are skipped (they
+  can no longer be drawn);
+- the draw over the rows held: where a single-process sampler draws in ``[0, n)`` (``n`` rows
+  held, slots ``[0, n)``), the shards' rows held are numbered shard by shard. tfdata's uniform
+  draw is the streams' own kernel (``sample_shared``: the number mapped to its shard's slot,
+  the copy, the check and the one-row redraws in one call); a prioritized sampler draws from
+  its trees, whose leaves are 0 for slots no shard holds, with ``n`` the capacity (its bound
+  on the slots drawn); any other sampler is given ``n``, the rows held, and draws its own
+  slots;
+- after the copy, the torn-row check: a row whose slot a writer may have been writing while it
+  was copied is drawn again. tfdata's uniform and prioritized draws redraw that row alone (the
+  prioritized one from the same trees: no catch-up within a sample, so the weights of a batch
+  refer to one distribution); any other sampler (a user's, which has no one-row redraw) draws
+  the whole batch again, after a new catch-up, until no row of it is torn (rare: only rows at
+  a writer's oldest end while it overwrites them).
+
+Called with the buffer's lock held.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SharedBufferError
+from ..replay.buffer import TFDATA_SAMPLERS, ReplayBuffer
+from ..replay.samplers import sampler_name
+from ..replay.samplers.prioritized import PrioritizedSampler
+from ..replay.samplers.uniform import UniformSampler
+
+__all__ = ["ShardStreams", "MAX_REDRAWS", "check_sampler", "sampler_classes", "unsaved_reason"]
+
+# batches (or rows) drawn again in one sample, at most, before concluding the writers never stop
+MAX_REDRAWS = 1 << 20
+
+
+#: the constructor's options a sampler's config() may not name (a checkpoint keeps both in one
+#: config)
+_BUFFER_OPTIONS = ("capacity", "num_writers", "mode", "policy", "layout", "seed", "ring_size",
+                   "name", "dir", "prioritized", "alpha", "beta", "beta_final", "beta_steps", "eps",
+                   "n_step", "gamma", "next_of", "roles", "memory_budget", "stats",
+                   "rate_limiter", "sampler", "replays", "timeout", "frame_stack",
+                   "frame_padding", "final_frames")
+
+
+def check_sampler(sampler, seed, mode, prioritized, n_step, frame_stack, rate_limiter) -> None:
+    """Refuse what a sampler object does not combine with on a shared region (before it exists);
+    returns None (the sampler by name: none)."""
+    name = sampler_name(sampler)
+    if seed is not None:
+        raise ValueError(f"seed={seed} with a sampler object ({name!r}): the sampler holds its "
+                         f"own seed; give seed= to the sampler")
+    refused = [(mode == "fifo", "mode='fifo' (a FIFO delivers every row once, in order, without a sampler)"),
+               (bool(prioritized), "prioritized=True (give PrioritizedSampler's settings as "
+                                   "prioritized=True and alpha=..., not a sampler object)"),
+               (n_step is not None, "n_step (not built for a sampler object: the windows' redraw "
+                                    "needs a one-row redraw of the sampler)"),
+               (frame_stack is not None, "frame_stack (not built for a sampler object, as n_step)")]
+    for bad, why in refused:
+        if bad:
+            raise NotImplementedError(f"SharedReplayBuffer(sampler={name!r} object) with {why}")
+    if not getattr(sampler, "stream_order", True) or getattr(sampler, "wraps_only", False):
+        raise NotImplementedError(
+            f"SharedReplayBuffer(sampler={name!r} object): a sampler that places the writes "
+            f"(stream_order False) or hears only laps (wraps_only) reads a single-process "
+            f"writer; use sampler='exactly_k' or 'without_replacement' by name")
+    if hasattr(sampler, "storage"):
+        raise ValueError(f"sampler {name!r} is bound to another buffer already")
+    return None
+
+
+def sampler_classes(given) -> dict:
+    """``{name: class}`` of the sampler classes of the user's ``given`` to a shared buffer's
+    ``load`` (an allow-list, checked as :meth:`tfdata.ReplayBuffer.sampler_classes` checks it)."""
+    known = ReplayBuffer.sampler_classes(given)
+    return {k: c for k, c in known.items() if k not in TFDATA_SAMPLERS}
+
+
+def unsaved_reason(sampler) -> str | None:
+    """Why a checkpoint could not rebuild a sampler object of a shared buffer (None: it can): it
+    has no ``name``, one of tfdata's (tfdata's samplers are given by name), or options that are
+    the buffer's own."""
+    mine = type(sampler).__name__
+    name = getattr(sampler, "name", None)
+    if not isinstance(name, str) or not name:
+        return (f"{mine} has no name: a sampler that is saved needs a name, config() and "
+                f"from_config() (see tfdata.replay.samplers)")
+    if name in TFDATA_SAMPLERS:
+        return (f"a SharedReplayBuffer saves tfdata's samplers given by name, not a {mine} "
+                f"object named {name!r}; give a sampler of yours a name of its own")
+    clash = sorted(set(sampler.config()) & set(_BUFFER_OPTIONS))
+    if clash:
+        return f"{mine}.config() has the buffer's own option(s) {clash}"
+    return None
+
+
+class ShardStreams:
+    """The shard streams of a region: ``heads`` and ``reserved`` (uint64 ``(shards,)`` strided
+    views of the control words), ``cap`` slots per shard, the compiled ``kernels``.
+
+    Attributes
+    ----------
+    published : ndarray of int64, shape (shards,)
+        Rows of each shard the sampler has heard of (caught up to).
+    scratch : ndarray of int64, shape (7 * shards + batch,)
+        The heads snapshot (3 words per shard), the write windows of the torn-row check (4 per
+        shard) and one mark per row of the largest batch reserved (:meth:`reserve`).
+    redraws : int
+        Rows drawn again because a writer may have been writing them during the copy.
+    """
+
+    def __init__(self, heads: np.ndarray, reserved: np.ndarray, cap: int, kernels):
+        self.heads, self.reserved, self.cap = heads, reserved, cap
+        self.shards = heads.shape[0]
+        self._k = kernels
+        self.published = np.zeros(self.shards, np.int64)
+        self._spans = np.zeros((2 * self.shards, 2), np.int64)  # the catch-up's spans of slots
+        from ..kernels._shared_tree import published_spans  # numba, once a buffer is built
+
+        self._published_spans = published_spans
+        self.scratch = np.zeros(7 * self.shards + 1, np.int64)
+        self.redraws = 0
+        self._one = np.zeros(7 * self.shards + 1, np.int64)  # a one-row redraw's scratch
+        self._hook = self._rows = self._sampler = None
+        self._kind = "any"
+
+    def bind(self, sampler) -> None:
+        """The sampler whose write hooks the catch-up calls and whose draws are checked (once,
+        after it is bound)."""
+        self._sampler = sampler
+        cls = type(sampler)
+        if isinstance(sampler, UniformSampler) and cls.sample is UniformSampler.sample:
+            self._kind = "uniform"
+        elif isinstance(sampler, PrioritizedSampler) and cls.sample is PrioritizedSampler.sample:
+            self._kind = "prioritized"
+        elif hasattr(sampler, "bind_shards"):  # a sampler of the shards' own (exactly-k,
+            self._kind = "own"  # without replacement): it catches up and checks itself
+            return
+        if getattr(sampler, "hears_writes", False):
+            self._hook = sampler.slot_hook()
+            self._rows = getattr(self._hook, "rows", None)
+
+    def reserve(self, batch: int) -> None:
+        """Room for a batch of ``batch`` rows in :attr:`scratch` (when an output ring is built,
+        never while sampling)."""
+        need = 7 * self.shards + batch
+        if self.scratch.shape[0] < need:
+            self.scratch = np.zeros(need, np.int64)
+
+    # -- the rows held and the writes -------------------------------------------------------
+    def catch_up(self, scratch: np.ndarray) -> int:
+        """Read the heads into ``scratch``, then let the sampler hear the rows published since
+        the last catch-up (see the module docstring); returns the rows held."""
+        held, m = self._published_spans(self.heads, self.cap, scratch, self.published, self._spans)
+        if m == 0 or self._sampler is None or not getattr(self._sampler, "hears_writes", False):
+            return held
+        spans = self._spans[:m]
+        if self._rows is not None:  # the one-row hook over every span, in one call
+            self._rows(spans)
+        elif self._hook is not None:  # as the generated push would call it, one row at a time
+            hook = self._hook
+            for dst, count in spans.tolist():
+                for slot in range(dst, dst + count):
+                    hook(slot)
+        else:  # each shard's rows as an extend of them would call on_write
+            cap, at = self.cap, 0
+            while at < m:
+                shard, n = spans[at, 0] // cap, 0
+                group = []
+                while at < m and spans[at, 0] // cap == shard:
+                    dst, count = int(spans[at, 0]), int(spans[at, 1])
+                    group.append((dst, n, count))
+                    n += count
+                    at += 1
+                self._sampler.on_write(group, n, None)
+        return held
+
+    # -- drawing ------------------------------------------------------------------------------
+    def too_few(self, batch: int, n: int | None = None) -> ValueError:
+        """The error for a batch of ``batch`` rows with ``n`` held (None: read the heads)."""
+        if n is None:  # rows held, from the heads as they are now (an error path only)
+            n = int(np.minimum(self.heads.astype(np.int64), self.cap).sum())
+        rule = getattr(self._sampler, "rule", "rows are drawn by this sampler")
+        return ValueError("cannot sample from an empty buffer" if n == 0 else
+                          f"batch_size {batch} is larger than the {n} rows held; {rule} "
+                          f"(sampler {sampler_name(self._sampler)!r})")
+
+    def sample(self, out, arrays: dict) -> None:
+        """Catch up, let the sampler draw and gather over the rows held, check the copy, and
+        draw torn rows again (see the module docstring)."""
+        sm, k, scratch, kind = self._sampler, self._k, self.scratch, self._kind
+        if kind == "own":
+            sm.sample(0, out, arrays)
+            return
+        idx = out.indices
+        batch = idx.shape[0]
+        if kind == "uniform":  # no catch-up: a uniform draw hears no writes
+            got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
+                                            scratch, sm.state, idx, out.kernel_out, MAX_REDRAWS)
+            if got == -2:
+                raise self.too_few(batch)
+            if got < 0:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            self.redraws += got
+            return
+        mark = scratch[7 * self.shards:7 * self.shards + batch]
+        tries = 0
+        while True:
+            held = self.catch_up(scratch)
+            if held < batch and not getattr(sm, "waits_for_rows", False):
+                raise self.too_few(batch, held)
+            sm.sample(sm.capacity if kind == "prioritized" else held, out, arrays)
+            if kind == "any":
+                self._check_held(idx, scratch)
+            if not k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark):
+                return
+            if kind == "prioritized":  # rare: only rows a writer overwrote while copied
+                for i in range(batch):
+                    if mark[i]:
+                        self.redraw(i, out, arrays)
+                return
+            tries += 1
+            self.redraws += batch
+            if tries == MAX_REDRAWS:
+                raise SharedBufferError(f"{MAX_REDRAWS} batches drawn by sampler "
+                                        f"{sampler_name(sm)!r} all held rows being written")
+
+    def _check_held(self, idx: np.ndarray, scratch: np.ndarray) -> None:
+        """Refuse a batch of a sampler of the user's that holds a slot no shard held when the
+        heads were read (its rows would not be rows of the buffer)."""
+        shard, at = np.divmod(idx, self.cap)
+        bad = (idx < 0) | (shard >= self.shards)
+        bad[~bad] |= at[~bad] >= scratch[shard[~bad]]
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"sampler {sampler_name(self._sampler)!r} drew slot {int(idx[i])}, "
+                             f"which holds no row (a shard of {self.cap} slots holds its rows "
+                             f"from its first slot on: shard s, row r at slot s * {self.cap} + "
+                             f"r % {self.cap}; rows held per shard "
+                             f"{scratch[:self.shards].tolist()[:16]})")
+
+    def redraw(self, i: int, out, arrays: dict) -> None:
+        """Draw row ``i`` of ``out`` again until it copies cleanly, against heads read afresh
+        (tfdata's uniform and prioritized draws; the prioritized one from the same trees)."""
+        sm, k, kind = self._sampler, self._k, self._kind
+        if kind == "own":
+            sm.redraw(i, out, arrays)
+            return
+        if kind == "uniform":
+            got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
+                                            self._one, sm.state, out.indices[i:i + 1],
+                                            out.source.kernel_rows(out, i, 1), MAX_REDRAWS)
+            if got < 0:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            self.redraws += got + 1
+            return
+        if kind != "prioritized":
+            raise NotImplementedError(f"sampler {sampler_name(sm)!r} has no one-row redraw")
+        scratch = self.scratch
+        one = slice(i, i + 1)
+        idx, u, w, v = (out.indices[one], arrays["scratch"][one], arrays["weights"][one],
+                        arrays["versions"][one])
+        mark = scratch[7 * self.shards + i:7 * self.shards + i + 1]
+        mark[0] = 1
+        tries = 0
+        while mark[0]:
+            if tries == MAX_REDRAWS:
+                raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
+            tries += 1
+            k.read_heads(self.heads, self.cap, scratch)
+            if k.draw_prioritized(*sm.trees, sm.v8, sm.state, sm.beta, idx, u, w, v):
+                raise sm.no_mass(0)
+            sm.stamp(v)
+            out.source.gather_at(idx, out, i)
+            k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
+        self.redraws += tries
