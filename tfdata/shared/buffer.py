@@ -698,7 +698,7 @@ class SharedReplayBuffer:
         writing: rows a writer overwrote while they were copied (a shard's oldest) are left out
         of the checkpoint. File rules as :meth:`tfdata.ReplayBuffer.save` (nothing but a
         checkpoint is replaced, and only with ``overwrite=True``)."""
-        from ..replay.checkpoint import save_shared
+        from .checkpoint import save_shared
 
         save_shared(self, path, overwrite=overwrite)
 
@@ -715,7 +715,7 @@ class SharedReplayBuffer:
         classes of yours a checkpoint may name (an allow-list, by their ``name``, as for
         :meth:`tfdata.ReplayBuffer.load`): rebuilt by their ``from_config``, their state checked
         by their ``check_state`` before the region is created."""
-        from ..replay.checkpoint import load_shared
+        from .checkpoint import load_shared
 
         return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget,
                            layout=layout, samplers=sampler_classes(samplers))
