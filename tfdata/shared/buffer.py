@@ -729,7 +729,7 @@ class SharedReplayBuffer:
                 undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint (see
         :meth:`tfdata.shared.state.ShardCheckpoint.restore`). Used by
-        :func:`tfdata.replay.checkpoint.load_shared`."""
+        :func:`tfdata.shared.checkpoint.load_shared`."""
         self._checkpoint.restore(ds, heads, dropped, counter, priorities, undrawn, samples, exactly_k,
                                  frames)
 

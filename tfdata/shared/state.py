@@ -1,6 +1,6 @@
 """What a checkpoint of a replay region keeps and restores: the configuration, a snapshot of
 the state as of the shards' heads, the rows writers overwrote while they were copied, and the
-restore of a new region (called by :mod:`tfdata.replay.checkpoint` through the buffer)."""
+restore of a new region (called by :mod:`tfdata.shared.checkpoint` through the buffer)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ class ShardCheckpoint:
         checked ``(slots, counts, delivered, released, cursors)`` (every row of ``heads`` folded,
         ``dropped`` all 0); ``frames``: the checked frame part (see
         :func:`tfdata.replay.shared_frames.restore`). Used by
-        :func:`tfdata.replay.checkpoint.load_shared`."""
+        :func:`tfdata.shared.checkpoint.load_shared`."""
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
