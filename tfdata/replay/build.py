@@ -59,6 +59,29 @@ class _SpillHook:
         self.spill.reset()
 
 
+class _SpillRelease:
+    """A spilling storage's release after each sample, as the last transform (it reads no rows
+    and adds nothing to a batch: the sample path has no step of its own for it)."""
+
+    on_slices = True
+
+    def __init__(self, spill):
+        self.spill = spill
+
+    def project(self, names) -> "_SpillRelease":
+        return self
+
+    def ring_arrays(self, batch_size: int, length, out) -> dict:
+        return {}
+
+    def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
+        pass
+
+    def apply(self, out, arrays: dict, rows, where):
+        self.spill.after_sample()
+        return rows
+
+
 class _ColdHook:
     """The compressed cold tiers of a spilling frame-stacked buffer as a write hook (before the
     spill policy's: a block is compressed while its frames are still resident)."""
@@ -109,9 +132,8 @@ class Parts:
     cold : dict
         ``{stacked field: ColdFrames}`` (empty without ``compress_cold``).
     transforms : list
-        What a sample applies after the sampler's draw, in order (n-step, elision, frames).
-    after_sample : list
-        Callables run after every sample, under the lock (a spilling storage's release).
+        What a sample applies after the sampler's draw, in order (n-step, elision, frames, and
+        last a spilling storage's release).
     held
         What a rate-limited sample waits on: ``.size`` is the rows a batch can draw.
     limiter : RateLimiter or None
@@ -119,7 +141,7 @@ class Parts:
     """
 
     __slots__ = ("plan", "storage", "writer", "sampler", "lock", "episodes", "frame_stacks",
-                 "stats", "spill", "cold", "transforms", "after_sample", "held", "limiter")
+                 "stats", "spill", "cold", "transforms", "held", "limiter")
 
 
 def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
@@ -130,7 +152,7 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
     would exceed it. Both must not keep the buffer alive (see :func:`weak_method`).
     """
     p = Parts()
-    p.plan, p.sampler, p.cold, p.transforms, p.after_sample = plan, plan.sampler, {}, [], []
+    p.plan, p.sampler, p.cold, p.transforms = plan, plan.sampler, {}, []
     capacity, envs, roles = plan.capacity, plan.num_envs, plan.roles
     p.episodes = None
     if plan.tracks_episodes:
@@ -152,7 +174,6 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         p.spill = Spill(maps, capacity, plan.hot_rows, plan.row_nbytes())
         p.storage = make_storage(plan.stored, capacity, plan.stored_layout, backing=data,
                                  allocator=allocator)
-        p.after_sample.append(p.spill.after_sample)
     p.sampler.bind(p.storage, capacity, envs, allocator)
     if p.sampler.hears_writes:
         hooks.append(p.sampler)
@@ -190,6 +211,8 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         flags = (p.storage.field(roles["terminated"]), p.storage.field(roles["truncated"]))
         p.transforms.append(FrameStack(plan.spec, p.frame_stacks, p.episodes, flags, envs,
                                        capacity, allocator, p.writer, p.cold))
+    if p.spill is not None:  # after every other transform has read its rows
+        p.transforms.append(_SpillRelease(p.spill))
     p.lock = threading.Lock()
     use_lock = getattr(p.sampler, "use_lock", None)
     if use_lock is not None:  # a sampler whose gate or sample waits on a condition of it

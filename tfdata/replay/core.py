@@ -68,14 +68,13 @@ class ReplayCore:
         self._fields = Fields(plan, p.storage, p.writer, p.lock, p.episodes, p.stats, p.spill)
         self._ringset = Rings(plan, p.storage, sampler, p.transforms, p.lock, memory)
         self._local = self._ringset.local  # the sample path's lookup, with no call
-        self._after_sample = tuple(p.after_sample)
         gates = {}
         self._gate = OpenGate(p.writer, sampler)
         if rate_limiter is not None:
             gates = self._bind_limiter(rate_limiter)
             self._gate = LimiterGate(rate_limiter, p.writer, p.held, sampler, self.num_envs)
         self._slices = Slices(sampler, p.writer, p.episodes, p.lock, self._gate, self._ringset,
-                              self._after_sample, self.num_envs)
+                              self.num_envs)
         writes = self._writes = Writes(self.spec, p)
         # the generic paths (tests compare the generated push and extend with them)
         self._checked_push, self._checked_extend = writes.push, writes.extend
@@ -347,19 +346,21 @@ class ReplayCore:
         lock = self._lock
         lock.__enter__()
         try:
-            n = gate.wait(batch_size)  # the rows held, again: a clear() may have run since
+            # the rows held, again (a clear() may have run since); a limiter counts the batch
+            n = gate.wait(batch_size)
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
-            self.sampler.sample(n, out, arrays[0])
+            try:
+                self.sampler.sample(n, out, arrays[0])
+            except BaseException:
+                gate.undo(batch_size)  # nothing was drawn
+                raise
             ring.next = (i + 1) % len(ring.slots)  # a sampler that refused took no slot
             transforms = ring.transforms
             if transforms:
                 rows, cursor = out.indices, writer.cursor
                 for t, a in zip(transforms, arrays[1:]):
                     rows = t.apply(out, a, rows, cursor)
-            for f in self._after_sample:
-                f()
-            gate.done(batch_size)
             position = writer.laps * writer.capacity + writer.cursor  # (writer.position, inline)
         finally:
             lock.__exit__(None, None, None)

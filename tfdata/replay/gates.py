@@ -3,9 +3,9 @@
 A buffer has one gate, picked when it is built: :class:`OpenGate` (no rate limiter: a batch
 takes the rows held, and is refused when they are too few) or :class:`LimiterGate` (a
 :class:`~tfdata.replay.limiter.RateLimiter`: the sample waits, the lock released, until the
-limiter and the rows allow it, and is counted). The sample path calls the same three methods
-either way: ``admit`` before a new output ring is allocated, ``wait`` and ``done`` under the
-buffer's lock around the draw.
+limiter and the rows allow it, and is counted). The sample path calls the same methods either
+way: ``admit`` before a new output ring is allocated, ``wait`` under the buffer's lock before
+the draw (a limiter counts the batch there), and ``undo`` if the draw raised.
 """
 
 from __future__ import annotations
@@ -70,13 +70,15 @@ class OpenGate:
     def wait_slices(self, batch_size: int) -> int:
         return self.writer.size
 
-    def done(self, batch_size: int) -> None:
-        """Nothing is counted."""
+    def undo(self, batch_size: int) -> None:
+        """Nothing was counted."""
 
 
 class LimiterGate:
     """A rate limiter around the sample: ``wait`` blocks (the lock released) until the limiter
-    lets a batch through and ``held.size`` rows can be drawn; ``done`` counts the batch.
+    lets a batch through and ``held.size`` rows can be drawn, and counts the batch (under the
+    lock, so no other side sees the count before the draw); ``undo`` takes the count back when
+    the draw raised.
 
     Parameters
     ----------
@@ -121,10 +123,12 @@ class LimiterGate:
         return self.capacity
 
     def wait(self, batch_size: int) -> int:
-        self.limiter.sample_wait(batch_size, self.held, self.num_envs)
+        lim = self.limiter
+        lim.sample_wait(batch_size, self.held, self.num_envs)
+        lim.sampled(batch_size)
         return self.writer.size
 
     wait_slices = wait
 
-    def done(self, batch_size: int) -> None:
-        self.limiter.sampled(batch_size)
+    def undo(self, batch_size: int) -> None:
+        self.limiter.sampled(-batch_size)  # (and wakes the waiting sides to re-check)

@@ -28,14 +28,12 @@ class Slices:
         When a batch may be drawn, and what it counts.
     rings : Rings
         This thread's output rings.
-    after_sample : tuple of callables
-        Run after every sample, under the lock.
     num_envs : int
     """
 
-    def __init__(self, sampler, writer, episodes, lock, gate, rings, after_sample, num_envs: int):
+    def __init__(self, sampler, writer, episodes, lock, gate, rings, num_envs: int):
         self.sampler, self.writer, self.episodes, self.lock = sampler, writer, episodes, lock
-        self.gate, self.rings, self.after_sample, self.num_envs = gate, rings, after_sample, num_envs
+        self.gate, self.rings, self.num_envs = gate, rings, num_envs
 
     def sample(self, batch_size, length, policy, copy, fields):
         """``sample_sequences(batch_size, length, policy=, copy=, fields=)``."""
@@ -70,9 +68,14 @@ class Slices:
             out, arrays = ring.slots[i], ring.arrays[i]
             state = self.sampler.state
             counter = int(state[1])
-            failed = self.sampler.sample_slices(n, self.writer.cursor, ep.episode, reject,
-                                                MAX_DRAWS, out, arrays[0])
+            try:
+                failed = self.sampler.sample_slices(n, self.writer.cursor, ep.episode, reject,
+                                                    MAX_DRAWS, out, arrays[0])
+            except BaseException:
+                gate.undo(batch_size)
+                raise
             if failed >= 0:
+                gate.undo(batch_size)
                 state[1] = counter  # a refused sample consumes no randomness
                 raise ValueError(f"policy='reject': {MAX_DRAWS} random starts found no slice of "
                                  f"{length} steps within one episode; episodes held are shorter "
@@ -83,9 +86,6 @@ class Slices:
             for t, a in zip(ring.transforms, arrays[1:]):
                 if t.on_slices:
                     t.apply(out, a, out.indices, cursor)
-            for f in self.after_sample:
-                f()
-            gate.done(batch_size)
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
