@@ -104,6 +104,32 @@ def md_table(header, rows, align: str) -> list[str]:
             + [line(r) for r in rows])
 
 
+def table(records, columns, fmt: dict | None = None) -> list[str]:
+    """A markdown table declared by its columns, one row per record (:func:`md_table`).
+
+    Parameters
+    ----------
+    records : iterable
+        One record (usually a dict of ``results.json``) per row.
+    columns : sequence of tuple
+        ``(header, align, cell)`` per column: ``align`` as for :func:`md_table`; ``cell`` a format
+        string filled from the record (``"{median_us:.1f}"``, ``"{fits[1]:,}"``) or a callable
+        ``record -> value``.
+    fmt : dict, optional
+        Extra names for the format strings (e.g. a reference value shared by every row).
+
+    Returns
+    -------
+    list of str
+        As :func:`md_table`.
+    """
+    def cell(c, r):
+        return c(r) if callable(c) else c.format_map({**(fmt or {}), **r} if isinstance(r, dict) else r)
+
+    return md_table([h for h, _, _ in columns], [[cell(c, r) for _, _, c in columns] for r in records],
+                    "".join(a for _, a, _ in columns))
+
+
 def text_table(header, rows) -> str:
     """A plain-text table for the console: columns as wide as their widest cell, the first
     left-aligned and the others right-aligned.
