@@ -3,9 +3,9 @@ lines (median with error bars, p99 dotted), grouped bars, ratio curves with thei
 legends in columns, and saving a figure beside the report.
 
 An experiment declares a figure as its panels, one generic kind each (:func:`hbar_medians`,
-:func:`bars`, :func:`hbars`, :func:`hbar_pairs`, :func:`bar_series`, :func:`survival`,
-:func:`traces`, ...) with its data from ``results.json`` bound
-by ``functools.partial``, and :func:`panels_figure` draws and saves it::
+:func:`bars`, :func:`hbars`, :func:`hbar_pairs`, :func:`hbar_values`, :func:`hbar_stack`,
+:func:`bar_series`, :func:`lines`, :func:`learning_curves`, :func:`survival`, :func:`traces`) with its data from ``results.json`` bound by ``functools.partial``, and
+:func:`panels_figure` (one row) or :func:`grid_figure` draws and saves it::
 
     panels_figure(out_dir, "speed.png", (13, 4.8), [partial(hbar_medians, stats=res["sample"], ...)])
 
@@ -359,8 +359,8 @@ def survival(ax, hists: dict, edges_ns, colors: dict, *, quantiles=(0.5, 0.99, 0
 
 
 def bar_series(ax, ticks: tuple, series: list, *, title: str, title_fontsize: float = 9, ylabel: str | None = None,
-               yscale: dict | None = None, hline: float | None = None, legend: dict | None = None,
-               tick_kw: dict | None = None) -> None:
+               yscale: dict | None = None, hlines=(), legend: dict | None = None, tick_kw: dict | None = None,
+               grid: dict | None = None) -> None:
     """Bars declared as series: each series one ``ax.bar`` call (positions, heights, width and
     its style: error bars, bottoms, colours, hatches, a label), drawn in order.
 
@@ -377,24 +377,29 @@ def bar_series(ax, ticks: tuple, series: list, *, title: str, title_fontsize: fl
     ylabel : str, optional
     yscale : dict, optional
         ``ax.set_yscale`` keywords (e.g. ``{"value": "symlog", "linthresh": 1}``).
-    hline : float, optional
-        A black reference line at this y (e.g. 1 for ratios to a reference).
+    hlines : sequence of (y, dict)
+        Reference lines: height and ``axhline`` keywords (e.g. ``(1, {"color": "k"})`` for ratios
+        to a reference).
     legend : dict, optional
         ``ax.legend`` keywords; a legend only when a bar carries a label.
     tick_kw : dict, optional
         Keywords of the tick labels (``rotation``, ``fontsize``).
+    grid : dict, optional
+        ``ax.grid`` keywords (no grid when None).
     """
     for sr in series:
         sr = dict(sr)
         ax.bar(sr.pop("at"), sr.pop("heights"), sr.pop("width"), **sr)
-    if hline is not None:
-        ax.axhline(hline, color="k", lw=0.8)
+    for y, kw in hlines:
+        ax.axhline(y, **kw)
     ax.set_xticks(*ticks, **(tick_kw or {}))
     if yscale is not None:
         ax.set_yscale(**yscale)
     if ylabel is not None:
         ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=title_fontsize)
+    if grid is not None:
+        ax.grid(True, **grid)
     if legend is not None and ax.get_legend_handles_labels()[0]:
         ax.legend(**legend)
 
@@ -419,8 +424,182 @@ def traces(ax, lines: list, *, xlabel: str, ylabel: str, legend: dict | None = N
         ax.legend(**legend)
 
 
+def learning_curves(ax, x: list, curves: dict, *, title: str, xlabel: str = "environment step",
+                    ylabel: str = "episodic return (mean ± std over seeds)") -> None:
+    """Learning curves: per variant the mean over seeds, with a band of ± one std.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    x : list of float
+        The curves' x (environment steps: the bins' centres).
+    curves : dict
+        Legend label -> ``(mean, std, line, band)``: ``mean`` and ``std`` one value per x, ``line``
+        the ``ax.plot`` keywords (``lw``, ``ls``, ``color``), ``band`` the ``fill_between`` ones.
+    title, xlabel, ylabel : str
+    """
+    import numpy as np
+
+    for label, (m, s, line, band) in curves.items():
+        m, s = np.asarray(m), np.asarray(s)
+        ax.plot(x, m, label=label, **line)
+        ax.fill_between(x, m - s, m + s, alpha=0.15, **band)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+
+
+def hbar_values(ax, labels: list, values: list, *, xlabel: str, xerr=None, color=None, vline=None,
+                tick_labels: bool = True) -> None:
+    """One horizontal bar per variant (a categorical axis, top to bottom), with error bars.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    labels : list of str
+    values : list of float
+    xlabel : str
+    xerr : list of float, optional
+    color : colour or list of colours, optional
+        Default matplotlib's cycle.
+    vline : tuple, optional
+        ``(x, text)``: a dotted reference line, its text beside it at the top.
+    tick_labels : bool
+        False leaves the variants unnamed (a panel right of one that names them).
+    """
+    ax.barh(labels, values, **{k: v for k, v in (("xerr", xerr), ("color", color)) if v is not None})
+    if vline is not None:
+        ax.axvline(vline[0], color="k", ls=":", lw=1)
+        ax.text(vline[0], len(labels) - 0.5, vline[1], fontsize=7, va="bottom", ha="right")
+    ax.set_xlabel(xlabel)
+    if not tick_labels:
+        ax.set_yticklabels([])
+    ax.invert_yaxis()
+
+
+def hbar_stack(ax, labels: list, parts: dict, *, xlabel: str, legend: dict, vline: float | None = None,
+               tick_labels: bool = True) -> None:
+    """Horizontal bars of several parts stacked left to right per variant (where the time goes).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    labels : list of str
+    parts : dict
+        Part -> one value per variant.
+    xlabel : str
+    legend : dict
+        ``ax.legend`` keywords.
+    vline : float, optional
+        A dotted reference line.
+    tick_labels : bool
+        As for :func:`hbar_values`.
+    """
+    import numpy as np
+
+    left = np.zeros(len(labels))
+    for k, v in parts.items():
+        v = np.asarray(v)
+        ax.barh(labels, v, left=left, label=k)
+        left += v
+    if vline is not None:
+        ax.axvline(vline, color="k", ls=":", lw=1)
+    ax.set_xlabel(xlabel)
+    if not tick_labels:
+        ax.set_yticklabels([])
+    ax.invert_yaxis()
+    ax.legend(**legend)
+
+
+def lines(ax, xs: list, series: list, *, xticks: list | None = None, ylim=None, yscale: str | None = None,
+          grid_which: str = "major", title: str | None = None, title_fontsize: float = 9, ylabel: str | None = None,
+          ylabel_fontsize: float | None = None, xlabel: str | None = None, legend: dict | None = None,
+          hlines=()) -> None:
+    """A metric over a parameter: one line per series, with error bars or without.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    xs : list of float
+        Positions of the parameter's values.
+    series : list of dict
+        ``y`` (one value per x) and the ``ax.errorbar`` keywords (``yerr``, ``color``, ``marker``,
+        ``label``, ...); with ``"plain": True``, an ``ax.plot`` line instead (a model, say).
+    xticks : list of str, optional
+        Labels of ``xs`` (default: ticks at ``xs``, labelled by matplotlib).
+    ylim : tuple, optional
+    yscale : str, optional
+        E.g. ``"log"``.
+    grid_which : str
+        Grid lines at the ``"major"`` ticks or ``"both"``.
+    title, ylabel, xlabel : str, optional
+    title_fontsize, ylabel_fontsize : float
+    legend : dict, optional
+        ``ax.legend`` keywords (no legend when None).
+    hlines : sequence of (y, dict)
+        Reference lines: height and ``axhline`` keywords.
+    """
+    for sr in series:
+        sr = dict(sr)
+        y = sr.pop("y")
+        if sr.pop("plain", False):
+            ax.plot(xs, y, **sr)
+        else:
+            ax.errorbar(xs, y, **sr)
+    for y, kw in hlines:
+        ax.axhline(y, **kw)
+    if yscale is not None:
+        ax.set_yscale(yscale)
+    ax.set_xticks(xs, *([] if xticks is None else [xticks]))
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.grid(True, which=grid_which, alpha=0.3)
+    if title is not None:
+        ax.set_title(title, fontsize=title_fontsize)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel, **({} if ylabel_fontsize is None else {"fontsize": ylabel_fontsize}))
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if legend is not None:
+        ax.legend(**legend)
+
+
+def grid_figure(out_dir: str, name: str, figsize: tuple, panels: list, *, suptitle: str, suptitle_fontsize: float,
+                top: float, dpi: int = 110, **subplots) -> str:
+    """A grid of panels (rows of ``panel(ax)`` callables), saved as ``out_dir/name``.
+
+    Parameters
+    ----------
+    out_dir, name : str
+    figsize : tuple of float
+    panels : list of list of callable
+        One list per row, one callable per column.
+    suptitle : str
+    suptitle_fontsize : float
+    top : float
+        Top of the panels' area, in figure fraction (room for the title).
+    dpi : int
+    **subplots
+        Passed to ``plt.subplots`` (``sharex``, ``sharey``).
+
+    Returns
+    -------
+    str
+        ``name``.
+    """
+    fig, axes = pyplot().subplots(len(panels), len(panels[0]), figsize=figsize, squeeze=False, **subplots)
+    for row, ax_row in zip(panels, axes):
+        for panel, ax in zip(row, ax_row):
+            panel(ax)
+    fig.suptitle(suptitle, fontsize=suptitle_fontsize)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return save_figure(fig, out_dir, name, dpi=dpi)
+
+
 def panels_figure(out_dir: str, name: str, figsize: tuple, panels: list, *, suptitle: str | None = None,
-                  **subplots) -> str:
+                  suptitle_fontsize: float | None = None, **subplots) -> str:
     """A row of panels, each drawn by ``panel(ax)``, saved as ``out_dir/name``.
 
     Parameters
@@ -430,6 +609,7 @@ def panels_figure(out_dir: str, name: str, figsize: tuple, panels: list, *, supt
     panels : list of callable
         One per axes, left to right (e.g. a generic kind with its data bound by ``functools.partial``).
     suptitle : str, optional
+    suptitle_fontsize : float, optional
     **subplots
         Passed to ``plt.subplots`` (e.g. ``sharey=True``).
 
@@ -444,7 +624,7 @@ def panels_figure(out_dir: str, name: str, figsize: tuple, panels: list, *, supt
     for ax, panel in zip(np.atleast_1d(axes), panels):
         panel(ax)
     if suptitle is not None:
-        fig.suptitle(suptitle)
+        fig.suptitle(suptitle, **({} if suptitle_fontsize is None else {"fontsize": suptitle_fontsize}))
     fig.tight_layout()
     return save_figure(fig, out_dir, name)
 

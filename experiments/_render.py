@@ -80,7 +80,7 @@ def write_report(out_dir: str, lines: list, run: dict) -> str:
 
 
 # -- tables -----------------------------------------------------------------------------------
-def md_table(header, rows, align: str) -> list[str]:
+def md_table(header, rows, align: str, empty: str = " ") -> list[str]:
     """A markdown table built from data, so a report lists cells rather than hand-built lines.
 
     Parameters
@@ -91,6 +91,8 @@ def md_table(header, rows, align: str) -> list[str]:
         One sequence of cells per row (``str`` is applied); an empty cell renders as ``| |``.
     align : str
         One letter per column: ``r`` right-aligned (numbers), anything else left.
+    empty : str
+        What an empty cell renders as between its bars.
 
     Returns
     -------
@@ -98,13 +100,13 @@ def md_table(header, rows, align: str) -> list[str]:
         The header, the separator and one line per row, no blank line around them.
     """
     def line(cells):
-        return "|" + "|".join(f" {c} " if c != "" else " " for c in map(str, cells)) + "|"
+        return "|" + "|".join(f" {c} " if c != "" else empty for c in map(str, cells)) + "|"
 
     return ([line(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
             + [line(r) for r in rows])
 
 
-def table(records, columns, fmt: dict | None = None) -> list[str]:
+def table(records, columns, fmt: dict | None = None, empty: str = " ") -> list[str]:
     """A markdown table declared by its columns, one row per record (:func:`md_table`).
 
     Parameters
@@ -113,10 +115,12 @@ def table(records, columns, fmt: dict | None = None) -> list[str]:
         One record (usually a dict of ``results.json``) per row.
     columns : sequence of tuple
         ``(header, align, cell)`` per column: ``align`` as for :func:`md_table`; ``cell`` a format
-        string filled from the record (``"{median_us:.1f}"``, ``"{fits[1]:,}"``) or a callable
+        string filled from the record (``"{median_us:.1f}"``, ``"{tiers[ram][calls]:,}"``) or a callable
         ``record -> value``.
     fmt : dict, optional
         Extra names for the format strings (e.g. a reference value shared by every row).
+    empty : str
+        As for :func:`md_table`.
 
     Returns
     -------
@@ -127,7 +131,7 @@ def table(records, columns, fmt: dict | None = None) -> list[str]:
         return c(r) if callable(c) else c.format_map({**(fmt or {}), **r} if isinstance(r, dict) else r)
 
     return md_table([h for h, _, _ in columns], [[cell(c, r) for _, _, c in columns] for r in records],
-                    "".join(a for _, a, _ in columns))
+                    "".join(a for _, a, _ in columns), empty)
 
 
 def text_table(header, rows) -> str:

@@ -516,7 +516,7 @@ def plot(raw, cells, names, out_dir, mode) -> list:
                ("gather.4096.p50_us", "sample(4096) p50 time", False)]
     files.append(panels_figure(out_dir, "steady_state.png", (16, 4), [
         partial(bar_series, ticks=(range(len(LAYOUTS)), [lay.upper() for lay in LAYOUTS]),
-                series=[relative(p, n) for n in present], hline=1, legend={"fontsize": 8} if i == 0 else None,
+                series=[relative(p, n) for n in present], hlines=[(1, dict(color="k", lw=0.8))], legend={"fontsize": 8} if i == 0 else None,
                 title=f"{title}\n(÷ numpy, {'higher' if higher else 'lower'} is better)")
         for i, (p, title, higher) in enumerate(metrics)],
         suptitle=f"Steady state on a filled buffer ({ROWS[mode]['cartpole']:,} cartpole rows): "
