@@ -4,8 +4,9 @@ legends in columns, and saving a figure beside the report.
 
 An experiment declares a figure as its panels, one generic kind each (:func:`hbar_medians`,
 :func:`bars`, :func:`hbars`, :func:`hbar_pairs`, :func:`hbar_values`, :func:`hbar_stack`,
-:func:`bar_series`, :func:`lines`, :func:`learning_curves`, :func:`survival`, :func:`traces`) with its data from ``results.json`` bound by ``functools.partial``, and
-:func:`panels_figure` (one row) or :func:`grid_figure` draws and saves it::
+:func:`bar_series`, :func:`lines`, :func:`learning_curves`, :func:`survival`, :func:`traces`) with
+its data from ``results.json`` bound by ``functools.partial``, and :func:`panels_figure` (one row)
+or :func:`grid_figure` draws and saves it::
 
     panels_figure(out_dir, "speed.png", (13, 4.8), [partial(hbar_medians, stats=res["sample"], ...)])
 

@@ -294,6 +294,28 @@ def run_in_fresh_processes(script: str, variants: list, seeds: list, args: list,
     return runs
 
 
+def rss_statm() -> int:
+    """Current resident set size of this process from ``/proc/self/statm``, in bytes (no psutil:
+    nothing imported into the process being measured)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_hwm() -> int:
+    """Peak resident set of this process's own address space (``VmHWM``, reset by exec), in bytes;
+    ``getrusage``'s figure where ``/proc`` is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def rss_bytes() -> int:
     """Current resident set size of this process (psutil), in bytes."""
     import psutil

@@ -500,7 +500,6 @@ def speed(block: dict, rows: int, full_rows: int, rounds: int, slice_ms: int, wi
 # ---------------------------------------------------------------------------------------------
 # 4b. The cold tier: sample(32) with 50% and 90% of the rows cold
 # ---------------------------------------------------------------------------------------------
-
 def cold_sampling(block: dict, game: str, rows: int, workdir: str, rounds: int, calls: int, disk_calls: int,
                   log) -> list:
     """For each cold fraction: the tier, the spill from the page cache, the spill from the disk,
