@@ -1,7 +1,8 @@
-"""Report writing shared by the experiments: markdown tables built from data (:func:`md_table`,
-:func:`text_table` for the console), number formatting, the "Machine and run" section of a report
-(:func:`markdown`, :func:`write_report`), the machine bullet and provenance line, ratio crossings
-in words, and the hand-written parts of a report (:func:`hand_written`).
+"""Report writing shared by the experiments: markdown tables built from data (:func:`md_table`;
+:func:`table`, a table declared as columns over records; :func:`text_table` for the console),
+number formatting, the "Machine and run" section of a report (:func:`markdown`,
+:func:`write_report`), the machine bullet and provenance line, ratio crossings in words, and the
+hand-written parts of a report (:func:`hand_written`).
 
 A report is written from its ``results.json``: the code writes the tables, plots and the machine
 section; conclusions and the prose of the method are written by hand in the full report's
@@ -106,7 +107,7 @@ def md_table(header, rows, align: str, empty: str = " ") -> list[str]:
             + [line(r) for r in rows])
 
 
-def table(records, columns, fmt: dict | None = None, empty: str = " ") -> list[str]:
+def table(records, columns, empty: str = " ") -> list[str]:
     """A markdown table declared by its columns, one row per record (:func:`md_table`).
 
     Parameters
@@ -117,8 +118,6 @@ def table(records, columns, fmt: dict | None = None, empty: str = " ") -> list[s
         ``(header, align, cell)`` per column: ``align`` as for :func:`md_table`; ``cell`` a format
         string filled from the record (``"{median_us:.1f}"``, ``"{tiers[ram][calls]:,}"``) or a callable
         ``record -> value``.
-    fmt : dict, optional
-        Extra names for the format strings (e.g. a reference value shared by every row).
     empty : str
         As for :func:`md_table`.
 
@@ -128,7 +127,7 @@ def table(records, columns, fmt: dict | None = None, empty: str = " ") -> list[s
         As :func:`md_table`.
     """
     def cell(c, r):
-        return c(r) if callable(c) else c.format_map({**(fmt or {}), **r} if isinstance(r, dict) else r)
+        return c(r) if callable(c) else c.format_map(r)
 
     return md_table([h for h, _, _ in columns], [[cell(c, r) for _, _, c in columns] for r in records],
                     "".join(a for _, a, _ in columns), empty)
