@@ -7,6 +7,11 @@
 * ``numpy``: a hand-written numpy buffer that stores the full obs and next_obs stacks (what a
   naive DQN buffer does), sampled with fancy indexing.
 
+And the references ``experiments/atari_frames.py`` checks and times tfdata against: the full
+stacks in a ring placed as tfdata places rows (:class:`NaiveRing`, with its own n-step windows),
+and a hand-written one-frame-per-row ring with and without tfdata's checks
+(:class:`NumpyFrameBuffer`, :class:`CheckedNumpyFrameBuffer`).
+
 Each measurement runs in a fresh forked process (:func:`_timing.run_forked`; the 3,000
 source transitions, 170 MB, are resident before and after, so they cancel out): resident
 memory (RSS) before the buffer is built, after it is built (SB3 and numpy allocate with
@@ -35,11 +40,12 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _envs import atari_transitions  # noqa: E402
+from _envs import ATARI_FIELDS, atari_transitions  # noqa: E402
 from _render import text_table  # noqa: E402
 from _timing import fresh_pages_allocator, rss_bytes, run_forked  # noqa: E402
 
 OBS_SHAPE = (4, 84, 84)
+FRAME = OBS_SHAPE[1:]
 KINDS = ("sb3", "sb3-optimized", "numpy")
 BATCH = 32
 
@@ -91,6 +97,102 @@ class NumpyStackBuffer:
         idx = rng.integers(0, len(self), batch_size)
         return {"obs": self.obs[idx], "next_obs": self.next_obs[idx], "action": self.action[idx],
                 "reward": self.reward[idx], "terminated": self.terminated[idx], "truncated": self.truncated[idx]}
+
+
+class NaiveRing:
+    """The full stacks the environments returned, in a hand-written numpy ring of full stacks
+    (``_atari_baselines.NumpyStackBuffer``): row ``g`` (in write order) at slot ``g % capacity``,
+    as tfdata places rows. Reads by slot; computes n-step windows itself."""
+
+    def __init__(self, capacity: int, num_envs: int):
+        self.buf = NumpyStackBuffer(capacity)
+        self.capacity, self.num_envs, self.written = capacity, num_envs, 0
+        self.row = np.full(capacity, -1, np.int64)  # slot -> row number held
+
+    def write(self, rows: dict) -> None:
+        for i in range(len(rows["action"])):
+            self.buf.add(*(rows[f][i] for f in ("obs", "next_obs", "action", "reward", "terminated", "truncated")))
+            self.row[self.written % self.capacity] = self.written
+            self.written += 1
+
+    def gather(self, idx) -> dict:
+        return {f: getattr(self.buf, f)[idx] for f in ATARI_FIELDS}
+
+    def nstep(self, idx, n: int, gamma: float) -> dict:
+        """Windows of up to ``n`` rows of each start row's stream, stopping after an episode end
+        or at the stream's newest row; the return summed in float64 in order, ``gamma ** k``."""
+        b, cap, E = self.buf, self.capacity, self.num_envs
+        out = self.gather(idx)
+        disc = np.empty(len(idx), np.float32)
+        for i, s in enumerate(np.asarray(idx)):
+            g, acc, gk = int(self.row[s]), 0.0, 1.0
+            assert g >= 0, "a sampled slot holds no row"
+            for k in range(n):
+                j = g % cap
+                acc += gk * float(b.reward[j])
+                if b.terminated[j] or b.truncated[j] or k == n - 1 or g + E >= self.written:
+                    break
+                gk *= gamma
+                g += E
+            disc[i] = gk * gamma
+            out["reward"][i] = acc
+            out["next_obs"][i], out["terminated"][i], out["truncated"][i] = b.next_obs[j], b.terminated[j], b.truncated[j]
+        out["discounts"] = disc
+        return out
+
+
+class NumpyFrameBuffer:
+    """The hand-written one-frame-per-row ring: writes the newest frame and the small fields,
+    checks nothing, keeps no episode bookkeeping (so it cannot rebuild stacks at episode starts:
+    the floor of what writing a transition costs, not a usable buffer).
+
+    Attributes
+    ----------
+    frames : numpy.ndarray
+        uint8 ``(capacity, 84, 84)``.
+    action, reward, terminated, truncated : numpy.ndarray
+        int64, float32, bool, bool ``(capacity,)``.
+    """
+
+    def __init__(self, capacity: int):
+        self.frames = np.zeros((capacity, *FRAME), np.uint8)
+        self.action = np.zeros(capacity, np.int64)
+        self.reward = np.zeros(capacity, np.float32)
+        self.terminated = np.zeros(capacity, bool)
+        self.truncated = np.zeros(capacity, bool)
+        self.i = 0
+
+    def push(self, row) -> None:
+        i = self.i
+        self.frames[i] = row["obs"][-1]
+        self.action[i] = row["action"]
+        self.reward[i] = row["reward"]
+        self.terminated[i] = row["terminated"]
+        self.truncated[i] = row["truncated"]
+        self.i = i + 1 if i + 1 < len(self.action) else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.frames, self.action, self.reward, self.terminated, self.truncated))
+
+
+class CheckedNumpyFrameBuffer(NumpyFrameBuffer):
+    """:class:`NumpyFrameBuffer` plus, in numpy, the checks tfdata's push makes before it writes:
+    ``next_obs[:-1] == obs[1:]``, and ``obs`` continues the stream (equal to the previous row's
+    ``next_obs``; after an episode end, its older frames equal its newest: reset padding). What
+    checking costs when written by hand (it reads both stacks and the previous one)."""
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.prev = None  # the previous row's next_obs; None: the next row starts an episode
+
+    def push(self, row) -> None:
+        obs, nxt = row["obs"], row["next_obs"]
+        ok = (obs[:-1] == obs[-1]).all() if self.prev is None else np.array_equal(obs, self.prev)
+        if not ok or not np.array_equal(nxt[:-1], obs[1:]):
+            raise ValueError("the row does not continue its stream")
+        super().push(row)
+        self.prev = None if row["terminated"] or row["truncated"] else nxt
 
 
 def make_buffer(kind: str, capacity: int, num_actions: int = 4):

@@ -1,7 +1,8 @@
 """What the experiments feed the buffers: the row kinds of the layout experiments (``ROW_KINDS``,
 random rows of a spec, buffers filled to a capacity) and real Atari transitions
 (:func:`atari_transitions`: the ALE through gymnasium's DQN wrappers, exactly as the environments
-gave them).
+gave them), as rows a buffer takes (:func:`rows_of`) and as a block written again and again
+with the stream staying continuous (:func:`repeatable_block`, :func:`chunks_of`, :func:`row_dicts`).
 
 numpy, gymnasium and ale_py are imported inside the functions. This module imports no sibling
 module: ``tests/atari.py`` loads it by its path.
@@ -245,3 +246,46 @@ def atari_transitions(game: str, steps: int, *, num_envs: int = 1, seed: int = 0
         out = {k: v[:, 0] for k, v in out.items()}
     out["num_actions"], out["env_id"] = n_actions, atari_env_id(game)
     return out
+
+
+# -- rows of a real stream --------------------------------------------------------------------
+#: The fields of an Atari transition, in the order of the buffers' specs.
+ATARI_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+
+
+def rows_of(d: dict, num_envs: int) -> dict:
+    """The transitions as rows in the order a buffer takes them (step-major, env fastest)."""
+    import numpy as np
+
+    cut = 1 if num_envs == 1 else 2
+    return {f: np.ascontiguousarray(d[f].reshape((-1,) + d[f].shape[cut:])) for f in ATARI_FIELDS}
+
+
+def repeatable_block(d: dict) -> dict:
+    """The rows of a one-environment stream from its first row (a reset) to its last episode end:
+    written again right after itself, the stream stays continuous (the next row is a reset)."""
+    import numpy as np
+
+    done = np.flatnonzero(d["terminated"] | d["truncated"])
+    if done.size == 0:
+        raise SystemExit("the stream has no episode end; collect more steps")
+    n = int(done[-1]) + 1
+    return {f: d[f][:n] for f in ATARI_FIELDS}
+
+
+def chunks_of(block: dict, total: int, size: int):
+    """``total`` rows of ``block`` repeated, as chunks of at most ``size`` rows (never across the
+    block's end, so every chunk is continuous)."""
+    n, done, p = len(block["action"]), 0, 0
+    while done < total:
+        m = min(size, n - p, total - done)
+        yield {f: v[p:p + m] for f, v in block.items()}
+        done += m
+        p = (p + m) % n
+
+
+def row_dicts(block: dict) -> list:
+    """One push argument per row (obs/next_obs views, small fields as Python scalars)."""
+    return [{"obs": block["obs"][i], "action": int(block["action"][i]), "reward": float(block["reward"][i]),
+             "next_obs": block["next_obs"][i], "terminated": bool(block["terminated"][i]),
+             "truncated": bool(block["truncated"][i])} for i in range(len(block["action"]))]

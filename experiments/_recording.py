@@ -303,6 +303,26 @@ def machine_brief() -> dict:
             "os": platform.system(), "kernel": platform.release(), "machine": platform.machine()}
 
 
+def thp_settings() -> dict:
+    """The transparent huge pages settings (sysfs ``enabled``, ``defrag``, ``khugepaged/defrag``,
+    ``hpage_pmd_size``; None where unreadable)."""
+    out = {}
+    for f in ("enabled", "defrag", "khugepaged/defrag", "hpage_pmd_size"):
+        text = _read(f"/sys/kernel/mm/transparent_hugepage/{f}")
+        out[f] = None if text is None else text.strip()
+    return out
+
+
+def library_versions(packages) -> dict:
+    """Versions of Debian packages (``dpkg-query``; None where unknown), e.g. the allocator
+    libraries behind ``tfdata.alloc``."""
+    out = {}
+    for pkg in packages:
+        text = _run(["dpkg-query", "-W", "-f=${Version}", pkg])
+        out[pkg] = text.strip() if text and text.strip() else None
+    return out
+
+
 # -- load -------------------------------------------------------------------------------------
 def load_average() -> list[float] | None:
     try:
@@ -328,6 +348,35 @@ def _busy_shares(t0: list[int] | None, t1: list[int] | None) -> dict:
     idle = d[3] + (d[4] if len(d) > 4 else 0)
     steal = d[7] if len(d) > 7 else 0
     return {"busy_fraction": round(1 - idle / total, 4), "steal_fraction": round(steal / total, 4)}
+
+
+def cpu_snapshot(children: bool = False):
+    """(machine busy CPU-seconds, this process's CPU-seconds), or None where /proc/stat is missing.
+
+    Parameters
+    ----------
+    children : bool
+        Count the CPU time of this process's waited-for children as its own (measurements run in
+        child processes).
+    """
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            parts = f.readline().split()
+        ticks = [int(x) for x in parts[1:9]]
+        busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+        t = os.times()
+        own = t.user + t.system + (t.children_user + t.children_system if children else 0.0)
+        return busy / os.sysconf("SC_CLK_TCK"), own
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def other_cpu_share(before, after, wall_s: float) -> float | None:
+    """Share of the machine's CPUs used by other processes between two :func:`cpu_snapshot`."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    other = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, other) / (wall_s * (os.cpu_count() or 1))
 
 
 def peak_rss_bytes() -> int:

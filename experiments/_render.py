@@ -1,7 +1,8 @@
-"""Report writing shared by the experiments: markdown tables built from data (:func:`md_table`,
-:func:`text_table` for the console), number formatting, the "Machine and run" section of a report
-(:func:`markdown`, :func:`write_report`), the machine bullet and provenance line, ratio crossings
-in words, and the hand-written parts of a report (:func:`hand_written`).
+"""Report writing shared by the experiments: markdown tables built from data (:func:`md_table`;
+:func:`table`, a table declared as columns over records; :func:`text_table` for the console),
+number formatting, the "Machine and run" section of a report (:func:`markdown`,
+:func:`write_report`), the machine bullet and provenance line, ratio crossings in words, and the
+hand-written parts of a report (:func:`hand_written`).
 
 A report is written from its ``results.json``: the code writes the tables, plots and the machine
 section; conclusions and the prose of the method are written by hand in the full report's
@@ -80,7 +81,7 @@ def write_report(out_dir: str, lines: list, run: dict) -> str:
 
 
 # -- tables -----------------------------------------------------------------------------------
-def md_table(header, rows, align: str) -> list[str]:
+def md_table(header, rows, align: str, empty: str = " ") -> list[str]:
     """A markdown table built from data, so a report lists cells rather than hand-built lines.
 
     Parameters
@@ -91,6 +92,8 @@ def md_table(header, rows, align: str) -> list[str]:
         One sequence of cells per row (``str`` is applied); an empty cell renders as ``| |``.
     align : str
         One letter per column: ``r`` right-aligned (numbers), anything else left.
+    empty : str
+        What an empty cell renders as between its bars.
 
     Returns
     -------
@@ -98,10 +101,36 @@ def md_table(header, rows, align: str) -> list[str]:
         The header, the separator and one line per row, no blank line around them.
     """
     def line(cells):
-        return "|" + "|".join(f" {c} " if c != "" else " " for c in map(str, cells)) + "|"
+        return "|" + "|".join(f" {c} " if c != "" else empty for c in map(str, cells)) + "|"
 
     return ([line(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
             + [line(r) for r in rows])
+
+
+def table(records, columns, empty: str = " ") -> list[str]:
+    """A markdown table declared by its columns, one row per record (:func:`md_table`).
+
+    Parameters
+    ----------
+    records : iterable
+        One record (usually a dict of ``results.json``) per row.
+    columns : sequence of tuple
+        ``(header, align, cell)`` per column: ``align`` as for :func:`md_table`; ``cell`` a format
+        string filled from the record (``"{median_us:.1f}"``, ``"{tiers[ram][calls]:,}"``) or a callable
+        ``record -> value``.
+    empty : str
+        As for :func:`md_table`.
+
+    Returns
+    -------
+    list of str
+        As :func:`md_table`.
+    """
+    def cell(c, r):
+        return c(r) if callable(c) else c.format_map(r)
+
+    return md_table([h for h, _, _ in columns], [[cell(c, r) for _, _, c in columns] for r in records],
+                    "".join(a for _, a, _ in columns), empty)
 
 
 def text_table(header, rows) -> str:

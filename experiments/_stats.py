@@ -1,6 +1,7 @@
-"""Statistics across seeds: mean ± std, geometric means, exact permutation tests, learning curves
-of episodes, verdicts on per-seed time ratios (a winner only when every seed agrees and the mean
-is beyond a margin), summaries of per-seed latencies, and where a ratio curve crosses 1.
+"""Statistics across seeds: mean ± std (with median and count: :func:`summary`), geometric means,
+exact permutation tests, learning curves of episodes, verdicts on per-seed time ratios (a winner
+only when every seed agrees and the mean is beyond a margin), summaries of per-seed latencies, and
+where a ratio curve crosses 1.
 
 numpy is imported inside the functions that need it.
 """
@@ -23,6 +24,30 @@ def mean_std(xs) -> tuple[float, float]:
     if not xs:
         return float("nan"), float("nan")
     return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
+
+
+def summary(values, extremes: bool = False) -> dict:
+    """Mean, sample std (ddof=1), median and count of ``values``, skipping None.
+
+    Parameters
+    ----------
+    values : iterable of float or None
+    extremes : bool
+        Add ``min`` and ``max`` (before ``n``).
+
+    Returns
+    -------
+    dict
+        ``mean``, ``std`` (0.0 for a single value), ``median``, [``min``, ``max``,] ``n``; the
+        statistics None when no value is left.
+    """
+    import numpy as np
+
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if v.size == 0:
+        return {"mean": None, "std": None, "median": None, **({"min": None, "max": None} if extremes else {}), "n": 0}
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "median": float(np.median(v)),
+            **({"min": float(v.min()), "max": float(v.max())} if extremes else {}), "n": int(v.size)}
 
 
 def gmean(xs) -> float:

@@ -2,7 +2,9 @@
 call counts sized to a time budget, candidates interleaved in rounds or timed in slices
 (:class:`SliceTimer`, :func:`run_rounds`) so that a change of machine load hits every candidate
 alike, and measurements in fresh processes (a forked child with its own RSS, :func:`run_forked`;
-one fresh interpreter per variant and seed, :func:`run_in_fresh_processes`).
+one fresh interpreter per variant and seed, :func:`run_in_fresh_processes`); the references
+a copy is timed against (:class:`Memcpy`), and the page cache of spill files (drop it, read how
+much of a file it holds).
 
 numpy and psutil are imported inside the functions that need them.
 """
@@ -292,6 +294,28 @@ def run_in_fresh_processes(script: str, variants: list, seeds: list, args: list,
     return runs
 
 
+def rss_statm() -> int:
+    """Current resident set size of this process from ``/proc/self/statm``, in bytes (no psutil:
+    nothing imported into the process being measured)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_hwm() -> int:
+    """Peak resident set of this process's own address space (``VmHWM``, reset by exec), in bytes;
+    ``getrusage``'s figure where ``/proc`` is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def rss_bytes() -> int:
     """Current resident set size of this process (psutil), in bytes."""
     import psutil
@@ -361,3 +385,86 @@ def run_forked(fn, *args) -> dict:
     p.join()
     out["process"] = "fresh forked process"
     return out
+
+
+# -- references and the page cache ------------------------------------------------------------
+class Memcpy:
+    """``np.copyto`` of ``nbytes`` (a batch's bytes), contiguous: from a pool of ``pool_bytes`` at a random
+    cache-line-aligned offset per call (``hot=False``: from DRAM when the pool exceeds the
+    caches), or always from the same source (``hot=True``: from the caches)."""
+
+    def __init__(self, nbytes: int, pool_bytes: int, hot: bool, seed: int = 0):
+        import numpy as np
+
+        self.pool = np.empty(max(pool_bytes, nbytes), np.uint8)
+        self.pool.fill(0x5A)  # every page touched before timing
+        self.dst = np.zeros(nbytes, np.uint8)
+        offs = np.random.default_rng(seed).integers(0, (len(self.pool) - nbytes) // 64 + 1, 4096) * 64
+        self.srcs = [self.pool[:nbytes]] if hot else [self.pool[o:o + nbytes] for o in offs.tolist()]
+        self.k = 0
+        self._copyto = np.copyto  # no import in the timed call
+
+    def copy(self) -> None:
+        self.k = (self.k + 1) % len(self.srcs)
+        self._copyto(self.dst, self.srcs[self.k])
+
+
+def remove(path: str) -> None:
+    """Delete a spill file or directory."""
+    import shutil
+
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def spill_files(path: str) -> list:
+    return [path] if os.path.isfile(path) else sorted(os.path.join(path, f) for f in os.listdir(path))
+
+
+def drop_page_cache(path: str) -> None:
+    """Write the spill file's dirty pages, then ask the kernel to drop its cached pages (those the
+    buffer maps, its hot rows and rows sampled since its last release, stay)."""
+    for name in spill_files(path):
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cached_bytes(path: str) -> int | None:
+    """Bytes of the spill file in the page cache (``mincore`` on a fresh read-only map); None
+    where that cannot be read."""
+    import ctypes
+    import mmap
+
+    import numpy as np
+
+    total = 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = mmap.PAGESIZE
+        for name in spill_files(path):
+            size = os.path.getsize(name)
+            if size == 0:
+                continue
+            with open(name, "rb") as f:
+                mm = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+            try:
+                view = np.frombuffer(mm, np.uint8)
+                pages = (size + page - 1) // page
+                vec = np.zeros(pages, np.uint8)
+                rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
+                                  ctypes.c_void_p(vec.ctypes.data))
+                del view
+                if rc != 0:
+                    return None
+                total += int((vec & 1).sum()) * page
+            finally:
+                mm.close()
+    except (OSError, AttributeError, ValueError):
+        return None
+    return total

@@ -53,6 +53,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 
 import numpy as np
 
@@ -61,8 +62,11 @@ from tfdata import alloc as talloc
 from tfdata import memory as tmem
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _recording import RunRecord, peak_rss_bytes, report_dir, write_json  # noqa: E402
-from _render import hand_written, markdown as methodology_markdown  # noqa: E402
+from _plots import bar_series, panels_figure, survival, traces  # noqa: E402
+from _recording import RunRecord, cpu_snapshot, library_versions, other_cpu_share, parse_seeds, peak_rss_bytes  # noqa: E402
+from _recording import report_dir, seeds_parser, thp_settings, write_json  # noqa: E402
+from _render import hand_written, markdown as methodology_markdown, table  # noqa: E402
+from _stats import mean_std  # noqa: E402
 from _timing import rotated  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +110,6 @@ OUT_DIRS = ({"full": report_dir("alloc"), "quick": report_dir("alloc")} if os.en
             else {"full": report_dir("alloc"), "quick": os.path.join(report_dir("alloc"), "quick")})
 COLORS = {"numpy": "tab:blue", "jemalloc": "tab:orange", "mimalloc": "tab:green",
           "hugepages": "tab:red", "nohugepages": "tab:purple"}
-THP_FILES = ("enabled", "defrag", "khugepaged/defrag", "hpage_pmd_size")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,37 +352,17 @@ def worker(job: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Orchestration (main process)
 # ---------------------------------------------------------------------------------------------
-def cpu_snapshot():
-    """(machine busy CPU-seconds, this process's and its waited children's CPU-seconds)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            parts = f.readline().split()
-        ticks = [int(x) for x in parts[1:9]]
-        busy = sum(ticks) - ticks[3] - ticks[4]
-        t = os.times()
-        return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system + t.children_user + t.children_system
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def other_cpu_share(before, after, wall_s: float):
-    if before is None or after is None or wall_s <= 0:
-        return None
-    other = (after[0] - before[0]) - (after[1] - before[1])
-    return max(0.0, other) / (wall_s * (os.cpu_count() or 1))
-
-
 def run_worker(job: dict, log) -> dict:
     env = talloc.tunable_env()
     env.pop("_TFDATA_REEXEC", None)
-    c0, t0 = cpu_snapshot(), time.perf_counter()
+    c0, t0 = cpu_snapshot(children=True), time.perf_counter()
     try:
         p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)],
                            env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"failed": f"timed out after {WORKER_TIMEOUT_S} s"}
     wall = time.perf_counter() - t0
-    share = other_cpu_share(c0, cpu_snapshot(), wall)
+    share = other_cpu_share(c0, cpu_snapshot(children=True), wall)
     line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if p.returncode != 0 or line is None:
         tail = (p.stderr or "").strip().splitlines()[-5:]
@@ -392,30 +375,6 @@ def run_worker(job: dict, log) -> dict:
     return out
 
 
-def thp_settings() -> dict:
-    out = {}
-    for f in THP_FILES:
-        try:
-            with open(f"/sys/kernel/mm/transparent_hugepage/{f}") as fh:
-                out[f] = fh.read().strip()
-        except OSError:
-            out[f] = None
-    return out
-
-
-def library_versions() -> dict:
-    """Versions of the Debian packages behind jemalloc / mimalloc (dpkg-query; None if unknown)."""
-    out = {}
-    for pkg in ("libjemalloc2", "libmimalloc2.0", "libc6"):
-        try:
-            r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True,
-                               text=True, timeout=10)
-            out[pkg] = r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
-        except (OSError, subprocess.SubprocessError):
-            out[pkg] = None
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Statistics
 # ---------------------------------------------------------------------------------------------
@@ -425,13 +384,6 @@ def get_path(d: dict, path: str):
             return None
         d = d[p]
     return d
-
-
-def mean_std(xs) -> tuple[float, float]:
-    xs = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    if not xs:
-        return float("nan"), float("nan")
-    return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
 
 
 def cell_runs(raw, case, name, layout):
@@ -531,164 +483,109 @@ def fmt(cells, case, name, lay, path, scale=1.0, digits=1, rel=True) -> str:
 # Plots
 # ---------------------------------------------------------------------------------------------
 def plot(raw, cells, names, out_dir, mode) -> list:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
+    """The report's figures, declared as panels of the generic kinds of _plots."""
     present = [n for n in names if any(r["allocator"] == n and "result" in r for r in raw)]
+    files = []
+
+    def mean(case, n, lay, path):
+        c = cellv(cells, case, n, lay, path)
+        return c if c and not math.isnan(c["mean"]) else None
 
     # 1. sample(256) latency: survival function (1 - CDF), pooled over seeds
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    centers = np.sqrt(HIST_EDGES_NS[:-1] * HIST_EDGES_NS[1:]) / 1e3
-    for ax, lay in zip(axes, LAYOUTS):
-        for n in present:
-            hs = [r["result"]["sample256_hist"] for r in cell_runs(raw, "cartpole", n, lay)]
-            if not hs:
-                continue
-            h = np.sum(hs, axis=0).astype(float)
-            surv = 1 - np.cumsum(h) / h.sum()
-            ax.step(centers, np.maximum(surv, 1e-7), where="post", color=COLORS[n], label=n)
-        for q in (0.5, 0.99, 0.999):
-            ax.axhline(1 - q, color="0.8", lw=0.8, zorder=0)
-            ax.text(1.05, 1 - q, f"p{q * 100:g}", fontsize=7, color="0.4", va="bottom")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_ylim(1e-5 if mode == "full" else 1e-4, 1.2)
-        ax.set_xlim(1, 1e5)
-        ax.set_xlabel("sample(256) call latency (µs)")
-        ax.set_title(f"cartpole rows, {ROWS[mode]['cartpole']:,} filled, {lay.upper()}")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("fraction of calls slower (1 - CDF)")
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend()
-    fig.suptitle("Latency of single sample(256) calls, pooled over seeds")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "latency_sample256.png"), dpi=110)
-    plt.close(fig)
-    files.append("latency_sample256.png")
+    files.append(panels_figure(out_dir, "latency_sample256.png", (12, 4.5), [
+        partial(survival, hists={n: [r["result"]["sample256_hist"] for r in cell_runs(raw, "cartpole", n, lay)]
+                                 for n in present}, edges_ns=HIST_EDGES_NS, colors=COLORS,
+                ylim=(1e-5 if mode == "full" else 1e-4, 1.2), xlim=(1, 1e5), xlabel="sample(256) call latency (µs)",
+                title=f"cartpole rows, {ROWS[mode]['cartpole']:,} filled, {lay.upper()}", legend=i == 0,
+                ylabel="fraction of calls slower (1 - CDF)" if i == 0 else None)
+        for i, lay in enumerate(LAYOUTS)], suptitle="Latency of single sample(256) calls, pooled over seeds", sharey=True))
 
     # 2. steady-state throughput (cartpole), normalised to numpy per layout
-    metrics = [("extend_rows_per_s", "extend rows/s (refill)", True),
-               ("push_per_s", "push rows/s", True),
+    def relative(p, n):
+        got = [(li, mean("cartpole", n, lay, p), cellv(cells, "cartpole", REFERENCE, lay, p))
+               for li, lay in enumerate(LAYOUTS)]
+        got = [(li, c, ref) for li, c, ref in got if c and ref and ref["mean"]]
+        j, w = present.index(n), 0.8 / max(1, len(present))
+        return {"at": [li + (j - (len(present) - 1) / 2) * w for li, _, _ in got], "width": w,
+                "heights": [c["mean"] / ref["mean"] for _, c, ref in got],
+                "yerr": [c["std"] / ref["mean"] for _, c, ref in got], "color": COLORS[n], "capsize": 2,
+                "label": n if got and got[0][0] == 0 else None}
+    metrics = [("extend_rows_per_s", "extend rows/s (refill)", True), ("push_per_s", "push rows/s", True),
                ("sample256_latency.p50_us", "sample(256) p50 time", False),
                ("sample256_latency.p99_us", "sample(256) p99 time", False),
                ("gather.4096.p50_us", "sample(4096) p50 time", False)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(16, 4))
-    for ax, (p, title, higher) in zip(axes, metrics):
-        w = 0.8 / max(1, len(present))
-        for j, n in enumerate(present):
-            for li, lay in enumerate(LAYOUTS):
-                c, ref = cellv(cells, "cartpole", n, lay, p), cellv(cells, "cartpole", REFERENCE, lay, p)
-                if not c or not ref or not ref["mean"] or math.isnan(c["mean"]):
-                    continue
-                ax.bar(li + (j - (len(present) - 1) / 2) * w, c["mean"] / ref["mean"], w,
-                       yerr=c["std"] / ref["mean"], color=COLORS[n], label=n if li == 0 else None, capsize=2)
-        ax.axhline(1, color="k", lw=0.8)
-        ax.set_xticks(range(len(LAYOUTS)), [lay.upper() for lay in LAYOUTS])
-        ax.set_title(f"{title}\n(÷ numpy, {'higher' if higher else 'lower'} is better)", fontsize=9)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=8)
-    fig.suptitle(f"Steady state on a filled buffer ({ROWS[mode]['cartpole']:,} cartpole rows): "
-                 "mean ± std over seeds, relative to numpy")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "steady_state.png"), dpi=110)
-    plt.close(fig)
-    files.append("steady_state.png")
+    files.append(panels_figure(out_dir, "steady_state.png", (16, 4), [
+        partial(bar_series, ticks=(range(len(LAYOUTS)), [lay.upper() for lay in LAYOUTS]),
+                series=[relative(p, n) for n in present], hlines=[(1, dict(color="k", lw=0.8))], legend={"fontsize": 8} if i == 0 else None,
+                title=f"{title}\n(÷ numpy, {'higher' if higher else 'lower'} is better)")
+        for i, (p, title, higher) in enumerate(metrics)],
+        suptitle=f"Steady state on a filled buffer ({ROWS[mode]['cartpole']:,} cartpole rows): "
+                 "mean ± std over seeds, relative to numpy"))
 
     # 3. huge pages: gather time and huge bytes
-    groups = [("cartpole", "aos", "4096"), ("cartpole", "soa", "4096"), ("image", "aos", "256"),
-              ("image", "aos", "4096")]
-    fig, axes = plt.subplots(1, len(groups) + 1, figsize=(18, 4.3))
-    for ax, (case, lay, b) in zip(axes, groups):
-        xs, ys, es, cs = [], [], [], []
-        for n in present:
-            c = cellv(cells, case, n, lay, f"gather.{b}.p50_us")
-            if c and not math.isnan(c["mean"]):
-                xs.append(n)
-                ys.append(c["mean"])
-                es.append(c["std"])
-                cs.append(COLORS[n])
-        ax.bar(range(len(xs)), ys, yerr=es, color=cs, capsize=3)
-        ax.set_xticks(range(len(xs)), xs, rotation=30, fontsize=8)
+    def gather(case, lay, b):
+        xs = [n for n in present if mean(case, n, lay, f"gather.{b}.p50_us")]
+        cs = [mean(case, n, lay, f"gather.{b}.p50_us") for n in xs]
         nb = cellv(cells, case, REFERENCE, lay, "nbytes") or cellv(cells, case, present[0], lay, "nbytes")
         size = tmem.format_bytes(nb["mean"]) if nb and not math.isnan(nb["mean"]) else "?"
-        ax.set_title(f"{case} {lay.upper()} ({size}): sample({b})\nmedian µs per call", fontsize=9)
-    ax = axes[-1]
-    w = 0.4
-    for ci, case in enumerate(("cartpole", "image")):
-        for j, n in enumerate(present):
-            c = cellv(cells, case, n, "aos", "huge_after_fill")
-            b0 = cellv(cells, case, n, "aos", "huge_baseline")
-            if c and not math.isnan(c["mean"]):
-                ax.bar(j + (ci - 0.5) * w, (c["mean"] - b0["mean"]) / (1 << 20), w,
-                       color=COLORS[n], alpha=1.0 if ci else 0.5, edgecolor="k",
-                       hatch=None if ci else "//")
-    ax.set_xticks(range(len(present)), present, rotation=30, fontsize=8)
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_title("AnonHugePages gained by the fill (MiB)\nhatched: cartpole AoS, solid: image", fontsize=9)
-    fig.suptitle("Random gathers from filled buffers, mean ± std over seeds of the per-seed median")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "gather_hugepages.png"), dpi=110)
-    plt.close(fig)
-    files.append("gather_hugepages.png")
+        return partial(bar_series, ticks=(range(len(xs)), xs), tick_kw={"rotation": 30, "fontsize": 8},
+                       series=[{"at": range(len(xs)), "heights": [c["mean"] for c in cs], "width": 0.8,
+                                "yerr": [c["std"] for c in cs], "color": [COLORS[n] for n in xs], "capsize": 3}],
+                       title=f"{case} {lay.upper()} ({size}): sample({b})\nmedian µs per call")
+
+    def huge(ci, case):
+        js = [j for j, n in enumerate(present) if mean(case, n, "aos", "huge_after_fill")]
+        return {"at": [j + (ci - 0.5) * 0.4 for j in js], "width": 0.4, "edgecolor": "k",
+                "heights": [(cellv(cells, case, present[j], "aos", "huge_after_fill")["mean"]
+                             - cellv(cells, case, present[j], "aos", "huge_baseline")["mean"]) / (1 << 20) for j in js],
+                "color": [COLORS[present[j]] for j in js], "alpha": 1.0 if ci else 0.5, "hatch": None if ci else "//"}
+    groups = [("cartpole", "aos", "4096"), ("cartpole", "soa", "4096"), ("image", "aos", "256"), ("image", "aos", "4096")]
+    files.append(panels_figure(out_dir, "gather_hugepages.png", (18, 4.3), [gather(*g) for g in groups] + [
+        partial(bar_series, ticks=(range(len(present)), present), tick_kw={"rotation": 30, "fontsize": 8},
+                series=[huge(ci, case) for ci, case in enumerate(("cartpole", "image"))],
+                yscale={"value": "symlog", "linthresh": 1},
+                title="AnonHugePages gained by the fill (MiB)\nhatched: cartpole AoS, solid: image")],
+        suptitle="Random gathers from filled buffers, mean ± std over seeds of the per-seed median"))
 
     # 4. construction + first touch
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
-    for ax, (case, lay) in zip(axes, (("cartpole", "aos"), ("cartpole", "soa"), ("image", "aos"))):
-        xs = [n for n in present if cellv(cells, case, n, lay, "first_fill_s")
-              and not math.isnan(cellv(cells, case, n, lay, "first_fill_s")["mean"])]
-        ff = [cellv(cells, case, n, lay, "first_fill_s") for n in xs]
-        rf = [cellv(cells, case, n, lay, "refill_s") for n in xs]
+    def fills(case, lay):
+        xs = [n for n in present if mean(case, n, lay, "first_fill_s")]
+        ff, rf = ([cellv(cells, case, n, lay, p) for n in xs] for p in ("first_fill_s", "refill_s"))
         cm = [cellv(cells, case, n, lay, "construct_ms")["mean"] / 1e3 for n in xs]
-        x = np.arange(len(xs))
-        ax.bar(x - 0.2, cm, 0.4, color="none", edgecolor="k", hatch="xx", label="construction")
-        ax.bar(x - 0.2, [c["mean"] for c in ff], 0.4, bottom=cm, yerr=[c["std"] for c in ff],
-               color=[COLORS[n] for n in xs], capsize=3, label="first fill (pages faulted in)")
-        ax.bar(x + 0.2, [c["mean"] for c in rf], 0.4, yerr=[c["std"] for c in rf],
-               color=[COLORS[n] for n in xs], alpha=0.45, capsize=3, label="second fill (resident)")
-        ax.set_xticks(x, xs, rotation=30, fontsize=8)
-        ax.set_ylabel("seconds")
-        ax.set_title(f"{case} {lay.upper()}, {ROWS[mode][case]:,} rows: fill with extend", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle("Construction + first fill (first touch) against a second fill of the same buffer, "
-                 "mean ± std over seeds")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "first_touch.png"), dpi=110)
-    plt.close(fig)
-    files.append("first_touch.png")
+        x, cs = np.arange(len(xs)), [COLORS[n] for n in xs]
+        return partial(bar_series, ticks=(x, xs), tick_kw={"rotation": 30, "fontsize": 8}, ylabel="seconds",
+                       legend={"fontsize": 7}, title=f"{case} {lay.upper()}, {ROWS[mode][case]:,} rows: fill with extend",
+                       series=[{"at": x - 0.2, "heights": cm, "width": 0.4, "color": "none", "edgecolor": "k",
+                                "hatch": "xx", "label": "construction"},
+                               {"at": x - 0.2, "heights": [c["mean"] for c in ff], "width": 0.4, "bottom": cm,
+                                "yerr": [c["std"] for c in ff], "color": cs, "capsize": 3,
+                                "label": "first fill (pages faulted in)"},
+                               {"at": x + 0.2, "heights": [c["mean"] for c in rf], "width": 0.4,
+                                "yerr": [c["std"] for c in rf], "color": cs, "alpha": 0.45, "capsize": 3,
+                                "label": "second fill (resident)"}])
+    files.append(panels_figure(out_dir, "first_touch.png", (15, 4.3),
+                               [fills(*g) for g in (("cartpole", "aos"), ("cartpole", "soa"), ("image", "aos"))],
+                               suptitle="Construction + first fill (first touch) against a second fill of the same "
+                                        "buffer, mean ± std over seeds"))
 
-    # 5. churn: RSS over the run
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
-    live_drawn = False
+    # 5. churn: RSS over the run, one line per seed
+    by_count, by_time = [], []
     for n in present:
-        runs = cell_runs(raw, "churn", n, None)
-        for i, r in enumerate(runs):
+        for i, r in enumerate(cell_runs(raw, "churn", n, None)):
             tr = r["result"]["trace"]
-            x = np.array(tr["allocations"])
-            axes[0].plot(x, np.array(tr["rss_over_baseline"]) / (1 << 20), color=COLORS[n], lw=1,
-                         alpha=0.9 if i == 0 else 0.35, label=n if i == 0 else None)
-            axes[1].plot(tr["t_s"], np.array(tr["rss_over_baseline"]) / (1 << 20), color=COLORS[n], lw=1,
-                         alpha=0.9 if i == 0 else 0.35, label=n if i == 0 else None)
-            if not live_drawn:
-                axes[0].plot(x, np.array(tr["live_bytes"]) / (1 << 20), color="k", ls="--", lw=1,
-                             label=f"live bytes (seed {r['seed']})", zorder=10)
-                live_drawn = True
-    axes[0].set_xlabel("allocations")
-    axes[1].set_xlabel("seconds (snapshot time excluded)")
-    for ax in axes:
-        ax.set_ylabel("RSS above the baseline (MiB)")
-        ax.grid(True, alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=8)
-    c = CHURN[mode]
-    fig.suptitle(f"Churn: {c['allocations']:,} allocations of 4 KiB-4 MiB (log-uniform), window of "
-                 f"{c['window']} live arrays; one line per seed")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "churn_rss.png"), dpi=110)
-    plt.close(fig)
-    files.append("churn_rss.png")
+            kw = dict(color=COLORS[n], lw=1, alpha=0.9 if i == 0 else 0.35, label=n if i == 0 else None)
+            rss = np.array(tr["rss_over_baseline"]) / (1 << 20)
+            by_count.append((np.array(tr["allocations"]), rss, kw))
+            by_time.append((tr["t_s"], rss, kw))
+            if len(by_count) == 1:
+                by_count.append((np.array(tr["allocations"]), np.array(tr["live_bytes"]) / (1 << 20),
+                                 dict(color="k", ls="--", lw=1, label=f"live bytes (seed {r['seed']})", zorder=10)))
+    ylabel, c = "RSS above the baseline (MiB)", CHURN[mode]
+    files.append(panels_figure(out_dir, "churn_rss.png", (14, 4.8), [
+        partial(traces, lines=by_count, xlabel="allocations", ylabel=ylabel, legend={"fontsize": 8}),
+        partial(traces, lines=by_time, xlabel="seconds (snapshot time excluded)", ylabel=ylabel)],
+        suptitle=f"Churn: {c['allocations']:,} allocations of 4 KiB-4 MiB (log-uniform), window of "
+                 f"{c['window']} live arrays; one line per seed"))
     return files
 
 
@@ -708,26 +605,62 @@ def consistent_diffs(cells, case, names, lays, path):
     return out
 
 
-def table_buffer(cells, names, case, lays) -> list:
-    L = ["| allocator | layout | construct (ms) | first fill (s) | construct + first fill (s) | second fill (s) "
-         "| minor faults, first fill | RSS after construct (MiB) | peak RSS above baseline (MiB) | buffer "
-         "nbytes (MiB) | huge pages after fill (MiB) |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for lay in lays:
-        for n in names:
-            c = cells.get(f"{case}/{n}/{lay}")
-            if not c or math.isnan(c["first_fill_s"]["mean"]):
-                continue
-            hb = c["huge_after_fill"]["mean"] - c["huge_baseline"]["mean"]
-            L.append(f"| {n} | {lay.upper()} | {fmt(cells, case, n, lay, 'construct_ms', digits=2, rel=False)} | "
-                     f"{fmt(cells, case, n, lay, 'first_fill_s', digits=3)} | "
-                     f"{fmt(cells, case, n, lay, 'construct_and_first_fill_s', digits=3)} | "
-                     f"{fmt(cells, case, n, lay, 'refill_s', digits=3)} | "
-                     f"{c['minor_faults_first_fill']['mean']:,.0f} | "
-                     f"{mib(c['rss_after_construct_over_baseline']['mean'])} | "
-                     f"{mib(c['peak_rss_fill_over_baseline']['mean'])} | {mib(c['nbytes']['mean'])} | "
-                     f"{mib(hb)} |")
-    return L
+# -- the tables: (header, align, cell) per column of a record {"cells", "case", "name", "lay", "c"} --
+def records(cells, names, where, metric: str) -> list:
+    """One record per (case, allocator, layout) of ``where`` whose ``metric`` was measured."""
+    return [{"cells": cells, "case": case, "name": n, "lay": lay, "c": cells[f"{case}/{n}/{lay}"]}
+            for case, lay in where for n in names
+            if f"{case}/{n}/{lay}" in cells and not math.isnan(cells[f"{case}/{n}/{lay}"][metric]["mean"])]
+
+
+def F(path: str, scale: float = 1.0, digits: int = 1, rel: bool = True):
+    """A cell: mean ± std of ``path`` (and the difference to numpy)."""
+    return lambda r: fmt(r["cells"], r["case"], r["name"], r["lay"], path, scale, digits, rel)
+
+
+def M(path: str, digits: int = 1, mean_only: bool = False):
+    """A cell: ``path`` in MiB, its mean only or mean ± std."""
+    return lambda r: mib(r["c"][path]["mean"]) if mean_only else ms(r["c"][path], 1 / (1 << 20), digits)
+
+
+NAME, LAYOUT = ("allocator", "l", "{name}"), ("layout", "l", lambda r: r["lay"].upper())
+HUGE_GAIN = ("huge pages after fill (MiB)", "r", lambda r: mib(r["c"]["huge_after_fill"]["mean"]
+                                                             - r["c"]["huge_baseline"]["mean"]))
+BUFFER_COLUMNS = [NAME, LAYOUT, ("construct (ms)", "r", F("construct_ms", digits=2, rel=False)),
+                  ("first fill (s)", "r", F("first_fill_s", digits=3)),
+                  ("construct + first fill (s)", "r", F("construct_and_first_fill_s", digits=3)),
+                  ("second fill (s)", "r", F("refill_s", digits=3)),
+                  ("minor faults, first fill", "r", lambda r: f"{r['c']['minor_faults_first_fill']['mean']:,.0f}"),
+                  ("RSS after construct (MiB)", "r", M("rss_after_construct_over_baseline", mean_only=True)),
+                  ("peak RSS above baseline (MiB)", "r", M("peak_rss_fill_over_baseline", mean_only=True)),
+                  ("buffer nbytes (MiB)", "r", M("nbytes", mean_only=True)), HUGE_GAIN]
+STEADY_COLUMNS = [NAME, LAYOUT, ("extend (M rows/s, second fill)", "r", F("extend_rows_per_s", 1e-6, 2)),
+                  ("push (k rows/s)", "r", F("push_per_s", 1e-3, 1)),
+                  ("sample(4096) p50 (µs)", "r", F("gather.4096.p50_us")),
+                  ("sample(4096) p99 (µs)", "r", F("gather.4096.p99_us")),
+                  ("sample(4096) first call (µs)", "r", F("gather.4096.first_call_us", digits=0, rel=False))]
+LATENCY_COLUMNS = [NAME, LAYOUT] + [(f"{q} (µs)", "r", F(f"sample256_latency.{k}_us", digits=2))
+                                    for q, k in (("p50", "p50"), ("p99", "p99"), ("p99.9", "p999"), ("mean", "mean"))]
+GATHER_COLUMNS = [("case", "l", lambda r: f"{r['case']} {r['lay'].upper()}"), NAME,
+                  ("buffer (MiB)", "r", M("nbytes", mean_only=True)), HUGE_GAIN,
+                  ("sample(256) p50 (µs)", "r", lambda r: F("sample256_latency.p50_us" if r["case"] == "cartpole"
+                                                             else "gather.256.p50_us")(r)),
+                  ("sample(4096) p50 (µs)", "r", F("gather.4096.p50_us")),
+                  ("sample(4096) p99 (µs)", "r", F("gather.4096.p99_us")),
+                  ("rows/s at 4096 (M)", "r", lambda r: f"{4096 / (r['c']['gather.4096.p50_us']['mean'] / 1e6) / 1e6:.2f}")]
+CHURN_COLUMNS = [NAME, ("allocations/s", "r", F("allocations_per_s", digits=0)),
+                 ("live bytes at end", "r", M("live_bytes_end")), ("RSS at end", "r", M("rss_end_over_baseline")),
+                 ("fragmentation (RSS / live)", "r", lambda r: ms(r["c"]["fragmentation_end"], digits=2)),
+                 ("peak RSS", "r", M("peak_rss_over_baseline")),
+                 ("RSS growth, 2nd half", "r", M("rss_growth_second_half")),
+                 ("after trim (window alive)", "r", M("rss_after_trim_live_over_baseline")),
+                 ("after free", "r", M("rss_after_free_over_baseline")),
+                 ("after free + trim", "r", M("rss_after_free_trim_over_baseline")), ("huge pages at end", "r", M("huge_end")),
+                 ("library's own figure at end (× live)", "r",
+                  lambda r: "–" if math.isnan(r["c"]["library_own_over_live_end"]["mean"]) else
+                  f"{M('library_own_bytes_end')(r)} ({r['c']['library_own_over_live_end']['mean']:.2f}×)"),
+                 ("RSS − library's own figure", "r",
+                  lambda r: "–" if math.isnan(r["c"]["rss_minus_library_end"]["mean"]) else M("rss_minus_library_end")(r))]
 
 
 def headline(cells, names) -> str:
@@ -777,83 +710,33 @@ def write_report(out_dir, run, raw, cells, names, skipped, failed, files, mode, 
     L.append("## 1. Construction and first touch\n")
     L.append("![first_touch.png](first_touch.png)\n")
     L.append(f"**cartpole, {ROWS[mode]['cartpole']:,} rows**\n")
-    L.extend(table_buffer(cells, names, "cartpole", LAYOUTS))
+    L += table(records(cells, names, [("cartpole", lay) for lay in LAYOUTS], "first_fill_s"), BUFFER_COLUMNS)
     L.append("")
     L.append(f"**image, {ROWS[mode]['image']:,} rows**\n")
-    L.extend(table_buffer(cells, names, "image", ("aos",)))
+    L += table(records(cells, names, [("image", "aos")], "first_fill_s"), BUFFER_COLUMNS)
     L.append("")
     L.append("## 2. Steady-state throughput (cartpole)\n")
     L.append("![steady_state.png](steady_state.png)\n")
-    L.append("| allocator | layout | extend (M rows/s, second fill) | push (k rows/s) | sample(4096) p50 (µs) | "
-             "sample(4096) p99 (µs) | sample(4096) first call (µs) |")
-    L.append("|---|---|---:|---:|---:|---:|---:|")
-    for lay in LAYOUTS:
-        for n in names:
-            if f"cartpole/{n}/{lay}" not in cells or math.isnan(cells[f"cartpole/{n}/{lay}"]["push_per_s"]["mean"]):
-                continue
-            L.append(f"| {n} | {lay.upper()} | {fmt(cells, 'cartpole', n, lay, 'extend_rows_per_s', 1e-6, 2)} | "
-                     f"{fmt(cells, 'cartpole', n, lay, 'push_per_s', 1e-3, 1)} | "
-                     f"{fmt(cells, 'cartpole', n, lay, 'gather.4096.p50_us', digits=1)} | "
-                     f"{fmt(cells, 'cartpole', n, lay, 'gather.4096.p99_us', digits=1)} | "
-                     f"{fmt(cells, 'cartpole', n, lay, 'gather.4096.first_call_us', digits=0, rel=False)} |")
+    L += table(records(cells, names, [("cartpole", lay) for lay in LAYOUTS], "push_per_s"), STEADY_COLUMNS)
     L.append("")
     L.append("## 3. sample(256) latency distribution (cartpole)\n")
     L.append("![latency_sample256.png](latency_sample256.png)\n")
     L.append(f"{LAT_CALLS[mode]:,} calls per seed, each timed alone.\n")
-    L.append("| allocator | layout | p50 (µs) | p99 (µs) | p99.9 (µs) | mean (µs) |")
-    L.append("|---|---|---:|---:|---:|---:|")
-    for lay in LAYOUTS:
-        for n in names:
-            if f"cartpole/{n}/{lay}" not in cells or math.isnan(cells[f"cartpole/{n}/{lay}"]["sample256_latency.p50_us"]["mean"]):
-                continue
-            L.append(f"| {n} | {lay.upper()} | "
-                     + " | ".join(fmt(cells, "cartpole", n, lay, f"sample256_latency.{q}_us", digits=2)
-                                  for q in ("p50", "p99", "p999", "mean")) + " |")
+    L += table(records(cells, names, [("cartpole", lay) for lay in LAYOUTS], "sample256_latency.p50_us"),
+               LATENCY_COLUMNS)
     L.append("")
     L.append("## 4. Huge pages and random gathers\n")
     L.append("![gather_hugepages.png](gather_hugepages.png)\n")
     L.append("Median time of one call (per seed, then mean ± std across seeds); huge pages = AnonHugePages "
              "gained between the start of the phase and the end of the fill.\n")
-    L.append("| case | allocator | buffer (MiB) | huge pages after fill (MiB) | sample(256) p50 (µs) | "
-             "sample(4096) p50 (µs) | sample(4096) p99 (µs) | rows/s at 4096 (M) |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|")
-    for case, lay in (("cartpole", "aos"), ("cartpole", "soa"), ("image", "aos")):
-        for n in names:
-            c = cells.get(f"{case}/{n}/{lay}")
-            if not c or math.isnan(c["gather.4096.p50_us"]["mean"]):
-                continue
-            hb = c["huge_after_fill"]["mean"] - c["huge_baseline"]["mean"]
-            s256 = "sample256_latency.p50_us" if case == "cartpole" else "gather.256.p50_us"
-            rows_s = 4096 / (c["gather.4096.p50_us"]["mean"] / 1e6) / 1e6
-            L.append(f"| {case} {lay.upper()} | {n} | {mib(c['nbytes']['mean'])} | {mib(hb)} | "
-                     f"{fmt(cells, case, n, lay, s256, digits=1)} | "
-                     f"{fmt(cells, case, n, lay, 'gather.4096.p50_us', digits=1)} | "
-                     f"{fmt(cells, case, n, lay, 'gather.4096.p99_us', digits=1)} | {rows_s:.2f} |")
+    L += table(records(cells, names, [("cartpole", "aos"), ("cartpole", "soa"), ("image", "aos")], "gather.4096.p50_us"),
+               GATHER_COLUMNS)
     L.append("")
     L.append("## 5. Churn: allocating every batch\n")
     L.append("![churn_rss.png](churn_rss.png)\n")
     L.append(f"Mean requested size {extra.get('churn_mean_size', float('nan')) / 1024:.0f} KiB. RSS values "
              "are above the RSS just before the loop (MiB).\n")
-    L.append("| allocator | allocations/s | live bytes at end | RSS at end | fragmentation (RSS / live) | "
-             "peak RSS | RSS growth, 2nd half | after trim (window alive) | after free | after free + trim "
-             "| huge pages at end | library's own figure at end (× live) | RSS − library's own figure |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in names:
-        c = cells.get(f"churn/{n}/None")
-        if not c or math.isnan(c["allocations_per_s"]["mean"]):
-            continue
-        L.append(f"| {n} | {fmt(cells, 'churn', n, None, 'allocations_per_s', digits=0)} | "
-                 f"{ms(c['live_bytes_end'], 1 / (1 << 20))} | {ms(c['rss_end_over_baseline'], 1 / (1 << 20))} | "
-                 f"{ms(c['fragmentation_end'], digits=2)} | {ms(c['peak_rss_over_baseline'], 1 / (1 << 20))} | "
-                 f"{ms(c['rss_growth_second_half'], 1 / (1 << 20))} | "
-                 f"{ms(c['rss_after_trim_live_over_baseline'], 1 / (1 << 20))} | "
-                 f"{ms(c['rss_after_free_over_baseline'], 1 / (1 << 20))} | "
-                 f"{ms(c['rss_after_free_trim_over_baseline'], 1 / (1 << 20))} | "
-                 f"{ms(c['huge_end'], 1 / (1 << 20))} | "
-                 + ("–" if math.isnan(c["library_own_over_live_end"]["mean"]) else
-                    f"{ms(c['library_own_bytes_end'], 1 / (1 << 20))} ({c['library_own_over_live_end']['mean']:.2f}×)")
-                 + " | " + ("–" if math.isnan(c["rss_minus_library_end"]["mean"]) else
-                            ms(c["rss_minus_library_end"], 1 / (1 << 20))) + " |")
+    L += table(records(cells, names, [("churn", None)], "allocations_per_s"), CHURN_COLUMNS)
     L.append("")
     L.extend(hand_written(out_dir, "limitations"))
     L.append(f"Share of the CPUs used by other processes while a measurement process ran (`results.json`, "
@@ -904,11 +787,8 @@ def print_summary(cells, names) -> None:
 # Main
 # ---------------------------------------------------------------------------------------------
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, 2 seeds (a few minutes)")
+    ap = seeds_parser(__doc__, "small sizes, 2 seeds (a few minutes)", "number of seeds (0..N-1) or a comma list")
     ap.add_argument("--allocators", default=None, help=f"comma list, subset of {','.join(ALLOCATORS)}")
-    ap.add_argument("--seeds", default=None, help="number of seeds (0..N-1) or a comma list")
     ap.add_argument("--cases", default="cartpole,image,churn", help="comma list of cartpole,image,churn")
     ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
                     help="only redo the report and plots from an existing results.json")
@@ -933,12 +813,7 @@ def main(argv=None) -> None:
     if "jemalloc" in names:
         talloc.reexec_with_tunables()  # replaces this process when the tunable is missing
     mode = "quick" if args.quick else "full"
-    if args.seeds is None:
-        seeds = list(range(SEEDS[mode]))
-    elif "," in args.seeds:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    else:
-        seeds = list(range(int(args.seeds)))
+    seeds = parse_seeds(args.seeds, SEEDS[mode])
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     out_dir = OUT_DIRS[mode]
     os.makedirs(out_dir, exist_ok=True)
@@ -992,7 +867,7 @@ def main(argv=None) -> None:
     shares = [r["result"]["other_processes_cpu_share"] for r in raw
               if "result" in r and r["result"].get("other_processes_cpu_share") is not None]
     churn_sizes = [r["result"]["mean_size"] for r in raw if r["case"] == "churn" and "result" in r]
-    extra = {"thp": thp_settings(), "library_versions": library_versions(),
+    extra = {"thp": thp_settings(), "library_versions": library_versions(("libjemalloc2", "libmimalloc2.0", "libc6")),
              "mean_other_share": float(np.mean(shares)) if shares else float("nan"),
              "max_other_share": float(np.max(shares)) if shares else float("nan"),
              "churn_mean_size": float(np.mean(churn_sizes)) if churn_sizes else float("nan")}

@@ -59,19 +59,21 @@ import os
 import shutil
 import sys
 import tempfile
+from functools import partial
 import time
 
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _atari_baselines import NumpyStackBuffer, planned_bytes  # noqa: E402
+from _atari_baselines import CheckedNumpyFrameBuffer, NaiveRing, NumpyFrameBuffer, planned_bytes  # noqa: E402
 from _atari_baselines import make_buffer as make_baseline  # noqa: E402
 from _atari_baselines import measure as measure_baseline  # noqa: E402
-from _envs import atari_transitions  # noqa: E402
-from _plots import pyplot, save_figure  # noqa: E402
+from _envs import atari_transitions, chunks_of, repeatable_block, row_dicts, rows_of  # noqa: E402
+from _plots import bars, hbar_medians, hbar_pairs, hbars, panels_figure  # noqa: E402
 from _recording import RunRecord, report_dir, seeds_parser, write_json  # noqa: E402
-from _render import fmt_bytes, hand_written, md_table, write_report as write_methodology_report  # noqa: E402
-from _timing import SliceTimer, fresh_pages_allocator, rotated, rss_bytes, run_forked, run_rounds  # noqa: E402
+from _render import fmt_bytes, hand_written, md_table, table, write_report as write_methodology_report  # noqa: E402
+from _timing import Memcpy, SliceTimer, cached_bytes, drop_page_cache, fresh_pages_allocator, remove  # noqa: E402
+from _timing import rotated, rss_bytes, run_forked, run_rounds, spill_files  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -133,142 +135,6 @@ OUT_DIR = report_dir(EXPERIMENT)
 
 def have(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: real transitions, and continuous blocks that can be written again and again
-# ---------------------------------------------------------------------------------------------
-def rows_of(d: dict, num_envs: int) -> dict:
-    """The transitions as rows in the order a buffer takes them (step-major, env fastest)."""
-    cut = 1 if num_envs == 1 else 2
-    return {f: np.ascontiguousarray(d[f].reshape((-1,) + d[f].shape[cut:])) for f in FIELDS}
-
-
-def repeatable_block(d: dict) -> dict:
-    """The rows of a one-environment stream from its first row (a reset) to its last episode end:
-    written again right after itself, the stream stays continuous (the next row is a reset)."""
-    done = np.flatnonzero(d["terminated"] | d["truncated"])
-    if done.size == 0:
-        raise SystemExit("atari_frames: the stream has no episode end; collect more steps")
-    n = int(done[-1]) + 1
-    return {f: d[f][:n] for f in FIELDS}
-
-
-def chunks_of(block: dict, total: int, size: int):
-    """``total`` rows of ``block`` repeated, as chunks of at most ``size`` rows (never across the
-    block's end, so every chunk is continuous)."""
-    n, done, p = len(block["action"]), 0, 0
-    while done < total:
-        m = min(size, n - p, total - done)
-        yield {f: v[p:p + m] for f, v in block.items()}
-        done += m
-        p = (p + m) % n
-
-
-def row_dicts(block: dict) -> list:
-    """One push argument per row (obs/next_obs views, small fields as Python scalars)."""
-    return [{"obs": block["obs"][i], "action": int(block["action"][i]), "reward": float(block["reward"][i]),
-             "next_obs": block["next_obs"][i], "terminated": bool(block["terminated"][i]),
-             "truncated": bool(block["truncated"][i])} for i in range(len(block["action"]))]
-
-
-# ---------------------------------------------------------------------------------------------
-# The naive references
-# ---------------------------------------------------------------------------------------------
-class NaiveRing:
-    """The full stacks the environments returned, in a hand-written numpy ring of full stacks
-    (``_atari_baselines.NumpyStackBuffer``): row ``g`` (in write order) at slot ``g % capacity``,
-    as tfdata places rows. Reads by slot; computes n-step windows itself."""
-
-    def __init__(self, capacity: int, num_envs: int):
-        self.buf = NumpyStackBuffer(capacity)
-        self.capacity, self.num_envs, self.written = capacity, num_envs, 0
-        self.row = np.full(capacity, -1, np.int64)  # slot -> row number held
-
-    def write(self, rows: dict) -> None:
-        for i in range(len(rows["action"])):
-            self.buf.add(*(rows[f][i] for f in ("obs", "next_obs", "action", "reward", "terminated", "truncated")))
-            self.row[self.written % self.capacity] = self.written
-            self.written += 1
-
-    def gather(self, idx) -> dict:
-        return {f: getattr(self.buf, f)[idx] for f in FIELDS}
-
-    def nstep(self, idx, n: int, gamma: float) -> dict:
-        """Windows of up to ``n`` rows of each start row's stream, stopping after an episode end
-        or at the stream's newest row; the return summed in float64 in order, ``gamma ** k``."""
-        b, cap, E = self.buf, self.capacity, self.num_envs
-        out = self.gather(idx)
-        disc = np.empty(len(idx), np.float32)
-        for i, s in enumerate(np.asarray(idx)):
-            g, acc, gk = int(self.row[s]), 0.0, 1.0
-            assert g >= 0, "a sampled slot holds no row"
-            for k in range(n):
-                j = g % cap
-                acc += gk * float(b.reward[j])
-                if b.terminated[j] or b.truncated[j] or k == n - 1 or g + E >= self.written:
-                    break
-                gk *= gamma
-                g += E
-            disc[i] = gk * gamma
-            out["reward"][i] = acc
-            out["next_obs"][i], out["terminated"][i], out["truncated"][i] = b.next_obs[j], b.terminated[j], b.truncated[j]
-        out["discounts"] = disc
-        return out
-
-
-class NumpyFrameBuffer:
-    """The hand-written one-frame-per-row ring: writes the newest frame and the small fields,
-    checks nothing, keeps no episode bookkeeping (so it cannot rebuild stacks at episode starts:
-    the floor of what writing a transition costs, not a usable buffer).
-
-    Attributes
-    ----------
-    frames : numpy.ndarray
-        uint8 ``(capacity, 84, 84)``.
-    action, reward, terminated, truncated : numpy.ndarray
-        int64, float32, bool, bool ``(capacity,)``.
-    """
-
-    def __init__(self, capacity: int):
-        self.frames = np.zeros((capacity, *FRAME), np.uint8)
-        self.action = np.zeros(capacity, np.int64)
-        self.reward = np.zeros(capacity, np.float32)
-        self.terminated = np.zeros(capacity, bool)
-        self.truncated = np.zeros(capacity, bool)
-        self.i = 0
-
-    def push(self, row) -> None:
-        i = self.i
-        self.frames[i] = row["obs"][-1]
-        self.action[i] = row["action"]
-        self.reward[i] = row["reward"]
-        self.terminated[i] = row["terminated"]
-        self.truncated[i] = row["truncated"]
-        self.i = i + 1 if i + 1 < len(self.action) else 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.frames, self.action, self.reward, self.terminated, self.truncated))
-
-
-class CheckedNumpyFrameBuffer(NumpyFrameBuffer):
-    """:class:`NumpyFrameBuffer` plus, in numpy, the checks tfdata's push makes before it writes:
-    ``next_obs[:-1] == obs[1:]``, and ``obs`` continues the stream (equal to the previous row's
-    ``next_obs``; after an episode end, its older frames equal its newest: reset padding). What
-    checking costs when written by hand (it reads both stacks and the previous one)."""
-
-    def __init__(self, capacity: int):
-        super().__init__(capacity)
-        self.prev = None  # the previous row's next_obs; None: the next row starts an episode
-
-    def push(self, row) -> None:
-        obs, nxt = row["obs"], row["next_obs"]
-        ok = (obs[:-1] == obs[-1]).all() if self.prev is None else np.array_equal(obs, self.prev)
-        if not ok or not np.array_equal(nxt[:-1], obs[1:]):
-            raise ValueError("the row does not continue its stream")
-        super().push(row)
-        self.prev = None if row["terminated"] or row["truncated"] else nxt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,24 +423,6 @@ def memory(block: dict, fill: int, kinds, log) -> list:
 # ---------------------------------------------------------------------------------------------
 # 3. Speed
 # ---------------------------------------------------------------------------------------------
-class Memcpy:
-    """``np.copyto`` of the batch's bytes, contiguous: from a pool of ``pool_bytes`` at a random
-    cache-line-aligned offset per call (``hot=False``: from DRAM when the pool exceeds the
-    caches), or always from the same source (``hot=True``: from the caches)."""
-
-    def __init__(self, nbytes: int, pool_bytes: int, hot: bool, seed: int = 0):
-        self.pool = np.empty(max(pool_bytes, nbytes), np.uint8)
-        self.pool.fill(0x5A)  # every page touched before timing
-        self.dst = np.zeros(nbytes, np.uint8)
-        offs = np.random.default_rng(seed).integers(0, (len(self.pool) - nbytes) // 64 + 1, 4096) * 64
-        self.srcs = [self.pool[:nbytes]] if hot else [self.pool[o:o + nbytes] for o in offs.tolist()]
-        self.k = 0
-
-    def copy(self) -> None:
-        self.k = (self.k + 1) % len(self.srcs)
-        np.copyto(self.dst, self.srcs[self.k])
-
-
 def fill_whole_blocks(buf, block: dict, capacity: int) -> None:
     """Write whole repetitions of the block until the ring is full: the stream then ends at the
     block's end, so pushing the block's rows from its first continues it."""
@@ -652,63 +500,6 @@ def speed(block: dict, rows: int, full_rows: int, rounds: int, slice_ms: int, wi
 # ---------------------------------------------------------------------------------------------
 # 4b. The cold tier: sample(32) with 50% and 90% of the rows cold
 # ---------------------------------------------------------------------------------------------
-def remove(path: str) -> None:
-    """Delete a spill file or directory."""
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
-        os.remove(path)
-
-
-def spill_files(path: str) -> list:
-    return [path] if os.path.isfile(path) else sorted(os.path.join(path, f) for f in os.listdir(path))
-
-
-def drop_page_cache(path: str) -> None:
-    """Write the spill file's dirty pages, then ask the kernel to drop its cached pages (those the
-    buffer maps, its hot rows and rows sampled since its last release, stay)."""
-    for name in spill_files(path):
-        fd = os.open(name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def cached_bytes(path: str) -> int | None:
-    """Bytes of the spill file in the page cache (``mincore`` on a fresh read-only map); None
-    where that cannot be read."""
-    import ctypes
-    import mmap
-
-    total = 0
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        page = mmap.PAGESIZE
-        for name in spill_files(path):
-            size = os.path.getsize(name)
-            if size == 0:
-                continue
-            with open(name, "rb") as f:
-                mm = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
-            try:
-                view = np.frombuffer(mm, np.uint8)
-                pages = (size + page - 1) // page
-                vec = np.zeros(pages, np.uint8)
-                rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
-                                  ctypes.c_void_p(vec.ctypes.data))
-                del view
-                if rc != 0:
-                    return None
-                total += int((vec & 1).sum()) * page
-            finally:
-                mm.close()
-    except (OSError, AttributeError, ValueError):
-        return None
-    return total
-
-
 def cold_sampling(block: dict, game: str, rows: int, workdir: str, rounds: int, calls: int, disk_calls: int,
                   log) -> list:
     """For each cold fraction: the tier, the spill from the page cache, the spill from the disk,
@@ -830,103 +621,37 @@ COLORS = {"tfdata frames AoS": "tab:blue", "tfdata frames SoA": "tab:cyan", "tfd
 TIER_COLORS = {"ram": "tab:blue", "tier": "tab:green", "page cache": "tab:orange", "disk": "tab:red"}
 
 
-def plain_log_ticks(axis) -> None:
-    """Plain numbers on a log axis (1, 2, 5 per decade), no minor labels."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def plot_memory(mem: list) -> str:
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
-    kinds = [r["kind"] for r in mem]
-    y = np.arange(len(kinds))
-    planned = [r["planned_1m_bytes"] / 2**30 for r in mem]
-    measured = [r["measured"]["rss_bytes_per_row"] * PLAN_FOR / 2**30 if "rss_bytes_per_row" in r["measured"]
-                else np.nan for r in mem]
-    ax1.barh(y - 0.2, planned, 0.4, color=[COLORS[k] for k in kinds], label="planned for 1M")
-    ax1.barh(y + 0.2, measured, 0.4, color=[COLORS[k] for k in kinds], alpha=0.45, hatch="//",
-             label=f"RSS measured at {mem[0]['filled']:,}, x {PLAN_FOR // mem[0]['filled']}")
-    ax1.axvline(ONE_FRAME_ROW * PLAN_FOR / 2**30, color="k", lw=0.8, ls=":", label="one frame + other fields")
-    ax1.axvline(TARGET_MEMORY * ONE_FRAME_ROW * PLAN_FOR / 2**30, color="r", lw=1, ls="--",
-                label=f"target {TARGET_MEMORY}x")
-    ax1.set_xscale("log")
-    plain_log_ticks(ax1.xaxis)
-    ax1.set_yticks(y, kinds, fontsize=8)
-    ax1.invert_yaxis()
-    ax1.set_xlabel("GiB per 1M transitions (log)")
-    ax1.legend(fontsize=7, loc="upper right")
-    ax1.grid(True, axis="x", which="both", alpha=0.3)
-    w = 0.8 / len(BUDGETS_GB)
-    xs = np.arange(len(kinds))
-    for j, gb in enumerate(BUDGETS_GB):
-        ax2.bar(xs + (j - (len(BUDGETS_GB) - 1) / 2) * w, [r["fits"][str(gb)] for r in mem], w, label=f"{gb} GB")
-    ax2.set_yscale("log")
-    plain_log_ticks(ax2.yaxis)
-    ax2.set_xticks(xs, [k.replace(" ", "\n", 1) for k in kinds], fontsize=7)
-    ax2.set_ylabel("transitions that fit (log)")
-    ax2.legend(fontsize=8)
-    ax2.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle("Memory of an Atari replay buffer (4 x 84 x 84 uint8 obs and next_obs)")
-    fig.tight_layout()
-    return save_figure(fig, OUT_DIR, "memory.png")
-
-
-def plot_speed(spd: dict) -> str:
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for ax, op, ref, target, title in ((ax1, "sample", "memcpy (DRAM)", TARGET_SAMPLE, "sample(32), obs + next_obs"),
-                                       (ax2, "push", "numpy one frame", TARGET_PUSH, "push of one transition")):
-        d = spd[op]
-        kinds = list(d)
-        med = [d[k]["median_us"] for k in kinds]
-        err = [[m - d[k]["p10_us"] for k, m in zip(kinds, med)], [d[k]["p90_us"] - m for k, m in zip(kinds, med)]]
-        y = np.arange(len(kinds))
-        ax.barh(y, med, xerr=err, color=[COLORS.get(k, "k") for k in kinds], capsize=2)
-        ax.axvline(target * d[ref]["median_us"], color="r", ls="--", lw=1, label=f"target: {target}x {ref}")
-        ax.set_yticks(y, kinds, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel("µs per call (median, bars p10-p90)")
-        ax.set_title(title)
-        ax.legend(fontsize=8, loc="lower right")
-        ax.grid(True, axis="x", which="both", alpha=0.3)
-    fig.tight_layout()
-    return save_figure(fig, OUT_DIR, "speed.png")
-
-
-def plot_cold(cold: list, ratios: list) -> str:
-    plt = pyplot()
+def figures(mem: list, spd: dict, cold: list, ratios: list) -> dict:
+    """The report's figures (name -> file), drawn from results.json by the generic kinds of _plots."""
+    kinds, fill = [r["kind"] for r in mem], mem[0]["filled"]
+    gib_1m = lambda b: b * PLAN_FOR / 2**30  # noqa: E731
+    measured = [gib_1m(r["measured"]["rss_bytes_per_row"]) if "rss_bytes_per_row" in r["measured"] else np.nan
+                for r in mem]
+    memory = [partial(hbar_pairs, labels=kinds, first=[r["planned_1m_bytes"] / 2**30 for r in mem], second=measured,
+                      colors=[COLORS[k] for k in kinds], xlabel="GiB per 1M transitions (log)",
+                      names=("planned for 1M", f"RSS measured at {fill:,}, x {PLAN_FOR // fill}"),
+                      lines=[(gib_1m(ONE_FRAME_ROW), dict(color="k", lw=0.8, ls=":", label="one frame + other fields")),
+                             (gib_1m(TARGET_MEMORY * ONE_FRAME_ROW),
+                              dict(color="r", lw=1, ls="--", label=f"target {TARGET_MEMORY}x"))]),
+              partial(bars, groups=[k.replace(" ", "\n", 1) for k in kinds], tick_fontsize=7,
+                      series={f"{gb} GB": [r["fits"][str(gb)] for r in mem] for gb in BUDGETS_GB},
+                      ylabel="transitions that fit (log)")]
+    speed = [partial(hbar_medians, stats=spd[op], colors=COLORS, ref=ref, target=target, title=title)
+             for op, ref, target, title in (("sample", "memcpy (DRAM)", TARGET_SAMPLE, "sample(32), obs + next_obs"),
+                                            ("push", "numpy one frame", TARGET_PUSH, "push of one transition"))]
     games = list(dict.fromkeys(r["game"] for r in cold))
-    fig, axes = plt.subplots(1, len(games) + 1, figsize=(5 * (len(games) + 1), 4.4))
-    axes = np.atleast_1d(axes)
-    for ax, game in zip(axes, games):
-        rs = [r for r in cold if r["game"] == game]
-        tiers = list(rs[0]["tiers"])
-        w = 0.8 / len(tiers)
-        xs = np.arange(len(rs))
-        for j, t in enumerate(tiers):
-            ax.bar(xs + (j - (len(tiers) - 1) / 2) * w, [r["tiers"][t]["median_us"] / 1e3 for r in rs], w,
-                   color=TIER_COLORS[t], label=t)
-        ax.set_xticks(xs, [f"{r['cold_fraction']:.0%} cold" for r in rs])
-        ax.set_yscale("log")
-        plain_log_ticks(ax.yaxis)
-        ax.set_ylabel("sample(32) ms (median, log)")
-        ax.set_title(f"{game}, {rs[0]['rows']:,} rows")
-        ax.legend(fontsize=8)
-        ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax = axes[-1]
-    labels = [f"{r['game']} {r['policy']} {r['stream']}" for r in ratios]
-    ax.barh(np.arange(len(ratios)), [r["ratio"] for r in ratios], color="tab:green")
-    ax.set_yticks(np.arange(len(ratios)), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("compression ratio of the tier")
-    ax.set_title("ratio per stream (zstd 3, 16-slot blocks)")
-    ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    return save_figure(fig, OUT_DIR, "cold.png")
+    by_game = [[r for r in cold if r["game"] == g] for g in games]
+    tiers = [partial(bars, groups=[f"{r['cold_fraction']:.0%} cold" for r in rs], colors=TIER_COLORS,
+                     series={t: [r["tiers"][t]["median_us"] / 1e3 for r in rs] for t in rs[0]["tiers"]},
+                     ylabel="sample(32) ms (median, log)", title=f"{rs[0]['game']}, {rs[0]['rows']:,} rows")
+             for rs in by_game]
+    tiers.append(partial(hbars, labels=[f"{r['game']} {r['policy']} {r['stream']}" for r in ratios],
+                         values=[r["ratio"] for r in ratios], color="tab:green", xlabel="compression ratio of the tier",
+                         title="ratio per stream (zstd 3, 16-slot blocks)"))
+    return {"memory": panels_figure(OUT_DIR, "memory.png", (13, 4.8), memory,
+                                    suptitle="Memory of an Atari replay buffer (4 x 84 x 84 uint8 obs and next_obs)"),
+            "speed": panels_figure(OUT_DIR, "speed.png", (13, 4.8), speed),
+            "cold": panels_figure(OUT_DIR, "cold.png", (5 * (len(games) + 1), 4.4), tiers)}
 
 
 def _x(v, nd=2) -> str:
@@ -935,6 +660,55 @@ def _x(v, nd=2) -> str:
 
 def _mib(b) -> str:
     return "-" if b is None else fmt_bytes(b)
+
+
+# the tables: (header, align, cell) per column, a cell a format string of a results.json record or a callable
+EXACT_COLUMNS = [("game", "l", "{game}"), ("policy", "l", "{policy}"), ("stream", "l", "{stream}"),
+                 ("envs", "r", "{num_envs}"), ("transitions", "r", "{rows_written:,}"),
+                 ("ends (trunc.)", "r", "{episode_ends} ({truncations})"), ("capacity", "r", "{capacity:,}"),
+                 ("laps", "r", "{wraps:.1f}"), ("rows pushed / extends", "r", "{pushes} / {extends}"),
+                 ("uniform", "r", "{uniform[batches]}"), ("n-step", "r", "{n_step[batches]}"),
+                 ("prioritized", "r", "{prioritized[batches]}"),
+                 ("mismatches", "r", lambda r: sum(r[k]["mismatches"] for k in ("uniform", "n_step", "prioritized")))]
+RATIO_COLUMNS = [("game", "l", "{game}"), ("policy", "l", "{policy}"), ("stream", "l", "{stream}"),
+                 ("rows", "r", "{rows:,}"), ("blocks", "r", "{blocks}"), ("raw", "r", lambda r: _mib(r["raw_bytes"])),
+                 ("compressed", "r", lambda r: _mib(r["compressed_bytes"])), ("ratio", "r", "{ratio:.0f}")]
+
+
+def _page_cache_note(r: dict) -> str:
+    """The last column of the cold-sampling table: the file in the page cache (disk: before and
+    after a timed call)."""
+    if r["tier"] == "disk" and r.get("cached_before_call") is not None:
+        return (f"{r['cached_before_call']:.0%} before a timed call, {r['cached_after_call']:.0%} after "
+                f"(hot rows: {1 - r['cold']:.0%})")
+    return _mib(r.get("file_cached_bytes")) if r.get("file_cached_bytes") is not None else "-"
+
+
+COLD_COLUMNS = [("game", "l", "{game}"), ("cold", "l", "{cold:.0%}"), ("tier", "l", "{tier}"),
+                ("median ms", "r", lambda r: f"{r['median_us'] / 1e3:.2f}"),
+                ("p10 ms", "r", lambda r: f"{r['p10_us'] / 1e3:.2f}"), ("p90 ms", "r", lambda r: f"{r['p90_us'] / 1e3:.2f}"),
+                ("calls", "r", "{calls}"), ("x ram", "r", lambda r: f"{r['median_us'] / r['ram_us']:.1f}"),
+                ("nbytes (resident)", "r", lambda r: _mib(r["nbytes"])),
+                ("spill file", "r", lambda r: _mib(r["file_bytes"]) if r["file_bytes"] else "-"),
+                ("file in page cache", "r", _page_cache_note)]
+
+
+def memory_columns(filled: int) -> list:
+    m = lambda r: r["measured"]  # noqa: E731
+    return ([("buffer", "l", "{kind}"), ("planned B / transition", "r", "{planned_bytes_per_row:,.0f}"),
+             ("x one frame", "r", "{over_one_frame:.3f}"),
+             ("GiB per 1M", "r", lambda r: f"{r['planned_1m_bytes'] / 2**30:.2f}"),
+             (f"RSS B / transition at {filled:,}", "r",
+              lambda r: f"{m(r)['rss_bytes_per_row']:,.0f}" if "rss_bytes_per_row" in m(r)
+              else f"({m(r).get('skipped') or m(r).get('error')})"),
+             ("RSS x one frame", "r", lambda r: _x(m(r).get("rss_over_one_frame"), 3))]
+            + [(f"fit in {gb} GB", "r", lambda r, gb=gb: f"{r['fits'][str(gb)]:,}") for gb in BUDGETS_GB])
+
+
+def speed_columns(ref: str, ref_us: float) -> list:
+    return [("candidate", "l", "{candidate}"), ("median µs", "r", "{median_us:.1f}"), ("p10 µs", "r", "{p10_us:.1f}"),
+            ("p90 µs", "r", "{p90_us:.1f}"), ("p99 µs", "r", "{p99_us:.1f}"), ("calls", "r", "{calls:,}"),
+            (f"x {ref}", "r", lambda r: f"{r['median_us'] / ref_us:.2f}")]
 
 
 def pool_sentence(spd: dict, run: dict) -> str:
@@ -1018,14 +792,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
              "side computes (return summed in float64 in order, next_obs and flags of the window's last row, "
              "`gamma**k`). *prioritized*: frames AoS against full stacks (the same `update_priorities` after each "
              "batch), that against the numpy ring.\n")
-    hdr = ["game", "policy", "stream", "envs", "transitions", "ends (trunc.)", "capacity", "laps", "rows pushed / extends",
-           "uniform", "n-step", "prioritized", "mismatches"]
-    rows = [[r["game"], r["policy"], r["stream"], r["num_envs"], f"{r['rows_written']:,}",
-             f"{r['episode_ends']} ({r['truncations']})", f"{r['capacity']:,}", f"{r['wraps']:.1f}",
-             f"{r['pushes']} / {r['extends']}", r["uniform"]["batches"], r["n_step"]["batches"],
-             r["prioritized"]["batches"],
-             sum(r[k]["mismatches"] for k in ("uniform", "n_step", "prioritized"))] for r in exact]
-    L += md_table(hdr, rows, "lllrrrrrrrrrr")
+    L += table(exact, EXACT_COLUMNS)
     L.append("")
     L.append(f"Batches counted per comparison (a uniform check is three comparisons of one draw: AoS, SoA, numpy). "
              f"In all: uniform {tot['uniform']['batches']:,}, n-step {tot['n_step']['batches']:,}, prioritized "
@@ -1050,16 +817,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
              f"{ONE_FRAME_ROW:,} bytes. Fits: the largest capacity within the budget (tfdata: "
              "`tfdata.memory.max_capacity(spec, budget, batch_size=32, ...)`; the others: budget / planned bytes "
              "per row).\n")
-    hdr = ["buffer", "planned B / transition", "x one frame", "GiB per 1M", f"RSS B / transition at {mem[0]['filled']:,}",
-           "RSS x one frame"] + [f"fit in {gb} GB" for gb in BUDGETS_GB]
-    rows = []
-    for r in mem:
-        m = r["measured"]
-        rows.append([r["kind"], f"{r['planned_bytes_per_row']:,.0f}", f"{r['over_one_frame']:.3f}",
-                     f"{r['planned_1m_bytes'] / 2**30:.2f}",
-                     f"{m['rss_bytes_per_row']:,.0f}" if "rss_bytes_per_row" in m else f"({m.get('skipped') or m.get('error')})",
-                     _x(m.get("rss_over_one_frame"), 3)] + [f"{r['fits'][str(gb)]:,}" for gb in BUDGETS_GB])
-    L += md_table(hdr, rows, "lrrrrr" + "r" * len(BUDGETS_GB))
+    L += table(mem, memory_columns(mem[0]["filled"]))
     L.append("")
     a = next((r for r in mem if r["kind"] == aos), None)
     if a and "nbytes_parts" in a["measured"]:
@@ -1093,10 +851,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
     for op, ref, target in (("sample", "memcpy (DRAM)", TARGET_SAMPLE), ("push", "numpy one frame", TARGET_PUSH)):
         d = spd[op]
         L.append(f"**{op}** (ratio to {ref}; target {target}x for the frame buffers):\n")
-        L += md_table(["candidate", "median µs", "p10 µs", "p90 µs", "p99 µs", "calls", f"x {ref}"],
-                      [[k, f"{v['median_us']:.1f}", f"{v['p10_us']:.1f}", f"{v['p90_us']:.1f}", f"{v['p99_us']:.1f}",
-                        f"{v['calls']:,}", f"{v['median_us'] / d[ref]['median_us']:.2f}"] for k, v in d.items()],
-                      "lrrrrrr")
+        L += table([{"candidate": k, **v} for k, v in d.items()], speed_columns(ref, d[ref]["median_us"]))
         L.append("")
     L.append(f"![speed]({pngs['speed']})\n")
 
@@ -1106,9 +861,7 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
              f"of {COLD_HOT_ROWS_RATIO} steps per environment (at most an eighth of the rows); `cold_info['obs']['ratio']` (raw frames / compressed "
              "bytes of the blocks held; zstd level 3, blocks of 16 consecutive slots: with 4 environments a block "
              "interleaves their frames).\n")
-    L += md_table(["game", "policy", "stream", "rows", "blocks", "raw", "compressed", "ratio"],
-                  [[r["game"], r["policy"], r["stream"], f"{r['rows']:,}", r["blocks"], _mib(r["raw_bytes"]),
-                    _mib(r["compressed_bytes"]), f"{r['ratio']:.0f}"] for r in ratios], "lllrrrrr")
+    L += table(ratios, RATIO_COLUMNS)
     L.append("")
     if cold:
         L.append(f"Sampling: {cold[0]['rows']:,} rows of the game's random-policy stream (AoS), `hot_rows` "
@@ -1124,22 +877,8 @@ def write_report(run, sources, exact, tot, ratios, mem, spd, cold, tg, pngs, mod
                  "ring, and for the tier its compressed copies and 4 MiB cache); *page cache* samples at its speed only "
                  "while the page cache holds the file (last column), the tier needs none of it (its file is cached "
                  "too here, having just been written, but cold frames come from the copies).\n")
-        hdr = ["game", "cold", "tier", "median ms", "p10 ms", "p90 ms", "calls", "x ram", "nbytes (resident)",
-               "spill file", "file in page cache"]
-        rows = []
-        for r in cold:
-            ram = r["tiers"]["ram"]["median_us"]
-            for t, v in r["tiers"].items():
-                cached = v.get("file_cached_bytes")
-                note = _mib(cached) if cached is not None else "-"
-                if t == "disk" and v.get("cached_before_call") is not None:
-                    note = (f"{v['cached_before_call']:.0%} before a timed call, {v['cached_after_call']:.0%} after "
-                            f"(hot rows: {1 - r['cold_fraction']:.0%})")
-                rows.append([r["game"], f"{r['cold_fraction']:.0%}", t, f"{v['median_us'] / 1e3:.2f}",
-                             f"{v['p10_us'] / 1e3:.2f}", f"{v['p90_us'] / 1e3:.2f}", v["calls"],
-                             f"{v['median_us'] / ram:.1f}", _mib(v["nbytes"]), _mib(v["file_bytes"]) if v["file_bytes"] else "-",
-                             note])
-        L += md_table(hdr, rows, "lllrrrrrrrr")
+        L += table([{**v, "game": r["game"], "cold": r["cold_fraction"], "tier": t, "ram_us": r["tiers"]["ram"]["median_us"]}
+                    for r in cold for t, v in r["tiers"].items()], COLD_COLUMNS)
         L.append("")
         L.append(f"![cold tier]({pngs['cold']})\n")
 
@@ -1158,7 +897,7 @@ def publish(run, sources, exact, ratios, mem, spd, cold) -> tuple:
     """results.json, the plots and the report from the measurements."""
     tot, tg = exactness_totals(exact), targets(mem, spd)
     os.makedirs(OUT_DIR, exist_ok=True)
-    pngs = {"memory": plot_memory(mem), "speed": plot_speed(spd), "cold": plot_cold(cold, ratios)}
+    pngs = figures(mem, spd, cold, ratios)
     write_json(os.path.join(OUT_DIR, "results.json"),
                {"methodology": run, "sources": sources, "targets": tg, "exactness_totals": tot, "exactness": exact,
                 "cold_ratios": ratios, "memory": mem, "speed": spd, "cold_sampling": cold,

@@ -58,15 +58,17 @@ import resource
 import sys
 import threading
 import time
+from functools import partial
 
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
+from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # noqa: E402
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
 from _render import hand_written, md_table, p_value as _p, pm as _pm  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
-from _stats import permutation_test, return_curve as _return_curve  # noqa: E402
-from _timing import run_in_fresh_processes  # noqa: E402
+from _stats import permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _timing import rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -142,11 +144,6 @@ SECTIONS = ("act", "env", "buffer_add", "buffer_sample", "update", "other")
 # ---------------------------------------------------------------------------------------------
 # The measured loop (runs in a worker process)
 # ---------------------------------------------------------------------------------------------
-def _rss_now() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _torch_learner(hp, obs_dim, n_actions, seed, weighted):
     import torch
     import torch.nn.functional as F
@@ -553,14 +550,6 @@ def curve(episodes, total, bins=CURVE_BINS):
     return _return_curve(episodes, total, bins)
 
 
-def _ms(values) -> dict:
-    v = np.asarray([x for x in values if x is not None], dtype=float)
-    if v.size == 0:
-        return {"mean": None, "std": None, "median": None, "n": 0}
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
-            "median": float(np.median(v)), "n": int(v.size)}
-
-
 def summarise(runs, variants, total) -> dict:
     out = {}
     for v in variants:
@@ -628,60 +617,31 @@ def comparisons(agg, study: dict) -> list[dict]:
 # Report (from results.json alone: --render redoes it without running anything)
 # ---------------------------------------------------------------------------------------------
 def plot(agg, total, study: str, out_dir: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    reference = STUDIES[study]["reference"]
-    x = curve([], total)[0]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for v, a in agg.items():
-        m, s = np.asarray(a["curve_mean"]), np.asarray(a["curve_std"])
-        # AoS and SoA runs coincide (same batches): draw AoS dashed so both stay visible
-        ax.plot(x, m, label=f"{v} ({a['final_return']['n']} seeds)", lw=1.6 if v in (EDGE, reference) else 1.0,
-                ls="--" if v == SAME_BUFFER else "-")
-        ax.fill_between(x, m - s, m + s, alpha=0.15)
-    ax.set_xlabel("environment step")
-    ax.set_ylabel("episodic return (mean ± std over seeds)")
-    ax.set_title(f"DQN on {ENV_ID}, CleanRL hyperparameters" if study == "buffers" else
-                 f"DQN on {ENV_ID}: replay ratio by limiter, exactly-k replay")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "learning.png"), dpi=110)
-    plt.close(fig)
-
-    vs = list(agg)
+    """The learning curves and the speed figure, declared with the generic kinds of _plots."""
+    reference, vs = STUDIES[study]["reference"], list(agg)
+    # AoS and SoA runs coincide (same batches): draw AoS dashed so both stay visible
+    curves = {f"{v} ({a['final_return']['n']} seeds)":
+              (a["curve_mean"], a["curve_std"], dict(lw=1.6 if v in (EDGE, reference) else 1.0,
+                                                     ls="--" if v == SAME_BUFFER else "-"), {}) for v, a in agg.items()}
+    sps = partial(hbar_values, labels=vs, values=[agg[v]["sps"]["mean"] for v in vs],
+                  xerr=[agg[v]["sps"]["std"] for v in vs], xlabel="steps per second (whole run)")
     if study == "buffers":  # steps/s, where the time goes, peak memory
-        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 4.2))
-        ax1.barh(vs, [agg[v]["sps"]["mean"] for v in vs], xerr=[agg[v]["sps"]["std"] for v in vs],
-                 color=["tab:green" if v == EDGE else "tab:blue" for v in vs])
-        left = np.zeros(len(vs))
-        for k in SECTIONS:
-            us = np.array([agg[v]["sections_share"][k]["mean"] * 1e6 / agg[v]["sps"]["mean"] for v in vs])
-            ax2.barh(vs, us, left=left, label=k)
-            left += us
-        ax2.set_xlabel("µs per environment step, by section")
-        ax2.legend(fontsize=7)
-        ax3.barh(vs, [agg[v]["peak_rss_bytes"]["mean"] / 2**20 for v in vs],
-                 color=["tab:green" if v == EDGE else "tab:gray" for v in vs])
-        ax3.set_xlabel("peak RSS of the process (MiB)")
+        speed = [partial(sps, color=["tab:green" if v == EDGE else "tab:blue" for v in vs]),
+                 partial(hbar_stack, labels=vs, xlabel="µs per environment step, by section", legend=dict(fontsize=7),
+                         parts={k: [agg[v]["sections_share"][k]["mean"] * 1e6 / agg[v]["sps"]["mean"] for v in vs]
+                                for k in SECTIONS}, tick_labels=False),
+                 partial(hbar_values, labels=vs, values=[agg[v]["peak_rss_bytes"]["mean"] / 2**20 for v in vs],
+                         color=["tab:green" if v == EDGE else "tab:gray" for v in vs],
+                         xlabel="peak RSS of the process (MiB)", tick_labels=False)]
     else:  # steps/s, final return
-        fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(11, 4))
-        ax1.barh(vs, [agg[v]["sps"]["mean"] for v in vs], xerr=[agg[v]["sps"]["std"] for v in vs])
-        ax3.barh(vs, [agg[v]["final_return"]["mean"] for v in vs],
-                 xerr=[agg[v]["final_return"]["std"] for v in vs], color="tab:green")
-        ax3.set_xlabel(f"final return (last {LAST_EPISODES} episodes)")
-    ax1.set_xlabel("steps per second (whole run)")
-    for ax in fig.axes:
-        ax.invert_yaxis()
-        if ax is not ax1:
-            ax.set_yticklabels([])
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "speed.png"), dpi=110)
-    plt.close(fig)
-    return ["learning.png", "speed.png"]
+        speed = [sps, partial(hbar_values, labels=vs, values=[agg[v]["final_return"]["mean"] for v in vs],
+                              xerr=[agg[v]["final_return"]["std"] for v in vs], color="tab:green", tick_labels=False,
+                              xlabel=f"final return (last {LAST_EPISODES} episodes)")]
+    title = (f"DQN on {ENV_ID}, CleanRL hyperparameters" if study == "buffers" else
+             f"DQN on {ENV_ID}: replay ratio by limiter, exactly-k replay")
+    return [panels_figure(out_dir, "learning.png", (8, 4.5),
+                          [partial(learning_curves, x=curve([], total)[0], curves=curves, title=title)]),
+            panels_figure(out_dir, "speed.png", (13, 4.2) if study == "buffers" else (11, 4), speed)]
 
 
 def _ratio(x) -> str:

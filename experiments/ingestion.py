@@ -47,14 +47,17 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
+from functools import partial  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
 import tfdata  # noqa: E402
 from tfdata.shared import SharedReplayBuffer, SharedWriter  # noqa: E402
+from _plots import bar_series, grid_figure, lines, panels_figure  # noqa: E402
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
-from _render import hand_written, write_report as write_methodology_report  # noqa: E402
+from _render import hand_written, table, write_report as write_methodology_report  # noqa: E402
+from _stats import summary  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -712,9 +715,7 @@ def measure(reps: int, quick: bool) -> tuple[list, list, list, list]:
 # Summaries, plots, report
 # ---------------------------------------------------------------------------------------------
 def stats(v) -> dict:
-    v = np.asarray(v, float)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-            "median": float(np.median(v)), "min": float(v.min()), "max": float(v.max()), "n": int(len(v))}
+    return summary(v, extremes=True)
 
 
 def summarise(ingest: list, latency: list, costs: list) -> dict:
@@ -766,88 +767,48 @@ def summarise(ingest: list, latency: list, costs: list) -> dict:
 
 
 def plot(summary: dict) -> list:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = []
-    thr = summary["throughput"]
+    """The report's figures, declared as panels of the generic kinds of _plots."""
+    thr, rat, lr = summary["throughput"], summary["ratio_vs_queue"], summary["latency_ratio_vs_local"]
     colors = {"shm-aos": "tab:blue", "shm-soa": "tab:green", "queue": "tab:red"}
-    fig, axes = plt.subplots(1, 4, figsize=(15, 4.2), sharex=True)
-    for ax, (kind, unit) in zip(axes, [(k, u) for k in KINDS for u in UNITS]):
-        for t in TRANSPORTS:
-            m = [thr[f"{kind}/{unit}/{w}/{t}"]["rows_per_s"]["mean"] for w in WORKERS]
-            s = [thr[f"{kind}/{unit}/{w}/{t}"]["rows_per_s"]["std"] for w in WORKERS]
-            ax.errorbar(WORKERS, m, yerr=s, marker="o", capsize=3, label=t, color=colors[t])
-        ax.set_yscale("log")
-        ax.set_xticks(WORKERS)
-        ax.set_xlabel("worker processes")
-        ax.set_title(f"{kind}, one {'row' if unit == 'row' else f'{STEP_ROWS}-row step'} per call", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("rows/s delivered to the learner (log)")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"Ingestion throughput, batches of {BATCH} rows, exact-once (mean ± std over repetitions)")
-    fig.tight_layout()
-    names.append("throughput.png")
-    fig.savefig(os.path.join(OUT_DIR, names[-1]), dpi=110)
-    plt.close(fig)
-
-    rat = summary["ratio_vs_queue"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, kind in zip(axes, KINDS):
-        for unit, ls in zip(UNITS, ("-", "--")):
-            for t in TRANSPORTS[:2]:
-                m = [rat[f"{kind}/{unit}/{w}/{t}"]["mean"] for w in WORKERS]
-                s = [rat[f"{kind}/{unit}/{w}/{t}"]["std"] for w in WORKERS]
-                ax.errorbar(WORKERS, m, yerr=s, marker="o", capsize=3, ls=ls, color=colors[t],
-                            label=f"{t}, {unit} per call")
-        ax.axhline(TARGET_THROUGHPUT if kind == "cartpole" else 1.0, color="k", lw=0.8, ls=":")
-        ax.set_yscale("log")
-        ax.set_xticks(WORKERS)
-        ax.set_xlabel("worker processes")
-        ax.set_title(f"{kind}: shared memory / multiprocessing.Queue" +
-                     (f" (target {TARGET_THROUGHPUT:g}x dotted)" if kind == "cartpole" else ""), fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("throughput ratio (log)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    names.append("ratio_vs_queue.png")
-    fig.savefig(os.path.join(OUT_DIR, names[-1]), dpi=110)
-    plt.close(fig)
-
-    lr = summary["latency_ratio_vs_local"]
+    names = [panels_figure(OUT_DIR, "throughput.png", (15, 4.2), [partial(
+        lines, xs=WORKERS, yscale="log", grid_which="both", xlabel="worker processes", title_fontsize=10,
+        title=f"{kind}, one {'row' if unit == 'row' else f'{STEP_ROWS}-row step'} per call",
+        series=[{"y": [thr[f"{kind}/{unit}/{w}/{t}"]["rows_per_s"]["mean"] for w in WORKERS],
+                 "yerr": [thr[f"{kind}/{unit}/{w}/{t}"]["rows_per_s"]["std"] for w in WORKERS],
+                 "marker": "o", "capsize": 3, "label": t, "color": colors[t]} for t in TRANSPORTS],
+        ylabel="rows/s delivered to the learner (log)" if i == 0 else None, legend={"fontsize": 8} if i == 0 else None)
+        for i, (kind, unit) in enumerate([(k, u) for k in KINDS for u in UNITS])], sharex=True,
+        suptitle=f"Ingestion throughput, batches of {BATCH} rows, exact-once (mean ± std over repetitions)")]
+    names.append(panels_figure(OUT_DIR, "ratio_vs_queue.png", (11, 4.2), [partial(
+        lines, xs=WORKERS, yscale="log", grid_which="both", xlabel="worker processes", title_fontsize=10,
+        title=f"{kind}: shared memory / multiprocessing.Queue" +
+              (f" (target {TARGET_THROUGHPUT:g}x dotted)" if kind == "cartpole" else ""),
+        series=[{"y": [rat[f"{kind}/{unit}/{w}/{t}"]["mean"] for w in WORKERS],
+                 "yerr": [rat[f"{kind}/{unit}/{w}/{t}"]["std"] for w in WORKERS], "marker": "o", "capsize": 3,
+                 "ls": ls, "color": colors[t], "label": f"{t}, {unit} per call"}
+                for unit, ls in zip(UNITS, ("-", "--")) for t in TRANSPORTS[:2]],
+        hlines=[(TARGET_THROUGHPUT if kind == "cartpole" else 1.0, dict(color="k", lw=0.8, ls=":"))],
+        ylabel="throughput ratio (log)" if i == 0 else None, legend={"fontsize": 8} if i == 0 else None)
+        for i, kind in enumerate(KINDS)], sharey=True))
     conds = [c[0] for c in LAT_CONDITIONS[1:]]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 7.5), sharex=True)
-    width = 0.38
-    x = np.arange(len(conds))
-    for col, kind in enumerate(KINDS):
-        for row, stat in enumerate(("median", "p99")):
-            ax = axes[row, col]
-            for k, layout in enumerate(LAT_LAYOUTS):
-                cells = [lr[f"{kind}/{layout}/{c}"][stat] for c in conds]
-                mid = np.array([c["median"] for c in cells])
-                lo = mid - np.array([c["min"] for c in cells])
-                hi = np.array([c["max"] for c in cells]) - mid
-                ax.bar(x + (k - 0.5) * width, mid, width, yerr=[lo, hi], capsize=2,
-                       color="tab:blue" if layout == "aos" else "tab:green", label=layout)
-            ax.axhline(TARGET_LATENCY, color="k", lw=0.8, ls=":")
-            ax.axhline(1.0, color="grey", lw=0.6)
-            if stat == "p99":
-                ax.set_yscale("log")
-            ax.set_ylabel(f"{stat} / ReplayBuffer's {stat}")
-            ax.set_title(f"{kind}: sample({LAT_BATCH[kind]}), {stat} per call (target {TARGET_LATENCY}x dotted)",
-                         fontsize=9)
-            ax.grid(True, axis="y", which="both", alpha=0.3)
-        axes[1, col].set_xticks(x)
-        axes[1, col].set_xticklabels(conds, rotation=20, fontsize=8)
-    axes[0, 0].legend(fontsize=8)
-    fig.suptitle("Learner sample latency over a single-process ReplayBuffer (bars: median over repetitions, "
-                 "whiskers: min-max)", fontsize=10)
-    fig.tight_layout()
-    names.append("latency_ratio.png")
-    fig.savefig(os.path.join(OUT_DIR, names[-1]), dpi=110)
-    plt.close(fig)
+    x, width = np.arange(len(conds)), 0.38
+
+    def ratio_bars(kind, stat, k, layout):
+        cells = [lr[f"{kind}/{layout}/{c}"][stat] for c in conds]
+        mid = np.array([c["median"] for c in cells])
+        return {"at": x + (k - 0.5) * width, "heights": mid, "width": width, "capsize": 2, "label": layout,
+                "yerr": [mid - np.array([c["min"] for c in cells]), np.array([c["max"] for c in cells]) - mid],
+                "color": "tab:blue" if layout == "aos" else "tab:green"}
+    names.append(grid_figure(OUT_DIR, "latency_ratio.png", (13, 7.5), [[partial(
+        bar_series, ticks=(x, conds), tick_kw={"rotation": 20, "fontsize": 8},
+        series=[ratio_bars(kind, stat, k, layout) for k, layout in enumerate(LAT_LAYOUTS)],
+        hlines=[(TARGET_LATENCY, dict(color="k", lw=0.8, ls=":")), (1.0, dict(color="grey", lw=0.6))],
+        yscale={"value": "log"} if stat == "p99" else None, ylabel=f"{stat} / ReplayBuffer's {stat}",
+        title=f"{kind}: sample({LAT_BATCH[kind]}), {stat} per call (target {TARGET_LATENCY}x dotted)",
+        grid={"axis": "y", "which": "both", "alpha": 0.3}, legend={"fontsize": 8} if (row, col) == (0, 0) else None)
+        for col, kind in enumerate(KINDS)] for row, stat in enumerate(("median", "p99"))], sharex=True, top=1.0,
+        suptitle="Learner sample latency over a single-process ReplayBuffer (bars: median over repetitions, "
+                 "whiskers: min-max)", suptitle_fontsize=10))
     return names
 
 
@@ -871,74 +832,58 @@ def write_report(summary: dict, run: dict, pngs: list, pools: list, nreps: int) 
         L.append(f"![{p}]({p})\n")
 
     L.append(f"## Throughput (rows/s delivered to the learner, batches of {BATCH}; mean ± std, median)\n")
-    L.append("| rows | per call | workers | shm-aos | shm-soa | queue | shm-aos / queue | shm-soa / queue | "
-             "other processes' CPUs |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for kind in KINDS:
-        for unit in UNITS:
-            for w in WORKERS:
-                cells = []
-                for t in TRANSPORTS:
-                    s = thr[f"{kind}/{unit}/{w}/{t}"]["rows_per_s"]
-                    cells.append(f"{_rate(s['mean'])} ± {_rate(s['std'])} ({_rate(s['median'])})")
-                for t in TRANSPORTS[:2]:
-                    s = rat[f"{kind}/{unit}/{w}/{t}"]
-                    cells.append(f"{s['mean']:.1f} ± {s['std']:.1f} ({s['median']:.1f})")
-                oc = [thr[f"{kind}/{unit}/{w}/{t}"]["other_cpus"]["mean"] for t in TRANSPORTS]
-                cells.append(f"{np.mean(oc):.2f}")
-                L.append(f"| {kind} | {'1 row' if unit == 'row' else f'{STEP_ROWS}-row step'} | {w} | " + " | ".join(cells) + " |")
+    def rate(r, t):
+        s = thr[f"{r['key']}/{t}"]["rows_per_s"]
+        return f"{_rate(s['mean'])} ± {_rate(s['std'])} ({_rate(s['median'])})"
+    L += table([{"kind": k, "unit": u, "w": w, "key": f"{k}/{u}/{w}"} for k in KINDS for u in UNITS for w in WORKERS],
+               [("rows", "l", "{kind}"), ("per call", "l", lambda r: "1 row" if r["unit"] == "row" else f"{STEP_ROWS}-row step"),
+                ("workers", "r", "{w}")] + [(t, "r", partial(rate, t=t)) for t in TRANSPORTS]
+               + [(f"{t} / queue", "r", partial(lambda r, t: "{mean:.1f} ± {std:.1f} ({median:.1f})".format(
+                   **rat[f"{r['key']}/{t}"]), t=t)) for t in TRANSPORTS[:2]]
+               + [("other processes' CPUs", "r", lambda r: f"{np.mean([thr[r['key'] + '/' + t]['other_cpus']['mean'] for t in TRANSPORTS]):.2f}")])
     L.append("")
     L.append(f"## Sample latency while workers write (µs per call; mean ± std over repetitions of the per-run median / p99)\n")
-    L.append("| rows | layout | condition | processes | writers' rows/s | median µs | p99 µs | median / local | "
-             "p99 / local | median / shm-idle | p99 / shm-idle | redraws per run |")
-    L.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for kind in KINDS:
-        for layout in LAT_LAYOUTS:
-            for name, n, paced_ in LAT_CONDITIONS:
-                key = f"{kind}/{layout}/{name}"
-                a, r = lat[key], lr[key]
-                label = "ReplayBuffer, no writer" if name == "local" else name
-                L.append(f"| {kind} (batch {LAT_BATCH[kind]}) | {layout} | {label} | {a['processes']} | "
-                         f"{_rate(a['write_rows_per_s']['mean']) if n else '-'} | {_ms(a['median_ns'], 1e-3, '.1f')} | "
-                         f"{_ms(a['p99_ns'], 1e-3, '.1f')} | {r['median']['mean']:.2f} ({r['median']['median']:.2f}) | "
-                         f"{r['p99']['mean']:.2f} ({r['p99']['median']:.2f}) | "
-                         f"{r['median_vs_idle']['mean']:.2f} ({r['median_vs_idle']['median']:.2f}) | "
-                         f"{r['p99_vs_idle']['mean']:.2f} ({r['p99_vs_idle']['median']:.2f}) | {a['redraws']['mean']:.0f} |")
+    recs = [{"kind": k, "layout": lay, "name": name, "writers": n, "a": lat[f"{k}/{lay}/{name}"],
+             "r": lr[f"{k}/{lay}/{name}"]} for k in KINDS for lay in LAT_LAYOUTS for name, n, _ in LAT_CONDITIONS]
+    L += table(recs, [("rows", "l", lambda r: f"{r['kind']} (batch {LAT_BATCH[r['kind']]})"), ("layout", "l", "{layout}"),
+                      ("condition", "l", lambda r: "ReplayBuffer, no writer" if r["name"] == "local" else r["name"]),
+                      ("processes", "r", "{a[processes]}"),
+                      ("writers' rows/s", "r", lambda r: _rate(r["a"]["write_rows_per_s"]["mean"]) if r["writers"] else "-"),
+                      ("median µs", "r", lambda r: _ms(r["a"]["median_ns"], 1e-3, ".1f")),
+                      ("p99 µs", "r", lambda r: _ms(r["a"]["p99_ns"], 1e-3, ".1f"))]
+               + [(head, "r", partial(lambda r, k: "{mean:.2f} ({median:.2f})".format(**r["r"][k]), k=k))
+                  for head, k in (("median / local", "median"), ("p99 / local", "p99"),
+                                  ("median / shm-idle", "median_vs_idle"), ("p99 / shm-idle", "p99_vs_idle"))]
+               + [("redraws per run", "r", "{a[redraws][mean]:.0f}")])
     L.append("")
     L.append("## Memory (peak RSS, largest over repetitions and sending units)\n")
     L.append("Peak RSS of the process during the condition, and in parentheses its growth over the RSS at "
              "the condition's start (what the transport itself added). The processes live for a whole "
              "repetition, so the absolute figures include heap kept from earlier conditions (the learner's, "
              "from the latency part of the previous repetition, whose buffers it built).\n")
-    L.append("| rows | workers | transport | region (`buf.nbytes`) | learner peak RSS (growth) | largest worker peak RSS (growth) |")
-    L.append("|---|---:|---|---:|---:|---:|")
-    for kind in KINDS:
-        for w in WORKERS:
-            for t in TRANSPORTS:
-                cs = [thr[f"{kind}/{u}/{w}/{t}"] for u in UNITS]
-
-                def mx(k):
-                    return max(c[k] for c in cs) / 2**20
-
-                region = "-" if t == "queue" else f"{mx('region_nbytes'):.1f} MiB"
-                L.append(f"| {kind} | {w} | {t} | {region} | {mx('learner_peak_rss_max'):.0f} MiB "
-                         f"({mx('learner_peak_growth_max'):+.0f}) | {mx('worker_peak_rss_max'):.0f} MiB "
-                         f"({mx('worker_peak_growth_max'):+.0f}) |")
-    for kind in KINDS:
-        a = lat[f"{kind}/aos/shm+4"]
-        L.append(f"| {kind}, replay ring while sampling | 4 | shm-aos | {a['region_nbytes'] / 2**20:.1f} MiB | "
-                 f"{a['learner_peak_rss_max'] / 2**20:.0f} MiB | {(a['worker_peak_rss_max'] or 0) / 2**20:.0f} MiB |")
+    def mib(x, fmt=".0f"):
+        return f"{x / 2**20:{fmt}}"
+    recs = [{"rows": k, "w": w, "t": t, **{f: max(thr[f"{k}/{u}/{w}/{t}"][f] for u in UNITS) for f in (
+        "region_nbytes", "learner_peak_rss_max", "learner_peak_growth_max", "worker_peak_rss_max", "worker_peak_growth_max")}}
+            for k in KINDS for w in WORKERS for t in TRANSPORTS]
+    rings = [{"rows": f"{k}, replay ring while sampling", "w": 4, "t": "shm-aos", "ring": lat[f"{k}/aos/shm+4"]} for k in KINDS]
+    L += table(recs + rings, [
+        ("rows", "l", "{rows}"), ("workers", "r", "{w}"), ("transport", "l", "{t}"),
+        ("region (`buf.nbytes`)", "r", lambda r: f"{mib(r['ring']['region_nbytes'], '.1f')} MiB" if "ring" in r else
+         "-" if r["t"] == "queue" else f"{mib(r['region_nbytes'], '.1f')} MiB"),
+        ("learner peak RSS (growth)", "r", lambda r: f"{mib(r['ring']['learner_peak_rss_max'])} MiB" if "ring" in r else
+         f"{mib(r['learner_peak_rss_max'])} MiB ({mib(r['learner_peak_growth_max'], '+.0f')})"),
+        ("largest worker peak RSS (growth)", "r", lambda r: f"{mib(r['ring']['worker_peak_rss_max'] or 0)} MiB"
+         if "ring" in r else f"{mib(r['worker_peak_rss_max'])} MiB ({mib(r['worker_peak_growth_max'], '+.0f')})")])
     L.append("")
     if costs:
         L.append("## Per-call cost of the sending side (one process, no contention; µs per call, median of 5 blocks)\n")
         L.append("What bounds one worker: a worker that does nothing but send can make at most 1e6 / cost calls "
                  "per second. The queue's cost is paid twice, by the worker (pickle) and by the learner "
                  "(unpickle), plus a pipe write and read.\n")
-        L.append("| operation | µs per call (mean ± std over repetitions) | rows/s at that cost |")
-        L.append("|---|---:|---:|")
-        for name, c in costs.items():
-            rows = STEP_ROWS if "step" in name else 1
-            L.append(f"| {name} | {c['mean']:.2f} ± {c['std']:.2f} | {_rate(rows * 1e6 / c['mean'])} |")
+        L += table([{"name": name, **c} for name, c in costs.items()],
+                   [("operation", "l", "{name}"), ("µs per call (mean ± std over repetitions)", "r", "{mean:.2f} ± {std:.2f}"),
+                    ("rows/s at that cost", "r", lambda r: _rate((STEP_ROWS if "step" in r["name"] else 1) * 1e6 / r["mean"]))])
         L.append("")
     L.extend(hand_written(OUT_DIR, "method"))
     write_methodology_report(OUT_DIR, L, run)

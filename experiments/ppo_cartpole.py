@@ -43,14 +43,16 @@ import resource
 import sys
 import time
 import warnings
+from functools import partial
 
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
+from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # noqa: E402
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
-from _render import hand_written, write_report as write_methodology_report  # noqa: E402
-from _stats import permutation_test, return_curve as _return_curve  # noqa: E402
-from _timing import run_in_fresh_processes  # noqa: E402
+from _render import hand_written, p_value as _p, pm as _pm, table, write_report as write_methodology_report  # noqa: E402
+from _stats import permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _timing import peak_rss_hwm as _peak_rss, rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -575,20 +577,6 @@ def run_worker(variant: str, seed: int, total: int) -> dict:
     }
 
 
-def _peak_rss() -> int:
-    """Peak resident set of this process's own address space (``VmHWM``, reset by exec), bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _rss_now() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 # ---------------------------------------------------------------------------------------------
 # Driver and analysis
 # ---------------------------------------------------------------------------------------------
@@ -604,14 +592,6 @@ def run_all(variants, seeds, total, log) -> list[dict]:
 def curve(episodes, total, bins=CURVE_BINS):
     """See :func:`_stats.return_curve` (this experiment's number of bins)."""
     return _return_curve(episodes, total, bins)
-
-
-def _ms(values) -> dict:
-    v = np.asarray([x for x in values if x is not None], dtype=float)
-    if v.size == 0:
-        return {"mean": None, "std": None, "median": None, "n": 0}
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
-            "median": float(np.median(v)), "n": int(v.size)}
 
 
 def summarise(runs, variants, total) -> dict:
@@ -708,55 +688,27 @@ def goals(comps) -> list[tuple] | None:
 # Report
 # ---------------------------------------------------------------------------------------------
 def plot(agg, total) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x = curve([], total)[0]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for v, a in agg.items():
-        m, s = np.asarray(a["curve_mean"]), np.asarray(a["curve_std"])
-        ax.plot(x, m, label=f"{v} ({a['final_return']['n']} seeds)", lw=1.8 if v in (EDGE, REFERENCE) else 1.0,
-                ls="--" if _bootstraps(v) else "-", color=COLORS.get(v))
-        ax.fill_between(x, m - s, m + s, alpha=0.15, color=COLORS.get(v))
-    ax.set_xlabel("environment step")
-    ax.set_ylabel("episodic return (mean ± std over seeds)")
-    ax.set_title(f"PPO on {ENV_ID}, CleanRL ppo.py hyperparameters")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(OUT_DIR, "learning.png"), dpi=110)
-    plt.close(fig)
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4.2))
+    """The learning curves and the speed figure, declared with the generic kinds of _plots."""
     vs = list(agg)
     colors = [COLORS.get(v, "tab:gray") for v in vs]
-    ax1.barh(vs, [agg[v]["sps"]["mean"] for v in vs], xerr=[agg[v]["sps"]["std"] for v in vs], color=colors)
-    bare = np.mean([agg[v]["bare_env_sps"]["mean"] for v in vs])
-    ax1.axvline(bare, color="k", ls=":", lw=1)
-    ax1.text(bare, len(vs) - 0.5, " bare env.step loop", fontsize=7, va="bottom", ha="right")
-    ax1.set_xlabel("environment steps per second")
-    ax1.invert_yaxis()
-    left = np.zeros(len(vs))
-    for k in SECTIONS:
-        us = np.array([agg[v]["sections_us"][k]["mean"] for v in vs])
-        ax2.barh(vs, us, left=left, label=k)
-        left += us
-    ax2.axvline(np.mean([agg[v]["bare_env_us_per_step"]["mean"] for v in vs]), color="k", ls=":", lw=1)
-    ax2.set_xlabel("µs per environment step, by section (dotted: the bare env.step loop)")
-    ax2.set_yticklabels([])
-    ax2.invert_yaxis()
-    ax2.legend(fontsize=7, ncol=len(SECTIONS), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
-               handlelength=1.0, columnspacing=0.8)
-    ax3.barh(vs, [agg[v]["peak_rss_bytes"]["mean"] / 2**20 for v in vs], color=colors)
-    ax3.set_xlabel("peak RSS of the run's process (MiB)")
-    ax3.set_yticklabels([])
-    ax3.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(os.path.join(OUT_DIR, "speed.png"), dpi=110)
-    plt.close(fig)
-    return ["learning.png", "speed.png"]
+    curves = {f"{v} ({a['final_return']['n']} seeds)":
+              (a["curve_mean"], a["curve_std"], dict(lw=1.8 if v in (EDGE, REFERENCE) else 1.0,
+                                                     ls="--" if _bootstraps(v) else "-", color=COLORS.get(v)),
+               dict(color=COLORS.get(v))) for v, a in agg.items()}
+    return [panels_figure(OUT_DIR, "learning.png", (8, 4.5), [partial(
+                learning_curves, x=curve([], total)[0], curves=curves,
+                title=f"PPO on {ENV_ID}, CleanRL ppo.py hyperparameters")]),
+            panels_figure(OUT_DIR, "speed.png", (14, 4.2), [
+                partial(hbar_values, labels=vs, values=[agg[v]["sps"]["mean"] for v in vs],
+                        xerr=[agg[v]["sps"]["std"] for v in vs], color=colors, xlabel="environment steps per second",
+                        vline=(np.mean([agg[v]["bare_env_sps"]["mean"] for v in vs]), " bare env.step loop")),
+                partial(hbar_stack, labels=vs, parts={k: [agg[v]["sections_us"][k]["mean"] for v in vs] for k in SECTIONS},
+                        vline=np.mean([agg[v]["bare_env_us_per_step"]["mean"] for v in vs]), tick_labels=False,
+                        xlabel="µs per environment step, by section (dotted: the bare env.step loop)",
+                        legend=dict(fontsize=7, ncol=len(SECTIONS), loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                                    frameon=False, handlelength=1.0, columnspacing=0.8)),
+                partial(hbar_values, labels=vs, values=[agg[v]["peak_rss_bytes"]["mean"] / 2**20 for v in vs],
+                        color=colors, xlabel="peak RSS of the run's process (MiB)", tick_labels=False)])]
 
 
 def _bootstraps(variant) -> bool:
@@ -764,18 +716,8 @@ def _bootstraps(variant) -> bool:
     return VARIANTS.get(variant, ("", ""))[1] == "tfdata-bootstrap"
 
 
-def _pm(cell, fmt="{:.0f}", scale=1.0) -> str:
-    if cell["mean"] is None:
-        return "n/a"
-    return (fmt + " ± " + fmt).format(cell["mean"] * scale, cell["std"] * scale)
-
-
 def _range(xs) -> str:
     return "n/a" if not xs else f"{min(xs):.2f}x" if len(xs) == 1 else f"{min(xs):.2f}-{max(xs):.2f}x"
-
-
-def _p(p) -> str:
-    return "n/a (1 seed)" if p is None else f"{p:.2f}"
 
 
 def _verdict(c) -> str:
@@ -804,6 +746,18 @@ def headline(agg, comps) -> str | None:
             f"(p = {_p(c['final_p'])})")
 
 
+VARIANT_COLUMNS = [
+    ("variant", "l", "{variant}"), ("final return", "r", lambda a: _pm(a["final_return"], "{:.1f}")),
+    ("mean return", "r", lambda a: _pm(a["mean_return"], "{:.1f}")), ("episodes", "r", "{episodes[mean]:.0f}"),
+    ("steps/s", "r", lambda a: _pm(a["sps"])), ("wall (s)", "r", lambda a: _pm(a["wall_s"], "{:.1f}")),
+    ("setup (s)", "r", lambda a: _pm(a["setup_s"], "{:.1f}")),
+    ("peak RSS (MiB)", "r", lambda a: _pm(a["peak_rss_bytes"], "{:.0f}", 2**-20)),
+    ("RSS at start of loop (MiB)", "r", lambda a: _pm(a["rss_ready_bytes"], "{:.0f}", 2**-20)),
+    ("buffer (KiB)", "r", lambda a: "" if a["buffer_nbytes"]["mean"] is None else f"{a['buffer_nbytes']['mean'] / 1024:.0f}"),
+    ("torch imported", "l", lambda a: "yes" if a["torch_imported"] else "no"),
+    ("time-limit bootstrap", "l", lambda a: "yes" if _bootstraps(a["variant"]) else "no (as CleanRL)")]
+
+
 def write_report(agg, comps, run, pngs, total, versions) -> None:
     n_seeds = max(a["final_return"]["n"] for a in agg.values())
     L = [f"# PPO on {ENV_ID}: tfdata's on-policy data layer and a torch-free PPO against CleanRL\n",
@@ -818,42 +772,31 @@ def write_report(agg, comps, run, pngs, total, versions) -> None:
     if g:
         L.append("## Targets (against CleanRL's torch loop, CleanRL's time-limit semantics in every "
                  "compared loop)\n")
-        L.append("| target | met? | measured |")
-        L.append("|---|---|---|")
-        for goal, ok, meas in g:
-            L.append(f"| {goal} | {'n/a' if ok is None else 'yes' if ok else '**no**'} | {meas} |")
+        L += table(g, [("target", "l", lambda x: x[0]),
+                       ("met?", "l", lambda x: "n/a" if x[1] is None else "yes" if x[1] else "**no**"),
+                       ("measured", "l", lambda x: x[2])])
     L.append("")
     for p in pngs:
         L.append(f"![{p}]({p})\n")
     L.append("## Every variant (mean ± std over seeds)\n")
-    L.append("| variant | final return | mean return | episodes | steps/s | wall (s) | setup (s) | peak RSS (MiB) "
-             "| RSS at start of loop (MiB) | buffer (KiB) | torch imported | time-limit bootstrap |")
-    L.append("|---|" + "---:|" * 9 + "---|---|")
-    for v, a in agg.items():
-        buf = "" if a["buffer_nbytes"]["mean"] is None else f"{a['buffer_nbytes']['mean'] / 1024:.0f}"
-        L.append(f"| {v} | {_pm(a['final_return'], '{:.1f}')} | {_pm(a['mean_return'], '{:.1f}')} "
-                 f"| {a['episodes']['mean']:.0f} | {_pm(a['sps'])} | {_pm(a['wall_s'], '{:.1f}')} "
-                 f"| {_pm(a['setup_s'], '{:.1f}')} | {_pm(a['peak_rss_bytes'], '{:.0f}', 2**-20)} "
-                 f"| {_pm(a['rss_ready_bytes'], '{:.0f}', 2**-20)} | {buf} | {'yes' if a['torch_imported'] else 'no'} "
-                 f"| {'yes' if _bootstraps(v) else 'no (as CleanRL)'} |")
+    recs = [{"variant": v, **a} for v, a in agg.items()]
+    L += table(recs, VARIANT_COLUMNS, empty="  ")
     L.append("")
     L.append("Time per environment step by section, µs (share of the loop's wall clock), mean over seeds:\n")
-    L.append("| variant | " + " | ".join(SECTIONS) + " | total | bare env.step loop |")
-    L.append("|---|" + "---:|" * (len(SECTIONS) + 2))
-    for v, a in agg.items():
-        L.append(f"| {v} | " + " | ".join(f"{a['sections_us'][k]['mean']:.2f} ({100 * a['sections_share'][k]['mean']:.0f}%)"
-                                           for k in SECTIONS)
-                 + f" | {1e6 / a['sps']['mean']:.1f} | {a['bare_env_us_per_step']['mean']:.2f} |")
+    L += table(recs, [("variant", "l", "{variant}")]
+               + [(k, "r", partial(lambda a, k: f"{a['sections_us'][k]['mean']:.2f} "
+                                                f"({100 * a['sections_share'][k]['mean']:.0f}%)", k=k)) for k in SECTIONS]
+               + [("total", "r", lambda a: f"{1e6 / a['sps']['mean']:.1f}"),
+                  ("bare env.step loop", "r", "{bare_env_us_per_step[mean]:.2f}")])
     L.append("")
     L.append("Sections: " + "; ".join(f"`{k}`: {SECTION_HELP[k]}" for k in SECTIONS) + ".\n")
     L.append("## Comparisons\n")
-    L.append("| variant | against | final return diff | p | mean return diff | p | steps/s ratio | per seed "
-             "| peak RSS ratio |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for c in comps:
-        L.append(f"| {c['variant']} | {c['against']} | {c['final_diff']:+.1f} | {_p(c['final_p'])} "
-                 f"| {c['mean_diff']:+.1f} | {_p(c['mean_p'])} | {c['sps_ratio']:.2f} | {_range(c['sps_ratio_per_seed'])} "
-                 f"| {c['peak_rss_ratio']:.2f} |")
+    L += table(comps, [("variant", "l", "{variant}"), ("against", "l", "{against}"),
+                       ("final return diff", "r", "{final_diff:+.1f}"), ("p", "r", lambda c: _p(c["final_p"])),
+                       ("mean return diff", "r", "{mean_diff:+.1f}"), ("p", "r", lambda c: _p(c["mean_p"])),
+                       ("steps/s ratio", "r", "{sps_ratio:.2f}"),
+                       ("per seed", "r", lambda c: _range(c["sps_ratio_per_seed"])),
+                       ("peak RSS ratio", "r", "{peak_rss_ratio:.2f}")])
     L.append("")
     L.extend(hand_written(OUT_DIR, "method"))
     write_methodology_report(OUT_DIR, L, run)

@@ -41,14 +41,17 @@ import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 import tfdata  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
-from _recording import RunRecord, parse_seeds, report_dir, seeds_parser, write_json  # noqa: E402
-from _render import fmt_bytes, hand_written, md_table, write_report as write_methodology_report  # noqa: E402
+from _plots import grid_figure, lines  # noqa: E402
+from _recording import RunRecord, cpu_snapshot, other_cpu_share, parse_seeds, report_dir, seeds_parser  # noqa: E402
+from _recording import write_json  # noqa: E402
+from _render import fmt_bytes, hand_written, md_table, table, write_report as write_methodology_report  # noqa: E402
 from _stats import mean_std  # noqa: E402
 from _timing import SliceTimer, rotated, run_rounds  # noqa: E402
 
@@ -417,27 +420,6 @@ def noop_cost(datasets: dict, rounds: int) -> dict:
     return out
 
 
-def cpu_snapshot():
-    """(machine busy CPU-seconds, this process's CPU-seconds), or None where /proc/stat is missing."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            parts = f.readline().split()
-        ticks = [int(x) for x in parts[1:9]]
-        busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-        t = os.times()
-        return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def other_cpu_share(before, after, wall_s: float) -> float | None:
-    """Share of the machine's CPUs used by other processes between two snapshots."""
-    if before is None or after is None or wall_s <= 0:
-        return None
-    other = (after[0] - before[0]) - (after[1] - before[1])
-    return max(0.0, other) / (wall_s * (os.cpu_count() or 1))
-
-
 # ---------------------------------------------------------------------------------------------
 # Statistics
 # ---------------------------------------------------------------------------------------------
@@ -554,164 +536,144 @@ def _range_err(c: dict, metric: str):
 
 
 def plot(cells: list[dict], calib: dict, mults, mode: str, n_seeds: int) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The report's figures: grids of panels of the generic kind ``_plots.lines`` (stall % and
+    the wait in next() over the prefetch depth)."""
     idx = {key_of(c): c for c in cells}
-    xs = list(range(len(PREFETCH)))
+    xs, depths = list(range(len(PREFETCH))), [str(p) for p in PREFETCH]
     files = []
+
+    def stall(case, order, consumer, layout, i, j):
+        series = []
+        for mult in mults:
+            cs = [idx[(case, order, consumer, mult, layout, p)] for p in PREFETCH]
+            color = MULT_COLORS.get(mult)
+            series.append({"y": [c["stall_pct"]["mean"] for c in cs], "yerr": [c["stall_pct"]["std"] for c in cs],
+                           "marker": "o", "capsize": 3, "color": color,
+                           "label": f"step {fmt_mult(mult)} ({fmt_us(cs[0]['step_target_us'])} µs)"})
+            if order == "shuffled":
+                series.append({"y": [cs[0]["model_stall_serial_pct"]] + [c["model_stall_overlap_pct"] for c in cs[1:]],
+                               "plain": True, "ls": ":", "color": color, "alpha": 0.6})
+        return partial(lines, xs=xs, xticks=depths, series=series, ylim=(0, 100),
+                       title=f"{LNAME[layout]} (calibrated gather {fmt_us(calib[case][layout]['gather_us'])} µs/batch)"
+                       if i == 0 else None, ylabel=f"{consumer} step: stall %" if j == 0 else None, ylabel_fontsize=9,
+                       xlabel="prefetch depth" if i == len(CONSUMERS) - 1 else None,
+                       legend={"fontsize": 7, "loc": "upper right"})
     for case, order in case_orders():
-        fig, axes = plt.subplots(len(CONSUMERS), len(LAYOUTS), figsize=(10, 3.0 * len(CONSUMERS) + 1.3),
-                                 sharex=True, sharey=True, squeeze=False)
-        for i, consumer in enumerate(CONSUMERS):
-            for j, layout in enumerate(LAYOUTS):
-                ax = axes[i][j]
-                g = calib[case][layout]["gather_us"]
-                for mult in mults:
-                    cs = [idx[(case, order, consumer, mult, layout, p)] for p in PREFETCH]
-                    color = MULT_COLORS.get(mult)
-                    ax.errorbar(xs, [c["stall_pct"]["mean"] for c in cs], yerr=[c["stall_pct"]["std"] for c in cs],
-                                marker="o", capsize=3, color=color,
-                                label=f"step {fmt_mult(mult)} ({fmt_us(cs[0]['step_target_us'])} µs)")
-                    if order == "shuffled":
-                        ax.plot(xs, [cs[0]["model_stall_serial_pct"]] + [c["model_stall_overlap_pct"] for c in cs[1:]],
-                                ls=":", color=color, alpha=0.6)
-                ax.set_xticks(xs, [str(p) for p in PREFETCH])
-                ax.set_ylim(0, 100)
-                ax.grid(True, alpha=0.3)
-                if i == 0:
-                    ax.set_title(f"{LNAME[layout]} (calibrated gather {fmt_us(g)} µs/batch)", fontsize=9)
-                if j == 0:
-                    ax.set_ylabel(f"{consumer} step: stall %", fontsize=9)
-                if i == len(CONSUMERS) - 1:
-                    ax.set_xlabel("prefetch depth")
-                ax.legend(fontsize=7, loc="upper right")
-        kind = CASES[case]["kind"]
         model = ("\ndotted: ideal loader, g/(g+s) at depth 0 and max(0, g-s)/max(g, s) with full overlap "
-                 "(g: mean wait at depth 0 of the same configuration)"
-                 if order == "shuffled" else "")
-        fig.suptitle(f"{case_label(case)}, {order} order, batch {BATCH[kind]}: stall % = time in next() / epoch "
-                     f"time\n{mode} run, {n_seeds} seeds, mean ± std across seeds; rows: sleep / numpy (GIL "
-                     f"released) / pure Python (GIL held) step{model}", fontsize=8.5)
-        fig.tight_layout(rect=(0, 0, 1, 0.955 if order == "shuffled" else 0.965))
-        name = f"stall_{case}_{order}.png"
-        fig.savefig(os.path.join(OUT_DIR, name), dpi=100)
-        plt.close(fig)
-        files.append(name)
+                 "(g: mean wait at depth 0 of the same configuration)" if order == "shuffled" else "")
+        files.append(grid_figure(
+            OUT_DIR, f"stall_{case}_{order}.png", (10, 3.0 * len(CONSUMERS) + 1.3),
+            [[stall(case, order, consumer, layout, i, j) for j, layout in enumerate(LAYOUTS)]
+             for i, consumer in enumerate(CONSUMERS)], sharex=True, sharey=True, dpi=100, suptitle_fontsize=8.5,
+            top=0.955 if order == "shuffled" else 0.965,
+            suptitle=f"{case_label(case)}, {order} order, batch {BATCH[CASES[case]['kind']]}: stall % = time in next() "
+                     f"/ epoch time\n{mode} run, {n_seeds} seeds, mean ± std across seeds; rows: sleep / numpy (GIL "
+                     f"released) / pure Python (GIL held) step{model}"))
 
     ref = max(mults)  # the longest step: where the loader can keep up
     shuffled_cases = [case for case, o in case_orders() if o == "shuffled"]
-    fig, axes = plt.subplots(len(shuffled_cases), len(CONSUMERS), figsize=(12, 3.2 * len(shuffled_cases) + 0.8),
-                             sharex=True, sharey=True, squeeze=False)
-    for i, case in enumerate(shuffled_cases):
-        for j, consumer in enumerate(CONSUMERS):
-            ax = axes[i][j]
-            for layout in LAYOUTS:
-                cs = [idx[(case, "shuffled", consumer, ref, layout, p)] for p in PREFETCH]
-                color = LAYOUT_COLORS[layout]
-                for metric, ls, mk, lab in (("wait_steady_median_us", "-", "o", "median"),
-                                            ("wait_steady_p99_us", ":", "^", "p99")):
-                    lo = [_range_err(c, metric)[0][0] for c in cs]
-                    hi = [_range_err(c, metric)[1][0] for c in cs]
-                    ax.errorbar(xs, [c[metric]["mean"] for c in cs], yerr=[lo, hi], color=color, ls=ls,
-                                marker=mk, capsize=2, label=f"{LNAME[layout]} {lab}")
-            ax.set_yscale("log")
-            ax.set_xticks(xs, [str(p) for p in PREFETCH])
-            ax.grid(True, which="both", alpha=0.3)
-            ax.set_title(f"{case}, {consumer} step", fontsize=9)
-            if j == 0:
-                ax.set_ylabel("wait in next(), µs (log)")
-            if i == len(shuffled_cases) - 1:
-                ax.set_xlabel("prefetch depth")
-            if i == 0 and j == 0:
-                ax.legend(fontsize=7)
-    fig.suptitle(f"Per-batch wait in next() (batches 2..n of the epoch), shuffled order, step {fmt_mult(ref)} "
+
+    def latency(case, consumer, i, j):
+        series = []
+        for layout in LAYOUTS:
+            cs = [idx[(case, "shuffled", consumer, ref, layout, p)] for p in PREFETCH]
+            for metric, ls, mk, lab in (("wait_steady_median_us", "-", "o", "median"),
+                                        ("wait_steady_p99_us", ":", "^", "p99")):
+                err = [[_range_err(c, metric)[k][0] for c in cs] for k in (0, 1)]
+                series.append({"y": [c[metric]["mean"] for c in cs], "yerr": err, "color": LAYOUT_COLORS[layout],
+                               "ls": ls, "marker": mk, "capsize": 2, "label": f"{LNAME[layout]} {lab}"})
+        return partial(lines, xs=xs, xticks=depths, series=series, yscale="log", grid_which="both",
+                       title=f"{case}, {consumer} step", ylabel="wait in next(), µs (log)" if j == 0 else None,
+                       xlabel="prefetch depth" if i == len(shuffled_cases) - 1 else None,
+                       legend={"fontsize": 7} if i == 0 and j == 0 else None)
+    files.append(grid_figure(
+        OUT_DIR, "latency.png", (12, 3.2 * len(shuffled_cases) + 0.8),
+        [[latency(case, consumer, i, j) for j, consumer in enumerate(CONSUMERS)] for i, case in enumerate(shuffled_cases)],
+        sharex=True, sharey=True, dpi=100, suptitle_fontsize=9, top=0.955,
+        suptitle=f"Per-batch wait in next() (batches 2..n of the epoch), shuffled order, step {fmt_mult(ref)} "
                  f"the gather time\n{mode} run, {n_seeds} seeds: mean of per-seed median / p99, bars from the "
-                 "smallest to the largest seed", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.955))
-    fig.savefig(os.path.join(OUT_DIR, "latency.png"), dpi=100)
-    plt.close(fig)
-    files.append("latency.png")
+                 "smallest to the largest seed"))
     return files
 
 
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
+# -- the tables: (header, align, cell) per column (_render.table) -----------------------------
+def _marked(s: str, v: dict | None) -> str:
+    """A stall cell marked against depth 0: bold when lower in every seed, an arrow when higher."""
+    return f"**{s}**" if v and v["lower"] else f"{s} ↑" if v and v["higher"] else s
+
+
 def stall_table(idx, case, order, layout, mults, with_model: bool) -> list[str]:
-    head = "| step | step µs | " + ("g µs | " if with_model else "") + " | ".join(f"depth {p}" for p in PREFETCH)
-    sep = "|---|---:|" + ("---:|" if with_model else "") + "---:|" + "---:|" * (len(PREFETCH) - 1)
-    if with_model:
-        head += " | ideal: serial / overlap"
-        sep += "---:|"
-    lines = [head.replace("| step |", "| consumer | step |", 1) + " |", "|---" + sep]
-    for consumer in CONSUMERS:
-        for mult in mults:
-            cs = [idx[(case, order, consumer, mult, layout, p)] for p in PREFETCH]
-            cols = []
-            for c in cs:
-                s = fmt_pm(c["stall_pct"])
-                v = c.get("vs_p0")
-                if v and v["lower"]:
-                    s = f"**{s}**"
-                elif v and v["higher"]:
-                    s = f"{s} ↑"
-                cols.append(s)
-            row = f"| {consumer} | {fmt_mult(mult)} | {fmt_us(cs[0]['step_target_us'])} | "
-            if with_model:
-                row += f"{fmt_us(cs[0]['gather_here_us'])} | "
-            row += " | ".join(cols)
-            if with_model:
-                row += f" | {cs[0]['model_stall_serial_pct']:.0f} / {cs[1]['model_stall_overlap_pct']:.0f}"
-            lines.append(row + " |")
-    return lines
+    recs = [{"consumer": c, "mult": m, "cs": [idx[(case, order, c, m, layout, p)] for p in PREFETCH]}
+            for c in CONSUMERS for m in mults]
+    cols = [("consumer", "l", "{consumer}"), ("step", "l", lambda r: fmt_mult(r["mult"])),
+            ("step µs", "r", lambda r: fmt_us(r["cs"][0]["step_target_us"]))]
+    cols += [("g µs", "r", lambda r: fmt_us(r["cs"][0]["gather_here_us"]))] if with_model else []
+    cols += [(f"depth {p}", "r", lambda r, k=k: _marked(fmt_pm(r["cs"][k]["stall_pct"]), r["cs"][k].get("vs_p0")))
+             for k, p in enumerate(PREFETCH)]
+    cols += [("ideal: serial / overlap", "r", lambda r: f"{r['cs'][0]['model_stall_serial_pct']:.0f} / "
+              f"{r['cs'][1]['model_stall_overlap_pct']:.0f}")] if with_model else []
+    return table(recs, cols)
 
 
 def overview_table(idx, mults) -> list[str]:
     d = ref_depth()
-    cols = [(case, lay) for case, o in case_orders() if o == "shuffled" for lay in LAYOUTS]
-    lines = ["| consumer | step | " + " | ".join(f"{case} {LNAME[lay]}" for case, lay in cols) + " |",
-             "|---|---|" + "---:|" * len(cols)]
-    for consumer in CONSUMERS:
-        for mult in mults:
-            row = []
-            for case, lay in cols:
-                c0 = idx[(case, "shuffled", consumer, mult, lay, 0)]
-                c = idx[(case, "shuffled", consumer, mult, lay, d)]
-                s = f"{c0['stall_pct']['mean']:.0f} → {c['stall_pct']['mean']:.0f}"
-                if c["vs_p0"]["lower"]:
-                    s = f"**{s}**"
-                elif c["vs_p0"]["higher"]:
-                    s += " ↑"
-                row.append(s)
-            lines.append(f"| {consumer} | {fmt_mult(mult)} | " + " | ".join(row) + " |")
-    return lines
+
+    def cell(r, case, lay):
+        c0, c = (idx[(case, "shuffled", r["consumer"], r["mult"], lay, p)] for p in (0, d))
+        return _marked(f"{c0['stall_pct']['mean']:.0f} → {c['stall_pct']['mean']:.0f}", c["vs_p0"])
+    cols = [(f"{case} {LNAME[lay]}", "r", lambda r, case=case, lay=lay: cell(r, case, lay))
+            for case, o in case_orders() if o == "shuffled" for lay in LAYOUTS]
+    return table([{"consumer": c, "mult": m} for c in CONSUMERS for m in mults],
+                 [("consumer", "l", "{consumer}"), ("step", "l", lambda r: fmt_mult(r["mult"]))] + cols)
+
+
+def _speedup(c) -> str:
+    sp = c.get("vs_p0", {}).get("epoch_speedup")
+    return "" if sp is None else f"{sp[0]:.2f}x"
+
+
+DETAIL_COLUMNS = [("consumer", "l", "{consumer}"), ("step", "r", lambda c: fmt_mult(c["mult"])),
+                  ("layout", "l", lambda c: LNAME[c["layout"]]), ("depth", "r", "{prefetch}"),
+                  ("stall %", "r", lambda c: fmt_pm(c["stall_pct"])),
+                  ("steady stall %", "r", lambda c: fmt_pm(c["stall_steady_pct"])),
+                  ("stall + touch %", "r", "{stall_touch_pct[mean]:.1f}"),
+                  ("first wait µs", "r", lambda c: fmt_us(c["first_wait_us"]["mean"])),
+                  ("wait median µs", "r", lambda c: fmt_us(c["wait_steady_median_us"]["mean"])),
+                  ("wait p99 µs", "r", lambda c: fmt_us(c["wait_steady_p99_us"]["mean"])),
+                  ("epoch ms", "r", lambda c: f"{1e3 * c['epoch_s']['mean']:.1f} ± {1e3 * c['epoch_s']['std']:.1f}"),
+                  ("epoch speed-up vs depth 0", "r", _speedup),
+                  ("step µs", "r", lambda c: fmt_us(c["step_mean_us"]["mean"])),
+                  ("touch µs", "r", lambda c: fmt_us(c["touch_median_us"]["mean"])),
+                  ("work vs depth 0", "r", lambda c: "" if c.get("work_vs_p0") is None
+                   else f"{100 * c['work_vs_p0']['mean']:.0f}%")]
 
 
 def detail_table(idx, case, order, mults) -> list[str]:
-    lines = ["| consumer | step | layout | depth | stall % | steady stall % | stall + touch % | first wait µs | "
-             "wait median µs | wait p99 µs | epoch ms | epoch speed-up vs depth 0 | step µs | touch µs | "
-             "work vs depth 0 |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for consumer in CONSUMERS:
-        for mult in mults:
-            for layout in LAYOUTS:
-                for p in PREFETCH:
-                    c = idx[(case, order, consumer, mult, layout, p)]
-                    sp = c.get("vs_p0", {}).get("epoch_speedup")
-                    wr = c.get("work_vs_p0")
-                    work = "" if wr is None else f"{100 * wr['mean']:.0f}%"
-                    lines.append(
-                        f"| {consumer} | {fmt_mult(mult)} | {LNAME[layout]} | {p} | {fmt_pm(c['stall_pct'])} | "
-                        f"{fmt_pm(c['stall_steady_pct'])} | {c['stall_touch_pct']['mean']:.1f} | "
-                        f"{fmt_us(c['first_wait_us']['mean'])} | {fmt_us(c['wait_steady_median_us']['mean'])} | "
-                        f"{fmt_us(c['wait_steady_p99_us']['mean'])} | "
-                        f"{1e3 * c['epoch_s']['mean']:.1f} ± {1e3 * c['epoch_s']['std']:.1f} | "
-                        f"{'' if sp is None else f'{sp[0]:.2f}x'} | {fmt_us(c['step_mean_us']['mean'])} | "
-                        f"{fmt_us(c['touch_median_us']['mean'])} | {work} |")
-    return lines
+    return table([idx[(case, order, consumer, mult, layout, p)] for consumer in CONSUMERS for mult in mults
+                  for layout in LAYOUTS for p in PREFETCH], DETAIL_COLUMNS, empty="  ")
+
+
+def cases_table(meta: dict, calib: dict) -> list[str]:
+    def fields(r):
+        return ", ".join(f"{f.name} {f.dtype.str[1:]}{list(f.shape) if f.shape else ''}" for f in r["spec"])
+
+    def resident(r):
+        rb = CASES[r["case"]]["resident_bytes"]
+        return '"auto" (default)' if rb == DEFAULT else fmt_bytes(rb) if rb else "None"
+    recs = [{"case": c, "kind": CASES[c]["kind"], "spec": make_spec(CASES[c]["kind"]),
+             "rows": meta["rows"][CASES[c]["kind"]]} for c in CASES]
+    return table(recs, [
+        ("case", "l", "{case}"), ("fields", "l", fields),
+        ("bytes/row (AoS record)", "r", lambda r: f"{r['spec'].row_nbytes} ({r['spec'].aos_dtype.itemsize})"),
+        ("rows", "r", "{rows:,}"), ("batch", "r", lambda r: BATCH[r["kind"]]),
+        ("batches/epoch", "r", lambda r: -(-r["rows"] // BATCH[r["kind"]])),
+        ("file AoS / SoA", "r", lambda r: " / ".join(fmt_bytes(meta["file_bytes"][r["kind"]][lay]) for lay in LAYOUTS)),
+        ("loader `resident_bytes`", "l", resident),
+        ("g at depth 0, AoS / SoA", "r", lambda r: " / ".join(fmt_us(calib[r["case"]][lay]["gather_us"])
+                                                              for lay in LAYOUTS) + " µs")])
 
 
 def hidden_section(idx, mults) -> list[str]:
@@ -814,20 +776,7 @@ def write_report(res: dict, files: list) -> None:
              + ", ".join(f"`{f}`" for f in files) + ".\n")
     L.extend(hand_written(OUT_DIR, "method"))
     L.append("## Cases\n")
-    L.append("| case | fields | bytes/row (AoS record) | rows | batch | batches/epoch | file AoS / SoA | "
-             "loader `resident_bytes` | g at depth 0, AoS / SoA |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---|---:|")
-    for cs_ in CASES:
-        k = CASES[cs_]["kind"]
-        spec = make_spec(k)
-        fields = ", ".join(f"{f.name} {f.dtype.str[1:]}{list(f.shape) if f.shape else ''}" for f in spec)
-        rows = meta["rows"][k]
-        rb = CASES[cs_]["resident_bytes"]
-        rb = '"auto" (default)' if rb == DEFAULT else fmt_bytes(rb) if rb else "None"
-        L.append(f"| {cs_} | {fields} | {spec.row_nbytes} ({spec.aos_dtype.itemsize}) | {rows:,} | {BATCH[k]} | "
-                 f"{-(-rows // BATCH[k])} | {fmt_bytes(meta['file_bytes'][k]['aos'])} / "
-                 f"{fmt_bytes(meta['file_bytes'][k]['soa'])} | {rb} | {fmt_us(calib[cs_]['aos']['gather_us'])} / "
-                 f"{fmt_us(calib[cs_]['soa']['gather_us'])} µs |")
+    L.extend(cases_table(meta, calib))
     L.append("")
 
     for cs_, o in case_orders():
