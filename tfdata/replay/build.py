@@ -17,6 +17,7 @@ from .columns import RunningStats
 from .episodes import Episodes
 from .frames import FrameStack, FrameStacks
 from .samplers import Sampler
+from .streams import RingStreams
 from .transforms import ElideNext, NStep
 from .writers import RingWriter
 
@@ -108,6 +109,8 @@ class Parts:
     spill : Spill or None
     cold : dict
         ``{stacked field: ColdFrames}`` (empty without ``compress_cold``).
+    streams : RingStreams
+        Where each stream's rows are (n-step windows and slices follow them).
     transforms : list
         What a sample applies after the sampler's draw, in order (n-step, elision, frames).
     after_sample : list
@@ -119,7 +122,7 @@ class Parts:
     """
 
     __slots__ = ("plan", "storage", "writer", "sampler", "lock", "episodes", "frame_stacks",
-                 "stats", "spill", "cold", "transforms", "after_sample", "held", "limiter")
+                 "stats", "spill", "cold", "streams", "transforms", "after_sample", "held", "limiter")
 
 
 def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
@@ -180,14 +183,17 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         watch(p.writer)
     if p.stats is not None:
         p.stats.bind(p.storage, p.writer)
+    flags = None
+    if p.episodes is not None or plan.n_step is not None or p.frame_stacks is not None:
+        flags = (p.storage.field(roles["terminated"]), p.storage.field(roles["truncated"]))
+    p.streams = RingStreams(envs, capacity, p.episodes, flags)
     if plan.n_step is not None:
         p.transforms.append(NStep(p.storage, plan.spec, roles, plan.next_of, plan.n_step,
-                                  plan.gamma, envs, capacity, allocator))
+                                  plan.gamma, p.streams, allocator))
     if plan.plain_elided:
         p.transforms.append(ElideNext(p.storage, plan.spec, p.episodes, roles, plan.plain_elided,
                                       envs, capacity, allocator))
     if p.frame_stacks is not None:
-        flags = (p.storage.field(roles["terminated"]), p.storage.field(roles["truncated"]))
         p.transforms.append(FrameStack(plan.spec, p.frame_stacks, p.episodes, flags, envs,
                                        capacity, allocator, p.writer, p.cold))
     p.lock = threading.Lock()

@@ -27,7 +27,8 @@ from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from ..replay.samplers.shared import SharedExactlyKSampler, SharedPrioritizedSampler, SharedUniformSampler
 from ..replay.samplers.shared import SharedWithoutReplacementSampler
 from ..replay import shared_frames
-from ..replay.transforms import ShardNStep, episode_options
+from ..replay.streams import ShardStreams
+from ..replay.transforms import NStep, episode_options
 from ..spec import Spec
 from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
@@ -281,11 +282,17 @@ class SharedReplayBuffer:
         if self._has_flags:
             roles = episodes["roles"]
             sampler.bind_flags(st.field(roles["terminated"]), st.field(roles["truncated"]))
+        # each writer's stream (its shard): where n-step windows and slices go, as of heads
+        # read before the draw; the rows a writer touched meanwhile are drawn again
+        flags = None
+        if self._has_flags:
+            flags = (st.field(episodes["roles"]["terminated"]), st.field(episodes["roles"]["truncated"]))
+        self._streams = ShardStreams(self._heads, self._reserved, cap, flags, alloc.resolve(None), name)
         self._nstep = None
         self._parts = [sampler]
         if self.n_step is not None:
-            self._nstep = ShardNStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
-                                     self.gamma, shards, cap, alloc.resolve(None))
+            self._nstep = NStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
+                                self.gamma, self._streams, alloc.resolve(None))
             self._parts.append(self._nstep)
         # frame stacks: rebuilt from the region's frames, after the draw, as of heads read
         # before it (see replay/shared_frames.py)
@@ -305,7 +312,7 @@ class SharedReplayBuffer:
         # the parts over the region: the draws that redraw what a writer touched, the column
         # reads, the FIFO learner (its calls refuse a replay region); then the limiter's gate and
         # the checkpoint part
-        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name)
+        self._draws = ShardDraws(region, sampler, self._nstep, self._streams, self._k, name)
         self._columns = ShardColumns(region, name)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
                                   _weak_method(self, "_watch"))
@@ -384,11 +391,11 @@ class SharedReplayBuffer:
     @property
     def nbytes_parts(self) -> dict:
         """Bytes this buffer holds, by part: ``shared_region`` (:attr:`nbytes`), ``trees`` and
-        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, in this
-        process) and ``output_rings`` (every thread's preallocated batches)."""
+        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, and the
+        streams' heads snapshot, in this process) and ``output_rings`` (every thread's preallocated batches)."""
         s = self.sampler.nbytes
         return {"shared_region": int(self._region.nbytes), "trees": int(s["trees"]),
-                "bookkeeping": int(s["bookkeeping"]),
+                "bookkeeping": int(s["bookkeeping"]) + self._streams.nbytes,
                 "output_rings": int(sum(r.nbytes for r in list(self._rings)))}
 
     @property
@@ -584,7 +591,7 @@ class SharedReplayBuffer:
             self._gate.acquire(batch_size)  # returns holding the lock
         try:
             i = ring.next
-            self._draws.slices(ring.slots[i], ring.arrays[i][0], batch_size, length, reject)
+            self._draws.slices(ring.slots[i], ring.arrays[i], batch_size, length, reject)
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:
                 self._gate.count(batch_size)
@@ -622,7 +629,8 @@ class SharedReplayBuffer:
                 output_nbytes(r.stored_spec, rows, r.stored_layout, source_fields)
                 + self.sampler.ring_nbytes(batch_size, length)
                 + (0 if self._nstep is None or length else
-                   self._nstep.plan_ring_shards(batch_size, None, fields))
+                   self._nstep.plan_ring_streams(batch_size, None, fields))
+                + (self._streams.ring_nbytes(batch_size) if length else 0)
                 + (0 if self._frames is None else
                    shared_frames.ShardFrameStack.plan_ring(self.spec, r.frames.frames, rows,
                                                            r.shards, fields)))
@@ -631,7 +639,7 @@ class SharedReplayBuffer:
                          + (f" of fields {list(fields)}" if fields is not None else ""))
         st = self._region.storage
         source = st if source_fields is None else st.project(source_fields)
-        parts = self._parts if length is None else [self.sampler]
+        parts = self._parts if length is None else [self.sampler, self._streams]
         if fields is not None and self._frames is not None:
             parts = [p.project(fields) if p is self._frames else p for p in parts]
         names = self.spec.names if fields is None else fields

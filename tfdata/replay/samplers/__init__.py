@@ -31,9 +31,11 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     Class attribute, False by default: True declares that ``sample`` gathers through ``out``
     as above. The buffer refuses ``fields=`` for a sampler that does not (its kernels would
     copy whole rows into a projected output).
-``sample_slices(n, cursor, episode, reject, max_draws, out, arrays)``
-    Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` with slices of one stream
-    and episode, gather nothing; return -1, or the slice number no start was found for.
+``sample_slices(n, streams, geo, reject, max_draws, out, arrays, part=slice(None))``
+    Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` (slices ``part`` only)
+    with slices of one stream and episode, following ``streams`` (:mod:`tfdata.replay.streams`)
+    as of the geometry ``geo``; gather nothing; return -1, or the slice number no start was
+    found for.
 ``hears_writes``; ``on_write(spans, n, extra)``, ``slot_hook()``, ``on_clear()``
     The write hooks (see :mod:`tfdata.replay.writers`), called only if ``hears_writes``; ``extra`` is what ``push`` or
     ``extend`` passed for this sampler (priorities), or None. A sampler with ``wraps_only =
@@ -349,7 +351,8 @@ class Sampler:
     def sample(self, n: int, out, arrays: dict) -> None:
         raise NotImplementedError
 
-    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+    def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
+                      part=slice(None)) -> int:
         raise NotImplementedError(f"{type(self).__name__} draws no slices")
 
     # -- write hooks -----------------------------------------------------------------------------
