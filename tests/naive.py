@@ -714,6 +714,61 @@ def shard_slice_starts(key: int, counter: int, heads, cap: int, batch: int, leng
     return np.array(out, np.int64), counter
 
 
+# -- streams: both geometries, one reference ------------------------------------------------
+# (tfdata/kernels/_streams.py: a ring of interleaved streams, or one stream per shard). A
+# geometry only says which slots follow a slot in its stream, up to the newest row; the
+# windows and slices are computed from those slots and the rows' flags alone.
+
+
+def ring_forward(slot: int, cursor: int, num_envs: int, capacity: int) -> list:
+    """Slots of ``slot``'s stream in a ring, from ``slot`` to its stream's newest row (the
+    ``num_envs`` slots before ``cursor``), by walking ``slot + num_envs`` (mod capacity)."""
+    newest = [(cursor - num_envs + e) % capacity for e in range(num_envs)]
+    out = [slot]
+    while out[-1] not in newest:
+        out.append((out[-1] + num_envs) % capacity)
+        assert len(out) <= capacity // num_envs, "a held slot reaches its newest row"
+    return out
+
+
+def shard_forward(slot: int, heads, cap: int) -> list:
+    """Slots of ``slot``'s shard from ``slot`` to the shard's newest row as of ``heads``
+    (empty when the shard holds none)."""
+    s = slot // cap
+    if heads[s] <= 0:
+        return []
+    newest = s * cap + (heads[s] - 1) % cap
+    out = [slot]
+    while out[-1] != newest:
+        out.append(s * cap + (out[-1] - s * cap + 1) % cap)
+    return out
+
+
+def nstep_forward(forward: list, n: int, gamma: float, reward, term, trunc):
+    """The n-step window over the slots ``forward`` of a stream (from the start to the
+    newest): up to ``n`` rows, stopping after a terminated or truncated row. Returns
+    ``(return as float64 summed in order, k, last slot)``."""
+    acc, w = 0.0, 1.0
+    for k, j in enumerate(forward[:n]):
+        acc += w * float(reward[j])
+        w *= gamma
+        if term[j] or trunc[j] or k == n - 1 or k == len(forward) - 1:
+            return acc, k + 1, j
+    raise AssertionError("an empty window")
+
+
+def slice_forward(start: int, forward: list, length: int, term, trunc):
+    """The slice from ``start`` over the slots ``forward`` of its stream: rows while they exist
+    and no earlier row of the slice ended an episode; the rest repeat the last valid row.
+    Returns ``(slots, mask)``."""
+    slots, mask = [], []
+    for k in range(length):
+        ok = k < len(forward) and (k == 0 or (mask[-1] and not (term[slots[-1]] or trunc[slots[-1]])))
+        slots.append(forward[k] if ok else (slots[-1] if slots else start))
+        mask.append(ok)
+    return np.array(slots, np.int64), np.array(mask)
+
+
 def wait_change_naive(state, i: int, value: int, spins: int) -> int:
     """``state[i]`` if it differs from ``value`` within ``spins`` reads, else ``value`` (the
     loader's spin kernel, read by read; the kernel's point is that another thread's store is

@@ -183,10 +183,7 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         watch(p.writer)
     if p.stats is not None:
         p.stats.bind(p.storage, p.writer)
-    flags = None
-    if p.episodes is not None or plan.n_step is not None or p.frame_stacks is not None:
-        flags = (p.storage.field(roles["terminated"]), p.storage.field(roles["truncated"]))
-    p.streams = RingStreams(envs, capacity, p.episodes, flags)
+    p.streams = RingStreams(envs, capacity, p.episodes)
     if plan.n_step is not None:
         p.transforms.append(NStep(p.storage, plan.spec, roles, plan.next_of, plan.n_step,
                                   plan.gamma, p.streams, allocator))
@@ -194,6 +191,7 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         p.transforms.append(ElideNext(p.storage, plan.spec, p.episodes, roles, plan.plain_elided,
                                       envs, capacity, allocator))
     if p.frame_stacks is not None:
+        flags = (p.storage.field(roles["terminated"]), p.storage.field(roles["truncated"]))
         p.transforms.append(FrameStack(plan.spec, p.frame_stacks, p.episodes, flags, envs,
                                        capacity, allocator, p.writer, p.cold))
     p.lock = threading.Lock()

@@ -25,8 +25,10 @@ The contract (what the transforms, the samplers' ``sample_slices`` and the slice
     The geometry, int64 array, that the kernels read: from the writer's cursor (ring), or the
     snapshot the buffer took before the draw (shards: ``where`` is ignored).
 ``episode``, ``flags``
-    What the kernels read of the rows to end an episode: the ring's episode numbers (uint32
-    ``(capacity,)``), and the ``(terminated, truncated)`` fields (bool ``(slots,)``, any stride).
+    What the slice kernels read to end an episode: the ring, its episode numbers (uint32
+    ``(capacity,)``) and empty flags; shards, no episode numbers (empty) and the ``(terminated,
+    truncated)`` fields (bool ``(slots,)``, any stride). What a kind does not read is an empty
+    array of a fixed type, so its kernels compile once whatever the layout.
 ``ring_arrays(batch_size, length, out)``, ``ring_nbytes(batch_size)``, ``batch_view``
     What it keeps per batch of an output ring (shards: one torn mark per row or slice).
 ``check_slices(sampler, n, reject, max_draws, out, arrays, marks)``
@@ -67,18 +69,17 @@ class RingStreams(_Part):
     episodes : Episodes, optional
         The episode bookkeeping (:mod:`tfdata.replay.episodes`), whose episode numbers end a
         slice; None: the buffer keeps none (no slices).
-    flags : tuple of ndarray of bool, optional
-        The storage's ``terminated`` and ``truncated`` fields, shape (capacity,), any stride.
     """
 
     kind = "ring"
 
-    def __init__(self, num_envs: int, capacity: int, episodes=None, flags=None):
+    def __init__(self, num_envs: int, capacity: int, episodes=None):
         from .. import kernels  # numba is imported when the first buffer is built
 
         self.kernels = kernels.RING
         self.num_envs, self.capacity, self.steps = num_envs, capacity, capacity // num_envs
-        self.episodes, self.flags = episodes, flags
+        self.episodes = episodes
+        self.flags = (np.zeros(0, bool), np.zeros(0, bool))  # not read: episode numbers say it
         # read under the buffer's lock only: one array serves every thread's samples
         self.geo = np.array([0, num_envs, capacity], np.int64)
 
