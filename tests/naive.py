@@ -665,55 +665,6 @@ def writer_windows(heads, reserved, cap: int) -> set:
     return out
 
 
-def shard_nstep_naive(start: int, heads, cap: int, n: int, gamma: float, reward, term, trunc):
-    """The n-step window of slot ``start`` in a shared region: the shard's rows from ``start``
-    on (wrapping within the shard), stopping after ``n`` rows, at an episode end (included) or
-    at the shard's newest row. Returns (return, k, last slot)."""
-    s = start // cap
-    newest = s * cap + (heads[s] - 1) % cap
-    acc, j = 0.0, start
-    for k in range(n):
-        acc += gamma ** k * float(reward[j])
-        if term[j] or trunc[j] or k == n - 1 or j == newest:
-            return acc, k + 1, j
-        j = s * cap + (j - s * cap + 1) % cap
-    raise AssertionError("unreachable")
-
-
-def shard_slice_naive(start: int, heads, cap: int, length: int, term, trunc):
-    """The slice of a shared region from slot ``start``: its shard's rows while held (as of
-    ``heads``) and in the start's episode (the row after a terminated or truncated one starts
-    another), the rest repeating the last valid row. Returns (slots, mask)."""
-    s = start // cap
-    held = min(heads[s], cap)
-    newest = s * cap + (heads[s] - 1) % cap
-    age = (newest - start) % cap if held else -1
-    slots, mask, j = [], [], start
-    for k in range(length):
-        ok = k <= age and (k == 0 or (mask[-1] and not (term[slots[-1]] or trunc[slots[-1]])))
-        slots.append(j if ok else slots[-1])
-        mask.append(ok)
-        if ok:
-            j = s * cap + (j - s * cap + 1) % cap
-    return np.array(slots, np.int64), np.array(mask)
-
-
-def shard_slice_starts(key: int, counter: int, heads, cap: int, batch: int, length: int, term,
-                       trunc, reject: bool):
-    """Uniform slice starts over the rows held (shard order), redrawn under ``reject`` until the
-    slice is whole; returns (starts, counter)."""
-    held = [s * cap + j for s, h in enumerate(heads) for j in range(min(h, cap))]
-    out = []
-    for _ in range(batch):
-        while True:
-            (u,), counter = draw_indices(key, counter, len(held), 1)
-            start = held[int(u)]
-            if not reject or shard_slice_naive(start, heads, cap, length, term, trunc)[1].all():
-                break
-        out.append(start)
-    return np.array(out, np.int64), counter
-
-
 # -- streams: both geometries, one reference ------------------------------------------------
 # (tfdata/kernels/_streams.py: a ring of interleaved streams, or one stream per shard). A
 # geometry only says which slots follow a slot in its stream, up to the newest row; the
@@ -767,6 +718,23 @@ def slice_forward(start: int, forward: list, length: int, term, trunc):
         slots.append(forward[k] if ok else (slots[-1] if slots else start))
         mask.append(ok)
     return np.array(slots, np.int64), np.array(mask)
+
+
+def shard_slice_starts(key: int, counter: int, heads, cap: int, batch: int, length: int, term,
+                       trunc, reject: bool):
+    """Uniform slice starts over the rows held (shard order), redrawn under ``reject`` until the
+    slice is whole; returns (starts, counter)."""
+    held = [s * cap + j for s, h in enumerate(heads) for j in range(min(h, cap))]
+    out = []
+    for _ in range(batch):
+        while True:
+            (u,), counter = draw_indices(key, counter, len(held), 1)
+            start = held[int(u)]
+            forward = shard_forward(start, heads, cap)
+            if not reject or slice_forward(start, forward, length, term, trunc)[1].all():
+                break
+        out.append(start)
+    return np.array(out, np.int64), counter
 
 
 def wait_change_naive(state, i: int, value: int, spins: int) -> int:

@@ -114,7 +114,8 @@ def test_shard_streams_nstep_matches_the_reference(seed):
     kernels.SHARDS.nstep(geo, idx, n, gamma, reward, term, trunc, acc, ret, t_out, r_out, disc,
                          last)
     for i, start in enumerate(idx):
-        g, k, j = naive.shard_nstep_naive(int(start), heads.tolist(), cap, n, gamma, reward, term, trunc)
+        g, k, j = naive.nstep_forward(naive.shard_forward(int(start), heads.tolist(), cap), n, gamma,
+                                      reward, term, trunc)
         assert ret[i] == np.float32(g) and last[i] == j and disc[i] == np.float32(gamma ** k)
         assert t_out[i] == term[j] and r_out[i] == trunc[j]
         assert j // cap == start // cap  # never leaves its shard
@@ -140,7 +141,8 @@ def test_shard_streams_slices_match_the_reference(seed, reject):
     np.testing.assert_array_equal(idx[:, 0], starts)
     assert int(state[1]) == counter
     for b, s in enumerate(starts):
-        want_idx, want_mask = naive.shard_slice_naive(int(s), heads.tolist(), cap, length, term, trunc)
+        want_idx, want_mask = naive.slice_forward(int(s), naive.shard_forward(int(s), heads.tolist(), cap),
+                                                  length, term, trunc)
         np.testing.assert_array_equal(idx[b], want_idx)
         np.testing.assert_array_equal(mask[b], want_mask)
         assert (idx[b] // cap == s // cap).all()  # never leaves its shard
@@ -168,7 +170,8 @@ def test_shard_streams_slices_prioritized_match_the_reference(seed):
     starts, _ = naive.stratified_slots(naive.key_of(seed), 0, leaves, batch, slots)
     np.testing.assert_array_equal(idx[:, 0], starts)
     for b, st0 in enumerate(starts):
-        want_idx, want_mask = naive.shard_slice_naive(int(st0), heads.tolist(), cap, length, term, trunc)
+        want_idx, want_mask = naive.slice_forward(int(st0), naive.shard_forward(int(st0), heads.tolist(), cap),
+                                                  length, term, trunc)
         np.testing.assert_array_equal(idx[b], want_idx)
         np.testing.assert_array_equal(mask[b], want_mask)
     np.testing.assert_allclose(w, (leaves[held].min() / leaves[starts]) ** 0.5, rtol=1e-6)
