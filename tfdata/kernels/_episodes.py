@@ -173,6 +173,7 @@ def fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask):
     """The ring's slice fill (:mod:`tfdata.kernels._streams`) from a cursor, for the kernels of
     other samplers (:func:`tfdata.kernels._pool.pool_slices`): slice ``b`` from start ``s``,
     rows of its stream while written and in its episode, the rest masked."""
-    # the ring reads no flags (its episode numbers say where an episode ends): any array will do
-    ring_fill(ring_geometry(cursor, num_envs, capacity), s, b, episode, episode, episode, idx,
-              mask)
+    # the ring reads no geometry words once prepared, and no flags (its episode numbers say
+    # where an episode ends): any array will do
+    ring_fill(episode, ring_geometry(cursor, num_envs, capacity), s, b, episode, episode, episode,
+              idx, mask)

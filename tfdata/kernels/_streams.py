@@ -13,7 +13,7 @@ A buffer's rows form streams (one environment's, or one writer's, steps in order
     One stream per shard of a shared region, ``cap`` slots each: the next row of slot ``j`` of
     shard ``s = j // cap`` is ``j + 1`` within ``[s * cap, (s + 1) * cap)`` (wrapping), and the
     newest is the one before the shard's head as read in a heads snapshot. Geometry:
-    ``int64[2 + 7 * S + B]`` ``[S, cap, snapshot...]``, the snapshot of
+    ``int64[2 + 7 * S]`` ``[S, cap, snapshot...]``, the snapshot of
     :func:`tfdata.kernels._shared.snapshot_heads` from word 2 on (``geo[2 + S + s]``: shard
     ``s``'s head). A slice stays in its start's episode until a row is terminated or truncated.
 
@@ -21,9 +21,10 @@ The *age* of a slot is how many rows of its stream are newer, so a forward windo
 may take ``age + 1`` rows without reaching rows not written yet (or, after a wrap, older ones).
 
 The kernels below (:data:`TEMPLATES`) are templates, never called as they are: they call the
-geometry functions ``prepare``, ``next_row``, ``is_newest``, ``age``, ``in_episode``,
-``fits_episode``, ``held``, ``draw_start`` and ``live_rows``, which this module leaves unbound;
-:func:`specialize` binds one kind's (``ring_*`` or ``shard_*``) and returns its kernels, as
+geometry functions ``prepare``, ``stream_of``, ``next_row``, ``is_newest``, ``age``, ``row_after``, ``held``,
+``draw_start`` and ``live_rows`` and read the constant ``EPISODE_NUMBERS``, names this module
+leaves unbound; :func:`specialize` binds one kind's (``ring_*`` or ``shard_*``) and returns its
+kernels, as
 :func:`tfdata.kernels._sample.specialize` does per layout. So both kinds have one algorithm and
 the same signatures (``episode`` unused by shards, ``term``/``trunc`` by the ring's slices), and
 each compiles to the machine code of a hand-written kernel of its geometry. Every slot read
@@ -38,8 +39,7 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._rng import fill_indices
-from ._shared import draw_slot
+from ._rng import draw_one
 from ._tree import is_weight, live_limit, stratified_find
 
 _TWO32 = np.uint64(1 << 32)
@@ -48,6 +48,9 @@ SHARD_HEADER = 2
 
 
 # -- the ring: E interleaved streams ---------------------------------------------------------
+# Every geometry function takes the geometry words ``geo`` and ``g``, what ``prepare`` made of
+# them once per kernel call (integers only: a tuple holding an array would count references
+# at every call).
 @njit(**INLINE_OPTIONS)
 def ring_geometry(cursor, num_envs, capacity):
     """``(E, C, lo, hi)``: the newest step is slots ``[lo, hi)``."""
@@ -64,8 +67,14 @@ def ring_prepare(geo):
 
 
 @njit(**INLINE_OPTIONS)
-def ring_next_row(g, j):
-    """The next row of slot ``j``'s stream."""
+def ring_stream_of(geo, g, j):
+    """What :func:`ring_next_row` needs to know of slot ``j``'s stream: nothing."""
+    return 0
+
+
+@njit(**INLINE_OPTIONS)
+def ring_next_row(geo, g, c, j):
+    """The next row of slot ``j``'s stream (``c``: :func:`ring_stream_of` it)."""
     j += g[0]
     if j >= g[1]:
         j -= g[1]
@@ -73,13 +82,13 @@ def ring_next_row(g, j):
 
 
 @njit(**INLINE_OPTIONS)
-def ring_is_newest(g, j):
+def ring_is_newest(geo, g, j):
     """Whether slot ``j`` holds its stream's newest row (a slot range: no division)."""
     return g[2] <= j and j < g[3]
 
 
 @njit(**INLINE_OPTIONS)
-def ring_age(g, j):
+def ring_age(geo, g, j):
     """Rows newer than slot ``j`` in its stream (0 for the newest)."""
     d = g[2] - (j - j % g[0])
     if d < 0:
@@ -88,33 +97,27 @@ def ring_age(g, j):
 
 
 @njit(**INLINE_OPTIONS)
-def ring_in_episode(g, s, prev, j, episode, term, trunc):
-    """Whether slot ``j`` (after ``prev``) is in the episode of the slice start ``s``."""
-    return episode[j] == episode[s]
+def ring_row_after(geo, g, j, k):
+    """The slot ``k`` rows after slot ``j`` in its stream (``k`` at most its age)."""
+    return (j + k * g[0]) % g[1]
 
 
 @njit(**INLINE_OPTIONS)
-def ring_fits_episode(g, s, length, episode, term, trunc):
-    """Whether the ``length`` rows from ``s`` (written: the caller checked its age) are in one
-    episode: O(1), the episode numbers of the first and last rows."""
-    end = (s + (length - 1) * g[0]) % g[1]
-    return episode[end] == episode[s]
-
-
-@njit(**INLINE_OPTIONS)
-def ring_held(g, n_rows):
+def ring_held(geo, g, n_rows):
     """Rows a start is drawn from: the ``n_rows`` held (``[0, n_rows)``)."""
     return n_rows
 
 
 @njit(**INLINE_OPTIONS)
-def ring_draw_start(g, total, state, one):
-    """One uniform start into ``one[0]`` (as a batch of one row draws it)."""
-    fill_indices(total, state, one)
+def ring_draw_start(geo, g, total, threshold, state):
+    """One uniform start in ``[0, total)`` (the words a batch of one row draws); advances
+    ``state``."""
+    s, state[1] = draw_one(np.uint64(total), threshold, state[0], state[1])
+    return s
 
 
 @njit(**INLINE_OPTIONS)
-def ring_live_rows(g, n_rows, version, episode):
+def ring_live_rows(geo, g, n_rows, version, episode):
     """``(n, rows)`` of :func:`tfdata.kernels._tree.live_limit` for a prioritized start."""
     return n_rows, min(version.shape[0], episode.shape[0], g[1])
 
@@ -122,92 +125,91 @@ def ring_live_rows(g, n_rows, version, episode):
 # -- shards: one stream per shard, as of a heads snapshot ------------------------------------
 @njit(**INLINE_OPTIONS)
 def shard_prepare(geo):
-    """``(S, cap, geo)`` from ``[S, cap, snapshot...]``."""
-    return geo[0], geo[1], geo
+    """``(S, cap)`` from ``[S, cap, snapshot...]``."""
+    return geo[0], geo[1]
+
+
+# (no shard function calls another with an array: each array handed to an inline function
+# costs reference counts)
+@njit(**INLINE_OPTIONS)
+def shard_stream_of(geo, g, j):
+    """The first slot of slot ``j``'s shard (a division: once per window or slice)."""
+    return (j // g[1]) * g[1]
 
 
 @njit(**INLINE_OPTIONS)
-def _shard_head(g, s):
-    """Shard ``s``'s head as read (0 for a shard the words do not describe)."""
-    shards, geo = g[0], g[2]
-    at = SHARD_HEADER + shards + s
-    return geo[at] if s < shards and at < geo.shape[0] else 0
-
-
-@njit(**INLINE_OPTIONS)
-def shard_next_row(g, j):
-    cap = g[1]
-    base = (j // cap) * cap
+def shard_next_row(geo, g, c, j):
     j += 1
-    if j == base + cap:
-        j = base
+    if j == c + g[1]:
+        j = c
     return j
 
 
 @njit(**INLINE_OPTIONS)
-def shard_is_newest(g, j):
-    cap = g[1]
+def shard_is_newest(geo, g, j):
+    shards, cap = g
     s = j // cap
-    return j == s * cap + (_shard_head(g, s) - 1) % cap
+    at = SHARD_HEADER + shards + s  # shard s's head as read (0 where the words say nothing)
+    h = geo[at] if s < shards and at < geo.shape[0] else 0
+    return j == s * cap + (h - 1) % cap
 
 
 @njit(**INLINE_OPTIONS)
-def shard_age(g, j):
+def shard_age(geo, g, j):
     """Rows newer than slot ``j`` in its shard (-1: the shard holds none)."""
-    cap = g[1]
+    shards, cap = g
     s = j // cap
-    h = _shard_head(g, s)
+    at = SHARD_HEADER + shards + s
+    h = geo[at] if s < shards and at < geo.shape[0] else 0
     if h <= 0:
         return -1
     return (s * cap + (h - 1) % cap - j) % cap
 
 
 @njit(**INLINE_OPTIONS)
-def shard_in_episode(g, s, prev, j, episode, term, trunc):
-    """Row ``j`` is in the start's episode unless the row before it (``prev``) ended one."""
-    return j == s or not (term[prev] or trunc[prev])
+def shard_row_after(geo, g, j, k):
+    cap = g[1]
+    base = (j // cap) * cap
+    return base + (j - base + k) % cap
 
 
 @njit(**INLINE_OPTIONS)
-def shard_fits_episode(g, s, length, episode, term, trunc):
-    """No row of the ``length`` from ``s`` but the last ends an episode (a scan of the flags)."""
-    j = s
-    for _ in range(length - 1):
-        if term[j] or trunc[j]:
-            return False
-        j = shard_next_row(g, j)
-    return True
-
-
-@njit(**INLINE_OPTIONS)
-def shard_held(g, n_rows):
+def shard_held(geo, g, n_rows):
     """Rows the shards held at the snapshot (``n_rows`` unused)."""
     total = 0
-    geo = g[2]
-    for s in range(g[0]):
+    for s in range(min(g[0], geo.shape[0] - SHARD_HEADER)):
         total += geo[SHARD_HEADER + s]
     return total
 
 
 @njit(**INLINE_OPTIONS)
-def shard_draw_start(g, total, state, one):
-    """One uniform start over the rows held, numbered shard by shard (with one shard, the
-    words of the generator a ring of one stream draws)."""
-    nn = np.uint64(total)
-    threshold = (_TWO32 - nn) % nn
-    one[0], state[1] = draw_slot(g[2][SHARD_HEADER:], g[1], total, total == g[0] * g[1],
-                                 threshold, state[0], state[1])
+def shard_draw_start(geo, g, total, threshold, state):
+    """One uniform start over the ``total`` rows held, numbered shard by shard (the slot itself
+    when every shard is full; with one shard, the words a ring of one stream draws)."""
+    u, state[1] = draw_one(np.uint64(total), threshold, state[0], state[1])
+    if total == g[0] * g[1]:
+        return u
+    s = 0
+    while u >= geo[SHARD_HEADER + s]:
+        u -= geo[SHARD_HEADER + s]
+        s += 1
+    return s * g[1] + u
 
 
 @njit(**INLINE_OPTIONS)
-def shard_live_rows(g, n_rows, version, episode):
+def shard_live_rows(geo, g, n_rows, version, episode):
     return version.shape[0], version.shape[0]
 
 
 # -- the templates ----------------------------------------------------------------------------
-#: bound by :func:`specialize` to one kind's functions above
-prepare = next_row = is_newest = age = in_episode = fits_episode = None
-held = draw_start = live_rows = None
+#: bound by :func:`specialize` to one kind's functions above, and whether the kind ends an
+#: episode by its episode numbers (ring) or by the flags of the rows (shards): a constant, so
+#: numba prunes the other branch before typing (as ``ONE_FIELD`` in :mod:`._sample`); a test
+#: of the flags in a function of its own would be handed the flag arrays at every row, which
+#: costs reference counts
+prepare = stream_of = next_row = is_newest = age = row_after = held = draw_start = None
+live_rows = None
+EPISODE_NUMBERS = True
 
 
 def nstep(geo, idx, n, gamma, reward, term, trunc, acc, ret, term_out, trunc_out, discount, last):
@@ -255,10 +257,10 @@ def nstep(geo, idx, n, gamma, reward, term, trunc, acc, ret, term_out, trunc_out
                 continue
             j = last[i]
             acc[i] += w * np.float64(reward[j])
-            if term[j] or trunc[j] or k == n - 1 or is_newest(g, j):
+            if term[j] or trunc[j] or k == n - 1 or is_newest(geo, g, j):
                 discount[i] = wn
             else:
-                last[i] = next_row(g, j)
+                last[i] = next_row(geo, g, stream_of(geo, g, j), j)
         w = wn
     for i in range(batch):
         j = last[i]
@@ -267,27 +269,47 @@ def nstep(geo, idx, n, gamma, reward, term, trunc, acc, ret, term_out, trunc_out
         trunc_out[i] = trunc[j]
 
 
-def _fits(g, s, length, episode, term, trunc):
+def _fits(geo, g, s, length, episode, term, trunc):
     """Whether the ``length`` rows of ``s``'s stream from ``s`` on are written and in ``s``'s
-    episode."""
-    if age(g, s) < length - 1:
+    episode: the age of ``s``, then the episode numbers of the first and last rows (O(1)), or
+    the flags of every row but the last."""
+    if age(geo, g, s) < length - 1:
         return False
-    return fits_episode(g, s, length, episode, term, trunc)
+    if EPISODE_NUMBERS:
+        return episode[row_after(geo, g, s, length - 1)] == episode[s]
+    c = stream_of(geo, g, s)
+    j = s
+    for _ in range(length - 1):
+        if term[j] or trunc[j]:
+            return False
+        j = next_row(geo, g, c, j)
+    return True
 
 
-def _fill(g, s, b, episode, term, trunc, idx, mask):
+def _fill(geo, g, s, b, episode, term, trunc, idx, mask):
     """Slice ``b`` from start ``s``: rows of its stream while they are written and in its
     episode; the rest repeat the last valid row, masked False."""
     length = idx.shape[1]
-    kmax = min(length, age(g, s) + 1)
+    kmax = min(length, age(geo, g, s) + 1)
+    ep = 0
+    if EPISODE_NUMBERS:
+        ep = episode[s]
+    ended = False  # (flags) the row before ended an episode
+    c = stream_of(geo, g, s)
     j = s
     last = s
     for k in range(length):
-        if k < kmax and in_episode(g, s, last, j, episode, term, trunc):
+        if EPISODE_NUMBERS:
+            ok = k < kmax and episode[j] == ep
+        else:
+            ok = k < kmax and not ended
+        if ok:
             idx[b, k] = j
             mask[b, k] = True
             last = j
-            j = next_row(g, j)
+            if not EPISODE_NUMBERS:
+                ended = term[j] or trunc[j]
+            j = next_row(geo, g, c, j)
         else:
             idx[b, k] = last
             mask[b, k] = False
@@ -329,21 +351,22 @@ def slices(geo, n_rows, state, episode, term, trunc, reject, max_draws, idx, mas
         nothing drawn, when no row is held.
     """
     g = prepare(geo)
-    total = held(g, n_rows)
+    total = held(geo, g, n_rows)
     if total <= 0:
         return -2
+    nn = np.uint64(total)
+    threshold = (_TWO32 - nn) % nn  # of Lemire's draw, once (the bound does not change)
     length = idx.shape[1]
     for b in range(idx.shape[0]):
-        one = idx[b, :1]  # one draw at a time: a rejected start draws again
-        draw_start(g, total, state, one)
-        if reject:
+        s = draw_start(geo, g, total, threshold, state)
+        if reject:  # a rejected start draws again
             tries = 1
-            while not _fits(g, one[0], length, episode, term, trunc):
+            while not _fits(geo, g, s, length, episode, term, trunc):
                 if tries >= max_draws:
                     return b
-                draw_start(g, total, state, one)
+                s = draw_start(geo, g, total, threshold, state)
                 tries += 1
-        _fill(g, one[0], b, episode, term, trunc, idx, mask)
+        _fill(geo, g, s, b, episode, term, trunc, idx, mask)
     return -1
 
 
@@ -379,22 +402,24 @@ def slices_prioritized(geo, n_rows, sums, mm, leaves, version, state, beta, epis
         nothing drawn, when the root mass is not finite and positive or no row is live.
     """
     g = prepare(geo)
-    n, rows = live_rows(g, n_rows, version, episode)
+    n, rows = live_rows(geo, g, n_rows, version, episode)
     limit = live_limit(sums, leaves, n, rows)
     if limit == 0:
         return -2
     length = idx.shape[1]
     stratified_find(sums, leaves, limit, state, idx[:, 0], u)
     for b in range(idx.shape[0]):
-        one = idx[b, :1]  # a redraw lands where slice b starts anyway
+        s = idx[b, 0]
         if reject:
             tries = 1
-            while not _fits(g, one[0], length, episode, term, trunc):
+            while not _fits(geo, g, s, length, episode, term, trunc):
                 if tries >= max_draws:
                     return b
+                one = idx[b, :1]  # a redraw lands where slice b starts anyway
                 stratified_find(sums, leaves, limit, state, one, u[:1])
+                s = one[0]
                 tries += 1
-        _fill(g, one[0], b, episode, term, trunc, idx, mask)
+        _fill(geo, g, s, b, episode, term, trunc, idx, mask)
     for b in range(idx.shape[0]):
         s = idx[b, 0]
         weights[b] = is_weight(mm, leaves, s, beta)
@@ -404,9 +429,9 @@ def slices_prioritized(geo, n_rows, sums, mm, leaves, version, state, beta, epis
 
 #: the kernels of one kind, in the order :func:`specialize` returns them
 TEMPLATES = (nstep, slices, slices_prioritized)
-#: inline templates, bound first (the kernels call them)
+#: inline templates, bound first (the kernels call them; ``_fill`` is other kernels' too)
 _HELPERS = (_fits, _fill)
-_GEOMETRY = ("prepare", "next_row", "is_newest", "age", "in_episode", "fits_episode", "held",
+_GEOMETRY = ("prepare", "stream_of", "next_row", "is_newest", "age", "row_after", "held",
              "draw_start", "live_rows")
 
 
@@ -415,7 +440,7 @@ def specialize(kind: str, prefix: str) -> SimpleNamespace:
     geometry functions are this module's ``<prefix>_<name>``; also ``fill`` (the inline slice
     fill, for other samplers' kernels). Attributes ``nstep``, ``slices``,
     ``slices_prioritized``, ``fill``, ``prepare``."""
-    env = dict(globals())
+    env = dict(globals(), EPISODE_NUMBERS=kind == "ring")
     for name in _GEOMETRY:
         env[name] = env[f"{prefix}_{name}"]
 
