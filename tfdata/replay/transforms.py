@@ -102,6 +102,7 @@ class NStep:
 
         self.k, self.storage, self.allocator = kernels, storage, allocator
         self.n, self.gamma, self.streams = n, gamma, streams
+        self._kernel = streams.kernels.nstep
         self.roles = roles
         self.flags = (storage.field(roles["terminated"]), storage.field(roles["truncated"]))
         self.reward = storage.field(roles["reward"])
@@ -156,20 +157,24 @@ class NStep:
 
     def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
         # after the gather, so the window's first row is in cache (a kernel fusing the two
-        # measured slower: docs/design/nstep-and-elision.md, "Measured")
-        self._windows(arrays, rows, self.streams.at(where), slice(None))
-        return arrays["last"]
+        # measured slower: docs/design/nstep-and-elision.md, "Measured"); whole arrays, no
+        # views made per sample
+        ret, term, trunc = arrays["outs"]
+        last = arrays["last"]
+        self._kernel(self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
+                     self.flags[1], arrays["acc"], ret, term, trunc, arrays["discount"], last)
+        for src, off, width, dst, doff in arrays["copies"]:
+            self.k.copy_field_rows(src, off, last, rows, dst, doff, width)
+        return last
 
     def apply_row(self, out, arrays: dict, i: int, where) -> None:
         """:meth:`apply` for row ``i`` of the batch only (a row drawn again)."""
-        self._windows(arrays, out.indices[i:i + 1], self.streams.at(where), slice(i, i + 1))
-
-    def _windows(self, arrays, rows, geo, part) -> None:
+        part, rows = slice(i, i + 1), out.indices[i:i + 1]
         ret, term, trunc = arrays["outs"]
         last = arrays["last"][part]
-        self.streams.kernels.nstep(geo, rows, self.n, self.gamma, self.reward, self.flags[0],
-                                   self.flags[1], arrays["acc"][part], ret[part], term[part],
-                                   trunc[part], arrays["discount"][part], last)
+        self._kernel(self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
+                     self.flags[1], arrays["acc"][part], ret[part], term[part], trunc[part],
+                     arrays["discount"][part], last)
         for src, off, width, dst, doff in arrays["copies"]:
             self.k.copy_field_rows(src, off, last, rows, dst[part], doff, width)
 

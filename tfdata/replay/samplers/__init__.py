@@ -31,7 +31,7 @@ The contract (see :class:`Sampler` for the defaults a new sampler inherits):
     Class attribute, False by default: True declares that ``sample`` gathers through ``out``
     as above. The buffer refuses ``fields=`` for a sampler that does not (its kernels would
     copy whole rows into a projected output).
-``sample_slices(n, streams, geo, reject, max_draws, out, arrays, part=slice(None))``
+``sample_slices(n, streams, geo, reject, max_draws, out, arrays, part=None)``
     Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` (slices ``part`` only)
     with slices of one stream and episode, following ``streams`` (:mod:`tfdata.replay.streams`)
     as of the geometry ``geo``; gather nothing; return -1, or the slice number no start was
@@ -352,7 +352,7 @@ class Sampler:
         raise NotImplementedError
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
-                      part=slice(None)) -> int:
+                      part=None) -> int:
         raise NotImplementedError(f"{type(self).__name__} draws no slices")
 
     # -- write hooks -----------------------------------------------------------------------------

@@ -480,7 +480,7 @@ class ExactlyKSampler(Sampler):
             self.samplers_waiting -= 1
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
-                      part=slice(None)) -> int:
+                      part=None) -> int:
         raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not "
                                   "slices (a slice's rows would be delivered a number of times "
                                   "no one chose); use sample()")

@@ -204,18 +204,21 @@ class PrioritizedSampler(Sampler):
         self.samples += 1
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
-                      part=slice(None)) -> int:
+                      part=None) -> int:
         # ``part``: one slice drawn again (shards); the batch's other weights stay as drawn
-        mask, versions = arrays["mask"], arrays["versions"][part]
+        mask, idx = arrays["mask"], out.indices.reshape(arrays["mask"].shape)
+        u, weights, versions = arrays["scratch"], arrays["weights"], arrays["versions"]
+        if part is not None:
+            idx, mask, u = idx[part], mask[part], u[part]
+            weights, versions = weights[part], versions[part]
         term, trunc = streams.flags
         failed = streams.kernels.slices_prioritized(
             geo, n, self.sums, self.mm, self.leaves, self.v8, self.state, self.beta,
-            streams.episode, term, trunc, reject, max_draws, out.indices.reshape(mask.shape)[part],
-            mask[part], arrays["scratch"][part], arrays["weights"][part], versions)
+            streams.episode, term, trunc, reject, max_draws, idx, mask, u, weights, versions)
         self.stamp(versions)
         if failed == -2:
             raise self._no_mass(n)
-        if failed == -1 and part == slice(None):  # a whole batch: one step of the beta schedule
+        if failed == -1 and part is None:  # a whole batch: one step of the beta schedule
             self.samples += 1
         return failed
 

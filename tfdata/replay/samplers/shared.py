@@ -264,7 +264,7 @@ class SharedExactlyKSampler(ExactlyKSampler):
             self.fold()
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
-                      part=slice(None)) -> int:
+                      part=None) -> int:
         raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
 
     def extra_state(self, copy: bool, size: int) -> dict:

@@ -21,8 +21,11 @@ class UniformSampler(Sampler):
         out.kernels.sample_uniform(out.store, n, self.state, out.indices, out.kernel_out)
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
-                      part=slice(None)) -> int:
+                      part=None) -> int:
         mask = arrays["mask"]
+        idx = out.indices.reshape(mask.shape)
+        if part is not None:
+            idx, mask = idx[part], mask[part]
         term, trunc = streams.flags
         return streams.kernels.slices(geo, n, self.state, streams.episode, term, trunc, reject,
-                                      max_draws, out.indices.reshape(mask.shape)[part], mask[part])
+                                      max_draws, idx, mask)

@@ -133,7 +133,7 @@ class WithoutReplacementSampler(Sampler):
         self.synced = position
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
-                      part=slice(None)) -> int:
+                      part=None) -> int:
         if reject:
             raise NotImplementedError(
                 "sample_sequences(policy='reject') with sampler='without_replacement': a rejected "
