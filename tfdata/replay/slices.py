@@ -37,7 +37,8 @@ def draw_slices(sampler, streams, n: int, geo, reject: bool, length: int, out, a
                          f"{length} steps within one episode; episodes held are shorter "
                          f"than that (use policy='mask')")
     out.source.gather(out.indices, out)
-    streams.check_slices(sampler, n, reject, MAX_DRAWS, out, arrays, marks)
+    if marks is not None:  # streams other processes write
+        streams.check_slices(sampler, n, reject, MAX_DRAWS, out, arrays, marks)
 
 
 class Slices:
