@@ -21,14 +21,14 @@ The *age* of a slot is how many rows of its stream are newer, so a forward windo
 may take ``age + 1`` rows without reaching rows not written yet (or, after a wrap, older ones).
 
 The kernels below (:data:`TEMPLATES`) are templates, never called as they are: they call the
-geometry functions ``prepare``, ``stream_of``, ``next_row``, ``is_newest``, ``age``, ``row_after``, ``held``,
-``draw_start`` and ``live_rows`` and read the constant ``EPISODE_NUMBERS``, names this module
-leaves unbound; :func:`specialize` binds one kind's (``ring_*`` or ``shard_*``) and returns its
-kernels, as
-:func:`tfdata.kernels._sample.specialize` does per layout. So both kinds have one algorithm and
-the same signatures (``episode`` unused by shards, ``term``/``trunc`` by the ring's slices), and
-each compiles to the machine code of a hand-written kernel of its geometry. Every slot read
-stays in ``[0, C)`` (ring) or in its shard (shards), whatever the geometry words hold.
+geometry functions ``prepare``, ``stream_of``, ``next_row``, ``is_newest``, ``age``,
+``row_after``, ``held``, ``draw_start`` and ``live_rows`` and read the constant
+``EPISODE_NUMBERS``, names this module leaves unbound; :func:`specialize` binds one kind's
+(``ring_*`` or ``shard_*``) and returns its kernels, as :func:`tfdata.kernels._sample.specialize`
+does per layout. So both kinds have one algorithm and the same signatures (``episode`` unused by
+shards, ``term``/``trunc`` by the ring's slices), and each compiles to the machine code of a
+hand-written kernel of its geometry. Every slot read stays in ``[0, C)`` (ring) or in its shard
+(shards), whatever the geometry words hold.
 """
 
 from __future__ import annotations
