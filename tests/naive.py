@@ -665,36 +665,58 @@ def writer_windows(heads, reserved, cap: int) -> set:
     return out
 
 
-def shard_nstep_naive(start: int, heads, cap: int, n: int, gamma: float, reward, term, trunc):
-    """The n-step window of slot ``start`` in a shared region: the shard's rows from ``start``
-    on (wrapping within the shard), stopping after ``n`` rows, at an episode end (included) or
-    at the shard's newest row. Returns (return, k, last slot)."""
-    s = start // cap
+# -- streams: both geometries, one reference ------------------------------------------------
+# (tfdata/kernels/_streams.py: a ring of interleaved streams, or one stream per shard). A
+# geometry only says which slots follow a slot in its stream, up to the newest row; the
+# windows and slices are computed from those slots and the rows' flags alone.
+
+
+def ring_forward(slot: int, cursor: int, num_envs: int, capacity: int) -> list:
+    """Slots of ``slot``'s stream in a ring, from ``slot`` to its stream's newest row (the
+    ``num_envs`` slots before ``cursor``), by walking ``slot + num_envs`` (mod capacity)."""
+    newest = [(cursor - num_envs + e) % capacity for e in range(num_envs)]
+    out = [slot]
+    while out[-1] not in newest:
+        out.append((out[-1] + num_envs) % capacity)
+        assert len(out) <= capacity // num_envs, "a held slot reaches its newest row"
+    return out
+
+
+def shard_forward(slot: int, heads, cap: int) -> list:
+    """Slots of ``slot``'s shard from ``slot`` to the shard's newest row as of ``heads``
+    (empty when the shard holds none)."""
+    s = slot // cap
+    if heads[s] <= 0:
+        return []
     newest = s * cap + (heads[s] - 1) % cap
-    acc, j = 0.0, start
-    for k in range(n):
-        acc += gamma ** k * float(reward[j])
-        if term[j] or trunc[j] or k == n - 1 or j == newest:
+    out = [slot]
+    while out[-1] != newest:
+        out.append(s * cap + (out[-1] - s * cap + 1) % cap)
+    return out
+
+
+def nstep_forward(forward: list, n: int, gamma: float, reward, term, trunc):
+    """The n-step window over the slots ``forward`` of a stream (from the start to the
+    newest): up to ``n`` rows, stopping after a terminated or truncated row. Returns
+    ``(return as float64 summed in order, k, last slot)``."""
+    acc, w = 0.0, 1.0
+    for k, j in enumerate(forward[:n]):
+        acc += w * float(reward[j])
+        w *= gamma
+        if term[j] or trunc[j] or k == n - 1 or k == len(forward) - 1:
             return acc, k + 1, j
-        j = s * cap + (j - s * cap + 1) % cap
-    raise AssertionError("unreachable")
+    raise AssertionError("an empty window")
 
 
-def shard_slice_naive(start: int, heads, cap: int, length: int, term, trunc):
-    """The slice of a shared region from slot ``start``: its shard's rows while held (as of
-    ``heads``) and in the start's episode (the row after a terminated or truncated one starts
-    another), the rest repeating the last valid row. Returns (slots, mask)."""
-    s = start // cap
-    held = min(heads[s], cap)
-    newest = s * cap + (heads[s] - 1) % cap
-    age = (newest - start) % cap if held else -1
-    slots, mask, j = [], [], start
+def slice_forward(start: int, forward: list, length: int, term, trunc):
+    """The slice from ``start`` over the slots ``forward`` of its stream: rows while they exist
+    and no earlier row of the slice ended an episode; the rest repeat the last valid row.
+    Returns ``(slots, mask)``."""
+    slots, mask = [], []
     for k in range(length):
-        ok = k <= age and (k == 0 or (mask[-1] and not (term[slots[-1]] or trunc[slots[-1]])))
-        slots.append(j if ok else slots[-1])
+        ok = k < len(forward) and (k == 0 or (mask[-1] and not (term[slots[-1]] or trunc[slots[-1]])))
+        slots.append(forward[k] if ok else (slots[-1] if slots else start))
         mask.append(ok)
-        if ok:
-            j = s * cap + (j - s * cap + 1) % cap
     return np.array(slots, np.int64), np.array(mask)
 
 
@@ -708,7 +730,8 @@ def shard_slice_starts(key: int, counter: int, heads, cap: int, batch: int, leng
         while True:
             (u,), counter = draw_indices(key, counter, len(held), 1)
             start = held[int(u)]
-            if not reject or shard_slice_naive(start, heads, cap, length, term, trunc)[1].all():
+            forward = shard_forward(start, heads, cap)
+            if not reject or slice_forward(start, forward, length, term, trunc)[1].all():
                 break
         out.append(start)
     return np.array(out, np.int64), counter

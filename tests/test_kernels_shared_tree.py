@@ -10,10 +10,22 @@ from tfdata import kernels
 
 from . import naive
 
+NO_EPISODES = np.zeros(0, np.uint32)  # shard streams end episodes at flagged rows
+
 
 def tree_of(leaves: np.ndarray):
     """The kernels' tree of ``leaves``: ``(sums, mm, leaves32)``."""
     return naive.block_tree(leaves, naive.tree_leaves(len(leaves)))
+
+
+def shard_geo(heads: np.ndarray, cap: int) -> np.ndarray:
+    """The geometry of shard streams (tfdata/kernels/_streams.py): ``[shards, cap]`` then the
+    heads snapshot of ``read_heads``."""
+    shards = len(heads)
+    geo = np.zeros(2 + 7 * shards, np.int64)
+    geo[:2] = shards, cap
+    kernels.read_heads(np.asarray(heads).astype(np.uint64), cap, geo[2:])
+    return geo
 
 
 def f32(x: np.ndarray) -> np.ndarray:
@@ -93,13 +105,12 @@ def test_torn_after_copy_matches_the_writer_windows(seed):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_shard_nstep_matches_the_reference(seed):
+def test_shard_streams_nstep_matches_the_reference(seed):
     rng = np.random.default_rng(seed)
     shards, cap, n, gamma = int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 5)), 0.7
     slots = shards * cap
     heads = rng.integers(1, 3 * cap, shards)
-    scratch = np.zeros(7 * shards, np.int64)
-    kernels.read_heads(heads.astype(np.uint64), cap, scratch)
+    geo = shard_geo(heads, cap)
     reward = rng.random(slots).astype(np.float32)
     term, trunc = rng.random(slots) < 0.2, rng.random(slots) < 0.1
     held = [s * cap + j for s in range(shards) for j in range(min(int(heads[s]), cap))]
@@ -107,10 +118,11 @@ def test_shard_nstep_matches_the_reference(seed):
     acc, ret = np.zeros(10), np.zeros(10, np.float32)
     t_out, r_out = np.zeros(10, bool), np.zeros(10, bool)
     disc, last = np.zeros(10, np.float32), np.zeros(10, np.int64)
-    kernels.shard_nstep(idx, scratch, shards, cap, n, gamma, reward, term, trunc, acc, ret, t_out,
-                        r_out, disc, last)
+    kernels.SHARDS.nstep(geo, idx, n, gamma, reward, term, trunc, acc, ret, t_out, r_out, disc,
+                         last)
     for i, start in enumerate(idx):
-        g, k, j = naive.shard_nstep_naive(int(start), heads.tolist(), cap, n, gamma, reward, term, trunc)
+        g, k, j = naive.nstep_forward(naive.shard_forward(int(start), heads.tolist(), cap), n, gamma,
+                                      reward, term, trunc)
         assert ret[i] == np.float32(g) and last[i] == j and disc[i] == np.float32(gamma ** k)
         assert t_out[i] == term[j] and r_out[i] == trunc[j]
         assert j // cap == start // cap  # never leaves its shard
@@ -118,17 +130,16 @@ def test_shard_nstep_matches_the_reference(seed):
 
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("reject", [False, True])
-def test_shard_slices_match_the_reference(seed, reject):
+def test_shard_streams_slices_match_the_reference(seed, reject):
     rng = np.random.default_rng(seed)
     shards, cap, length, batch = int(rng.integers(1, 4)), int(rng.integers(2, 9)), int(rng.integers(1, 4)), 6
     slots = shards * cap
     heads = rng.integers(1, 3 * cap, shards)
-    scratch = np.zeros(7 * shards, np.int64)
-    kernels.read_heads(heads.astype(np.uint64), cap, scratch)
+    geo = shard_geo(heads, cap)
     term, trunc = rng.random(slots) < 0.15, rng.random(slots) < 0.05
     state = np.array([naive.key_of(seed), 0], np.uint64)
     idx, mask = np.zeros((batch, length), np.int64), np.zeros((batch, length), bool)
-    got = kernels.shard_slices(scratch, shards, cap, state, term, trunc, reject, 10_000, idx, mask)
+    got = kernels.SHARDS.slices(geo, 0, state, NO_EPISODES, term, trunc, reject, 10_000, idx, mask)
     if reject and got >= 0:
         return  # no slice of that length exists here: refused (the buffer restores the counter)
     assert got == -1
@@ -137,20 +148,20 @@ def test_shard_slices_match_the_reference(seed, reject):
     np.testing.assert_array_equal(idx[:, 0], starts)
     assert int(state[1]) == counter
     for b, s in enumerate(starts):
-        want_idx, want_mask = naive.shard_slice_naive(int(s), heads.tolist(), cap, length, term, trunc)
+        want_idx, want_mask = naive.slice_forward(int(s), naive.shard_forward(int(s), heads.tolist(), cap),
+                                                  length, term, trunc)
         np.testing.assert_array_equal(idx[b], want_idx)
         np.testing.assert_array_equal(mask[b], want_mask)
         assert (idx[b] // cap == s // cap).all()  # never leaves its shard
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_shard_slices_prioritized_match_the_reference(seed):
+def test_shard_streams_slices_prioritized_match_the_reference(seed):
     rng = np.random.default_rng(seed)
     shards, cap, length, batch = 2, 8, 3, 5
     slots = shards * cap
     heads = np.array([12, 5])
-    scratch = np.zeros(7 * shards, np.int64)
-    kernels.read_heads(heads.astype(np.uint64), cap, scratch)
+    geo = shard_geo(heads, cap)
     held = np.zeros(slots, bool)
     held[:8] = True
     held[8:13] = True
@@ -161,12 +172,13 @@ def test_shard_slices_prioritized_match_the_reference(seed):
     state = np.array([naive.key_of(seed), 0], np.uint64)
     idx, mask = np.zeros((batch, length), np.int64), np.zeros((batch, length), bool)
     u, w, v = np.zeros(batch), np.zeros(batch, np.float32), np.zeros(batch, np.uint32)
-    assert kernels.shard_slices_prioritized(scratch, shards, cap, s, mm, lv, version, state, 0.5,
-                                            term, trunc, False, 10, idx, mask, u, w, v) == -1
+    assert kernels.SHARDS.slices_prioritized(geo, 0, s, mm, lv, version, state, 0.5, NO_EPISODES,
+                                             term, trunc, False, 10, idx, mask, u, w, v) == -1
     starts, _ = naive.stratified_slots(naive.key_of(seed), 0, leaves, batch, slots)
     np.testing.assert_array_equal(idx[:, 0], starts)
     for b, st0 in enumerate(starts):
-        want_idx, want_mask = naive.shard_slice_naive(int(st0), heads.tolist(), cap, length, term, trunc)
+        want_idx, want_mask = naive.slice_forward(int(st0), naive.shard_forward(int(st0), heads.tolist(), cap),
+                                                  length, term, trunc)
         np.testing.assert_array_equal(idx[b], want_idx)
         np.testing.assert_array_equal(mask[b], want_mask)
     np.testing.assert_allclose(w, (leaves[held].min() / leaves[starts]) ** 0.5, rtol=1e-6)

@@ -18,9 +18,9 @@ from ._rng import draw_indices, permutation  # noqa: E402
 from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # noqa: E402
                     tree_fill_values, tree_overwrite_max, tree_set, tree_set_priorities)  # noqa: E402
 
+from ._streams import RING, SHARDS  # noqa: E402
 from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity,  # noqa: E402
-                        nstep_windows,  # noqa: E402
-                        sample_slices, sample_slices_prioritized, stamp_episodes)  # noqa: E402
+                        stamp_episodes)  # noqa: E402
 
 from ._frames import (frame_breaks, frame_push, frame_push_u8, frame_stack_pairs, frame_stacks,  # noqa: E402
                       frames_write, next_frame_stacks, shard_finals_index, shard_finals_room,
@@ -32,17 +32,19 @@ from ._loader import touch_pages, window_order  # noqa: E402
 
 from ._shared import fifo_commit, fifo_plan, shard_begin, shard_publish  # noqa: E402
 from ._replays import replays_claim, replays_log, replays_recover  # noqa: E402
-from ._shared_tree import (draw_prioritized, read_heads, shard_nstep,  # noqa: E402
-                           shard_slices, shard_slices_prioritized, torn_after_copy)  # noqa: E402
+from ._shared_tree import draw_prioritized, read_heads, torn_after_copy  # noqa: E402
 
 BY_LAYOUT = {"aos": aos, "soa": soa}
+#: the n-step and slice kernels of each kind of streams (``.nstep``, ``.slices``,
+#: ``.slices_prioritized``), as BY_LAYOUT gives a layout's
+BY_STREAMS = {"ring": RING, "shards": SHARDS}
 
 __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
-           "copy_field_rows", "copy_next_elided", "first_discontinuity", "nstep_windows", "sample_slices", "sample_slices_prioritized", "stamp_episodes",
+           "copy_field_rows", "copy_next_elided", "first_discontinuity", "stamp_episodes", "RING", "SHARDS", "BY_STREAMS",
            "frame_breaks", "frame_push", "frame_push_u8", "frame_stack_pairs", "frame_stacks", "frames_write", "next_frame_stacks",
            "shard_finals_index", "shard_finals_room", "shard_finals_write", "shard_frame_stacks",
            "shard_frames_torn", "shard_next_frame_stacks",
            "cold_frame_stacks", "cold_next_frame_stacks",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",
-           "draw_prioritized", "read_heads", "shard_nstep", "shard_slices", "shard_slices_prioritized", "torn_after_copy"]
+           "draw_prioritized", "read_heads", "torn_after_copy"]

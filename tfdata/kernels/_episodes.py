@@ -1,11 +1,9 @@
-"""Episode-aware kernels: n-step windows, next-field reads and sequence slices.
+"""Episode-aware kernels of the interleaved ring: episode numbers, next-field reads.
 
-They work on the *interleaved ring* of :mod:`tfdata.episodes`: with ``E`` environments and a
-capacity ``C`` that is a multiple of ``E``, environment ``e``'s row of step ``t`` is in slot
-``(t * E + e) % C``. The next row of the same stream is ``slot + E`` (mod ``C``), and the newest
-step occupies the ``E`` slots just before the write cursor. The *age* of a slot is how many steps
-are newer than it in its own stream, so a forward window from a slot may take ``age + 1`` rows
-without reaching rows that are not written yet (or, after a wrap, rows that are older).
+They work on the ring of streams of :mod:`tfdata.kernels._streams` (``E`` environments
+interleaved in ``C`` slots; the next row of a slot is ``slot + E`` mod ``C``, the newest step
+the ``E`` slots before the write cursor), where the n-step windows and the sequence slices of
+both kinds of streams are.
 
 Nothing here depends on the layout: kernels read fields through 1-D views (strided for the
 array-of-structs layout) and copy fields through 2-D word views ``(rows, words)`` with a word
@@ -18,30 +16,7 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._rng import fill_indices
-from ._tree import is_weight, live_limit, stratified_find
-
-
-
-@njit(**INLINE_OPTIONS)
-def _newest(cursor, num_envs, capacity):
-    """First slot of the newest step; the step holds slots ``[newest, newest + num_envs)``."""
-    newest = cursor - num_envs
-    if newest < 0:
-        newest += capacity
-    return newest
-
-
-@njit(**INLINE_OPTIONS)
-def _age(slot, cursor, num_envs, capacity):
-    """Steps newer than ``slot`` in its own stream (0 for the newest step)."""
-    newest = cursor - num_envs
-    if newest < 0:
-        newest += capacity
-    d = newest - (slot - slot % num_envs)
-    if d < 0:
-        d += capacity
-    return d // num_envs
+from ._streams import ring_fill, ring_geometry
 
 
 @njit(**NJIT_OPTIONS)
@@ -91,81 +66,6 @@ def stamp_episodes(term, trunc, skip, dst, current, episode):
             e = 0
 
 
-@njit(**INLINE_OPTIONS)
-def windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc, acc, discount, last):
-    """Discounted n-step returns of the windows that start at ``idx`` (inlined into kernels).
-
-    A window takes rows ``t, t+1, ...`` of the start row's stream and stops after ``n`` rows, at
-    the first row that is terminated or truncated (included), or at the newest row written,
-    whichever comes first; ``k`` is the number of rows taken (``1 <= k <= n``).
-
-    Parameters
-    ----------
-    idx : ndarray of int64, shape (B,)
-        Start slots (held rows).
-    cursor, num_envs, capacity : int
-        Write cursor (a multiple of ``num_envs``), streams, slots.
-    n : int
-        Longest window.
-    gamma : float
-        Discount per step.
-    reward : ndarray, shape (capacity,), any numeric dtype, any stride
-    term, trunc : ndarray of bool, shape (capacity,), any stride
-        Row fields.
-    acc : ndarray of float64, shape (B,)
-        Output: ``sum_{j<k} gamma**j * reward[t+j]``, accumulated in order of j.
-    discount : ndarray of float32, shape (B,)
-        Output: ``gamma**k``, the factor of the bootstrap value (use it with ``1 - terminated``).
-    last : ndarray of int64, shape (B,)
-        Output: slot of the window's last row (its next observation is the bootstrap one).
-    """
-    # the newest step is a slot range: no integer division per row (tens of cycles each)
-    lo = _newest(cursor, num_envs, capacity)
-    hi = lo + num_envs
-    batch = idx.shape[0]
-    for i in range(batch):
-        acc[i] = 0.0
-        last[i] = idx[i]
-        discount[i] = -1.0  # open window
-    # step by step over all windows, not window by window: the loads of different windows are
-    # independent, so their cache misses overlap
-    g = 1.0
-    for k in range(n):
-        gn = g * gamma
-        for i in range(batch):
-            if discount[i] >= 0.0:
-                continue
-            j = last[i]
-            acc[i] += g * np.float64(reward[j])
-            if term[j] or trunc[j] or k == n - 1 or (lo <= j and j < hi):
-                discount[i] = gn
-            else:
-                j += num_envs
-                if j >= capacity:
-                    j -= capacity
-                last[i] = j
-        g = gn
-
-
-@njit(**INLINE_OPTIONS)
-def finish_windows(last, term, trunc, acc, ret, term_out, trunc_out):
-    """Write the windows into a batch: the return (cast to the reward dtype) and the flags of
-    each window's last row. ``ret``, ``term_out``, ``trunc_out``: shape (B,), any stride."""
-    for i in range(last.shape[0]):
-        j = last[i]
-        ret[i] = acc[i]
-        term_out[i] = term[j]
-        trunc_out[i] = trunc[j]
-
-
-@njit(**NJIT_OPTIONS)
-def nstep_windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc,
-                  acc, ret, term_out, trunc_out, discount, last):
-    """:func:`windows` then :func:`finish_windows`, as one kernel (after a prioritized draw)."""
-    windows(idx, cursor, num_envs, capacity, n, gamma, reward, term, trunc, acc, discount, last)
-    finish_windows(last, term, trunc, acc, ret, term_out, trunc_out)
-
-
 @njit(**NJIT_OPTIONS)
 def copy_field_rows(src, src_off, rows, skip, dst, dst_off, width):
     """``dst[i, dst_off:+width] = src[rows[i], src_off:+width]`` where ``rows[i] != skip[i]``.
@@ -210,8 +110,7 @@ def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, term, trunc
     dst_off, width : int
         In words.
     """
-    lo = _newest(cursor, num_envs, capacity)
-    hi = lo + num_envs
+    _, _, lo, hi = ring_geometry(cursor, num_envs, capacity)  # the newest step: slots [lo, hi)
     for i in range(rows.shape[0]):
         r = rows[i]
         # only episode-ending rows have an entry: test the flags (in the row just gathered,
@@ -269,165 +168,12 @@ def first_discontinuity(src, nxt, term, trunc, pending, has_pending):
     return -1
 
 
-@njit(**NJIT_OPTIONS)
-def sample_slices(n_rows, cursor, num_envs, capacity, state, episode, reject, max_draws,
-                  idx, mask):
-    """Draw ``B`` slices of ``L`` consecutive rows of one stream within one episode.
-
-    Parameters
-    ----------
-    n_rows : int
-        Rows held (start slots are drawn uniformly from ``[0, n_rows)``).
-    state : ndarray of uint64, shape (2,)
-        Counter-based RNG state, advanced in place.
-    episode : ndarray of uint32, shape (capacity,)
-        Episode number of every slot within its stream (stamped at insert).
-    reject : bool
-        True: redraw starts until the whole slice lies in one episode and is written (checked in
-        O(1): the ages and the episode numbers of the first and last rows). False: keep the first
-        start; rows past the episode's end or the newest row repeat the last valid row and get
-        ``mask == False``.
-    max_draws : int
-        With ``reject``, the most draws per slice before giving up.
-    idx : ndarray of int64, shape (B, L)
-        Output: slots of the slice rows.
-    mask : ndarray of bool, shape (B, L)
-        Output: True where the row belongs to the slice's episode.
-
-    Returns
-    -------
-    int
-        -1 on success, else the slice number for which ``max_draws`` draws found nothing.
-    """
-    # the loops of _slice_fits and _fill_slice written out here: calling them made policy
-    # "reject" slower (docs/design/kernels.md, "Measured")
-    length = idx.shape[1]
-    span = (length - 1) * num_envs
-    for b in range(idx.shape[0]):
-        first = idx[b, :1]  # one draw at a time: a rejected start draws again
-        fill_indices(n_rows, state, first)
-        s = first[0]
-        if reject:
-            tries = 1
-            while True:
-                if _age(s, cursor, num_envs, capacity) >= length - 1:
-                    end = s + span
-                    end %= capacity
-                    if episode[end] == episode[s]:
-                        break
-                if tries >= max_draws:
-                    return b
-                fill_indices(n_rows, state, first)
-                s = first[0]
-                tries += 1
-        kmax = min(length, _age(s, cursor, num_envs, capacity) + 1)
-        ep = episode[s]
-        j = s
-        last = s
-        for k in range(length):
-            if k < kmax and episode[j] == ep:
-                idx[b, k] = j
-                mask[b, k] = True
-                last = j
-                j += num_envs
-                if j >= capacity:
-                    j -= capacity
-            else:
-                idx[b, k] = last
-                mask[b, k] = False
-                kmax = 0  # every later row is masked too
-    return -1
-
-
 @njit(**INLINE_OPTIONS)
-def _slice_fits(s, length, cursor, num_envs, capacity, episode):
-    """Whether the ``length`` rows of ``s``'s stream from ``s`` on are written and in ``s``'s
-    episode (O(1): the age of ``s`` and the episode numbers of the first and last rows)."""
-    if _age(s, cursor, num_envs, capacity) < length - 1:
-        return False
-    end = (s + (length - 1) * num_envs) % capacity
-    return episode[end] == episode[s]
-
-
-@njit(**INLINE_OPTIONS)
-def _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask):
-    """Slice ``b`` from start ``s``: rows of its stream while they are written and in its
-    episode; the rest repeat the last valid row, masked False."""
-    length = idx.shape[1]
-    kmax = min(length, _age(s, cursor, num_envs, capacity) + 1)
-    ep = episode[s]
-    j = s
-    last = s
-    for k in range(length):
-        if k < kmax and episode[j] == ep:
-            idx[b, k] = j
-            mask[b, k] = True
-            last = j
-            j += num_envs
-            if j >= capacity:
-                j -= capacity
-        else:
-            idx[b, k] = last
-            mask[b, k] = False
-            kmax = 0  # every later row is masked too
-
-
-#: the slice fill, for the kernels of other samplers (tfdata.kernels._pool.pool_slices)
-fill_slice = _fill_slice
-
-
-@njit(**NJIT_OPTIONS)
-def sample_slices_prioritized(n_rows, cursor, num_envs, capacity, sums, mm, leaves, version, state,
-                              beta, episode, reject, max_draws, idx, mask, u, weights, versions):
-    """:func:`sample_slices` with starts drawn in proportion to their priority.
-
-    Starts are drawn as :func:`tfdata.kernels.aos.sample_prioritized` draws rows: stratified,
-    one per ``1/B`` of the total mass. With ``reject`` a start whose slice does not fit is
-    replaced by a fresh proportional draw over the whole mass, up to ``max_draws`` draws.
-    ``weights[b] = (p_min / p_start) ** beta`` and ``versions[b] = version[start]``, the start
-    row being the one whose priority drew the slice.
-
-    Parameters
-    ----------
-    n_rows, cursor, num_envs, capacity, episode, reject, max_draws, idx, mask
-        As for :func:`sample_slices`.
-    sums, mm, leaves
-        The priority tree (see :mod:`tfdata.kernels._tree`).
-    version : ndarray of uint8, shape (capacity,)
-    state : ndarray of uint64, shape (2,)
-    beta : float
-    u : ndarray of float64, shape (B,)
-        Scratch.
-    weights : ndarray of float32, shape (B,)
-    versions : ndarray of uint32, shape (B,)
-        Output: ``version[start]`` (the caller adds its epoch).
-
-    Returns
-    -------
-    int
-        -1 on success; ``b`` when ``max_draws`` draws found no start for slice ``b``; -2, with
-        nothing drawn, when the root mass is not finite and positive or no row is live.
-    """
-    limit = live_limit(sums, leaves, n_rows, min(version.shape[0], episode.shape[0], capacity))
-    if limit == 0:
-        return -2
-    length = idx.shape[1]
-    starts = idx[:, 0]
-    stratified_find(sums, leaves, limit, state, starts, u)
-    for b in range(idx.shape[0]):
-        s = idx[b, 0]
-        one = idx[b, :1]  # a redraw lands where slice b starts anyway
-        if reject:
-            tries = 1
-            while not _slice_fits(s, length, cursor, num_envs, capacity, episode):
-                if tries >= max_draws:
-                    return b
-                stratified_find(sums, leaves, limit, state, one, u[:1])
-                s = one[0]
-                tries += 1
-        _fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask)
-    for b in range(idx.shape[0]):
-        s = idx[b, 0]
-        weights[b] = is_weight(mm, leaves, s, beta)
-        versions[b] = version[s]
-    return -1
+def fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask):
+    """The ring's slice fill (:mod:`tfdata.kernels._streams`) from a cursor, for the kernels of
+    other samplers (:func:`tfdata.kernels._pool.pool_slices`): slice ``b`` from start ``s``,
+    rows of its stream while written and in its episode, the rest masked."""
+    # the ring reads no geometry words once prepared, and no flags (its episode numbers say
+    # where an episode ends): any array will do
+    ring_fill(episode, ring_geometry(cursor, num_envs, capacity), s, b, episode, episode, episode,
+              idx, mask)

@@ -376,8 +376,8 @@ def _redraw(pool, inpool, meta, held, span, state, idx, i):
 def pool_slices(pool, inpool, meta, start, count, n, state, cursor, num_envs, episode, idx, mask):
     """Slices whose starts are drawn without replacement: the ``B`` starts as :func:`pool_draw`
     draws ``B`` rows (the slots written since the last call join the pass first; no start
-    twice in a pass, nor in a batch), each slice then filled as
-    :func:`tfdata.kernels.sample_slices` fills one with policy ``"mask"``: rows of the start's
+    twice in a pass, nor in a batch), each slice then filled as the ring's ``slices``
+    (:mod:`tfdata.kernels._streams`) fill one with policy ``"mask"``: rows of the start's
     stream while they are written and in its episode, the rest repeating the last valid row
     with ``mask`` False.
 

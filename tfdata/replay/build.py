@@ -17,6 +17,7 @@ from .columns import RunningStats
 from .episodes import Episodes
 from .frames import FrameStack, FrameStacks
 from .samplers import Sampler
+from .streams import RingStreams
 from .transforms import ElideNext, NStep
 from .writers import RingWriter
 
@@ -131,6 +132,8 @@ class Parts:
     spill : Spill or None
     cold : dict
         ``{stacked field: ColdFrames}`` (empty without ``compress_cold``).
+    streams : RingStreams
+        Where each stream's rows are (n-step windows and slices follow them).
     transforms : list
         What a sample applies after the sampler's draw, in order (n-step, elision, frames, and
         last a spilling storage's release).
@@ -141,7 +144,7 @@ class Parts:
     """
 
     __slots__ = ("plan", "storage", "writer", "sampler", "lock", "episodes", "frame_stacks",
-                 "stats", "spill", "cold", "transforms", "held", "limiter")
+                 "stats", "spill", "cold", "streams", "transforms", "held", "limiter")
 
 
 def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
@@ -201,9 +204,10 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         watch(p.writer)
     if p.stats is not None:
         p.stats.bind(p.storage, p.writer)
+    p.streams = RingStreams(envs, capacity, p.episodes)
     if plan.n_step is not None:
         p.transforms.append(NStep(p.storage, plan.spec, roles, plan.next_of, plan.n_step,
-                                  plan.gamma, envs, capacity, allocator))
+                                  plan.gamma, p.streams, allocator))
     if plan.plain_elided:
         p.transforms.append(ElideNext(p.storage, plan.spec, p.episodes, roles, plan.plain_elided,
                                       envs, capacity, allocator))

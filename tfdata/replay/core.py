@@ -73,7 +73,7 @@ class ReplayCore:
         if rate_limiter is not None:
             gates = self._bind_limiter(rate_limiter)
             self._gate = LimiterGate(rate_limiter, p.writer, p.held, sampler, self.num_envs)
-        self._slices = Slices(sampler, p.writer, p.episodes, p.lock, self._gate, self._ringset,
+        self._slices = Slices(sampler, p.writer, p.streams, p.lock, self._gate, self._ringset,
                               self.num_envs)
         writes = self._writes = Writes(self.spec, p)
         # the generic paths (tests compare the generated push and extend with them)

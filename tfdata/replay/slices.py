@@ -1,9 +1,11 @@
 """Slices of consecutive rows: ``sample_sequences`` of a replay buffer.
 
-:class:`Slices` draws the start rows with the buffer's sampler (``sample_slices``: a slice stays
-within one stream and one episode, from the episode numbers), gathers the rows, and applies
-the transforms that act on slices, under the buffer's lock and gate, into this thread's output
-ring of the batch's shape.
+:func:`draw_slices` is the draw of every buffer's slices, over its streams
+(:mod:`tfdata.replay.streams`): the sampler draws the starts (``sample_slices``: a slice stays
+within one stream and one episode), the rows are gathered, and the streams draw again what a
+writer touched meanwhile (shards). :class:`Slices` is a ``ReplayBuffer``'s ``sample_sequences``
+around it: the checks, the gate, this thread's output ring of the batch's shape, and the
+transforms that act on slices.
 """
 
 from __future__ import annotations
@@ -17,13 +19,35 @@ from .samplers import sampler_name
 MAX_DRAWS = 10_000
 
 
+def draw_slices(sampler, streams, n: int, geo, reject: bool, length: int, out, arrays: dict,
+                marks=None) -> None:
+    """Draw ``out``'s slices of ``length`` rows (lock held): starts by ``sampler`` over the
+    ``n`` rows held, the streams' geometry ``geo``; gather them; then the streams' check of
+    rows a writer touched (``marks``: their per-slice scratch, shards only).
+
+    Raises ValueError for ``reject`` when ``MAX_DRAWS`` random starts found no slice; the
+    refused sample consumes no randomness.
+    """
+    state = sampler.state
+    counter = int(state[1])
+    failed = sampler.sample_slices(n, streams, geo, reject, MAX_DRAWS, out, arrays)
+    if failed != -1:
+        state[1] = counter  # a refused sample consumes no randomness
+        raise ValueError(f"policy='reject': {MAX_DRAWS} random starts found no slice of "
+                         f"{length} steps within one episode; episodes held are shorter "
+                         f"than that (use policy='mask')")
+    out.source.gather(out.indices, out)
+    if marks is not None:  # streams other processes write
+        streams.check_slices(sampler, n, reject, MAX_DRAWS, out, arrays, marks)
+
+
 class Slices:
     """The sequence sampling of one buffer (see ``ReplayCore.sample_sequences``).
 
     Parameters
     ----------
-    sampler, writer, episodes, lock
-        The buffer's parts (``episodes`` None: the buffer keeps no episode numbers).
+    sampler, writer, streams, lock
+        The buffer's parts (``streams.episodes`` None: the buffer keeps no episode numbers).
     gate : OpenGate or LimiterGate
         When a batch may be drawn, and what it counts.
     rings : Rings
@@ -31,8 +55,8 @@ class Slices:
     num_envs : int
     """
 
-    def __init__(self, sampler, writer, episodes, lock, gate, rings, num_envs: int):
-        self.sampler, self.writer, self.episodes, self.lock = sampler, writer, episodes, lock
+    def __init__(self, sampler, writer, streams, lock, gate, rings, num_envs: int):
+        self.sampler, self.writer, self.streams, self.lock = sampler, writer, streams, lock
         self.gate, self.rings, self.num_envs = gate, rings, num_envs
 
     def sample(self, batch_size, length, policy, copy, fields):
@@ -41,8 +65,8 @@ class Slices:
             raise NotImplementedError(
                 f"sample_sequences: sampler={sampler_name(self.sampler)!r} "
                 f"writes rows off stream order and delivers rows, not slices; use sample()")
-        ep = self.episodes
-        if ep is None:
+        streams = self.streams
+        if streams.episodes is None:
             raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
                             "fields 'terminated' and 'truncated' (or name them with roles=)")
         if policy not in ("mask", "reject"):
@@ -66,23 +90,14 @@ class Slices:
             self.check(batch_size, length, reject, n)  # a clear() may have run since
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
-            state = self.sampler.state
-            counter = int(state[1])
-            try:
-                failed = self.sampler.sample_slices(n, self.writer.cursor, ep.episode, reject,
-                                                    MAX_DRAWS, out, arrays[0])
-            except BaseException:
-                gate.undo(batch_size)
-                raise
-            if failed >= 0:
-                gate.undo(batch_size)
-                state[1] = counter  # a refused sample consumes no randomness
-                raise ValueError(f"policy='reject': {MAX_DRAWS} random starts found no slice of "
-                                 f"{length} steps within one episode; episodes held are shorter "
-                                 f"than that (use policy='mask')")
-            ring.next = (i + 1) % len(ring.slots)
-            out.source.gather(out.indices, out)
             cursor = self.writer.cursor
+            try:
+                draw_slices(self.sampler, streams, n, streams.at(cursor), reject, length, out,
+                            arrays[0])
+            except BaseException:
+                gate.undo(batch_size)  # nothing was drawn
+                raise
+            ring.next = (i + 1) % len(ring.slots)
             for t, a in zip(ring.transforms, arrays[1:]):
                 if t.on_slices:
                     t.apply(out, a, out.indices, cursor)
@@ -99,7 +114,7 @@ class Slices:
             raise ValueError(f"batch_size {batch_size} is larger than the {n} rows held; slices "
                              f"start at rows the sampler draws ({self.sampler.rule}), and a "
                              f"batch needs batch_size <= len(buffer)")
-        steps = self.writer.capacity // self.num_envs
+        steps = self.streams.steps
         if length > steps:
             raise ValueError(f"length {length} is longer than any slice can be: the buffer keeps "
                              f"at most {steps} steps per stream (capacity {self.writer.capacity}, "

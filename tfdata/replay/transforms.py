@@ -86,16 +86,23 @@ def _word_pairs(storage, spec, next_of: dict, stored: bool) -> list:
 class NStep:
     """n-step returns: ``reward`` becomes the discounted return of up to ``n`` rows of the
     stream, ``terminated``/``truncated`` and the next fields those of the window's last row,
-    and ``batch.discounts`` is ``gamma ** k`` for the ``k`` rows taken."""
+    and ``batch.discounts`` is ``gamma ** k`` for the ``k`` rows taken.
+
+    The windows follow the buffer's ``streams`` (:mod:`tfdata.replay.streams`): a ring of
+    interleaved streams, ``apply``'s ``where`` the writer's cursor; or the shards of a shared
+    region, ``where`` ignored, the windows stopping at the rows the streams' heads snapshot
+    (read before the draw) held, the buffer checking afterwards against the same snapshot that
+    no writer touched a window while it was read."""
 
     on_slices = False
 
-    def __init__(self, storage, spec, roles: dict, next_of: dict, n: int, gamma: float,
-                 num_envs: int, capacity: int, allocator):
+    def __init__(self, storage, spec, roles: dict, next_of: dict, n: int, gamma: float, streams,
+                 allocator):
         from .. import kernels
 
         self.k, self.storage, self.allocator = kernels, storage, allocator
-        self.n, self.gamma, self.num_envs, self.capacity = n, gamma, num_envs, capacity
+        self.n, self.gamma, self.streams = n, gamma, streams
+        self._kernel = streams.kernels.nstep
         self.roles = roles
         self.flags = (storage.field(roles["terminated"]), storage.field(roles["truncated"]))
         self.reward = storage.field(roles["reward"])
@@ -112,6 +119,12 @@ class NStep:
         if fields is not None and not (roles["terminated"] in fields and roles["truncated"] in fields):
             flags = 2 * rows
         return rows * (4 + 8 + 8) + flags
+
+    def plan_ring_streams(self, rows: int, length, fields=None) -> int:
+        """:meth:`plan_ring` plus what the streams keep per batch (the shards' torn marks)."""
+        if length is not None:
+            return 0
+        return self.plan_ring(rows, length, self.roles, fields) + self.streams.ring_nbytes(rows)
 
     def project(self, names) -> "NStep":
         # what a projected output lacks is decided per output, in ring_arrays
@@ -135,24 +148,35 @@ class NStep:
         # the next fields the output holds, re-read at each window's last row
         arrays["copies"] = [(src, off, width) + out.source.output_words(out, nxt, word)[:2]
                             for nxt, word, (src, off, width) in self.copy_pairs if nxt in f]
+        arrays.update(self.streams.ring_arrays(batch_size, length, out))
         return arrays
 
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
         if "discount" in arrays:
             attrs["discounts"] = arrays["discount"]
 
-    def apply(self, out, arrays: dict, rows: np.ndarray, cursor: int) -> np.ndarray:
+    def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
         # after the gather, so the window's first row is in cache (a kernel fusing the two
-        # measured slower: docs/design/nstep-and-elision.md, "Measured")
-        k = self.k
+        # measured slower: docs/design/nstep-and-elision.md, "Measured"); whole arrays, no
+        # views made per sample
         ret, term, trunc = arrays["outs"]
         last = arrays["last"]
-        k.nstep_windows(rows, cursor, self.num_envs, self.capacity, self.n, self.gamma, self.reward,
-                        self.flags[0], self.flags[1], arrays["acc"], ret, term, trunc,
-                        arrays["discount"], last)
+        self._kernel(self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
+                     self.flags[1], arrays["acc"], ret, term, trunc, arrays["discount"], last)
         for src, off, width, dst, doff in arrays["copies"]:
-            k.copy_field_rows(src, off, last, rows, dst, doff, width)
+            self.k.copy_field_rows(src, off, last, rows, dst, doff, width)
         return last
+
+    def apply_row(self, out, arrays: dict, i: int, where) -> None:
+        """:meth:`apply` for row ``i`` of the batch only (a row drawn again)."""
+        part, rows = slice(i, i + 1), out.indices[i:i + 1]
+        ret, term, trunc = arrays["outs"]
+        last = arrays["last"][part]
+        self._kernel(self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
+                     self.flags[1], arrays["acc"][part], ret[part], term[part], trunc[part],
+                     arrays["discount"][part], last)
+        for src, off, width, dst, doff in arrays["copies"]:
+            self.k.copy_field_rows(src, off, last, rows, dst[part], doff, width)
 
 
 class ElideNext:
@@ -202,43 +226,3 @@ class ElideNext:
                                     self.flags[0], self.flags[1], ep.final_idx, ep.final_words(nxt, word),
                                     ep.pending_words(nxt, word), words[nxt], 0, width)
         return rows
-
-
-class ShardNStep(NStep):
-    """:class:`NStep` over the shards of a shared-memory region (:mod:`tfdata.shared`): each
-    shard is one writer's stream. ``apply``'s ``where`` is the heads snapshot
-    (``ring_arrays()["heads"]``, read before the rows were drawn), so a window never reads past
-    the row that was newest then; the buffer checks afterwards, against the same snapshot, that
-    no writer touched a window while it was read."""
-
-    def __init__(self, storage, spec, roles: dict, next_of: dict, n: int, gamma: float,
-                 shards: int, cap: int, allocator):
-        super().__init__(storage, spec, roles, next_of, n, gamma, 1, shards * cap, allocator)
-        self.shards, self.cap = shards, cap
-
-    def plan_ring_shards(self, rows: int, length, fields=None) -> int:
-        return (self.plan_ring(rows, length, self.roles, fields)
-                + (0 if length is not None else 8 * (7 * self.shards + rows)))
-
-    def ring_arrays(self, batch_size: int, length, out) -> dict:
-        arrays = super().ring_arrays(batch_size, length, out)
-        if length is None:  # the heads snapshot (3 per shard), write windows (4), one mark per row
-            arrays["heads"] = self.allocator.zeros(7 * self.shards + batch_size, np.int64)
-        return arrays
-
-    def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
-        self._windows(arrays, rows, where, slice(None))
-        return arrays["last"]
-
-    def apply_row(self, out, arrays: dict, i: int, where) -> None:
-        """:meth:`apply` for row ``i`` of the batch only (a redrawn row)."""
-        self._windows(arrays, out.indices[i:i + 1], where, slice(i, i + 1))
-
-    def _windows(self, arrays, rows, where, part) -> None:
-        ret, term, trunc = arrays["outs"]
-        last = arrays["last"][part]
-        self.k.shard_nstep(rows, where, self.shards, self.cap, self.n, self.gamma, self.reward,
-                           self.flags[0], self.flags[1], arrays["acc"][part], ret[part],
-                           term[part], trunc[part], arrays["discount"][part], last)
-        for src, off, width, dst, doff in arrays["copies"]:
-            self.k.copy_field_rows(src, off, last, rows, dst[part], doff, width)

@@ -29,7 +29,8 @@ from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.shared import (SharedExactlyKSampler, SharedPrioritizedSampler,
                                       SharedUniformSampler, SharedWithoutReplacementSampler)
 from ..replay import shared_frames
-from ..replay.transforms import ShardNStep, episode_options
+from ..replay.streams import ShardStreams
+from ..replay.transforms import NStep, episode_options
 from ..spec import Spec
 from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
@@ -40,7 +41,7 @@ from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLI
                      STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
 from .state import ShardCheckpoint
-from .streams import ShardStreams, check_sampler, sampler_classes, unsaved_reason
+from .streams import ShardRows, check_sampler, sampler_classes, unsaved_reason
 
 __all__ = ["SharedReplayBuffer"]
 
@@ -50,7 +51,7 @@ class SharedReplayBuffer:
 
     Built from the replay parts: the region is the storage's backing
     (:mod:`tfdata.storage.region`), and its shards are the streams a sampler samples
-    (:class:`tfdata.shared.streams.ShardStreams`: the rows held read from the writers' heads,
+    (:class:`tfdata.shared.streams.ShardRows`: the rows held read from the writers' heads,
     the writes published since the last sample caught up through the sampler's write hooks,
     rows torn during the copy drawn again), so the samplers of a
     :class:`~tfdata.ReplayBuffer` (uniform, prioritized, or one of the user's) fill the same
@@ -288,11 +289,11 @@ class SharedReplayBuffer:
             sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
         # the shards as streams: the rows held, the writes caught up, the torn-row check
-        self._streams = ShardStreams(self._heads, self._reserved, cap, self._k)
+        self._rows = ShardRows(self._heads, self._reserved, cap, self._k)
         self._given = given is not None
-        self._streams.bind(sampler)
+        self._rows.bind(sampler)
         if prioritized:
-            sampler.streams = self._streams
+            sampler.streams = self._rows
         if exactly_k:
             sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
         self.sampler = sampler
@@ -305,11 +306,17 @@ class SharedReplayBuffer:
         if self._has_flags and not self._given:
             roles = episodes["roles"]
             sampler.bind_flags(st.field(roles["terminated"]), st.field(roles["truncated"]))
+        # each writer's stream (its shard): where n-step windows and slices go, as of heads
+        # read before the draw; the rows a writer touched meanwhile are drawn again
+        flags = None
+        if self._has_flags:
+            flags = (st.field(episodes["roles"]["terminated"]), st.field(episodes["roles"]["truncated"]))
+        self._streams = ShardStreams(self._heads, self._reserved, cap, flags, alloc.resolve(None), name)
         self._nstep = None
         self._parts = [sampler]
         if self.n_step is not None:
-            self._nstep = ShardNStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
-                                     self.gamma, shards, cap, alloc.resolve(None))
+            self._nstep = NStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
+                                self.gamma, self._streams, alloc.resolve(None))
             self._parts.append(self._nstep)
         # frame stacks: rebuilt from the region's frames, after the draw, as of heads read
         # before it (see replay/shared_frames.py)
@@ -329,7 +336,7 @@ class SharedReplayBuffer:
         # the parts over the region: the draws that redraw what a writer touched, the column
         # reads, the FIFO learner (its calls refuse a replay region); then the limiter's gate and
         # the checkpoint part
-        self._draws = ShardDraws(region, sampler, self._nstep, self._k, name, self._streams)
+        self._draws = ShardDraws(region, sampler, self._nstep, self._streams, self._rows, self._k, name)
         self._columns = ShardColumns(region, name)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
                                   _weak_method(self, "_watch"))
@@ -342,7 +349,7 @@ class SharedReplayBuffer:
             self._ctrl_words = memoryview(self._region.ctrl)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
                                            self._ring_size, self._is_prioritized, episodes,
-                                           self._streams if self._given else None)
+                                           self._rows if self._given else None)
 
     @property
     def rate_limiter(self):
@@ -370,7 +377,7 @@ class SharedReplayBuffer:
             return
         n = len(self)
         if batch_size > n:
-            raise (self._streams if self._given else self.sampler).too_few(batch_size, n)
+            raise (self._rows if self._given else self.sampler).too_few(batch_size, n)
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -409,17 +416,17 @@ class SharedReplayBuffer:
     @property
     def nbytes_parts(self) -> dict:
         """Bytes this buffer holds, by part: ``shared_region`` (:attr:`nbytes`), ``trees`` and
-        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, in this
-        process) and ``output_rings`` (every thread's preallocated batches)."""
+        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, and the
+        streams' heads snapshot, in this process) and ``output_rings`` (every thread's preallocated batches)."""
         s = self.sampler.nbytes
         return {"shared_region": int(self._region.nbytes), "trees": int(s["trees"]),
-                "bookkeeping": int(s["bookkeeping"]),
+                "bookkeeping": int(s["bookkeeping"]) + self._streams.nbytes,
                 "output_rings": int(sum(r.nbytes for r in list(self._rings)))}
 
     @property
     def redraws(self) -> int:
         """Rows drawn again because a writer may have been writing them during the copy."""
-        return self._streams.redraws + getattr(self.sampler, "redraws", 0)
+        return self._rows.redraws + getattr(self.sampler, "redraws", 0)
 
     @property
     def storage(self):
@@ -549,7 +556,7 @@ class SharedReplayBuffer:
             if self._frames is not None:  # the ring's own (projected) frame transform
                 self._draws.windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
             elif self._nstep is None:  # caught up, drawn, checked by the shard streams
-                self._streams.sample(ring.slots[i], ring.arrays[i][0])
+                self._rows.sample(ring.slots[i], ring.arrays[i][0])
             else:
                 self._draws.windows(ring.slots[i], ring.arrays[i])
             ring.next = (i + 1) % len(ring.slots)
@@ -614,7 +621,7 @@ class SharedReplayBuffer:
             self._gate.acquire(batch_size)  # returns holding the lock
         try:
             i = ring.next
-            self._draws.slices(ring.slots[i], ring.arrays[i][0], batch_size, length, reject)
+            self._draws.slices(ring.slots[i], ring.arrays[i], batch_size, length, reject)
             ring.next = (i + 1) % len(ring.slots)
             if lim is not None:
                 self._gate.count(batch_size)
@@ -652,7 +659,8 @@ class SharedReplayBuffer:
                 output_nbytes(r.stored_spec, rows, r.stored_layout, source_fields)
                 + self.sampler.ring_nbytes(batch_size, length)
                 + (0 if self._nstep is None or length else
-                   self._nstep.plan_ring_shards(batch_size, None, fields))
+                   self._nstep.plan_ring_streams(batch_size, None, fields))
+                + (self._streams.ring_nbytes(batch_size) if length else 0)
                 + (0 if self._frames is None else
                    shared_frames.ShardFrameStack.plan_ring(self.spec, r.frames.frames, rows,
                                                            r.shards, fields)))
@@ -661,12 +669,12 @@ class SharedReplayBuffer:
                          + (f" of fields {list(fields)}" if fields is not None else ""))
         st = self._region.storage
         source = st if source_fields is None else st.project(source_fields)
-        parts = self._parts if length is None else [self.sampler]
+        parts = self._parts if length is None else [self.sampler, self._streams]
         if fields is not None and self._frames is not None:
             parts = [p.project(fields) if p is self._frames else p for p in parts]
         names = self.spec.names if fields is None else fields
         with self._lock:  # a sample in another thread reads the scratch it replaces
-            self._streams.reserve(batch_size)
+            self._rows.reserve(batch_size)
         ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
         if key is not None:
             rings[key] = ring

@@ -1,7 +1,7 @@
 """The shards of a replay region as the streams a sampler samples: each writer's shard is one
 stream, its head says which rows it holds, its reserve which it is writing.
 
-What a single-process sampler gets from its buffer, :class:`ShardStreams` gives it over the
+What a single-process sampler gets from its buffer, :class:`ShardRows` gives it over the
 shards, so that the same sampler object runs in both:
 
 - the rows held, read from the heads before a draw (not a writer's size);
@@ -41,7 +41,7 @@ from ..replay.samplers import sampler_name
 from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.uniform import UniformSampler
 
-__all__ = ["ShardStreams", "MAX_REDRAWS", "check_sampler", "sampler_classes", "unsaved_reason"]
+__all__ = ["ShardRows", "MAX_REDRAWS", "check_sampler", "sampler_classes", "unsaved_reason"]
 
 # batches (or rows) drawn again in one sample, at most, before concluding the writers never stop
 MAX_REDRAWS = 1 << 20
@@ -107,7 +107,7 @@ def unsaved_reason(sampler) -> str | None:
     return None
 
 
-class ShardStreams:
+class ShardRows:
     """The shard streams of a region: ``heads`` and ``reserved`` (uint64 ``(shards,)`` strided
     views of the control words), ``cap`` slots per shard, the compiled ``kernels``.
 

@@ -11,7 +11,7 @@ allocates while sampling, and keeps its state in plain arrays.
 
 One sampler object runs in one process and across processes: a
 :class:`~tfdata.SharedReplayBuffer` given it (``sampler=MySampler(...)``) drives it through
-:class:`tfdata.shared.streams.ShardStreams`, which calls the same members: the rows the writer
+:class:`tfdata.shared.streams.ShardRows`, which calls the same members: the rows the writer
 processes published since the last sample reach it through its write hooks before each draw
 (``slot_hook()`` row by row, else ``on_write``), ``sample`` gets the rows held, and a batch a
 writer tore during the copy is drawn again.
@@ -61,9 +61,11 @@ The contract in full (see :class:`Sampler` for the defaults a new sampler inheri
     Class attribute, False by default: True declares that ``sample`` gathers through ``out``
     as above. The buffer refuses ``fields=`` for a sampler that does not (its kernels would
     copy whole rows into a projected output).
-``sample_slices(n, cursor, episode, reject, max_draws, out, arrays)``
-    Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` with slices of one stream
-    and episode, gather nothing; return -1, or the slice number no start was found for.
+``sample_slices(n, streams, geo, reject, max_draws, out, arrays, part=None)``
+    Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` (slices ``part`` only)
+    with slices of one stream and episode, following ``streams`` (:mod:`tfdata.replay.streams`)
+    as of the geometry ``geo``; gather nothing; return -1, or the slice number no start was
+    found for.
 ``hears_writes``; ``on_write(spans, n, extra)``, ``slot_hook()``, ``on_clear()``
     The write hooks (see :mod:`tfdata.replay.writers`), called only if ``hears_writes``; ``extra`` is what ``push`` or
     ``extend`` passed for this sampler (priorities), or None. A sampler with ``wraps_only =
@@ -382,7 +384,8 @@ class Sampler:
     def sample(self, n: int, out, arrays: dict) -> None:
         raise NotImplementedError
 
-    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+    def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
+                      part=None) -> int:
         raise NotImplementedError(f"{type(self).__name__} draws no slices")
 
     # -- write hooks -----------------------------------------------------------------------------

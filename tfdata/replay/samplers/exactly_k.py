@@ -479,7 +479,8 @@ class ExactlyKSampler(Sampler):
         finally:
             self.samplers_waiting -= 1
 
-    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+    def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
+                      part=None) -> int:
         raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not "
                                   "slices (a slice's rows would be delivered a number of times "
                                   "no one chose); use sample()")

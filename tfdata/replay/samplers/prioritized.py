@@ -203,16 +203,22 @@ class PrioritizedSampler(Sampler):
         versions |= np.uint32(self._epoch_of(self.sums, self.ring) << 8)
         self.samples += 1
 
-    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
-        mask = arrays["mask"]
-        failed = self.k.sample_slices_prioritized(
-            n, cursor, self.num_envs, self.capacity, self.sums, self.mm, self.leaves, self.v8,
-            self.state, self.beta, episode, reject, max_draws, out.indices.reshape(mask.shape), mask,
-            arrays["scratch"], arrays["weights"], arrays["versions"])
-        self.stamp(arrays["versions"])
+    def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
+                      part=None) -> int:
+        # ``part``: one slice drawn again (shards); the batch's other weights stay as drawn
+        mask, idx = arrays["mask"], out.indices.reshape(arrays["mask"].shape)
+        u, weights, versions = arrays["scratch"], arrays["weights"], arrays["versions"]
+        if part is not None:
+            idx, mask, u = idx[part], mask[part], u[part]
+            weights, versions = weights[part], versions[part]
+        term, trunc = streams.flags
+        failed = streams.kernels.slices_prioritized(
+            geo, n, self.sums, self.mm, self.leaves, self.v8, self.state, self.beta,
+            streams.episode, term, trunc, reject, max_draws, idx, mask, u, weights, versions)
+        self.stamp(versions)
         if failed == -2:
             raise self.no_mass(n)
-        if failed == -1:
+        if failed == -1 and part is None:  # a whole batch: one step of the beta schedule
             self.samples += 1
         return failed
 

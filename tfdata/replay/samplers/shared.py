@@ -22,9 +22,8 @@ class _Shards:
     """What both shared samplers read of the region: heads, reserves, slots per shard, and the
     episode flags their slices stop at.
 
-    Slices (``sample_shard_slices``) follow the region's geometry, not a ring cursor: each
-    shard is one writer's stream, ``heads`` says which rows it holds, and a row that is
-    terminated or truncated ends its episode.
+    Slices (``sample_slices``) follow the region's streams
+    (:class:`tfdata.replay.streams.ShardStreams`): each shard is one writer's stream.
     """
 
     def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
@@ -63,7 +62,7 @@ class _Shards:
 
 class SharedUniformSampler(_Shards, UniformSampler):
     """The uniform sampler with the slices of a region's shards (``sample_shard_slices``); its
-    rows are drawn by :class:`tfdata.shared.streams.ShardStreams` (kernel ``sample_shared``:
+    rows are drawn by :class:`tfdata.shared.streams.ShardRows` (kernel ``sample_shared``:
     draw, copy, then redraw the rows a writer may have touched during the copy)."""
 
     def bind(self, storage, capacity: int, num_envs: int, allocator) -> None:
@@ -72,19 +71,10 @@ class SharedUniformSampler(_Shards, UniformSampler):
 
         self.k = kernels
 
-    def sample_shard_slices(self, scratch, reject: bool, max_draws: int, idx, mask, arrays,
-                            part=slice(None)) -> int:
-        """Starts uniform over the rows held as of the heads in ``scratch``; fills ``idx`` and
-        ``mask`` (both ``(B, L)``, possibly one slice of a batch). Returns as
-        :func:`tfdata.kernels.shard_slices`."""
-        term, trunc = self.flags
-        return self.k.shard_slices(scratch, self.shards, self.cap, self.state, term, trunc, reject,
-                                   max_draws, idx, mask)
-
 
 class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
     """The prioritized sampler with the slices of a region's shards (``sample_shard_slices``).
-    Its rows are drawn by :class:`tfdata.shared.streams.ShardStreams`: each sample first lets
+    Its rows are drawn by :class:`tfdata.shared.streams.ShardRows`: each sample first lets
     the trees hear the rows published since the last, through the sampler's one-row write hook
     (each as a push gives it), then draws, copies and redraws (one proportional draw from the
     same trees) every row a writer may have touched during the copy."""
@@ -101,22 +91,6 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         ``scratch``); returns rows held."""
         return self.fold(scratch)
 
-    def sample_shard_slices(self, scratch, reject: bool, max_draws: int, idx, mask, arrays,
-                            part=slice(None)) -> int:
-        """Starts drawn by priority (see :func:`tfdata.kernels.shard_slices_prioritized`);
-        weights and versions of the start rows into ``arrays[...][part]``."""
-        term, trunc = self.flags
-        got = self.k.shard_slices_prioritized(
-            scratch, self.shards, self.cap, *self.trees, self.v8, self.state, self.beta, term,
-            trunc, reject, max_draws, idx, mask, arrays["scratch"][part], arrays["weights"][part],
-            arrays["versions"][part])
-        self.stamp(arrays["versions"][part])
-        if got == -2:
-            raise self.no_mass(0)
-        if got == -1 and part == slice(None):  # a whole batch: one step of the beta schedule
-            self.samples += 1
-        return got
-
     def restore(self, leaves: np.ndarray, versions: np.ndarray, heads: list, samples: int) -> None:
         """Trees, versions and catch-up positions of a checkpoint (every held row heard)."""
         self.k.tree_build(*self.trees, np.asarray(leaves, np.float64))
@@ -126,7 +100,7 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
 
     def fold(self, scratch: np.ndarray) -> int:
         """Catch the trees up on the rows published since (see
-        :meth:`tfdata.shared.streams.ShardStreams.catch_up`); returns rows held."""
+        :meth:`tfdata.shared.streams.ShardRows.catch_up`); returns rows held."""
         return self.streams.catch_up(scratch)
 
 
@@ -220,7 +194,8 @@ class SharedExactlyKSampler(ExactlyKSampler):
             pause = min(2 * pause, 1e-3)
             self.fold()
 
-    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+    def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
+                      part=None) -> int:
         raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
 
     def extra_state(self, copy: bool, size: int) -> dict:

@@ -132,7 +132,8 @@ class WithoutReplacementSampler(Sampler):
             raise RuntimeError(f"WithoutReplacementSampler: sample_pool returned {got}")
         self.synced = position
 
-    def sample_slices(self, n, cursor, episode, reject, max_draws, out, arrays) -> int:
+    def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
+                      part=None) -> int:
         if reject:
             raise NotImplementedError(
                 "sample_sequences(policy='reject') with sampler='without_replacement': a rejected "
@@ -143,8 +144,9 @@ class WithoutReplacementSampler(Sampler):
         synced = self.synced
         mask = arrays["mask"]
         got = self._k.pool_slices(self.pool, self.inpool, self.meta, synced % cap,
-                                  min(position - synced, cap), n, self.state, cursor,
-                                  self.num_envs, episode, out.indices.reshape(mask.shape), mask)
+                                  min(position - synced, cap), n, self.state,
+                                  self.writer.cursor, self.num_envs, streams.episode,
+                                  out.indices.reshape(mask.shape), mask)
         if got < 0:
             raise RuntimeError(f"WithoutReplacementSampler: pool_slices returned {got}")
         self.synced = position
