@@ -19,8 +19,9 @@ SCRIPT = os.path.join(REPO, "experiments", "compile_budget.py")
 KERNEL = "tfdata.kernels._columns:first_bad_slot"
 PROBE_ENV = "TFDATA_COMPILE_BUDGET_PROBE"
 
-# one tfdata kernel called with int64 and int32 slots (two specializations), and a numba function
-# defined here, outside tfdata, which must not be counted
+# one tfdata kernel called with int64 and int32 slots (two specializations) and with arguments it
+# cannot compile for (no specialization), and a numba function defined here, outside tfdata,
+# which must not be counted
 PROGRAM = f"""
 import importlib.util, json, sys
 import numpy as np
@@ -39,6 +40,12 @@ table = np.empty(16, np.int64)
 assert first_bad_slot(np.arange(3, dtype=np.int64), 5, table) == -1
 assert first_bad_slot(np.array([0, 2, 2], dtype=np.int32), 5, table) == 5
 assert first_bad_slot(np.arange(4, dtype=np.int64), 5, table) == -1  # no third specialization
+try:
+    first_bad_slot(np.arange(3, dtype=np.float64), 5, "not an array")  # a compile that fails
+except Exception as e:
+    assert type(e).__name__ == "TypingError", e
+else:
+    raise AssertionError("compiled")
 not_tfdata(1)
 print(json.dumps(counter.result()))
 """
@@ -65,6 +72,7 @@ def test_counter_names_the_kernel_with_its_two_specializations(tmp_path):
     assert cold["by_kernel"] == {KERNEL: 2}, cold["by_kernel"]
     assert cold["specializations"] == 2 and cold["kernels"] == 1
     assert cold["compiles_by_kernel"] == {KERNEL: 2}  # both compiled here, nothing else of tfdata
+    assert cold["failed_compiles"] == 1 and cold["nested_compiles"] == 0
     assert cold["cache_files"] == 2
     assert cold["compile_wall_s"] > 0 and cold["compile_self_s_by_kernel"][KERNEL] > 0
 
