@@ -67,7 +67,8 @@ DQN = {"steps": 600, "learning_starts": 200, "train_frequency": 4, "target_frequ
        "batch_size": 128, "buffer_size": 10_000, "hidden": (120, 84), "lr": 2.5e-4, "gamma": 0.99}
 PPO = {"num_envs": 4, "num_steps": 128, "iterations": 3, "num_minibatches": 4, "update_epochs": 2,
        "hidden": (64, 64), "lr": 2.5e-4, "gamma": 0.99, "gae_lambda": 0.95}
-SUITE_ARGS = ("-q", "-x", "-p", "no:cacheprovider")
+# no -x: a test that fails (a timeout on a loaded machine) must not cut the count short
+SUITE_ARGS = ("-q", "-p", "no:cacheprovider")
 TOP = 15                              # kernels listed by specializations
 TIMEOUT_S = {"dqn": 1800, "ppo": 1800, "suite": 4 * 3600}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -300,14 +301,14 @@ def _env(cache_dir: str | None, **extra) -> dict:
 
 
 def _timed(cmd: list, env: dict, timeout: float) -> tuple:
-    """Run ``cmd`` in ROOT; (return code, wall s, CPU s of it and its children, stderr tail)."""
+    """Run ``cmd`` in ROOT; (return code, wall s, CPU s of it and its children, its output)."""
     before = os.times()
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return out.returncode, wall, cpu, (out.stdout[-3000:] + out.stderr[-3000:])
+    return out.returncode, wall, cpu, out.stdout + out.stderr
 
 
 def run_loop(name: str, cache_dir: str, scratch: str, tag: str) -> dict:
@@ -316,7 +317,7 @@ def run_loop(name: str, cache_dir: str, scratch: str, tag: str) -> dict:
     rc, wall, cpu, tail = _timed([sys.executable, os.path.abspath(__file__), "--child", name, "--out", out],
                                  _env(cache_dir), TIMEOUT_S[name])
     if rc:
-        raise RuntimeError(f"workload {name} ({tag}) failed:\n{tail}")
+        raise RuntimeError(f"workload {name} ({tag}) failed:\n{tail[-5000:]}")
     with open(out, encoding="utf-8") as f:
         r = json.load(f)
     r.update(process_wall_s=round(wall, 3), process_cpu_s=round(cpu, 3),
@@ -348,13 +349,17 @@ def measure_suite(scratch: str, cold: bool, pytest_args: list) -> dict:
     cache_dir = cache or os.environ.get("NUMBA_CACHE_DIR") or os.path.join(ROOT, "tfdata")
     before = cache_files(cache_dir)
     load0 = os.getloadavg()[0]
-    rc, wall, cpu, tail = _timed(cmd, _env(cache, **{ENV_COUNT: out}), TIMEOUT_S["suite"])
+    rc, wall, cpu, output = _timed(cmd, _env(cache, **{ENV_COUNT: out}), TIMEOUT_S["suite"])
+    with open(os.path.join(OUT_DIR, "run.log"), "w", encoding="utf-8") as f:  # not committed
+        f.write(output)
     if not os.path.exists(out):
-        raise RuntimeError(f"the suite wrote no counts (exit {rc}):\n{tail}")
+        raise RuntimeError(f"the suite wrote no counts (exit {rc}):\n{output[-5000:]}")
     with open(out, encoding="utf-8") as f:
         r = json.load(f)
     r.update(cache_files_before=before, cache_files=cache_files(cache_dir))
-    r.update(cache="empty" if cold or not before else "checkout", pytest_exit=rc, pytest_tail=tail.strip().splitlines()[-1:],
+    r.update(cache="empty" if cold or not before else "checkout", pytest_exit=rc,
+             pytest_summary=output.strip().splitlines()[-1:],
+             pytest_failed=[ln for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR "))],
              process_wall_s=round(wall, 1), process_cpu_s=round(cpu, 1),
              load_average=[round(load0, 2), round(os.getloadavg()[0], 2)])
     print(f"  suite: {r['specializations']} specializations in the pytest process "
@@ -387,7 +392,8 @@ def summarise(results: dict) -> dict:
         r = results["suite"]
         s["suite"] = {k: r.get(k) for k in ("specializations", "kernels", "compiles", "nested_compiles",
                                              "failed_compiles", "cache_files", "cache_files_before", "cache",
-                                             "pytest_exit", "process_wall_s", "process_cpu_s",
+                                             "pytest_exit", "pytest_summary", "pytest_failed",
+                                             "process_wall_s", "process_cpu_s",
                                              "compile_wall_s", "compile_cpu_s")}
         s["suite"]["target"] = TARGET_SUITE
     return s
@@ -468,6 +474,10 @@ def write_report(summary: dict, results: dict, run: dict) -> None:
                  f"specializations, at most {TARGET_SUITE}; here {a['specializations']} in the pytest process "
                  f"({met}; pytest exit {a['pytest_exit']}" + (f", {a['cache_files']} cache files over all its "
                                                               "processes" if cold else "") + ").")
+        if a.get("pytest_summary"):
+            L.append(f"* pytest: {a['pytest_summary'][0].strip('= ')}" + (
+                "; failed: " + ", ".join(f"`{ln.split()[1]}`" for ln in a["pytest_failed"])
+                if a.get("pytest_failed") else "") + ".")
     L.append("")
     L.append("Measured by: " + "; ".join(f"{name}: {_who(results[name])}" for name in WORKLOADS if name in results)
              + ".\n")
