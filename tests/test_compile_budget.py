@@ -71,6 +71,7 @@ def test_counter_names_the_kernel_with_its_two_specializations(tmp_path):
     cold = _run(cache)
     assert cold["by_kernel"] == {KERNEL: 2}, cold["by_kernel"]
     assert cold["specializations"] == 2 and cold["kernels"] == 1
+    assert cold["uncached_by_kernel"] == {}  # the kernel has cache=True
     assert cold["compiles_by_kernel"] == {KERNEL: 2}  # both compiled here, nothing else of tfdata
     assert cold["failed_compiles"] == 1 and cold["nested_compiles"] == 0
     assert cold["cache_files"] == 2
