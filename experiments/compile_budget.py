@@ -65,9 +65,16 @@ WORKLOADS = ("dqn", "ppo", "suite")
 #: results.json keys: the suite's count on an empty cache and on a warm one are kept apart
 ENTRIES = ("dqn", "ppo", "suite", "suite_warm")
 LOOPS = ("dqn", "ppo")
-#: the issue's figure for the suite (one fresh clone, cold cache) and the target: 40% fewer
-BASELINE_SUITE = 495
-TARGET_SUITE = int(BASELINE_SUITE * 0.6)
+#: The suite's budget (issue 31): at least 40% fewer specializations than before its refactoring.
+#: The issue's 495 is the count of cache files a cold suite left at commit 603dd8a (this command
+#: there: 493 cache files, 530 specializations in the pytest process); the baseline is this
+#: command's cold suite at commit 2e6f0a5, before the refactoring.
+BUDGET = {  # measure: (the issue's figure or None, baseline, target)
+    "cache_files": (495, 505, int(495 * 0.6)),
+    "specializations": (None, 542, int(542 * 0.6)),
+}
+ISSUE_CHECK = {"commit": "603dd8a", "cache_files": 493, "specializations": 530}
+BASELINE_COMMIT = "2e6f0a5"
 DQN = {"steps": 600, "learning_starts": 200, "train_frequency": 4, "target_frequency": 100,
        "batch_size": 128, "buffer_size": 10_000, "hidden": (120, 84), "lr": 2.5e-4, "gamma": 0.99}
 PPO = {"num_envs": 4, "num_steps": 128, "iterations": 3, "num_minibatches": 4, "update_epochs": 2,
@@ -489,18 +496,16 @@ def write_report(summary: dict, results: dict, run: dict) -> None:
                      f"{a['specializations_warm']} specializations.")
     if "suite" in summary:
         a = summary["suite"]
-        met = "met" if a["specializations"] <= TARGET_SUITE else "not met"
         parts = []
         if a.get("uncached_specializations") is not None:
-            parts.append(f"{a['specializations'] - a['uncached_specializations']} of kernels with `cache=True`, "
+            parts.append(f"{a['specializations'] - a['uncached_specializations']} of kernels with `cache=True` and "
                          f"{a['uncached_specializations']} of helpers without (compiled inside their callers, no "
                          "cache file)")
         if a.get("nested_compiles") is not None:
             parts.append(f"{a['nested_compiles']} of its {a['compiles']} compiles were of a helper inside its caller")
-        L.append(f"* The issue's budget: the suite compiles at least 40% fewer than {BASELINE_SUITE} "
-                 f"specializations, at most {TARGET_SUITE}. Here: {a['specializations']} in the pytest process "
-                 f"({met}" + "".join(f"; {p}" for p in parts) + f"); {a['cache_files']} cache files over all its "
-                 "processes (the pytest process and the subprocesses of tests).")
+        L.append(f"* Test suite, empty cache: {a['specializations']} specializations in the pytest process"
+                 + "".join(f"; {p}" for p in parts) + f". {a['cache_files']} cache files over all its processes "
+                 "(the pytest process and the subprocesses of tests).")
     if "suite_warm" in summary:
         a = summary["suite_warm"]
         L.append(f"* On a warm cache the pytest process has {a['specializations']} specializations: the kernels "
@@ -513,6 +518,19 @@ def write_report(summary: dict, results: dict, run: dict) -> None:
                          "; failed: " + ", ".join(f"`{ln.split()[1]}`" for ln in a["pytest_failed"])
                          if a.get("pytest_failed") else "") + ".")
     L.append("")
+    if "suite" in summary:
+        a = summary["suite"]
+        L += ["## The suite's budget (issue 31: at least 40% fewer)\n",
+              f"| measure | issue's figure ({ISSUE_CHECK['commit']}) | baseline ({BASELINE_COMMIT}) | this run "
+              "| target | |", "|---|---:|---:|---:|---:|---|"]
+        labels = {"cache_files": "cache files of a cold suite, all processes (the issue's measure)",
+                  "specializations": "specializations in the pytest process, cold"}
+        for key, (issue, base, target) in BUDGET.items():
+            now = a[key]
+            shown = f"{issue} (this command: {ISSUE_CHECK[key]})" if issue else f"{ISSUE_CHECK[key]} (this command)"
+            L.append(f"| {labels[key]} | {shown} | {base} | {now} | at most {target} "
+                     f"| {'met' if now <= target else 'not met'} |")
+        L.append("")
     L.append("Measured by: " + "; ".join(f"{name}: {_who(results[name])}" for name in ENTRIES if name in results)
              + ".\n")
     L.append("## Kernels with the most specializations\n")
