@@ -2,45 +2,35 @@
 
 tfdata's kernels are numba functions cached on disk (``cache=True``): the first process on a
 machine compiles every specialization it calls (one per kernel and argument types), later ones load
-them. The count of specializations is what the cold cost follows, and what a refactoring that
-deletes twin kernels should bring down. For each workload this experiment reports:
+them. The count is what the cold cost follows, and what deleting twin kernels should bring down.
+Per workload, each in a fresh process on an empty ``NUMBA_CACHE_DIR`` (cold) and again warm:
 
-* **specializations**: after the workload ran on an **empty** numba cache, the compiled signatures
-  of every numba dispatcher defined in a tfdata module, summed (``len(dispatcher.signatures)``),
-  and the kernels with the most of them. A kernel called only from other kernels (a helper that is
-  not inlined) is compiled, and counted, only when its caller compiles: on a warm cache the caller
-  is loaded whole and the helper never gets a signature, so a warm count is a lower bound;
-* **compiles**: numba's ``"numba:compile"`` events of tfdata kernels (cache misses), with the
-  wall and CPU time spent inside the outermost of them; warm, there should be none;
-* **cold and warm process time**: wall clock and CPU seconds (of the process and its children) of
-  the whole workload process, once on an empty ``NUMBA_CACHE_DIR`` and once on the cache that run
-  left; cold minus warm is the compile cost as a user meets it;
-* **cache files**: the ``.nbc`` files of the cold cache (one per cached specialization; helpers
-  without ``cache=True`` compile inside their callers and leave none).
+* **specializations**: the compiled signatures of every numba dispatcher of a tfdata module,
+  summed, and the kernels with the most. A helper that is not inlined compiles, and counts, only
+  when its caller compiles: warm, the caller loads whole and the helper gets no signature, so a
+  warm count is a lower bound;
+* **compiles**: numba's ``"numba:compile"`` events of tfdata kernels (cache misses), and the wall
+  and CPU time inside the outermost ones; the **cold and warm process** times (wall, and CPU of
+  the process and its children): cold minus warm is the compile cost a user meets;
+* **cache files**: ``.nbc`` files of the cold cache (one per specialization of a cached kernel).
 
-Workloads, each in a fresh process (only tfdata's public API):
+Workloads (only tfdata's public API): ``dqn``, the edge loop of ``dqn_cartpole.py``, short
+(``tfdata.nn.DQN`` on CartPole-v1 over an AoS ``ReplayBuffer``); ``ppo``, the edge loop of
+``ppo_cartpole.py``, short (``tfdata.nn.PPO`` over a ``RolloutBuffer`` of 4 environments); and
+``suite``: ``pytest -q -p no:cacheprovider`` (no ``-x``: a failing test must not cut the count
+short) with ``TFDATA_COUNT_COMPILES`` set, which makes ``tests/conftest.py`` write the counts of
+the pytest process at the session's end (what only its subprocesses compile is in the cache files
+alone). By default on the checkout's cache (a lower bound unless it was empty, which the report
+says); ``--cold`` on an empty one (20-40 minutes on a 2-core machine).
 
-* ``dqn``: the edge loop of ``experiments/dqn_cartpole.py``, short: ``tfdata.nn.DQN`` on
-  CartPole-v1 with an AoS ``ReplayBuffer``, a few hundred steps, training every few steps;
-* ``ppo``: the edge loop of ``experiments/ppo_cartpole.py``, short: ``tfdata.nn.PPO`` over a
-  ``RolloutBuffer`` of 4 CartPole-v1 environments, GAE and minibatches, a few iterations;
-* ``suite``: the test suite (``pytest -q -p no:cacheprovider``, no ``-x``: a failing test must not
-  cut the count short) with ``TFDATA_COUNT_COMPILES`` set, which makes ``tests/conftest.py`` write
-  the counts of the pytest process at the session's end (kernels compiled only in the suite's own
-  subprocesses are not in it, the cache files are). By default on the cache the checkout already
-  has (a lower bound unless that cache was empty, which the report says); ``--cold`` runs it on an
-  empty cache (30-40 minutes on a 2-core machine).
+    python experiments/compile_budget.py                 # dqn and ppo, cold and warm: a minute or two
+    python experiments/compile_budget.py suite --cold    # the suite's budget figures
+    python experiments/compile_budget.py all --cold      # everything (python3 dev.py compile all --cold)
 
-    python experiments/compile_budget.py                 # dqn and ppo, cold and warm: a few minutes
-    python experiments/compile_budget.py suite           # the suite's count (10-30 minutes)
-    python experiments/compile_budget.py all --cold      # everything, the suite on an empty cache
-
-Needs the ``rl`` extra (gymnasium) for dqn and ppo. Writes ``reports/compile_budget/``
-(``README.md``, ``results.json``, and the suite's output in ``run.log``, not committed); a run of
-some workloads keeps the figures of the others from the last ``results.json``. Empty numba caches
-are temporary folders, deleted at the end.
-Standard library and numpy only: ``tests/conftest.py`` and ``tests/test_compile_budget.py`` load
-this file for :class:`CompileCounter`.
+Needs the ``rl`` extra (gymnasium). Writes ``reports/compile_budget/`` (``README.md``,
+``results.json``; the suite's output in ``run.log``, not committed); a run of some workloads keeps
+the others' figures from the last ``results.json``. Standard library only, so that
+``tests/conftest.py`` and ``tests/test_compile_budget.py`` can load :class:`CompileCounter`.
 """
 
 from __future__ import annotations
@@ -200,11 +190,6 @@ class CompileCounter:
             self.compiles[name] = self.compiles.get(name, 0) + 1
             self.nested += bool(self._stack)
         self.self_s[name] = self.self_s.get(name, 0.0) + took - nested
-
-    def close(self) -> None:
-        from numba.core import event
-
-        event.unregister("numba:compile", self._listener)
 
     def result(self) -> dict:
         """The counts of this process so far (JSON-ready)."""
@@ -539,20 +524,16 @@ def write_report(summary: dict, results: dict, run: dict) -> None:
             by = _measurement(results[name])["by_kernel"]
             L.append(f"**{name}**: " + ", ".join(f"`{k}` {v}" for k, v in top(by)) + "\n")
     L += ["## Method\n",
-          "* specializations: the compiled signatures of every live numba dispatcher defined in a tfdata "
-          "module at the end of the workload process, summed; kernels: dispatchers with at least one. "
-          "On an empty cache this is everything the process compiled. On a warm cache a kernel is loaded "
-          "whole from its cache file, and the helpers it calls (not inlined) get no signature: a warm count "
-          "is a lower bound (the warm loop counts are in `results.json`).",
-          "* compiles: numba's `numba:compile` events of tfdata kernels (cache misses); inside compiles: "
-          "wall and CPU time of the compiling thread inside the outermost of them.",
-          "* cold and warm process: the workload's whole process (interpreter, imports, environment, "
-          "workload), wall clock and CPU seconds of it and its children, on an empty `NUMBA_CACHE_DIR` and "
-          "then on the cache the cold run filled. Cold minus warm is the compile cost a user meets.",
-          "* cache files: `.nbc` files of the cold cache, one per specialization cached to disk (helpers "
-          "without `cache=True` leave none; the suite's figure includes what its subprocesses compiled).",
-          "* the suite's counts are of the pytest process only (`TFDATA_COUNT_COMPILES`, a hook in "
-          "`tests/conftest.py`); kernels its subprocesses compile show only in the cache files.",
+          "* specializations: compiled signatures of every live numba dispatcher of a tfdata module at the end "
+          "of the process, summed (kernels: dispatchers with one or more). Cold, that is all it compiled; warm, "
+          "a kernel loads whole from its cache file and the helpers it calls get no signature (a lower bound).",
+          "* compiles: numba's `numba:compile` events of tfdata kernels (cache misses); inside compiles: wall "
+          "and CPU time of the compiling thread inside the outermost ones. Cold and warm process: the whole "
+          "workload process (wall, and CPU of it and its children) on an empty `NUMBA_CACHE_DIR`, then on the "
+          "cache that run filled.",
+          "* cache files: `.nbc` files of the cold cache, one per specialization of a `cache=True` kernel, from "
+          "every process (the suite's subprocesses included); the suite's other counts are of the pytest "
+          "process (`TFDATA_COUNT_COMPILES`, a hook in `tests/conftest.py`).",
           f"* One run each; numba {run['environment']['software']['numba']}, Python "
           f"{run['environment']['software']['python']}, {cpus} logical CPUs ({run['environment']['cpu']['machine']}).",
           ""]
