@@ -4,6 +4,10 @@
     python3 dev.py demo    # the main job: every experiment in quick mode, reports under reports/quick/
     python3 dev.py test    # the whole test suite
     python3 dev.py bench   # asv over the benchmark suite, once, quick (what CI runs)
+    python3 dev.py compile [dqn|ppo|suite|all] [--cold]
+                           # kernel specializations compiled and cold compile time (default: the
+                           # DQN and PPO loops; suite: its count, --cold: on an empty numba cache,
+                           # timed, about 30 min); reports/compile_budget/
     python3 dev.py system  # install the allocator libraries (jemalloc, mimalloc) with apt-get
 
 Each command creates ``.venv`` (once) and installs the package with the extras it needs; a
@@ -106,7 +110,7 @@ def run(cmd: list[str], **kw) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("demo", "test", "bench", "system"):
+    if not argv or argv[0] not in ("demo", "test", "bench", "compile", "system"):
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "system":
@@ -118,6 +122,8 @@ def main(argv: list[str]) -> None:
         run([PY, "-m", "tfdata", "run", "all", "--quick", *rest])
     elif cmd == "test":
         run([PY, "-m", "pytest", *rest])
+    elif cmd == "compile":
+        run([PY, os.path.join(ROOT, "experiments", "compile_budget.py"), *rest])
     elif cmd == "bench":
         run([os.path.join(BIN, "asv"), "machine", "--yes"])
         # asv 0.6 exits with 2 when a benchmark fails, so a broken benchmark fails CI

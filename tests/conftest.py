@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -26,6 +27,26 @@ ODD = {
     "f": ("i8", (3,)),
     "g": "i4",
 }
+
+
+def pytest_configure(config):
+    """With ``TFDATA_COUNT_COMPILES=<file>``, count the kernel specializations this session
+    compiles and write them to ``<file>`` at its end (``experiments/compile_budget.py``)."""
+    path = os.environ.get("TFDATA_COUNT_COMPILES")
+    if path:
+        import importlib.util
+
+        source = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "compile_budget.py")
+        module_spec = importlib.util.spec_from_file_location("compile_budget", source)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        config._tfdata_compile_counter = (path, module.CompileCounter())
+
+
+def pytest_unconfigure(config):
+    path, counter = getattr(config, "_tfdata_compile_counter", (None, None))
+    if counter is not None:
+        counter.write(path)
 
 
 def until(condition, seconds: float = 60) -> bool:
