@@ -37,7 +37,7 @@ from .columns import ShardColumns
 from .draws import ShardDraws
 from .fifo import FifoLearner
 from .gate import SampleGate, check_limiter
-from .region import (ATTACHED, ATTACHES, DROPPED, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
+from .region import (ATTACHED, ATTACHES, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
                      STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
                      kernels, make_region, region_layout, region_path, remove_region)
 from .state import ShardCheckpoint
@@ -457,17 +457,7 @@ class SharedReplayBuffer:
         the ``"drop"`` policy refused); ``queued`` (FIFO rows not yet delivered); ``torn``
         (slots left mid-write: never sampled or delivered).
         """
-        r = self._region
-        out = []
-        for s in range(r.shards):
-            w = r.words(s)
-            state = self._region.writer_state(s)
-            head = int(w[HEAD])
-            out.append({"shard": s, "state": state, "pid": int(w[PID]), "published": head,
-                        "dropped": int(w[DROPPED]),
-                        "queued": head - int(r.tails[s]) if self.mode == "fifo" else 0,
-                        "torn": r.torn(s)})
-        return out
+        return self._region.writers(self.mode == "fifo")
 
     def _watch(self, stacklevel: int = 3) -> None:
         """Warn once per incident about writers that died (at most every WATCH_S seconds);

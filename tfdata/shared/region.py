@@ -228,6 +228,18 @@ class Region:
     def closed(self) -> bool:
         return bool(self.ctrl[_CLOSED])
 
+    def writers(self, fifo: bool) -> list[dict]:
+        """The state of every shard (see ``SharedReplayBuffer.writers``); ``fifo``: count the
+        rows queued."""
+        out = []
+        for s in range(self.shards):
+            w = self.words(s)
+            head = int(w[HEAD])
+            out.append({"shard": s, "state": self.writer_state(s), "pid": int(w[PID]),
+                        "published": head, "dropped": int(w[DROPPED]),
+                        "queued": head - int(self.tails[s]) if fifo else 0, "torn": self.torn(s)})
+        return out
+
     def writer_state(self, shard: int) -> str:
         """The state of ``shard``'s writer: ``"waiting"`` (none attached yet), ``"attached"``,
         ``"finished"`` (closed its shard) or ``"dead"`` (its process ended without closing it)."""
