@@ -651,7 +651,7 @@ def test_shared_redraws_copy_the_projected_fields_again(layout, prioritized, shm
         redrawn = 0
         for _ in range(20):
             start = buf.sampler.state.copy()
-            redraws = buf.sampler.redraws
+            redraws = buf.redraws
             full = buf.sample(10).copy()
             after = buf.sampler.state.copy()
             buf.sampler.state[:] = start
@@ -661,7 +661,7 @@ def test_shared_redraws_copy_the_projected_fields_again(layout, prioritized, shm
             assert not set(proj.indices.tolist()) & {10, 11}
             assert set(proj["id"].tolist()) <= {0, 1, 2} | set(range(105, 110))
             np.testing.assert_array_equal(proj["b"], proj["id"])
-            redrawn += buf.sampler.redraws - redraws
+            redrawn += buf.redraws - redraws
         assert redrawn > 0  # some draws did land in flight
         w.close()
 
