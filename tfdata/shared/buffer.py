@@ -303,9 +303,6 @@ class SharedReplayBuffer:
         self._next_of, self._roles = episodes["next_of"], episodes["roles"]
         self._is_prioritized = bool(prioritized)
         self._has_flags = episodes["has_flags"]
-        if self._has_flags and not self._given:
-            roles = episodes["roles"]
-            sampler.bind_flags(st.field(roles["terminated"]), st.field(roles["truncated"]))
         # each writer's stream (its shard): where n-step windows and slices go, as of heads
         # read before the draw; the rows a writer touched meanwhile are drawn again
         flags = None

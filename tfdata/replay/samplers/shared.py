@@ -30,11 +30,6 @@ class _Shards:
         self.heads, self.reserved, self.cap = heads, reserved, cap
         self.shards = heads.shape[0]
         self.redraws = 0
-        self.flags = None
-
-    def bind_flags(self, term: np.ndarray, trunc: np.ndarray) -> None:
-        """The storage's terminated and truncated fields (for slices)."""
-        self.flags = (term, trunc)
 
     def heads_snapshot(self, scratch: np.ndarray) -> int:
         """Read the heads into ``scratch`` before a draw; returns rows held."""
@@ -146,10 +141,6 @@ class SharedExactlyKSampler(ExactlyKSampler):
         self.folded = np.zeros(self.shards, np.int64)  # log positions of each shard folded
         self.taken = self.released_words = self.log = None
         self.released = 0
-
-    def bind_flags(self, term: np.ndarray, trunc: np.ndarray) -> None:
-        """The episode flags (unused: no slices, no windows)."""
-        self.flags = (term, trunc)
 
     def bind_slot_words(self, taken: np.ndarray, released: np.ndarray, log: np.ndarray) -> None:
         """The region's per-slot words (uint64, one per slot each): the writers' ``taken``
