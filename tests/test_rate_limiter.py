@@ -1028,3 +1028,27 @@ def test_a_limited_batch_carries_the_write_position_of_its_sample():
     buf.push(row(12))  # slot 4 overwritten: that row of the batch is stale now
     with pytest.raises(ValueError, match="stale batch: 1 of its 8 rows"):
         buf.update_field("reward", b, np.arange(8, dtype=np.float32))
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_a_refused_limited_sample_counts_nothing(layout):
+    """The gate counts a batch when it lets it through (under the lock, before the draw) and
+    takes the count back when the draw is refused: a sample_sequences that finds no slice,
+    and one refused after the wait (the rows cannot back it), leave the limiter's counts and
+    the sampler's RNG as they were, and the next sample is allowed as before."""
+    spec = {"x": "i8", "terminated": "?", "truncated": "?"}
+    lim = RateLimiter(samples_per_insert=1.0, min_size_to_sample=4, error_buffer=100.0, timeout=60.0)
+    buf = ReplayBuffer(spec, 32, layout=layout, seed=3, rate_limiter=lim)
+    n = 16  # episodes of 2 rows: no slice of 5 steps lies in one episode
+    buf.extend({"x": np.arange(n), "terminated": np.arange(n) % 2 == 1, "truncated": np.zeros(n, bool)})
+    before = (lim.inserts, lim.samples, int(buf.sampler.state[1]))
+    with pytest.raises(ValueError, match="found no slice"):
+        buf.sample_sequences(4, 5, policy="reject")
+    assert (lim.inserts, lim.samples, int(buf.sampler.state[1])) == before
+    with pytest.raises(ValueError, match="no slice of length 17 exists"):
+        buf.sample_sequences(2, 17, policy="reject")  # 16 steps held: refused after the wait
+    assert (lim.inserts, lim.samples, int(buf.sampler.state[1])) == before
+    b = buf.sample_sequences(4, 2, policy="reject")  # allowed, counted once
+    assert lim.samples == before[1] + 4 and b.mask.all()
+    buf.sample(3)
+    assert lim.samples == before[1] + 7

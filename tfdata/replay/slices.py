@@ -87,11 +87,11 @@ class Slices:
             ring = self.rings.new(batch_size, length, names)
         with self.lock:
             n = gate.wait_slices(batch_size)
-            self.check(batch_size, length, reject, n)  # a clear() may have run since
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
             cursor = self.writer.cursor
             try:
+                self.check(batch_size, length, reject, n)  # a clear() may have run since
                 draw_slices(self.sampler, streams, n, streams.at(cursor), reject, length, out,
                             arrays[0])
             except BaseException:
