@@ -4,7 +4,8 @@ legends in columns, and saving a figure beside the report.
 
 An experiment declares a figure as its panels, one generic kind each (:func:`hbar_medians`,
 :func:`bars`, :func:`hbars`, :func:`hbar_pairs`, :func:`hbar_values`, :func:`hbar_stack`,
-:func:`bar_series`, :func:`lines`, :func:`learning_curves`, :func:`survival`, :func:`traces`) with
+:func:`bar_series`, :func:`lines`, :func:`learning_curves`, :func:`survival`, :func:`traces`,
+:func:`scatter`) with
 its data from ``results.json`` bound by ``functools.partial``, and :func:`panels_figure` (one row)
 or :func:`grid_figure` draws and saves it::
 
@@ -563,6 +564,47 @@ def lines(ax, xs: list, series: list, *, xticks: list | None = None, ylim=None, 
         ax.set_ylabel(ylabel, **({} if ylabel_fontsize is None else {"fontsize": ylabel_fontsize}))
     if xlabel is not None:
         ax.set_xlabel(xlabel)
+    if legend is not None:
+        ax.legend(**legend)
+
+
+def scatter(ax, points: list, *, xlabel: str, ylabel: str, title: str, rings=(), vlines=(),
+            keys: dict | None = None, legend: dict | None = None) -> None:
+    """Points on log-log axes, a grid behind.
+
+    Parameters
+    ----------
+    ax : matplotlib Axes
+    points : list of tuple
+        ``(x, y, color, marker)`` per point (size 30, alpha 0.8).
+    xlabel, ylabel, title : str
+    rings : sequence of tuple
+        ``(x, y, label)``: points circled in red (a choice), labelled in the legend.
+    vlines : sequence of tuple
+        ``(x, style)``: vertical lines, ``style`` the keywords of ``axvline``.
+    keys : dict, optional
+        Legend entries that stand for no artist, ``label -> (color, marker)``; they replace the
+        labelled artists in the legend.
+    legend : dict, optional
+        Keywords of ``ax.legend``; no legend when absent.
+    """
+    for x, y, color, marker in points:
+        ax.scatter(x, y, c=color, marker=marker, s=30, alpha=0.8)
+    for x, y, label in rings:
+        ax.scatter([x], [y], s=220, facecolors="none", edgecolors="r", lw=2, label=label)
+    for x, style in vlines:
+        ax.axvline(x, **style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend is not None and keys:
+        from matplotlib.lines import Line2D
+
+        legend = {"handles": [Line2D([], [], color=c, marker=m, ls="", label=k) for k, (c, m) in keys.items()],
+                  **legend}
     if legend is not None:
         ax.legend(**legend)
 

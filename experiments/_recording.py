@@ -22,6 +22,7 @@ importing this module stays cheap; it imports no sibling module.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import os
 import platform
@@ -321,6 +322,43 @@ def library_versions(packages) -> dict:
         text = _run(["dpkg-query", "-W", "-f=${Version}", pkg])
         out[pkg] = text.strip() if text and text.strip() else None
     return out
+
+
+def package_footprint(name: str) -> dict:
+    """Installed size and dependencies (transitive, runtime only) of a distribution, from its
+    metadata: what depending on it would bring (``new_dependencies``: all but numpy)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pragma: no cover - pip always brings packaging
+        Requirement = None
+    seen, todo, size = set(), [name], 0
+    while todo:
+        n = todo.pop()
+        key = n.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = importlib.metadata.distribution(n)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or []:
+            size += f.size or 0
+        for req in dist.requires or []:
+            if Requirement is not None:
+                r = Requirement(req)
+                if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+                    continue
+                todo.append(r.name)
+            elif "extra ==" not in req:
+                todo.append(req.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip())
+    deps = sorted(seen - {name.lower()})
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {"package": name, "version": version, "dependencies": deps,
+            "new_dependencies": [d for d in deps if d not in ("numpy",)], "installed_bytes": size}
 
 
 # -- load -------------------------------------------------------------------------------------

@@ -36,11 +36,9 @@ the others' figures from the last ``results.json``. Standard library only, so th
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import gc
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -63,6 +61,8 @@ BUDGET = {  # measure: (the issue's figure or None, baseline, target)
     "cache_files": (495, 505, int(495 * 0.6)),
     "specializations": (None, 542, int(542 * 0.6)),
 }
+BUDGET_LABELS = {"cache_files": "cache files of a cold suite, all processes (the issue's measure)",
+                 "specializations": "specializations in the pytest process, cold"}
 ISSUE_CHECK = {"commit": "603dd8a", "cache_files": 493, "specializations": 530}
 BASELINE_COMMIT = "2e6f0a5"
 DQN = {"steps": 600, "learning_starts": 200, "train_frequency": 4, "target_frequency": 100,
@@ -309,11 +309,9 @@ def _env(cache_dir: str | None, **extra) -> dict:
 
 def _timed(cmd: list, env: dict, timeout: float) -> tuple:
     """Run ``cmd`` in ROOT; (return code, wall s, CPU s of it and its children, its output)."""
-    before = os.times()
-    t0 = time.perf_counter()
+    before, t0 = os.times(), time.perf_counter()
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - t0
-    after = os.times()
+    wall, after = time.perf_counter() - t0, os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     return out.returncode, wall, cpu, out.stdout + out.stderr
 
@@ -411,24 +409,9 @@ def summarise(results: dict) -> dict:
     return s
 
 
-def _machine() -> dict:
-    def version(mod):
-        try:
-            return __import__(mod).__version__
-        except Exception:
-            return None
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=30).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                    capture_output=True, text=True, timeout=30).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
-    return {"cpu": {"logical_cpus": os.cpu_count(), "machine": platform.machine()},
-            "os": {"system": platform.system(), "kernel": platform.release()},
-            "software": {"python": platform.python_version(), "numpy": version("numpy"),
-                         "numba": version("numba"), "git": {"commit": commit, "dirty": dirty}}}
+def _architecture(run: dict) -> str:
+    cpu = run["environment"]["cpu"]  # "machine": runs before the run record was _recording's
+    return cpu.get("architecture") or cpu["machine"]
 
 
 def _measurement(r: dict) -> dict:
@@ -443,6 +426,8 @@ def _who(r: dict) -> str:
 
 
 def write_report(summary: dict, results: dict, run: dict) -> None:
+    from _render import md_table  # the parent only: tests load this file without experiments/ on the path
+
     cpus = run["environment"]["cpu"]["logical_cpus"]
     loads = [x for r in results.values() for x in (_measurement(r).get("load_average") or [])]
     loads += [run["load_average_start"][0], run["load_average_end"][0]]
@@ -452,25 +437,20 @@ def write_report(summary: dict, results: dict, run: dict) -> None:
          f"({run['wall_clock_s']:.0f} s). Raw numbers: `results.json`. Machine: {cpus} cores"
          + (f", shared (load average up to {max(loads):.0f}): wall clock includes waiting for a CPU, the CPU "
             "seconds are the steadier figure" if shared else "") + ".\n",
-         "## Figures\n",
-         "| workload | specializations | kernels | compiles | cache files | cold process (s, wall / CPU) "
-         "| warm process (s, wall / CPU) | inside compiles (s, wall / CPU) |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name in LOOPS:
-        if name in summary:
-            a = summary[name]
-            L.append(f"| {name} loop | {a['specializations']} | {a['kernels']} | {a['compiles']} | {a['cache_files']} "
-                     f"| {a['cold_wall_s']:.1f} / {a['cold_cpu_s']:.1f} | {a['warm_wall_s']:.1f} / {a['warm_cpu_s']:.1f} "
-                     f"| {a['inside_compiles_wall_s']:.1f} / {a['inside_compiles_cpu_s']:.1f} |")
+         "## Figures\n"]
+    rows = [[f"{name} loop", a["specializations"], a["kernels"], a["compiles"], a["cache_files"],
+             f"{a['cold_wall_s']:.1f} / {a['cold_cpu_s']:.1f}", f"{a['warm_wall_s']:.1f} / {a['warm_cpu_s']:.1f}",
+             f"{a['inside_compiles_wall_s']:.1f} / {a['inside_compiles_cpu_s']:.1f}"]
+            for name, a in ((n, summary[n]) for n in LOOPS if n in summary)]
     for key, label in (("suite", "test suite, empty cache"), ("suite_warm", "test suite, warm cache")):
         if key in summary:
-            a = summary[key]
+            a, cold = summary[key], key == "suite"
             process = f"{a['process_wall_s']:.0f} / {a['process_cpu_s']:.0f}"
-            cold = key == "suite"
-            L.append(f"| {label} | {a['specializations']} | {a['kernels']} | {a['compiles']} "
-                     f"| {a['cache_files'] if cold else '-'} | {process if cold else '-'} | {'-' if cold else process} "
-                     f"| {a['compile_wall_s']:.0f} / {a['compile_cpu_s']:.0f} |")
-    L.append("")
+            rows.append([label, a["specializations"], a["kernels"], a["compiles"], a["cache_files"] if cold else "-",
+                         process if cold else "-", "-" if cold else process,
+                         f"{a['compile_wall_s']:.0f} / {a['compile_cpu_s']:.0f}"])
+    L += md_table(["workload", "specializations", "kernels", "compiles", "cache files", "cold process (s, wall / CPU)",
+                   "warm process (s, wall / CPU)", "inside compiles (s, wall / CPU)"], rows, "lrrrrrrr") + [""]
     for name in LOOPS:
         if name in summary:
             a = summary[name]
@@ -506,16 +486,12 @@ def write_report(summary: dict, results: dict, run: dict) -> None:
     if "suite" in summary:
         a = summary["suite"]
         L += ["## The suite's budget (issue 31: at least 40% fewer)\n",
-              f"| measure | issue's figure ({ISSUE_CHECK['commit']}) | baseline ({BASELINE_COMMIT}) | this run "
-              "| target | |", "|---|---:|---:|---:|---:|---|"]
-        labels = {"cache_files": "cache files of a cold suite, all processes (the issue's measure)",
-                  "specializations": "specializations in the pytest process, cold"}
-        for key, (issue, base, target) in BUDGET.items():
-            now = a[key]
-            shown = f"{issue} (this command: {ISSUE_CHECK[key]})" if issue else f"{ISSUE_CHECK[key]} (this command)"
-            L.append(f"| {labels[key]} | {shown} | {base} | {now} | at most {target} "
-                     f"| {'met' if now <= target else 'not met'} |")
-        L.append("")
+              *md_table(["measure", f"issue's figure ({ISSUE_CHECK['commit']})", f"baseline ({BASELINE_COMMIT})",
+                         "this run", "target", ""],
+                        [[BUDGET_LABELS[key], f"{issue} (this command: {ISSUE_CHECK[key]})" if issue
+                          else f"{ISSUE_CHECK[key]} (this command)", base, a[key], f"at most {target}",
+                          "met" if a[key] <= target else "not met"]
+                         for key, (issue, base, target) in BUDGET.items()], "lrrrrl"), ""]
     L.append("Measured by: " + "; ".join(f"{name}: {_who(results[name])}" for name in ENTRIES if name in results)
              + ".\n")
     L.append("## Kernels with the most specializations\n")
@@ -535,7 +511,7 @@ def write_report(summary: dict, results: dict, run: dict) -> None:
           "every process (the suite's subprocesses included); the suite's other counts are of the pytest "
           "process (`TFDATA_COUNT_COMPILES`, a hook in `tests/conftest.py`).",
           f"* One run each; numba {run['environment']['software']['numba']}, Python "
-          f"{run['environment']['software']['python']}, {cpus} logical CPUs ({run['environment']['cpu']['machine']}).",
+          f"{run['environment']['software']['python']}, {cpus} logical CPUs ({_architecture(run)}).",
           ""]
     with open(os.path.join(OUT_DIR, "README.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(L))
@@ -547,7 +523,7 @@ def merge_earlier(path: str, results: dict, run: dict) -> dict:
     run measured it."""
     for r in results.values():
         r["measured_by"] = {"run_name": run["run_name"], "command": run["command"],
-                            "commit": run["environment"]["software"]["git"]["commit"]}
+                            "commit": (run["environment"]["software"]["git"]["commit"] or "")[:10] or None}
     try:
         with open(path, encoding="utf-8") as f:
             earlier = json.load(f).get("raw", {})
@@ -558,7 +534,7 @@ def merge_earlier(path: str, results: dict, run: dict) -> dict:
 
 
 def render() -> None:
-    """Write README.md again from results.json."""
+    """Write README.md again from results.json (what a run does once it has written it)."""
     with open(os.path.join(OUT_DIR, "results.json"), encoding="utf-8") as f:
         data = json.load(f)
     write_report(data["summary"], data["raw"], data["methodology"])
@@ -584,8 +560,11 @@ def main() -> None:
         ap.error(f"unknown workload {', '.join(sorted(unknown))}: choose from {', '.join(WORKLOADS)} or all")
     names = list(WORKLOADS) if "all" in args.workloads else [w for w in WORKLOADS if w in args.workloads]
     command = "python experiments/compile_budget.py " + " ".join(args.workloads) + (" --cold" if args.cold else "")
-    t0, times0, load0 = time.perf_counter(), os.times(), [round(x, 2) for x in os.getloadavg()]
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    from _recording import RunRecord  # the parent only (see write_report)
+
+    rec = RunRecord(EXPERIMENT, mode="full", seeds=[0], command=command,
+                    parameters={"workloads": names, "suite_cold": args.cold, "dqn": DQN, "ppo": PPO,
+                                "suite_args": list(SUITE_ARGS) + args.pytest_args.split()})
     os.makedirs(OUT_DIR, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="tfdata-compile-budget-")
     results = {}
@@ -598,21 +577,13 @@ def main() -> None:
                 results[name] = measure_loop(name, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    times1 = os.times()
-    run = {"experiment": EXPERIMENT, "run_name": f"{EXPERIMENT}__full__seeds0__{int(time.time())}",
-           "mode": "full", "command": command, "seeds": [0],
-           "parameters": {"workloads": names, "suite_cold": args.cold, "dqn": DQN, "ppo": PPO,
-                          "suite_args": list(SUITE_ARGS) + args.pytest_args.split()},
-           "started_utc": started, "wall_clock_s": round(time.perf_counter() - t0, 2),
-           "process_cpu_s": round(sum(times1[:4]) - sum(times0[:4]), 2),
-           "load_average_start": load0, "load_average_end": [round(x, 2) for x in os.getloadavg()],
-           "environment": _machine()}
+    run = rec.finish()
     path = os.path.join(OUT_DIR, "results.json")
     results = merge_earlier(path, results, run)
     summary = summarise(results)
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"schema_version": 1, "methodology": run, "summary": summary, "raw": results}, f, indent=1)
-    write_report(summary, results, run)
+    render()
     print(json.dumps(summary, indent=1))
     print(f"report: {os.path.relpath(OUT_DIR)}/README.md", flush=True)
 

@@ -46,6 +46,7 @@ candidate that returns a wrong byte is reported and excluded.
 
     python experiments/frame_codecs.py --quick   # seconds: Breakout, one policy, 1,500 frames
     python experiments/frame_codecs.py           # 3 games x 2 policies x 10,000 frames, 4 reps (~8 min)
+    python experiments/frame_codecs.py --render reports/frame_codecs/results.json   # the report again
 
 Needs the ``atari`` extra and the three codec packages (``pip install lz4 zstandard blosc2``).
 Writes ``reports/frame_codecs/`` (README.md, results.json, frame_codecs.png). Uses no tfdata
@@ -54,18 +55,19 @@ code: the question is which package tfdata should depend on.
 
 from __future__ import annotations
 
-import importlib.metadata
+import json
 import os
 import sys
 import time
 import tracemalloc
+from functools import partial
 
 import numpy as np
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
 from _envs import atari_transitions  # noqa: E402
-from _plots import pyplot, save_figure  # noqa: E402
-from _recording import RunRecord, report_dir, seeds_parser, write_json  # noqa: E402
+from _plots import panels_figure, scatter  # noqa: E402
+from _recording import RunRecord, package_footprint, report_dir, seeds_parser, write_json  # noqa: E402
 from _render import fmt_sig, hand_written, md_table, write_report as write_methodology_report  # noqa: E402
 from _timing import rotated  # noqa: E402
 
@@ -445,42 +447,6 @@ def summarise(measured: dict, candidates: list, streams: dict, allocs: dict) -> 
     return rows
 
 
-def package_footprint(name: str) -> dict:
-    """Installed size and dependencies (transitive, runtime only) of a distribution."""
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:  # pragma: no cover - pip always brings packaging
-        Requirement = None
-    seen, todo, size = set(), [name], 0
-    while todo:
-        n = todo.pop()
-        key = n.lower().replace("_", "-")
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            dist = importlib.metadata.distribution(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        for f in dist.files or []:
-            size += f.size or 0
-        for req in dist.requires or []:
-            if Requirement is not None:
-                r = Requirement(req)
-                if r.marker is not None and not r.marker.evaluate({"extra": ""}):
-                    continue
-                todo.append(r.name)
-            elif "extra ==" not in req:
-                todo.append(req.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip())
-    deps = sorted(seen - {name.lower()})
-    try:
-        version = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    return {"package": name, "version": version, "dependencies": deps,
-            "new_dependencies": [d for d in deps if d not in ("numpy",)], "installed_bytes": size}
-
-
 def decide(rows: list, footprints: dict, slack: float = MEMORY_SLACK, tie: float = TIE) -> dict:
     """The rule: among correct candidates compressing at least COMPRESS_FLOOR_MBPS, those whose
     1M-frame footprint is within MEMORY_SLACK x the board of the smallest footprint of any of them;
@@ -523,40 +489,25 @@ MARKERS = {1: "o", 16: "s", 64: "^", 256: "D"}
 
 
 def plot(rows, decision) -> str:
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
     good = [r for r in rows if "ratio" in r and r.get("error") is None]
-    for r in good:
-        ax1.scatter(r["bytes_per_1m_frames"] / 2**20, r["fetch_us_median"], c=COLORS[r["package"]],
-                    marker=MARKERS[r["block"]], s=30, alpha=0.8)
-        ax2.scatter(r["compress_mbps"], r["decompress_into_mbps"], c=COLORS[r["package"]],
-                    marker=MARKERS[r["block"]], s=30, alpha=0.8)
-    ch = decision.get("chosen")
+    mark = lambda r, x, y: (x, y, COLORS[r["package"]], MARKERS[r["block"]])  # noqa: E731
+    ch, rings, vlines = decision.get("chosen"), [], []
     if ch:
         r = next(x for x in good if x["candidate"] == ch["candidate"] and x["block"] == ch["block"])
-        ax1.scatter([r["bytes_per_1m_frames"] / 2**20], [r["fetch_us_median"]], s=220, facecolors="none",
-                    edgecolors="r", lw=2, label=f"chosen: {ch['candidate']}, B={ch['block']}")
-        ax1.axvline(decision["limit_bytes_per_1m_frames"] / 2**20, color="r", ls=":", lw=1,
-                    label=f"best + {MEMORY_SLACK:.0%} of a {BOARD_BYTES >> 20} MB board")
-    for ax in (ax1, ax2):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.grid(True, which="both", alpha=0.3)
-    ax1.set_xlabel("cold tier for 1M frames (MiB, log)")
-    ax1.set_ylabel("fetch one 5-frame stack (µs, median, log)")
-    ax1.set_title("memory vs sampling cost")
-    ax2.set_xlabel("compress MB/s (median over repetitions)")
-    ax2.set_ylabel("decompress into a buffer MB/s")
-    ax2.set_title("speed (one thread)")
-    from matplotlib.lines import Line2D
-
-    handles = [Line2D([], [], color=c, marker="o", ls="", label=p if p != "-" else "uncompressed")
-               for p, c in COLORS.items()]
-    handles += [Line2D([], [], color="grey", marker=m, ls="", label=f"B = {b}") for b, m in MARKERS.items()]
-    ax2.legend(handles=handles, fontsize=8, loc="lower right")
-    ax1.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    return save_figure(fig, OUT_DIR, "frame_codecs.png")
+        rings = [(r["bytes_per_1m_frames"] / 2**20, r["fetch_us_median"],
+                  f"chosen: {ch['candidate']}, B={ch['block']}")]
+        vlines = [(decision["limit_bytes_per_1m_frames"] / 2**20,
+                   dict(color="r", ls=":", lw=1, label=f"best + {MEMORY_SLACK:.0%} of a {BOARD_BYTES >> 20} MB board"))]
+    keys = {(p if p != "-" else "uncompressed"): (c, "o") for p, c in COLORS.items()}
+    keys.update({f"B = {b}": ("grey", m) for b, m in MARKERS.items()})
+    return panels_figure(OUT_DIR, "frame_codecs.png", (13, 5.2), [
+        partial(scatter, points=[mark(r, r["bytes_per_1m_frames"] / 2**20, r["fetch_us_median"]) for r in good],
+                rings=rings, vlines=vlines, xlabel="cold tier for 1M frames (MiB, log)",
+                ylabel="fetch one 5-frame stack (µs, median, log)", title="memory vs sampling cost",
+                legend=dict(fontsize=8, loc="upper right")),
+        partial(scatter, points=[mark(r, r["compress_mbps"], r["decompress_into_mbps"]) for r in good], keys=keys,
+                xlabel="compress MB/s (median over repetitions)", ylabel="decompress into a buffer MB/s",
+                title="speed (one thread)", legend=dict(fontsize=8, loc="lower right"))])
 
 
 def _row_cells(r):
@@ -678,6 +629,16 @@ def write_report(rows, decision, footprints, dicts, streams_info, run, png, mode
     write_methodology_report(OUT_DIR, L, run)
 
 
+def render(path: str) -> None:
+    """The plot and the report from a results.json alone."""
+    with open(path, encoding="utf-8") as f:
+        res = json.load(f)
+    run = res["methodology"]
+    png = plot(res["rows"], res["decision"])
+    write_report(res["rows"], res["decision"], res["footprints"], res["dictionaries"], res["streams"], run, png,
+                 run["mode"], res["versions"], run["parameters"]["packages_not_installed"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------------
@@ -686,7 +647,11 @@ def main(argv=None) -> None:
                       "unused (the rollouts use seed 0; the dictionary's seed 1000)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 4, quick 2)")
     ap.add_argument("--frames", type=int, default=None, help="frames per (game, policy) stream")
+    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                    help="rewrite the report and plot from a results.json (no measurement)")
     args = ap.parse_args(argv)
+    if args.render:
+        return render(args.render)
     mode = "quick" if args.quick else "full"
     missing = [m for m in ("ale_py", "gymnasium", "cv2") if not installed(m)]
     if missing:
@@ -735,13 +700,11 @@ def main(argv=None) -> None:
         versions["c_blosc2"] = blosc2.blosclib_version
     streams_info = [f"{g} {p} ({len(F):,} frames)" for (g, p), F in streams.items()]
     run_rec = rec.finish()
-    png = plot(rows, decision)
-    write_json(os.path.join(OUT_DIR, "results.json"),
-               {"methodology": run_rec, "versions": versions, "streams": streams_info,
-                "dictionaries": [m for _, m in dicts.values()], "footprints": footprints,
-                "decision": decision, "rows": rows})
-    write_report(rows, decision, footprints, [m for _, m in dicts.values()], streams_info, run_rec, png, mode,
-                 versions, [p for p in PACKAGES if p not in packages])
+    path = os.path.join(OUT_DIR, "results.json")
+    write_json(path, {"methodology": run_rec, "versions": versions, "streams": streams_info,
+                      "dictionaries": [m for _, m in dicts.values()], "footprints": footprints,
+                      "decision": decision, "rows": rows})
+    render(path)
     for r in rows:
         if "ratio" in r:
             log(f"{r['candidate']:<30} B={r['block']:<4} ratio {r['ratio']:7.1f}  compress {r['compress_mbps']:8.0f} MB/s  "
