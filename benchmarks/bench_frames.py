@@ -345,8 +345,7 @@ def drop_cold_pages(buf) -> bool:
     cache (the pages it maps stay: the hot rows); False where that is not possible."""
     if not hasattr(os, "posix_fadvise"):
         return False
-    spill = buf._spill  # noqa: SLF001 (a benchmark reaches into the policy to empty the cache)
-    spill._release(spill.written, spill.written + spill.capacity - spill.hot_rows)  # noqa: SLF001
+    buf.release_cold()
     path = buf.spill_path
     files = [path] if os.path.isfile(path) else [os.path.join(path, f) for f in os.listdir(path)]
     for name in files:

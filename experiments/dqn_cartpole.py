@@ -350,6 +350,25 @@ def run_worker(variant: str, seed: int, total: int, learning_starts: int) -> dic
     }
 
 
+class Episodes:
+    """The episodes of one environment: ``ended``, ``(global step at its end, return, length)``
+    of each one ended, and the return and length of the one running."""
+
+    def __init__(self):
+        self.ended, self.ret, self.len = [], 0.0, 0
+
+    def step(self, env, step, next_obs, reward, terminated, truncated):
+        """Count one environment step; the observation to act on next (the env reset when the
+        episode ended)."""
+        self.ret += reward
+        self.len += 1
+        if not (terminated or truncated):
+            return next_obs
+        self.ended.append((step, self.ret, self.len))
+        self.ret, self.len = 0.0, 0
+        return env.reset()[0]
+
+
 def one_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, sample, rb, net) -> dict:
     """CleanRL's loop, one environment: act, step, add; a batch every train_frequency steps after
     learning_starts; the target copied every target_network_frequency steps."""
@@ -363,8 +382,7 @@ def one_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, s
     acc = dict.fromkeys(SECTIONS, 0)
     t_act = t_env = t_add = t_sample = t_update = 0
     n_sample = n_greedy = 0
-    episodes = []                            # (global step at its end, return, length)
-    ep_return, ep_len = 0.0, 0
+    episodes = Episodes()
     obs, _ = env.reset(seed=seed)
     t_loop = pc()
     t_train = None
@@ -381,14 +399,7 @@ def one_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, s
         t2 = pc()
         add(obs, next_obs, action, reward, terminated, truncated)
         t3 = pc()
-        ep_return += reward
-        ep_len += 1
-        if terminated or truncated:
-            episodes.append((step, ep_return, ep_len))
-            ep_return, ep_len = 0.0, 0
-            obs, _ = env.reset()
-        else:
-            obs = next_obs
+        obs = episodes.step(env, step, next_obs, reward, terminated, truncated)
         t4 = pc()
         t_act += t1 - t0
         t_env += (t2 - t1) + (t4 - t3)
@@ -415,7 +426,7 @@ def one_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, s
                update=t_update / 1e9)
     acc["other"] = max(0.0, wall - sum(acc[k] for k in SECTIONS[:-1]))
     train_wall = (t_end - t_train) / 1e9 if t_train is not None else 0.0
-    return {"wall": wall, "sections_s": acc, "episodes": episodes, "train_wall": train_wall,
+    return {"wall": wall, "sections_s": acc, "episodes": episodes.ended, "train_wall": train_wall,
             "updates": n_sample, "n_greedy": n_greedy}
 
 
@@ -431,7 +442,7 @@ def two_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, s
     updates_per_sync = max(1, round(hp["target_network_frequency"] * schedule[1] / B))
     slope = (hp["end_e"] - hp["start_e"]) / (hp["exploration_fraction"] * total)
     start_e, end_e = hp["start_e"], hp["end_e"]
-    episodes = []                            # (global step at its end, return, length)
+    episodes = Episodes()
     counts = {"updates": 0, "actor_waits": 0, "learner_waits": 0}
     pc = time.perf_counter_ns
     times = dict.fromkeys(SECTIONS[:-1], 0)
@@ -445,7 +456,6 @@ def two_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, s
         try:
             rng = np.random.default_rng(seed)
             obs, _ = env.reset(seed=seed)
-            ep_return, ep_len = 0.0, 0
             for step in range(total):
                 t0 = pc()
                 eps = max(slope * step + start_e, end_e)
@@ -466,14 +476,7 @@ def two_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, s
                         if failure:
                             return
                 t3 = pc()
-                ep_return += reward
-                ep_len += 1
-                if terminated or truncated:
-                    episodes.append((step, ep_return, ep_len))
-                    ep_return, ep_len = 0.0, 0
-                    obs, _ = env.reset()
-                else:
-                    obs = next_obs
+                obs = episodes.step(env, step, next_obs, reward, terminated, truncated)
                 t4 = pc()
                 times["act"] += t1 - t0
                 times["env"] += (t2 - t1) + (t4 - t3)
@@ -521,7 +524,7 @@ def two_thread_loop(env, hp, seed, total, schedule, *, act, update, sync, add, s
     if failure:
         raise failure[0]
     wall = (pc() - t_loop) / 1e9
-    return {"wall": wall, "sections_s": {k: v / 1e9 for k, v in times.items()}, "episodes": episodes,
+    return {"wall": wall, "sections_s": {k: v / 1e9 for k, v in times.items()}, "episodes": episodes.ended,
             "train_wall": None, "updates": counts["updates"], "n_greedy": None,
             "actor_waits": counts["actor_waits"], "learner_waits": counts["learner_waits"]}
 

@@ -1,7 +1,6 @@
-"""Checkpoints of each single-process kind written before the parts of a buffer owned their
-config and state (tests/fixtures/make_checkpoints_kinds.py, run once by the code of the commit
-that added them): today's code loads each and draws exactly the batches the saved buffer drew
-next."""
+"""Checkpoints of each single-process kind, one generation per refactoring (written by
+tests/fixtures/make_checkpoints_kinds.py, once, by the code of its time: see its GENERATIONS):
+today's code loads each and draws exactly the batches the saved buffer drew next."""
 
 from __future__ import annotations
 
@@ -13,17 +12,29 @@ import pytest
 
 import tfdata
 
-from .fixtures.make_checkpoints_kinds import CASES, continuation
-
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "checkpoints_kinds")
+from .fixtures.make_checkpoints_kinds import CASES, GENERATIONS, SAMPLERS, continuation, directory
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_checkpoint_of_each_kind_continues_the_same_samples(tmp_path, name):
+def expected(generation: int) -> dict:
+    with open(os.path.join(directory(generation), "expected.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+FIXTURES = [(g, name) for g in sorted(GENERATIONS) for name in sorted(expected(g))]
+
+
+def test_every_generation_holds_cases_of_today_and_the_last_one_every_case():
+    """A case added to CASES needs a new generation written (and a case is never removed: the
+    checkpoints of every generation must go on loading)."""
+    for g in GENERATIONS:
+        assert set(expected(g)) <= set(CASES)
+    assert sorted(expected(max(GENERATIONS))) == sorted(CASES)
+
+
+@pytest.mark.parametrize("generation, name", FIXTURES, ids=[f"{g}-{n}" for g, n in FIXTURES])
+def test_checkpoint_of_each_kind_continues_the_same_samples(tmp_path, generation, name):
     path = tmp_path / name
-    shutil.copytree(os.path.join(FIXTURES, name), path)
-    with open(os.path.join(FIXTURES, "expected.json"), encoding="utf-8") as f:
-        expected = json.load(f)[name]
-    buf = tfdata.ReplayBuffer.load(str(path))
+    shutil.copytree(os.path.join(directory(generation), name), path)
+    buf = tfdata.ReplayBuffer.load(str(path), samplers=SAMPLERS)
     assert type(buf) is CASES[name][0]
-    assert continuation(buf) == expected
+    assert continuation(buf) == expected(generation)[name]

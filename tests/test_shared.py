@@ -304,6 +304,20 @@ def test_region_size_and_steady_state_allocates_nothing(layout, shm_dir):
         w.close()
 
 
+@pytest.mark.parametrize("kw", [{}, {"prioritized": True}], ids=["uniform", "prioritized"])
+def test_bookkeeping_counts_the_shard_rows_arrays(kw, shm_dir):
+    """The shard rows part's arrays (its scratch: a heads snapshot and one mark per row of the
+    largest batch) are bytes of this process: counted, and growing with the batch they serve."""
+    with SharedReplayBuffer(CARTPOLE, 1024, num_writers=2, seed=0, **kw) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        w.extend(random_rows(buf.spec, 600, np.random.default_rng(0)))
+        buf.sample(4)
+        before = buf.nbytes_parts
+        buf.sample(500)
+        after = buf.nbytes_parts
+        assert after["bookkeeping"] - before["bookkeeping"] >= 8 * (500 - 4)
+        assert after["bookkeeping"] >= 8 * (7 * 2 + 500)
+
 def test_kernel_fifo_plan_against_reference():
     from tfdata import kernels
 

@@ -142,3 +142,26 @@ def test_a_checkpoint_of_a_spilling_buffer_loads_spilling_or_in_ram(tmp_path, la
     same_future(ram, spilled, later, per=True)
     with pytest.raises(TypeError, match="unexpected keyword"):
         tfdata.ReplayBuffer.load(tmp_path / "ck", capacity=5)
+
+
+def test_release_cold_drops_the_rows_behind_the_hot_window(tmp_path):
+    """``release_cold()`` releases a spilling buffer's cold rows from the process (a benchmark
+    empties the cache through it): the file-backed memory falls back to about the hot window,
+    and every row is still there; on a buffer in RAM it does nothing."""
+    import psutil
+
+    spec = {"x": ("u1", (4096,))}
+    buf = tfdata.ReplayBuffer(spec, 10_000, seed=0, spill_path=str(tmp_path / "a.npy"), hot_rows=500)
+    for i in range(10):
+        buf.extend({"x": np.full((1000, 4096), i + 1, "u1")})
+    proc = psutil.Process()
+    assert int(np.asarray(buf.column("x")).sum(dtype=np.int64)) > 0  # 40 MB made resident
+    before = proc.memory_info().shared
+    buf.release_cold()
+    assert before - proc.memory_info().shared > 30 << 20  # 2 MB hot remain
+    x = np.asarray(buf.column("x"))
+    np.testing.assert_array_equal(x[:, 0], np.repeat(np.arange(1, 11, dtype="u1"), 1000))
+    ram = tfdata.ReplayBuffer(spec, 10, seed=0)
+    ram.extend({"x": np.ones((3, 4096), "u1")})
+    ram.release_cold()
+    assert ram.sample(2)["x"].sum() == 2 * 4096

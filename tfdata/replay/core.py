@@ -64,7 +64,7 @@ class ReplayCore:
                                 weak_method(memory, "grow"))
         memory.bind(p)
         self._storage, self._writer, self._lock = p.storage, p.writer, p.lock
-        self._episodes, self._cold, self._spill = p.episodes, p.cold, p.spill
+        self._episodes, self._cold = p.episodes, p.cold
         self._fields = Fields(plan, p.storage, p.writer, p.lock, p.episodes, p.stats, p.spill)
         self._ringset = Rings(plan, p.storage, sampler, p.transforms, p.lock, memory)
         self._local = self._ringset.local  # the sample path's lookup, with no call
@@ -416,6 +416,7 @@ class ReplayCore:
     column_stats = delegate("column_stats")
     stats = delegate("stats")
     update_field = delegate("update_field")
+    release_cold = delegate("release_cold")
 
     # -- state (see tfdata.replay.state) ------------------------------------------------------
     def state_dict(self) -> dict:

@@ -4,7 +4,8 @@
 ``update_field`` of :class:`~tfdata.replay.core.ReplayCore`: it reads the storage in ring order
 (oldest to newest, from the writer's cursor and size), computes statistics, and relabels rows in
 place under the buffer's lock, refusing what would break another part (episode flags, fields
-that elision or frame stacks read).
+that elision or frame stacks read); ``release_cold`` hands a spilling buffer's cold rows back to
+its file.
 """
 
 from __future__ import annotations
@@ -218,6 +219,14 @@ class Fields:
                 self.stats_part.mark(name, slots)
             if self.spill is not None:
                 self.spill.check_resident()
+
+    def release_cold(self) -> None:
+        """Release a spilling buffer's rows behind its hot window from this process
+        (``MADV_DONTNEED``: the file keeps them, a later read faults them in again), as a
+        sample does once too much of the cold part is resident; nothing without ``spill_path``."""
+        if self.spill is not None:
+            with self.lock:
+                self.spill.release_cold()
 
     @staticmethod
     def _batch_rows(batch: Batch) -> tuple:

@@ -413,11 +413,12 @@ class SharedReplayBuffer:
     @property
     def nbytes_parts(self) -> dict:
         """Bytes this buffer holds, by part: ``shared_region`` (:attr:`nbytes`), ``trees`` and
-        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, and the
-        streams' heads snapshot, in this process) and ``output_rings`` (every thread's preallocated batches)."""
+        ``bookkeeping`` (a prioritized buffer's trees, slot versions and fold positions, the
+        streams' heads snapshot and the shard rows' scratch, in this process) and
+        ``output_rings`` (every thread's preallocated batches)."""
         s = self.sampler.nbytes
         return {"shared_region": int(self._region.nbytes), "trees": int(s["trees"]),
-                "bookkeeping": int(s["bookkeeping"]) + self._streams.nbytes,
+                "bookkeeping": int(s["bookkeeping"]) + self._streams.nbytes + self._rows.nbytes,
                 "output_rings": int(sum(r.nbytes for r in list(self._rings)))}
 
     @property

@@ -137,6 +137,12 @@ class ShardRows:
         self._hook = self._rows = self._sampler = None
         self._kind = "any"
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays this part holds in this process (the heads and reserve words are
+        the region's)."""
+        return int(self.published.nbytes + self._spans.nbytes + self.scratch.nbytes + self._one.nbytes)
+
     def bind(self, sampler) -> None:
         """The sampler whose write hooks the catch-up calls and whose draws are checked (once,
         after it is bound)."""

@@ -89,11 +89,14 @@ class Spill:
             # follows them down, or this buffer could keep that much more of its cold part
             self.base = now
         if now - self.base > self.hot_bytes + self.slack:
-            cold_end = self.written - self.hot_rows
-            if cold_end > 0:
-                # the cold part of the ring: everything but the hot window (wrap-aware)
-                self._release(self.written, self.written + self.capacity - self.hot_rows)
-                self.released_to = cold_end
+            self.release_cold()
+
+    def release_cold(self) -> None:
+        """Release the cold part of the ring: every row but the hot window (wrap-aware)."""
+        cold_end = self.written - self.hot_rows
+        if cold_end > 0:
+            self._release(self.written, self.written + self.capacity - self.hot_rows)
+            self.released_to = cold_end
 
     def reset(self) -> None:
         self._release(0, self.capacity)
