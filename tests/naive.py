@@ -748,10 +748,11 @@ def wait_change_naive(state, i: int, value: int, spins: int) -> int:
 
 
 def column_stats_naive(values) -> tuple:
-    """Reference of ``kernels._columns.column_scan``: ``(count, out)`` with ``out[:, j]`` = mean,
-    var (population), std, min, max of element ``j`` of ``values`` (``(n, *shape)``) as float64,
-    element by element in Python with numpy's semantics: a NaN makes everything NaN; +inf or
-    -inf make the mean infinite (NaN with both) and the variance NaN; no row: all NaN."""
+    """Reference of ``kernels._columns.column_scan_ranges`` (of the rows it counts): ``(count,
+    out)`` with ``out[:, j]`` = mean, var (population), std, min, max of element ``j`` of
+    ``values`` (``(n, *shape)``) as float64, element by element in Python with numpy's
+    semantics: a NaN makes everything NaN; +inf or -inf make the mean infinite (NaN with both)
+    and the variance NaN; no row: all NaN."""
     x = np.asarray(values)
     x = x.reshape(len(x), int(np.prod(x.shape[1:], dtype=np.int64))).astype(np.float64)
     n, k = x.shape

@@ -51,8 +51,8 @@ def scan(view2d, n=None):
     k = view2d.shape[1]
     lanes = np.zeros((kc.LANE_ROWS, kc.lane_count(k)))
     cnt, vals, out = np.zeros(2, np.int64), np.zeros((2, 4, k)), np.zeros((5, k))
-    got = kc.column_scan(kc.operand(view2d), k, view2d.shape[0] if n is None else n, kc.SCAN_CHUNK,
-                         lanes, cnt, vals, out)
+    ranges = np.array([[0, view2d.shape[0] if n is None else n]], np.int64)
+    got = kc.column_scan_ranges(kc.operand(view2d), k, ranges, kc.SCAN_CHUNK, lanes, cnt, vals, out)
     return got, out
 
 
@@ -110,7 +110,7 @@ def scan_ranges(view2d, ranges):
 @pytest.mark.parametrize("spec", [ODD_SPEC, CART], ids=["odd", "cartpole"])
 def test_column_scan_ranges_matches_reference_in_both_forms(spec):
     """Rows of several ranges (empty ones, ones past the rows: clamped) against the reference
-    over the same rows; ``[[0, n]]`` is column_scan bit for bit."""
+    over the same rows; ``[[0, n]]`` is the whole column's pass bit for bit."""
     rng = np.random.default_rng(5)
     n = 3 * kc.SCAN_CHUNK // 2
     rows = random_rows(spec, n, rng)
@@ -257,8 +257,9 @@ def test_kernels_refuse_inconsistent_arrays_and_clamp_ranges():
     assert kc.stats_ranges(x, 1, 10**9, 16, -5, 10**9, 3, 10**9, lanes, cnt, vals) == 0
     assert cnt[1] == 100
     out = np.zeros((5, 1))
-    assert kc.column_scan(x, 1, 10**9, 7, lanes, cnt[:2], vals[:2], out) == 100
-    assert kc.column_scan(x, 1, 100, 0, lanes, cnt[:2], vals[:2], out) == -1
+    whole = np.array([[0, 10**9]], np.int64)
+    assert kc.column_scan_ranges(x, 1, whole, 7, lanes, cnt[:2], vals[:2], out) == 100
+    assert kc.column_scan_ranges(x, 1, whole, 0, lanes, cnt[:2], vals[:2], out) == -1
     assert kc.stats_summary(cnt, vals, np.zeros((4, 1))) == -1
 
 
@@ -303,7 +304,6 @@ def test_column_kernels_allocate_nothing():
         dirty[P + 2] = 1
         assert extra(kc.stats_ranges, x, 3, 3000, 256, 0, P, 0, 0, lanes, cnt, vals) == 0
         assert extra(kc.stats_dirty, x, 3, 3000, 256, dirty, lanes, cnt, vals) == 0
-        assert extra(kc.column_scan, x, 3, 3000, 100, lanes, cnt[:2], vals[:2], np.zeros((5, 3))) == 0
         assert extra(kc.column_scan_ranges, x, 3, np.array([[0, 50], [900, 3000]]), 100, lanes,
                      cnt[:2], vals[:2], np.zeros((5, 3))) == 0
         assert extra(kc.stats_summary, cnt, vals, np.zeros((5, 3))) == 0

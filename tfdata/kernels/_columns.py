@@ -17,7 +17,7 @@ read as ``rows * k`` consecutive values, ``GROUPS * L`` at a time (each lane's s
 registers across the groups); numba's SLP vectoriser is off, so independent scalar
 accumulators would stay scalar, several times slower (docs/design/columns.md, "Measured"). A
 strided field is read one element at a time
-(see :func:`_lane_pass`). The lanes are then added per element in lane order: ``mean = K + S / n`` and
+(see :func:`_lane_pass_strided`). The lanes are then added per element in lane order: ``mean = K + S / n`` and
 ``M2 = Q - S * S / n`` (the "shifted data" form; with the shift a value of the same rows its
 relative error is about ``eps * (K - mean) ** 2 / var``).
 
@@ -43,8 +43,8 @@ min, max).
 
 Whatever the arrays and arguments hold, no kernel reads or writes outside them: shapes are
 checked at entry (a kernel returns -1 and changes nothing when they disagree) and ranges are
-clamped. References: ``column_stats_naive`` (of :func:`column_scan` and
-:func:`column_scan_ranges`) and ``stats_tree_naive`` in ``tests/naive.py``.
+clamped. References: ``column_stats_naive`` (of :func:`column_scan_ranges`) and
+``stats_tree_naive`` in ``tests/naive.py``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ GROUPS = 8
 #: rows of the ``lanes`` scratch: S, Q, min, max, shift, then 5 rows for the lanes of one
 #: element at a time (strided rows)
 LANE_ROWS = 10
-#: rows per chunk of :func:`column_scan` (one shift per chunk)
+#: rows per chunk of :func:`column_scan_ranges` (one shift per chunk)
 SCAN_CHUNK = 16384
 
 
@@ -139,19 +139,11 @@ def _rows(x, k):
     return x.shape[0]
 
 
-@njit(**NJIT_OPTIONS)
+@njit(**INLINE_OPTIONS)
 def _wide_enough(x, k):
     """Whether rows of ``x`` have ``k`` elements (a flat ``x`` always: rows are counted in k)."""
-    if x.ndim == 1:
-        return True
-    return x.shape[1] >= k
-
-
-@njit(**NJIT_OPTIONS)
-def _value(x, k, i, j):
-    if x.ndim == 1:
-        return np.float64(x[i * k + j])
-    return np.float64(x[i, j])
+    # no branch on ndim (inlined code is typed whole): shape[-1] types for either form
+    return x.ndim == 1 or x.shape[-1] >= k
 
 
 @njit(**INLINE_OPTIONS)
@@ -193,36 +185,38 @@ def _update_groups(w, lanes):
         MX[l] = mx
 
 
-@njit(**NJIT_OPTIONS)
-def _lane_pass(x, k, a, b, lanes):
-    """Fill ``lanes[:5]`` (see the module docstring) from rows ``[a, b)``, ``a < b``.
-
-    A flat ``x`` is read ``GROUPS * L`` consecutive values at a time. A 2-D ``x`` (strided
-    rows) is read one element at a time, as a strided 1-D view, into ``r`` lanes of its own
-    (``lanes[5:]`` as ``(k, 5, r)``), then moved to lane ``q * k + j``: every lane sees the same
-    values in the same order as in the flat form, and the loop over lanes stays vectorised
-    (a copy of each row's ``k`` values first was twice as slow: docs/design/columns.md,
-    "Measured")."""
+@njit(**INLINE_OPTIONS)
+def _lane_pass_flat(x, k, a, b, lanes):
+    """Fill ``lanes[:5]`` (see the module docstring) from rows ``[a, b)``, ``a < b``, of a flat
+    ``x``, read ``GROUPS * L`` consecutive values at a time."""
     L = lanes.shape[1]
     n = (b - a) * k  # values
-    if x.ndim == 1:
-        for l in range(L):
-            lanes[0, l] = 0.0
-            lanes[1, l] = 0.0
-            lanes[2, l] = np.inf
-            lanes[3, l] = -np.inf
-        for j in range(k):
-            lanes[4, j] = np.float64(x[a * k + j])
-        for l in range(k, L):
-            lanes[4, l] = lanes[4, l - k]
-        span = GROUPS * L
-        m = n // span
-        y = x[a * k:b * k]
-        for t in range(m):
-            _update_groups(y[t * span:(t + 1) * span], lanes)
-        for p in range(m * span, n):
-            _update(lanes, np.float64(y[p]), p % L)
-        return
+    for l in range(L):
+        lanes[0, l] = 0.0
+        lanes[1, l] = 0.0
+        lanes[2, l] = np.inf
+        lanes[3, l] = -np.inf
+    for j in range(k):
+        lanes[4, j] = np.float64(x[a * k + j])
+    for l in range(k, L):
+        lanes[4, l] = lanes[4, l - k]
+    span = GROUPS * L
+    m = n // span
+    y = x[a * k:b * k]
+    for t in range(m):
+        _update_groups(y[t * span:(t + 1) * span], lanes)
+    for p in range(m * span, n):
+        _update(lanes, np.float64(y[p]), p % L)
+
+
+@njit(**INLINE_OPTIONS)
+def _lane_pass_strided(x, k, a, b, lanes):
+    """As :func:`_lane_pass_flat` for a 2-D ``x`` (strided rows), read one element at a time, as
+    a strided 1-D view, into ``r`` lanes of its own (``lanes[5:]`` as ``(k, 5, r)``), then moved
+    to lane ``q * k + j``: every lane sees the same values in the same order as in the flat
+    form, and the loop over lanes stays vectorised (a copy of each row's ``k`` values first was
+    twice as slow: docs/design/columns.md, "Measured")."""
+    L = lanes.shape[1]
     r = L // k
     span = GROUPS * r
     m = (b - a) // span
@@ -246,10 +240,10 @@ def _lane_pass(x, k, a, b, lanes):
                 lanes[c, q * k + j] = e[c, q]
 
 
-@njit(**NJIT_OPTIONS)
-def _slow(x, k, a, b, j):
-    """``(mean, M2, min, max)`` of element ``j`` over rows ``[a, b)`` with numpy's semantics for
-    NaN and infinities (the pass found a non-finite sum)."""
+@njit(**INLINE_OPTIONS)
+def _slow(y):
+    """``(mean, M2, min, max)`` of the values of ``y`` (one element over some rows, a 1-D view)
+    with numpy's semantics for NaN and infinities (the pass found a non-finite sum)."""
     nan = False
     pos = 0
     neg = 0
@@ -257,8 +251,8 @@ def _slow(x, k, a, b, j):
     total = 0.0
     mn = np.inf
     mx = -np.inf
-    for i in range(a, b):
-        v = _value(x, k, i, j)
+    for i in range(y.shape[0]):
+        v = np.float64(y[i])
         if v != v:
             nan = True
         elif v == np.inf:
@@ -275,10 +269,10 @@ def _slow(x, k, a, b, j):
     if pos or neg:
         mean = np.inf if neg == 0 else (-np.inf if pos == 0 else np.nan)
         return mean, np.nan, (-np.inf if neg else mn), (np.inf if pos else mx)
-    mean = total / np.float64(b - a)  # finite values whose sums overflowed
+    mean = total / np.float64(y.shape[0])  # finite values whose sums overflowed
     m2 = 0.0
-    for i in range(a, b):
-        d = _value(x, k, i, j) - mean
+    for i in range(y.shape[0]):
+        d = np.float64(y[i]) - mean
         m2 += d * d
     return mean, m2, mn, mx
 
@@ -295,13 +289,20 @@ def _empty(cnt, vals, node, k):
 
 @njit(**NJIT_OPTIONS)
 def _leaf(x, k, a, b, lanes, cnt, vals, node):
-    """Statistics of rows ``[a, b)`` (none if ``b <= a``) into ``node``."""
+    """Statistics of rows ``[a, b)`` (none if ``b <= a``) into ``node``.
+
+    The only function that branches on the form of ``x``: the branch on ``x.ndim`` of a
+    compiled function's argument is pruned before its helpers are inlined, so each form types
+    only its own helpers (an inlined helper's branches would all be typed)."""
     if b <= a:
         _empty(cnt, vals, node, k)
         return
     n = b - a
     cnt[node] = n
-    _lane_pass(x, k, a, b, lanes)
+    if x.ndim == 1:
+        _lane_pass_flat(x, k, a, b, lanes)
+    else:
+        _lane_pass_strided(x, k, a, b, lanes)
     r = lanes.shape[1] // k
     fn = np.float64(n)
     for j in range(k):
@@ -320,8 +321,10 @@ def _leaf(x, k, a, b, lanes, cnt, vals, node):
             m2 = q - s * (s / fn)
             if m2 < 0.0:
                 m2 = 0.0
+        elif x.ndim == 1:
+            mean, m2, mn, mx = _slow(x[a * k + j:b * k:k])
         else:
-            mean, m2, mn, mx = _slow(x, k, a, b, j)
+            mean, m2, mn, mx = _slow(x[a:b, j])
         vals[node, 0, j] = mean
         vals[node, 1, j] = m2
         vals[node, 2, j] = mn
@@ -483,30 +486,18 @@ def _scan_args_ok(x, k, chunk, lanes, cnt, vals, out):
 def _scan_add(x, k, a, b, chunk, lanes, cnt, vals):
     """Merge rows ``[a, b)`` into node 0, ``chunk`` rows at a time (each a lane pass into node 1)."""
     for s in range(a, b, chunk):
-        _leaf(x, k, s, min(s + chunk, b), lanes, cnt, vals, 1)
+        # np.int64: a bare 1 would type as a literal, a second specialization of _leaf
+        _leaf(x, k, s, min(s + chunk, b), lanes, cnt, vals, np.int64(1))
         _merge(cnt, vals, 0, 0, 1, k)
-
-
-@njit(**NJIT_OPTIONS)
-def column_scan(x, k, n, chunk, lanes, cnt, vals, out):
-    """Statistics of rows ``[0, n)`` of ``x`` into ``out`` (as :func:`stats_summary`): chunks of
-    ``chunk`` rows, each a lane pass, merged in order. ``cnt`` int64[2] and ``vals``
-    float64[2, 4, k] are scratch. Returns the rows counted (-1 for inconsistent arrays)."""
-    if not _scan_args_ok(x, k, chunk, lanes, cnt, vals, out):
-        return -1
-    n = max(0, min(n, _rows(x, k)))
-    _empty(cnt, vals, 0, k)
-    _scan_add(x, k, 0, n, chunk, lanes, cnt, vals)
-    _summary(cnt, vals, 0, k, out)
-    return n
 
 
 @njit(**NJIT_OPTIONS)
 def column_scan_ranges(x, k, ranges, chunk, lanes, cnt, vals, out):
     """Statistics of the rows of ``x`` in the ranges ``ranges[i, 0] <= row < ranges[i, 1]``
     (int64[m, 2], in that order; each clamped to the rows of ``x``, an empty one skipped) into
-    ``out``, as :func:`column_scan`; the ranges ``[[0, n]]`` give exactly its result. Returns the
-    rows counted (-1 for inconsistent arrays)."""
+    ``out`` (as :func:`stats_summary`): each range ``chunk`` rows at a time, each chunk a lane
+    pass, merged in order. ``cnt`` int64[2] and ``vals`` float64[2, 4, k] are scratch. A whole
+    column is the ranges ``[[0, n]]``. Returns the rows counted (-1 for inconsistent arrays)."""
     if not _scan_args_ok(x, k, chunk, lanes, cnt, vals, out) or ranges.shape[1] < 2:
         return -1
     rows = _rows(x, k)

@@ -7,7 +7,7 @@ What a buffer offers through this module (methods of :class:`tfdata.replay.core.
     (ring order), one or two segments, no copy.
 ``column_stats(name)``
     A :class:`FieldStats` of one field over the rows held, computed from scratch by one compiled
-    pass (:func:`tfdata.kernels._columns.column_scan`).
+    pass (:func:`tfdata.kernels._columns.column_scan_ranges` over ``[[0, rows]]``).
 ``stats(name)``
     The running statistics of a field named in ``stats=`` at construction (:class:`RunningStats`).
 ``update_field(name, indices, values)``
@@ -491,13 +491,8 @@ def _scan_scratch(k: int) -> tuple:
 
 def scan(field, view: np.ndarray, rows: int) -> FieldStats:
     """Statistics of rows ``[0, rows)`` of ``view`` (``(capacity, k)``, as ``Storage.column``
-    gives it) by one compiled pass (:func:`tfdata.kernels._columns.column_scan`)."""
-    from ..kernels import _columns as kc
-
-    k = view.shape[1]
-    lanes, cnt, vals, out = _scan_scratch(k)
-    n = kc.column_scan(kc.operand(view), k, rows, kc.SCAN_CHUNK, lanes, cnt, vals, out)
-    return FieldStats(field.name, n, out, field.shape)
+    gives it) by one compiled pass: :func:`scan_ranges` over ``[[0, rows]]``."""
+    return scan_ranges(field, view, np.array([[0, rows]], np.int64))
 
 
 def scan_ranges(field, view: np.ndarray, ranges: np.ndarray) -> FieldStats:

@@ -58,7 +58,8 @@ class Projection:
         record block that is its base's whole row (a group of a grouping sampled alone).
     kernel_store : tuple of (ndarray of uint8, int), or ndarray of uint64
         ``(base, offset)`` of every piece the output holds (a field, or a group's records), as
-        the span kernels read them; for the AoS kernels, the base as ``uint64[rows, words]``.
+        the span kernels read them (read-only views of the bases, whatever the source's memory);
+        for the AoS kernels, the base as ``uint64[rows, words]``.
     bases_read : tuple of int
         The bases the projection reads, ascending (for page advice).
     """
@@ -85,7 +86,7 @@ class Projection:
                 b, offset, width = spans[f.name]
                 _check_span(f.name, bases, b, offset, width, f.nbytes)
                 self._where[f.name] = (len(store), 0)
-                store.append((bases[b], int(offset)))
+                store.append((_readonly(bases, b), int(offset)))
                 pieces.append(((f.name,), None, f.nbytes))
             elif self._where.get(f.name) is None:  # the group's first field: the whole record
                 group, b, dtype = blk
@@ -96,13 +97,13 @@ class Projection:
                                          f"disagrees with its span {spans[n]}")
                     self._where[n] = (len(store), int(off))
                 _check_span(group[0], bases, b, 0, dtype.itemsize, dtype.itemsize)
-                store.append((bases[b], 0))
+                store.append((_readonly(bases, b), 0))
                 pieces.append((group, dtype, dtype.itemsize))
         self._pieces = pieces
         self.bases_read = tuple(sorted({spans[n][0] for n in self.names}))
         # no field: one zero-width span of the first base, so that the kernels keep their types
         # (and draw exactly as for a full output)
-        self.kernel_store = tuple(store) if store else ((bases[0], 0),)
+        self.kernel_store = tuple(store) if store else ((_readonly(bases, 0), 0),)
         # one record block that is its base's whole row (a group sampled alone): the AoS kernels
         # copy it, one block of words per row, as they copy an AoS buffer of those fields (the
         # span kernels cost 1.07x for that: a tuple of pairs to type, an offset to add)
@@ -110,7 +111,8 @@ class Projection:
                          and store[0][0].shape[1] == pieces[0][2])
         if self._records:
             self.kernels = kernels.aos
-            self.kernel_store = store[0][0].view(np.uint64)
+            # of the base as given: a storage's AoS kernels read writable words
+            self.kernel_store = bases[self.bases_read[0]].view(np.uint64)
 
     def new_output(self, batch_size: int, allocator=None) -> Output:
         """``batch_size`` rows of the projected fields: one C-contiguous array per field, and a
@@ -171,6 +173,15 @@ class Projection:
         """Bytes of one projected row as gathered (the fields' widths; a whole group's record
         with its padding)."""
         return int(sum(width for _, _, width in self._pieces))
+
+
+def _readonly(bases, b: int) -> np.ndarray:
+    """A read-only view of base ``b``: the span kernels read their bases, and one type for
+    writable and read-only memory (a storage's rows, a dataset's mapped file) is one compiled
+    kernel per field count instead of two."""
+    view = bases[b].view()
+    view.flags.writeable = False
+    return view
 
 
 def _check_span(name, bases, b, offset, width, nbytes) -> None:
