@@ -1284,79 +1284,72 @@ def frame_breaks_naive(obs, nxt, ends_prev, prev_frames: list, prev_depth: list,
     return -1
 
 
-# The stack kernels see the ring as steps: step ``t`` (since the buffer was cleared) of stream
-# ``e`` is in slot ``(cursor - (steps - t) * num_envs + e) % capacity`` while the ring holds it
-# (the newest ``capacity // num_envs`` steps), else, for the ``K - 1`` steps evicted last, in
-# ``hist[t % (K - 1), e]``. Frames are rows of words (any dtype); positions before a row's
-# episode start are padding.
-def step_frame_naive(t: int, e: int, cursor: int, steps: int, num_envs: int, capacity: int,
-                     src, src_off: int, width: int, hist):
-    """The stored frame of step ``t`` of stream ``e`` (Python's modulo for any ``t``)."""
-    if steps - t <= capacity // num_envs:
-        slot = (cursor - (steps - t) * num_envs + e) % capacity
-        return np.array(src[slot, src_off:src_off + width])
-    return np.array(hist[t % hist.shape[0], e])
-
-
-def _stack_positions(x: int, count: int, cursor: int, steps: int, num_envs: int, capacity: int,
-                     depth, src, src_off: int, hist, pad, mode: int, width: int) -> list:
-    """Frames ``count - 1 .. 0`` steps back from slot ``x`` (oldest first), padded beyond the
-    episode's first row (``depth[x]`` steps back, at most ``K - 1``)."""
-    k = hist.shape[0] + 1
+# -- frame stacks: both geometries, one reference -----------------------------------------------
+# A geometry says, of a held slot, which stream it is in, which row of that stream it holds,
+# how many rows the stream wrote and keeps, and where the stream's row ``u`` is: the ring's
+# step ``u`` of stream ``e`` in slot ``(cursor - (steps - u) * num_envs + e) % capacity``, a
+# shard's row ``u`` in slot ``s * cap + u % cap``. A row the stream no longer keeps (the
+# ``K - 1`` overwritten last) is in ``hist[u % (K - 1), stream]``. Frames are rows of words (any
+# dtype); positions before a row's episode start are padding.
+def ring_stream(x: int, cursor: int, steps: int, num_envs: int, capacity: int):
+    """``(stream, row, written, kept, slot_of)`` of ring slot ``x`` (Python's modulo for any
+    row number)."""
     e = x % num_envs
     age = ((cursor - num_envs) - (x - e)) % capacity // num_envs
-    t = steps - 1 - age  # the row's step
-    d = min(int(depth[x]), k - 1)
+    return (e, steps - 1 - age, steps, capacity // num_envs,
+            lambda u: (cursor - (steps - u) * num_envs + e) % capacity)
+
+
+def shard_stream(x: int, heads, cap: int):
+    """:func:`ring_stream` of region slot ``x`` as of ``heads`` (shard ``s`` wrote ``heads[s]``
+    rows)."""
+    s, local = divmod(int(x), cap)
+    h = int(heads[s])
+    return s, h - 1 - (h - 1 - local) % cap, h, cap, lambda u: s * cap + u % cap
+
+
+def stack_naive(stream, dep: int, k: int, src, hist, pad, mode: int, count=None) -> np.ndarray:
+    """Positions ``0 .. count-1`` (default ``k``) of the stack of the row ``stream`` locates
+    (``(count, width)``): the frames ``count - 1 .. 0`` rows back, oldest first (``src[slot]``
+    while the stream keeps the row, else ``hist``), padded beyond ``dep`` rows back (capped at
+    ``K - 1``) as ``mode`` says (0 reset, 1 zero, 2 ``pad``). ``src``: ``(slots, width)``."""
+    e, t, written, kept, slot_of = stream
+    count = k if count is None else count
+    d = min(int(dep), k - 1)
+
+    def frame(u):
+        return np.array(src[slot_of(u)] if written - u <= kept else hist[u % (k - 1), e])
+
     out = []
     for p in range(count):
         j = count - 1 - p
         if j <= d:
-            out.append(step_frame_naive(t - j, e, cursor, steps, num_envs, capacity, src, src_off,
-                                        width, hist))
-        elif mode == 0:  # PAD_RESET: the episode's first frame
-            out.append(step_frame_naive(t - d, e, cursor, steps, num_envs, capacity, src, src_off,
-                                        width, hist))
-        elif mode == 1:  # PAD_ZERO
-            out.append(np.zeros(width, src.dtype))
+            out.append(frame(t - j))
+        elif mode == 0:
+            out.append(frame(t - d))
+        elif mode == 1:
+            out.append(np.zeros_like(src[0]))
         else:
             out.append(np.array(pad))
-    return out
+    return np.stack(out)
 
 
-def frame_stacks_naive(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad,
-                       mode) -> np.ndarray:
-    """``frame_stacks`` as a reference: ``(len(rows), K * width)`` words, oldest frame first."""
-    width = pad.shape[0]
-    k = hist.shape[0] + 1
-    out = np.zeros((len(rows), k * width), src.dtype)
-    for i, x in enumerate(rows):
-        out[i] = np.concatenate(_stack_positions(int(x), k, cursor, steps, num_envs, capacity, depth,
-                                                 src, src_off, hist, pad, mode, width))
-    return out
-
-
-def next_frame_stacks_naive(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad,
-                            mode, term, trunc, final_idx, finals, pending) -> np.ndarray:
-    """``next_frame_stacks`` as a reference: the row's stack without its oldest frame, then its
-    next frame: the final frame of an episode-ending row (when its table entry exists), the
-    pending frame of a stream's newest row, else the frame of the stream's next slot."""
-    width = pad.shape[0]
-    k = hist.shape[0] + 1
-    out = np.zeros((len(rows), k * width), src.dtype)
-    for i, y in enumerate(rows):
-        y = int(y)
-        e = y % num_envs
-        head = _stack_positions(y, k - 1, cursor, steps, num_envs, capacity, depth, src, src_off,
-                                hist, pad, mode, width)
-        f = int(final_idx[y])
-        if (term[y] or trunc[y]) and 0 <= f < finals.shape[0]:
-            last = finals[f]
-        elif y == (cursor - num_envs + e) % capacity:  # the stream's newest row
-            last = pending[e]
-        else:
-            last = src[(y + num_envs) % capacity, src_off:src_off + width]
-        out[i] = np.concatenate(head + [np.array(last)])
-    return out
+def next_stack_naive(stream, x: int, k: int, depth, src, hist, pad, mode: int, term, trunc,
+                     final_idx, table, pending) -> np.ndarray:
+    """The next stack of slot ``x`` (located by ``stream``): its stack shifted by one, then its
+    next frame: ``table[f]`` of an episode-ending row whose entry ``f`` the table (``(F,
+    width)``: the stream's) has, the stream's pending frame for its newest row, else the frame
+    of the stream's next row."""
+    e, t, written, kept, slot_of = stream
+    back = stack_naive(stream, depth[x], k, src, hist, pad, mode, k - 1)
+    f = int(final_idx[x]) if term[x] or trunc[x] else -1
+    if 0 <= f < len(table):
+        last = table[f]
+    elif t == written - 1:
+        last = pending[e]
+    else:
+        last = src[slot_of(t + 1)]
+    return np.concatenate([back, np.array(last)[None]])
 
 
 def frames_write_naive(obs, term, trunc, num_envs, cursor, capacity, size, steps, src, src_off,
@@ -1491,58 +1484,10 @@ def cold_assign_naive(need, reach, start, count, cache_map, slot_block, filled, 
         slot_used[c] = clock
         slot_pass[c] = pass_id
     return count, todo, clock, cache_map, slot_block, filled, slot_used, slot_pass
-# -- frame stacks over the shards of a shared region ------------------------------------------
-def _shard_row(x: int, heads, cap: int):
-    """``(shard, absolute row)`` of a held region slot ``x`` as of ``heads``."""
-    s, local = divmod(int(x), cap)
-    newest = int(heads[s]) - 1
-    return s, newest - ((newest - local) % cap)
 
 
-def shard_stack_naive(x, heads, cap, depth, src, hist, pad, mode, k, count=None):
-    """Positions ``0..count-1`` (default ``k``) of the stack of region slot ``x``: the frames of
-    its shard's rows (``src[slot]`` while held, ``hist[row % (k-1), shard]`` once overwritten),
-    padded beyond ``depth[x]`` as ``mode`` says (0 reset, 1 zero, 2 ``pad``)."""
-    count = k if count is None else count
-    s, r = _shard_row(x, heads, cap)
-    h = int(heads[s])
-    d = min(int(depth[x]), k - 1)
-
-    def frame(row):
-        return src[s * cap + row % cap] if row >= h - cap else hist[row % (k - 1), s]
-
-    out = []
-    for p in range(count):
-        j = count - 1 - p
-        if j <= d:
-            out.append(frame(r - j))
-        elif mode == 0:
-            out.append(frame(r - d))
-        elif mode == 1:
-            out.append(np.zeros_like(src[0]))
-        else:
-            out.append(pad)
-    return np.stack(out)
-
-
-def shard_next_stack_naive(x, heads, cap, depth, src, hist, pad, mode, k, term, trunc, final_idx,
-                           finals, pending):
-    """The next stack of region slot ``x``: its stack shifted by one, then the next frame (the
-    final table at an episode end, the shard's pending frame for its newest row, else the next
-    row's frame)."""
-    s, r = _shard_row(x, heads, cap)
-    back = shard_stack_naive(x, heads, cap, depth, src, hist, pad, mode, k, k - 1)
-    f = int(final_idx[x]) if term[x] or trunc[x] else -1
-    if 0 <= f < finals.shape[1]:
-        last = finals[s, f]
-    elif r == int(heads[s]) - 1:
-        last = pending[s]
-    else:
-        last = src[s * cap + (r + 1) % cap]
-    return np.concatenate([back, last[None]])
-
-
-def shard_frames_torn_naive(x, heads, reserved, cap, depth, kmax) -> bool:
+# -- what only the shards of a shared region need --------------------------------------------
+def torn_stacks_naive(x, heads, reserved, cap, depth, kmax) -> bool:
     """Whether a slot read by the stacks of region slot ``x`` (``depth`` rows back to one row
     forward) is one a writer began since ``heads`` (rows ``heads[s] .. reserved[s] - 1``)."""
     s, local = divmod(int(x), cap)
@@ -1552,7 +1497,7 @@ def shard_frames_torn_naive(x, heads, reserved, cap, depth, kmax) -> bool:
     return any((local - j) % cap in busy for j in range(-1, d + 1))
 
 
-def shard_finals_room_naive(ends_rows, cap: int, ends: int, final_rows, head: int) -> int:
+def final_ring_room_naive(ends_rows, cap: int, ends: int, final_rows, head: int) -> int:
     """First write row (of ``ends_rows``: the write's rows that end an episode, stored as shard
     rows ``head + r``) whose final-table entry a held row still uses, or -1."""
     f = len(final_rows)

@@ -366,8 +366,7 @@ def test_kernels_against_reference():
     """The cold kernels, every mode, against ``naive.cold_stacks_naive`` on random bookkeeping,
     cold tables (garbage included) and caches; and LIST + ALL + COLD passes give the stacks of
     the storage-only kernels when the cache holds the blocks' frames."""
-    from tfdata.kernels import (cold_frame_stacks, cold_next_frame_stacks, frame_stacks,
-                                next_frame_stacks)
+    from tfdata.kernels import RING_STACKS, cold_frame_stacks, cold_next_frame_stacks
     from tfdata.kernels._cold import ALL, COLD, LIST
 
     rng = np.random.default_rng(0)
@@ -421,8 +420,8 @@ def test_kernels_against_reference():
             # passes with a valid tier: the cache holds the blocks' frames -> the plain stacks
             cf = rng.integers(0, block + 1, nb).astype(np.int32)
             plain = np.zeros((rows.shape[0], k * width), np.uint16)
-            kp = next_frame_stacks if nxt else frame_stacks
-            kp(*args, *extra, plain)
+            kp = RING_STACKS.next_stacks if nxt else RING_STACKS.stacks
+            kp(np.array([cursor, e, cap], np.int64), steps, *args[:1], *args[5:], *extra, plain)
             dst = np.full_like(plain, 0xABCD)
             mark = np.zeros(nb, np.int32)
             need = np.zeros(nb, np.int32)

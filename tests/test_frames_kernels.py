@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfdata.kernels import frame_breaks, frame_stacks, frames_write, next_frame_stacks
+from tfdata.kernels import RING_STACKS, frame_breaks, frames_write
 
 from . import naive
 
@@ -57,9 +57,12 @@ def test_frame_stacks_and_next_frame_stacks_match_the_reference(seed, num_envs, 
     depth = rng.integers(0, 256 if hostile else k, cap).astype(np.uint8)
     rows = rng.integers(0, size, int(rng.integers(1, 9)))
     dst = np.zeros((rows.shape[0], k * width), word)
-    frame_stacks(rows, cursor, steps, num_envs, cap, depth, src, off, hist, pad, mode, dst)
-    want = naive.frame_stacks_naive(rows, cursor, steps, num_envs, cap, depth, src, off, hist, pad, mode)
-    assert np.array_equal(dst, want)
+    geo = np.array([cursor, num_envs, cap], np.int64)
+    RING_STACKS.stacks(geo, steps, rows, depth, src, off, hist, pad, mode, dst)
+    stored = src[:, off:off + width]
+    streams = [naive.ring_stream(int(x), cursor, steps, num_envs, cap) for x in rows]
+    want = [naive.stack_naive(s, depth[x], k, stored, hist, pad, mode) for s, x in zip(streams, rows)]
+    assert np.array_equal(dst, np.array(want).reshape(dst.shape))
 
     term, trunc = _flags(rng, cap, 0.3)
     nf = int(rng.integers(0, 5))
@@ -67,11 +70,16 @@ def test_frame_stacks_and_next_frame_stacks_match_the_reference(seed, num_envs, 
     final_idx = rng.integers(-1, nf + 2 if hostile else nf, cap).astype(np.int32)
     pending = rng.integers(0, info.max, (num_envs, width), dtype=word, endpoint=True)
     nxt = np.zeros_like(dst)
-    next_frame_stacks(rows, cursor, steps, num_envs, cap, depth, src, off, hist, pad, mode, term, trunc,
-                      final_idx, finals, pending, nxt)
-    want = naive.next_frame_stacks_naive(rows, cursor, steps, num_envs, cap, depth, src, off, hist,
-                                         pad, mode, term, trunc, final_idx, finals, pending)
-    assert np.array_equal(nxt, want)
+    RING_STACKS.next_stacks(geo, steps, rows, depth, src, off, hist, pad, mode, term, trunc,
+                            final_idx, finals, pending, nxt)
+    want = [naive.next_stack_naive(s, int(x), k, depth, stored, hist, pad, mode, term, trunc,
+                                   final_idx, finals, pending) for s, x in zip(streams, rows)]
+    assert np.array_equal(nxt, np.array(want).reshape(nxt.shape))
+    # both in one pass: the same stacks
+    both = np.zeros_like(dst), np.zeros_like(dst)
+    RING_STACKS.stack_pairs(geo, steps, rows, depth, src, off, hist, pad, mode, term, trunc,
+                            final_idx, finals, pending, *both)
+    assert np.array_equal(both[0], dst) and np.array_equal(both[1], nxt)
 
 
 def test_stacks_reach_into_hist_and_across_the_wrap():

@@ -541,20 +541,28 @@ def test_kernels_against_references():
         mode = int(rng.integers(3))
         stored = src[:, 1:1 + width]
         dst = np.zeros((12, k * width), np.uint8)
-        kernels.shard_frame_stacks(rows, scratch, shards, cap, depth, src, 1, hist, pad, mode, dst)
+        geo = np.concatenate([[shards, cap], scratch]).astype(np.int64)
+        table = finals.reshape(shards * f, width)  # each shard's table, shard by shard
+        kernels.SHARD_STACKS.stacks(geo, 0, rows, depth, src, 1, hist, pad, mode, dst)
         nxt = np.zeros_like(dst)
-        kernels.shard_next_frame_stacks(rows, scratch, shards, cap, depth, src, 1, hist, pad, mode,
-                                        term, trunc, final_idx, finals, pending, nxt)
+        kernels.SHARD_STACKS.next_stacks(geo, 0, rows, depth, src, 1, hist, pad, mode, term, trunc,
+                                         final_idx, table, pending, nxt)
+        both = np.zeros_like(dst), np.zeros_like(dst)
+        kernels.SHARD_STACKS.stack_pairs(geo, 0, rows, depth, src, 1, hist, pad, mode, term, trunc,
+                                         final_idx, table, pending, *both)
+        np.testing.assert_array_equal(both[0], dst)
+        np.testing.assert_array_equal(both[1], nxt)
         mark = np.zeros(12, np.int64)
         kmax = k - 1
-        torn = kernels.shard_frames_torn(reserved.astype(np.uint64), cap, scratch, rows, depth, kmax, mark)
+        torn = kernels.torn_stacks(reserved.astype(np.uint64), cap, scratch, rows, depth, kmax, mark)
         for i, x in enumerate(rows.tolist()):
-            want = naive.shard_stack_naive(x, heads, cap, depth, stored, hist, pad, mode, k)
+            stream = naive.shard_stream(x, heads, cap)
+            want = naive.stack_naive(stream, depth[x], k, stored, hist, pad, mode)
             np.testing.assert_array_equal(dst[i], want.reshape(-1), err_msg=f"trial {trial}")
-            want = naive.shard_next_stack_naive(x, heads, cap, depth, stored, hist, pad, mode, k, term,
-                                                trunc, final_idx, finals, pending)
+            want = naive.next_stack_naive(stream, x, k, depth, stored, hist, pad, mode, term, trunc,
+                                          final_idx, finals[x // cap], pending)
             np.testing.assert_array_equal(nxt[i], want.reshape(-1), err_msg=f"trial {trial} next")
-            assert mark[i] == naive.shard_frames_torn_naive(x, heads, reserved, cap, depth, kmax), trial
+            assert mark[i] == naive.torn_stacks_naive(x, heads, reserved, cap, depth, kmax), trial
         assert torn == mark.sum()
         # the writer's check of its final table
         n = int(rng.integers(1, cap + 1))
@@ -562,8 +570,8 @@ def test_kernels_against_references():
         ends = int(rng.integers(0, 3 * f))
         head = int(rng.integers(ends, ends + 3 * cap))
         final_rows = np.array([head - int(rng.integers(1, 2 * cap)) for _ in range(f)], np.int64)
-        want = naive.shard_finals_room_naive(np.flatnonzero(wt | wr).tolist(), cap, ends, final_rows, head)
-        assert kernels.shard_finals_room(wt, wr, 0, head, cap, ends, final_rows) == want, trial
+        want = naive.final_ring_room_naive(np.flatnonzero(wt | wr).tolist(), cap, ends, final_rows, head)
+        assert kernels.final_ring_room(wt, wr, 0, head, cap, ends, final_rows) == want, trial
 
 
 def test_rate_limiter_and_memory_budget(shm_dir):
@@ -821,11 +829,16 @@ def test_kernels_stay_in_bounds_whatever_the_shared_arrays_hold():
         pending = np.zeros((shards, width), np.uint8)
         rows = rng.integers(0, slots, b).astype(np.int64)
         guard = np.full((b + 2, k * width), 0xAB, np.uint8)
-        kernels.shard_frame_stacks(rows, scratch, shards, cap, depth, src, 1, hist, pad, 0, guard[1:-1])
-        kernels.shard_next_frame_stacks(rows, scratch, shards, cap, depth, src, 1, hist, pad, 0, term,
-                                        trunc, final_idx, finals, pending, guard[1:-1])
+        geo = np.concatenate([[shards, cap], scratch]).astype(np.int64)
+        table = finals.reshape(shards * f, width)
+        ks = kernels.SHARD_STACKS
+        ks.stacks(geo, 0, rows, depth, src, 1, hist, pad, 0, guard[1:-1])
+        ks.next_stacks(geo, 0, rows, depth, src, 1, hist, pad, 0, term, trunc, final_idx, table,
+                       pending, guard[1:-1])
+        ks.stack_pairs(geo, 0, rows, depth, src, 1, hist, pad, 0, term, trunc, final_idx, table,
+                       pending, guard[1:-1], guard[1:-1])
         assert (guard[0] == 0xAB).all() and (guard[-1] == 0xAB).all(), trial
         reserved = rng.integers(0, 2**63, shards).astype(np.uint64)
         mark = np.zeros(b + 2, np.int64)
-        kernels.shard_frames_torn(reserved, cap, scratch, rows, depth, k - 1, mark[1:-1])
+        kernels.torn_stacks(reserved, cap, scratch, rows, depth, k - 1, mark[1:-1])
         assert mark[0] == 0 and mark[-1] == 0

@@ -315,3 +315,121 @@ def test_one_writer_gives_the_one_process_batches(feature, shm_dir):
         for k in a.keys():
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
         np.testing.assert_array_equal(a.indices, b.indices)
+
+
+# -- frame stacks: one FrameStack transform over either kind of streams -------------------------
+FRAME_FEATURES = {
+    "frame stacks": dict(prioritized=False),
+    "frame stacks, n-step": dict(prioritized=False, n_step=3),
+    "frame stacks, prioritized": dict(prioritized=True),
+}
+
+
+def feed_frames(side: str, opts: dict, steps: int = 6):
+    """Transitions of one FrameStackEnv stream written in chunks (with episode ends); after
+    each, a batch whose stacks are checked against what was pushed. Returns the batches."""
+    from .test_shared_frames import K, WriterEnv, check_stacks, spec_of, take
+
+    rng = np.random.default_rng(5)
+    env = WriterEnv(0, p_end=0.2)
+    kw = dict(seed=3, frame_stack=K)
+    if "n_step" in opts:
+        kw.update(n_step=opts["n_step"], gamma=GAMMA)
+    if side == "shared":
+        buf = SharedReplayBuffer(spec_of(), CAP, prioritized=opts["prioritized"], final_frames=CAP,
+                                 **kw)
+    elif opts["prioritized"]:
+        buf = PrioritizedReplayBuffer(spec_of(), CAP, alpha=0.6, **kw)
+    else:
+        buf = ReplayBuffer(spec_of(), CAP, **kw)
+    writer = SharedWriter(buf.name, 0) if side == "shared" else None
+    out = []
+    try:
+        for _ in range(steps):
+            rows = take(env, rng, int(rng.integers(1, CAP // 2)))
+            (buf if writer is None else writer).extend(rows)
+            batch = buf.sample(4, copy=True)
+            check_stacks(batch, gamma=GAMMA if "n_step" in opts else None)
+            out.append(batch)
+            if opts["prioritized"]:
+                buf.update_priorities(batch.indices, np.arange(1, 5, dtype=np.float64))
+                out.append(np.asarray(batch.weights))
+    finally:
+        if writer is not None:
+            writer.close()
+        if side == "shared":
+            buf.close()
+    return out
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("feature", list(FRAME_FEATURES))
+def test_frame_stacks_on_both_sides_against_the_pushed_stacks(feature, side, shm_dir):
+    assert feed_frames(side, FRAME_FEATURES[feature])
+
+
+@pytest.mark.parametrize("feature", list(FRAME_FEATURES))
+def test_one_writer_gives_the_one_process_frame_stacks(feature, shm_dir):
+    one, shared = (feed_frames(side, FRAME_FEATURES[feature]) for side in SIDES)
+    assert len(one) == len(shared)
+    for a, b in zip(one, shared):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)
+            continue
+        for k in a.keys():
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        np.testing.assert_array_equal(a.indices, b.indices)
+
+
+# -- the stack kernels: the same streams as a ring and as shards ----------------------------
+@pytest.mark.parametrize("seed", range(8))
+def test_the_same_stacks_through_both_kinds(seed):
+    """Frames (one word per step, naming stream and step) laid out as a ring and as shards, with
+    the same depths, overwritten frames and final tables: the stacks of the same rows are the
+    same through both kinds' kernels, and the reference's."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(2, 5))
+    lay = Layouts(rng, int(rng.integers(1, 4)), int(rng.integers(k, k + 4)), int(rng.integers(1, 20)))
+    E, cap, T = lay.E, lay.cap, lay.T
+    frame = {(t, e): 1000 * e + t + 1 for t in range(-k, T) for e in range(E)}
+    depth = {(t, e): int(rng.integers(0, k)) for t in range(T) for e in range(E)}
+    ring_src, shard_src = np.zeros((lay.C, 1), np.uint32), np.zeros((lay.C, 1), np.uint32)
+    ring_depth, shard_depth = np.zeros(lay.C, np.uint8), np.zeros(lay.C, np.uint8)
+    for t, e in lay.held:
+        ring_src[lay.ring_slot(t, e)], shard_src[lay.shard_slot(t, e)] = frame[t, e], frame[t, e]
+        ring_depth[lay.ring_slot(t, e)] = shard_depth[lay.shard_slot(t, e)] = depth[t, e]
+    hist = np.zeros((k - 1, E, 1), np.uint32)
+    for t in range(max(0, T - cap - (k - 1)), T - cap):  # the K - 1 steps overwritten last
+        for e in range(E):
+            hist[t % (k - 1), e] = frame[t, e]
+    pad, pending = np.full(1, 7, np.uint32), np.array([[frame[T - 1, e] + 1] for e in range(E)], np.uint32)
+    # one final frame per stream, at its rows' entry 0
+    f_ring = np.array([[5000 + e] for e in range(E)], np.uint32)
+    ring_fidx, shard_fidx = np.full(lay.C, -1, np.int32), np.full(lay.C, -1, np.int32)
+    for t, e in lay.held:
+        ring_fidx[lay.ring_slot(t, e)], shard_fidx[lay.shard_slot(t, e)] = e, 0
+    starts = [lay.held[i] for i in rng.integers(0, len(lay.held), 12)]
+    mode = int(rng.integers(3))
+    got = {}
+    for kind, slot_of, src, dep, fidx, table, geo, steps in (
+            ("ring", lay.ring_slot, ring_src, ring_depth, ring_fidx, f_ring, lay.ring_geo, T),
+            ("shards", lay.shard_slot, shard_src, shard_depth, shard_fidx, f_ring, lay.shard_geo, 0)):
+        a = lay.ring if kind == "ring" else lay.shard
+        rows = np.array([slot_of(t, e) for t, e in starts], np.int64)
+        dst, nxt = np.zeros((12, k), np.uint32), np.zeros((12, k), np.uint32)
+        ks = kernels.STACKS_BY_STREAMS[kind]
+        ks.stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, dst)
+        ks.next_stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, a["term"], a["trunc"], fidx,
+                       table, pending, nxt)
+        for i, x in enumerate(rows.tolist()):
+            stream = (naive.ring_stream(x, lay.cursor, T, E, lay.C) if kind == "ring"
+                      else naive.shard_stream(x, lay.heads, cap))
+            own = table if kind == "ring" else table[x // cap:x // cap + 1]
+            np.testing.assert_array_equal(dst[i], naive.stack_naive(stream, dep[x], k, src, hist, pad,
+                                                                    mode).reshape(-1))
+            np.testing.assert_array_equal(nxt[i], naive.next_stack_naive(
+                stream, x, k, dep, src, hist, pad, mode, a["term"], a["trunc"], fidx, own,
+                pending).reshape(-1))
+        got[kind] = dst, nxt
+    np.testing.assert_array_equal(got["ring"][0], got["shards"][0])  # bit for bit
+    np.testing.assert_array_equal(got["ring"][1], got["shards"][1])

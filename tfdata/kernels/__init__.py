@@ -22,10 +22,9 @@ from ._streams import RING, SHARDS  # noqa: E402
 from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity,  # noqa: E402
                         stamp_episodes)  # noqa: E402
 
-from ._frames import (frame_breaks, frame_push, frame_push_u8, frame_stack_pairs, frame_stacks,  # noqa: E402
-                      frames_write, next_frame_stacks, shard_finals_index, shard_finals_room,
-                      shard_finals_write, shard_frame_stacks, shard_frames_torn,
-                      shard_next_frame_stacks)
+from ._frames import (RING_STACKS, SHARD_STACKS, final_ring_index, final_ring_room,  # noqa: E402
+                      final_ring_write, frame_breaks, frame_push, frame_push_u8, frames_write,
+                      torn_stacks)
 from ._cold import cold_frame_stacks, cold_next_frame_stacks  # noqa: E402
 
 from ._loader import touch_pages, window_order  # noqa: E402
@@ -38,12 +37,14 @@ BY_LAYOUT = {"aos": aos, "soa": soa}
 #: the n-step and slice kernels of each kind of streams (``.nstep``, ``.slices``,
 #: ``.slices_prioritized``), as BY_LAYOUT gives a layout's
 BY_STREAMS = {"ring": RING, "shards": SHARDS}
+#: the frame-stack kernels of each kind of streams (``.stacks``, ``.next_stacks``,
+#: ``.stack_pairs``)
+STACKS_BY_STREAMS = {"ring": RING_STACKS, "shards": SHARD_STACKS}
 
 __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
            "copy_field_rows", "copy_next_elided", "first_discontinuity", "stamp_episodes", "RING", "SHARDS", "BY_STREAMS",
-           "frame_breaks", "frame_push", "frame_push_u8", "frame_stack_pairs", "frame_stacks", "frames_write", "next_frame_stacks",
-           "shard_finals_index", "shard_finals_room", "shard_finals_write", "shard_frame_stacks",
-           "shard_frames_torn", "shard_next_frame_stacks",
+           "frame_breaks", "frame_push", "frame_push_u8", "frames_write", "RING_STACKS", "SHARD_STACKS",
+           "STACKS_BY_STREAMS", "torn_stacks", "final_ring_index", "final_ring_room", "final_ring_write",
            "cold_frame_stacks", "cold_next_frame_stacks",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",

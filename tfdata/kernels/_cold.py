@@ -11,8 +11,8 @@ block ``b``, or -1; ``filled[c]``: the frames of slot ``c`` decompressed, from t
 a block is decompressed up to the last frame the sample reads in it, zstd stops there) and reads
 their frames there.
 
-The two kernels are :func:`~tfdata.kernels._frames.frame_stacks` and
-:func:`~tfdata.kernels._frames.next_frame_stacks` (same arguments, same stacks) with a ``mode``:
+The two kernels are the ring's ``stacks`` and ``next_stacks`` of :mod:`tfdata.kernels._frames`
+(their arguments as ``cursor, steps, num_envs, capacity``; the same stacks) with a ``mode``:
 
 * ``LIST``: write nothing; append to ``need`` (from ``count``) each compressed block the stacks
   read that is not listed yet (``mark[b] == gen``: listed), with ``reach[b]`` one more than the
@@ -117,13 +117,13 @@ def _back_c(dst, i, npos, x, a, d, e, steps, num_envs, capacity, src, src_off, h
 def cold_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, pmode,
                       cold_from, block, cache_map, cache, filled, mode, mark, gen, need, reach, count,
                       dst):
-    """:func:`~tfdata.kernels._frames.frame_stacks` through the cold tier (see the module
+    """:func:`~tfdata.kernels._frames.stacks` of a ring through the cold tier (see the module
     docstring).
 
     Parameters
     ----------
     rows ... dst
-        As :func:`~tfdata.kernels._frames.frame_stacks` (``pmode``: its padding ``mode``).
+        As :func:`~tfdata.kernels._frames.stacks` (``pmode``: its padding ``mode``).
     cold_from : ndarray of int32, shape (nblocks,)
         Offset in each block from which its compressed copy is valid (``block``: none).
     block : int
@@ -173,7 +173,7 @@ def cold_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_o
 def cold_next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad,
                            pmode, term, trunc, final_idx, finals, pending, cold_from, block,
                            cache_map, cache, filled, mode, mark, gen, need, reach, count, dst):
-    """:func:`~tfdata.kernels._frames.next_frame_stacks` through the cold tier: parameters as
+    """:func:`~tfdata.kernels._frames.next_stacks` of a ring through the cold tier: parameters as
     there (``pmode``: its padding ``mode``) and as :func:`cold_frame_stacks`; returns the count
     of blocks listed."""
     width = pad.shape[0]

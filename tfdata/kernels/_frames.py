@@ -16,6 +16,13 @@ A row the ring has overwritten keeps its frame in ``hist`` (``K - 1`` frames per
 steps evicted most recently: step ``s`` at ``hist[s % (K - 1), e]``) for as long as a held row's
 stack reaches it, so every held row can be sampled, exactly as a buffer that stores whole stacks.
 
+The stacks are written once for both kinds of streams of :mod:`tfdata.kernels._streams` (a ring
+of interleaved streams, the shards of a shared region): templates whose geometry functions
+(where a slot's stream is, its age, its final-table row) :func:`specialize` binds per kind, as
+the n-step windows and slices are (:data:`RING_STACKS`, :data:`SHARD_STACKS`). The per-slot
+tables are the same arrays on both sides: ``depth`` and ``final_idx`` per slot, ``hist`` and
+``pending`` per stream.
+
 Frames are copied as words (``uintX``, the widest dividing the frame's bytes and offset); the
 storage is read through ``(words, offset, width)`` views, so nothing here knows the layout.
 Nothing allocates; slots, depths and table entries are bounded before use.
@@ -23,11 +30,14 @@ Nothing allocates; slots, depths and table entries are bounded before use.
 
 from __future__ import annotations
 
+from types import FunctionType, SimpleNamespace
+
 import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._shared import in_windows, windows
+from ._streams import SHARD_HEADER
 from ._sync import fence_acquire
 
 PAD_RESET = 0
@@ -40,43 +50,12 @@ BREAK_CONTINUITY = 1  # earlier frames that are not the stream's previous frames
 BREAK_NEXT = 2  # a next stack that is not the stack shifted by one frame
 
 
-@njit(**INLINE_OPTIONS)
-def _put_frame(dst, i, o, x, a, j, e, steps, num_envs, capacity, src, src_off, hist, width):
-    """Frame ``j`` steps back from slot ``x`` (age ``a``, stream ``e``) into ``dst[i, o:o+width]``:
-    from its slot while the ring holds it, else from ``hist``."""
-    held = capacity // num_envs
-    if a + j < held:
-        s = x - j * num_envs
-        if s < 0:
-            s += capacity
-        for w in range(width):
-            dst[i, o + w] = src[s, src_off + w]
-    else:
-        h = (steps - 1 - a - j) % hist.shape[0]
-        for w in range(width):
-            dst[i, o + w] = hist[h, e, w]
-
-
-@njit(**INLINE_OPTIONS)
-def _put_back(dst, i, count, x, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad, mode,
-              width):
-    """Positions ``0 .. count-1`` of a stack whose newest is slot ``x``: position ``p`` is the frame
-    ``count - 1 - p`` steps back, or padding beyond the episode's first row (``d`` steps back)."""
-    for p in range(count):
-        j = count - 1 - p
-        o = p * width
-        if j <= d:
-            _put_frame(dst, i, o, x, a, j, e, steps, num_envs, capacity, src, src_off, hist, width)
-        elif mode == PAD_RESET:
-            _put_frame(dst, i, o, x, a, d, e, steps, num_envs, capacity, src, src_off, hist, width)
-        elif mode == PAD_ZERO:
-            for w in range(width):
-                dst[i, o + w] = 0
-        else:
-            for w in range(width):
-                dst[i, o + w] = pad[w]
-
-
+# -- where a stack's frames are: one set of functions per kind of streams ---------------------
+# (the kinds of :mod:`._streams`: a ring of ``E`` interleaved streams, or one stream per shard).
+# Both see a stream as slots ``base + (local + j * step) % span``: the ring, ``base = 0``,
+# ``step = E``, ``span = C``; a shard, ``base = s * cap``, ``step = 1``, ``span = cap``. Every
+# function takes the geometry words ``geo`` and ``g``, what ``prepare`` made of them once per
+# call (integers only, as in :mod:`._streams`), ``g[0]`` the step and ``g[1]`` the span.
 @njit(**INLINE_OPTIONS)
 def _age_depth(x, newest, num_envs, capacity, depth, kmax):
     d = newest - (x - x % num_envs)
@@ -92,42 +71,154 @@ age_depth = _age_depth  # the cold tier's kernels (kernels._cold) inline it too
 
 
 @njit(**INLINE_OPTIONS)
-def _put_next(dst, i, o, y, a, e, num_envs, capacity, src, src_off, term, trunc, final_idx, finals,
-              pending, width):
-    """Slot ``y``'s next frame into ``dst[i, o:o+width]``: its final frame at an episode's end
-    (when its table entry exists), the pending frame for the newest step (age ``a == 0``: the
-    next row is not in the ring yet), else the stream's next row's frame."""
-    f = final_idx[y] if term[y] or trunc[y] else -1
-    if 0 <= f < finals.shape[0]:
+def ring_prepare(geo, steps):
+    """``(E, C, newest step's first slot, steps per stream)`` from ``[cursor, E, C]``."""
+    num_envs, capacity = geo[1], geo[2]
+    newest = geo[0] - num_envs
+    if newest < 0:
+        newest += capacity
+    return num_envs, capacity, newest, steps
+
+
+@njit(**INLINE_OPTIONS)
+def ring_locate(geo, g, x, depth, kmax):
+    """``(base, local, stream, age, depth, rows its stream wrote)`` of held slot ``x`` (the
+    age: rows newer in its stream; the depth at most ``kmax``)."""
+    a, d = _age_depth(x, g[2], g[0], g[1], depth, kmax)
+    return 0, x, x % g[0], a, d, g[3]
+
+
+@njit(**INLINE_OPTIONS)
+def ring_final_row(g, e, f, n):
+    """The row of entry ``f`` of stream ``e`` in a table of ``n`` rows (one for every stream),
+    or -1."""
+    return f if 0 <= f < n else -1
+
+
+@njit(**INLINE_OPTIONS)
+def shard_prepare(geo, steps):
+    """``(1, cap, S, 0)`` from ``[S, cap, snapshot...]`` (a shard's head is its steps)."""
+    return 1, geo[1], geo[0], 0
+
+
+@njit(**INLINE_OPTIONS)
+def shard_locate(geo, g, x, depth, kmax):
+    """:func:`ring_locate` of region slot ``x`` as of the heads in ``geo``; each bounded."""
+    cap, shards = g[1], g[2]
+    s = x // cap
+    if s < 0:
+        s = 0
+    elif s >= shards:
+        s = shards - 1
+    base = s * cap
+    local = x - base
+    if local < 0 or local >= cap:
+        local = 0
+    at = SHARD_HEADER + shards + s
+    h = geo[at] if at < geo.shape[0] else 0
+    if h < 0:
+        h = 0
+    newest = h % cap - 1
+    if newest < 0:
+        newest += cap
+    a = newest - local
+    if a < 0:
+        a += cap
+    d = depth[base + local]
+    if d > kmax:  # a bound, whatever the array holds
+        d = kmax
+    return base, local, s, a, d, h
+
+
+@njit(**INLINE_OPTIONS)
+def shard_final_row(g, e, f, n):
+    """The row of entry ``f`` of shard ``e``'s table (``S`` tables of ``n // S`` rows), or -1."""
+    per = n // g[2]
+    return e * per + f if 0 <= f < per else -1
+
+
+@njit(**INLINE_OPTIONS)
+def _put_frame(dst, i, o, base, x, a, j, e, t, step, span, src, src_off, hist, width):
+    """Frame ``j`` steps back from slot ``base + x`` (age ``a``, stream ``e`` of ``t`` rows)
+    into ``dst[i, o:o+width]``: from its slot while the stream holds it, else from ``hist``."""
+    if a + j < span // step:
+        s = x - j * step
+        if s < 0:
+            s += span
+        s += base
+        for w in range(width):
+            dst[i, o + w] = src[s, src_off + w]
+    else:
+        h = (t - 1 - a - j) % hist.shape[0]
+        for w in range(width):
+            dst[i, o + w] = hist[h, e, w]
+
+
+@njit(**INLINE_OPTIONS)
+def _put_back(dst, i, count, base, x, a, d, e, t, step, span, src, src_off, hist, pad, mode, width):
+    """Positions ``0 .. count-1`` of the stack of slot ``base + x``: the frame ``count - 1 - p``
+    steps back, or padding beyond the episode's first row (``d`` steps back)."""
+    for p in range(count):
+        j = count - 1 - p
+        o = p * width
+        if j <= d:
+            _put_frame(dst, i, o, base, x, a, j, e, t, step, span, src, src_off, hist, width)
+        elif mode == PAD_RESET:
+            _put_frame(dst, i, o, base, x, a, d, e, t, step, span, src, src_off, hist, width)
+        elif mode == PAD_ZERO:
+            for w in range(width):
+                dst[i, o + w] = 0
+        else:
+            for w in range(width):
+                dst[i, o + w] = pad[w]
+
+
+# -- the templates ----------------------------------------------------------------------------
+#: bound by :func:`specialize` to one kind's functions above (``ring_*`` or ``shard_*``)
+prepare = locate = final_row = None
+
+
+def _put_next(g, dst, i, o, base, x, a, e, src, src_off, term, trunc, final_idx, finals, pending,
+              width):
+    """Slot ``base + x``'s next frame into ``dst[i, o:o+width]``: its final frame at an
+    episode's end (when its table entry exists), the pending frame of its stream's newest row
+    (age ``a == 0``: the next row is not written yet), else the stream's next row's frame."""
+    y = base + x
+    f = final_row(g, e, final_idx[y] if term[y] or trunc[y] else -1, finals.shape[0])
+    if f >= 0:
         for w in range(width):
             dst[i, o + w] = finals[f, w]
     elif a == 0:
         for w in range(width):
             dst[i, o + w] = pending[e, w]
     else:
-        s = y + num_envs
-        if s >= capacity:
-            s -= capacity
+        s = x + g[0]
+        if s >= g[1]:
+            s -= g[1]
+        s += base
         for w in range(width):
             dst[i, o + w] = src[s, src_off + w]
 
 
-@njit(**NJIT_OPTIONS)
-def frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, mode, dst):
+def stacks(geo, steps, rows, depth, src, src_off, hist, pad, mode, dst):
     """The stacks of ``rows`` (their observation), rebuilt from one stored frame per row.
 
     Parameters
     ----------
+    geo : ndarray of int64
+        The streams' geometry (:mod:`tfdata.kernels._streams`): the ring's ``[cursor, E, C]``,
+        or the shards' ``[S, cap, heads snapshot...]``.
+    steps : int
+        Ring: the steps each stream wrote since the buffer was cleared (shards: unused, a
+        shard's head says it).
     rows : ndarray of int64, shape (B,)
         Held slots.
-    cursor, steps : int
-        The writer's cursor and the steps written since the buffer was cleared.
-    depth : ndarray of uint8, shape (capacity,)
+    depth : ndarray of uint8, shape (slots,)
         Steps since the episode's first row, at most ``K - 1``.
-    src : ndarray of uintX, shape (capacity, row_words)
+    src : ndarray of uintX, shape (slots, row_words)
         Storage words; the frame is at word ``src_off``, ``width = dst.shape[1] // K`` words.
-    hist : ndarray of uintX, shape (K - 1, num_envs, width)
-        Frames of overwritten rows.
+    hist : ndarray of uintX, shape (K - 1, streams, width)
+        Frames of overwritten rows (step ``t`` of stream ``e`` at ``hist[t % (K - 1), e]``).
     pad : ndarray of uintX, shape (width,)
         The padding frame (``mode == PAD_VALUE``).
     mode : int
@@ -137,74 +228,89 @@ def frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, h
     """
     width = pad.shape[0]
     k = hist.shape[0] + 1
-    newest = cursor - num_envs
-    if newest < 0:
-        newest += capacity
+    g = prepare(geo, steps)
     for i in range(rows.shape[0]):
-        x = rows[i]
-        a, d = _age_depth(x, newest, num_envs, capacity, depth, k - 1)
-        _put_back(dst, i, k, x, a, d, x % num_envs, steps, num_envs, capacity, src, src_off, hist,
-                  pad, mode, width)
+        base, x, e, a, d, t = locate(geo, g, rows[i], depth, k - 1)
+        _put_back(dst, i, k, base, x, a, d, e, t, g[0], g[1], src, src_off, hist, pad, mode, width)
 
 
-@njit(**NJIT_OPTIONS)
-def next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, mode,
-                      term, trunc, final_idx, finals, pending, dst):
+def next_stacks(geo, steps, rows, depth, src, src_off, hist, pad, mode, term, trunc, final_idx,
+                finals, pending, dst):
     """The next stacks of ``rows``: each row's stack shifted by one frame, then its next frame
-    (the stream's next row, the final table at an episode's end, ``pending`` for the newest step).
+    (the stream's next row, the final table at an episode's end, ``pending`` for its stream's
+    newest row).
 
-    Parameters are those of :func:`frame_stacks`, and (as ``copy_next_elided``):
+    Parameters are those of :func:`stacks`, and (as ``copy_next_elided``):
 
-    term, trunc : ndarray of bool, shape (capacity,), any stride
-    final_idx : ndarray of int32, shape (capacity,)
-        Final-table entry of episode-ending rows, else -1.
+    term, trunc : ndarray of bool, shape (slots,), any stride
+    final_idx : ndarray of int32, shape (slots,)
+        Final-table entry of episode-ending rows, else -1 (a shard's: an entry of its table).
     finals : ndarray of uintX, shape (F, width)
-        Final frames of episode-ending rows.
-    pending : ndarray of uintX, shape (num_envs, width)
+        Final frames of episode-ending rows: one table (ring), or each shard's ``F / S``
+        entries, shard by shard.
+    pending : ndarray of uintX, shape (streams, width)
         Next frame of each stream's newest row.
     """
     width = pad.shape[0]
     k = hist.shape[0] + 1
     last = (k - 1) * width
-    newest = cursor - num_envs
-    if newest < 0:
-        newest += capacity
+    g = prepare(geo, steps)
     for i in range(rows.shape[0]):
-        y = rows[i]
-        a, d = _age_depth(y, newest, num_envs, capacity, depth, k - 1)
-        e = y % num_envs
-        _put_back(dst, i, k - 1, y, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad,
-                  mode, width)
-        _put_next(dst, i, last, y, a, e, num_envs, capacity, src, src_off, term, trunc, final_idx,
-                  finals, pending, width)
+        base, y, e, a, d, t = locate(geo, g, rows[i], depth, k - 1)
+        _put_back(dst, i, k - 1, base, y, a, d, e, t, g[0], g[1], src, src_off, hist, pad, mode,
+                  width)
+        _put_next(g, dst, i, last, base, y, a, e, src, src_off, term, trunc, final_idx, finals,
+                  pending, width)
 
 
-@njit(**NJIT_OPTIONS)
-def frame_stack_pairs(rows, cursor, steps, num_envs, capacity, depth, src, src_off, hist, pad, mode,
-                      term, trunc, final_idx, finals, pending, dst, nxt):
-    """:func:`frame_stacks` and :func:`next_frame_stacks` of the same ``rows`` in one pass (no
-    n-step): a row's next stack is its stack shifted by one frame, copied from ``dst`` while it
-    is in cache, then its next frame; the frames are read from the storage once.
+def stack_pairs(geo, steps, rows, depth, src, src_off, hist, pad, mode, term, trunc, final_idx,
+                finals, pending, dst, nxt):
+    """:func:`stacks` and :func:`next_stacks` of the same ``rows`` in one pass (no n-step): a
+    row's next stack is its stack shifted by one frame, copied from ``dst`` while it is in
+    cache, then its next frame; the frames are read from the storage once.
 
-    Parameters are those of :func:`next_frame_stacks`; ``dst`` receives the stacks and ``nxt``
-    (the same shape) the next stacks.
+    Parameters are those of :func:`next_stacks`; ``dst`` receives the stacks and ``nxt`` (the
+    same shape) the next stacks.
     """
     width = pad.shape[0]
     k = hist.shape[0] + 1
     last = (k - 1) * width
-    newest = cursor - num_envs
-    if newest < 0:
-        newest += capacity
+    g = prepare(geo, steps)
     for i in range(rows.shape[0]):
-        x = rows[i]
-        a, d = _age_depth(x, newest, num_envs, capacity, depth, k - 1)
-        e = x % num_envs
-        _put_back(dst, i, k, x, a, d, e, steps, num_envs, capacity, src, src_off, hist, pad, mode,
-                  width)
+        base, x, e, a, d, t = locate(geo, g, rows[i], depth, k - 1)
+        _put_back(dst, i, k, base, x, a, d, e, t, g[0], g[1], src, src_off, hist, pad, mode, width)
         for w in range(last):
             nxt[i, w] = dst[i, width + w]
-        _put_next(nxt, i, last, x, a, e, num_envs, capacity, src, src_off, term, trunc, final_idx,
-                  finals, pending, width)
+        _put_next(g, nxt, i, last, base, x, a, e, src, src_off, term, trunc, final_idx, finals,
+                  pending, width)
+
+
+#: the kernels of one kind, and the inline template they call (bound first)
+TEMPLATES = (stacks, next_stacks, stack_pairs)
+_HELPERS = (_put_next,)
+_GEOMETRY = ("prepare", "locate", "final_row")
+
+
+def specialize(kind: str, prefix: str) -> SimpleNamespace:
+    """``stacks``, ``next_stacks`` and ``stack_pairs`` of one kind of streams, as cached kernels
+    whose geometry functions are this module's ``<prefix>_<name>`` (as
+    :func:`tfdata.kernels._streams.specialize` makes the windows and slices)."""
+    env = dict(globals(), **{n: globals()[f"{prefix}_{n}"] for n in _GEOMETRY})
+
+    def made(template, options):
+        fn = FunctionType(template.__code__, env, template.__name__, template.__defaults__)
+        fn.__qualname__ = f"{kind}.{template.__name__}"  # names the cache entry
+        fn.__doc__ = template.__doc__
+        return njit(**options)(fn)
+
+    for template in _HELPERS:
+        env[template.__name__] = made(template, INLINE_OPTIONS)
+    return SimpleNamespace(kind=kind, **{t.__name__: made(t, NJIT_OPTIONS) for t in TEMPLATES})
+
+
+#: the stack kernels over a ring of interleaved streams, and over shards of streams
+RING_STACKS = specialize("ring", "ring")
+SHARD_STACKS = specialize("shards", "shard")
 
 
 @njit(**INLINE_OPTIONS)
@@ -519,114 +625,17 @@ def frame_push_u8(obs, nxt, ended, p, size, steps, src, src_off, hist, pad, mode
                       final_idx, finals, free, n_free, pending, has_pending, episode, current)
 
 
-# -- shards of a shared-memory region ---------------------------------------------------------
+# -- shards of a shared-memory region: what only a region needs ------------------------------
 # A SharedReplayBuffer's shard is one writer's stream: a ring of ``cap`` slots (row ``r`` of
-# shard ``s`` in slot ``s * cap + r % cap``) whose position is the shard's head. The kernels
-# above serve it with ``num_envs = 1``, ``capacity = cap`` and the shard's slices of the slot
-# arrays; ``hist`` is ``(K - 1, shards, width)``, the shard being the stream index. The learner's
-# kernels below take the heads as :func:`tfdata.kernels._shared.snapshot_heads` leaves them in
-# ``scratch`` (``scratch[shards + s]``: shard ``s``'s head) and bound every slot to the row's
-# own shard, whatever the heads or the shared arrays hold.
-
-
-@njit(**INLINE_OPTIONS)
-def _shard_of(x, scratch, shards, cap):
-    """``(shard, slot within it, head)`` of the region slot ``x``, each bounded."""
-    s = x // cap
-    if s < 0:
-        s = 0
-    elif s >= shards:
-        s = shards - 1
-    local = x - s * cap
-    if local < 0 or local >= cap:
-        local = 0
-    h = scratch[shards + s]
-    if h < 0:
-        h = 0
-    return s, local, h
+# shard ``s`` in slot ``s * cap + r % cap``) whose position is the shard's head. The writer's
+# checks and writes above serve it with ``num_envs = 1``, ``capacity = cap`` and the shard's
+# slices of the slot arrays; the stacks are :data:`SHARD_STACKS`. What a region adds: the check
+# that no writer wrote a stack's rows while they were read, and a final table of fixed size
+# (a ring of ``F`` entries per shard, where the one-process table grows).
 
 
 @njit(**NJIT_OPTIONS)
-def shard_frame_stacks(rows, scratch, shards, cap, depth, src, src_off, hist, pad, mode, dst):
-    """:func:`frame_stacks` over the shards of a shared region: row ``rows[i]``'s stack from
-    its own shard's frames (the ring of ``cap`` slots, then ``hist[:, s]``), as of the heads
-    in ``scratch``.
-
-    Parameters
-    ----------
-    rows : ndarray of int64, shape (B,)
-        Region slots, each in ``[0, shards * cap)``.
-    scratch : ndarray of int64, shape (>= 2 * shards,)
-        ``scratch[shards + s]``: the head of shard ``s`` (rows it had published).
-    shards, cap : int
-        Shards and slots per shard (``cap >= K``).
-    depth : ndarray of uint8, shape (shards * cap,)
-    src : ndarray of uintX, shape (shards * cap, row_words)
-        Stored frames at word ``src_off``.
-    hist : ndarray of uintX, shape (K - 1, shards, width)
-    pad : ndarray of uintX, shape (width,)
-    mode : int
-    dst : ndarray of uintX, shape (B, K * width)
-    """
-    width = pad.shape[0]
-    k = hist.shape[0] + 1
-    for i in range(rows.shape[0]):
-        s, x, h = _shard_of(rows[i], scratch, shards, cap)
-        base = s * cap
-        newest = h % cap - 1
-        if newest < 0:
-            newest += cap
-        a, d = _age_depth(x, newest, 1, cap, depth[base:base + cap], k - 1)
-        _put_back(dst, i, k, x, a, d, s, h, 1, cap, src[base:base + cap], src_off, hist, pad, mode,
-                  width)
-
-
-@njit(**NJIT_OPTIONS)
-def shard_next_frame_stacks(rows, scratch, shards, cap, depth, src, src_off, hist, pad, mode,
-                            term, trunc, final_idx, finals, pending, dst):
-    """:func:`next_frame_stacks` over the shards of a shared region (see
-    :func:`shard_frame_stacks`): the stack shifted by one frame, then the next frame: the
-    shard's final table at an episode's end, its pending frame for its newest row (as of the
-    heads), else the shard's next slot.
-
-    Parameters are those of :func:`shard_frame_stacks`, and:
-
-    term, trunc : ndarray of bool, shape (shards * cap,), any stride
-    final_idx : ndarray of int32, shape (shards * cap,)
-        Entry of an episode-ending row in its shard's final table.
-    finals : ndarray of uintX, shape (shards, F, width)
-    pending : ndarray of uintX, shape (shards, width)
-    """
-    width = pad.shape[0]
-    k = hist.shape[0] + 1
-    last = (k - 1) * width
-    for i in range(rows.shape[0]):
-        s, x, h = _shard_of(rows[i], scratch, shards, cap)
-        base = s * cap
-        newest = h % cap - 1
-        if newest < 0:
-            newest += cap
-        a, d = _age_depth(x, newest, 1, cap, depth[base:base + cap], k - 1)
-        _put_back(dst, i, k - 1, x, a, d, s, h, 1, cap, src[base:base + cap], src_off, hist, pad,
-                  mode, width)
-        y = base + x
-        f = final_idx[y] if term[y] or trunc[y] else -1
-        if 0 <= f < finals.shape[1]:
-            for w in range(width):
-                dst[i, last + w] = finals[s, f, w]
-        elif a == 0:  # the shard's newest row: its next frame is not in the ring yet
-            for w in range(width):
-                dst[i, last + w] = pending[s, w]
-        else:
-            z = x + 1
-            if z >= cap:
-                z -= cap
-            for w in range(width):
-                dst[i, last + w] = src[base + z, src_off + w]
-
-
-@njit(**NJIT_OPTIONS)
-def shard_frames_torn(reserved, cap, scratch, idx, depth, kmax, mark):
+def torn_stacks(reserved, cap, scratch, idx, depth, kmax, mark):
     """After the stacks of ``idx`` were rebuilt: which of them a writer may have been writing
     since the heads in ``scratch`` were read (``mark[i] = 1``); returns how many.
 
@@ -683,7 +692,7 @@ def shard_frames_torn(reserved, cap, scratch, idx, depth, kmax, mark):
 
 
 @njit(**NJIT_OPTIONS)
-def shard_finals_room(term, trunc, skip, r0, cap, ends, final_rows):
+def final_ring_room(term, trunc, skip, r0, cap, ends, final_rows):
     """The first row of a write whose episode end would take a final-table entry that a held
     row still uses, or -1 (the table is a ring: the ``j``-th end of a shard takes entry
     ``j % F``, whose last user must have been overwritten by then).
@@ -714,10 +723,10 @@ def shard_finals_room(term, trunc, skip, r0, cap, ends, final_rows):
 
 
 @njit(**NJIT_OPTIONS)
-def shard_finals_write(nxt, term, trunc, skip, ends, finals, pending):
+def final_ring_write(nxt, term, trunc, skip, ends, finals, pending):
     """Keep the next frames a shard's rows do not store: the final frame of each stored row
     that ends an episode (entry ``j % F`` for the shard's ``j``-th end) and the newest row's
-    next frame (``pending``). Called after :func:`shard_finals_room` accepted the write.
+    next frame (``pending``). Called after :func:`final_ring_room` accepted the write.
 
     Parameters
     ----------
@@ -751,7 +760,7 @@ def shard_finals_write(nxt, term, trunc, skip, ends, finals, pending):
 
 
 @njit(**NJIT_OPTIONS)
-def shard_finals_index(term, trunc, skip, r0, ends, final_idx, final_rows):
+def final_ring_index(term, trunc, skip, r0, ends, final_idx, final_rows):
     """Point each stored row of a write at its final-table entry (-1: not an episode end) and
     each entry at its row; returns the shard's episode ends after the write.
 
@@ -759,7 +768,7 @@ def shard_finals_index(term, trunc, skip, r0, ends, final_idx, final_rows):
     ----------
     term, trunc : ndarray of bool, shape (n,), any stride
     skip, r0, ends : int
-        As :func:`shard_finals_room`.
+        As :func:`final_ring_room`.
     final_idx : ndarray of int32, shape (cap,)
         The shard's slots.
     final_rows : ndarray of int64, shape (F,)

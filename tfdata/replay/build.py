@@ -213,8 +213,8 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
                                       envs, capacity, allocator))
     if p.frame_stacks is not None:
         flags = (p.storage.field(roles["terminated"]), p.storage.field(roles["truncated"]))
-        p.transforms.append(FrameStack(plan.spec, p.frame_stacks, p.episodes, flags, envs,
-                                       capacity, allocator, p.writer, p.cold))
+        p.transforms.append(FrameStack(plan.spec, p.frame_stacks, p.episodes, flags, p.streams,
+                                       allocator, p.cold))
     if p.spill is not None:  # after every other transform has read its rows
         p.transforms.append(_SpillRelease(p.spill))
     p.lock = threading.Lock()

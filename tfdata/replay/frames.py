@@ -6,8 +6,10 @@ and ``K`` more times in ``next_obs``. A buffer built with ``frame_stack={"obs": 
 the newest frame of each row's ``obs``; the ``next_obs`` field (the next of ``obs``) is not stored
 at all: its newest frame is elided as ``elide_next`` elides a next field (read from the stream's
 next row, the final table at an episode's end, ``pending`` for the newest step), the rest is the
-row's own stack shifted by one. The stacks are rebuilt at sample time by
-:func:`tfdata.kernels._frames.frame_stacks`, straight into the output ring.
+row's own stack shifted by one. The stacks are rebuilt at sample time by the kernels of
+:mod:`tfdata.kernels._frames`, straight into the output ring; :class:`FrameStack` does it for a
+ring of streams and for the shards of a shared region alike (whose tables are in the region:
+:mod:`tfdata.replay.shared_frames`).
 
 Two pieces of bookkeeping make the rebuilt stacks exact:
 
@@ -493,24 +495,43 @@ def _expect(arr, dtype, shape, what: str) -> None:
 
 class FrameStack:
     """The transform that fills the stacked fields (and their next fields) of a batch from the
-    stored frames (see :mod:`tfdata.replay.transforms` for the contract)."""
+    stored frames (see :mod:`tfdata.replay.transforms` for the contract), over either kind of
+    ``streams`` (:mod:`tfdata.replay.streams`): a ring (``where``: the writer's cursor), or the
+    shards of a shared region (``where`` ignored: the stacks of the rows the streams' heads
+    snapshot held; the buffer then checks them, :func:`tfdata.kernels.torn_stacks`).
+
+    ``frames`` has the per-slot tables (``stacks``, ``nexts``, ``padding``, ``depth``,
+    ``steps``, ``source``, ``pad_words``, ``hist_words``: :class:`FrameStacks`), ``finals``
+    the next frames the rows do not hold (``final_idx``, ``final_words``, ``pending_words``: the
+    buffer's ``Episodes``); a region's ``ShardFrames`` is both. ``flags``: the stored
+    ``terminated`` and ``truncated`` fields; ``cold``: ``{field: ColdFrames}`` of a ring with a
+    compressed cold tier.
+    """
 
     on_slices = True
 
-    def __init__(self, spec: Spec, frames: FrameStacks, episodes, flags, num_envs: int,
-                 capacity: int, allocator, writer, cold=None):
+    def __init__(self, spec: Spec, frames, finals, flags, streams, allocator, cold=None):
         from .. import kernels
 
-        self.k, self.spec, self.frames, self.episodes = kernels, spec, frames, episodes
-        self.flags, self.num_envs, self.capacity, self.allocator = flags, num_envs, capacity, allocator
-        self.writer = writer
+        self.k, self.spec, self.frames, self.finals = kernels, spec, frames, finals
+        self.flags, self.streams, self.allocator = flags, streams, allocator
+        self.kernels = kernels.STACKS_BY_STREAMS[streams.kind]
         self.names = list(frames.stacks)
         self.wanted = None  # every field; a projection sets the names it fills
-        # {field: ColdFrames} of a buffer with a compressed cold tier (shared by projections)
-        self.cold = cold or {}
+        self.cold = cold or {}  # (shared by projections)
+        # per stacked field, what its kernels read that does not change once built
+        self._fields = []
+        for name in self.names:
+            word, src, off, width = frames.source(name)
+            self._fields.append((name, frames.nexts[name], word, src, off,
+                                 frames.hist_words(name, word), frames.pad_words(name, word),
+                                 mode_of(frames.padding[name])))
+        self._shown = set(self.names) | {n for n in frames.nexts.values() if n is not None}
 
     @staticmethod
     def plan_ring(spec: Spec, frames: dict, rows: int, fields=None) -> int:
+        """Bytes of the stacks :meth:`ring_arrays` allocates (the streams' marks not counted:
+        ``streams.ring_nbytes``)."""
         names = [n for n in frames["stacks"]] + [n for n in frames["next"].values() if n is not None]
         return rows * sum(spec[n].nbytes for n in names if fields is None or n in fields)
 
@@ -524,65 +545,77 @@ class FrameStack:
 
     def ring_arrays(self, batch_size: int, length, out) -> dict:
         rows = batch_size * (length or 1)
-        arrays = {}
-        for name in self.names:
-            for field in (name, self.frames.nexts[name]):
+        arrays, words = {}, {}
+        for name, nxt, word, *_ in self._fields:
+            for field in (name, nxt):
                 if self._wants(field):
                     f = self.spec[field]
                     arrays[field] = self.allocator.zeros((rows,) + f.shape, f.dtype)
+                    words[field] = _words(arrays[field], word)  # what the kernels write
+        arrays.update(self.streams.ring_arrays(batch_size, length, out))  # shards: torn marks
+        arrays[" words"] = words  # (not a field name: a batch shows the fields only)
         return arrays
 
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
         for name, arr in arrays.items():
-            fields[name] = arr
+            if name in self._shown:
+                fields[name] = arr
 
-    def apply(self, out, arrays: dict, rows: np.ndarray, cursor: int) -> np.ndarray:
-        fr, k, ep = self.frames, self.k, self.episodes
-        e, cap, steps = self.num_envs, self.capacity, fr.steps
-        for name in self.names:
-            word, src, off, width = fr.source(name)
-            pad = fr.pad_words(name, word)
-            mode = mode_of(fr.padding[name])
-            hist = fr.hist_words(name, word)
-            nxt = fr.nexts[name]
-            if name in self.cold:
-                self._apply_cold(self.cold[name], name, out.indices, rows, arrays, cursor, steps, word,
-                                 src, off, hist, pad, mode)
-                continue
-            if rows is out.indices and self._wants(name) and self._wants(nxt):
-                # both stacks of the same rows: one pass, the frames read once (1.2x faster)
-                k.frame_stack_pairs(rows, cursor, steps, e, cap, fr.depth, src, off, hist, pad, mode,
-                                    self.flags[0], self.flags[1], ep.final_idx,
-                                    ep.final_words(nxt, word), ep.pending_words(nxt, word),
-                                    _words(arrays[name], word), _words(arrays[nxt], word))
-                continue
-            if self._wants(name):
-                k.frame_stacks(out.indices, cursor, steps, e, cap, fr.depth, src, off, hist, pad, mode,
-                               _words(arrays[name], word))
-            if self._wants(nxt):
-                k.next_frame_stacks(rows, cursor, steps, e, cap, fr.depth, src, off, hist, pad, mode,
-                                    self.flags[0], self.flags[1], ep.final_idx,
-                                    ep.final_words(nxt, word), ep.pending_words(nxt, word),
-                                    _words(arrays[nxt], word))
+    def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
+        """Stacks of the rows drawn (``out.indices``); next stacks of ``rows`` (n-step: each
+        window's last row)."""
+        self._stacks(out.indices, rows, arrays[" words"], where, None)
         return rows
 
-    def _apply_cold(self, cold, name, obs_rows, next_rows, arrays, cursor, steps, word, src, off,
+    def apply_row(self, out, arrays: dict, i: int, where, rows=None) -> None:
+        """:meth:`apply` for row ``i`` of the batch only (a row drawn again; ``rows``: the slot
+        whose next stack it shows, default its own)."""
+        one = out.indices[i:i + 1]
+        self._stacks(one, one if rows is None else rows, arrays[" words"], where, slice(i, i + 1))
+
+    def _stacks(self, idx, rows, words, where, part) -> None:
+        fr, fin, ks = self.frames, self.finals, self.kernels
+        geo, steps = self.streams.at(where), fr.steps
+        term, trunc = self.flags
+        for name, nxt, word, src, off, hist, pad, mode in self._fields:
+            if name in self.cold:
+                self._apply_cold(self.cold[name], name, idx, rows, words, where, steps, word, src,
+                                 off, hist, pad, mode)
+                continue
+            want_obs, want_next = self._wants(name), self._wants(nxt)
+            if want_obs:
+                dst = words[name] if part is None else words[name][part]
+            if want_next:
+                nw = words[nxt] if part is None else words[nxt][part]
+                finals, pending = fin.final_words(nxt, word), fin.pending_words(nxt, word)
+                if want_obs and rows is idx:
+                    # both stacks of the same rows: one pass, the frames read once
+                    ks.stack_pairs(geo, steps, rows, fr.depth, src, off, hist, pad, mode, term,
+                                   trunc, fin.final_idx, finals, pending, dst, nw)
+                    continue
+            if want_obs:
+                ks.stacks(geo, steps, idx, fr.depth, src, off, hist, pad, mode, dst)
+            if want_next:
+                ks.next_stacks(geo, steps, rows, fr.depth, src, off, hist, pad, mode, term, trunc,
+                               fin.final_idx, finals, pending, nw)
+
+    def _apply_cold(self, cold, name, obs_rows, next_rows, words, cursor, steps, word, src, off,
                     hist, pad, mode) -> None:
-        """:meth:`apply` for a field with a compressed cold tier: list the compressed blocks the
-        stacks read, then rebuild the stacks in passes of as many blocks as the cache holds
-        (see :mod:`tfdata.kernels._cold`)."""
+        """:meth:`apply` for a field with a compressed cold tier (a ring's): list the compressed
+        blocks the stacks read, then rebuild the stacks in passes of as many blocks as the
+        cache holds (see :mod:`tfdata.kernels._cold`)."""
         from ..kernels._cold import ALL, COLD, LIST
 
-        k, fr, ep = self.k, self.frames, self.episodes
-        e, cap = self.num_envs, self.capacity
+        k, fr, ep = self.k, self.frames, self.finals
+        e, cap = self.streams.num_envs, self.streams.capacity
         nxt = fr.nexts[name]
         want_obs, want_next = self._wants(name), self._wants(nxt)
         if not (want_obs or want_next):
             return
         if want_obs:
-            obs = _words(arrays[name], word)
+            obs = words[name]
         if want_next:
-            dst = _words(arrays[nxt], word)
+            dst = words[nxt]
             finals, pending = ep.final_words(nxt, word), ep.pending_words(nxt, word)
             term, trunc = self.flags
         gen = cold.next_gen()

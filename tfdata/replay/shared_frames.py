@@ -24,15 +24,16 @@ reads to rebuild a stack lives in the region, next to the rows:
 
 A writer checks its write against its own shard (:class:`ShardFrameWriter`; nothing changes
 on refusal) and updates all of these after it announced the write (its reserve) and before it
-publishes it (its head), so the sequence lock covers them: the learner
-(:class:`ShardFrameStack`) rebuilds the stacks as of heads read before the draw, then checks
-(kernel ``shard_frames_torn``) that no slot a stack read, from ``depth`` rows back to one row
-forward, was in a write window; a torn row is drawn again, like any torn row.
+publishes it (its head), so the sequence lock covers them: the learner's
+:class:`~tfdata.replay.frames.FrameStack` (the one of a ``ReplayBuffer``, over the shard
+streams, reading these tables through :class:`ShardFrames`) rebuilds the stacks as of heads
+read before the draw, then the buffer checks (kernel ``torn_stacks``) that no slot a stack
+read, from ``depth`` rows back to one row forward, was in a write window; a torn row is drawn
+again, like any torn row.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 
 import numpy as np
@@ -164,6 +165,7 @@ class ShardFrames:
         self.final_idx = arrays["frames.final_idx"]
         self.final_rows = arrays["frames.final_rows"]
         self.hist, self.finals, self.pending, self.src, self.pads = {}, {}, {}, {}, {}
+        self.final_table = {}  # the finals of the shards one after the other: (shards * F, width)
         # the arrays by field, at the fields' dtypes and shapes (checkpoints)
         self.hist_arrays = {n: arrays[f"frames.hist.{n}"] for n in self.stacks}
         self.finals_arrays = {nx: arrays[f"frames.finals.{nx}"] for nx in self.nexts.values() if nx is not None}
@@ -180,10 +182,30 @@ class ShardFrames:
             if nxt is not None:
                 t = arrays[f"frames.finals.{nxt}"]
                 self.finals[nxt] = t.reshape(shards, final_frames, -1).view(np.uint8).view(WORD_TYPES[word])
+                self.final_table[nxt] = self.finals[nxt].reshape(shards * final_frames, -1)
                 self.pending[nxt] = _words(arrays[f"frames.pending.{nxt}"], word)
             p = self.padding[name]
             pad = np.zeros(f.shape[1:], f.dtype) if isinstance(p, str) else np.asarray(p, f.dtype)
             self.pads[name] = np.ascontiguousarray(pad).reshape(1, -1).view(np.uint8).view(WORD_TYPES[word])[0]
+
+    # -- the tables as FrameStack reads them (as it reads FrameStacks and Episodes); the
+    # final tables of the shards one after the other, a shard's head its steps
+    steps = 0
+
+    def source(self, name: str):
+        return self.src[name]
+
+    def pad_words(self, name: str, word: int) -> np.ndarray:
+        return self.pads[name]
+
+    def hist_words(self, name: str, word: int) -> np.ndarray:
+        return self.hist[name]
+
+    def final_words(self, name: str, word: int) -> np.ndarray:
+        return self.final_table[name]
+
+    def pending_words(self, name: str, word: int) -> np.ndarray:
+        return self.pending[name]
 
     def start(self) -> None:
         """A new region: every shard's next row starts an episode (the owner, before writers)."""
@@ -276,7 +298,7 @@ class ShardFrameWriter:
             kept.append((obs, nx))
         skip = max(0, n - cap)
         if self.sf.finals:
-            r = k.shard_finals_room(term, trunc, skip, head, cap, self.sf.ends(self.shard), self.final_rows)
+            r = k.final_ring_room(term, trunc, skip, head, cap, self.sf.ends(self.shard), self.final_rows)
             if r >= 0:
                 f = self.sf.final_frames
                 raise SharedBufferError(
@@ -305,99 +327,10 @@ class ShardFrameWriter:
             k.frames_write(obs, term, trunc, 1, head % cap, cap, size, head, src, off, hist,
                            prev if i == last else prev.copy(), self.depth)
             if nxt is not None:
-                k.shard_finals_write(nx, term, trunc, skip, ends, finals, pending)
-        self.sf.words[self.shard, _ENDS] = k.shard_finals_index(term, trunc, skip, head, ends,
+                k.final_ring_write(nx, term, trunc, skip, ends, finals, pending)
+        self.sf.words[self.shard, _ENDS] = k.final_ring_index(term, trunc, skip, head, ends,
                                                                 self.final_idx, self.final_rows)
         self.has_pending[0] = not (term[n - 1] or trunc[n - 1])
-
-
-class ShardFrameStack:
-    """The learner's transform: the stacked fields (and their next fields) of a batch rebuilt
-    from the region's frames, as of the heads read before the draw (``apply``'s ``where``:
-    ``ring_arrays()["heads"]``, which the buffer fills). See :mod:`tfdata.replay.transforms`
-    for the contract."""
-
-    on_slices = False
-
-    def __init__(self, sf: ShardFrames, flags, allocator):
-        from .. import kernels
-
-        self.k, self.sf, self.flags, self.allocator = kernels, sf, flags, allocator
-        self.spec, self.shards, self.cap = sf.spec, sf.shards, sf.cap
-        self.names = list(sf.stacks)
-        self.wanted = None  # every field; a projection sets the names it fills
-
-    @staticmethod
-    def plan_ring(spec: Spec, frames: dict, rows: int, shards: int, fields=None) -> int:
-        names = list(frames["stacks"]) + [n for n in frames["next"].values() if n is not None]
-        return (rows * sum(spec[n].nbytes for n in names if fields is None or n in fields)
-                + 8 * (7 * shards + 2 * rows))
-
-    def project(self, names) -> "ShardFrameStack":
-        t = copy.copy(self)
-        t.wanted = set(names)
-        return t
-
-    def _wants(self, name) -> bool:
-        return name is not None and (self.wanted is None or name in self.wanted)
-
-    def ring_arrays(self, batch_size: int, length, out) -> dict:
-        arrays = {}
-        for name in self.names:
-            for field in (name, self.sf.nexts[name]):
-                if self._wants(field):
-                    f = self.spec[field]
-                    arrays[field] = self.allocator.zeros((batch_size,) + f.shape, f.dtype)
-        # the heads snapshot (3 per shard), write windows (4 per shard), one mark per row; marks
-        # of the windows' last rows (n-step)
-        arrays["heads"] = self.allocator.zeros(7 * self.shards + batch_size, np.int64)
-        arrays["mark2"] = self.allocator.zeros(batch_size, np.int64)
-        return arrays
-
-    def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
-        for name, arr in arrays.items():
-            if name not in ("heads", "mark2"):
-                fields[name] = arr
-
-    def apply(self, out, arrays: dict, rows: np.ndarray, where) -> np.ndarray:
-        """Stacks of the rows drawn (``out.indices``); next stacks of ``rows`` (n-step: each
-        window's last row)."""
-        self._stacks(out.indices, rows, arrays, where, slice(None))
-        return rows
-
-    def apply_row(self, out, arrays: dict, i: int, where, rows=None) -> None:
-        """:meth:`apply` for row ``i`` of the batch only (a redrawn row; ``rows``: the slot whose
-        next stack it shows, default its own)."""
-        one = out.indices[i:i + 1]
-        self._stacks(one, one if rows is None else rows, arrays, where, slice(i, i + 1))
-
-    def _stacks(self, idx, rows, arrays, heads, part) -> None:
-        sf, k = self.sf, self.k
-        for name in self.names:
-            word, src, off, width = sf.src[name]
-            pad, hist = sf.pads[name], sf.hist[name]
-            mode = mode_of(sf.padding[name])
-            if self._wants(name):
-                k.shard_frame_stacks(idx, heads, self.shards, self.cap, sf.depth, src, off, hist,
-                                     pad, mode, _words(arrays[name][part], word))
-            nxt = sf.nexts[name]
-            if self._wants(nxt):
-                k.shard_next_frame_stacks(rows, heads, self.shards, self.cap, sf.depth, src, off,
-                                          hist, pad, mode, self.flags[0], self.flags[1],
-                                          sf.final_idx, sf.finals[nxt], sf.pending[nxt],
-                                          _words(arrays[nxt][part], word))
-
-    def torn(self, reserved: np.ndarray, heads: np.ndarray, idx: np.ndarray, mark: np.ndarray,
-             last=None, scratch=None) -> int:
-        """Mark the rows of ``idx`` whose stacks a writer may have touched since ``heads``
-        (``last``: the slots the next stacks were read at, checked too, marks in ``scratch``)."""
-        k, sf = self.k, self.sf
-        torn = k.shard_frames_torn(reserved, self.cap, heads, idx, sf.depth, sf.kmax, mark)
-        if last is not None and k.shard_frames_torn(reserved, self.cap, heads, last, sf.depth,
-                                                    sf.kmax, scratch):
-            np.bitwise_or(mark, scratch, out=mark)
-            torn = int(np.count_nonzero(mark))
-        return torn
 
 
 # -- checkpoints ------------------------------------------------------------------------------

@@ -164,12 +164,11 @@ class ShardStreams(_Part):
         touched, none of its newer rows was); returns how many."""
         return self._k.torn_after_copy(self.reserved, self.cap, self.scratch, rows, mark)
 
-    def redraw_torn(self, mark: np.ndarray, redo, torn, what: str, scratch=None) -> None:
+    def redraw_torn(self, mark: np.ndarray, redo, torn, what: str) -> None:
         """For every ``i`` marked (its rows may have been written while read): read the heads
         afresh, ``redo(i)`` (draw and copy again), check again (``torn(i, mark[i:i + 1])``),
-        until it copies cleanly (lock held). ``scratch``: where the heads are read, when not
-        this part's geometry (a frame transform's own)."""
-        scratch = self.scratch if scratch is None else scratch
+        until it copies cleanly (lock held)."""
+        scratch = self.scratch
         for i in range(mark.shape[0]):
             tries = 0
             while mark[i]:

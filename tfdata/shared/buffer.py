@@ -29,6 +29,7 @@ from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.shared import (SharedExactlyKSampler, SharedPrioritizedSampler,
                                       SharedUniformSampler, SharedWithoutReplacementSampler)
 from ..replay import shared_frames
+from ..replay.frames import FrameStack
 from ..replay.streams import ShardStreams
 from ..replay.transforms import NStep, episode_options
 from ..spec import Spec
@@ -315,14 +316,12 @@ class SharedReplayBuffer:
             self._nstep = NStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
                                 self.gamma, self._streams, alloc.resolve(None))
             self._parts.append(self._nstep)
-        # frame stacks: rebuilt from the region's frames, after the draw, as of heads read
-        # before it (see replay/shared_frames.py)
+        # frame stacks: the transform of a ReplayBuffer over the shard streams, rebuilt from the
+        # region's tables after the draw, as of heads read before it (see replay/shared_frames.py)
         self._frames = None
         if self._region.frames is not None:
-            roles = episodes["roles"]
-            self._frames = shared_frames.ShardFrameStack(
-                self._region.frames, (st.field(roles["terminated"]), st.field(roles["truncated"])),
-                alloc.resolve(None))
+            fr = self._region.frames
+            self._frames = FrameStack(fr.spec, fr, fr, flags, self._streams, alloc.resolve(None))
             self._parts.append(self._frames)
         self._rings = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -650,8 +649,8 @@ class SharedReplayBuffer:
                    self._nstep.plan_ring_streams(batch_size, None, fields))
                 + (self._streams.ring_nbytes(batch_size) if length else 0)
                 + (0 if self._frames is None else
-                   shared_frames.ShardFrameStack.plan_ring(self.spec, r.frames.frames, rows,
-                                                           r.shards, fields)))
+                   FrameStack.plan_ring(self.spec, r.frames.frames, rows, fields)
+                   + self._streams.ring_nbytes(batch_size)))
             check_budget(self.memory_budget, nbytes, f"sampling batches of {batch_size}"
                          + (f" slices of {length} rows" if length else " rows")
                          + (f" of fields {list(fields)}" if fields is not None else ""))

@@ -6,6 +6,8 @@ again until it copies cleanly."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..replay.slices import draw_slices
 
 __all__ = ["ShardDraws"]
@@ -27,9 +29,9 @@ class ShardDraws:
         self.name = name
 
     def windows(self, out, arrays, ft=None) -> None:
-        """Draw, then the n-step windows and the frame stacks (``ft``: the ring's
-        ShardFrameStack, or None) as of heads read before the draw, then redraw every row whose
-        window or stacks a writer may have touched while they were read (lock held).
+        """Draw, then the n-step windows and the frame stacks (``ft``: the ring's FrameStack, or
+        None) as of heads read before the draw (the streams' snapshot), then redraw every row
+        whose window or stacks a writer may have touched while they were read (lock held).
 
         A writer overwrites its oldest rows first: if a window's first row was not touched
         since the snapshot, none of its later (newer) rows was. A stack reads its row, up to
@@ -37,23 +39,28 @@ class ShardDraws:
         first row's, the next_obs stack its last row's."""
         k, t, r, st = self._k, self._nstep, self._region, self._streams
         fa = None if ft is None else arrays[-1]
-        if t is None:  # the frame transform's own snapshot and marks
-            heads = fa["heads"]
-            mark = heads[7 * r.shards:]
-        else:  # the streams' snapshot, the n-step transform's marks
-            heads, mark = st.scratch, arrays[1]["mark"]
+        heads = st.scratch
+        # the marks of the rows drawn: the n-step transform's, or the frame transform's (which
+        # then also marks the windows' last rows)
+        mark = fa["mark"] if t is None else arrays[1]["mark"]
         k.read_heads(r.heads, r.cap, heads)  # before the draw: nothing reads past these rows
         self._rows.sample(out, arrays[0])
         last = out.indices if t is None else t.apply(out, arrays[1], out.indices, st.geo)
         if ft is not None:
-            ft.apply(out, fa, last, heads)
+            ft.apply(out, fa, last, st.geo)
+            depth, kmax = r.frames.depth, r.frames.kmax
 
         def torn(i, m):
             part = slice(None) if i is None else slice(i, i + 1)
             if ft is None:
                 return k.torn_after_copy(r.reserved, r.cap, heads, out.indices[part], m)
-            return ft.torn(r.reserved, heads, out.indices[part], m,
-                           None if t is None else last[part], fa["mark2"][part])
+            got = k.torn_stacks(r.reserved, r.cap, heads, out.indices[part], depth, kmax, m)
+            if t is not None:  # the next stacks were read at the windows' last rows
+                more = fa["mark"][part]
+                if k.torn_stacks(r.reserved, r.cap, heads, last[part], depth, kmax, more):
+                    np.bitwise_or(m, more, out=m)
+                    got = int(np.count_nonzero(m))
+            return got
 
         if torn(None, mark):
             def redo(i):
@@ -61,9 +68,9 @@ class ShardDraws:
                 if t is not None:
                     t.apply_row(out, arrays[1], i, st.geo)
                 if ft is not None:
-                    ft.apply_row(out, fa, i, heads, last[i:i + 1])
+                    ft.apply_row(out, fa, i, st.geo, last[i:i + 1])
 
-            st.redraw_torn(mark, redo, torn, "windows" if ft is None else "stacks", heads)
+            st.redraw_torn(mark, redo, torn, "windows" if ft is None else "stacks")
 
     def slices(self, out, arrays, batch_size: int, length: int, reject: bool) -> None:
         """Draw ``batch_size`` slices of ``length`` rows into ``out`` (the ring's slot,
