@@ -82,13 +82,23 @@ def test_kernels_match_reference(dtype):
         state = np.array([naive.mix64(trial), 0], np.uint64)
         cursor = 0
         for step in range(40):
-            if rng.random() < 0.5:
+            if rng.random() < 0.3:
                 count = int(rng.integers(0, cap + 1))
                 got = _replays.replays_write(pool, rem, meta, cursor, count, k)
                 ref_pool, ref_m, ref_rem, lost = naive.exactly_k_write_naive(
                     ref_pool, ref_m, ref_rem, cursor, count, k)
                 assert got == lost
                 cursor = (cursor + count) % cap
+            elif rng.random() < 0.4:  # runs anywhere, in one call (a shared region's catch-up)
+                runs = [(int(rng.integers(0, cap)), int(rng.integers(0, min(3, cap + 1))))
+                        for _ in range(int(rng.integers(0, 4)))]
+                got = _replays.replays_write_spans(pool, rem, meta, np.array(runs, np.int64).reshape(-1, 2), k)
+                lost = 0
+                for start, count in runs:
+                    ref_pool, ref_m, ref_rem, one = naive.exactly_k_write_naive(
+                        ref_pool, ref_m, ref_rem, start, count, k)
+                    lost += one
+                assert got == lost
             else:
                 b = int(rng.integers(0, ref_m + 1))
                 idx = np.empty(b, np.int64)
@@ -188,7 +198,11 @@ def test_kernels_stay_inside_their_arrays_whatever_they_hold():
     meta = np.array([0], np.int64)
     for start, count, k in ((cap, 1, 1), (-1, 1, 1), (0, cap + 1, 1), (0, 1, 0), (0, 1, 256)):
         assert _replays.replays_write(pool, rem, meta, start, count, k) == -1
+        spans = np.array([[0, 1], [start, count]], np.int64)
+        assert _replays.replays_write_spans(pool, rem, meta, spans, k) == -1 and not rem.any()
     assert not rem.any() and meta[0] == 0
+    meta = np.array([cap], np.int64)
+    assert _replays.replays_write_spans(pool, rem, meta, np.array([[0, 1]], np.int64), 1) == -2
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -666,7 +680,7 @@ def test_stream_options_are_refused_and_change_nothing():
     s = ExactlyKSampler(0, replays=2)
     with pytest.raises(ValueError, match="n_step"):
         ReplayBuffer(spec, 8, sampler=s, n_step=3)
-    assert s.writer is None
+    assert s.waits is None and not hasattr(s, "storage")
     b = ReplayBuffer(spec, 8, sampler=s)
     b.extend(dict(rows(range(4)), next_obs=np.zeros((4, 3), np.float32)))
     assert b.sampler.awaiting == 4 and b.episodes is None

@@ -134,6 +134,29 @@ def replays_write(pool, remaining, meta, start, count, k):
 
 
 @njit(**NJIT_OPTIONS)
+def replays_write_spans(pool, remaining, meta, spans, k):
+    """:func:`replays_write` over each run ``(start, count)`` of ``spans`` (int64 ``(m, 2)``),
+    in order: the rows of another process's writes, in one call. Returns the deliveries the
+    slots had left before, or -1 with nothing changed when the arguments disagree (a run out of
+    range, ``k`` out of range), -2 for a corrupt pool (the runs before stay written)."""
+    cap = pool.shape[0]
+    top = np.iinfo(remaining.dtype).max
+    if (remaining.shape[0] != cap or meta.shape[0] < 1 or spans.ndim != 2 or spans.shape[1] < 2
+            or k < 1 or k > top or meta[0] < 0 or meta[0] > cap):
+        return -1
+    for i in range(spans.shape[0]):
+        if spans[i, 0] < 0 or spans[i, 0] >= cap or spans[i, 1] < 0 or spans[i, 1] > cap:
+            return -1
+    lost = 0
+    for i in range(spans.shape[0]):
+        got = replays_write(pool, remaining, meta, spans[i, 0], spans[i, 1], k)
+        if got < 0:
+            return got
+        lost += got
+    return lost
+
+
+@njit(**NJIT_OPTIONS)
 def replays_free_run(remaining, start, count):
     """How many of slots ``start, start + 1, ...`` (at most ``count``, modulo the capacity) are
     free (count 0) before the first that is not: the rows a write may put there now. -1 when
