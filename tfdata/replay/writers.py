@@ -335,19 +335,9 @@ class FreeSlotWriter(RingWriter):
     skipping the slots its sampler holds back, and moves the cursor past the last slot written:
     a write of ``n`` rows lands where ``n`` pushes would. What "free" means is the sampler's
     (the free-slot contract, see the module docstring); what a write does when no slot is free
-    is its ``policy``:
-
-    ``"block"``
-        The write waits until it has a free slot for each of its rows (on ``waits``, the
-        buffer's lock released), at most ``timeout`` seconds (None: as long as it takes), then
-        raises TimeoutError having written nothing; a write of more rows than the capacity can
-        never fit (ValueError at once).
-    ``"drop"``
-        The rows that find no free slot (the last of the write; whole steps of ``num_envs``)
-        are not written: ``slots.on_drop(n)``.
-    ``"overwrite"``
-        Free slots first; once none is left, the row at the cursor is overwritten (a row of a
-        long ``extend`` may so overwrite an earlier row of the same write).
+    is its ``policy`` (:class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` says what
+    each does): ``"block"`` waits on ``waits``, ``"drop"`` tells ``on_drop``, ``"overwrite"``
+    writes at the cursor.
 
     Rows are not in stream order: a buffer with this writer keeps no episode numbers and no
     frame stacks. The sweep skips slots, so passing a slot is not writing it: the writer keeps
