@@ -57,8 +57,8 @@ class Waits:
 
     def __init__(self, sampler, allowed: bool = True):
         self.log, self.allowed = [], allowed
-        self._wait = sampler.cond.wait
-        sampler.cond.wait = self.wait
+        self._wait = sampler.waits.cond.wait
+        sampler.waits.cond.wait = self.wait
 
     def wait(self, timeout=None):
         if not self.allowed:
@@ -542,7 +542,7 @@ def test_blocked_writer_is_released_by_a_sample():
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    assert until(lambda: b.sampler.writers_waiting == 1)  # no free slot: the write waits
+    assert until(lambda: b.sampler.waits.writers == 1)  # no free slot: the write waits
     assert not done.is_set()
     b.sample(1)  # frees a slot (k=1): the writer goes on
     assert done.wait(60)
@@ -575,7 +575,7 @@ def test_sampler_waits_for_a_writer_thread_with_a_timeout(how):
     waits = Waits(b.sampler)
 
     def write():
-        assert until(lambda: b.sampler.samplers_waiting == 1)  # the sample waits for rows
+        assert until(lambda: b.sampler.waits.samplers == 1)  # the sample waits for rows
         if how == "extend":
             b.extend(rows(range(6, 8)))
         else:  # the generated push, with the gate's one-row form
@@ -627,7 +627,7 @@ def test_a_sample_that_would_deadlock_a_blocked_writer_raises():
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    assert until(lambda: b.sampler.writers_waiting == 1)
+    assert until(lambda: b.sampler.waits.writers == 1)
     with pytest.raises(ValueError, match="writer"):
         b.sample(3)  # the writer waits for this sample: it cannot wait for the writer
     assert not [w for w in waits.log if w[0] == threading.get_ident()]  # refused without waiting
@@ -901,14 +901,14 @@ def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    assert until(lambda: b.sampler.samplers_waiting == 1)  # the sample waits for rows
+    assert until(lambda: b.sampler.waits.samplers == 1)  # the sample waits for rows
     w = threading.Thread(target=lambda: b.extend(rows([9, 10, 11, 12])), daemon=True)
     w.start()  # the writer waits for a 4th free slot: the sample can never be served
     t.join(120)
     assert got and isinstance(got[0], ValueError)
     woken = [notified for ident, _, notified in waits.log if ident == t.ident]
     assert woken and all(woken)  # woken by the writer's wait, not by its timeout
-    assert until(lambda: b.sampler.writers_waiting == 1)
+    assert until(lambda: b.sampler.waits.writers == 1)
     b.sample(1)  # frees slot 0: the writer goes on
     w.join(60)
     assert not w.is_alive()
@@ -967,7 +967,7 @@ def test_actor_and_learner_threads_with_block_finish():
         # samples batches that await, so it starts no new wait), until it has finished
         try:
             while threads[1].is_alive() and not errors:
-                if b.sampler.samplers_waiting and b.sampler.awaiting < B:
+                if b.sampler.waits.samplers and b.sampler.awaiting < B:
                     b.extend(rows(range(written[0], written[0] + 4)))
                     written[0] += 4
                 else:

@@ -299,21 +299,6 @@ class ExactlyKSampler(Sampler):
         its shard's writer process the slot is free (:attr:`released` counts them)."""
         self._released = released
 
-    @property
-    def cond(self):
-        """The condition blocked writes and samples short of rows wait on (None: not bound)."""
-        return None if self.waits is None else getattr(self.waits, "cond", None)
-
-    @property
-    def writers_waiting(self) -> int:
-        """Writes waiting for free slots."""
-        return 0 if self.waits is None else self.waits.writers
-
-    @property
-    def samplers_waiting(self) -> int:
-        """Samples waiting for rows."""
-        return 0 if self.waits is None else self.waits.samplers
-
     def plan(self, capacity: int) -> dict:
         return {"trees": 0, "bookkeeping": (4 + self.dtype.itemsize) * int(capacity)}
 
@@ -405,7 +390,8 @@ class ExactlyKSampler(Sampler):
     def _short(self, batch: int) -> str:
         return (f"exactly_k: a batch of {batch} distinct rows, but {self.awaiting} rows await "
                 f"replay ({self.replays} deliveries each; {self.delivered} delivered so far, "
-                f"{self.writers_waiting} writer(s) waiting for a free slot)")
+                f"{0 if self.waits is None else self.waits.writers} writer(s) waiting for a free "
+                f"slot)")
 
     def sample(self, n: int, out, arrays: dict) -> None:
         batch = out.indices.shape[0]
@@ -422,7 +408,7 @@ class ExactlyKSampler(Sampler):
                 if freed != got:
                     raise RuntimeError(f"ExactlyKSampler: released {freed} slots of {got}")
                 self.released += got
-            if self.waits.writers:
+            if self.waits.wanted:  # a write waits for free slots
                 self.waits.wake()
 
     def _await_rows(self, batch: int) -> None:
