@@ -1109,30 +1109,25 @@ def exactly_k_claim_naive(taken: list, released: list, base: int, cap: int, curs
     return out
 
 
-def exactly_k_fold_log_naive(pool: list, m: int, remaining: list, heads: list, log: list,
-                             folded: list, cap: int, k: int) -> tuple:
-    """Reference of ``kernels._replays.replays_fold_log``: shard ``s``'s rows ``folded[s] ..
-    heads[s] - 1`` are in slots ``s * cap + (log[s * cap + p % cap] & 0xFFFFFFFF)`` (the entry
-    tagged ``p & 0xFFFFFFFF`` in its high 32 bits); each joins the pool with
-    ``k`` deliveries. Returns ``(pool, m, remaining, folded, result)``, ``result`` the rows
-    folded or -2 (a head out of range: nothing of that shard; a bad entry: the rows before)."""
-    pool, remaining, folded = list(pool), list(remaining), list(folded)
-    added = 0
+def exactly_k_log_slots_naive(heads: list, log: list, published: list, cap: int) -> tuple:
+    """Reference of ``kernels._replays.replays_log_spans`` (its runs expanded): shard ``s``'s
+    rows ``published[s] .. heads[s] - 1`` are in slots ``s * cap + (log[s * cap + p % cap] &
+    0xFFFFFFFF)`` (the entry tagged ``p & 0xFFFFFFFF`` in its high 32 bits). Returns
+    ``(slots, published, ok)``: ``ok`` False at a head out of range (nothing of that shard) or
+    a bad entry (the rows before it kept)."""
+    slots, published = [], list(published)
     for s, h in enumerate(heads):
-        if h < folded[s] or h - folded[s] > cap:
-            return pool, m, remaining, folded, -2
-        for p in range(folded[s], h):
+        if h < published[s] or h - published[s] > cap:
+            return slots, published, False
+        for p in range(published[s], h):
             e = log[s * cap + p % cap]
             slot = e & 0xFFFFFFFF
-            if e >> 32 != p & 0xFFFFFFFF or not 0 <= slot < cap or remaining[s * cap + slot] != 0:
-                folded[s] = p
-                return pool, m, remaining, folded, -2
-            pool[m] = s * cap + slot
-            m += 1
-            remaining[s * cap + slot] = k
-            added += 1
-        folded[s] = h
-    return pool, m, remaining, folded, added
+            if e >> 32 != p & 0xFFFFFFFF or not 0 <= slot < cap:
+                published[s] = p
+                return slots, published, False
+            slots.append(s * cap + slot)
+        published[s] = h
+    return slots, published, True
 
 
 def exactly_k_release_naive(remaining: list, released: list, idx: list) -> tuple:

@@ -197,9 +197,6 @@ _TIMING = re.compile(r"\d\s?(?:ns|µs|μs|us|ms)\b|\d\ss\b")
 #: to another module stays allowed until it changes. The list may only shrink, to empty.
 TIMING_DEBT = {
     ("replay/checkpoint.py", "dropped and FormatError raised (one pass, about 1 ms per million rows). The statistics are"),
-    ("replay/samplers/exactly_k.py", "generic path): 1.2 us to a free slot, 2.0 us past rows awaiting replay (a kernel call), 0.7 us"),
-    ("replay/samplers/exactly_k.py", "uniform (AoS, 1M CartPole rows, by hand; keeping the lap of each write added about 0.1 us,"),
-    ("replay/samplers/exactly_k.py", "1.31 to 1.40 us at 1M rows, by hand). An extend takes the generic path, one kernel call"),
 }
 
 

@@ -57,8 +57,8 @@ class Waits:
 
     def __init__(self, sampler, allowed: bool = True):
         self.log, self.allowed = [], allowed
-        self._wait = sampler.cond.wait
-        sampler.cond.wait = self.wait
+        self._wait = sampler.waits.cond.wait
+        sampler.waits.cond.wait = self.wait
 
     def wait(self, timeout=None):
         if not self.allowed:
@@ -82,13 +82,23 @@ def test_kernels_match_reference(dtype):
         state = np.array([naive.mix64(trial), 0], np.uint64)
         cursor = 0
         for step in range(40):
-            if rng.random() < 0.5:
+            if rng.random() < 0.3:
                 count = int(rng.integers(0, cap + 1))
                 got = _replays.replays_write(pool, rem, meta, cursor, count, k)
                 ref_pool, ref_m, ref_rem, lost = naive.exactly_k_write_naive(
                     ref_pool, ref_m, ref_rem, cursor, count, k)
                 assert got == lost
                 cursor = (cursor + count) % cap
+            elif rng.random() < 0.4:  # runs anywhere, in one call (a shared region's catch-up)
+                runs = [(int(rng.integers(0, cap)), int(rng.integers(0, min(3, cap + 1))))
+                        for _ in range(int(rng.integers(0, 4)))]
+                got = _replays.replays_write_spans(pool, rem, meta, np.array(runs, np.int64).reshape(-1, 2), k)
+                lost = 0
+                for start, count in runs:
+                    ref_pool, ref_m, ref_rem, one = naive.exactly_k_write_naive(
+                        ref_pool, ref_m, ref_rem, start, count, k)
+                    lost += one
+                assert got == lost
             else:
                 b = int(rng.integers(0, ref_m + 1))
                 idx = np.empty(b, np.int64)
@@ -188,7 +198,11 @@ def test_kernels_stay_inside_their_arrays_whatever_they_hold():
     meta = np.array([0], np.int64)
     for start, count, k in ((cap, 1, 1), (-1, 1, 1), (0, cap + 1, 1), (0, 1, 0), (0, 1, 256)):
         assert _replays.replays_write(pool, rem, meta, start, count, k) == -1
+        spans = np.array([[0, 1], [start, count]], np.int64)
+        assert _replays.replays_write_spans(pool, rem, meta, spans, k) == -1 and not rem.any()
     assert not rem.any() and meta[0] == 0
+    meta = np.array([cap], np.int64)
+    assert _replays.replays_write_spans(pool, rem, meta, np.array([[0, 1]], np.int64), 1) == -2
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -528,7 +542,7 @@ def test_blocked_writer_is_released_by_a_sample():
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    assert until(lambda: b.sampler.writers_waiting == 1)  # no free slot: the write waits
+    assert until(lambda: b.sampler.waits.writers == 1)  # no free slot: the write waits
     assert not done.is_set()
     b.sample(1)  # frees a slot (k=1): the writer goes on
     assert done.wait(60)
@@ -561,7 +575,7 @@ def test_sampler_waits_for_a_writer_thread_with_a_timeout(how):
     waits = Waits(b.sampler)
 
     def write():
-        assert until(lambda: b.sampler.samplers_waiting == 1)  # the sample waits for rows
+        assert until(lambda: b.sampler.waits.samplers == 1)  # the sample waits for rows
         if how == "extend":
             b.extend(rows(range(6, 8)))
         else:  # the generated push, with the gate's one-row form
@@ -613,7 +627,7 @@ def test_a_sample_that_would_deadlock_a_blocked_writer_raises():
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
-    assert until(lambda: b.sampler.writers_waiting == 1)
+    assert until(lambda: b.sampler.waits.writers == 1)
     with pytest.raises(ValueError, match="writer"):
         b.sample(3)  # the writer waits for this sample: it cannot wait for the writer
     assert not [w for w in waits.log if w[0] == threading.get_ident()]  # refused without waiting
@@ -666,7 +680,7 @@ def test_stream_options_are_refused_and_change_nothing():
     s = ExactlyKSampler(0, replays=2)
     with pytest.raises(ValueError, match="n_step"):
         ReplayBuffer(spec, 8, sampler=s, n_step=3)
-    assert s.writer is None
+    assert s.waits is None and not hasattr(s, "storage")
     b = ReplayBuffer(spec, 8, sampler=s)
     b.extend(dict(rows(range(4)), next_obs=np.zeros((4, 3), np.float32)))
     assert b.sampler.awaiting == 4 and b.episodes is None
@@ -887,14 +901,14 @@ def test_a_waiting_sample_is_woken_when_a_writer_starts_waiting_for_it():
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    assert until(lambda: b.sampler.samplers_waiting == 1)  # the sample waits for rows
+    assert until(lambda: b.sampler.waits.samplers == 1)  # the sample waits for rows
     w = threading.Thread(target=lambda: b.extend(rows([9, 10, 11, 12])), daemon=True)
     w.start()  # the writer waits for a 4th free slot: the sample can never be served
     t.join(120)
     assert got and isinstance(got[0], ValueError)
     woken = [notified for ident, _, notified in waits.log if ident == t.ident]
     assert woken and all(woken)  # woken by the writer's wait, not by its timeout
-    assert until(lambda: b.sampler.writers_waiting == 1)
+    assert until(lambda: b.sampler.waits.writers == 1)
     b.sample(1)  # frees slot 0: the writer goes on
     w.join(60)
     assert not w.is_alive()
@@ -953,7 +967,7 @@ def test_actor_and_learner_threads_with_block_finish():
         # samples batches that await, so it starts no new wait), until it has finished
         try:
             while threads[1].is_alive() and not errors:
-                if b.sampler.samplers_waiting and b.sampler.awaiting < B:
+                if b.sampler.waits.samplers and b.sampler.awaiting < B:
                     b.extend(rows(range(written[0], written[0] + 4)))
                     written[0] += 4
                 else:

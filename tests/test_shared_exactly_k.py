@@ -79,13 +79,29 @@ def test_claim_fold_release_match_references():
                     assert _replays.replays_log(taken, log, s * cap, cap, int(heads[s]), out[:got]) == got
                     assert (taken.tolist(), log.tolist()) == want
                     heads[s] += got
-            ref = naive.exactly_k_fold_log_naive(pool.tolist(), int(meta[0]), rem.tolist(),
-                                                 [int(h) for h in heads], log.tolist(),
-                                                 folded.tolist(), cap, k)
-            got = _replays.replays_fold_log(pool, rem, meta, heads, log, folded, cap, k)
-            assert got == ref[4] and got >= 0
-            assert meta[0] == ref[1] and pool[:ref[1]].tolist() == ref[0][:ref[1]]
-            assert rem.tolist() == ref[2] and folded.tolist() == ref[3]
+            # the learner hears the rows published: their slots from the logs, as runs (a few
+            # at a time: several calls), each joining the pool with k deliveries
+            want, want_folded, ok = naive.exactly_k_log_slots_naive(
+                [int(h) for h in heads], log.tolist(), folded.tolist(), cap)
+            assert ok
+            ref_pool, ref_m, ref_rem = pool.tolist(), int(meta[0]), rem.tolist()
+            for g in want:
+                ref_pool, ref_m, ref_rem, lost = naive.exactly_k_write_naive(
+                    ref_pool, ref_m, ref_rem, g, 1, k)
+                assert lost == 0
+            spans = np.zeros((int(rng.integers(1, 4)), 2), np.int64)
+            slots = []
+            while True:
+                r = _replays.replays_log_spans(heads, log, folded, cap, spans)
+                assert r >= 0
+                for g, c in spans[:r].tolist():
+                    slots += range(g, g + c)
+                assert _replays.replays_write_spans(pool, rem, meta, spans[:r], k) == 0
+                if r < spans.shape[0]:
+                    break
+            assert slots == want and folded.tolist() == want_folded
+            assert meta[0] == ref_m and pool[:ref_m].tolist() == ref_pool[:ref_m]
+            assert rem.tolist() == ref_rem
             b = int(rng.integers(0, int(meta[0]) + 1))
             idx = np.empty(b, np.int64)
             assert _replays.replays_sample(pool, rem, meta, state, idx) >= 0
@@ -108,33 +124,33 @@ def test_kernels_stay_inside_their_arrays_whatever_they_hold():
     assert _replays.replays_log(z64(4), z64(4), 0, 4, 0, np.array([4])) == -1  # not of the shard
     assert _replays.replays_log(z64(4), z64(4), 0, 4, 0, np.array([-1])) == -1
     assert _replays.replays_log(z64(4), z64(3), 0, 4, 0, np.array([1])) == -1
-    pool, rem, meta = np.zeros(4, np.uint32), np.zeros(4, np.uint8), np.zeros(1, np.int64)
     folded = np.zeros(2, np.int64)
+    spans = np.zeros((4, 2), np.int64)
     log = z64(4)
-    # a head behind what was folded, or further ahead than the shard holds: untrusted
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([3, 0], np.uint64), log,
-                                     np.array([5, 0], np.int64), 2, 1) == -2
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([3, 0], np.uint64), log, folded, 2, 1) == -2
-    # a log entry out of the shard; then one naming a slot already in the pool
+    # a head behind what was heard, or further ahead than the shard holds: untrusted
+    assert _replays.replays_log_spans(np.array([3, 0], np.uint64), log,
+                                      np.array([5, 0], np.int64), 2, spans) == -2
+    assert _replays.replays_log_spans(np.array([3, 0], np.uint64), log, folded, 2, spans) == -2
+    assert _replays.replays_log_spans(np.array([3, 0], np.uint64), log, folded, 2,
+                                      np.zeros((0, 2), np.int64)) == -1
+    # a log entry out of the shard: the rows before it are given first
     log[:] = [1, (1 << 32) | 7, 0, 0]
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == -2
-    assert folded.tolist() == [1, 0] and meta[0] == 1 and pool[0] == 1
-    log[:] = [1, (1 << 32) | 1, 0, 0]
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == -2
-    assert folded.tolist() == [1, 0] and meta[0] == 1
+    assert _replays.replays_log_spans(np.array([2, 0], np.uint64), log, folded, 2, spans) == 1
+    assert folded.tolist() == [1, 0] and spans[0].tolist() == [1, 1]
+    assert _replays.replays_log_spans(np.array([2, 0], np.uint64), log, folded, 2, spans) == -2
     log[:] = [1, (3 << 32) | 0, 0, 0]  # a stale entry (another position's tag)
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == -2
-    assert folded.tolist() == [1, 0] and meta[0] == 1
+    assert _replays.replays_log_spans(np.array([2, 0], np.uint64), log, folded, 2, spans) == -2
+    assert folded.tolist() == [1, 0]
     log[:] = [1, (1 << 32) | 0, 0, 0]
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 2, 1) == 1
+    assert _replays.replays_log_spans(np.array([2, 0], np.uint64), log, folded, 2, spans) == 1
+    assert folded.tolist() == [2, 0] and spans[0].tolist() == [0, 1]
     # recover: only fresh entries of begun positions, slots inside the shard
     t, r, lg = np.array([1, 1, 0, 0], np.uint64), z64(4), np.array([(5 << 32) | 9, (5 << 32) | 1, 0, 0], np.uint64)
     assert _replays.replays_recover(t, r, lg, 0, 2, 5, 7) == 1 and t.tolist() == [1, 0, 0, 0]
     assert _replays.replays_recover(t, r, lg, 3, 2, 5, 7) == -1
     assert _replays.replays_recover(t, r, z64(3), 0, 2, 5, 7) == -1
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([2, 0], np.uint64), log, folded, 3, 1) == -1
-    meta[0] = 99
-    assert _replays.replays_fold_log(pool, rem, meta, np.array([0, 0], np.uint64), log, folded, 2, 1) == -1
+    assert _replays.replays_log_spans(np.array([2, 0], np.uint64), log, folded, 3, spans) == -1
+    rem = np.zeros(4, np.uint8)
     assert _replays.replays_release(rem, z64(4), np.array([4])) == -1
     assert _replays.replays_release(rem, z64(4), np.array([-1])) == -1
     assert _replays.replays_release(rem, z64(3), np.array([0])) == -1
@@ -486,7 +502,8 @@ def test_a_batch_larger_than_the_rows_says_what_exactly_k_does(timeout, shm_dir)
     with SharedReplayBuffer(SPEC, 8, seed=0, sampler="exactly_k", timeout=timeout) as buf, \
             SharedWriter(buf.name, 0) as w:
         w.extend(rows(range(5)))
-        cases = [(9, ValueError, "capacity 8; an exactly_k batch holds distinct rows")]
+        cases = [(9, ValueError, "capacity 8; rows are drawn without replacement from those "
+                                 "awaiting replay .a batch holds distinct rows")]
         cases.append((6, ValueError if timeout is None else TimeoutError,
                       "exactly_k: a batch of 6 distinct rows, but 5 rows await replay"))
         for b, exc, match in cases:

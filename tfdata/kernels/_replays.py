@@ -134,6 +134,29 @@ def replays_write(pool, remaining, meta, start, count, k):
 
 
 @njit(**NJIT_OPTIONS)
+def replays_write_spans(pool, remaining, meta, spans, k):
+    """:func:`replays_write` over each run ``(start, count)`` of ``spans`` (int64 ``(m, 2)``),
+    in order: the rows of another process's writes, in one call. Returns the deliveries the
+    slots had left before, or -1 with nothing changed when the arguments disagree (a run out of
+    range, ``k`` out of range), -2 for a corrupt pool (the runs before stay written)."""
+    cap = pool.shape[0]
+    top = np.iinfo(remaining.dtype).max
+    if (remaining.shape[0] != cap or meta.shape[0] < 1 or spans.ndim != 2 or spans.shape[1] < 2
+            or k < 1 or k > top or meta[0] < 0 or meta[0] > cap):
+        return -1
+    for i in range(spans.shape[0]):
+        if spans[i, 0] < 0 or spans[i, 0] >= cap or spans[i, 1] < 0 or spans[i, 1] > cap:
+            return -1
+    lost = 0
+    for i in range(spans.shape[0]):
+        got = replays_write(pool, remaining, meta, spans[i, 0], spans[i, 1], k)
+        if got < 0:
+            return got
+        lost += got
+    return lost
+
+
+@njit(**NJIT_OPTIONS)
 def replays_free_run(remaining, start, count):
     """How many of slots ``start, start + 1, ...`` (at most ``count``, modulo the capacity) are
     free (count 0) before the first that is not: the rows a write may put there now. -1 when
@@ -361,66 +384,63 @@ def replays_recover(taken, released, log, base, cap, head, reserved):
 
 
 @njit(**NJIT_OPTIONS)
-def replays_fold_log(pool, remaining, meta, heads, log, folded, cap, k):
-    """The learner: the rows each shard published since the last call (positions ``folded[s]``
-    to ``heads[s]``, the head read once with acquire order) join the pool with ``k`` deliveries,
-    their slots read from the shard's log, in shard then publication order.
-
-    A writer writes only free slots, and a slot is free only once its previous row was folded,
-    delivered ``k`` times and released: the unfolded rows of a shard are in distinct slots, at
-    most ``cap`` of them, and none is in the pool. A head or log entry that says otherwise is a
-    word the learner cannot trust (-2).
+def replays_log_spans(heads, log, published, cap, spans):
+    """The learner's catch-up of a free-slot region: the slots of the rows each shard published
+    since the last call (positions ``published[s]`` to ``heads[s]``, the head read once with
+    acquire order), read from the shard's log, in shard then publication order, as runs
+    ``(first slot, count)`` of consecutive slots of the region (what the sampler's write hook
+    takes). A writer writes only free slots, and a slot is free only once its previous row was
+    heard, delivered and released: the unpublished positions of a shard name distinct slots, at
+    most ``cap`` of them. A head or log entry that says otherwise is a word the learner cannot
+    trust (-2).
 
     Parameters
     ----------
-    pool : uint32[slots]
-    remaining : uint8 or uint16[slots]
-    meta : int64[1]
     heads : uint64[shards]
-    log : uint64[slots]
-    folded : int64[shards]
-        Positions folded so far, advanced.
-    cap, k : int
+    log : uint64[shards * cap]
+    published : int64[shards]
+        Positions heard so far, advanced over the rows written to ``spans``.
+    cap : int
+    spans : int64[R, 2]
+        Output runs. At most ``R``: the rows after them are left for a next call.
 
     Returns
     -------
     int
-        Rows folded; -1 with nothing changed when the arguments disagree; -2 for a head behind
-        ``folded`` or more than ``cap`` ahead, a log entry not tagged with its position or out
-        of the shard, or a slot already
-        in the pool (the rows before it stay folded, ``folded`` says up to where).
+        Runs written (``R``: call again for more); -1 with nothing changed when the arguments
+        disagree; -2 for a head behind ``published`` or more than ``cap`` ahead, or a log entry
+        not tagged with its position or out of the shard (the rows before it stay written,
+        ``published`` says up to where).
     """
     shards = heads.shape[0]
-    total = pool.shape[0]
-    top = np.iinfo(remaining.dtype).max
-    if (folded.shape[0] != shards or cap < 1 or shards * cap != total or log.shape[0] != total
-            or remaining.shape[0] != total or meta.shape[0] < 1 or k < 1 or k > top):
+    R = spans.shape[0]
+    if (published.shape[0] != shards or cap < 1 or log.shape[0] != shards * cap or R < 1
+            or spans.shape[1] < 2):
         return -1
-    m = meta[0]
-    if m < 0 or m > total:
-        return -1
-    added = 0
+    r = 0
     for s in range(shards):
         h = np.int64(load_acquire(heads, s))
-        f = folded[s]
+        f = published[s]
         if h < f or h - f > cap:
-            return -2
+            return -2 if r == 0 else r
         for p in range(f, h):
             e = log[s * cap + p % cap]
             slot = np.int64(e & _LOW32)
+            if (e >> _S32) != (np.uint64(p) & _LOW32) or slot >= cap:
+                published[s] = p
+                return -2 if r == 0 else r
             g = s * cap + slot
-            if ((e >> _S32) != (np.uint64(p) & _LOW32) or slot >= cap or remaining[g] != 0
-                    or m >= total):
-                folded[s] = p
-                meta[0] = m
-                return -2
-            pool[m] = g
-            m += 1
-            remaining[g] = k
-            added += 1
-        folded[s] = h
-    meta[0] = m
-    return added
+            if r > 0 and spans[r - 1, 0] + spans[r - 1, 1] == g:
+                spans[r - 1, 1] += 1
+            elif r == R:
+                published[s] = p
+                return r
+            else:
+                spans[r, 0] = g
+                spans[r, 1] = 1
+                r += 1
+        published[s] = h
+    return r
 
 
 @njit(**NJIT_OPTIONS)

@@ -41,7 +41,7 @@ class Memory:
         """Bytes held now, by part (see ``ReplayCore.nbytes_parts``)."""
         p, plan = self.parts_, self.plan
         storage = p.storage.nbytes if plan.hot_rows is None else plan.hot_rows * plan.row_nbytes()
-        book = 0 if p.episodes is None else p.episodes.nbytes
+        book = p.writer.nbytes + (0 if p.episodes is None else p.episodes.nbytes)
         if p.frame_stacks is not None:
             book += p.frame_stacks.nbytes
         rings = sum(r.nbytes for r in list(self.rings))

@@ -19,7 +19,7 @@ from .frames import FrameStack, FrameStacks
 from .samplers import Sampler
 from .streams import RingStreams
 from .transforms import ElideNext, NStep
-from .writers import RingWriter
+from .writers import make_writer
 
 
 def weak_method(obj, name: str):
@@ -197,10 +197,11 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
     if plan.stats_fields:  # hears only laps: pushes and extends do no statistics work
         p.stats = RunningStats(plan.stored, plan.stats_fields, capacity, allocator)
         hooks.append(p.stats)
-    p.writer = RingWriter(capacity, envs)
+    # a ring writer, or for a sampler that frees slots out of order a free-slot writer
+    p.writer = make_writer(p.sampler, capacity, envs, allocator)
     p.writer.bind(plan.spec, p.storage, p.episodes, hooks, p.frame_stacks)
     watch = getattr(p.sampler, "watch", None)
-    if watch is not None:  # a sampler that places writes by the writer's cursor
+    if watch is not None:  # a sampler that reads the writer's position (without replacement)
         watch(p.writer)
     if p.stats is not None:
         p.stats.bind(p.storage, p.writer)
@@ -219,7 +220,7 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         p.transforms.append(_SpillRelease(p.spill))
     p.lock = threading.Lock()
     use_lock = getattr(p.sampler, "use_lock", None)
-    if use_lock is not None:  # a sampler whose gate or sample waits on a condition of it
+    if use_lock is not None:  # a sampler whose writes or samples wait on a condition of it
         use_lock(p.lock)
     # what a limited sample waits for: the rows held (the writer's size, an attribute), or the
     # rows a sampler that holds some back lets a batch draw

@@ -25,6 +25,7 @@ from .episodes import Episodes, stored_spec
 from .frames import FrameStack, FrameStacks, frame_spec, padding_config, resolve_frames
 from .limiter import RateLimiter
 from .transforms import ElideNext, NStep, episode_options
+from .writers import writer_for
 
 # Lemire's multiply-shift draws from the top 32 bits of each random word
 MAX_CAPACITY = (1 << 32) - 1
@@ -201,6 +202,7 @@ class Plan:
         rings = sum(self.ring_size * (self.ring_nbytes(*b) if isinstance(b, tuple) else self.ring_nbytes(b))
                     for b in batch_sizes)
         sampler = self.sampler.plan(cap)
+        book += writer_for(self.sampler).planned_nbytes(cap)
         trees = sampler["trees"] + stats_nbytes(self.stored, self.stats_fields, cap)
         parts = {"storage": storage, "bookkeeping": book + sampler["bookkeeping"],
                  "trees": trees, "output_rings": rings}

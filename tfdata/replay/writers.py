@@ -18,22 +18,7 @@ The writer contract (what :class:`tfdata.replay.core.ReplayCore` calls, under it
 ``write(values, n, extra)``
     Write ``n`` validated rows (one array per field); everything that can refuse runs before
     the first byte is written.
-The gate (optional): a hook with ``admit(n)`` (the first one with it) is asked, under the lock,
-before anything else of a write of ``n`` rows, how many of them may be written now at the cursor
-(exactly-k replay: a slot still awaiting replay is not free). It returns ``n``, or fewer: the
-write then takes the first rows only and calls the gate's ``on_drop(rest)`` once they are
-written; it may wait (releasing the buffer's lock, see ``use_lock`` in
-:mod:`tfdata.replay.samplers`) or raise, having changed nothing. The generated extend is not
-used with a gate; the generated push only if the gate's ``slot_gate()`` gives its one-row
-form, an ``f(slot)`` run before the row's first byte (it waits or raises, never drops: a gate
-that may drop a row gives None); for a gate with ``place``, that form is ``f(cursor) -> slot``,
-the slot the row goes to (the cursor then moves past it).
-The gate may also place the writes: with ``place(n)`` (exactly-k replay), the writer asks it,
-after ``admit``, where the ``n`` admitted rows go: ``(spans, moved)``, spans as ``spans(n)``
-gives them (in row order; a later span may rewrite a slot of an earlier one, as single pushes
-would) and ``moved`` the slots the cursor moves over (more than ``n`` when it skips slots). Rows
-are then not in stream order: the buffer builds no episode bookkeeping for such a gate. A hook
-that counts laps reads the writer's ``moving`` (the slots the write in progress moves the
+A hook that counts laps reads the writer's ``moving`` (the slots the write in progress moves the
 cursor over) in ``on_write``.
 ``make_push(spec, lock, slow)``
     The per-spec push of :mod:`tfdata.replay.fastpush` over the same hooks, or ``slow``.
@@ -42,15 +27,37 @@ cursor over) in ``on_write``.
     The write position (``laps * capacity + cursor``: never decreases; a clear or a load moves
     it two laps on) and which of ``slots`` were written at a position ``>= since``: a batch
     keeps the position it was sampled at, and ``update_field(name, batch, ...)`` refuses rows
-    written since. In ring order a slot is written each time the position passes it; a gate
-    that places the writes (``place``) skips slots, so it says which it wrote
-    (``gate.overwritten(slots, since)``). Laps are counted by :meth:`RingWriter.advance` and, in
-    the generated push and extend, by the writer's own ``on_wrap`` (always installed).
+    written since. Laps are counted by :meth:`RingWriter.advance` and, in the generated push
+    and extend, by the writer's own ``on_wrap`` (always installed).
+``nbytes``, ``planned_nbytes(capacity)``
+    What the writer keeps per slot (``nbytes_parts["bookkeeping"]``).
 
-:class:`RingWriter` is the round-robin writer of every single-process buffer.
+:class:`RingWriter` is the round-robin writer: rows in stream order, each write at the cursor.
+:class:`FreeSlotWriter` writes each row into the next *free* slot at or after the cursor, for
+a sampler that holds slots back (``stream_order = False``: exactly-k replay, whose rows
+awaiting replay are not free); :func:`writer_for` picks one. What a free-slot writer asks of
+its sampler is the *free-slot contract*:
+
+``remaining``
+    The per-slot array of the sampler (uint8 or uint16 ``(capacity,)``): 0 for a free slot.
+``awaiting``
+    The slots not free (so ``capacity - awaiting`` are).
+``policy``, ``timeout``
+    What a write does when no slot is free (``"block"``, waiting at most ``timeout`` seconds;
+    ``"drop"``; ``"overwrite"``).
+``waits``
+    The condition of the buffer's lock where blocked writes and samples short of rows wait
+    (:class:`~tfdata.replay.samplers.exactly_k.SlotWaits`, set by ``use_lock``).
+``on_drop(n)``
+    ``n`` rows found no free slot (``"drop"``) and were not written.
+
+Across processes the same rule runs in each shard's writer process (:mod:`tfdata.shared.writer`),
+over the region's per-slot words instead of ``remaining`` (free: ``taken == released``).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -71,7 +78,7 @@ class RingWriter:
     """
 
     __slots__ = ("capacity", "cursor", "size", "laps", "num_envs", "spec", "storage", "episodes",
-                 "hooks", "gate", "placer", "moving", "frames", "batched", "__weakref__")
+                 "hooks", "moving", "frames", "batched", "__weakref__")
 
     def __init__(self, capacity: int, num_envs: int = 1):
         self.capacity = capacity
@@ -79,7 +86,7 @@ class RingWriter:
         self.cursor = 0
         self.size = 0
         self.laps = 0  # laps of the ring written, plus two per clear or load (see position)
-        self.spec = self.storage = self.episodes = self.gate = self.placer = self.frames = None
+        self.spec = self.storage = self.episodes = self.frames = None
         self.batched = False
         self.hooks = ()
         self.moving = 0  # slots the write in progress moves the cursor over (see on_write)
@@ -93,10 +100,17 @@ class RingWriter:
         self.frames = frames
         # rows that are checked against the stream and stored in part: written as arrays
         self.batched = frames is not None or (episodes is not None and episodes.elide)
-        self.gate = next((h for h in self.hooks if hasattr(h, "admit")), None)
-        self.placer = getattr(self.gate, "place", None)
         if episodes is not None:
             episodes.bind(self, storage)
+
+    @staticmethod
+    def planned_nbytes(capacity: int) -> int:
+        """Bytes a writer of ``capacity`` slots keeps per slot, in all: none."""
+        return 0
+
+    @property
+    def nbytes(self) -> int:
+        return 0
 
     # -- positions ---------------------------------------------------------------------------
     def advance(self, n: int, moved: int | None = None) -> None:
@@ -122,18 +136,15 @@ class RingWriter:
         """Which of ``slots`` (int64, each below the size) were written at a position ``>=
         since`` (a position this writer had; bool array). In ring order the position writes
         every slot it passes, so a slot was written since iff the positions ``[since,
-        position)`` pass it; a gate that places the writes says which slots it wrote."""
-        if self.placer is not None:
-            return self.gate.overwritten(slots, since)
+        position)`` pass it."""
         passed = self.position - since
         if passed >= self.capacity:
             return np.ones(slots.shape, bool)
         return (slots - since) % self.capacity < passed
 
     def place(self, n: int):
-        """``(spans, moved)`` of a write of ``n`` rows: the gate's placement, else the ring's."""
-        if self.placer is not None:
-            return self.placer(n)
+        """``(spans, moved)`` of a write of ``n`` rows: the spans of :meth:`spans`, and the
+        cursor moves over ``n`` slots."""
         return self.spans(n), n
 
     def spans(self, n: int) -> list[tuple[int, int, int]]:
@@ -172,35 +183,18 @@ class RingWriter:
             arrays = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
             self.write(arrays, 1, extra)
             return
-        if self.gate is not None and self.gate.admit(1) == 0:
-            self.gate.on_drop(1)
-            return
-        if self.placer is None:
-            pos, spans, moved = self.cursor, None, 1
-        else:
-            spans, moved = self.placer(1)
-            pos = spans[0][0]
+        pos = self.cursor
         self.storage.write_row(pos, values)
         if ep is not None:
             ep.stamp_one(pos, values)
-        if spans is None:
-            spans = [(pos, 0, 1)]
-        self.moving = moved
+        spans = [(pos, 0, 1)]
+        self.moving = 1
         for h in self.hooks:
             h.on_write(spans, 1, extra)
-        self.advance(1, moved)
+        self.advance(1)
 
     def write(self, values: list, n: int, extra=None) -> None:
         """Write ``n`` validated rows (values in spec order, each ``(n, *shape)``); lock held."""
-        asked = n
-        if self.gate is not None:
-            n = self.gate.admit(n)  # may wait (lock released) or raise: nothing written yet
-            if n < asked:
-                values = [v[:n] for v in values]
-                extra = None if extra is None else extra[:n]
-                if n == 0:
-                    self.gate.on_drop(asked)
-                    return
         spans, moved = self.place(n)
         ep = self.episodes
         stored = values
@@ -226,8 +220,6 @@ class RingWriter:
         for h in self.hooks:
             h.on_write(spans, n, extra)
         self.advance(n, moved)
-        if n < asked:
-            self.gate.on_drop(asked - n)
 
     def _per_row(self) -> list:
         """The hooks the generated calls run for every row (all but the ``wraps_only`` ones)."""
@@ -268,12 +260,12 @@ class RingWriter:
 
     def make_push(self, spec, lock, slow, gate=None):
         """``push(row)`` specialised to ``spec`` (see :mod:`tfdata.replay.fastpush`) where every
-        hook (and the sampler's gate) has a per-slot form and rows are written as they are; else
+        hook has a per-slot form and rows are written as they are; else
         ``slow``. ``gate(1)``: called under the lock before the row's slot is read (a rate
         limiter waits and counts)."""
         if self.frames is not None:  # frame stacks: a push of their own (checks in compiled code)
             slot_hooks = [h.slot_hook() for h in self._per_row()]
-            if self.gate is not None or any(f is None for f in slot_hooks):
+            if any(f is None for f in slot_hooks):
                 return slow
             on_write = None
             if slot_hooks:
@@ -287,18 +279,17 @@ class RingWriter:
                               on_write=on_write, on_wrap=self._on_wrap(None), gate=gate)
             return slow if push is None else push
         on_write, usable = self._slot_writes()
-        on_begin = None if self.gate is None else self.gate.slot_gate()
-        if not usable or self.num_envs != 1 or (self.gate is not None and on_begin is None):
+        if not usable or self.num_envs != 1:
             return slow
         ep = self.episodes
         on_wrap = self._on_wrap(None if ep is None else ep.wrapped)
-        place = None
-        if self.placer is not None:  # the gate's one-row form gives the slot: f(cursor) -> slot
-            place, on_begin = on_begin, None
-            place = _wrapping(place, on_wrap, self)
         return make_push(spec, self.storage.field_views(), self, lock, slow,
-                         on_wrap=on_wrap, on_write=on_write, on_begin=on_begin,
-                         regions=self.storage.byte_regions(), gate=gate, place=place)
+                         on_wrap=on_wrap, on_write=on_write, regions=self.storage.byte_regions(),
+                         gate=gate, place=self._one_slot(on_wrap))
+
+    def _one_slot(self, on_wrap):
+        """The generated push's ``place(cursor) -> slot`` (None: the cursor's slot)."""
+        return None
 
     def make_extend(self, spec, lock, slow, write=None, gate=None):
         """``extend(batch)`` specialised to ``spec`` for batches of a few rows (one vector-env
@@ -307,7 +298,7 @@ class RingWriter:
         batches of exact dtypes. ``gate``: ``(wait, count)``, ``wait(n)`` called under the lock
         before the slot is read, ``count(n)`` after ``n`` rows are written (a rate limiter)."""
         on_write, usable = self._slot_writes()
-        if not usable or self.gate is not None:
+        if not usable:
             return slow
         ep = self.episodes
         late = ep is not None and self.num_envs == 1  # one stream: stamped late, as a push
@@ -335,16 +326,246 @@ class RingWriter:
         self.laps += 2  # new rows: every batch sampled before is stale (see position)
 
 
-def _wrapping(place, on_wrap, writer):
-    """``place(cursor)`` that also calls ``on_wrap()`` when the slot it gives is behind the
-    writer's cursor: the sweep crossed the ring's end (the generated push calls ``on_wrap``
-    only for a row written into the last slot). ``writer``: the writer itself (the generated
-    push that holds this holds it too; the writer holds neither)."""
+#: a slot's last write is kept as the writer's lap modulo this (uint32)
+_LAPS = 1 << 32
 
-    def place_wrapping(cursor, _place=place, _on_wrap=on_wrap, _w=writer):
-        p = _place(cursor)
-        if p < _w.cursor:  # the cursor now: another writer may have moved it while this waited
-            _on_wrap()
-        return p
 
-    return place_wrapping
+class FreeSlotWriter(RingWriter):
+    """A writer that puts each row into the next free slot at or after its cursor (wrapping),
+    skipping the slots its sampler holds back, and moves the cursor past the last slot written:
+    a write of ``n`` rows lands where ``n`` pushes would. What "free" means is the sampler's
+    (the free-slot contract, see the module docstring); what a write does when no slot is free
+    is its ``policy`` (:class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` says what
+    each does): ``"block"`` waits on ``waits``, ``"drop"`` tells ``on_drop``, ``"overwrite"``
+    writes at the cursor.
+
+    Rows are not in stream order: a buffer with this writer keeps no episode numbers and no
+    frame stacks. The sweep skips slots, so passing a slot is not writing it: the writer keeps
+    each slot's last write (the lap, uint32: 4 bytes per slot) for :meth:`overwritten`. A push
+    takes the generated push with :meth:`_one_slot` placing the row (``"block"``,
+    ``"overwrite"``; ``"drop"`` the generic path); an extend the generic path, one kernel call
+    placing its rows.
+
+    Parameters
+    ----------
+    capacity, num_envs : int
+    slots
+        The sampler, bound (see the free-slot contract).
+    allocator
+        Where the per-slot lap words come from.
+    """
+
+    __slots__ = ("slots", "wrote", "_k", "_runs", "_placed", "policy")
+
+    def __init__(self, capacity: int, num_envs: int, slots, allocator):
+        super().__init__(capacity, num_envs)
+        from ..kernels import _replays  # numba is imported when the first buffer is built
+
+        self.slots, self.policy, self._k = slots, slots.policy, _replays
+        # the lap of the writer's position at each slot's last write, modulo 2**32 (its
+        # position: lap * capacity + slot), which says which rows of a batch were overwritten
+        # since it was sampled
+        self.wrote = allocator.zeros(capacity, np.uint32)
+        # replays_place's outputs: runs of slots (a write of more runs takes several calls)
+        self._runs = np.zeros((64, 2), np.int64)
+        self._placed = np.zeros(4, np.int64)
+
+    @staticmethod
+    def planned_nbytes(capacity: int) -> int:
+        return 4 * int(capacity)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.wrote.nbytes)
+
+    def bind(self, spec, storage, episodes=None, hooks=(), frames=None) -> None:
+        if episodes is not None or frames is not None:  # (the plan refuses both)
+            raise ValueError("a free-slot writer keeps rows off stream order: no episodes or frames")
+        super().bind(spec, storage, None, hooks, None)
+
+    # -- where the rows go (lock held) -------------------------------------------------------
+    @property
+    def free(self) -> int:
+        """Free slots: where a write may go without overwriting."""
+        return self.capacity - self.slots.awaiting
+
+    def admit(self, n: int) -> int:
+        """How many of the next ``n`` rows may be written now: ``n`` (``"overwrite"``: always;
+        ``"block"``: once ``n`` slots are free, waiting with the lock released), or for
+        ``"drop"`` as many as there are free slots (whole steps of ``num_envs``). ``"block"``
+        raises TimeoutError after ``timeout`` seconds, ValueError at once for ``n`` above the
+        capacity; nothing is changed by a refusal."""
+        if self.policy == "overwrite":
+            return n
+        cap = self.capacity
+        if self.policy == "drop":
+            ok = min(n, self.free)
+            return ok - ok % self.num_envs
+        if n > cap:
+            raise ValueError(f"exactly_k, policy='block': a write of {n} rows can never fit a "
+                             f"buffer of capacity {cap}; write at most {cap} rows at a time")
+        if self.free >= n:
+            return n
+        waits, timeout = self.slots.waits, self.slots.timeout
+        if waits is None:
+            raise RuntimeError("FreeSlotWriter: the sampler has no waits (use_lock was not "
+                               "called); a blocked write cannot wait")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waits.wanted.append(n)
+        if waits.samplers:  # a sample waiting for rows would wait for this writer: wake it
+            waits.wake()  # (it then raises instead of waiting out its timeout)
+        try:
+            while True:
+                if not waits.wait(deadline):
+                    raise TimeoutError(
+                        f"exactly_k, policy='block': a write of {n} rows waited {timeout} s "
+                        f"for {n} free slots ({self.free} free: {self.slots.awaiting} of {cap} "
+                        f"rows await replay); nothing was written")
+                if self.free >= n:  # other threads ran while the lock was released
+                    return n
+        finally:
+            waits.wanted.remove(n)
+
+    def place(self, n: int):
+        """Where the ``n`` admitted rows go: ``(spans, moved)``, spans as :meth:`spans` gives
+        them, in row order, and the slots the cursor moves over. Each row goes to the next free
+        slot at or after the cursor, skipping the slots held back; with no free slot left
+        (``"overwrite"`` only), to the slot at the cursor, whose row is lost."""
+        cur = self.cursor
+        remaining = self.slots.remaining
+        if n == 1 and remaining[cur] == 0:  # the common case, without a kernel call
+            return [(cur, 0, 1)], 1
+        spans = []
+        free, src, moved = self.free, 0, 0
+        runs, out = self._runs, self._placed
+        while src < n:
+            r = self._k.replays_place(remaining, cur, n - src, free, runs, out)
+            if r < 0:  # the arguments come from this object: a bug, not the caller's input
+                raise RuntimeError(f"FreeSlotWriter: replays_place returned {r}")
+            for i in range(r):
+                dst, count = int(runs[i, 0]), int(runs[i, 1])
+                spans.append((dst, src, count))
+                src += count
+            cur, free, moved = int(out[0]), int(out[1]), moved + int(out[3])
+        return spans, moved
+
+    def _stamp(self, spans) -> None:
+        """Keep the lap of each slot of ``spans`` (before the cursor moves)."""
+        cap = self.capacity
+        at = self.laps * cap + self.cursor  # the spans follow the sweep, in order
+        for dst, _src, count in spans:
+            at += (dst - at) % cap  # the first position at or after the sweep's at slot dst
+            self.wrote[dst:dst + count] = (at - dst) // cap % _LAPS
+            at += count
+
+    def overwritten(self, slots: np.ndarray, since: int) -> np.ndarray:
+        """Which of ``slots`` (int64, held) were written at a position ``>= since``: those whose
+        last write's lap is past ``since``'s, or the same lap at or after its slot.
+
+        Laps are kept modulo 2**32: a batch older than ``2**32 - 1`` laps counts as stale
+        whole, and a row held back through about ``2**32`` laps of the sweep may be taken for a
+        new one (refused, never the other way round)."""
+        lap0, at0 = divmod(since, self.capacity)
+        laps = self.laps - lap0
+        if laps >= _LAPS - 1:
+            return np.ones(slots.shape, bool)
+        d = (self.wrote[slots].astype(np.int64) - lap0) % _LAPS  # laps after the batch's
+        return ((d > 0) & (d <= laps)) | ((d == 0) & (slots >= at0))
+
+    # -- the write path (lock held) ----------------------------------------------------------
+    def push_values(self, values: list, extra=None) -> None:
+        if self.num_envs > 1:
+            raise SpecError(f"push appends one row, but this buffer interleaves num_envs="
+                            f"{self.num_envs} streams: extend with {self.num_envs} rows per step")
+        if self.admit(1) == 0:
+            self.slots.on_drop(1)
+            return
+        spans, moved = self.place(1)
+        self.storage.write_row(spans[0][0], values)
+        self._written(spans, 1, moved, extra)
+
+    def write(self, values: list, n: int, extra=None) -> None:
+        asked = n
+        n = self.admit(n)  # may wait (lock released) or raise: nothing written yet
+        if n < asked:
+            values = [v[:n] for v in values]
+            extra = None if extra is None else extra[:n]
+            if n == 0:
+                self.slots.on_drop(asked)
+                return
+        spans, moved = self.place(n)
+        if n % self.num_envs:
+            raise SpecError(f"this buffer interleaves num_envs={self.num_envs} streams: extend "
+                            f"takes whole steps of {self.num_envs} rows each, got {n} rows")
+        for dst, src, count in spans:
+            self.storage.write_rows(dst, values, src, count)
+        self._written(spans, n, moved, extra)
+        if n < asked:
+            self.slots.on_drop(asked - n)
+
+    def _written(self, spans, n: int, moved: int, extra) -> None:
+        self._stamp(spans)
+        self.moving = moved
+        for h in self.hooks:
+            h.on_write(spans, n, extra)
+        self.advance(n, moved)
+
+    def _one_slot(self, on_wrap):
+        """``place(cursor) -> slot`` for the generated push (None with ``"drop"``: a dropped
+        row is the generic path's to skip): the slot the row goes to (waiting for one with
+        ``"block"``), with the lap it is written in kept, and ``on_wrap()`` called when the
+        slot is behind the cursor (the sweep crossed the ring's end; the generated push calls
+        ``on_wrap`` itself only for a row written into the last slot)."""
+        remaining, wrote = memoryview(self.slots.remaining), memoryview(self.wrote)
+        w = self  # the generated push that holds this holds the writer too; the writer neither
+
+        def place_one(cursor):
+            if remaining[cursor] == 0:  # the common case: no call
+                p = cursor
+            else:
+                p = w._place_held(cursor)
+                if p < w.cursor:  # the cursor now: another writer may have moved it meanwhile
+                    on_wrap()
+            wrote[p] = w.laps & 0xFFFFFFFF
+            return p
+
+        return place_one
+
+    def _place_held(self, cursor: int) -> int:
+        """The slot one row goes to when the cursor's slot is held back."""
+        if self.slots.awaiting == self.capacity:  # no free slot
+            if self.policy == "overwrite":
+                return cursor  # the row at the cursor is lost (the sampler's hook counts it)
+            self.admit(1)  # waits (lock released) or raises; other writers may have moved on
+        r = self._k.replays_place(self.slots.remaining, self.cursor, 1, self.free, self._runs,
+                                  self._placed)
+        if r != 1:
+            raise RuntimeError(f"FreeSlotWriter: replays_place returned {r}")
+        return int(self._runs[0, 0])
+
+    def make_push(self, spec, lock, slow, gate=None):
+        if self.policy == "drop":  # a dropped row writes nothing: the generic path
+            return slow
+        return super().make_push(spec, lock, slow, gate)
+
+    def make_extend(self, spec, lock, slow, write=None, gate=None):
+        return slow  # one kernel call places the rows: the generic path
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        # (two laps on): the rows loaded were written after any batch sampled before the load,
+        # before any sampled after it
+        self.wrote[:] = (self.laps - 1) % _LAPS
+
+
+def writer_for(sampler) -> type:
+    """The writer class a buffer with ``sampler`` writes with: a :class:`FreeSlotWriter` for a
+    sampler that holds slots back (``stream_order`` False), else a :class:`RingWriter`."""
+    return RingWriter if getattr(sampler, "stream_order", True) else FreeSlotWriter
+
+
+def make_writer(sampler, capacity: int, num_envs: int, allocator):
+    """The writer of a buffer of ``capacity`` slots with ``sampler`` (bound), unbound."""
+    if writer_for(sampler) is FreeSlotWriter:
+        return FreeSlotWriter(capacity, num_envs, sampler, allocator)
+    return RingWriter(capacity, num_envs)

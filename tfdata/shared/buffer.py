@@ -26,8 +26,9 @@ from ..replay.core import weak_method as _weak_method
 from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from ..replay.samplers import Sampler, sampler_name as _sampler_name
 from ..replay.samplers.prioritized import PrioritizedSampler
-from ..replay.samplers.shared import (SharedExactlyKSampler, SharedPrioritizedSampler,
-                                      SharedUniformSampler, SharedWithoutReplacementSampler)
+from ..replay.samplers.exactly_k import ExactlyKSampler, PollWaits
+from ..replay.samplers.shared import (SharedPrioritizedSampler, SharedUniformSampler,
+                                      SharedWithoutReplacementSampler)
 from ..replay import shared_frames
 from ..replay.frames import FrameStack
 from ..replay.streams import ShardStreams
@@ -85,7 +86,8 @@ class SharedReplayBuffer:
         :class:`~tfdata.replay.samplers.shared.SharedWithoutReplacementSampler`; the learner
         owns the pool, 5 bytes per slot; not with ``prioritized=True``, nor for
         :meth:`sample_sequences`); or exactly-k replay, each row delivered in exactly
-        ``replays`` batches (see :class:`~tfdata.replay.samplers.shared.SharedExactlyKSampler`;
+        ``replays`` batches (the :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` of a
+        :class:`~tfdata.ReplayBuffer`, each shard's writer process placing rows in free slots;
         ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
         awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
         Not with ``prioritized``, ``n_step`` or :meth:`sample_sequences`.
@@ -240,13 +242,13 @@ class SharedReplayBuffer:
             if sampler.bounds(shards * cap) is None:
                 raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority gives a "
                                  f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
-        elif exactly_k:
-            sampler = SharedExactlyKSampler(seed, 1 if replays is None else replays, policy, timeout)
+        elif exactly_k:  # the single-process sampler: its writes are the shards' (see below)
+            sampler = ExactlyKSampler(seed, 1 if replays is None else replays, policy, timeout)
         elif sampler_name == "without_replacement":
             sampler = SharedWithoutReplacementSampler(seed)
         else:
             sampler = SharedUniformSampler(seed)
-        if given is None:
+        if given is None and not exactly_k:
             sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
@@ -286,17 +288,23 @@ class SharedReplayBuffer:
         self._heads, self._reserved = self._region.heads, self._region.reserved
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
-        if given is None:
+        if given is None and not exactly_k:
             sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
         # the shards as streams: the rows held, the writes caught up, the torn-row check
         self._rows = ShardRows(self._heads, self._reserved, cap, self._k)
         self._given = given is not None
-        self._rows.bind(sampler)
+        if exactly_k:
+            # the writer processes place the rows in free slots (their logs say where); a
+            # sample short of rows polls them; slots freed are released into the region's words
+            self._rows.bind(sampler, log=self._region.log)
+            sampler.release_into(self._region.released)
+            rows = weakref.ref(self._rows)  # (the sampler must not keep the streams alive)
+            sampler.waits = PollWaits(lambda: rows().catch_up(rows().scratch))
+        else:
+            self._rows.bind(sampler)
         if prioritized:
             sampler.streams = self._rows
-        if exactly_k:
-            sampler.bind_slot_words(self._region.taken, self._region.released, self._region.log)
         self.sampler = sampler
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
@@ -345,7 +353,8 @@ class SharedReplayBuffer:
             self._ctrl_words = memoryview(self._region.ctrl)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
                                            self._ring_size, self._is_prioritized, episodes,
-                                           self._rows if self._given else None)
+                                           self._rows if self._given else None,
+                                           rows=self._rows if exactly_k else None)
 
     @property
     def rate_limiter(self):

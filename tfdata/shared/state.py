@@ -25,7 +25,7 @@ class ShardCheckpoint:
     ``n_step``, ``gamma``, ``next_of`` and ``roles``)."""
 
     def __init__(self, region, sampler, lock, kernels, limiter, name: str, ring_size: int,
-                 prioritized: bool, episodes: dict, streams=None):
+                 prioritized: bool, episodes: dict, streams=None, rows=None):
         self._region = region
         self._sampler = sampler
         self._lock = lock
@@ -40,6 +40,8 @@ class ShardCheckpoint:
         # a sampler object (a user's too): saved by its name, config() and extra_state(), its
         # writes caught up by the shard streams
         self._streams = streams
+        # exactly-k: the shard streams that hear the rows published (from the shards' logs)
+        self._rows = rows
 
     def config(self) -> dict:
         """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
@@ -88,9 +90,8 @@ class ShardCheckpoint:
                 self._streams.catch_up(scratch)
             elif self._prioritized or wor:
                 self._sampler.fold(scratch)
-            elif r.exactly_k:  # the state as of the fold: heads are the positions folded
-                self._sampler.fold()
-                scratch[r.shards:2 * r.shards] = self._sampler.folded
+            elif r.exactly_k:  # the state as of the catch-up: heads are the positions heard
+                self._rows.catch_up(scratch)
             else:
                 self._k.read_heads(r.heads, r.cap, scratch)
             state = {"format": "tfdata.SharedReplayBuffer", "version": 1,
@@ -110,9 +111,12 @@ class ShardCheckpoint:
             key = None if self._streams is None else state_key(self._sampler)
             if key is not None:  # what it keeps beyond its RNG, given the rows held
                 state[key] = self._sampler.extra_state(int(scratch[:r.shards].sum()))
-            if r.exactly_k:
-                state["exactly_k"] = self._sampler.shared_state(
-                    [int(r.words(s)[CURSOR]) for s in range(r.shards)])
+            if r.exactly_k:  # the pool in its order, the deliveries left, and the shards' own
+                sm = self._sampler
+                pool = sm.extra_state(0)
+                state["exactly_k"] = {"slots": pool["slots"], "counts": pool["counts"],
+                                      "delivered": sm.delivered, "released": sm.released,
+                                      "cursors": [int(r.words(s)[CURSOR]) for s in range(r.shards)]}
             if r.frames is not None:  # as of the heads; settled by settle_frames after the rows
                 state["frame_copies"] = shared_frames.copies(r.frames)
             yield state
@@ -230,4 +234,7 @@ class ShardCheckpoint:
             r.taken[slots] = 1
             for s, c in enumerate(cursors):
                 r.words(s)[CURSOR] = c
-            self._sampler.restore(slots, counts, new_heads, delivered, released)
+            sm = self._sampler
+            sm.load_pool(slots, counts)
+            self._rows.published[:] = new_heads  # every row restored was heard before the save
+            sm.delivered, sm.released = delivered, released

@@ -28,6 +28,12 @@ shards, so that the same sampler object runs in both:
   the whole batch again, after a new catch-up, until no row of it is torn (rare: only rows at
   a writer's oldest end while it overwrites them).
 
+A free-slot region (exactly-k replay: each shard's writer puts a row into the next free slot
+of its shard, see :class:`tfdata.replay.writers.FreeSlotWriter`) is caught up from the shards'
+logs, which name the slot of each row published (the hook's ``rows(spans)``, the spans
+``replays_log_spans`` reads); its writers never write a slot the sampler holds, so there is
+no torn-row check and no redraw.
+
 Called with the buffer's lock held.
 """
 
@@ -134,20 +140,31 @@ class ShardRows:
         self.scratch = np.zeros(7 * self.shards + 1, np.int64)
         self.redraws = 0
         self._one = np.zeros(7 * self.shards + 1, np.int64)  # a one-row redraw's scratch
-        self._hook = self._rows = self._sampler = None
+        self._hook = self._rows = self._sampler = self._log = None
         self._kind = "any"
 
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays this part holds in this process (the heads and reserve words are
         the region's)."""
-        return int(self.published.nbytes + self._spans.nbytes + self.scratch.nbytes + self._one.nbytes)
+        runs = 0 if self._log is None else self._runs.nbytes  # a free-slot region's catch-up
+        return int(self.published.nbytes + self._spans.nbytes + self.scratch.nbytes + self._one.nbytes
+                   + runs)
 
-    def bind(self, sampler) -> None:
+    def bind(self, sampler, log=None) -> None:
         """The sampler whose write hooks the catch-up calls and whose draws are checked (once,
-        after it is bound)."""
+        after it is bound); ``log``: a free-slot region's logs (uint64, one word per slot; see
+        the module docstring)."""
         self._sampler = sampler
         cls = type(sampler)
+        if log is not None:  # a free-slot region: no torn rows, slots from the logs
+            from ..kernels._replays import replays_log_spans
+
+            self._kind, self._log, self._log_spans = "free_slots", log, replays_log_spans
+            self._hook = sampler.slot_hook()
+            self._rows = self._hook.rows
+            self._runs = np.zeros((1024, 2), np.int64)
+            return
         if isinstance(sampler, UniformSampler) and cls.sample is UniformSampler.sample:
             self._kind = "uniform"
         elif isinstance(sampler, PrioritizedSampler) and cls.sample is PrioritizedSampler.sample:
@@ -170,6 +187,8 @@ class ShardRows:
     def catch_up(self, scratch: np.ndarray) -> int:
         """Read the heads into ``scratch``, then let the sampler hear the rows published since
         the last catch-up (see the module docstring); returns the rows held."""
+        if self._log is not None:
+            return self._catch_up_log(scratch)
         held, m = self._published_spans(self.heads, self.cap, scratch, self.published, self._spans)
         if m == 0 or self._sampler is None or not getattr(self._sampler, "hears_writes", False):
             return held
@@ -194,6 +213,29 @@ class ShardRows:
                 self._sampler.on_write(group, n, None)
         return held
 
+    def _catch_up_log(self, scratch: np.ndarray) -> int:
+        """The catch-up of a free-slot region: the slots published since, from the logs, heard
+        through the hook's ``rows(spans)``; ``scratch`` gets the positions heard (a shard's
+        ``heads`` as the checkpoint reads them); returns the rows published."""
+        runs = self._runs
+        while True:
+            r = self._log_spans(self.heads, self._log, self.published, self.cap, runs)
+            if r < 0:
+                raise SharedBufferError(
+                    f"a shard's head or publication log names a slot that was not free "
+                    f"(replays_log_spans returned {r}; shards heard up to "
+                    f"{self.published.tolist()})")
+            if r and self._rows(runs[:r]):
+                raise SharedBufferError(f"a shard's writer published a row into a slot whose "
+                                        f"row awaits replay (shards heard up to "
+                                        f"{self.published.tolist()})")
+            if r < runs.shape[0]:
+                break
+        n = self.shards
+        scratch[n:2 * n] = self.published
+        scratch[:n] = np.minimum(self.published, self.cap)
+        return int(self.published.sum())
+
     # -- drawing ------------------------------------------------------------------------------
     def too_few(self, batch: int, n: int | None = None) -> ValueError:
         """The error for a batch of ``batch`` rows with ``n`` held (None: read the heads)."""
@@ -210,6 +252,9 @@ class ShardRows:
         sm, k, scratch, kind = self._sampler, self._k, self.scratch, self._kind
         if kind == "own":
             sm.sample(0, out, arrays)
+            return
+        if kind == "free_slots":  # rows held are never written: no check, no redraw
+            sm.sample(self.catch_up(scratch), out, arrays)
             return
         idx = out.indices
         batch = idx.shape[0]

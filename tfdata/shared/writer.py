@@ -354,7 +354,8 @@ class SharedWriter:
 
     def _write_ek(self, n: int, values: list, one: bool) -> int:
         """Exactly-k replay (lock held): each row into the next free slot of the shard at or
-        after the cursor, as a :class:`~tfdata.ReplayBuffer`'s writer does; with none free,
+        after the cursor, the rule of :class:`~tfdata.replay.writers.FreeSlotWriter` (free:
+        ``taken == released`` in the region's words, ``replays_claim``); with none free,
         ``"block"`` waits for the learner to release one, ``"drop"`` drops the rest (the
         newest rows) and counts them. Returns the rows written."""
         done = 0

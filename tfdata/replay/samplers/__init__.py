@@ -2,9 +2,9 @@
 
 A sampler draws slots, hears about writes, and says what it adds to a batch. tfdata's:
 ``uniform.py`` (with replacement), ``without_replacement.py`` (every live row once per pass,
-rows written during a pass joining it), ``exactly_k.py`` (every row in exactly k batches, with
-a gate on the writes), ``prioritized.py``; ``shared.py`` keeps what of them a shared region
-still needs apart (the slices over its shards, and the without-replacement and exactly-k pools
+rows written during a pass joining it), ``exactly_k.py`` (every row in exactly k batches; its
+buffer writes with a free-slot writer), ``prioritized.py``; ``shared.py`` keeps what of them a
+shared region still needs apart (the slices over its shards, and the without-replacement pool
 over them). The buffer calls it under its lock; it never sees the layout (it calls the kernels
 of the output it fills, ``out.kernels`` over ``out.store``, or ``out.source.gather``), never
 allocates while sampling, and keeps its state in plain arrays.
@@ -33,10 +33,11 @@ What a sampler writes (ten members; everything else has a default in :class:`Sam
 Defaults a sampler may override (each described below): ``plan``/``nbytes`` (its memory),
 ``ring_arrays``/``ring_nbytes``/``batch_view`` (what it adds to a batch), ``projects``,
 ``drawable``, ``waits_for_rows``, ``stream_order``, ``wraps_only``/``on_wrap``, ``watch``,
-``use_lock``, ``facets``, ``state_dict``. Three of them are a writer's concern held by the
-sampler until the writers own them: ``stream_order`` with exactly-k's gate (``admit``,
-``place``: a free-slot writer's job), and ``wraps_only``/``watch`` (a sampler reading the
-writer's position instead of hearing each write).
+``use_lock``, ``facets``, ``state_dict``. ``stream_order = False`` picks the buffer's writer:
+a :class:`~tfdata.replay.writers.FreeSlotWriter`, which asks the sampler which slots are free
+(the free-slot contract of :mod:`tfdata.replay.writers`; exactly-k's); ``wraps_only``/``watch``
+are still a writer's concern held by a sampler (one reading the writer's position instead of
+hearing each write).
 
 The contract in full (see :class:`Sampler` for the defaults a new sampler inherits):
 
@@ -75,15 +76,17 @@ The contract in full (see :class:`Sampler` for the defaults a new sampler inheri
     first slot, count) in order, in one call (the prioritized sampler's: one kernel call for the
     rows writer processes published).
 ``stream_order``
-    Class attribute, True by default: False for a sampler whose gate places the writes
-    (``place(n)``, see :mod:`tfdata.replay.writers`) off the ring order.
+    Class attribute, True by default: False for a sampler that frees slots out of order (its
+    buffer writes each row into the next free slot with a
+    :class:`~tfdata.replay.writers.FreeSlotWriter`, which reads the sampler's free-slot
+    contract: ``remaining``, ``awaiting``, ``policy``, ``timeout``, ``waits``, ``on_drop``).
 ``watch(writer)`` (optional)
     Called once after the writer is bound, for a sampler that reads its ``cursor`` and
     ``size`` (keep a weak proxy: the writer holds its hooks).
 ``use_lock(lock)`` (optional)
-    Called once with the buffer's lock, for a sampler whose write gate (``admit(n)``, see
-    :mod:`tfdata.replay.writers`) or ``sample`` waits: it waits on a ``threading.Condition`` of
-    that lock, which releases it (and the GIL) while waiting. A ``sample`` that raises leaves
+    Called once with the buffer's lock, for a sampler whose writes (a free-slot writer's
+    blocked writes) or ``sample`` wait: they wait on a ``threading.Condition`` of that lock,
+    which releases it (and the GIL) while waiting. A ``sample`` that raises leaves
     the output ring's slot unused.
 ``name``, ``rule``
     Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
@@ -307,9 +310,9 @@ class Sampler:
     #: whether ``sample`` gathers through the output it is given (``out.kernels``, ``out.store``,
     #: ``out.source``), so that projected outputs (``fields=``) are filled right
     projects = False
-    #: whether the writer keeps rows in stream order (False: its gate places them, see
-    #: ``place`` in :mod:`tfdata.replay.writers`; the buffer then keeps no episode numbers
-    #: and refuses n-step and ``elide_next``, which read rows in stream order)
+    #: whether the writer keeps rows in stream order (False: a free-slot writer places them,
+    #: see :mod:`tfdata.replay.writers`; the buffer then keeps no episode numbers and refuses
+    #: n-step and ``elide_next``, which read rows in stream order)
     stream_order = True
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler (None: a sampler
     #: of the user's that is not saved, called by its class name)

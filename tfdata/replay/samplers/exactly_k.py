@@ -1,4 +1,10 @@
-"""Exactly-k replay: every row is delivered in exactly ``k`` batches, then its slot is free."""
+"""Exactly-k replay: every row is delivered in exactly ``k`` batches, then its slot is free.
+
+The sampler keeps the pool of the rows awaiting replay, draws batches from it, counts each
+row's deliveries and releases a slot after its ``k``-th delivery was copied. Where rows are
+written is the writer's: a :class:`~tfdata.replay.writers.FreeSlotWriter` puts each into the
+next free slot at or after its cursor, asking this sampler which slots are free (the free-slot
+contract: ``remaining``, ``awaiting``, ``policy``, ``timeout``, ``waits``, ``on_drop``)."""
 
 from __future__ import annotations
 
@@ -15,8 +21,6 @@ from . import Sampler, StateError, checked_slots, config_keys, config_value, sta
 POLICIES = ("block", "drop", "overwrite")
 #: the largest ``replays``: the count of deliveries left is a uint16 per slot
 MAX_REPLAYS = (1 << 16) - 1
-#: a slot's last write is kept as the writer's lap modulo this (uint32)
-_LAPS = 1 << 32
 #: the options of ``sampler="exactly_k"`` (its :meth:`ExactlyKSampler.config`)
 OPTIONS = ("replays", "policy", "timeout")
 #: the largest ``timeout`` a checkpoint may carry (seconds; about 31 years)
@@ -61,21 +65,95 @@ def replays_problem(owed: int, delivered: int, dropped: int, lost: int, size: in
     return None
 
 
+class SlotWaits:
+    """Where a buffer's blocked writes wait for free slots and its samples for rows: one
+    condition of the buffer's lock (waiting releases it and the GIL).
+
+    Attributes
+    ----------
+    cond : threading.Condition
+    wanted : list of int
+        The rows each waiting write needs (its free-slot writer appends and removes them).
+    samplers : int
+        Samples waiting for rows.
+    """
+
+    #: what a sample that waited in vain waited for (the end of its TimeoutError)
+    waited_for = ""
+
+    def __init__(self, lock):
+        self.cond = threading.Condition(lock)
+        self.wanted = []
+        self.samplers = 0
+
+    @property
+    def writers(self) -> int:
+        """Writes waiting for free slots."""
+        return len(self.wanted)
+
+    def stuck(self, free: int) -> bool:
+        """A write waits and none of the waiting writes can go on with ``free`` slots: slots
+        are freed only by samples (a write woken but not yet running is not stuck)."""
+        return bool(self.wanted) and min(self.wanted) > free
+
+    def wait(self, deadline) -> bool:
+        """Wait until notified or ``deadline`` (``time.monotonic()``; None: no limit); False
+        once it has passed."""
+        if deadline is None:
+            self.cond.wait()
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self.cond.wait(left)
+        return True
+
+    def wake(self) -> None:
+        self.cond.notify_all()
+
+
+class PollWaits(SlotWaits):
+    """The waits of a sampler whose writers are other processes (a
+    :class:`~tfdata.SharedReplayBuffer`): no write waits here, and a sample short of rows
+    sleeps (briefly, then longer, the GIL released, no lock held by the writers) and then
+    catches up on the rows published meanwhile (``catch_up()``)."""
+
+    waited_for = " for the writers"
+
+    def __init__(self, catch_up):
+        self.wanted = []
+        self.samplers = 0
+        self._catch_up = catch_up
+        self._deadline, self._pause = None, 20e-6
+
+    def wait(self, deadline) -> bool:
+        if deadline is not self._deadline:  # a new wait: sleep briefly first
+            self._deadline, self._pause = deadline, 20e-6
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(self._pause)
+        self._pause = min(2 * self._pause, 1e-3)
+        self._catch_up()
+        return True
+
+    def wake(self) -> None:
+        pass
+
+
 class ExactlyKSampler(Sampler):
     """Each row is delivered in exactly ``replays`` batches, in a random order from the seed.
 
     The rows awaiting replay (written, delivered fewer than ``k`` times) form a pool; a batch
     draws ``batch_size`` distinct rows of it uniformly (a batch never holds a row twice), and a
-    row leaves the pool after its ``k``-th delivery: its slot is then *free*. A write puts each
-    row into the next free slot at or after the writer's cursor (wrapping), skipping the rows
-    awaiting replay, and the cursor moves past the last slot written (:meth:`place`; a write of
-    ``n`` rows lands where ``n`` pushes would). So writers wait only when every slot awaits
-    replay, and then the pool holds ``capacity >= batch_size`` rows: a sample can always go on
-    (the ring of the first version waited for the *oldest* row, which random delivery can
-    leave pending while fewer rows than a batch await: a stall). Rows are therefore not in
-    stream order: the buffer keeps no episode numbers, refuses ``n_step`` and ``elide_next``,
-    and ``column()`` gives the rows in slot order from the cursor. When no slot is free,
-    ``policy`` says:
+    row leaves the pool after its ``k``-th delivery: its slot is then *free*. The buffer's
+    writer (:class:`~tfdata.replay.writers.FreeSlotWriter`) puts each row into the next free
+    slot at or after its cursor (wrapping), skipping the rows awaiting replay. So writers wait
+    only when every slot awaits replay, and then the pool holds ``capacity >= batch_size``
+    rows: a sample can always go on (the ring of the first version waited for the *oldest*
+    row, which random delivery can leave pending while fewer rows than a batch await: a
+    stall). Rows are therefore not in stream order: the buffer keeps no episode numbers,
+    refuses ``n_step`` and ``elide_next``, and ``column()`` gives the rows in slot order from
+    the cursor. When no slot is free, ``policy`` says:
 
     ``"block"``
         The write waits until it has a free slot for each of its rows (the buffer's lock
@@ -109,6 +187,12 @@ class ExactlyKSampler(Sampler):
     (a relabelled row keeps its deliveries). Sequences (``sample_slices``) are refused
     (NotImplementedError): a slice's rows would be delivered a number of times no one chose.
 
+    Over the shards of a :class:`~tfdata.SharedReplayBuffer` the same object runs through
+    :class:`tfdata.shared.streams.ShardRows`: the rows writer processes published reach the
+    pool through the write hooks before each draw, a sample short of rows polls
+    (:class:`PollWaits`), and the slots freed are released into the region's words after the
+    copy (:meth:`release_into`), where each shard's writer process finds them free.
+
     Parameters
     ----------
     seed : int or None
@@ -127,26 +211,20 @@ class ExactlyKSampler(Sampler):
         Rows not written by ``"drop"``.
     lost_replays : int
         Deliveries lost by ``"overwrite"``.
+    released : int
+        Slots released into a shared region's words (:meth:`release_into`; 0 in one process).
 
-    ``update_field(name, batch, values)`` refuses a batch whose rows were overwritten since it
-    was sampled: the writer's sweep skips rows awaiting replay, so passing a slot is not
-    writing it, and the sampler keeps each slot's last write (the writer's lap, uint32; see
-    :meth:`overwritten`).
-
-    Cost: the pool (uint32), the deliveries left (uint8 for ``k <= 255``, else uint16) and the
-    lap of the last write (uint32) per slot: 9 or 10 bytes per slot
-    (``nbytes_parts["bookkeeping"]``). A push takes the generated
-    push with :meth:`slot_gate` placing the row (``"block"``, ``"overwrite"``; ``"drop"``: the
-    generic path): 1.2 us to a free slot, 2.0 us past rows awaiting replay (a kernel call), 0.7 us
-    uniform (AoS, 1M CartPole rows, by hand; keeping the lap of each write added about 0.1 us,
-    1.31 to 1.40 us at 1M rows, by hand). An extend takes the generic path, one kernel call
-    placing the rows and one per span adding the written slots. A sample draws, lowers the
-    counts and gathers in one kernel call.
+    Cost: the pool (uint32) and the deliveries left (uint8 for ``k <= 255``, else uint16) per
+    slot: 5 or 6 bytes (``nbytes_parts["bookkeeping"]``, with the writer's 4). A sample draws,
+    lowers the counts and gathers in one kernel call; a write adds the written slots (the
+    one-row hook in Python, else one kernel call per span); see docs/design/exactly-k.md for
+    what was measured.
     """
 
     projects = True
     hears_writes = True
-    #: rows are written where a slot is free, not in stream order (no episodes, n-step, elision)
+    #: slots are freed out of order: the buffer writes with a free-slot writer (no episodes,
+    #: n-step, elision)
     stream_order = False
     #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
     name = "exactly_k"
@@ -167,12 +245,9 @@ class ExactlyKSampler(Sampler):
             timeout = float(timeout)
         self.replays, self.policy, self.timeout = int(replays), policy, timeout
         self.dtype = np.dtype(np.uint8 if self.replays <= 255 else np.uint16)
-        self.delivered = self.dropped = self.lost_replays = 0
-        self.writer = None
-        self.cond = None
-        self.writers_waiting = 0  # threads in admit(), waiting for free slots
-        self._wanted = []  # the rows each of them writes
-        self.samplers_waiting = 0  # threads in sample(), waiting for rows
+        self.delivered = self.dropped = self.lost_replays = self.released = 0
+        self.waits = None  # SlotWaits (use_lock), or PollWaits over shards
+        self._released = None  # a shared region's released words (release_into)
 
     @property
     def rule(self) -> str:
@@ -211,53 +286,35 @@ class ExactlyKSampler(Sampler):
         self._k = _replays
         self.pool = allocator.zeros(capacity, np.uint32)
         self.remaining = allocator.zeros(capacity, self.dtype)
-        # the lap of the writer's position at each slot's last write, modulo 2**32 (its
-        # position: lap * capacity + slot), which says which rows of a batch were overwritten
-        # since it was sampled: the writer's sweep skips slots awaiting replay, so passing a
-        # slot is not writing it
-        self.wrote = allocator.zeros(capacity, np.uint32)
         self.meta = np.zeros(1, np.int64)  # [rows awaiting replay]
-        # replays_place's outputs: runs of slots (a write of more runs takes several calls)
-        self._runs = np.zeros((64, 2), np.int64)
-        self._placed = np.zeros(4, np.int64)
-
-    def watch(self, writer) -> None:
-        """The writer whose ``cursor`` the gate checks (a proxy: the writer holds this hook)."""
-        self.writer = weakref.proxy(writer)
-        self._writer_ref = weakref.ref(writer)  # (for the one-row hook, held by the push only)
 
     def use_lock(self, lock) -> None:
         """The buffer's lock: blocked writes and samples short of rows wait on a condition of
-        it (releasing it)."""
-        self.cond = threading.Condition(lock)
+        it (:class:`SlotWaits`, releasing it)."""
+        self.waits = SlotWaits(lock)
+
+    def release_into(self, released: np.ndarray) -> None:
+        """A shared region's ``released`` words (uint64, one per slot): after each copy, each
+        slot whose ``k``-th delivery it was gets one more release (release order), which tells
+        its shard's writer process the slot is free (:attr:`released` counts them)."""
+        self._released = released
 
     def plan(self, capacity: int) -> dict:
-        return {"trees": 0, "bookkeeping": (8 + self.dtype.itemsize) * int(capacity)}
+        return {"trees": 0, "bookkeeping": (4 + self.dtype.itemsize) * int(capacity)}
 
     @property
     def nbytes(self) -> dict:
-        return {"trees": 0, "bookkeeping": int(self.pool.nbytes + self.remaining.nbytes
-                                                + self.wrote.nbytes)}
-
-    def overwritten(self, slots: np.ndarray, since: int) -> np.ndarray:
-        """Which of ``slots`` (int64, held) were written at a writer position ``>= since`` (bool
-        array; the writer's ``overwritten`` asks this gate, whose sweep skips slots): those
-        whose last write's lap is past ``since``'s, or the same lap at or after its slot.
-
-        Laps are kept modulo 2**32 (4 bytes per slot): a batch older than ``2**32 - 1`` laps
-        counts as stale whole, and a row that awaited replay through about ``2**32`` laps of
-        the sweep may be taken for a new one (refused, never the other way round)."""
-        lap0, at0 = divmod(since, self.capacity)
-        laps = self.writer.laps - lap0
-        if laps >= _LAPS - 1:
-            return np.ones(slots.shape, bool)
-        d = (self.wrote[slots].astype(np.int64) - lap0) % _LAPS  # laps after the batch's
-        return ((d > 0) & (d <= laps)) | ((d == 0) & (slots >= at0))
+        return {"trees": 0, "bookkeeping": int(self.pool.nbytes + self.remaining.nbytes)}
 
     @property
     def awaiting(self) -> int:
-        """Rows awaiting replay (delivered fewer than ``replays`` times)."""
+        """Rows awaiting replay (delivered fewer than ``replays`` times): slots not free."""
         return int(self.meta[0])
+
+    @property
+    def free(self) -> int:
+        """Free slots (not awaiting replay): where a write may go without overwriting."""
+        return self.capacity - int(self.meta[0])
 
     def drawable(self, n: int) -> int:
         """The rows awaiting replay: a batch holds distinct ones."""
@@ -267,107 +324,14 @@ class ExactlyKSampler(Sampler):
         """Deliveries left per slot (a copy, int64[capacity]; 0: free)."""
         return self.remaining.astype(np.int64)
 
-    # -- the gate and the write hooks (lock held) ----------------------------------------------
-    def _deadline(self):
-        return None if self.timeout is None else time.monotonic() + self.timeout
-
-    def _wait(self, deadline) -> bool:
-        """Wait on the condition until notified or ``deadline``; False once it has passed."""
-        if deadline is None:
-            self.cond.wait()
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        self.cond.wait(left)
-        return True
-
-    @property
-    def free(self) -> int:
-        """Free slots (not awaiting replay): where a write may go without overwriting."""
-        return self.capacity - int(self.meta[0])
-
-    def admit(self, n: int) -> int:
-        """How many of the next ``n`` rows may be written now (the writer's gate, lock held):
-        ``n`` (``"overwrite"``: always; ``"block"``: once ``n`` slots are free, waiting here with
-        the lock released), or for ``"drop"`` as many as there are free slots (whole steps of
-        ``num_envs``). ``"block"`` raises TimeoutError after ``timeout`` seconds, ValueError at
-        once for ``n`` above the capacity; nothing is changed by a refusal."""
-        if self.policy == "overwrite":
-            return n
-        cap = self.capacity
-        if self.policy == "drop":
-            ok = min(n, self.free)
-            return ok - ok % self.num_envs
-        if n > cap:
-            raise ValueError(f"exactly_k, policy='block': a write of {n} rows can never fit a "
-                             f"buffer of capacity {cap}; write at most {cap} rows at a time")
-        if self.free >= n:
-            return n
-        if self.cond is None:
-            raise RuntimeError("ExactlyKSampler: use_lock was not called; a blocked write cannot wait")
-        deadline = self._deadline()
-        self.writers_waiting += 1
-        self._wanted.append(n)
-        if self.samplers_waiting:  # a sample waiting for rows would wait for this writer: wake it
-            self.cond.notify_all()  # (it then raises instead of waiting out its timeout)
-        try:
-            while True:
-                if not self._wait(deadline):
-                    raise TimeoutError(
-                        f"exactly_k, policy='block': a write of {n} rows waited {self.timeout} s "
-                        f"for {n} free slots ({self.free} free: {self.awaiting} of {cap} rows "
-                        f"await replay); nothing was written")
-                if self.free >= n:  # other threads ran while the lock was released
-                    return n
-        finally:
-            self.writers_waiting -= 1
-            self._wanted.remove(n)
-
-    def _stuck(self) -> bool:
-        """A writer waits and none of the waiting writers can go on now: rows are freed only
-        by samples (a writer woken but not yet running is not stuck: it will write)."""
-        return bool(self._wanted) and min(self._wanted) > self.free
-
-    def place(self, n: int):
-        """Where the ``n`` rows the gate admitted go (lock held): ``(spans, moved)``, the
-        writer's ``[(dst_start, src_start, count), ...]`` in row order and the slots its cursor
-        moves over. Each row goes to the next free slot at or after the cursor (wrapping),
-        skipping the rows awaiting replay; with no free slot left (``"overwrite"`` only), to
-        the slot at the cursor, whose row is lost. A row of a write may overwrite an earlier
-        row of the same write (an ``extend`` of more rows than there are free slots plus
-        slots awaiting replay ahead): as ``n`` single pushes would."""
-        cur = self.writer.cursor
-        if n == 1 and self.remaining[cur] == 0:  # the common case, without a kernel call
-            return [(cur, 0, 1)], 1
-        spans = []
-        free, src, moved = self.free, 0, 0
-        runs, out = self._runs, self._placed
-        while src < n:
-            r = self._k.replays_place(self.remaining, cur, n - src, free, runs, out)
-            if r < 0:  # the arguments come from this object: a bug, not the caller's input
-                raise RuntimeError(f"ExactlyKSampler: replays_place returned {r}")
-            for i in range(r):
-                dst, count = int(runs[i, 0]), int(runs[i, 1])
-                spans.append((dst, src, count))
-                src += count
-            cur, free, moved = int(out[0]), int(out[1]), moved + int(out[3])
-        return spans, moved
-
+    # -- the write hooks (lock held) -----------------------------------------------------------
     def on_drop(self, n: int) -> None:
-        """``n`` rows the gate refused were not written (``"drop"``)."""
+        """``n`` rows found no free slot and were not written (``"drop"``)."""
         self.dropped += n
 
     def on_write(self, spans, n: int, extra) -> None:
         lost = 0
         written = 0
-        # the writer's position before the write; the spans follow its sweep, in order
-        cap, w = self.capacity, self.writer
-        at = w.laps * cap + w.cursor
-        for dst, _src, count in spans:
-            at += (dst - at) % cap  # the first position at or after the sweep's at slot dst
-            self.wrote[dst:dst + count] = (at - dst) // cap % _LAPS
-            at += count
         for dst, _src, count in spans:
             got = self._k.replays_write(self.pool, self.remaining, self.meta, dst, count, self.replays)
             if got < 0:  # the arguments come from the writer: a bug, not the caller's input
@@ -376,51 +340,21 @@ class ExactlyKSampler(Sampler):
             written += count
         # rows of an extend longer than the ring that its own later rows overwrote
         self.lost_replays += lost + (n - written) * self.replays
-        if self.samplers_waiting:
-            self.cond.notify_all()
-
-    def slot_gate(self):
-        """The one-row form of :meth:`admit` and :meth:`place` for the generated push:
-        ``f(cursor) -> slot``, the slot the row goes to (waiting for one with ``"block"``);
-        None for ``"drop"`` (a dropped row is the generic path's to skip)."""
-        if self.policy == "drop":
-            return None
-        remaining, me = self.remaining, weakref.ref(self)  # the writer holds this: no cycle
-
-        def place_one(cursor):
-            if remaining[cursor] == 0:  # the common case: no call
-                return cursor
-            s = me()
-            if s.meta[0] == s.capacity:  # no free slot
-                if s.policy == "overwrite":
-                    return cursor  # the row at the cursor is lost (on_write counts it)
-                s.admit(1)  # waits (lock released) or raises; other writers may have moved on
-            return s._place_from(s.writer.cursor)
-
-        return place_one
-
-    def _place_from(self, cursor: int) -> int:
-        """The slot one row goes to from ``cursor``."""
-        r = self._k.replays_place(self.remaining, cursor, 1, self.free, self._runs, self._placed)
-        if r != 1:
-            raise RuntimeError(f"ExactlyKSampler: replays_place returned {r}")
-        return int(self._runs[0, 0])
+        if self.waits.samplers:
+            self.waits.wake()
 
     def slot_hook(self):
-        """``on_write`` for one row, in Python (a kernel call costs more than these few reads)."""
+        """``on_write`` for one row, in Python (a kernel call costs more than these few reads);
+        its ``rows(spans)`` adds the slots of ``spans`` (int64 ``(m, 2)``: first slot, count)
+        in one kernel call and returns the deliveries they had left (a shared region's
+        catch-up: rows written by other processes)."""
         # memoryviews of the arrays (the kernels' arrays, shared): reading or assigning one item
         # of a memoryview costs half of numpy's scalar indexing
         pool, remaining, meta = memoryview(self.pool), memoryview(self.remaining), memoryview(self.meta)
         k, cap = self.replays, self.capacity
-        # the writer itself, not its proxy: this closure is held by the generated push (which
-        # holds the writer anyway), never by the writer
-        wrote, w = memoryview(self.wrote), self._writer_ref()
         me = weakref.ref(self)  # the writer holds this hook: no cycle through the sampler
 
         def on_write(slot):
-            # the generated push's place already counted the lap of a sweep past the ring's
-            # end (writers._wrapping), so the writer's laps are the row's
-            wrote[slot] = w.laps & 0xFFFFFFFF
             left = remaining[slot]
             if left:
                 me().lost_replays += left  # only "overwrite" with no free slot writes over one
@@ -431,23 +365,33 @@ class ExactlyKSampler(Sampler):
                 pool[m] = slot
                 meta[0] = m + 1
             remaining[slot] = k
-            s = me()
-            if s.samplers_waiting:
-                s.cond.notify_all()
+            waits = me().waits
+            if waits.samplers:
+                waits.wake()
 
+        def rows(spans):
+            s = me()
+            got = s._k.replays_write_spans(s.pool, s.remaining, s.meta, spans, s.replays)
+            if got < 0:  # the spans come from the streams, checked: a bug
+                raise RuntimeError(f"ExactlyKSampler: replays_write_spans returned {got}")
+            s.lost_replays += got
+            return got
+
+        on_write.rows = rows
         return on_write
 
     def on_clear(self) -> None:
         self._k.replays_clear(self.remaining, self.meta)
         self.delivered = self.dropped = self.lost_replays = 0
-        if self.cond is not None and self.writers_waiting:
-            self.cond.notify_all()
+        if self.waits is not None and self.waits.writers:
+            self.waits.wake()
 
     # -- drawing (lock held) -------------------------------------------------------------------
     def _short(self, batch: int) -> str:
         return (f"exactly_k: a batch of {batch} distinct rows, but {self.awaiting} rows await "
                 f"replay ({self.replays} deliveries each; {self.delivered} delivered so far, "
-                f"{self.writers_waiting} writer(s) waiting for a free slot)")
+                f"{0 if self.waits is None else self.waits.writers} writer(s) waiting for a free "
+                f"slot)")
 
     def sample(self, n: int, out, arrays: dict) -> None:
         batch = out.indices.shape[0]
@@ -458,26 +402,34 @@ class ExactlyKSampler(Sampler):
         if got < 0:  # the arguments come from this object: a bug, not the caller's input
             raise RuntimeError(f"ExactlyKSampler: sample_exactly_k returned {got}")
         self.delivered += batch
-        if got and self.writers_waiting:
-            self.cond.notify_all()
+        if got:
+            if self._released is not None:  # after the copy: only now may a writer reuse them
+                freed = self._k.replays_release(self.remaining, self._released, out.indices)
+                if freed != got:
+                    raise RuntimeError(f"ExactlyKSampler: released {freed} slots of {got}")
+                self.released += got
+            if self.waits.wanted:  # a write waits for free slots
+                self.waits.wake()
 
     def _await_rows(self, batch: int) -> None:
-        """Wait for writer threads until ``batch`` rows await replay; ValueError at once when
-        no wait is allowed (``timeout=None``) or would deadlock (a writer waits for this
-        sample), TimeoutError when the wait ran out."""
-        if self.timeout is None or self._stuck() or self.cond is None or batch > self.capacity:
+        """Wait for writers until ``batch`` rows await replay; ValueError at once when no wait
+        is allowed (``timeout=None``) or would deadlock (a writer waits for this sample),
+        TimeoutError when the wait ran out."""
+        waits = self.waits
+        if self.timeout is None or waits is None or waits.stuck(self.free) or batch > self.capacity:
             raise ValueError(self._short(batch) + ("; sample waits for rows only with a timeout"
                                                    if self.timeout is None else ""))
-        deadline = self._deadline()
-        self.samplers_waiting += 1
+        deadline = time.monotonic() + self.timeout
+        waits.samplers += 1
         try:
             while self.meta[0] < batch:
-                if self._stuck():
+                if waits.stuck(self.free):
                     raise ValueError(self._short(batch))
-                if not self._wait(deadline):
-                    raise TimeoutError(f"{self._short(batch)}; waited {self.timeout} s")
+                if not waits.wait(deadline):
+                    raise TimeoutError(f"{self._short(batch)}; waited {self.timeout} s"
+                                       f"{waits.waited_for}")
         finally:
-            self.samplers_waiting -= 1
+            waits.samplers -= 1
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
                       part=None) -> int:
@@ -530,11 +482,14 @@ class ExactlyKSampler(Sampler):
     def load_state(self, checked) -> None:
         rng, slots, counts, counters = checked
         super().load_state(rng)
-        if self._k.replays_load(self.pool, self.remaining, self.meta, slots, counts) != 0:
-            raise RuntimeError("ExactlyKSampler: a checked pool did not load")
-        # (the writer loaded first, two laps on): the rows loaded were written after any batch
-        # sampled before the load, before any sampled after it
-        self.wrote[:] = (self.writer.laps - 1) % _LAPS
+        self.load_pool(slots, counts)
         self.delivered, self.dropped, self.lost_replays = counters
-        if self.cond is not None and self.writers_waiting:
-            self.cond.notify_all()
+        if self.waits is not None and self.waits.writers:
+            self.waits.wake()
+
+    def load_pool(self, slots: np.ndarray, counts: np.ndarray) -> None:
+        """The pool ``slots`` (int64, checked: held, distinct) in that order, with deliveries
+        left ``counts`` (int64, each in ``[1, replays]``); every other slot free."""
+        if self._k.replays_load(self.pool, self.remaining, self.meta, np.asarray(slots, np.int64),
+                                np.asarray(counts, np.int64)) != 0:
+            raise RuntimeError("ExactlyKSampler: a checked pool did not load")

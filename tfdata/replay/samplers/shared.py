@@ -4,13 +4,10 @@ read from the shards' heads and rows being written left out (drawn again after t
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ...errors import SharedBufferError
 from . import Sampler
-from .exactly_k import ExactlyKSampler
 from .prioritized import PrioritizedSampler
 from .uniform import UniformSampler
 
@@ -98,119 +95,6 @@ class SharedPrioritizedSampler(_Shards, PrioritizedSampler):
         :meth:`tfdata.shared.streams.ShardRows.catch_up`); returns rows held."""
         return self.streams.catch_up(scratch)
 
-
-class SharedExactlyKSampler(ExactlyKSampler):
-    """Exactly-k replay over the shards of a shared region (``SharedReplayBuffer(...,
-    sampler="exactly_k")``, replay mode), with no head-of-line blocking.
-
-    Each shard's writer puts every row into the next free slot of its shard at or after its
-    cursor (the rule of :class:`ExactlyKSampler`'s writer), a slot being free when the
-    writer's ``taken`` count of it equals the learner's ``released`` count; it logs the slot of
-    each row it publishes before the head that publishes it. Each sample first folds the rows
-    published since the last one into the pool (``k`` deliveries each, slots read from the
-    logs), draws and gathers as :class:`ExactlyKSampler` does, then, after the copy, releases
-    the slots whose ``k``-th delivery it was. A writer waits (``"block"``) or drops
-    (``"drop"``) only when no slot of its shard is free, so the learner can always fill a
-    batch from the rows awaiting replay unless the writers stopped writing. The learner copies
-    only slots in its pool, which no writer writes (they are not free): no torn rows, no
-    redraws. ``"overwrite"`` is not supported here (a row overwritten while copied would need
-    the seqlock redraws of the uniform sampler, which change who is delivered).
-
-    A sample short of rows polls the heads (sleeping, no lock held) up to ``timeout`` seconds
-    for the writers to publish, then raises TimeoutError; ``timeout=None``: ValueError at once.
-    A writer that died publishes nothing more: the learner is never waiting on it for longer.
-
-    With one writer the batches are those of a :class:`~tfdata.ReplayBuffer` with
-    ``sampler="exactly_k"`` and the same seed given the same rows between the same samples
-    (same slots, same pool order).
-
-    Attributes
-    ----------
-    released : int
-        Rows whose slots this learner has released (delivered ``k`` times and copied).
-    """
-
-    #: a writer of a shard puts rows in free slots, not in stream order
-    stream_order = False
-    #: why a batch cannot hold more rows than the capacity (see ``_Shards.batch_rule``)
-    batch_rule = "an exactly_k batch holds distinct rows awaiting replay, never more than the capacity"
-
-    def bind_shards(self, heads: np.ndarray, reserved: np.ndarray, cap: int) -> None:
-        self.heads, self.reserved, self.cap = heads, reserved, cap
-        self.shards = heads.shape[0]
-        self.folded = np.zeros(self.shards, np.int64)  # log positions of each shard folded
-        self.taken = self.released_words = self.log = None
-        self.released = 0
-
-    def bind_slot_words(self, taken: np.ndarray, released: np.ndarray, log: np.ndarray) -> None:
-        """The region's per-slot words (uint64, one per slot each): the writers' ``taken``
-        counts, the learner's ``released`` counts, the writers' publication logs."""
-        self.taken, self.released_words, self.log = taken, released, log
-
-    def fold(self) -> None:
-        """The rows published since the last call join the pool (lock held)."""
-        got = self._k.replays_fold_log(self.pool, self.remaining, self.meta, self.heads, self.log,
-                                       self.folded, self.cap, self.replays)
-        if got < 0:
-            raise SharedBufferError(f"exactly_k: a shard's head or publication log names a slot "
-                                    f"that was not free (replays_fold_log returned {got}; shards "
-                                    f"folded up to {self.folded.tolist()})")
-
-    def sample(self, n: int, out, arrays: dict) -> None:
-        self.fold()
-        batch = out.indices.shape[0]
-        if self.meta[0] < batch:
-            self._poll_rows(batch)
-        got = out.kernels.sample_exactly_k(out.store, self.pool, self.remaining, self.meta,
-                                           self.state, out.indices, out.kernel_out)
-        if got < 0:
-            raise RuntimeError(f"SharedExactlyKSampler: sample_exactly_k returned {got}")
-        self.delivered += batch
-        if got:  # after the copy: only now may a writer reuse the freed slots
-            freed = self._k.replays_release(self.remaining, self.released_words, out.indices)
-            if freed != got:
-                raise RuntimeError(f"SharedExactlyKSampler: released {freed} slots of {got}")
-            self.released += got
-
-    def _poll_rows(self, batch: int) -> None:
-        if self.timeout is None or batch > self.capacity:
-            raise ValueError(self._short(batch) + ("; sample waits for rows only with a timeout"
-                                                   if self.timeout is None else ""))
-        deadline = time.monotonic() + self.timeout
-        pause = 20e-6
-        while self.meta[0] < batch:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{self._short(batch)}; waited {self.timeout} s for the writers")
-            time.sleep(pause)  # releases the GIL
-            pause = min(2 * pause, 1e-3)
-            self.fold()
-
-    def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
-                      part=None) -> int:
-        raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
-
-    def extra_state(self, copy: bool, size: int) -> dict:
-        return {}  # the shared buffer's snapshot adds shared_state()
-
-    def shared_state(self, cursors: list) -> dict:
-        """``{"slots": int64[m], "counts": int64[m], "delivered": int, "released": int,
-        "cursors": [int per shard]}`` as of the last fold (call under the lock, after
-        :meth:`fold`): the pool in its order, the deliveries each slot has left."""
-        m = int(self.meta[0])
-        slots = self.pool[:m].astype(np.int64)
-        return {"slots": slots, "counts": self.remaining[slots].astype(np.int64),
-                "delivered": self.delivered, "released": self.released,
-                "cursors": [int(c) for c in cursors]}
-
-    def restore(self, slots: np.ndarray, counts: np.ndarray, heads: list, delivered: int,
-                released: int) -> None:
-        """The pool of a checkpoint (checked: slots distinct and held, counts in ``[1, k]``),
-        every row of ``heads`` folded."""
-        if self._k.replays_load(self.pool, self.remaining, self.meta, np.asarray(slots, np.int64),
-                                np.asarray(counts, np.int64)) != 0:
-            raise RuntimeError("SharedExactlyKSampler: a checked pool did not load")
-        self.folded[:] = heads
-        self.delivered, self.released = delivered, released
 
 class SharedWithoutReplacementSampler(_Shards, Sampler):
     """Sampling without replacement over the shards (``sampler="without_replacement"``): the
