@@ -536,6 +536,9 @@ def test_bad_priorities_episode_numbers_and_bookkeeping_arrays(tmp_path):
         (_array(*pri, "leaves", change=lambda a: a.astype(np.float32)), "leaves"),
         (_array(*pri, "versions", change=lambda a: a[:-1]), "versions"),
         (_array(*pri, "versions", change=lambda a: a.astype(np.int64)), "versions"),
+        # another epoch in one slot: a sampler keeps one epoch, so it would save back otherwise
+        (_array(*pri, "versions", change=_at(0, 0)), "versions"),
+        (_array(*pri, "versions", change=_at(5, 1 << 40)), "versions"),
         (_array(*ep, "episode", change=lambda a: a + np.uint32(1) * (np.arange(a.size) == 3)), "episode"),
         (_array(*ep, "current", change=lambda a: a + np.uint32(5)), "current"),
         (_array(*ep, "final_slots", change=lambda a: np.arange(9)), "final_slots"),  # > size

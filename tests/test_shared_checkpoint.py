@@ -113,6 +113,15 @@ def test_fifo_and_hostile_checkpoints_are_refused(shm_dir, tmp_path):
     np.save(bad / doc["state"]["prioritized"]["leaves"]["$array"], arr)
     with pytest.raises(FormatError, match="leaves"):
         SharedReplayBuffer.load(bad)
+    # one slot of another epoch: the sampler keeps one, so the load would change it
+    versions = tmp_path / "ck" / doc["state"]["prioritized"]["versions"]["$array"]
+    bad = tmp_path / "bad-version"
+    os.system(f"cp -r {tmp_path / 'ck'} {bad}")
+    arr = np.load(versions)
+    arr[0] ^= np.uint64(1 << 20)
+    np.save(bad / doc["state"]["prioritized"]["versions"]["$array"], arr)
+    with pytest.raises(FormatError, match="versions"):
+        SharedReplayBuffer.load(bad)
 
 
 def _writer(name, shard, allowed, stop, errors):

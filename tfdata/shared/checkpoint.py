@@ -21,6 +21,7 @@ from ..replay.checkpoint_files import FORMAT, VERSION
 from ..replay.samplers import shown as _show, state_key
 from ..replay.samplers.exactly_k import OPTIONS as _EXACTLY_K_KEYS
 from ..replay.samplers.prioritized import OPTIONS as _PRIORITIZED_KEYS
+from ..replay.samplers.prioritized import EPOCH_RULE, odd_epoch
 from ..replay.samplers.prioritized import leaves32 as _leaves32
 from ..replay.samplers.without_replacement import read_undrawn as _read_undrawn
 from ..spec import Spec
@@ -360,6 +361,10 @@ def load_shared(path, cls, **overrides):
     if prioritized:
         raw = arrays.read("state.prioritized.leaves", pri["leaves"], np.float64, (cap,))
         versions = arrays.read("state.prioritized.versions", pri["versions"], np.uint64, (cap,))
+        k = odd_epoch(versions)
+        if k >= 0:
+            c.fail("state.prioritized.versions", EPOCH_RULE, f"slot {k} = {int(versions[k])}, "
+                   f"slot 0 = {int(versions[0])}", show=True)
         leaves, bad = _leaves32(raw)
         bad &= leaves != 0.0  # slots no shard holds have leaf 0
         for s in range(shards):

@@ -383,6 +383,12 @@ class PrioritizedSampler(Sampler):
             raise StateError(f"{key}.versions", f"uint64[{capacity}] (one per slot)", shown(versions),
                              message=f"state versions ({key}.versions) must be uint64 of shape "
                              f"({capacity},), got {shown(versions)}")
+        k = odd_epoch(versions)
+        if k >= 0:
+            raise StateError(f"{key}.versions", EPOCH_RULE, f"slot {k} = {int(versions[k])}, slot 0 = "
+                             f"{int(versions[0])}",
+                             message=f"state versions ({key}.versions): slot {k} holds "
+                             f"{int(versions[k])} and slot 0 {int(versions[0])}; {EPOCH_RULE}")
         return rng, leaves, versions, samples
 
     def load_state(self, checked) -> None:
@@ -399,6 +405,21 @@ class PrioritizedSampler(Sampler):
         self.v8[:] = (versions & np.uint64(0xFF)).astype(np.uint8)
         laps = int((versions >> np.uint64(8)).max()) & 0xFFFFFF if versions.size else 0
         self.sums[0] = float(laps * self.ring)
+
+
+#: what every slot's saved version shares (what a load can restore exactly)
+EPOCH_RULE = ("versions whose bits 8 and up (the epoch, laps of the ring) are the same in every "
+              "slot, as a save writes them")
+
+
+def odd_epoch(versions: np.ndarray) -> int:
+    """The first slot whose saved version (uint64 ``(capacity,)``) has another epoch than slot
+    0's, or -1. A sampler keeps one epoch and a byte per slot, so a state whose epochs differ
+    would load as another state: it is refused instead."""
+    if versions.size == 0:
+        return -1
+    odd = (versions >> np.uint64(8)) != (versions[0] >> np.uint64(8))
+    return int(np.argmax(odd)) if odd.any() else -1
 
 
 def read_scalars(c, pri, config: dict) -> int:
