@@ -103,7 +103,7 @@ class MLP:
         self.n_params = off
         self.n_units = col
         self.width = max(self.sizes[1:])
-        # the nonzero terms of one sparse product (see _mlp_kernels._axpy_rows; tanh networks'
+        # the nonzero terms of one sparse product (see _mlp_kernels.axpy_rows; tanh networks'
         # dense kernels need none)
         self._tmp = np.zeros(0 if activation == "tanh" else
                              max(a * b for a, b in zip(self.sizes, self.sizes[1:])), dtype=self.dtype)
