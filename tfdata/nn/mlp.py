@@ -19,18 +19,6 @@ __all__ = ["MLP", "orthogonal"]
 ACTIVATIONS = ("relu", "tanh")
 
 
-def _relu_kernels():
-    from . import _mlp_kernels  # imports numba: only when a network is built
-
-    return _mlp_kernels
-
-
-def _tanh_kernels():
-    from . import _ppo_kernels
-
-    return _ppo_kernels
-
-
 def orthogonal(shape: tuple, gain: float, rng: np.random.Generator) -> np.ndarray:
     """A float64 matrix drawn as ``torch.nn.init.orthogonal_`` draws one (with numpy's generator).
 
@@ -110,8 +98,14 @@ class MLP:
         self.params = np.zeros(off, dtype=self.dtype)
         self.grad = np.zeros(off, dtype=self.dtype)
         self._ws: dict[int, tuple] = {}
-        self._k = _relu_kernels()
-        self._kt = _tanh_kernels() if activation == "tanh" else None
+        from . import _mlp_kernels  # imports numba: only when a network is built
+
+        self._k = _mlp_kernels
+        self._kt = None
+        if activation == "tanh":
+            from . import _ppo_kernels
+
+            self._kt = _ppo_kernels
         self.reset_parameters(seed)
 
     @property

@@ -17,12 +17,6 @@ from .mlp import MLP
 __all__ = ["PPO"]
 
 
-def _kernels():
-    from . import _ppo_kernels  # imports numba: only when a learner is built
-
-    return _ppo_kernels
-
-
 #: PPO's float coefficients ``(name, low, low open)``; each also at most float32's largest
 _PPO_COEFS = (("clip_coef", 0.0, False), ("ent_coef", 0.0, False), ("vf_coef", 0.0, False))
 #: :attr:`PPO.stats`, in the order of the kernel's ``stats[1:]``
@@ -147,7 +141,9 @@ class PPO:
         self._stats = np.zeros(8, np.float64)
         self._act_ws: dict[int, tuple] = {}
         self._train_ws: dict[int, tuple] = {}
-        self._kp = _kernels()
+        from . import _ppo_kernels  # imports numba: only when a learner is built
+
+        self._kp = _ppo_kernels
 
     # -- hyperparameters ----------------------------------------------------------------------
     @property
