@@ -30,7 +30,8 @@ INLINE_NN = dict(NN_OPTIONS)
 del INLINE_NN["cache"]
 
 
-@njit(**INLINE_NN)
+# inlined as IR (tiny): a helper compiled on its own would add a specialization per caller
+@njit(**dict(INLINE_NN, inline="always"))
 def _row(src, idx, k):
     """Row ``idx[k]`` of ``src``, or row ``k`` when ``idx`` is None (a branch numba prunes)."""
     if idx is None:
