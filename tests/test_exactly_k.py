@@ -157,12 +157,8 @@ def test_place_kernel_stays_inside_its_arrays():
     assert runs.tolist() == [[3, 2], [0, 2]] and out.tolist() == [2, 0, 4, 4]
 
 
-def test_free_run_and_load_and_clear():
+def test_load_and_clear():
     rem = np.array([0, 0, 2, 0, 1, 0], np.uint8)
-    assert _replays.replays_free_run(rem, 0, 6) == 2
-    assert _replays.replays_free_run(rem, 5, 3) == 3  # 5, 0, 1: wraps
-    assert _replays.replays_free_run(rem, 5, 4) == 3
-    assert _replays.replays_free_run(rem, 6, 1) == -1 and _replays.replays_free_run(rem, 0, 7) == -1
     pool, meta = np.zeros(6, np.uint32), np.zeros(1, np.int64)
     assert _replays.replays_load(pool, rem, meta, np.array([4, 1]), np.array([3, 1])) == 0
     assert rem.tolist() == [0, 1, 0, 0, 3, 0] and pool[:2].tolist() == [4, 1] and meta[0] == 2

@@ -172,7 +172,6 @@ def test_the_tree_kernels_skip_slots_outside_the_tree():
     glv, lv = guarded(size, 0.0, np.float32)
     gv, version = guarded(size, 0, np.uint8)
     kernels.tree_set(s, mm, lv, np.array([-1, 3, 32, 33]), np.array([5.0, 2.0, 7.0, 9.0]))
-    kernels.tree_set_priorities(s, mm, lv, np.array([-3, 33]), np.array([1.0, 1.0]), 1e-6, 1.0)
     kernels.tree_fill(s, mm, lv, 30, 10, 1.0)
     kernels.tree_fill(s, mm, lv, -4, 5, 0.5)
     kernels.tree_fill_values(s, mm, lv, 31, np.array([3.0, 3.0, 3.0]))
@@ -186,8 +185,6 @@ def test_the_tree_kernels_skip_slots_outside_the_tree():
     leaves[0], leaves[3], leaves[30], leaves[31] = 0.5, 2.0, 1.0, 3.0
     for got, want in zip((s, mm, lv), naive.block_tree(leaves, size)):
         np.testing.assert_array_equal(got, want)
-    assert kernels.first_stale(version, np.array([0, size]), np.zeros(2, np.uint32)) == 1
-    assert kernels.first_stale(version, np.array([-1]), np.zeros(1, np.uint32)) == 0
 
 
 @pytest.mark.parametrize("bad", ["overflowing_sum", "inf", "zero", "nan", "huge_leaf"])

@@ -55,10 +55,10 @@ def test_tree_updates_match_a_fresh_build(capacity):
             leaves[start:start + len(vals)] = vals
         elif op == 3:  # many slots in one call (levels recomputed whole once narrower than it)
             slots = rng.integers(0, capacity, int(rng.integers(1, 3 * capacity + 2)))
-            vals = 10.0 ** rng.uniform(-30, 30, len(slots))
-            kernels.tree_set_priorities(s, mm, lv, slots, vals, 1e-6, 0.6)
+            vals = (10.0 ** rng.uniform(-30, 30, len(slots)) + 1e-6) ** 0.6
+            kernels.tree_set(s, mm, lv, slots, vals)
             for a, b in zip(slots, vals):
-                leaves[a] = (b + 1e-6) ** 0.6
+                leaves[a] = b
         else:  # empty a slot again
             slot = int(rng.integers(0, capacity))
             kernels.tree_set(s, mm, lv, np.array([slot]), np.zeros(1))

@@ -31,9 +31,8 @@ from ._prefetch import Ahead, Failure, WANT_STEP_NS, run_ahead, spin_reads
 from .batch import Batch
 from .dataset import PAGE, Dataset
 from .storage.files import ResidentFile
-from ._rng import splitmix64
+from ._rng import MASK64, splitmix64
 
-_MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 #: a quarter of the resident target is read between two measurements, assuming each row may map
 #: a 2 MiB folio: the resident set stays within about 1.25x ``resident_bytes``
@@ -44,7 +43,7 @@ _MODES = {False: "none", "none": "none", True: "full", "full": "full", "block": 
 
 def epoch_key(seed: int, epoch: int) -> int:
     """The generator key of epoch ``epoch``: ``splitmix64(splitmix64(seed) + (epoch + 1) * GOLDEN)``."""
-    return splitmix64((splitmix64(seed) + (epoch + 1) * _GOLDEN) & _MASK64)
+    return splitmix64((splitmix64(seed) + (epoch + 1) * _GOLDEN) & MASK64)
 
 
 def _int(name, value, low):
@@ -122,7 +121,7 @@ class LoaderConfig:
             seed = secrets.randbits(63)
         elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-        object.__setattr__(self, "seed", int(seed) & _MASK64)
+        object.__setattr__(self, "seed", int(seed) & MASK64)
 
     @property
     def mode(self) -> str:
@@ -353,7 +352,7 @@ class DataLoader:
         epoch = _int("epoch", state.get("epoch"), 0)
         seed = _int("seed", state.get("seed"), 0)
         self.close()
-        self.config = dataclasses.replace(self.config, seed=seed & _MASK64)
+        self.config = dataclasses.replace(self.config, seed=seed & MASK64)
         self.epoch = epoch
 
     def __repr__(self) -> str:

@@ -26,7 +26,6 @@ _ALLOWED_KINDS = "biufc"
 _NUMPY_SCALAR_TYPES = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                        np.uint32, np.uint64, np.float16, np.float32, np.float64, np.complex64,
                        np.complex128)
-_MISSING = object()
 # numpy scalar types that stand for one value of a numeric kind
 _NUMERIC_SCALARS = (np.bool_, np.integer, np.floating, np.complexfloating)
 

@@ -15,8 +15,8 @@ _kernel_cache.install()  # before the first kernel is defined
 
 from . import aos, soa, spans  # noqa: E402
 from ._rng import draw_indices, permutation  # noqa: E402
-from ._tree import (first_bad_priority, first_stale, tree_build, tree_fill,  # noqa: E402
-                    tree_fill_values, tree_overwrite_max, tree_set, tree_set_priorities)  # noqa: E402
+from ._tree import (first_bad_priority, tree_build, tree_fill, tree_fill_values,  # noqa: E402
+                    tree_overwrite_max, tree_set)
 
 from ._streams import RING, SHARDS  # noqa: E402
 from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity,  # noqa: E402

@@ -95,14 +95,10 @@ def _back_c(dst, i, npos, x, a, d, e, steps, num_envs, capacity, src, src_off, h
     for p in range(npos):
         j = npos - 1 - p
         o = p * width
-        if j <= d:
-            count = _frame_c(dst, i, o, x, a, j, e, steps, num_envs, capacity, src, src_off, hist,
-                             width, cold_from, block, cache_map, cache, filled, mode, mark, gen, need,
-                             reach, count)
-        elif pmode == PAD_RESET:
-            count = _frame_c(dst, i, o, x, a, d, e, steps, num_envs, capacity, src, src_off, hist,
-                             width, cold_from, block, cache_map, cache, filled, mode, mark, gen, need,
-                             reach, count)
+        if j <= d or pmode == PAD_RESET:  # reset padding repeats the episode's first frame
+            count = _frame_c(dst, i, o, x, a, min(j, d), e, steps, num_envs, capacity, src, src_off,
+                             hist, width, cold_from, block, cache_map, cache, filled, mode, mark, gen,
+                             need, reach, count)
         elif mode == ALL:
             if pmode == PAD_ZERO:
                 for w in range(width):

@@ -85,6 +85,25 @@ def pool_draw(pool, inpool, meta, start, count, n, state, idx):
 
 
 @njit(**INLINE_OPTIONS)
+def _end(pool, inpool, meta, held, span, state, B, m, ctr, done):
+    """The end of :func:`_draws` and :func:`_redraw`: when the batch drew the pass's last row,
+    the next pass begins now (every held slot, in slot order; nothing deferred), so rows
+    written before the next call join it, not the pass that ended. Stores ``m`` and the
+    counter; returns the passes completed."""
+    if B > 0 and m == 0:
+        for g in range(held.shape[0]):
+            for s in range(g * span, g * span + held[g]):
+                pool[m] = s
+                inpool[s] = 1
+                m += 1
+        done += 1
+        meta[1] += 1
+    meta[0] = m
+    state[1] = ctr
+    return done
+
+
+@njit(**INLINE_OPTIONS)
 def _draws(pool, inpool, meta, held, span, state, idx):
     """Draw ``len(idx)`` slots without replacement from the pool ``pool[:meta[0]]``; a pass
     that runs out is refilled with the live slots: ``held[g]`` slots from ``g * span`` on, for
@@ -152,18 +171,7 @@ def _draws(pool, inpool, meta, held, span, state, idx):
         inpool[s] = 0
         m -= 1
         idx[i] = s
-    if B > 0 and m == 0:  # the batch drew the pass's last row: the next pass begins now, so
-        # rows written before the next call join it, not the pass that ended (nothing deferred)
-        for g in range(held.shape[0]):
-            for s in range(g * span, g * span + held[g]):
-                pool[m] = s
-                inpool[s] = 1
-                m += 1
-        done += 1
-        meta[1] += 1
-    meta[0] = m
-    state[1] = ctr
-    return done
+    return _end(pool, inpool, meta, held, span, state, B, m, ctr, done)
 
 
 @njit(**NJIT_OPTIONS)
@@ -359,17 +367,7 @@ def _redraw(pool, inpool, meta, held, span, state, idx, i):
         meta[0] = 0 if a < 0 else m
         state[1] = ctr
         return -2
-    if m == 0:  # the redraw took the pass's last row: the next pass begins now (as _draws)
-        for g in range(held.shape[0]):
-            for t in range(g * span, g * span + held[g]):
-                pool[m] = t
-                inpool[t] = 1
-                m += 1
-        done += 1
-        meta[1] += 1
-    meta[0] = m
-    state[1] = ctr
-    return done
+    return _end(pool, inpool, meta, held, span, state, B, m, ctr, done)
 
 
 @njit(**NJIT_OPTIONS)

@@ -157,23 +157,6 @@ def replays_write_spans(pool, remaining, meta, spans, k):
 
 
 @njit(**NJIT_OPTIONS)
-def replays_free_run(remaining, start, count):
-    """How many of slots ``start, start + 1, ...`` (at most ``count``, modulo the capacity) are
-    free (count 0) before the first that is not: the rows a write may put there now. -1 when
-    the arguments disagree."""
-    cap = remaining.shape[0]
-    if start < 0 or start >= cap or count < 0 or count > cap:
-        return -1
-    for i in range(count):
-        s = start + i
-        if s >= cap:
-            s -= cap
-        if remaining[s] != 0:
-            return i
-    return count
-
-
-@njit(**NJIT_OPTIONS)
 def replays_place(remaining, start, n, free, spans, out):
     """Where the next ``n`` rows of a write go, as ``n`` single writes would put them: each in
     the first free slot (count 0) at or after the position (wrapping), while ``free`` says a

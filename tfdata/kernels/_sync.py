@@ -11,7 +11,7 @@ the same word. What they add is *order*:
 * on AArch64 (Raspberry Pi, Jetson), where the CPU itself may reorder, they become ``ldar`` /
   ``stlr`` / ``dmb ish``.
 
-The protocol they implement is in ``tfdata/shared.py`` and docs/design/shared-memory.md.
+The protocol they implement is in :mod:`tfdata.shared` and docs/design/shared-memory.md.
 """
 
 from __future__ import annotations
@@ -44,34 +44,29 @@ def load_acquire(typingctx, arr, idx):
     return types.uint64(arr, idx), codegen
 
 
-@intrinsic
-def store_release(typingctx, arr, idx, val):
-    """``arr[idx] = val`` (uint64[:]) with release order: earlier stores are visible first."""
-    if not _is_words(arr) or not isinstance(idx, types.Integer) or not isinstance(val, types.Integer):
-        return None
+def _store(name: str, order: str, doc: str):
+    """The intrinsic ``arr[idx] = val`` (uint64[:]) as one untorn 64-bit store of LLVM ``order``."""
+    def store(typingctx, arr, idx, val):
+        if not _is_words(arr) or not isinstance(idx, types.Integer) or not isinstance(val, types.Integer):
+            return None
 
-    def codegen(context, builder, sig, args):
-        ptr = _word_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        v = context.cast(builder, args[2], sig.args[2], types.uint64)
-        builder.store_atomic(v, ptr, "release", 8)
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            ptr = _word_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            v = context.cast(builder, args[2], sig.args[2], types.uint64)
+            builder.store_atomic(v, ptr, order, 8)
+            return context.get_dummy_value()
 
-    return types.void(arr, idx, val), codegen
+        return types.void(arr, idx, val), codegen
+
+    store.__name__ = store.__qualname__ = name
+    store.__doc__ = doc
+    return intrinsic(store)
 
 
-@intrinsic
-def store_relaxed(typingctx, arr, idx, val):
-    """``arr[idx] = val`` (uint64[:]) as one untorn 64-bit store, no ordering of its own."""
-    if not _is_words(arr) or not isinstance(idx, types.Integer) or not isinstance(val, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _word_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        v = context.cast(builder, args[2], sig.args[2], types.uint64)
-        builder.store_atomic(v, ptr, "monotonic", 8)
-        return context.get_dummy_value()
-
-    return types.void(arr, idx, val), codegen
+store_release = _store("store_release", "release",
+                       "``arr[idx] = val`` (uint64[:]) with release order: earlier stores are visible first.")
+store_relaxed = _store("store_relaxed", "monotonic",
+                       "``arr[idx] = val`` (uint64[:]) as one untorn 64-bit store, no ordering of its own.")
 
 
 @intrinsic

@@ -216,20 +216,6 @@ def tree_set(sums, mm, leaves, slots, values):
     _pull_slots(sums, mm, leaves, nb, p, slots)
 
 
-@njit(**NJIT_OPTIONS)
-def tree_set_priorities(sums, mm, leaves, slots, priorities, eps, alpha):
-    """As :func:`tree_set` with leaf values ``float32((priorities + eps) ** alpha)`` (float64[k]).
-
-    The priorities must have passed :func:`first_bad_priority` with this buffer's bounds.
-    """
-    nb, p = _dims(sums, mm, leaves)
-    for j in range(slots.shape[0]):
-        s = slots[j]
-        if s >= 0 and s < p:
-            leaves[s] = _to32((priorities[j] + eps) ** alpha)
-    _pull_slots(sums, mm, leaves, nb, p, slots)
-
-
 #: what :func:`tree_update` found wrong (its return value is ``4 * position + code``)
 BAD_PRIORITY, BAD_SLOT, STALE = 1, 2, 3
 #: laps of the ring since a sample from which its batch is stale whatever the versions say: at
@@ -333,18 +319,6 @@ def leaf_of(priority, eps, alpha):
     """The leaf of ``priority``, ``float32((priority + eps) ** alpha)`` (returned as float64),
     computed as the tree kernels compute it; inf when it overflows float32."""
     return np.float64(_to32((priority + eps) ** alpha))
-
-
-@njit(**NJIT_OPTIONS)
-def first_stale(version, slots, versions):
-    """Position of the first ``slots[j]`` whose write count differs from ``versions[j]``, or -1.
-
-    A slot outside ``version`` counts as stale (the caller checks the range first)."""
-    for j in range(slots.shape[0]):
-        s = slots[j]
-        if s < 0 or s >= version.shape[0] or version[s] != versions[j]:
-            return j
-    return -1
 
 
 def _bits(x: float) -> int:

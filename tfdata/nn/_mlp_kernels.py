@@ -30,25 +30,35 @@ INLINE_NN = dict(NN_OPTIONS)
 del INLINE_NN["cache"]
 
 
+# inlined as IR (tiny): a helper compiled on its own would add a specialization per caller
+@njit(**dict(INLINE_NN, inline="always"))
+def _row(src, idx, k):
+    """Row ``idx[k]`` of ``src``, or row ``k`` when ``idx`` is None (a branch numba prunes)."""
+    if idx is None:
+        return src[k]
+    return src[idx[k]]
+
+
 @njit(**INLINE_NN)
-def _axpy_rows(dst, src, idx, coef, count):
+def axpy_rows(dst, src, idx, coef, count):
     """``dst += sum(coef[k] * src[idx[k]] for k < count)``, eight rows per pass over ``dst``.
 
     The sparse product all layers are built from: ``idx`` lists only the nonzero terms (ReLU
     zeroes about half of every hidden layer and its gradient), and eight source rows share each
-    load and store of ``dst`` (vectorised along it).
+    load and store of ``dst`` (vectorised along it). ``idx`` None: rows ``0 .. count-1`` (the
+    dense products of :mod:`tfdata.nn._ppo_kernels`; ``coef`` may be strided).
     """
     n = dst.shape[0]
     k = 0
     while k + 8 <= count:
-        r0 = src[idx[k]]
-        r1 = src[idx[k + 1]]
-        r2 = src[idx[k + 2]]
-        r3 = src[idx[k + 3]]
-        r4 = src[idx[k + 4]]
-        r5 = src[idx[k + 5]]
-        r6 = src[idx[k + 6]]
-        r7 = src[idx[k + 7]]
+        r0 = _row(src, idx, k)
+        r1 = _row(src, idx, k + 1)
+        r2 = _row(src, idx, k + 2)
+        r3 = _row(src, idx, k + 3)
+        r4 = _row(src, idx, k + 4)
+        r5 = _row(src, idx, k + 5)
+        r6 = _row(src, idx, k + 6)
+        r7 = _row(src, idx, k + 7)
         c0 = coef[k]
         c1 = coef[k + 1]
         c2 = coef[k + 2]
@@ -62,10 +72,10 @@ def _axpy_rows(dst, src, idx, coef, count):
                        + c4 * r4[i] + c5 * r5[i] + c6 * r6[i] + c7 * r7[i])
         k += 8
     while k + 4 <= count:
-        r0 = src[idx[k]]
-        r1 = src[idx[k + 1]]
-        r2 = src[idx[k + 2]]
-        r3 = src[idx[k + 3]]
+        r0 = _row(src, idx, k)
+        r1 = _row(src, idx, k + 1)
+        r2 = _row(src, idx, k + 2)
+        r3 = _row(src, idx, k + 3)
         c0 = coef[k]
         c1 = coef[k + 1]
         c2 = coef[k + 2]
@@ -74,7 +84,7 @@ def _axpy_rows(dst, src, idx, coef, count):
             dst[i] += c0 * r0[i] + c1 * r1[i] + c2 * r2[i] + c3 * r3[i]
         k += 4
     while k < count:
-        r0 = src[idx[k]]
+        r0 = _row(src, idx, k)
         c0 = coef[k]
         for i in range(n):
             dst[i] += c0 * r0[i]
@@ -117,7 +127,7 @@ def _dense(inp, wt, bias, out, relu, tmp, idx, coef):
             ob = out[b]
             for j in range(n_out):
                 ob[j] = bias[j]
-            _axpy_rows(ob, wtt, idx, coef, count)
+            axpy_rows(ob, wtt, idx, coef, count)
     else:
         rows_dense(inp, wt, bias, out)
     if relu:
@@ -197,14 +207,14 @@ def _dense_backward(inp, wt, d, gw, gb, prev, has_prev, relu_in, tmp, idx, coef)
         for k in range(count):
             s += coef[k]
         gb[j] += s
-        _axpy_rows(gw[j], inp, idx, coef, count)
+        axpy_rows(gw[j], inp, idx, coef, count)
     if has_prev:
         for b in range(batch):
             count = _nonzeros(d[b], idx, coef)
             pb = prev[b]
             for i in range(n_in):
                 pb[i] = 0.0
-            _axpy_rows(pb, wt, idx, coef, count)
+            axpy_rows(pb, wt, idx, coef, count)
             if relu_in:
                 # ReLU passes no gradient where the unit was off (torch's choice at exactly 0 too)
                 for i in range(n_in):

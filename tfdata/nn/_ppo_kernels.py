@@ -33,7 +33,7 @@ from numba import njit
 
 from .._config import NN_OPTIONS
 from ..kernels._rng import GOLDEN, mix64
-from ._mlp_kernels import adam_step, rows_dense
+from ._mlp_kernels import adam_step, axpy_rows, rows_dense
 
 # layer helpers: compiled once per signature and called (see _mlp_kernels.INLINE_NN)
 INLINE_NN = dict(NN_OPTIONS)
@@ -83,54 +83,6 @@ def _tanh_row(a):
 
 
 @njit(**INLINE_NN)
-def _rows_acc(dst, src, coef):
-    """``dst += sum(coef[k] * src[k] for k)``: ``src`` (n, len(dst)) C rows, ``coef`` (n,) any
-    stride; eight source rows share each load and store of ``dst`` (vectorised along it)."""
-    n = dst.shape[0]
-    count = coef.shape[0]
-    k = 0
-    while k + 8 <= count:
-        r0 = src[k]
-        r1 = src[k + 1]
-        r2 = src[k + 2]
-        r3 = src[k + 3]
-        r4 = src[k + 4]
-        r5 = src[k + 5]
-        r6 = src[k + 6]
-        r7 = src[k + 7]
-        c0 = coef[k]
-        c1 = coef[k + 1]
-        c2 = coef[k + 2]
-        c3 = coef[k + 3]
-        c4 = coef[k + 4]
-        c5 = coef[k + 5]
-        c6 = coef[k + 6]
-        c7 = coef[k + 7]
-        for i in range(n):
-            dst[i] += (c0 * r0[i] + c1 * r1[i] + c2 * r2[i] + c3 * r3[i]
-                       + c4 * r4[i] + c5 * r5[i] + c6 * r6[i] + c7 * r7[i])
-        k += 8
-    while k + 4 <= count:
-        r0 = src[k]
-        r1 = src[k + 1]
-        r2 = src[k + 2]
-        r3 = src[k + 3]
-        c0 = coef[k]
-        c1 = coef[k + 1]
-        c2 = coef[k + 2]
-        c3 = coef[k + 3]
-        for i in range(n):
-            dst[i] += c0 * r0[i] + c1 * r1[i] + c2 * r2[i] + c3 * r3[i]
-        k += 4
-    while k < count:
-        r0 = src[k]
-        c0 = coef[k]
-        for i in range(n):
-            dst[i] += c0 * r0[i]
-        k += 1
-
-
-@njit(**INLINE_NN)
 def _fm_forward(wt, bias, xT, outT, tanh):
     """Feature-major layer: ``outT = wt @ xT + bias[:, None]`` (then tanh).
 
@@ -142,7 +94,7 @@ def _fm_forward(wt, bias, xT, outT, tanh):
         bj = bias[j]
         for b in range(batch):
             o[b] = bj
-        _rows_acc(o, xT, wt[j])
+        axpy_rows(o, xT, None, wt[j], wt.shape[1])
         if tanh:
             _tanh_row(o)
 
@@ -198,7 +150,7 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
             p = prevT[i]
             for b in range(batch):
                 p[b] = 0.0
-            _rows_acc(p, dT, wtt[i])
+            axpy_rows(p, dT, None, wtt[i], n_out)
             if tanh_in:
                 y = xT[i]
                 for b in range(batch):

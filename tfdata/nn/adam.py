@@ -13,12 +13,6 @@ from ._checks import (EPS_MIN, LR_MAX, T_MAX, check_betas, state_array, state_er
 __all__ = ["Adam"]
 
 
-def _kernels():
-    from . import _mlp_kernels  # imports numba: only when an optimizer is built
-
-    return _mlp_kernels
-
-
 class Adam:
     """``torch.optim.Adam`` (no weight decay, no amsgrad) over one flat parameter array.
 
@@ -67,7 +61,9 @@ class Adam:
         self.m = np.zeros_like(params)
         self.v = np.zeros_like(params)
         self.t = 0
-        self._k = _kernels()
+        from . import _mlp_kernels  # imports numba: only when an optimizer is built
+
+        self._k = _mlp_kernels
 
     def step(self, grad: np.ndarray) -> None:
         """Apply one update with gradient ``grad`` (same shape and dtype as ``params``)."""

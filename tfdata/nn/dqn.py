@@ -14,12 +14,6 @@ from .mlp import MLP
 __all__ = ["DQN"]
 
 
-def _kernels():
-    from . import _mlp_kernels  # imports numba: only when a learner is built
-
-    return _mlp_kernels
-
-
 class DQN:
     """Deep Q-learning: an online and a target :class:`MLP`, Adam, and the squared TD loss.
 
@@ -64,7 +58,9 @@ class DQN:
         self._obs_shape = (self.online.n_in,)
         self._ws: dict[int, tuple] = {}
         self.td_errors = np.zeros(0, dtype=np.float32)
-        self._k = _kernels()
+        from . import _mlp_kernels  # imports numba: only when a learner is built
+
+        self._k = _mlp_kernels
 
     def act(self, obs) -> int:
         """The greedy action for one observation (shape (n_in,)).

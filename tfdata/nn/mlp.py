@@ -19,18 +19,6 @@ __all__ = ["MLP", "orthogonal"]
 ACTIVATIONS = ("relu", "tanh")
 
 
-def _relu_kernels():
-    from . import _mlp_kernels  # imports numba: only when a network is built
-
-    return _mlp_kernels
-
-
-def _tanh_kernels():
-    from . import _ppo_kernels
-
-    return _ppo_kernels
-
-
 def orthogonal(shape: tuple, gain: float, rng: np.random.Generator) -> np.ndarray:
     """A float64 matrix drawn as ``torch.nn.init.orthogonal_`` draws one (with numpy's generator).
 
@@ -103,15 +91,21 @@ class MLP:
         self.n_params = off
         self.n_units = col
         self.width = max(self.sizes[1:])
-        # the nonzero terms of one sparse product (see _mlp_kernels._axpy_rows; tanh networks'
+        # the nonzero terms of one sparse product (see _mlp_kernels.axpy_rows; tanh networks'
         # dense kernels need none)
         self._tmp = np.zeros(0 if activation == "tanh" else
                              max(a * b for a, b in zip(self.sizes, self.sizes[1:])), dtype=self.dtype)
         self.params = np.zeros(off, dtype=self.dtype)
         self.grad = np.zeros(off, dtype=self.dtype)
         self._ws: dict[int, tuple] = {}
-        self._k = _relu_kernels()
-        self._kt = _tanh_kernels() if activation == "tanh" else None
+        from . import _mlp_kernels  # imports numba: only when a network is built
+
+        self._k = _mlp_kernels
+        self._kt = None
+        if activation == "tanh":
+            from . import _ppo_kernels
+
+            self._kt = _ppo_kernels
         self.reset_parameters(seed)
 
     @property

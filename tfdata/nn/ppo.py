@@ -17,15 +17,10 @@ from .mlp import MLP
 __all__ = ["PPO"]
 
 
-def _kernels():
-    from . import _ppo_kernels  # imports numba: only when a learner is built
-
-    return _ppo_kernels
-
-
 #: PPO's float coefficients ``(name, low, low open)``; each also at most float32's largest
 _PPO_COEFS = (("clip_coef", 0.0, False), ("ent_coef", 0.0, False), ("vf_coef", 0.0, False))
-_PPO_STATS = ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+#: :attr:`PPO.stats`, in the order of the kernel's ``stats[1:]``
+_PPO_STATS = ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
 #: the minibatch fields :meth:`PPO.train` reads, besides ``obs`` and ``action``
 _PPO_FLOAT_FIELDS = ("log_prob", "advantage", "return", "value")
 
@@ -146,7 +141,9 @@ class PPO:
         self._stats = np.zeros(8, np.float64)
         self._act_ws: dict[int, tuple] = {}
         self._train_ws: dict[int, tuple] = {}
-        self._kp = _kernels()
+        from . import _ppo_kernels  # imports numba: only when a learner is built
+
+        self._kp = _ppo_kernels
 
     # -- hyperparameters ----------------------------------------------------------------------
     @property
@@ -168,10 +165,10 @@ class PPO:
         self._cst[:] = (c, np.float32(1.0) - c, np.float32(1.0) + c)
 
     # -- acting -------------------------------------------------------------------------------
-    def _check_obs(self, obs) -> np.ndarray:
+    def _check_obs(self, obs, where: str = "obs", rows: str = "E >= 1") -> np.ndarray:
         if not isinstance(obs, np.ndarray) or obs.dtype != np.float32 or obs.ndim != 2 \
                 or obs.shape[1] != self.obs_size or obs.shape[0] < 1:
-            raise ValueError(f"obs: expected float32 of shape (E >= 1, {self.obs_size}), got "
+            raise ValueError(f"{where}: expected float32 of shape ({rows}, {self.obs_size}), got "
                              f"{getattr(obs, 'dtype', type(obs).__name__)} of shape {np.shape(obs)}")
         return obs
 
@@ -289,11 +286,7 @@ class PPO:
         except KeyError as exc:
             raise KeyError(f"minibatch: missing field {exc.args[0]!r} (PPO.train needs obs, action, "
                            f"{', '.join(_PPO_FLOAT_FIELDS)})") from None
-        if not isinstance(obs, np.ndarray) or obs.dtype != np.float32 or obs.ndim != 2 \
-                or obs.shape[1] != self.obs_size or obs.shape[0] < 1:
-            raise ValueError(f"minibatch['obs']: expected float32 of shape (B, {self.obs_size}), got "
-                             f"{getattr(obs, 'dtype', type(obs).__name__)} of shape {np.shape(obs)}")
-        b = obs.shape[0]
+        b = self._check_obs(obs, "minibatch['obs']", "B").shape[0]
         if self.norm_adv and b < 2:
             raise ValueError(f"minibatch['obs']: expected B >= 2 rows with norm_adv (unbiased std), got {b}")
         for name, arr in zip(_PPO_FLOAT_FIELDS, floats):
@@ -329,10 +322,7 @@ class PPO:
     def stats(self) -> dict:
         """pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac, grad_norm of the last
         :meth:`train` (zeros before it)."""
-        s = self._stats
-        return {"pg_loss": float(s[1]), "v_loss": float(s[2]), "entropy": float(s[3]),
-                "old_approx_kl": float(s[4]), "approx_kl": float(s[5]), "clipfrac": float(s[6]),
-                "grad_norm": float(s[7])}
+        return {name: float(v) for name, v in zip(_PPO_STATS, self._stats[1:])}
 
     # -- state --------------------------------------------------------------------------------
     @property

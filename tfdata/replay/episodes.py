@@ -203,11 +203,6 @@ class Episodes:
             total += sum(a.nbytes for a in self.pending.values())
         return int(total)
 
-    @property
-    def final_capacity(self) -> int:
-        """Entries of the final table (0 without elision)."""
-        return int(self.free.shape[0]) if self.elide else 0
-
     # -- late stamping ----------------------------------------------------------------------
     def bind(self, writer, storage) -> None:
         """Once: the writer whose cursor ends the unstamped rows, and the storage whose stored

@@ -153,11 +153,19 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         writes.append(f"        a{i}[p] = {v}")
         fast_checks.append(_tier1(f, v, i, ns))
     fast = _fast_writes(spec, regions, fast_checks, ns) if regions is not None else None
-    def advance(indent: str) -> list:
+    def write(indent: str, writes: list) -> list:
+        """The locked part of a push at ``indent``: place, hooks, ``writes``, cursor, size."""
         if on_wrap is None:
-            return [f"{indent}w.cursor = p + 1 if p + 1 != cap else 0"]
-        return [f"{indent}if p + 1 != cap:", f"{indent}    w.cursor = p + 1", f"{indent}else:",
-                f"{indent}    on_wrap()", f"{indent}    w.cursor = 0"]
+            advance = [f"{indent}w.cursor = p + 1 if p + 1 != cap else 0"]
+        else:
+            advance = [f"{indent}if p + 1 != cap:", f"{indent}    w.cursor = p + 1", f"{indent}else:",
+                       f"{indent}    on_wrap()", f"{indent}    w.cursor = 0"]
+        return [*([] if gate is None else [f"{indent}gate(1)"]),
+                f"{indent}p = w.cursor" if place is None else f"{indent}p = place(w.cursor)",
+                *([] if on_begin is None else [f"{indent}on_begin(p)"]),
+                *writes,
+                *([] if on_write is None else [f"{indent}on_write(p)"]),
+                *advance, f"{indent}if w.size != cap:", f"{indent}    w.size += 1"]
     lines = [
         "def push(row):",
         f"    if type(row) is not dict or len(row) != {len(spec)}:",
@@ -173,14 +181,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
             "    if (" + "\n            and ".join(guard) + "):",
             "        acquire()",
             "        try:",
-            *([] if gate is None else ["            gate(1)"]),
-            "            p = w.cursor" if place is None else "            p = place(w.cursor)",
-            *([] if on_begin is None else ["            on_begin(p)"]),
-            *body,
-            *([] if on_write is None else ["            on_write(p)"]),
-            *advance("            "),
-            "            if w.size != cap:",
-            "                w.size += 1",
+            *write("            ", body),
             "        finally:",
             "            release()",
             "        return",
@@ -189,14 +190,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         "    if not (" + "\n            and ".join(checks) + "):",
         "        return slow(row)",
         "    with lock:",
-        *([] if gate is None else ["        gate(1)"]),
-        "        p = w.cursor" if place is None else "        p = place(w.cursor)",
-        *([] if on_begin is None else ["        on_begin(p)"]),
-        *writes,
-        *([] if on_write is None else ["        on_write(p)"]),
-        *advance("        "),
-        "        if w.size != cap:",
-        "            w.size += 1",
+        *write("        ", writes),
     ]
     src = "\n".join(lines)
     exec(_compiled(src), ns)

@@ -9,6 +9,14 @@ import stat
 from ..errors import FormatError
 
 
+def _stat(path: str, follow: bool) -> os.stat_result:
+    st = os.stat(path) if follow else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise FormatError(f"{path}: is a symbolic link; tfdata does not follow links inside a "
+                          f"dataset or checkpoint directory")
+    return st
+
+
 def check_regular(path: str, *, follow: bool = True, what: str = "file") -> os.stat_result:
     """Refuse (FormatError) anything at ``path`` that is not a regular file, before opening it.
 
@@ -17,10 +25,7 @@ def check_regular(path: str, *, follow: bool = True, what: str = "file") -> os.s
     device is refused without being opened (opening a FIFO blocks until a writer appears).
     FileNotFoundError if nothing is there.
     """
-    st = os.stat(path) if follow else os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise FormatError(f"{path}: is a symbolic link; tfdata does not follow links inside a "
-                          f"dataset or checkpoint directory")
+    st = _stat(path, follow)
     if not stat.S_ISREG(st.st_mode):
         raise FormatError(f"{path}: not a regular {what} (a directory, FIFO, socket or device)")
     return st
@@ -29,11 +34,7 @@ def check_regular(path: str, *, follow: bool = True, what: str = "file") -> os.s
 def check_directory(path: str, *, follow: bool = True) -> None:
     """Refuse (FormatError) anything at ``path`` that is not a directory (``follow=False``: or is a
     symbolic link to one)."""
-    st = os.stat(path) if follow else os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise FormatError(f"{path}: is a symbolic link; tfdata does not follow links inside a "
-                          f"dataset or checkpoint directory")
-    if not stat.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(_stat(path, follow).st_mode):
         raise FormatError(f"{path}: not a directory")
 
 

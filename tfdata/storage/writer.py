@@ -51,10 +51,8 @@ def save(path: str, data, layout: str = "aos", *, overwrite: bool = False) -> No
     layout : {"aos", "soa"} or list of lists of str
         A grouping (see :func:`tfdata.storage.resolve_layout`) writes a grouped directory.
     overwrite : bool, default False
-        An existing ``path`` is refused (FileExistsError) unless this is True and it is a tfdata
-        dataset of the same layout. The new dataset is written under a temporary name beside
-        ``path`` and renamed into place when complete: a failure leaves ``path`` as it was, and
-        a reader that has the old file mapped keeps reading the old data.
+        As for :class:`Writer`; the dataset is renamed into place only when complete, so a
+        failure leaves ``path`` as it was.
 
     Notes
     -----
