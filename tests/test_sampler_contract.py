@@ -531,12 +531,13 @@ def test_tfdatas_samplers_as_objects_on_a_shared_buffer(tmp_path, monkeypatch):
 
 def test_a_shared_buffer_runs_tfdatas_samplers_by_name_unchanged(tmp_path, monkeypatch):
     """``SharedReplayBuffer(sampler=...)`` by name holds the single-process sampler of that
-    name (no shared twin but exactly-k's), bound as a ReplayBuffer binds it."""
+    name (no shared twin), bound as a ReplayBuffer binds it."""
     from tfdata import PrioritizedReplayBuffer, ReplayBuffer
     from tfdata.shared import SharedReplayBuffer
 
     monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
-    for kw in ({}, {"sampler": "without_replacement"}, {"prioritized": True}):
+    for kw in ({}, {"sampler": "without_replacement"}, {"sampler": "exactly_k"},
+               {"prioritized": True}):
         ref = (PrioritizedReplayBuffer(SPEC, 16, seed=1) if kw.get("prioritized")
                else ReplayBuffer(SPEC, 16, seed=1, **kw))
         with SharedReplayBuffer(SPEC, 16, num_writers=2, seed=1, **kw) as buf:
