@@ -504,7 +504,8 @@ def test_an_outside_sampler_under_a_rate_limiter_on_a_shared_buffer(tmp_path, mo
 
 def test_tfdatas_samplers_as_objects_on_a_shared_buffer(tmp_path, monkeypatch):
     """A UniformSampler or PrioritizedSampler object draws as the sampler of that name does
-    (the same kernels, the same catch-up)."""
+    (the same class, kernels and catch-up; the same versions: a prioritized epoch counts laps of
+    a shard either way)."""
     from tfdata.replay.samplers.prioritized import PrioritizedSampler
     from tfdata.replay.samplers.uniform import UniformSampler
     from tfdata.shared import SharedReplayBuffer, SharedWriter
@@ -520,5 +521,25 @@ def test_tfdatas_samplers_as_objects_on_a_shared_buffer(tmp_path, monkeypatch):
                 for s, n in ((0, 5), (1, 11)):
                     with SharedWriter(buf.name, s) as w:
                         w.extend({k: v[:n] for k, v in data.items()})
+            assert type(b.sampler) is type(obj)
             for _ in range(3):
-                same_rows(a.sample(6), b.sample(6))
+                ga, gb = a.sample(6), b.sample(6)
+                same_rows(ga, gb)
+                if named:
+                    np.testing.assert_array_equal(ga.versions, gb.versions)
+
+
+def test_a_shared_buffer_runs_tfdatas_samplers_by_name_unchanged(tmp_path, monkeypatch):
+    """``SharedReplayBuffer(sampler=...)`` by name holds the single-process sampler of that
+    name (no shared twin), bound as a ReplayBuffer binds it."""
+    from tfdata import PrioritizedReplayBuffer, ReplayBuffer
+    from tfdata.shared import SharedReplayBuffer
+
+    monkeypatch.setenv("TFDATA_SHM_DIR", str(tmp_path))
+    for kw in ({}, {"sampler": "without_replacement"}, {"sampler": "exactly_k"},
+               {"prioritized": True}):
+        ref = (PrioritizedReplayBuffer(SPEC, 16, seed=1) if kw.get("prioritized")
+               else ReplayBuffer(SPEC, 16, seed=1, **kw))
+        with SharedReplayBuffer(SPEC, 16, num_writers=2, seed=1, **kw) as buf:
+            assert type(buf.sampler) is type(ref.sampler)
+            assert not type(buf.sampler).__name__.startswith("Shared")

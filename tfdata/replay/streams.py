@@ -126,6 +126,11 @@ class ShardStreams(_Part):
         Allocates the geometry and the per-batch marks.
     name : str
         The buffer's, for messages.
+
+    Attributes
+    ----------
+    redraws : int
+        Slices drawn again (:meth:`check_slices`).
     """
 
     kind = "shards"
@@ -144,6 +149,8 @@ class ShardStreams(_Part):
         self.geo[:SHARD_HEADER] = (self.shards, cap)
         #: the heads snapshot and write windows (the layout of :mod:`tfdata.kernels._shared`)
         self.scratch = self.geo[SHARD_HEADER:]
+        #: slices drawn again because a writer may have been writing them while they were read
+        self.redraws = 0
 
     @property
     def nbytes(self) -> int:
@@ -196,7 +203,7 @@ class ShardStreams(_Part):
             return
 
         def redo(b):
-            sampler.redraws += 1
+            self.redraws += 1
             if sampler.sample_slices(n, self, self.geo, reject, max_draws, out, arrays,
                                      slice(b, b + 1)) != -1:
                 raise ValueError(f"policy='reject': no slice of {length} steps found")

@@ -27,8 +27,8 @@ from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from ..replay.samplers import Sampler, sampler_name as _sampler_name
 from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.exactly_k import ExactlyKSampler, PollWaits
-from ..replay.samplers.shared import (SharedPrioritizedSampler, SharedUniformSampler,
-                                      SharedWithoutReplacementSampler)
+from ..replay.samplers.uniform import UniformSampler
+from ..replay.samplers.without_replacement import WithoutReplacementSampler
 from ..replay import shared_frames
 from ..replay.frames import FrameStack
 from ..replay.streams import ShardStreams
@@ -82,11 +82,11 @@ class SharedReplayBuffer:
     sampler : {"uniform", "without_replacement", "exactly_k"}, optional
         Replay mode: uniform (None, the default); ``"without_replacement"``: every row once per
         pass, the rows the writers publish during a pass joining it, as
-        :class:`~tfdata.ReplayBuffer`'s sampler of that name (see
-        :class:`~tfdata.replay.samplers.shared.SharedWithoutReplacementSampler`; the learner
-        owns the pool, 5 bytes per slot; not with ``prioritized=True``, nor for
-        :meth:`sample_sequences`); or exactly-k replay, each row delivered in exactly
-        ``replays`` batches (the :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` of a
+        :class:`~tfdata.ReplayBuffer`'s sampler of that name, run over the shards by
+        :class:`~tfdata.shared.streams.ShardRows` (the learner owns the pool, 5 bytes per slot;
+        not with ``prioritized=True``, nor for :meth:`sample_sequences`); or exactly-k replay,
+        each row delivered in exactly ``replays`` batches (the
+        :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` of a
         :class:`~tfdata.ReplayBuffer`, each shard's writer process placing rows in free slots;
         ``buf.sampler.delivered``, ``released``; ``writers()[s]["dropped"]``; ``len(buf)``: rows
         awaiting replay). The region holds 24 more bytes per slot. Checkpoints keep the pool.
@@ -236,20 +236,16 @@ class SharedReplayBuffer:
         if given is not None:
             sampler = given
         elif prioritized:
-            checked = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
-            sampler = SharedPrioritizedSampler(checked.alpha, checked.beta_start, checked.beta_final,
-                                               checked.beta_steps, checked.eps, seed)
+            sampler = PrioritizedReplayBuffer.checked_sampler(alpha, beta, beta_final, beta_steps, eps, seed)
             if sampler.bounds(shards * cap) is None:
                 raise ValueError(f"alpha={sampler.alpha}, eps={sampler.eps}: no priority gives a "
                                  f"leaf (p + eps) ** alpha in range; use a smaller alpha or eps")
         elif exactly_k:  # the single-process sampler: its writes are the shards' (see below)
             sampler = ExactlyKSampler(seed, 1 if replays is None else replays, policy, timeout)
         elif sampler_name == "without_replacement":
-            sampler = SharedWithoutReplacementSampler(seed)
+            sampler = WithoutReplacementSampler(seed)
         else:
-            sampler = SharedUniformSampler(seed)
-        if given is None and not exactly_k:
-            sampler.bind_shards(np.zeros(shards, np.uint64), np.zeros(shards, np.uint64), cap)
+            sampler = UniformSampler(seed)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         if self.memory_budget is not None:
             planned = sampler.plan(shards * cap)
@@ -288,8 +284,6 @@ class SharedReplayBuffer:
         self._heads, self._reserved = self._region.heads, self._region.reserved
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
-        if given is None and not exactly_k:
-            sampler.bind_shards(self._heads, self._reserved, cap)
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
         # the shards as streams: the rows held, the writes caught up, the torn-row check
         self._rows = ShardRows(self._heads, self._reserved, cap, self._k)
@@ -303,8 +297,6 @@ class SharedReplayBuffer:
             sampler.waits = PollWaits(lambda: rows().catch_up(rows().scratch))
         else:
             self._rows.bind(sampler)
-        if prioritized:
-            sampler.streams = self._rows
         self.sampler = sampler
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
@@ -353,8 +345,7 @@ class SharedReplayBuffer:
             self._ctrl_words = memoryview(self._region.ctrl)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
                                            self._ring_size, self._is_prioritized, episodes,
-                                           self._rows if self._given else None,
-                                           rows=self._rows if exactly_k else None)
+                                           self._rows, self._given)
 
     @property
     def rate_limiter(self):
@@ -372,7 +363,7 @@ class SharedReplayBuffer:
         if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
             if batch_size > self.capacity:
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                                 f"{self.capacity}; {getattr(self.sampler, 'batch_rule', self.sampler.rule)}")
+                                 f"{self.capacity}; {self._rows.rule}")
             if self._limiter is not None:
                 self._limiter.check_sample(batch_size)
                 why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
@@ -382,7 +373,7 @@ class SharedReplayBuffer:
             return
         n = len(self)
         if batch_size > n:
-            raise (self._rows if self._given else self.sampler).too_few(batch_size, n)
+            raise self._rows.too_few(batch_size, n)
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -432,7 +423,7 @@ class SharedReplayBuffer:
     @property
     def redraws(self) -> int:
         """Rows drawn again because a writer may have been writing them during the copy."""
-        return self._rows.redraws + getattr(self.sampler, "redraws", 0)
+        return self._rows.redraws + self._streams.redraws
 
     @property
     def storage(self):
@@ -588,6 +579,11 @@ class SharedReplayBuffer:
             raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
         if self._region.exactly_k:
             raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
+        if self._rows.kind == "without_replacement":
+            raise NotImplementedError(
+                "SharedReplayBuffer(sampler='without_replacement') draws no sequences (a slice of "
+                "a shard starts at rows its writer keeps moving; see ARCHITECTURE.md): use "
+                "sampler='uniform' or prioritized=True for sample_sequences")
         if self._given:
             raise NotImplementedError(f"sample_sequences of a SharedReplayBuffer with a sampler "
                                       f"object ({_sampler_name(self.sampler)!r}) is not built: "

@@ -78,8 +78,10 @@ class ShardDraws:
         redraw every slice a writer may have been overwriting while it was copied (lock held).
         ``reject``: policy="reject" of :meth:`tfdata.SharedReplayBuffer.sample_sequences`
         (ValueError when no start gives a slice; the refused sample consumes no randomness)."""
-        sm, st = self._sampler, self._streams
-        held = sm.heads_snapshot(st.scratch)  # before the draw: slices end at these heads
+        st = self._streams
+        # before the draw: the sampler hears the rows published, and slices end at these heads
+        held = self._rows.catch_up(st.scratch)
         if held < batch_size:
-            raise sm.too_few(batch_size, held)
-        draw_slices(sm, st, held, st.geo, reject, length, out, arrays[0], arrays[1]["mark"])
+            raise self._rows.too_few(batch_size, held)
+        draw_slices(self._sampler, st, held, st.geo, reject, length, out, arrays[0],
+                    arrays[1]["mark"])

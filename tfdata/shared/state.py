@@ -8,11 +8,11 @@ import contextlib
 
 import numpy as np
 
+from .._checks import check_slot_list
 from ..errors import SharedBufferError
 from ..replay import shared_frames
 from ..replay.frames import padding_config
 from ..replay.samplers import state_key
-from ..replay.samplers.shared import SharedWithoutReplacementSampler
 from .region import CURSOR, HEAD, RESERVED, SAMPLES
 
 __all__ = ["ShardCheckpoint"]
@@ -21,11 +21,14 @@ __all__ = ["ShardCheckpoint"]
 class ShardCheckpoint:
     """The checkpoint part of a :class:`~tfdata.SharedReplayBuffer` over its ``region``: its
     ``sampler``, ``lock``, compiled ``kernels`` and rate ``limiter`` (or None), the buffer's
-    ``name`` (for messages), ``ring_size`` and ``prioritized``, and ``episodes`` (the buffer's
-    ``n_step``, ``gamma``, ``next_of`` and ``roles``)."""
+    ``name`` (for messages), ``ring_size`` and ``prioritized``, ``episodes`` (the buffer's
+    ``n_step``, ``gamma``, ``next_of`` and ``roles``), ``rows`` (its
+    :class:`~tfdata.shared.streams.ShardRows`, which catch the sampler up on the rows
+    published) and ``given`` (the sampler is an object the caller gave: saved by its name and
+    ``config()``)."""
 
     def __init__(self, region, sampler, lock, kernels, limiter, name: str, ring_size: int,
-                 prioritized: bool, episodes: dict, streams=None, rows=None):
+                 prioritized: bool, episodes: dict, rows, given: bool):
         self._region = region
         self._sampler = sampler
         self._lock = lock
@@ -37,11 +40,8 @@ class ShardCheckpoint:
         self._capacity = region.shards * region.cap
         self._n_step, self._gamma = episodes["n_step"], episodes["gamma"]
         self._next_of, self._roles = episodes["next_of"], episodes["roles"]
-        # a sampler object (a user's too): saved by its name, config() and extra_state(), its
-        # writes caught up by the shard streams
-        self._streams = streams
-        # exactly-k: the shard streams that hear the rows published (from the shards' logs)
         self._rows = rows
+        self._given = given
 
     def config(self) -> dict:
         """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
@@ -54,13 +54,13 @@ class ShardCheckpoint:
         if fr is not None:  # absent: no frame stacks (checkpoints as before)
             cfg.update(frame_stack=dict(fr.stacks), frame_padding=padding_config(fr.frames),
                        final_frames=fr.final_frames)
-        if isinstance(self._sampler, SharedWithoutReplacementSampler):
-            cfg["sampler"] = self._sampler.name  # absent: uniform (checkpoints as before)
-        if self._streams is not None:  # None: a sampler without a name, never saved
+        if self._given:  # a sampler object (a user's too): its name (None: never saved), config()
             name = getattr(self._sampler, "name", None)
             cfg["sampler"] = name if isinstance(name, str) and name else None
             if cfg["sampler"] is not None:
                 cfg.update(self._sampler.config())
+        elif self._rows.kind == "without_replacement":
+            cfg["sampler"] = self._sampler.name  # absent: uniform (checkpoints as before)
         if r.exactly_k:
             sm = self._sampler
             cfg.update(sampler="exactly_k", replays=sm.replays, policy=r.policy, timeout=sm.timeout)
@@ -85,15 +85,9 @@ class ShardCheckpoint:
         r = self._region
         scratch = np.zeros(7 * r.shards + 1, np.int64)
         with self._lock:
-            wor = isinstance(self._sampler, SharedWithoutReplacementSampler)
-            if self._streams is not None:  # the sampler hears every published row first
-                self._streams.catch_up(scratch)
-            elif self._prioritized or wor:
-                self._sampler.fold(scratch)
-            elif r.exactly_k:  # the state as of the catch-up: heads are the positions heard
-                self._rows.catch_up(scratch)
-            else:
-                self._k.read_heads(r.heads, r.cap, scratch)
+            # the sampler hears every published row first (exactly-k: from the shards' logs):
+            # the heads are the positions heard
+            self._rows.catch_up(scratch)
             state = {"format": "tfdata.SharedReplayBuffer", "version": 1,
                      "spec": r.spec.to_dict(), "capacity": self._capacity, "layout": r.layout,
                      "num_writers": r.shards, "heads": [int(h) for h in scratch[r.shards:2 * r.shards]],
@@ -105,11 +99,10 @@ class ShardCheckpoint:
             if self._limiter is not None:  # inserts as of the heads saved
                 state["rate_limiter"] = {"inserts": sum(state["heads"]),
                                          "samples": self._limiter.samples}
-
-            if wor:
-                state[self._sampler.state_key] = self._sampler.pass_state()
-            key = None if self._streams is None else state_key(self._sampler)
-            if key is not None:  # what it keeps beyond its RNG, given the rows held
+            # what the sampler keeps beyond its RNG, given the rows held (without replacement:
+            # the pass; the priorities and an exactly-k pool have parts of their own)
+            key = None if self._prioritized or r.exactly_k else state_key(self._sampler)
+            if key is not None:
                 state[key] = self._sampler.extra_state(int(scratch[:r.shards].sum()))
             if r.exactly_k:  # the pool in its order, the deliveries left, and the shards' own
                 sm = self._sampler
@@ -204,10 +197,9 @@ class ShardCheckpoint:
             w[RESERVED] = h
             w[HEAD] = h
         self._sampler.state[1] = counter
-        if self._streams is not None:  # every row restored was heard before the save
-            self._streams.published[:] = new_heads
+        self._rows.published[:] = new_heads  # every row restored was heard before the save
         if priorities is not None:
-            self._sampler.restore(leaves, versions, new_heads, priorities[2])
+            self._sampler.set_trees(leaves, versions, priorities[2])
         if samples is not None and self._limiter is not None:
             self._limiter.samples = samples
             r.ctrl[SAMPLES] = samples
@@ -225,7 +217,9 @@ class ShardCheckpoint:
                 q = lo + (slots[mine] - s * cap - lo) % cap  # the row each slot held
                 keep[mine] = q >= first
                 slots[mine] = s * cap + q - first
-            self._sampler.restore(slots[keep], undrawn[1], new_heads)
+            self._sampler.set_pass(check_slot_list(slots[keep], self._capacity,
+                                                   "state.without_replacement.undrawn"),
+                                   undrawn[1], self._capacity)
         if exactly_k is not None:
             slots, counts, delivered, released, cursors = exactly_k
             # the slots awaiting replay are taken once and not released; every other slot free
@@ -236,5 +230,4 @@ class ShardCheckpoint:
                 r.words(s)[CURSOR] = c
             sm = self._sampler
             sm.load_pool(slots, counts)
-            self._rows.published[:] = new_heads  # every row restored was heard before the save
             sm.delivered, sm.released = delivered, released

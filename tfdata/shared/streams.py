@@ -21,12 +21,19 @@ shards, so that the same sampler object runs in both:
   its trees, whose leaves are 0 for slots no shard holds, with ``n`` the capacity (its bound
   on the slots drawn); any other sampler is given ``n``, the rows held, and draws its own
   slots;
+- without replacement: the sampler hears laps (``wraps_only``) and places the writes by the
+  writer's position, which here is each shard's head: the catch-up and the draw are one kernel
+  call over the sampler's pool (:func:`tfdata.kernels._pool.pool_fold_draw`: the rows each
+  shard published since the last catch-up join the pass, shard by shard, from the oldest row
+  not heard, as the ring's writes join it; a pass that ends is refilled with the rows each
+  shard holds), so that one writer gives the batches of a :class:`~tfdata.ReplayBuffer`;
 - after the copy, the torn-row check: a row whose slot a writer may have been writing while it
-  was copied is drawn again. tfdata's uniform and prioritized draws redraw that row alone (the
-  prioritized one from the same trees: no catch-up within a sample, so the weights of a batch
-  refer to one distribution); any other sampler (a user's, which has no one-row redraw) draws
-  the whole batch again, after a new catch-up, until no row of it is torn (rare: only rows at
-  a writer's oldest end while it overwrites them).
+  was copied is drawn again. tfdata's uniform, prioritized and without-replacement draws
+  redraw that row alone (the prioritized one from the same trees: no catch-up within a
+  sample, so the weights of a batch refer to one distribution; the one without replacement
+  from the pass, never a slot the batch holds); any other sampler (a user's, which has no
+  one-row redraw) draws the whole batch again, after a new catch-up, until no row of it is
+  torn (rare: only rows at a writer's oldest end while it overwrites them).
 
 A free-slot region (exactly-k replay: each shard's writer puts a row into the next free slot
 of its shard, see :class:`tfdata.replay.writers.FreeSlotWriter`) is caught up from the shards'
@@ -46,6 +53,7 @@ from ..replay.buffer import TFDATA_SAMPLERS, ReplayBuffer
 from ..replay.samplers import sampler_name
 from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.uniform import UniformSampler
+from ..replay.samplers.without_replacement import WithoutReplacementSampler
 
 __all__ = ["ShardRows", "MAX_REDRAWS", "check_sampler", "sampler_classes", "unsaved_reason"]
 
@@ -120,12 +128,17 @@ class ShardRows:
     Attributes
     ----------
     published : ndarray of int64, shape (shards,)
-        Rows of each shard the sampler has heard of (caught up to).
+        Rows of each shard the sampler has heard of (caught up to): what a checkpoint's heads
+        restore.
     scratch : ndarray of int64, shape (7 * shards + batch,)
         The heads snapshot (3 words per shard), the write windows of the torn-row check (4 per
         shard) and one mark per row of the largest batch reserved (:meth:`reserve`).
     redraws : int
         Rows drawn again because a writer may have been writing them during the copy.
+    kind : str
+        How the sampler is run: ``"uniform"``, ``"prioritized"``, ``"without_replacement"``
+        (tfdata's draws, see the module docstring), ``"free_slots"`` (exactly-k, caught up
+        from the shards' logs) or ``"any"``.
     """
 
     def __init__(self, heads: np.ndarray, reserved: np.ndarray, cap: int, kernels):
@@ -134,14 +147,16 @@ class ShardRows:
         self._k = kernels
         self.published = np.zeros(self.shards, np.int64)
         self._spans = np.zeros((2 * self.shards, 2), np.int64)  # the catch-up's spans of slots
-        from ..kernels._shared_tree import published_spans  # numba, once a buffer is built
+        from ..kernels import _pool  # numba, once a buffer is built
+        from ..kernels._shared_tree import published_spans
 
-        self._published_spans = published_spans
+        self._published_spans, self._pool = published_spans, _pool
         self.scratch = np.zeros(7 * self.shards + 1, np.int64)
         self.redraws = 0
         self._one = np.zeros(7 * self.shards + 1, np.int64)  # a one-row redraw's scratch
+        self._none = np.zeros(0, np.int64)  # a draw of no row: the pool's catch-up alone
         self._hook = self._rows = self._sampler = self._log = None
-        self._kind = "any"
+        self.kind = "any"
 
     @property
     def nbytes(self) -> int:
@@ -160,17 +175,19 @@ class ShardRows:
         if log is not None:  # a free-slot region: no torn rows, slots from the logs
             from ..kernels._replays import replays_log_spans
 
-            self._kind, self._log, self._log_spans = "free_slots", log, replays_log_spans
+            self.kind, self._log, self._log_spans = "free_slots", log, replays_log_spans
             self._hook = sampler.slot_hook()
             self._rows = self._hook.rows
             self._runs = np.zeros((1024, 2), np.int64)
             return
         if isinstance(sampler, UniformSampler) and cls.sample is UniformSampler.sample:
-            self._kind = "uniform"
+            self.kind = "uniform"
         elif isinstance(sampler, PrioritizedSampler) and cls.sample is PrioritizedSampler.sample:
-            self._kind = "prioritized"
-        elif hasattr(sampler, "bind_shards"):  # a sampler of the shards' own (exactly-k,
-            self._kind = "own"  # without replacement): it catches up and checks itself
+            self.kind = "prioritized"
+            sampler.ring = self.cap  # its epoch counts laps of a shard: a slot's writes
+        elif (isinstance(sampler, WithoutReplacementSampler)
+              and cls.sample is WithoutReplacementSampler.sample):
+            self.kind = "without_replacement"  # hears the heads: its catch-up is the pool's
             return
         if getattr(sampler, "hears_writes", False):
             self._hook = sampler.slot_hook()
@@ -189,6 +206,8 @@ class ShardRows:
         the last catch-up (see the module docstring); returns the rows held."""
         if self._log is not None:
             return self._catch_up_log(scratch)
+        if self.kind == "without_replacement":
+            return self._pool_draw(scratch, self._none)
         held, m = self._published_spans(self.heads, self.cap, scratch, self.published, self._spans)
         if m == 0 or self._sampler is None or not getattr(self._sampler, "hears_writes", False):
             return held
@@ -236,49 +255,72 @@ class ShardRows:
         scratch[:n] = np.minimum(self.published, self.cap)
         return int(self.published.sum())
 
+    def _pool_draw(self, scratch: np.ndarray, idx: np.ndarray, i: int = -1) -> int:
+        """Without replacement: the rows published since join the sampler's pass, then ``idx``
+        is drawn (``i >= 0``: ``idx[i]`` again, out of reach of the batch's other rows);
+        returns the rows held."""
+        sm, pool = self._sampler, self._pool
+        if i < 0:
+            got = pool.pool_fold_draw(self.heads, self.cap, sm.pool, sm.inpool, sm.meta,
+                                      self.published, scratch, sm.state, idx)
+        else:
+            got = pool.pool_fold_redraw(self.heads, self.cap, sm.pool, sm.inpool, sm.meta,
+                                        self.published, scratch, sm.state, idx, i)
+        if got == -3:
+            raise self.too_few(idx.shape[0], int(sm.meta[2]))
+        if got < 0:  # the arrays are the sampler's and this part's: a bug, not the caller's input
+            kernel = "pool_fold_draw" if i < 0 else "pool_fold_redraw"
+            raise RuntimeError(f"shard streams: {kernel} returned {got}")
+        return int(sm.meta[2])
+
     # -- drawing ------------------------------------------------------------------------------
+    @property
+    def rule(self) -> str:
+        """How a batch takes rows, for messages: the sampler's ``rule``."""
+        return getattr(self._sampler, "rule", "rows are drawn by this sampler")
+
     def too_few(self, batch: int, n: int | None = None) -> ValueError:
         """The error for a batch of ``batch`` rows with ``n`` held (None: read the heads)."""
         if n is None:  # rows held, from the heads as they are now (an error path only)
             n = int(np.minimum(self.heads.astype(np.int64), self.cap).sum())
-        rule = getattr(self._sampler, "rule", "rows are drawn by this sampler")
         return ValueError("cannot sample from an empty buffer" if n == 0 else
-                          f"batch_size {batch} is larger than the {n} rows held; {rule} "
+                          f"batch_size {batch} is larger than the {n} rows held; {self.rule} "
                           f"(sampler {sampler_name(self._sampler)!r})")
 
     def sample(self, out, arrays: dict) -> None:
         """Catch up, let the sampler draw and gather over the rows held, check the copy, and
         draw torn rows again (see the module docstring)."""
-        sm, k, scratch, kind = self._sampler, self._k, self.scratch, self._kind
-        if kind == "own":
-            sm.sample(0, out, arrays)
-            return
-        if kind == "free_slots":  # rows held are never written: no check, no redraw
-            sm.sample(self.catch_up(scratch), out, arrays)
-            return
+        sm, k, scratch, kind = self._sampler, self._k, self.scratch, self.kind
         idx = out.indices
-        batch = idx.shape[0]
         if kind == "uniform":  # no catch-up: a uniform draw hears no writes
             got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
                                             scratch, sm.state, idx, out.kernel_out, MAX_REDRAWS)
             if got == -2:
-                raise self.too_few(batch)
+                raise self.too_few(idx.shape[0])
             if got < 0:
                 raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
             self.redraws += got
             return
+        if kind == "free_slots":  # rows held are never written: no check, no redraw
+            sm.sample(self.catch_up(scratch), out, arrays)
+            return
+        batch = idx.shape[0]
         mark = scratch[7 * self.shards:7 * self.shards + batch]
         tries = 0
         while True:
-            held = self.catch_up(scratch)
-            if held < batch and not getattr(sm, "waits_for_rows", False):
-                raise self.too_few(batch, held)
-            sm.sample(sm.capacity if kind == "prioritized" else held, out, arrays)
-            if kind == "any":
-                self._check_held(idx, scratch)
+            if kind == "without_replacement":  # the catch-up and the draws in one call
+                self._pool_draw(scratch, idx)
+                out.source.gather(idx, out)
+            else:
+                held = self.catch_up(scratch)
+                if held < batch and not getattr(sm, "waits_for_rows", False):
+                    raise self.too_few(batch, held)
+                sm.sample(sm.capacity if kind == "prioritized" else held, out, arrays)
+                if kind == "any":
+                    self._check_held(idx, scratch)
             if not k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark):
                 return
-            if kind == "prioritized":  # rare: only rows a writer overwrote while copied
+            if kind != "any":  # rare: only rows a writer overwrote while copied, one by one
                 for i in range(batch):
                     if mark[i]:
                         self.redraw(i, out, arrays)
@@ -305,11 +347,9 @@ class ShardRows:
 
     def redraw(self, i: int, out, arrays: dict) -> None:
         """Draw row ``i`` of ``out`` again until it copies cleanly, against heads read afresh
-        (tfdata's uniform and prioritized draws; the prioritized one from the same trees)."""
-        sm, k, kind = self._sampler, self._k, self._kind
-        if kind == "own":
-            sm.redraw(i, out, arrays)
-            return
+        (tfdata's uniform, prioritized and without-replacement draws; the prioritized one from
+        the same trees, the one without replacement from the pass)."""
+        sm, k, kind = self._sampler, self._k, self.kind
         if kind == "uniform":
             got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
                                             self._one, sm.state, out.indices[i:i + 1],
@@ -318,12 +358,11 @@ class ShardRows:
                 raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
             self.redraws += got + 1
             return
-        if kind != "prioritized":
+        if kind not in ("prioritized", "without_replacement"):
             raise NotImplementedError(f"sampler {sampler_name(sm)!r} has no one-row redraw")
         scratch = self.scratch
         one = slice(i, i + 1)
-        idx, u, w, v = (out.indices[one], arrays["scratch"][one], arrays["weights"][one],
-                        arrays["versions"][one])
+        idx = out.indices[one]
         mark = scratch[7 * self.shards + i:7 * self.shards + i + 1]
         mark[0] = 1
         tries = 0
@@ -331,10 +370,14 @@ class ShardRows:
             if tries == MAX_REDRAWS:
                 raise SharedBufferError(f"{MAX_REDRAWS} rows drawn were all mid-write")
             tries += 1
-            k.read_heads(self.heads, self.cap, scratch)
-            if k.draw_prioritized(*sm.trees, sm.v8, sm.state, sm.beta, idx, u, w, v):
-                raise sm.no_mass(0)
-            sm.stamp(v)
+            if kind == "without_replacement":  # the rows published since join first
+                self._pool_draw(scratch, out.indices, i)
+            else:
+                u, w, v = arrays["scratch"][one], arrays["weights"][one], arrays["versions"][one]
+                k.read_heads(self.heads, self.cap, scratch)
+                if k.draw_prioritized(*sm.trees, sm.v8, sm.state, sm.beta, idx, u, w, v):
+                    raise sm.no_mass(0)
+                sm.stamp(v)
             out.source.gather_at(idx, out, i)
             k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
         self.redraws += tries

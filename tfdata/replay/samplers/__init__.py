@@ -3,18 +3,20 @@
 A sampler draws slots, hears about writes, and says what it adds to a batch. tfdata's:
 ``uniform.py`` (with replacement), ``without_replacement.py`` (every live row once per pass,
 rows written during a pass joining it), ``exactly_k.py`` (every row in exactly k batches; its
-buffer writes with a free-slot writer), ``prioritized.py``; ``shared.py`` keeps what of them a
-shared region still needs apart (the slices over its shards, and the without-replacement pool
-over them). The buffer calls it under its lock; it never sees the layout (it calls the kernels
-of the output it fills, ``out.kernels`` over ``out.store``, or ``out.source.gather``), never
-allocates while sampling, and keeps its state in plain arrays.
+buffer writes with a free-slot writer), ``prioritized.py``. No sampler has a twin for shared
+memory: a :class:`~tfdata.SharedReplayBuffer` runs these same objects over its shards. The
+buffer calls it under its lock; it never sees the layout (it calls the kernels of the output it
+fills, ``out.kernels`` over ``out.store``, or ``out.source.gather``), never allocates while
+sampling, and keeps its state in plain arrays.
 
 One sampler object runs in one process and across processes: a
 :class:`~tfdata.SharedReplayBuffer` given it (``sampler=MySampler(...)``) drives it through
 :class:`tfdata.shared.streams.ShardRows`, which calls the same members: the rows the writer
 processes published since the last sample reach it through its write hooks before each draw
 (``slot_hook()`` row by row, else ``on_write``), ``sample`` gets the rows held, and a batch a
-writer tore during the copy is drawn again.
+writer tore during the copy is drawn again. tfdata's samplers run there the same way, given by
+name (the streams draw the uniform, prioritized and without-replacement rows with kernels of the
+shards, a torn row drawn again alone; exactly-k hears the slots from the writers' logs).
 
 What a sampler writes (ten members; everything else has a default in :class:`Sampler`):
 

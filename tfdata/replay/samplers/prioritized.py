@@ -394,8 +394,14 @@ class PrioritizedSampler(Sampler):
     def load_state(self, checked) -> None:
         rng, leaves, versions, samples = checked
         super().load_state(rng)
-        self.k.tree_build(*self.trees, leaves.astype(np.float64))
-        self.set_versions(versions)
+        self.set_trees(leaves, versions, samples)
+
+    def set_trees(self, leaves: np.ndarray, versions: np.ndarray, samples: int) -> None:
+        """The trees of checked ``leaves`` (one per slot of ``[0, len(leaves))``; 0: a slot no
+        row holds), the slots' ``versions`` (see :meth:`set_versions`) and the beta schedule's
+        ``samples``."""
+        self.k.tree_build(*self.trees, np.asarray(leaves, np.float64))
+        self.set_versions(np.asarray(versions, np.uint64))
         self.samples = samples
 
     def set_versions(self, versions: np.ndarray) -> None:

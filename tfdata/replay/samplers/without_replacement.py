@@ -113,8 +113,12 @@ class WithoutReplacementSampler(Sampler):
         self.synced = 0
 
     def _written(self) -> tuple:
-        """``(start, count, position)``: the slots written since the last sync."""
+        """``(start, count, position)``: the slots written since the last sync (none with no
+        writer watched: over the shards of a region, the streams add the rows published to the
+        pool before every draw, see :class:`tfdata.shared.streams.ShardRows`)."""
         cap = self.capacity
+        if self.writer is None:
+            return 0, 0, self.synced
         position = self.wraps * cap + self.writer.cursor
         count = min(position - self.synced, cap)
         return self.synced % cap, count, position
@@ -187,11 +191,16 @@ class WithoutReplacementSampler(Sampler):
     def load_state(self, checked) -> None:
         rng, undrawn, passes = checked
         super().load_state(rng)
-        if self._k.pool_load(self.pool, self.inpool, self.meta, undrawn, self.writer.size) != 0:
-            raise RuntimeError("WithoutReplacementSampler: a checked pool did not load")
-        self.meta[1] = passes
+        self.set_pass(undrawn, passes, self.writer.size)
         self.wraps = 0
         self.synced = self.writer.cursor  # the rows loaded are in the pool or drawn
+
+    def set_pass(self, undrawn: np.ndarray, passes: int, n: int) -> None:
+        """The pass of a checked state: ``undrawn`` (int64 slots, each once, every one below
+        ``n``) in that order, after ``passes`` passes."""
+        if self._k.pool_load(self.pool, self.inpool, self.meta, undrawn, n) != 0:
+            raise RuntimeError("WithoutReplacementSampler: a checked pool did not load")
+        self.meta[1] = passes
 
 
 def read_undrawn(c, arrays, part, key: str, size: int, ring: bool = True) -> dict:
