@@ -58,6 +58,15 @@ def bytes2d(arr: np.ndarray) -> np.ndarray:
 WORD_TYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def readonly(arr: np.ndarray) -> np.ndarray:
+    """A read-only view of ``arr``: what the gather kernels read. One type for writable and
+    read-only memory (a storage's rows, a dataset's mapped file, a shared region) is one
+    compiled kernel per field count instead of two."""
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 def word_size(*sizes: int) -> int:
     """The widest word (8, 4, 2 or 1 bytes) dividing every byte offset and width in ``sizes``."""
     for word in (8, 4, 2):
