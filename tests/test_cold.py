@@ -380,28 +380,28 @@ def test_kernels_against_reference():
         steps = int(rng.integers(cap // e, 4 * cap // e))
         cursor = (steps * e) % cap
         depth = rng.integers(0, k + 2, cap).astype(np.uint8)  # beyond k-1 too: bounded
-        src = rng.integers(0, 2**16, (cap, width + 2)).astype(np.uint16)
-        hist = rng.integers(0, 2**16, (k - 1, e, width)).astype(np.uint16)
-        pad = rng.integers(0, 2**16, width).astype(np.uint16)
+        src = rng.integers(0, 2**16, (cap, width + 2)).astype(np.uint64)
+        hist = rng.integers(0, 2**16, (k - 1, e, width)).astype(np.uint64)
+        pad = rng.integers(0, 2**16, width).astype(np.uint64)
         pmode = int(rng.integers(0, 3))
         cold_from = rng.integers(-2, block + 2, nb).astype(np.int32)
         ncache = int(rng.integers(1, 4))
-        cache = rng.integers(0, 2**16, (ncache, block, width)).astype(np.uint16)
+        cache = rng.integers(0, 2**16, (ncache, block, width)).astype(np.uint64)
         filled = rng.integers(-1, block + 2, ncache).astype(np.int64)
         cache_map = rng.integers(-2, ncache + 2, nb).astype(np.int32)
         rows = rng.integers(0, cap, int(rng.integers(1, 9))).astype(np.int64)
         term = rng.random(cap) < 0.2
         trunc = rng.random(cap) < 0.1
-        finals = rng.integers(0, 2**16, (3, width)).astype(np.uint16)
+        finals = rng.integers(0, 2**16, (3, width)).astype(np.uint64)
         final_idx = rng.integers(-1, 5, cap).astype(np.int32)
-        pending = rng.integers(0, 2**16, (e, width)).astype(np.uint16)
+        pending = rng.integers(0, 2**16, (e, width)).astype(np.uint64)
         off = int(rng.integers(0, 3))
         for nxt in (False, True):
             args = (rows, cursor, steps, e, cap, depth, src, off, hist, pad, pmode)
             extra = (term, trunc, final_idx, finals, pending) if nxt else ()
             npos = k - 1 if nxt else k
             for mode in (LIST, ALL, COLD):
-                dst = rng.integers(0, 2**16, (rows.shape[0], k * width)).astype(np.uint16)
+                dst = rng.integers(0, 2**16, (rows.shape[0], k * width)).astype(np.uint64)
                 mark = rng.integers(0, 3, nb).astype(np.int32)
                 need = np.full(int(rng.integers(1, nb + 1)), -7, np.int32)  # short: a bound
                 reach = rng.integers(-1, block + 1, nb).astype(np.int32)
@@ -419,7 +419,7 @@ def test_kernels_against_reference():
                 np.testing.assert_array_equal(reach, want_reach, err_msg=str(trial))
             # passes with a valid tier: the cache holds the blocks' frames -> the plain stacks
             cf = rng.integers(0, block + 1, nb).astype(np.int32)
-            plain = np.zeros((rows.shape[0], k * width), np.uint16)
+            plain = np.zeros((rows.shape[0], k * width), np.uint64)
             kp = RING_STACKS.next_stacks if nxt else RING_STACKS.stacks
             kp(np.array([cursor, e, cap], np.int64), steps, *args[:1], *args[5:], *extra, plain)
             dst = np.full_like(plain, 0xABCD)
@@ -428,7 +428,7 @@ def test_kernels_against_reference():
             reach = np.zeros(nb, np.int32)
             kern = cold_next_frame_stacks if nxt else cold_frame_stacks
             cmap = np.full(nb, -1, np.int32)
-            csh = np.zeros((1, block, width), np.uint16)
+            csh = np.zeros((1, block, width), np.uint64)
             fill = np.zeros(1, np.int64)
             count = kern(*args, *extra, cf, block, cmap, csh, fill, LIST, mark, 1, need, reach, 0, dst)
             assert len(set(need[:count].tolist())) == count

@@ -13,7 +13,7 @@ from tfdata.kernels import RING_STACKS, frame_breaks, frames_write
 
 from . import naive
 
-WORDS = [np.uint8, np.uint16, np.uint32, np.uint64]
+WORDS = [np.uint8, np.uint64]  # the word types frames are copied by (storage.word_size)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -393,18 +393,18 @@ def test_the_same_stacks_through_both_kinds(seed):
     E, cap, T = lay.E, lay.cap, lay.T
     frame = {(t, e): 1000 * e + t + 1 for t in range(-k, T) for e in range(E)}
     depth = {(t, e): int(rng.integers(0, k)) for t in range(T) for e in range(E)}
-    ring_src, shard_src = np.zeros((lay.C, 1), np.uint32), np.zeros((lay.C, 1), np.uint32)
+    ring_src, shard_src = np.zeros((lay.C, 1), np.uint64), np.zeros((lay.C, 1), np.uint64)
     ring_depth, shard_depth = np.zeros(lay.C, np.uint8), np.zeros(lay.C, np.uint8)
     for t, e in lay.held:
         ring_src[lay.ring_slot(t, e)], shard_src[lay.shard_slot(t, e)] = frame[t, e], frame[t, e]
         ring_depth[lay.ring_slot(t, e)] = shard_depth[lay.shard_slot(t, e)] = depth[t, e]
-    hist = np.zeros((k - 1, E, 1), np.uint32)
+    hist = np.zeros((k - 1, E, 1), np.uint64)
     for t in range(max(0, T - cap - (k - 1)), T - cap):  # the K - 1 steps overwritten last
         for e in range(E):
             hist[t % (k - 1), e] = frame[t, e]
-    pad, pending = np.full(1, 7, np.uint32), np.array([[frame[T - 1, e] + 1] for e in range(E)], np.uint32)
+    pad, pending = np.full(1, 7, np.uint64), np.array([[frame[T - 1, e] + 1] for e in range(E)], np.uint64)
     # one final frame per stream, at its rows' entry 0
-    f_ring = np.array([[5000 + e] for e in range(E)], np.uint32)
+    f_ring = np.array([[5000 + e] for e in range(E)], np.uint64)
     ring_fidx, shard_fidx = np.full(lay.C, -1, np.int32), np.full(lay.C, -1, np.int32)
     for t, e in lay.held:
         ring_fidx[lay.ring_slot(t, e)], shard_fidx[lay.shard_slot(t, e)] = e, 0
@@ -416,7 +416,7 @@ def test_the_same_stacks_through_both_kinds(seed):
             ("shards", lay.shard_slot, shard_src, shard_depth, shard_fidx, f_ring, lay.shard_geo, 0)):
         a = lay.ring if kind == "ring" else lay.shard
         rows = np.array([slot_of(t, e) for t, e in starts], np.int64)
-        dst, nxt = np.zeros((12, k), np.uint32), np.zeros((12, k), np.uint32)
+        dst, nxt = np.zeros((12, k), np.uint64), np.zeros((12, k), np.uint64)
         ks = kernels.STACKS_BY_STREAMS[kind]
         ks.stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, dst)
         ks.next_stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, a["term"], a["trunc"], fidx,

@@ -33,7 +33,7 @@ from __future__ import annotations
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
-from ._frames import PAD_RESET, PAD_ZERO, age_depth
+from ._frames import PAD_RESET, PAD_ZERO, age_depth, copy_words
 
 LIST = 0
 ALL = 1
@@ -61,12 +61,11 @@ def _cold_frame(dst, i, o, s, src, src_off, width, cold_from, block, cache_map, 
         c = cache_map[b]
         if (0 <= c < cache.shape[0] and c < filled.shape[0] and r < filled[c] and r < cache.shape[1]
                 and width <= cache.shape[2]):
-            for w in range(width):
-                dst[i, o + w] = cache[c, r, w]
+            copy_words(dst, i * dst.shape[1] + o, cache, (c * cache.shape[1] + r) * cache.shape[2],
+                       width)
         return count
     if mode == ALL:
-        for w in range(width):
-            dst[i, o + w] = src[s, src_off + w]
+        copy_words(dst, i * dst.shape[1] + o, src, s * src.shape[1] + src_off, width)
     return count
 
 
@@ -83,8 +82,7 @@ def _frame_c(dst, i, o, x, a, j, e, steps, num_envs, capacity, src, src_off, his
                            filled, mode, mark, gen, need, reach, count)
     if mode == ALL:
         h = (steps - 1 - a - j) % hist.shape[0]
-        for w in range(width):
-            dst[i, o + w] = hist[h, e, w]
+        copy_words(dst, i * dst.shape[1] + o, hist, (h * hist.shape[1] + e) * hist.shape[2], width)
     return count
 
 
@@ -104,8 +102,7 @@ def _back_c(dst, i, npos, x, a, d, e, steps, num_envs, capacity, src, src_off, h
                 for w in range(width):
                     dst[i, o + w] = 0
             else:
-                for w in range(width):
-                    dst[i, o + w] = pad[w]
+                copy_words(dst, i * dst.shape[1] + o, pad, 0, width)
     return count
 
 
@@ -190,12 +187,10 @@ def cold_next_frame_stacks(rows, cursor, steps, num_envs, capacity, depth, src, 
         f = final_idx[y] if term[y] or trunc[y] else -1
         if 0 <= f < finals.shape[0]:
             if mode == ALL:
-                for w in range(width):
-                    dst[i, last + w] = finals[f, w]
+                copy_words(dst, i * dst.shape[1] + last, finals, f * finals.shape[1], width)
         elif a == 0:  # the newest step: its next frame is not in the ring yet
             if mode == ALL:
-                for w in range(width):
-                    dst[i, last + w] = pending[e, w]
+                copy_words(dst, i * dst.shape[1] + last, pending, e * pending.shape[1], width)
         else:
             s = y + num_envs
             if s >= capacity:

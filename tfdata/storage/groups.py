@@ -9,7 +9,7 @@ import numpy as np
 
 from ..spec import Spec
 from .base import Storage, opaque_items
-from .output import WORD_TYPES, Output, bytes2d
+from .output import WORD_TYPES, Output, bytes2d, readonly
 from .projection import Projection
 
 
@@ -40,7 +40,7 @@ class GroupStorage(Storage):
         Per group: records of :func:`group_dtype`, shape ``(capacity,)``, or the one field's
         column, ``(capacity, *field.shape)``.
     kernel_store : tuple of ndarray of uint8, each shape (capacity, group_bytes)
-        Byte views of the blocks, in group order.
+        Read-only byte views of the blocks, in group order (what the gather kernels read).
     """
 
     kernel_layout = "soa"
@@ -63,7 +63,8 @@ class GroupStorage(Storage):
                     self._where[name] = (k, int(block.dtype.fields[name][1]))
                     self._fields[name] = block[name]
         self._field_list = [self._fields[name] for name in spec.names]
-        self.kernel_store = tuple(bytes2d(b) for b in self.blocks)
+        self._bytes = tuple(bytes2d(b) for b in self.blocks)
+        self.kernel_store = tuple(readonly(b) for b in self._bytes)
         # a shaped field of a record group as one opaque item per record (see AoSStorage)
         self._opaque = {}
         for i, f in enumerate(spec):
@@ -76,7 +77,7 @@ class GroupStorage(Storage):
         return int(sum(b.nbytes for b in self.blocks))
 
     def wipe(self) -> None:
-        for b in self.kernel_store:  # padding bytes too
+        for b in self._bytes:  # padding bytes too
             b[...] = 0
 
     def field_offset(self, name: str) -> int:
@@ -95,7 +96,7 @@ class GroupStorage(Storage):
                           (block.dtype.itemsize, f.dtype.itemsize))
 
     def field_words(self, name: str, word: int):
-        return self._block_words(self.kernel_store, name, word)
+        return self._block_words(self._bytes, name, word)
 
     def output_words(self, out: Output, name: str, word: int):
         return self._block_words(out.kernel_out, name, word)
@@ -112,10 +113,10 @@ class GroupStorage(Storage):
         index = {name: i for i, name in enumerate(self.spec.names)}
         return [(kb[start:stop].reshape(-1), kb.shape[1],
                  [(index[name], self._where[name][1]) for name in g])
-                for g, kb in zip(self.layout, self.kernel_store)]
+                for g, kb in zip(self.layout, self._bytes)]
 
     def byte_bases(self) -> tuple:
-        return self.kernel_store
+        return self._bytes
 
     def spans(self) -> dict:
         return {f.name: self._where[f.name] + (f.nbytes,) for f in self.spec}

@@ -58,9 +58,18 @@ def bytes2d(arr: np.ndarray) -> np.ndarray:
 WORD_TYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def readonly(arr: np.ndarray) -> np.ndarray:
+    """A read-only view of ``arr``: what the gather kernels read. One type for writable and
+    read-only memory (a storage's rows, a dataset's mapped file, a shared region) is one
+    compiled kernel per field count instead of two."""
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 def word_size(*sizes: int) -> int:
-    """The widest word (8, 4, 2 or 1 bytes) dividing every byte offset and width in ``sizes``."""
-    for word in (8, 4, 2):
-        if all(s % word == 0 for s in sizes):
-            return word
-    return 1
+    """8 if 8 divides every byte offset and width in ``sizes``, else 1: the word the episode
+    and frame kernels copy and compare by. Two word types rather than four (uint16 and uint32
+    too) halve the kernels compiled for them; a frame whose bytes are a multiple of 8 (any
+    Atari-like frame) keeps the 64-bit words."""
+    return 8 if all(s % 8 == 0 for s in sizes) else 1

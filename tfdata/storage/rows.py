@@ -16,7 +16,7 @@ import numpy as np
 
 from ..spec import Spec
 from .groups import group_arrays
-from .output import Output
+from .output import Output, readonly
 from .projection import Projection
 
 
@@ -43,7 +43,8 @@ class Rows:
     fields : dict of str to ndarray
         A view of every field, ``(n, *shape)``.
     kernel_store : tuple of ndarray of uint8, each (n, bytes)
-        What the gather kernel reads: one byte row per record, per field or per group.
+        What the gather kernel reads: one byte row per record, per field or per group,
+        read-only views (a dataset's arrays, writable or mapped read-only: one type).
     """
 
     def __init__(self, spec: Spec, records=None, columns=None, groups=None, blocks=None):
@@ -61,20 +62,20 @@ class Rows:
                     self._where[name] = (k, 0 if len(g) == 1 else int(b.dtype.fields[name][1]))
                     fields[name] = b if len(g) == 1 else b[name]
             self.fields = {name: fields[name] for name in spec.names}
-            self.kernel_store = tuple(byte_rows(b, w) for b, w in zip(self.blocks, widths))
+            self.kernel_store = tuple(readonly(byte_rows(b, w)) for b, w in zip(self.blocks, widths))
         elif records is not None:
             self.layout = "aos"
             self.dtype = records.dtype
             self.n = int(records.shape[0])
             self.row_nbytes = int(records.dtype.itemsize)
             self.fields = {name: records[name] for name in spec.names}
-            self.kernel_store = (byte_rows(records, self.row_nbytes),)
+            self.kernel_store = (readonly(byte_rows(records, self.row_nbytes)),)
         else:
             self.layout = "soa"
             self.n = int(next(iter(columns.values())).shape[0])
             self.row_nbytes = int(sum(f.nbytes for f in spec))
             self.fields = columns
-            self.kernel_store = tuple(byte_rows(columns[f.name], f.nbytes) for f in spec)
+            self.kernel_store = tuple(readonly(byte_rows(columns[f.name], f.nbytes)) for f in spec)
 
     def spans(self) -> dict:
         """``{name: (base, offset, width)}``: where each field's bytes are in the rows of

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..spec import Spec
 from .base import Storage
-from .output import WORD_TYPES, Output, bytes2d
+from .output import WORD_TYPES, Output, bytes2d, readonly
 
 
 class SoAStorage(Storage):
@@ -18,7 +18,7 @@ class SoAStorage(Storage):
     columns : dict of str to ndarray
         ``columns[name]`` has dtype ``spec[name].dtype`` and shape ``(capacity, *spec[name].shape)``.
     kernel_store : tuple of ndarray of uint8, each shape (capacity, field_bytes)
-        Byte views of the columns, in field order.
+        Read-only byte views of the columns, in field order (what the gather kernels read).
     """
 
     layout = kernel_layout = "soa"
@@ -30,7 +30,7 @@ class SoAStorage(Storage):
                         if backing is None else dict(backing))
         self._fields = self.columns
         self._field_list = [self.columns[name] for name in spec.names]
-        self.kernel_store = tuple(bytes2d(c) for c in self._field_list)
+        self.kernel_store = tuple(readonly(bytes2d(c)) for c in self._field_list)
 
     @property
     def nbytes(self) -> int:
