@@ -31,7 +31,7 @@ Nothing allocates; slots, depths and table entries are bounded before use.
 
 from __future__ import annotations
 
-from types import FunctionType, SimpleNamespace
+from types import SimpleNamespace
 
 import numpy as np
 from numba import njit, types
@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._shared import in_windows, windows
-from ._streams import SHARD_HEADER
+from ._streams import SHARD_HEADER, bind
 from ._sync import fence_acquire
 
 PAD_RESET = 0
@@ -318,16 +318,7 @@ def specialize(kind: str, prefix: str) -> SimpleNamespace:
     whose geometry functions are this module's ``<prefix>_<name>`` (as
     :func:`tfdata.kernels._streams.specialize` makes the windows and slices)."""
     env = dict(globals(), **{n: globals()[f"{prefix}_{n}"] for n in _GEOMETRY})
-
-    def made(template, options):
-        fn = FunctionType(template.__code__, env, template.__name__, template.__defaults__)
-        fn.__qualname__ = f"{kind}.{template.__name__}"  # names the cache entry
-        fn.__doc__ = template.__doc__
-        return njit(**options)(fn)
-
-    for template in _HELPERS:
-        env[template.__name__] = made(template, INLINE_OPTIONS)
-    return SimpleNamespace(kind=kind, **{t.__name__: made(t, NJIT_OPTIONS) for t in TEMPLATES})
+    return SimpleNamespace(kind=kind, **bind(kind, env, TEMPLATES, _HELPERS))
 
 
 #: the stack kernels over a ring of interleaved streams, and over shards of streams

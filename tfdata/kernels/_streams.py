@@ -443,17 +443,25 @@ def specialize(kind: str, prefix: str) -> SimpleNamespace:
     env = dict(globals(), EPISODE_NUMBERS=kind == "ring")
     for name in _GEOMETRY:
         env[name] = env[f"{prefix}_{name}"]
+    kernels = bind(kind, env, TEMPLATES, _HELPERS)
+    return SimpleNamespace(kind=kind, fill=env["_fill"], prepare=env["prepare"], **kernels)
+
+
+def bind(kind: str, env: dict, templates, helpers) -> dict:
+    """Compile ``templates`` against the globals ``env`` (one kind's geometry functions bound
+    in it): first each of ``helpers`` as an inline function put into ``env``, then each
+    template as a cached kernel named ``<kind>.<name>`` (the name of its cache entry).
+    Returns ``{template name: kernel}``."""
 
     def made(template, options):
         fn = FunctionType(template.__code__, env, template.__name__, template.__defaults__)
-        fn.__qualname__ = f"{kind}.{template.__name__}"  # names the cache entry
+        fn.__qualname__ = f"{kind}.{template.__name__}"
         fn.__doc__ = template.__doc__
         return njit(**options)(fn)
 
-    for template in _HELPERS:
+    for template in helpers:
         env[template.__name__] = made(template, INLINE_OPTIONS)
-    kernels = {t.__name__: made(t, NJIT_OPTIONS) for t in TEMPLATES}
-    return SimpleNamespace(kind=kind, fill=env["_fill"], prepare=env["prepare"], **kernels)
+    return {t.__name__: made(t, NJIT_OPTIONS) for t in templates}
 
 
 #: the kernels of a ring of interleaved streams, and of shards of streams
