@@ -31,7 +31,7 @@ import copy
 import numpy as np
 
 from ..errors import SpecError
-from ..storage import WORD_TYPES, word_size
+from ..storage import WORD_TYPES, widest_word
 
 
 def episode_options(spec, n_step, gamma, next_of, elide_next, roles) -> dict:
@@ -78,7 +78,7 @@ def _word_pairs(storage, spec, next_of: dict, stored: bool) -> list:
         if (nxt in storage.spec.names) != stored:
             continue
         name = nxt if stored else src
-        word = word_size(storage.field_offset(name), spec[nxt].nbytes)
+        word = widest_word(storage.field_offset(name), spec[nxt].nbytes)
         out.append((nxt, word, storage.field_words(name, word)))
     return out
 

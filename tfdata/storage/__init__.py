@@ -41,11 +41,11 @@ from .base import Storage
 from .groups import GroupStorage, group_arrays, group_dtype
 from .layout import (STORAGES, check_layout, file_name, isolate_layout, make_storage, output_nbytes,
                      resolve_layout, restrict_layout, storage_nbytes)
-from .output import WORD_TYPES, Output, word_size
+from .output import WORD_TYPES, Output, widest_word, word_size
 from .projection import Projection
 from .soa import SoAStorage
 
 __all__ = ["AoSStorage", "GroupStorage", "Output", "Projection", "SoAStorage", "STORAGES", "Storage",
            "WORD_TYPES", "check_layout", "file_name", "group_arrays", "group_dtype", "isolate_layout",
            "make_storage", "output_nbytes", "resolve_layout", "restrict_layout", "storage_nbytes",
-           "word_size"]
+           "widest_word", "word_size"]

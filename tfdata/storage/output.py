@@ -73,3 +73,13 @@ def word_size(*sizes: int) -> int:
     too) halve the kernels compiled for them; a frame whose bytes are a multiple of 8 (any
     Atari-like frame) keeps the 64-bit words."""
     return 8 if all(s % 8 == 0 for s in sizes) else 1
+
+
+def widest_word(*sizes: int) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing every byte offset and width in ``sizes``:
+    the word n-step and elision copy a few small next fields by, where a byte loop over a field
+    at a 4-byte offset (CartPole's AoS record) costs more than the kernels it saves compiling."""
+    for word in (8, 4, 2):
+        if all(s % word == 0 for s in sizes):
+            return word
+    return 1
