@@ -8,7 +8,6 @@ two batches take, and the rate limiter's checkpoint allows more samples than the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -17,23 +16,19 @@ import pytest
 from tfdata.shared import SharedReplayBuffer
 
 from .fixtures.make_checkpoints_kinds import SAMPLERS
+from . import fixtures
 from .fixtures.make_checkpoints_shared import CASES, GENERATIONS, continuation, directory
 
 
 def expected(generation: int) -> dict:
-    with open(os.path.join(directory(generation), "expected.json"), encoding="utf-8") as f:
-        return json.load(f)
+    return fixtures.expected(directory(generation))
 
 
 FIXTURES = [(g, name) for g in sorted(GENERATIONS) for name in sorted(expected(g))]
 
 
 def test_every_generation_holds_cases_of_today_and_the_last_one_every_case():
-    """A case added to CASES needs a new generation written (and a case is never removed: the
-    checkpoints of every generation must go on loading)."""
-    for g in GENERATIONS:
-        assert set(expected(g)) <= set(CASES)
-    assert sorted(expected(max(GENERATIONS))) == sorted(CASES)
+    fixtures.check_generations(GENERATIONS, CASES, directory)
 
 
 @pytest.mark.parametrize("generation, name", FIXTURES, ids=[f"{g}-{n}" for g, n in FIXTURES])
