@@ -18,15 +18,15 @@ import contextlib
 from collections.abc import Mapping
 
 from .._budget import parse_bytes
-from .._checks import check_int
-from ..batch import UNHELD, getrefcount, retire
 from . import planning, state as _state
 from .budget import Memory
 from .build import build, weak_method
+from .draws import RingDraws
 from .fields import Fields, delegate
 from .gates import LimiterGate, OpenGate
 from .plan import CONFIG_DEFAULTS, MAX_CAPACITY, Plan, min_capacity
 from .rings import Rings, fields_key
+from .sampling import Sampling
 from .slices import MAX_DRAWS, Slices
 from .state import STATE_FORMAT, STATE_KEYS, STATE_VERSION
 from .writes import Writes
@@ -35,7 +35,7 @@ __all__ = ["ReplayCore", "CONFIG_DEFAULTS", "MAX_CAPACITY", "MAX_DRAWS", "STATE_
            "STATE_KEYS", "STATE_VERSION", "fields_key", "weak_method"]
 
 
-class ReplayCore:
+class ReplayCore(Sampling):
     """The parts and the lock; see :class:`tfdata.ReplayBuffer` for the public behaviour."""
 
     def __init__(self, spec, capacity: int, sampler, *, allocator=None, memory_budget=None,
@@ -66,15 +66,18 @@ class ReplayCore:
         self._storage, self._writer, self._lock = p.storage, p.writer, p.lock
         self._episodes, self._cold = p.episodes, p.cold
         self._fields = Fields(plan, p.storage, p.writer, p.lock, p.episodes, p.stats, p.spill)
-        self._ringset = Rings(plan, p.storage, sampler, p.transforms, p.lock, memory)
+        self._ringset = Rings(plan.spec, plan.stored, plan.stacked, plan.ring_size, p.storage, sampler,
+                              p.transforms, p.lock, memory)
         self._local = self._ringset.local  # the sample path's lookup, with no call
         gates = {}
-        self._gate = OpenGate(p.writer, sampler)
+        self._gate = OpenGate(p.writer, sampler, p.lock)
         if rate_limiter is not None:
             gates = self._bind_limiter(rate_limiter)
-            self._gate = LimiterGate(rate_limiter, p.writer, p.held, sampler, self.num_envs)
-        self._slices = Slices(sampler, p.writer, p.streams, p.lock, self._gate, self._ringset,
-                              self.num_envs)
+            self._gate = LimiterGate(rate_limiter, p.writer, p.held, sampler, self.num_envs, p.lock)
+        draws = RingDraws(sampler, p.writer, p.streams)
+        self._draw = draws.draw
+        self._slices = Slices(sampler, draws, p.streams, p.lock, self._gate, self._ringset,
+                              p.writer.capacity, self.num_envs)
         writes = self._writes = Writes(self.spec, p)
         # the generic paths (tests compare the generated push and extend with them)
         self._checked_push, self._checked_extend = writes.push, writes.extend
@@ -277,135 +280,6 @@ class ReplayCore:
                 self._parts.frame_stacks.clear(wipe)
             if not self.sampler.hears_writes:
                 self.sampler.on_clear()
-    # -- sampling ---------------------------------------------------------------------------
-    def sample(self, batch_size: int, *, copy: bool = False, fields=None):
-        """Draw ``batch_size`` rows (see the buffer class for the rule).
-
-        Parameters
-        ----------
-        batch_size : int
-            ``1 <= batch_size <= len(self)``. With a rate limiter, or a sampler that waits for
-            rows (``sampler="exactly_k"`` with a ``timeout``), ``batch_size <= capacity``: the
-            call waits (the lock released) for the rows, up to that timeout, from the first call
-            on, an empty buffer included.
-        copy : bool, default False
-            False returns views into this thread's output ring (valid until this thread has
-            sampled ``ring_size`` more batches of this size and fields; a batch still held then
-            is retired, see :class:`Batch`); True returns arrays that are the caller's to keep.
-        fields : list of str, optional
-            Gather only these fields (field projection): the batch is the one ``sample`` would
-            have returned without ``fields`` (same slots, same random numbers used, same
-            weights, versions and discounts), restricted to them, and only their bytes are
-            copied. Their arrays are C-contiguous whatever the layout, except the fields of a
-            group of a grouping held whole: one record block, copied whole, whose fields are
-            strided views as in the full batch. n-step and elided next
-            fields are computed as in full batches, reading from storage what the projection
-            leaves out. None (the default): every field.
-
-        Raises
-        ------
-        ValueError
-            ``batch_size`` larger than ``len(self)`` (than the capacity, for a call that waits
-            for rows): checked before the output ring of a new batch size is allocated, so a
-            refused call takes no memory. The message says how the sampler takes rows (its
-            ``rule``: with replacement, without, exactly-k).
-        TimeoutError
-            A call that waits for rows (see ``batch_size``) waited out its timeout; nothing
-            was drawn or changed.
-        SpecError
-            ``fields`` names an unknown field (the message names it), a field twice, a
-            non-str, or nothing; checked before anything is allocated or drawn.
-        NotImplementedError
-            ``fields`` with a sampler that does not gather projections (its ``projects`` is
-            False).
-
-        Returns
-        -------
-        Batch
-            ``batch[name]`` has dtype ``spec[name].dtype`` and shape
-            ``(batch_size, *spec[name].shape)``; ``batch.indices`` (int64, ``(batch_size,)``)
-            holds the storage slots. A prioritized buffer also sets ``batch.weights`` (float32
-            importance weights, at most 1) and ``batch.versions``.
-        """
-        if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
-            batch_size = check_int("batch_size", batch_size, 1)
-        if fields is None:
-            key = batch_size
-        else:  # a list or tuple inline, without a call of fields_key
-            t = type(fields)
-            key = (batch_size, fields if t is tuple else tuple(fields) if t is list else fields_key(fields))
-        try:
-            ring = self._local.rings[key]
-        except (AttributeError, KeyError, TypeError):
-            names = None if fields is None else self._ringset.fields(fields, key[1])
-            self._gate.admit(batch_size)  # check, then allocate: a refused sample builds no ring
-            ring = self._ringset.new(batch_size, fields=names, key=key)
-        gate, writer = self._gate, self._writer
-        # the context-manager protocol called by hand: cheaper than ``with`` (Python 3.11), and
-        # any lock object has it
-        lock = self._lock
-        lock.__enter__()
-        try:
-            # the rows held, again (a clear() may have run since); a limiter counts the batch
-            n = gate.wait(batch_size)
-            i = ring.next
-            out, arrays = ring.slots[i], ring.arrays[i]
-            try:
-                self.sampler.sample(n, out, arrays[0])
-            except BaseException:
-                gate.undo(batch_size)  # nothing was drawn
-                raise
-            ring.next = (i + 1) % len(ring.slots)  # a sampler that refused took no slot
-            transforms = ring.transforms
-            if transforms:
-                rows, cursor = out.indices, writer.cursor
-                for t, a in zip(transforms, arrays[1:]):
-                    rows = t.apply(out, a, rows, cursor)
-            position = writer.laps * writer.capacity + writer.cursor  # (writer.position, inline)
-        finally:
-            lock.__exit__(None, None, None)
-        batch = ring.batches[i]
-        if getrefcount(batch) > UNHELD:  # the slot's previous batch is still held: retire it
-            batch = ring.batches[i] = retire(batch)
-        batch.write_position = position  # what update_field(name, batch, ...) checks rows by
-        return batch.copy() if copy else batch
-
-    def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
-                         copy: bool = False, fields=None):
-        """Draw ``batch_size`` slices of ``length`` consecutive steps of one stream and episode.
-
-        Parameters
-        ----------
-        batch_size, length : int
-            ``1 <= batch_size <= len(self)`` (start rows are drawn by the sampler, as in
-            :meth:`sample`; with a rate limiter the call waits for the rows, up to its timeout,
-            from the first call on); ``1 <= length <= capacity // num_envs`` (no slice is
-            longer than a stream can hold). Both are checked before any output is allocated.
-        policy : {"mask", "reject"}
-            What to do with a slice that would run past its episode's end (or past the newest
-            row): ``"mask"`` keeps it, repeats its last valid row in the remaining positions and
-            marks them False in ``batch.mask``; ``"reject"`` redraws the start until the whole
-            slice lies in one episode (each check O(1)), and raises ValueError if no slice can
-            be found (episodes shorter than ``length``).
-        copy : bool
-            As in :meth:`sample`.
-        fields : list of str, optional
-            As in :meth:`sample`: only these fields, the slices of a full call restricted to
-            them.
-
-        Returns
-        -------
-        Batch
-            ``batch[name]`` has shape ``(batch_size, length, *spec[name].shape)``,
-            ``batch.indices`` int64 ``(batch_size, length)``, ``batch.mask`` bool
-            ``(batch_size, length)``. Start rows are drawn by the sampler: uniformly over the
-            rows held (over the valid starts with ``"reject"``), or by a prioritized buffer in
-            proportion to the start row's priority, with ``batch.weights`` and
-            ``batch.versions`` of shape ``(batch_size,)`` for the start rows. Rows are the stored
-            rows: no n-step processing.
-        """
-        return self._slices.sample(batch_size, length, policy, copy, fields)
-
     # -- columns (see tfdata.replay.fields) ---------------------------------------------------
     @property
     def stats_fields(self) -> tuple:

@@ -4,8 +4,9 @@ A buffer has one gate, picked when it is built: :class:`OpenGate` (no rate limit
 takes the rows held, and is refused when they are too few) or :class:`LimiterGate` (a
 :class:`~tfdata.replay.limiter.RateLimiter`: the sample waits, the lock released, until the
 limiter and the rows allow it, and is counted). The sample path calls the same methods either
-way: ``admit`` before a new output ring is allocated, ``wait`` under the buffer's lock before
-the draw (a limiter counts the batch there), and ``undo`` if the draw raised.
+way, and so do the gates of a shared buffer (:mod:`tfdata.shared.gate`): ``admit`` before a new
+output ring is allocated, ``acquire`` to take the buffer's lock for the draw (returning the
+rows the draw may take; a limiter counts the batch there), and ``undo`` if the draw raised.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ class OpenGate:
         The buffer's sampler: its ``rule`` (for messages) and ``waits_for_rows`` (a sampler
         that waits for rows itself, up to its timeout, is refused only a batch larger than the
         capacity).
+    lock
+        The buffer's lock.
     """
 
-    __slots__ = ("writer", "sampler", "capacity")
+    __slots__ = ("writer", "sampler", "capacity", "lock")
     limited = False
 
-    def __init__(self, writer, sampler):
-        self.writer, self.sampler, self.capacity = writer, sampler, writer.capacity
+    def __init__(self, writer, sampler, lock):
+        self.writer, self.sampler, self.capacity, self.lock = writer, sampler, writer.capacity, lock
 
     def _short(self, batch_size: int) -> bool:
         return not self.sampler.waits_for_rows or batch_size > self.capacity
@@ -60,14 +63,19 @@ class OpenGate:
         """Rows a batch can count on without waiting: the rows held."""
         return self.writer.size
 
-    def wait(self, batch_size: int) -> int:
-        """The rows held (lock held); ValueError when a batch cannot be drawn from them."""
+    def acquire(self, batch_size: int) -> int:
+        """Take the lock; the rows held. ValueError (the lock released) when a batch cannot be
+        drawn from them."""
+        self.lock.acquire()
         n = self.writer.size
         if batch_size > n and self._short(batch_size):
+            self.lock.release()
             raise ValueError(self.too_few_rows(batch_size, n))
         return n
 
-    def wait_slices(self, batch_size: int) -> int:
+    def acquire_slices(self, batch_size: int) -> int:
+        """Take the lock; the rows held (the slices check them)."""
+        self.lock.acquire()
         return self.writer.size
 
     def undo(self, batch_size: int) -> None:
@@ -83,7 +91,7 @@ class LimiterGate:
     Parameters
     ----------
     limiter : RateLimiter
-        Bound to the buffer's lock.
+        Bound to the buffer's ``lock``.
     writer
         The buffer's writer.
     held
@@ -93,14 +101,16 @@ class LimiterGate:
         The buffer's sampler (its facets, for the table of combinations).
     num_envs : int
         The fewest rows an insert writes.
+    lock
+        The buffer's lock.
     """
 
-    __slots__ = ("limiter", "writer", "held", "sampler", "num_envs", "capacity")
+    __slots__ = ("limiter", "writer", "held", "sampler", "num_envs", "capacity", "lock")
     limited = True
 
-    def __init__(self, limiter, writer, held, sampler, num_envs: int):
+    def __init__(self, limiter, writer, held, sampler, num_envs: int, lock):
         self.limiter, self.writer, self.held, self.sampler = limiter, writer, held, sampler
-        self.num_envs, self.capacity = num_envs, writer.capacity
+        self.num_envs, self.capacity, self.lock = num_envs, writer.capacity, lock
 
     def admit_slices(self, batch_size: int) -> None:
         """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
@@ -122,13 +132,20 @@ class LimiterGate:
         """Rows a batch can count on after waiting: the capacity."""
         return self.capacity
 
-    def wait(self, batch_size: int) -> int:
-        lim = self.limiter
-        lim.sample_wait(batch_size, self.held, self.num_envs)
+    def acquire(self, batch_size: int) -> int:
+        """Take the lock, wait (released meanwhile) until the limiter lets the batch through,
+        count it; the rows held."""
+        lim, lock = self.limiter, self.lock
+        lock.acquire()
+        try:
+            lim.sample_wait(batch_size, self.held, self.num_envs)
+        except BaseException:
+            lock.release()
+            raise
         lim.sampled(batch_size)
         return self.writer.size
 
-    wait_slices = wait
+    acquire_slices = acquire
 
     def undo(self, batch_size: int) -> None:
         self.limiter.sampled(-batch_size)  # (and wakes the waiting sides to re-check)

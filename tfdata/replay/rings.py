@@ -30,15 +30,28 @@ def fields_key(fields):
 
 
 class Rings:
-    """The output rings of every thread of one buffer.
+    """The output rings of every thread of one buffer (one process or shared).
 
     Parameters
     ----------
-    plan : Plan
+    spec : Spec
+        The fields a batch has.
+    stored : Spec
+        The fields the storage holds (a next field elided or rebuilt from frames is not one).
+    stacked : tuple of str
+        The stacked fields (frame stacks rebuild them: never gathered from the storage).
+    ring_size : int
+        Batches per ring.
     storage, sampler, transforms, lock
         The buffer's parts (``transforms``: the list a sample applies, in order).
-    memory : Memory
-        Counts the rings (``memory.rings``) and checks a new one against the budget.
+    memory
+        ``rings`` (a set the new rings are added to) and ``check_ring(batch_size, length,
+        fields, lock)``, which refuses a ring the memory budget has no room for.
+    slice_parts : list, optional
+        The parts after the sampler of a ring of slices (default: ``transforms``).
+    reserve : callable, optional
+        ``reserve(batch_size)``, called under ``lock`` before a ring is built: room in the
+        draws' scratch for a batch of that size.
 
     Attributes
     ----------
@@ -46,9 +59,11 @@ class Rings:
         ``local.rings``: this thread's ``{key: OutputRing}`` (absent before its first sample).
     """
 
-    def __init__(self, plan, storage, sampler, transforms, lock, memory):
-        self.plan, self.storage, self.sampler, self.transforms = plan, storage, sampler, transforms
-        self.lock, self.memory = lock, memory
+    def __init__(self, spec, stored, stacked, ring_size: int, storage, sampler, transforms, lock,
+                 memory, slice_parts=None, reserve=None):
+        self.spec, self.stored, self.stacked, self.ring_size = spec, stored, stacked, ring_size
+        self.storage, self.sampler, self.transforms = storage, sampler, transforms
+        self.lock, self.memory, self.slice_parts, self.reserve = lock, memory, slice_parts, reserve
         self.local = threading.local()
 
     def fields(self, fields, as_tuple=None) -> tuple:
@@ -59,7 +74,7 @@ class Rings:
             raise NotImplementedError(f"fields=: {type(self.sampler).__name__} does not gather "
                                       f"projected outputs (its 'projects' is False: see "
                                       f"tfdata.replay.samplers)")
-        return self.plan.spec.select(fields if as_tuple is None else as_tuple)
+        return self.spec.select(fields if as_tuple is None else as_tuple)
 
     def new(self, batch_size, length: int | None = None, fields=None, key=None) -> OutputRing:
         """The output ring of this thread for ``batch_size`` rows (``length``: slices), of every
@@ -77,18 +92,22 @@ class Rings:
                     rings[key] = ring
                 return ring
         self.memory.check_ring(batch_size, length, fields, self.lock)  # before allocating it
-        plan = self.plan
-        if fields is None and not plan.stacked:
-            source, transforms, names = self.storage, self.transforms, plan.spec.names
+        if fields is None and not self.stacked:
+            source, transforms, names = self.storage, self.transforms, self.spec.names
         else:
             # the stored fields through a projection of the storage (never a stacked field's
             # frames: FrameStack rebuilds its stacks); elided ones by ElideNext
-            names = plan.spec.names if fields is None else fields
-            source = self.storage.project([n for n in names if n in plan.stored
-                                           and n not in plan.stacked])
+            names = self.spec.names if fields is None else fields
+            source = self.storage.project([n for n in names if n in self.stored
+                                           and n not in self.stacked])
             transforms = (self.transforms if fields is None
                           else [t.project(fields) for t in self.transforms])
-        ring = rings[own] = OutputRing(source, batch_size, plan.ring_size, length,
+        if length is not None and self.slice_parts is not None:
+            transforms = self.slice_parts
+        if self.reserve is not None:
+            with self.lock:  # a sample in another thread reads the scratch it replaces
+                self.reserve(batch_size)
+        ring = rings[own] = OutputRing(source, batch_size, self.ring_size, length,
                                        [self.sampler, *transforms], names)
         if key is not None:
             rings[key] = ring

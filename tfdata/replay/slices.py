@@ -3,9 +3,9 @@
 :func:`draw_slices` is the draw of every buffer's slices, over its streams
 (:mod:`tfdata.replay.streams`): the sampler draws the starts (``sample_slices``: a slice stays
 within one stream and one episode), the rows are gathered, and the streams draw again what a
-writer touched meanwhile (shards). :class:`Slices` is a ``ReplayBuffer``'s ``sample_sequences``
-around it: the checks, the gate, this thread's output ring of the batch's shape, and the
-transforms that act on slices.
+writer touched meanwhile (shards). :class:`Slices` is every buffer's ``sample_sequences``
+around it: the checks, the gate, this thread's output ring of the batch's shape, the draws part
+(one process or shards) and the transforms that act on slices.
 """
 
 from __future__ import annotations
@@ -42,22 +42,24 @@ def draw_slices(sampler, streams, n: int, geo, reject: bool, length: int, out, a
 
 
 class Slices:
-    """The sequence sampling of one buffer (see ``ReplayCore.sample_sequences``).
+    """The sequence sampling of one buffer (``sample_sequences``), one process or shared.
 
     Parameters
     ----------
-    sampler, writer, streams, lock
-        The buffer's parts (``streams.episodes`` None: the buffer keeps no episode numbers).
-    gate : OpenGate or LimiterGate
-        When a batch may be drawn, and what it counts.
+    sampler, streams, lock
+        The buffer's parts (``streams.has_episodes`` False: no slices).
+    draws : RingDraws or ShardDraws
+        The draw of the slices (and what a buffer refuses of them).
+    gate
+        When a batch may be drawn, and what it counts (:mod:`tfdata.replay.gates`).
     rings : Rings
         This thread's output rings.
-    num_envs : int
+    capacity, num_envs : int
     """
 
-    def __init__(self, sampler, writer, streams, lock, gate, rings, num_envs: int):
-        self.sampler, self.writer, self.streams, self.lock = sampler, writer, streams, lock
-        self.gate, self.rings, self.num_envs = gate, rings, num_envs
+    def __init__(self, sampler, draws, streams, lock, gate, rings, capacity: int, num_envs: int):
+        self.sampler, self.draws, self.streams, self.lock = sampler, draws, streams, lock
+        self.gate, self.rings, self.capacity, self.num_envs = gate, rings, capacity, num_envs
 
     def sample(self, batch_size, length, policy, copy, fields):
         """``sample_sequences(batch_size, length, policy=, copy=, fields=)``."""
@@ -65,8 +67,8 @@ class Slices:
             raise NotImplementedError(
                 f"sample_sequences: sampler={sampler_name(self.sampler)!r} "
                 f"writes rows off stream order and delivers rows, not slices; use sample()")
-        streams = self.streams
-        if streams.episodes is None:
+        self.draws.refuse_slices()
+        if not self.streams.has_episodes:
             raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
                             "fields 'terminated' and 'truncated' (or name them with roles=)")
         if policy not in ("mask", "reject"):
@@ -85,22 +87,21 @@ class Slices:
             ring = self.rings.local.rings[key]
         except (AttributeError, KeyError):
             ring = self.rings.new(batch_size, length, names)
-        with self.lock:
-            n = gate.wait_slices(batch_size)
+        n = gate.acquire_slices(batch_size)  # returns holding the lock
+        try:
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
-            cursor = self.writer.cursor
-            try:
-                self.check(batch_size, length, reject, n)  # a clear() may have run since
-                draw_slices(self.sampler, streams, n, streams.at(cursor), reject, length, out,
-                            arrays[0])
-            except BaseException:
-                gate.undo(batch_size)  # nothing was drawn
-                raise
+            self.check(batch_size, length, reject, n)  # a clear() may have run since
+            where = self.draws.slices(n, out, arrays, length, reject)
             ring.next = (i + 1) % len(ring.slots)
             for t, a in zip(ring.transforms, arrays[1:]):
                 if t.on_slices:
-                    t.apply(out, a, out.indices, cursor)
+                    t.apply(out, a, out.indices, where)
+        except BaseException:
+            gate.undo(batch_size)  # nothing was drawn
+            raise
+        finally:
+            self.lock.release()
         batch = ring.batches[i]
         if getrefcount(batch) > UNHELD:  # see sample()
             batch = ring.batches[i] = retire(batch)
@@ -117,7 +118,7 @@ class Slices:
         steps = self.streams.steps
         if length > steps:
             raise ValueError(f"length {length} is longer than any slice can be: the buffer keeps "
-                             f"at most {steps} steps per stream (capacity {self.writer.capacity}, "
+                             f"at most {steps} steps per stream (capacity {self.capacity}, "
                              f"num_envs {self.num_envs})")
         steps = n // self.num_envs
         if reject and length > steps:

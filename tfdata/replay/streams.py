@@ -83,6 +83,11 @@ class RingStreams(_Part):
         # read under the buffer's lock only: one array serves every thread's samples
         self.geo = np.array([0, num_envs, capacity], np.int64)
 
+    @property
+    def has_episodes(self) -> bool:
+        """Whether slices can end at episodes' ends (the buffer keeps episode numbers)."""
+        return self.episodes is not None
+
     def at(self, where: int) -> np.ndarray:
         """``int64[3]`` ``[cursor, num_envs, capacity]`` for the writer's cursor ``where``."""
         geo = self.geo
@@ -155,6 +160,11 @@ class ShardStreams(_Part):
     @property
     def nbytes(self) -> int:
         return int(self.geo.nbytes)
+
+    @property
+    def has_episodes(self) -> bool:
+        """Whether slices can end at episodes' ends (the region has the flags fields)."""
+        return self.flags is not None
 
     def at(self, where=None) -> np.ndarray:
         """The geometry as of the last :meth:`snapshot` (``where`` is not read)."""

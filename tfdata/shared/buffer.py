@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-import warnings
 import weakref
 
 import numpy as np
@@ -16,13 +14,9 @@ import numpy as np
 from .. import alloc
 from .._budget import check_budget, parse_bytes
 from .._checks import check_int as _check_int
-from ..batch import UNHELD as _UNHELD
-from ..batch import Batch, OutputRing, retire
-from ..batch import getrefcount as _getrefcount
-from ..errors import SharedBufferError, SpecError, WriterLostWarning
+from ..batch import Batch
+from ..errors import SharedBufferError
 from ..replay import combinations
-from ..replay.core import fields_key
-from ..replay.core import weak_method as _weak_method
 from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
 from ..replay.samplers import Sampler, sampler_name as _sampler_name
 from ..replay.samplers.prioritized import PrioritizedSampler
@@ -31,6 +25,9 @@ from ..replay.samplers.uniform import UniformSampler
 from ..replay.samplers.without_replacement import WithoutReplacementSampler
 from ..replay import shared_frames
 from ..replay.frames import FrameStack
+from ..replay.rings import Rings
+from ..replay.sampling import Sampling
+from ..replay.slices import Slices
 from ..replay.streams import ShardStreams
 from ..replay.transforms import NStep, episode_options
 from ..spec import Spec
@@ -38,17 +35,51 @@ from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
 from .draws import ShardDraws
 from .fifo import FifoLearner
-from .gate import SampleGate, check_limiter
-from .region import (ATTACHED, ATTACHES, FORMAT, HEAD, MODES, PID, POLICIES, SAMPLES,
-                     STATE, VERSION, WATCH_S, check_shards, exactly_k_options, frame_options,
-                     kernels, make_region, region_layout, region_path, remove_region)
+from .gate import SampleGate, ShardGate, WriterWatch, check_limiter
+from .region import (FORMAT, MODES, POLICIES, VERSION, check_shards, exactly_k_options,
+                     frame_options, kernels, make_region, region_layout, region_path,
+                     remove_region)
 from .state import ShardCheckpoint
 from .streams import ShardRows, check_sampler, sampler_classes, unsaved_reason
 
 __all__ = ["SharedReplayBuffer"]
 
 
-class SharedReplayBuffer:
+class _RingBudget:
+    """The output rings of a shared buffer (``rings``) and the memory budget's check of a new
+    one (``check_ring``, the :class:`~tfdata.replay.rings.Rings` contract): the buffer's parts'
+    bytes, plus the ring's (``nstep``: the buffer's n-step transform or None)."""
+
+    def __init__(self, buffer, nstep):
+        self._buffer = weakref.ref(buffer)  # (a part must not keep the buffer alive)
+        self._nstep = nstep
+        self.rings = weakref.WeakSet()
+
+    def check_ring(self, batch_size: int, length, fields, lock) -> None:
+        buf = self._buffer()
+        if buf.memory_budget is None:
+            return
+        r, rows, streams = buf._region, batch_size * (length or 1), buf._streams
+        source = fields
+        if r.frames is not None:  # the stored fields but the frames; the stacks come after
+            source = tuple(n for n in (buf.spec.names if fields is None else fields)
+                           if n in r.stored_spec and n not in r.frames.stacks)
+        nbytes = buf.nbytes_parts
+        nbytes["new output ring"] = buf._ring_size * (
+            output_nbytes(r.stored_spec, rows, r.stored_layout, source)
+            + buf.sampler.ring_nbytes(batch_size, length)
+            + (0 if self._nstep is None or length else
+               self._nstep.plan_ring_streams(batch_size, None, fields))
+            + (streams.ring_nbytes(batch_size) if length else 0)
+            + (0 if r.frames is None else
+               FrameStack.plan_ring(buf.spec, r.frames.frames, rows, fields)
+               + streams.ring_nbytes(batch_size)))
+        check_budget(buf.memory_budget, nbytes, f"sampling batches of {batch_size}"
+                     + (f" slices of {length} rows" if length else " rows")
+                     + (f" of fields {list(fields)}" if fields is not None else ""))
+
+
+class SharedReplayBuffer(Sampling):
     """A buffer in shared memory that writer processes fill and this process samples or drains.
 
     Built from the replay parts: the region is the storage's backing
@@ -57,7 +88,13 @@ class SharedReplayBuffer:
     the writes published since the last sample caught up through the sampler's write hooks,
     rows torn during the copy drawn again), so the samplers of a
     :class:`~tfdata.ReplayBuffer` (uniform, prioritized, or one of the user's) fill the same
-    :class:`~tfdata.batch.OutputRing` batches.
+    :class:`~tfdata.batch.OutputRing` batches. :meth:`sample` and :meth:`sample_sequences` are
+    the replay side's (:class:`~tfdata.replay.sampling.Sampling`) over those parts: rows (and
+    windows, stacks, slices) a writer may have been writing while they were copied are drawn
+    again, so none is ever returned; with no writer writing, the same seed and rows give the
+    same batches on both layouts and, with one writer, those of a ``ReplayBuffer`` given the
+    same rows. ``batch.indices`` are slots of the region (shard ``slot // shard_capacity``);
+    slices are of one writer's stream (its shard) within one episode.
 
     Parameters
     ----------
@@ -280,7 +317,6 @@ class SharedReplayBuffer:
                                            owner_fd)
         st = self._region.storage
         # bound once: the sample path does no attribute lookups through the region
-        self._fifo = mode == "fifo"
         self._heads, self._reserved = self._region.heads, self._region.reserved
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
@@ -301,50 +337,48 @@ class SharedReplayBuffer:
         # n-step windows over each writer's stream (its shard), after the draw; the heads
         # snapshot they read is taken before the draw, and checked again after the windows
         self.n_step, self.gamma = episodes["n_step"], episodes["gamma"]
-        self._next_of, self._roles = episodes["next_of"], episodes["roles"]
-        self._is_prioritized = bool(prioritized)
-        self._has_flags = episodes["has_flags"]
         # each writer's stream (its shard): where n-step windows and slices go, as of heads
         # read before the draw; the rows a writer touched meanwhile are drawn again
         flags = None
-        if self._has_flags:
+        if episodes["has_flags"]:
             flags = (st.field(episodes["roles"]["terminated"]), st.field(episodes["roles"]["truncated"]))
         self._streams = ShardStreams(self._heads, self._reserved, cap, flags, alloc.resolve(None), name)
-        self._nstep = None
-        self._parts = [sampler]
+        transforms = []  # as a ReplayBuffer's: n-step, then frame stacks
         if self.n_step is not None:
-            self._nstep = NStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
-                                self.gamma, self._streams, alloc.resolve(None))
-            self._parts.append(self._nstep)
+            transforms.append(NStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
+                                    self.gamma, self._streams, alloc.resolve(None)))
         # frame stacks: the transform of a ReplayBuffer over the shard streams, rebuilt from the
         # region's tables after the draw, as of heads read before it (see replay/shared_frames.py)
-        self._frames = None
-        if self._region.frames is not None:
-            fr = self._region.frames
-            self._frames = FrameStack(fr.spec, fr, fr, flags, self._streams, alloc.resolve(None))
-            self._parts.append(self._frames)
-        self._rings = weakref.WeakSet()
+        fr = self._region.frames
+        if fr is not None:
+            transforms.append(FrameStack(fr.spec, fr, fr, flags, self._streams, alloc.resolve(None)))
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._watch_at = 0.0
-        self._reported: set = set()
-        self._lost: list = []
-        # the parts over the region: the draws that redraw what a writer touched, the column
-        # reads, the FIFO learner (its calls refuse a replay region); then the limiter's gate and
-        # the checkpoint part
-        self._draws = ShardDraws(region, sampler, self._nstep, self._streams, self._rows, self._k, name)
-        self._columns = ShardColumns(region, name)
-        self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name,
-                                  _weak_method(self, "_watch"))
-        self._limiter = self._gate = None
+        self._watch = WriterWatch(region, name)
+        # the parts of the one sample path (tfdata.replay.sampling), over the region: the output
+        # rings, the gate (the watch for dead writers, a limiter's wait and count, a FIFO
+        # region's refusal), the draws that redraw what a writer touched, the slices
+        self._budget = _RingBudget(self, transforms[0] if self.n_step is not None else None)
+        self._ringset = Rings(spec, region.stored_spec, () if fr is None else tuple(fr.stacks),
+                              self._ring_size, st, sampler, transforms, self._lock, self._budget,
+                              slice_parts=[self._streams], reserve=self._rows.reserve)
+        self._local = self._ringset.local
+        self._limiter = None
+        self._gate = ShardGate(region, self._lock, self._rows, self._watch, name)
         if rate_limiter is not None:
             rate_limiter.bind(self._lock, self, shards * cap)
             rate_limiter.reset()
             self._limiter = rate_limiter
-            self._gate = SampleGate(region, self._lock, rate_limiter, name)
-            self._ctrl_words = memoryview(self._region.ctrl)
+            self._gate = SampleGate(region, self._lock, rate_limiter, sampler, self._watch, name)
+        draws = ShardDraws(region, sampler, self._streams, self._rows, self._k, name,
+                           self.n_step is not None, fr is not None, self._given)
+        self._draw = draws.draw
+        self._slices = Slices(sampler, draws, self._streams, self._lock, self._gate, self._ringset,
+                              shards * cap, 1)
+        # the column reads, the FIFO learner (its calls refuse a replay region), the checkpoints
+        self._columns = ShardColumns(region, name)
+        self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name, self._watch)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
-                                           self._ring_size, self._is_prioritized, episodes,
+                                           self._ring_size, bool(prioritized), episodes,
                                            self._rows, self._given)
 
     @property
@@ -356,24 +390,6 @@ class SharedReplayBuffer:
         if lim is not None:
             lim.inserts = self._gate.inserts()
         return lim
-
-    def _check_batch(self, batch_size: int) -> None:
-        """Refuse a batch the rows held cannot fill (with a limiter: that no rows ever can,
-        since sampling waits for them)."""
-        if self._limiter is not None or self._region.exactly_k:  # the sampler waits for rows
-            if batch_size > self.capacity:
-                raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                                 f"{self.capacity}; {self._rows.rule}")
-            if self._limiter is not None:
-                self._limiter.check_sample(batch_size)
-                why = combinations.sample_refusal(self.sampler.facets(), self._limiter.params(),
-                                                  self.capacity, batch_size)
-                if why is not None:
-                    raise ValueError(why)
-            return
-        n = len(self)
-        if batch_size > n:
-            raise self._rows.too_few(batch_size, n)
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -418,7 +434,7 @@ class SharedReplayBuffer:
         s = self.sampler.nbytes
         return {"shared_region": int(self._region.nbytes), "trees": int(s["trees"]),
                 "bookkeeping": int(s["bookkeeping"]) + self._streams.nbytes + self._rows.nbytes,
-                "output_rings": int(sum(r.nbytes for r in list(self._rings)))}
+                "output_rings": int(sum(r.nbytes for r in list(self._budget.rings)))}
 
     @property
     def redraws(self) -> int:
@@ -456,222 +472,12 @@ class SharedReplayBuffer:
         """
         return self._region.writers(self.mode == "fifo")
 
-    def _watch(self, stacklevel: int = 3) -> None:
-        """Warn once per incident about writers that died (at most every WATCH_S seconds);
-        ``stacklevel``: the warning's, from here (3: the caller of the public method)."""
-        now = time.monotonic()
-        if now < self._watch_at:
-            return
-        self._watch_at = now + WATCH_S
-        r = self._region
-        for s in range(r.shards):
-            w = r.words(s)
-            if int(w[STATE]) != ATTACHED:
-                continue
-            key = (s, int(w[ATTACHES]))
-            if key in self._reported or self._region.writer_state(s) != "dead":
-                continue
-            self._reported.add(key)
-            torn = r.torn(s)
-            info = {"shard": s, "pid": int(w[PID]), "published": int(w[HEAD]), "torn": torn}
-            self._lost.append(info)
-            warnings.warn(WriterLostWarning(
-                f"shared buffer {self.name!r}: the writer of shard {s} (pid {info['pid']}) died "
-                f"without closing it; its {info['published']} published rows stay, {torn} slot(s) "
-                f"it was writing are never sampled or delivered; a new SharedWriter may take the "
-                f"shard over"), stacklevel=stacklevel)
-
     @property
     def lost_writers(self) -> list[dict]:
         """Every writer death noticed so far: ``shard``, ``pid``, ``published``, ``torn``."""
-        self._watch_at = 0.0
+        self._watch.at = 0.0
         self._watch()
-        return list(self._lost)
-
-    # -- sampling (replay) -----------------------------------------------------------------
-    def sample(self, batch_size: int, *, copy: bool = False, fields=None) -> Batch:
-        """Draw ``batch_size`` complete rows uniformly, with replacement, from every shard (with
-        ``sampler="without_replacement"``: distinct rows, from the undrawn rows of the current
-        pass, the rows published since the last sample added first; ``"exactly_k"``: distinct
-        rows awaiting replay, waiting up to ``timeout`` for them).
-
-        Rows being written while the sample runs are never returned: a row whose slot a writer
-        may have written during the copy is drawn again. With no writer writing, the
-        same seed and rows give the same batch on both layouts (and, with one writer, the same
-        batch as a :class:`~tfdata.ReplayBuffer` that was given the same rows).
-
-        Parameters
-        ----------
-        batch_size : int
-            ``1 <= batch_size <= len(self)`` (ValueError naming the sampler's rule otherwise;
-            with ``"exactly_k"`` or a rate limiter, ``<= capacity``: the call waits for rows).
-        copy : bool, default False
-            As :meth:`tfdata.ReplayBuffer.sample`: views into this thread's output ring, or
-            arrays to keep.
-        fields : list of str, optional
-            As :meth:`tfdata.ReplayBuffer.sample`: only these fields are copied (and copied
-            again for a row drawn again); the batch is the full one restricted to them.
-
-        Returns
-        -------
-        Batch
-            ``batch[name]``: dtype ``spec[name].dtype``, shape ``(batch_size, *spec[name].shape)``;
-            ``batch.indices``: int64 ``(batch_size,)``, slots of the region (shard
-            ``slot // shard_capacity``).
-        """
-        if self._fifo:
-            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch(), "
-                                    f"or build it with mode='replay' to sample")
-        if type(batch_size) is not int:  # 2.0 or True would find the ring of 2 or 1
-            batch_size = _check_int("batch_size", batch_size, 1)
-        key = batch_size if fields is None else (batch_size, fields_key(fields))
-        lim = self._limiter
-        try:
-            ring = self._local.rings[key]
-        except (AttributeError, KeyError, TypeError):
-            names = None if fields is None else self.spec.select(fields if key[1] is None else key[1])
-            self._check_batch(batch_size)  # check, then allocate: a refused sample builds no ring
-            ring = self._ring(batch_size, None, names, key)
-        if time.monotonic() >= self._watch_at:
-            self._watch()
-        if lim is None:
-            self._lock.acquire()
-        else:
-            self._gate.acquire(batch_size)  # returns holding the lock
-        try:
-            i = ring.next
-            if self._frames is not None:  # the ring's own (projected) frame transform
-                self._draws.windows(ring.slots[i], ring.arrays[i], ring.transforms[-1])
-            elif self._nstep is None:  # caught up, drawn, checked by the shard streams
-                self._rows.sample(ring.slots[i], ring.arrays[i][0])
-            else:
-                self._draws.windows(ring.slots[i], ring.arrays[i])
-            ring.next = (i + 1) % len(ring.slots)
-            if lim is not None:  # counted and published to the writers (SampleGate.count inlined)
-                lim.samples += batch_size
-                self._ctrl_words[SAMPLES] = lim.samples
-        finally:
-            self._lock.release()
-        batch = ring.batches[i]
-        if _getrefcount(batch) > _UNHELD:  # its previous batch is still held: retire it (see Batch)
-            batch = ring.batches[i] = retire(batch)
-        return batch.copy() if copy else batch
-
-    def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
-                         copy: bool = False, fields=None) -> Batch:
-        """Slices of ``length`` consecutive rows of one writer's stream within one episode, as
-        :meth:`tfdata.ReplayBuffer.sample_sequences` draws them (each shard being one stream;
-        starts uniform, or by priority with ``prioritized=True``, with ``batch.weights`` and
-        ``batch.versions`` of the start rows). A slice stops at the row that ends an episode
-        (terminated or truncated) and at its writer's newest row; with one writer the slices
-        are those of a ``ReplayBuffer`` given the same rows. A slice a writer may have been
-        overwriting while it was copied is drawn again. ``fields``: as in :meth:`sample`.
-
-        Raises
-        ------
-        SpecError
-            The spec has no ``terminated`` and ``truncated`` fields.
-        ValueError
-            As :meth:`tfdata.ReplayBuffer.sample_sequences` (sizes checked before an output is
-            allocated; ``policy="reject"`` finding no slice consumes no randomness).
-        """
-        if self._fifo:
-            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
-        if self._region.exactly_k:
-            raise NotImplementedError("sample_sequences: sampler='exactly_k' delivers rows, not slices")
-        if self._rows.kind == "without_replacement":
-            raise NotImplementedError(
-                "SharedReplayBuffer(sampler='without_replacement') draws no sequences (a slice of "
-                "a shard starts at rows its writer keeps moving; see ARCHITECTURE.md): use "
-                "sampler='uniform' or prioritized=True for sample_sequences")
-        if self._given:
-            raise NotImplementedError(f"sample_sequences of a SharedReplayBuffer with a sampler "
-                                      f"object ({_sampler_name(self.sampler)!r}) is not built: "
-                                      f"its slices follow the shards' geometry, not the sampler's "
-                                      f"sample_slices; use sampler='uniform' or prioritized=True")
-        if self._frames is not None:
-            raise NotImplementedError("sample_sequences of a SharedReplayBuffer with frame_stack is "
-                                      "not implemented (sample() rebuilds the stacks); use a "
-                                      "ReplayBuffer(frame_stack=...) in one process for slices")
-        if not self._has_flags:
-            raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
-                            "fields 'terminated' and 'truncated' (or name them with roles=)")
-        if policy not in ("mask", "reject"):
-            raise ValueError(f"policy must be 'mask' or 'reject', got {policy!r}")
-        batch_size = _check_int("batch_size", batch_size, 1)
-        length = _check_int("length", length, 1, self.shard_capacity)
-        reject = policy == "reject"
-        names = None if fields is None else self.spec.select(fields)
-        self._check_batch(batch_size)  # check, then allocate
-        ring = self._ring(batch_size, length, names)
-        if time.monotonic() >= self._watch_at:
-            self._watch()
-        lim = self._limiter
-        if lim is None:
-            self._lock.acquire()
-        else:
-            self._gate.acquire(batch_size)  # returns holding the lock
-        try:
-            i = ring.next
-            self._draws.slices(ring.slots[i], ring.arrays[i], batch_size, length, reject)
-            ring.next = (i + 1) % len(ring.slots)
-            if lim is not None:
-                self._gate.count(batch_size)
-        finally:
-            self._lock.release()
-        batch = ring.batches[i]
-        if _getrefcount(batch) > _UNHELD:  # see sample()
-            batch = ring.batches[i] = retire(batch)
-        return batch.copy() if copy else batch
-
-    def _ring(self, batch_size, length=None, fields=None, key=None):
-        """This thread's output ring for ``batch_size`` rows (``length``: slices), of every
-        field or of ``fields`` (checked, in spec order); also found under ``key`` from now on."""
-        batch_size = _check_int("batch_size", batch_size, 1)
-        own = batch_size if length is None else ("seq", batch_size, length)
-        if fields is not None:
-            own = (batch_size, fields) if length is None else own + (fields,)
-        rings = getattr(self._local, "rings", None)
-        if rings is None:
-            rings = self._local.rings = {}
-        ring = rings.get(own)
-        if ring is not None:
-            if key is not None:
-                rings[key] = ring
-            return ring
-        rows = batch_size * (length or 1)
-        r = self._region
-        source_fields = fields
-        if self._frames is not None:  # the stored fields but the frames; the stacks come after
-            source_fields = tuple(n for n in (self.spec.names if fields is None else fields)
-                                  if n in r.stored_spec and n not in self._frames.names)
-        if self.memory_budget is not None:  # refuse before allocating the ring
-            nbytes = self.nbytes_parts
-            nbytes["new output ring"] = self._ring_size * (
-                output_nbytes(r.stored_spec, rows, r.stored_layout, source_fields)
-                + self.sampler.ring_nbytes(batch_size, length)
-                + (0 if self._nstep is None or length else
-                   self._nstep.plan_ring_streams(batch_size, None, fields))
-                + (self._streams.ring_nbytes(batch_size) if length else 0)
-                + (0 if self._frames is None else
-                   FrameStack.plan_ring(self.spec, r.frames.frames, rows, fields)
-                   + self._streams.ring_nbytes(batch_size)))
-            check_budget(self.memory_budget, nbytes, f"sampling batches of {batch_size}"
-                         + (f" slices of {length} rows" if length else " rows")
-                         + (f" of fields {list(fields)}" if fields is not None else ""))
-        st = self._region.storage
-        source = st if source_fields is None else st.project(source_fields)
-        parts = self._parts if length is None else [self.sampler, self._streams]
-        if fields is not None and self._frames is not None:
-            parts = [p.project(fields) if p is self._frames else p for p in parts]
-        names = self.spec.names if fields is None else fields
-        with self._lock:  # a sample in another thread reads the scratch it replaces
-            self._rows.reserve(batch_size)
-        ring = rings[own] = OutputRing(source, batch_size, self._ring_size, length, parts, names)
-        if key is not None:
-            rings[key] = ring
-        self._rings.add(ring)
-        return ring
+        return list(self._watch.lost)
 
     # -- checkpoints (replay mode) ----------------------------------------------------------
     @property

@@ -1,16 +1,135 @@
-"""The learner's side of a rate limiter over a region (``SharedReplayBuffer(rate_limiter=...)``):
-inserts are the sum of the shards' heads, samples the count the learner publishes in the
-region's control words for the writers (see :mod:`tfdata.replay.limiter`)."""
+"""The gates of a shared buffer's sample path (the contract of :mod:`tfdata.replay.gates`):
+:class:`ShardGate` without a rate limiter, :class:`SampleGate` with one (inserts are the sum of
+the shards' heads, samples the count the learner publishes in the region's control words for
+the writers, see :mod:`tfdata.replay.limiter`), and :class:`WriterWatch`, which both call
+before they take the lock: the warning about writers that died."""
 
 from __future__ import annotations
 
 import time
+import warnings
 
-from ..errors import SharedBufferError
+import numpy as np
+
+from ..errors import SharedBufferError, WriterLostWarning
+from ..replay import combinations
 from ..replay.limiter import RateLimiter
-from .region import SAMPLES, WATCH_S
+from .region import ATTACHED, ATTACHES, HEAD, PID, SAMPLES, STATE, WATCH_S
 
-__all__ = ["SampleGate", "check_limiter"]
+__all__ = ["SampleGate", "ShardGate", "WriterWatch", "check_limiter"]
+
+
+class WriterWatch:
+    """Warns once per incident about writers of ``region`` that died without closing their
+    shard (at most every ``WATCH_S`` seconds; ``name``: the buffer's, for messages).
+
+    Attributes
+    ----------
+    at : float
+        ``time.monotonic()`` from which the next call looks again (callers compare first).
+    lost : list of dict
+        Every death noticed: ``shard``, ``pid``, ``published``, ``torn``.
+    """
+
+    def __init__(self, region, name: str):
+        self._region, self.name = region, name
+        self.at = 0.0
+        self.lost: list = []
+        self._reported: set = set()
+
+    def __call__(self, stacklevel: int = 3) -> None:
+        """Look (if due); ``stacklevel``: the warning's, from here."""
+        now = time.monotonic()
+        if now < self.at:
+            return
+        self.at = now + WATCH_S
+        r = self._region
+        for s in range(r.shards):
+            w = r.words(s)
+            if int(w[STATE]) != ATTACHED:
+                continue
+            key = (s, int(w[ATTACHES]))
+            if key in self._reported or r.writer_state(s) != "dead":
+                continue
+            self._reported.add(key)
+            torn = r.torn(s)
+            info = {"shard": s, "pid": int(w[PID]), "published": int(w[HEAD]), "torn": torn}
+            self.lost.append(info)
+            warnings.warn(WriterLostWarning(
+                f"shared buffer {self.name!r}: the writer of shard {s} (pid {info['pid']}) died "
+                f"without closing it; its {info['published']} published rows stay, {torn} slot(s) "
+                f"it was writing are never sampled or delivered; a new SharedWriter may take the "
+                f"shard over"), stacklevel=stacklevel)
+
+
+class ShardGate:
+    """No rate limiter: a batch draws from the rows the shards hold (``sampler="exactly_k"``:
+    waits for them, up to its timeout, in the draw); refuses every sample of a FIFO region.
+
+    Parameters
+    ----------
+    region
+        The buffer's region (heads, ``cap``, mode).
+    lock
+        The buffer's lock.
+    rows : ShardRows
+        The draw over the shards (its ``rule`` and ``too_few`` for messages).
+    watch : WriterWatch
+    name : str
+        The buffer's, for messages.
+    """
+
+    limited = False
+
+    def __init__(self, region, lock, rows, watch, name: str):
+        self._region, self.lock, self._rows, self._watch, self.name = region, lock, rows, watch, name
+        self.capacity = region.shards * region.cap
+        self._waits, self._fifo = region.exactly_k, region.mode == "fifo"
+
+    def refuse(self) -> None:
+        """SharedBufferError for a FIFO region (its rows are drained, not sampled)."""
+        if self._fifo:
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch(), "
+                                    f"or build it with mode='replay' to sample")
+
+    def rows(self) -> int:
+        """Rows the shards hold now."""
+        return int(np.minimum(self._region.heads.astype(np.int64), self._region.cap).sum())
+
+    def admit(self, batch_size: int) -> None:
+        """Refuse (before its ring exists) a batch the rows held cannot give (exactly-k: that
+        no rows ever can)."""
+        self.refuse()
+        if self._waits:
+            if batch_size > self.capacity:
+                raise ValueError(f"batch_size {batch_size} is larger than the capacity "
+                                 f"{self.capacity}; {self._rows.rule}")
+            return
+        n = self.rows()
+        if batch_size > n:
+            raise self._rows.too_few(batch_size, n)
+
+    def admit_slices(self, batch_size: int) -> None:
+        self.refuse()
+
+    def acquire(self, batch_size: int) -> int:
+        """Look for dead writers (if due), take the lock; 0 (the draws read the heads)."""
+        watch = self._watch
+        if time.monotonic() >= watch.at:
+            watch(4)  # the warning names the caller of sample()
+        self.lock.acquire()
+        return 0
+
+    def acquire_slices(self, batch_size: int) -> int:
+        """Take the lock; the rows held (the slices check them)."""
+        watch = self._watch
+        if time.monotonic() >= watch.at:
+            watch(5)
+        self.lock.acquire()
+        return self.rows()
+
+    def undo(self, batch_size: int) -> None:
+        """Nothing was counted."""
 
 
 def check_limiter(limiter, mode: str, capacity: int) -> None:
@@ -27,10 +146,15 @@ def check_limiter(limiter, mode: str, capacity: int) -> None:
 
 class SampleGate:
     """When a sample may go: the ``limiter``'s predicate over the shards' heads, and the wait
-    for it (polling the heads without the buffer's ``lock``; ``name``: the buffer's, for
-    messages)."""
+    for it (polling the heads without the buffer's ``lock``); the batch counted and published to
+    the writers. ``sampler``: the buffer's (its facets, for the table of combinations);
+    ``watch``: the :class:`WriterWatch`; ``name``: the buffer's, for messages."""
 
-    def __init__(self, region, lock, limiter, name: str):
+    limited = True
+
+    def __init__(self, region, lock, limiter, sampler, watch, name: str):
+        self._sampler, self._watch = sampler, watch
+        self.capacity = region.shards * region.cap
         self._region = region
         self._heads, self._cap = region.heads, region.cap
         self._lock = lock
@@ -57,7 +181,49 @@ class SampleGate:
         self._held_known = sum(h if h < cap else cap for h in heads)
         return self._held_known >= batch_size
 
-    def acquire(self, batch_size: int) -> None:
+    def admit_slices(self, batch_size: int) -> None:
+        """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
+        ring is built): the limiter's own bound, then the sampler's with the limiter."""
+        self._limiter.check_sample(batch_size)
+        why = combinations.sample_refusal(self._sampler.facets(), self._limiter.params(),
+                                          self.capacity, batch_size)
+        if why is not None:
+            raise ValueError(why)
+
+    def admit(self, batch_size: int) -> None:
+        if batch_size > self.capacity:  # rows may still come: refused only if they never can
+            raise ValueError(f"batch_size {batch_size} is larger than the capacity "
+                             f"{self.capacity}; {self._sampler.rule}")
+        self.admit_slices(batch_size)
+
+    def rows(self) -> int:
+        """Rows a batch can count on after waiting: the capacity."""
+        return self.capacity
+
+    def acquire(self, batch_size: int) -> int:
+        """Return holding the lock once the limiter allows a sample of ``batch_size`` rows, the
+        batch counted (see :meth:`wait`); 0 (the draws read the heads)."""
+        watch = self._watch
+        if time.monotonic() >= watch.at:
+            watch(4)  # the warning names the caller of sample()
+        self.wait(batch_size)
+        self.count(batch_size)
+        return 0
+
+    def acquire_slices(self, batch_size: int) -> int:
+        """As :meth:`acquire`; the rows held (the slices check them)."""
+        watch = self._watch
+        if time.monotonic() >= watch.at:
+            watch(5)  # the warning names the caller of sample_sequences()
+        self.acquire(batch_size)
+        heads = self._heads.tolist()
+        return sum(h if h < self._cap else self._cap for h in heads)
+
+    def undo(self, batch_size: int) -> None:
+        """Take back the count of a batch whose draw raised (lock held)."""
+        self.count(-batch_size)
+
+    def wait(self, batch_size: int) -> None:
         """Return holding the lock once the limiter allows a sample of ``batch_size`` rows;
         waits (polling the heads, with sleeps that release the GIL) without the lock, so
         other learner threads go on. Raises ValueError if it never can, TimeoutError after the
