@@ -23,8 +23,6 @@ from ..storage import check_layout
 from . import columns, frames as frame_stacks, limiter
 from .checkpoint_files import STATE, VERSION, read_state
 from .samplers import RNG_KEYS, STATE_BYTES_BASE, STATE_BYTES_PER_SLOT, StateError, shown as _show
-from .samplers.exactly_k import OPTIONS as _EXACTLY_K_KEYS, ExactlyKSampler
-from .samplers.prioritized import OPTIONS as _PRIORITIZED_KEYS, PrioritizedSampler, read_scalars
 
 #: Largest ``ring_size`` accepted from a checkpoint. A buffer allocates ``ring_size`` output
 #: batches at the first sample of each batch size; the default is 2, and a larger ring only
@@ -214,36 +212,14 @@ class Checker:
             self.integer(f"state.sampler.{k}", v[k], 0, _U64)
         return v
 
-    # -- what the shared-memory part reads of the samplers and the limiter -------------------
-    def exactly_k_config(self, v: dict) -> None:
-        """``replays``, ``policy``, ``timeout``: present exactly when ``config.sampler`` is
-        ``"exactly_k"`` (checked by :meth:`ExactlyKSampler.from_config`)."""
-        if v.get("sampler") != "exactly_k":
-            for k in _EXACTLY_K_KEYS:
-                if k in v:
-                    self.fail("config." + k, "absent (config.sampler is not 'exactly_k')", v[k])
-            return
+    def rebuild(self, cls, *args, **kw):
+        """``cls(*args, **kw)``, the buffer a checked checkpoint describes: what its constructor
+        still refuses is a FormatError."""
         try:
-            ExactlyKSampler.from_config({k: v[k] for k in _EXACTLY_K_KEYS if k in v}, 0)
-        except (TypeError, ValueError) as exc:
-            raise self.caught(exc, "config") from None
-
-    def prioritized_config(self, v: dict) -> None:
-        """The settings of a prioritized sampler in ``config`` (checked by
-        :meth:`PrioritizedSampler.from_config`)."""
-        try:
-            PrioritizedSampler.from_config({k: v[k] for k in _PRIORITIZED_KEYS}, 0)
-        except (TypeError, ValueError) as exc:
-            raise self.caught(exc, "config") from None
-
-    def prioritized_scalars(self, pri, config: dict) -> int:
-        return read_scalars(self, pri, config)
-
-    def limiter_config(self, v, cap: int) -> None:
-        limiter.read_config(self, v, cap)
-
-    def limiter_state(self, v, size: int, params: dict | None = None) -> dict:
-        return limiter.read_state(self, v, size, params)
+            return cls(*args, **kw)
+        except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise FormatError(f"{self.spath}: cannot rebuild the buffer ({type(exc).__name__}: "
+                              f"{str(exc)[:300]})") from None
 
 
 def sampler_part(c: Checker, arrays, part, key: str, capacity: int) -> dict:
