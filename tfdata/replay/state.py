@@ -2,7 +2,8 @@
 
 :func:`gather` asks every part for its state; :func:`restore` asks every part to check its own
 state (against its settings and the other parts': the writer's cursor and size, the rows) and
-applies them only when all agree, so a refused state changes nothing.
+applies them only when all agree, so a refused state changes nothing. :class:`RingCheckpoint`
+is the checkpoint part of such a buffer (the contract: :mod:`tfdata.replay.checkpoint`).
 """
 
 from __future__ import annotations
