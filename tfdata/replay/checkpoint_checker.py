@@ -169,33 +169,44 @@ class Checker:
         except SpecError as exc:
             raise FormatError(f"{self.spath}: state.spec: {str(exc)[:300]}") from None
 
-    def config(self, v, spec: Spec) -> tuple:
-        """``(the buffer's config, the sampler's)``: the buffer's own keys checked here and by
-        the parts that have options (statistics, frame stacks, rate limiter); every other key
-        is the sampler's, for its ``from_config``."""
-        if isinstance(v, dict):
-            for k in OVERRIDES:
-                if k in v:
-                    raise FormatError(
-                        f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
-                        f"never writes outside the checkpoint directory nor takes memory settings "
-                        f"from a file; pass {k}= to load)")
-        own = _CONFIG_KEYS + _CONFIG_OPTIONAL
-        self.obj("config", v, _CONFIG_KEYS, optional=set(v) if isinstance(v, dict) else ())
+    def no_overrides(self, v, more=()) -> None:
+        """Refuse a config naming what only the caller sets (:data:`OVERRIDES` and ``more``)."""
+        for k in OVERRIDES + tuple(more) if isinstance(v, dict) else ():
+            if k in v:
+                raise FormatError(
+                    f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
+                    f"never writes outside the checkpoint directory nor takes memory settings "
+                    f"from a file; pass {k}= to load)")
+
+    def streams(self, v: dict, spec: Spec, key: str, most: int) -> tuple:
+        """``(capacity, layout, streams)`` of ``config``, and the other options every buffer
+        has (``ring_size``, ``n_step``, ``gamma``, ``next_of``, ``roles``); ``key``: the number
+        of streams (``num_envs``, ``num_writers``: a divisor of the capacity, at most ``most``)."""
         c = "config."
         cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
         layout = self.layout(c + "layout", v["layout"], spec)
         self.integer(c + "ring_size", v["ring_size"], 1, MAX_RING_SIZE)
-        envs = self.integer(c + "num_envs", v["num_envs"], 1, cap)
-        if cap % envs:
-            self.fail(c + "num_envs", f"a divisor of the capacity {cap}", envs)
+        n = self.integer(c + key, v[key], 1, min(most, cap))
+        if cap % n:
+            self.fail(c + key, f"a divisor of the capacity {cap}", n)
         # a window never takes more rows than a stream holds, but each sample loops n_step
         # times: bounded by the capacity (or 1024, for small buffers with long windows)
         self.opt_int(c + "n_step", v["n_step"], 1, max(cap, MAX_SHORT_N_STEP))
         self.real(c + "gamma", v["gamma"], 0.0, 1.0)
         self.names(c + "next_of", v["next_of"], spec)
-        self.flag(c + "elide_next", v["elide_next"])
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
+        return cap, layout, n
+
+    def config(self, v, spec: Spec) -> tuple:
+        """``(the buffer's config, the sampler's)``: the buffer's own keys checked here and by
+        the parts that have options (statistics, frame stacks, rate limiter); every other key
+        is the sampler's, for its ``from_config``."""
+        self.no_overrides(v)
+        own = _CONFIG_KEYS + _CONFIG_OPTIONAL
+        self.obj("config", v, _CONFIG_KEYS, optional=set(v) if isinstance(v, dict) else ())
+        c = "config."
+        cap, layout, envs = self.streams(v, spec, "num_envs", MAX_CAPACITY)
+        self.flag(c + "elide_next", v["elide_next"])
         if "stats" in v:
             columns.read_names(self, c + "stats", v["stats"], spec)
         if "frame_stack" in v or "frame_padding" in v:

@@ -24,8 +24,7 @@ import numpy as np
 from .._checks import check_slot_list
 from ..errors import FormatError, SharedBufferError, SpecError
 from ..replay import limiter, shared_frames
-from ..replay.checkpoint_checker import (MAX_CAPACITY, MAX_RING_SIZE, MAX_SHORT_N_STEP,
-                                         available_memory, sampler_part, show_layout)
+from ..replay.checkpoint_checker import available_memory, sampler_part, show_layout
 from ..replay.frames import padding_config, resolve_frames
 from ..replay.samplers import state_key
 from ..replay.samplers.exactly_k import OPTIONS as _EXACTLY_K_KEYS, ExactlyKSampler
@@ -61,6 +60,17 @@ def _exactly_k_config(c, v: dict) -> None:
         raise c.caught(exc, "config") from None
 
 
+def _held_slots(c, where: str, slots: np.ndarray, held: np.ndarray, per: int) -> None:
+    """Refuse ``slots`` unless each is a slot of a row a shard held (``held`` rows per shard
+    of ``per`` slots, from its first), none twice."""
+    bad = (slots < 0) | (slots >= per * held.shape[0])
+    bad[~bad] = slots[~bad] % per >= held[slots[~bad] // per]
+    if bad.any() or np.unique(slots).shape[0] != slots.shape[0]:
+        i = int(np.argmax(bad)) if bad.any() else None
+        c.fail(where, "slots of rows the shards held, each once",
+               f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
+
+
 def _read_pool(c, arrays, part, heads: list, per: int, replays: int) -> tuple:
     """``state.exactly_k`` of a :class:`tfdata.SharedReplayBuffer`: the pool (``slots``,
     ``counts``: int64 arrays, at most the rows held, from the headers before anything is read;
@@ -83,12 +93,7 @@ def _read_pool(c, arrays, part, heads: list, per: int, replays: int) -> tuple:
         c.fail(w + "slots", f"at most {int(held.sum())} slots (the rows held)", f"{m} slots", show=False)
     slots = arrays.read(w + "slots", part["slots"], np.int64, (m,))
     counts = arrays.read(w + "counts", part["counts"], np.int64, (m,))
-    bad = (slots < 0) | (slots >= per * len(heads))
-    bad[~bad] = slots[~bad] % per >= held[slots[~bad] // per]
-    if bad.any() or np.unique(slots).shape[0] != m:
-        i = int(np.argmax(bad)) if bad.any() else None
-        c.fail(w + "slots", "slots of rows the shards held, each once",
-               f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
+    _held_slots(c, w + "slots", slots, held, per)
     bad = np.flatnonzero((counts < 1) | (counts > replays))
     if bad.size:
         c.fail(f"{w}counts[{int(bad[0])}]", f"an int in [1, {replays}] (config.replays)",
@@ -353,11 +358,7 @@ class ShardCheckpoint:
         spec = c.spec(st["spec"])
         cf = "config."
         v = doc["config"]
-        if isinstance(v, dict):
-            for k in ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget", "name", "dir"):
-                if k in v:
-                    raise FormatError(f"{c.spath}: config: {k!r} is not accepted from a checkpoint "
-                                      f"(pass {k}= to load)")
+        c.no_overrides(v, ("name", "dir"))
         prioritized = isinstance(v, dict) and v.get("prioritized") is True
         config = c.obj("config", v, _CONFIG + (_PRIORITIZED_KEYS if prioritized else ())
                        + (_FRAME_KEYS if framed else ()),
@@ -365,17 +366,8 @@ class ShardCheckpoint:
         _exactly_k_config(c, config)  # replays, policy, timeout: present exactly with exactly_k
         if ek and config["policy"] == "overwrite":
             c.fail("config.policy", "'block' or 'drop' (a SharedReplayBuffer)", config["policy"])
-        cap = c.integer(cf + "capacity", config["capacity"], 1, MAX_CAPACITY)
-        layout = c.layout(cf + "layout", config["layout"], spec)
-        c.integer(cf + "ring_size", config["ring_size"], 1, MAX_RING_SIZE)
-        shards = c.integer(cf + "num_writers", config["num_writers"], 1, min(MAX_WRITERS, cap))
-        if cap % shards:
-            c.fail(cf + "num_writers", f"a divisor of the capacity {cap}", shards)
+        cap, layout, shards = c.streams(config, spec, "num_writers", MAX_WRITERS)
         c.flag(cf + "prioritized", config["prioritized"])
-        c.opt_int(cf + "n_step", config["n_step"], 1, max(cap, MAX_SHORT_N_STEP))
-        c.real(cf + "gamma", config["gamma"], 0.0, 1.0)
-        c.names(cf + "next_of", config["next_of"], spec)
-        c.names(cf + "roles", config["roles"], spec, keys=("reward", "terminated", "truncated"))
         if prioritized:
             try:
                 PrioritizedSampler.from_config({k: config[k] for k in _PRIORITIZED_KEYS}, 0)
@@ -472,13 +464,8 @@ class ShardCheckpoint:
             part = read_undrawn(c, arrays, st["without_replacement"], "without_replacement", cap,
                                  ring=False)
             slots = part["undrawn"]
-            held = np.minimum(np.asarray(heads, np.int64), per)
-            bad = (slots < 0) | (slots >= cap)
-            bad[~bad] = slots[~bad] % per >= held[slots[~bad] // per]
-            if bad.any() or np.unique(slots).shape[0] != slots.shape[0]:
-                i = int(np.argmax(bad)) if bad.any() else None
-                c.fail("state.without_replacement.undrawn", "slots of rows the shards held, each once",
-                       f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
+            _held_slots(c, "state.without_replacement.undrawn", slots,
+                        np.minimum(np.asarray(heads, np.int64), per), per)
             undrawn = (slots, part["passes"])
         user = user_state = None
         if ucls is not None:  # built by its class, its state checked by itself, before the region
