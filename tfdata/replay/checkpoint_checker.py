@@ -23,8 +23,6 @@ from ..storage import check_layout
 from . import columns, frames as frame_stacks, limiter
 from .checkpoint_files import STATE, VERSION, read_state
 from .samplers import RNG_KEYS, STATE_BYTES_BASE, STATE_BYTES_PER_SLOT, StateError, shown as _show
-from .samplers.exactly_k import OPTIONS as _EXACTLY_K_KEYS, ExactlyKSampler
-from .samplers.prioritized import OPTIONS as _PRIORITIZED_KEYS, PrioritizedSampler, read_scalars
 
 #: Largest ``ring_size`` accepted from a checkpoint. A buffer allocates ``ring_size`` output
 #: batches at the first sample of each batch size; the default is 2, and a larger ring only
@@ -171,33 +169,44 @@ class Checker:
         except SpecError as exc:
             raise FormatError(f"{self.spath}: state.spec: {str(exc)[:300]}") from None
 
-    def config(self, v, spec: Spec) -> tuple:
-        """``(the buffer's config, the sampler's)``: the buffer's own keys checked here and by
-        the parts that have options (statistics, frame stacks, rate limiter); every other key
-        is the sampler's, for its ``from_config``."""
-        if isinstance(v, dict):
-            for k in OVERRIDES:
-                if k in v:
-                    raise FormatError(
-                        f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
-                        f"never writes outside the checkpoint directory nor takes memory settings "
-                        f"from a file; pass {k}= to load)")
-        own = _CONFIG_KEYS + _CONFIG_OPTIONAL
-        self.obj("config", v, _CONFIG_KEYS, optional=set(v) if isinstance(v, dict) else ())
+    def no_overrides(self, v, more=()) -> None:
+        """Refuse a config naming what only the caller sets (:data:`OVERRIDES` and ``more``)."""
+        for k in OVERRIDES + tuple(more) if isinstance(v, dict) else ():
+            if k in v:
+                raise FormatError(
+                    f"{self.spath}: config: {k!r} is not accepted from a checkpoint (loading "
+                    f"never writes outside the checkpoint directory nor takes memory settings "
+                    f"from a file; pass {k}= to load)")
+
+    def streams(self, v: dict, spec: Spec, key: str, most: int) -> tuple:
+        """``(capacity, layout, streams)`` of ``config``, and the other options every buffer
+        has (``ring_size``, ``n_step``, ``gamma``, ``next_of``, ``roles``); ``key``: the number
+        of streams (``num_envs``, ``num_writers``: a divisor of the capacity, at most ``most``)."""
         c = "config."
         cap = self.integer(c + "capacity", v["capacity"], 1, MAX_CAPACITY)
         layout = self.layout(c + "layout", v["layout"], spec)
         self.integer(c + "ring_size", v["ring_size"], 1, MAX_RING_SIZE)
-        envs = self.integer(c + "num_envs", v["num_envs"], 1, cap)
-        if cap % envs:
-            self.fail(c + "num_envs", f"a divisor of the capacity {cap}", envs)
+        n = self.integer(c + key, v[key], 1, min(most, cap))
+        if cap % n:
+            self.fail(c + key, f"a divisor of the capacity {cap}", n)
         # a window never takes more rows than a stream holds, but each sample loops n_step
         # times: bounded by the capacity (or 1024, for small buffers with long windows)
         self.opt_int(c + "n_step", v["n_step"], 1, max(cap, MAX_SHORT_N_STEP))
         self.real(c + "gamma", v["gamma"], 0.0, 1.0)
         self.names(c + "next_of", v["next_of"], spec)
-        self.flag(c + "elide_next", v["elide_next"])
         self.names(c + "roles", v["roles"], spec, keys=("reward", "terminated", "truncated"))
+        return cap, layout, n
+
+    def config(self, v, spec: Spec) -> tuple:
+        """``(the buffer's config, the sampler's)``: the buffer's own keys checked here and by
+        the parts that have options (statistics, frame stacks, rate limiter); every other key
+        is the sampler's, for its ``from_config``."""
+        self.no_overrides(v)
+        own = _CONFIG_KEYS + _CONFIG_OPTIONAL
+        self.obj("config", v, _CONFIG_KEYS, optional=set(v) if isinstance(v, dict) else ())
+        c = "config."
+        cap, layout, envs = self.streams(v, spec, "num_envs", MAX_CAPACITY)
+        self.flag(c + "elide_next", v["elide_next"])
         if "stats" in v:
             columns.read_names(self, c + "stats", v["stats"], spec)
         if "frame_stack" in v or "frame_padding" in v:
@@ -214,36 +223,14 @@ class Checker:
             self.integer(f"state.sampler.{k}", v[k], 0, _U64)
         return v
 
-    # -- what the shared-memory part reads of the samplers and the limiter -------------------
-    def exactly_k_config(self, v: dict) -> None:
-        """``replays``, ``policy``, ``timeout``: present exactly when ``config.sampler`` is
-        ``"exactly_k"`` (checked by :meth:`ExactlyKSampler.from_config`)."""
-        if v.get("sampler") != "exactly_k":
-            for k in _EXACTLY_K_KEYS:
-                if k in v:
-                    self.fail("config." + k, "absent (config.sampler is not 'exactly_k')", v[k])
-            return
+    def rebuild(self, cls, *args, **kw):
+        """``cls(*args, **kw)``, the buffer a checked checkpoint describes: what its constructor
+        still refuses is a FormatError."""
         try:
-            ExactlyKSampler.from_config({k: v[k] for k in _EXACTLY_K_KEYS if k in v}, 0)
-        except (TypeError, ValueError) as exc:
-            raise self.caught(exc, "config") from None
-
-    def prioritized_config(self, v: dict) -> None:
-        """The settings of a prioritized sampler in ``config`` (checked by
-        :meth:`PrioritizedSampler.from_config`)."""
-        try:
-            PrioritizedSampler.from_config({k: v[k] for k in _PRIORITIZED_KEYS}, 0)
-        except (TypeError, ValueError) as exc:
-            raise self.caught(exc, "config") from None
-
-    def prioritized_scalars(self, pri, config: dict) -> int:
-        return read_scalars(self, pri, config)
-
-    def limiter_config(self, v, cap: int) -> None:
-        limiter.read_config(self, v, cap)
-
-    def limiter_state(self, v, size: int, params: dict | None = None) -> dict:
-        return limiter.read_state(self, v, size, params)
+            return cls(*args, **kw)
+        except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise FormatError(f"{self.spath}: cannot rebuild the buffer ({type(exc).__name__}: "
+                              f"{str(exc)[:300]})") from None
 
 
 def sampler_part(c: Checker, arrays, part, key: str, capacity: int) -> dict:

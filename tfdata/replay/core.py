@@ -38,6 +38,9 @@ __all__ = ["ReplayCore", "CONFIG_DEFAULTS", "MAX_CAPACITY", "MAX_DRAWS", "STATE_
 class ReplayCore(Sampling):
     """The parts and the lock; see :class:`tfdata.ReplayBuffer` for the public behaviour."""
 
+    #: its checkpoint part (the contract: :mod:`tfdata.replay.checkpoint`)
+    CHECKPOINT = _state.RingCheckpoint
+
     def __init__(self, spec, capacity: int, sampler, *, allocator=None, memory_budget=None,
                  rate_limiter=None, **options):
         from .. import alloc

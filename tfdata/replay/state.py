@@ -2,7 +2,8 @@
 
 :func:`gather` asks every part for its state; :func:`restore` asks every part to check its own
 state (against its settings and the other parts': the writer's cursor and size, the rows) and
-applies them only when all agree, so a refused state changes nothing.
+applies them only when all agree, so a refused state changes nothing. :class:`RingCheckpoint`
+is the checkpoint part of such a buffer (the contract: :mod:`tfdata.replay.checkpoint`).
 """
 
 from __future__ import annotations
@@ -168,3 +169,223 @@ def restore(parts, state: Mapping, release=None, records=None) -> None:
             c.rebuild(parts.writer.cursor, size)
         if parts.stats is not None:
             parts.stats.rebuild()  # from the rows just loaded
+
+
+class RingCheckpoint:
+    """The checkpoint part of a buffer over a ring of streams (:class:`tfdata.ReplayBuffer`,
+    :class:`tfdata.PrioritizedReplayBuffer`): its rows are the ``size`` oldest slots, its state
+    the state dict of :func:`gather` (the contract: :mod:`tfdata.replay.checkpoint`)."""
+
+    # -- save ---------------------------------------------------------------------------------
+    @staticmethod
+    def unsaved_reason(buffer) -> str | None:
+        return type(buffer).unsaved_reason(buffer.sampler)
+
+    @staticmethod
+    def saved_rows(state: dict) -> int:
+        state.pop("data")  # the rows go from the storage to the rows file
+        return state["writer"]["size"]
+
+    @staticmethod
+    def settle(buffer, state: dict) -> dict:
+        return state
+
+    # -- load ---------------------------------------------------------------------------------
+    @staticmethod
+    def options(given: dict) -> dict:
+        """``spill_path`` and ``hot_rows`` / ``hot_bytes`` (a checkpoint does not record where a
+        buffer spilled), ``allocator`` and ``memory_budget`` (not recorded either), ``stats`` (a
+        list of fields, or None, instead of ``config.stats``) and ``layout``."""
+        from .. import alloc
+        from .._budget import parse_bytes
+        from .checkpoint_checker import OVERRIDES
+
+        bad = set(given) - set(OVERRIDES) - {"stats", "layout"}
+        if bad:
+            raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: "
+                            f"{OVERRIDES + ('stats', 'layout', 'samplers')}")
+        given = dict(given)
+        wanted = {"stats": given.pop("stats")} if "stats" in given else {}
+        layout = given.pop("layout", None)
+        budget = given.get("memory_budget")
+        if given.get("allocator") is not None:
+            given["allocator"] = alloc.resolve(given["allocator"])
+        return {"wanted": wanted, "layout": layout, "rest": given,
+                "budget": None if budget is None else parse_bytes("memory_budget", budget)}
+
+    @staticmethod
+    def read(c, arrays, doc, cls, sampler, known, options) -> dict:
+        """Check ``doc``'s config and state (what the constructor derives from them too,
+        without building anything); the state's arrays are read by :meth:`build`."""
+        from ..errors import FormatError
+        from ..storage import file_name, resolve_layout
+        from . import limiter
+        from .checkpoint_checker import available_memory, show_layout
+        from .episodes import resolve_next_of, resolve_roles
+        from .samplers import shown
+
+        name, st = doc["class"], doc["state"]
+        sname, scls = sampler
+        key = state_key(scls)
+        if isinstance(st, dict):  # a state saved with another sampler than the class and config say
+            parts = {state_key(s) for k in known.values() for s in k.values()} | {key}
+            held = [k for k in st if k not in STATE_KEYS and k in parts]
+            if held != ([key] if key else []):
+                saved = " and ".join(repr(k) for k in held) or repr("uniform")
+                c.fail("state", f"the state of sampler {sname!r}, which class {name} and "
+                       f"config.sampler name; it holds the state of sampler {saved} (a sampler's "
+                       f"state loads only into the same sampler)", show=False)
+        state_keys = ("format", "version", "spec", "capacity", "layout", "writer", "sampler",
+                      "num_envs", "episodes") + ((key,) if key else ())
+        limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
+        state_keys += ("rate_limiter",) if limited else ()
+        framed = isinstance(doc["config"], dict) and "frame_stack" in doc["config"]
+        state_keys += ("frames",) if framed else ()
+        c.obj("state", st, state_keys, optional=("stats",))
+        if st["format"] != STATE_FORMAT or type(st["version"]) is not int or st["version"] != 1:
+            raise FormatError(f"{c.spath}: state: format {shown(st['format'])} version "
+                              f"{shown(st['version'])} is not a tfdata.ReplayBuffer state of "
+                              f"version 1")
+        spec = c.spec(st["spec"])
+        config, sampler_config = c.config(doc["config"], spec)
+        cap, layout, envs = config["capacity"], config["layout"], config["num_envs"]
+        for k, want in (("capacity", cap), ("num_envs", envs)):
+            if type(st[k]) is not type(want) or st[k] != want:
+                c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
+        if c.layout("state.layout", st["layout"], spec) != layout:
+            c.fail("state.layout", f"{show_layout(layout)} (config.layout)", st["layout"])
+        rng = dict(c.sampler(st["sampler"]))
+        try:  # the sampler's own options, by its class (a sampler given to load: its check)
+            sm = scls.from_config(sampler_config, rng["seed"])
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise c.caught(exc, "config") from None
+        writer = c.obj("state.writer", st["writer"], ("cursor", "size"))
+        size = c.integer("state.writer.size", writer["size"], 0, cap)
+        cursor = c.integer("state.writer.cursor", writer["cursor"], 0, cap - 1)
+        if size % envs:
+            c.fail("state.writer.size", f"a multiple of num_envs {envs}", size)
+        # a sampler that places a step's rows in free slots (exactly-k): they need not be
+        # adjacent, so its cursor (past the last slot written) need not be a multiple of num_envs
+        in_steps = getattr(sm, "stream_order", True)
+        if (in_steps and cursor % envs) or (size < cap and cursor != size):
+            c.fail("state.writer.cursor", f"{size} (the size, until the ring is full)"
+                   if size < cap else f"a multiple of num_envs {envs}", cursor)
+
+        # what the constructor derives from the config, checked without building anything
+        opts = {**{k: v for k, v in config.items() if k != "capacity"}, **cls.sampler_options(sm)}
+        try:
+            roles = resolve_roles(spec, config["roles"])
+            next_of = resolve_next_of(spec, config["next_of"])
+            cls.plan_memory(spec, cap, **opts)
+            # what the saved buffer stored, and in which layout (a stacked field's frames are a
+            # column of their own: its rows file is a grouped directory even for "aos")
+            saved = cls.plan_storage(spec, cap, **opts)
+        except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise FormatError(f"{c.spath}: config: {str(exc)[:300]}") from None
+        wanted = options["wanted"]
+        if wanted:  # the caller's: checked as the constructor checks it, errors theirs
+            cls.plan_memory(spec, cap, **{**opts, **wanted})
+            config = {**config, **wanted}
+            opts = {**opts, **wanted}
+        if config["roles"] != roles or config["next_of"] != next_of:
+            c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}",
+                   show=False)
+        if options["layout"] is not None:  # the caller's layout (their error, not the file's)
+            config["layout"] = opts["layout"] = resolve_layout(options["layout"], spec)
+        rest = options["rest"]
+        spill = {k: rest[k] for k in ("spill_path", "hot_rows", "hot_bytes") if k in rest}
+        plan = cls.plan_memory(spec, cap, **opts, **spill)  # the caller's spill settings: theirs
+        need = int(sum(plan.values()))
+        # a memory_budget is the caller's: the constructor refuses it (MemoryBudgetError, before
+        # allocating), since the file is not at fault; without one the machine's memory bounds it
+        if options["budget"] is None and need > available_memory():
+            raise FormatError(f"{c.spath}: config.capacity {cap} would make the buffer hold {need} "
+                              f"bytes ({plan}), more than the memory available on this machine "
+                              f"({available_memory()} bytes); refused before allocating")
+        rows_name = file_name(saved["layout"], "rows")
+        if limited:  # rebuilt as an object for the constructor (its counts: checked by build)
+            config = dict(config, rate_limiter=limiter.RateLimiter(**config["rate_limiter"]))
+        return {"rows_name": rows_name, "stored": saved["stored"], "rows": size,
+                "rows_why": f"{rows_name} (layout {show_layout(layout)}"
+                            + (", frames stored as a column)" if saved["frames"] else ")"),
+                "rows_of": f"the state says {size}", "arrays": arrays, "doc": doc, "spec": spec,
+                "config": config, "sampler": sm, "key": key, "rng": rng, "cursor": cursor,
+                "roles": roles, "saved": saved, "saved_layout": layout, "limited": limited,
+                "framed": framed}
+
+    @staticmethod
+    def build(c, p: dict, ds, cls, options):
+        """Read the state's arrays (each part's reader), build the buffer and load the rows of
+        ``ds`` into it, then check what needs the rows loaded (episode order, frame stacks,
+        statistics)."""
+        from ..errors import FormatError
+        from . import columns, episodes, frames as frame_stacks, limiter
+        from .checkpoint_checker import sampler_part
+
+        arrays, st, doc, spec, config = p["arrays"], p["doc"]["state"], p["doc"], p["spec"], p["config"]
+        cap, envs, size, cursor = config["capacity"], config["num_envs"], p["rows"], p["cursor"]
+        roles, saved, key, sm = p["roles"], p["saved"], p["key"], p["sampler"]
+        stored = saved["stored"]
+        episodes_ = None
+        if saved["episodes"] is not None:  # exactly-k writes off stream order: no episode numbers
+            # (with frame_stack: over the stored frames, next fields of stacked fields elided)
+            ep_spec, ep_next, ep_elide = saved["episodes"]
+            episodes_ = episodes.read_state(c, arrays, st["episodes"], ep_next, ep_spec, ep_elide,
+                                            envs, size)
+        elif st["episodes"] is not None:
+            c.fail("state.episodes", "null (the spec has no terminated and truncated fields, "
+                   "or sampler='exactly_k')" if "terminated" in roles and "truncated" in roles
+                   else "null (the spec has no terminated and truncated fields)", st["episodes"])
+        state = {"format": STATE_FORMAT, "version": 1, "spec": spec.to_dict(), "capacity": cap,
+                 "layout": p["saved_layout"],
+                 "writer": {"cursor": cursor, "size": size}, "sampler": p["rng"],
+                 "num_envs": envs, "episodes": episodes_}
+        if key is not None:  # what the sampler keeps, checked by the sampler itself
+            state[key] = part = sampler_part(c, arrays, st[key], key, cap)
+            try:
+                sm.check_state({**p["rng"], **part}, size, cap)
+            except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
+                raise c.caught(exc, f"state.{key}") from None
+        frames = None
+        if p["framed"]:
+            frames = state["frames"] = frame_stacks.read_state(
+                c, arrays, st["frames"], saved["frames"]["stacks"], spec, envs, size, cap, cursor)
+        # statistics of a stacked field are of its frames: the stored shape
+        stats = columns.read_state(c, arrays, st.get("stats"), doc["config"].get("stats"), stored,
+                                   size)
+        if p["limited"]:  # checked with the config
+            state["rate_limiter"] = limiter.read_state(c, st["rate_limiter"], size,
+                                                       doc["config"]["rate_limiter"])
+        buf = c.rebuild(cls, spec, **config, **cls.sampler_options(sm), **options["rest"])
+        state["data"] = {name: ds.field(name) for name in stored.names}
+        release = ds.release
+        order = None
+        if episodes_ is not None:
+            store = buf.storage
+            order = episodes.EpisodeOrder(c, episodes_, store.field(roles["terminated"]),
+                                          store.field(roles["truncated"]),
+                                          ds.field(roles["terminated"]),
+                                          ds.field(roles["truncated"]), cursor, size, cap)
+            order.ahead(max(1, (16 << 20) // max(1, stored.row_nbytes)))  # the copy's first chunk
+
+            def release(start, stop, _order=order, _release=ds.release):
+                _order.ahead(2 * stop - start)  # the next chunk, before the copy reads it
+                _release(start, stop)
+        try:
+            buf.load_state_dict(state, release=release, records=ds.records)
+        except (SpecError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise FormatError(f"{c.spath}: {type(exc).__name__}: {str(exc)[:300]}") from None
+        finally:
+            state["data"] = None
+        if order is not None:
+            # against the flags as loaded, in memory: reading them from the mapped file first
+            # would fault in every page of an AoS file twice
+            order.finish()
+        if frames is not None:
+            store = buf.storage
+            frame_stacks.check_order(c, frames, store.field(roles["terminated"]),
+                                     store.field(roles["truncated"]), cursor, size, envs, cap)
+        # the state's statistics were left out of load_state_dict (which would compute them from
+        # the mapped rows first): the buffer computed them from the rows in memory; they must agree
+        columns.compare_state(c, arrays, st.get("stats"), stats, buf)
+        return buf

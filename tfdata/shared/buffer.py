@@ -479,7 +479,21 @@ class SharedReplayBuffer(Sampling):
         self._watch()
         return list(self._watch.lost)
 
-    # -- checkpoints (replay mode) ----------------------------------------------------------
+    # -- checkpoints (replay mode; tfdata.replay.checkpoint, with the part CHECKPOINT) -------
+    #: this class's checkpoint part, the samplers it builds from a name (a checkpoint of it may
+    #: name them), and the one it has when its config names none
+    CHECKPOINT = ShardCheckpoint
+    SAMPLERS = {"uniform": UniformSampler, "without_replacement": WithoutReplacementSampler,
+                "exactly_k": ExactlyKSampler}
+    DEFAULT_SAMPLER = "uniform"
+
+    @classmethod
+    def sampler_classes(cls, given=()) -> dict:
+        """``{name: class}`` of the samplers a checkpoint of this class may name: tfdata's
+        (:data:`SAMPLERS`) and the classes of the user's ``given`` to :meth:`load` (see
+        :func:`tfdata.shared.streams.sampler_classes`)."""
+        return {**cls.SAMPLERS, **sampler_classes(given)}
+
     @property
     def config(self) -> dict:
         """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
@@ -490,13 +504,10 @@ class SharedReplayBuffer(Sampling):
         :meth:`tfdata.shared.state.ShardCheckpoint.snapshot`)."""
         return self._checkpoint.snapshot()
 
-    def overwritten_since(self, heads: list) -> list:
-        """See :meth:`tfdata.shared.state.ShardCheckpoint.overwritten_since`."""
-        return self._checkpoint.overwritten_since(heads)
-
-    def settle_frames(self, state: dict) -> None:
-        """See :meth:`tfdata.shared.state.ShardCheckpoint.settle_frames`."""
-        self._checkpoint.settle_frames(state)
+    def settle(self, state: dict) -> None:
+        """The state of a :meth:`snapshot` as a checkpoint writes it, once its rows are copied
+        (see :meth:`tfdata.shared.state.ShardCheckpoint.finish`)."""
+        self._checkpoint.finish(state)
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory (replay mode): the rows each shard held when the save
@@ -504,9 +515,9 @@ class SharedReplayBuffer(Sampling):
         writing: rows a writer overwrote while they were copied (a shard's oldest) are left out
         of the checkpoint. File rules as :meth:`tfdata.ReplayBuffer.save` (nothing but a
         checkpoint is replaced, and only with ``overwrite=True``)."""
-        from .checkpoint import save_shared
+        from ..replay.checkpoint import save
 
-        save_shared(self, path, overwrite=overwrite)
+        save(self, path, overwrite=overwrite)
 
     @classmethod
     def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None,
@@ -521,23 +532,20 @@ class SharedReplayBuffer(Sampling):
         classes of yours a checkpoint may name (an allow-list, by their ``name``, as for
         :meth:`tfdata.ReplayBuffer.load`): rebuilt by their ``from_config``, their state checked
         by their ``check_state`` before the region is created."""
-        from .checkpoint import load_shared
+        from ..replay.checkpoint import load
 
-        return load_shared(path, cls, name=name, dir=dir, memory_budget=memory_budget,
-                           layout=layout, samplers=sampler_classes(samplers))
+        return load(path, {cls.__name__: cls}, cls, samplers, name=name, dir=dir,
+                    memory_budget=memory_budget, layout=layout)
 
     def unsaved_reason(self) -> str | None:
         """Why a checkpoint could not rebuild this buffer's sampler (None: it can; see
         :func:`tfdata.shared.streams.unsaved_reason`)."""
         return unsaved_reason(self.sampler) if self._given else None
 
-    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
-                undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
+    def restore(self, ds, plan: dict) -> None:
         """Fill this new buffer (no writer attached yet) from a checked checkpoint (see
-        :meth:`tfdata.shared.state.ShardCheckpoint.restore`). Used by
-        :func:`tfdata.shared.checkpoint.load_shared`."""
-        self._checkpoint.restore(ds, heads, dropped, counter, priorities, undrawn, samples, exactly_k,
-                                 frames)
+        :meth:`tfdata.shared.state.ShardCheckpoint.restore`)."""
+        self._checkpoint.restore(ds, plan)
 
     # -- priorities (prioritized=True) -------------------------------------------------------
     def _prioritized(self, what: str) -> PrioritizedSampler:

@@ -1,6 +1,19 @@
-"""What a checkpoint of a replay region keeps and restores: the configuration, a snapshot of
-the state as of the shards' heads, the rows writers overwrote while they were copied, and the
-restore of a new region (called by :mod:`tfdata.shared.checkpoint` through the buffer)."""
+"""The checkpoint part of a replay region (:class:`ShardCheckpoint`; the contract of a
+buffer's checkpoint part: :mod:`tfdata.replay.checkpoint`): the configuration, a snapshot of the
+state as of the shards' heads, the rows writers overwrote while they were copied, the checks of
+a checkpoint's state before a region is created and the restore of a new region.
+
+A SharedReplayBuffer's checkpoint has the files of any checkpoint; its state says, per shard, the
+rows its writer had published when the save began ("heads") and how many of the oldest of them
+the writer was overwriting while the rows were copied ("dropped": left out). Rows are every slot
+of the region, in slot order. Without replacement, config.sampler is "without_replacement"
+(absent: uniform) and state.without_replacement holds the pass as for a ReplayBuffer (undrawn
+slots of held rows, each once; passes), every published row added before the save. With frame
+stacks, config has frame_stack, frame_padding and final_frames, the rows are the stored ones (one
+frame per row, no elided next field) and state.frames holds what the kept rows' stacks read
+besides them (:func:`_read_frames`); heads and dropped then say which rows were kept
+(:meth:`ShardCheckpoint.finish` may leave out more than the rows overwritten).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +22,121 @@ import contextlib
 import numpy as np
 
 from .._checks import check_slot_list
-from ..errors import SharedBufferError
-from ..replay import shared_frames
-from ..replay.frames import padding_config
+from ..errors import FormatError, SharedBufferError, SpecError
+from ..replay import limiter, shared_frames
+from ..replay.checkpoint_checker import available_memory, sampler_part, show_layout
+from ..replay.frames import padding_config, resolve_frames
 from ..replay.samplers import state_key
+from ..replay.samplers.exactly_k import OPTIONS as _EXACTLY_K_KEYS, ExactlyKSampler
+from ..replay.samplers.prioritized import OPTIONS as _PRIORITIZED_KEYS
+from ..replay.samplers.prioritized import EPOCH_RULE, PrioritizedSampler, leaves32, odd_epoch, read_scalars
+from ..replay.samplers.without_replacement import read_undrawn
+from ..storage import file_name, storage_nbytes
 from .region import CURSOR, HEAD, RESERVED, SAMPLES
 
-__all__ = ["ShardCheckpoint"]
+__all__ = ["ShardCheckpoint", "MAX_WRITERS"]
+
+_CONFIG = ("capacity", "layout", "ring_size", "num_writers", "prioritized", "n_step",
+           "gamma", "next_of", "roles")
+_STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "heads",
+          "dropped", "sampler", "prioritized")
+# frame stacks (config keys present together, with state.frames: see replay/shared_frames.py)
+_FRAME_KEYS = ("frame_stack", "frame_padding", "final_frames")
+MAX_WRITERS = 4096
+_MAX_HEAD = (1 << 62) - 1
+
+
+def _exactly_k_config(c, v: dict) -> None:
+    """``replays``, ``policy``, ``timeout``: present exactly when ``config.sampler`` is
+    ``"exactly_k"`` (checked by :meth:`ExactlyKSampler.from_config`)."""
+    if v.get("sampler") != "exactly_k":
+        for k in _EXACTLY_K_KEYS:
+            if k in v:
+                c.fail("config." + k, "absent (config.sampler is not 'exactly_k')", v[k])
+        return
+    try:
+        ExactlyKSampler.from_config({k: v[k] for k in _EXACTLY_K_KEYS if k in v}, 0)
+    except (TypeError, ValueError) as exc:
+        raise c.caught(exc, "config") from None
+
+
+def _held_slots(c, where: str, slots: np.ndarray, held: np.ndarray, per: int) -> None:
+    """Refuse ``slots`` unless each is a slot of a row a shard held (``held`` rows per shard
+    of ``per`` slots, from its first), none twice."""
+    bad = (slots < 0) | (slots >= per * held.shape[0])
+    bad[~bad] = slots[~bad] % per >= held[slots[~bad] // per]
+    if bad.any() or np.unique(slots).shape[0] != slots.shape[0]:
+        i = int(np.argmax(bad)) if bad.any() else None
+        c.fail(where, "slots of rows the shards held, each once",
+               f"slot {int(slots[i])} at position {i}" if i is not None else "a slot twice")
+
+
+def _read_pool(c, arrays, part, heads: list, per: int, replays: int) -> tuple:
+    """``state.exactly_k`` of a :class:`tfdata.SharedReplayBuffer`: the pool (``slots``,
+    ``counts``: int64 arrays, at most the rows held, from the headers before anything is read;
+    each slot a row a shard held, none twice; each count in ``[1, replays]``), the counters
+    ``delivered`` and ``released`` (every row published awaits replay or was released:
+    ``released == sum(heads) - len(slots)``) and the writers' ``cursors`` (one per shard, in
+    ``[0, shard capacity)``). Returns ``(slots, counts, delivered, released, cursors)``."""
+    w = "state.exactly_k."
+    c.obj("state.exactly_k", part, ("slots", "counts", "delivered", "released", "cursors"))
+    c.integer(w + "delivered", part["delivered"], 0, (1 << 63) - 1)
+    c.integer(w + "released", part["released"], 0, (1 << 63) - 1)
+    cursors = part["cursors"]
+    if not isinstance(cursors, list) or len(cursors) != len(heads):
+        c.fail(w + "cursors", f"a list of {len(heads)} ints", cursors)
+    for s, cur in enumerate(cursors):
+        c.integer(f"{w}cursors[{s}]", cur, 0, per - 1)
+    held = np.minimum(np.asarray(heads, np.int64), per)
+    m = arrays.length(w + "slots", part["slots"])
+    if m > int(held.sum()):
+        c.fail(w + "slots", f"at most {int(held.sum())} slots (the rows held)", f"{m} slots", show=False)
+    slots = arrays.read(w + "slots", part["slots"], np.int64, (m,))
+    counts = arrays.read(w + "counts", part["counts"], np.int64, (m,))
+    _held_slots(c, w + "slots", slots, held, per)
+    bad = np.flatnonzero((counts < 1) | (counts > replays))
+    if bad.size:
+        c.fail(f"{w}counts[{int(bad[0])}]", f"an int in [1, {replays}] (config.replays)",
+               int(counts[bad[0]]))
+    if part["released"] != sum(heads) - m:
+        c.fail(w + "released", f"{sum(heads) - m} (the rows published, sum of state.heads, less "
+               f"the {m} awaiting replay)", part["released"])
+    return slots, counts, part["delivered"], part["released"], list(cursors)
+
+
+
+def _read_frames(c, arrays, part, spec, frames: dict, cap: int, shards: int) -> dict:
+    """``state.frames`` of a :class:`tfdata.SharedReplayBuffer` with ``frame_stack``: ``stacks``
+    (the config's), ``depth`` uint8[capacity] in ``[0, K - 1]``, ``final_slots`` int64 (at most
+    the capacity, from the header), ascending slots, ``finals`` (one array of final frames per
+    next field of a stacked field, a row per final slot), ``pending`` (one frame per shard) and
+    ``back`` (``K - 1`` frames per shard, per stacked field). Their agreement with the rows is
+    checked once the rows are open (:func:`tfdata.replay.shared_frames.check_checkpoint`)."""
+    w = "state.frames."
+    nexts = [n for n in frames["next"].values() if n is not None]
+    c.obj("state.frames", part, ("stacks", "depth", "final_slots", "finals", "pending", "back"))
+    if part["stacks"] != frames["stacks"]:
+        c.fail(w + "stacks", f"{frames['stacks']} (config.frame_stack)", part["stacks"])
+    kmax = max(frames["stacks"].values()) - 1
+    depth = arrays.read(w + "depth", part["depth"], np.uint8, (cap,))
+    if cap and int(depth.max()) > kmax:
+        c.fail(w + "depth", f"values in [0, {kmax}]", int(depth.max()))
+    m = arrays.length(w + "final_slots", part["final_slots"])
+    if m > cap:
+        c.fail(w + "final_slots", f"at most {cap} slots", f"{m} slots", show=False)
+    slots = arrays.read(w + "final_slots", part["final_slots"], np.int64, (m,))
+    if m and (int(slots[0]) < 0 or int(slots[-1]) >= cap or (np.diff(slots) <= 0).any()):
+        c.fail(w + "final_slots", f"ascending slots in [0, {cap})", slots.tolist()[:10])
+    out = {"depth": depth, "final_slots": slots, "finals": {}, "pending": {}, "back": {}}
+    for key, names, lead in (("finals", nexts, (m,)), ("pending", nexts, (shards,)),
+                             ("back", list(frames["stacks"]), None)):
+        c.obj(w + key, part[key], names)
+        for n in names:
+            f = spec[n]
+            shape = (shards, frames["stacks"][n] - 1) if lead is None else lead
+            out[key][n] = arrays.read(f"{w}{key}[{n!r}]", part[key][n], f.dtype, shape + f.shape[1:])
+    return out
+
 
 
 class ShardCheckpoint:
@@ -72,6 +193,20 @@ class ShardCheckpoint:
             cfg["rate_limiter"] = self._limiter.params()
         return cfg
 
+    # -- save (the contract of tfdata.replay.checkpoint) -----------------------------------
+    @staticmethod
+    def unsaved_reason(buffer) -> str | None:
+        return buffer.unsaved_reason()
+
+    @staticmethod
+    def saved_rows(state: dict) -> int:
+        return state["capacity"]  # every slot, in slot order
+
+    @staticmethod
+    def settle(buffer, state: dict) -> dict:
+        buffer.settle(state)
+        return state
+
     @contextlib.contextmanager
     def snapshot(self):
         """Hold the lock, fold what the writers published (prioritized, without replacement,
@@ -114,7 +249,28 @@ class ShardCheckpoint:
                 state["frame_copies"] = shared_frames.copies(r.frames)
             yield state
 
-    def overwritten_since(self, heads: list) -> list:
+    def finish(self, state: dict) -> None:
+        """After the rows of a :meth:`snapshot` were copied: per shard, the oldest rows a writer
+        began overwriting since (``dropped``: left out; refused with a sampler object, whose
+        state may name slots), the frames the rows kept read, the priorities in the form on
+        disk (leaves float64, versions uint64: the trees hold float32 and uint32)."""
+        state["dropped"] = self._overwritten(state["heads"])
+        if any(state["dropped"]) and self._given:
+            # a load moves a shard's kept rows to its first slots, which a state naming slots
+            # (a sampler of the user's) cannot follow: refused, nothing written
+            raise SharedBufferError(
+                f"save: writers overwrote {state['dropped']} of the oldest rows of each shard "
+                f"while they were copied; with a sampler object ({type(self._sampler).__name__}"
+                f", whose state may name slots) the rows must keep their slots: save again, "
+                f"or while the writers pause")
+        if "frame_copies" in state:  # frame stacks: what the kept rows' stacks read
+            self._settle_frames(state)
+        pri = state.get("prioritized")
+        if pri is not None:
+            pri["leaves"] = np.asarray(pri["leaves"], np.float64)
+            pri["versions"] = np.asarray(pri["versions"], np.uint64)
+
+    def _overwritten(self, heads: list) -> list:
         """Per shard, how many of the rows held at ``heads`` its writer has begun overwriting
         since (the oldest of them: a writer overwrites in order). Exactly-k: none (a writer
         writes only free slots, never a row awaiting replay)."""
@@ -128,7 +284,7 @@ class ShardCheckpoint:
             out.append(max(0, min(held, begun - r.cap - max(0, h - r.cap))))
         return out
 
-    def settle_frames(self, state: dict) -> None:
+    def _settle_frames(self, state: dict) -> None:
         """After the rows of a :meth:`snapshot` were copied (frame stacks only): the rows the
         checkpoint keeps (``heads``, ``dropped``) and its ``frames`` part, from the frame arrays
         copied with the heads and frames read now (see
@@ -151,18 +307,246 @@ class ShardCheckpoint:
         if "rate_limiter" in state:  # inserts as of the heads kept
             state["rate_limiter"]["inserts"] = sum(heads)
 
-    def restore(self, ds, heads: list, dropped: list, counter: int, priorities=None,
-                undrawn=None, samples: int | None = None, exactly_k=None, frames=None) -> None:
-        """Fill this new buffer (no writer attached yet) from a checked checkpoint: rows from
-        the dataset ``ds`` (every slot), shard heads, the sampler's counter and, prioritized,
-        ``(leaves, versions, samples)``; without replacement, ``(slots, passes)`` of the pass
-        (the saved slots: a shard's rows moved to its first slots are mapped, the rows left out
-        leave the pass); ``samples``: the rate limiter's count of rows sampled (its inserts are
-        the heads restored: rows left out at the save are not counted); ``exactly_k``: the
-        checked ``(slots, counts, delivered, released, cursors)`` (every row of ``heads`` folded,
-        ``dropped`` all 0); ``frames``: the checked frame part (see
-        :func:`tfdata.replay.shared_frames.restore`). Used by
-        :func:`tfdata.shared.checkpoint.load_shared`."""
+    # -- load (the contract of tfdata.replay.checkpoint) -----------------------------------
+    @staticmethod
+    def options(given: dict) -> dict:
+        """``name``, ``dir``, ``memory_budget`` (the new region's) and ``layout`` (another layout
+        for the new region: the rows are copied field by field)."""
+        from .._budget import parse_bytes
+
+        bad = set(given) - {"name", "dir", "memory_budget", "layout"}
+        if bad:
+            raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, "
+                            f"memory_budget, layout, samplers")
+        rest = {k: v for k, v in given.items() if k != "layout"}
+        budget = rest.get("memory_budget")
+        if budget is not None:
+            parse_bytes("memory_budget", budget)  # the caller's error, not the file's
+        return {"layout": given.get("layout"), "rest": rest, "budget": budget}
+
+    @staticmethod
+    def read(c, arrays, doc, cls, sampler, known, options) -> dict:
+        """Check ``doc``'s config and state and read its arrays, before the region exists."""
+        from ..kernels._tree import MAX_LEAF, MIN_LEAF, tree_nbytes
+        from ..replay.episodes import resolve_next_of, resolve_roles
+        from ..storage import resolve_layout
+
+        limited = isinstance(doc["config"], dict) and "rate_limiter" in doc["config"]
+        v = doc["config"]
+        sname, scls = sampler
+        # a sampler of the user's (given to load): its options are the config's keys beside the
+        # buffer's, its part of the state under its state key
+        ucls = None if sname in cls.SAMPLERS else scls
+        ukey = None if ucls is None else state_key(ucls)
+        ucfg = None
+        if ucls is not None:
+            own = set(_CONFIG) | {"sampler", "rate_limiter"}
+            ucfg = {k: x for k, x in v.items() if k not in own}
+            v = doc["config"] = {k: x for k, x in v.items() if k in own}
+            if v.get("prioritized") is not False:
+                c.fail("config.prioritized", f"false (config.sampler is {sname!r})", v.get("prioritized"))
+        ek, wor = sname == "exactly_k", sname == "without_replacement"
+        if (ek or wor) and v.get("prioritized") is not False:
+            c.fail("config.sampler", "'without_replacement' or 'exactly_k' with prioritized false "
+                   "(absent: uniform)", v["sampler"])
+        framed = isinstance(v, dict) and any(k in v for k in _FRAME_KEYS)
+        st = c.obj("state", doc["state"], _STATE + (("rate_limiter",) if limited else ())
+                   + (("without_replacement",) if wor else ()) + (("exactly_k",) if ek else ())
+                   + (("frames",) if framed else ()) + ((ukey,) if ukey else ()))
+        if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
+            c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
+        spec = c.spec(st["spec"])
+        cf = "config."
+        v = doc["config"]
+        c.no_overrides(v, ("name", "dir"))
+        prioritized = isinstance(v, dict) and v.get("prioritized") is True
+        config = c.obj("config", v, _CONFIG + (_PRIORITIZED_KEYS if prioritized else ())
+                       + (_FRAME_KEYS if framed else ()),
+                       optional=("rate_limiter", "sampler") + _EXACTLY_K_KEYS)
+        _exactly_k_config(c, config)  # replays, policy, timeout: present exactly with exactly_k
+        if ek and config["policy"] == "overwrite":
+            c.fail("config.policy", "'block' or 'drop' (a SharedReplayBuffer)", config["policy"])
+        cap, layout, shards = c.streams(config, spec, "num_writers", MAX_WRITERS)
+        c.flag(cf + "prioritized", config["prioritized"])
+        if prioritized:
+            try:
+                PrioritizedSampler.from_config({k: config[k] for k in _PRIORITIZED_KEYS}, 0)
+            except (TypeError, ValueError) as exc:
+                raise c.caught(exc, "config") from None
+        if limited:
+            limiter.read_config(c, config["rate_limiter"], cap)
+        saved_layout = layout
+        if options["layout"] is not None:  # the caller's layout (their error, not the file's)
+            layout = resolve_layout(options["layout"], spec)
+        for k, want in (("capacity", cap), ("num_writers", shards)):
+            if type(st[k]) is not type(want) or st[k] != want:
+                c.fail(f"state.{k}", f"{want!r} (config.{k})", st[k])
+        if c.layout("state.layout", st["layout"], spec) != saved_layout:
+            c.fail("state.layout", f"{show_layout(saved_layout)} (config.layout)", st["layout"])
+        per = cap // shards
+        heads, dropped = st["heads"], st["dropped"]
+        if not isinstance(heads, list) or len(heads) != shards:
+            c.fail("state.heads", f"a list of {shards} ints", heads)
+        if not isinstance(dropped, list) or len(dropped) != shards:
+            c.fail("state.dropped", f"a list of {shards} ints", dropped)
+        for s in range(shards):
+            h = c.integer(f"state.heads[{s}]", heads[s], 0, _MAX_HEAD)
+            # exactly-k: a writer never writes a row awaiting replay, so nothing is left out
+            c.integer(f"state.dropped[{s}]", dropped[s], 0, 0 if ek else min(h, per))
+        sampler = c.sampler(st["sampler"])
+        rate_limiter = counts = None
+        if limited:  # the counts: inserts are the heads' sum (what the writers published)
+            counts = limiter.read_state(c, st["rate_limiter"], sum(min(h, per) for h in heads))
+            if counts["inserts"] != sum(heads):
+                c.fail("state.rate_limiter.inserts", f"{sum(heads)} (the sum of state.heads)",
+                       counts["inserts"])
+            rate_limiter = limiter.RateLimiter(**config["rate_limiter"])
+        try:
+            roles = resolve_roles(spec, config["roles"])
+            next_of = resolve_next_of(spec, config["next_of"])
+        except (SpecError, ValueError, TypeError, KeyError) as exc:
+            raise FormatError(f"{c.spath}: config: {str(exc)[:300]}") from None
+        if config["roles"] != roles or config["next_of"] != next_of:
+            c.fail("config.roles/next_of", f"the resolved roles {roles} and next_of {next_of}", show=False)
+        frames = frame_part = final_frames = None
+        stored_spec, stored_layout = spec, saved_layout
+        if framed:
+            if type(config["final_frames"]) is not int:
+                c.fail(cf + "final_frames", "an int", config["final_frames"])
+            try:
+                frames = resolve_frames(spec, config["frame_stack"], config["frame_padding"], next_of,
+                                        "terminated" in roles and "truncated" in roles)
+                if frames is None:
+                    raise ValueError("frame_stack: None")
+                final_frames = shared_frames.check_options(spec, frames, per, config["final_frames"])
+            except (SpecError, ValueError, TypeError) as exc:
+                raise FormatError(f"{c.spath}: config.frame_stack / frame_padding / final_frames: "
+                                  f"{str(exc)[:300]}") from None
+            stored_spec, stored_layout = shared_frames.stored(spec, frames, saved_layout)
+            frame_part = _read_frames(c, arrays, st["frames"], spec, frames, cap, shards)
+        pri = None
+        if prioritized:
+            pri = st["prioritized"]
+            read_scalars(c, pri, config)
+        elif st["prioritized"] is not None:
+            c.fail("state.prioritized", "null (config.prioritized is false)", st["prioritized"])
+        # memory: the region, the trees; a memory_budget is the caller's (the constructor checks it)
+        if frames is None:
+            need = storage_nbytes(spec, cap, layout) + (tree_nbytes(cap) + cap if prioritized else 0)
+        else:  # one frame per row, and the frame arrays
+            st_spec, st_layout = shared_frames.stored(spec, frames, layout)
+            need = storage_nbytes(st_spec, cap, st_layout)
+            need += sum(np.dtype(d).itemsize * int(np.prod(shape, dtype=np.int64))
+                        for _, d, shape in shared_frames.region_arrays(spec, frames, shards, per, final_frames))
+        if options["budget"] is None and need > available_memory():
+            raise FormatError(f"{c.spath}: config.capacity {cap} would need {need} bytes, more than the "
+                              f"memory available on this machine; refused before allocating")
+        leaves = versions = None
+        if prioritized:
+            raw = arrays.read("state.prioritized.leaves", pri["leaves"], np.float64, (cap,))
+            versions = arrays.read("state.prioritized.versions", pri["versions"], np.uint64, (cap,))
+            k = odd_epoch(versions)
+            if k >= 0:
+                c.fail("state.prioritized.versions", EPOCH_RULE, f"slot {k} = {int(versions[k])}, "
+                       f"slot 0 = {int(versions[0])}", show=True)
+            leaves, bad = leaves32(raw)
+            bad &= leaves != 0.0  # slots no shard holds have leaf 0
+            for s in range(shards):
+                held = slice(s * per, s * per + min(heads[s], per))
+                bad[held] |= ~(leaves[held] > 0.0)  # every held row was folded before the save
+            if bad.any():
+                i = int(np.argmax(bad))
+                c.fail("state.prioritized.leaves", f"leaves that, rounded to float32, are 0 or in "
+                       f"[{MIN_LEAF}, {MAX_LEAF}], and not 0 for held rows", f"leaf {i} = {raw[i]}",
+                       show=False)
+        undrawn = None
+        if wor:  # the pass: slots of held rows, each once
+            part = read_undrawn(c, arrays, st["without_replacement"], "without_replacement", cap,
+                                 ring=False)
+            slots = part["undrawn"]
+            _held_slots(c, "state.without_replacement.undrawn", slots,
+                        np.minimum(np.asarray(heads, np.int64), per), per)
+            undrawn = (slots, part["passes"])
+        user = user_state = None
+        if ucls is not None:  # built by its class, its state checked by itself, before the region
+            if framed or config["n_step"] is not None:
+                c.fail("config.sampler", "a sampler of tfdata's (n_step and frame_stack are not built "
+                       "for a sampler object)", sname)
+            try:
+                user = ucls.from_config(ucfg, sampler["seed"])
+            except (TypeError, ValueError, KeyError, OverflowError) as exc:
+                raise c.caught(exc, "config") from None
+            part = {} if ukey is None else sampler_part(c, arrays, st[ukey], ukey, cap)
+            size = sum(min(h, per) - t for h, t in zip(heads, dropped))
+            try:
+                user_state = user.check_state({**sampler, **part}, size, cap)
+            except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
+                raise c.caught(exc, f"state.{ukey or 'sampler'}") from None
+        replays = None
+        if ek:
+            replays = _read_pool(c, arrays, st["exactly_k"], heads, per, config["replays"])
+        return {"rows_name": file_name(stored_layout, "rows"), "stored": stored_spec, "rows": cap,
+                "rows_why": f"{file_name(stored_layout, 'rows')} (layout {show_layout(stored_layout)})",
+                "rows_of": f"the region has {cap} slots", "spec": spec, "config": config,
+                "layout": layout, "per": per, "heads": heads, "dropped": dropped,
+                "sampler": sampler, "rate_limiter": rate_limiter, "counts": counts,
+                "frames": frames, "frame_part": frame_part, "final_frames": final_frames,
+                "roles": roles, "pri": pri, "leaves": leaves, "versions": versions,
+                "undrawn": undrawn, "replays": replays, "user": user, "user_state": user_state,
+                "wor": wor, "ek": ek}
+
+    @staticmethod
+    def build(c, p: dict, ds, cls, options):
+        """Check the frames against the rows ``ds``, create the region and restore into it."""
+        config, heads, dropped = p["config"], p["heads"], p["dropped"]
+        if p["frame_part"] is not None:  # the frames agree with the rows they belong to
+            roles = p["roles"]
+            bad = shared_frames.check_checkpoint(
+                p["frame_part"], heads, dropped, p["per"], max(p["frames"]["stacks"].values()) - 1,
+                p["final_frames"], ds.field(roles["terminated"]), ds.field(roles["truncated"]))
+            if bad is not None:
+                c.fail(f"state.{bad[0]}", bad[1], bad[2])
+        kw = {k: config[k] for k in ("ring_size", "num_writers", "prioritized", "n_step",
+                                     "gamma", "next_of", "roles")}
+        kw["layout"] = p["layout"]
+        if p["pri"] is not None:
+            kw.update({k: config[k] for k in _PRIORITIZED_KEYS})
+        if p["rate_limiter"] is not None:
+            kw["rate_limiter"] = p["rate_limiter"]
+        if p["wor"]:
+            kw["sampler"] = config["sampler"]
+        if p["ek"]:
+            kw.update({k: config[k] for k in ("sampler",) + _EXACTLY_K_KEYS})
+        if p["frames"] is not None:
+            kw.update({k: config[k] for k in _FRAME_KEYS})
+        user = p["user"]
+        if user is not None:
+            kw["sampler"] = user
+        buf = c.rebuild(cls, p["spec"], config["capacity"],
+                        seed=None if user is not None else p["sampler"]["seed"], **kw,
+                        **options["rest"])
+        try:
+            buf.restore(ds, p)
+            if user is not None:
+                user.load_state(p["user_state"])
+        except BaseException:
+            buf.close()
+            raise
+        return buf
+
+    def restore(self, ds, p: dict) -> None:
+        """Fill this new buffer (no writer attached yet) from the checked checkpoint ``p`` (the
+        plan of :meth:`read`): rows from the dataset ``ds`` (every slot), shard heads, the
+        sampler's counter and, prioritized, the leaves and versions; without replacement, the
+        pass (the saved slots: a shard's rows moved to its first slots are mapped, the rows left
+        out leave the pass); the rate limiter's count of rows sampled (its inserts are the heads
+        restored: rows left out at the save are not counted); exactly-k: the pool (every row of
+        the heads folded, nothing dropped); the frame part (see
+        :func:`tfdata.replay.shared_frames.restore`)."""
+        heads, dropped, counter, undrawn = p["heads"], p["dropped"], p["sampler"]["counter"], p["undrawn"]
+        priorities = None if p["pri"] is None else (p["leaves"], p["versions"], p["pri"]["samples"])
+        samples = None if p["rate_limiter"] is None else p["counts"]["samples"]
+        exactly_k, frames = p["replays"], p["frame_part"]
         r, st = self._region, self._region.storage
         cap = r.cap
         if any(int(w) for w in r.heads):
