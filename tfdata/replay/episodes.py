@@ -43,6 +43,7 @@ import weakref
 
 import numpy as np
 
+from .._checks import expect_array
 from ..errors import SpecError
 from ..spec import Spec
 from ..storage import WORD_TYPES
@@ -386,11 +387,11 @@ class Episodes:
     # -- reading ----------------------------------------------------------------------------
     def final_words(self, name: str, word: int) -> np.ndarray:
         """The final table of ``name`` as ``uint{8*word}[K, width]`` (what the kernels copy)."""
-        return _words(self.finals[name], word)
+        return as_words(self.finals[name], word)
 
     def pending_words(self, name: str, word: int) -> np.ndarray:
         """``pending[name]`` as ``uint{8*word}[num_envs, width]``."""
-        return _words(self.pending[name], word)
+        return as_words(self.pending[name], word)
 
     def next_value(self, name: str, slot: int, cursor: int):
         """The elided next field of one held slot (slow path for tests and introspection)."""
@@ -427,8 +428,8 @@ class Episodes:
                              f"{state.get('elide')}, next_of={state.get('next_of')}) differs from this "
                              f"buffer's (num_envs={self.num_envs}, elide={self.elide}, "
                              f"next_of={self.next_of})")
-        _expect(state.get("episode"), np.uint32, (size,), "episodes.episode")
-        _expect(state.get("current"), np.uint32, (self.num_envs,), "episodes.current")
+        expect_array(state.get("episode"), np.uint32, (size,), "episodes.episode")
+        expect_array(state.get("current"), np.uint32, (self.num_envs,), "episodes.current")
         if self.elide:
             slots = state.get("final_slots")
             if not isinstance(slots, np.ndarray) or slots.dtype != np.int64 or slots.ndim != 1:
@@ -438,11 +439,11 @@ class Episodes:
             k = slots.shape[0]
             for name in self.next_of:
                 f = self.spec[name]
-                _expect((state.get("finals") or {}).get(name), f.dtype, (k,) + f.shape,
+                expect_array((state.get("finals") or {}).get(name), f.dtype, (k,) + f.shape,
                         f"episodes.finals[{name!r}]")
-                _expect((state.get("pending") or {}).get(name), f.dtype, (self.num_envs,) + f.shape,
+                expect_array((state.get("pending") or {}).get(name), f.dtype, (self.num_envs,) + f.shape,
                         f"episodes.pending[{name!r}]")
-            _expect(state.get("has_pending"), np.bool_, (self.num_envs,), "episodes.has_pending")
+            expect_array(state.get("has_pending"), np.bool_, (self.num_envs,), "episodes.has_pending")
             if k > self.free.shape[0]:  # refused now, not after load_state has cleared
                 self.check_grow(k - self.free.shape[0])
         return state
@@ -482,19 +483,14 @@ def _initial_finals(capacity: int, num_envs: int) -> int:
     return num_envs + capacity // 64
 
 
-def _words(arr: np.ndarray, word: int) -> np.ndarray:
-    return arr.reshape(arr.shape[0], -1).view(np.uint8).view(WORD_TYPES[word])
+def as_words(arr: np.ndarray, word: int, lead: int = 1) -> np.ndarray:
+    """``arr`` (C-contiguous) as ``uint{8*word}[*arr.shape[:lead], width]``, a view."""
+    return arr.reshape(arr.shape[:lead] + (-1,)).view(np.uint8).view(WORD_TYPES[word])
 
 
 def _rows_bytes(arr: np.ndarray, n: int) -> np.ndarray:
     """uint8 view ``(n, row_bytes)`` of ``n`` rows (copied to C order if needed)."""
     return np.ascontiguousarray(arr).view(np.uint8).reshape(n, -1)
-
-
-def _expect(arr, dtype, shape, what: str) -> None:
-    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
-        got = f"{arr.dtype}{arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
-        raise ValueError(f"state {what}: expected {np.dtype(dtype)}{shape}, got {got}")
 
 
 # -- checkpoints: state.episodes, read as untrusted input; ``c`` is the checkpoint's checker of
