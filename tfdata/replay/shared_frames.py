@@ -176,8 +176,7 @@ class ShardFrames:
             pad = np.zeros(f.shape[1:], f.dtype) if isinstance(p, str) else np.asarray(p, f.dtype)
             self.pads[name] = as_words(np.ascontiguousarray(pad).reshape(1, -1), word)[0]
 
-    # -- the tables as FrameStack reads them (as it reads FrameStacks and Episodes); the
-    # final tables of the shards one after the other, a shard's head its steps
+    # the tables as FrameStack reads them from FrameStacks and Episodes (a shard's head its steps)
     steps = 0
 
     def source(self, name: str):
@@ -213,12 +212,8 @@ class ShardFrames:
 
 
 class ShardFrameWriter:
-    """One writer's side: check a write against its shard, then keep its frames' bookkeeping.
-
-    :meth:`check` (nothing changes) gives the values the storage takes; :meth:`write` runs
-    after the writer announced the write (its reserve) and before the rows are stored (the
-    frames of the rows it overwrites are read from the ring first).
-    """
+    """One writer's side: :meth:`check` a write against its shard (nothing changes), then
+    :meth:`write` its frames' bookkeeping (after the reserve, before the rows are stored)."""
 
     def __init__(self, sf: ShardFrames, shard: int):
         from .. import kernels
@@ -321,12 +316,10 @@ class ShardFrameWriter:
         self.has_pending[0] = not (term[n - 1] or trunc[n - 1])
 
 
-# -- checkpoints ------------------------------------------------------------------------------
-# A checkpoint keeps, besides the rows (one frame each) and per slot depth, what the stacks of
-# the rows it keeps read that is not a kept row: the final frames of the kept rows that end an
-# episode (``final_slots``, ``finals``), each shard's pending frame, and the frames of the rows
-# just before each shard's oldest kept row (``back``: K - 1 per field, oldest first). The writer
-# words are derived from the rows when the checkpoint is loaded.
+# -- checkpoints: besides the rows and the depths, what the kept rows' stacks read that is not a
+# kept row: the final frames of the kept episode ends (``final_slots``, ``finals``), each shard's
+# pending frame, and the frames of the K - 1 rows before each shard's oldest kept row (``back``,
+# oldest first). The writer words are derived from the rows on load.
 
 def copies(sf: ShardFrames) -> dict:
     """Copies of the frame arrays (writers may be writing: see :func:`checkpoint_state`)."""
@@ -339,16 +332,9 @@ def copies(sf: ShardFrames) -> dict:
 def checkpoint_state(sf: ShardFrames, storage, reserved: np.ndarray, heads: list, copied: dict,
                      kernels) -> tuple:
     """The frame part of a checkpoint whose rows were copied after ``copied`` (taken just after
-    the heads were read), and the rows it keeps: ``(heads, dropped, state)``.
-
-    A shard keeps its rows up to its head, less the oldest rows its writer began overwriting
-    since (as the rows of any shared checkpoint), less the K - 1 rows after those when there are
-    any (their frames become the ``back`` frames of the oldest kept row: the overwritten rows'
-    frames may be torn), less its newest row if the writer began a write since the heads and
-    that row did not end an episode (the write replaced its pending frame; its next frame is the
-    frame of the row itself, kept as the pending frame of the row before it). Frames read from
-    the region after the copy are checked against the writer's reserve, and read again if it
-    moved over them.
+    the heads were read), and the rows it keeps: ``(heads, dropped, state)``. Which rows a shard
+    keeps: docs/design/frames.md, "Checkpoints"; frames read from the region after the copy are
+    checked against the writer's reserve, and read again if it moved over them.
     """
     shards, cap, kmax = sf.shards, sf.cap, sf.kmax
     scratch = np.zeros(7 * shards + 2 * (kmax + 1), np.int64)
@@ -427,16 +413,12 @@ def checkpoint_state(sf: ShardFrames, storage, reserved: np.ndarray, heads: list
 
 def restore(sf: ShardFrames, storage, state: dict, heads: list, dropped: list) -> None:
     """Fill a new region's frame arrays from a checked checkpoint (:func:`checkpoint_state`),
-    its rows already in place: a shard that lost none of its oldest rows keeps its slots and
-    row numbers, another holds its rows from its first slot on, numbered from 0 (as
-    :meth:`tfdata.SharedReplayBuffer.restore` moves them). The writer words follow from the
-    rows: the final-table entries are given again in row order, oldest first.
-
-    The ``back`` frames (rows before the oldest kept one) go to the hist, and, for a shard
+    its rows already in place (a shard that lost none of its oldest rows keeps its slots and
+    row numbers, another holds its rows from its first slot on, numbered from 0). The final
+    entries are given again in row order; the ``back`` frames go to the hist and, for a shard
     moved to its first slots, also to the free slots those rows would occupy (row ``-j`` in
-    slot ``cap - j`` while the shard holds fewer than ``cap - j`` rows): the stack kernels read
-    a row from the ring while no newer row took its slot, and the writer's checks read the
-    ring only."""
+    slot ``cap - j``): the stack kernels read the ring while no newer row took a slot, and the
+    writer's checks read the ring only."""
     cap, kmax = sf.cap, sf.kmax
     saved_depth, final_slots = state["depth"], state["final_slots"]
     index = {int(x): i for i, x in enumerate(final_slots.tolist())}
