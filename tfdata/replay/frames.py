@@ -456,18 +456,15 @@ def depth_break(depth, term, trunc, prev, cursor: int, size: int, num_envs: int,
 
 
 class FrameStack:
-    """The transform that fills the stacked fields (and their next fields) of a batch from the
-    stored frames (see :mod:`tfdata.replay.transforms` for the contract), over either kind of
-    ``streams`` (:mod:`tfdata.replay.streams`): a ring (``where``: the writer's cursor), or the
-    shards of a shared region (``where`` ignored: the stacks of the rows the streams' heads
-    snapshot held; the buffer then checks them, :func:`tfdata.kernels.torn_stacks`).
+    """The transform (:mod:`tfdata.replay.transforms`) that fills the stacked fields and their
+    next fields of a batch from the stored frames, over a ring of streams (``where``: the
+    writer's cursor) or a shared region's shards (``where`` ignored: the buffer then checks the
+    stacks, :func:`tfdata.kernels.torn_stacks`).
 
-    ``frames`` has the per-slot tables (``stacks``, ``nexts``, ``padding``, ``depth``,
-    ``steps``, ``source``, ``pad_words``, ``hist_words``: :class:`FrameStacks`), ``finals``
-    the next frames the rows do not hold (``final_idx``, ``final_words``, ``pending_words``: the
-    buffer's ``Episodes``); a region's ``ShardFrames`` is both. ``flags``: the stored
-    ``terminated`` and ``truncated`` fields; ``cold``: ``{field: ColdFrames}`` of a ring with a
-    compressed cold tier.
+    ``frames``: the per-slot tables (:class:`FrameStacks`); ``finals``: the next frames the rows
+    do not hold (the buffer's ``Episodes``); a region's ``ShardFrames`` is both. ``flags``: the
+    stored ``terminated`` and ``truncated`` fields; ``cold``: ``{field: ColdFrames}`` of a ring
+    with a compressed cold tier.
     """
 
     on_slices = True

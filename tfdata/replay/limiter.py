@@ -239,14 +239,13 @@ class RateLimiter:
 
     def sample_wait(self, batch_size: int, held=None, step: int = 1) -> None:
         """Return when a sample of ``batch_size`` rows may proceed and, if ``held`` is given
-        (an object whose ``size`` is the rows a batch can draw from now: the buffer's writer,
-        or what a sampler that holds rows back lets it draw), ``held.size >= batch_size``; the
+        (its ``size``: the rows a batch can draw from now), ``held.size >= batch_size``; the
         lock is released while waiting. ``step``: the fewest rows an insert writes (the
         buffer's ``num_envs``).
 
         Raises ValueError if it never can (at once, or as soon as the sample waits for rows
-        while no insert of ``step`` rows may proceed: only a sample could let one in, and this
-        one waits for rows: both would wait for ever), TimeoutError after ``timeout`` seconds."""
+        while no insert of ``step`` rows may proceed: both would wait for ever), TimeoutError
+        after ``timeout`` seconds."""
         if not (self.inserts >= self.min_size_to_sample
                 and self.inserts * self.samples_per_insert - self.samples - batch_size >= self.min_diff
                 and (held is None or held.size >= batch_size)):
@@ -371,10 +370,9 @@ class RateLimiter:
         return out
 
     def load_state_dict(self, state) -> None:
-        """Set the counts from a :meth:`state_dict` (checked first by :meth:`check_state`
-        against the rows its buffer holds, if it serves one: ValueError naming the field,
-        nothing changed); under the owning buffer's lock if it has one. A buffer's own
-        ``load_state_dict`` and checkpoints restore the counts themselves."""
+        """Set the counts from a :meth:`state_dict`, checked first by :meth:`check_state`
+        against the rows its buffer holds (ValueError naming the field, nothing changed);
+        under the owning buffer's lock if it has one."""
         held = None if self._owner is None else self._owner()
         if self._cond is None or held is None:
             counts = self.check_state(state, 0)

@@ -300,19 +300,12 @@ _LAPS = 1 << 32
 
 class FreeSlotWriter(RingWriter):
     """A writer that puts each row into the next free slot at or after its cursor (wrapping),
-    skipping the slots its sampler holds back, and moves the cursor past the last slot written:
-    a write of ``n`` rows lands where ``n`` pushes would. What "free" means is the sampler's
-    (the free-slot contract, see the module docstring); what a write does when no slot is free
-    is its ``policy`` (:class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` says what
-    each does): ``"block"`` waits on ``waits``, ``"drop"`` tells ``on_drop``, ``"overwrite"``
-    writes at the cursor.
-
-    Rows are not in stream order: a buffer with this writer keeps no episode numbers and no
-    frame stacks. The sweep skips slots, so passing a slot is not writing it: the writer keeps
-    each slot's last write (the lap, uint32: 4 bytes per slot) for :meth:`overwritten`. A push
-    takes the generated push with :meth:`_one_slot` placing the row (``"block"``,
-    ``"overwrite"``; ``"drop"`` the generic path); an extend the generic path, one kernel call
-    placing its rows.
+    skipping the slots its sampler holds back (the free-slot contract, see the module
+    docstring), and moves the cursor past the last slot written: a write of ``n`` rows lands
+    where ``n`` pushes would. Rows are not in stream order: no episode numbers, no frame stacks.
+    The sweep skips slots, so passing a slot is not writing it: the writer keeps each slot's
+    last write (the lap, uint32) for :meth:`overwritten`. A push takes the generated push with
+    :meth:`_one_slot` placing the row (``"drop"``: the generic path); an extend the generic path.
 
     Parameters
     ----------
