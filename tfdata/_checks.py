@@ -84,3 +84,11 @@ def check_slot_list(slots, size: int, what: str):
                              f"(expected 0 <= slot < {size})")
         raise ValueError(f"{what}: slot {int(a[i])} is given twice (position {i})")
     return np.ascontiguousarray(out)
+
+
+def expect_array(arr, dtype, shape, what: str) -> None:
+    """ValueError ``state <what>: expected <dtype><shape>, got ...`` unless ``arr`` is an ndarray
+    of exactly ``dtype`` and ``shape``."""
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
+        got = f"{arr.dtype}{arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise ValueError(f"state {what}: expected {np.dtype(dtype)}{shape}, got {got}")

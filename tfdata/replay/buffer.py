@@ -138,12 +138,12 @@ class ReplayBuffer(ReplayCore):
     frame_stack : int or mapping, optional
         Store a stacked observation one frame per row: ``{"obs": 4}`` (an int ``K`` stacks
         ``obs``) for a field of shape ``(K, *frame)``, oldest frame first, as gymnasium's
-        ``FrameStackObservation`` returns it. Only its newest frame is stored; its next field
-        (``next_obs``) is not stored at all. Both are rebuilt when sampled, exactly what was
-        pushed: within an episode and a stream, padded before the episode's first row, for rows
-        the ring has overwritten too. Needs the episode flags; each row's stack must continue
-        its stream's previous row (an episode's first row: be padded), and ``next_obs`` must be
-        ``obs`` shifted by one frame, else SpecError. Every layout stores the frames as a column.
+        ``FrameStackObservation`` returns it. Only its newest frame is stored, and its next
+        field (``next_obs``) not at all; both are rebuilt when sampled, exactly what was pushed
+        (padded before the episode's first row). Needs the episode flags; each row's stack must
+        continue its stream's previous row (an episode's first row: be padded), and
+        ``next_obs`` must be ``obs`` shifted by one frame, else SpecError. Every layout stores
+        the frames as a column.
         The capacity must hold ``K`` steps per stream (``capacity >= K * num_envs``). Works with
         every other option (n-step, sequences, prioritized and without-replacement sampling,
         spill, checkpoints, budgets) except ``sampler="exactly_k"``, which writes rows off
@@ -155,11 +155,11 @@ class ReplayBuffer(ReplayCore):
         bool, integer or float field, finite: a checkpoint keeps it in its JSON config);
         per stacked field with a mapping.
     spill_path : str or path, optional
-        Keep the rows in this file (an AoS ``.npy``, or an SoA or grouped directory, created sparse; the
-        path must not exist: FileExistsError, nothing is replaced) instead of RAM: a capacity larger than memory. Sampling,
-        writing and wrap-around are unchanged (one true ring); only the ``hot_rows`` newest rows
-        stay resident, older pages are released (see :mod:`tfdata.storage.spill`). Needs exactly one
-        of ``hot_rows`` and ``hot_bytes``.
+        Keep the rows in this file (an AoS ``.npy``, or an SoA or grouped directory, created
+        sparse; the path must not exist: FileExistsError, nothing is replaced) instead of RAM.
+        Sampling, writing and wrap-around are unchanged; only the ``hot_rows`` newest rows stay
+        resident, older pages are released (see :mod:`tfdata.storage.spill`). Needs exactly
+        one of ``hot_rows`` and ``hot_bytes``.
     hot_rows : int, optional
         Rows kept resident by a spilling buffer.
     hot_bytes : int or str, optional
@@ -170,10 +170,7 @@ class ReplayBuffer(ReplayCore):
         holds every row: state dicts and checkpoints are unchanged; a loaded state is compressed
         again when it loads). Frames are compressed in blocks of 16 slots with zstd (level 3)
         once a whole block is out of the hot window, and decompressed into a cache of a few
-        blocks (4 MiB) when a sample needs them: sampling a cold row then costs a block's
-        decompression instead of a read from the page cache or the disk (about twice a read from
-        the page cache, far less than one from the disk, with the cold frames held in a small
-        fraction of their bytes: docs/design/spill-and-cold.md, reports/atari_frames). Batches are
+        blocks (4 MiB) when a sample needs them (docs/design/spill-and-cold.md). Batches are
         bit-identical to those of the same buffer without it. Memory:
         ``nbytes_parts["cold"]`` (the compressed blocks, the cache and the block tables);
         ``plan_memory`` counts every frame that can be cold uncompressed (a bound); with a
@@ -197,10 +194,8 @@ class ReplayBuffer(ReplayCore):
         mean, population variance, std, min, max): read them with :meth:`stats`, normalise with
         ``buf.stats("obs").normalize(x)``. Bool, integer and float fields that are stored.
         Writes do no statistics work; a read recomputes what changed since the previous read
-        (see :mod:`tfdata.replay.columns`). Memory: a tree over blocks of 256 rows (1024 for
-        1-byte fields), about ``capacity / 32`` float64 values per element of the field (up to
-        twice that when the number of blocks is just above a power of two), counted in
-        ``nbytes_parts["trees"]``. A field stacked with ``frame_stack`` has the statistics of
+        (see :mod:`tfdata.replay.columns`). Memory: about ``capacity / 32`` float64 values per
+        element of the field, up to twice that (``nbytes_parts["trees"]``). A field stacked with ``frame_stack`` has the statistics of
         its frames (one per row, as stored), of the frame's shape: ``normalize`` broadcasts
         them over a batch of stacks.
     rate_limiter : tfdata.RateLimiter, optional
@@ -234,8 +229,8 @@ class ReplayBuffer(ReplayCore):
     *Steady state allocates nothing*: push and extend write in place; sample reuses its output
     ring. The first ``sample`` with a new batch size allocates that size's ring.
 
-    *Episodes* are tracked when the spec has bool ``terminated`` and ``truncated`` fields: each
-    row gets its stream's episode number at insert, which :meth:`sample_sequences` uses.
+    *Episodes* are tracked when the spec has bool ``terminated`` and ``truncated`` fields
+    (:meth:`sample_sequences` uses them).
 
     *Columns*: :meth:`column` (read-only views of one field, oldest to newest, no copy),
     :meth:`column_stats` (statistics computed now), :meth:`stats` (running statistics of the

@@ -5,10 +5,8 @@ Every buffer constructor (:class:`~tfdata.ReplayBuffer`, :class:`~tfdata.Priorit
 :class:`~tfdata.SharedReplayBuffer`) describes what it was given as a plain dict of *facets*
 (:func:`facets`) and calls :func:`check`, which raises the first :data:`RULES` entry that
 matches, with a message naming both options, the values given and why they do not combine.
-A pair of options that no rule names is supported, and ``tests/test_combinations.py`` walks
-every pair (and the triples that matter) on every buffer class: each is either refused with
-this table's message, or built and run (push, extend, sample, state round trip) against a
-reference, with real threads and a timeout where a call may wait.
+A pair of options that no rule names is supported (``tests/test_combinations.py`` walks every
+pair on every buffer class).
 
 Two kinds of refusal: ``ValueError`` where the combination cannot mean anything (it would
 deadlock, or read rows in an order the other option does not keep), ``NotImplementedError``

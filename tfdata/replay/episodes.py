@@ -1,38 +1,17 @@
-"""Episode bookkeeping for a ring of interleaved environment streams.
+"""Episode bookkeeping for a ring of interleaved environment streams; the design is
+docs/design/nstep-and-elision.md.
 
-Storage scheme
---------------
-A buffer built with ``num_envs=E`` stores the rows of a vector environment step by step: the
-``E`` rows of one ``extend`` (one step of every environment) go to ``E`` consecutive slots, so
-environment ``e``'s row of step ``t`` is in slot ``(t * E + e) % capacity`` (the capacity is a
-multiple of ``E``). Each stream is contiguous in time with stride ``E``; the next row of a slot's
-stream is ``slot + E`` (mod capacity), and the ``E`` slots before the write cursor hold the newest
-step. The writer is the plain ring writer; nothing moves when the ring wraps.
+With ``num_envs=E``, environment ``e``'s row of step ``t`` is in slot ``(t * E + e) %
+capacity``: the next row of a slot's stream is ``slot + E`` (mod capacity), and the ``E`` slots
+before the write cursor hold the newest step. ``episode[slot]`` (uint32) numbers the episodes of
+each stream (a terminated or truncated row ends its number); two rows of a stream at most
+``capacity / E`` steps apart are in one episode exactly when their numbers are equal. In a single
+stream without elision, rows are stamped late from their stored flags (:meth:`Episodes.catch_up`).
 
-Bookkeeping, stamped at insert
-------------------------------
-``episode[slot]`` (uint32) numbers the episodes of each stream: a row that is ``terminated`` or
-``truncated`` ends its episode and the stream's next row starts the next number. In a single
-stream without elision the rows of a push or of an extend that does not wrap are stamped late,
-from their stored flags, by :meth:`Episodes.catch_up` (at a read of the numbers, before an
-extend, and before the ring laps them). Two rows of a
-stream at most ``capacity / E`` steps apart are in the same episode exactly when their numbers
-are equal, which makes a slice's validity an O(1) check.
-
-Next-field elision
-------------------
-With ``elide_next=True`` a field declared as the next of another (``next_obs`` of ``obs``) is
-not stored: a row's ``next_obs`` is the ``obs`` of its stream's next row. Where that row does not
-exist, the value is kept aside:
-
-* an episode-ending row (terminated or truncated) keeps its ``next_obs`` (the final observation)
-  in the *final table*, entry ``final_idx[slot]``; entries are recycled when their row is
-  overwritten, and the table doubles when episodes end more often than it was sized for;
-* a stream's newest row keeps its ``next_obs`` in ``pending[e]`` until the next step arrives.
-
-Elision is exact only if the stream is continuous: the ``obs`` of each row equals the ``next_obs``
-pushed with the previous row of the same stream, unless that row ended an episode. This is
-checked at insert (bytewise) and a violation is refused, so samples are identical to the full mode.
+With ``elide_next=True`` a next field (``next_obs`` of ``obs``) is not stored: it is the next
+row's ``obs``, an episode-ending row's entry in the *final table*, or ``pending[e]`` for a
+stream's newest row. Insert refuses a stream that is not continuous (bytewise), so samples are
+those of the full mode.
 """
 
 from __future__ import annotations
@@ -43,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from .._checks import expect_array
 from ..errors import SpecError
 from ..spec import Spec
 from ..storage import WORD_TYPES
@@ -154,9 +134,7 @@ class Episodes:
         self.trunc_i = spec.names.index(roles["truncated"])
         self._episode = a.zeros(capacity, np.uint32)
         self._current = a.zeros(num_envs, np.uint32)
-        # Rows pushed one at a time (a single stream, no elision) are stamped late: in one kernel
-        # call over their stored flags, when something reads the numbers or just before the ring
-        # laps them (see :meth:`catch_up`). Slots [stamped, writer cursor) are the unstamped ones.
+        # slots [stamped, writer cursor) are not stamped yet (see :meth:`catch_up`)
         self.stamped = 0
         self._writer = self._term = self._trunc = None
         # a single stream without elision: an extend that does not wrap is stamped late too
@@ -386,11 +364,11 @@ class Episodes:
     # -- reading ----------------------------------------------------------------------------
     def final_words(self, name: str, word: int) -> np.ndarray:
         """The final table of ``name`` as ``uint{8*word}[K, width]`` (what the kernels copy)."""
-        return _words(self.finals[name], word)
+        return as_words(self.finals[name], word)
 
     def pending_words(self, name: str, word: int) -> np.ndarray:
         """``pending[name]`` as ``uint{8*word}[num_envs, width]``."""
-        return _words(self.pending[name], word)
+        return as_words(self.pending[name], word)
 
     def next_value(self, name: str, slot: int, cursor: int):
         """The elided next field of one held slot (slow path for tests and introspection)."""
@@ -427,8 +405,8 @@ class Episodes:
                              f"{state.get('elide')}, next_of={state.get('next_of')}) differs from this "
                              f"buffer's (num_envs={self.num_envs}, elide={self.elide}, "
                              f"next_of={self.next_of})")
-        _expect(state.get("episode"), np.uint32, (size,), "episodes.episode")
-        _expect(state.get("current"), np.uint32, (self.num_envs,), "episodes.current")
+        expect_array(state.get("episode"), np.uint32, (size,), "episodes.episode")
+        expect_array(state.get("current"), np.uint32, (self.num_envs,), "episodes.current")
         if self.elide:
             slots = state.get("final_slots")
             if not isinstance(slots, np.ndarray) or slots.dtype != np.int64 or slots.ndim != 1:
@@ -438,11 +416,11 @@ class Episodes:
             k = slots.shape[0]
             for name in self.next_of:
                 f = self.spec[name]
-                _expect((state.get("finals") or {}).get(name), f.dtype, (k,) + f.shape,
+                expect_array((state.get("finals") or {}).get(name), f.dtype, (k,) + f.shape,
                         f"episodes.finals[{name!r}]")
-                _expect((state.get("pending") or {}).get(name), f.dtype, (self.num_envs,) + f.shape,
+                expect_array((state.get("pending") or {}).get(name), f.dtype, (self.num_envs,) + f.shape,
                         f"episodes.pending[{name!r}]")
-            _expect(state.get("has_pending"), np.bool_, (self.num_envs,), "episodes.has_pending")
+            expect_array(state.get("has_pending"), np.bool_, (self.num_envs,), "episodes.has_pending")
             if k > self.free.shape[0]:  # refused now, not after load_state has cleared
                 self.check_grow(k - self.free.shape[0])
         return state
@@ -469,6 +447,12 @@ class Episodes:
         self.has_pending[...] = state["has_pending"]
 
 
+def steps_error(num_envs: int, n: int) -> SpecError:
+    """The SpecError of a write of ``n`` rows that are not whole steps of ``num_envs`` rows."""
+    return SpecError(f"this buffer interleaves num_envs={num_envs} streams: extend takes whole "
+                     f"steps of {num_envs} rows each, got {n} rows")
+
+
 def stored_spec(spec: Spec, next_of: dict, elide: bool) -> Spec:
     """What the storage holds: ``spec`` without the elided next fields."""
     if not elide or not next_of:
@@ -482,8 +466,9 @@ def _initial_finals(capacity: int, num_envs: int) -> int:
     return num_envs + capacity // 64
 
 
-def _words(arr: np.ndarray, word: int) -> np.ndarray:
-    return arr.reshape(arr.shape[0], -1).view(np.uint8).view(WORD_TYPES[word])
+def as_words(arr: np.ndarray, word: int, lead: int = 1) -> np.ndarray:
+    """``arr`` (C-contiguous) as ``uint{8*word}[*arr.shape[:lead], width]``, a view."""
+    return arr.reshape(arr.shape[:lead] + (-1,)).view(np.uint8).view(WORD_TYPES[word])
 
 
 def _rows_bytes(arr: np.ndarray, n: int) -> np.ndarray:
@@ -491,21 +476,13 @@ def _rows_bytes(arr: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(arr).view(np.uint8).reshape(n, -1)
 
 
-def _expect(arr, dtype, shape, what: str) -> None:
-    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
-        got = f"{arr.dtype}{arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
-        raise ValueError(f"state {what}: expected {np.dtype(dtype)}{shape}, got {got}")
-
-
-# -- checkpoints: state.episodes, read as untrusted input; ``c`` is the checkpoint's checker of
-# JSON values, ``arrays`` its reader of array files (exactly the dtype and shape asked for,
-# checked from the header before anything is read)
+# -- checkpoints: state.episodes, read as untrusted input (``c``, ``arrays``: as in
+# :mod:`tfdata.replay.frames`)
 
 def read_state(c, arrays, ep, next_of: dict, spec: Spec, elide: bool, envs: int,
                size: int) -> dict:
     """The episode bookkeeping of the state: its keys, and each array of exactly the dtype and
-    shape the buffer needs (read only then). Checked against the rows by
-    :class:`EpisodeOrder` once they are in memory."""
+    shape the buffer needs. Checked against the rows by :class:`EpisodeOrder`."""
     keys = ("num_envs", "elide", "next_of", "episode", "current")
     if elide:
         keys += ("final_slots", "finals", "pending", "has_pending")
@@ -541,11 +518,10 @@ class EpisodeOrder:
     inserting those rows gave. ``term``, ``trunc``: the new buffer's flags; ``src_term``,
     ``src_trunc``: the same flags in the mapped rows file.
 
-    :meth:`ahead` checks the rows of the file up to a slot, and runs one chunk ahead of the copy
-    into the buffer (from the copy's ``release`` callback): it faults in the pages the copy
-    reads next, so the check adds almost nothing to a load (a separate pass over an AoS file
-    faulted every page in again, about 8% of the load). :meth:`finish` checks what is left and
-    raises FormatError naming the field."""
+    :meth:`ahead` checks the rows of the file up to a slot, one chunk ahead of the copy into the
+    buffer (from the copy's ``release`` callback), so the pages it faults in are those the copy
+    reads next (a separate pass would fault them in again). :meth:`finish` checks what is left
+    and raises FormatError naming the field."""
 
     def __init__(self, c, ep: dict, term, trunc, src_term, src_trunc, cursor: int,
                  size: int, cap: int):

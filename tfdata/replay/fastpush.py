@@ -1,24 +1,19 @@
-"""A per-buffer ``push`` specialised to its spec, for the one-row-per-step hot path.
+"""A per-buffer ``push`` and ``extend`` specialised to its spec, for the hot path; the design
+is docs/design/write-path.md.
 
-A generic push loops over fields, calls a checker per field and a writer per field: interpreter
-work per field before any byte moves (docs/design/write-path.md). For a given spec the checks are
-known when the buffer is built, so this module writes them out once, field by field, as the
-source of one small function (the technique of ``dataclasses`` and ``namedtuple``), and
-compiles it with ``exec``. The generated function only accepts the inputs it can prove safe
-without help (exact ndarray dtype and shape, scalar types that cast without loss, ints in
-range, a plain dict with exactly the spec's keys); anything else goes to the generic path,
-which validates in full and raises the precise error. Both paths write the same values.
+For a given spec the checks are known when the buffer is built, so this module writes them out
+once, field by field, as the source of one small function (as ``dataclasses`` does), compiled
+with ``exec``. The generated function only accepts the inputs it can prove safe (exact ndarray
+dtype and shape, scalar types that cast without loss, ints in range, a plain dict with exactly
+the spec's keys); anything else goes to the generic path, which validates in full and raises the
+precise error. Both paths write the same values.
 
-Two tiers of writes. A numpy item assignment pays a fixed dispatch cost however few bytes it
-moves, so the first tier writes with the :mod:`struct` module into byte views of the
-storage instead: fields that share one region of memory (the records of an AoS storage) are
-packed by one ``Struct.pack_into`` at the row's offset, a region of one field (an SoA column)
-takes one ``memoryview`` item or slice assignment. ``pack_into`` zeroes its span and then
-writes field by field, so it must not fail half way: the first tier only takes values it can
-prove it packs exactly as numpy would assign them (scalars of the exact Python or numpy types,
-ints in range, floats of a float32 field within the float32 range, ints of a float field at
-most 2**53 so that one rounding happens, as in numpy). Anything else that is valid takes the
-second tier, numpy assignments as before. The storage says where each field's bytes are
+Two tiers of writes. The first writes with :mod:`struct` into byte views of the storage (one
+``Struct.pack_into`` per region of records, one ``memoryview`` item or slice per column); since
+``pack_into`` zeroes its span and then writes field by field, it takes only values it can prove
+it packs exactly as numpy would assign them (exact scalar types, ints in range, floats of a
+float32 field within the float32 range, ints of a float field at most 2**53). Other valid values
+take the second tier, numpy assignments. The storage says where each field's bytes are
 (:meth:`tfdata.storage.AoSStorage.byte_regions`); this module never sees a layout.
 """
 
@@ -31,16 +26,14 @@ import numpy as np
 
 from ..spec import Spec
 
-#: records of at most this many rows are packed one ``pack_into`` each (a fixed cost per row,
-#: docs/design/write-path.md); more are interleaved by one compiled call per region
-#: (``kernels._records``)
+#: records of at most this many rows are packed one ``pack_into`` each; more are interleaved by
+#: one compiled call per region (``kernels._records``)
 PACK_ROWS = 1
 
 
 @functools.lru_cache(maxsize=128)
 def _compiled(src: str, what: str = "push"):
-    # compiling costs more than building and filling a 10k-row buffer (docs/design/write-path.md,
-    # "Measured"); buffers of the same spec share the code object
+    # buffers of the same spec share the code object (compiling is slow)
     return compile(src, f"<tfdata generated {what}>", "exec")
 
 
@@ -294,14 +287,13 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
     write : callable, optional
         ``write(values, n)``: the buffer's write of ``n`` rows already checked (values in spec
         order). A larger batch whose every field has exactly the field's dtype and the same
-        ``n`` goes there, which spares it the generic check (docs/design/write-path.md,
-        "Measured").
+        ``n`` goes there, which spares it the generic check.
     store : callable, optional
         ``store(start, values, src_start, count)``: the storage's ``write_rows``. Given when no
         part reacts to a write that does not reach the ring's end (no hook, or only hooks that
         hear laps) and episode numbers are stamped late (or not kept): such a larger batch that
         does not reach the ring's end is then written under the lock without the writer's
-        bookkeeping (docs/design/write-path.md, "Measured").
+        bookkeeping.
     gate : tuple, optional
         ``(wait, count)``: ``wait(n)`` under the lock before the slot is read (a rate limiter
         waits there, releasing the lock), ``count(n)`` under the lock once ``n`` rows are
@@ -355,7 +347,7 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
                    f"{', '.join(args)})"]
     if records:
         # beyond PACK_ROWS rows, one compiled call per region of records interleaves the fields'
-        # checked bytes (one strided numpy copy per field was slower: docs/design/write-path.md)
+        # checked bytes
         from ..kernels._records import scatter_fields
 
         ns["scatter"] = scatter_fields

@@ -1,33 +1,21 @@
-"""Frame stacks stored one frame per row (``frame_stack=``).
+"""Frame stacks stored one frame per row (``frame_stack=``); the design is
+docs/design/frames.md.
 
-An image observation stacked over the last ``K`` steps (gymnasium's ``FrameStackObservation``:
-``obs`` of shape ``(K, *frame)``, oldest frame first) repeats each frame ``K`` times across rows,
-and ``K`` more times in ``next_obs``. A buffer built with ``frame_stack={"obs": K}`` stores only
-the newest frame of each row's ``obs``; the ``next_obs`` field (the next of ``obs``) is not stored
-at all: its newest frame is elided as ``elide_next`` elides a next field (read from the stream's
-next row, the final table at an episode's end, ``pending`` for the newest step), the rest is the
-row's own stack shifted by one. The stacks are rebuilt at sample time by the kernels of
-:mod:`tfdata.kernels._frames`, straight into the output ring; :class:`FrameStack` does it for a
-ring of streams and for the shards of a shared region alike (whose tables are in the region:
-:mod:`tfdata.replay.shared_frames`).
+A buffer built with ``frame_stack={"obs": K}`` (``obs`` of shape ``(K, *frame)``, oldest frame
+first, as gymnasium's ``FrameStackObservation`` returns it) stores only the newest frame of each
+row's ``obs`` (in a column of its own, in every layout); its next field ``next_obs`` is not
+stored: its newest frame is elided as ``elide_next`` elides a next field, the rest is the row's
+own stack shifted by one. The kernels of :mod:`tfdata.kernels._frames` rebuild the stacks at
+sample time into the output ring; :class:`FrameStack` does it for a ring of streams and for the
+shards of a shared region alike (:mod:`tfdata.replay.shared_frames`).
 
-Two pieces of bookkeeping make the rebuilt stacks exact:
-
-* ``depth[slot]`` (uint8): steps since the episode's first row, at most ``K - 1``. Positions
-  before the episode's first row are padded as ``FrameStackObservation`` pads them
-  (``frame_padding="reset"``, its default: the first frame repeated; ``"zero"``; or a frame);
-  so a stack never takes a frame of another episode, another environment or an overwritten row.
-* ``hist``: the frames of the ``K - 1`` steps per stream most recently overwritten by the ring,
-  which the oldest held rows' stacks still reach.
-
-Writes are checked before anything changes: an episode's first row must carry the padding, any
-other row the frames its stream's previous rows stored, and a ``next_obs`` stack the ``obs``
-stack shifted by one frame (its newest frame is then checked against the next row, as
-elision does). A stream that breaks any of these is refused with a SpecError naming the row,
-the field and the position.
-
-The layout applies to the other fields: a stacked field is stored as a column of its own in
-every layout (its frames are read by the stack kernels, never gathered with the row).
+The bookkeeping (:class:`FrameStacks`): ``depth[slot]``, steps since the episode's first row
+(at most ``K - 1``; positions before it are padded as ``FrameStackObservation`` pads them:
+``frame_padding="reset"``, ``"zero"`` or a frame), and ``hist``, the frames of the ``K - 1``
+steps per stream most recently overwritten, which the oldest rows' stacks still reach. A write
+whose stacks the stored frames would not rebuild (an episode's first row without the padding,
+another row without its stream's previous frames, a ``next_obs`` that is not ``obs`` shifted by
+one) is refused with a SpecError naming the row, the field and the position.
 """
 
 from __future__ import annotations
@@ -38,9 +26,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .._checks import expect_array
 from ..errors import SpecError
 from ..spec import Field, Spec
-from ..storage import WORD_TYPES, word_size
+from ..storage import word_size
+from .episodes import as_words
 from .fastpush import exact_guard
 
 PADDINGS = ("reset", "zero")
@@ -146,10 +136,6 @@ def padding_config(frames) -> dict:
     return {n: (p if isinstance(p, str) else p.tolist()) for n, p in frames["padding"].items()}
 
 
-def _words(arr: np.ndarray, word: int) -> np.ndarray:
-    return arr.reshape(arr.shape[0], -1).view(np.uint8).view(WORD_TYPES[word])
-
-
 def break_message(name: str, kk: int, padding, next_name, num_envs: int, row: int, reason: int,
                   where: str | None = None) -> str:
     """The SpecError message of a write that ``frame_breaks`` refused: ``row`` (of the write,
@@ -249,16 +235,11 @@ class FrameStacks:
         """``(word, words, offset, width)``: where the stored frames of ``name`` are."""
         return self._src[name]
 
-    def pad_bytes(self, name: str) -> np.ndarray:
-        """The padding frame of ``name`` as uint8 (frame_bytes,)."""
-        return self._pads[name].reshape(-1).view(np.uint8)
-
     def pad_words(self, name: str, word: int) -> np.ndarray:
-        return self._pads[name].reshape(1, -1).view(np.uint8).view(WORD_TYPES[word])[0]
+        return as_words(self._pads[name].reshape(1, -1), word)[0]
 
     def hist_words(self, name: str, word: int) -> np.ndarray:
-        h = self.hist[name]
-        return h.reshape(h.shape[0], h.shape[1], -1).view(np.uint8).view(WORD_TYPES[word])
+        return as_words(self.hist[name], word, 2)
 
     # -- writing ----------------------------------------------------------------------------
     def check(self, values: list, n: int, cursor: int) -> list:
@@ -274,27 +255,25 @@ class FrameStacks:
         for name, kk in self.stacks.items():
             word, src, off, width = self._src[name]
             i = self._index[name]
-            obs = _words(np.ascontiguousarray(values[i]), word)
+            obs = as_words(np.ascontiguousarray(values[i]), word)
             nxt_name = self.nexts[name]
             if nxt_name is not None:
                 j = self._index[nxt_name]
-                nxt = _words(np.ascontiguousarray(values[j]), word)
+                nxt = as_words(np.ascontiguousarray(values[j]), word)
             else:
                 nxt = obs[:0]
             pad = self.pad_words(name, word)
             r = k.frame_breaks(obs, nxt, term, trunc, e, cursor, self.capacity, src, off,
                                self.prev, mode_of(self.padding[name]), pad, self._cur)
             if r >= 0:
-                raise SpecError(self._message(name, kk, r // 4, r % 4))
+                raise SpecError(break_message(name, kk, self.padding[name], nxt_name,
+                                              self.num_envs, r // 4, r % 4))
             out[i] = values[i][:, -1]
             if nxt_name is not None:
                 out[j] = values[j][:, -1]
             pending.append((name, obs))
         self._pending = (pending, term, trunc)
         return out
-
-    def _message(self, name: str, kk: int, row: int, reason: int) -> str:
-        return break_message(name, kk, self.padding[name], self.nexts[name], self.num_envs, row, reason)
 
     def write(self, n: int, cursor: int, size: int) -> None:
         """After :meth:`check` accepted the write and before the rows are stored: keep the
@@ -331,12 +310,10 @@ class FrameStacks:
     def check_state(self, state, size: int, cursor: int, ends=None) -> dict:
         """Validate a :meth:`state_dict` (untrusted) for a writer holding ``size`` rows with
         ``cursor`` (both checked); ValueError naming the entry. Dtypes, shapes and ranges (no
-        kernel reads outside its arrays whatever they hold), and the counters against the
-        writer's (:func:`counters_message`): ``steps`` against the rows held and the cursor,
-        each depth at most its row's step number, each stream's ``prev`` its newest row's
-        depth or -1 (-1 exactly when that row ended an episode, given ``ends``, bool
-        ``(num_envs,)``: whether each stream's newest row held ended one). A checkpoint load
-        also checks every depth against the rows' episode ends (:func:`depth_break`)."""
+        kernel reads outside its arrays whatever they hold), ``steps`` (:func:`steps_message`)
+        and the counters (:func:`counters_message`; ``ends``: bool ``(num_envs,)``, whether
+        each stream's newest row ended an episode). A checkpoint load also checks every depth
+        against the rows' episode ends (:func:`depth_break`)."""
         if not isinstance(state, Mapping):
             raise ValueError("state has no frame-stack bookkeeping ('frames' entry)")
         if state.get("stacks") != self.stacks:
@@ -350,11 +327,11 @@ class FrameStacks:
             raise ValueError(f"state frames.steps {steps}: {want}")
         kmax = max(self.stacks.values()) - 1
         depth = state.get("depth")
-        _expect(depth, np.uint8, (size,), "frames.depth")
+        expect_array(depth, np.uint8, (size,), "frames.depth")
         if size and int(depth.max()) > kmax:
             raise ValueError(f"state frames.depth: values must be in [0, {kmax}], got {int(depth.max())}")
         prev = state.get("prev")
-        _expect(prev, np.int16, (self.num_envs,), "frames.prev")
+        expect_array(prev, np.int16, (self.num_envs,), "frames.prev")
         if prev.size and (int(prev.min()) < -1 or int(prev.max()) > kmax):
             raise ValueError(f"state frames.prev: values must be in [-1, {kmax}]")
         bad = counters_message(depth, prev, int(steps), cursor, size, self.num_envs,
@@ -365,7 +342,7 @@ class FrameStacks:
         if not isinstance(hist, Mapping) or set(hist) != set(self.hist):
             raise ValueError(f"state frames.hist: expected an entry per stacked field {sorted(self.hist)}")
         for n, h in self.hist.items():
-            _expect(hist[n], h.dtype, h.shape, f"frames.hist[{n!r}]")
+            expect_array(hist[n], h.dtype, h.shape, f"frames.hist[{n!r}]")
         return state
 
     def load_state(self, state, size: int) -> None:
@@ -379,9 +356,8 @@ class FrameStacks:
 
 def steps_message(steps: int, size: int, num_envs: int, capacity: int, cursor: int):
     """Why ``steps`` (steps written since the buffer was cleared) cannot go with ``size`` rows
-    held and the writer's ``cursor``, or None: every write of ``m`` steps adds ``m * num_envs``
-    rows up to the capacity and moves the cursor over them, so ``size == min(steps * num_envs,
-    capacity)`` and ``cursor == steps * num_envs % capacity``."""
+    held and the writer's ``cursor`` (``size == min(steps * num_envs, capacity)`` and ``cursor
+    == steps * num_envs % capacity``), or None."""
     if size == min(steps * num_envs, capacity) and cursor == steps * num_envs % capacity:
         return None
     if size < capacity:
@@ -402,15 +378,11 @@ def counters_message(depth, prev, steps: int, cursor: int, size: int, num_envs: 
                      capacity: int, ends=None):
     """What the frame-stack counters (``depth``, ``prev``; ``steps`` already agrees with the
     writer, :func:`steps_message`) disagree on with the writer's ``cursor`` and ``size``, as
-    ``"<entry>[i] = v: expected ..."``, or None. O(size) numpy, without the rows' flags:
-
-    * each row's depth (steps since its episode's first row) is at most its step number since
-      the buffer was cleared (no stack reaches before the first step, which starts an episode);
-    * each stream's ``prev`` is -1 or its newest row's depth (-1 in an empty buffer); with
-      ``ends`` (bool ``(num_envs,)``, whether each stream's newest row ended an episode), -1
-      exactly when it did.
-
-    A checkpoint load checks every depth against the rows' flags too (:func:`depth_break`)."""
+    ``"<entry>[i] = v: expected ..."``, or None. O(size) numpy, without the rows' flags: each
+    row's depth is at most its step number since the buffer was cleared (no stack reaches
+    before the first step); each stream's ``prev`` is -1 or its newest row's depth (-1 in an
+    empty buffer; with ``ends``, bool ``(num_envs,)``, -1 exactly when that row ended an
+    episode)."""
     e = num_envs
     if size == 0:
         bad = np.flatnonzero(prev != -1)
@@ -442,14 +414,10 @@ def counters_message(depth, prev, steps: int, cursor: int, size: int, num_envs: 
 
 def depth_break(depth, term, trunc, prev, cursor: int, size: int, num_envs: int, capacity: int,
                 steps: int, kmax: int):
-    """The first slot whose depth is not what writing the rows held gave, or ``-1 - e`` for a
-    stream ``e`` whose ``prev`` is not its newest row's (its depth, or -1 after an episode's
-    end), or None when all agree. Numpy, O(size).
-
-    In each stream (rows oldest to newest) a row's depth is 0 after a row that ended an episode,
-    else one more than the previous row's, at most ``kmax``; the oldest row held may have any
-    depth up to its step number (no stack reaches before the first step since the buffer was
-    cleared, which starts an episode), at most ``kmax``.
+    """The first slot whose depth is not what writing the rows held gave (in each stream: 0
+    after a row that ended an episode, else the previous row's plus one, at most ``kmax``; the
+    oldest row's at most its step number), or ``-1 - e`` for a stream ``e`` whose ``prev`` is
+    not its newest row's (its depth, or -1 after an episode's end), or None. Numpy, O(size).
 
     Parameters
     ----------
@@ -487,25 +455,16 @@ def depth_break(depth, term, trunc, prev, cursor: int, size: int, num_envs: int,
     return None
 
 
-def _expect(arr, dtype, shape, what: str) -> None:
-    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
-        got = f"{arr.dtype}{arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
-        raise ValueError(f"state {what}: expected {np.dtype(dtype)}{shape}, got {got}")
-
-
 class FrameStack:
-    """The transform that fills the stacked fields (and their next fields) of a batch from the
-    stored frames (see :mod:`tfdata.replay.transforms` for the contract), over either kind of
-    ``streams`` (:mod:`tfdata.replay.streams`): a ring (``where``: the writer's cursor), or the
-    shards of a shared region (``where`` ignored: the stacks of the rows the streams' heads
-    snapshot held; the buffer then checks them, :func:`tfdata.kernels.torn_stacks`).
+    """The transform (:mod:`tfdata.replay.transforms`) that fills the stacked fields and their
+    next fields of a batch from the stored frames, over a ring of streams (``where``: the
+    writer's cursor) or a shared region's shards (``where`` ignored: the buffer then checks the
+    stacks, :func:`tfdata.kernels.torn_stacks`).
 
-    ``frames`` has the per-slot tables (``stacks``, ``nexts``, ``padding``, ``depth``,
-    ``steps``, ``source``, ``pad_words``, ``hist_words``: :class:`FrameStacks`), ``finals``
-    the next frames the rows do not hold (``final_idx``, ``final_words``, ``pending_words``: the
-    buffer's ``Episodes``); a region's ``ShardFrames`` is both. ``flags``: the stored
-    ``terminated`` and ``truncated`` fields; ``cold``: ``{field: ColdFrames}`` of a ring with a
-    compressed cold tier.
+    ``frames``: the per-slot tables (:class:`FrameStacks`); ``finals``: the next frames the rows
+    do not hold (the buffer's ``Episodes``); a region's ``ShardFrames`` is both. ``flags``: the
+    stored ``terminated`` and ``truncated`` fields; ``cold``: ``{field: ColdFrames}`` of a ring
+    with a compressed cold tier.
     """
 
     on_slices = True
@@ -551,7 +510,7 @@ class FrameStack:
                 if self._wants(field):
                     f = self.spec[field]
                     arrays[field] = self.allocator.zeros((rows,) + f.shape, f.dtype)
-                    words[field] = _words(arrays[field], word)  # what the kernels write
+                    words[field] = as_words(arrays[field], word)  # what the kernels write
         arrays.update(self.streams.ring_arrays(batch_size, length, out))  # shards: torn marks
         arrays[" words"] = words  # (not a field name: a batch shows the fields only)
         return arrays
@@ -740,10 +699,9 @@ def make_push(frames: FrameStacks, spec: Spec, storage, episodes, writer, lock, 
     return push
 
 
-# -- checkpoints: what a checkpoint holds of the frame stacks, read as untrusted input ---------
-# ``c`` is the checkpoint's checker of JSON values (``fail``, ``obj``, ``integer``, ``choice``:
-# FormatError naming the file and the field), ``arrays`` its reader of array files (``read``:
-# exactly the dtype and shape asked for, checked from the header before anything is read).
+# -- checkpoints, read as untrusted input: ``c`` is the checkpoint's checker of JSON values
+# (FormatError naming the file and the field), ``arrays`` its reader of array files (exactly the
+# dtype and shape asked for, checked from the header before anything is read)
 #: the keys of ``state.frames``
 STATE_KEYS = ("stacks", "steps", "depth", "prev", "hist")
 #: ``frames.steps`` accepted from a checkpoint (steps written since a clear)
@@ -820,14 +778,12 @@ def _fits(x, dt: np.dtype) -> bool:
 
 def read_state(c, arrays, fr, stacks: dict, spec: Spec, envs: int, size: int, cap: int,
                cursor: int) -> dict:
-    """The frame-stack bookkeeping of the state (``frame_stack=``): ``stacks`` equal to
-    ``config.frame_stack``; ``steps`` an int consistent with the rows held and the writer's
-    cursor (``size == min(steps * num_envs, capacity)``, ``cursor == steps * num_envs %
-    capacity``); ``depth`` uint8 ``(size,)`` with values at most ``max(K) - 1``;
-    ``prev`` int16 ``(num_envs,)`` in ``[-1, max(K) - 1]``; ``hist`` an array per stacked field
-    of its dtype and shape ``(K - 1, num_envs, *frame)``. Each array's header is checked before
-    its data is read. Checked against the rows' episode ends by :func:`check_order`
-    once they are in memory."""
+    """The frame-stack bookkeeping of the state: ``stacks`` equal to ``config.frame_stack``;
+    ``steps`` consistent with the rows held and the writer's cursor (:func:`steps_message`);
+    ``depth`` uint8 ``(size,)`` at most ``max(K) - 1``; ``prev`` int16 ``(num_envs,)`` in ``[-1,
+    max(K) - 1]``; ``hist`` per stacked field, of its dtype and shape ``(K - 1, num_envs,
+    *frame)``. Checked against the rows' episode ends by :func:`check_order` once they are in
+    memory."""
     w = "state.frames."
     c.obj("state.frames", fr, STATE_KEYS)
     if not isinstance(fr["stacks"], dict) or fr["stacks"] != stacks or any(

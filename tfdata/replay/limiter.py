@@ -18,15 +18,9 @@ So at every point, once ``min_size_to_sample`` rows are in, ``S`` stays within
 insert of one row could each wait for the other forever. Sampling ``B`` rows at a time while
 ``n`` rows at a time are inserted never deadlocks when ``B + n * spi <= 2 * error_buffer``.
 
-The limiter holds counts and parameters only; the buffer that owns it (``rate_limiter=`` of
-:class:`tfdata.ReplayBuffer`, :class:`tfdata.PrioritizedReplayBuffer`) calls
-:meth:`RateLimiter.insert_wait` / :meth:`RateLimiter.inserted` and
-:meth:`RateLimiter.sample_wait` / :meth:`RateLimiter.sampled` under its lock, and the waits
-are ``threading.Condition`` waits on that lock: a waiting thread holds neither the lock nor the
-GIL. A shared buffer (:mod:`tfdata.shared`) evaluates the same two predicates on counts read
-from shared memory (inserts: the shards' heads; samples: a word the learner publishes), polling
-with short sleeps; there, writers check and write without a lock between processes, so with
-``W`` writers the insert bound may be overshot by one write of each other writer.
+How the buffers call it (under their lock; a wait releases the lock and the GIL), and how a
+shared buffer evaluates the same predicates over shared counts (with ``W`` writers the insert
+bound may be overshot by one write of each other writer): docs/design/rate-limiter.md.
 """
 
 from __future__ import annotations
@@ -42,40 +36,17 @@ from .._checks import check_float, check_int
 MAX_COUNT = (1 << 63) - 1
 
 
-def sample_allowed(inserts: int, samples: int, batch: int, spi: float, min_size: int,
-                   min_diff: float) -> bool:
-    """Whether a sample of ``batch`` rows may proceed (see the module docstring)."""
-    return inserts >= min_size and inserts * spi - samples - batch >= min_diff
-
-
-def insert_allowed(inserts: int, samples: int, n: int, spi: float, min_size: int,
-                   max_diff: float) -> bool:
-    """Whether an insert of ``n`` rows may proceed (see the module docstring)."""
-    return inserts + n <= min_size or (inserts + n) * spi - samples <= max_diff
-
-
 def counts_problem(inserts: int, samples: int, size: int, spi: float, min_size: int,
                    error_buffer) -> tuple | None:
     """Why counts of ``inserts`` and ``samples`` (ints in ``[0, MAX_COUNT]``) cannot be those of
     a limiter with these parameters that serves a buffer holding ``size`` rows: ``(field,
     expected)`` naming the count at fault and what it must be, or None when they can.
 
-    What every sequence of allowed inserts and samples (and clears, which set both to 0) keeps
-    true, whatever the interleaving, and so what is checked:
-
-    * ``inserts >= size``: every row held was inserted (and counted with its write);
-    * ``samples == 0`` or ``inserts >= min_size_to_sample``: no sample runs before that;
-    * with an ``error_buffer``: ``inserts * spi - samples <= max_diff`` (an insert is allowed
-      only up to that bound, or while ``inserts <= min_size_to_sample``, which is below it, and
-      samples only lower the difference), and, once something was sampled, ``inserts * spi -
-      samples >= min_diff`` (a sample is allowed only down to that bound, and inserts only
-      raise the difference; a few ulps of slack for the float rounding of the predicate).
-
-    Counts outside these would make every insert (or every sample) wait for ever: with
-    ``inserts = 2**63 - 1`` and a few samples no insert is ever allowed again. Without an
-    ``error_buffer`` inserts never wait and samples wait only for ``min_size_to_sample``, so
-    only the first two apply. Nothing bounds the counts above beyond the ratio: the rows held
-    do not say how many were overwritten."""
+    What every sequence of allowed inserts and samples (and clears) keeps true, and so what is
+    checked: ``inserts >= size``; ``samples == 0`` or ``inserts >= min_size_to_sample``; with an
+    ``error_buffer``, ``inserts * spi - samples <= max_diff`` and, once something was sampled,
+    ``>= min_diff`` (a few ulps of slack for the float rounding of the predicate). Counts outside
+    these would make every insert (or every sample) wait for ever."""
     if inserts < size:
         return "inserts", f"an int >= {size}, the rows held (each was inserted)"
     if samples and inserts < min_size:
@@ -187,13 +158,13 @@ class RateLimiter:
     # -- predicates ---------------------------------------------------------------------------
     def can_sample(self, batch_size: int) -> bool:
         """Whether a sample of ``batch_size`` rows would proceed now (does not wait)."""
-        return sample_allowed(self.inserts, self.samples, batch_size, self.samples_per_insert,
-                              self.min_size_to_sample, self.min_diff)
+        return (self.inserts >= self.min_size_to_sample and self.inserts * self.samples_per_insert
+                - self.samples - batch_size >= self.min_diff)
 
     def can_insert(self, n: int) -> bool:
         """Whether an insert of ``n`` rows would proceed now (does not wait)."""
-        return insert_allowed(self.inserts, self.samples, n, self.samples_per_insert,
-                              self.min_size_to_sample, self.max_diff)
+        return (self.inserts + n <= self.min_size_to_sample
+                or (self.inserts + n) * self.samples_per_insert - self.samples <= self.max_diff)
 
     def check_sample(self, batch_size: int) -> None:
         """ValueError if a sample of ``batch_size`` rows could never proceed: inserts stop
@@ -268,14 +239,13 @@ class RateLimiter:
 
     def sample_wait(self, batch_size: int, held=None, step: int = 1) -> None:
         """Return when a sample of ``batch_size`` rows may proceed and, if ``held`` is given
-        (an object whose ``size`` is the rows a batch can draw from now: the buffer's writer,
-        or what a sampler that holds rows back lets it draw), ``held.size >= batch_size``; the
+        (its ``size``: the rows a batch can draw from now), ``held.size >= batch_size``; the
         lock is released while waiting. ``step``: the fewest rows an insert writes (the
         buffer's ``num_envs``).
 
         Raises ValueError if it never can (at once, or as soon as the sample waits for rows
-        while no insert of ``step`` rows may proceed: only a sample could let one in, and this
-        one waits for rows: both would wait for ever), TimeoutError after ``timeout`` seconds."""
+        while no insert of ``step`` rows may proceed: both would wait for ever), TimeoutError
+        after ``timeout`` seconds."""
         if not (self.inserts >= self.min_size_to_sample
                 and self.inserts * self.samples_per_insert - self.samples - batch_size >= self.min_diff
                 and (held is None or held.size >= batch_size)):
@@ -377,12 +347,8 @@ class RateLimiter:
 
     def check_state(self, state, size: int) -> dict:
         """``state`` (from :meth:`state_dict`) checked for a buffer holding ``size`` rows: two
-        ints in ``[0, 2**63 - 1]``, and counts these parameters can reach (see
-        :func:`counts_problem`): ``inserts >= size`` (the rows held were all inserted), no
-        samples before ``min_size_to_sample`` inserts, and with an ``error_buffer`` the two
-        counts within the bounds of the ratio the limiter keeps (``min_diff <= inserts *
-        samples_per_insert - samples <= max_diff``, the lower bound once something was
-        sampled). ValueError naming the field, the value and what it must be."""
+        ints in ``[0, 2**63 - 1]`` these parameters can reach (:func:`counts_problem`).
+        ValueError naming the field, the value and what it must be."""
         if not isinstance(state, dict) or set(state) != {"inserts", "samples"}:
             raise ValueError(f"rate_limiter state: expected a dict with keys 'inserts' and "
                              f"'samples', got {state!r:.200}")
@@ -404,10 +370,9 @@ class RateLimiter:
         return out
 
     def load_state_dict(self, state) -> None:
-        """Set the counts from a :meth:`state_dict` (checked first by :meth:`check_state`
-        against the rows its buffer holds, if it serves one: ValueError naming the field,
-        nothing changed); under the owning buffer's lock if it has one. A buffer's own
-        ``load_state_dict`` and checkpoints restore the counts themselves."""
+        """Set the counts from a :meth:`state_dict`, checked first by :meth:`check_state`
+        against the rows its buffer holds (ValueError naming the field, nothing changed);
+        under the owning buffer's lock if it has one."""
         held = None if self._owner is None else self._owner()
         if self._cond is None or held is None:
             counts = self.check_state(state, 0)
@@ -423,9 +388,8 @@ class RateLimiter:
             self._cond.notify_all()
 
 
-# -- checkpoints: the parameters (config.rate_limiter) and counts (state.rate_limiter), read as
-# untrusted input; ``c`` is the checkpoint's checker of JSON values (FormatError naming the file
-# and the field)
+# -- checkpoints: config.rate_limiter and state.rate_limiter, read as untrusted input (``c``: the
+# checkpoint's checker of JSON values)
 #: the parameters of a limiter, as :meth:`RateLimiter.params` gives them
 PARAMS = ("samples_per_insert", "min_size_to_sample", "error_buffer", "timeout")
 
@@ -445,8 +409,7 @@ def read_config(c, v, cap: int) -> None:
 def read_state(c, v, size: int, params: dict | None = None) -> dict:
     """``state.rate_limiter``: the counts, ints in ``[0, 2**63 - 1]``, inserts >= size; with
     the limiter's ``params`` (``config.rate_limiter``, checked), counts those parameters can
-    reach (:func:`counts_problem`: no samples before ``min_size_to_sample`` inserts, the
-    difference within the error buffer of the ratio)."""
+    reach (:func:`counts_problem`)."""
     w = "state.rate_limiter"
     c.obj(w, v, ("inserts", "samples"))
     c.integer(w + ".inserts", v["inserts"], size, (1 << 63) - 1)

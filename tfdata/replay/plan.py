@@ -24,11 +24,10 @@ from .columns import check_stats_fields, stats_nbytes
 from .episodes import Episodes, stored_spec
 from .frames import FrameStack, FrameStacks, frame_spec, padding_config, resolve_frames
 from .limiter import RateLimiter
+from .planning import MAX_CAPACITY
 from .transforms import ElideNext, NStep, episode_options
 from .writers import writer_for
 
-# Lemire's multiply-shift draws from the top 32 bits of each random word
-MAX_CAPACITY = (1 << 32) - 1
 #: the constructor's arguments that change what a buffer holds (see ReplayCore.plan_memory)
 CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=0.99,
                        next_of="auto", elide_next=False, roles=None, spill_path=None,

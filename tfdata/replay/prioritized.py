@@ -67,13 +67,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     shape ``(batch_size,)`` sets the priority of each slice's start: a slice is as likely as the
     transition it starts from, and its loss is weighted by that row's importance weight.
 
-    *Storage of priorities.* Each leaf ``(p + eps) ** alpha`` is computed in float64 and stored
-    as float32 (rounded to nearest), in blocks of 16 leaves (one cache line); a float64 sum
-    tree over the blocks (sampling), with the float32 minimum (weight normalisation) and maximum
-    (priority of new rows) of each subtree. 6 bytes per slot in all, against 64 for three
-    float64 trees over every slot. The minimum and maximum are leaves, so exact; sums are
-    float64 because the root sums up to 2**32 leaves; parents are always recomputed from their
-    children, so there is no drift to correct by rebuilding. :meth:`priorities`, the
+    *Storage of priorities* (6 bytes per slot; docs/design/prioritized.md). Each leaf ``(p +
+    eps) ** alpha`` is computed in float64 and stored as float32 (rounded to nearest), with a
+    float64 sum tree over blocks of 16 leaves and the float32 minimum and maximum of each
+    subtree (exact: they are leaves); parents are always recomputed from their children, so
+    there is no drift to correct by rebuilding. :meth:`priorities`, the
     importance weights and the maximum given to new rows all see the float32 leaves (relative
     rounding at most 2**-24). Write versions are one byte per slot (writes modulo 256);
     ``batch.versions`` (uint32) add the laps of the ring written before the sample, and a batch

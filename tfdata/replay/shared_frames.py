@@ -1,35 +1,30 @@
-"""Frame stacks in a shared-memory region (``SharedReplayBuffer(frame_stack=...)``).
+"""Frame stacks in a shared-memory region (``SharedReplayBuffer(frame_stack=...)``): the
+design of :mod:`tfdata.replay.frames` over shards, each shard one writer's stream (``num_envs =
+1``, ``capacity = shard_capacity``); docs/design/frames.md, "Frame stacks over shards".
 
-The single-process design (:mod:`tfdata.replay.frames`) over shards: each shard is one
-writer's stream (``num_envs = 1``, ``capacity = shard_capacity``), and everything the learner
-reads to rebuild a stack lives in the region, next to the rows:
+What the learner reads to rebuild a stack lives in the region, next to the rows:
 
 ``frames.depth`` uint8[slots], ``frames.final_idx`` int32[slots]
     Per slot, written with the row: steps since the episode's first row (at most ``K - 1``),
     and the row's entry in its shard's final table (-1: not an episode end).
 ``frames.hist.<field>`` (K - 1, shards, *frame)
-    Per shard, the frames of the ``K - 1`` steps its ring overwrote last (the oldest held
-    rows' stacks reach them).
+    Per shard, the frames of the ``K - 1`` steps its ring overwrote last.
 ``frames.finals.<next>`` (shards, F, *frame), ``frames.final_rows`` int64[shards, F]
-    Per shard, the final frames of episode-ending rows, a ring of ``F`` entries (``final_frames``):
-    the shard's ``j``-th episode end takes entry ``j % F``. ``final_rows`` says which row each
-    entry belongs to: a write whose end would take an entry a held row still uses is refused
-    (a region cannot grow, unlike the single-process table).
+    Per shard, a ring of ``F`` (``final_frames``) final frames: the shard's ``j``-th episode
+    end takes entry ``j % F``; ``final_rows`` says which row each entry belongs to (a write
+    whose end would take an entry a held row still uses is refused).
 ``frames.pending.<next>`` (shards, *frame)
     The next frame of each shard's newest row.
 ``frames.words`` uint64[shards, 8], one cache line per shard, its writer's alone
-    Word 0: episode ends stored; byte 8: whether the newest row's next frame is pending
-    (it did not end an episode); bytes 16-17 (int16): ``prev``, the newest row's depth (-1
-    when the next row starts an episode).
+    Word 0: episode ends stored; byte 8: whether the newest row's next frame is pending;
+    bytes 16-17 (int16): ``prev``, the newest row's depth (-1 when the next row starts an
+    episode).
 
-A writer checks its write against its own shard (:class:`ShardFrameWriter`; nothing changes
-on refusal) and updates all of these after it announced the write (its reserve) and before it
-publishes it (its head), so the sequence lock covers them: the learner's
-:class:`~tfdata.replay.frames.FrameStack` (the one of a ``ReplayBuffer``, over the shard
-streams, reading these tables through :class:`ShardFrames`) rebuilds the stacks as of heads
-read before the draw, then the buffer checks (kernel ``torn_stacks``) that no slot a stack
-read, from ``depth`` rows back to one row forward, was in a write window; a torn row is drawn
-again, like any torn row.
+A writer (:class:`ShardFrameWriter`) checks its write against its shard (nothing changes on
+refusal) and updates these after its reserve and before it publishes its head, so the sequence
+lock covers them; the learner's :class:`~tfdata.replay.frames.FrameStack` reads them through
+:class:`ShardFrames`, and the buffer draws again a row whose stack read a slot in a write window
+(kernel ``torn_stacks``).
 """
 
 from __future__ import annotations
@@ -40,8 +35,8 @@ import numpy as np
 
 from ..errors import SharedBufferError, SpecError
 from ..spec import Spec
-from ..storage import WORD_TYPES, isolate_layout, restrict_layout, word_size
-from .episodes import resolve_next_of, resolve_roles, stored_spec
+from ..storage import isolate_layout, restrict_layout, word_size
+from .episodes import as_words, resolve_next_of, resolve_roles, stored_spec
 from .frames import break_message, frame_spec, mode_of, padding_config, resolve_frames
 
 #: bytes of a shard's writer words (one cache line)
@@ -131,11 +126,6 @@ def from_doc(doc, spec: Spec, cap: int) -> tuple:
     return frames, check_options(spec, frames, cap, final_frames), roles
 
 
-def _words(arr: np.ndarray, word: int) -> np.ndarray:
-    """``arr`` as ``uint{8*word}[rows, width]`` (rows: its first dimension)."""
-    return arr.reshape(arr.shape[0], -1).view(np.uint8).view(WORD_TYPES[word])
-
-
 class ShardFrames:
     """The frame arrays of a region, as the writers and the learner read them.
 
@@ -176,20 +166,17 @@ class ShardFrames:
             word = word_size(storage.field_offset(name), fb)
             src, off, width = storage.field_words(name, word)
             self.src[name] = (word, src, off, width)
-            h = arrays[f"frames.hist.{name}"]
-            self.hist[name] = h.reshape(h.shape[0], shards, -1).view(np.uint8).view(WORD_TYPES[word])
+            self.hist[name] = as_words(self.hist_arrays[name], word, 2)
             nxt = self.nexts[name]
             if nxt is not None:
-                t = arrays[f"frames.finals.{nxt}"]
-                self.finals[nxt] = t.reshape(shards, final_frames, -1).view(np.uint8).view(WORD_TYPES[word])
+                self.finals[nxt] = as_words(self.finals_arrays[nxt], word, 2)
                 self.final_table[nxt] = self.finals[nxt].reshape(shards * final_frames, -1)
-                self.pending[nxt] = _words(arrays[f"frames.pending.{nxt}"], word)
+                self.pending[nxt] = as_words(self.pending_arrays[nxt], word)
             p = self.padding[name]
             pad = np.zeros(f.shape[1:], f.dtype) if isinstance(p, str) else np.asarray(p, f.dtype)
-            self.pads[name] = np.ascontiguousarray(pad).reshape(1, -1).view(np.uint8).view(WORD_TYPES[word])[0]
+            self.pads[name] = as_words(np.ascontiguousarray(pad).reshape(1, -1), word)[0]
 
-    # -- the tables as FrameStack reads them (as it reads FrameStacks and Episodes); the
-    # final tables of the shards one after the other, a shard's head its steps
+    # the tables as FrameStack reads them from FrameStacks and Episodes (a shard's head its steps)
     steps = 0
 
     def source(self, name: str):
@@ -225,12 +212,8 @@ class ShardFrames:
 
 
 class ShardFrameWriter:
-    """One writer's side: check a write against its shard, then keep its frames' bookkeeping.
-
-    :meth:`check` (nothing changes) gives the values the storage takes; :meth:`write` runs
-    after the writer announced the write (its reserve) and before the rows are stored (the
-    frames of the rows it overwrites are read from the ring first).
-    """
+    """One writer's side: :meth:`check` a write against its shard (nothing changes), then
+    :meth:`write` its frames' bookkeeping (after the reserve, before the rows are stored)."""
 
     def __init__(self, sf: ShardFrames, shard: int):
         from .. import kernels
@@ -272,8 +255,8 @@ class ShardFrameWriter:
         kept = []
         for name, kk, word, src, off, hist, pad, mode, nxt, finals, pending in self.fields:
             i = self.index[name]
-            obs = _words(np.ascontiguousarray(values[i]), word)
-            nx = obs[:0] if nxt is None else _words(np.ascontiguousarray(values[self.index[nxt]]), word)
+            obs = as_words(np.ascontiguousarray(values[i]), word)
+            nx = obs[:0] if nxt is None else as_words(np.ascontiguousarray(values[self.index[nxt]]), word)
             r = k.frame_breaks(obs, nx, term, trunc, 1, head % cap, cap, src, off, self.prev, mode,
                                pad, self.cur)
             if r >= 0:
@@ -333,12 +316,10 @@ class ShardFrameWriter:
         self.has_pending[0] = not (term[n - 1] or trunc[n - 1])
 
 
-# -- checkpoints ------------------------------------------------------------------------------
-# A checkpoint keeps, besides the rows (one frame each) and per slot depth, what the stacks of
-# the rows it keeps read that is not a kept row: the final frames of the kept rows that end an
-# episode (``final_slots``, ``finals``), each shard's pending frame, and the frames of the rows
-# just before each shard's oldest kept row (``back``: K - 1 per field, oldest first). The writer
-# words are derived from the rows when the checkpoint is loaded.
+# -- checkpoints: besides the rows and the depths, what the kept rows' stacks read that is not a
+# kept row: the final frames of the kept episode ends (``final_slots``, ``finals``), each shard's
+# pending frame, and the frames of the K - 1 rows before each shard's oldest kept row (``back``,
+# oldest first). The writer words are derived from the rows on load.
 
 def copies(sf: ShardFrames) -> dict:
     """Copies of the frame arrays (writers may be writing: see :func:`checkpoint_state`)."""
@@ -351,16 +332,9 @@ def copies(sf: ShardFrames) -> dict:
 def checkpoint_state(sf: ShardFrames, storage, reserved: np.ndarray, heads: list, copied: dict,
                      kernels) -> tuple:
     """The frame part of a checkpoint whose rows were copied after ``copied`` (taken just after
-    the heads were read), and the rows it keeps: ``(heads, dropped, state)``.
-
-    A shard keeps its rows up to its head, less the oldest rows its writer began overwriting
-    since (as the rows of any shared checkpoint), less the K - 1 rows after those when there are
-    any (their frames become the ``back`` frames of the oldest kept row: the overwritten rows'
-    frames may be torn), less its newest row if the writer began a write since the heads and
-    that row did not end an episode (the write replaced its pending frame; its next frame is the
-    frame of the row itself, kept as the pending frame of the row before it). Frames read from
-    the region after the copy are checked against the writer's reserve, and read again if it
-    moved over them.
+    the heads were read), and the rows it keeps: ``(heads, dropped, state)``. Which rows a shard
+    keeps: docs/design/frames.md, "Checkpoints"; frames read from the region after the copy are
+    checked against the writer's reserve, and read again if it moved over them.
     """
     shards, cap, kmax = sf.shards, sf.cap, sf.kmax
     scratch = np.zeros(7 * shards + 2 * (kmax + 1), np.int64)
@@ -439,16 +413,12 @@ def checkpoint_state(sf: ShardFrames, storage, reserved: np.ndarray, heads: list
 
 def restore(sf: ShardFrames, storage, state: dict, heads: list, dropped: list) -> None:
     """Fill a new region's frame arrays from a checked checkpoint (:func:`checkpoint_state`),
-    its rows already in place: a shard that lost none of its oldest rows keeps its slots and
-    row numbers, another holds its rows from its first slot on, numbered from 0 (as
-    :meth:`tfdata.SharedReplayBuffer.restore` moves them). The writer words follow from the
-    rows: the final-table entries are given again in row order, oldest first.
-
-    The ``back`` frames (rows before the oldest kept one) go to the hist, and, for a shard
+    its rows already in place (a shard that lost none of its oldest rows keeps its slots and
+    row numbers, another holds its rows from its first slot on, numbered from 0). The final
+    entries are given again in row order; the ``back`` frames go to the hist and, for a shard
     moved to its first slots, also to the free slots those rows would occupy (row ``-j`` in
-    slot ``cap - j`` while the shard holds fewer than ``cap - j`` rows): the stack kernels read
-    a row from the ring while no newer row took its slot, and the writer's checks read the
-    ring only."""
+    slot ``cap - j``): the stack kernels read the ring while no newer row took a slot, and the
+    writer's checks read the ring only."""
     cap, kmax = sf.cap, sf.kmax
     saved_depth, final_slots = state["depth"], state["final_slots"]
     index = {int(x): i for i, x in enumerate(final_slots.tolist())}

@@ -1,58 +1,31 @@
 """Writers: where the next rows go, and the write path that puts them there.
 
-The writer contract (what :class:`tfdata.replay.core.ReplayCore` calls, under its lock):
+The writer contract (what :class:`tfdata.replay.core.ReplayCore` calls, under its lock; in full
+in docs/design/contracts.md): ``capacity``, ``cursor``, ``size``; ``bind(spec, storage,
+episodes, hooks)``; ``write(values, n, extra)`` (everything that can refuse runs before the first
+byte is written); ``make_push`` / ``make_extend`` (:mod:`tfdata.replay.fastpush` over the same
+hooks, or ``slow``); ``spans(n)``, ``advance(n)``, ``reset()``, ``state_dict()``,
+``load_state_dict(state)``; ``position`` and ``overwritten(slots, since)``; ``nbytes``,
+``planned_nbytes(capacity)``.
 
-``capacity``, ``cursor``, ``size``
-    Slots, the slot of the next write, the number of valid rows.
-``bind(spec, storage, episodes, hooks)``
-    Once, when the buffer is built: the spec of the rows as pushed, the storage they go to, the episode bookkeeping (or None)
-    and the parts that react to a write (the sampler, a spill policy, running statistics). A
-    hook has ``on_write(spans, n, extra)`` (after the rows are written, before the cursor
-    moves), ``on_clear()`` and ``slot_hook()``: a ``f(slot)`` equivalent to ``on_write`` for one
-    row, or None if it has none (then the generated push is not used). A hook with
-    ``wraps_only = True`` needs to hear only the laps of the ring: the generated push and
-    extend never call it per row, only its ``on_wrap()`` when a write fills the last slot
-    (before the cursor returns to 0), and may write a batch that does not reach the ring's end
-    without calling it at all; the generic path still calls its ``on_write`` (running
-    statistics count laps this way, see :mod:`tfdata.replay.columns`).
-``write(values, n, extra)``
-    Write ``n`` validated rows (one array per field); everything that can refuse runs before
-    the first byte is written.
-A hook that counts laps reads the writer's ``moving`` (the slots the write in progress moves the
-cursor over) in ``on_write``.
-``make_push(spec, lock, slow)``
-    The per-spec push of :mod:`tfdata.replay.fastpush` over the same hooks, or ``slow``.
-``spans(n)``, ``advance(n)``, ``reset()``, ``state_dict()``, ``load_state_dict(state)``.
-``position``, ``overwritten(slots, since)``
-    The write position (``laps * capacity + cursor``: never decreases; a clear or a load moves
-    it two laps on) and which of ``slots`` were written at a position ``>= since``: a batch
-    keeps the position it was sampled at, and ``update_field(name, batch, ...)`` refuses rows
-    written since. Laps are counted by :meth:`RingWriter.advance` and, in the generated push
-    and extend, by the writer's own ``on_wrap`` (always installed).
-``nbytes``, ``planned_nbytes(capacity)``
-    What the writer keeps per slot (``nbytes_parts["bookkeeping"]``).
+A hook (the sampler, a spill policy, running statistics) has ``on_write(spans, n, extra)``
+(after the rows are written, before the cursor moves; the writer's ``moving`` is the slots the
+write moves the cursor over), ``on_clear()`` and ``slot_hook()``: ``f(slot)``, ``on_write`` for
+one row, or None (then the generated push is not used). A hook with ``wraps_only = True`` hears
+only laps: the generated push and extend call its ``on_wrap()`` when a write fills the last slot,
+and may write a batch that does not reach the ring's end without calling it; the generic path
+still calls its ``on_write``.
 
-:class:`RingWriter` is the round-robin writer: rows in stream order, each write at the cursor.
-:class:`FreeSlotWriter` writes each row into the next *free* slot at or after the cursor, for
-a sampler that holds slots back (``stream_order = False``: exactly-k replay, whose rows
-awaiting replay are not free); :func:`writer_for` picks one. What a free-slot writer asks of
-its sampler is the *free-slot contract*:
-
-``remaining``
-    The per-slot array of the sampler (uint8 or uint16 ``(capacity,)``): 0 for a free slot.
-``awaiting``
-    The slots not free (so ``capacity - awaiting`` are).
-``policy``, ``timeout``
-    What a write does when no slot is free (``"block"``, waiting at most ``timeout`` seconds;
-    ``"drop"``; ``"overwrite"``).
-``waits``
-    The condition of the buffer's lock where blocked writes and samples short of rows wait
-    (:class:`~tfdata.replay.samplers.exactly_k.SlotWaits`, set by ``use_lock``).
-``on_drop(n)``
-    ``n`` rows found no free slot (``"drop"``) and were not written.
-
-Across processes the same rule runs in each shard's writer process (:mod:`tfdata.shared.writer`),
-over the region's per-slot words instead of ``remaining`` (free: ``taken == released``).
+:class:`RingWriter` writes rows in stream order at the cursor. :class:`FreeSlotWriter` writes
+each row into the next *free* slot at or after the cursor, for a sampler that holds slots back
+(``stream_order = False``: exactly-k); :func:`writer_for` picks one. The *free-slot contract*,
+what it asks of its sampler: ``remaining`` (uint8 or uint16 ``(capacity,)``, 0 for a free
+slot), ``awaiting`` (the slots not free), ``policy`` and ``timeout`` (what a write does when no
+slot is free: ``"block"``, waiting at most ``timeout`` seconds; ``"drop"``; ``"overwrite"``),
+``waits`` (the condition of the buffer's lock where blocked writes and samples short of rows
+wait: :class:`~tfdata.replay.samplers.exactly_k.SlotWaits`, set by ``use_lock``), ``on_drop(n)``
+(``n`` rows found no free slot and were not written). Across processes the same rule runs in
+each shard's writer (:mod:`tfdata.shared.writer`), over the region's per-slot words.
 """
 
 from __future__ import annotations
@@ -62,8 +35,14 @@ import time
 import numpy as np
 
 from ..errors import SpecError
+from .episodes import steps_error
 from .fastpush import make_extend, make_push
 from .frames import make_push as frame_push
+
+
+def _push_error(num_envs: int) -> SpecError:
+    return SpecError(f"push appends one row, but this buffer interleaves num_envs={num_envs} "
+                     f"streams: extend with {num_envs} rows per step")
 
 
 class RingWriter:
@@ -93,9 +72,8 @@ class RingWriter:
 
     def bind(self, spec, storage, episodes=None, hooks=(), frames=None) -> None:
         """``spec``: the rows as pushed (next fields included); ``storage``: where the stored
-        fields go; ``episodes``: the bookkeeping (or None); ``hooks``: see the module docstring;
-        ``frames``: the frame-stack bookkeeping (:class:`~tfdata.replay.frames.FrameStacks`),
-        which checks a write's stacks and turns them into the frames stored."""
+        fields go; ``episodes``, ``frames``: the bookkeeping (or None); ``hooks``: see the
+        module docstring."""
         self.spec, self.storage, self.episodes, self.hooks = spec, storage, episodes, tuple(hooks)
         self.frames = frames
         # rows that are checked against the stream and stored in part: written as arrays
@@ -176,8 +154,7 @@ class RingWriter:
     def push_values(self, values: list, extra=None) -> None:
         """Write one validated row (values in field order); lock held."""
         if self.num_envs > 1:
-            raise SpecError(f"push appends one row, but this buffer interleaves num_envs="
-                            f"{self.num_envs} streams: extend with {self.num_envs} rows per step")
+            raise _push_error(self.num_envs)
         ep = self.episodes
         if self.batched:  # elision and frame stacks check and keep rows as arrays: the batch path
             arrays = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
@@ -210,8 +187,7 @@ class RingWriter:
             if ep.elide:
                 stored = [values[i] for i in ep.stored_pos]
         elif n % self.num_envs:
-            raise SpecError(f"this buffer interleaves num_envs={self.num_envs} streams: extend "
-                            f"takes whole steps of {self.num_envs} rows each, got {n} rows")
+            raise steps_error(self.num_envs, n)
         for dst, src, count in spans:
             self.storage.write_rows(dst, stored, src, count)
         if ep is not None:
@@ -241,12 +217,12 @@ class RingWriter:
 
         return on_wrap
 
-    def _slot_writes(self):
+    def _slot_writes(self, batched: bool = False):
         """The hooks' one-row form as one ``on_write(slot)`` (None without hooks), and whether
-        the generated calls may be used at all (every hook has that form, no elision)."""
-        ep = self.episodes
+        the generated calls may be used at all (every hook has that form; rows written as they
+        are, unless ``batched``: the frame push checks and keeps them itself)."""
         slot_hooks = [h.slot_hook() for h in self._per_row()]
-        if self.batched or any(f is None for f in slot_hooks):
+        if (self.batched and not batched) or any(f is None for f in slot_hooks):
             return None, False
         if len(slot_hooks) <= 1:
             return (slot_hooks[0] if slot_hooks else None), True
@@ -264,17 +240,9 @@ class RingWriter:
         ``slow``. ``gate(1)``: called under the lock before the row's slot is read (a rate
         limiter waits and counts)."""
         if self.frames is not None:  # frame stacks: a push of their own (checks in compiled code)
-            slot_hooks = [h.slot_hook() for h in self._per_row()]
-            if any(f is None for f in slot_hooks):
+            on_write, usable = self._slot_writes(batched=True)
+            if not usable:
                 return slow
-            on_write = None
-            if slot_hooks:
-                hooks = tuple(slot_hooks)
-
-                def on_write(slot, _hooks=hooks):
-                    for f in _hooks:
-                        f(slot)
-
             push = frame_push(self.frames, spec, self.storage, self.episodes, self, lock, slow,
                               on_write=on_write, on_wrap=self._on_wrap(None), gate=gate)
             return slow if push is None else push
@@ -332,19 +300,12 @@ _LAPS = 1 << 32
 
 class FreeSlotWriter(RingWriter):
     """A writer that puts each row into the next free slot at or after its cursor (wrapping),
-    skipping the slots its sampler holds back, and moves the cursor past the last slot written:
-    a write of ``n`` rows lands where ``n`` pushes would. What "free" means is the sampler's
-    (the free-slot contract, see the module docstring); what a write does when no slot is free
-    is its ``policy`` (:class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` says what
-    each does): ``"block"`` waits on ``waits``, ``"drop"`` tells ``on_drop``, ``"overwrite"``
-    writes at the cursor.
-
-    Rows are not in stream order: a buffer with this writer keeps no episode numbers and no
-    frame stacks. The sweep skips slots, so passing a slot is not writing it: the writer keeps
-    each slot's last write (the lap, uint32: 4 bytes per slot) for :meth:`overwritten`. A push
-    takes the generated push with :meth:`_one_slot` placing the row (``"block"``,
-    ``"overwrite"``; ``"drop"`` the generic path); an extend the generic path, one kernel call
-    placing its rows.
+    skipping the slots its sampler holds back (the free-slot contract, see the module
+    docstring), and moves the cursor past the last slot written: a write of ``n`` rows lands
+    where ``n`` pushes would. Rows are not in stream order: no episode numbers, no frame stacks.
+    The sweep skips slots, so passing a slot is not writing it: the writer keeps each slot's
+    last write (the lap, uint32) for :meth:`overwritten`. A push takes the generated push with
+    :meth:`_one_slot` placing the row (``"drop"``: the generic path); an extend the generic path.
 
     Parameters
     ----------
@@ -475,8 +436,7 @@ class FreeSlotWriter(RingWriter):
     # -- the write path (lock held) ----------------------------------------------------------
     def push_values(self, values: list, extra=None) -> None:
         if self.num_envs > 1:
-            raise SpecError(f"push appends one row, but this buffer interleaves num_envs="
-                            f"{self.num_envs} streams: extend with {self.num_envs} rows per step")
+            raise _push_error(self.num_envs)
         if self.admit(1) == 0:
             self.slots.on_drop(1)
             return
@@ -495,8 +455,7 @@ class FreeSlotWriter(RingWriter):
                 return
         spans, moved = self.place(n)
         if n % self.num_envs:
-            raise SpecError(f"this buffer interleaves num_envs={self.num_envs} streams: extend "
-                            f"takes whole steps of {self.num_envs} rows each, got {n} rows")
+            raise steps_error(self.num_envs, n)
         for dst, src, count in spans:
             self.storage.write_rows(dst, values, src, count)
         self._written(spans, n, moved, extra)

@@ -3,134 +3,103 @@
 A sampler draws slots, hears about writes, and says what it adds to a batch. tfdata's:
 ``uniform.py`` (with replacement), ``without_replacement.py`` (every live row once per pass,
 rows written during a pass joining it), ``exactly_k.py`` (every row in exactly k batches; its
-buffer writes with a free-slot writer), ``prioritized.py``. No sampler has a twin for shared
-memory: a :class:`~tfdata.SharedReplayBuffer` runs these same objects over its shards. The
-buffer calls it under its lock; it never sees the layout (it calls the kernels of the output it
-fills, ``out.kernels`` over ``out.store``, or ``out.source.gather``), never allocates while
-sampling, and keeps its state in plain arrays.
+buffer writes with a free-slot writer), ``prioritized.py``. The buffer calls it under its
+lock; it never sees the layout, never allocates while sampling, and keeps its state in plain
+arrays. No sampler has a twin for shared memory: a :class:`~tfdata.SharedReplayBuffer` given a
+sampler (``sampler=MySampler(...)``, or tfdata's by name) drives the same object through
+:class:`tfdata.shared.streams.ShardRows`: the rows writer processes published since the last
+sample reach it through its write hooks before each draw (``slot_hook()`` row by row, else
+``on_write``), ``sample`` gets the rows held, and a row a writer tore during the copy is drawn
+again (tfdata's draw the uniform, prioritized and without-replacement rows with kernels of the
+shards; exactly-k hears the slots from the writers' logs).
 
-One sampler object runs in one process and across processes: a
-:class:`~tfdata.SharedReplayBuffer` given it (``sampler=MySampler(...)``) drives it through
-:class:`tfdata.shared.streams.ShardRows`, which calls the same members: the rows the writer
-processes published since the last sample reach it through its write hooks before each draw
-(``slot_hook()`` row by row, else ``on_write``), ``sample`` gets the rows held, and a batch a
-writer tore during the copy is drawn again. tfdata's samplers run there the same way, given by
-name (the streams draw the uniform, prioritized and without-replacement rows with kernels of the
-shards, a torn row drawn again alone; exactly-k hears the slots from the writers' logs).
+What a sampler writes is marked *required*; everything else has a default in :class:`Sampler`.
 
-What a sampler writes (ten members; everything else has a default in :class:`Sampler`):
-
-1. ``name`` (and ``rule``, for messages): what buffers and checkpoints call it.
-2. ``bind(storage, capacity, num_envs, allocator)``: allocate what it keeps per slot.
-3. ``sample(n, out, arrays)``: draw a batch over the ``n`` rows held and gather it.
-4. ``sample_slices(...)``: the same for slices (a sampler that draws none raises).
-5. ``on_write(spans, n, extra)`` with ``hears_writes``: hear the writes.
-6. ``slot_hook()``: the one-row form of ``on_write`` (None: none).
-7. ``on_clear()``.
-8. ``config()`` / ``from_config(config, seed)``: its options.
-9. ``extra_state(size)``: what it keeps beyond its RNG position.
-10. ``check_state(state, size, capacity)`` / ``load_state(checked)``: that state, checked and
-    applied.
-
-Defaults a sampler may override (each described below): ``plan``/``nbytes`` (its memory),
-``ring_arrays``/``ring_nbytes``/``batch_view`` (what it adds to a batch), ``projects``,
-``drawable``, ``waits_for_rows``, ``stream_order``, ``wraps_only``/``on_wrap``, ``watch``,
-``use_lock``, ``facets``, ``state_dict``. ``stream_order = False`` picks the buffer's writer:
-a :class:`~tfdata.replay.writers.FreeSlotWriter`, which asks the sampler which slots are free
-(the free-slot contract of :mod:`tfdata.replay.writers`; exactly-k's); ``wraps_only``/``watch``
-are still a writer's concern held by a sampler (one reading the writer's position instead of
-hearing each write).
-
-The contract in full (see :class:`Sampler` for the defaults a new sampler inherits):
-
-``bind(storage, capacity, num_envs, allocator)``
+``name``, ``rule`` (*required*)
+    Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
+    and checkpoints call the sampler (required for a sampler that is saved; None: a user's
+    sampler that is never saved, called by its class name: :func:`sampler_name`); ``rule`` says
+    how a batch takes rows (``"rows are drawn uniformly with replacement"``), so that a refusal
+    such as ``sample(B)`` with ``B`` above the rows held says what this sampler does.
+``bind(storage, capacity, num_envs, allocator)`` (*required*)
     Once, when the buffer is built, before any other call: allocate what it keeps per slot.
-``plan(capacity)`` (classmethod-like; may use constructor options)
-    ``{"trees": bytes, "bookkeeping": bytes}`` it will hold for ``capacity`` slots.
-``nbytes``
-    The same, for what it holds now.
-``ring_arrays(batch_size, length, out)`` / ``ring_nbytes(batch_size, length)``
-    The per-batch arrays it needs in an output ring slot (``length`` None for rows, L for
-    slices), and their bytes; ``batch_view(arrays, fields, attrs)`` sets what it shows in a
-    batch (``attrs["weights"]``, ``attrs["versions"]``, ``attrs["mask"]``).
-``sample(n, out, arrays)``
+``sample(n, out, arrays)`` (*required*)
     Fill ``out.indices`` with ``batch_size`` slots in ``[0, n)`` and ``out``'s rows with those
     rows (one kernel call: the uniform sampler draws and gathers in one pass). ``out`` comes
     from the storage, or from a projection of it (``sample(batch, fields=[...])``): gather
     through ``out`` (``out.kernels.<kernel>(out.store, ..., out.kernel_out)``,
     ``out.source.gather(indices, out)``), never through the storage, and draw exactly as for
-    a full output, so a projected batch is the full batch restricted to its fields.
-``projects``
-    Class attribute, False by default: True declares that ``sample`` gathers through ``out``
-    as above. The buffer refuses ``fields=`` for a sampler that does not (its kernels would
-    copy whole rows into a projected output).
-``sample_slices(n, streams, geo, reject, max_draws, out, arrays, part=None)``
+    a full output, so a projected batch is the full batch restricted to its fields. A
+    ``sample`` that raises leaves the output ring's slot unused.
+``sample_slices(n, streams, geo, reject, max_draws, out, arrays, part=None)`` (*required*)
     Fill ``out.indices`` (viewed ``(B, L)``) and ``arrays["mask"]`` (slices ``part`` only)
     with slices of one stream and episode, following ``streams`` (:mod:`tfdata.replay.streams`)
     as of the geometry ``geo``; gather nothing; return -1, or the slice number no start was
-    found for.
-``hears_writes``; ``on_write(spans, n, extra)``, ``slot_hook()``, ``on_clear()``
-    The write hooks (see :mod:`tfdata.replay.writers`), called only if ``hears_writes``; ``extra`` is what ``push`` or
-    ``extend`` passed for this sampler (priorities), or None. A sampler with ``wraps_only =
-    True`` hears only laps of the ring (``on_wrap()`` from the generated push and extend), and
-    places the writes by the writer's position when it samples. The function ``slot_hook()``
-    returns may carry ``rows(spans)``, the same for the slots of ``spans`` (int64 ``(m, 2)``:
-    first slot, count) in order, in one call (the prioritized sampler's: one kernel call for the
-    rows writer processes published).
-``stream_order``
-    Class attribute, True by default: False for a sampler that frees slots out of order (its
-    buffer writes each row into the next free slot with a
-    :class:`~tfdata.replay.writers.FreeSlotWriter`, which reads the sampler's free-slot
-    contract: ``remaining``, ``awaiting``, ``policy``, ``timeout``, ``waits``, ``on_drop``).
-``watch(writer)`` (optional)
-    Called once after the writer is bound, for a sampler that reads its ``cursor`` and
-    ``size`` (keep a weak proxy: the writer holds its hooks).
-``use_lock(lock)`` (optional)
-    Called once with the buffer's lock, for a sampler whose writes (a free-slot writer's
-    blocked writes) or ``sample`` wait: they wait on a ``threading.Condition`` of that lock,
-    which releases it (and the GIL) while waiting. A ``sample`` that raises leaves
-    the output ring's slot unused.
-``name``, ``rule``
-    Class attributes (or properties) for messages: ``name`` is what ``ReplayBuffer(sampler=...)``
-    and checkpoints call the sampler (a class attribute, required for a sampler that is saved;
-    None: a sampler of the user's that is never saved, called by its class name:
-    :func:`sampler_name`);
-    ``rule`` says how a batch takes rows (``"rows are drawn uniformly with replacement"``), so
-    that a refusal such as ``sample(B)`` with ``B`` above the rows held says what this sampler
-    does, not what another would.
-``waits_for_rows``
-    False by default: True for a sampler whose ``sample`` waits (on the condition of
-    ``use_lock``, up to a timeout) until it has rows for a batch. The buffer then does not
-    refuse a batch larger than the rows held (only one larger than the capacity) and lets
-    ``sample`` wait, from the first call on, even before any row exists.
-
-Config and state (what a checkpoint saves, and what rebuilds the sampler from it):
-
-``config()``, ``from_config(config, seed)`` (classmethod)
+    found for. A sampler that draws no slices raises.
+``on_write(spans, n, extra)``, ``slot_hook()``, ``on_clear()`` (*required*, with ``hears_writes``)
+    The write hooks (:mod:`tfdata.replay.writers`), called only if ``hears_writes`` (False by
+    default: the push path then makes no call); ``extra`` is what ``push`` or ``extend`` passed
+    for this sampler (priorities), or None. ``slot_hook()`` returns the one-row form ``f(slot)``
+    (None: none), which may carry ``rows(spans)``, the same for the slots of ``spans`` (int64
+    ``(m, 2)``: first slot, count) in one call (the prioritized sampler's, for the rows writer
+    processes published). A sampler with ``wraps_only = True`` hears only laps of the ring
+    (``on_wrap()`` from the generated push and extend) and places the writes by the writer's
+    position when it samples.
+``config()``, ``from_config(config, seed)`` (classmethod) (*required*)
     ``config()`` is the constructor's options as JSON values (not the seed: the state holds the
     RNG position); ``from_config`` builds an unbound sampler from such a dict and a seed. A
     checkpoint's config is untrusted input: ``from_config`` checks every key (exactly its own
     options, exact JSON types, bounds) and raises TypeError or ValueError naming the key, what
     was expected and what was given (``config.replays: expected an int in [1, 65535], got int
-    0``; :func:`config_keys` and :func:`config_value` do this). The defaults here: no options.
-``state_dict()``, ``extra_state(size)``
-    The sampler's state is one part: ``state_dict()`` is the RNG position (``{"seed",
-    "counter"}``, every sampler's), ``extra_state(size)`` what it keeps beyond it as a dict of
-    JSON values and numeric arrays (a pool, passes, priorities: new arrays, not views), given
-    ``size``, the rows held. A buffer's state dict holds the first under ``"sampler"`` and, for
-    a sampler that overrides ``extra_state``, the second under its name
-    (:func:`state_key`: ``"exactly_k"``, ``"prioritized"``, ...).
-``check_state(state, size, capacity)``, ``load_state(checked)``
-    ``check_state`` validates the part as untrusted input, flat (``{"seed", "counter",
-    **extra}``), against its config and the rows held (``size`` of ``capacity``: a pass
-    against the rows held, an exactly-k pool's deliveries against the rows written), without
-    changing anything, and returns what ``load_state`` applies. It uses only its config and its
-    arguments: a checkpoint calls it on the sampler ``from_config`` built, before the buffer is.
-    Every problem is a ValueError or TypeError, ideally a :class:`StateError` naming the field
-    (``exactly_k.delivered``), which a checkpoint reports as ``state.exactly_k.delivered``. The
-    buffer refuses a state whose sampler part is another sampler's (a key it does not own, or
-    its own key missing), naming both samplers, before asking ``check_state``: a sampler never
-    sees, or silently drops, another's state.
+    0``; :func:`config_keys` and :func:`config_value` do this). The defaults: no options.
+``extra_state(size)``, ``check_state(state, size, capacity)``, ``load_state(checked)`` (*required*)
+    A sampler's state is one part: ``state_dict()`` is the RNG position (``{"seed",
+    "counter"}``, every sampler's), ``extra_state(size)`` what it keeps beyond it, given
+    ``size``, the rows held, as a dict of JSON values and numeric arrays (a pool, passes,
+    priorities: new arrays, not views). A buffer's state dict holds the first under
+    ``"sampler"`` and, for a sampler that overrides ``extra_state``, the second under its name
+    (:func:`state_key`). ``check_state`` validates the part as untrusted input, flat (``{"seed",
+    "counter", **extra}``), against its config and the rows held (``size`` of ``capacity``: a
+    pass against the rows held, an exactly-k pool's deliveries against the rows written),
+    without changing anything, and returns what ``load_state`` applies. It uses only its config
+    and its arguments: a checkpoint calls it on the sampler ``from_config`` built, before the
+    buffer is. Every problem is a ValueError or TypeError, ideally a :class:`StateError` naming
+    the field (``exactly_k.delivered``), which a checkpoint reports as
+    ``state.exactly_k.delivered``. The buffer refuses a state whose sampler part is another
+    sampler's (a key it does not own, or its own key missing), naming both samplers, before
+    asking ``check_state``.
+
+Defaults a sampler may override:
+
+``plan(capacity)``, ``nbytes``
+    ``{"trees": bytes, "bookkeeping": bytes}`` it will hold for ``capacity`` slots (may use
+    constructor options), and holds now.
+``ring_arrays(batch_size, length, out)``, ``ring_nbytes(batch_size, length)``, ``batch_view(arrays, fields, attrs)``
+    The per-batch arrays it needs in an output ring slot (``length`` None for rows, L for
+    slices) and their bytes; what it shows in a batch (``attrs["weights"]``,
+    ``attrs["versions"]``, ``attrs["mask"]``).
+``projects``
+    True declares that ``sample`` gathers through ``out`` as above; the buffer refuses
+    ``fields=`` for a sampler that does not (its kernels would copy whole rows).
+``drawable(n)``, ``waits_for_rows``
+    The rows a batch can draw from of the ``n`` held; True for a sampler whose ``sample`` waits
+    (on the condition of ``use_lock``, up to a timeout) until it has rows for a batch: the
+    buffer then refuses only a batch larger than the capacity and lets ``sample`` wait, from
+    the first call on.
+``stream_order``
+    False for a sampler that frees slots out of order: its buffer writes with a
+    :class:`~tfdata.replay.writers.FreeSlotWriter`, which reads the sampler's free-slot contract
+    (``remaining``, ``awaiting``, ``policy``, ``timeout``, ``waits``, ``on_drop``).
+``watch(writer)``, ``wraps_only``/``on_wrap``
+    A writer's concern held by a sampler: ``watch`` is called once after the writer is bound,
+    for a sampler that reads its ``cursor`` and ``size`` (keep a weak proxy: the writer holds
+    its hooks).
+``use_lock(lock)``
+    Called once with the buffer's lock, for a sampler whose writes (a free-slot writer's
+    blocked writes) or ``sample`` wait on a ``threading.Condition`` of it (which releases it
+    and the GIL while waiting).
+``facets()``, ``state_dict()``
+    What the combinations table needs to know of it; the RNG position.
 
 A checkpoint writes ``name`` and ``config()`` into its config (``"sampler"``, absent for the
 buffer's default sampler, and the options beside it) and the state as above, each array of
@@ -306,22 +275,14 @@ class Sampler:
         ``[key, counter]`` as the kernels read and advance it; ``key = splitmix64(seed)``.
     """
 
-    #: whether the writer calls the write hooks (a sampler that keeps nothing per slot: False,
-    #: so the push path makes no call for it)
+    # each described in the module docstring
     hears_writes = False
-    #: whether ``sample`` gathers through the output it is given (``out.kernels``, ``out.store``,
-    #: ``out.source``), so that projected outputs (``fields=``) are filled right
     projects = False
-    #: whether the writer keeps rows in stream order (False: a free-slot writer places them,
-    #: see :mod:`tfdata.replay.writers`; the buffer then keeps no episode numbers and refuses
-    #: n-step and ``elide_next``, which read rows in stream order)
+    #: False: a free-slot writer places the rows; the buffer then keeps no episode numbers and
+    #: refuses n-step and ``elide_next``, which read rows in stream order
     stream_order = True
-    #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler (None: a sampler
-    #: of the user's that is not saved, called by its class name)
     name = None
-    #: how a batch takes rows, for messages (see the module docstring)
     rule = "rows are drawn by this sampler"
-    #: whether ``sample`` waits for rows (see the module docstring)
     waits_for_rows = False
 
     def __init__(self, seed: int | None = None):

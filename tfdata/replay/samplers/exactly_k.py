@@ -149,9 +149,7 @@ class ExactlyKSampler(Sampler):
     writer (:class:`~tfdata.replay.writers.FreeSlotWriter`) puts each row into the next free
     slot at or after its cursor (wrapping), skipping the rows awaiting replay. So writers wait
     only when every slot awaits replay, and then the pool holds ``capacity >= batch_size``
-    rows: a sample can always go on (the ring of the first version waited for the *oldest*
-    row, which random delivery can leave pending while fewer rows than a batch await: a
-    stall). Rows are therefore not in stream order: the buffer keeps no episode numbers,
+    rows: a sample can always go on. Rows are therefore not in stream order: the buffer keeps no episode numbers,
     refuses ``n_step`` and ``elide_next``, and ``column()`` gives the rows in slot order from
     the cursor. When no slot is free, ``policy`` says:
 
@@ -215,18 +213,12 @@ class ExactlyKSampler(Sampler):
         Slots released into a shared region's words (:meth:`release_into`; 0 in one process).
 
     Cost: the pool (uint32) and the deliveries left (uint8 for ``k <= 255``, else uint16) per
-    slot: 5 or 6 bytes (``nbytes_parts["bookkeeping"]``, with the writer's 4). A sample draws,
-    lowers the counts and gathers in one kernel call; a write adds the written slots (the
-    one-row hook in Python, else one kernel call per span); see docs/design/exactly-k.md for
-    what was measured.
+    slot: 5 or 6 bytes (``nbytes_parts["bookkeeping"]``, with the writer's 4); docs/design/exactly-k.md.
     """
 
     projects = True
     hears_writes = True
-    #: slots are freed out of order: the buffer writes with a free-slot writer (no episodes,
-    #: n-step, elision)
-    stream_order = False
-    #: the name ``ReplayBuffer(sampler=...)`` and checkpoints give this sampler
+    stream_order = False  # slots are freed out of order: a free-slot writer
     name = "exactly_k"
 
     def __init__(self, seed: int | None = None, replays: int = 1, policy: str = "block",

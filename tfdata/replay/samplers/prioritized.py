@@ -47,8 +47,7 @@ class PrioritizedSampler(Sampler):
         Sum tree over the blocks (root ``sums[1]``, block ``b`` at ``P // 16 + b``).
     mm : ndarray of float32, shape (2 * P // 16, 2)
         Smallest positive leaf and largest leaf under each node of that tree. The layout and
-        why: :mod:`tfdata.kernels._tree` (6 bytes per slot; the float64 ``(2P, 4)`` nodes it
-        replaced took 64, reports/prioritized.md).
+        why: :mod:`tfdata.kernels._tree`.
     v8 : ndarray of uint8, shape (capacity,)
         Writes per slot, modulo 256 (1 byte per slot, not 8), so an update for a row
         overwritten since its sample is refused. A batch's ``versions`` (uint32) are
