@@ -187,8 +187,7 @@ class Storage:
 
     # field index: the field as one opaque item per record (see opaque_items), for a shaped
     # field inside records (AoS, a record group): numpy copies a strided column of fixed-size
-    # items with one inner loop, where the (rows, *shape) view costs a loop per row (measured:
-    # reports/benchmarks.md, "opaque AoS copies")
+    # items with one inner loop, where the (rows, *shape) view costs a loop per row
     _opaque: dict = {}
 
     def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:
