@@ -302,16 +302,10 @@ class _Jemalloc(_LibraryAllocator):
     def __init__(self):
         super().__init__()
         lib = self.lib
-        self._flags = ALIGN.bit_length() - 1  # MALLOCX_LG_ALIGN(6)
+        self._flags = flags = ALIGN.bit_length() - 1  # MALLOCX_LG_ALIGN(6)
         self._mallocx = lib.mallocx
-        self._dallocx = lib.dallocx
         self._mallctl = lib.mallctl
-        flags = self._flags
-
-        def free(ptr, _d=self._dallocx):
-            _d(ptr, flags)
-
-        self._free = free
+        self._free = lambda ptr, _d=lib.dallocx: _d(ptr, flags)
 
     def _malloc(self, size, zero):
         return self._mallocx(size, self._flags | (self._MALLOCX_ZERO if zero else 0))
