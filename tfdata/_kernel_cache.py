@@ -1,22 +1,10 @@
 """numba's cache of tfdata's kernels: where it lives (:mod:`tfdata._config`) and when an entry is stale.
 
-numba stamps a cached kernel with its own source file only: an edit of a helper the kernel imports
-from another file (an inlined ``@njit`` helper, a constant, the options of :mod:`tfdata._config`)
-would leave the machine code of the old helper in the cache, to be loaded by every later process.
-:func:`install` puts a locator in front of numba's own ones, for the files of this package only:
-it is numba's locator (same directory, same file names), with a stamp that also holds a digest of
-every tfdata source the kernel's module imports, directly or not (read from the import statements
-of each file, those inside functions included; a function made from a template of another file,
-as :mod:`tfdata.kernels._sample` makes them, counts the module it is made for too). An edit of any
-of them invalidates exactly the entries that could depend on it, and numba then overwrites those
-entries in place (one index file and numbered data files per kernel, the same names): the cache
-does not grow. ``tests/test_kernel_cache.py`` edits a helper between two processes.
-
-A ``NUMBA_CACHE_LOCATOR_CLASSES`` set by the user replaces numba's list of locators, this one
-included: numba's plain stamps then apply.
-
-This module imports numba only in :func:`install`, which the kernel packages call before they
-define a kernel.
+numba stamps a cached kernel with its own source file only; :func:`install` puts a locator in
+front of numba's own ones, for this package's files, whose stamp also holds a digest of every
+tfdata source the kernel's module imports, directly or not (see docs/design/kernels.md, "The
+kernel cache"). A ``NUMBA_CACHE_LOCATOR_CLASSES`` set by the user replaces numba's list of
+locators, this one included. numba is imported only in :func:`install`.
 """
 
 from __future__ import annotations

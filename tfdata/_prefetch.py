@@ -44,21 +44,16 @@ def spin_reads() -> int:
 
 
 class Ahead:
-    """What the consumer and the prefetch thread share for one epoch (no reference to the iterator).
+    """What the consumer and the prefetch thread share for one epoch (no reference to the iterator;
+    the protocol: docs/design/loader.md, "Ring and prefetch").
 
-    Batch ``j`` goes to ring slot ``j % slots``; whoever produces it (the thread, or the consumer
-    when the thread is behind) writes ``out[slot]`` then ``ready[slot] = j``. ``nxt`` is the next
-    batch to prepare; batches are prepared in order under ``mutex`` (the plan's state is
-    sequential) and filled outside it, so both threads can copy at once. ``state[0]`` is the
-    first batch the thread may not prepare yet (the consumer holds the batch ``slots`` before
-    it): the consumer publishes it with one store on every ``next()``, and the thread spins on
-    it without the GIL before it sleeps. ``sleeping`` (the thread waits on ``wake``) and
-    ``waiting`` (the consumer waits on ``done``) are set under ``mutex`` by the thread that then
-    waits, and cleared, with the matching ``release``, by the one that wakes it: one release per
-    wait. The thread sets ``sleeping`` before it reads ``state`` and ``want`` for the last time,
-    the consumer writes them before it reads ``sleeping`` (so one of the two sees the other's
-    write; the GIL orders them), and ``asleep`` once it has decided to sleep: from then on only
-    the consumer can wake it, so the consumer prepares and fills batches without ``mutex``.
+    Batch ``j`` goes to ring slot ``j % slots``: its producer writes ``out[slot]`` then
+    ``ready[slot] = j``. ``nxt`` is the next batch to prepare (in order, under ``mutex``; filled
+    outside it). ``state[0]`` is the first batch the thread may not prepare yet, published by the
+    consumer with one store per ``next()``. ``sleeping`` (the thread waits on ``wake``) and
+    ``waiting`` (the consumer waits on ``done``) are set under ``mutex`` by the side that waits
+    and cleared, with one matching ``release``, by the side that wakes it; once ``asleep`` only
+    the consumer can wake the thread, so the consumer prepares and fills batches without ``mutex``.
     """
 
     __slots__ = ("plan", "slots", "batches", "mutex", "wake", "done", "state", "nxt", "out", "ready",

@@ -139,8 +139,8 @@ class Allocator:
 
         numpy (``calloc``), jemalloc (``MALLOCX_ZERO``) and the mmap allocators know fresh pages
         are zero: a large block is mapped at its first touch, not here. mimalloc 2.0's
-        ``mi_zalloc_aligned`` clears the block at once (measured: every page faults in this
-        call), so a buffer on mimalloc is resident from construction.
+        ``mi_zalloc_aligned`` clears the block at once, so a buffer on mimalloc is resident from
+        construction.
         """
         return self._array(shape, dtype, zero=True)
 
@@ -249,7 +249,7 @@ class _MmapAllocator(Allocator):
     def _allocate(self, nbytes, shape, dtype, zero):
         # a huge array gets room to start on a 2 MiB boundary (untouched pages never become
         # resident); a smaller one cannot hold a huge page, and padding it would let the kernel
-        # back its one touched page with a whole 2 MiB page (measured: +2 MiB RSS per small array)
+        # back its one touched page with a whole 2 MiB page
         huge = self.huge and nbytes >= _HUGE
         pad = _HUGE if huge else 0
         size = max(mmap.PAGESIZE, -(-(nbytes + pad) // mmap.PAGESIZE) * mmap.PAGESIZE)
@@ -263,12 +263,8 @@ class _MmapAllocator(Allocator):
 
 
 class _Block:
-    """Owner of one block of foreign memory, shown to numpy through ``__array_interface__``.
-
-    (Not a ctypes array: ``c_char * n`` makes a new ctypes type per distinct size, and types
-    are freed only by the cycle collector: measured 160+ MiB held after a churn loop with the
-    collector off.)
-    """
+    """Owner of one block of foreign memory, shown to numpy through ``__array_interface__`` (not
+    a ctypes array: see docs/design/allocators.md)."""
 
     __slots__ = ("ptr", "__array_interface__", "__weakref__")
 
@@ -306,16 +302,10 @@ class _Jemalloc(_LibraryAllocator):
     def __init__(self):
         super().__init__()
         lib = self.lib
-        self._flags = ALIGN.bit_length() - 1  # MALLOCX_LG_ALIGN(6)
+        self._flags = flags = ALIGN.bit_length() - 1  # MALLOCX_LG_ALIGN(6)
         self._mallocx = lib.mallocx
-        self._dallocx = lib.dallocx
         self._mallctl = lib.mallctl
-        flags = self._flags
-
-        def free(ptr, _d=self._dallocx):
-            _d(ptr, flags)
-
-        self._free = free
+        self._free = lambda ptr, _d=lib.dallocx: _d(ptr, flags)
 
     def _malloc(self, size, zero):
         return self._mallocx(size, self._flags | (self._MALLOCX_ZERO if zero else 0))

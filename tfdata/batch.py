@@ -90,19 +90,6 @@ class Batch(Mapping):
         inner = ", ".join(f"{k!r}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
         return f"Batch({{{inner}}}, indices=int64{list(self.indices.shape)})"
 
-    def _retire(self) -> "Batch":
-        """Make this batch stale and return a fresh one with the same contents (the ring's next
-        batch of this slot). Used when the slot is about to be reused while this batch is held."""
-        cls = type(self)
-        fresh = object.__new__(cls)
-        for name in _slot_names(cls):
-            try:
-                setattr(fresh, name, getattr(self, name))
-            except AttributeError:  # a slot never set
-                pass
-        self.__class__ = _stale_class(cls)
-        return fresh
-
 
 _SLOT_NAMES: dict = {}
 _STALE_CLASSES: dict = {}
@@ -159,7 +146,15 @@ def _unheld_refcount() -> int:
 def retire(batch: Batch) -> Batch:
     """Make ``batch`` stale and return a fresh batch over the same arrays (for an output ring
     whose slot is about to be reused while ``batch`` is still held somewhere)."""
-    return batch._retire()
+    cls = type(batch)
+    fresh = object.__new__(cls)
+    for name in _slot_names(cls):
+        try:
+            setattr(fresh, name, getattr(batch, name))
+        except AttributeError:  # a slot never set
+            pass
+    batch.__class__ = _stale_class(cls)
+    return fresh
 
 
 getrefcount = sys.getrefcount

@@ -1,13 +1,8 @@
-"""The schema of a row: named fields, each a numeric (or bool) numpy dtype and a shape.
-
-A :class:`Spec` knows both physical forms of a row:
-
-* array-of-structs: :attr:`Spec.aos_dtype`, an aligned structured dtype, padded so that its
-  itemsize is a multiple of 8 bytes (rows are copied as whole 64-bit words);
-* struct-of-arrays: one C-contiguous array of shape ``(capacity, *field.shape)`` per field.
-
-It also validates input (:meth:`Spec.check_row`, :meth:`Spec.check_batch`) before anything is
-written, so a rejected row leaves every buffer untouched.
+"""The schema of a row: named fields (:class:`Field`), each a numeric (or bool) numpy dtype and a
+shape, in a :class:`Spec`. A spec gives the AoS record of a row (:attr:`Spec.aos_dtype`; SoA
+stores one array per field) and validates input (:meth:`Spec.check_row`,
+:meth:`Spec.check_batch`) before anything is written, so a rejected row leaves every buffer
+untouched.
 """
 
 from __future__ import annotations
@@ -90,8 +85,7 @@ class Field:
     @property
     def nbytes(self) -> int:
         """Bytes of one row of this field."""
-        # math.prod of the (checked, bounded) shape: np.prod's array round trip showed in a
-        # buffer's construction time
+        # math.prod: np.prod's array round trip showed in a buffer's construction
         return self.dtype.itemsize * math.prod(self.shape)
 
     # -- validation -------------------------------------------------------------------------

@@ -136,23 +136,19 @@ class SharedWriter:
             # a dropped row writes nothing, a stacked row is checked against the shard's frames
             # and stored in part: the generic path
             self._fast_push = _weak_method(self, "_checked_push")
-        elif self._ek:  # exactly-k "block": the generated push, to the slot _place_ek finds
-            views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
-            self._fast_push = make_push(self.spec, views, self._ring, self._lock,
-                                        _weak_method(self, "_checked_push"),
-                                        on_write=_weak_method(self, "_publish_ek_one"),
-                                        place=_weak_method(self, "_place_ek"),
-                                        regions=self._storage.byte_regions(self._base,
-                                                                           self._base + self._cap))
         else:
-            views = [self._storage.field(n)[self._base:self._base + self._cap] for n in self.spec.names]
+            lo, hi = self._base, self._base + self._cap
+            views = [self._storage.field(n)[lo:hi] for n in self.spec.names]
+            if self._ek:  # exactly-k "block": the generated push, to the slot _place_ek finds
+                hooks = dict(on_write=_weak_method(self, "_publish_ek_one"),
+                             place=_weak_method(self, "_place_ek"))
+            else:
+                hooks = dict(on_write=_weak_method(self, "_publish_one"),
+                             on_begin=_weak_method(self, "_begin_one" if self._limiter is None
+                                                   else "_begin_limited"))
             self._fast_push = make_push(self.spec, views, self._ring, self._lock,
                                         _weak_method(self, "_checked_push"),
-                                        on_write=_weak_method(self, "_publish_one"),
-                                        on_begin=_weak_method(self, "_begin_one" if self._limiter is None
-                                                              else "_begin_limited"),
-                                        regions=self._storage.byte_regions(self._base,
-                                                                           self._base + self._cap))
+                                        regions=self._storage.byte_regions(lo, hi), **hooks)
 
     def _sync_ring(self) -> None:
         self._ring.cursor = self._head % self._cap
@@ -261,13 +257,11 @@ class SharedWriter:
     def _checked_push(self, row: Mapping) -> None:
         # the generic path: full validation with precise errors, then the same writes
         values = self.spec.check_row(row)
-        if self._frames is not None:  # checked and stored as arrays: the batch path
+        one = self._frames is None
+        if not one:  # checked and stored as arrays: the batch path
             values = [np.asarray(v, f.dtype).reshape((1,) + f.shape) for v, f in zip(values, self.spec)]
-            with self._lock:
-                self._write(1, values, False)
-            return
         with self._lock:
-            self._write(1, values, True)
+            self._write(1, values, one)
 
     def extend(self, batch: Mapping) -> int:
         """Write ``n`` rows given as one array per field (leading dimension ``n``); returns the

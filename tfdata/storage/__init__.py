@@ -1,34 +1,11 @@
-"""Storages: where rows live. Three layouts behind one contract.
+"""Storages: where rows live. Three layouts behind one contract (:mod:`.base`).
 
-``AoSStorage`` (``layout="aos"``, :mod:`.aos`)
-    One structured array, ``spec.aos_dtype``, one record per row.
-``SoAStorage`` (``layout="soa"``, :mod:`.soa`)
-    One C-contiguous array per field, shape ``(capacity, *field.shape)``.
-``GroupStorage`` (``layout=[["obs", "action"], ["next_obs"], ...]``, column groups, :mod:`.groups`)
-    One array per group of fields: a group of two or more fields is a record array (the
-    fields at natural alignment, as :attr:`Spec.aos_dtype` lays out a row), a group of one
-    field a plain column; the groups side by side, as SoA columns are.
-
-A layout is ``"aos"``, ``"soa"`` or a grouping, normalised by :func:`resolve_layout` (against a
-spec) to a tuple of tuples of field names; only this package and the kernels look inside it
-(:mod:`.layout`: resolving, checking and planning layouts, :func:`make_storage`).
-
-Every storage offers the same operations, the contract of :mod:`.base`: ``capacity``,
-``nbytes``, ``write_row``, ``write_rows``, ``field`` (a view of one field), ``column`` (the same
-values as ``(capacity, elements)``, what the column kernels read), ``gather`` (rows by index
-into a given output), ``new_output`` (a preallocated :class:`Output`, :mod:`.output`, for a
-batch size) and ``state_dict``/``load_state_dict``. A storage binds its kernel module
-(``tfdata.kernels.aos`` or ``.soa``) when it is built; nothing downstream branches on the layout
-again.
-
-``project(names)`` gives a :class:`Projection` (:mod:`.projection`): the same sampling contract
-(``kernels``, ``kernel_store``, ``new_output``, ``gather``) over some fields only. A layout
-contributes where each field's bytes are (``byte_bases`` and ``spans``); the projection, which
-knows no layout, gathers them with the span kernels (:mod:`tfdata.kernels.spans`) into one
-C-contiguous column per field.
-
-Storages do no validation of row contents and no locking: :class:`tfdata.ReplayBuffer` validates
-with the :class:`~tfdata.spec.Spec` and serialises writers and samplers.
+``AoSStorage`` (``layout="aos"``, :mod:`.aos`), ``SoAStorage`` (``layout="soa"``, :mod:`.soa`)
+and ``GroupStorage`` (column groups, ``layout=[["obs", "action"], ["next_obs"], ...]``,
+:mod:`.groups`). A layout is normalised by :func:`resolve_layout` (against a spec) to
+``"aos"``, ``"soa"`` or a tuple of tuples of field names; only this package and the kernels look
+inside it (:mod:`.layout`). ``project(names)`` gives a :class:`Projection` (:mod:`.projection`):
+the sampling contract over some fields only, knowing no layout.
 
 This module only re-exports; the file backing is :mod:`.files`, a dataset's rows :mod:`.rows`,
 a shared region's :mod:`.region`.

@@ -27,26 +27,7 @@ nbytes : int
 file_suffix : str
     ``".npy"`` for a layout stored as one file, ``""`` for a directory.
 
-Methods
--------
-write_row(pos, values), write_rows(start, values, src_start, count), wipe()
-    Write validated rows; zero every row.
-field(name), column(name), field_views()
-    Views (never copies) of the fields of every slot.
-new_output(batch_size)
-    A preallocated :class:`~tfdata.storage.output.Output` of ``batch_size`` rows.
-gather(indices, out), gather_at(indices, out, at), kernel_rows(out, at, k), copy_range(start, m, out)
-    Rows by index, or consecutive rows, into an output.
-field_offset(name), field_words(name, word), output_words(out, name, word)
-    A field's bytes as words, for the episode kernels.
-byte_bases(), spans(), project(names)
-    Where each field's bytes are, and a :class:`~tfdata.storage.projection.Projection` of
-    some fields over them.
-byte_regions(start, stop), append_to(writer, start, stop)
-    The bytes of a range of slots, for writers that pack rows themselves; the rows of a range
-    appended to a :class:`tfdata.io.Writer`.
-state_dict(n_rows, copy), load_state_dict(data, n_rows, release, records)
-    The rows, layout-neutral.
+Methods: those of :class:`Storage`, each documented there.
 
 :class:`Storage` implements what the layouts share. A layout sets ``layout``,
 ``kernel_layout``, ``file_suffix``, ``kernel_store`` and ``_fields`` / ``_field_list`` (views
@@ -68,7 +49,6 @@ class Storage:
     """What the layouts share of the storage contract (see the module docstring)."""
 
     layout: str
-    #: the kernel module's layout (a grouping's byte views are copied by the SoA kernels)
     kernel_layout: str
 
     def __init__(self, spec: Spec, capacity: int, allocator=None):
@@ -187,8 +167,7 @@ class Storage:
 
     # field index: the field as one opaque item per record (see opaque_items), for a shaped
     # field inside records (AoS, a record group): numpy copies a strided column of fixed-size
-    # items with one inner loop, where the (rows, *shape) view costs a loop per row (measured:
-    # reports/benchmarks.md, "opaque AoS copies")
+    # items with one inner loop, where the (rows, *shape) view costs a loop per row
     _opaque: dict = {}
 
     def write_rows(self, start: int, values: list, src_start: int, count: int) -> None:

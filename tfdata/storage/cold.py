@@ -1,33 +1,9 @@
-"""The compressed cold tier of a spilling frame-stacked buffer (``compress_cold=True``).
-
-A spilling buffer (:mod:`tfdata.storage.spill`) keeps every row in its file; rows that leave the
-hot window are released from RAM and a sample reads them back from the page cache, or from the
-disk once the page cache has let them go. With ``compress_cold=True`` the frames of a stacked
-field (``frame_stack=``, stored one frame per row in a column of their own) also go to a tier
-in RAM, compressed, and a sample reads cold frames from there:
-
-* **compress**: when a block of ``B`` consecutive slots has wholly left the hot window, its
-  frames are compressed (read from the storage while they are still resident, before the spill
-  policy releases them) and kept as one ``bytes`` object per block. Nothing else changes: the
-  file still holds every row and every field, checkpoints and state dicts read it as before.
-* **valid**: ``cold_from[b]`` is the offset in block ``b`` from which its compressed copy holds
-  the slots' frames: 0 once compressed; the writer moves it up as it overwrites the block (slots
-  it has overwritten are hot, read from the storage), and the copy is dropped when the whole block
-  was overwritten. A block is compressed again when it leaves the hot window again.
-* **sample**: the kernels of :mod:`tfdata.kernels._cold` list the compressed blocks a batch's
-  stacks read; :meth:`ColdFrames.load` decompresses them into a cache of a few blocks (least
-  recently used slot first, straight into the cache's memory, up to the last frame the batch
-  reads in the block: zstd stops there), and the kernels read cold frames from the cache, in
-  passes when a batch needs more blocks than the cache holds.
-* **budget**: a block whose copy would not be smaller than its frames, or would exceed the
-  buffer's ``memory_budget``, is not kept: its frames are read from the file, as without the
-  tier (counted in :attr:`ColdFrames.refused`). When the buffer needs memory the budget would
-  refuse (a new output ring, a growth of the episode-final table), copies are dropped first,
-  the oldest rows' first (:meth:`ColdFrames.shed`): they are a cache of the file.
-
-The codec sits behind :func:`codec` (one class, ``compress`` and ``decompress_into``): the
-package is chosen by measurement on Atari frames (``reports/frame_codecs``) and installed by the
-``compress`` extra (``pip install tfdata[compress]``).
+"""The compressed cold tier of a spilling frame-stacked buffer (``compress_cold=True``): the
+frames of a stacked field's blocks that left the hot window, compressed in RAM (one ``bytes``
+per block of :data:`BLOCK` slots), and the cache of decompressed blocks a sample reads them
+from. The file keeps every row: the tier is a cache of it, dropped block by block when the
+memory budget needs room. How it compresses, stays exact, samples and budgets:
+docs/design/spill-and-cold.md.
 """
 
 from __future__ import annotations
@@ -37,10 +13,7 @@ import sys
 import numpy as np
 
 #: the codec of the cold tier (see :func:`codec`) and its compression level, and the slots per
-#: compressed block (the unit of compression and of decompression). Chosen by measurement on
-#: real Atari frames (``reports/frame_codecs``): zstd level 3 in blocks of 16 frames, ratio 96 on
-#: Breakout, Pong and Seaquest (level 9: +6-12% at a quarter of the compression speed; a
-#: dictionary: +5-35%, to train and keep: see docs/design/spill-and-cold.md).
+#: compressed block (the unit of compression and of decompression): chosen in reports/frame_codecs.
 CODEC = "zstd"
 LEVEL = 3
 BLOCK = 16
@@ -51,8 +24,7 @@ CACHE_BYTES = 4 << 20
 
 class _Zstd:
     """zstd through the ``zstandard`` package: ``compress`` returns a new ``bytes``;
-    ``decompress_into`` fills the caller's memory (a ``stream_reader`` per call: ~500 bytes of
-    Python objects, no copy of the frames)."""
+    ``decompress_into`` fills the caller's memory (no copy of the frames)."""
 
     package = "zstandard"
 

@@ -1,7 +1,4 @@
-"""Column groups (``layout=[["obs", "action"], ["next_obs"], ...]``): one array per group of
-fields, the groups side by side as SoA columns are. A group of two or more fields is a record
-array (the fields at natural alignment, as :attr:`Spec.aos_dtype` lays out a row), a group of
-one field a plain column."""
+"""Column groups (``layout=[["obs", "action"], ["next_obs"], ...]``): :class:`GroupStorage`."""
 
 from __future__ import annotations
 

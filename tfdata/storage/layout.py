@@ -124,12 +124,6 @@ def check_layout(layout, spec: Spec, what: str = "layout"):
     return groups
 
 
-def _row_bytes(spec: Spec, layout) -> int:
-    if isinstance(layout, str):
-        return spec.aos_dtype.itemsize if layout == "aos" else spec.row_nbytes
-    return sum(dtype.itemsize * int(np.prod(shape, dtype=np.int64)) for dtype, shape in group_arrays(spec, layout))
-
-
 def make_storage(spec: Spec, capacity: int, layout=None, backing=None,
                  allocator=None) -> Storage:
     """Build the storage for ``layout`` (argument, else ``TFDATA_LAYOUT``, else the default;
@@ -155,7 +149,11 @@ def file_name(layout, stem: str) -> str:
 def storage_nbytes(spec: Spec, capacity: int, layout) -> int:
     """Bytes the storage of ``layout`` (resolved for ``spec``) holds for ``capacity`` rows of
     ``spec`` (without building it)."""
-    return int(capacity) * int(_row_bytes(spec, layout))
+    if isinstance(layout, str):
+        row = spec.aos_dtype.itemsize if layout == "aos" else spec.row_nbytes
+    else:
+        row = sum(dtype.itemsize * int(np.prod(shape, dtype=np.int64)) for dtype, shape in group_arrays(spec, layout))
+    return int(capacity) * int(row)
 
 
 def output_nbytes(spec: Spec, batch_size: int, layout, fields=None) -> int:

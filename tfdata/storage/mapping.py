@@ -236,30 +236,18 @@ def map_storage(path: str, spec, rows: int, layout) -> tuple[object, list]:
     layout, entries = _new_files(path, spec, layout)
     staged = Staged(path, layout, False)
     try:
+        arrays, maps = [], []
+        for fpath, dt, shape, mark in _dataset_files(staged.tmp, spec, rows, layout, entries):
+            _create_npy(fpath, dt, shape, memmap=False, mark=mark)
+            mf = MappedFile(fpath, header_nbytes(dt, shape[1:]), writable=True)
+            arrays.append(mf.array(dt, shape))
+            maps.append((mf, dt.itemsize * int(np.prod(shape[1:], dtype=np.int64))))
         if layout == "aos":
-            _create_npy(staged.tmp, spec.aos_dtype, (rows,), memmap=False)
-            mf = MappedFile(staged.tmp, header_nbytes(spec.aos_dtype), writable=True)
-            out = mf.array(spec.aos_dtype, (rows,)), [(mf, spec.aos_dtype.itemsize)]
-        elif layout != "soa":
-            blocks, maps = [], []
-            for _, dt, sh, fname in entries:
-                fpath = os.path.join(staged.tmp, fname)
-                _create_npy(fpath, dt, (rows,) + sh, memmap=False, mark=False)
-                mf = MappedFile(fpath, header_nbytes(dt, sh), writable=True)
-                blocks.append(mf.array(dt, (rows,) + sh))
-                maps.append((mf, dt.itemsize * int(np.prod(sh, dtype=np.int64))))
-            write_group_manifest(staged.tmp, rows, spec, entries)
-            out = tuple(blocks), maps
+            out = arrays[0], maps
+        elif layout == "soa":
+            out = dict(zip(spec.names, arrays)), maps
         else:
-            cols, maps = {}, []
-            for f, fname in entries:
-                fpath = os.path.join(staged.tmp, fname)
-                _create_npy(fpath, f.dtype, (rows,) + f.shape, memmap=False, mark=False)
-                mf = MappedFile(fpath, header_nbytes(f.dtype, f.shape), writable=True)
-                cols[f.name] = mf.array(f.dtype, (rows,) + f.shape)
-                maps.append((mf, f.nbytes))
-            write_manifest(staged.tmp, rows, entries)
-            out = cols, maps
+            out = tuple(arrays), maps
         staged.publish()  # the maps follow the files: a rename keeps the inode
     except BaseException:
         staged.discard()
@@ -302,20 +290,17 @@ def create(path: str, spec, rows: int, layout: str = "aos", *, overwrite: bool =
     layout, entries = _new_files(path, spec, layout)
     staged = Staged(path, layout, overwrite)
     try:
+        arrays = [_create_npy(fpath, dt, shape, mark=mark)
+                  for fpath, dt, shape, mark in _dataset_files(staged.tmp, spec, rows, layout, entries)]
         if layout == "aos":
-            records = _create_npy(staged.tmp, spec.aos_dtype, (rows,))
-            cols = {name: records[name] for name in spec.names}
-        elif layout != "soa":
+            cols = {name: arrays[0][name] for name in spec.names}
+        elif layout == "soa":
+            cols = dict(zip(spec.names, arrays))
+        else:
             cols = {}
-            for g, dt, sh, fname in entries:
-                block = _create_npy(os.path.join(staged.tmp, fname), dt, (rows,) + sh, mark=False)
+            for (g, _, _, _), block in zip(entries, arrays):
                 cols.update({g[0]: block} if len(g) == 1 else {n: block[n] for n in g})
             cols = {n: cols[n] for n in spec.names}
-            write_group_manifest(staged.tmp, rows, spec, entries)
-        else:
-            cols = {f.name: _create_npy(os.path.join(staged.tmp, fname), f.dtype, (rows,) + f.shape,
-                                        mark=False) for f, fname in entries}
-            write_manifest(staged.tmp, rows, entries)
         staged.publish()
     except BaseException:
         staged.discard()
@@ -339,6 +324,18 @@ def _new_files(path: str, spec: Spec, layout) -> tuple:
         for _, dt, _, _ in entries:
             check_header_text(dt, path)
     return layout, entries
+
+
+def _dataset_files(tmp: str, spec: Spec, rows: int, layout, entries) -> list:
+    """``(path, dtype, shape, mark)`` of each data file of a new dataset staged at ``tmp`` (the
+    file itself for AoS), in spec (group) order; a directory's manifest is written here."""
+    if layout == "aos":
+        return [(tmp, spec.aos_dtype, (rows,), True)]
+    if layout == "soa":
+        write_manifest(tmp, rows, entries)
+        return [(os.path.join(tmp, fname), f.dtype, (rows,) + f.shape, False) for f, fname in entries]
+    write_group_manifest(tmp, rows, spec, entries)
+    return [(os.path.join(tmp, fname), dt, (rows,) + sh, False) for _, dt, sh, fname in entries]
 
 
 def _create_npy(path: str, dtype: np.dtype, shape: tuple[int, ...], memmap: bool = True,

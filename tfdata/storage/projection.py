@@ -1,15 +1,10 @@
-"""Projections: some fields of a storage (or of a dataset's rows), gathered by the span kernels
-(:mod:`tfdata.kernels.spans`) into one C-contiguous column per field.
-
-A layout contributes where each field's bytes are (``byte_bases`` and ``spans``, and for a
-grouping its record blocks); the projection knows no layout.
-"""
+"""Projections: some fields of a storage (or of a dataset's rows): :class:`Projection`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .output import WORD_TYPES, Output, bytes2d
+from .output import WORD_TYPES, Output, bytes2d, readonly
 
 
 class Projection:
@@ -86,7 +81,7 @@ class Projection:
                 b, offset, width = spans[f.name]
                 _check_span(f.name, bases, b, offset, width, f.nbytes)
                 self._where[f.name] = (len(store), 0)
-                store.append((_readonly(bases, b), int(offset)))
+                store.append((readonly(bases[b]), int(offset)))
                 pieces.append(((f.name,), None, f.nbytes))
             elif self._where.get(f.name) is None:  # the group's first field: the whole record
                 group, b, dtype = blk
@@ -97,16 +92,15 @@ class Projection:
                                          f"disagrees with its span {spans[n]}")
                     self._where[n] = (len(store), int(off))
                 _check_span(group[0], bases, b, 0, dtype.itemsize, dtype.itemsize)
-                store.append((_readonly(bases, b), 0))
+                store.append((readonly(bases[b]), 0))
                 pieces.append((group, dtype, dtype.itemsize))
         self._pieces = pieces
         self.bases_read = tuple(sorted({spans[n][0] for n in self.names}))
         # no field: one zero-width span of the first base, so that the kernels keep their types
         # (and draw exactly as for a full output)
-        self.kernel_store = tuple(store) if store else ((_readonly(bases, 0), 0),)
+        self.kernel_store = tuple(store) if store else ((readonly(bases[0]), 0),)
         # one record block that is its base's whole row (a group sampled alone): the AoS kernels
-        # copy it, one block of words per row, as they copy an AoS buffer of those fields (the
-        # span kernels cost 1.07x for that: a tuple of pairs to type, an offset to add)
+        # copy it, one block of words per row, as they copy an AoS buffer of those fields
         self._records = (len(pieces) == 1 and pieces[0][1] is not None and pieces[0][2] % 8 == 0
                          and store[0][0].shape[1] == pieces[0][2])
         if self._records:
@@ -173,15 +167,6 @@ class Projection:
         """Bytes of one projected row as gathered (the fields' widths; a whole group's record
         with its padding)."""
         return int(sum(width for _, _, width in self._pieces))
-
-
-def _readonly(bases, b: int) -> np.ndarray:
-    """A read-only view of base ``b``: the span kernels read their bases, and one type for
-    writable and read-only memory (a storage's rows, a dataset's mapped file) is one compiled
-    kernel per field count instead of two."""
-    view = bases[b].view()
-    view.flags.writeable = False
-    return view
 
 
 def _check_span(name, bases, b, offset, width, nbytes) -> None:

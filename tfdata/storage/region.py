@@ -8,6 +8,8 @@ group, records or a column).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..spec import Spec
@@ -47,13 +49,13 @@ def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int, slot_word
     out["extra"] = {}
     for key, dtype, shape in extra:
         out["extra"][key] = off
-        off = _up(off + np.dtype(dtype).itemsize * _count(shape), ALIGN)
+        off = _up(off + np.dtype(dtype).itemsize * math.prod(int(d) for d in shape), ALIGN)
     off = _up(off, PAGE)
     if isinstance(layout, tuple):
         blocks = []
         for dtype, shape in group_arrays(spec, layout):
             blocks.append(off)
-            off = _up(off + slots * dtype.itemsize * _count(shape), ALIGN)
+            off = _up(off + slots * dtype.itemsize * math.prod(int(d) for d in shape), ALIGN)
         out["data"] = blocks
     elif layout == "aos":
         out["data"] = off
@@ -66,13 +68,6 @@ def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int, slot_word
         out["data"] = cols
     out["nbytes"] = max(off, 8)
     return out
-
-
-def _count(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def storage_over(mapped, lay: dict, spec: Spec, layout, slots: int):

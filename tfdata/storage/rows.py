@@ -1,13 +1,8 @@
-"""Dataset rows: a dataset's arrays in any layout, as the gather kernel reads them.
-
-A dataset holds records of any record dtype (AoS: one structured array, the caller's or a
-file's, padding and all), one array per field (SoA) or one array per group of fields (a
-grouping: records of :func:`~tfdata.storage.group_dtype` for a group of several fields, the
-field's array for a group of one). :class:`Rows` turns any of them into what the loader needs:
-field views, the byte rows the gather kernel copies (an AoS record, a group's record, a field's
-row: one byte row each, so every layout uses the SoA kernel), and outputs of the same layout.
-:func:`arrange` makes the rows of the layout asked for from the caller's arrays, copying only
-what it must.
+"""Dataset rows: a dataset's arrays in any layout (records of any record dtype, padding and
+all; one array per field; or one per group), as the gather kernel reads them: one byte row per
+record, field or group, so every layout uses the SoA kernel. :class:`Rows` gives the loader field
+views, byte rows and outputs of the same layout; :func:`arrange` makes the rows of the layout
+asked for from the caller's arrays, copying only what it must.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Hot/cold spilling: a replay buffer whose rows live in a file, with only the recent ones in RAM.
 
-The storage arrays of a spilling buffer are a writable shared mapping of a dataset file
-(``tfdata.io.map_storage``): one true ring of ``capacity`` slots, the file's rows, so sampling,
-writing and wrap-around work exactly as in RAM and the oldest row anywhere is the one
-overwritten. What changes is which pages stay in the process:
-
-* **hot**: the ``hot_rows`` rows just behind the write cursor stay resident (the rows a
-  training loop writes and samples most);
-* **cold**: rows that leave the hot window are released (``MADV_DONTNEED`` on the shared map:
-  their data stays in the page cache and reaches the file; a later sample faults the page in
-  again);
-* rows a sample pulls in from the cold part are released again once the file-backed resident
-  set exceeds the hot size by a margin, measured from ``/proc/self/statm`` (one row can map a
-  2 MiB folio of the page cache, so estimating does not work).
-
-The spill file is the storage, not a checkpoint: it is not committed or synced, and a new
-buffer needs a path that does not exist (it never replaces a file, not even an old spill
-file: delete that first). Use :meth:`ReplayBuffer.save` for a checkpoint.
+The storage arrays are a writable shared mapping of a dataset file (``tfdata.io.map_storage``):
+one ring of ``capacity`` slots, so sampling, writing and wrap-around work exactly as in RAM.
+:class:`Spill` decides which pages stay: the ``hot_rows`` rows behind the write cursor; rows
+that leave that window are released (``MADV_DONTNEED``: their data stays in the page cache and
+reaches the file), and so are cold rows a sample pulled in, once the file-backed resident set
+(``/proc/self/statm``: one row can map a 2 MiB folio, so estimating does not work) exceeds the
+hot size by a margin. The spill file is the storage, not a checkpoint: never committed or
+synced, and never replacing a file (use :meth:`ReplayBuffer.save` for a checkpoint). See
+docs/design/spill-and-cold.md.
 """
 
 from __future__ import annotations
@@ -48,7 +40,6 @@ class Spill:
         self.probe = ResidentFile()
         self.base = self.probe.file_bytes()
         self.slack = max(self.hot_bytes // 4, 16 << 20)
-        self.samples = 0
 
     def _release(self, start: int, stop: int) -> None:
         """Release ring rows ``[start, stop)`` (positions may exceed capacity: taken mod capacity)."""
@@ -71,12 +62,8 @@ class Spill:
             self.released_to = cold_end
 
     def after_sample(self) -> None:
-        """After a sample: release the cold part if samples have made too much of it resident.
-
-        Checked after every sample (one small read of /proc/self/statm): a single sample can
-        map a large folio per row, so checking less often lets RSS run away.
-        """
-        self.samples += 1
+        """:meth:`check_resident`, after every sample: one sample can map a large folio per row,
+        so checking less often lets RSS run away."""
         self.check_resident()
 
     def check_resident(self) -> None:

@@ -245,6 +245,10 @@ class Writer:
                 self._staged.discard()
             raise
 
+    def _check_open(self) -> None:
+        if self._parts is None:
+            raise ValueError(f"{self.path}: writer is closed")
+
     def _publish(self) -> None:
         self._staged.publish()
         self._staged = None
@@ -310,8 +314,7 @@ class Writer:
         int
             ``n``.
         """
-        if self._parts is None:
-            raise ValueError(f"{self.path}: writer is closed")
+        self._check_open()
         n, values = self.spec.check_batch(batch)
         if n == 0:
             return 0
@@ -338,8 +341,7 @@ class Writer:
         """Grouped directories only: append one array per group, each of exactly its file's
         dtype and row shape and the same number of rows, as is (a storage's group blocks:
         :meth:`tfdata.storage.GroupStorage.append_to`)."""
-        if self._parts is None:
-            raise ValueError(f"{self.path}: writer is closed")
+        self._check_open()
         if not isinstance(self.layout, tuple):
             raise ValueError(f"{self.path}: append_blocks needs a grouped directory; use append")
         blocks = list(blocks)
@@ -360,8 +362,7 @@ class Writer:
     def append_records(self, records: np.ndarray) -> int:
         """AoS only: append a 1-D structured array of exactly this file's record dtype, as is
         (no per-field copy: a contiguous block is written straight from its memory)."""
-        if self._parts is None:
-            raise ValueError(f"{self.path}: writer is closed")
+        self._check_open()
         if self.layout != "aos":
             raise ValueError(f"{self.path}: append_records needs an AoS file; use append")
         if not isinstance(records, np.ndarray) or records.dtype != self.dtype or records.ndim != 1:
@@ -375,8 +376,7 @@ class Writer:
 
     def commit(self) -> int:
         """Make every appended row visible to readers (see the class notes); returns the row count."""
-        if self._parts is None:
-            raise ValueError(f"{self.path}: writer is closed")
+        self._check_open()
         if self.pending == 0:
             return self.rows
         rows = self.rows + self.pending
