@@ -790,8 +790,6 @@ def main(argv=None) -> None:
     ap = seeds_parser(__doc__, "small sizes, 2 seeds (a few minutes)", "number of seeds (0..N-1) or a comma list")
     ap.add_argument("--allocators", default=None, help=f"comma list, subset of {','.join(ALLOCATORS)}")
     ap.add_argument("--cases", default="cartpole,image,churn", help="comma list of cartpole,image,churn")
-    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
-                    help="only redo the report and plots from an existing results.json")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:

@@ -48,7 +48,7 @@ from _envs import ROW_KINDS, build_filled, fill, make_chunk  # noqa: E402
 from _plots import column_legend, grouped_bars, latency_lines, log_axes, pyplot, ratio_curves  # noqa: E402
 from _plots import save_figure  # noqa: E402
 from _recording import RunRecord, cache_placement, cache_size, parse_seeds, peak_rss_bytes, report_dir  # noqa: E402
-from _recording import seeds_parser, write_json  # noqa: E402
+from _recording import read_results, seeds_parser, write_json  # noqa: E402
 from _render import crossing_summary, crossing_text, fmt_axis, fmt_bytes, fmt_count, fmt_rate, fmt_us  # noqa: E402
 from _render import hand_written, md_table, produced_by, text_table  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
@@ -848,12 +848,27 @@ def print_table(agg: dict) -> None:
     print(flush=True)
 
 
+def render(path: str) -> list[str]:
+    """The plots and README.md of ``OUT_DIR`` from a results.json; returns the plots' names."""
+    res = read_results(path, int_keys=True)
+    run = res["methodology"]
+    agg = {k: res[k] for k in ("configs", "samplers", "fields", "crossovers")}
+    agg["mode"] = run["mode"]
+    os.makedirs(OUT_DIR, exist_ok=True)
+    files = plot(agg, run["mode"], len(run["seeds"])) + plot_extra(agg, run["mode"], len(run["seeds"]))
+    write_report(agg, run, files)
+    return files
+
+
 # -- Main ----------------------------------------------------------------------------------------
 def main(argv=None) -> None:
     args = seeds_parser(__doc__, "small grid, short timing budgets (under ~2 minutes)",
                         "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)"
                         ).parse_args(argv)
+    if args.render:
+        render(args.render)
+        return
     mode = "quick" if args.quick else "full"
     seeds = parse_seeds(args.seeds, DEFAULT_SEEDS[mode])
     command = " ".join(["python experiments/layout.py", *(sys.argv[1:] if argv is None else argv)])
@@ -910,7 +925,6 @@ def main(argv=None) -> None:
            "fields": aggregate_fields(raw_f, FIELD_CAPACITIES[mode], FIELD_BATCHES[mode])}
     agg["crossovers"] = crossover_series(agg)
     print_table(agg)
-    files = plot(agg, mode, len(seeds)) + plot_extra(agg, mode, len(seeds))
     child_peak = max((m.get("probe_peak_rss_bytes", 0) for mem in (memory, smemory)
                       for per in mem.values() for m in per.values()), default=None)
     run = rec.finish(child_peak_rss_bytes=child_peak)
@@ -918,7 +932,7 @@ def main(argv=None) -> None:
                {"methodology": run, "configs": agg["configs"], "samplers": agg["samplers"],
                 "fields": agg["fields"], "crossovers": agg["crossovers"], "raw": raw,
                 "raw_samplers": raw_s, "raw_fields": raw_f})
-    write_report(agg, run, files)
+    files = render(os.path.join(OUT_DIR, "results.json"))
     rel = os.path.relpath(OUT_DIR, ROOT)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; "
           f"report: {rel}/README.md, data: {rel}/results.json, plots: {', '.join(files)}", flush=True)

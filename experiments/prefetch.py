@@ -826,8 +826,6 @@ def main(argv=None) -> None:
     ap = seeds_parser(__doc__, "small files, 2 seeds, 2 step durations (~1 min)",
                       "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                       f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
-    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
-                    help="rewrite the report and plots from a results.json (no runs)")
     args = ap.parse_args(argv)
     if args.render:
         render(args.render)
