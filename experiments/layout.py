@@ -47,10 +47,10 @@ import tfdata
 from _envs import ROW_KINDS, build_filled, fill, make_chunk  # noqa: E402
 from _plots import column_legend, grouped_bars, latency_lines, log_axes, pyplot, ratio_curves  # noqa: E402
 from _plots import save_figure  # noqa: E402
-from _recording import RunRecord, cache_placement, cache_size, parse_seeds, peak_rss_bytes, report_dir  # noqa: E402
+from _recording import RunRecord, cache_placement, parse_seeds, peak_rss_bytes, report_dir  # noqa: E402
 from _recording import read_results, seeds_parser, write_json  # noqa: E402
 from _render import crossing_summary, crossing_text, fmt_axis, fmt_bytes, fmt_count, fmt_rate, fmt_us  # noqa: E402
-from _render import hand_written, md_table, produced_by, text_table  # noqa: E402
+from _render import hand_written, md_table, produced_by, run_cache_size, text_table  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
 from _stats import crossings, gmean, mean_std, ratio_summary, seed_summary, verdict as _verdict  # noqa: E402
 from _timing import calls_for_budget, fresh_pages_allocator, gc_paused, interleaved_latencies  # noqa: E402
@@ -671,7 +671,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
                     spec.row_nbytes, spec.aos_dtype.itemsize,
                     "; ".join(f"{c['capacity']:,} ({fmt_bytes(c['aos_storage_bytes'])}, {c['cache_placement']})"
                               for c in cs if c["kind"] == k)] for k in kinds for spec in [make_spec(k)]], "llrrl")
-    l2, l3 = cache_size(2), cache_size(3)
+    l2, l3 = (run_cache_size(run, lv) for lv in (2, 3))
     L += [f"\nBatch sizes: {', '.join(map(str, BATCH_SIZES))}. Cache placement compares the AoS storage with this "
           f"machine's L2 ({fmt_bytes(l2) if l2 else '?'} per core) and L3 ({fmt_bytes(l3) if l3 else '?'}, "
           "shared): a \"cache-resident\" 10,000-row buffer of a large row is not cache-resident.\n",

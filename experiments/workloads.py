@@ -48,7 +48,8 @@ import tfdata
 
 from _envs import ROW_KINDS, build_filled, make_chunk  # noqa: E402
 from _plots import grouped_bars, pyplot, save_figure  # noqa: E402
-from _recording import RunRecord, cache_placement, parse_seeds, report_dir, seeds_parser, write_json  # noqa: E402
+from _recording import RunRecord, cache_placement, parse_seeds, read_results, report_dir, seeds_parser  # noqa: E402
+from _recording import write_json  # noqa: E402
 from _render import fmt_bytes, fmt_count, fmt_us, md_table, produced_by, text_table  # noqa: E402
 from _render import hand_written, write_report as write_methodology_report  # noqa: E402
 from _stats import gmean, mean_std, ratio_summary  # noqa: E402
@@ -559,6 +560,7 @@ def plot_map(cells: list, candidates: list, mode: str, n_seeds: int) -> str:
     ops = list(dict.fromkeys(c["op"] for c in cells))
     cfgs = configs_of(cells)
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     hybrids = [h for h in candidates if h not in BASE_LAYOUTS]
     panels = [("soa_over_aos", None, "SoA / AoS time (<1: SoA faster)")] + [
         ("hybrid", h, f"{LABELS[h]} / better of AoS, SoA") for h in hybrids]
@@ -635,6 +637,7 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
     mode, seeds = run["mode"], run["seeds"]
     cfgs = configs_of(cells)
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     ops = list(dict.fromkeys(c["op"] for c in cells))
     hybrids = [h for h in candidates if h not in BASE_LAYOUTS]
     bullets = lambda lines: "- " + "\n- ".join(lines) + "\n" if lines else ""  # noqa: E731
@@ -696,8 +699,8 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
                     spec.row_nbytes, spec.aos_dtype.itemsize, BATCH[k], NORM_FIELD[k],
                     f"{', '.join(HALF_FIELDS[k])} "
                     f"({sum(spec[n].nbytes for n in HALF_FIELDS[k]) / spec.row_nbytes:.0%})",
-                    "; ".join(f"{cap:,} ({fmt_bytes(config_info(k, cap)['aos_storage_bytes'])}, "
-                              f"{config_info(k, cap)['cache_placement']})" for kk, cap in cfgs if kk == k)]
+                    "; ".join(f"{cap:,} ({fmt_bytes(get_cfg[k, cap]['aos_storage_bytes'])}, "
+                              f"{get_cfg[k, cap]['cache_placement']})" for kk, cap in cfgs if kk == k)]
                    for k in dict.fromkeys(k for k, _ in cfgs) for spec in [make_spec(k)]], "llrrrlll")
     L += ["", "Layouts: `ReplayBuffer(spec, capacity, layout=..., num_envs=" f"{NUM_ENVS}, stats=[field])` with "
           "`layout=\"aos\"` (one record array), `\"soa\"` (one array per field)"
@@ -770,6 +773,7 @@ def times_table(cells: list, ops: list, candidates: list) -> list[str]:
 
 def dqn_parts_table(cells: list, candidates: list) -> list[str]:
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     parts = ["extend_step", "sample_full", "stats_read", "dqn_k1_m100", "dqn_k4_m100"]
     rows = []
     for k, cap in configs_of(cells):
@@ -786,6 +790,7 @@ def dqn_parts_table(cells: list, candidates: list) -> list[str]:
 def print_table(cells: list, candidates: list) -> None:
     cfgs = configs_of(cells)
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     ops = list(dict.fromkeys(c["op"] for c in cells))
     def short(c):
         return "tie" if c["winner"] == "tie" else f"{SHORT[c['winner']]} {c['advantage']['mean']:.2f}x"
@@ -795,11 +800,28 @@ def print_table(cells: list, candidates: list) -> None:
                                                   for k, cap in cfgs)] for op in ops]) + "\n", flush=True)
 
 
+def render(path: str) -> list[str]:
+    """The plots and README.md of ``OUT_DIR`` from a results.json; returns the plots' names."""
+    res = read_results(path, int_keys=True)
+    run, cells = res["methodology"], res["cells"]
+    mode, n_seeds, candidates = run["mode"], len(run["seeds"]), run["parameters"]["layouts"]
+    os.makedirs(OUT_DIR, exist_ok=True)
+    files = [plot_map(cells, candidates, mode, n_seeds),
+             plot_bars(cells, candidates, [f for f in dict.fromkeys(d["family"] for d in OPS.values())
+                                           if f not in MIXED], "operations.png", "Operations", mode, n_seeds),
+             plot_bars(cells, candidates, MIXED, "workloads.png", "Mixed workloads", mode, n_seeds)]
+    write_report(cells, res["decision"], res["hybrid"]["probe"], candidates, run, files, res["raw"])
+    return files
+
+
 # -- Main -----------------------------------------------------------------------------------------
 def main(argv=None) -> None:
     args = seeds_parser(__doc__, "small grid, short timing budgets (about 1 minute)",
                         "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)").parse_args(argv)
+    if args.render:
+        render(args.render)
+        return
     mode = "quick" if args.quick else "full"
     seeds = parse_seeds(args.seeds, DEFAULT_SEEDS[mode])
     command = " ".join(["python experiments/workloads.py", *(sys.argv[1:] if argv is None else argv)])
@@ -831,16 +853,12 @@ def main(argv=None) -> None:
     cells = aggregate(raw, kinds_caps, candidates)
     rows = decision_rows(cells, candidates)
     print_table(cells, candidates)
-    files = [plot_map(cells, candidates, mode, len(seeds)),
-             plot_bars(cells, candidates, [f for f in dict.fromkeys(d["family"] for d in OPS.values())
-                                           if f not in MIXED], "operations.png", "Operations", mode, len(seeds)),
-             plot_bars(cells, candidates, MIXED, "workloads.png", "Mixed workloads", mode, len(seeds))]
     run = rec.finish()
     write_json(os.path.join(OUT_DIR, "results.json"),
                {"methodology": run, "hybrid": {"available": params["hybrid_available"], "probe": probe,
                                                "note": hybrid_text(probe, candidates[len(BASE_LAYOUTS):])},
                 "cells": cells, "decision": rows, "headline": headline(cells, candidates), "raw": raw})
-    write_report(cells, rows, probe, candidates, run, files, raw)
+    files = render(os.path.join(OUT_DIR, "results.json"))
     rel = os.path.relpath(OUT_DIR, ROOT)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: {rel}/README.md, "
           f"data: {rel}/results.json, plots: {', '.join(files)}", flush=True)
