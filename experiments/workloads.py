@@ -676,21 +676,10 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
     L += ["", "## Operations\n", "![operations.png](operations.png)\n"]
     L += times_table(cells, [o for o in ops if OPS[o]["family"] not in MIXED], candidates)
     L += ["", "## Mixed workloads\n",
-          f"* **DQN-like loop**: per env step, `extend` of one vector-env step ({NUM_ENVS} rows, `num_envs="
-          f"{NUM_ENVS}`), `sample(B)` every k steps, `buf.stats(field)` every m steps (the buffer keeps running "
-          "statistics of that field, `stats=[field]`). One timed call is a block of m steps ending with the read; "
-          "the time per env step is the block's time / m.",
-          "* **offline-RL epoch**: `column_stats` of `obs` and `reward` (the tiny row: `reward`) over the whole "
-          "buffer, then `ceil(N / B)` calls of `sample(B)`: as many rows as the buffer holds, drawn uniformly with "
-          "replacement (the replay buffer's sampler, not a permutation).",
-          "* **auxiliary loss**: per training step, `sample(B)` (TD loss) and `sample(B, fields=[field])` (an "
-          "auxiliary loss on the observation).", "",
+          *hand_written(OUT_DIR, "mixed"),
           "![workloads.png](workloads.png)\n"]
     L += times_table(cells, [o for o in ops if OPS[o]["family"] in MIXED], candidates)
-    L += ["", "What a DQN-like step is made of: the operations it repeats, timed alone above (median per call, "
-          "mean across seeds), beside the step itself. Per env step the loop pays one `extend`, 1/k of a "
-          "`sample(B)` and 1/m of a statistics read of m x " f"{NUM_ENVS} rows (the read after `extend({FILL_ROWS})` "
-          "is the closest measured one).\n"]
+    L += ["", *hand_written(OUT_DIR, "dqn parts")]
     L += dqn_parts_table(cells, candidates)
     L += ["", "## What is compared\n"]
     L += md_table(["row kind", "fields", "data bytes/row", "AoS record", "B", "field normalised",
@@ -707,11 +696,8 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
           + (", and the groupings " + "; ".join(f"{LABELS[h]} `{GROUPINGS[h]['cartpole']}`" for h in GROUPINGS)
              + " (each group a record array, groups side by side; the tiny row has no grouping distinct from "
              "AoS and SoA)" if GROUPINGS else "") + ". " + hybrid_note + "\n",
-          "Operations, one timed call each (B = the row kind's batch size; `field` = the normalised field, "
-          "`obs`, or `reward` for the tiny row, which has no observation):\n"]
-    L += md_table(["operation", "family", "what one timed call does"],
-                  [[d["label"], d["family"], describe(op)] for op, d in OPS.items()], "lll")
-    L += ["", *hand_written(OUT_DIR, "method")]
+          *hand_written(OUT_DIR, "operations")]
+    L += hand_written(OUT_DIR, "method")
     busy = run.get("machine_busy_fraction")
     cv = [c["advantage"]["std"] / c["advantage"]["mean"] for c in cells if c["advantage"]]
     spread = (f"Across seeds, the winner's factor over the next best varies by {np.median(cv):.0%} (coefficient "
@@ -735,29 +721,6 @@ def hybrid_text(probe: dict, hybrids: list) -> str:
             f"`{first}` (for each of the {len(errors)} groupings and row kinds probed; the messages are in "
             "`results.json`), so the groupings are left out of every table and figure; rerun this experiment with a "
             "tfdata that has them.")
-
-
-def describe(op: str) -> str:
-    if op.startswith("dqn_"):
-        k, m = (int(x[1:]) for x in op.split("_")[1:])
-        return (f"a block of {m} env steps: each `extend` of {NUM_ENVS} rows" + (", then `sample(B)`" if k == 1 else
-                f", `sample(B)` after every {k}th") + f"; then `stats(field)`. Time per env step = block / {m}")
-    return {
-        "scan_reward": "`buf.column_stats('reward')` over the full buffer",
-        "scan_obs": "`buf.column_stats('obs')` over the full buffer",
-        "numpy_reward": "`buf.column('reward')`, numpy `mean(axis=0)` of each segment, combined",
-        "numpy_obs": "`buf.column('obs')`, numpy `mean(axis=0)` of each segment, combined",
-        "update_reward": f"`buf.update_field('reward', slots, values)`, {UPDATE_ROWS} distinct random live slots "
-                         f"(pre-drawn, {UPDATE_POOL} sets cycled)",
-        "sample_one": "`buf.sample(B, fields=[field])`",
-        "sample_half": "`buf.sample(B, fields=half)` (the half-row projection below)",
-        "sample_full": "`buf.sample(B)`",
-        "extend_step": f"`buf.extend(step)`: one vector-env step of {NUM_ENVS} rows (pre-made, {STEP_POOL} cycled)",
-        "stats_read": f"`buf.stats(field)` after an untimed `extend` of {FILL_ROWS} rows (and a read before it, "
-                      "so the timed read recomputes that extend's blocks only)",
-        "offline_epoch": "`column_stats` of `obs` and `reward`, then `ceil(N / B)` x `sample(B)`",
-        "aux_loss": "`buf.sample(B)` then `buf.sample(B, fields=[field])`",
-    }[op]
 
 
 def times_table(cells: list, ops: list, candidates: list) -> list[str]:
