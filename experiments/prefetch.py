@@ -63,11 +63,6 @@ PREFETCH = (0, 1, 2, 4)
 LAYOUTS = ("aos", "soa")
 ORDERS = ("shuffled", "sequential")
 CONSUMERS = ("sleep", "numpy", "python")
-CONSUMER_LABEL = {
-    "sleep": "sleep (no CPU, GIL free)",
-    "numpy": "numpy matmul loop (busy, GIL released in BLAS)",
-    "python": "pure-Python loop (busy, holds the GIL)",
-}
 ROW_KINDS = {
     # a CartPole-v1 transition: 46 bytes of data, a 48-byte AoS record
     "cartpole": {"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
