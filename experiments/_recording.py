@@ -511,8 +511,8 @@ def write_json(path: str, payload: dict) -> None:
 
 
 # -- command line -----------------------------------------------------------------------------
-def seeds_parser(doc: str, quick_help: str, seeds_help: str, *, raw: bool = True):
-    """The command line every experiment shares: ``--quick`` and ``--seeds``.
+def seeds_parser(doc: str, quick_help: str, seeds_help: str, *, raw: bool = True, render: bool = True):
+    """The command line every experiment shares: ``--quick``, ``--seeds`` and ``--render``.
 
     Parameters
     ----------
@@ -522,6 +522,9 @@ def seeds_parser(doc: str, quick_help: str, seeds_help: str, *, raw: bool = True
         Help texts of ``--quick`` and ``--seeds``.
     raw : bool
         Keep the description's line breaks in ``--help`` (``RawDescriptionHelpFormatter``).
+    render : bool
+        Add ``--render RESULTS_JSON``: write the report and plots again from a results.json, nothing
+        measured (:func:`read_results`).
 
     Returns
     -------
@@ -534,7 +537,45 @@ def seeds_parser(doc: str, quick_help: str, seeds_help: str, *, raw: bool = True
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], **kw)
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--seeds", default=None, help=seeds_help)
+    if render:
+        ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                        help="write the report and plots again from a results.json (nothing measured)")
     return ap
+
+
+def _int_keys(o):
+    if isinstance(o, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: _int_keys(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_int_keys(v) for v in o]
+    return o
+
+
+def read_results(path: str, int_keys: bool = False) -> dict:
+    """A results.json as written by :func:`write_json`.
+
+    Parameters
+    ----------
+    path : str
+    int_keys : bool
+        Turn keys made of digits back into ints (JSON keeps only string keys; a run's dicts keyed by
+        batch size or depth are read back as they were measured).
+
+    Returns
+    -------
+    dict
+    """
+    with open(path, encoding="utf-8") as f:
+        res = json.load(f)
+    return _int_keys(res) if int_keys else res
+
+
+def drop_stale_plots(out_dir: str, files) -> None:
+    """Remove the ``*.png`` of ``out_dir`` that are not in ``files`` (plots an earlier run drew and
+    this one did not)."""
+    for name in os.listdir(out_dir):
+        if name.endswith(".png") and name not in files:
+            os.remove(os.path.join(out_dir, name))
 
 
 def parse_seeds(text: str | None, default: int) -> list[int]:

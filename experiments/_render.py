@@ -228,6 +228,15 @@ def sysfs_cache_bytes(machine: dict, level: int) -> int | None:
     return None
 
 
+def run_cache_size(run: dict, level: int) -> int | None:
+    """Size in bytes of the unified or data cache of ``level`` that CPU 0 saw in a run dict from
+    :meth:`RunRecord.finish` (None if not recorded): a report rendered elsewhere speaks of the run's machine."""
+    for c in run["environment"]["cpu"]["caches_cpu0"]:
+        if c["level"] == level and c["type"] in ("Unified", "Data"):
+            return c["size_bytes"]
+    return None
+
+
 def machine_bullet(machine: dict) -> str:
     """The "**Machine.**" bullet of a report's method section, from a :func:`machine_brief`:
     CPU, caches (sysfs and lscpu), OS and RAM."""

@@ -64,7 +64,7 @@ from tfdata import memory as tmem
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
 from _plots import bar_series, panels_figure, survival, traces  # noqa: E402
 from _recording import RunRecord, cpu_snapshot, library_versions, other_cpu_share, parse_seeds, peak_rss_bytes  # noqa: E402
-from _recording import report_dir, seeds_parser, thp_settings, write_json  # noqa: E402
+from _recording import drop_stale_plots, read_results, report_dir, seeds_parser, thp_settings, write_json  # noqa: E402
 from _render import hand_written, markdown as methodology_markdown, table  # noqa: E402
 from _stats import mean_std  # noqa: E402
 from _timing import rotated  # noqa: E402
@@ -790,8 +790,6 @@ def main(argv=None) -> None:
     ap = seeds_parser(__doc__, "small sizes, 2 seeds (a few minutes)", "number of seeds (0..N-1) or a comma list")
     ap.add_argument("--allocators", default=None, help=f"comma list, subset of {','.join(ALLOCATORS)}")
     ap.add_argument("--cases", default="cartpole,image,churn", help="comma list of cartpole,image,churn")
-    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
-                    help="only redo the report and plots from an existing results.json")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:
@@ -894,9 +892,7 @@ def outputs(out_dir, run, raw, names, skipped, failed, extra) -> list:
     cells = aggregate(raw, names)
     print_summary(cells, names)
     files = plot(raw, cells, names, out_dir, mode)
-    for fname in os.listdir(out_dir):  # plots of an earlier run that this one did not draw
-        if fname.endswith(".png") and fname not in files:
-            os.remove(os.path.join(out_dir, fname))
+    drop_stale_plots(out_dir, files)
     write_json(os.path.join(out_dir, "results.json"),
                {"methodology": run, "system": extra, "skipped": skipped, "failed": failed,
                 "cells": cells, "raw": raw})
@@ -906,8 +902,7 @@ def outputs(out_dir, run, raw, names, skipped, failed, extra) -> list:
 
 def render(path: str) -> None:
     """Redo the tables, plots and report from a results.json (no measurement)."""
-    with open(path, encoding="utf-8") as f:
-        d = json.load(f)
+    d = read_results(path)
     run = d["methodology"]
     skipped = d.get("skipped", {})
     names = [n for n in run["parameters"]["allocators"] if n not in skipped]

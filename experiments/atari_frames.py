@@ -914,8 +914,6 @@ def publish(run, sources, exact, ratios, mem, spd, cold) -> tuple:
 def main(argv=None) -> int:
     ap = seeds_parser(__doc__, "Breakout, the random policy, small sizes (seconds)",
                       "unused (streams use fixed seeds, listed in the report)")
-    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
-                    help="rewrite the report and plots from a results.json (no measurement)")
     args = ap.parse_args(argv)
     if args.render:
         import json

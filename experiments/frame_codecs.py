@@ -647,8 +647,6 @@ def main(argv=None) -> None:
                       "unused (the rollouts use seed 0; the dictionary's seed 1000)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 4, quick 2)")
     ap.add_argument("--frames", type=int, default=None, help="frames per (game, policy) stream")
-    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
-                    help="rewrite the report and plot from a results.json (no measurement)")
     args = ap.parse_args(argv)
     if args.render:
         return render(args.render)

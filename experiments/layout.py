@@ -47,10 +47,10 @@ import tfdata
 from _envs import ROW_KINDS, build_filled, fill, make_chunk  # noqa: E402
 from _plots import column_legend, grouped_bars, latency_lines, log_axes, pyplot, ratio_curves  # noqa: E402
 from _plots import save_figure  # noqa: E402
-from _recording import RunRecord, cache_placement, cache_size, parse_seeds, peak_rss_bytes, report_dir  # noqa: E402
-from _recording import seeds_parser, write_json  # noqa: E402
+from _recording import RunRecord, cache_placement, parse_seeds, peak_rss_bytes, report_dir  # noqa: E402
+from _recording import read_results, seeds_parser, write_json  # noqa: E402
 from _render import crossing_summary, crossing_text, fmt_axis, fmt_bytes, fmt_count, fmt_rate, fmt_us  # noqa: E402
-from _render import hand_written, md_table, produced_by, text_table  # noqa: E402
+from _render import hand_written, md_table, produced_by, run_cache_size, text_table  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
 from _stats import crossings, gmean, mean_std, ratio_summary, seed_summary, verdict as _verdict  # noqa: E402
 from _timing import calls_for_budget, fresh_pages_allocator, gc_paused, interleaved_latencies  # noqa: E402
@@ -671,7 +671,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
                     spec.row_nbytes, spec.aos_dtype.itemsize,
                     "; ".join(f"{c['capacity']:,} ({fmt_bytes(c['aos_storage_bytes'])}, {c['cache_placement']})"
                               for c in cs if c["kind"] == k)] for k in kinds for spec in [make_spec(k)]], "llrrl")
-    l2, l3 = cache_size(2), cache_size(3)
+    l2, l3 = (run_cache_size(run, lv) for lv in (2, 3))
     L += [f"\nBatch sizes: {', '.join(map(str, BATCH_SIZES))}. Cache placement compares the AoS storage with this "
           f"machine's L2 ({fmt_bytes(l2) if l2 else '?'} per core) and L3 ({fmt_bytes(l3) if l3 else '?'}, "
           "shared): a \"cache-resident\" 10,000-row buffer of a large row is not cache-resident.\n",
@@ -691,28 +691,9 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
 
     # -- samplers
     L += ["## Samplers: uniform, prioritized, n-step\n",
-          "The same row kinds on an **episode stream** (`terminated` true with probability "
-          f"{TERMINATED_P}, `truncated` with probability {TRUNCATED_P}, fresh random data per seed), each buffer "
-          "filled to capacity, all six (sampler, layout) buffers of a configuration built together and timed "
-          "interleaved in rounds, exactly as above:\n",
-          "* **uniform**: `ReplayBuffer(spec, cap, layout=...).sample(batch)`;",
-          "* **prioritized**: `PrioritizedReplayBuffer(spec, cap, layout=..., seed=...)` (alpha 0.6, beta 0.4); "
-          "one timed call is `batch = buf.sample(b); buf.update_priorities(batch, p)` with `p = |N(0, 1)|` of "
-          f"length b, drawn before timing ({PRIORITY_POOL} vectors per seed, cycled) so numpy's RNG is not in the "
-          "timed call;",
-          f"* **n-step**: `ReplayBuffer(spec, cap, layout=..., n_step={N_STEP}, gamma={GAMMA})`, `sample(batch)` "
-          "(returns the discounted n-step reward and the window's last `next_obs`/flags).",
-          f"\nPer (configuration, sampler, layout, batch, seed): {WARMUP_CALLS} warm-up calls, then calls for "
-          f"{EXTRA_BUDGET_S[mode]} s (at least {MIN_CALLS[mode]}) in {ROUNDS[mode]} rounds. The numpy baseline is "
-          "not part of this grid (it has no prioritized or n-step counterpart here).\n",
+          *hand_written(OUT_DIR, "samplers"),
           "![samplers.png](samplers.png)\n", bullets(sampler_findings(agg))]
-    offs = ", ".join(f"{k} `next_obs` at byte {make_spec(k).aos_dtype.fields['next_obs'][1]} of a "
-                     f"{make_spec(k).aos_dtype.itemsize}-byte record" for k in dict.fromkeys(c["kind"] for c in sc))
-    L.append("A fact about the layouts that bears on n-step (the link to speed is an interpretation, not measured): "
-             "after the gather, n-step re-reads the next fields (`next_obs`) at each window's last row, copying "
-             "them in the widest word that divides their offset and width. In AoS the offset is the field's "
-             f"position in the record ({offs}), in SoA it is 0, so the AoS re-read of a 4-byte-aligned `next_obs` "
-             "moves 4-byte words and the SoA one 8-byte words.\n")
+    L += hand_written(OUT_DIR, "n-step words")
     L += md_table(["row kind", "capacity", "batch", "sampler", "AoS median µs", "SoA median µs", "p99 µs AoS / SoA",
                    "SoA/AoS", "faster layout"],
                   [[c["kind"], f"{c['capacity']:,} ({c['cache_placement']})", b, smp, pm(a), pm(o),
@@ -720,11 +701,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
                    for c in sc for b in SAMPLER_BATCHES[mode] for smp in SAMPLERS
                    for a, o, r in [(c["sample"][b][f"{smp}/aos"], c["sample"][b][f"{smp}/soa"],
                                     c["sample"][b]["ratios"][smp])]], "lrrlrrrrl")
-    L += ["", "Memory of the sampler buffers (fresh forked process per buffer, as above; storage = everything "
-          "`nbytes_parts` counts except the output rings: rows and bookkeeping, and for prioritized also the "
-          "priority trees (a `(2P, 4)` float64 array, P = capacity rounded up to a power of two) and the slot "
-          "versions; RSS after sampling includes the output rings of batch sizes "
-          f"{', '.join(map(str, SAMPLER_BATCHES[mode]))}):\n"]
+    L += ["", *hand_written(OUT_DIR, "sampler memory")]
     L += md_table(["row kind", "capacity", "sampler", "layout", "storage", "RSS after build", "RSS after fill",
                    "RSS after sampling", "first fill rows/s"],
                   [[c["kind"], f"{c['capacity']:,}", smp, lay,
@@ -734,13 +711,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
                    for c in sc for smp in SAMPLERS for lay in LAYOUTS], "lrllrrrrr")
     # -- fields
     L += ["", "## Number of fields (same 64 bytes per row)\n",
-          f"A row of {FIELD_ROW_FLOATS} float32 (64 bytes, no padding in either layout) split into "
-          + ", ".join(f"{n} field{'s' if n > 1 else ''} of float32[{FIELD_ROW_FLOATS // n}]"
-                      if n < FIELD_ROW_FLOATS else f"{n} float32 scalars" for n in FIELD_COUNTS)
-          + ". Uniform `sample(batch)` only (no sampler needs flags here), with the numpy baseline, interleaved "
-          f"AoS / SoA / numpy in rounds; {EXTRA_BUDGET_S[mode]} s of calls per (configuration, implementation, "
-          "batch, seed). Storage is identical for all field counts (64 B per row in both layouts), so no memory "
-          "table.\n",
+          *hand_written(OUT_DIR, "fields"),
           "![fields.png](fields.png)\n", bullets(field_findings(agg))]
     L += md_table(["capacity", "batch", "fields", "AoS median µs", "SoA median µs", "numpy median µs",
                    "p99 µs AoS / SoA / numpy", "SoA/AoS", "numpy/AoS", "faster layout"],
@@ -750,13 +721,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
                    for c in fc for b in FIELD_BATCHES[mode] for s in [c["sample"][b]]], "r" * 9 + "l")
     # -- crossovers
     L += ["", "## Crossovers\n",
-          "Where the SoA/AoS median-latency ratio crosses 1 along each dimension, with everything else fixed. A "
-          "crossing is interpolated linearly in log(x) and log(ratio) between the two measured points whose mean "
-          "ratios lie on opposite sides of 1; it is a **clear** crossing when both neighbours have a verdict "
-          f"(every seed on one side, beyond ±{VERDICT_MARGIN:.0%}) and the verdicts differ, and \"within noise\" "
-          "when one neighbour is a tie. Nothing is extrapolated: a curve that stays on one side of 1 has no "
-          "crossover in the measured range. The row-size curves of the main grid also change the number of "
-          "fields (tiny 2, the others 6); the field-count grid holds the row size fixed.\n",
+          *hand_written(OUT_DIR, "crossovers"),
           "![crossovers.png](crossovers.png)\n", "Summary:\n", bullets(cross_lines)]
     for dim, ss in cross_by.items():
         L.append(f"### By {dim}\n")
@@ -783,14 +748,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
             rows.append([c["kind"], f"{c['capacity']:,}", impl, *cells])
     L += md_table(["row kind", "capacity", "impl", "storage", "RSS after build", "RSS after fill",
                    "fill RSS / storage", "RSS after sampling each batch size twice"], rows, "lrlrrrrr")
-    big = max(cs, key=lambda c: c["aos_itemsize"])
-    L += ["\nRSS figures are growth over the probe process's RSS just before the buffer was built (the fill data "
-          "was already allocated); in the probe, glibc's mmap threshold is pinned to 4 KiB so every array gets "
-          "pages of its own (otherwise a small buffer reuses freed heap and shows no growth). A tfdata output "
-          f"ring holds {RING_SIZE} x batch x record bytes per batch size: for the {big['kind']} row and batch "
-          f"{max(BATCH_SIZES)} that alone is {fmt_bytes(RING_SIZE * max(BATCH_SIZES) * big['aos_itemsize'])}, "
-          "which is why the last column grows for tfdata and not for numpy (whose batches are freed after each "
-          "call).\n",
+    L += ["", *hand_written(OUT_DIR, "memory"),
           "## Caveats\n",
           "* One machine, a small shared virtual machine (see below): absolute times move with the host; the "
           "interleaved ratios are the robust part. The load average and CPU steal during the run are recorded "
@@ -804,17 +762,7 @@ def write_report(agg: dict, run: dict, files: list[str]) -> None:
     L += [f"* The machine was not idle: both CPUs together were busy {busy:.0%} of the run while this experiment "
           "kept one busy, so other processes competed for the second core, memory bandwidth and the shared L3. "
           f"{spread}" if busy is not None and busy > 0.6 else f"* {spread}",
-          "* The numpy baseline uses numpy's PCG64 generator and allocates each batch; tfdata uses a counter-based "
-          "generator inside the kernel and reuses its output ring. The comparison is of the two ways of getting "
-          "a batch, not of the gather alone.",
-          "* `push`/`extend` of tfdata include input validation (dtype, shape, safe casts); numpy's do not.",
-          "* Buffers are full when sampled; multi-threaded use, `copy=True`, `sample_sequences` and the "
-          "n-step/prioritized writes (extend with priorities, episode bookkeeping) are not timed. The prioritized "
-          "timing includes `update_priorities`, as a training step does; its tree work does not depend on the "
-          "layout, so it dilutes the layout difference.",
-          "* The n-step and prioritized grids use an episode stream whose rows repeat every "
-          f"{EXTEND_ROWS} rows (the fill chunk is reused); the field-count grid changes the number of fields only, "
-          "not the field widths' alignment (every field is a multiple of 4 bytes).", ""]
+          *hand_written(OUT_DIR, "caveats")]
     write_methodology_report(OUT_DIR, L, run)
 
 
@@ -848,12 +796,27 @@ def print_table(agg: dict) -> None:
     print(flush=True)
 
 
+def render(path: str) -> list[str]:
+    """The plots and README.md of ``OUT_DIR`` from a results.json; returns the plots' names."""
+    res = read_results(path, int_keys=True)
+    run = res["methodology"]
+    agg = {k: res[k] for k in ("configs", "samplers", "fields", "crossovers")}
+    agg["mode"] = run["mode"]
+    os.makedirs(OUT_DIR, exist_ok=True)
+    files = plot(agg, run["mode"], len(run["seeds"])) + plot_extra(agg, run["mode"], len(run["seeds"]))
+    write_report(agg, run, files)
+    return files
+
+
 # -- Main ----------------------------------------------------------------------------------------
 def main(argv=None) -> None:
     args = seeds_parser(__doc__, "small grid, short timing budgets (under ~2 minutes)",
                         "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)"
                         ).parse_args(argv)
+    if args.render:
+        render(args.render)
+        return
     mode = "quick" if args.quick else "full"
     seeds = parse_seeds(args.seeds, DEFAULT_SEEDS[mode])
     command = " ".join(["python experiments/layout.py", *(sys.argv[1:] if argv is None else argv)])
@@ -910,7 +873,6 @@ def main(argv=None) -> None:
            "fields": aggregate_fields(raw_f, FIELD_CAPACITIES[mode], FIELD_BATCHES[mode])}
     agg["crossovers"] = crossover_series(agg)
     print_table(agg)
-    files = plot(agg, mode, len(seeds)) + plot_extra(agg, mode, len(seeds))
     child_peak = max((m.get("probe_peak_rss_bytes", 0) for mem in (memory, smemory)
                       for per in mem.values() for m in per.values()), default=None)
     run = rec.finish(child_peak_rss_bytes=child_peak)
@@ -918,7 +880,7 @@ def main(argv=None) -> None:
                {"methodology": run, "configs": agg["configs"], "samplers": agg["samplers"],
                 "fields": agg["fields"], "crossovers": agg["crossovers"], "raw": raw,
                 "raw_samplers": raw_s, "raw_fields": raw_f})
-    write_report(agg, run, files)
+    files = render(os.path.join(OUT_DIR, "results.json"))
     rel = os.path.relpath(OUT_DIR, ROOT)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; "
           f"report: {rel}/README.md, data: {rel}/results.json, plots: {', '.join(files)}", flush=True)

@@ -720,18 +720,6 @@ def _range(xs) -> str:
     return "n/a" if not xs else f"{min(xs):.2f}x" if len(xs) == 1 else f"{min(xs):.2f}-{max(xs):.2f}x"
 
 
-def _verdict(c) -> str:
-    ps = [p for p in (c["final_p"], c["mean_p"]) if p is not None]
-    if not ps:
-        return "learning not compared (1 seed)"
-    if min(ps) >= TARGETS["alpha"]:
-        return "no difference in learning detected"
-    which = [f"{name} return {'higher' if c[key + '_diff'] > 0 else 'lower'}"
-             for name, key in (("final", "final"), ("whole-run mean", "mean"))
-             if c[key + "_p"] is not None and c[key + "_p"] < TARGETS["alpha"]]
-    return f"**learning differs** ({c['variant']}'s {' and '.join(which)})"
-
-
 def _cmp(comps, a, b):
     return next((c for c in comps if c["variant"] == a and c["against"] == b), None)
 

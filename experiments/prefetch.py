@@ -35,7 +35,6 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gc  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
@@ -49,7 +48,8 @@ import tfdata  # noqa: E402
 
 sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments/__pycache__)
 from _plots import grid_figure, lines  # noqa: E402
-from _recording import RunRecord, cpu_snapshot, other_cpu_share, parse_seeds, report_dir, seeds_parser  # noqa: E402
+from _recording import RunRecord, cpu_snapshot, drop_stale_plots, other_cpu_share, parse_seeds, read_results  # noqa: E402
+from _recording import report_dir, seeds_parser  # noqa: E402
 from _recording import write_json  # noqa: E402
 from _render import fmt_bytes, hand_written, md_table, table, write_report as write_methodology_report  # noqa: E402
 from _stats import mean_std  # noqa: E402
@@ -63,11 +63,6 @@ PREFETCH = (0, 1, 2, 4)
 LAYOUTS = ("aos", "soa")
 ORDERS = ("shuffled", "sequential")
 CONSUMERS = ("sleep", "numpy", "python")
-CONSUMER_LABEL = {
-    "sleep": "sleep (no CPU, GIL free)",
-    "numpy": "numpy matmul loop (busy, GIL released in BLAS)",
-    "python": "pure-Python loop (busy, holds the GIL)",
-}
 ROW_KINDS = {
     # a CartPole-v1 transition: 46 bytes of data, a 48-byte AoS record
     "cartpole": {"obs": ("f4", (4,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (4,)),
@@ -826,8 +821,6 @@ def main(argv=None) -> None:
     ap = seeds_parser(__doc__, "small files, 2 seeds, 2 step durations (~1 min)",
                       "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                       f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)")
-    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
-                    help="rewrite the report and plots from a results.json (no runs)")
     args = ap.parse_args(argv)
     if args.render:
         render(args.render)
@@ -952,14 +945,11 @@ def main(argv=None) -> None:
 
 def render(path: str) -> list[str]:
     """The plots and README.md of ``OUT_DIR`` from a results.json; returns the plots' names."""
-    with open(path, encoding="utf-8") as f:
-        res = json.load(f)
+    res = read_results(path)
     run = res["methodology"]
     os.makedirs(OUT_DIR, exist_ok=True)
     files = plot(res["cells"], res["calibration"], run["parameters"]["step_multiples"], run["mode"], len(run["seeds"]))
-    for name in os.listdir(OUT_DIR):  # plots of an earlier run that this one did not draw
-        if name.endswith(".png") and name not in files:
-            os.remove(os.path.join(OUT_DIR, name))
+    drop_stale_plots(OUT_DIR, files)
     write_report(res, files)
     return files
 

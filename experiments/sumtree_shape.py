@@ -525,7 +525,7 @@ def write_report(res: dict, path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 def main() -> None:
     args = seeds_parser(__doc__, "< 1 minute demo run", "comma-separated seeds",
-                        raw=False).parse_args()
+                        raw=False, render=False).parse_args()
     mode = "quick" if args.quick else "full"
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else DEFAULT_SEEDS[mode]
     command = (f"python experiments/sumtree_shape.py{' --quick' if args.quick else ''}"

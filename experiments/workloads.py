@@ -48,7 +48,8 @@ import tfdata
 
 from _envs import ROW_KINDS, build_filled, make_chunk  # noqa: E402
 from _plots import grouped_bars, pyplot, save_figure  # noqa: E402
-from _recording import RunRecord, cache_placement, parse_seeds, report_dir, seeds_parser, write_json  # noqa: E402
+from _recording import RunRecord, cache_placement, parse_seeds, read_results, report_dir, seeds_parser  # noqa: E402
+from _recording import write_json  # noqa: E402
 from _render import fmt_bytes, fmt_count, fmt_us, md_table, produced_by, text_table  # noqa: E402
 from _render import hand_written, write_report as write_methodology_report  # noqa: E402
 from _stats import gmean, mean_std, ratio_summary  # noqa: E402
@@ -559,6 +560,7 @@ def plot_map(cells: list, candidates: list, mode: str, n_seeds: int) -> str:
     ops = list(dict.fromkeys(c["op"] for c in cells))
     cfgs = configs_of(cells)
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     hybrids = [h for h in candidates if h not in BASE_LAYOUTS]
     panels = [("soa_over_aos", None, "SoA / AoS time (<1: SoA faster)")] + [
         ("hybrid", h, f"{LABELS[h]} / better of AoS, SoA") for h in hybrids]
@@ -635,6 +637,7 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
     mode, seeds = run["mode"], run["seeds"]
     cfgs = configs_of(cells)
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     ops = list(dict.fromkeys(c["op"] for c in cells))
     hybrids = [h for h in candidates if h not in BASE_LAYOUTS]
     bullets = lambda lines: "- " + "\n- ".join(lines) + "\n" if lines else ""  # noqa: E731
@@ -673,21 +676,10 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
     L += ["", "## Operations\n", "![operations.png](operations.png)\n"]
     L += times_table(cells, [o for o in ops if OPS[o]["family"] not in MIXED], candidates)
     L += ["", "## Mixed workloads\n",
-          f"* **DQN-like loop**: per env step, `extend` of one vector-env step ({NUM_ENVS} rows, `num_envs="
-          f"{NUM_ENVS}`), `sample(B)` every k steps, `buf.stats(field)` every m steps (the buffer keeps running "
-          "statistics of that field, `stats=[field]`). One timed call is a block of m steps ending with the read; "
-          "the time per env step is the block's time / m.",
-          "* **offline-RL epoch**: `column_stats` of `obs` and `reward` (the tiny row: `reward`) over the whole "
-          "buffer, then `ceil(N / B)` calls of `sample(B)`: as many rows as the buffer holds, drawn uniformly with "
-          "replacement (the replay buffer's sampler, not a permutation).",
-          "* **auxiliary loss**: per training step, `sample(B)` (TD loss) and `sample(B, fields=[field])` (an "
-          "auxiliary loss on the observation).", "",
+          *hand_written(OUT_DIR, "mixed"),
           "![workloads.png](workloads.png)\n"]
     L += times_table(cells, [o for o in ops if OPS[o]["family"] in MIXED], candidates)
-    L += ["", "What a DQN-like step is made of: the operations it repeats, timed alone above (median per call, "
-          "mean across seeds), beside the step itself. Per env step the loop pays one `extend`, 1/k of a "
-          "`sample(B)` and 1/m of a statistics read of m x " f"{NUM_ENVS} rows (the read after `extend({FILL_ROWS})` "
-          "is the closest measured one).\n"]
+    L += ["", *hand_written(OUT_DIR, "dqn parts")]
     L += dqn_parts_table(cells, candidates)
     L += ["", "## What is compared\n"]
     L += md_table(["row kind", "fields", "data bytes/row", "AoS record", "B", "field normalised",
@@ -696,19 +688,16 @@ def write_report(cells: list, rows: list, probe: dict, candidates: list, run: di
                     spec.row_nbytes, spec.aos_dtype.itemsize, BATCH[k], NORM_FIELD[k],
                     f"{', '.join(HALF_FIELDS[k])} "
                     f"({sum(spec[n].nbytes for n in HALF_FIELDS[k]) / spec.row_nbytes:.0%})",
-                    "; ".join(f"{cap:,} ({fmt_bytes(config_info(k, cap)['aos_storage_bytes'])}, "
-                              f"{config_info(k, cap)['cache_placement']})" for kk, cap in cfgs if kk == k)]
+                    "; ".join(f"{cap:,} ({fmt_bytes(get_cfg[k, cap]['aos_storage_bytes'])}, "
+                              f"{get_cfg[k, cap]['cache_placement']})" for kk, cap in cfgs if kk == k)]
                    for k in dict.fromkeys(k for k, _ in cfgs) for spec in [make_spec(k)]], "llrrrlll")
     L += ["", "Layouts: `ReplayBuffer(spec, capacity, layout=..., num_envs=" f"{NUM_ENVS}, stats=[field])` with "
           "`layout=\"aos\"` (one record array), `\"soa\"` (one array per field)"
           + (", and the groupings " + "; ".join(f"{LABELS[h]} `{GROUPINGS[h]['cartpole']}`" for h in GROUPINGS)
              + " (each group a record array, groups side by side; the tiny row has no grouping distinct from "
              "AoS and SoA)" if GROUPINGS else "") + ". " + hybrid_note + "\n",
-          "Operations, one timed call each (B = the row kind's batch size; `field` = the normalised field, "
-          "`obs`, or `reward` for the tiny row, which has no observation):\n"]
-    L += md_table(["operation", "family", "what one timed call does"],
-                  [[d["label"], d["family"], describe(op)] for op, d in OPS.items()], "lll")
-    L += ["", *hand_written(OUT_DIR, "method")]
+          *hand_written(OUT_DIR, "operations")]
+    L += hand_written(OUT_DIR, "method")
     busy = run.get("machine_busy_fraction")
     cv = [c["advantage"]["std"] / c["advantage"]["mean"] for c in cells if c["advantage"]]
     spread = (f"Across seeds, the winner's factor over the next best varies by {np.median(cv):.0%} (coefficient "
@@ -734,29 +723,6 @@ def hybrid_text(probe: dict, hybrids: list) -> str:
             "tfdata that has them.")
 
 
-def describe(op: str) -> str:
-    if op.startswith("dqn_"):
-        k, m = (int(x[1:]) for x in op.split("_")[1:])
-        return (f"a block of {m} env steps: each `extend` of {NUM_ENVS} rows" + (", then `sample(B)`" if k == 1 else
-                f", `sample(B)` after every {k}th") + f"; then `stats(field)`. Time per env step = block / {m}")
-    return {
-        "scan_reward": "`buf.column_stats('reward')` over the full buffer",
-        "scan_obs": "`buf.column_stats('obs')` over the full buffer",
-        "numpy_reward": "`buf.column('reward')`, numpy `mean(axis=0)` of each segment, combined",
-        "numpy_obs": "`buf.column('obs')`, numpy `mean(axis=0)` of each segment, combined",
-        "update_reward": f"`buf.update_field('reward', slots, values)`, {UPDATE_ROWS} distinct random live slots "
-                         f"(pre-drawn, {UPDATE_POOL} sets cycled)",
-        "sample_one": "`buf.sample(B, fields=[field])`",
-        "sample_half": "`buf.sample(B, fields=half)` (the half-row projection below)",
-        "sample_full": "`buf.sample(B)`",
-        "extend_step": f"`buf.extend(step)`: one vector-env step of {NUM_ENVS} rows (pre-made, {STEP_POOL} cycled)",
-        "stats_read": f"`buf.stats(field)` after an untimed `extend` of {FILL_ROWS} rows (and a read before it, "
-                      "so the timed read recomputes that extend's blocks only)",
-        "offline_epoch": "`column_stats` of `obs` and `reward`, then `ceil(N / B)` x `sample(B)`",
-        "aux_loss": "`buf.sample(B)` then `buf.sample(B, fields=[field])`",
-    }[op]
-
-
 def times_table(cells: list, ops: list, candidates: list) -> list[str]:
     rows = []
     for op in ops:
@@ -770,6 +736,7 @@ def times_table(cells: list, ops: list, candidates: list) -> list[str]:
 
 def dqn_parts_table(cells: list, candidates: list) -> list[str]:
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     parts = ["extend_step", "sample_full", "stats_read", "dqn_k1_m100", "dqn_k4_m100"]
     rows = []
     for k, cap in configs_of(cells):
@@ -786,6 +753,7 @@ def dqn_parts_table(cells: list, candidates: list) -> list[str]:
 def print_table(cells: list, candidates: list) -> None:
     cfgs = configs_of(cells)
     get = {(c["op"], c["kind"], c["capacity"]): c for c in cells}
+    get_cfg = {(c["kind"], c["capacity"]): c for c in cells}  # placement as measured, on the run's machine
     ops = list(dict.fromkeys(c["op"] for c in cells))
     def short(c):
         return "tie" if c["winner"] == "tie" else f"{SHORT[c['winner']]} {c['advantage']['mean']:.2f}x"
@@ -795,11 +763,28 @@ def print_table(cells: list, candidates: list) -> None:
                                                   for k, cap in cfgs)] for op in ops]) + "\n", flush=True)
 
 
+def render(path: str) -> list[str]:
+    """The plots and README.md of ``OUT_DIR`` from a results.json; returns the plots' names."""
+    res = read_results(path, int_keys=True)
+    run, cells = res["methodology"], res["cells"]
+    mode, n_seeds, candidates = run["mode"], len(run["seeds"]), run["parameters"]["layouts"]
+    os.makedirs(OUT_DIR, exist_ok=True)
+    files = [plot_map(cells, candidates, mode, n_seeds),
+             plot_bars(cells, candidates, [f for f in dict.fromkeys(d["family"] for d in OPS.values())
+                                           if f not in MIXED], "operations.png", "Operations", mode, n_seeds),
+             plot_bars(cells, candidates, MIXED, "workloads.png", "Mixed workloads", mode, n_seeds)]
+    write_report(cells, res["decision"], res["hybrid"]["probe"], candidates, run, files, res["raw"])
+    return files
+
+
 # -- Main -----------------------------------------------------------------------------------------
 def main(argv=None) -> None:
     args = seeds_parser(__doc__, "small grid, short timing budgets (about 1 minute)",
                         "number of seeds (0..N-1) or a comma list, e.g. 0,1,2 "
                         f"(default {DEFAULT_SEEDS['full']} full, {DEFAULT_SEEDS['quick']} quick)").parse_args(argv)
+    if args.render:
+        render(args.render)
+        return
     mode = "quick" if args.quick else "full"
     seeds = parse_seeds(args.seeds, DEFAULT_SEEDS[mode])
     command = " ".join(["python experiments/workloads.py", *(sys.argv[1:] if argv is None else argv)])
@@ -831,16 +816,12 @@ def main(argv=None) -> None:
     cells = aggregate(raw, kinds_caps, candidates)
     rows = decision_rows(cells, candidates)
     print_table(cells, candidates)
-    files = [plot_map(cells, candidates, mode, len(seeds)),
-             plot_bars(cells, candidates, [f for f in dict.fromkeys(d["family"] for d in OPS.values())
-                                           if f not in MIXED], "operations.png", "Operations", mode, len(seeds)),
-             plot_bars(cells, candidates, MIXED, "workloads.png", "Mixed workloads", mode, len(seeds))]
     run = rec.finish()
     write_json(os.path.join(OUT_DIR, "results.json"),
                {"methodology": run, "hybrid": {"available": params["hybrid_available"], "probe": probe,
                                                "note": hybrid_text(probe, candidates[len(BASE_LAYOUTS):])},
                 "cells": cells, "decision": rows, "headline": headline(cells, candidates), "raw": raw})
-    write_report(cells, rows, probe, candidates, run, files, raw)
+    files = render(os.path.join(OUT_DIR, "results.json"))
     rel = os.path.relpath(OUT_DIR, ROOT)
     print(f"{mode} run {rec.run_name} done in {run['wall_clock_s']:.0f} s; report: {rel}/README.md, "
           f"data: {rel}/results.json, plots: {', '.join(files)}", flush=True)

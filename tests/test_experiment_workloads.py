@@ -171,3 +171,16 @@ def test_smoke_run(wl, tmp_path, monkeypatch, hybrid):
     assert {c["kind"] for c in res["cells"] if c["op"] == "scan_obs"} == {"cartpole"}
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["crossover_map.png", "operations.png", "workloads.png"]
     assert not [r["errors"] for r in res["raw"] if r["errors"]]
+
+
+def test_render_gives_back_the_published_report(wl, tmp_path, monkeypatch):
+    """--render writes the published README.md again from its results.json alone, byte for byte
+    (its hand-written parts taken from the README already in the folder)."""
+    published = os.path.join(REPO, "reports", "workloads")
+    with open(os.path.join(published, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    (tmp_path / "README.md").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(wl, "OUT_DIR", str(tmp_path))
+    wl.main(["--render", os.path.join(published, "results.json")])
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == text
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["crossover_map.png", "operations.png", "workloads.png"]
