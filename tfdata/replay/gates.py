@@ -82,7 +82,36 @@ class OpenGate:
         """Nothing was counted."""
 
 
-class LimiterGate:
+class Limited:
+    """What every gate with a rate limiter refuses before a ring is built, one process or
+    shared: a batch no rows can ever give, or one the limiter with this sampler could wait for
+    for ever. Uses ``limiter``, ``sampler`` and ``capacity``."""
+
+    __slots__ = ()
+    limited = True
+
+    def admit_slices(self, batch_size: int) -> None:
+        """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
+        ring is built): the limiter's own bound, then the sampler's with the limiter (the table
+        of :mod:`tfdata.replay.combinations`)."""
+        self.limiter.check_sample(batch_size)
+        why = combinations.sample_refusal(self.sampler.facets(), self.limiter.params(),
+                                          self.capacity, batch_size)
+        if why is not None:
+            raise ValueError(why)
+
+    def admit(self, batch_size: int) -> None:
+        if batch_size > self.capacity:  # rows may still come: refused only if they never can
+            raise ValueError(f"batch_size {batch_size} is larger than the capacity "
+                             f"{self.capacity}; sampling needs batch_size <= len(buffer)")
+        self.admit_slices(batch_size)
+
+    def rows(self) -> int:
+        """Rows a batch can count on after waiting: the capacity."""
+        return self.capacity
+
+
+class LimiterGate(Limited):
     """A rate limiter around the sample: ``wait`` blocks (the lock released) until the limiter
     lets a batch through and ``held.size`` rows can be drawn, and counts the batch (under the
     lock, so no other side sees the count before the draw); ``undo`` takes the count back when
@@ -106,31 +135,10 @@ class LimiterGate:
     """
 
     __slots__ = ("limiter", "writer", "held", "sampler", "num_envs", "capacity", "lock")
-    limited = True
 
     def __init__(self, limiter, writer, held, sampler, num_envs: int, lock):
         self.limiter, self.writer, self.held, self.sampler = limiter, writer, held, sampler
         self.num_envs, self.capacity, self.lock = num_envs, writer.capacity, lock
-
-    def admit_slices(self, batch_size: int) -> None:
-        """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
-        ring is built): the limiter's own bound, then the sampler's with the limiter (the table
-        of :mod:`tfdata.replay.combinations`)."""
-        self.limiter.check_sample(batch_size)
-        why = combinations.sample_refusal(self.sampler.facets(), self.limiter.params(),
-                                          self.capacity, batch_size)
-        if why is not None:
-            raise ValueError(why)
-
-    def admit(self, batch_size: int) -> None:
-        if batch_size > self.capacity:  # rows may still come: refused only if they never can
-            raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                             f"{self.capacity}; sampling needs batch_size <= len(buffer)")
-        self.admit_slices(batch_size)
-
-    def rows(self) -> int:
-        """Rows a batch can count on after waiting: the capacity."""
-        return self.capacity
 
     def acquire(self, batch_size: int) -> int:
         """Take the lock, wait (released meanwhile) until the limiter lets the batch through,

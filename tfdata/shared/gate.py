@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from ..errors import SharedBufferError, WriterLostWarning
-from ..replay import combinations
+from ..replay.gates import Limited
 from ..replay.limiter import RateLimiter
 from .region import ATTACHED, ATTACHES, HEAD, PID, SAMPLES, STATE, WATCH_S
 
@@ -144,21 +144,18 @@ def check_limiter(limiter, mode: str, capacity: int) -> None:
                          f"{limiter.min_size_to_sample}")
 
 
-class SampleGate:
+class SampleGate(Limited):
     """When a sample may go: the ``limiter``'s predicate over the shards' heads, and the wait
     for it (polling the heads without the buffer's ``lock``); the batch counted and published to
     the writers. ``sampler``: the buffer's (its facets, for the table of combinations);
     ``watch``: the :class:`WriterWatch`; ``name``: the buffer's, for messages."""
 
-    limited = True
-
     def __init__(self, region, lock, limiter, sampler, watch, name: str):
-        self._sampler, self._watch = sampler, watch
+        self.limiter, self.sampler, self._watch = limiter, sampler, watch
         self.capacity = region.shards * region.cap
         self._region = region
         self._heads, self._cap = region.heads, region.cap
         self._lock = lock
-        self._limiter = limiter
         self.name = name
         self._held_known = 0  # rows known to be held (a lower bound: they never decrease)
         self._ctrl_words = memoryview(region.ctrl)
@@ -170,7 +167,7 @@ class SampleGate:
     def may_sample(self, batch_size: int) -> bool:
         """Whether the limiter allows a sample of ``batch_size`` rows now and so many are held."""
         heads = self._heads.tolist()
-        lim = self._limiter
+        lim = self.limiter
         i = lim.inserts = sum(heads)
         if not (i >= lim.min_size_to_sample
                 and i * lim.samples_per_insert - lim.samples - batch_size >= lim.min_diff):
@@ -180,25 +177,6 @@ class SampleGate:
         cap = self._cap
         self._held_known = sum(h if h < cap else cap for h in heads)
         return self._held_known >= batch_size
-
-    def admit_slices(self, batch_size: int) -> None:
-        """Refuse a limited sample of ``batch_size`` rows that could wait for ever (before its
-        ring is built): the limiter's own bound, then the sampler's with the limiter."""
-        self._limiter.check_sample(batch_size)
-        why = combinations.sample_refusal(self._sampler.facets(), self._limiter.params(),
-                                          self.capacity, batch_size)
-        if why is not None:
-            raise ValueError(why)
-
-    def admit(self, batch_size: int) -> None:
-        if batch_size > self.capacity:  # rows may still come: refused only if they never can
-            raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                             f"{self.capacity}; {self._sampler.rule}")
-        self.admit_slices(batch_size)
-
-    def rows(self) -> int:
-        """Rows a batch can count on after waiting: the capacity."""
-        return self.capacity
 
     def acquire(self, batch_size: int) -> int:
         """Return holding the lock once the limiter allows a sample of ``batch_size`` rows, the
@@ -228,7 +206,7 @@ class SampleGate:
         waits (polling the heads, with sleeps that release the GIL) without the lock, so
         other learner threads go on. Raises ValueError if it never can, TimeoutError after the
         limiter's timeout, SharedBufferError when no writer is left to insert."""
-        lock, lim = self._lock, self._limiter
+        lock, lim = self._lock, self.limiter
         lock.acquire()
         # may_sample inlined: the check of a sample that does not wait (a call less)
         i = lim.inserts = sum(self._heads.tolist())
@@ -271,6 +249,6 @@ class SampleGate:
 
     def count(self, batch_size: int) -> None:
         """Count a sample of ``batch_size`` rows and publish the count to the writers (lock held)."""
-        lim = self._limiter
+        lim = self.limiter
         lim.samples += batch_size
         self._ctrl_words[SAMPLES] = lim.samples  # a memoryview: half the cost of numpy's setitem
