@@ -1,19 +1,10 @@
 """Datasets: fixed collections of rows that a :class:`~tfdata.loader.DataLoader` reads in batches.
 
-:class:`Dataset` is the contract: a length, a :class:`~tfdata.spec.Spec`, a layout, a
-vectorised ``gather(indices, out)`` into an output made by ``new_output``, and zero-copy
-``rows(start, stop)``. Two implementations share all of that code:
-
-:class:`ArrayDataset`
-    Over in-memory arrays: a structured array (AoS) or a mapping of per-field arrays (SoA).
-:class:`MmapDataset`
-    Over a file on disk, memory-mapped read-only (``tfdata.io`` reads and checks the file). It
-    also implements the page advice (``willneed``, ``release``) that keeps a long scan's
-    resident set bounded; for in-memory data those calls do nothing.
-
-An AoS record may have any itemsize (a file written by another program need not be padded the
-way :attr:`Spec.aos_dtype` is): the gather kernel copies whole records as byte rows, with the
-widest word that divides the record size.
+:class:`Dataset` is the contract (a length, a :class:`~tfdata.spec.Spec`, a layout, a vectorised
+``gather(indices, out)`` into an output made by ``new_output``, zero-copy ``rows(start, stop)``
+and page advice) with the code that :class:`ArrayDataset` (arrays in memory) and
+:class:`MmapDataset` (a file, memory-mapped read-only) share. An AoS record may have any
+itemsize (a file written by another program need not be padded as :attr:`Spec.aos_dtype` is).
 """
 
 from __future__ import annotations
@@ -190,6 +181,12 @@ class _MappedPages:
         for mf, _ in self._maps:
             mf.sequential()
 
+    def touch(self, start: int, stop: int) -> None:
+        from .kernels import touch_pages
+
+        for base in self._bases if self._maps else ():
+            touch_pages(base[start:stop].reshape(-1), PAGE)
+
 
 class ProjectedDataset(_MappedPages, Dataset):
     """Some fields of a dataset, over its memory (see :meth:`Dataset.project`).
@@ -227,14 +224,6 @@ class ProjectedDataset(_MappedPages, Dataset):
 
     def _copy_range(self, start: int, m: int, out: Output) -> None:
         self._rows.copy_range(start, m, out)
-
-    def touch(self, start: int, stop: int) -> None:
-        if not self._maps:
-            return
-        from .kernels import touch_pages
-
-        for base in self._bases:
-            touch_pages(base[start:stop].reshape(-1), PAGE)
 
     def close(self) -> None:
         """Drop the references to the parent's memory (the parent's files stay open)."""
@@ -368,11 +357,9 @@ class MmapDataset(_MappedPages, Dataset):
     def __init__(self, *args, **kwargs):
         raise TypeError("use MmapDataset.open(path)")
 
-    def touch(self, start: int, stop: int) -> None:
-        from .kernels import touch_pages
-
-        for view in self._kernel_store:
-            touch_pages(view[start:stop].reshape(-1), PAGE)
+    @property
+    def _bases(self):  # what touch faults in: every byte view of the file(s)
+        return self._kernel_store
 
     def close(self) -> None:
         """Unmap the file(s) once no batch view still uses them."""

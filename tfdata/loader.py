@@ -1,20 +1,11 @@
 """DataLoader: batches of a :class:`~tfdata.dataset.Dataset`, prefetched by one thread.
 
 No worker processes: with ``prefetch > 0`` one background thread per epoch gathers the next
-batches with a numba kernel that releases the GIL, into a ring of ``prefetch + 1`` preallocated
-batch buffers, while the consumer works between batches; a consumer whose batch is not ready
-gathers it itself rather than wait for a thread handoff (docs/design/loader.md).
-The order of an epoch is a function of ``(seed, epoch)`` only, so the batches are the same
-whatever the prefetch depth, whichever thread gathered them, and however the previous epoch ended.
-
-Orders (``shuffle=``)
-    ``False``: rows in file order; with ``zero_copy=True`` a batch is a view of the dataset.
-    ``True``: a uniform random permutation of all rows per epoch (Fisher-Yates; ``n`` int32 or
-    int64 indices held by the loader).
-    ``"block"``: for data far larger than memory. Rows are cut into blocks of ``block_rows``
-    consecutive rows; each epoch permutes the blocks, takes them ``window_blocks`` at a time,
-    and permutes the rows of each window. Reads are sequential within a block and only one
-    window is resident at a time. See docs/design/loader.md for what that does to randomness.
+batches with a numba kernel that releases the GIL, into a ring of preallocated batch buffers,
+while the consumer works between batches; a consumer whose batch is not ready gathers it itself
+(docs/design/loader.md). The order of an epoch is a function of ``(seed, epoch)`` only, so the
+batches are the same whatever the prefetch depth, whichever thread gathered them, and however
+the previous epoch ended. The orders: :class:`LoaderConfig` ``shuffle``.
 """
 
 from __future__ import annotations
@@ -64,8 +55,12 @@ class LoaderConfig:
         rows a batch can really hold, ``min(batch_size, len(dataset))``, never by
         ``batch_size`` alone.
     shuffle : bool or {"block"}
-        False: file order. True: a full permutation per epoch. "block": block shuffle (see the
-        module docstring) for data larger than memory.
+        False: file order (with ``zero_copy`` a batch is a view of the dataset). True: a uniform
+        permutation of all rows per epoch (Fisher-Yates; ``n`` int32 or int64 indices held by
+        the loader). "block": for data far larger than memory, rows cut into blocks of
+        ``block_rows`` consecutive rows; each epoch permutes the blocks, takes them
+        ``window_blocks`` at a time, and permutes the rows of each window (reads sequential
+        within a block, one window resident at a time).
     drop_last : bool
         Drop the last, shorter batch. A dataset shorter than one batch is then an error.
     seed : int or None
@@ -81,17 +76,15 @@ class LoaderConfig:
     block_rows : int or None
         Block shuffle: rows per block; None picks about 64 KiB of rows (at least one row).
     window_blocks : int
-        Block shuffle: blocks whose rows are shuffled together (the shuffle buffer). The
-        default, 512 blocks of 64 KiB (a 32 MiB window), brings the label mix of batches from a
-        file sorted by label to within 20% of a full permutation's (``reports/shuffle``); a
-        window of W blocks mixes at most W file regions, so W matters more than the block size.
+        Block shuffle: blocks whose rows are shuffled together (the shuffle buffer); a batch
+        mixes at most this many file regions, so it matters more than the block size (the
+        default's randomness: docs/design/loader.md).
     resident_bytes : int, None or "auto"
         Memory-mapped datasets larger than this have pages already consumed released
         (``MADV_DONTNEED``) so that about this many bytes of the file stay mapped; None never
-        releases. "auto" (the default): 64 MiB for file order and block shuffle, where releasing
-        costs little; None for ``shuffle=True``, where bounding the resident set means re-reading
-        pages over and over, many times slower (use block shuffle for files larger than memory, or
-        set a number).
+        releases. "auto" (the default): 64 MiB for file order and block shuffle; None for
+        ``shuffle=True``, where bounding the resident set means re-reading pages over and over
+        (use block shuffle for files larger than memory, or set a number).
     """
 
     batch_size: int
@@ -223,11 +216,8 @@ class DataLoader:
         self.config = config
         self.epoch = 0
         self._n = n
-        self._batches = n // b if config.drop_last else -(-n // b)
         self._gathers = config.mode != "none" or not config.zero_copy
-        # memory bounded by the data: no batch has more than n rows, and no more than one slot
-        # per batch of the epoch can be in flight (see _sizes)
-        self._rows, ring = self._sizes(config, n)
+        self._rows, ring, self._batches = self._sizes(config, n)
         self.allocator = a = alloc.resolve(allocator)
         self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
         block_rows = None
@@ -284,17 +274,17 @@ class DataLoader:
 
     @staticmethod
     def _sizes(config: LoaderConfig, n: int) -> tuple:
-        """``(rows, slots)`` of the batch ring: a batch never holds more than the ``n`` rows of
-        the dataset (``batch_size=5e7`` over 1,000 rows takes 1,000 rows per slot, not 5e7),
-        and the producer is never more than the epoch's batches ahead, so
-        ``prefetch`` beyond that takes no slot. At least one row, for an empty dataset."""
+        """``(rows, slots)`` of the batch ring and the batches per epoch: a batch never holds
+        more than the ``n`` rows of the dataset (at least one row, for an empty dataset), and
+        the producer is never more than the epoch's batches ahead, so ``prefetch`` beyond that
+        takes no slot."""
         b = config.batch_size
         batches = n // b if config.drop_last else -(-n // b)
-        return max(1, min(b, n)), min(config.prefetch, batches) + 1
+        return max(1, min(b, n)), min(config.prefetch, batches) + 1, batches
 
     @staticmethod
     def _planned_parts(dataset, config: LoaderConfig, n: int, block_rows) -> dict:
-        b, ring = DataLoader._sizes(config, n)
+        b, ring, _ = DataLoader._sizes(config, n)
         gathers = config.mode != "none" or not config.zero_copy
         order = 0
         if config.mode == "full":
@@ -496,9 +486,8 @@ class _Plan:
         return Batch({name: v[:m] for name, v in out.fields.items()}, self.idx[slot][:m])
 
     def _gather_bounded(self, idx: np.ndarray, slot: int, m: int) -> Batch:
-        # Random reads of a mapped file: one row can map a whole large folio of the page cache
-        # (2 MiB on ext4 with a recent kernel, measured), so the resident set is measured
-        # (one small read) and the map released between chunks of rows, not estimated per batch.
+        # random reads of a mapped file: one row can map a whole large folio of the page cache,
+        # so the resident set is measured and the map released between chunks of rows
         out = self.ring[slot]
         step = self.chunk
         for c0 in range(0, m, step):
@@ -529,8 +518,8 @@ class _Plan:
             filled += take
 
     def _next_window(self, kernels) -> None:
-        # the finished window's pages go once this batch is gathered (measured: releasing block
-        # by block leaves the fault-around pages between blocks mapped, nearly the whole file)
+        # the finished window's pages go once this batch is gathered (not block by block:
+        # docs/design/loader.md)
         self.window_done = self.w_next > 0
         b0 = self.w_next
         b1 = min(b0 + self.window_blocks, self.blocks.shape[0])
@@ -648,6 +637,15 @@ class _Epoch:
         self._k = k + 1
         return batch
 
+    @staticmethod
+    def _unwait(ctl: Ahead) -> None:
+        # clear our wait flag, or, if the thread released us meanwhile, take the release back
+        with ctl.mutex:
+            if ctl.waiting:
+                ctl.waiting = False
+            else:
+                ctl.done.acquire(blocking=False)
+
     def _take(self, ctl: Ahead, k: int, slot: int):
         """Batch ``k`` when it is not ready: gather it here rather than wait for the thread; if
         the thread is gathering it, gather a later batch meanwhile if a slot is free, else wait."""
@@ -688,18 +686,10 @@ class _Epoch:
                 # than a spin, more still under load: docs/design/loader.md), then sleep
                 seen = int(ctl.state[1])
                 if seen < k and wait_change(ctl.state, 1, seen, spins) != seen:
-                    with ctl.mutex:
-                        if ctl.waiting:
-                            ctl.waiting = False
-                        else:  # released meanwhile: take the release back
-                            ctl.done.acquire(blocking=False)
+                    self._unwait(ctl)
                     continue
                 if not ctl.done.acquire(timeout=0.05):
-                    with ctl.mutex:
-                        if ctl.waiting:
-                            ctl.waiting = False
-                        else:  # released just after the timeout: take the release back
-                            ctl.done.acquire(blocking=False)
+                    self._unwait(ctl)
                     if ctl.exited and ctl.ready[slot] != k and ctl.nxt <= k:
                         raise RuntimeError("tfdata: the prefetch thread stopped before batch "
                                            f"{k}") from None

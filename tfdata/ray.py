@@ -6,14 +6,8 @@ Optional: needs Ray (``pip install 'tfdata[ray]'``) and is never imported by ``i
 an ordinary :class:`tfdata.ReplayBuffer` (or :class:`tfdata.PrioritizedReplayBuffer`) of
 ``capacity // num_shards`` rows. Pass the handle to Ray tasks or actors (the rollout workers):
 they validate rows in their own process and send them to a shard without waiting; the learner
-samples through its own copy of the handle.
-
-Zero copy, as observed with Ray 2.60 (``tests/test_ray.py`` checks it): arrays that Ray
-deserialises from the shared-memory object store are read-only views of it, not copies. A
-result larger than Ray's ``max_direct_call_object_size`` (100 KiB by default) is stored there,
-so a one-shard batch of that size reaches the learner with no copy. A smaller result is inlined
-in the actor's reply and copied once into the learner's process (its arrays are read-only all
-the same). With several shards the learner concatenates the parts: one copy, writable arrays.
+samples through its own copy of the handle. What crosses Ray with no copy:
+:class:`RayReplayBuffer` (Notes) and docs/design/ray.md.
 """
 
 from __future__ import annotations
@@ -190,15 +184,10 @@ class _Shard:
         return skipped
 
     # -- columns ----------------------------------------------------------------------------
-    def column_stats(self, name: str) -> tuple:
-        """``(count, values)`` of :meth:`tfdata.ReplayBuffer.column_stats` (plain data: a
-        FieldStats does not pickle)."""
-        st = self.buf.column_stats(name)
-        return st.count, np.array(st.values)
-
-    def field_stats(self, name: str) -> tuple:
-        """``(count, values)`` of the running statistics :meth:`tfdata.ReplayBuffer.stats`."""
-        st = self.buf.stats(name)
+    def column_stats(self, name: str, running: bool) -> tuple:
+        """``(count, values)`` of :meth:`tfdata.ReplayBuffer.column_stats`, or with ``running``
+        of :meth:`tfdata.ReplayBuffer.stats` (plain data: a FieldStats does not pickle)."""
+        st = self.buf.stats(name) if running else self.buf.column_stats(name)
         return st.count, np.array(st.values)
 
     def update_field(self, name: str, slots, values) -> int:
@@ -268,23 +257,23 @@ class RayReplayBuffer:
 
     Notes
     -----
-    *Writing.* :meth:`extend` validates in the caller's process (a :class:`tfdata.SpecError`
-    naming the field there, nothing sent), then submits the rows to a shard and returns. Rows
-    go to the shards in turn, round-robin per copy of the handle (each worker's copy starts at
-    shard 0 and cycles, so every worker spreads its rows evenly); ``shard=`` picks one. An
-    error in a shard (an actor that died, a refused write) is raised by this handle's next call,
-    before that call sends anything, or by :meth:`flush`. Ray runs the calls of one handle on
-    one actor in order, so a :meth:`sample` or ``len()`` after an ``extend`` sees its rows,
-    without a flush.
+    *Writing* (:meth:`extend`: checked here, sent without waiting). Rows go to the shards
+    round-robin per copy of the handle (each worker's copy starts at shard 0, so every worker
+    spreads its rows evenly). An error in a shard (an actor that died, a refused write) is
+    raised by this handle's next call, before that call sends anything, or by :meth:`flush`.
+    Ray runs the calls of one handle on one actor in order, so a :meth:`sample` or ``len()``
+    after an ``extend`` sees its rows, without a flush.
 
     *Sampling* is uniform (or proportional to priority) with replacement over all rows held,
     as in one buffer of the whole capacity. With one shard, one actor call; with several, one
     call for every shard's size (or priority mass), a multinomial split of the batch in
     proportion to it, one concurrent call per shard that got rows, and a concatenation.
 
-    *Zero copy.* See the module docstring: a one-shard batch above 100 KiB comes back as
-    read-only views of the object store; several shards give writable concatenated copies.
-    Read-only arrays keep their object pinned in the object store while they live.
+    *Zero copy* (``tests/test_ray.py`` checks it). A one-shard batch above Ray's
+    ``max_direct_call_object_size`` (100 KiB by default) comes back as read-only views of the
+    shared-memory object store, pinning its object while they live; a smaller one is inlined in
+    the reply and copied once (read-only all the same). Several shards give writable
+    concatenated copies.
 
     *Copies of the handle* (pickled into tasks and actors) share the shards. Only the handle
     that created them kills them (:meth:`close`); a copy's ``close`` only flushes. A rollout
@@ -403,9 +392,7 @@ class RayReplayBuffer:
         p = self._check_new_priorities(priorities, n, "extend")
         if n == 0:
             return
-        self._make_room(1)
-        s = self._pick(shard)
-        self._pending.append(self._actors[s].extend.remote(dict(zip(self.spec.names, values)), p))
+        self._send(shard, dict(zip(self.spec.names, values)), p)
 
     def push(self, row: Mapping, shard: int | None = None, priority=None) -> None:
         """Validate one row here and send it (see :meth:`extend`).
@@ -416,11 +403,8 @@ class RayReplayBuffer:
         self._reap()
         values = self.spec.check_row(row)
         p = self._check_new_priorities(None if priority is None else [priority], 1, "push")
-        fields = {f.name: np.asarray(v, f.dtype).reshape((1,) + f.shape)
-                  for f, v in zip(self.spec, values)}
-        self._make_room(1)
-        s = self._pick(shard)
-        self._pending.append(self._actors[s].extend.remote(fields, p))
+        self._send(shard, {f.name: np.asarray(v, f.dtype).reshape((1,) + f.shape)
+                           for f, v in zip(self.spec, values)}, p)
 
     def flush(self) -> None:
         """Wait until every write of this handle has been applied; raise the first error."""
@@ -428,12 +412,14 @@ class RayReplayBuffer:
         while self._pending:
             _get(self._pending.popleft())
 
-    def _pick(self, shard) -> int:
+    def _send(self, shard, fields: dict, priorities) -> None:
+        self._make_room(1)
         if shard is None:
             s = self._next_shard
             self._next_shard = (s + 1) % self.num_shards
-            return s
-        return _check_int("shard", shard, 0, self.num_shards - 1)
+        else:
+            s = _check_int("shard", shard, 0, self.num_shards - 1)
+        self._pending.append(self._actors[s].extend.remote(fields, priorities))
 
     def _make_room(self, k: int) -> None:
         """Backpressure: wait for the oldest writes until ``k`` more fit in flight. Runs before
@@ -504,9 +490,8 @@ class RayReplayBuffer:
             Prioritized: ``batch.weights`` float32 ``(batch_size,)``, importance weights
             normalised over all shards (at most 1), and ``batch.versions`` uint64
             ``(batch_size,)`` for :meth:`update_priorities`. With several shards the rows are
-            grouped by shard, in shard order.
-            One shard: the arrays are read-only; above 100 KiB they are views of Ray's object
-            store (no copy). Several shards: writable arrays owned by the batch.
+            grouped by shard, in shard order. Read-only or not: see *Zero copy* in the class
+            Notes.
 
         Raises
         ------
@@ -589,6 +574,15 @@ class RayReplayBuffer:
             raise SpecError(f"{what}: {self.spec.unknown_message(name)}")
         return self.spec[name]
 
+    def _merged_stats(self, name, what: str):
+        from .replay.columns import merge_stats
+
+        f = self._field(name, what)
+        self.flush()
+        running = what == "field_stats"
+        return merge_stats(name, f.shape, _get([a.column_stats.remote(name, running)
+                                                for a in self._actors]))
+
     def column_stats(self, name: str):
         """Statistics of field ``name`` over the rows of every shard: each shard computes its
         own in one compiled pass (:meth:`tfdata.ReplayBuffer.column_stats`), this handle merges
@@ -605,22 +599,14 @@ class RayReplayBuffer:
         SpecError
             Unknown field, or one of a dtype statistics are not computed for (raised by a shard).
         """
-        from .replay.columns import merge_stats
-
-        f = self._field(name, "column_stats")
-        self.flush()
-        return merge_stats(name, f.shape, _get([a.column_stats.remote(name) for a in self._actors]))
+        return self._merged_stats(name, "column_stats")
 
     def field_stats(self, name: str):
         """The running statistics of field ``name`` (``stats=[...]`` among the buffer options:
         every shard keeps them, :meth:`tfdata.ReplayBuffer.stats`), merged over the shards as
         :meth:`column_stats` merges. Flushes first. SpecError: a field with no statistics
         kept (raised by the shards)."""
-        from .replay.columns import merge_stats
-
-        f = self._field(name, "field_stats")
-        self.flush()
-        return merge_stats(name, f.shape, _get([a.field_stats.remote(name) for a in self._actors]))
+        return self._merged_stats(name, "field_stats")
 
     def update_field(self, name: str, indices, values) -> None:
         """Rewrite field ``name`` of the rows at global slots ``indices`` (as ``batch.indices``

@@ -2,14 +2,10 @@
 vector-env steps with compiled generalized advantage estimation (GAE) and shuffled minibatch
 epochs (the data path of PPO as CleanRL's ``ppo.py`` writes it).
 
-The buffer reuses the replay buffers' storage (any layout: ``"aos"``, ``"soa"`` or column
-groups, through :func:`tfdata.storage.make_storage`) and output rings
-(:class:`tfdata.batch.OutputRing`), and has kernels of its own (:mod:`tfdata.kernels._rollout`;
-its epochs are the loader's shuffle, :func:`tfdata.kernels._rng.permutation`);
-no sampler, no writer, no transforms. Row ``t * num_envs + e`` holds step ``t`` of env ``e``
-(time-major, CleanRL's ``b_obs = obs.reshape(-1, ...)``). This module never looks at the layout:
-the GAE kernel reads ``(num_steps, num_envs)`` views of single fields (contiguous or strided, as
-the storage gives them) and minibatches are gathered by the storage's own gather kernel.
+It reuses the replay buffers' storage and output rings, with kernels of its own
+(:mod:`tfdata.kernels._rollout`), and never looks at the layout: the GAE kernel reads
+``(num_steps, num_envs)`` views of single fields, the storage gathers minibatches
+(docs/design/rollouts.md).
 """
 
 from __future__ import annotations
@@ -81,6 +77,12 @@ def _check_spec(spec) -> Spec:
 
 def _stored_spec(spec: Spec) -> Spec:
     return Spec(list(spec.fields) + [Field(n, np.float32, ()) for n in OWN_FIELDS])
+
+
+def _check_seed(seed):
+    if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an int or None, got {type(seed).__name__} {seed!r}")
+    return int(seed) & MASK64
 
 
 def _check_discount(name: str, value) -> float:
@@ -160,16 +162,13 @@ class RolloutBuffer:
         spec = _check_spec(spec)
         T, E = self._check_shape(num_steps, num_envs)
         ring_size = _check_int("ring_size", ring_size, 1)
-        if seed is None:
-            seed = secrets.randbits(63)
-        if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed: expected an int or None, got {type(seed).__name__} {seed!r}")
+        seed = _check_seed(secrets.randbits(63) if seed is None else seed)
         stored = _stored_spec(spec)
         self.layout = resolve_layout(layout, stored)
         self.spec, self.num_steps, self.num_envs = spec, T, E
         self.fields = stored.names
         self.ring_size = ring_size
-        self.seed = int(seed) & MASK64
+        self.seed = seed
         self._stored = stored
         self._k = k
         self._permutation = permutation
@@ -226,11 +225,10 @@ class RolloutBuffer:
 
         ``step`` must be a plain dict with exactly the spec's fields, each an ndarray of shape
         ``(num_envs, *field.shape)`` whose dtype is the one last accepted for that field (at
-        first the field's own; the generic path records any dtype that casts safely whatever the
-        values, never one whose values must be checked such as ints into bool). Everything is
-        checked before the first write, and a numpy assignment of such an array cannot fail. The
-        checks are written out field by field as the source of one function (as
-        :mod:`tfdata.replay.fastpush` does): a loop over fields costs twice as much.
+        first the field's own; :meth:`_learn_dtypes` adds those that cast safely whatever the
+        values). Everything is checked before the first write, and a numpy assignment of such
+        an array cannot fail. The checks are generated as one function, as
+        :mod:`tfdata.replay.fastpush` does.
         """
         spec, E = self.spec, self.num_envs
         dtypes = [f.dtype for f in spec]
@@ -444,10 +442,8 @@ class RolloutBuffer:
             lv[...] = last_values
         else:
             lv[...] = _read_vector("last_values", last_values, self.num_envs, "f", "floats")
-        if last_dones is None:
-            check, ld = False, self._last_dones
-        else:
-            check, ld = True, self._last_dones
+        ld, check = self._last_dones, last_dones is not None
+        if check:
             ld[...] = _read_vector("last_dones", last_dones, self.num_envs, "biuf", "bools or 0/1 numbers")
         r, v, te, tr, fv, use_final = self._gae_in
         adv, ret = self._gae_out
@@ -517,9 +513,7 @@ class RolloutBuffer:
         if N % n:
             raise ValueError(f"minibatches: n must divide the {N} rows ({self.num_steps} steps x "
                              f"{self.num_envs} envs), got {n}")
-        if seed is not None:
-            if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)):
-                raise TypeError(f"seed: expected an int or None, got {type(seed).__name__} {seed!r}")
+        key = None if seed is None else splitmix64(_check_seed(seed))
         if not self._computed:
             raise RuntimeError("minibatches: advantages and returns are not computed; call "
                                "compute_returns_and_advantages(last_values) on the full rollout first")
@@ -529,9 +523,7 @@ class RolloutBuffer:
             ring = self._rings[m] = OutputRing(self._storage, m, self.ring_size, None, (_RingPart,),
                                                self.fields)
         self._token += 1
-        if seed is None:
-            return self._epochs(ring, m, n, epochs, None, self._token)
-        return self._epochs(ring, m, n, epochs, splitmix64(int(seed) & MASK64), self._token)
+        return self._epochs(ring, m, n, epochs, key, self._token)
 
     def _epochs(self, ring, m, n, epochs, key, token):
         perm, permute, take = self._perm, self._permutation, self._k.take

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._checks import check_float, check_int, float_range
 
-# Bounds of the hyperparameters (the reasons are in Adam's and PPO's docstrings).
+# Bounds of the hyperparameters (the reasons: Adam's and PPO's docstrings, docs/design/nn.md).
 LR_MAX = 1e3
 EPS_MIN = float(np.finfo(np.float32).tiny)  # float32's smallest normal, 2**-126
 T_MAX = 1 << 62

@@ -1,9 +1,6 @@
 """A small multilayer perceptron: forward, backward, Adam and the DQN temporal-difference loss.
 
-These kernels let a training loop run without torch (a 512 MB device). Every kernel writes into
-arrays it is given and allocates nothing.
-
-All parameters of a network live in one flat array ``params``; a ``table`` of int64, shape
+Every kernel writes into arrays it is given and allocates nothing. All parameters of a network live in one flat array ``params``; a ``table`` of int64, shape
 ``(layers, 5)``, says where: row ``l`` is ``(n_in, n_out, w_off, b_off, a_off)``. Layer ``l``'s
 weight is ``params[w_off : w_off + n_out * n_in]`` seen as ``(n_out, n_in)`` row-major (as
 torch's ``Linear.weight``), its bias ``params[b_off : b_off + n_out]``, and its
@@ -24,8 +21,7 @@ from numba import njit  # noqa: E402
 
 from .._config import NN_OPTIONS  # noqa: E402
 
-# the layer helpers: compiled once per signature and called (numba's IR inlining made every
-# kernel that uses them twice as slow to compile, for no measurable speed)
+# the layer helpers: compiled once per signature and called, not inlined (docs/design/nn.md)
 INLINE_NN = dict(NN_OPTIONS)
 del INLINE_NN["cache"]
 
@@ -43,10 +39,9 @@ def _row(src, idx, k):
 def axpy_rows(dst, src, idx, coef, count):
     """``dst += sum(coef[k] * src[idx[k]] for k < count)``, eight rows per pass over ``dst``.
 
-    The sparse product all layers are built from: ``idx`` lists only the nonzero terms (ReLU
-    zeroes about half of every hidden layer and its gradient), and eight source rows share each
-    load and store of ``dst`` (vectorised along it). ``idx`` None: rows ``0 .. count-1`` (the
-    dense products of :mod:`tfdata.nn._ppo_kernels`; ``coef`` may be strided).
+    The sparse product all layers are built from: ``idx`` lists only the nonzero terms. ``idx``
+    None: rows ``0 .. count-1`` (the dense products of :mod:`tfdata.nn._ppo_kernels`; ``coef``
+    may be strided).
     """
     n = dst.shape[0]
     k = 0
@@ -107,13 +102,9 @@ def _nonzeros(values, idx, coef):
 
 @njit(**INLINE_NN)
 def _dense(inp, wt, bias, out, relu, tmp, idx, coef):
-    """``out = inp @ wt.T + bias`` (then ReLU).
-
-    A wide input (8 or more) is one dot product per output, four input rows at a time so they
-    share every weight load (scalar accumulators: LLVM vectorises these reductions, while an
-    update of an output row in memory stays scalar, as it cannot rule out aliasing). A narrow
-    input (the observation) is a sum of the transposed weight's rows (kept in ``tmp``) over the
-    row's nonzero inputs.
+    """``out = inp @ wt.T + bias`` (then ReLU): :func:`rows_dense` for a wide input (8 or
+    more), else a sum of the transposed weight's rows (kept in ``tmp``) over each row's nonzero
+    inputs (docs/design/nn.md says why).
     """
     batch = inp.shape[0]
     n_out, n_in = wt.shape
@@ -140,9 +131,8 @@ def _dense(inp, wt, bias, out, relu, tmp, idx, coef):
 @njit(**INLINE_NN)
 def rows_dense(inp, wt, bias, out):
     """``out = inp @ wt.T + bias``: dot products along the inputs, four rows sharing each
-    weight load (scalar accumulators, which LLVM vectorises). The wide layers of the ReLU
-    networks and every layer of a tanh network acting on a few observations
-    (:mod:`tfdata.nn._ppo_kernels`)."""
+    weight load. The wide layers of the ReLU networks and every layer of a tanh network acting
+    on a few observations (:mod:`tfdata.nn._ppo_kernels`)."""
     batch = inp.shape[0]
     n_out, n_in = wt.shape
     b = 0
@@ -182,8 +172,8 @@ def _dense_backward(inp, wt, d, gw, gb, prev, has_prev, relu_in, tmp, idx, coef)
 
     Adds ``d.T @ inp`` into ``gw`` (n_out, n_in) and ``d.sum(0)`` into ``gb``; if ``has_prev``,
     writes ``(d @ wt) * (inp > 0)`` into ``prev`` (batch, n_in): the gradient at the previous
-    layer's output through its ReLU (``relu_in``). Both skip the zeros of ``d``. A narrow input
-    accumulates the transposed weight gradient in ``tmp`` instead (vectorised over the outputs).
+    layer's output through its ReLU (``relu_in``). Both skip the zeros of ``d``; a narrow input
+    accumulates the transposed weight gradient in ``tmp``.
     """
     batch = inp.shape[0]
     n_out, n_in = wt.shape
@@ -405,9 +395,8 @@ def dqn_step(params, target_params, table, obs, next_obs, actions, rewards, term
              beta2, eps, step):
     """One DQN update in a single call: target forward, online forward, TD loss, backward, Adam.
 
-    The same arithmetic as calling :func:`mlp_forward` (target on ``next_obs``, online on
-    ``obs``), :func:`td_loss`, :func:`mlp_backward` and :func:`adam_step` in turn; fused so a
-    training step crosses from Python into compiled code once.
+    The same arithmetic as :func:`mlp_forward` (target on ``next_obs``, online on ``obs``),
+    :func:`td_loss`, :func:`mlp_backward` and :func:`adam_step` in turn.
 
     Parameters
     ----------

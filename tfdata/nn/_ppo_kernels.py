@@ -1,27 +1,18 @@
 """tanh multilayer perceptrons and PPO (CleanRL's ``ppo.py`` update) as kernels.
 
-Every kernel writes into arrays it is given and allocates nothing.
-
-Parameters are laid out as in :mod:`tfdata.nn._mlp_kernels` (one flat array, a ``table`` of int64
-rows ``(n_in, n_out, w_off, b_off, a_off)``, weights ``(n_out, n_in)`` row-major as torch's
-``Linear.weight``). Hidden layers apply tanh, the last layer is linear.
-
-Two layouts of the layer outputs:
+Every kernel writes into arrays it is given and allocates nothing. Parameters are laid out as in
+:mod:`tfdata.nn._mlp_kernels`; hidden layers apply tanh, the last layer is linear. Two layouts
+of the layer outputs (docs/design/nn.md says why):
 
 * **feature-major** (training, :func:`tanh_forward`, :func:`tanh_backward`, :func:`ppo_train`):
   the input is first transposed into ``xT`` (n_in, batch) and layer ``l``'s output is a
-  C-contiguous ``(n_out, batch)`` block at ``batch * a_off`` of ``acts``. Every product is then a
-  sum of whole rows of ``batch`` floats scaled by a weight (vectorised along the batch), which
-  suits dense tanh layers and the narrow layers at both ends (4 inputs, 1 or 2 outputs).
+  C-contiguous ``(n_out, batch)`` block at ``batch * a_off`` of ``acts``.
 * **batch-major** (acting on a few observations, :func:`ppo_act`, :func:`ppo_value`): layer
-  ``l``'s output is a ``(batch, n_out)`` block, each output a dot product along the weight row
-  (vectorised along the inputs), four observations sharing every weight load. A batch of 4
-  would leave most of a vector idle in the feature-major layout.
+  ``l``'s output is a ``(batch, n_out)`` block.
 
-tanh of float32 is Eigen's rational approximation (clamped to +-7.9053, odd degree-13 over
-even degree-6 polynomial; within a few float32 ulps of ``tanh``), which LLVM vectorises where
-``math.tanh`` would be one libm call per element. float64 networks (gradient checks) use
-``math.tanh``. Its derivative is taken as ``1 - y**2`` of the output ``y``, as torch does.
+tanh of float32 is Eigen's rational approximation (clamped to +-7.9053; within a few float32
+ulps of ``tanh``, and vectorisable); float64 networks (gradient checks) use ``math.tanh``. Its
+derivative is taken as ``1 - y**2`` of the output ``y``, as torch does.
 """
 
 from __future__ import annotations
@@ -33,11 +24,7 @@ from numba import njit
 
 from .._config import NN_OPTIONS
 from ..kernels._rng import GOLDEN, mix64
-from ._mlp_kernels import adam_step, axpy_rows, rows_dense
-
-# layer helpers: compiled once per signature and called (see _mlp_kernels.INLINE_NN)
-INLINE_NN = dict(NN_OPTIONS)
-del INLINE_NN["cache"]
+from ._mlp_kernels import INLINE_NN, adam_step, axpy_rows, rows_dense
 
 # Eigen's generic_fast_tanh_float (float32 constants, so the arithmetic stays float32)
 _CLAMP = np.float32(7.90531110763549805)
@@ -111,8 +98,8 @@ def _fm_backward(wt, xT, dT, gw, gb, prevT, has_prev, tanh_in):
     batch = xT.shape[1]
     for j in range(n_out):
         d = dT[j]
-        # accumulators of the array's float type (a Python 0.0 would make them float64 and
-        # halve the vector width): a zero read back from the output
+        # accumulators of the array's float type (a Python 0.0 would make them float64): a
+        # zero read back from the output
         gb[j] = 0.0
         zero = gb[j]
         s = zero

@@ -21,18 +21,13 @@ class Adam:
     params : ndarray of float, shape (n_params,)
         Updated in place by :meth:`step`.
     lr : float, default 1e-3
-        Finite, in (0, 1e3]. Adam moves each parameter by about ``lr`` per step whatever the
-        gradient's scale (by exactly ``lr`` on the first step, eps aside), so 1e3 is far above
-        any useful rate, and far below the rates whose arithmetic overflows: the bias-corrected
-        ``lr / (1 - beta1 ** t)`` in float64 from about 1e292, a float32 parameter's step from
-        about 3e38 (an inf step makes the parameters inf or NaN).
+        Finite, in (0, 1e3]: far above any useful rate, far below those whose step overflows
+        (docs/design/nn.md).
     betas : (float, float), default (0.9, 0.999)
         Each in [0, 1).
     eps : float, default 1e-8
-        Finite, >= float32's smallest normal (2**-126, about 1.2e-38). The moments are kept in
-        the parameters' type: where the second moment has underflowed to 0 the step is ``m /
-        eps``, which a smaller eps could overflow (a gradient of 1e-23 in float32 with eps
-        1e-300 did).
+        Finite, >= float32's smallest normal (2**-126, about 1.2e-38): a smaller eps could
+        overflow the step ``m / eps`` where the second moment has underflowed to 0.
 
     Raises
     ------
@@ -43,8 +38,7 @@ class Adam:
     ----------
     t : int
         Steps taken (bias corrections use ``t``); a loaded state holds at most 2**62, which
-        leaves the kernels' int64 step number 2**62 updates of room (centuries at a
-        microsecond each). ``beta ** t`` is well defined for any such ``t``.
+        leaves the kernels' int64 step number 2**62 updates of room.
     """
 
     def __init__(self, params: np.ndarray, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):

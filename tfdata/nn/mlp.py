@@ -1,9 +1,4 @@
-"""The network of :mod:`tfdata.nn`: a multilayer perceptron in one flat parameter array.
-
-ReLU networks run the sparse batch-major kernels of :mod:`._mlp_kernels`, tanh networks the
-dense feature-major ones of :mod:`._ppo_kernels`; both are imported (with numba) when the first
-network is built.
-"""
+"""The network of :mod:`tfdata.nn`: a multilayer perceptron in one flat parameter array."""
 
 from __future__ import annotations
 
@@ -50,8 +45,8 @@ class MLP:
     dtype : {"float32", "float64"}, default "float32"
         float64 is for gradient checks.
     activation : {"relu", "tanh"}, default "relu"
-        Of the hidden layers. ReLU networks run sparse kernels (``_mlp_kernels``: about half of
-        every hidden layer is zero); tanh networks dense feature-major ones (``_ppo_kernels``).
+        Of the hidden layers. ReLU networks run sparse kernels (``_mlp_kernels``), tanh networks
+        dense ones (``_ppo_kernels``).
 
     Attributes
     ----------
@@ -62,7 +57,6 @@ class MLP:
     table : ndarray of int64, shape (layers, 5)
         ``(n_in, n_out, weight offset, bias offset, output column)`` of each layer.
 
-    The kernels write into arrays made once per batch size (:meth:`workspace`).
     """
 
     def __init__(self, sizes: Sequence[int], *, seed: int | None = None, dtype="float32",
@@ -91,8 +85,7 @@ class MLP:
         self.n_params = off
         self.n_units = col
         self.width = max(self.sizes[1:])
-        # the nonzero terms of one sparse product (see _mlp_kernels.axpy_rows; tanh networks'
-        # dense kernels need none)
+        # the nonzero terms of one sparse product (tanh networks' dense kernels need none)
         self._tmp = np.zeros(0 if activation == "tanh" else
                              max(a * b for a, b in zip(self.sizes, self.sizes[1:])), dtype=self.dtype)
         self.params = np.zeros(off, dtype=self.dtype)
@@ -156,24 +149,17 @@ class MLP:
         buffers, the argmax output, ``x`` and ``grad_out`` transposed.
         """
         ws = self._ws.get(batch)
-        if ws is None and self._kt is not None:
-            # feature-major (_ppo_kernels): layer outputs as (n_out, batch) blocks, x transposed
-            ws = self._ws[batch] = (
-                np.zeros(batch * self.n_units, dtype=self.dtype),       # acts
-                np.zeros(2 * batch * self.width, dtype=self.dtype),     # work
-                np.zeros(batch, dtype=np.int64),                        # argmax
-                np.zeros((self.n_in, batch), dtype=self.dtype),         # x transposed
-                np.zeros((self.n_out, batch), dtype=self.dtype),        # grad_out transposed
-            )
         if ws is None:
-            # layer outputs as contiguous (batch, n_out) blocks, see _mlp_kernels
-            acts = np.zeros(batch * self.n_units, dtype=self.dtype)
-            work = np.zeros(2 * batch * self.width, dtype=self.dtype)
-            argmax = np.zeros(batch, dtype=np.int64)
-            n = max(batch, max(self.sizes))
-            idx = np.zeros(n, dtype=np.int64)
-            coef = np.zeros(n, dtype=self.dtype)
-            ws = self._ws[batch] = (acts, work, argmax, idx, coef, self._tmp)
+            common = (np.zeros(batch * self.n_units, dtype=self.dtype),
+                      np.zeros(2 * batch * self.width, dtype=self.dtype),
+                      np.zeros(batch, dtype=np.int64))
+            if self._kt is not None:
+                rest = (np.zeros((self.n_in, batch), dtype=self.dtype),
+                        np.zeros((self.n_out, batch), dtype=self.dtype))
+            else:
+                n = max(batch, max(self.sizes))
+                rest = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=self.dtype), self._tmp)
+            ws = self._ws[batch] = common + rest
         return ws
 
     def _check_x(self, x) -> np.ndarray:

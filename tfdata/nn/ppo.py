@@ -73,9 +73,6 @@ class PPO:
         Their ``params`` and ``grad`` are views of :attr:`params` and :attr:`grad`.
     params, grad : ndarray of float32, shape (n_params,)
         Both networks' parameters and the last (clipped) gradient.
-    stats : dict
-        Of the last :meth:`train` call: pg_loss, v_loss, entropy, old_approx_kl, approx_kl,
-        clipfrac (floats, as CleanRL logs them), and grad_norm (before clipping).
 
     Notes
     -----
@@ -320,8 +317,8 @@ class PPO:
 
     @property
     def stats(self) -> dict:
-        """pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac, grad_norm of the last
-        :meth:`train` (zeros before it)."""
+        """pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac (floats, as CleanRL logs
+        them) and grad_norm (before clipping) of the last :meth:`train` (zeros before it)."""
         return {name: float(v) for name, v in zip(_PPO_STATS, self._stats[1:])}
 
     # -- state --------------------------------------------------------------------------------
