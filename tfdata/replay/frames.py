@@ -7,7 +7,7 @@ row's ``obs`` (in a column of its own, in every layout); its next field ``next_o
 stored: its newest frame is elided as ``elide_next`` elides a next field, the rest is the row's
 own stack shifted by one. The kernels of :mod:`tfdata.kernels._frames` rebuild the stacks at
 sample time into the output ring; :class:`FrameStack` does it for a ring of streams and for the
-shards of a shared region alike (:mod:`tfdata.replay.shared_frames`).
+shards of a shared region alike (:mod:`tfdata.shared.frames`).
 
 The bookkeeping (:class:`FrameStacks`): ``depth[slot]``, steps since the episode's first row
 (at most ``K - 1``; positions before it are padded as ``FrameStackObservation`` pads them:

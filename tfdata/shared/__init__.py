@@ -35,7 +35,7 @@ A writer waits (``"block"``) or drops (``"drop"``) only when no slot of its shar
 
 With ``frame_stack=`` (replay mode) a stacked observation is stored one frame per row and its
 stacks rebuilt at sample time from the writer's shard, with the frame bookkeeping in the region
-under the same sequence lock (see :mod:`tfdata.replay.shared_frames`).
+under the same sequence lock (see :mod:`tfdata.shared.frames`).
 
 A region is a directory ``tfdata-shm-<name>`` holding ``region.json`` (what the buffer is),
 ``region`` (the mapped words and rows), ``owner.lock`` and one lock file per shard. Each lock

@@ -23,7 +23,7 @@ from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.exactly_k import ExactlyKSampler, PollWaits
 from ..replay.samplers.uniform import UniformSampler
 from ..replay.samplers.without_replacement import WithoutReplacementSampler
-from ..replay import shared_frames
+from . import frames as shared_frames
 from ..replay.frames import FrameStack
 from ..replay.rings import Rings
 from ..replay.sampling import Sampling
@@ -197,7 +197,7 @@ class SharedReplayBuffer(Sampling):
         the writer's shard, exactly as pushed. Each writer's writes are checked against its own
         shard (a stream must start at an episode's first row and stay continuous: SpecError,
         nothing written). The depths, the frames of overwritten rows, the final and pending
-        frames live in the region (see :mod:`tfdata.replay.shared_frames`); a row whose stack a
+        frames live in the region (see :mod:`tfdata.shared.frames`); a row whose stack a
         writer touched while it was read is drawn again, like a torn row. Not with
         ``mode="fifo"``, ``sampler="without_replacement"`` or ``"exactly_k"``, nor for
         :meth:`sample_sequences` (NotImplementedError or ValueError naming the combination).
@@ -348,7 +348,7 @@ class SharedReplayBuffer(Sampling):
             transforms.append(NStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
                                     self.gamma, self._streams, alloc.resolve(None)))
         # frame stacks: the transform of a ReplayBuffer over the shard streams, rebuilt from the
-        # region's tables after the draw, as of heads read before it (see replay/shared_frames.py)
+        # region's tables after the draw, as of heads read before it (see shared/frames.py)
         fr = self._region.frames
         if fr is not None:
             transforms.append(FrameStack(fr.spec, fr, fr, flags, self._streams, alloc.resolve(None)))

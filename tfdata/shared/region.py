@@ -25,7 +25,7 @@ import numpy as np
 from .._checks import check_int as _check_int
 from ..errors import FormatError
 from ..replay import combinations
-from ..replay import shared_frames
+from . import frames as shared_frames
 from ..replay.frames import resolve_frames
 from ..replay.transforms import episode_options
 from ..spec import Spec
@@ -89,7 +89,7 @@ def region_layout(spec: Spec, layout: str, shards: int, cap: int, fifo: bool, ex
     """Byte offsets of every section of a region (and its total size); exactly-k replay adds
     three words per slot (``taken``, ``released``, ``log``: see :class:`Region`). ``frames``:
     ``(resolved frame_stack, final_frames)``: the rows stored one frame per row, and the frame
-    arrays (``lay["frame_arrays"]``, see :mod:`tfdata.replay.shared_frames`). ``lay["stored"]``:
+    arrays (``lay["frame_arrays"]``, see :mod:`tfdata.shared.frames`). ``lay["stored"]``:
     the stored spec and layout."""
     slots = shards * cap
     extra = []

@@ -23,7 +23,8 @@ import numpy as np
 
 from .._checks import check_slot_list
 from ..errors import FormatError, SharedBufferError, SpecError
-from ..replay import limiter, shared_frames
+from ..replay import limiter
+from . import frames as shared_frames
 from ..replay.checkpoint_checker import available_memory, sampler_part, show_layout
 from ..replay.frames import padding_config, resolve_frames
 from ..replay.samplers import state_key
@@ -40,7 +41,7 @@ _CONFIG = ("capacity", "layout", "ring_size", "num_writers", "prioritized", "n_s
            "gamma", "next_of", "roles")
 _STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "heads",
           "dropped", "sampler", "prioritized")
-# frame stacks (config keys present together, with state.frames: see replay/shared_frames.py)
+# frame stacks (config keys present together, with state.frames: see shared/frames.py)
 _FRAME_KEYS = ("frame_stack", "frame_padding", "final_frames")
 MAX_WRITERS = 4096
 _MAX_HEAD = (1 << 62) - 1
@@ -111,7 +112,7 @@ def _read_frames(c, arrays, part, spec, frames: dict, cap: int, shards: int) -> 
     the capacity, from the header), ascending slots, ``finals`` (one array of final frames per
     next field of a stacked field, a row per final slot), ``pending`` (one frame per shard) and
     ``back`` (``K - 1`` frames per shard, per stacked field). Their agreement with the rows is
-    checked once the rows are open (:func:`tfdata.replay.shared_frames.check_checkpoint`)."""
+    checked once the rows are open (:func:`tfdata.shared.frames.check_checkpoint`)."""
     w = "state.frames."
     nexts = [n for n in frames["next"].values() if n is not None]
     c.obj("state.frames", part, ("stacks", "depth", "final_slots", "finals", "pending", "back"))
@@ -288,7 +289,7 @@ class ShardCheckpoint:
         """After the rows of a :meth:`snapshot` were copied (frame stacks only): the rows the
         checkpoint keeps (``heads``, ``dropped``) and its ``frames`` part, from the frame arrays
         copied with the heads and frames read now (see
-        :func:`tfdata.replay.shared_frames.checkpoint_state`)."""
+        :func:`tfdata.shared.frames.checkpoint_state`)."""
         r = self._region
         old = state["heads"]
         heads, dropped, frames = shared_frames.checkpoint_state(
@@ -542,7 +543,7 @@ class ShardCheckpoint:
         out leave the pass); the rate limiter's count of rows sampled (its inserts are the heads
         restored: rows left out at the save are not counted); exactly-k: the pool (every row of
         the heads folded, nothing dropped); the frame part (see
-        :func:`tfdata.replay.shared_frames.restore`)."""
+        :func:`tfdata.shared.frames.restore`)."""
         heads, dropped, counter, undrawn = p["heads"], p["dropped"], p["sampler"]["counter"], p["undrawn"]
         priorities = None if p["pri"] is None else (p["leaves"], p["versions"], p["pri"]["samples"])
         samples = None if p["rate_limiter"] is None else p["counts"]["samples"]

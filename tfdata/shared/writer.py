@@ -14,7 +14,7 @@ import numpy as np
 
 from .._checks import check_int as _check_int
 from ..errors import SharedBufferError
-from ..replay import shared_frames
+from . import frames as shared_frames
 from ..replay.core import weak_method as _weak_method
 from ..replay.fastpush import make_push
 from ..replay.writers import RingWriter
@@ -100,7 +100,7 @@ class SharedWriter:
         self._claimed = np.empty(self._cap, np.int64)
         self._k = kernels()
         # frame stacks: this writer checks its writes against its shard and keeps the frames'
-        # bookkeeping in the region (see replay/shared_frames.py)
+        # bookkeeping in the region (see shared/frames.py)
         self._frames = None
         if region.frames is not None:
             if int(self._words[RESERVED]) > self._head:

@@ -31,7 +31,7 @@ def plan(spec: Spec, layout, ctrl_words: int, stamps: int, slots: int, slot_word
 
     ``slot_words`` arrays of one uint64 word per slot follow the stamps (exactly-k replay:
     three, see :mod:`tfdata.shared`), each 64-byte aligned. ``extra``: more arrays, each
-    ``(key, dtype, shape)``, after those (frame stacks: see :mod:`tfdata.replay.shared_frames`),
+    ``(key, dtype, shape)``, after those (frame stacks: see :mod:`tfdata.shared.frames`),
     each 64-byte aligned.
 
     Returns ``{"ctrl": (offset, words), "stamps": (offset, count), "slot_words": [offset per

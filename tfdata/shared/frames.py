@@ -36,8 +36,8 @@ import numpy as np
 from ..errors import SharedBufferError, SpecError
 from ..spec import Spec
 from ..storage import isolate_layout, restrict_layout, word_size
-from .episodes import as_words, resolve_next_of, resolve_roles, stored_spec
-from .frames import break_message, frame_spec, mode_of, padding_config, resolve_frames
+from ..replay.episodes import as_words, resolve_next_of, resolve_roles, stored_spec
+from ..replay.frames import break_message, frame_spec, mode_of, padding_config, resolve_frames
 
 #: bytes of a shard's writer words (one cache line)
 _WORDS = 8
