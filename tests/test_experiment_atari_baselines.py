@@ -4,26 +4,19 @@ real frames, and sample."""
 
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import pytest
 
 from .atari import rollout
+from . import experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STACK = 4 * 84 * 84
 
 
 @pytest.fixture(scope="module")
 def ab():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import _atari_baselines
-    finally:
-        sys.path.remove(os.path.join(REPO, "experiments"))
-    return _atari_baselines
+    return experiment("_atari_baselines")
 
 
 def _kinds(ab):

@@ -6,8 +6,6 @@ continuous stream, the memory bookkeeping, and a smoke run of the whole experime
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -15,19 +13,14 @@ import pytest
 import tfdata
 
 from .atari import rollout
+from . import experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def af():
     pytest.importorskip("zstandard", reason="the compress extra")
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import atari_frames
-    finally:
-        sys.path.remove(os.path.join(REPO, "experiments"))
-    return atari_frames
+    return experiment("atari_frames")
 
 
 def test_exactness_run_compares_real_streams(af):

@@ -4,23 +4,17 @@ bytes, and a smoke run of the whole experiment on real (tiny) Atari streams."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import experiment
+
 
 
 @pytest.fixture(scope="module")
 def fc():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import frame_codecs
-    finally:
-        sys.path.remove(os.path.join(REPO, "experiments"))
-    return frame_codecs
+    return experiment("frame_codecs")
 
 
 def frames(n=64, seed=0):

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import REPO, experiment
+
 
 
 @pytest.fixture(scope="module")
 def lay():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import layout
-    finally:
-        sys.path.remove(os.path.join(REPO, "experiments"))
-    return layout
+    return experiment("layout")
 
 
 def test_render_gives_back_the_published_report(lay, tmp_path, monkeypatch):

@@ -12,20 +12,15 @@ import numpy as np
 import pytest
 
 import tfdata
+from . import REPO, experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_ROLLOUT = hasattr(tfdata, "RolloutBuffer")
 HAVE_PPO = hasattr(tfdata.nn, "PPO")
 
 
 @pytest.fixture(scope="module")
 def ppo():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import ppo_cartpole
-    finally:
-        sys.path.remove(os.path.join(REPO, "experiments"))
-    return ppo_cartpole
+    return experiment("ppo_cartpole")
 
 
 def naive_gae(rewards, values, dones_after, last_values, gamma, lam):

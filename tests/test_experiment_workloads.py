@@ -11,18 +11,13 @@ import types
 import pytest
 
 import tfdata
+from . import REPO, experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def wl():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import workloads
-    finally:
-        sys.path.remove(os.path.join(REPO, "experiments"))
-    return workloads
+    return experiment("workloads")
 
 
 def test_setup_runs_before_every_call_untimed(wl, monkeypatch):
