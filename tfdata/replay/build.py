@@ -205,7 +205,7 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         watch(p.writer)
     if p.stats is not None:
         p.stats.bind(p.storage, p.writer)
-    p.streams = RingStreams(envs, capacity, p.episodes)
+    p.streams = RingStreams(envs, capacity, p.episodes, p.sampler, p.writer)
     if plan.n_step is not None:
         p.transforms.append(NStep(p.storage, plan.spec, roles, plan.next_of, plan.n_step,
                                   plan.gamma, p.streams, allocator))

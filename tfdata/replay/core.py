@@ -21,7 +21,6 @@ from .._budget import parse_bytes
 from . import planning, state as _state
 from .budget import Memory
 from .build import build, weak_method
-from .draws import RingDraws
 from .fields import Fields, delegate
 from .gates import LimiterGate, OpenGate
 from .plan import CONFIG_DEFAULTS, MAX_CAPACITY, Plan, min_capacity
@@ -77,9 +76,8 @@ class ReplayCore(Sampling):
         if rate_limiter is not None:
             gates = self._bind_limiter(rate_limiter)
             self._gate = LimiterGate(rate_limiter, p.writer, p.held, sampler, self.num_envs, p.lock)
-        draws = RingDraws(sampler, p.writer, p.streams)
-        self._draw = draws.draw
-        self._slices = Slices(sampler, draws, p.streams, p.lock, self._gate, self._ringset,
+        self._draw = p.streams.draw
+        self._slices = Slices(sampler, p.streams, p.lock, self._gate, self._ringset,
                               p.writer.capacity, self.num_envs)
         writes = self._writes = Writes(self.spec, p)
         # the generic paths (tests compare the generated push and extend with them)

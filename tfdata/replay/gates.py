@@ -103,7 +103,8 @@ class Limited:
     def admit(self, batch_size: int) -> None:
         if batch_size > self.capacity:  # rows may still come: refused only if they never can
             raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                             f"{self.capacity}; sampling needs batch_size <= len(buffer)")
+                             f"{self.capacity}: no wait for rows can give a batch that many "
+                             f"({self.sampler.rule})")
         self.admit_slices(batch_size)
 
     def rows(self) -> int:

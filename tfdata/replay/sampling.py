@@ -2,12 +2,13 @@
 
 :class:`Sampling` is ``sample`` and ``sample_sequences`` over a buffer's parts: this thread's
 output rings (:class:`~tfdata.replay.rings.Rings`), the gate (:mod:`tfdata.replay.gates`, or a
-shared buffer's :mod:`tfdata.shared.gate`), the draws (:class:`~tfdata.replay.draws.RingDraws`
-over a ring of streams, :class:`~tfdata.shared.draws.ShardDraws` over the shards of a region)
-and the slices (:class:`~tfdata.replay.slices.Slices`). A buffer class sets those parts
-(``_local``, ``_ringset``, ``_gate``, ``_draw``, ``_slices``, ``_lock``); the path has no branch
-on which features are on: the gate waits and counts, the draws part knows where the rows are,
-the transforms are a list.
+shared buffer's :mod:`tfdata.shared.gate`), the streams, which draw (the contract of
+:mod:`tfdata.replay.streams`: :class:`~tfdata.replay.streams.RingStreams` over a ring,
+:class:`~tfdata.shared.streams.ShardStreams` over the shards of a region) and the slices
+(:class:`~tfdata.replay.slices.Slices`). A buffer class sets those parts (``_local``,
+``_ringset``, ``_gate``, ``_draw``: its streams' ``draw``, ``_slices``, ``_lock``); the path
+has no branch on which features are on: the gate waits and counts, the streams know where the
+rows are, the transforms are a list.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 (:mod:`tfdata.replay.streams`): the sampler draws the starts (``sample_slices``: a slice stays
 within one stream and one episode), the rows are gathered, and the streams draw again what a
 writer touched meanwhile (shards). :class:`Slices` is every buffer's ``sample_sequences``
-around it: the checks, the gate, this thread's output ring of the batch's shape, the draws part
+around it: the checks, the gate, this thread's output ring of the batch's shape, the streams part
 (one process or shards) and the transforms that act on slices.
 """
 
@@ -47,9 +47,8 @@ class Slices:
     Parameters
     ----------
     sampler, streams, lock
-        The buffer's parts (``streams.has_episodes`` False: no slices).
-    draws : RingDraws or ShardDraws
-        The draw of the slices (and what a buffer refuses of them).
+        The buffer's parts (``streams``: the draw of the slices, and what a buffer refuses of
+        them; ``streams.has_episodes`` False: no slices).
     gate
         When a batch may be drawn, and what it counts (:mod:`tfdata.replay.gates`).
     rings : Rings
@@ -57,8 +56,8 @@ class Slices:
     capacity, num_envs : int
     """
 
-    def __init__(self, sampler, draws, streams, lock, gate, rings, capacity: int, num_envs: int):
-        self.sampler, self.draws, self.streams, self.lock = sampler, draws, streams, lock
+    def __init__(self, sampler, streams, lock, gate, rings, capacity: int, num_envs: int):
+        self.sampler, self.streams, self.lock = sampler, streams, lock
         self.gate, self.rings, self.capacity, self.num_envs = gate, rings, capacity, num_envs
 
     def sample(self, batch_size, length, policy, copy, fields):
@@ -67,7 +66,7 @@ class Slices:
             raise NotImplementedError(
                 f"sample_sequences: sampler={sampler_name(self.sampler)!r} "
                 f"writes rows off stream order and delivers rows, not slices; use sample()")
-        self.draws.refuse_slices()
+        self.streams.refuse_slices()
         if not self.streams.has_episodes:
             raise SpecError("sample_sequences needs episode boundaries: the spec must have bool "
                             "fields 'terminated' and 'truncated' (or name them with roles=)")
@@ -92,7 +91,7 @@ class Slices:
             i = ring.next
             out, arrays = ring.slots[i], ring.arrays[i]
             self.check(batch_size, length, reject, n)  # a clear() may have run since
-            where = self.draws.slices(n, out, arrays, length, reject)
+            where = self.streams.slices(n, out, arrays, length, reject)
             ring.next = (i + 1) % len(ring.slots)
             for t, a in zip(ring.transforms, arrays[1:]):
                 if t.on_slices:

@@ -28,19 +28,17 @@ from ..replay.frames import FrameStack
 from ..replay.rings import Rings
 from ..replay.sampling import Sampling
 from ..replay.slices import Slices
-from ..replay.streams import ShardStreams
 from ..replay.transforms import NStep, episode_options
 from ..spec import Spec
 from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
-from .draws import ShardDraws
 from .fifo import FifoLearner
 from .gate import SampleGate, ShardGate, WriterWatch, check_limiter
 from .region import (FORMAT, MODES, POLICIES, VERSION, check_shards, exactly_k_options,
                      frame_options, kernels, make_region, region_layout, region_path,
                      remove_region)
 from .state import ShardCheckpoint
-from .streams import ShardRows, check_sampler, sampler_classes, unsaved_reason
+from .streams import ShardStreams, check_sampler, sampler_classes, unsaved_reason
 
 __all__ = ["SharedReplayBuffer"]
 
@@ -84,7 +82,7 @@ class SharedReplayBuffer(Sampling):
 
     Built from the replay parts: the region is the storage's backing
     (:mod:`tfdata.storage.region`), and its shards are the streams a sampler samples
-    (:class:`tfdata.shared.streams.ShardRows`: the rows held read from the writers' heads,
+    (:class:`tfdata.shared.streams.ShardStreams`: the rows held read from the writers' heads,
     the writes published since the last sample caught up through the sampler's write hooks,
     rows torn during the copy drawn again), so the samplers of a
     :class:`~tfdata.ReplayBuffer` (uniform, prioritized, or one of the user's) fill the same
@@ -120,7 +118,7 @@ class SharedReplayBuffer(Sampling):
         Replay mode: uniform (None, the default); ``"without_replacement"``: every row once per
         pass, the rows the writers publish during a pass joining it, as
         :class:`~tfdata.ReplayBuffer`'s sampler of that name, run over the shards by
-        :class:`~tfdata.shared.streams.ShardRows` (the learner owns the pool, 5 bytes per slot;
+        :class:`~tfdata.shared.streams.ShardStreams` (the learner owns the pool, 5 bytes per slot;
         not with ``prioritized=True``, nor for :meth:`sample_sequences`); or exactly-k replay,
         each row delivered in exactly ``replays`` batches (the
         :class:`~tfdata.replay.samplers.exactly_k.ExactlyKSampler` of a
@@ -316,70 +314,63 @@ class SharedReplayBuffer(Sampling):
         self._finalizer = weakref.finalize(self, remove_region, path, self._region.ctrl, self._owner,
                                            owner_fd)
         st = self._region.storage
-        # bound once: the sample path does no attribute lookups through the region
-        self._heads, self._reserved = self._region.heads, self._region.reserved
         # the sampler part, over the region's storage and shard words (as a ReplayBuffer's over
         # its storage): the same contract, output rings and batches
         sampler.bind(st, shards * cap, 1, alloc.resolve(None))
-        # the shards as streams: the rows held, the writes caught up, the torn-row check
-        self._rows = ShardRows(self._heads, self._reserved, cap, self._k)
-        self._given = given is not None
-        if exactly_k:
-            # the writer processes place the rows in free slots (their logs say where); a
-            # sample short of rows polls them; slots freed are released into the region's words
-            self._rows.bind(sampler, log=self._region.log)
-            sampler.release_into(self._region.released)
-            rows = weakref.ref(self._rows)  # (the sampler must not keep the streams alive)
-            sampler.waits = PollWaits(lambda: rows().catch_up(rows().scratch))
-        else:
-            self._rows.bind(sampler)
         self.sampler = sampler
-        # n-step windows over each writer's stream (its shard), after the draw; the heads
-        # snapshot they read is taken before the draw, and checked again after the windows
+        self._given = given is not None
         self.n_step, self.gamma = episodes["n_step"], episodes["gamma"]
-        # each writer's stream (its shard): where n-step windows and slices go, as of heads
-        # read before the draw; the rows a writer touched meanwhile are drawn again
         flags = None
         if episodes["has_flags"]:
             flags = (st.field(episodes["roles"]["terminated"]), st.field(episodes["roles"]["truncated"]))
-        self._streams = ShardStreams(self._heads, self._reserved, cap, flags, alloc.resolve(None), name)
+        fr = self._region.frames
+        # the shards as streams: the rows held, the writes caught up, the draws, and the
+        # torn-row check and redraw of rows, n-step windows, stacks and slices
+        streams = self._streams = ShardStreams(region, flags, alloc.resolve(None), self._k, name,
+                                               self.n_step is not None, fr is not None, self._given)
+        if exactly_k:
+            # the writer processes place the rows in free slots (their logs say where); a
+            # sample short of rows polls them; slots freed are released into the region's words
+            streams.bind(sampler, log=self._region.log)
+            sampler.release_into(self._region.released)
+            ref = weakref.ref(streams)  # (the sampler must not keep the streams alive)
+            sampler.waits = PollWaits(lambda: ref().catch_up(ref().scratch))
+        else:
+            streams.bind(sampler)
         transforms = []  # as a ReplayBuffer's: n-step, then frame stacks
         if self.n_step is not None:
             transforms.append(NStep(st, spec, episodes["roles"], episodes["next_of"], self.n_step,
-                                    self.gamma, self._streams, alloc.resolve(None)))
+                                    self.gamma, streams, alloc.resolve(None)))
         # frame stacks: the transform of a ReplayBuffer over the shard streams, rebuilt from the
         # region's tables after the draw, as of heads read before it (see shared/frames.py)
-        fr = self._region.frames
         if fr is not None:
-            transforms.append(FrameStack(fr.spec, fr, fr, flags, self._streams, alloc.resolve(None)))
+            transforms.append(FrameStack(fr.spec, fr, fr, flags, streams, alloc.resolve(None)))
         self._lock = threading.Lock()
         self._watch = WriterWatch(region, name)
         # the parts of the one sample path (tfdata.replay.sampling), over the region: the output
         # rings, the gate (the watch for dead writers, a limiter's wait and count, a FIFO
-        # region's refusal), the draws that redraw what a writer touched, the slices
+        # region's refusal), the streams' draws, the slices
         self._budget = _RingBudget(self, transforms[0] if self.n_step is not None else None)
         self._ringset = Rings(spec, region.stored_spec, () if fr is None else tuple(fr.stacks),
                               self._ring_size, st, sampler, transforms, self._lock, self._budget,
-                              slice_parts=[self._streams], reserve=self._rows.reserve)
+                              slice_parts=[streams], reserve=streams.reserve)
         self._local = self._ringset.local
         self._limiter = None
-        self._gate = ShardGate(region, self._lock, self._rows, self._watch, name)
+        self._gate = ShardGate(region, self._lock, streams, self._watch, name)
         if rate_limiter is not None:
             rate_limiter.bind(self._lock, self, shards * cap)
             rate_limiter.reset()
             self._limiter = rate_limiter
             self._gate = SampleGate(region, self._lock, rate_limiter, sampler, self._watch, name)
-        draws = ShardDraws(region, sampler, self._streams, self._rows, self._k, name,
-                           self.n_step is not None, fr is not None, self._given)
-        self._draw = draws.draw
-        self._slices = Slices(sampler, draws, self._streams, self._lock, self._gate, self._ringset,
+        self._draw = streams.draw
+        self._slices = Slices(sampler, streams, self._lock, self._gate, self._ringset,
                               shards * cap, 1)
         # the column reads, the FIFO learner (its calls refuse a replay region), the checkpoints
         self._columns = ShardColumns(region, name)
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name, self._watch)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
                                            self._ring_size, bool(prioritized), episodes,
-                                           self._rows, self._given)
+                                           streams, self._given)
 
     @property
     def rate_limiter(self):
@@ -433,13 +424,13 @@ class SharedReplayBuffer(Sampling):
         ``output_rings`` (every thread's preallocated batches)."""
         s = self.sampler.nbytes
         return {"shared_region": int(self._region.nbytes), "trees": int(s["trees"]),
-                "bookkeeping": int(s["bookkeeping"]) + self._streams.nbytes + self._rows.nbytes,
+                "bookkeeping": int(s["bookkeeping"]) + self._streams.nbytes,
                 "output_rings": int(sum(r.nbytes for r in list(self._budget.rings)))}
 
     @property
     def redraws(self) -> int:
         """Rows drawn again because a writer may have been writing them during the copy."""
-        return self._rows.redraws + self._streams.redraws
+        return self._streams.redraws
 
     @property
     def storage(self):

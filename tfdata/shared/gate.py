@@ -72,8 +72,8 @@ class ShardGate:
         The buffer's region (heads, ``cap``, mode).
     lock
         The buffer's lock.
-    rows : ShardRows
-        The draw over the shards (its ``rule`` and ``too_few`` for messages).
+    streams : ShardStreams
+        The shards' streams (their ``rule`` and ``too_few`` for messages).
     watch : WriterWatch
     name : str
         The buffer's, for messages.
@@ -81,8 +81,8 @@ class ShardGate:
 
     limited = False
 
-    def __init__(self, region, lock, rows, watch, name: str):
-        self._region, self.lock, self._rows, self._watch, self.name = region, lock, rows, watch, name
+    def __init__(self, region, lock, streams, watch, name: str):
+        self._region, self.lock, self._streams, self._watch, self.name = region, lock, streams, watch, name
         self.capacity = region.shards * region.cap
         self._waits, self._fifo = region.exactly_k, region.mode == "fifo"
 
@@ -103,11 +103,11 @@ class ShardGate:
         if self._waits:
             if batch_size > self.capacity:
                 raise ValueError(f"batch_size {batch_size} is larger than the capacity "
-                                 f"{self.capacity}; {self._rows.rule}")
+                                 f"{self.capacity}; {self._streams.rule}")
             return
         n = self.rows()
         if batch_size > n:
-            raise self._rows.too_few(batch_size, n)
+            raise self._streams.too_few(batch_size, n)
 
     def admit_slices(self, batch_size: int) -> None:
         self.refuse()

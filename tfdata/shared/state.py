@@ -144,13 +144,13 @@ class ShardCheckpoint:
     """The checkpoint part of a :class:`~tfdata.SharedReplayBuffer` over its ``region``: its
     ``sampler``, ``lock``, compiled ``kernels`` and rate ``limiter`` (or None), the buffer's
     ``name`` (for messages), ``ring_size`` and ``prioritized``, ``episodes`` (the buffer's
-    ``n_step``, ``gamma``, ``next_of`` and ``roles``), ``rows`` (its
-    :class:`~tfdata.shared.streams.ShardRows`, which catch the sampler up on the rows
+    ``n_step``, ``gamma``, ``next_of`` and ``roles``), ``streams`` (its
+    :class:`~tfdata.shared.streams.ShardStreams`, which catch the sampler up on the rows
     published) and ``given`` (the sampler is an object the caller gave: saved by its name and
     ``config()``)."""
 
     def __init__(self, region, sampler, lock, kernels, limiter, name: str, ring_size: int,
-                 prioritized: bool, episodes: dict, rows, given: bool):
+                 prioritized: bool, episodes: dict, streams, given: bool):
         self._region = region
         self._sampler = sampler
         self._lock = lock
@@ -162,7 +162,7 @@ class ShardCheckpoint:
         self._capacity = region.shards * region.cap
         self._n_step, self._gamma = episodes["n_step"], episodes["gamma"]
         self._next_of, self._roles = episodes["next_of"], episodes["roles"]
-        self._rows = rows
+        self._streams = streams
         self._given = given
 
     def config(self) -> dict:
@@ -181,7 +181,7 @@ class ShardCheckpoint:
             cfg["sampler"] = name if isinstance(name, str) and name else None
             if cfg["sampler"] is not None:
                 cfg.update(self._sampler.config())
-        elif self._rows.kind == "without_replacement":
+        elif self._streams.sampling == "without_replacement":
             cfg["sampler"] = self._sampler.name  # absent: uniform (checkpoints as before)
         if r.exactly_k:
             sm = self._sampler
@@ -223,7 +223,7 @@ class ShardCheckpoint:
         with self._lock:
             # the sampler hears every published row first (exactly-k: from the shards' logs):
             # the heads are the positions heard
-            self._rows.catch_up(scratch)
+            self._streams.catch_up(scratch)
             state = {"format": "tfdata.SharedReplayBuffer", "version": 1,
                      "spec": r.spec.to_dict(), "capacity": self._capacity, "layout": r.layout,
                      "num_writers": r.shards, "heads": [int(h) for h in scratch[r.shards:2 * r.shards]],
@@ -582,7 +582,7 @@ class ShardCheckpoint:
             w[RESERVED] = h
             w[HEAD] = h
         self._sampler.state[1] = counter
-        self._rows.published[:] = new_heads  # every row restored was heard before the save
+        self._streams.published[:] = new_heads  # every row restored was heard before the save
         if priorities is not None:
             self._sampler.set_trees(leaves, versions, priorities[2])
         if samples is not None and self._limiter is not None:

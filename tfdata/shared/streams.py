@@ -1,8 +1,10 @@
 """The shards of a replay region as the streams a sampler samples: each writer's shard is one
 stream, its head says which rows it holds, its reserve which it is writing.
 
-What a single-process sampler gets from its buffer, :class:`ShardRows` gives it over the
-shards, so that the same sampler object runs in both:
+:class:`ShardStreams` is the streams part of a :class:`~tfdata.SharedReplayBuffer` (the contract
+of :mod:`tfdata.replay.streams`; a :class:`~tfdata.ReplayBuffer`'s is
+:class:`~tfdata.replay.streams.RingStreams`): what a single-process sampler gets from its
+buffer, it gives it over the shards, so that the same sampler object runs in both:
 
 - the rows held, read from the heads before a draw (not a writer's size);
 - the writes: a single-process writer calls the sampler's write hooks as it writes; across
@@ -49,13 +51,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SharedBufferError
-from ..replay.buffer import TFDATA_SAMPLERS, ReplayBuffer
 from ..replay.samplers import sampler_name
+from ..replay.slices import draw_slices
+from ..replay.streams import Streams
+from ..replay.buffer import TFDATA_SAMPLERS, ReplayBuffer
 from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.uniform import UniformSampler
 from ..replay.samplers.without_replacement import WithoutReplacementSampler
 
-__all__ = ["ShardRows", "MAX_REDRAWS", "check_sampler", "sampler_classes", "unsaved_reason"]
+__all__ = ["ShardStreams", "MAX_REDRAWS", "check_sampler", "sampler_classes", "unsaved_reason"]
 
 # batches (or rows) drawn again in one sample, at most, before concluding the writers never stop
 MAX_REDRAWS = 1 << 20
@@ -121,50 +125,92 @@ def unsaved_reason(sampler) -> str | None:
     return None
 
 
-class ShardRows:
-    """The shard streams of a region: ``heads`` and ``reserved`` (uint64 ``(shards,)`` strided
-    views of the control words), ``cap`` slots per shard, the compiled ``kernels``.
+class ShardStreams(Streams):
+    """The shards of a region as streams (see the module docstring): where each writer's rows
+    are, which of them are valid, the catch-up of the sampler on the rows published, and the
+    draws (rows, n-step windows, frame stacks, slices) that draw again what a writer touched
+    while it was copied. Called with the buffer's lock held.
+
+    Parameters
+    ----------
+    region
+        The buffer's region: ``heads`` and ``reserved`` (uint64 ``(shards,)`` strided views of
+        the shards' published and begun counters), ``cap`` slots per shard, ``mode``, and its
+        frame tables (``frames``, or None).
+    flags : tuple of ndarray of bool, or None
+        The region's ``terminated`` and ``truncated`` fields, shape (shards * cap,): where the
+        shards' episodes end (None: no slices).
+    allocator
+        Allocates the geometry and the per-batch marks.
+    kernels
+        The compiled kernels of a region (:func:`tfdata.shared.region.kernels`).
+    name : str
+        The buffer's, for messages.
+    nstep, frames : bool
+        Whether the buffer's transforms are an n-step transform, then a frame stack (either may
+        be absent).
+    given : bool
+        The sampler is an object of the user's.
 
     Attributes
     ----------
+    geo : ndarray of int64, shape (2 + 7 * shards,)
+        The geometry the stream kernels read: ``[shards, cap]``, then :attr:`heads_snapshot`.
+    heads_snapshot : ndarray of int64, shape (7 * shards,)
+        The heads snapshot of :func:`tfdata.kernels.read_heads` and the write windows of the
+        torn-row check, for windows, stacks and slices (a view of :attr:`geo`).
     published : ndarray of int64, shape (shards,)
         Rows of each shard the sampler has heard of (caught up to): what a checkpoint's heads
         restore.
     scratch : ndarray of int64, shape (7 * shards + batch,)
-        The heads snapshot (3 words per shard), the write windows of the torn-row check (4 per
-        shard) and one mark per row of the largest batch reserved (:meth:`reserve`).
+        The rows' heads snapshot and write windows, and one mark per row of the largest batch
+        reserved (:meth:`reserve`).
     redraws : int
-        Rows drawn again because a writer may have been writing them during the copy.
-    kind : str
+        Rows and slices drawn again because a writer may have been writing them while they
+        were copied.
+    sampling : str
         How the sampler is run: ``"uniform"``, ``"prioritized"``, ``"without_replacement"``
         (tfdata's draws, see the module docstring), ``"free_slots"`` (exactly-k, caught up
         from the shards' logs) or ``"any"``.
     """
 
-    def __init__(self, heads: np.ndarray, reserved: np.ndarray, cap: int, kernels):
-        self.heads, self.reserved, self.cap = heads, reserved, cap
-        self.shards = heads.shape[0]
-        self._k = kernels
+    kind = "shards"
+
+    def __init__(self, region, flags, allocator, kernels, name: str, nstep: bool = False,
+                 frames: bool = False, given: bool = False):
+        from .. import kernels as _kernels  # numba, once a buffer is built
+        from ..kernels import _pool
+        from ..kernels._shared_tree import published_spans
+        from ..kernels._streams import SHARD_HEADER
+
+        self._region, self._k, self.name = region, kernels, name
+        self.kernels = _kernels.SHARDS
+        self.heads, self.reserved, self.cap, self.steps = region.heads, region.reserved, region.cap, region.cap
+        self.shards = self.heads.shape[0]
+        self.mode = region.mode
+        self.flags, self.allocator = flags, allocator
+        self._nstep, self._frames, self._given = nstep, frames, given
+        self.episode = np.zeros(0, np.uint32)  # the shards' episodes end at flagged rows
+        self.geo = allocator.zeros(SHARD_HEADER + 7 * self.shards, np.int64)
+        self.geo[:SHARD_HEADER] = (self.shards, self.cap)
+        self.heads_snapshot = self.geo[SHARD_HEADER:]
         self.published = np.zeros(self.shards, np.int64)
         self._spans = np.zeros((2 * self.shards, 2), np.int64)  # the catch-up's spans of slots
-        from ..kernels import _pool  # numba, once a buffer is built
-        from ..kernels._shared_tree import published_spans
-
         self._published_spans, self._pool = published_spans, _pool
         self.scratch = np.zeros(7 * self.shards + 1, np.int64)
         self.redraws = 0
         self._one = np.zeros(7 * self.shards + 1, np.int64)  # a one-row redraw's scratch
         self._none = np.zeros(0, np.int64)  # a draw of no row: the pool's catch-up alone
-        self._hook = self._rows = self._sampler = self._log = None
-        self.kind = "any"
+        self._hook = self._hook_rows = self._sampler = self._log = None
+        self.sampling = "any"
 
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays this part holds in this process (the heads and reserve words are
         the region's)."""
         runs = 0 if self._log is None else self._runs.nbytes  # a free-slot region's catch-up
-        return int(self.published.nbytes + self._spans.nbytes + self.scratch.nbytes + self._one.nbytes
-                   + runs)
+        return int(self.geo.nbytes + self.published.nbytes + self._spans.nbytes + self.scratch.nbytes
+                   + self._one.nbytes + runs)
 
     def bind(self, sampler, log=None) -> None:
         """The sampler whose write hooks the catch-up calls and whose draws are checked (once,
@@ -175,23 +221,23 @@ class ShardRows:
         if log is not None:  # a free-slot region: no torn rows, slots from the logs
             from ..kernels._replays import replays_log_spans
 
-            self.kind, self._log, self._log_spans = "free_slots", log, replays_log_spans
+            self.sampling, self._log, self._log_spans = "free_slots", log, replays_log_spans
             self._hook = sampler.slot_hook()
-            self._rows = self._hook.rows
+            self._hook_rows = self._hook.rows
             self._runs = np.zeros((1024, 2), np.int64)
             return
         if isinstance(sampler, UniformSampler) and cls.sample is UniformSampler.sample:
-            self.kind = "uniform"
+            self.sampling = "uniform"
         elif isinstance(sampler, PrioritizedSampler) and cls.sample is PrioritizedSampler.sample:
-            self.kind = "prioritized"
+            self.sampling = "prioritized"
             sampler.ring = self.cap  # its epoch counts laps of a shard: a slot's writes
         elif (isinstance(sampler, WithoutReplacementSampler)
               and cls.sample is WithoutReplacementSampler.sample):
-            self.kind = "without_replacement"  # hears the heads: its catch-up is the pool's
+            self.sampling = "without_replacement"  # hears the heads: its catch-up is the pool's
             return
         if getattr(sampler, "hears_writes", False):
             self._hook = sampler.slot_hook()
-            self._rows = getattr(self._hook, "rows", None)
+            self._hook_rows = getattr(self._hook, "rows", None)
 
     def reserve(self, batch: int) -> None:
         """Room for a batch of ``batch`` rows in :attr:`scratch` (when an output ring is built,
@@ -206,14 +252,14 @@ class ShardRows:
         the last catch-up (see the module docstring); returns the rows held."""
         if self._log is not None:
             return self._catch_up_log(scratch)
-        if self.kind == "without_replacement":
+        if self.sampling == "without_replacement":
             return self._pool_draw(scratch, self._none)
         held, m = self._published_spans(self.heads, self.cap, scratch, self.published, self._spans)
         if m == 0 or self._sampler is None or not getattr(self._sampler, "hears_writes", False):
             return held
         spans = self._spans[:m]
-        if self._rows is not None:  # the one-row hook over every span, in one call
-            self._rows(spans)
+        if self._hook_rows is not None:  # the one-row hook over every span, in one call
+            self._hook_rows(spans)
         elif self._hook is not None:  # as the generated push would call it, one row at a time
             hook = self._hook
             for dst, count in spans.tolist():
@@ -244,7 +290,7 @@ class ShardRows:
                     f"a shard's head or publication log names a slot that was not free "
                     f"(replays_log_spans returned {r}; shards heard up to "
                     f"{self.published.tolist()})")
-            if r and self._rows(runs[:r]):
+            if r and self._hook_rows(runs[:r]):
                 raise SharedBufferError(f"a shard's writer published a row into a slot whose "
                                         f"row awaits replay (shards heard up to "
                                         f"{self.published.tolist()})")
@@ -287,10 +333,10 @@ class ShardRows:
                           f"batch_size {batch} is larger than the {n} rows held; {self.rule} "
                           f"(sampler {sampler_name(self._sampler)!r})")
 
-    def sample(self, out, arrays: dict) -> None:
+    def draw_rows(self, out, arrays: dict) -> None:
         """Catch up, let the sampler draw and gather over the rows held, check the copy, and
         draw torn rows again (see the module docstring)."""
-        sm, k, scratch, kind = self._sampler, self._k, self.scratch, self.kind
+        sm, k, scratch, kind = self._sampler, self._k, self.scratch, self.sampling
         idx = out.indices
         if kind == "uniform":  # no catch-up: a uniform draw hears no writes
             got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
@@ -349,7 +395,7 @@ class ShardRows:
         """Draw row ``i`` of ``out`` again until it copies cleanly, against heads read afresh
         (tfdata's uniform, prioritized and without-replacement draws; the prioritized one from
         the same trees, the one without replacement from the pass)."""
-        sm, k, kind = self._sampler, self._k, self.kind
+        sm, k, kind = self._sampler, self._k, self.sampling
         if kind == "uniform":
             got = out.kernels.sample_shared(out.store, self.heads, self.reserved, self.cap,
                                             self._one, sm.state, out.indices[i:i + 1],
@@ -381,3 +427,156 @@ class ShardRows:
             out.source.gather_at(idx, out, i)
             k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
         self.redraws += tries
+
+    # -- windows, stacks and slices ----------------------------------------------------------
+    @property
+    def has_episodes(self) -> bool:
+        """Whether slices can end at episodes' ends (the region has the flags fields)."""
+        return self.flags is not None
+
+    def at(self, where=None) -> np.ndarray:
+        """The geometry as of the last :meth:`snapshot` (``where`` is not read)."""
+        return self.geo
+
+    def snapshot(self) -> int:
+        """Read every head once (acquire) into the geometry; returns rows held."""
+        return self._k.read_heads(self.heads, self.cap, self.heads_snapshot)
+
+    def torn(self, rows: np.ndarray, mark: np.ndarray) -> int:
+        """After the rows of ``rows`` (int64 ``(m,)``; each a window's or slice's oldest row)
+        were copied: ``mark[i] = 1`` where a writer may have been writing since the snapshot
+        (a writer overwrites its oldest rows first: if the first row of a window was not
+        touched, none of its newer rows was); returns how many."""
+        return self._k.torn_after_copy(self.reserved, self.cap, self.heads_snapshot, rows, mark)
+
+    def redraw_torn(self, mark: np.ndarray, redo, torn, what: str) -> None:
+        """For every ``i`` marked (its rows may have been written while read): read the heads
+        afresh, ``redo(i)`` (draw and copy again), check again (``torn(i, mark[i:i + 1])``),
+        until it copies cleanly (lock held)."""
+        snap = self.heads_snapshot
+        for i in range(mark.shape[0]):
+            tries = 0
+            while mark[i]:
+                if tries == MAX_REDRAWS:
+                    raise SharedBufferError(f"shared buffer {self.name!r}: {MAX_REDRAWS} {what} "
+                                            f"drawn were all being written")
+                tries += 1
+                self._k.read_heads(self.heads, self.cap, snap)
+                redo(i)
+                torn(i, mark[i:i + 1])
+
+    def ring_arrays(self, batch_size: int, length, out) -> dict:
+        return {"mark": self.allocator.zeros(batch_size, np.int64)}
+
+    def ring_nbytes(self, batch_size: int) -> int:
+        return 8 * batch_size
+
+    def check_slices(self, sampler, n, reject, max_draws, out, arrays, marks) -> None:
+        """Draw again every slice of ``out`` whose first row (its oldest: if no writer touched
+        it, none touched the rest) a writer may have been overwriting while it was copied."""
+        mask = arrays["mask"]
+        idx = out.indices.reshape(mask.shape)
+        length = idx.shape[1]
+        if not self.torn(idx[:, 0], marks):
+            return
+
+        def redo(b):
+            self.redraws += 1
+            if sampler.sample_slices(n, self, self.geo, reject, max_draws, out, arrays,
+                                     slice(b, b + 1)) != -1:
+                raise ValueError(f"policy='reject': no slice of {length} steps found")
+            out.source.gather_at(idx[b], out, b * length)
+
+        def torn(b, m):
+            return self.torn(idx[b:b + 1, 0], m)
+
+        self.redraw_torn(marks, redo, torn, "slices")
+
+    # -- the draws of the sample path (the contract of tfdata.replay.streams) ----------------
+    def draw(self, n: int, out, arrays: list, transforms: tuple) -> None:
+        """Fill ``out`` (lock held; ``n`` is not read: the heads say what is held): the rows
+        alone, or with the ring's ``transforms`` (:meth:`windows`)."""
+        if transforms:
+            t = transforms[0] if self._nstep else None
+            self.windows(out, arrays, t, transforms[-1] if self._frames else None)
+        else:  # caught up, drawn, checked by the shard rows
+            self.draw_rows(out, arrays[0])
+
+    def refuse_slices(self) -> None:
+        """Refuse what this buffer cannot slice, saying why."""
+        if self.mode == "fifo":
+            raise SharedBufferError(f"shared buffer {self.name!r} is a FIFO queue: use get_batch()")
+        if self.sampling == "without_replacement":
+            raise NotImplementedError(
+                "SharedReplayBuffer(sampler='without_replacement') draws no sequences (a slice of "
+                "a shard starts at rows its writer keeps moving; see ARCHITECTURE.md): use "
+                "sampler='uniform' or prioritized=True for sample_sequences")
+        if self._given:
+            raise NotImplementedError(f"sample_sequences of a SharedReplayBuffer with a sampler "
+                                      f"object ({sampler_name(self._sampler)!r}) is not built: "
+                                      f"its slices follow the shards' geometry, not the sampler's "
+                                      f"sample_slices; use sampler='uniform' or prioritized=True")
+        if self._frames:
+            raise NotImplementedError("sample_sequences of a SharedReplayBuffer with frame_stack is "
+                                      "not implemented (sample() rebuilds the stacks); use a "
+                                      "ReplayBuffer(frame_stack=...) in one process for slices")
+
+    def windows(self, out, arrays, t=None, ft=None) -> None:
+        """Draw, then the n-step windows (``t``: the ring's NStep, or None) and the frame stacks
+        (``ft``: the ring's FrameStack, or None) as of heads read before the draw (the streams'
+        snapshot), then redraw every row whose window or stacks a writer may have touched while
+        they were read (lock held).
+
+        A writer overwrites its oldest rows first: if a window's first row was not touched
+        since the snapshot, none of its later (newer) rows was. A stack reads its row, up to
+        K - 1 rows back and one row forward (its next frame): the obs stack is the window's
+        first row's, the next_obs stack its last row's."""
+        k, r = self._k, self._region
+        fa = None if ft is None else arrays[-1]
+        heads = self.heads_snapshot
+        # the marks of the rows drawn: the n-step transform's, or the frame transform's (which
+        # then also marks the windows' last rows)
+        mark = fa["mark"] if t is None else arrays[1]["mark"]
+        k.read_heads(self.heads, self.cap, heads)  # before the draw: nothing reads past these rows
+        self.draw_rows(out, arrays[0])
+        last = out.indices if t is None else t.apply(out, arrays[1], out.indices, self.geo)
+        if ft is not None:
+            ft.apply(out, fa, last, self.geo)
+            depth, kmax = r.frames.depth, r.frames.kmax
+
+        def torn(i, m):
+            part = slice(None) if i is None else slice(i, i + 1)
+            if ft is None:
+                return k.torn_after_copy(self.reserved, self.cap, heads, out.indices[part], m)
+            got = k.torn_stacks(self.reserved, self.cap, heads, out.indices[part], depth, kmax, m)
+            if t is not None:  # the next stacks were read at the windows' last rows
+                more = fa["mark"][part]
+                if k.torn_stacks(self.reserved, self.cap, heads, last[part], depth, kmax, more):
+                    np.bitwise_or(m, more, out=m)
+                    got = int(np.count_nonzero(m))
+            return got
+
+        if torn(None, mark):
+            def redo(i):
+                self.redraw(i, out, arrays[0])
+                if t is not None:
+                    t.apply_row(out, arrays[1], i, self.geo)
+                if ft is not None:
+                    ft.apply_row(out, fa, i, self.geo, last[i:i + 1])
+
+            self.redraw_torn(mark, redo, torn, "windows" if ft is None else "stacks")
+
+    def slices(self, n: int, out, arrays, length: int, reject: bool):
+        """Draw ``out``'s slices of ``length`` rows (``arrays``: the sampler's and the
+        streams' arrays; ``n`` is not read: the heads say what is held) as of heads read before
+        the draw, and redraw every slice a writer may have been overwriting while it was copied
+        (lock held). ``reject``: policy="reject" (ValueError when no start gives a slice; the
+        refused sample consumes no randomness). Returns the geometry the slices were drawn in."""
+        batch_size = out.indices.shape[0] // length
+        # before the draw: the sampler hears the rows published, and slices end at these heads
+        held = self.catch_up(self.heads_snapshot)
+        if held < batch_size:
+            raise self.too_few(batch_size, held)
+        draw_slices(self._sampler, self, held, self.geo, reject, length, out, arrays[0],
+                    arrays[1]["mark"])
+        return self.geo

@@ -7,7 +7,7 @@ buffer writes with a free-slot writer), ``prioritized.py``. The buffer calls it 
 lock; it never sees the layout, never allocates while sampling, and keeps its state in plain
 arrays. No sampler has a twin for shared memory: a :class:`~tfdata.SharedReplayBuffer` given a
 sampler (``sampler=MySampler(...)``, or tfdata's by name) drives the same object through
-:class:`tfdata.shared.streams.ShardRows`: the rows writer processes published since the last
+:class:`tfdata.shared.streams.ShardStreams`: the rows writer processes published since the last
 sample reach it through its write hooks before each draw (``slot_hook()`` row by row, else
 ``on_write``), ``sample`` gets the rows held, and a row a writer tore during the copy is drawn
 again (tfdata's draw the uniform, prioritized and without-replacement rows with kernels of the

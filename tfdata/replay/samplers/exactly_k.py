@@ -186,7 +186,7 @@ class ExactlyKSampler(Sampler):
     (NotImplementedError): a slice's rows would be delivered a number of times no one chose.
 
     Over the shards of a :class:`~tfdata.SharedReplayBuffer` the same object runs through
-    :class:`tfdata.shared.streams.ShardRows`: the rows writer processes published reach the
+    :class:`tfdata.shared.streams.ShardStreams`: the rows writer processes published reach the
     pool through the write hooks before each draw, a sample short of rows polls
     (:class:`PollWaits`), and the slots freed are released into the region's words after the
     copy (:meth:`release_into`), where each shard's writer process finds them free.

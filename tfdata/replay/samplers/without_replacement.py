@@ -115,7 +115,7 @@ class WithoutReplacementSampler(Sampler):
     def _written(self) -> tuple:
         """``(start, count, position)``: the slots written since the last sync (none with no
         writer watched: over the shards of a region, the streams add the rows published to the
-        pool before every draw, see :class:`tfdata.shared.streams.ShardRows`)."""
+        pool before every draw, see :class:`tfdata.shared.streams.ShardStreams`)."""
         cap = self.capacity
         if self.writer is None:
             return 0, 0, self.synced
