@@ -81,8 +81,8 @@ def run_nstep(kind, lay, idx, n, gamma):
     acc, ret = np.zeros(B), np.zeros(B, np.float32)
     t_out, r_out = np.zeros(B, bool), np.zeros(B, bool)
     disc, last = np.zeros(B, np.float32), np.zeros(B, np.int64)
-    kernels.BY_STREAMS[kind].nstep(geo, idx, n, gamma, a["reward"], a["term"], a["trunc"], acc,
-                                   ret, t_out, r_out, disc, last)
+    args = (geo, idx, n, gamma, a["reward"], a["term"], a["trunc"], acc, ret, t_out, r_out, disc, last)
+    kernels.strided(kernels.BY_STREAMS[kind].nstep, args, kernels.NSTEP_STRIDED)(*args)
     return ret, disc, last, t_out, r_out
 
 

@@ -1,0 +1,39 @@
+"""One compiled kernel for arrays of any stride: a specialization typed with strided arrays.
+
+numba compiles a kernel once per argument types, and an array's type includes its layout: a
+column of its own is C-contiguous, the same field inside records is strided, so a kernel that
+reads a field compiles twice, once per layout, and more for each mix of several such
+arguments. A kernel written for any stride (it indexes its arrays, never asks them to be
+contiguous) needs only the strided (``"A"``) specialization: :func:`strided` compiles (or loads
+from the cache) that one and returns its entry point, which takes contiguous arrays as well.
+
+The entry point checks what it is given as the dispatcher's conversion would (an array of
+another dtype or number of dimensions raises TypeError); it skips the dispatcher's lookup by
+type, so a call costs less than a call of the kernel.
+"""
+
+from __future__ import annotations
+
+from numba import typeof, types
+
+
+def strided_types(args, positions=None) -> tuple:
+    """numba types of ``args``, the arrays at ``positions`` (every array if None) as strided
+    (layout ``"A"``) arrays of the same dtype, dimensions and writability."""
+    out = []
+    for i, a in enumerate(args):
+        t = typeof(a)
+        if isinstance(t, types.Array) and (positions is None or i in positions):
+            t = t.copy(layout="A")
+        out.append(t)
+    return tuple(out)
+
+
+def strided(kernel, args, positions=None):
+    """The entry point of ``kernel`` (a numba dispatcher) compiled for the types of ``args`` with
+    the arrays at ``positions`` (every array if None) strided: call it with arrays of those
+    dtypes and dimensions and any stride, the other arguments of the same types as ``args``.
+
+    ``args`` are example arguments (only their types are read). Compiles, or loads from the
+    cache, at most once per process and types."""
+    return kernel.compile(strided_types(args, positions))
