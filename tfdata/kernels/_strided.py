@@ -7,9 +7,11 @@ arguments. A kernel written for any stride (it indexes its arrays, never asks th
 contiguous) needs only the strided (``"A"``) specialization: :func:`strided` compiles (or loads
 from the cache) that one and returns its entry point, which takes contiguous arrays as well.
 
-The entry point checks what it is given as the dispatcher's conversion would (an array of
-another dtype or number of dimensions raises TypeError); it skips the dispatcher's lookup by
-type, so a call costs less than a call of the kernel.
+The entry point skips the dispatcher's lookup by type (a call costs less than a call of the
+kernel) and with it the dispatcher's checks: it refuses an array of another number of
+dimensions or item size, but not one of another dtype of that size, nor a strided array where
+it was made for a contiguous one. So a wrapper makes it from the very arrays (or arrays of the
+very types) it will pass, and passes nothing else.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def strided(kernel, args, positions=None):
     the arrays at ``positions`` (every array if None) strided: call it with arrays of those
     dtypes and dimensions and any stride, the other arguments of the same types as ``args``.
 
-    ``args`` are example arguments (only their types are read). Compiles, or loads from the
-    cache, at most once per process and types."""
+    ``args`` are the arguments, or arguments of the same types, of the calls to come (only
+    their types are read; see the module on what the entry point does not check). Compiles,
+    or loads from the cache, at most once per process and types."""
     return kernel.compile(strided_types(args, positions))
