@@ -16,7 +16,29 @@ very types) it will pass, and passes nothing else.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import typeof, types
+
+#: (kernel, positions, what decides each argument's type) -> entry point: numba's typeof of
+#: every argument costs tens of microseconds a call, the key a few
+_ENTRIES: dict = {}
+
+
+def _key(args, positions) -> tuple | None:
+    """What numba's type of each argument follows from (None: an argument this does not know)."""
+    out = []
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is np.ndarray:
+            f = a.flags
+            strided = positions is None or i in positions
+            layout = "A" if strided else ("C" if f.c_contiguous else "F" if f.f_contiguous else "A")
+            out.append((a.dtype, a.ndim, layout, f.writeable, f.aligned))
+        elif t is float or t is bool or (t is int and -(1 << 63) <= a < (1 << 63)):
+            out.append(t)
+        else:
+            return None
+    return tuple(out)
 
 
 def strided_types(args, positions=None) -> tuple:
@@ -39,4 +61,11 @@ def strided(kernel, args, positions=None):
     ``args`` are the arguments, or arguments of the same types, of the calls to come (only
     their types are read; see the module on what the entry point does not check). Compiles,
     or loads from the cache, at most once per process and types."""
-    return kernel.compile(strided_types(args, positions))
+    key = _key(args, positions)
+    if key is None:
+        return kernel.compile(strided_types(args, positions))
+    key = (kernel, positions, key)
+    got = _ENTRIES.get(key)
+    if got is None:
+        got = _ENTRIES[key] = kernel.compile(strided_types(args, positions))
+    return got
