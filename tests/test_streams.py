@@ -46,8 +46,9 @@ class Layouts:
                     self.shard[k][self.shard_slot(t, e)] = v[t * num_envs + e]
         # the ring's episode numbers, stamped as a buffer stamps its writes
         self.episode = np.zeros(C, np.uint32)
-        kernels.stamp_episodes(term, trunc, max(0, n - C), (max(0, n - C)) % C,
-                               np.zeros(num_envs, np.uint32), self.episode)
+        args = (term, trunc, max(0, n - C), (max(0, n - C)) % C, np.zeros(num_envs, np.uint32),
+                self.episode)
+        kernels.strided(kernels.stamp_episodes, args, (0, 1), (0, 1))(*args)  # as Episodes does
         self.cursor = n % C
         self.ring_geo = np.array([self.cursor, num_envs, C], np.int64)
         self.heads = [steps] * num_envs

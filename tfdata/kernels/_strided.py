@@ -24,7 +24,7 @@ from numba import typeof, types
 _ENTRIES: dict = {}
 
 
-def _key(args, positions) -> tuple | None:
+def _key(args, positions, readonly) -> tuple | None:
     """What numba's type of each argument follows from (None: an argument this does not know)."""
     out = []
     for i, a in enumerate(args):
@@ -33,7 +33,7 @@ def _key(args, positions) -> tuple | None:
             f = a.flags
             strided = positions is None or i in positions
             layout = "A" if strided else ("C" if f.c_contiguous else "F" if f.f_contiguous else "A")
-            out.append((a.dtype, a.ndim, layout, f.writeable, f.aligned))
+            out.append((a.dtype, a.ndim, layout, f.writeable and i not in readonly, f.aligned))
         elif t is float or t is bool or (t is int and -(1 << 63) <= a < (1 << 63)):
             out.append(t)
         else:
@@ -41,31 +41,37 @@ def _key(args, positions) -> tuple | None:
     return tuple(out)
 
 
-def strided_types(args, positions=None) -> tuple:
+def strided_types(args, positions=None, readonly=()) -> tuple:
     """numba types of ``args``, the arrays at ``positions`` (every array if None) as strided
-    (layout ``"A"``) arrays of the same dtype, dimensions and writability."""
+    (layout ``"A"``) arrays of the same dtype, dimensions and writability, those at ``readonly``
+    read-only."""
     out = []
     for i, a in enumerate(args):
         t = typeof(a)
-        if isinstance(t, types.Array) and (positions is None or i in positions):
-            t = t.copy(layout="A")
+        if isinstance(t, types.Array):
+            if positions is None or i in positions:
+                t = t.copy(layout="A")
+            if i in readonly:
+                t = t.copy(readonly=True)
         out.append(t)
     return tuple(out)
 
 
-def strided(kernel, args, positions=None):
+def strided(kernel, args, positions=None, readonly=()):
     """The entry point of ``kernel`` (a numba dispatcher) compiled for the types of ``args`` with
     the arrays at ``positions`` (every array if None) strided: call it with arrays of those
     dtypes and dimensions and any stride, the other arguments of the same types as ``args``.
+    The arrays at ``readonly`` (that the kernel only reads) are typed read-only, so that
+    writable and read-only arrays (a caller's values) share the specialization.
 
     ``args`` are the arguments, or arguments of the same types, of the calls to come (only
     their types are read; see the module on what the entry point does not check). Compiles,
     or loads from the cache, at most once per process and types."""
-    key = _key(args, positions)
+    key = _key(args, positions, readonly)
     if key is None:
-        return kernel.compile(strided_types(args, positions))
-    key = (kernel, positions, key)
+        return kernel.compile(strided_types(args, positions, readonly))
+    key = (kernel, positions, readonly, key)
     got = _ENTRIES.get(key)
     if got is None:
-        got = _ENTRIES[key] = kernel.compile(strided_types(args, positions))
+        got = _ENTRIES[key] = kernel.compile(strided_types(args, positions, readonly))
     return got

@@ -220,6 +220,16 @@ class ElideNext:
             arr = arrays["next:" + nxt] = self.allocator.zeros((rows,) + f.shape, f.dtype)
             words[nxt] = arr.reshape(rows, -1).view(np.uint8).view(WORD_TYPES[word])
         arrays["words"] = words
+        # per word type, one specialization of the copy: the flags of any stride, what it
+        # reads of any writability (the storage's words, flags and the final table)
+        arrays["copy"] = copies = {}
+        for nxt, word, (src, _, _) in self.pairs:
+            if word not in copies:
+                w = np.zeros((1, 1), WORD_TYPES[word])
+                copies[word] = self.k.strided(
+                    self.k.copy_next_elided, (np.zeros(1, np.int64), 0, 1, 1, src, 0, *self.flags,
+                                              np.zeros(1, np.int32), w, w, w, 0, 1),
+                    self.k.ELIDED_STRIDED, self.k.ELIDED_READONLY)
         return arrays
 
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
@@ -227,9 +237,9 @@ class ElideNext:
             fields[nxt] = arrays["next:" + nxt]
 
     def apply(self, out, arrays: dict, rows: np.ndarray, cursor: int) -> np.ndarray:
-        ep, words = self.episodes, arrays["words"]
+        ep, words, copies = self.episodes, arrays["words"], arrays["copy"]
         for nxt, word, (src, off, width) in self.pairs:
-            self.k.copy_next_elided(rows, cursor, self.num_envs, self.capacity, src, off,
+            copies[word](rows, cursor, self.num_envs, self.capacity, src, off,
                                     self.flags[0], self.flags[1], ep.final_idx, ep.final_words(nxt, word),
                                     ep.pending_words(nxt, word), words[nxt], 0, width)
         return rows
