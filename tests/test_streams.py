@@ -420,8 +420,8 @@ def test_the_same_stacks_through_both_kinds(seed):
         dst, nxt = np.zeros((12, k), np.uint64), np.zeros((12, k), np.uint64)
         ks = kernels.STACKS_BY_STREAMS[kind]
         ks.stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, dst)
-        ks.next_stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, a["term"], a["trunc"], fidx,
-                       table, pending, nxt)
+        kernels.call_strided(ks.next_stacks, (9, 10), geo, steps, rows, dep, src, 0, hist, pad, mode,
+                             a["term"], a["trunc"], fidx, table, pending, nxt)
         for i, x in enumerate(rows.tolist()):
             stream = (naive.ring_stream(x, lay.cursor, T, E, lay.C) if kind == "ring"
                       else naive.shard_stream(x, lay.heads, cap))

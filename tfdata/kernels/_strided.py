@@ -75,3 +75,9 @@ def strided(kernel, args, positions=None, readonly=()):
     if got is None:
         got = _ENTRIES[key] = kernel.compile(strided_types(args, positions, readonly))
     return got
+
+
+def call_strided(kernel, positions, *args, readonly=()):
+    """``strided(kernel, args, positions, readonly)(*args)``: one call, as a caller that keeps
+    no entry point makes it (a test, a one-off)."""
+    return strided(kernel, args, positions, readonly)(*args)
