@@ -369,6 +369,11 @@ def test_kernels_against_reference():
     from tfdata.kernels import RING_STACKS, cold_frame_stacks, cold_next_frame_stacks
     from tfdata.kernels._cold import ALL, COLD, LIST
 
+    def flagged(kernel, at):
+        """``kernel`` with its flags (``at``, ``at + 1``) typed as of any stride, as the
+        buffers call it."""
+        return lambda *args: tfdata.kernels.call_strided(kernel, (at, at + 1), *args)
+
     rng = np.random.default_rng(0)
     for trial in range(400):
         k = int(rng.integers(2, 5))
@@ -409,7 +414,7 @@ def test_kernels_against_reference():
                 want_dst, want_need, want_mark, want_reach = naive.cold_stacks_naive(
                     rows, cursor, steps, e, cap, depth, src, off, hist, pad, pmode, extra, cold_from,
                     block, cache_map, cache, filled, mode, mark, 2, need, reach, pre, dst, npos)
-                kern = cold_next_frame_stacks if nxt else cold_frame_stacks
+                kern = flagged(cold_next_frame_stacks, 11) if nxt else cold_frame_stacks
                 got = kern(*args, *extra, cold_from, block, cache_map, cache, filled, mode, mark, 2, need,
                            reach, pre, dst)
                 assert got == len(want_need), trial
@@ -420,13 +425,13 @@ def test_kernels_against_reference():
             # passes with a valid tier: the cache holds the blocks' frames -> the plain stacks
             cf = rng.integers(0, block + 1, nb).astype(np.int32)
             plain = np.zeros((rows.shape[0], k * width), np.uint64)
-            kp = RING_STACKS.next_stacks if nxt else RING_STACKS.stacks
+            kp = flagged(RING_STACKS.next_stacks, 9) if nxt else RING_STACKS.stacks
             kp(np.array([cursor, e, cap], np.int64), steps, *args[:1], *args[5:], *extra, plain)
             dst = np.full_like(plain, 0xABCD)
             mark = np.zeros(nb, np.int32)
             need = np.zeros(nb, np.int32)
             reach = np.zeros(nb, np.int32)
-            kern = cold_next_frame_stacks if nxt else cold_frame_stacks
+            kern = flagged(cold_next_frame_stacks, 11) if nxt else cold_frame_stacks
             cmap = np.full(nb, -1, np.int32)
             csh = np.zeros((1, block, width), np.uint64)
             fill = np.zeros(1, np.int64)

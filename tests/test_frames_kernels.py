@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tfdata import kernels
 from tfdata.kernels import RING_STACKS, frame_breaks, frames_write
 
 from . import naive
@@ -70,15 +71,16 @@ def test_frame_stacks_and_next_frame_stacks_match_the_reference(seed, num_envs, 
     final_idx = rng.integers(-1, nf + 2 if hostile else nf, cap).astype(np.int32)
     pending = rng.integers(0, info.max, (num_envs, width), dtype=word, endpoint=True)
     nxt = np.zeros_like(dst)
-    RING_STACKS.next_stacks(geo, steps, rows, depth, src, off, hist, pad, mode, term, trunc,
-                            final_idx, finals, pending, nxt)
+    # the flags typed as of any stride, as the buffers call the kernels
+    kernels.call_strided(RING_STACKS.next_stacks, (9, 10), geo, steps, rows, depth, src, off, hist,
+                         pad, mode, term, trunc, final_idx, finals, pending, nxt)
     want = [naive.next_stack_naive(s, int(x), k, depth, stored, hist, pad, mode, term, trunc,
                                    final_idx, finals, pending) for s, x in zip(streams, rows)]
     assert np.array_equal(nxt, np.array(want).reshape(nxt.shape))
     # both in one pass: the same stacks
     both = np.zeros_like(dst), np.zeros_like(dst)
-    RING_STACKS.stack_pairs(geo, steps, rows, depth, src, off, hist, pad, mode, term, trunc,
-                            final_idx, finals, pending, *both)
+    kernels.call_strided(RING_STACKS.stack_pairs, (9, 10), geo, steps, rows, depth, src, off, hist,
+                         pad, mode, term, trunc, final_idx, finals, pending, *both)
     assert np.array_equal(both[0], dst) and np.array_equal(both[1], nxt)
 
 
@@ -116,7 +118,9 @@ def test_frames_write_matches_the_reference(seed, num_envs, k, extra, full, word
     hist = rng.integers(0, info.max, (k - 1, num_envs, width), dtype=word, endpoint=True)
     n = steps_written * num_envs  # up to several laps of the ring in one write
     obs = rng.integers(0, info.max, (n, k * width), dtype=word, endpoint=True)
-    term, trunc = _flags(rng, n, 0.3)
+    # as a write passes them: the batch's flag arrays (strided flags compiled a specialization
+    # that only this test called)
+    term, trunc = (np.ascontiguousarray(f) for f in _flags(rng, n, 0.3))
     if hostile:  # bounded whatever prev holds
         prev = rng.integers(-(2**15), 2**15, num_envs).astype(np.int16)
     else:

@@ -118,8 +118,8 @@ def test_shard_streams_nstep_matches_the_reference(seed):
     acc, ret = np.zeros(10), np.zeros(10, np.float32)
     t_out, r_out = np.zeros(10, bool), np.zeros(10, bool)
     disc, last = np.zeros(10, np.float32), np.zeros(10, np.int64)
-    kernels.SHARDS.nstep(geo, idx, n, gamma, reward, term, trunc, acc, ret, t_out, r_out, disc,
-                         last)
+    args = (geo, idx, n, gamma, reward, term, trunc, acc, ret, t_out, r_out, disc, last)
+    kernels.strided(kernels.SHARDS.nstep, args, kernels.NSTEP_STRIDED)(*args)
     for i, start in enumerate(idx):
         g, k, j = naive.nstep_forward(naive.shard_forward(int(start), heads.tolist(), cap), n, gamma,
                                       reward, term, trunc)

@@ -545,11 +545,11 @@ def test_kernels_against_references():
         table = finals.reshape(shards * f, width)  # each shard's table, shard by shard
         kernels.SHARD_STACKS.stacks(geo, 0, rows, depth, src, 1, hist, pad, mode, dst)
         nxt = np.zeros_like(dst)
-        kernels.SHARD_STACKS.next_stacks(geo, 0, rows, depth, src, 1, hist, pad, mode, term, trunc,
-                                         final_idx, table, pending, nxt)
+        kernels.call_strided(kernels.SHARD_STACKS.next_stacks, (9, 10), geo, 0, rows, depth, src, 1,
+                             hist, pad, mode, term, trunc, final_idx, table, pending, nxt)
         both = np.zeros_like(dst), np.zeros_like(dst)
-        kernels.SHARD_STACKS.stack_pairs(geo, 0, rows, depth, src, 1, hist, pad, mode, term, trunc,
-                                         final_idx, table, pending, *both)
+        kernels.call_strided(kernels.SHARD_STACKS.stack_pairs, (9, 10), geo, 0, rows, depth, src, 1,
+                             hist, pad, mode, term, trunc, final_idx, table, pending, *both)
         np.testing.assert_array_equal(both[0], dst)
         np.testing.assert_array_equal(both[1], nxt)
         mark = np.zeros(12, np.int64)
@@ -833,10 +833,10 @@ def test_kernels_stay_in_bounds_whatever_the_shared_arrays_hold():
         table = finals.reshape(shards * f, width)
         ks = kernels.SHARD_STACKS
         ks.stacks(geo, 0, rows, depth, src, 1, hist, pad, 0, guard[1:-1])
-        ks.next_stacks(geo, 0, rows, depth, src, 1, hist, pad, 0, term, trunc, final_idx, table,
-                       pending, guard[1:-1])
-        ks.stack_pairs(geo, 0, rows, depth, src, 1, hist, pad, 0, term, trunc, final_idx, table,
-                       pending, guard[1:-1], guard[1:-1])
+        kernels.call_strided(ks.next_stacks, (9, 10), geo, 0, rows, depth, src, 1, hist, pad, 0, term,
+                             trunc, final_idx, table, pending, guard[1:-1])
+        kernels.call_strided(ks.stack_pairs, (9, 10), geo, 0, rows, depth, src, 1, hist, pad, 0, term,
+                             trunc, final_idx, table, pending, guard[1:-1], guard[1:-1])
         assert (guard[0] == 0xAB).all() and (guard[-1] == 0xAB).all(), trial
         reserved = rng.integers(0, 2**63, shards).astype(np.uint64)
         mark = np.zeros(b + 2, np.int64)

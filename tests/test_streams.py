@@ -46,8 +46,9 @@ class Layouts:
                     self.shard[k][self.shard_slot(t, e)] = v[t * num_envs + e]
         # the ring's episode numbers, stamped as a buffer stamps its writes
         self.episode = np.zeros(C, np.uint32)
-        kernels.stamp_episodes(term, trunc, max(0, n - C), (max(0, n - C)) % C,
-                               np.zeros(num_envs, np.uint32), self.episode)
+        args = (term, trunc, max(0, n - C), (max(0, n - C)) % C, np.zeros(num_envs, np.uint32),
+                self.episode)
+        kernels.strided(kernels.stamp_episodes, args, (0, 1), (0, 1))(*args)  # as Episodes does
         self.cursor = n % C
         self.ring_geo = np.array([self.cursor, num_envs, C], np.int64)
         self.heads = [steps] * num_envs
@@ -81,8 +82,8 @@ def run_nstep(kind, lay, idx, n, gamma):
     acc, ret = np.zeros(B), np.zeros(B, np.float32)
     t_out, r_out = np.zeros(B, bool), np.zeros(B, bool)
     disc, last = np.zeros(B, np.float32), np.zeros(B, np.int64)
-    kernels.BY_STREAMS[kind].nstep(geo, idx, n, gamma, a["reward"], a["term"], a["trunc"], acc,
-                                   ret, t_out, r_out, disc, last)
+    args = (geo, idx, n, gamma, a["reward"], a["term"], a["trunc"], acc, ret, t_out, r_out, disc, last)
+    kernels.strided(kernels.BY_STREAMS[kind].nstep, args, kernels.NSTEP_STRIDED)(*args)
     return ret, disc, last, t_out, r_out
 
 
@@ -419,8 +420,8 @@ def test_the_same_stacks_through_both_kinds(seed):
         dst, nxt = np.zeros((12, k), np.uint64), np.zeros((12, k), np.uint64)
         ks = kernels.STACKS_BY_STREAMS[kind]
         ks.stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, dst)
-        ks.next_stacks(geo, steps, rows, dep, src, 0, hist, pad, mode, a["term"], a["trunc"], fidx,
-                       table, pending, nxt)
+        kernels.call_strided(ks.next_stacks, (9, 10), geo, steps, rows, dep, src, 0, hist, pad, mode,
+                             a["term"], a["trunc"], fidx, table, pending, nxt)
         for i, x in enumerate(rows.tolist()):
             stream = (naive.ring_stream(x, lay.cursor, T, E, lay.C) if kind == "ring"
                       else naive.shard_stream(x, lay.heads, cap))

@@ -18,9 +18,10 @@ from ._rng import draw_indices, permutation  # noqa: E402
 from ._tree import (first_bad_priority, tree_build, tree_fill, tree_fill_values,  # noqa: E402
                     tree_overwrite_max, tree_set)
 
-from ._streams import RING, SHARDS  # noqa: E402
-from ._episodes import (copy_field_rows, copy_next_elided, first_discontinuity,  # noqa: E402
-                        stamp_episodes)  # noqa: E402
+from ._streams import NSTEP_STRIDED, RING, SHARDS  # noqa: E402
+from ._strided import call_strided, strided  # noqa: E402
+from ._episodes import (ELIDED_READONLY, ELIDED_STRIDED, copy_field_rows,  # noqa: E402
+                        copy_next_elided, first_discontinuity, stamp_episodes)
 
 from ._frames import (RING_STACKS, SHARD_STACKS, final_ring_index, final_ring_room,  # noqa: E402
                       final_ring_write, frame_breaks, frame_push, frame_push_u8, frames_write,
@@ -48,4 +49,4 @@ __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tr
            "cold_frame_stacks", "cold_next_frame_stacks",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",
-           "draw_prioritized", "read_heads", "torn_after_copy"]
+           "draw_prioritized", "read_heads", "torn_after_copy", "strided", "call_strided", "NSTEP_STRIDED", "ELIDED_STRIDED", "ELIDED_READONLY"]

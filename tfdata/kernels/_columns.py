@@ -1,11 +1,15 @@
 """Column statistics: count, mean, sum of squared deviations, min and max of one field, per element.
 
-A field's values reach these kernels as its storage hands them out (``Storage.column``): a
-C-contiguous 1-D array of ``rows * k`` values when the field is a column of its own, or a 2-D
-``(rows, k)`` view with strided rows when it sits inside records; ``k`` is the number of
-elements of one row (4 for ``f4[4]``, 1 for a scalar). Each kernel compiles once per form and
-dtype and gives bit-identical results for both: the order of every floating-point operation is
-fixed by the code below, never by the form, the machine's vector width or the layout.
+A field's values reach these kernels as its storage hands them out (``Storage.column``), a
+``(rows, k)`` view, ``k`` the number of elements of one row (4 for ``f4[4]``, 1 for a scalar),
+made an *operand* by :func:`operand`: the view ``x`` itself, any stride (typed as a strided
+array: callers take the kernels through :func:`tfdata.kernels.strided` with :data:`STRIDED`),
+and ``flat``, its ``rows * k`` values as a C-contiguous 1-D array when the field is a column of
+its own, else an empty array of its dtype. A pass reads ``flat`` when it holds the values
+(the fast form), else ``x`` (strided rows). So each kernel compiles once per dtype, both forms
+in one specialization, and gives bit-identical results for both: the order of every
+floating-point operation is fixed by the code below, never by the form, the machine's vector
+width or the layout.
 
 **Lanes.** A pass over rows ``[a, b)`` spreads the values over ``L = k * r`` lanes
 (:func:`lane_count`, ``L >= 32``): lane ``q * k + j`` takes element ``j`` of rows ``a + q``,
@@ -55,6 +59,7 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._strided import strided  # noqa: F401 (the callers' way to these kernels)
 
 #: lanes of a pass at least (a multiple of k): enough independent sums for an AVX2 / AVX-512 loop
 MIN_LANES = 32
@@ -93,9 +98,16 @@ def tree_nbytes(capacity: int, k: int, itemsize: int) -> int:
     return int(nodes * 8 + nodes * 4 * k * 8 + nodes + LANE_ROWS * lane_count(k) * 8 + 5 * k * 8)
 
 
-def operand(view: np.ndarray) -> np.ndarray:
-    """A ``(rows, k)`` view as the kernels take it: the flat values when C-contiguous, else itself."""
-    return view.reshape(-1) if view.flags.c_contiguous else view
+#: the arguments of the kernels that take a field (``x``) typed as a strided array
+STRIDED = (0,)
+
+
+def operand(view: np.ndarray) -> tuple:
+    """A ``(rows, k)`` view as the kernels take it: ``(x, flat)``, the view and its values as one
+    C-contiguous 1-D array when it is C-contiguous (else an empty array of its dtype)."""
+    if view.flags.c_contiguous:
+        return view, view.reshape(-1)
+    return view, np.zeros(0, view.dtype)
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -133,17 +145,10 @@ def first_bad_slot(idx, n, table):
 
 
 @njit(**INLINE_OPTIONS)
-def _rows(x, k):
-    if x.ndim == 1:
-        return x.shape[0] // k
-    return x.shape[0]
-
-
-@njit(**INLINE_OPTIONS)
-def _wide_enough(x, k):
-    """Whether rows of ``x`` have ``k`` elements (a flat ``x`` always: rows are counted in k)."""
-    # no branch on ndim (inlined code is typed whole): shape[-1] types for either form
-    return x.ndim == 1 or x.shape[-1] >= k
+def _operand_ok(x, flat, k):
+    """Whether rows of ``x`` have ``k`` elements and ``flat`` is empty or holds ``rows * k``
+    values (then it is read in place of ``x``: the caller made it of the same values)."""
+    return x.shape[1] >= k and (flat.shape[0] == 0 or flat.shape[0] == x.shape[0] * k)
 
 
 @njit(**INLINE_OPTIONS)
@@ -288,19 +293,17 @@ def _empty(cnt, vals, node, k):
 
 
 @njit(**NJIT_OPTIONS)
-def _leaf(x, k, a, b, lanes, cnt, vals, node):
-    """Statistics of rows ``[a, b)`` (none if ``b <= a``) into ``node``.
-
-    The only function that branches on the form of ``x``: the branch on ``x.ndim`` of a
-    compiled function's argument is pruned before its helpers are inlined, so each form types
-    only its own helpers (an inlined helper's branches would all be typed)."""
+def _leaf(x, flat, k, a, b, lanes, cnt, vals, node):
+    """Statistics of rows ``[a, b)`` (none if ``b <= a``) into ``node``: the only function that
+    picks the form, ``flat`` when it holds the values, else ``x``."""
     if b <= a:
         _empty(cnt, vals, node, k)
         return
     n = b - a
     cnt[node] = n
-    if x.ndim == 1:
-        _lane_pass_flat(x, k, a, b, lanes)
+    is_flat = flat.shape[0] > 0
+    if is_flat:
+        _lane_pass_flat(flat, k, a, b, lanes)
     else:
         _lane_pass_strided(x, k, a, b, lanes)
     r = lanes.shape[1] // k
@@ -321,8 +324,8 @@ def _leaf(x, k, a, b, lanes, cnt, vals, node):
             m2 = q - s * (s / fn)
             if m2 < 0.0:
                 m2 = 0.0
-        elif x.ndim == 1:
-            mean, m2, mn, mx = _slow(x[a * k + j:b * k:k])
+        elif is_flat:
+            mean, m2, mn, mx = _slow(flat[a * k + j:b * k:k])
         else:
             mean, m2, mn, mx = _slow(x[a:b, j])
         vals[node, 0, j] = mean
@@ -385,13 +388,13 @@ def _summary(cnt, vals, node, k, out):
 
 
 @njit(**INLINE_OPTIONS)
-def _leaves(x, k, lanes, cnt, vals):
+def _leaves(x, flat, k, lanes, cnt, vals):
     """``P`` if the arrays agree with each other (a tree of ``P`` leaves over rows of ``k``
     elements), else -1."""
     L = lanes.shape[1]
     if k < 1 or L < k or L % k != 0 or lanes.shape[0] < LANE_ROWS:
         return -1
-    if not _wide_enough(x, k):
+    if not _operand_ok(x, flat, k):
         return -1
     nodes = cnt.shape[0]
     P = nodes // 2
@@ -403,14 +406,14 @@ def _leaves(x, k, lanes, cnt, vals):
 
 
 @njit(**NJIT_OPTIONS)
-def stats_ranges(x, k, live, block, lo1, hi1, lo2, hi2, lanes, cnt, vals):
+def stats_ranges(x, flat, k, live, block, lo1, hi1, lo2, hi2, lanes, cnt, vals):
     """Recompute the leaves of blocks ``[lo1, hi1)`` and ``[lo2, hi2)`` from the rows of ``x``
     below ``live``, then every ancestor of them; returns 0 (or -1 for inconsistent arrays, with
-    nothing written). ``x``: the field as :func:`operand` gives it, ``k`` elements per row."""
-    P = _leaves(x, k, lanes, cnt, vals)
+    nothing written). ``x, flat``: the field as :func:`operand` gives it, ``k`` elements per row."""
+    P = _leaves(x, flat, k, lanes, cnt, vals)
     if P < 0 or block < 1 or block > _MAX_BLOCK:
         return -1
-    live = max(0, min(live, _rows(x, k)))
+    live = max(0, min(live, x.shape[0]))
     for part in range(2):
         lo = max(lo1 if part == 0 else lo2, 0)
         hi = min(hi1 if part == 0 else hi2, P)
@@ -418,7 +421,7 @@ def stats_ranges(x, k, live, block, lo1, hi1, lo2, hi2, lanes, cnt, vals):
             continue
         for bl in range(lo, hi):
             a = bl * block
-            _leaf(x, k, a, min(a + block, live), lanes, cnt, vals, P + bl)
+            _leaf(x, flat, k, a, min(a + block, live), lanes, cnt, vals, P + bl)
         lo += P
         hi += P - 1
         while lo > 1:
@@ -430,18 +433,18 @@ def stats_ranges(x, k, live, block, lo1, hi1, lo2, hi2, lanes, cnt, vals):
 
 
 @njit(**NJIT_OPTIONS)
-def stats_dirty(x, k, live, block, dirty, lanes, cnt, vals):
+def stats_dirty(x, flat, k, live, block, dirty, lanes, cnt, vals):
     """Recompute the leaves whose flag ``dirty[P + b]`` is set and every ancestor of one, and
     clear the flags; returns the leaves recomputed (-1 for inconsistent arrays)."""
-    P = _leaves(x, k, lanes, cnt, vals)
+    P = _leaves(x, flat, k, lanes, cnt, vals)
     if P < 0 or block < 1 or block > _MAX_BLOCK or dirty.shape[0] < 2 * P:
         return -1
-    live = max(0, min(live, _rows(x, k)))
+    live = max(0, min(live, x.shape[0]))
     done = 0
     for bl in range(P):
         if dirty[P + bl]:
             a = bl * block
-            _leaf(x, k, a, min(a + block, live), lanes, cnt, vals, P + bl)
+            _leaf(x, flat, k, a, min(a + block, live), lanes, cnt, vals, P + bl)
             dirty[P + bl] = 0
             dirty[(P + bl) >> 1] = 1
             done += 1
@@ -475,38 +478,38 @@ def stats_summary(cnt, vals, out):
 
 
 @njit(**INLINE_OPTIONS)
-def _scan_args_ok(x, k, chunk, lanes, cnt, vals, out):
+def _scan_args_ok(x, flat, k, chunk, lanes, cnt, vals, out):
     L = lanes.shape[1]
     return not (k < 1 or L < k or L % k != 0 or lanes.shape[0] < LANE_ROWS or cnt.shape[0] < 2
                 or vals.shape[0] < 2 or vals.shape[1] < 4 or vals.shape[2] < k or out.shape[0] < 5
-                or out.shape[1] < k or chunk < 1 or not _wide_enough(x, k))
+                or out.shape[1] < k or chunk < 1 or not _operand_ok(x, flat, k))
 
 
 @njit(**INLINE_OPTIONS)
-def _scan_add(x, k, a, b, chunk, lanes, cnt, vals):
+def _scan_add(x, flat, k, a, b, chunk, lanes, cnt, vals):
     """Merge rows ``[a, b)`` into node 0, ``chunk`` rows at a time (each a lane pass into node 1)."""
     for s in range(a, b, chunk):
         # np.int64: a bare 1 would type as a literal, a second specialization of _leaf
-        _leaf(x, k, s, min(s + chunk, b), lanes, cnt, vals, np.int64(1))
+        _leaf(x, flat, k, s, min(s + chunk, b), lanes, cnt, vals, np.int64(1))
         _merge(cnt, vals, 0, 0, 1, k)
 
 
 @njit(**NJIT_OPTIONS)
-def column_scan_ranges(x, k, ranges, chunk, lanes, cnt, vals, out):
+def column_scan_ranges(x, flat, k, ranges, chunk, lanes, cnt, vals, out):
     """Statistics of the rows of ``x`` in the ranges ``ranges[i, 0] <= row < ranges[i, 1]``
     (int64[m, 2], in that order; each clamped to the rows of ``x``, an empty one skipped) into
     ``out`` (as :func:`stats_summary`): each range ``chunk`` rows at a time, each chunk a lane
     pass, merged in order. ``cnt`` int64[2] and ``vals`` float64[2, 4, k] are scratch. A whole
     column is the ranges ``[[0, n]]``. Returns the rows counted (-1 for inconsistent arrays)."""
-    if not _scan_args_ok(x, k, chunk, lanes, cnt, vals, out) or ranges.shape[1] < 2:
+    if not _scan_args_ok(x, flat, k, chunk, lanes, cnt, vals, out) or ranges.shape[1] < 2:
         return -1
-    rows = _rows(x, k)
+    rows = x.shape[0]
     _empty(cnt, vals, 0, k)
     total = 0
     for i in range(ranges.shape[0]):
         a = max(0, min(ranges[i, 0], rows))
         b = max(a, min(ranges[i, 1], rows))
-        _scan_add(x, k, a, b, chunk, lanes, cnt, vals)
+        _scan_add(x, flat, k, a, b, chunk, lanes, cnt, vals)
         total += b - a
     _summary(cnt, vals, 0, k, out)
     return total

@@ -87,6 +87,13 @@ def copy_field_rows(src, src_off, rows, skip, dst, dst_off, width):
             dst[i, dst_off + w] = src[r, src_off + w]
 
 
+#: the arguments of :func:`copy_next_elided` of any stride (the flags) and those it only reads
+#: (the storage's words, the flags, the final table, pending values), for
+#: :func:`tfdata.kernels.strided`: one specialization per word type for every layout
+ELIDED_STRIDED = (6, 7)
+ELIDED_READONLY = (4, 6, 7, 8, 9, 10)
+
+
 @njit(**NJIT_OPTIONS)
 def copy_next_elided(rows, cursor, num_envs, capacity, src, src_off, term, trunc, final_idx,
                      finals, pending, dst, dst_off, width):

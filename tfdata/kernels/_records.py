@@ -55,8 +55,9 @@ def scatter_fields(dst, p, n, srcs, spans):
         The records as bytes (a storage's region).
     p, n : int
         First row and number of rows.
-    srcs : tuple of bytes (or of 1-D uint8 arrays)
-        Field ``i``'s values of the ``n`` rows, C order: ``n * spans[i, 1]`` bytes.
+    srcs : tuple of bytes (or of 1-D uint8 arrays: another specialization)
+        Field ``i``'s values of the ``n`` rows, C order: ``n * spans[i, 1]`` bytes. The extend
+        passes bytes: one specialization per number of fields of a region of records.
     spans : int64[m, 2]
         ``(offset, width)`` of field ``i`` in a record; ``m >= len(srcs)``.
 

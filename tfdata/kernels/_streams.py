@@ -427,6 +427,10 @@ def slices_prioritized(geo, n_rows, sums, mm, leaves, version, state, beta, epis
     return -1
 
 
+#: the arguments of :func:`nstep` of any stride (reward, flags; return and flags out): callers
+#: take the kernel through :func:`tfdata.kernels.strided` with these, so one specialization
+#: serves columns, records and scratch alike
+NSTEP_STRIDED = (4, 5, 6, 8, 9, 10)
 #: the kernels of one kind, in the order :func:`specialize` returns them
 TEMPLATES = (nstep, slices, slices_prioritized)
 #: inline templates, bound first (the kernels call them; ``_fill`` is other kernels' too)

@@ -282,13 +282,29 @@ class _Tree:
         self.dirty = a.zeros(nodes, np.uint8)
         self.lanes = a.zeros((kc.LANE_ROWS, kc.lane_count(self.k)), np.float64)
         self.out = a.zeros((5, self.k), np.float64)
-        self.x = None  # the field's values as the kernels read them (bind)
+        self.x = None  # the field's values as the kernels read them (bind): (x, flat)
+        self.kernels = [None, None]  # stats_ranges, stats_dirty for them (kernel())
         self.marked = False  # some dirty flag is set
         self.cached = None  # the FieldStats of the root, until the tree changes
 
     @property
     def nbytes(self) -> int:
         return int(sum(a.nbytes for a in (self.cnt, self.vals, self.dirty, self.lanes, self.out)))
+
+    def kernel(self, dirty: bool):
+        """``stats_dirty`` (``dirty``) or ``stats_ranges``, specialized to this tree's arrays:
+        compiled, or loaded from the cache, at its first use (statistics never read, or never
+        marked, compile nothing)."""
+        got = self.kernels[dirty]
+        if got is None:
+            kc = self.kc
+            if dirty:
+                args = (*self.x, self.k, 0, self.block, self.dirty, self.lanes, self.cnt, self.vals)
+            else:
+                args = (*self.x, self.k, 0, self.block, 0, 0, 0, 0, self.lanes, self.cnt, self.vals)
+            got = self.kernels[dirty] = kc.strided(kc.stats_dirty if dirty else kc.stats_ranges,
+                                                   args, kc.STRIDED)
+        return got
 
     def ranges(self, start: int, rows: int, capacity: int) -> tuple:
         """Block ranges ``(lo1, hi1, lo2, hi2)`` holding ring slots ``start, start + 1, ...``
@@ -381,14 +397,16 @@ class RunningStats:
         moved = pos - self.synced
         if not moved and not self.marked:
             return
-        kc, live = self.kc, w.size
+        live = w.size
         for t in self.trees.values():
             if moved:
                 lo1, hi1, lo2, hi2 = t.ranges(self.synced % self.capacity, moved, self.capacity)
-                kc.stats_ranges(t.x, t.k, live, t.block, lo1, hi1, lo2, hi2, t.lanes, t.cnt, t.vals)
+                (t.kernels[0] or t.kernel(False))(*t.x, t.k, live, t.block, lo1, hi1, lo2, hi2,
+                                                  t.lanes, t.cnt, t.vals)
                 t.cached = None
             if t.marked:
-                kc.stats_dirty(t.x, t.k, live, t.block, t.dirty, t.lanes, t.cnt, t.vals)
+                (t.kernels[1] or t.kernel(True))(*t.x, t.k, live, t.block, t.dirty, t.lanes, t.cnt,
+                                                 t.vals)
                 t.marked = False
                 t.cached = None
         self.synced = pos
@@ -413,7 +431,7 @@ class RunningStats:
         kc, live = self.kc, self.writer.size
         for t in self.trees.values():
             kc.stats_clear(t.cnt, t.vals, t.dirty)
-            kc.stats_ranges(t.x, t.k, live, t.block, 0, t.blocks, 0, 0, t.lanes, t.cnt, t.vals)
+            t.kernel(False)(*t.x, t.k, live, t.block, 0, t.blocks, 0, 0, t.lanes, t.cnt, t.vals)
             t.marked = False
             t.cached = None
         self.wraps = 0
@@ -476,8 +494,9 @@ class RunningStats:
 
         t = self.trees[name]
         tmp = _Tree(t.field, self.capacity, alloc.resolve("numpy"))
-        x = kc.operand(np.asarray(rows).reshape(size, t.k))
-        kc.stats_ranges(x, t.k, size, tmp.block, 0, tmp.blocks, 0, 0, tmp.lanes, tmp.cnt, tmp.vals)
+        args = (*kc.operand(np.asarray(rows).reshape(size, t.k)), t.k, size, tmp.block, 0, tmp.blocks,
+                0, 0, tmp.lanes, tmp.cnt, tmp.vals)
+        kc.strided(kc.stats_ranges, args, kc.STRIDED)(*args)
         return tmp.summary()
 
 
@@ -503,7 +522,9 @@ def scan_ranges(field, view: np.ndarray, ranges: np.ndarray) -> FieldStats:
 
     k = view.shape[1]
     lanes, cnt, vals, out = _scan_scratch(k)
-    n = kc.column_scan_ranges(kc.operand(view), k, ranges, kc.SCAN_CHUNK, lanes, cnt, vals, out)
+    args = (*kc.operand(view), k, np.ascontiguousarray(ranges, np.int64), kc.SCAN_CHUNK, lanes, cnt,
+            vals, out)
+    n = kc.strided(kc.column_scan_ranges, args, kc.STRIDED)(*args)
     return FieldStats(field.name, n, out, field.shape)
 
 

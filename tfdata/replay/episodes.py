@@ -117,7 +117,7 @@ class Episodes:
     def __init__(self, spec: Spec, capacity: int, num_envs: int, roles: dict, next_of: dict,
                  elide: bool, allocator=None, on_grow=None):
         from .. import alloc
-        from ..kernels import first_discontinuity, stamp_episodes
+        from ..kernels import first_discontinuity
 
         self.spec = spec
         self.capacity = capacity
@@ -128,7 +128,7 @@ class Episodes:
         self._alloc = a = alloc.resolve(allocator)
         # called with the bytes a growth of the final table adds, before it allocates (budgets)
         self._on_grow = on_grow
-        self._stamp = stamp_episodes
+        self._stamp = self._bind_stamp  # the kernel, once a first stamp asks for it
         self._first_break = first_discontinuity
         self.term_i = spec.names.index(roles["terminated"])
         self.trunc_i = spec.names.index(roles["truncated"])
@@ -190,12 +190,19 @@ class Episodes:
         self._writer = weakref.proxy(writer)
         self._term = storage.field(self.spec.names[self.term_i])
         self._trunc = storage.field(self.spec.names[self.trunc_i])
-        # load the kernel for the slices catch_up passes now, not at the first catch-up (a slice
-        # of one row of an AoS field is C-contiguous, a longer one is strided: two signatures);
-        # it stamps scratch arrays only
-        cur, ep = np.zeros_like(self._current), np.zeros(2, np.uint32)
-        for k in (1, 2):
-            self._stamp(self._term[:k], self._trunc[:k], 0, 0, cur, ep)
+        self._bind_stamp()  # now, not at the first catch-up
+
+    def _bind_stamp(self, *args):
+        """Bind the stamp kernel, then stamp ``args`` if given. One specialization takes flags of
+        any stride (a slice of one row of an AoS field is C-contiguous, a longer one strided) and
+        writability (a caller's values); the flags are bool (fields checked by the writer)."""
+        from ..kernels import stamp_episodes, strided
+
+        flags = np.zeros(1, bool)
+        self._stamp = strided(stamp_episodes, (flags, flags, 0, 0, self._current, self._episode),
+                              (0, 1), (0, 1))
+        if args:
+            self._stamp(*args)
 
     def catch_up(self, stop: int) -> None:
         """Stamp the rows written one at a time in slots ``[stamped, stop)`` (lock held)."""

@@ -486,6 +486,18 @@ class FrameStack:
                                  frames.hist_words(name, word), frames.pad_words(name, word),
                                  mode_of(frames.padding[name])))
         self._shown = set(self.names) | {n for n in frames.nexts.values() if n is not None}
+        self._entries = {}  # (kernel, word) -> its specialization for the flags of any stride
+
+    def _flagged(self, kernel, word: int, at: int, args: tuple):
+        """``kernel`` (one that reads the flags) as :func:`tfdata.kernels.strided` specializes it
+        for ``args``: the flags of any stride (a column, or a field of records), so one
+        specialization per word type serves every layout. ``args`` keep their types from call
+        to call (the same arrays, or slices of them); the flags are ``args[at:at + 2]``."""
+        key = (kernel, word)
+        got = self._entries.get(key)
+        if got is None:
+            got = self._entries[key] = self.k.strided(kernel, args, (at, at + 1))
+        return got
 
     @staticmethod
     def plan_ring(spec: Spec, frames: dict, rows: int, fields=None) -> int:
@@ -549,14 +561,16 @@ class FrameStack:
                 finals, pending = fin.final_words(nxt, word), fin.pending_words(nxt, word)
                 if want_obs and rows is idx:
                     # both stacks of the same rows: one pass, the frames read once
-                    ks.stack_pairs(geo, steps, rows, fr.depth, src, off, hist, pad, mode, term,
-                                   trunc, fin.final_idx, finals, pending, dst, nw)
+                    args = (geo, steps, rows, fr.depth, src, off, hist, pad, mode, term, trunc,
+                            fin.final_idx, finals, pending, dst, nw)
+                    self._flagged(ks.stack_pairs, word, 9, args)(*args)
                     continue
             if want_obs:
                 ks.stacks(geo, steps, idx, fr.depth, src, off, hist, pad, mode, dst)
             if want_next:
-                ks.next_stacks(geo, steps, rows, fr.depth, src, off, hist, pad, mode, term, trunc,
-                               fin.final_idx, finals, pending, nw)
+                args = (geo, steps, rows, fr.depth, src, off, hist, pad, mode, term, trunc,
+                        fin.final_idx, finals, pending, nw)
+                self._flagged(ks.next_stacks, word, 9, args)(*args)
 
     def _apply_cold(self, cold, name, obs_rows, next_rows, words, cursor, steps, word, src, off,
                     hist, pad, mode) -> None:
@@ -587,11 +601,11 @@ class FrameStack:
                                           obs)
                 count = got if m == LIST else count
             if want_next:
-                got = k.cold_next_frame_stacks(next_rows, cursor, steps, e, cap, fr.depth, src, off,
-                                               hist, pad, mode, term, trunc, ep.final_idx, finals,
-                                               pending, cold.cold_from, cold.block, cold.cache_map,
-                                               cold.cache, cold.filled, m, cold.mark, gen, cold.need,
-                                               cold.reach, count, dst)
+                args = (next_rows, cursor, steps, e, cap, fr.depth, src, off, hist, pad, mode, term,
+                        trunc, ep.final_idx, finals, pending, cold.cold_from, cold.block,
+                        cold.cache_map, cold.cache, cold.filled, m, cold.mark, gen, cold.need,
+                        cold.reach, count, dst)
+                got = self._flagged(k.cold_next_frame_stacks, word, 11, args)(*args)
                 count = got if m == LIST else count
             if m != LIST and done >= count:
                 return

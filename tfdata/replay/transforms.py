@@ -144,7 +144,14 @@ class NStep:
             flags = arrays["flags"] = a.zeros((2, batch_size), bool)
             term = flags[0] if term is None else term
             trunc = flags[1] if trunc is None else trunc
-        arrays["outs"] = (f.get(r["reward"], acc), term, trunc)
+        ret = f.get(r["reward"], acc)
+        arrays["outs"] = (ret, term, trunc)
+        # the windows' reward, flags and outputs are fields of any stride (columns, records, or
+        # scratch): one kernel specialization takes them all (per reward and return dtype)
+        arrays["nstep"] = self.k.strided(
+            self._kernel, (np.zeros(1, np.int64), out.indices, self.n, self.gamma, self.reward,
+                           self.flags[0], self.flags[1], acc, ret, term, trunc,
+                           arrays["discount"], arrays["last"]), self.k.NSTEP_STRIDED)
         # the next fields the output holds, re-read at each window's last row
         arrays["copies"] = [(src, off, width) + out.source.output_words(out, nxt, word)[:2]
                             for nxt, word, (src, off, width) in self.copy_pairs if nxt in f]
@@ -161,7 +168,7 @@ class NStep:
         # views made per sample
         ret, term, trunc = arrays["outs"]
         last = arrays["last"]
-        self._kernel(self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
+        arrays["nstep"](self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
                      self.flags[1], arrays["acc"], ret, term, trunc, arrays["discount"], last)
         for src, off, width, dst, doff in arrays["copies"]:
             self.k.copy_field_rows(src, off, last, rows, dst, doff, width)
@@ -172,7 +179,7 @@ class NStep:
         part, rows = slice(i, i + 1), out.indices[i:i + 1]
         ret, term, trunc = arrays["outs"]
         last = arrays["last"][part]
-        self._kernel(self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
+        arrays["nstep"](self.streams.at(where), rows, self.n, self.gamma, self.reward, self.flags[0],
                      self.flags[1], arrays["acc"][part], ret[part], term[part], trunc[part],
                      arrays["discount"][part], last)
         for src, off, width, dst, doff in arrays["copies"]:
@@ -213,6 +220,16 @@ class ElideNext:
             arr = arrays["next:" + nxt] = self.allocator.zeros((rows,) + f.shape, f.dtype)
             words[nxt] = arr.reshape(rows, -1).view(np.uint8).view(WORD_TYPES[word])
         arrays["words"] = words
+        # per word type, one specialization of the copy: the flags of any stride, what it
+        # reads of any writability (the storage's words, flags and the final table)
+        arrays["copy"] = copies = {}
+        for nxt, word, (src, _, _) in self.pairs:
+            if word not in copies:
+                w = np.zeros((1, 1), WORD_TYPES[word])
+                copies[word] = self.k.strided(
+                    self.k.copy_next_elided, (np.zeros(1, np.int64), 0, 1, 1, src, 0, *self.flags,
+                                              np.zeros(1, np.int32), w, w, w, 0, 1),
+                    self.k.ELIDED_STRIDED, self.k.ELIDED_READONLY)
         return arrays
 
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
@@ -220,9 +237,9 @@ class ElideNext:
             fields[nxt] = arrays["next:" + nxt]
 
     def apply(self, out, arrays: dict, rows: np.ndarray, cursor: int) -> np.ndarray:
-        ep, words = self.episodes, arrays["words"]
+        ep, words, copies = self.episodes, arrays["words"], arrays["copy"]
         for nxt, word, (src, off, width) in self.pairs:
-            self.k.copy_next_elided(rows, cursor, self.num_envs, self.capacity, src, off,
+            copies[word](rows, cursor, self.num_envs, self.capacity, src, off,
                                     self.flags[0], self.flags[1], ep.final_idx, ep.final_words(nxt, word),
                                     ep.pending_words(nxt, word), words[nxt], 0, width)
         return rows
