@@ -11,7 +11,7 @@ import types
 import pytest
 
 import tfdata
-from . import REPO, experiment
+from . import experiment, render_again
 
 
 
@@ -171,11 +171,6 @@ def test_smoke_run(wl, tmp_path, monkeypatch, hybrid):
 def test_render_gives_back_the_published_report(wl, tmp_path, monkeypatch):
     """--render writes the published README.md again from its results.json alone, byte for byte
     (its hand-written parts taken from the README already in the folder)."""
-    published = os.path.join(REPO, "reports", "workloads")
-    with open(os.path.join(published, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    (tmp_path / "README.md").write_text(text, encoding="utf-8")
-    monkeypatch.setattr(wl, "OUT_DIR", str(tmp_path))
-    wl.main(["--render", os.path.join(published, "results.json")])
-    assert (tmp_path / "README.md").read_text(encoding="utf-8") == text
+    rendered, published = render_again(wl, "workloads", tmp_path, monkeypatch)
+    assert rendered == published
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["crossover_map.png", "operations.png", "workloads.png"]
