@@ -4,7 +4,6 @@ a smoke run of the whole experiment (tiny sizes) with and without hybrid groupin
 from __future__ import annotations
 
 import json
-import os
 import sys
 import types
 
