@@ -1571,3 +1571,96 @@ def rollout_minibatches_naive(fields: dict, seed: int, n: int, epochs: int) -> l
             rows = np.array(order[b * m:(b + 1) * m], dtype=np.int64)
             out.append((rows, {k: v[rows] for k, v in flat.items()}))
     return out
+
+
+# -- soft actor-critic (tfdata.nn.SAC's kernels) ------------------------------------------------
+SAC_LOG_STD_MIN, SAC_LOG_STD_MAX = -5.0, 2.0
+
+
+def sac_bias_act_naive(h, b, relu: bool) -> np.ndarray:
+    out = np.array(h, dtype=np.float64) + np.asarray(b, np.float64)[None, :]
+    return np.where(out > 0, out, 0.0) if relu else out
+
+
+def sac_squashed_gaussian_naive(head, eps, scale, bias) -> tuple:
+    """(t, std, y, action, logp) of CleanRL's get_action, element by element, in float64."""
+    rows, n = np.shape(eps)
+    t, std, y, act = (np.zeros((rows, n)) for _ in range(4))
+    logp = np.zeros(rows)
+    for i in range(rows):
+        for a in range(n):
+            mean = float(head[i][a])
+            t[i, a] = math.tanh(float(head[i][n + a]))
+            log_std = SAC_LOG_STD_MIN + 0.5 * (SAC_LOG_STD_MAX - SAC_LOG_STD_MIN) * (t[i, a] + 1)
+            std[i, a] = math.exp(log_std)
+            x = mean + std[i, a] * float(eps[i][a])
+            y[i, a] = math.tanh(x)
+            act[i, a] = y[i, a] * float(scale[a]) + float(bias[a])
+            logp[i] += (-0.5 * float(eps[i][a]) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+                        - math.log(float(scale[a]) * (1 - y[i, a] ** 2) + 1e-6))
+    return t, std, y, act, logp
+
+
+def sac_squashed_gaussian_backward_naive(g_action, c_logp, head, eps, scale) -> np.ndarray:
+    """d/d head of sum(g_action * action) + c_logp * sum(logp), by the chain rule written out
+    per element (tanh' = 1 - tanh**2, d exp = exp)."""
+    rows, n = np.shape(eps)
+    g = np.zeros((rows, 2 * n))
+    for i in range(rows):
+        for a in range(n):
+            mean, raw, e, s = float(head[i][a]), float(head[i][n + a]), float(eps[i][a]), float(scale[a])
+            t = math.tanh(raw)
+            log_std = SAC_LOG_STD_MIN + 3.5 * (t + 1)
+            std = math.exp(log_std)
+            y = math.tanh(mean + std * e)
+            # logp's element: -e**2/2 - log_std - log(s (1 - y**2) + 1e-6) (+ constant)
+            dlogp_dy = 2 * y * s / (s * (1 - y * y) + 1e-6)
+            dy_dx = 1 - y * y
+            d_x = (float(g_action[i][a]) * s + c_logp * dlogp_dy) * dy_dx
+            d_log_std = d_x * e * std - c_logp
+            g[i, a] = d_x
+            g[i, n + a] = d_log_std * 3.5 * (1 - t * t)
+    return g
+
+
+def sac_critic_target_naive(reward, terminated, q1, q2, logp, alpha, gamma) -> np.ndarray:
+    return np.array([float(r) + (0.0 if d else 1.0) * gamma * (min(float(a), float(b)) - alpha * float(lp))
+                     for r, d, a, b, lp in zip(reward, terminated, np.ravel(q1), np.ravel(q2), logp)])
+
+
+def sac_mse_backward_naive(q, target) -> tuple:
+    d = np.ravel(q).astype(np.float64) - np.asarray(target, np.float64)
+    return float(np.mean(d * d)), (2 * d / len(d))[:, None]
+
+
+def sac_min_backward_naive(q1, q2, logp, alpha) -> tuple:
+    q1, q2 = np.ravel(q1).astype(np.float64), np.ravel(q2).astype(np.float64)
+    n = len(q1)
+    g1 = np.where(q1 < q2, -1.0 / n, np.where(q1 == q2, -0.5 / n, 0.0))
+    g2 = np.where(q2 < q1, -1.0 / n, np.where(q1 == q2, -0.5 / n, 0.0))
+    loss = float(np.mean(alpha * np.asarray(logp, np.float64) - np.minimum(q1, q2)))
+    return loss, g1[:, None], g2[:, None]
+
+
+def sac_temperature_naive(logp, target_entropy, log_alpha) -> float:
+    return float(np.mean([-math.exp(log_alpha) * (float(lp) + target_entropy) for lp in logp]))
+
+
+def sac_actor_act_naive(layers, x, eps, scale, bias, deterministic: bool) -> np.ndarray:
+    """The actor row by row in float64: layers [(weight (n_out, n_in), bias)], ReLU between."""
+    out = []
+    for r, row in enumerate(np.asarray(x, np.float64)):
+        h = row
+        for i, (w, b) in enumerate(layers):
+            h = np.asarray(w, np.float64) @ h + np.asarray(b, np.float64)
+            if i < len(layers) - 1:
+                h = np.maximum(h, 0.0)
+        n = len(scale)
+        mean, raw = h[:n], h[n:]
+        if deterministic:
+            y = np.tanh(mean)
+        else:
+            std = np.exp(SAC_LOG_STD_MIN + 3.5 * (np.tanh(raw) + 1))
+            y = np.tanh(mean + std * np.asarray(eps[r], np.float64))
+        out.append(y * np.asarray(scale, np.float64) + np.asarray(bias, np.float64))
+    return np.array(out)

@@ -27,5 +27,6 @@ from .adam import Adam
 from .dqn import DQN
 from .mlp import MLP, orthogonal
 from .ppo import PPO
+from .sac import SAC
 
-__all__ = ["MLP", "Adam", "DQN", "PPO", "orthogonal"]
+__all__ = ["MLP", "Adam", "DQN", "PPO", "SAC", "orthogonal"]
