@@ -238,10 +238,12 @@ class SAC:
             }
         return ws
 
-    def _sample(self, ws, obs, noise, k: int) -> None:
+    def _sample(self, ws, obs, noise, k: int, forward: bool = True) -> None:
         """The actor at ``obs``: a squashed sample into ``ws["action"]``, its log-probability
-        into ``ws["logp"]`` (noise ``noise[k]``, or the generator's)."""
-        self._forward(self._actor, obs, ws["a"])
+        into ``ws["logp"]`` (noise ``noise[k]``, or the generator's). ``forward`` False: the
+        actor's outputs at ``obs`` are already in the workspace."""
+        if forward:
+            self._forward(self._actor, obs, ws["a"])
         eps = ws["eps"]
         if noise is None:
             self._rng.standard_normal(out=eps, dtype=self.dtype)
@@ -379,7 +381,8 @@ class SAC:
             qin = ws["qin_next"]  # free now: the actions drawn at obs go here
             qin[:, :O] = ws["obs"]
             for it in range(self.policy_frequency):
-                self._sample(ws, ws["obs"], noise, 1 + 2 * it)
+                # after the first, the temperature's draw left the actor's outputs at obs
+                self._sample(ws, ws["obs"], noise, 1 + 2 * it, forward=it == 0 or not self.autotune)
                 qin[:, O:] = ws["action"]
                 for c in (0, 1):
                     self._forward(self._q[c], qin, ws["q"][c])
