@@ -1579,7 +1579,7 @@ SAC_LOG_STD_MIN, SAC_LOG_STD_MAX = -5.0, 2.0
 
 def sac_bias_act_naive(h, b, relu: bool) -> np.ndarray:
     out = np.array(h, dtype=np.float64) + np.asarray(b, np.float64)[None, :]
-    return np.where(out > 0, out, 0.0) if relu else out
+    return np.where(out < 0, 0.0, out) if relu else out  # NaN stays NaN, as torch's relu
 
 
 def sac_squashed_gaussian_naive(head, eps, scale, bias) -> tuple:

@@ -41,6 +41,7 @@ def test_elementwise_kernels(dtype):
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for relu in (True, False):
         h = rng.standard_normal((7, 5)).astype(dtype)
+        h[3, 2] = np.nan  # stays NaN through ReLU, as torch's
         b = rng.standard_normal(5).astype(dtype)
         want = naive.sac_bias_act_naive(h, b, relu)
         K.bias_act(h, b, relu)

@@ -43,7 +43,7 @@ def bias_act(h, b, relu):
     for i in range(rows):
         for j in range(n):
             v = h[i, j] + b[j]
-            h[i, j] = v if (v > 0.0 or not relu) else 0.0
+            h[i, j] = 0.0 if (relu and v < 0.0) else v  # NaN stays NaN, as torch's relu
 
 
 @njit(**NN_OPTIONS)
@@ -308,20 +308,16 @@ def actor_act(params, table, x, eps, scale, bias, deterministic, h, action):
     for r in range(x.shape[0]):
         for layer in range(layers):
             n_in, n_out, w, b = table[layer, 0], table[layer, 1], table[layer, 2], table[layer, 3]
-            src = (layer - 1) % 2
-            dst = layer % 2
+            src = x[r] if layer == 0 else h[(layer - 1) % 2]
+            dst = h[layer % 2]
             for j in range(n_out):
                 acc = params[b + j]
-                row = w + j * n_in
-                if layer == 0:
-                    for k in range(n_in):
-                        acc += params[row + k] * x[r, k]
-                else:
-                    for k in range(n_in):
-                        acc += params[row + k] * h[src, k]
-                if layer < layers - 1 and acc < 0.0:
-                    acc = 0.0
-                h[dst, j] = acc
+                # a row of the weight as a slice: indexed from 0, so the loads are contiguous
+                # vectors (params[w + j * n_in + k] compiled to gathers)
+                row = params[w + j * n_in:w + (j + 1) * n_in]
+                for k in range(n_in):
+                    acc += row[k] * src[k]
+                dst[j] = 0 if (acc < 0 and layer < layers - 1) else acc  # NaN stays NaN
         out = (layers - 1) % 2
         for a in range(n_act):
             mean = h[out, a]
