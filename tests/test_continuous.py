@@ -439,3 +439,28 @@ def test_rollout_with_pendulum_actions(layout, final_value):
     np.testing.assert_array_equal(again.field("action"), buf.field("action"))
     with pytest.raises(SpecError, match=r"RolloutBuffer.add: field 'action'.*shape"):
         RolloutBuffer(spec, T, E).add({**steps[0], "action": np.zeros(E, np.float32)})
+
+
+# -- the learner reads the bounds --------------------------------------------------------------
+def test_sac_built_from_the_spec_bounds_trains_on_sampled_batches(tmp_path):
+    gym = pytest.importorskip("gymnasium")
+    from tfdata.nn import SAC
+
+    env = gym.make("Pendulum-v1")
+    spec = Spec.from_spaces(env.observation_space, env.action_space)
+    buf = ReplayBuffer(spec, 64, seed=0)
+    obs, _ = env.reset(seed=0)
+    sac = SAC(spec["obs"].shape[0], spec["action"].low, spec["action"].high, hidden=(16, 16), seed=0)
+    for _ in range(20):
+        action = sac.act(obs)
+        assert action.dtype == np.float32 and action.shape == (1,)
+        assert spec["action"].low <= action <= spec["action"].high
+        nxt, reward, term, trunc, _ = env.step(action)
+        buf.push({"obs": obs, "action": action, "reward": reward, "next_obs": nxt,
+                  "terminated": term, "truncated": trunc})
+        obs = nxt
+    assert np.isfinite(sac.train(buf.sample(8)))
+    buf.save(tmp_path / "ck")  # a learner rebuilt from a checkpoint finds the same bounds
+    back = ReplayBuffer.load(tmp_path / "ck").spec["action"]
+    np.testing.assert_array_equal(SAC(3, back.low, back.high).action_high, sac.action_high)
+    env.close()
