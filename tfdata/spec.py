@@ -7,6 +7,7 @@ untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import numbers
@@ -50,19 +51,110 @@ def _as_shape(shape, name: str) -> tuple[int, ...]:
     return shape
 
 
+def _as_bounds(field: "Field", low, high) -> tuple:
+    """``(low, high)`` of ``field`` as read-only float64 arrays of the field's shape, checked;
+    ``(None, None)`` when neither is given."""
+    if low is None and high is None:
+        return None, None
+    name = field.name
+    if low is None or high is None:
+        raise SpecError(f"field {name!r}: bounds need both low and high (an unbounded side is "
+                        f"-inf or inf), got low={_short(low)}, high={_short(high)}")
+    if field.dtype.kind != "f":
+        raise SpecError(f"field {name!r}: bounds are for floating-point fields, got dtype "
+                        f"{field.dtype}")
+    out = []
+    for which, v in (("low", low), ("high", high)):
+        try:
+            arr = np.asarray(v)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise SpecError(f"field {name!r}: {which}: cannot read {type(v).__name__} as an array "
+                            f"({str(exc)[:100]})") from None
+        if arr.dtype.kind not in "iuf":
+            raise SpecError(f"field {name!r}: {which}: expected real numbers, got dtype {arr.dtype}")
+        if arr.shape not in ((), field.shape):
+            raise SpecError(f"field {name!r}: {which}: expected shape {field.shape} (or a scalar), "
+                            f"got shape {arr.shape}")
+        arr = np.array(np.broadcast_to(arr.astype(np.float64), field.shape), np.float64)
+        if np.isnan(arr).any():
+            raise SpecError(f"field {name!r}: {which}: expected finite or infinite floats, got NaN")
+        arr.flags.writeable = False
+        out.append(arr)
+    if (out[0] > out[1]).any():
+        i = np.unravel_index(int(np.argmax(out[0] > out[1])), field.shape) if field.shape else ()
+        raise SpecError(f"field {name!r}: expected low <= high, got low {out[0][i]} > high "
+                        f"{out[1][i]} at index {tuple(int(j) for j in i)}")
+    return out[0], out[1]
+
+
+def _short(v) -> str:
+    return repr(v)[:100]
+
+
+def _bound_to_json(arr: np.ndarray) -> list:
+    # JSON has no infinity (checkpoints are written with allow_nan=False): "inf" / "-inf"
+    return [x if math.isfinite(x) else ("inf" if x > 0 else "-inf") for x in arr.ravel().tolist()]
+
+
+def _bound_from_json(name: str, which: str, v, shape: tuple) -> np.ndarray:
+    """A bound written by :meth:`Field.to_dict`, read as untrusted input: a flat list of
+    ``prod(shape)`` numbers (an int or float, or the strings ``"inf"`` / ``"-inf"``)."""
+    size = math.prod(shape)
+    if not isinstance(v, list) or len(v) != size:
+        n = f"a list of {len(v)}" if isinstance(v, list) else type(v).__name__
+        raise SpecError(f"field {name!r}: {which}: expected a list of {size} numbers (the field's "
+                        f"shape {shape}, flattened), got {n}")
+    out = np.empty(size, np.float64)
+    for i, x in enumerate(v):
+        if type(x) is str and x in ("inf", "-inf"):
+            out[i] = float(x)
+        elif type(x) in (int, float) and (type(x) is int or not math.isnan(x)):
+            try:
+                out[i] = x
+            except OverflowError:
+                raise SpecError(f"field {name!r}: {which}[{i}]: integer too large for a float") from None
+        else:
+            raise SpecError(f"field {name!r}: {which}[{i}]: expected a number or 'inf' / '-inf', "
+                            f"got {_short(x)}")
+    return out.reshape(shape)
+
+
 @dataclass(frozen=True)
 class Field:
-    """One named field: a dtype and the shape of one row's value."""
+    """One named field: a dtype and the shape of one row's value.
+
+    Parameters
+    ----------
+    name : str
+    dtype : numpy dtype
+        Bool or numeric.
+    shape : tuple of int, default ()
+        The shape of one row's value.
+    low, high : array_like or None, default None
+        Bounds of a floating-point field (a continuous action: a gymnasium ``Box``'s ``low`` and
+        ``high``), both or neither: scalars or arrays of ``shape``, no NaN (an unbounded side is
+        ``-inf`` / ``inf``), ``low <= high``. Kept as read-only float64 arrays of ``shape`` for
+        the learner to read (``spec["action"].low``); metadata only: values outside them are
+        still accepted by a push (clip where the environment needs it), and they take no part
+        in equality or hashing. They survive :meth:`to_dict` / :meth:`Spec.from_dict`, so every
+        checkpoint, shared region and Ray actor keeps them; datasets do not (an AoS file holds
+        a structured dtype only, and the layouts store the same).
+    """
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...] = ()
+    low: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    high: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise SpecError(f"field names must be non-empty strings, got {self.name!r}")
         object.__setattr__(self, "dtype", _as_dtype(self.dtype, self.name))
         object.__setattr__(self, "shape", _as_shape(self.shape, self.name))
+        low, high = _as_bounds(self, self.low, self.high)
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
         # bounds for the Python-int fast path of check_row (inf for float fields, None = no path)
         kind = self.dtype.kind
         if kind in "iu":
@@ -215,7 +307,37 @@ class Field:
                         f"casting {src} to {dst} could lose data")
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
+        """JSON-serialisable: ``name``, ``dtype`` (numpy's ``dtype.str``), ``shape`` and, for a
+        field with bounds, ``low`` and ``high`` (flat lists, infinities as ``"inf"`` /
+        ``"-inf"``)."""
+        d = {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
+        if self.low is not None:
+            d["low"], d["high"] = _bound_to_json(self.low), _bound_to_json(self.high)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Field":
+        """Inverse of :meth:`to_dict`, for untrusted input: SpecError naming the field and key
+        for anything that is not a field (bounds: see :class:`Field`)."""
+        if not isinstance(d, Mapping):
+            raise SpecError(f"not a field dictionary: {type(d).__name__}")
+        try:
+            name, dtype, shape = d["name"], d["dtype"], d["shape"]
+        except KeyError as exc:
+            raise SpecError(f"not a field dictionary: missing key {exc}") from None
+        if not isinstance(shape, (list, tuple)):
+            raise SpecError(f"field {_short(name)}: shape: expected a list of ints, got {_short(shape)}")
+        try:
+            field = cls(name, np.dtype(dtype), tuple(shape))
+        except SpecError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"field {_short(name)}: {str(exc)[:200]}") from None
+        if "low" not in d and "high" not in d:
+            return field
+        low, high = (_bound_from_json(field.name, k, d[k], field.shape) if k in d else None
+                     for k in ("low", "high"))
+        return cls(field.name, field.dtype, field.shape, low=low, high=high)
 
 
 class Spec:
@@ -306,10 +428,18 @@ class Spec:
         Fields: ``obs``, ``action``, ``reward`` (``reward_dtype``), ``next_obs`` (if
         ``next_obs``), ``terminated`` and ``truncated`` (bool). A Dict space gives dotted
         fields (``obs.<key>``). gymnasium is imported only by this method.
+
+        A ``Box`` keeps its dtype and shape: a continuous action space (Pendulum's
+        ``Box(-2, 2, (1,), float32)``) gives a float32 ``action`` of shape ``(1,)``. A
+        floating-point ``Box`` action (float16, float32 or float64) also keeps its bounds as the
+        field's ``low`` and ``high`` (float64 arrays of its shape; see :class:`Field`), which a
+        learner reads to scale its actions: ``spec["action"].low``. An integer or bool ``Box``
+        keeps its dtype without bounds; observation fields carry none (they are often infinite,
+        and an image's would be as large as a frame).
         """
         fields = []
         fields += space_fields(observation_space, "obs")
-        fields += space_fields(action_space, "action")
+        fields += space_fields(action_space, "action", bounds=True)
         fields.append(Field("reward", reward_dtype, ()))
         if next_obs:
             fields += space_fields(observation_space, "next_obs")
@@ -319,9 +449,9 @@ class Spec:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Spec":
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict` (each field by :meth:`Field.from_dict`, bounds checked)."""
         try:
-            return cls([Field(f["name"], np.dtype(f["dtype"]), tuple(f["shape"])) for f in d["fields"]])
+            return cls([Field.from_dict(f) for f in d["fields"]])
         except (KeyError, TypeError) as exc:
             raise SpecError(f"not a spec dictionary: {exc}") from None
 
@@ -514,13 +644,18 @@ def _flatten(row: Mapping, prefix: str = "") -> dict:
     return out
 
 
-def space_fields(space, name: str) -> list[Field]:
-    """Fields for one gymnasium space: Box, Discrete, MultiDiscrete, MultiBinary or Dict."""
+def space_fields(space, name: str, bounds: bool = False) -> list[Field]:
+    """Fields for one gymnasium space: Box, Discrete, MultiDiscrete, MultiBinary or Dict.
+
+    ``bounds``: a floating-point Box's field keeps its ``low`` and ``high`` (see :class:`Field`).
+    """
     try:
         from gymnasium import spaces
     except ImportError as exc:  # pragma: no cover - exercised only without gymnasium
         raise ImportError("Spec.from_spaces needs gymnasium: pip install 'tfdata[rl]'") from exc
     if isinstance(space, spaces.Box):
+        if bounds and np.dtype(space.dtype).kind == "f":
+            return [Field(name, space.dtype, space.shape, low=space.low, high=space.high)]
         return [Field(name, space.dtype, space.shape)]
     if isinstance(space, spaces.Discrete):
         return [Field(name, np.int64, ())]
@@ -531,7 +666,7 @@ def space_fields(space, name: str) -> list[Field]:
     if isinstance(space, spaces.Dict):
         out = []
         for key, sub in space.spaces.items():
-            out += space_fields(sub, f"{name}.{key}")
+            out += space_fields(sub, f"{name}.{key}", bounds)
         return out
     raise SpecError(f"field {name!r}: unsupported gymnasium space {type(space).__name__} "
                     "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict)")

@@ -142,7 +142,7 @@ class Checker:
         out, row = [], 0
         for i, f in enumerate(fields):
             where = f"state.spec.fields[{i}]"
-            self.obj(where, f, ("name", "dtype", "shape"))
+            self.obj(where, f, ("name", "dtype", "shape"), ("low", "high"))
             name, dtype, shape = f["name"], f["dtype"], f["shape"]
             if type(name) is not str or not 1 <= len(name) <= _MAX_NAME:
                 self.fail(f"{where}.name", f"a string of 1 to {_MAX_NAME} characters", name)
@@ -159,6 +159,11 @@ class Checker:
                 self.fail(f"{where}.dtype", f"a bool or numeric dtype ({str(exc)[:200]})", dtype)
             if field.dtype.str != dtype:  # canonical: what a save writes for this dtype
                 self.fail(f"{where}.dtype", f"{field.dtype.str!r} (numpy's canonical form)", dtype)
+            if "low" in f or "high" in f:  # a field's bounds (Field.from_dict checks them)
+                try:
+                    field = Field.from_dict(f)
+                except SpecError as exc:
+                    raise FormatError(f"{self.spath}: {where}: {str(exc)[:300]}") from None
             row += field.dtype.itemsize * math.prod(shape)
             if row > _MAX_ROW_BYTES:
                 self.fail("state.spec", f"rows of at most {_MAX_ROW_BYTES} bytes",
