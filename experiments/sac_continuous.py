@@ -33,7 +33,7 @@ floor of its matrix products).
 Every (variant, seed) runs in a fresh process (its own peak memory as ``VmHWM``, no shared caches),
 variants alternating seed by seed, one thread for torch, OpenMP and BLAS.
 
-    python experiments/sac_continuous.py --quick    # Pendulum, 1 seed, 3,000 steps: about 2 minutes
+    python experiments/sac_continuous.py --quick    # Pendulum, 1 seed, 2,500 steps: under 2 minutes
     python experiments/sac_continuous.py            # Pendulum 5 seeds x 20k, Hopper 3 seeds x ENVS' budget
     python experiments/sac_continuous.py --render reports/sac/results.json   # the report again, no runs
 
@@ -104,7 +104,7 @@ BUDGETS = {
                  "comparison covers the early phase of learning (returns of a few hundred), not CleanRL's "
                  "final scores",
 }
-QUICK = {"Pendulum-v1": {"steps": 3_000, "learning_starts": 1_000, "seeds": [0]}}
+QUICK = {"Pendulum-v1": {"steps": 2_500, "learning_starts": 1_000, "seeds": [0]}}
 VARIANTS = {
     # name: (learner, buffer)
     "torch": ("torch", "sb3"),
@@ -954,7 +954,7 @@ def plan(args, mode) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help=f"Pendulum-v1 only, 1 seed, {QUICK['Pendulum-v1']['steps']:,} steps (about 2 minutes)")
+                    help=f"Pendulum-v1 only, 1 seed, {QUICK['Pendulum-v1']['steps']:,} steps (under 2 minutes)")
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="seeds (every environment)")
     ap.add_argument("--steps", type=int, default=None, help="environment steps per run (every environment)")
     ap.add_argument("--learning-starts", type=int, default=None)
