@@ -180,11 +180,14 @@ def bare_env_us(gym, env_id: str, seed: int, n: int) -> float:
     return dt / n / 1e3
 
 
-def update_products(obs_dim: int, act_dim: int, hidden=(256, 256), batch: int = 256) -> list:
-    """The matrix products of one SAC training step, on average (one critic update, and one actor
-    and one temperature update: ``policy_frequency`` of each every ``policy_frequency`` steps), as
-    ``(m, k, n)`` shapes: the least arithmetic any implementation of the update does, backward
-    passes computing only the gradients the update needs."""
+def update_products(obs_dim: int, act_dim: int, hidden=(256, 256), batch: int = 256,
+                    policy_frequency: int = 2) -> list:
+    """The matrix products of one cycle of ``policy_frequency`` SAC training steps (that many critic
+    updates, then that many actor updates, each followed by the temperature's draw from the updated
+    actor) as ``(m, k, n)`` shapes: the least arithmetic any implementation of CleanRL's update
+    does. Backward passes compute only the gradients the update needs; an actor update's forward
+    pass is the previous temperature draw's (the same actor, other noise), so a cycle has one actor
+    forward for the temperature of its own."""
     B, (h1, h2) = batch, hidden
     q_in = obs_dim + act_dim
 
@@ -198,28 +201,31 @@ def update_products(obs_dim: int, act_dim: int, hidden=(256, 256), batch: int = 
         return [(B, d_out, h2), (B, h2, h1)] + ([(B, h1, d_in)] if to_input else [])
 
     actor = fwd(obs_dim, 2 * act_dim)          # mean and log-std heads as one product
-    critic_step = actor + 2 * fwd(q_in, 1) + 2 * (fwd(q_in, 1) + bwd_weights(q_in, 1) + bwd_inputs(q_in, 1, False))
-    actor_step = (actor + 2 * (fwd(q_in, 1) + bwd_inputs(q_in, 1, True))
-                  + bwd_weights(obs_dim, 2 * act_dim) + bwd_inputs(obs_dim, 2 * act_dim, False))
-    alpha_step = actor
-    return critic_step + actor_step + alpha_step
+    critic_update = (actor + 2 * fwd(q_in, 1)
+                     + 2 * (fwd(q_in, 1) + bwd_weights(q_in, 1) + bwd_inputs(q_in, 1, False)))
+    actor_update = (actor + 2 * (fwd(q_in, 1) + bwd_inputs(q_in, 1, True))
+                    + bwd_weights(obs_dim, 2 * act_dim) + bwd_inputs(obs_dim, 2 * act_dim, False))
+    return policy_frequency * critic_update + policy_frequency * actor_update + actor
 
 
 def blas_floor_us(obs_dim: int, act_dim: int, hidden=(256, 256), repeats: int = BLAS_REPEATS) -> dict:
-    """µs of the hidden-layer products of :func:`update_products` (every dimension at least the
-    narrowest hidden layer: at batch 256 and 256 units, 17 products of 256 x 256 x 256, over 95% of
-    the step's arithmetic) as bare float32 ``np.matmul`` calls into preallocated outputs (numpy's
-    BLAS, one thread): the median of ``repeats`` passes. The thin products (an input of a few
-    floats, a critic's one output) are left out: numpy sends some of them to slow paths that no
-    implementation needs, and a floor must not be above what can be done.
+    """µs per training step of the hidden-layer products of :func:`update_products` (every
+    dimension at least the narrowest hidden layer: at batch 256 and 256 units, 33 products of
+    256 x 256 x 256 per cycle of 2 steps, over 95% of the arithmetic) as bare float32 ``np.matmul``
+    calls into preallocated outputs (numpy's BLAS, one thread): the median of ``repeats`` cycles,
+    divided by the cycle's steps. The thin products (an input of a few floats, a critic's one
+    output) are left out: numpy sends some of them to slow paths that no implementation needs, and
+    a floor must not be above what can be done.
 
     Returns
     -------
     dict
-        ``us``, ``products`` (how many timed), ``gflop`` (theirs), ``gflop_step`` (every product's).
+        Per training step: ``us``, ``products`` (how many timed), ``gflop`` (theirs),
+        ``gflop_step`` (every product's).
     """
     rng = np.random.default_rng(0)
-    shapes = update_products(obs_dim, act_dim, hidden)
+    p = HP["policy_frequency"]
+    shapes = update_products(obs_dim, act_dim, hidden, HP["batch_size"], p)
     wide = [s for s in shapes if min(s) >= min(hidden)]
     ops = [(rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32),
             np.empty((m, n), np.float32)) for m, k, n in wide]
@@ -232,9 +238,9 @@ def blas_floor_us(obs_dim: int, act_dim: int, hidden=(256, 256), repeats: int = 
         for a, b, o in ops:
             matmul(a, b, out=o)
         times.append(time.perf_counter_ns() - t0)
-    return {"us": float(np.median(times)) / 1e3, "products": len(ops),
-            "gflop": 2 * sum(m * k * n for m, k, n in wide) / 1e9,
-            "gflop_step": 2 * sum(m * k * n for m, k, n in shapes) / 1e9}
+    return {"us": float(np.median(times)) / 1e3 / p, "products": len(ops) / p,
+            "gflop": 2 * sum(m * k * n for m, k, n in wide) / 1e9 / p,
+            "gflop_step": 2 * sum(m * k * n for m, k, n in shapes) / 1e9 / p}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -859,10 +865,11 @@ def env_section(env_id, a, pngs) -> list[str]:
                   ("Amdahl bound", "r", lambda x: f"{x['amdahl_bound']['mean']:.3f}x")])
     L.append("")
     x0 = next(iter(agg.values()))
-    L.append(f"The training step against a bare BLAS floor: the {x0['blas_products']} products of the hidden "
-             f"layers that one average training step needs (one critic update, one actor and one temperature "
-             f"update: {x0['blas_gflop']:.3f} of its {x0['blas_gflop_step']:.3f} GFLOP) as float32 `np.matmul` "
-             "calls into preallocated outputs, one thread, nothing else:\n")
+    L.append(f"The training step against a bare BLAS floor: the products of the hidden layers that a training "
+             f"step needs on average ({x0['blas_products']:g} per step: a critic update, an actor update and a "
+             f"temperature update, whose draw gives the next actor update its forward pass; {x0['blas_gflop']:.3f} "
+             f"of the step's {x0['blas_gflop_step']:.3f} GFLOP) as float32 `np.matmul` calls into preallocated "
+             "outputs, one thread, nothing else:\n")
     L += table(recs, [("variant", "l", "{variant}"),
                       ("update µs per training step", "r", lambda x: _pm(x["update_us_per_train_step"])),
                       ("sample µs per training step", "r", lambda x: _pm(x["sample_us_per_train_step"], "{:.1f}")),
