@@ -38,6 +38,7 @@ EXPERIMENTS = {
     "cold_start": "cold_start",
     "dqn_cartpole": "dqn",
     "ppo_cartpole": "ppo",
+    "sac_continuous": "sac",
     "replay_ratio": "replay_ratio",
     "ingestion": "ingest",
     "frame_codecs": "frame_codecs",
@@ -45,7 +46,7 @@ EXPERIMENTS = {
 }
 #: Experiments that are a study of another experiment's file: name -> (file stem, its arguments).
 STUDIES = {"replay_ratio": ("dqn_cartpole", ["--study", "replay_ratio"])}
-ALIASES = {"dqn": "dqn_cartpole", "ppo": "ppo_cartpole", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
+ALIASES = {"dqn": "dqn_cartpole", "ppo": "ppo_cartpole", "sac": "sac_continuous", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
            "ingest": "ingestion"}
 #: Reports written by asv runs rather than experiments (listed in the index as they are).
 ASV_REPORTS = {
