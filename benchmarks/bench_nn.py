@@ -928,16 +928,19 @@ def net_products(sizes, forward: bool = True, weights: bool = False, inputs: boo
 
 
 def sac_products(obs_dim: int = SAC_OBS, n_act: int = SAC_ACTIONS, hidden=SAC_HIDDEN,
-                 policy_frequency: int = SAC_POLICY_FREQUENCY, policy: bool = True) -> list:
+                 policy_frequency: int = SAC_POLICY_FREQUENCY, policy: bool = True,
+                 autotune: bool = True) -> list:
     """The matrix products of one SAC update (``policy``: one with the policy update), from the
     network sizes: ``[(kind, n_in, n_out)]`` as :func:`net_products`, each over the batch.
 
     Critics: the actor forward at ``next_obs``, the two target critics and the two critics
     forward, the two critics backward (weight gradients; input gradients to the first layer).
-    Then ``policy_frequency`` times: the actor forward, the two critics forward and backward to
-    the action (input gradients through every layer, no weight gradients: only the actor's
-    parameters step), the actor backward (weight gradients), and the actor forward again for the
-    temperature. Torch's autograd also computes the critics' weight gradients in the actor's
+    Then ``policy_frequency`` times: the actor forward (from the second time on with
+    ``autotune``, the temperature's forward has just computed it: not repeated), the two critics
+    forward and backward to the action (input gradients through every layer, no weight
+    gradients: only the actor's parameters step), the actor backward (weight gradients), and
+    with ``autotune`` the actor forward again for the temperature. CleanRL repeats that actor
+    forward, and torch's autograd also computes the critics' weight gradients in the actor's
     backward (CleanRL does not freeze them): not counted, they are not needed.
     """
     actor = (obs_dim, *hidden, 2 * n_act)
@@ -946,12 +949,14 @@ def sac_products(obs_dim: int = SAC_OBS, n_act: int = SAC_ACTIONS, hidden=SAC_HI
     out += 4 * net_products(q)
     out += 2 * net_products(q, forward=False, weights=True, inputs=True)
     if policy:
-        for _ in range(policy_frequency):
-            out += net_products(actor)
+        for it in range(policy_frequency):
+            if it == 0 or not autotune:
+                out += net_products(actor)
             out += 2 * net_products(q)
             out += 2 * net_products(q, forward=False, inputs=True, first_input=True)
             out += net_products(actor, forward=False, weights=True, inputs=True)
-            out += net_products(actor)
+            if autotune:
+                out += net_products(actor)
     return out
 
 
@@ -984,7 +989,7 @@ def floor_operands(batch: int = SAC_BATCH) -> list:
 class SACFloor:
     """The BLAS floor of :class:`SACTrain`: the matrix products of its two updates alone.
 
-    Each product of :func:`sac_products` (steps 2k+1 and 2k+2: 96 products, 600 million
+    Each product of :func:`sac_products` (steps 2k+1 and 2k+2: 93 products, 582 million
     multiply-adds at batch 256) is one ``np.matmul(a, b, out=c)`` of float32 operands of the
     update's shapes and memory orders, preallocated, one set per distinct product (14 sets, 5.4 MB).
     One thread.
