@@ -53,6 +53,42 @@ clipped value loss, ent_coef 0.01, vf_coef 0.5, max_grad_norm 0.5):
 * ``PPOCompile``: ``track_first_train_and_act``, seconds of ``PPO(4, 2)`` + first ``train`` (AoS
   field types) + first ``act`` + first ``value`` in a fresh interpreter, cold and warm cache.
 
+SAC (``tfdata.nn.SAC`` against CleanRL's ``sac_continuous_action.py`` at its Hopper sizes: 11
+observations, 3 actions in [-1, 1], actor 11-256-256-(3 mean, 3 log-std) and twin critics
+14-256-256-1 with Polyak targets, ReLU, batch 256, gamma 0.99, tau 0.005, Adam lr 3e-4 (actor) and
+1e-3 (critics, temperature), autotuned temperature, policy_frequency 2; batches sampled from a full
+10,000-row tfdata ``ReplayBuffer`` of :data:`HOPPER` rows):
+
+* ``SACTrain``: ``time_train``, **two consecutive updates**, global steps ``2k + 1`` (the critics
+  and the targets) and ``2k + 2`` (the same, then two actor updates, each followed by a
+  temperature update), on one batch of 256 sampled in ``setup``: CleanRL does a policy update
+  every 2nd step, so one reading is the cost of two environment steps' learning, and half of it
+  the mean update. ``"tfdata"``: ``SAC.train(batch, step)``; ``"torch"``: CleanRL's update lines
+  (:class:`TorchSAC`), the fields converted with ``torch.from_numpy`` inside the timed call.
+* ``SACFloor``: ``time_pair``, the BLAS floor of that pair: only the matrix products the two
+  updates perform (:func:`sac_products`, from the network sizes), each a numpy ``matmul`` of
+  float32 arrays of the same shapes and memory orders as ``SAC`` uses, into preallocated arrays.
+  ``SACTrain`` / ``SACFloor`` is what the rest of the update (kernels, Python, Adam) costs on top.
+* ``MatMul``: ``time_matmul``, one product at the shapes behind ``SAC``'s split between BLAS and
+  loops: (256x256)@(256x256) (a hidden layer of the batch), (1x256)@(256x256) (the same layer
+  for one observation, acting), (256x14)@(14x256) (the critics' first layer); ``"numba"``, the
+  compiled loops of :func:`matmul_ikj` (i-k-j, the inner loop contiguous), against ``"numpy"``,
+  ``np.matmul(a, b, out=c)`` (BLAS). float32, C-contiguous, one thread.
+* ``SACAct``: ``time_act``, an action for one observation (shape (11,)): ``SAC.act(obs)`` (the
+  compiled row-by-row actor) against CleanRL's ``actor.get_action(obs[None])`` under
+  ``torch.no_grad()`` (which also computes the log-probability and the squashed mean).
+* ``SACMemory``: ``peakmem_train``, peak RSS of a process that builds a 10,000-row Hopper buffer
+  (AoS) and a learner and runs 10 sample + train steps and an act; ``track_nbytes``:
+  ``SAC.nbytes`` after them (parameters, targets, gradients, Adam's moments, workspaces of batch
+  256 and 1) against :attr:`TorchSAC.nbytes` (the torch agent's parameters, buffers, gradients
+  and optimizer state; autograd's activations are freed after each backward, not counted).
+* ``SACCompile``: ``track_first_train_and_act``, seconds of ``SAC(11, ...)`` + a first pair of
+  ``train`` calls (steps 1 and 2: every kernel of the update) on a batch of AoS field views + the
+  first ``act``, in a fresh interpreter, cold and warm cache.
+
+numpy's BLAS is pinned to one thread in every SAC and MatMul process (:func:`single_thread_blas`,
+as ``OPENBLAS_NUM_THREADS=1`` would at start), as torch is to one.
+
 Torch runs with ``torch.set_num_threads(1)`` (``OMP_NUM_THREADS=1`` set before torch is
 imported, if unset): the single core of a small device, and a fair match for tfdata's
 single-threaded kernels. Where torch cannot be imported its cases are skipped
@@ -67,6 +103,7 @@ is never synced: a stationary regression).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import json
@@ -606,3 +643,526 @@ class PPOCompile:
 
     def track_first_train_and_act(self, cache):
         return first_call_seconds(PPO_FIRST_TRAIN_AND_ACT, cache=cache, runs=self.runs[cache])
+
+
+# -- SAC ----------------------------------------------------------------------------------------
+#: CleanRL sac_continuous_action.py's sizes, with Hopper's spaces: 11 observations, 3 actions
+SAC_OBS, SAC_ACTIONS, SAC_HIDDEN, SAC_BATCH = 11, 3, (256, 256), 256
+SAC_LOW, SAC_HIGH = -np.ones(SAC_ACTIONS), np.ones(SAC_ACTIONS)
+SAC_GAMMA, SAC_TAU, SAC_POLICY_LR, SAC_Q_LR, SAC_POLICY_FREQUENCY = 0.99, 0.005, 3e-4, 1e-3, 2
+#: a Hopper transition (float32 observations and actions), 106 bytes of data per row
+HOPPER = tfdata.Spec({
+    "obs": ("f4", (SAC_OBS,)),
+    "action": ("f4", (SAC_ACTIONS,)),
+    "reward": "f4",
+    "next_obs": ("f4", (SAC_OBS,)),
+    "terminated": "?",
+    "truncated": "?",
+})
+#: train steps of the SAC memory benchmark
+SAC_MEMORY_STEPS = 10
+# one reading is milliseconds (two updates, or their products): 10 to 100 readings, 5 s at most
+_SAC_SAMPLES = (10, 100, 5.0)
+
+_BLAS_SET_THREADS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+@functools.lru_cache(maxsize=None)
+def single_thread_blas() -> bool:
+    """Set every OpenBLAS loaded in this process (numpy's) to one thread, once per process.
+
+    ``OPENBLAS_NUM_THREADS=1`` does it only if set before numpy is imported, and asv imports the
+    benchmark modules before any ``setup``. True if one was found (Linux; elsewhere, or with
+    another BLAS, run with the environment variables set).
+    """
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return False
+    found = False
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _BLAS_SET_THREADS:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn(1)
+                found = True
+                break
+    return found
+
+
+class TorchSAC:
+    """CleanRL's ``sac_continuous_action.py`` agent (``Actor``, two ``SoftQNetwork`` and their
+    targets, three Adam optimizers, ``log_alpha``) and its update, with :class:`tfdata.nn.SAC`'s
+    ``train(batch, step)``/``act(obs)``.
+
+    ``train`` converts the batch with ``torch.from_numpy`` (zero copy) and runs CleanRL's lines
+    after ``rb.sample``; ``act`` is ``actor.get_action`` of one observation under
+    ``torch.no_grad()``.
+    """
+
+    def __init__(self, torch, seed: int = 0):
+        nn = torch.nn
+        F = torch.nn.functional
+        torch.manual_seed(seed)
+        h1, h2 = SAC_HIDDEN
+
+        class SoftQNetwork(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = nn.Linear(SAC_OBS + SAC_ACTIONS, h1)
+                self.fc2 = nn.Linear(h1, h2)
+                self.fc3 = nn.Linear(h2, 1)
+
+            def forward(self, x, a):
+                x = torch.cat([x, a], 1)
+                x = F.relu(self.fc1(x))
+                x = F.relu(self.fc2(x))
+                return self.fc3(x)
+
+        log_std_max, log_std_min = 2, -5
+
+        class Actor(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = nn.Linear(SAC_OBS, h1)
+                self.fc2 = nn.Linear(h1, h2)
+                self.fc_mean = nn.Linear(h2, SAC_ACTIONS)
+                self.fc_logstd = nn.Linear(h2, SAC_ACTIONS)
+                self.register_buffer("action_scale", torch.tensor((SAC_HIGH - SAC_LOW) / 2.0,
+                                                                  dtype=torch.float32))
+                self.register_buffer("action_bias", torch.tensor((SAC_HIGH + SAC_LOW) / 2.0,
+                                                                 dtype=torch.float32))
+
+            def forward(self, x):
+                x = F.relu(self.fc1(x))
+                x = F.relu(self.fc2(x))
+                mean = self.fc_mean(x)
+                log_std = self.fc_logstd(x)
+                log_std = torch.tanh(log_std)
+                log_std = log_std_min + 0.5 * (log_std_max - log_std_min) * (log_std + 1)
+                return mean, log_std
+
+            def get_action(self, x):
+                mean, log_std = self(x)
+                std = log_std.exp()
+                normal = torch.distributions.Normal(mean, std)
+                x_t = normal.rsample()
+                y_t = torch.tanh(x_t)
+                action = y_t * self.action_scale + self.action_bias
+                log_prob = normal.log_prob(x_t)
+                log_prob -= torch.log(self.action_scale * (1 - y_t.pow(2)) + 1e-6)
+                log_prob = log_prob.sum(1, keepdim=True)
+                mean = torch.tanh(mean) * self.action_scale + self.action_bias
+                return action, log_prob, mean
+
+        self.torch, self.mse_loss = torch, F.mse_loss
+        self.actor = Actor()
+        self.qf1, self.qf2 = SoftQNetwork(), SoftQNetwork()
+        self.qf1_target, self.qf2_target = SoftQNetwork(), SoftQNetwork()
+        self.qf1_target.load_state_dict(self.qf1.state_dict())
+        self.qf2_target.load_state_dict(self.qf2.state_dict())
+        self.q_optimizer = torch.optim.Adam(list(self.qf1.parameters()) + list(self.qf2.parameters()),
+                                            lr=SAC_Q_LR)
+        self.actor_optimizer = torch.optim.Adam(list(self.actor.parameters()), lr=SAC_POLICY_LR)
+        self.target_entropy = -float(SAC_ACTIONS)
+        self.log_alpha = torch.zeros(1, requires_grad=True)
+        self.alpha = self.log_alpha.exp().item()
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=SAC_Q_LR)
+
+    def train(self, batch, step: int) -> float:
+        torch = self.torch
+        from_numpy = torch.from_numpy
+        obs, actions = from_numpy(batch["obs"]), from_numpy(batch["action"])
+        next_obs, rewards = from_numpy(batch["next_obs"]), from_numpy(batch["reward"])
+        dones = from_numpy(batch["terminated"]).float()
+        actor, qf1, qf2, alpha = self.actor, self.qf1, self.qf2, self.alpha
+        with torch.no_grad():
+            next_state_actions, next_state_log_pi, _ = actor.get_action(next_obs)
+            qf1_next_target = self.qf1_target(next_obs, next_state_actions)
+            qf2_next_target = self.qf2_target(next_obs, next_state_actions)
+            min_qf_next_target = torch.min(qf1_next_target, qf2_next_target) - alpha * next_state_log_pi
+            next_q_value = rewards.flatten() + (1 - dones.flatten()) * SAC_GAMMA * (min_qf_next_target).view(-1)
+        qf1_a_values = qf1(obs, actions).view(-1)
+        qf2_a_values = qf2(obs, actions).view(-1)
+        qf1_loss = self.mse_loss(qf1_a_values, next_q_value)
+        qf2_loss = self.mse_loss(qf2_a_values, next_q_value)
+        qf_loss = qf1_loss + qf2_loss
+        self.q_optimizer.zero_grad()
+        qf_loss.backward()
+        self.q_optimizer.step()
+
+        if step % SAC_POLICY_FREQUENCY == 0:
+            for _ in range(SAC_POLICY_FREQUENCY):
+                pi, log_pi, _ = actor.get_action(obs)
+                qf1_pi = qf1(obs, pi)
+                qf2_pi = qf2(obs, pi)
+                min_qf_pi = torch.min(qf1_pi, qf2_pi)
+                actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
+                self.actor_optimizer.zero_grad()
+                actor_loss.backward()
+                self.actor_optimizer.step()
+                with torch.no_grad():
+                    _, log_pi, _ = actor.get_action(obs)
+                alpha_loss = (-self.log_alpha.exp() * (log_pi + self.target_entropy)).mean()
+                self.a_optimizer.zero_grad()
+                alpha_loss.backward()
+                self.a_optimizer.step()
+                alpha = self.alpha = self.log_alpha.exp().item()
+
+        # target_network_frequency 1: every step
+        for q, q_target in ((qf1, self.qf1_target), (qf2, self.qf2_target)):
+            for param, target_param in zip(q.parameters(), q_target.parameters()):
+                target_param.data.copy_(SAC_TAU * param.data + (1 - SAC_TAU) * target_param.data)
+        return qf_loss.item()
+
+    def act(self, obs):
+        with self.torch.no_grad():
+            action, _, _ = self.actor.get_action(self.torch.from_numpy(obs).unsqueeze(0))
+            return action[0].numpy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the parameters and buffers of the five networks and ``log_alpha``, their
+        gradients, and the three optimizers' state."""
+        tensors = [self.log_alpha]
+        for net in (self.actor, self.qf1, self.qf2, self.qf1_target, self.qf2_target):
+            tensors += list(net.parameters()) + list(net.buffers())
+        tensors += [p.grad for p in list(tensors) if p.grad is not None]
+        for opt in (self.q_optimizer, self.actor_optimizer, self.a_optimizer):
+            for state in opt.state.values():
+                tensors += [v for v in state.values() if isinstance(v, self.torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def new_sac(impl: str):
+    """A fresh learner, seed 0: :class:`tfdata.nn.SAC` with CleanRL's hyperparameters, or
+    :class:`TorchSAC`."""
+    if impl == "torch":
+        return TorchSAC(require_torch())
+    return tfdata.nn.SAC(SAC_OBS, SAC_LOW, SAC_HIGH, hidden=SAC_HIDDEN, gamma=SAC_GAMMA, tau=SAC_TAU,
+                         policy_lr=SAC_POLICY_LR, q_lr=SAC_Q_LR,
+                         policy_frequency=SAC_POLICY_FREQUENCY, seed=0)
+
+
+def sac_obs(seed: int = 2) -> np.ndarray:
+    """One Hopper observation, float32 (11,)."""
+    return one_row(HOPPER, seed=seed)["obs"]
+
+
+@functools.lru_cache(maxsize=None)  # one per (layout, impl) and process
+def sac_learner(layout: str, impl: str):
+    """A learner of ``impl`` that has made two updates (steps 1 and 2) on a batch of 256 of
+    ``layout`` and acted once: kernels loaded, workspaces and Adam's moments allocated."""
+    single_thread_blas()
+    warm_kernels()
+    buf = filled_buffer(layout, HOPPER, CAPACITY)
+    net = new_sac(impl)
+    sac_pair(net, buf.sample(SAC_BATCH))
+    net.act(sac_obs())
+    return net
+
+
+#: CleanRL's global_step of each kept learner's last update, by id (a learner lives as long as
+#: the process: :func:`sac_learner`'s cache holds it)
+_SAC_STEPS: dict = {}
+
+
+def sac_pair(net, batch) -> None:
+    """Two consecutive updates on ``batch``: an odd step (the critics), then an even one (the
+    critics, then the policy and the temperature, twice)."""
+    step = _SAC_STEPS.get(id(net), 0)
+    net.train(batch, step + 1)
+    net.train(batch, step + 2)
+    _SAC_STEPS[id(net)] = step + 2
+
+
+class SACTrain:
+    """Two consecutive SAC updates (steps 2k+1 and 2k+2: one without, one with the policy
+    update) on a batch of 256 Hopper rows from a full 10,000-row buffer.
+
+    ``"tfdata"``: ``SAC.train(batch, step)`` twice; ``"torch"``: CleanRL's update twice,
+    ``torch.from_numpy`` conversion included. The batch is sampled in ``setup`` (a fresh one per
+    reading). Half a reading is the mean update of CleanRL's loop.
+    """
+
+    params = [TFDATA_LAYOUTS, IMPLS]
+    param_names = ["layout", "impl"]
+    repeat = _SAC_SAMPLES
+    timeout = 300
+
+    def setup(self, layout, impl):
+        self.net = sac_learner(layout, impl)
+        self.batch = filled_buffer(layout, HOPPER, CAPACITY).sample(SAC_BATCH)
+
+    def time_train(self, layout, impl):
+        sac_pair(self.net, self.batch)
+
+
+def net_products(sizes, forward: bool = True, weights: bool = False, inputs: bool = False,
+                 first_input: bool = False) -> list:
+    """The matrix products of one pass of an MLP of layer ``sizes`` over a batch of B rows.
+
+    Returns ``[(kind, n_in, n_out)]``: per layer, ``"forward"`` (``h (B, n_in) @ W.T``, ``W``
+    of shape (n_out, n_in)); backward, from the last layer, ``"weight"`` (``g.T @ h``: the
+    weight gradient, (n_out, B) @ (B, n_in)) if ``weights``, and ``"input"`` (``g @ W``: the
+    gradient of the layer's input, (B, n_out) @ (n_out, n_in)) for every layer but the first if
+    ``inputs``, and for the first too if ``first_input``.
+    """
+    layers = list(zip(sizes, sizes[1:]))
+    out = []
+    if forward:
+        out += [("forward", n_in, n_out) for n_in, n_out in layers]
+    for i in range(len(layers) - 1, -1, -1):
+        n_in, n_out = layers[i]
+        if weights:
+            out.append(("weight", n_in, n_out))
+        if inputs and (i > 0 or first_input):
+            out.append(("input", n_in, n_out))
+    return out
+
+
+def sac_products(obs_dim: int = SAC_OBS, n_act: int = SAC_ACTIONS, hidden=SAC_HIDDEN,
+                 policy_frequency: int = SAC_POLICY_FREQUENCY, policy: bool = True,
+                 autotune: bool = True) -> list:
+    """The matrix products of one SAC update (``policy``: one with the policy update), from the
+    network sizes: ``[(kind, n_in, n_out)]`` as :func:`net_products`, each over the batch.
+
+    Critics: the actor forward at ``next_obs``, the two target critics and the two critics
+    forward, the two critics backward (weight gradients; input gradients to the first layer).
+    Then ``policy_frequency`` times: the actor forward (from the second time on with
+    ``autotune``, the temperature's forward has just computed it: not repeated), the two critics
+    forward and backward to the action (input gradients through every layer, no weight
+    gradients: only the actor's parameters step), the actor backward (weight gradients), and
+    with ``autotune`` the actor forward again for the temperature. CleanRL repeats that actor
+    forward, and torch's autograd also computes the critics' weight gradients in the actor's
+    backward (CleanRL does not freeze them): not counted, they are not needed.
+    """
+    actor = (obs_dim, *hidden, 2 * n_act)
+    q = (obs_dim + n_act, *hidden, 1)
+    out = net_products(actor)
+    out += 4 * net_products(q)
+    out += 2 * net_products(q, forward=False, weights=True, inputs=True)
+    if policy:
+        for it in range(policy_frequency):
+            if it == 0 or not autotune:
+                out += net_products(actor)
+            out += 2 * net_products(q)
+            out += 2 * net_products(q, forward=False, inputs=True, first_input=True)
+            out += net_products(actor, forward=False, weights=True, inputs=True)
+            if autotune:
+                out += net_products(actor)
+    return out
+
+
+def product_operands(kind: str, n_in: int, n_out: int, batch: int, rng) -> tuple:
+    """``(a, b, out)`` float32 for ``np.matmul(a, b, out=out)`` of one product of
+    :func:`net_products`, in the memory orders ``tfdata.nn.SAC`` uses (``W`` C-contiguous
+    (n_out, n_in); activations and gradients C-contiguous (B, n))."""
+    def arr(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    if kind == "forward":
+        return arr(batch, n_in), arr(n_out, n_in).T, np.zeros((batch, n_out), np.float32)
+    if kind == "weight":
+        return arr(batch, n_out).T, arr(batch, n_in), np.zeros((n_out, n_in), np.float32)
+    return arr(batch, n_out), arr(n_out, n_in), np.zeros((batch, n_in), np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def floor_operands(batch: int = SAC_BATCH) -> list:
+    """The operands of every product of a pair of updates (:func:`sac_products` without and
+    with the policy update), allocated once per process: one set per distinct product, shared
+    by its repeats, so that the working set is no larger than the update's (which reuses its
+    weights and workspaces) and the floor stays a floor."""
+    rng = np.random.default_rng(0)
+    products = sac_products(policy=False) + sac_products(policy=True)
+    sets = {p: product_operands(*p, batch, rng) for p in sorted(set(products))}
+    return [sets[p] for p in products]
+
+
+class SACFloor:
+    """The BLAS floor of :class:`SACTrain`: the matrix products of its two updates alone.
+
+    Each product of :func:`sac_products` (steps 2k+1 and 2k+2: 93 products, 582 million
+    multiply-adds at batch 256) is one ``np.matmul(a, b, out=c)`` of float32 operands of the
+    update's shapes and memory orders, preallocated, one set per distinct product (14 sets, 5.4 MB).
+    One thread.
+    """
+
+    repeat = _SAC_SAMPLES
+    timeout = 300
+
+    def setup(self):
+        single_thread_blas()
+        self.operands = floor_operands()
+        if first_time("sac_floor"):
+            self.time_pair()
+
+    def time_pair(self):
+        matmul = np.matmul
+        for a, b, out in self.operands:
+            matmul(a, b, out=out)
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_ikj():
+    """The hand-written product ``matmul_ikj(a, b, out)``: ``out = a @ b`` by loops, compiled
+    once per process (not cached, as the suite's other floors; compiled in ``setup``).
+
+    Loop order i-k-j: each row of ``out`` accumulates the rows of ``b`` scaled by ``a[i, k]``,
+    the inner loop contiguous in ``b`` and ``out`` (LLVM vectorises it; ``fastmath`` made no
+    difference here). ``a`` (m, k), ``b`` (k, n), ``out`` (m, n): float32, C-contiguous.
+    """
+    from numba import njit
+
+    @njit(nogil=True)
+    def kernel(a, b, out):
+        m, k = a.shape
+        n = b.shape[1]
+        for i in range(m):
+            for j in range(n):
+                out[i, j] = 0.0
+            for p in range(k):
+                aip = a[i, p]
+                for j in range(n):
+                    out[i, j] += aip * b[p, j]
+
+    return kernel
+
+
+#: (m, k, n) of the products ``MatMul`` times
+MATMUL_SHAPES = ["256x256@256x256", "1x256@256x256", "256x14@14x256"]
+
+
+def matmul_shape(name: str) -> tuple:
+    left, right = name.split("@")
+    m, k = (int(v) for v in left.split("x"))
+    k2, n = (int(v) for v in right.split("x"))
+    assert k == k2, name
+    return m, k, n
+
+
+class MatMul:
+    """One float32 product ``a @ b`` into a preallocated ``out``: compiled loops
+    (:func:`matmul_ikj`) against numpy's BLAS ``matmul``, one thread. C-contiguous operands."""
+
+    params = [["numba", "numpy"], MATMUL_SHAPES]
+    param_names = ["impl", "shape"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, impl, shape):
+        single_thread_blas()
+        m, k, n = matmul_shape(shape)
+        rng = np.random.default_rng(0)
+        self.a = rng.standard_normal((m, k), dtype=np.float32)
+        self.b = rng.standard_normal((k, n), dtype=np.float32)
+        self.out = np.zeros((m, n), np.float32)
+        self.loops = matmul_ikj() if impl == "numba" else None  # compiled at the first call
+        if first_time("matmul", impl, shape):
+            self.time_matmul(impl, shape)
+
+    def time_matmul(self, impl, shape):
+        if impl == "numba":
+            self.loops(self.a, self.b, self.out)
+        else:
+            np.matmul(self.a, self.b, out=self.out)
+
+
+class SACAct:
+    """An action for one Hopper observation (float32, shape (11,)): ``SAC.act(obs)`` against
+    CleanRL's ``actor.get_action`` under ``torch.no_grad()``."""
+
+    params = [IMPLS]
+    param_names = ["impl"]
+    repeat = _MANY_SAMPLES
+    timeout = 300
+
+    def setup(self, impl):
+        self.net = sac_learner("aos", impl)
+        self.obs = sac_obs()
+
+    def time_act(self, impl):
+        self.net.act(self.obs)
+
+
+def sac_run(impl: str, steps: int):
+    """Build and fill a 10,000-row AoS Hopper buffer and a learner, run ``steps`` sample +
+    train steps (global steps 1 to ``steps``) and one act; return the learner."""
+    buf = build_and_fill(MEMORY_LAYOUT, HOPPER, CAPACITY)
+    net = new_sac(impl)
+    for step in range(1, steps + 1):
+        net.train(buf.sample(SAC_BATCH), step)
+    net.act(sac_obs())
+    return net
+
+
+class SACMemory:
+    """Memory of a SAC learner: peak RSS of build + 10 train steps + an act, and the bytes it
+    keeps (``SAC.nbytes``; the torch agent's tensors, :attr:`TorchSAC.nbytes`)."""
+
+    params = [IMPLS]
+    param_names = ["impl"]
+    timeout = 300
+    steps = SAC_MEMORY_STEPS
+
+    def setup(self, impl):
+        single_thread_blas()
+        if first_time("sac_memory", impl):
+            warm_kernels()
+            sac_run(impl, 2)  # a throwaway learner: kernels (or torch) loaded before the run
+
+    def peakmem_train(self, impl):
+        sac_run(impl, self.steps)
+
+    def track_nbytes(self, impl):
+        return sac_run(impl, self.steps).nbytes
+
+    track_nbytes.unit = "bytes"
+
+
+SAC_FIRST_TRAIN_AND_ACT = """
+import json, time
+import numpy as np
+import numba  # imported before the clock starts
+import tfdata
+spec = tfdata.Spec.from_dict(json.loads(%(spec)r))
+# the array types of a sampled AoS batch (field views of records), without the buffer's kernels
+records = np.zeros(%(batch)d, spec.aos_dtype)
+batch = {f.name: records[f.name] for f in spec}
+rng = np.random.default_rng(0)
+for name in ("obs", "next_obs", "reward"):
+    batch[name][...] = rng.standard_normal(batch[name].shape)
+batch["action"][...] = rng.uniform(-1, 1, batch["action"].shape)
+obs = np.array(batch["obs"][0])
+t0 = time.perf_counter()
+sac = tfdata.nn.SAC(%(obs)d, -np.ones(%(act)d), np.ones(%(act)d), seed=0)
+sac.train(batch, 1)
+sac.train(batch, 2)
+sac.act(obs)
+print(time.perf_counter() - t0)
+""" % {"spec": json.dumps(HOPPER.to_dict()), "batch": SAC_BATCH, "obs": SAC_OBS, "act": SAC_ACTIONS}
+
+
+class SACCompile:
+    """``SAC(11, ...)`` + first ``train`` of steps 1 and 2 (AoS field types; every kernel of the
+    update) + first ``act``, in a fresh interpreter: ``"cold"`` (empty ``NUMBA_CACHE_DIR``) and
+    ``"warm"`` (median of 3)."""
+
+    params = [["cold", "warm"]]
+    param_names = ["cache"]
+    unit = "seconds"
+    timeout = 300
+    runs = {"cold": 1, "warm": 3}
+
+    def setup(self, cache):
+        child_seconds(SAC_FIRST_TRAIN_AND_ACT if cache == "warm" else IMPORTS)
+
+    def track_first_train_and_act(self, cache):
+        return first_call_seconds(SAC_FIRST_TRAIN_AND_ACT, cache=cache, runs=self.runs[cache])
