@@ -68,6 +68,11 @@ class SAC:
     kernels (:mod:`._sac_kernels`); nothing is allocated after the first :meth:`train` with a
     given batch size. Results agree with torch to float32 rounding, not bit for bit.
 
+    numpy's BLAS may run the products on several threads. Where other work shares the cores
+    (the environment, a second process), limit it before numpy is imported
+    (``OPENBLAS_NUM_THREADS=1``): with more BLAS threads than free cores a product can take many
+    times longer (``reports/benchmarks.md``, the SAC section).
+
     Parameters
     ----------
     obs_dim : int
