@@ -92,6 +92,20 @@ def return_curve(episodes, total: int, bins: int) -> tuple[list, list]:
     return ((edges[:-1] + edges[1:]) / 2).tolist(), out
 
 
+def curves_mean_std(curves: list) -> tuple[list, list]:
+    """Per bin, the mean and the sample std over seeds of learning curves of equal length (a bin
+    before any seed's first episode is NaN, drawn as a gap; one seed: std 0)."""
+    import warnings
+
+    import numpy as np
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN bin
+        mean = np.nanmean(curves, axis=0).tolist()
+        std = np.nanstd(curves, axis=0, ddof=1).tolist() if len(curves) > 1 else [0.0] * len(curves[0])
+    return mean, std
+
+
 def verdict(ratios, a: str, b: str, margin: float) -> str:
     """Which of two candidates is faster, from per-seed time ratios time(a) / time(b).
 

@@ -67,7 +67,7 @@ from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # no
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
 from _render import hand_written, md_table, p_value as _p, pm as _pm  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
-from _stats import permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _stats import curves_mean_std, permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
 from _timing import rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -573,9 +573,7 @@ def summarise(runs, variants, total) -> dict:
                             for k in rs[0]["sections_s"]},
             **{k: col(k) for k in ("peak_rss_bytes", "rss_ready_bytes", "buffer_nbytes")},
             "torch_imported": any(r["torch_imported"] for r in rs),
-            "curve_mean": np.nanmean(curves, axis=0).tolist(),
-            "curve_std": (np.nanstd(curves, axis=0, ddof=1).tolist() if len(curves) > 1
-                          else [0.0] * len(curves[0])),
+            **dict(zip(("curve_mean", "curve_std"), curves_mean_std(curves))),
             "seeds": [r["seed"] for r in rs],
             "finals": [r["final_return"] for r in rs],
             "means": [r["mean_return"] for r in rs],

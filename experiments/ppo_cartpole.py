@@ -42,7 +42,6 @@ import os
 import resource
 import sys
 import time
-import warnings
 from functools import partial
 
 import numpy as np
@@ -51,7 +50,7 @@ sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments
 from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # noqa: E402
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
 from _render import hand_written, p_value as _p, pm as _pm, table, write_report as write_methodology_report  # noqa: E402
-from _stats import permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _stats import curves_mean_std, permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
 from _timing import peak_rss_hwm as _peak_rss, rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -601,10 +600,7 @@ def summarise(runs, variants, total) -> dict:
         if not rs:
             continue
         curves = [curve(r["episodes"], total)[1] for r in rs]
-        with warnings.catch_warnings():  # a bin before any seed's first episode is NaN: drawn as a gap
-            warnings.simplefilter("ignore", RuntimeWarning)
-            curve_mean = np.nanmean(curves, axis=0).tolist()
-            curve_std = (np.nanstd(curves, axis=0, ddof=1).tolist() if len(curves) > 1 else [0.0] * len(curves[0]))
+        curve_mean, curve_std = curves_mean_std(curves)
         out[v] = {
             "final_return": _ms(r["final_return"] for r in rs),
             "mean_return": _ms(r["mean_return"] for r in rs),

@@ -61,7 +61,7 @@ from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # no
 from _recording import RunRecord, drop_stale_plots, report_dir, write_json  # noqa: E402
 from _render import hand_written, p_value as _p, pm as _pm, table  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
-from _stats import permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _stats import curves_mean_std, permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
 from _timing import peak_rss_hwm as _peak_rss, rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -643,10 +643,7 @@ def summarise(runs, variants, total) -> dict:
         if not rs:
             continue
         curves = [curve(r["episodes"], total)[1] for r in rs]
-        with warnings.catch_warnings():  # a bin before any seed's first episode is NaN: drawn as a gap
-            warnings.simplefilter("ignore", RuntimeWarning)
-            curve_mean = np.nanmean(curves, axis=0).tolist()
-            curve_std = (np.nanstd(curves, axis=0, ddof=1).tolist() if len(curves) > 1 else [0.0] * len(curves[0]))
+        curve_mean, curve_std = curves_mean_std(curves)
         share = [(r["sections_s"]["buffer_add"] + r["sections_s"]["sample"]) / r["wall_s"] for r in rs]
         col = lambda key: _ms(r.get(key) for r in rs)  # noqa: E731
         out[v] = {
