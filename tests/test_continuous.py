@@ -464,3 +464,10 @@ def test_sac_built_from_the_spec_bounds_trains_on_sampled_batches(tmp_path):
     back = ReplayBuffer.load(tmp_path / "ck").spec["action"]
     np.testing.assert_array_equal(SAC(3, back.low, back.high).action_high, sac.action_high)
     env.close()
+
+
+def test_equal_bounds_allowed():
+    """low == high is a Box gymnasium allows (a fixed component): kept, and read back."""
+    f = Field("action", "f4", (2,), low=[0.0, 1.0], high=[0.0, 2.0])
+    assert f.low.tolist() == [0.0, 1.0] and f.high.tolist() == [0.0, 2.0]
+    assert Field.from_dict(f.to_dict()).low.tolist() == [0.0, 1.0]

@@ -181,8 +181,9 @@ def torch_agent(sac, torch):
             h1, h2 = sac.hidden
             self.fc1, self.fc2 = nn.Linear(sac.obs_dim, h1), nn.Linear(h1, h2)
             self.fc_mean, self.fc_logstd = nn.Linear(h2, A), nn.Linear(h2, A)
-            self.register_buffer("action_scale", torch.tensor(sac.action_scale))
-            self.register_buffer("action_bias", torch.tensor(sac.action_bias))
+            # from the bounds, as CleanRL computes them (not SAC's own scale and bias)
+            self.register_buffer("action_scale", torch.tensor((sac.action_high - sac.action_low) / 2.0))
+            self.register_buffer("action_bias", torch.tensor((sac.action_high + sac.action_low) / 2.0))
 
         def forward(self, x):
             x = F.relu(self.fc1(x))
@@ -234,7 +235,7 @@ def torch_agent(sac, torch):
             "alpha": log_alpha.exp().item(), "target_entropy": -float(A)}
 
 
-def cleanrl_update(ag, data, noise, global_step, torch, pf=2, tau=0.005, gamma=0.99):
+def cleanrl_update(ag, data, noise, global_step, torch, pf=2, tau=0.005, gamma=0.99, autotune=True):
     """CleanRL's update, its lines, with the Gaussian draws given; returns the gradients as
     they were after each backward pass."""
     F = torch.nn.functional
@@ -266,6 +267,9 @@ def cleanrl_update(ag, data, noise, global_step, torch, pf=2, tau=0.005, gamma=0
             actor_loss.backward()
             grads[f"actor{it}"] = {n: p.grad.numpy().copy() for n, p in actor.named_parameters()}
             ag["actor_opt"].step()
+            out["actor_loss"] = actor_loss.item()
+            if not autotune:
+                continue
             with torch.no_grad():
                 _, log_pi = actor.get_action(T["obs"], eps[2 + 2 * it])
             alpha_loss = (-ag["log_alpha"].exp() * (log_pi + ag["target_entropy"])).mean()
@@ -274,7 +278,7 @@ def cleanrl_update(ag, data, noise, global_step, torch, pf=2, tau=0.005, gamma=0
             grads[f"alpha{it}"] = ag["log_alpha"].grad.item()
             ag["a_opt"].step()
             alpha = ag["alpha"] = ag["log_alpha"].exp().item()
-            out["actor_loss"], out["alpha_loss"] = actor_loss.item(), alpha_loss.item()
+            out["alpha_loss"] = alpha_loss.item()
     with torch.no_grad():
         for q, qt in ((qf1, ag["qf1_target"]), (qf2, ag["qf2_target"])):
             for param, target_param in zip(q.parameters(), qt.parameters()):
@@ -300,17 +304,20 @@ def flat_params(ag, torch):
     return actor.detach().numpy(), q.detach().numpy(), qt.detach().numpy()
 
 
-@pytest.mark.parametrize("pf", [1, 2])
-def test_updates_match_cleanrl_float64(pf):
+@pytest.mark.parametrize("pf,autotune", [(1, True), (2, True), (2, False)])
+def test_updates_match_cleanrl_float64(pf, autotune):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    sac = SAC(OBS, LOW, HIGH, hidden=(32, 24), seed=6, dtype="float64", policy_frequency=pf)
+    sac = SAC(OBS, LOW, HIGH, hidden=(32, 24), seed=6, dtype="float64", policy_frequency=pf,
+              autotune=autotune, alpha=0.2)
     ag = torch_agent(sac, torch)
+    if not autotune:
+        ag["alpha"] = 0.2
     rng = np.random.default_rng(7)
     for step in range(1, 5):
         data = batch_of(rng, 16, dtype=np.float64)
         noise = rng.standard_normal((1 + 2 * pf, 16, ACT))
-        want, grads = cleanrl_update(ag, data, noise, step, torch, pf=pf)
+        want, grads = cleanrl_update(ag, data, noise, step, torch, pf=pf, autotune=autotune)
         loss = sac.train(data, step, noise=noise)
         assert loss == pytest.approx(want["qf_loss"], rel=1e-9)
         np.testing.assert_allclose(sac.q_grad, grads["q"], rtol=1e-9, atol=1e-12)
@@ -318,8 +325,9 @@ def test_updates_match_cleanrl_float64(pf):
             np.testing.assert_allclose(sac.actor_grad, actor_flat_grad(grads[f"actor{pf - 1}"], ACT),
                                        rtol=1e-9, atol=1e-12)
             assert sac.actor_loss == pytest.approx(want["actor_loss"], rel=1e-9)
-            assert sac.alpha_loss == pytest.approx(want["alpha_loss"], rel=1e-9)
-            assert sac._alpha_grad[0] == pytest.approx(grads[f"alpha{pf - 1}"], rel=1e-9)
+            if autotune:
+                assert sac.alpha_loss == pytest.approx(want["alpha_loss"], rel=1e-9)
+                assert sac._alpha_grad[0] == pytest.approx(grads[f"alpha{pf - 1}"], rel=1e-9)
         assert sac.alpha == pytest.approx(ag["alpha"], rel=1e-12)
         for got, exp in zip((sac.actor_params, sac.q_params, sac.q_target_params), flat_params(ag, torch)):
             np.testing.assert_allclose(got, exp, rtol=1e-9, atol=1e-12)
@@ -409,6 +417,11 @@ def hostile_states(sac):
     yield "state['actor_optim.v']", edit("actor_optim", -np.ones_like(good["actor"]), "v")
     yield "state['updates']", edit("updates", -1)
     yield "state['rng']", edit("rng", [1, 2, 0, 0])  # an even increment
+    yield "state['gamma']", edit("gamma", -0.5)
+    yield "state['tau']", edit("tau", 1.5)
+    yield "state['tau']", edit("tau", -0.1)
+    yield "state['action_low']", edit("action_low", [-2.0, -1.0, 0.5])
+    yield "state['target_network_frequency']", edit("target_network_frequency", 0)
     yield "state['rng']", edit("rng", "seed")
 
 
@@ -458,7 +471,7 @@ def test_bad_batches_and_arguments():
         sac.train(data, noise=np.zeros((2, 6, 3)))
     with pytest.raises(ValueError, match=r"obs: expected shape \(5,\)"):
         sac.act(np.zeros(4))
-    with pytest.raises(ValueError, match="NaN or inf"):
+    with pytest.raises(ValueError, match="obs: action nan at flat index 0 is not finite: obs holds nan"):
         sac.act(np.full(OBS, np.nan))
     for kwargs, message in (({"action_low": [0.0, 0.0, 0.0], "action_high": [1.0, 0.0, 1.0]},
                              "action_high: expected values above action_low"),
@@ -492,3 +505,111 @@ def test_no_allocation_after_the_first_update():
         tracemalloc.stop()
     assert peak < 64 * 1024, peak  # a (256, 256) float32 array would be 256 KiB
     assert sac.nbytes == nbytes
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_first_nonfinite_sees_the_last_element(dtype):
+    for shape in ((1,), (5,), (3, 4)):
+        x = np.zeros(shape, dtype)
+        x.reshape(-1)[-1] = np.inf
+        assert K.first_nonfinite(x) == x.size - 1
+
+
+@pytest.mark.parametrize("field", ["obs", "next_obs", "action", "reward"])
+def test_nonfinite_in_the_last_element_refused(field):
+    sac = SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=0)
+    data = batch_of(np.random.default_rng(1), 6)
+    data[field].reshape(-1)[-1] = np.nan
+    with pytest.raises(ValueError, match=rf"batch\['{field}'\]: expected finite values, got nan"):
+        sac.train(data)
+    assert sac.updates == 0 and sac.q_optim.t == 0
+    obs = np.zeros(OBS, np.float32)
+    obs[-1] = np.inf
+    with pytest.raises(ValueError, match=r"obs holds inf at flat index 4"):
+        sac.act(obs)
+
+
+def test_nonfinite_noise_and_parameters_refused():
+    sac = SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=0)
+    data = batch_of(np.random.default_rng(1), 6)
+    noise = np.zeros((5, 6, ACT))
+    noise[4, 5, 2] = np.nan
+    with pytest.raises(ValueError, match="noise: expected finite floats"):
+        sac.train(data, noise=noise)
+    assert sac.updates == 0 and sac.q_optim.t == 0
+    sac.q_params[7] = np.nan  # diverged parameters: the critics' loss is NaN, nothing is stepped
+    before = sac.state_dict()
+    with pytest.raises(ValueError, match="the critics' loss is nan"):
+        sac.train(data)
+    np.testing.assert_array_equal(sac.actor_params, before["actor"])
+    assert sac.q_optim.t == 0 and sac.updates == 0
+    sac.actor_params[3] = np.nan
+    with pytest.raises(ValueError, match="the parameters hold NaN or inf"):
+        sac.act(data["obs"][0])
+
+
+def test_a_bad_batch_is_refused_before_a_workspace_is_made():
+    sac = SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=0)
+    data = batch_of(np.random.default_rng(1), 5000)
+    with pytest.raises(ValueError, match=r"batch\['reward'\]"):
+        sac.train({**data, "reward": data["reward"].astype(np.float64)})
+    assert sac.nbytes == SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=0).nbytes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_saturated_actor_reaches_the_bounds(dtype):
+    sac = SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=0, dtype=dtype)
+    np.testing.assert_allclose(sac.action_scale, (HIGH - LOW) / 2, rtol=1e-7)
+    np.testing.assert_allclose(sac.action_bias, (HIGH + LOW) / 2, rtol=1e-7, atol=1e-7)
+    w, b = sac.layers("actor")[-1]
+    x = np.random.default_rng(0).standard_normal((4, OBS))
+    for sign, bound in ((1, HIGH), (-1, LOW)):
+        w[...] = 0
+        b[:ACT] = sign * 50.0   # tanh(mean) = +-1
+        b[ACT:] = -50.0         # the log std at its minimum
+        for det in (True, False):
+            np.testing.assert_allclose(sac.act(x, deterministic=det), np.tile(bound, (4, 1)), atol=1e-5)
+
+
+def test_initialisation_is_torch_linear():
+    sac = SAC(11, -np.ones(3), np.ones(3), seed=0, dtype="float64")
+    for net in ("actor", "q1", "q2", "q1_target"):
+        for w, b in sac.layers(net):
+            bound = 1 / math.sqrt(w.shape[1])
+            assert np.abs(w).max() <= bound and np.abs(b).max() <= bound
+            if w.size >= 1000:  # uniform: its max near the bound, its std bound / sqrt(3)
+                assert np.abs(w).max() > 0.95 * bound
+                assert np.std(w) == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    np.testing.assert_array_equal(sac.q_target_params, sac.q_params)
+    assert not np.array_equal(sac.layers("q1")[1][0], sac.layers("q2")[1][0])
+
+
+def test_default_step_is_the_call_number():
+    rng = np.random.default_rng(0)
+    batches = [batch_of(rng, 8) for _ in range(3)]
+    a, b = (SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=1) for _ in range(2))
+    for i, x in enumerate(batches, 1):
+        a.train(x)
+        b.train(x, step=i)
+        np.testing.assert_array_equal(a.actor_params, b.actor_params)
+        np.testing.assert_array_equal(a.q_target_params, b.q_target_params)
+    c = SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=1)
+    c.train(batches[0])
+    assert c.actor_optim.t == 0  # call 1 is step 1: no policy update
+
+
+def test_deterministic_act_takes_no_draws():
+    a, b = (SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=5) for _ in range(2))
+    obs = np.ones(OBS, np.float32)
+    a.act(obs, deterministic=True)
+    assert a.state_dict()["rng"] == b.state_dict()["rng"]
+    np.testing.assert_array_equal(a.act(obs), b.act(obs))
+    assert a.state_dict()["rng"] != SAC(OBS, LOW, HIGH, hidden=(8, 8), seed=5).state_dict()["rng"]
+
+
+def test_bad_dtype_and_bounds_named():
+    with pytest.raises(TypeError, match="dtype must be float32 or float64, got 'foo'"):
+        SAC(OBS, LOW, HIGH, dtype="foo")
+    for low in ("-1", [True, False, True], ["a", "b", "c"]):
+        with pytest.raises(ValueError, match="action_low: expected finite floats"):
+            SAC(OBS, low, HIGH)

@@ -65,8 +65,9 @@ class SAC:
     ``scale``, ``bias`` from the action bounds, and the log-probability carries the tanh
     correction ``log(scale * (1 - tanh(x)**2) + 1e-6)``. Initialisation as ``torch.nn.Linear``.
     The batched matrix products are numpy's BLAS into preallocated arrays, the rest compiled
-    kernels (:mod:`._sac_kernels`); nothing is allocated after the first :meth:`train` with a
-    given batch size. Results agree with torch to float32 rounding, not bit for bit.
+    kernels (:mod:`._sac_kernels`); no array is allocated after the first :meth:`train` with a
+    given batch size (or :meth:`act` with a given number of rows), unless ``noise`` is given.
+    Workspaces are kept per batch size, as the buffer's output rings are. Results agree with torch to float32 rounding, not bit for bit.
 
     numpy's BLAS may run the products on several threads. Where other work shares the cores
     (the environment, a second process), limit it before numpy is imported
@@ -128,7 +129,10 @@ class SAC:
         hidden = tuple(hidden) if isinstance(hidden, (list, tuple)) else hidden
         if not (isinstance(hidden, tuple) and hidden and all(is_int(h) and 1 <= h <= 1 << 16 for h in hidden)):
             raise ValueError(f"hidden: expected a sequence of ints in [1, 65536], got {hidden!r}")
-        self.dtype = np.dtype(dtype)
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
         if self.dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
         self.gamma = check_unit("gamma", gamma)
@@ -274,6 +278,11 @@ class SAC:
         ValueError
             ``obs`` of another shape, or an action that is NaN or inf (NaN or inf in ``obs`` or
             in the parameters); nothing is changed but the generator's draws.
+
+        Notes
+        -----
+        A sampled action takes ``A`` standard normal draws per row from the learner's generator;
+        a deterministic one takes none.
         """
         shape = np.shape(obs)
         one = shape == (self.obs_dim,)
@@ -291,28 +300,41 @@ class SAC:
             self._rng.standard_normal(out=eps, dtype=self.dtype)
         self._k.actor_act(self.actor_params, self._actor_table, x, eps, self.action_scale,
                           self.action_bias, bool(deterministic), h, out)
-        if self._k.first_nonfinite(out) >= 0:
-            raise ValueError(f"obs: the action is {out.tolist()} (NaN or inf in obs {x.tolist()} "
-                             f"or in the parameters)")
+        bad = self._k.first_nonfinite(out)
+        if bad >= 0:
+            worst = self._k.first_nonfinite(x)
+            where = (f"obs holds {x.reshape(-1)[worst]} at flat index {worst}" if worst >= 0
+                     else "the parameters hold NaN or inf")
+            raise ValueError(f"obs: action {out.reshape(-1)[bad]} at flat index {bad} is not "
+                             f"finite: {where}")
         return out[0] if one else out
 
     # -- learning ------------------------------------------------------------------------------
-    def _copy_in(self, batch, ws) -> None:
-        """Copy the batch into the workspace's contiguous arrays, checked first (dtype, shape),
-        then for NaN and inf; the learner is not changed."""
-        dt = self.dtype
-        fields = (("obs", ws["obs"], dt), ("next_obs", ws["next_obs"], dt),
-                  ("action", ws["b_action"], dt), ("reward", ws["reward"], dt),
-                  ("terminated", ws["terminated"], np.bool_))
-        for name, dst, dtype in fields:
+    def _check_batch(self, batch) -> int:
+        """The batch size, every field checked for dtype and shape first (before a workspace of
+        that size is made)."""
+        obs = batch["obs"]
+        if not isinstance(obs, np.ndarray) or obs.ndim != 2 or obs.shape[0] < 1:
+            raise ValueError(f"batch['obs']: expected an array of shape (batch >= 1, {self.obs_dim}), "
+                             f"got {getattr(obs, 'shape', type(obs).__name__)}")
+        n, dt = obs.shape[0], self.dtype
+        for name, dtype, shape in (("obs", dt, (n, self.obs_dim)), ("next_obs", dt, (n, self.obs_dim)),
+                                   ("action", dt, (n, self.action_dim)), ("reward", dt, (n,)),
+                                   ("terminated", np.bool_, (n,))):
             src = batch[name]
-            if not isinstance(src, np.ndarray) or src.shape != dst.shape or src.dtype != dtype:
-                raise ValueError(f"batch[{name!r}]: expected {np.dtype(dtype)} of shape {dst.shape}, "
+            if not isinstance(src, np.ndarray) or src.shape != shape or src.dtype != dtype:
+                raise ValueError(f"batch[{name!r}]: expected {np.dtype(dtype)} of shape {shape}, "
                                  f"got {getattr(src, 'dtype', type(src).__name__)} of shape "
                                  f"{getattr(src, 'shape', None)}")
-        for name, dst, dtype in fields:
+        return n
+
+    def _copy_in(self, batch, ws) -> None:
+        """Copy the checked batch into the workspace's contiguous arrays, then refuse a NaN or
+        inf there; the learner is not changed."""
+        for name in ("obs", "next_obs", "action", "reward", "terminated"):
+            dst = ws["b_action" if name == "action" else name]
             dst[...] = batch[name]
-            bad = -1 if dtype is np.bool_ else self._k.first_nonfinite(dst)
+            bad = -1 if name == "terminated" else self._k.first_nonfinite(dst)
             if bad >= 0:
                 raise ValueError(f"batch[{name!r}]: expected finite values, got "
                                  f"{dst.reshape(-1)[bad]} at flat index {bad}; nothing was updated")
@@ -345,22 +367,18 @@ class SAC:
             A field of another dtype or shape, or a NaN or inf in one (the message names it);
             checked before anything is updated.
         """
-        obs = batch["obs"]
-        if not isinstance(obs, np.ndarray) or obs.ndim != 2 or obs.shape[0] < 1:
-            raise ValueError(f"batch['obs']: expected an array of shape (batch >= 1, {self.obs_dim}), "
-                             f"got {getattr(obs, 'shape', type(obs).__name__)}")
-        n = obs.shape[0]
-        ws = self._workspace(n)
+        n = self._check_batch(batch)
         if step is None:
             step = self.updates + 1
         elif not is_int(step) or step < 0:
             raise ValueError(f"step: expected an int >= 0, got {step!r}")
-        if noise is not None:
+        if noise is not None:  # checks only: allocates a little, unlike a train without it
             noise = np.asarray(noise)
             want = (1 + 2 * self.policy_frequency, n, self.action_dim)
             if noise.shape != want or noise.dtype.kind != "f" or not np.isfinite(noise).all():
                 raise ValueError(f"noise: expected finite floats of shape {want}, got "
                                  f"{noise.dtype} of shape {noise.shape}")
+        ws = self._workspace(n)
         self._copy_in(batch, ws)
         k, O = self._k, self.obs_dim
 
@@ -378,6 +396,9 @@ class SAC:
             loss += k.mse_backward(ws["q"][c][-1], ws["y"], ws["g_q"][c])
             self._backward(self._q[c], self._q_g[c], ws["qin"], ws["q"][c], ws["g_q"][c],
                            ws["q_work"][c], None)
+        if not math.isfinite(loss):  # NaN or inf in the parameters: refuse before any step
+            raise ValueError(f"the critics' loss is {loss} (NaN or inf in the parameters); "
+                             f"nothing was updated")
         self.q_optim.step(self.q_grad)
         self.qf_loss = float(loss)
 
@@ -504,9 +525,12 @@ def _bounds(low, high) -> tuple[np.ndarray, np.ndarray]:
     out = []
     for name, value in (("action_low", low), ("action_high", high)):
         try:
-            arr = np.asarray(value, dtype=np.float64)
+            arr = np.asarray(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{name}: expected finite floats of shape (A,), got {value!r}") from None
+            arr = np.zeros(0, object)
+        if arr.dtype.kind not in "iuf":  # strings, bools, objects
+            raise ValueError(f"{name}: expected finite floats of shape (A,), got {value!r}")
+        arr = arr.astype(np.float64)
         if arr.ndim == 0:
             arr = arr.reshape(1)
         if arr.ndim != 1 or arr.shape[0] < 1 or not np.isfinite(arr).all():
