@@ -365,7 +365,9 @@ class SAC:
         ------
         ValueError
             A field of another dtype or shape, or a NaN or inf in one (the message names it);
-            checked before anything is updated.
+            checked before anything is updated. Or the critics' loss is NaN or inf (parameters
+            that diverged): refused before any optimizer step, the draws of the next actions
+            taken.
         """
         n = self._check_batch(batch)
         if step is None:
