@@ -92,13 +92,14 @@ def return_curve(episodes, total: int, bins: int) -> tuple[list, list]:
     return ((edges[:-1] + edges[1:]) / 2).tolist(), out
 
 
-def curves_mean_std(curves: list) -> tuple[list, list]:
-    """Per bin, the mean and the sample std over seeds of learning curves of equal length (a bin
-    before any seed's first episode is NaN, drawn as a gap; one seed: std 0)."""
+def seed_curves(episodes_per_seed: list, total: int, bins: int) -> tuple[list, list]:
+    """Per bin, the mean and the sample std over seeds of :func:`return_curve` of each seed's
+    episodes (a bin before any seed's first episode is NaN, drawn as a gap; one seed: std 0)."""
     import warnings
 
     import numpy as np
 
+    curves = [return_curve(episodes, total, bins)[1] for episodes in episodes_per_seed]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN bin
         mean = np.nanmean(curves, axis=0).tolist()

@@ -67,7 +67,7 @@ from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # no
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
 from _render import hand_written, md_table, p_value as _p, pm as _pm  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
-from _stats import curves_mean_std, permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _stats import permutation_test, return_curve, seed_curves, summary as _ms  # noqa: E402
 from _timing import rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -548,11 +548,6 @@ def run_all(variants, seeds, total, learning_starts, log) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # Analysis
 # ---------------------------------------------------------------------------------------------
-def curve(episodes, total, bins=CURVE_BINS):
-    """See :func:`_stats.return_curve` (this experiment's number of bins)."""
-    return _return_curve(episodes, total, bins)
-
-
 def summarise(runs, variants, total) -> dict:
     out = {}
     for v in variants:
@@ -560,7 +555,6 @@ def summarise(runs, variants, total) -> dict:
         if not rs:
             continue
         buf_share = [(r["sections_s"]["buffer_add"] + r["sections_s"]["buffer_sample"]) / r["wall_s"] for r in rs]
-        curves = [curve(r["episodes"], total)[1] for r in rs]
         col = lambda key: _ms(r.get(key) for r in rs)  # noqa: E731
         out[v] = {
             **{k: col(k) for k in ("final_return", "mean_return", "sps", "train_sps", "wall_s", "train_wall_s",
@@ -573,7 +567,7 @@ def summarise(runs, variants, total) -> dict:
                             for k in rs[0]["sections_s"]},
             **{k: col(k) for k in ("peak_rss_bytes", "rss_ready_bytes", "buffer_nbytes")},
             "torch_imported": any(r["torch_imported"] for r in rs),
-            **dict(zip(("curve_mean", "curve_std"), curves_mean_std(curves))),
+            **dict(zip(("curve_mean", "curve_std"), seed_curves([r["episodes"] for r in rs], total, CURVE_BINS))),
             "seeds": [r["seed"] for r in rs],
             "finals": [r["final_return"] for r in rs],
             "means": [r["mean_return"] for r in rs],
@@ -641,7 +635,7 @@ def plot(agg, total, study: str, out_dir: str) -> list[str]:
     title = (f"DQN on {ENV_ID}, CleanRL hyperparameters" if study == "buffers" else
              f"DQN on {ENV_ID}: replay ratio by limiter, exactly-k replay")
     return [panels_figure(out_dir, "learning.png", (8, 4.5),
-                          [partial(learning_curves, x=curve([], total)[0], curves=curves, title=title)]),
+                          [partial(learning_curves, x=return_curve([], total, CURVE_BINS)[0], curves=curves, title=title)]),
             panels_figure(out_dir, "speed.png", (13, 4.2) if study == "buffers" else (11, 4), speed)]
 
 

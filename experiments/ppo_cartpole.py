@@ -50,7 +50,7 @@ sys.dont_write_bytecode = True  # write nothing outside reports/ (no experiments
 from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # noqa: E402
 from _recording import RunRecord, report_dir, write_json  # noqa: E402
 from _render import hand_written, p_value as _p, pm as _pm, table, write_report as write_methodology_report  # noqa: E402
-from _stats import curves_mean_std, permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _stats import permutation_test, return_curve, seed_curves, summary as _ms  # noqa: E402
 from _timing import peak_rss_hwm as _peak_rss, rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -588,19 +588,13 @@ def run_all(variants, seeds, total, log) -> list[dict]:
                                   timeout_s=TIMEOUT_S, describe=describe, log=log)
 
 
-def curve(episodes, total, bins=CURVE_BINS):
-    """See :func:`_stats.return_curve` (this experiment's number of bins)."""
-    return _return_curve(episodes, total, bins)
-
-
 def summarise(runs, variants, total) -> dict:
     out = {}
     for v in variants:
         rs = [r for r in runs if r["variant"] == v]
         if not rs:
             continue
-        curves = [curve(r["episodes"], total)[1] for r in rs]
-        curve_mean, curve_std = curves_mean_std(curves)
+        curve_mean, curve_std = seed_curves([r["episodes"] for r in rs], total, CURVE_BINS)
         out[v] = {
             "final_return": _ms(r["final_return"] for r in rs),
             "mean_return": _ms(r["mean_return"] for r in rs),
@@ -692,7 +686,7 @@ def plot(agg, total) -> list[str]:
                                                      ls="--" if _bootstraps(v) else "-", color=COLORS.get(v)),
                dict(color=COLORS.get(v))) for v, a in agg.items()}
     return [panels_figure(OUT_DIR, "learning.png", (8, 4.5), [partial(
-                learning_curves, x=curve([], total)[0], curves=curves,
+                learning_curves, x=return_curve([], total, CURVE_BINS)[0], curves=curves,
                 title=f"PPO on {ENV_ID}, CleanRL ppo.py hyperparameters")]),
             panels_figure(OUT_DIR, "speed.png", (14, 4.2), [
                 partial(hbar_values, labels=vs, values=[agg[v]["sps"]["mean"] for v in vs],

@@ -61,7 +61,7 @@ from _plots import hbar_stack, hbar_values, learning_curves, panels_figure  # no
 from _recording import RunRecord, drop_stale_plots, report_dir, write_json  # noqa: E402
 from _render import hand_written, p_value as _p, pm as _pm, table  # noqa: E402
 from _render import write_report as write_methodology_report  # noqa: E402
-from _stats import curves_mean_std, permutation_test, return_curve as _return_curve, summary as _ms  # noqa: E402
+from _stats import permutation_test, return_curve, seed_curves, summary as _ms  # noqa: E402
 from _timing import peak_rss_hwm as _peak_rss, rss_statm as _rss_now, run_in_fresh_processes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -630,11 +630,6 @@ def run_env(env_id, variants, seeds, total, learning_starts, log) -> list[dict]:
                                   timeout_s=TIMEOUT_S, describe=describe, log=log)
 
 
-def curve(episodes, total, bins=CURVE_BINS):
-    """See :func:`_stats.return_curve` (this experiment's number of bins)."""
-    return _return_curve(episodes, total, bins)
-
-
 def summarise(runs, variants, total) -> dict:
     """Per variant: learning, speed, sections, memory (mean ± std over seeds), the learning curve."""
     out = {}
@@ -642,8 +637,7 @@ def summarise(runs, variants, total) -> dict:
         rs = [r for r in runs if r["variant"] == v]
         if not rs:
             continue
-        curves = [curve(r["episodes"], total)[1] for r in rs]
-        curve_mean, curve_std = curves_mean_std(curves)
+        curve_mean, curve_std = seed_curves([r["episodes"] for r in rs], total, CURVE_BINS)
         share = [(r["sections_s"]["buffer_add"] + r["sections_s"]["sample"]) / r["wall_s"] for r in rs]
         col = lambda key: _ms(r.get(key) for r in rs)  # noqa: E731
         out[v] = {
@@ -787,7 +781,7 @@ def plot(env_id, a) -> list[str]:
     slug = _slug(env_id)
     bare = np.mean([agg[v]["bare_env_us"]["mean"] for v in vs])
     return [panels_figure(OUT_DIR, f"learning_{slug}.png", (8, 4.5), [partial(
-                learning_curves, x=curve([], total)[0], curves=curves,
+                learning_curves, x=return_curve([], total, CURVE_BINS)[0], curves=curves,
                 title=f"SAC on {env_id}, CleanRL sac_continuous_action.py hyperparameters")]),
             panels_figure(OUT_DIR, f"speed_{slug}.png", (14, 4.2), [
                 partial(hbar_values, labels=vs, values=[agg[v]["sps"]["mean"] for v in vs],
