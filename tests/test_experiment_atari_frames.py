@@ -160,7 +160,7 @@ def test_smoke_run(af, tmp_path, monkeypatch, sb3):
         monkeypatch.setattr(af, "have", lambda m: m != "stable_baselines3" and real(m))
     monkeypatch.setattr(af, "OUT_DIR", str(tmp_path))
     monkeypatch.setitem(af.STREAMS, "quick", {"E1": (1, 400, None, 0), "E2-trunc": (2, 60, 20, 30)})
-    for table, value in ((af.CHECKS, 4), (af.RSS_FILL, 400), (af.SPEED_ROWS, 600), (af.SPEED_FULL_ROWS, 200),
+    for table, value in ((af.CHECKS, 4), (af.RSS_FILL, 3000), (af.SPEED_ROWS, 600), (af.SPEED_FULL_ROWS, 200),
                          (af.SPEED_ROUNDS, 2), (af.SPEED_SLICE_MS, 2), (af.COLD_ROWS, 480), (af.COLD_ROUNDS, 1),
                          (af.COLD_CALLS, 2), (af.DISK_CALLS, 1)):
         monkeypatch.setitem(table, "quick", value)
