@@ -15,6 +15,7 @@ import math
 import os
 import re
 import stat
+import sys
 import tempfile
 import warnings
 
@@ -324,7 +325,9 @@ class Arrays:
             self.dir_checked = True
         fpath = os.path.join(self.path, rel)
         _regular(fpath)
-        return fpath, read_npy_header(fpath)
+        h = read_npy_header(fpath)
+        check_portable(fpath, h, where)
+        return fpath, h
 
     def fail(self, ref: dict, text: str):
         """FormatError naming the array file of ``ref`` (read, so checked) and ``text``."""
@@ -372,6 +375,48 @@ class Arrays:
         return self.read(where, ref, dt, tuple(h.shape))
 
 
+def _leaves(dtype: np.dtype, name: str):
+    """``(name, base dtype)`` of every scalar field of ``dtype`` (a record's fields by name)."""
+    if dtype.names is None:
+        yield name, dtype.base
+        return
+    for field in dtype.names:
+        yield from _leaves(dtype.fields[field][0].base, f"field {field!r}")
+
+
+def check_portable(fpath: str, header, where: str) -> None:
+    """Refuse (FormatError naming the file and the field) an array this machine would read
+    wrongly or unaligned: a field in the other byte order, or data that does not start at a
+    multiple of its alignment. tfdata writes every array in the writing machine's byte order
+    (little-endian on x86-64 and aarch64) from an offset that is a multiple of 64, so a
+    checkpoint moves between such machines unchanged (docs/design/checkpoints.md)."""
+    leaves = list(_leaves(header.dtype, where))
+    for name, base in leaves:
+        if not base.isnative:
+            order = "big" if base.byteorder == ">" else "little"
+            raise FormatError(f"{fpath}: {name}: stored {order}-endian ({base.str}); this machine "
+                              f"is {sys.byteorder}-endian and reads a checkpoint in its own byte "
+                              f"order only (nothing is converted)")
+    align = max((base.alignment for _, base in leaves), default=1)
+    if header.offset % align:
+        name, base = max(leaves, key=lambda nb: nb[1].alignment)
+        raise FormatError(f"{fpath}: {name}: data starts at byte {header.offset}, not a multiple "
+                          f"of {align} (the alignment of {base}); tfdata writes aligned data, so "
+                          f"the file is damaged or was not written by tfdata")
+
+
+def _check_rows_file(fpath: str, where: str) -> None:
+    """Byte order and alignment of a rows file whose header parses (one that does not is
+    reported by the open of the rows, which names what is wrong)."""
+    from ..storage.files import read_npy_header
+
+    try:
+        h = read_npy_header(fpath, allow_tail=True, follow=False)
+    except (FormatError, OSError):
+        return
+    check_portable(fpath, h, where)
+
+
 def _check_files(path: str, rows_name: str) -> str:
     """Refuse links and special files at the rows dataset, in an SoA rows directory and in
     ``arrays/`` (the directories themselves included), before anything is opened."""
@@ -383,10 +428,14 @@ def _check_files(path: str, rows_name: str) -> str:
     rpath = os.path.join(path, rows_name)
     if rows_name == "rows.npy":
         _regular(rpath)
+        _check_rows_file(rpath, "rows")
         return rpath
     _directory(rpath)
     for name in os.listdir(rpath):
         _regular(os.path.join(rpath, name))
+    for name in os.listdir(rpath):
+        if name.endswith(".npy"):
+            _check_rows_file(os.path.join(rpath, name), f"rows file {name!r}")
     return rpath
 
 
