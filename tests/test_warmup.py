@@ -44,7 +44,7 @@ spec.loader.exec_module(budget)
 counter = budget.CompileCounter()
 
 
-def workload_sac(total=300, learning_starts=260, seed=0):
+def workload_sac(total=270, learning_starts=260, seed=0):
     # experiments/sac_continuous.py's edge loop (variant "edge"), short: CleanRL's one-env vector
     # environment on Pendulum-v1, random actions before learning_starts, a push per step, a
     # sample and a train per step after it
@@ -265,3 +265,10 @@ def test_an_entry_is_not_used_under_another_cpu_name_or_numba_version(warmed, tm
     _, version_now, overloads_now = _index(cache, kernel)
     assert version_now == version
     assert {key[1][1] for key in overloads_now} == {host["cpu_name"]}  # the index was rewritten
+
+
+def test_first_step_marks_the_first_step_and_the_first_update(warmed, tmp_path):
+    cache, _ = warmed("dqn")
+    marks = _json(_run(["-c", warmup.PROBE, "dqn"], cache, tmp_path))
+    assert set(marks) == {"first_step", "first_update"}
+    assert 0 < marks["first_step"] <= marks["first_update"]

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -391,9 +394,6 @@ PROBE = ("import time; t = time.perf_counter()\n"
 def _child(args: list, cache_dir: str) -> tuple:
     """Run ``python args`` with ``NUMBA_CACHE_DIR=cache_dir`` and this tfdata on the path: (last
     line of its output as JSON, wall seconds, CPU seconds of the process)."""
-    import json
-    import subprocess
-
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -419,8 +419,6 @@ def measure(loops, log=None) -> dict:
 
     Sequential, one process at a time. Returns ``{loop: {"cold", "warmup", "warm", "again"}}``.
     """
-    import shutil
-
     results = {}
     for loop in loops:
         scratch = tempfile.mkdtemp(prefix=f"tfdata-warmup-{loop}-")
