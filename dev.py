@@ -9,6 +9,8 @@
                            # DQN and PPO loops; suite: its count, --cold: on an empty numba cache,
                            # timed, about 30 min); reports/compile_budget/
     python3 dev.py system  # install the allocator libraries (jemalloc, mimalloc) with apt-get
+    python3 dev.py arm64   # aarch64 under emulation: a Debian arm64 root, a subset of the tests and
+                           # the cross-architecture determinism check (tools/arm64.py; needs root)
 
 Each command creates ``.venv`` (once) and installs the package with the extras it needs; a
 change to pyproject.toml triggers a reinstall. Standard library only.
@@ -110,7 +112,7 @@ def run(cmd: list[str], **kw) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("demo", "test", "bench", "compile", "system"):
+    if not argv or argv[0] not in ("demo", "test", "bench", "compile", "system", "arm64"):
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "system":
@@ -124,6 +126,11 @@ def main(argv: list[str]) -> None:
         run([PY, "-m", "pytest", *rest])
     elif cmd == "compile":
         run([PY, os.path.join(ROOT, "experiments", "compile_budget.py"), *rest])
+    elif cmd == "arm64":
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        import arm64
+
+        sys.exit(arm64.main(rest, PY))
     elif cmd == "bench":
         run([os.path.join(BIN, "asv"), "machine", "--yes"])
         # asv 0.6 exits with 2 when a benchmark fails, so a broken benchmark fails CI
