@@ -294,13 +294,20 @@ class Runner:
         self.kind, self.scratch, self.log = kind, scratch, log
         self.n = 0
 
-    def run(self, task: str, args: dict, *, cache: str, boxed: bool = True, timeout: float = TIMEOUT_S) -> dict:
-        self.n += 1
-        out = os.path.join(self.scratch, f"child-{self.n}.json")
+    @staticmethod
+    def env(cache: str) -> dict:
+        """A measured process's environment: numba's cache at ``cache``, one BLAS/OpenMP thread, the
+        checkout's tfdata first on the path."""
         env = dict(os.environ, NUMBA_CACHE_DIR=cache, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                    MKL_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
                        [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         env.pop("PYTHONDONTWRITEBYTECODE", None)
+        return env
+
+    def run(self, task: str, args: dict, *, cache: str, boxed: bool = True, timeout: float = TIMEOUT_S) -> dict:
+        self.n += 1
+        out = os.path.join(self.scratch, f"child-{self.n}.json")
+        env = self.env(cache)
         box = box_error = None
         if boxed and self.kind:
             try:
@@ -344,19 +351,31 @@ class Runner:
 # The warm cache: the ONE place it is produced
 # ---------------------------------------------------------------------------------------------
 def produce_warm_cache(runner: Runner, cache_dir: str, loops) -> dict:
-    """Fill ``cache_dir`` with the kernels of ``loops``: run each loop's latency probe there,
-    unconfined (what a first run on the board would leave behind).
-
-    WARM-UP HOOK: once ``python -m tfdata warmup [dqn|ppo|sac|all]`` exists, this function is the
-    one place to switch: run ``[sys.executable, "-m", "tfdata", "warmup", *loops]`` with
-    ``NUMBA_CACHE_DIR=cache_dir`` instead of the probes below.
-    """
+    """Fill ``cache_dir`` with the kernels of ``loops`` the way a board's installer or first boot
+    would: ``python -m tfdata warmup <loops> --json`` with ``NUMBA_CACHE_DIR=cache_dir``,
+    unconfined. Where this tfdata has no ``warmup`` (an older checkout), each loop's latency probe
+    is run once in the cache directory instead."""
     os.makedirs(cache_dir, exist_ok=True)
+    cmd = [sys.executable, "-m", "tfdata", "warmup", *loops, "--json"]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=runner.env(cache_dir), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    wall = round(time.monotonic() - t0, 3)
+    if p.returncode == 0:
+        try:
+            report = json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            report = {"stdout": p.stdout[-2000:]}
+        total = report.get("total") or {}
+        return {"how": "`python -m tfdata warmup " + " ".join(loops) + "` in the cache directory, unconfined",
+                "process_wall_s": wall, "compiled": total.get("compiled"), "loaded": total.get("loaded"),
+                "warmup": {k: report.get(k) for k in ("loops", "total", "target")}}
+    runner.log(f"    tfdata warmup unavailable (exit {p.returncode}): the loops' probes fill the cache")
     out = {}
     for name in loops:
         r = runner.run("loop", {"loop": name, "budget": "quick"}, cache=cache_dir, boxed=False)
         out[name] = {"completed": r["completed"], "process_wall_s": r["process_wall_s"]}
-    return {"how": "each loop's latency probe run once in the cache directory, unconfined", "loops": out}
+    return {"how": "each loop's latency probe run once in the cache directory, unconfined (no `tfdata warmup` "
+                   f"in this tfdata: exit {p.returncode})", "loops": out}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -583,7 +602,11 @@ def child_loop(a: dict) -> dict:
     import tfdata  # noqa: F401
 
     r = {"rss_start_bytes": rss0, "rss_imported_bytes": _status("VmRSS"), "imported_s": _since(a["t_spawn"])}
+    cpu0 = time.process_time()
     r.update(LOOP_FUNCS[name](_hp(name, budget), STEPS[budget][name], 0, a["t_spawn"]))
+    # the CPU time the loop got per second of its wall clock: below 1, another process held the
+    # core (a shared machine) and steps per second are low by about that factor
+    r["cpu_share"] = (time.process_time() - cpu0) / r["loop_wall_s"] if r["loop_wall_s"] > 0 else None
     r["rss_end_bytes"] = _status("VmRSS")
     r["vm_hwm_bytes"] = _status("VmHWM")
     r["torch_imported"] = "torch" in sys.modules
@@ -925,7 +948,7 @@ def summarise(res: dict) -> dict:
             "sps": r.get("sps"), "sps_training": r.get("sps_training"), "peak_rss_bytes": r.get("vm_hwm_bytes"),
             "box_max_usage_bytes": (r["box"] or {}).get("max_usage_bytes"), "box_failcnt": (r["box"] or {}).get("failcnt"),
             "buffer_nbytes": r.get("buffer_nbytes"), "final_return": r.get("final_return"),
-            "episodes": r.get("episodes"), "torch_imported": r.get("torch_imported"),
+            "episodes": r.get("episodes"), "torch_imported": r.get("torch_imported"), "cpu_share": r.get("cpu_share"),
             "runtime_bytes": rt.get("runtime_bytes"), "runtime_cache_misses": rt.get("cache_misses")}
     for name in LOOPS:
         for cache in ("cold", "warm"):
@@ -1007,8 +1030,12 @@ def findings(res: dict, s: dict, emulated: bool) -> list:
                 f"{min(rts) / MIB:.0f}-{max(rts) / MIB:.0f} MiB: the buffers, networks and environments are the rest"
                 if rts else "") + ".")
     if not emulated and done:
+        share = lambda n: ("" if s["loops"][n].get("cpu_share") is None  # noqa: E731
+                           else f" (CPU share {s['loops'][n]['cpu_share']:.2f})")
         L.append("* Steps per second in one CPU: " + ", ".join(
-            f"{n.upper()} {s['loops'][n]['sps']:,.0f}" for n in done) + ".")
+            f"{n.upper()} {s['loops'][n]['sps']:,.0f}{share(n)}" for n in done)
+                 + ". A CPU share below 1 means another process held the core for that part of the run: "
+                   "those speeds are low by about that factor.")
     cap = res["capacity"]
     if "budget_bytes" in cap:
         parts = []
@@ -1058,13 +1085,14 @@ def write_report(out_dir: str, res: dict, s: dict, machine: dict, freq: dict, li
         rows.append([LOOP_TITLES[name], status, f"{x['steps'] or 0:,}",
                      "-" if emulated or x["sps"] is None else f"{x['sps']:,.0f}",
                      "-" if emulated or x["sps_training"] is None else f"{x['sps_training']:,.0f}",
+                     "-" if x.get("cpu_share") is None else f"{x['cpu_share']:.2f}",
                      _mib(x["peak_rss_bytes"]), _mib(x["box_max_usage_bytes"]),
                      "-" if x["box_failcnt"] is None else x["box_failcnt"], _mib(x["runtime_bytes"]),
                      f"{(x['buffer_nbytes'] or 0) / MIB:.1f}",
                      "-" if x["final_return"] is None else f"{x['final_return']:.0f}"])
-    L += md_table(["loop", "status", "steps", "steps/s", "steps/s training", "peak RSS (MiB)",
+    L += md_table(["loop", "status", "steps", "steps/s", "steps/s training", "CPU share", "peak RSS (MiB)",
                    "box peak (MiB)", "box limit hits", "numba runtime (MiB)", "buffer (MiB)",
-                   "final return (last 10 episodes)"], rows, "llrrrrrrrrr") + [""]
+                   "final return (last 10 episodes)"], rows, "llrrrrrrrrrr") + [""]
     L.append("* Peak RSS: the process's own `VmHWM`. Box peak: the cgroup's `memory.max_usage_in_bytes` "
              "(v2: `memory.peak`): the pages charged to the box, its process's anonymous memory and the page cache "
              "it brought in. It can be below the RSS: pages of files (the interpreter, numpy's and numba's "
@@ -1074,7 +1102,9 @@ def write_report(out_dir: str, res: dict, s: dict, machine: dict, freq: dict, li
              "reached the limit and the kernel had to reclaim; not kills). Buffer: the bytes it holds (`nbytes`; pages never written are never resident). No loop "
              "imports torch.")
     L.append("* Steps per second: environment steps over the loop's wall clock (setup outside); training: "
-             "from the first update on. One seed, one run per loop. Final return: a sanity check of the loop, "
+             "from the first update on. CPU share: the process's CPU time over the loop's wall clock (below 1: "
+             "another process held the core, and the speeds are low by about that factor). One seed, one run "
+             "per loop. Final return: a sanity check of the loop, "
              "not a learning result (one seed).")
     rt = res["runtime"]
     if rt:
@@ -1169,7 +1199,8 @@ def write_report(out_dir: str, res: dict, s: dict, machine: dict, freq: dict, li
                  "processes. The probe is the loop with a tiny budget (learning starts after "
                  f"{HP['dqn']['learning_starts']['quick']} DQN steps, {HP['sac']['learning_starts']['quick']} SAC "
                  "steps, one PPO rollout of 128 steps x 4 environments): the first update includes those steps. "
-                 "Cold: an empty `NUMBA_CACHE_DIR`, every kernel compiles; warm: a cache filled beforehand "
+                 "Cold: an empty `NUMBA_CACHE_DIR`, every kernel compiles; warm: the cache "
+                 f"{res['warm_cache']['how'].split(' in the cache directory')[0]} filled beforehand "
                  "(`produce_warm_cache` in the script).")
     L += [""] + [f"![{p}]({p})\n" for p in plots]
     L += ["## Method\n",

@@ -54,6 +54,8 @@ def test_tiny_run_without_the_cgroup_writes_the_report(tmp_path):
         for cache in ("cold", "warm"):
             lat = res["summary"]["latency"][f"{name}/{cache}"]
             assert lat["n"] == 1 and 0 < lat["first_step_s"] <= lat["first_update_s"], (name, cache)
+    warm = res["raw"]["warm_cache"]  # made by the command a board's first boot runs
+    assert "tfdata warmup" in warm["how"] and warm["compiled"] > 0
     cap = res["raw"]["capacity"]
     for kind in ("cartpole", "atari"):
         assert cap[kind]["capacity"] > 0 and cap[kind]["fit"]["completed"], kind
