@@ -1158,6 +1158,11 @@ def write_report(out_dir: str, res: dict, s: dict, machine: dict, freq: dict, li
                  "(trained from); with Atari rows it sits beside the loop's own buffer and is sampled (batch "
                  f"{ATARI_BATCH}) at every step. The DQN learner is the MLP of CartPole: an Atari learner (a "
                  "CNN) would take more, and tfdata.nn has none.")
+        killed = [t for c in (cap.get("cartpole") or {}, cap.get("atari") or {}) for t in c.values()
+                  if isinstance(t, dict) and t.get("oom_killed") and t.get("box")]
+        if any(t["box"].get("failcnt") == 0 for t in killed):
+            L.append("* This kernel's `failcnt` stayed 0 even for the processes the box OOM-killed (its peak reached "
+                     "the limit and `memory.oom_control` counted the kill): read limit hits with the box peak.")
         L.append(f"* Beyond it (full run): {OVER} times the capacity, and the capacity `max_capacity` gives for the "
                  "whole box (512 MiB of buffer, the learner beside it): what the limit does. The computed capacity "
                  "budgets the learner's RSS, which is more than the box is charged for (see the box peak above): "
