@@ -11,9 +11,15 @@
     python3 dev.py system  # install the allocator libraries (jemalloc, mimalloc) with apt-get
     python3 dev.py arm64   # aarch64 under emulation: a Debian arm64 root, a subset of the tests and
                            # the cross-architecture determinism check (tools/arm64.py; needs root)
+    python3 dev.py edge [--quick] [--no-cgroup]
+                           # the edge profile: the torch-free DQN, PPO and SAC loops, capacities,
+                           # microbenchmarks and first-step latency in a 512 MiB, one-CPU cgroup
+                           # (root makes it; else unconfined, said so); reports/edge/<machine>/.
+                           # Needs only the rl extra; about 3 min on a 2-core x86-64 VM
 
 Each command creates ``.venv`` (once) and installs the package with the extras it needs; a
-change to pyproject.toml triggers a reinstall. Standard library only.
+change to pyproject.toml triggers a reinstall (``edge`` takes a venv with every extra as it is,
+else installs the ``rl`` extra alone: what a small board can install). Standard library only.
 """
 
 from __future__ import annotations
@@ -34,14 +40,19 @@ EXTRAS = "test,bench,rl,torch,dqn,ppo,sac,ray,atari,compress"
 TUNABLE = "glibc.rtld.optional_static_tls=4096"
 
 
-def _stamp() -> str:
+#: the edge profile's extras: gymnasium only (a board installs no torch)
+EDGE_EXTRAS = "rl"
+
+
+def _stamp(extras: str = EXTRAS) -> str:
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        return hashlib.sha256(f.read() + EXTRAS.encode()).hexdigest()
+        return hashlib.sha256(f.read() + extras.encode()).hexdigest()
 
 
-def ensure_env() -> None:
+def ensure_env(extras: str = EXTRAS) -> None:
+    """The venv with ``extras`` installed; one installed with every extra serves any command."""
     stamp_file = os.path.join(VENV, ".tfdata-installed")
-    if os.path.exists(stamp_file) and open(stamp_file).read() == _stamp():
+    if os.path.exists(stamp_file) and open(stamp_file).read() in (_stamp(extras), _stamp(EXTRAS)):
         return
     if not os.path.exists(PY):
         print(f"creating virtual environment {VENV}", flush=True)
@@ -50,11 +61,11 @@ def ensure_env() -> None:
         except Exception as exc:  # ensurepip missing on some distributions
             sys.exit(f"could not create a virtual environment ({exc}).\n"
                      "On Debian/Ubuntu install it with: apt-get install python3-venv")
-    print(f"installing tfdata[{EXTRAS}] into {VENV}", flush=True)
+    print(f"installing tfdata[{extras}] into {VENV}", flush=True)
     run([PY, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "-e", f"{ROOT}[{EXTRAS}]"])
+         "-e", f"{ROOT}[{extras}]"])
     with open(stamp_file, "w") as f:
-        f.write(_stamp())
+        f.write(_stamp(extras))
 
 
 # Debian/Ubuntu packages of the allocators tfdata.alloc loads with ctypes
@@ -112,11 +123,15 @@ def run(cmd: list[str], **kw) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("demo", "test", "bench", "compile", "system", "arm64"):
+    if not argv or argv[0] not in ("demo", "test", "bench", "compile", "system", "arm64", "edge"):
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "system":
         sys.exit(system())
+    if cmd == "edge":  # no allocator libraries, no torch: what a board has
+        ensure_env(EDGE_EXTRAS)
+        run([PY, os.path.join(ROOT, "experiments", "edge_profile.py"), *rest])
+        return
     if not _have_libraries():
         system()  # best effort: without them only the jemalloc/mimalloc runs skip
     ensure_env()

@@ -208,18 +208,29 @@ def git_info(directory: str = _HERE) -> dict:
     return {"commit": commit.strip(), "dirty": bool(status.strip()) if status is not None else None}
 
 
-def software_info() -> dict:
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def software_info(lean: bool = False) -> dict:
+    """Versions, the git commit and the tfdata settings of the environment. ``lean``: the versions
+    from the installed packages' metadata, importing nothing (a parent that must stay small while
+    it runs measured children: numba alone adds tens of MiB to a process)."""
+    version = _dist_version if lean else _version
     env_names = sorted(k for k in os.environ if k.startswith(("NUMBA_", "TFDATA_", "OMP_", "MKL_")))
     return {
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
         "python_build": " ".join(platform.python_build()),
-        "numpy": _version("numpy"),
-        "numba": _version("numba"),
-        "llvmlite": _version("llvmlite"),
-        "psutil": _version("psutil"),
-        "matplotlib": _version("matplotlib"),
-        "tfdata": _version("tfdata"),
+        "numpy": version("numpy"),
+        "numba": version("numba"),
+        "llvmlite": version("llvmlite"),
+        "psutil": version("psutil"),
+        "matplotlib": version("matplotlib"),
+        "tfdata": version("tfdata"),
         "git": git_info(),
         # names only: values may be paths (NUMBA_CACHE_DIR); TFDATA_LAYOUT is a plain word
         "env_vars_set": env_names,
@@ -256,9 +267,269 @@ def memory_info() -> dict:
         return {"total_bytes": None, "available_bytes": None, "swap_total_bytes": None}
 
 
-def collect_environment() -> dict:
-    """CPU, caches, cores, RAM, OS/kernel and library versions, as one JSON-ready dict."""
-    return {"cpu": cpu_info(), "memory": memory_info(), "os": os_info(), "software": software_info()}
+def collect_environment(lean: bool = False) -> dict:
+    """CPU, caches, cores, RAM, OS/kernel and library versions, as one JSON-ready dict (``lean``:
+    see :func:`software_info`)."""
+    return {"cpu": cpu_info(), "memory": memory_info(), "os": os_info(), "software": software_info(lean)}
+
+
+# -- small boards and emulation ---------------------------------------------------------------
+_X86 = ("x86_64", "amd64", "i386", "i486", "i586", "i686")
+
+
+def _family(machine: str | None) -> str | None:
+    """'x86' or 'arm' (or the machine name itself) for a ``platform.machine()`` value."""
+    if not machine:
+        return None
+    m = machine.lower()
+    if m in _X86:
+        return "x86"
+    if m.startswith(("aarch64", "arm")):
+        return "arm"
+    return m
+
+
+def cpuinfo_fields() -> dict:
+    """What ``/proc/cpuinfo`` says the CPU is, from its first processor block (None where absent).
+
+    Returns
+    -------
+    dict
+        ``model`` (x86 ``model name``, or ARM's ``Model``/``Hardware`` line), ``vendor_id``,
+        ``flags`` (x86, list), ``features`` (ARM ``Features``, list), ``cpu_implementer``,
+        ``cpu_part``, ``cpu_architecture``, ``cpu_revision`` (ARM), ``processors`` (blocks
+        listed), and ``family``: 'x86' or 'arm' by which fields are there, None if neither.
+    """
+    text = _read("/proc/cpuinfo") or ""
+    first: dict = {}
+    hardware = board = None
+    processors = 0
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        k, v = (x.strip() for x in line.split(":", 1))
+        if k == "processor":
+            processors += 1
+        elif k == "Hardware":
+            hardware = v
+        elif k == "Model" and processors and "Model" not in first:
+            board = v  # the Raspberry Pi kernel's board line (after the processor blocks)
+        if k not in first:
+            first[k] = v
+    family = "x86" if ("vendor_id" in first or "flags" in first) else (
+        "arm" if ("CPU implementer" in first or "Features" in first) else None)
+    return {
+        "model": first.get("model name") or board or hardware,
+        "vendor_id": first.get("vendor_id"),
+        "flags": first["flags"].split() if "flags" in first else None,
+        "features": first["Features"].split() if "Features" in first else None,
+        "cpu_implementer": first.get("CPU implementer"),
+        "cpu_part": first.get("CPU part"),
+        "cpu_architecture": first.get("CPU architecture"),
+        "cpu_revision": first.get("CPU revision"),
+        "processors": processors or None,
+        "family": family,
+    }
+
+
+def board_model() -> str | None:
+    """The board's name from the device tree (``/proc/device-tree/model``: 'Raspberry Pi 5 Model
+    B Rev 1.0'); None on machines without one (x86, most VMs)."""
+    text = _read("/proc/device-tree/model")
+    return text.strip("\x00\n ") or None if text else None
+
+
+def _cpus() -> list[str]:
+    try:
+        return sorted((n for n in os.listdir("/sys/devices/system/cpu") if re.fullmatch(r"cpu\d+", n)),
+                      key=lambda n: int(n[3:]))
+    except OSError:
+        return []
+
+
+def cpu_governors() -> dict:
+    """``scaling_governor`` per CPU (``{"cpu0": "ondemand", ...}``); empty without cpufreq."""
+    out = {}
+    for c in _cpus():
+        g = _read(f"/sys/devices/system/cpu/{c}/cpufreq/scaling_governor")
+        if g is not None:
+            out[c] = g.strip()
+    return out
+
+
+def cpu_frequencies() -> dict:
+    """Per CPU: ``cur_khz`` (``scaling_cur_freq``) and ``max_khz`` (``cpuinfo_max_freq``, else
+    ``scaling_max_freq``); empty without cpufreq."""
+    out = {}
+    for c in _cpus():
+        d = f"/sys/devices/system/cpu/{c}/cpufreq/"
+        cur = _read(d + "scaling_cur_freq")
+        mx = _read(d + "cpuinfo_max_freq") or _read(d + "scaling_max_freq")
+        if cur is not None and cur.strip().isdigit():
+            out[c] = {"cur_khz": int(cur), "max_khz": int(mx) if mx and mx.strip().isdigit() else None}
+    return out
+
+
+def temperatures() -> dict:
+    """Readable thermal zones, ``{"thermal_zone0 (cpu-thermal)": 47.2}`` in °C; empty when none
+    can be read (most VMs)."""
+    out = {}
+    try:
+        zones = sorted(n for n in os.listdir("/sys/class/thermal") if n.startswith("thermal_zone"))
+    except OSError:
+        return out
+    for z in zones:
+        t = _read(f"/sys/class/thermal/{z}/temp")
+        kind = (_read(f"/sys/class/thermal/{z}/type") or "").strip()
+        try:
+            out[f"{z} ({kind})" if kind else z] = int(t) / 1000.0
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def vcgencmd_throttled() -> dict | None:
+    """A Raspberry Pi's ``vcgencmd get_throttled``: the raw value and its bits in words (under
+    voltage, frequency capped, throttled, soft temperature limit: now, and since boot); None where
+    the tool is missing."""
+    text = _run(["vcgencmd", "get_throttled"])
+    if not text or "=" not in text:
+        return None
+    try:
+        v = int(text.strip().split("=", 1)[1], 16)
+    except ValueError:
+        return {"raw": text.strip(), "now": None, "since_boot": None}
+    names = ("under-voltage", "frequency capped", "throttled", "soft temperature limit")
+    return {"raw": hex(v), "now": [n for i, n in enumerate(names) if v >> i & 1],
+            "since_boot": [n for i, n in enumerate(names) if v >> (16 + i) & 1]}
+
+
+def emulation() -> dict:
+    """Whether this interpreter runs under a user-mode emulator (qemu-user), best effort.
+
+    qemu-user runs a foreign binary on the host's kernel: ``platform.machine()`` says the guest's
+    architecture while ``/proc/cpuinfo`` (the host kernel's) still describes the host's CPU.
+
+    Returns
+    -------
+    dict
+        ``machine`` (``platform.machine()``), ``cpuinfo_family`` ('x86', 'arm' or None),
+        ``emulated`` (True, False, or None when /proc/cpuinfo says nothing), and ``evidence``
+        (the reasons, in words).
+    """
+    machine = platform.machine()
+    info = cpuinfo_fields()
+    fam, want = info["family"], _family(machine)
+    evidence = []
+    emulated = None
+    if fam is not None and want is not None:
+        emulated = fam != want
+        evidence.append(f"platform.machine() is {machine}, /proc/cpuinfo describes an {fam} CPU")
+    if emulated and os.path.exists(f"/proc/sys/fs/binfmt_misc/qemu-{machine}"):
+        evidence.append(f"binfmt_misc has a qemu-{machine} handler")
+    return {"machine": machine, "cpuinfo_family": fam, "emulated": emulated, "evidence": evidence}
+
+
+def slug(text: str) -> str:
+    """``text`` in lower case, each run of characters other than letters, digits and '_' as one '-'."""
+    return re.sub(r"[^a-z0-9_]+", "-", text.lower()).strip("-")
+
+
+def machine_slug() -> str:
+    """A stable name for this machine, for a report folder: the device-tree board model on a
+    board ('raspberry-pi-5-model-b-rev-1-0'), else ``<machine>-<cpu model>``
+    ('x86_64-amd-epyc-7b13'); under emulation ``<machine>-emulated-on-<host cpu model>``."""
+    machine = platform.machine() or "unknown"
+    emu = emulation()
+    model = cpuinfo_fields()["model"] or platform.processor() or "unknown-cpu"
+    if emu["emulated"]:
+        return slug(f"{machine}-emulated-on-{model}")[:80]
+    board = board_model()
+    if board:
+        return slug(board)[:80]
+    model = re.sub(r"\(r\)|\(tm\)|\bcpu\b|\bprocessor\b|@.*$|\d+-core", " ", model, flags=re.I)
+    return slug(f"{machine}-{model}")[:80]
+
+
+class FrequencySampler:
+    """Samples the CPU frequencies and temperatures in a thread while a run lasts, to say whether
+    the CPU throttled: a CPU below 0.95 of its maximum frequency while busy, a Raspberry Pi's
+    ``vcgencmd get_throttled`` flags, or "unknown" when nothing is readable (most VMs).
+
+    Use ``s = FrequencySampler(); s.start(); ...; summary = s.stop()``.
+    """
+
+    def __init__(self, interval_s: float = 1.0):
+        import threading
+
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.samples: list = []
+        self.temps_before = self.temps_after = None
+        self.vcgencmd_before = self.vcgencmd_after = None
+
+    def start(self) -> "FrequencySampler":
+        self.temps_before, self.vcgencmd_before = temperatures(), vcgencmd_throttled()
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            f, t = cpu_frequencies(), temperatures()
+            if f or t:
+                self.samples.append({"t": time.time(), "freq": f, "temp": t})
+
+    def stop(self) -> dict:
+        """Stop sampling; the summary (JSON-ready)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.temps_after, self.vcgencmd_after = temperatures(), vcgencmd_throttled()
+        ratios = [s["freq"][c]["cur_khz"] / s["freq"][c]["max_khz"] for s in self.samples
+                  for c in s["freq"] if s["freq"][c]["max_khz"]]
+        max_temp = max((v for s in self.samples for v in s["temp"].values()), default=None)
+        vc = self.vcgencmd_after
+        if vc is not None and vc.get("now") is not None:
+            throttled = "yes" if (vc["now"] or set(vc["since_boot"]) - set(
+                (self.vcgencmd_before or {}).get("since_boot") or [])) else "no"
+            how = f"vcgencmd get_throttled {self.vcgencmd_before and self.vcgencmd_before['raw']} -> {vc['raw']}"
+        elif ratios:
+            throttled = "yes" if min(ratios) < 0.95 else "no"
+            how = (f"scaling_cur_freq / max sampled every {self.interval_s:g} s: lowest {min(ratios):.2f} "
+                   "(below 0.95 counts as throttled; an idle CPU's governor may lower it too)")
+        else:
+            throttled, how = "unknown", "nothing readable (no cpufreq, no vcgencmd)"
+        return {"throttled": throttled, "how": how, "samples": len(self.samples),
+                "lowest_frequency_ratio": min(ratios) if ratios else None, "max_temperature_c": max_temp,
+                "temperatures_before_c": self.temps_before, "temperatures_after_c": self.temps_after,
+                "vcgencmd_before": self.vcgencmd_before, "vcgencmd_after": self.vcgencmd_after}
+
+
+def edge_machine() -> dict:
+    """What a report from a small board states about the machine, as one JSON-ready dict: the
+    CPU (/proc/cpuinfo fields, flags or features), the board, cores, RAM, OS, kernel, governors,
+    temperatures now, emulation, and the versions of Python, numpy, numba and llvmlite (from the
+    installed metadata: nothing is imported)."""
+    def dist(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    mem = _read("/proc/meminfo") or ""
+    total = next((int(x.split()[1]) * 1024 for x in mem.splitlines() if x.startswith("MemTotal")), None)
+    swap = next((int(x.split()[1]) * 1024 for x in mem.splitlines() if x.startswith("SwapTotal")), None)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {"slug": machine_slug(), "machine": platform.machine(), "cpu": cpuinfo_fields(),
+            "board_model": board_model(), "logical_cpus": os.cpu_count(), "usable_cpus": affinity,
+            "mem_total_bytes": total, "swap_total_bytes": swap, "os": os_info(),
+            "governors": cpu_governors(), "frequencies": cpu_frequencies(), "temperatures_c": temperatures(),
+            "emulation": emulation(), "hypervisor": lscpu().get("Hypervisor vendor"),
+            "versions": {"python": sys.version.split()[0], "numpy": dist("numpy"), "numba": dist("numba"),
+                         "llvmlite": dist("llvmlite"), "gymnasium": dist("gymnasium"), "tfdata": dist("tfdata")}}
 
 
 def machine_brief() -> dict:
@@ -441,10 +712,11 @@ def timer_overhead_ns(n: int = 20000) -> float:
 
 # -- one run ----------------------------------------------------------------------------------
 class RunRecord:
-    """Snapshots the environment and load at creation; :meth:`finish` adds the end state."""
+    """Snapshots the environment and load at creation; :meth:`finish` adds the end state.
+    ``lean``: read the library versions without importing them (:func:`software_info`)."""
 
     def __init__(self, experiment: str, *, mode: str, seeds: list[int], command: str,
-                 run_name: str | None = None, parameters: dict | None = None):
+                 run_name: str | None = None, parameters: dict | None = None, lean: bool = False):
         self.experiment = experiment
         self.mode = mode
         self.seeds = list(seeds)
@@ -457,7 +729,7 @@ class RunRecord:
         self._cpu0 = _cpu_ticks()
         self._proc0 = os.times()
         self.load_start = load_average()
-        self.environment = collect_environment()
+        self.environment = collect_environment(lean)
         self.timer_overhead_ns = timer_overhead_ns()
 
     def elapsed(self) -> float:
