@@ -129,3 +129,21 @@ def test_hand_written_text_survives_a_rewrite(tmp_path):
     (out / "README.md").write_text(f"# t\n\n{block}\n\n## Table\n")
     assert _render.hand_written(str(out), "findings") == [block, ""]
     assert _render.hand_written(str(out), "method")[0].startswith("*Method: written by hand")
+
+
+def test_index_lists_each_machine_of_a_per_machine_report(tmp_path):
+    reports = tmp_path / "reports"
+    for machine, finding in (("pi-5", "peak RSS 150 MiB"), ("x86_64-vm", "peak RSS 160 MiB")):
+        d = reports / "edge" / machine
+        d.mkdir(parents=True)
+        (d / "README.md").write_text(f"# e\n\n## Findings\n\n* {finding}\n")
+        (d / "memory.png").write_bytes(b"\x89PNG")
+    (reports / "edge" / "README.md").write_text("the folder's own page, not a machine")
+    (reports / "edge" / "empty").mkdir()  # no report in it: not listed
+    index = open(cli.write_index(str(reports), str(tmp_path), False), encoding="utf-8").read()
+    assert "| [edge/pi-5](edge/pi-5/README.md) |" in index and "peak RSS 150 MiB" in index
+    assert "| [edge/x86_64-vm](edge/x86_64-vm/README.md) |" in index
+    assert "edge/empty" not in index
+    assert "![edge/pi-5](edge/pi-5/memory.png)" in index
+    quick = open(cli.write_index(str(reports / "quick"), str(tmp_path), True), encoding="utf-8").read()
+    assert "edge/" not in quick
