@@ -319,3 +319,21 @@ def test_check_golden_refuses_a_damaged_golden_file(golden, how):
     doc, values = _damaged(*golden, how)
     with pytest.raises(ValueError, match="golden"):
         det.check_golden(doc, values)
+
+
+def test_written_checkpoints_are_the_golden_ones_and_replace_only_checkpoints(tmp_path, golden):
+    """``--write-checkpoint DIR`` writes checkpoints that hold the golden arrays, replaces a
+    checkpoint written before, and refuses (leaving it as it is) anything else in the way."""
+    out = tmp_path / "machine"
+    for _ in range(2):  # the second time over the first
+        det.checkpoint_cases(det.Recorder(), str(out))
+        for kind in det.CHECKPOINT_KINDS:
+            bad = _failures(det.check_checkpoint(str(out / kind), kind, golden[0]), det.EXACT)
+            assert not bad, "\n".join(bad)
+    mine = out / det.CHECKPOINT_KINDS[-1]
+    shutil.rmtree(mine)
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        det.checkpoint_cases(det.Recorder(), str(out))
+    assert os.listdir(mine) == ["notes.txt"] and (mine / "notes.txt").read_text() == "mine"
