@@ -318,9 +318,18 @@ class Runner:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", task, "--out", out, "--args",
                json.dumps(dict(args, t_spawn=time.monotonic()))]
         t0 = time.monotonic()
+        popen = dict(env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 preexec_fn=box.join if box else None)
+            try:
+                p = subprocess.Popen(cmd, preexec_fn=box.join if box else None, **popen)
+            except subprocess.SubprocessError as e:  # the child could not move into the box
+                if box is None:
+                    raise
+                box_error = f"the child could not join the cgroup ({e})"
+                self.log(f"    {task}: {box_error}: runs unconfined")
+                box.remove()
+                box = None
+                p = subprocess.Popen(cmd, **popen)
             try:
                 text, _ = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -302,3 +302,27 @@ def test_emulation_is_read_from_the_machine_and_cpuinfo(recording, monkeypatch, 
         f = recording.cpuinfo_fields()
         assert f["family"] == "arm" and f["cpu_part"] == "0xd0b" and f["processors"] == 2
         assert f["model"] == "Raspberry Pi 5 Model B Rev 1.0" and "asimddp" in f["features"]
+
+
+def test_a_child_that_cannot_join_its_box_runs_unconfined_and_says_so(edge, monkeypatch, tmp_path):
+    """Moving the child into the box fails between fork and exec (here: a cgroup that is gone):
+    the run goes on with that process unconfined, and the result says so; the box is removed."""
+    removed = []
+
+    class GoneBox(edge.Box):
+        def make(self):
+            self.dirs = {"memory": str(tmp_path / "gone")}
+            self.limits = {"memory.limit_in_bytes": edge.BOX_BYTES}
+            return self
+
+        def remove(self):
+            removed.append(self.name)
+            self.dirs = {}
+
+    monkeypatch.setattr(edge, "Box", GoneBox)
+    runner = edge.Runner("v1", str(tmp_path), lambda m: None)
+    r = runner.run("capacity", {"budget": 64 << 20}, cache=str(tmp_path / "numba"), timeout=300)
+    assert r["completed"] and r["cartpole"]["capacity"] > 0, r.get("output_tail")
+    assert r["limit_enforced"] is False and r["box"] is None and r["limits"] is None
+    assert "could not join the cgroup" in r["box_error"]
+    assert len(removed) == 1
