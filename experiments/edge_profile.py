@@ -318,9 +318,18 @@ class Runner:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", task, "--out", out, "--args",
                json.dumps(dict(args, t_spawn=time.monotonic()))]
         t0 = time.monotonic()
+        popen = dict(env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 preexec_fn=box.join if box else None)
+            try:
+                p = subprocess.Popen(cmd, preexec_fn=box.join if box else None, **popen)
+            except subprocess.SubprocessError as e:  # the child could not move into the box
+                if box is None:
+                    raise
+                box_error = f"the child could not join the cgroup ({e})"
+                self.log(f"    {task}: {box_error}: runs unconfined")
+                box.remove()
+                box = None
+                p = subprocess.Popen(cmd, **popen)
             try:
                 text, _ = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -900,19 +909,33 @@ def capacities(runner: Runner, warm: str, dqn: dict, mode: str, log) -> dict:
         return {"error": "the DQN loop did not complete: no footprint to subtract"}
     footprint = dqn["vm_hwm_bytes"] - dqn["buffer_nbytes"]
     budget = BOX_BYTES - footprint - MARGIN_BYTES
+    # a learner that leaves no budget, or a capacity child that fails, is a finding of the
+    # report, not a crash that loses the rest of the run
+    if budget <= 0:
+        return {"error": f"the DQN learner's footprint ({footprint / MIB:.0f} MiB) and the margin "
+                         f"({MARGIN_BYTES / MIB:.0f} MiB) leave no room for a buffer in {BOX_BYTES / MIB:.0f} MiB"}
     out = {"box_bytes": BOX_BYTES, "learner_footprint_bytes": footprint, "margin_bytes": MARGIN_BYTES,
            "budget_bytes": budget}
     plan = runner.run("capacity", {"budget": budget}, cache=warm, boxed=False)
+    if not plan.get("completed"):
+        return {"error": f"max_capacity failed for a budget of {budget:,} bytes (exit {plan.get('returncode')}): "
+                         f"{(plan.get('output_tail') or '').strip()[-300:]}"}
     whole = runner.run("capacity", {"budget": BOX_BYTES}, cache=warm, boxed=False) if mode == "full" else {}
+    if mode == "full" and not whole.get("completed"):
+        log(f"    max_capacity of the whole box failed (exit {whole.get('returncode')}): not tried")
+        whole = {}
     for kind in ("cartpole", "atari"):
         c = plan[kind]
         entry = dict(c)
         log(f"    {kind}: max_capacity {c['capacity']:,} rows ({c['planned_bytes'] / MIB:.0f} MiB planned)")
         # beyond the computed capacity: 1.1 times it, and a buffer planned to fill the whole box
         # (with the learner beside it, the limit must stop it)
-        tries = [("fit", c["capacity"])] + ([("over", int(c["capacity"] * OVER)),
-                                             ("whole_box", whole[kind]["capacity"])] if mode == "full" else [])
+        tries = [("fit", c["capacity"])] + ([("over", int(c["capacity"] * OVER))] if mode == "full" else []) \
+            + ([("whole_box", whole[kind]["capacity"])] if whole else [])
         for label, cap in tries:
+            if cap < 1:  # not one batch fits: nothing to fill (a buffer of no rows is refused)
+                log(f"    {kind} {label}: a capacity of {cap} rows, not tried")
+                continue
             r = runner.run("fill", {"kind": kind, "capacity": cap, "budget": mode}, cache=warm)
             keep = {k: r.get(k) for k in ("completed", "oom_killed", "returncode", "rows", "fill_s", "samples",
                                           "sample_ok", "buffer_nbytes", "vm_hwm_bytes", "rss_filled_bytes",

@@ -84,3 +84,63 @@ def test_default_root_is_outside_the_checkout(arm64):
 def test_dev_py_names_the_command():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "dev.py")], capture_output=True, text=True)
     assert out.returncode != 0 and "dev.py arm64" in out.stderr
+
+
+def test_subset_covers_every_family_the_emulated_run_must_check(arm64):
+    """Core sampling on every layout, prioritized, n-step (episodes), frames, checkpoints,
+    rollouts and GAE, the nn kernels of DQN, PPO and SAC."""
+    for name in ("test_buffer", "test_kernels", "test_prioritized", "test_episodes", "test_frames",
+                 "test_checkpoint", "test_rollout", "test_nn", "test_nn_ppo", "test_nn_sac"):
+        assert f"tests/{name}.py" in arm64.SUBSET, name
+
+
+def test_emulated_is_the_host_machine_not_aarch64(arm64, monkeypatch):
+    for machine, emulated in (("x86_64", True), ("aarch64", False), ("arm64", False)):
+        monkeypatch.setattr(arm64.platform, "machine", lambda m=machine: m)
+        assert arm64.emulated() is emulated, machine
+
+
+@pytest.mark.parametrize("text,flags", [("enabled\ninterpreter /usr/bin/qemu-aarch64-static\nflags: F\n", "F"),
+                                        ("enabled\ninterpreter /usr/bin/qemu-aarch64-static\nflags: OC\n", "OC"),
+                                        ("disabled\ninterpreter /usr/bin/qemu-aarch64-static\nflags: F\n", None),
+                                        (None, None)])
+def test_binfmt_flags_of_an_enabled_registration_only(arm64, monkeypatch, tmp_path, text, flags):
+    monkeypatch.setattr(arm64, "BINFMT", str(tmp_path))
+    if text is not None:
+        (tmp_path / "qemu-aarch64").write_text(text)
+    assert arm64._binfmt_flags() == flags
+
+
+def _no_debootstrap(monkeypatch, arm64):
+    calls = []
+    monkeypatch.setattr(arm64.subprocess, "call", lambda cmd, *a, **k: calls.append(cmd) or 1)
+    return calls
+
+
+def test_a_root_it_did_not_build_is_refused_and_left(arm64, monkeypatch, tmp_path):
+    calls = _no_debootstrap(monkeypatch, arm64)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "mine").write_text("keep")
+    with pytest.raises(SystemExit, match="not a root this command built"):
+        arm64.ensure_root(str(root))
+    assert (root / "mine").read_text() == "keep" and not calls
+    (root / arm64.STAMP).write_text("debootstrap ...\n")  # one it built: used as it is
+    arm64.ensure_root(str(root))
+    assert not calls and (root / "mine").exists()
+
+
+def test_an_unfinished_root_is_removed_only_when_this_command_made_it(arm64, monkeypatch, tmp_path):
+    calls = _no_debootstrap(monkeypatch, arm64)
+    root = tmp_path / "root"
+    partial = tmp_path / "root.partial"
+    partial.mkdir()
+    (partial / "mine").write_text("keep")
+    with pytest.raises(SystemExit, match="was not made by this command"):
+        arm64.ensure_root(str(root))
+    assert (partial / "mine").read_text() == "keep" and not calls and not root.exists()
+    (partial / (arm64.STAMP + ".building")).write_text("debootstrap in progress\n")  # its own: started again
+    with pytest.raises(SystemExit, match="debootstrap failed"):
+        arm64.ensure_root(str(root))
+    assert not (partial / "mine").exists() and calls and calls[0][0] == "debootstrap"
+    assert not root.exists()  # never renamed into place unfinished

@@ -230,3 +230,110 @@ def test_a_refused_checkpoint_is_left_as_it_was(tmp_path):
         tfdata.ReplayBuffer.load(path)
     assert open(fpath, "rb").read() == before
     shutil.rmtree(path)
+
+
+def _with_field_order(dtype: np.dtype, field: str, order: str) -> np.dtype:
+    """``dtype`` (a record) with ``field`` alone in byte order ``order`` (offsets kept)."""
+    formats = [dtype.fields[n][0].newbyteorder(order) if n == field else dtype.fields[n][0] for n in dtype.names]
+    return np.dtype({"names": list(dtype.names), "formats": formats,
+                     "offsets": [dtype.fields[n][1] for n in dtype.names], "itemsize": dtype.itemsize})
+
+
+@pytest.mark.parametrize("field", ["action", "reward"])
+def test_the_field_in_the_other_byte_order_is_the_one_named(tmp_path, field):
+    """A record whose other fields are native: the message names the swapped field, not the
+    record's first one."""
+    path = _saved(tmp_path, "aos")
+    fpath = _rows_file(path, "aos")
+    arr = np.load(fpath)
+    _write_npy(fpath, arr.astype(_with_field_order(arr.dtype, field, ">")))
+    with pytest.raises(FormatError, match=rf"rows.npy: field '{field}': stored big-endian") as e:
+        tfdata.ReplayBuffer.load(path)
+    assert "field 'obs'" not in str(e.value)
+
+
+@pytest.mark.parametrize("layout,field,dtype", [("aos", "action", "int64"), ("groups", "action", "int64"),
+                                                ("soa", None, "float32")])
+def test_unaligned_data_names_the_field_whose_alignment_it_misses(tmp_path, layout, field, dtype):
+    """A record's alignment is its most aligned field's: the message names that field and its dtype."""
+    path = _saved(tmp_path, LAYOUTS[layout])
+    fpath = _rows_file(path, layout)
+    _write_npy(fpath, np.load(fpath), pad=4 if dtype == "int64" else 2)
+    with pytest.raises(FormatError) as e:
+        tfdata.ReplayBuffer.load(path)
+    msg = str(e.value)
+    assert f"(the alignment of {dtype})" in msg, msg
+    if field is not None:
+        assert f"field '{field}'" in msg, msg
+
+
+def test_compare_fails_on_an_entry_the_golden_file_lacks(golden, computed):
+    """A new entry (a case added without writing the golden file again) is reported and fails."""
+    doc, values = golden
+    entries = dict(computed.entries)
+    rec = det.Recorder()
+    rec.exact("uniform/aos/new", {"indices": np.arange(3)})
+    entries.update(rec.entries)
+    results = det.compare(entries, computed.values, doc, values)
+    res = {r["name"]: r for r in results}
+    assert res["uniform/aos/new"]["status"] == "EXTRA"
+    assert not det.passed(results)
+
+
+def test_compare_reports_float_values_of_another_shape(golden, computed):
+    doc, values = golden
+    entries = json.loads(json.dumps(computed.entries))
+    vals = dict(computed.values)
+    entries["nn/dqn"]["sha256"] = "0" * 64
+    for cut in (vals["nn/dqn"][:-1], vals["nn/dqn"][:1]):  # the second would broadcast
+        vals["nn/dqn"] = cut
+        res = {r["name"]: r for r in det.compare(entries, vals, doc, values)}
+        assert res["nn/dqn"]["status"] == "MISMATCH" and "shape" in res["nn/dqn"]["detail"]
+
+
+def _damaged(doc, values, how):
+    doc = json.loads(json.dumps(doc))
+    values = dict(values)
+    exact = next(k for k, e in doc["entries"].items() if e["class"] == det.EXACT)
+    if how == "sha256":
+        doc["entries"][exact]["sha256"] = doc["entries"][exact]["sha256"][:-1] + "g"
+    elif how == "class":
+        doc["entries"][exact]["class"] = "approximate"
+    elif how == "float without tolerance":
+        doc["entries"][exact] = dict(doc["entries"]["nn/dqn"])
+        values[exact] = values["nn/dqn"]
+    elif how == "values dtype":
+        values["nn/dqn"] = values["nn/dqn"].astype(np.float64)
+    elif how == "values size":
+        values["nn/dqn"] = values["nn/dqn"][:-1]
+    elif how == "values missing":
+        del values["nn/ppo"]
+    elif how == "version":
+        doc["version"] = det.VERSION + 1
+    return doc, values
+
+
+@pytest.mark.parametrize("how", ["sha256", "class", "float without tolerance", "values dtype", "values size",
+                                 "values missing", "version"])
+def test_check_golden_refuses_a_damaged_golden_file(golden, how):
+    doc, values = _damaged(*golden, how)
+    with pytest.raises(ValueError, match="golden"):
+        det.check_golden(doc, values)
+
+
+def test_written_checkpoints_are_the_golden_ones_and_replace_only_checkpoints(tmp_path, golden):
+    """``--write-checkpoint DIR`` writes checkpoints that hold the golden arrays, replaces a
+    checkpoint written before, and refuses (leaving it as it is) anything else in the way."""
+    out = tmp_path / "machine"
+    for _ in range(2):  # the second time over the first
+        det.checkpoint_cases(det.Recorder(), str(out))
+        for kind in det.CHECKPOINT_KINDS:
+            bad = _failures(det.check_checkpoint(str(out / kind), kind, golden[0]), det.EXACT)
+            assert not bad, "\n".join(bad)
+    mine = out / det.CHECKPOINT_KINDS[-1]
+    shutil.rmtree(mine)
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        det.checkpoint_cases(det.Recorder(), str(out))
+    assert os.listdir(mine) == ["notes.txt"] and (mine / "notes.txt").read_text() == "mine"

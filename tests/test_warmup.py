@@ -272,3 +272,20 @@ def test_first_step_marks_the_first_step_and_the_first_update(warmed, tmp_path):
     marks = _json(_run(["-c", warmup.PROBE, "dqn"], cache, tmp_path))
     assert set(marks) == {"first_step", "first_update"}
     assert 0 < marks["first_step"] <= marks["first_update"]
+
+
+def test_loops_of_one_call_count_each_what_it_compiled(warmed, tmp_path):
+    """Several loops in one call (``all`` is three): each counts only what it compiled or loaded
+    itself, a loop named twice runs once, and the total is the sum (one file per compile)."""
+    source, _ = warmed("dqn")
+    cache = tmp_path / "cache"
+    shutil.copytree(source, cache)
+    before = set(_nbc(cache))
+    doc = _json(_run(["-c", WARMUP, "ppo", "dqn", "ppo", "--json"], cache, tmp_path))
+    assert list(doc["loops"]) == ["ppo", "dqn"]
+    ppo, dqn = doc["loops"]["ppo"], doc["loops"]["dqn"]
+    assert ppo["compiled"] > 0
+    assert dqn["compiled"] == 0, dqn  # everything it needs was cached, or compiled by ppo just before
+    new = set(_nbc(cache)) - before
+    assert len(new) == ppo["compiled"] == doc["total"]["compiled"]
+    assert doc["total"]["loaded"] == ppo["loaded"] + dqn["loaded"]
