@@ -87,9 +87,9 @@ def test_dev_py_names_the_command():
 
 
 def test_subset_covers_every_family_the_emulated_run_must_check(arm64):
-    """Core sampling on every layout, prioritized, n-step (episodes), frames, checkpoints,
+    """Core sampling on every layout (column groups included), prioritized, n-step (episodes), frames, checkpoints,
     rollouts and GAE, the nn kernels of DQN, PPO and SAC."""
-    for name in ("test_buffer", "test_kernels", "test_prioritized", "test_episodes", "test_frames",
+    for name in ("test_buffer", "test_groups", "test_kernels", "test_prioritized", "test_episodes", "test_frames",
                  "test_checkpoint", "test_rollout", "test_nn", "test_nn_ppo", "test_nn_sac"):
         assert f"tests/{name}.py" in arm64.SUBSET, name
 

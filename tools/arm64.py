@@ -62,9 +62,11 @@ BINFMT_LINE = (r":qemu-aarch64:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x0
                r":\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
                r":/usr/bin/qemu-aarch64-static:F")
 #: The tests run under emulation: core sampling on every layout, prioritized, n-step, frames,
-#: checkpoints, rollouts and GAE, the nn kernels (about 15 minutes of emulation on a cold cache).
+#: checkpoints, rollouts and GAE, the nn kernels: about 15 minutes of emulation with an empty
+#: kernel cache (the determinism check's compiles included), 2 with a warm one.
 SUBSET = (
     "tests/test_buffer.py",
+    "tests/test_groups.py",
     "tests/test_kernels.py",
     "tests/test_prioritized.py",
     "tests/test_episodes.py",
