@@ -25,7 +25,8 @@ What it does, each step skipped when already done:
    then ``python tests/determinism.py --check`` (the golden digests made on x86-64) and pytest on
    :data:`SUBSET`. numba's cache stays in the root between runs (``/var/cache/tfdata-numba``).
 
-Its output goes to ``build/arm64/`` (``run.log``, ``determinism.json``, ``summary.json``).
+Its output goes to ``build/arm64/`` (``run.log``, ``determinism.json``, ``summary.json``, and with
+``--edge`` the emulated edge profile under ``reports/``, not for publishing).
 Timings under emulation say nothing about ARM hardware; the summary records the wall clock of
 each step only to plan the next run. Needs root (debootstrap, chroot and mount do). Standard
 library only.
@@ -319,9 +320,12 @@ def main(argv: list, py: str) -> int:
             say(f"{name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.monotonic() - s0:.0f} s")
             if rc:
                 failed.append(name)
-    for name in ("determinism.json",):
-        if os.path.exists(os.path.join(shared, name)):
-            shutil.copy2(os.path.join(shared, name), os.path.join(out_dir, name))
+    if os.path.exists(os.path.join(shared, "determinism.json")):
+        shutil.copy2(os.path.join(shared, "determinism.json"), os.path.join(out_dir, "determinism.json"))
+    if os.path.isdir(os.path.join(shared, "reports")):  # the emulated edge profile: not a board's
+        if os.path.exists(os.path.join(out_dir, "reports")):
+            shutil.rmtree(os.path.join(out_dir, "reports"))
+        shutil.copytree(os.path.join(shared, "reports"), os.path.join(out_dir, "reports"))
     made = os.path.join(shared, "checkpoint", "aarch64")
     if args.save_checkpoint and os.path.isdir(made):
         dst = os.path.join(ROOT, "tests", "fixtures", "determinism", "checkpoints", "aarch64")
