@@ -25,7 +25,7 @@ __all__ = ["ReplayBuffer"]
 
 #: SB3 releases whose ReplayBufferSamples carry per-row ``discounts`` (DQN, SAC, TD3 and DDPG
 #: then bootstrap with them instead of their own ``gamma``): n-step returns need it
-HAS_DISCOUNTS = "discounts" in ReplayBufferSamples._fields
+HAS_DISCOUNTS = hasattr(ReplayBufferSamples, "discounts")
 
 
 class ReplayBuffer(SB3ReplayBuffer):
@@ -66,9 +66,9 @@ class ReplayBuffer(SB3ReplayBuffer):
         window's last transition, and the samples' ``discounts`` is ``gamma ** k`` for the
         ``k`` taken; windows stop at an episode end (terminal or timeout) and at the newest
         stored step, as SB3's ``NStepReplayBuffer`` does. SB3's DQN, SAC, TD3 and DDPG
-        bootstrap with ``discounts`` when a batch has them (SB3 2.7 and later; older releases
-        would use ``gamma`` alone and silently mix an n-step return with a one-step discount,
-        so there ``n_step > 1`` raises ValueError). ``n_steps`` (SB3's spelling) is accepted.
+        bootstrap with ``discounts`` when a batch has them (SB3 releases with
+        ``NStepReplayBuffer``, 2.9 among them; older ones would use ``gamma`` alone and mix an
+        n-step return with a one-step discount, so there ``n_step > 1`` raises ValueError). ``n_steps`` (SB3's spelling) is accepted.
     gamma : float, default 0.99
         The discount of the n-step return: give the algorithm's ``gamma``.
     prioritized : bool, default False
@@ -92,7 +92,8 @@ class ReplayBuffer(SB3ReplayBuffer):
     (SB3 passes the terminal observation as ``next_obs``; tfdata keeps it in a table of final
     observations) and for each environment's newest row. With ``frame_stack`` only the newest
     frame of ``obs`` is stored, and the final frame at an episode's end: about one frame per
-    transition. ``nbytes`` and ``tfdata_buffer.nbytes_parts`` give the bytes;
+    transition. ``nbytes`` and ``tfdata_buffer.nbytes_parts`` give the bytes (``output_rings``:
+    the batches, ``ring_size`` per batch size drawn);
     :func:`tfdata.memory.max_capacity` the largest buffer that fits a budget.
 
     **The newest step is held back.** A step passed to :meth:`add` is written into tfdata
@@ -141,9 +142,9 @@ class ReplayBuffer(SB3ReplayBuffer):
         if not isinstance(n_step, (int, np.integer)) or isinstance(n_step, bool) or n_step < 1:
             raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
         if n_step > 1 and not HAS_DISCOUNTS:
-            raise ValueError("n_step > 1 needs Stable-Baselines3 2.7 or later, whose algorithms "
-                             "bootstrap with the batch's discounts; this release would discount "
-                             "an n-step return by gamma once")
+            raise ValueError("n_step > 1 needs a Stable-Baselines3 whose samples carry discounts "
+                             "(2.9 does), which its algorithms bootstrap with; this release would "
+                             "discount an n-step return by gamma once")
         if not isinstance(n_envs, (int, np.integer)) or isinstance(n_envs, bool) or n_envs < 1:
             raise ValueError(f"n_envs must be an int >= 1, got {n_envs!r}")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -284,15 +285,15 @@ class ReplayBuffer(SB3ReplayBuffer):
         next_obs = f["next_obs"].reshape(batch_size, *self.obs_shape)
         dones = f["terminated"].astype(np.float32).reshape(batch_size, 1)
         rewards = f["reward"].reshape(batch_size, 1)
-        out = ReplayBufferSamples(
+        extra = {}
+        if self.n_step > 1:
+            extra["discounts"] = self._tensor(discounts.reshape(batch_size, 1))
+        return ReplayBufferSamples(
             observations=self._tensor(self._normalize_obs(obs, env)),
             actions=self._tensor(f["action"]),
             next_observations=self._tensor(self._normalize_obs(next_obs, env)),
             dones=self._tensor(dones),
-            rewards=self._tensor(self._normalize_reward(rewards, env)))
-        if self.n_step > 1:
-            out = out._replace(discounts=self._tensor(discounts.reshape(batch_size, 1)))
-        return out
+            rewards=self._tensor(self._normalize_reward(rewards, env)), **extra)
 
     def _sample_short(self, batch_size: int, held: int):
         """A batch larger than the rows held: draws of at most ``held`` rows (a power of two,
