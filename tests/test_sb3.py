@@ -1,0 +1,383 @@
+"""tfdata.sb3.ReplayBuffer against Stable-Baselines3's own ReplayBuffer: the same add() calls go
+into both, and every sampled row must equal what SB3's buffer holds at the same (pos, env), as
+SB3's ``_get_samples`` returns it (dtypes and shapes included); SB3's algorithms learn with it;
+pickling continues bit for bit; Atari stacks through VecFrameStack are checked bit for bit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+sb3 = pytest.importorskip("stable_baselines3")
+th = pytest.importorskip("torch")
+gym = pytest.importorskip("gymnasium")
+
+from gymnasium import spaces  # noqa: E402
+from stable_baselines3.common import buffers as sb3_buffers  # noqa: E402
+from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
+from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl  # noqa: E402
+from stable_baselines3.common.vec_env import VecNormalize  # noqa: E402
+
+import tfdata  # noqa: E402
+import tfdata.sb3  # noqa: E402
+
+FIELDS = ("observations", "actions", "next_observations", "dones", "rewards")
+ENVS = {"CartPole-v1": {"max_episode_steps": 25}, "Pendulum-v1": {"max_episode_steps": 30}}
+
+
+def sb3_at(ref, pos, env, venv=None):
+    """SB3's ``_get_samples`` for rows ``(pos[i], env[i])`` (its env indices are drawn with
+    ``np.random.randint``: given here instead)."""
+    saved = np.random.randint
+    np.random.randint = lambda *a, **k: np.asarray(env, dtype=np.int64)
+    try:
+        return ref._get_samples(np.asarray(pos, dtype=np.int64), env=venv)
+    finally:
+        np.random.randint = saved
+
+
+def assert_rows_equal(ours, ref, fields=FIELDS):
+    for f in fields:
+        a, b = getattr(ours, f), getattr(ref, f)
+        if a is None and b is None:
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, (f, a.dtype, b.dtype, a.shape, b.shape)
+        assert th.equal(a, b), f
+
+
+def check_batch(ours, ref, batch, venv=None) -> int:
+    """Compare each row of the drop-in's ``batch`` with SB3's buffer at the same (pos, env); the
+    rows of the step SB3 wrote last are skipped once the ring is full: the drop-in holds that
+    step back (see tfdata.sb3.ReplayBuffer, Notes), and still holds the older transition there
+    that SB3's buffer overwrote. Returns the rows compared."""
+    pos, e = ours.positions(ours.last_indices)
+    keep = np.ones(len(pos), bool)
+    if ours.full:
+        keep = pos != (ours.pos - 1) % ours.buffer_size
+    idx = th.from_numpy(np.flatnonzero(keep))
+    expected = sb3_at(ref, pos[keep], e[keep], venv)
+    got = batch._replace(**{f: getattr(batch, f)[idx] for f in FIELDS})
+    assert_rows_equal(got, expected)
+    return int(keep.sum())
+
+
+def roll(env, steps, buffers, seed=0, reset_at=()):
+    """Random steps of a VecEnv, added to every buffer as SB3's ``_store_transition`` adds them
+    (the terminal observation as next_obs at an episode's end)."""
+    env.action_space.seed(seed)
+    obs = env.reset()
+    for t in range(steps):
+        if t in reset_at:  # what learn(reset_num_timesteps=True) does mid-episode
+            obs = env.reset()
+        action = np.array([env.action_space.sample() for _ in range(env.num_envs)])
+        new_obs, reward, done, infos = env.step(action)
+        next_obs = new_obs.copy()
+        for i, d in enumerate(done):
+            if d and infos[i].get("terminal_observation") is not None:
+                next_obs[i] = infos[i]["terminal_observation"]
+        for b in buffers:
+            b.add(obs, next_obs, action, reward, done, infos)
+        obs = new_obs
+
+
+def pair(env, buffer_size, handle=True, **kwargs):
+    args = (buffer_size, env.observation_space, env.action_space)
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=env.num_envs, handle_timeout_termination=handle,
+                                   seed=3, **kwargs)
+    ref = sb3_buffers.ReplayBuffer(*args, n_envs=env.num_envs, handle_timeout_termination=handle)
+    return ours, ref
+
+
+@pytest.mark.parametrize("env_id", sorted(ENVS))
+@pytest.mark.parametrize("n_envs", [1, 4])
+@pytest.mark.parametrize("handle", [True, False])
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_rows_equal_sb3s_buffer(env_id, n_envs, handle, layout):
+    env = make_vec_env(env_id, n_envs=n_envs, seed=1, env_kwargs=ENVS[env_id])
+    ours, ref = pair(env, 48 * n_envs, handle, layout=layout)
+    assert isinstance(ours, sb3_buffers.ReplayBuffer)
+    assert ours.buffer_size == ref.buffer_size and ours.obs_shape == ref.obs_shape
+    steps = 130  # the ring wraps more than twice
+    env.action_space.seed(0)
+    obs = env.reset()
+    for t in range(steps):
+        action = np.array([env.action_space.sample() for _ in range(n_envs)])
+        new_obs, reward, done, infos = env.step(action)
+        next_obs = new_obs.copy()
+        for i, d in enumerate(done):
+            if d:
+                next_obs[i] = infos[i]["terminal_observation"]
+        ours.add(obs, next_obs, action, reward, done, infos)
+        ref.add(obs, next_obs, action, reward, done, infos)
+        obs = new_obs
+        assert (ours.pos, ours.full, ours.size()) == (ref.pos, ref.full, ref.size())
+        if t >= 3 and t % 7 == 0:
+            batch = ours.sample(32)
+            assert check_batch(ours, ref, batch) >= 24
+            assert batch.discounts is None
+            # SB3's own sample: the same dtypes and shapes
+            own = ref.sample(32)
+            for f in FIELDS:
+                assert getattr(own, f).dtype == getattr(batch, f).dtype
+                assert getattr(own, f).shape == getattr(batch, f).shape
+    # timeouts both ways: not terminal when handled, terminal when not
+    held = len(ours.tfdata_buffer)
+    batch = ours.sample(held)
+    check_batch(ours, ref, batch)
+    pos, e = ours.positions(ours.last_indices)
+    fresh = pos != (ours.pos - 1) % ours.buffer_size
+    pos, e, batch = pos[fresh], e[fresh], batch._replace(dones=batch.dones[th.from_numpy(fresh)])
+    ended = ref.dones[pos, e] == 1
+    timeout = np.array([False] * len(pos))
+    if handle:
+        timeout = ref.timeouts[pos, e] == 1
+        if env_id == "Pendulum-v1":  # never terminates: its episodes end by timeouts
+            assert (ended & timeout).any()
+    d = batch.dones.numpy()[:, 0]
+    assert np.array_equal(d == 1, ended & ~timeout)
+    if not handle:
+        assert np.array_equal(d == 1, ended)
+
+
+def test_timeouts_are_not_terminal_when_handled():
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0, env_kwargs={"max_episode_steps": 10})
+    for handle in (True, False):
+        ours, ref = pair(env, 200, handle)
+        roll(env, 41, [ours, ref])
+        batch = ours.sample(80)
+        assert check_batch(ours, ref, batch) == 80  # not full: every row
+        pos, e = ours.positions(ours.last_indices)
+        ended = ref.dones[pos, e] == 1
+        assert ended.any()  # Pendulum never terminates: every end is a timeout
+        assert (batch.dones.numpy()[:, 0] == 1).any() != handle
+
+
+def test_dict_observations_are_refused():
+    space = spaces.Dict({"a": spaces.Box(-1, 1, (3,)), "b": spaces.Discrete(4)})
+    with pytest.raises(TypeError, match="Dict"):
+        tfdata.sb3.ReplayBuffer(100, space, spaces.Discrete(2))
+
+
+def test_refusals_name_the_option():
+    box, act = spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2)
+    with pytest.raises(NotImplementedError, match="update_priorities"):
+        tfdata.sb3.ReplayBuffer(100, box, act, prioritized=True)
+    with pytest.raises(ValueError, match="not a multiple of 3"):
+        tfdata.sb3.ReplayBuffer(100, box, act, frame_stack=3)
+    img_last = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    with pytest.raises(ValueError, match="first axis"):
+        tfdata.sb3.ReplayBuffer(100, img_last, act, frame_stack=4)
+    with pytest.raises(ValueError, match="frame_stack"):
+        tfdata.sb3.ReplayBuffer(100, box, act, frame_stack="auto")
+    with pytest.raises(ValueError, match="n_step"):
+        tfdata.sb3.ReplayBuffer(100, box, act, n_step=0)
+
+
+def test_discrete_observations_and_extend_reset_to_torch():
+    env = make_vec_env("FrozenLake-v1", n_envs=2, seed=0, env_kwargs={"is_slippery": True})
+    ours, ref = pair(env, 64)
+    assert ours.obs_shape == (1,)
+    roll(env, 40, [ours, ref])
+    assert ours.full
+    check_batch(ours, ref, ours.sample(16))
+    # extend (BaseBuffer's: one add per step) gives the same buffer as the adds
+    other, _ = pair(env, 64)
+    obs = np.arange(6).reshape(3, 2) % 16
+    nxt = (obs + 1) % 16
+    acts = np.ones((3, 2), np.int64)
+    other.extend(obs, nxt, acts, np.zeros((3, 2), np.float32), np.zeros((3, 2), bool), [[{}, {}]] * 3)
+    assert other.size() == 3 and len(other.tfdata_buffer) == 4  # the newest step is held back
+    assert isinstance(other.to_torch(np.zeros(3)), th.Tensor)
+    other.reset()
+    assert (other.size(), other.pos, other.full, len(other.tfdata_buffer)) == (0, 0, False, 0)
+
+
+def test_n_step_windows_equal_sb3s_n_step_buffer():
+    if not tfdata.sb3.HAS_DISCOUNTS:
+        pytest.skip("this SB3 has no discounts in its samples")
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=2, env_kwargs={"max_episode_steps": 12})
+    args = (400, env.observation_space, env.action_space)
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=2, n_step=3, gamma=0.9, seed=1)
+    ref = sb3_buffers.NStepReplayBuffer(*args, n_envs=2, n_steps=3, gamma=0.9)
+    roll(env, 60, [ours, ref])
+    batch = ours.sample(100)
+    pos, e = ours.positions(ours.last_indices)
+    far = pos < ref.pos - 4  # windows that reach neither the newest step written nor the held one
+    assert far.sum() > 30
+    expected = sb3_at(ref, pos[far], e[far])
+    for f in ("observations", "actions", "next_observations", "dones"):
+        got = getattr(batch, f)[th.from_numpy(far)]
+        assert th.equal(got, getattr(expected, f)), f
+    # tfdata sums in float64, SB3 in float32: equal to rounding
+    for f in ("rewards", "discounts"):
+        got = getattr(batch, f)[th.from_numpy(far)]
+        assert got.dtype == th.float32 and th.allclose(got, getattr(expected, f), rtol=1e-6), f
+    assert (expected.discounts < 0.8).any() and (expected.discounts > 0.85).any()
+
+
+def test_vecnormalize_normalization_equals_sb3s():
+    venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), norm_obs=True, norm_reward=True)
+    ours, ref = pair(venv, 200)
+    venv.action_space.seed(0)
+    venv.reset()
+    last = venv.get_original_obs()
+    for _ in range(50):
+        action = np.array([venv.action_space.sample() for _ in range(2)])
+        _, _, done, infos = venv.step(action)
+        new, reward = venv.get_original_obs(), venv.get_original_reward()
+        nxt = new.copy()
+        for i, d in enumerate(done):
+            if d:
+                nxt[i] = venv.unnormalize_obs(infos[i]["terminal_observation"])
+        for b in (ours, ref):
+            b.add(last, nxt, action, reward, done, infos)
+        last = new
+    assert check_batch(ours, ref, ours.sample(64, env=venv), venv) == 64
+
+
+def test_pickle_round_trip_continues_bit_for_bit(tmp_path):
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    ours, _ = pair(env, 64)
+    roll(env, 50, [ours])
+    ours.sample(8)
+    save_to_pkl(tmp_path / "rb.pkl", ours)
+    loaded = load_from_pkl(tmp_path / "rb.pkl")
+    assert (loaded.pos, loaded.full, loaded.size()) == (ours.pos, ours.full, ours.size())
+    roll(env, 10, [ours, loaded], seed=5)
+    for _ in range(3):
+        a, b = ours.sample(32), loaded.sample(32)
+        assert np.array_equal(ours.last_indices, loaded.last_indices)
+        assert_rows_equal(a, b)
+
+
+class Checked(tfdata.sb3.ReplayBuffer):
+    """The drop-in with SB3's buffer beside it: every batch SB3's algorithm draws is compared,
+    row by row, with what SB3's buffer holds at the same (pos, env)."""
+
+    def __init__(self, buffer_size, observation_space, action_space, device="auto", n_envs=1,
+                 optimize_memory_usage=False, handle_timeout_termination=True, **kwargs):
+        super().__init__(buffer_size, observation_space, action_space, device, n_envs,
+                         optimize_memory_usage, handle_timeout_termination, **kwargs)
+        self.shadow = sb3_buffers.ReplayBuffer(buffer_size, observation_space, action_space, device,
+                                               n_envs, handle_timeout_termination=handle_timeout_termination)
+        self.compared = 0
+
+    def add(self, *args):
+        super().add(*args)
+        self.shadow.add(*args)
+
+    def sample(self, batch_size, env=None):
+        out = super().sample(batch_size, env)
+        self.compared += check_batch(self, self.shadow, out, env)
+        return out
+
+
+@pytest.mark.parametrize("n_envs", [1, 4])
+def test_dqn_learns_with_it(n_envs):
+    from stable_baselines3 import DQN
+
+    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0)
+    model = DQN("MlpPolicy", env, replay_buffer_class=Checked, replay_buffer_kwargs={"seed": 0},
+                learning_starts=200, buffer_size=500, batch_size=32, train_freq=4,
+                policy_kwargs={"net_arch": [16]}, seed=0)
+    model.learn(1000)
+    rb = model.replay_buffer
+    assert isinstance(rb, tfdata.sb3.ReplayBuffer) and rb.compared > 0
+    assert rb.full  # wrapped
+    # a second learn() resets the environments mid-episode: the stream is cut, not refused
+    compared = rb.compared
+    model.learn(300, reset_num_timesteps=True)  # trains again after learning_starts
+    assert rb.resets_cut > 0 and rb.compared > compared
+
+
+def test_dqn_save_and_load_replay_buffer(tmp_path):
+    from stable_baselines3 import DQN
+
+    kw = dict(replay_buffer_class=tfdata.sb3.ReplayBuffer, replay_buffer_kwargs={"seed": 1},
+              learning_starts=50, buffer_size=300, policy_kwargs={"net_arch": [8]}, seed=0)
+    model = DQN("MlpPolicy", "CartPole-v1", **kw)
+    model.learn(150)
+    model.save_replay_buffer(tmp_path / "rb")
+    other = DQN("MlpPolicy", "CartPole-v1", **kw)
+    other.load_replay_buffer(tmp_path / "rb")
+    a, b = model.replay_buffer, other.replay_buffer
+    assert type(b) is tfdata.sb3.ReplayBuffer and b.size() == a.size()
+    assert_rows_equal(a.sample(64), b.sample(64))
+    other.learn(100)  # a new model resets the environment: continues, cut at the reset
+
+
+def test_optimize_memory_usage_is_accepted_and_a_second_learn_works():
+    from stable_baselines3 import DQN
+
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=tfdata.sb3.ReplayBuffer,
+                optimize_memory_usage=True, learning_starts=50, buffer_size=200,
+                policy_kwargs={"net_arch": [8]}, seed=0)
+    model.learn(120)
+    model.learn(80)  # SB3 writes replay_buffer.dones[pos] before resetting
+    assert model.replay_buffer.size() > 100
+
+
+def test_sac_learns_with_it():
+    from stable_baselines3 import SAC
+
+    env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
+    # learning_starts below batch_size: the first batches are larger than the rows held
+    model = SAC("MlpPolicy", env, replay_buffer_class=Checked, replay_buffer_kwargs={"seed": 0},
+                learning_starts=40, batch_size=64, buffer_size=1000,
+                policy_kwargs={"net_arch": [16]}, seed=0)
+    model.learn(250)
+    assert model.replay_buffer.compared > 0
+
+
+def test_import_tfdata_imports_neither_torch_nor_sb3():
+    code = "import sys, tfdata; print('torch' in sys.modules, 'stable_baselines3' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+
+# -- Atari frames through SB3's wrappers -------------------------------------------------------
+
+def atari_env(n_envs=2):
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    import ale_py
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack, VecTransposeImage
+
+    gym.register_envs(ale_py)
+    # frameskip=1: SB3's AtariWrapper skips 4 itself; episodes cut short to see timeouts
+    env = make_atari_env("ALE/Breakout-v5", n_envs=n_envs, seed=0,
+                         env_kwargs={"frameskip": 1, "max_episode_steps": 120})
+    return VecTransposeImage(VecFrameStack(env, n_stack=4))
+
+
+def test_atari_stacks_equal_sb3s_bit_for_bit():
+    env = atari_env()
+    assert env.observation_space.shape == (4, 84, 84)
+    ours, ref = pair(env, 200, frame_stack=4)  # 100 steps per env: the ring wraps twice
+    roll(env, 260, [ours, ref], reset_at=(150,))
+    ends = ref.dones.sum()
+    assert ends > 0 and ref.timeouts.sum() > 0
+    assert ours.resets_cut > 0  # the reset at step 150 cut both streams
+    # every stored transition, obs and next_obs stacks, bit for bit
+    held = len(ours.tfdata_buffer)
+    seen = np.zeros(held, bool)
+    for _ in range(60):
+        batch = ours.sample(held)
+        check_batch(ours, ref, batch)
+        seen[np.asarray(ours.last_indices)] = True
+        if seen.all():
+            break
+    assert seen.all()
+    # about one frame per transition: SB3 holds two stacks of four
+    frame = 84 * 84
+    parts = ours.tfdata_buffer.nbytes_parts
+    assert parts["storage"] <= ours.buffer_size * 2 * (frame + 64)
+    sb3_bytes = ref.observations.nbytes + ref.next_observations.nbytes
+    assert (parts["storage"] + parts["bookkeeping"]) * 6 < sb3_bytes  # rings: the batches drawn

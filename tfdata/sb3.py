@@ -1,0 +1,399 @@
+"""A tfdata buffer behind Stable-Baselines3's replay buffer contract.
+
+``DQN("CnnPolicy", env, replay_buffer_class=tfdata.sb3.ReplayBuffer,
+replay_buffer_kwargs={"frame_stack": 4})`` stores one frame per Atari transition instead of
+the two full stacks SB3's buffer keeps. This module imports ``stable_baselines3`` and ``torch``
+when it is imported: it is the optional extra ``tfdata[sb3]``, reached as ``import tfdata.sb3``
+(``import tfdata`` never imports it). The design and what it refuses:
+``docs/design/sb3.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer as SB3ReplayBuffer
+from stable_baselines3.common.preprocessing import is_image_space_channels_first
+from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+from .replay.buffer import ReplayBuffer as TfdataReplayBuffer
+
+__all__ = ["ReplayBuffer"]
+
+#: SB3 releases whose ReplayBufferSamples carry per-row ``discounts`` (DQN, SAC, TD3 and DDPG
+#: then bootstrap with them instead of their own ``gamma``): n-step returns need it
+HAS_DISCOUNTS = hasattr(ReplayBufferSamples, "discounts")
+
+
+class ReplayBuffer(SB3ReplayBuffer):
+    """Stable-Baselines3's ``ReplayBuffer``, stored in a :class:`tfdata.ReplayBuffer`.
+
+    A subclass of SB3's class (``load_replay_buffer`` checks ``isinstance``) that never runs its
+    constructor, which would allocate SB3's arrays: it builds a tfdata buffer of
+    ``buffer_size // n_envs * n_envs`` rows instead, one per transition, the environments
+    interleaved step by step. Pass it as ``replay_buffer_class=tfdata.ReplayBuffer`` with
+    options in ``replay_buffer_kwargs``.
+
+    Parameters
+    ----------
+    buffer_size, observation_space, action_space, device, n_envs, handle_timeout_termination
+        As SB3's ``ReplayBuffer``: ``buffer_size`` transitions in all (``buffer_size // n_envs``
+        steps, at least one), timeouts (``infos[i]["TimeLimit.truncated"]``) not terminal when
+        ``handle_timeout_termination``. Observation spaces: ``Box``, ``Discrete``,
+        ``MultiDiscrete``, ``MultiBinary``; a ``Dict`` space raises TypeError (use SB3's
+        ``DictReplayBuffer``).
+    optimize_memory_usage : bool
+        Accepted and without effect: ``next_obs`` is never stored but for the last row of an
+        episode (see Notes), which is what SB3's option approximates, without its caveats
+        (SB3 refuses it with ``handle_timeout_termination``; this buffer does not).
+    layout : {"aos", "soa"} or list of lists of str, optional
+        tfdata's row layout (``tfdata.ReplayBuffer``'s ``layout``); never changes a batch.
+    frame_stack : int, optional
+        ``n_stack`` of the ``VecFrameStack`` that made the observations. The space must be
+        stacked on its first axis: a channel-first image ``(K*C, H, W)`` (what SB3 hands a
+        buffer after ``VecTransposeImage``, which it adds itself for channel-last images) or a
+        vector ``(K*n,)``; frames oldest first, zeros before an episode's first frame. Only the
+        newest frame of each transition is stored (``frame_padding="zero"``), and every stack is
+        checked on insert: one that does not continue its stream raises
+        :class:`tfdata.SpecError`, naming the row. The depth cannot be read off the space
+        (``(4, 84, 84)`` is 4 grey frames or one frame of 4 channels): give it.
+    n_step : int, default 1
+        n-step returns (tfdata's ``n_step``): ``rewards`` is the discounted return of up to
+        ``n_step`` transitions of the stream, ``next_observations`` and ``dones`` those of the
+        window's last transition, and the samples' ``discounts`` is ``gamma ** k`` for the
+        ``k`` taken; windows stop at an episode end (terminal or timeout) and at the newest
+        stored step, as SB3's ``NStepReplayBuffer`` does. SB3's DQN, SAC, TD3 and DDPG
+        bootstrap with ``discounts`` when a batch has them (SB3 releases with
+        ``NStepReplayBuffer``, 2.9 among them; older ones would use ``gamma`` alone and mix an
+        n-step return with a one-step discount, so there ``n_step > 1`` raises ValueError). ``n_steps`` (SB3's spelling) is accepted.
+    gamma : float, default 0.99
+        The discount of the n-step return: give the algorithm's ``gamma``.
+    prioritized : bool, default False
+        Refused when True (NotImplementedError): SB3's DQN, SAC and TD3 neither weight their
+        loss by importance weights nor call ``update_priorities``, so a prioritized buffer
+        would draw by priorities that never change from their initial maximum.
+    seed : int, optional
+        Seed of the sampling generator (tfdata's ``seed``). SB3 draws its buffer's rows from
+        numpy's global generator, which the algorithm's ``seed`` seeds; tfdata never uses a
+        global generator, so a run is repeated only with ``seed=`` given here as well.
+        None draws one from the OS, recorded in the state.
+    ring_size : int, default 2
+        Batches kept per batch size before their memory is reused (see Notes).
+    allocator, memory_budget
+        As :class:`tfdata.ReplayBuffer`.
+
+    Notes
+    -----
+    **Memory.** A row holds ``obs``, the action, the reward and two flags. ``next_obs`` is not
+    stored: it is the next row's ``obs`` of the same environment, except at an episode's end
+    (SB3 passes the terminal observation as ``next_obs``; tfdata keeps it in a table of final
+    observations) and for each environment's newest row. With ``frame_stack`` only the newest
+    frame of ``obs`` is stored, and the final frame at an episode's end: about one frame per
+    transition. ``nbytes`` and ``tfdata_buffer.nbytes_parts`` give the bytes (``output_rings``:
+    the batches, ``ring_size`` per batch size drawn);
+    :func:`tfdata.memory.max_capacity` the largest buffer that fits a budget.
+
+    **The newest step is held back.** A step passed to :meth:`add` is written into tfdata
+    when the next step arrives: only then is it known whether the stream continued. SB3
+    resets the environments when ``learn`` is called again with ``reset_num_timesteps=True``
+    (or after ``load_replay_buffer`` into a new model) without marking the newest transition
+    done; such a transition is stored as a timeout (an episode end that is not terminal, as it
+    was). ``size()``, ``pos`` and ``full`` count the held step, as SB3 counts it; ``sample``
+    draws from the steps written, so the newest step joins the draws one step later than with
+    SB3's buffer, and an n-step window stops before it.
+
+    **Batch lifetime.** On the CPU the tensors of a sample are ``torch.from_numpy`` views of
+    tfdata's output ring, no copy: they hold the batch until ``ring_size`` more samples of the
+    same batch size were drawn (by default the one after next), when the ring reuses the
+    memory. SB3's algorithms use a batch within one gradient step; keep one longer with
+    ``.clone()``. While the buffer holds fewer rows than ``batch_size`` (SAC's first
+    steps: ``learning_starts`` below ``batch_size``), a sample is several smaller draws copied
+    into new arrays. On another device the tensors are copies.
+
+    **Pickling** (SB3's ``save_replay_buffer`` / ``load_replay_buffer``): the pickle holds the
+    SB3-side attributes and the tfdata buffer's ``state_dict()`` (plain numpy arrays and
+    scalars), and loading rebuilds the buffer and restores that state, validated as any state
+    is; sampling continues bit for bit. Not a tfdata checkpoint: SB3 writes one file, or a
+    file object, and a checkpoint is a directory; the file is SB3's pickle either way.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, layout=None, frame_stack: int | None = None,
+                 n_step: int = 1, gamma: float = 0.99, n_steps: int | None = None,
+                 prioritized: bool = False, seed: int | None = None, ring_size: int = 2,
+                 allocator=None, memory_budget=None):
+        if isinstance(observation_space, spaces.Dict):
+            raise TypeError(f"tfdata.sb3.ReplayBuffer: observation_space is a Dict space "
+                            f"({observation_space}); expected Box, Discrete, MultiDiscrete or "
+                            f"MultiBinary. Use SB3's DictReplayBuffer for Dict observations")
+        if prioritized:
+            raise NotImplementedError(
+                "tfdata.sb3.ReplayBuffer: prioritized=True is refused: SB3's DQN, SAC and TD3 do "
+                "not weight their loss by importance weights and never call update_priorities, "
+                "so every priority would stay at its initial value")
+        if n_steps is not None:
+            if n_step not in (1, n_steps):
+                raise ValueError(f"n_step={n_step} and n_steps={n_steps} given: give one")
+            n_step = n_steps
+        if not isinstance(n_step, (int, np.integer)) or isinstance(n_step, bool) or n_step < 1:
+            raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
+        if n_step > 1 and not HAS_DISCOUNTS:
+            raise ValueError("n_step > 1 needs a Stable-Baselines3 whose samples carry discounts "
+                             "(2.9 does), which its algorithms bootstrap with; this release would "
+                             "discount an n-step return by gamma once")
+        if not isinstance(n_envs, (int, np.integer)) or isinstance(n_envs, bool) or n_envs < 1:
+            raise ValueError(f"n_envs must be an int >= 1, got {n_envs!r}")
+        BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self.optimize_memory_usage = bool(optimize_memory_usage)
+        self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.frame_stack = _frame_depth(frame_stack, observation_space, self.obs_shape)
+        self.n_step, self.gamma = int(n_step), float(gamma)
+        self._options = {"layout": layout, "seed": seed, "ring_size": ring_size,
+                         "allocator": allocator, "memory_budget": memory_budget}
+        self._obs_dtype = np.dtype(observation_space.dtype)
+        self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
+        self._buffer = self._make_buffer()
+        # the step held back until the next one says whether its streams continued
+        e = self.n_envs
+        self._held = False
+        self._obs = np.zeros((e, *self.obs_shape), self._obs_dtype)
+        self._next_obs = np.zeros((e, *self.obs_shape), self._obs_dtype)
+        self._action = np.zeros((e, self.action_dim), self._action_dtype)
+        self._reward = np.zeros(e, np.float32)
+        self._terminated = np.zeros(e, bool)
+        self._truncated = np.zeros(e, bool)
+        #: streams cut by an environment reset that did not end an episode (see Notes)
+        self.resets_cut = 0
+        self.last_indices = None
+
+    def _make_buffer(self) -> TfdataReplayBuffer:
+        shape, dt = self._stored_shape(), self._obs_dtype
+        spec = {"obs": (dt, shape), "next_obs": (dt, shape),
+                "action": (self._action_dtype, (self.action_dim,)), "reward": "f4",
+                "terminated": "?", "truncated": "?"}
+        o = self._options
+        extra = ({"frame_stack": {"obs": self.frame_stack}, "frame_padding": "zero"}
+                 if self.frame_stack else {"elide_next": True})
+        if self.n_step > 1:
+            extra.update(n_step=self.n_step, gamma=self.gamma)
+        return TfdataReplayBuffer(spec, self.buffer_size * self.n_envs, num_envs=self.n_envs,
+                                  layout=o["layout"], seed=o["seed"], ring_size=o["ring_size"],
+                                  allocator=o["allocator"], memory_budget=o["memory_budget"], **extra)
+
+    def _stored_shape(self) -> tuple:
+        """The obs field's shape in tfdata: ``(K, frame...)`` with a frame stack."""
+        if not self.frame_stack:
+            return tuple(self.obs_shape)
+        k = self.frame_stack
+        return (k, self.obs_shape[0] // k, *self.obs_shape[1:])
+
+    # -- what SB3 calls -----------------------------------------------------------------------
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Store one step of the ``n_envs`` environments, as SB3's ``ReplayBuffer.add``.
+
+        Parameters
+        ----------
+        obs, next_obs : ndarray, shape (n_envs, *obs_shape)
+            ``next_obs`` is the terminal observation for an environment whose episode ended.
+            Cast to the space's dtype as SB3's buffer casts them (numpy assignment).
+        action : ndarray, n_envs * action_dim values
+            Reshaped to ``(n_envs, action_dim)`` as SB3 does (discrete actions included).
+        reward, done : ndarray, shape (n_envs,)
+        infos : list of dict, n_envs long
+            ``"TimeLimit.truncated"``: a timeout, not terminal when
+            ``handle_timeout_termination``.
+        """
+        e = self.n_envs
+        if isinstance(self.observation_space, spaces.Discrete):
+            obs = np.reshape(obs, (e, *self.obs_shape))
+            next_obs = np.reshape(next_obs, (e, *self.obs_shape))
+        obs = np.asarray(obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
+        next_obs = np.asarray(next_obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
+        action = np.asarray(action).reshape((e, self.action_dim))
+        done = np.asarray(done).reshape(e).astype(bool)
+        if len(infos) != e:
+            raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e}")
+        if self.handle_timeout_termination:
+            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
+        else:
+            timeout = np.zeros(e, bool)
+        if self._held:
+            self._cut_resets(obs)
+            self._write_held()
+        self._obs[...] = obs
+        self._next_obs[...] = next_obs
+        self._action[...] = action
+        self._reward[...] = np.asarray(reward).reshape(e)
+        self._terminated[...] = done & ~timeout
+        self._truncated[...] = done & timeout
+        self._held = True
+        self.pos += 1
+        if self.pos == self.buffer_size:
+            self.full = True
+            self.pos = 0
+
+    def _cut_resets(self, obs: np.ndarray) -> None:
+        """End, as a timeout, each held stream that the new step does not continue."""
+        ended = self._terminated | self._truncated
+        for i in range(self.n_envs):
+            # bytes, as tfdata compares them (-0.0 is not 0.0, a NaN equals itself)
+            if not ended[i] and not np.array_equal(obs[i].view(np.uint8), self._next_obs[i].view(np.uint8)):
+                self._truncated[i] = True
+                self.resets_cut += 1
+
+    def _write_held(self) -> None:
+        shape = (self.n_envs, *self._stored_shape())
+        self._buffer.extend({"obs": self._obs.reshape(shape), "next_obs": self._next_obs.reshape(shape),
+                             "action": self._action, "reward": self._reward,
+                             "terminated": self._terminated, "truncated": self._truncated})
+        self._held = False
+
+    def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
+        """Draw ``batch_size`` transitions uniformly, with replacement, from the steps written.
+
+        Returns SB3's ``ReplayBufferSamples`` as SB3's buffer builds them: ``observations`` and
+        ``next_observations`` of the space's dtype and ``(B, *obs_shape)``, ``actions``
+        ``(B, action_dim)``, ``dones`` float32 ``(B, 1)`` (1 for a terminal transition, 0 for a
+        timeout when ``handle_timeout_termination``), ``rewards`` float32 ``(B, 1)``, and with
+        ``n_step > 1`` ``discounts`` float32 ``(B, 1)``. ``env`` (a ``VecNormalize``)
+        normalizes observations and rewards as SB3 does. The slots drawn are
+        :attr:`last_indices` (see :meth:`positions`). Tensors on the CPU are views of the
+        output ring: see the class Notes for how long they hold the batch.
+        """
+        held = len(self._buffer)
+        if held == 0:
+            raise ValueError("sample: no transition written yet (a step is written when the next "
+                             "one is added; SB3 samples after learning_starts steps)")
+        if self.n_step > 1 and env is not None and getattr(env, "norm_reward", False):
+            raise NotImplementedError(
+                "sample: n-step returns with VecNormalize(norm_reward=True): tfdata sums raw "
+                "rewards, SB3 normalizes (and clips) each reward before the sum")
+        if batch_size <= held:
+            b = self._buffer.sample(batch_size)
+            f = {k: b[k] for k in ("obs", "next_obs", "action", "reward", "terminated")}
+            indices, discounts = b.indices, b.discounts
+        else:
+            f, indices, discounts = self._sample_short(batch_size, held)
+        self.last_indices = indices
+        obs = f["obs"].reshape(batch_size, *self.obs_shape)
+        next_obs = f["next_obs"].reshape(batch_size, *self.obs_shape)
+        dones = f["terminated"].astype(np.float32).reshape(batch_size, 1)
+        rewards = f["reward"].reshape(batch_size, 1)
+        extra = {}
+        if self.n_step > 1:
+            extra["discounts"] = self._tensor(discounts.reshape(batch_size, 1))
+        return ReplayBufferSamples(
+            observations=self._tensor(self._normalize_obs(obs, env)),
+            actions=self._tensor(f["action"]),
+            next_observations=self._tensor(self._normalize_obs(next_obs, env)),
+            dones=self._tensor(dones),
+            rewards=self._tensor(self._normalize_reward(rewards, env)), **extra)
+
+    def _sample_short(self, batch_size: int, held: int):
+        """A batch larger than the rows held: draws of at most ``held`` rows (a power of two,
+        so few output rings), copied one after the other into new arrays."""
+        m = 1 << (held.bit_length() - 1)
+        parts, got = [], 0
+        while got < batch_size:
+            b = self._buffer.sample(m, copy=True)
+            parts.append(b)
+            got += m
+        f = {k: np.concatenate([p[k] for p in parts])[:batch_size]
+             for k in ("obs", "next_obs", "action", "reward", "terminated")}
+        indices = np.concatenate([p.indices for p in parts])[:batch_size]
+        discounts = (np.concatenate([p.discounts for p in parts])[:batch_size]
+                     if self.n_step > 1 else None)
+        return f, indices, discounts
+
+    def _tensor(self, a: np.ndarray) -> th.Tensor:
+        if self.device.type != "cpu":
+            return th.as_tensor(a, device=self.device)
+        try:
+            return th.from_numpy(a)
+        except ValueError:  # a field of packed records whose stride is not a multiple of its item
+            return th.from_numpy(np.ascontiguousarray(a))
+
+    def reset(self) -> None:
+        """Forget every transition (SB3's ``reset``; tfdata's ``clear``)."""
+        BaseBuffer.reset(self)
+        self._buffer.clear()
+        self._held = False
+
+    # -- what SB3 writes when it truncates the last trajectory --------------------------------
+    @property
+    def dones(self):
+        """Write-only stand-in for SB3's ``dones`` array: ``learn`` with
+        ``optimize_memory_usage=True`` writes ``dones[pos - 1] = True`` before resetting the
+        environments. This buffer ends such a stream itself, as a timeout, when the next step
+        shows the reset, so the write is accepted and ignored."""
+        return _IgnoredWrites()
+
+    # -- tfdata's side ------------------------------------------------------------------------
+    @property
+    def tfdata_buffer(self) -> TfdataReplayBuffer:
+        """The :class:`tfdata.ReplayBuffer` holding the written transitions (its ``nbytes_parts``,
+        ``column``, ``stats``); writing to it directly bypasses :attr:`pos` and the held step."""
+        return self._buffer
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the tfdata buffer's ``nbytes`` plus the held step."""
+        held = (self._obs, self._next_obs, self._action, self._reward, self._terminated, self._truncated)
+        return self._buffer.nbytes + sum(a.nbytes for a in held)
+
+    def positions(self, indices) -> tuple:
+        """``(pos, env)`` of tfdata slots (``last_indices``): where SB3's buffer, given the same
+        ``add`` calls, holds the same transition (``observations[pos, env]``).
+
+        Returns
+        -------
+        pos, env : ndarray of int64, shape (k,)
+        """
+        return np.divmod(np.asarray(indices, dtype=np.int64), self.n_envs)
+
+    # -- pickling (SB3's save_replay_buffer / load_replay_buffer) -----------------------------
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_buffer", "last_indices")}
+        state["tfdata_state"] = self._buffer.state_dict()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        tf_state = state.pop("tfdata_state")
+        self.__dict__.update(state)
+        self.last_indices = None
+        self._buffer = self._make_buffer()
+        self._buffer.load_state_dict(tf_state)
+
+
+class _IgnoredWrites:
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def _frame_depth(frame_stack, space: spaces.Space, obs_shape: tuple) -> int | None:
+    """``frame_stack`` checked against the space: the stack depth, or None."""
+    if frame_stack is None:
+        return None
+    if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
+        raise ValueError(f"frame_stack must be None or the VecFrameStack's n_stack (an int >= 1), "
+                         f"got {frame_stack!r}")
+    k = int(frame_stack)
+    if not isinstance(space, spaces.Box):
+        raise ValueError(f"frame_stack={k} needs a Box observation space, got {space}")
+    shape = tuple(obs_shape)
+    first_axis = len(shape) == 1 or (len(shape) == 3 and is_image_space_channels_first(space))
+    if not first_axis:
+        raise ValueError(f"frame_stack={k}: observation space of shape {shape} is not stacked on "
+                         f"its first axis; expected a channel-first image (K*C, H, W) (SB3 adds "
+                         f"VecTransposeImage to channel-last images) or a vector (K*n,)")
+    if shape[0] % k:
+        raise ValueError(f"frame_stack={k}: the observation space's first axis ({shape[0]}, shape "
+                         f"{shape}) is not a multiple of {k}: not a stack of {k} frames")
+    return k
