@@ -34,7 +34,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     A subclass of SB3's class (``load_replay_buffer`` checks ``isinstance``) that never runs its
     constructor, which would allocate SB3's arrays: it builds a tfdata buffer of
     ``buffer_size // n_envs * n_envs`` rows instead, one per transition, the environments
-    interleaved step by step. Pass it as ``replay_buffer_class=tfdata.ReplayBuffer`` with
+    interleaved step by step. Pass it as ``replay_buffer_class=tfdata.sb3.ReplayBuffer`` with
     options in ``replay_buffer_kwargs``.
 
     Parameters
