@@ -102,9 +102,12 @@ CLEANRL_CHANGES = {
                 "from tfdata.sb3 import ReplayBuffer")],
     "sac_continuous_action.py": [("from stable_baselines3.common.buffers import ReplayBuffer",
                                   "from tfdata.sb3 import ReplayBuffer")],
+    # optimize_memory_usage is accepted without effect: obs stored, next_obs elided (SB3's saving,
+    # without its caveats). One frame per transition (frame_stack=4) needs the frames padded as
+    # CleanRL's FrameStack pads them after a reset (copies of the first frame): the drop-in takes
+    # SB3's zero padding only, so the report lists that change as not yet possible
     "dqn_atari.py": [("from stable_baselines3.common.buffers import ReplayBuffer",
-                      "from tfdata.sb3 import ReplayBuffer"),
-                     ("        optimize_memory_usage=True,", "        frame_stack=4,")],
+                      "from tfdata.sb3 import ReplayBuffer")],
 }
 # Atari: the game experiments/atari_frames.py checks first, as SB3's zoo names it (frame skip 4 in
 # AtariWrapper, no sticky actions); rl-baselines3-zoo's hyperparameters (hyperparams/dqn.yml, atari)
@@ -144,20 +147,26 @@ class Timed:
     """
 
     def __init__(self, rb):
-        self.add_ns = self.sample_ns = self.adds = self.samples = 0
+        self.add_ns = self.sample_ns = self.adds = self.samples = self.add_max_ns = self.sample_max_ns = 0
         add, sample, pc = rb.add, rb.sample, time.perf_counter_ns
 
         def timed_add(*args, **kwargs):
             t = pc()
             add(*args, **kwargs)
-            self.add_ns += pc() - t
+            d = pc() - t
+            self.add_ns += d
             self.adds += 1
+            if d > self.add_max_ns:  # the slowest call: the first, which loads the kernels
+                self.add_max_ns = d
 
         def timed_sample(*args, **kwargs):
             t = pc()
             out = sample(*args, **kwargs)
-            self.sample_ns += pc() - t
+            d = pc() - t
+            self.sample_ns += d
             self.samples += 1
+            if d > self.sample_max_ns:
+                self.sample_max_ns = d
             return out
 
         rb.add, rb.sample = timed_add, timed_sample
@@ -166,7 +175,8 @@ class Timed:
         busy = (self.add_ns + self.sample_ns) / 1e9
         return {"add_s": self.add_ns / 1e9, "sample_s": self.sample_ns / 1e9, "adds": self.adds,
                 "samples": self.samples, "add_us": self.add_ns / 1e3 / max(1, self.adds),
-                "sample_us": self.sample_ns / 1e3 / max(1, self.samples), "buffer_share": busy / wall_s}
+                "sample_us": self.sample_ns / 1e3 / max(1, self.samples), "buffer_share": busy / wall_s,
+                "slowest_add_ms": self.add_max_ns / 1e6, "slowest_sample_ms": self.sample_max_ns / 1e6}
 
 
 def episode_callback(episodes: list):
@@ -515,8 +525,19 @@ def warmup_worker() -> dict:
 
 
 def run_worker(variant: str, seed: int, mode: str) -> dict:
-    """One run named ``study:task:arm``."""
+    """One run named ``study:task:arm``; a run that raises is recorded with its error (the report
+    lists it) instead of ending the experiment."""
     study, task, arm = variant.split(":")
+    try:
+        return _run_worker(study, task, arm, seed, mode)
+    except Exception as exc:
+        import traceback
+
+        return {"study": study, "task": task, "arm": arm, "seed": seed, "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-3000:], "peak_rss_bytes": _peak_rss(), "versions": {}}
+
+
+def _run_worker(study: str, task: str, arm: str, seed: int, mode: str) -> dict:
     if study == "classic":
         return classic_worker(task, arm, seed, mode)
     if study == "atari":
@@ -551,6 +572,8 @@ def atari_plan(mode: str, ram: int) -> list[dict]:
 
 
 def describe(r: dict) -> str:
+    if "error" in r:
+        return f"FAILED: {r['error'][:300]}"
     if r["study"] == "check":
         return (f"{r['rows']:,} rows checked, {r['stack_mismatches']} stack / {r['field_mismatches']} field "
                 f"mismatches")
@@ -582,9 +605,11 @@ def run_all(mode: str, parts, seeds: list, plan: list, log) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # Summaries
 # ---------------------------------------------------------------------------------------------
-def summarise(runs: list, mode_steps: dict) -> dict:
+def summarise(runs: list) -> dict:
     """Per task, per arm: mean ± std over seeds of every figure, the curve, and the comparison of the
-    drop-in with SB3's buffer (per-seed steps/s ratios, permutation tests of the returns)."""
+    drop-in with SB3's buffer (per-seed steps/s ratios, permutation tests of the returns). Failed runs
+    are left out (:func:`failures`)."""
+    runs = [r for r in runs if "error" not in r]
     out = {}
     for task in dict.fromkeys(r["task"] for r in runs if r["study"] in ("classic", "cleanrl")):
         arms = {}
@@ -595,8 +620,8 @@ def summarise(runs: list, mode_steps: dict) -> dict:
             total = rs[0]["total_steps"]
             mean, std = seed_curves([r["episodes"] for r in rs], total, CURVE_BINS)
             arms[arm] = {k: _ms([r[k] for r in rs]) for k in
-                         ("sps", "learn_s", "buffer_share", "add_us", "sample_us", "peak_rss_bytes", "final_return",
-                          "mean_return", "buffer_nbytes")}
+                         ("sps", "learn_s", "buffer_share", "add_us", "sample_us", "slowest_add_ms",
+                          "slowest_sample_ms", "peak_rss_bytes", "final_return", "mean_return", "buffer_nbytes")}
             arms[arm].update(seeds=[r["seed"] for r in rs], total_steps=total, curve_mean=mean, curve_std=std,
                              buffer_class=rs[0]["buffer_class"], learning_starts=rs[0]["learning_starts"])
         comp = None
@@ -619,6 +644,7 @@ def summarise(runs: list, mode_steps: dict) -> dict:
 
 def atari_summary(runs: list, plan: list, ram: int) -> dict:
     """The memory table (every size and arm, planned, measured where run) and the exactness checks."""
+    runs = [r for r in runs if "error" not in r]
     rows = []
     for p in plan:
         r = next((x for x in runs if x["study"] == "atari" and x["size"] == p["size"] and x["arm"] == p["arm"]), None)
@@ -715,13 +741,15 @@ def classic_section(task: str, s: dict) -> list[str]:
     L = [f"### {TITLES[task]}\n",
          f"{x['total_steps']:,} steps, learning from step {x['learning_starts']:,}; "
          f"{len(x['seeds'])} seed(s) per arm.\n"]
-    L += md_table(["arm", "buffer class", "steps/s", "buffer share", "add (µs)", "sample (µs)", "peak RSS (MiB)",
-                   "buffer (MiB)", f"final return (last {LAST_EPISODES})", "mean return"],
+    L += md_table(["arm", "buffer class", "steps/s", "buffer share", "add (µs)", "sample (µs)",
+                   "slowest add / sample (ms)", "peak RSS (MiB)", "buffer (MiB)", f"final return (last {LAST_EPISODES})",
+                   "mean return"],
                   [[LABELS[a], f"`{v['buffer_class']}`", _pm(v["sps"]), _pm(v["buffer_share"], "{:.1f}", 100) + "%",
                     _pm(v["add_us"], "{:.1f}"), _pm(v["sample_us"], "{:.1f}"),
+                    f"{v['slowest_add_ms']['mean']:.1f} / {v['slowest_sample_ms']['mean']:.1f}",
                     _pm(v["peak_rss_bytes"], "{:.0f}", 2**-20), f"{v['buffer_nbytes']['mean'] / 2**20:.1f}",
                     _pm(v["final_return"], "{:.1f}"), _pm(v["mean_return"], "{:.1f}")] for a, v in arms.items()],
-                  "ll" + "r" * 8)
+                  "ll" + "r" * 9)
     L.append("")
     if c:
         L.append(f"Drop-in against SB3's buffer: **{c['sps_ratio']['mean']:.2f}x** the steps per second (per seed "
@@ -758,7 +786,7 @@ def atari_section(at: dict) -> list[str]:
                  "holds.\n")
     t = at.get("target")
     if t:
-        L.append(f"**Target** (1M transitions in at most {t['target']}x one frame plus the small fields): "
+        L.append(f"**Target** ({t['size']:,} transitions in at most {t['target']}x one frame plus the small fields): "
                  f"{t['vs_one_frame']:.3f}x, {_gb(t['bytes'])}: {'met' if t['met'] else '**not met**'}.\n")
     if at["checks"]:
         L.append("### The stacks SB3's agent sees\n")
@@ -787,9 +815,14 @@ def cleanrl_section(res: dict) -> list[str]:
         for old, new in changes:
             L += [f"-{old}", f"+{new}"]
         L.append("```\n")
+    L.append("In `dqn_atari.py` the drop-in then stores `obs` and elides `next_obs` (`optimize_memory_usage` is "
+             "accepted and has no effect): SB3's optimized saving, without its caveats. One frame per transition "
+             "(`frame_stack=4`) is not yet possible there: CleanRL's `FrameStack` pads an episode's first stacks "
+             "with copies of the first frame, and the drop-in takes SB3's zero padding only (its stack check "
+             "refuses the others).\n")
     s = res["summary"].get("cleanrl-dqn")
     if s:
-        L.append(f"The first change, run: CleanRL's DQN loop on CartPole-v1 ({CLEANRL['budget']}), the buffer "
+        L.append(f"The first change, run: CleanRL's DQN loop on CartPole-v1 (full run: {CLEANRL['budget']}), the buffer "
                  "built by CleanRL's own line, `ReplayBuffer(args.buffer_size, envs.single_observation_space, "
                  "envs.single_action_space, device, handle_timeout_termination=False)`.\n")
         L += classic_section("cleanrl-dqn", s)[1:]
@@ -832,12 +865,17 @@ def report(res: dict, pngs: list, out_dir: str) -> list[str]:
                  "`learn`'s (both wrapped by the same `perf_counter` accumulator in both arms).\n")
         for task in TASKS:
             if task in res["summary"]:
-                L.append(f"Budget: {TASKS[task]['budget']}.\n")
+                L.append(f"Budget of the full run: {TASKS[task]['budget']}.\n")
                 L += classic_section(task, res["summary"][task])
     if res["atari"]:
         L += atari_section(res["atari"])
     if res["parameters"].get("cleanrl") or "cleanrl-dqn" in res["summary"]:
         L += cleanrl_section(res)
+    if res.get("failures"):
+        L.append("## Runs that failed\n")
+        L += md_table(["run", "seed", "error"], [[f"{f['task']}: {LABELS.get(f['arm'], f['arm'])}", f["seed"],
+                                                  f"`{f['error'][:300]}`"] for f in res["failures"]], "lrl")
+        L.append("")
     L += hand_written(out_dir, "method")
     return L
 
@@ -856,7 +894,7 @@ def publish(runs: list, run: dict, plan: list, ram: int, parts) -> dict:
     versions = {}
     for r in runs:
         versions.update(r.get("versions", {}))
-    summ = summarise(runs, {})
+    summ = summarise(runs)
     res = {"methodology": run, "versions": versions, "parameters": run["parameters"],
            "summary": {t: {"arms": {a: {k: v for k, v in x.items() if k not in ("curve_mean", "curve_std")}
                                     for a, x in s["arms"].items()}, "comparison": s["comparison"]}
@@ -864,6 +902,8 @@ def publish(runs: list, run: dict, plan: list, ram: int, parts) -> dict:
            "curves": {t: {a: {"mean": x["curve_mean"], "std": x["curve_std"]} for a, x in s["arms"].items()}
                       for t, s in summ.items()},
            "atari": atari_summary(runs, plan, ram) if "atari" in parts else None,
+           "failures": [{k: r[k] for k in ("study", "task", "arm", "seed", "error", "traceback")}
+                        for r in runs if "error" in r],
            "runs": runs}
     path = os.path.join(OUT_DIR, "results.json")
     write_json(path, res)
