@@ -45,11 +45,12 @@ EXPERIMENTS = {
     "ingestion": "ingest",
     "frame_codecs": "frame_codecs",
     "atari_frames": "atari_frames",
+    "sb3_buffers": "sb3",
 }
 #: Experiments that are a study of another experiment's file: name -> (file stem, its arguments).
 STUDIES = {"replay_ratio": ("dqn_cartpole", ["--study", "replay_ratio"])}
 ALIASES = {"dqn": "dqn_cartpole", "ppo": "ppo_cartpole", "sac": "sac_continuous", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
-           "ingest": "ingestion"}
+           "ingest": "ingestion", "sb3": "sb3_buffers"}
 #: Reports written by asv runs rather than experiments (listed in the index as they are).
 ASV_REPORTS = {
     "benchmarks.md": "The asv suite, figures of one run",
