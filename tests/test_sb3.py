@@ -381,3 +381,83 @@ def test_atari_stacks_equal_sb3s_bit_for_bit():
     assert parts["storage"] <= ours.buffer_size * 2 * (frame + 64)
     sb3_bytes = ref.observations.nbytes + ref.next_observations.nbytes
     assert (parts["storage"] + parts["bookkeeping"]) * 6 < sb3_bytes  # rings: the batches drawn
+
+
+# -- CleanRL's loop: gymnasium's vector env, its info dict -------------------------------------
+
+def cleanrl_roll(envs, steps, buffers, seed=0):
+    """CleanRL's ``dqn.py`` loop (gymnasium 1.x spelling, same-step autoreset as gymnasium 0.29):
+    ``rb.add(obs, real_next_obs, actions, rewards, terminations, infos)`` with the vector env's info
+    dict, the final observation put back only where an episode was truncated."""
+    obs, _ = envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    ends = 0
+    for _ in range(steps):
+        actions = envs.action_space.sample()
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        assert isinstance(infos, dict)
+        real_next_obs = next_obs.copy()
+        for idx, trunc in enumerate(truncations):
+            if trunc:
+                real_next_obs[idx] = infos["final_obs"][idx]
+        ends += int(terminations.sum() + truncations.sum())
+        for b in buffers:
+            b.add(obs, real_next_obs, actions, rewards, terminations, infos)
+        obs = next_obs
+    return ends
+
+
+def cleanrl_envs(n, max_steps, wrap=None):
+    def make():
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1", max_episode_steps=max_steps))
+        return wrap(env) if wrap else env
+    return gym.vector.SyncVectorEnv([make] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_cleanrl_info_dict_is_accepted_without_timeout_handling(n_envs):
+    envs = cleanrl_envs(n_envs, 9)
+    args = (120 * n_envs, envs.single_observation_space, envs.single_action_space, "cpu")
+    # CleanRL's own line, with handle_timeout_termination=False
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False, seed=0)
+    ref = sb3_buffers.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False)
+    assert cleanrl_roll(envs, 60, [ours, ref]) > n_envs  # episodes ended both ways
+    assert (ours.pos, ours.size()) == (ref.pos, ref.size())
+    assert check_batch(ours, ref, ours.sample(64)) == 64
+    # a truncation (not passed as done) is a timeout here: the next step starts a new stream
+    assert ours.resets_cut > 0
+
+
+class LegacyTimeLimitInfo(gym.Wrapper):
+    """Reports a truncation in ``info["TimeLimit.truncated"]``, as gym's TimeLimit did."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.env.step(action)
+        return obs, r, term, trunc, {**info, "TimeLimit.truncated": trunc and not term}
+
+
+def test_gymnasium_info_dict_timeouts_when_handled():
+    envs = cleanrl_envs(2, 7, LegacyTimeLimitInfo)
+    args = (200, envs.single_observation_space, envs.single_action_space, "cpu")
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=2, handle_timeout_termination=True, seed=0)
+    obs, _ = envs.reset(seed=0)
+    envs.action_space.seed(0)
+    timeouts = 0
+    for _ in range(40):
+        actions = envs.action_space.sample()
+        next_obs, rewards, terms, truncs, infos = envs.step(actions)
+        real = next_obs.copy()
+        for idx in np.flatnonzero(truncs | terms):
+            real[idx] = infos["final_obs"][idx]
+        # the ended episode's info is in final_info (same-step autoreset)
+        assert "TimeLimit.truncated" not in infos or not truncs.any()
+        timeouts += int(truncs.sum())
+        ours.add(obs, real, actions, rewards, terms | truncs, infos)
+        obs = next_obs
+    assert timeouts > 0 and ours.resets_cut == 0
+    tb = ours.tfdata_buffer
+    term, trunc = np.asarray(tb.column("terminated")), np.asarray(tb.column("truncated"))
+    assert trunc.sum() > 0 and not (term & trunc).any()
+    # SB3's list of dicts still works, and a wrong length is refused naming the count
+    with pytest.raises(ValueError, match="infos has 1 entries, expected n_envs=2"):
+        ours.add(obs, obs, np.zeros(2, np.int64), np.zeros(2), np.zeros(2, bool), [{}])

@@ -205,9 +205,16 @@ class ReplayBuffer(SB3ReplayBuffer):
         action : ndarray, n_envs * action_dim values
             Reshaped to ``(n_envs, action_dim)`` as SB3 does (discrete actions included).
         reward, done : ndarray, shape (n_envs,)
-        infos : list of dict, n_envs long
-            ``"TimeLimit.truncated"``: a timeout, not terminal when
-            ``handle_timeout_termination``.
+        infos : list of dict, n_envs long, or dict of arrays, or anything
+            Read only when ``handle_timeout_termination``, as SB3 reads it (CleanRL passes
+            gymnasium's vector-env info dict with the flag off; it is then ignored). With the
+            flag on: SB3's list of one dict per environment, ``infos[i]["TimeLimit.truncated"]``
+            a timeout (not terminal); or gymnasium's vector-env dict of arrays,
+            ``infos["TimeLimit.truncated"][i]`` where ``infos["_TimeLimit.truncated"][i]``
+            (all when that mask is absent), and the same keys in ``infos["final_info"]``, where
+            gymnasium's same-step autoreset puts an ended episode's info. gymnasium's own
+            ``TimeLimit`` reports truncation in ``truncated``, not in ``infos``: pass
+            ``terminated`` as ``done`` with the flag off, as CleanRL does.
         """
         e = self.n_envs
         if isinstance(self.observation_space, spaces.Discrete):
@@ -217,12 +224,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         next_obs = np.asarray(next_obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
         action = np.asarray(action).reshape((e, self.action_dim))
         done = np.asarray(done).reshape(e).astype(bool)
-        if len(infos) != e:
-            raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e}")
-        if self.handle_timeout_termination:
-            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
-        else:
-            timeout = np.zeros(e, bool)
+        timeout = self._timeouts(infos) if self.handle_timeout_termination else _NO_TIMEOUTS
         if self._held:
             self._cut_resets(obs)
             self._write_held()
@@ -237,6 +239,22 @@ class ReplayBuffer(SB3ReplayBuffer):
         if self.pos == self.buffer_size:
             self.full = True
             self.pos = 0
+
+    def _timeouts(self, infos) -> np.ndarray:
+        """``infos``' timeouts, bool ``(n_envs,)``: SB3's list of dicts or gymnasium's dict."""
+        e = self.n_envs
+        if isinstance(infos, dict):
+            timeout = np.zeros(e, bool)
+            for d in (infos, infos.get("final_info")):
+                if isinstance(d, dict) and "TimeLimit.truncated" in d:
+                    hit = np.asarray(d["TimeLimit.truncated"], bool).reshape(e)
+                    mask = d.get("_TimeLimit.truncated")
+                    timeout |= hit if mask is None else hit & np.asarray(mask, bool).reshape(e)
+            return timeout
+        if len(infos) != e:
+            raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e} (one dict "
+                             f"per environment) or gymnasium's vector-env info dict")
+        return np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
 
     def _cut_resets(self, obs: np.ndarray) -> None:
         """End, as a timeout, each held stream that the new step does not continue."""
@@ -370,6 +388,11 @@ class ReplayBuffer(SB3ReplayBuffer):
         self.last_indices = None
         self._buffer = self._make_buffer()
         self._buffer.load_state_dict(tf_state)
+
+
+#: the timeouts of every step when handle_timeout_termination is off (never written)
+_NO_TIMEOUTS = np.zeros(1, bool)
+_NO_TIMEOUTS.flags.writeable = False
 
 
 class _IgnoredWrites:
