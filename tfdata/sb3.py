@@ -55,11 +55,22 @@ class ReplayBuffer(SB3ReplayBuffer):
         ``n_stack`` of the ``VecFrameStack`` that made the observations. The space must be
         stacked on its first axis: a channel-first image ``(K*C, H, W)`` (what SB3 hands a
         buffer after ``VecTransposeImage``, which it adds itself for channel-last images) or a
-        vector ``(K*n,)``; frames oldest first, zeros before an episode's first frame. Only the
-        newest frame of each transition is stored (``frame_padding="zero"``), and every stack is
-        checked on insert: one that does not continue its stream raises
+        vector ``(K*n,)``; frames oldest first. Only the newest frame of each transition is
+        stored, and every stack is checked on insert: one that does not continue its stream,
+        or an episode's first stack not padded as ``frame_padding`` says, raises
         :class:`tfdata.SpecError`, naming the row. The depth cannot be read off the space
         (``(4, 84, 84)`` is 4 grey frames or one frame of 4 channels): give it.
+    frame_padding : {"zero", "reset"}, default "zero"
+        What precedes an episode's first frame in its first stacks: ``"zero"``, zeros, as SB3's
+        ``VecFrameStack`` pads; ``"reset"``, copies of the first frame, as gymnasium's
+        ``FrameStackObservation`` (its default ``padding_type="reset"``; gym's ``FrameStack``
+        likewise) pads, which CleanRL's ``dqn_atari.py`` uses. Only with ``frame_stack``.
+        A terminal transition (``done`` and not a timeout) whose ``next_obs`` is not ``obs``
+        shifted by one frame is stored with ``obs`` shifted by one and ``next_obs``'s newest
+        frame: CleanRL's loops put the final observation back only for truncations and pass
+        the next episode's first stack at a termination, which only a terminal transition can
+        hold (every algorithm multiplies its next value by ``1 - done``). A timeout's
+        ``next_obs`` must continue the stack (SpecError otherwise).
     n_step : int, default 1
         n-step returns (tfdata's ``n_step``): ``rewards`` is the discounted return of up to
         ``n_step`` transitions of the stream, ``next_observations`` and ``dones`` those of the
@@ -123,7 +134,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, layout=None, frame_stack: int | None = None,
-                 n_step: int = 1, gamma: float = 0.99, n_steps: int | None = None,
+                 frame_padding: str = "zero", n_step: int = 1, gamma: float = 0.99, n_steps: int | None = None,
                  prioritized: bool = False, seed: int | None = None, ring_size: int = 2,
                  allocator=None, memory_budget=None):
         if isinstance(observation_space, spaces.Dict):
@@ -152,6 +163,13 @@ class ReplayBuffer(SB3ReplayBuffer):
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.frame_stack = _frame_depth(frame_stack, observation_space, self.obs_shape)
+        if frame_padding not in ("zero", "reset"):
+            raise ValueError(f"frame_padding must be 'zero' (SB3's VecFrameStack) or 'reset' "
+                             f"(gymnasium's FrameStackObservation), got {frame_padding!r}")
+        if frame_padding != "zero" and not self.frame_stack:
+            raise ValueError(f"frame_padding={frame_padding!r} given without frame_stack: it says "
+                             f"how stacks are padded, and only frame_stack stores stacks by frame")
+        self.frame_padding = frame_padding
         self.n_step, self.gamma = int(n_step), float(gamma)
         self._options = {"layout": layout, "seed": seed, "ring_size": ring_size,
                          "allocator": allocator, "memory_budget": memory_budget}
@@ -177,7 +195,7 @@ class ReplayBuffer(SB3ReplayBuffer):
                 "action": (self._action_dtype, (self.action_dim,)), "reward": "f4",
                 "terminated": "?", "truncated": "?"}
         o = self._options
-        extra = ({"frame_stack": {"obs": self.frame_stack}, "frame_padding": "zero"}
+        extra = ({"frame_stack": {"obs": self.frame_stack}, "frame_padding": self.frame_padding}
                  if self.frame_stack else {"elide_next": True})
         if self.n_step > 1:
             extra.update(n_step=self.n_step, gamma=self.gamma)
@@ -234,6 +252,8 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._reward[...] = np.asarray(reward).reshape(e)
         self._terminated[...] = done & ~timeout
         self._truncated[...] = done & timeout
+        if self.frame_stack and self._terminated.any():
+            self._shift_terminal_stacks()
         self._held = True
         self.pos += 1
         if self.pos == self.buffer_size:
@@ -255,6 +275,17 @@ class ReplayBuffer(SB3ReplayBuffer):
             raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e} (one dict "
                              f"per environment) or gymnasium's vector-env info dict")
         return np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
+
+    def _shift_terminal_stacks(self) -> None:
+        """A terminal transition's ``next_obs`` that does not continue its stack (CleanRL's
+        loops pass the next episode's first stack): ``obs`` shifted by one frame and
+        ``next_obs``'s newest frame instead (see ``frame_padding``)."""
+        k = self.frame_stack
+        obs = self._obs.reshape(self.n_envs, k, -1)
+        nxt = self._next_obs.reshape(self.n_envs, k, -1)
+        for i in np.flatnonzero(self._terminated):
+            if not np.array_equal(obs[i, 1:].view(np.uint8), nxt[i, :-1].view(np.uint8)):
+                nxt[i, :-1] = obs[i, 1:]
 
     def _cut_resets(self, obs: np.ndarray) -> None:
         """End, as a timeout, each held stream that the new step does not continue."""
@@ -384,6 +415,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         tf_state = state.pop("tfdata_state")
+        state.setdefault("frame_padding", "zero")  # pickled before the option existed
         self.__dict__.update(state)
         self.last_indices = None
         self._buffer = self._make_buffer()
