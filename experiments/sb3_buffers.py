@@ -102,12 +102,13 @@ CLEANRL_CHANGES = {
                 "from tfdata.sb3 import ReplayBuffer")],
     "sac_continuous_action.py": [("from stable_baselines3.common.buffers import ReplayBuffer",
                                   "from tfdata.sb3 import ReplayBuffer")],
-    # optimize_memory_usage is accepted without effect: obs stored, next_obs elided (SB3's saving,
-    # without its caveats). One frame per transition (frame_stack=4) needs the frames padded as
-    # CleanRL's FrameStack pads them after a reset (copies of the first frame): the drop-in takes
-    # SB3's zero padding only, so the report lists that change as not yet possible
+    # CleanRL's FrameStack pads an episode's first stacks with copies of its first frame:
+    # frame_padding="reset" takes them, one frame per transition (tests/test_sb3.py runs
+    # dqn_atari.py's make_env and loop against SB3's buffer)
     "dqn_atari.py": [("from stable_baselines3.common.buffers import ReplayBuffer",
-                      "from tfdata.sb3 import ReplayBuffer")],
+                      "from tfdata.sb3 import ReplayBuffer"),
+                     ("        handle_timeout_termination=False,",
+                      "        handle_timeout_termination=False, frame_stack=4, frame_padding=\"reset\",")],
 }
 # Atari: the game experiments/atari_frames.py checks first, as SB3's zoo names it (frame skip 4 in
 # AtariWrapper, no sticky actions); rl-baselines3-zoo's hyperparameters (hyperparams/dqn.yml, atari)
@@ -815,11 +816,14 @@ def cleanrl_section(res: dict) -> list[str]:
         for old, new in changes:
             L += [f"-{old}", f"+{new}"]
         L.append("```\n")
-    L.append("In `dqn_atari.py` the drop-in then stores `obs` and elides `next_obs` (`optimize_memory_usage` is "
-             "accepted and has no effect): SB3's optimized saving, without its caveats. One frame per transition "
-             "(`frame_stack=4`) is not yet possible there: CleanRL's `FrameStack` pads an episode's first stacks "
-             "with copies of the first frame, and the drop-in takes SB3's zero padding only (its stack check "
-             "refuses the others).\n")
+    L.append("In `dqn_atari.py` the drop-in then stores one frame per transition (`frame_stack=4`), its stacks "
+             "padded as CleanRL's `FrameStack` pads them (`frame_padding=\"reset\"`: copies of an episode's first "
+             "frame; SB3's `VecFrameStack` pads with zeros, the default). `optimize_memory_usage=True` is accepted "
+             "and has no effect. CleanRL puts the final observation back only at truncations: at a termination "
+             "it passes the next episode's first stack as `next_obs`, and the drop-in keeps `obs` shifted by one "
+             "frame with that stack's newest frame instead (the loss multiplies it by `1 - done`); every other "
+             "row and field is SB3's buffer's, checked in `tests/test_sb3.py` through `dqn_atari.py`'s "
+             "`make_env`.\n")
     s = res["summary"].get("cleanrl-dqn")
     if s:
         L.append(f"The first change, run: CleanRL's DQN loop on CartPole-v1 (full run: {CLEANRL['budget']}), the buffer "

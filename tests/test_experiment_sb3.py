@@ -111,6 +111,8 @@ def test_quick_run_writes_the_report(quick_run):
     m = res["methodology"]
     assert m["mode"] == "quick" and m["seeds"] == [0] and m["experiment"] == "sb3"
     assert m["environment"]["cpu"]["logical_cpus"] and m["wall_clock_s"] > 0
+    # no run failed: the CleanRL loop passes gymnasium's info dict to either buffer
+    assert not res["failures"], [(f["task"], f["arm"], f["error"]) for f in res["failures"]]
     # both arms of every study ran (a failed run would be listed with its error, not summarised)
     for task in ("dqn-cartpole", "sac-pendulum"):
         arms = res["summary"][task]["arms"]

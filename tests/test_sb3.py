@@ -381,3 +381,222 @@ def test_atari_stacks_equal_sb3s_bit_for_bit():
     assert parts["storage"] <= ours.buffer_size * 2 * (frame + 64)
     sb3_bytes = ref.observations.nbytes + ref.next_observations.nbytes
     assert (parts["storage"] + parts["bookkeeping"]) * 6 < sb3_bytes  # rings: the batches drawn
+
+
+# -- CleanRL's loop: gymnasium's vector env, its info dict -------------------------------------
+
+def cleanrl_roll(envs, steps, buffers, seed=0):
+    """CleanRL's ``dqn.py`` loop (gymnasium 1.x spelling, same-step autoreset as gymnasium 0.29):
+    ``rb.add(obs, real_next_obs, actions, rewards, terminations, infos)`` with the vector env's info
+    dict, the final observation put back only where an episode was truncated."""
+    obs, _ = envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    ends = 0
+    for _ in range(steps):
+        actions = envs.action_space.sample()
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        assert isinstance(infos, dict)
+        real_next_obs = next_obs.copy()
+        for idx, trunc in enumerate(truncations):
+            if trunc:
+                real_next_obs[idx] = infos["final_obs"][idx]
+        ends += int(terminations.sum() + truncations.sum())
+        for b in buffers:
+            b.add(obs, real_next_obs, actions, rewards, terminations, infos)
+        obs = next_obs
+    return ends
+
+
+def cleanrl_envs(n, max_steps, wrap=None):
+    def make():
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1", max_episode_steps=max_steps))
+        return wrap(env) if wrap else env
+    return gym.vector.SyncVectorEnv([make] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_cleanrl_info_dict_is_accepted_without_timeout_handling(n_envs):
+    envs = cleanrl_envs(n_envs, 9)
+    args = (120 * n_envs, envs.single_observation_space, envs.single_action_space, "cpu")
+    # CleanRL's own line, with handle_timeout_termination=False
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False, seed=0)
+    ref = sb3_buffers.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False)
+    assert cleanrl_roll(envs, 60, [ours, ref]) > n_envs  # episodes ended both ways
+    assert (ours.pos, ours.size()) == (ref.pos, ref.size())
+    assert check_batch(ours, ref, ours.sample(64)) == 64
+    # a truncation (not passed as done) is a timeout here: the next step starts a new stream
+    assert ours.resets_cut > 0
+
+
+class LegacyTimeLimitInfo(gym.Wrapper):
+    """Reports a truncation in ``info["TimeLimit.truncated"]``, as gym's TimeLimit did."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.env.step(action)
+        return obs, r, term, trunc, {**info, "TimeLimit.truncated": trunc and not term}
+
+
+def test_gymnasium_info_dict_timeouts_when_handled():
+    envs = cleanrl_envs(2, 7, LegacyTimeLimitInfo)
+    args = (200, envs.single_observation_space, envs.single_action_space, "cpu")
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=2, handle_timeout_termination=True, seed=0)
+    obs, _ = envs.reset(seed=0)
+    envs.action_space.seed(0)
+    timeouts = 0
+    for _ in range(40):
+        actions = envs.action_space.sample()
+        next_obs, rewards, terms, truncs, infos = envs.step(actions)
+        real = next_obs.copy()
+        for idx in np.flatnonzero(truncs | terms):
+            real[idx] = infos["final_obs"][idx]
+        # the ended episode's info is in final_info (same-step autoreset)
+        assert "TimeLimit.truncated" not in infos or not truncs.any()
+        timeouts += int(truncs.sum())
+        ours.add(obs, real, actions, rewards, terms | truncs, infos)
+        obs = next_obs
+    assert timeouts > 0 and ours.resets_cut == 0
+    tb = ours.tfdata_buffer
+    term, trunc = np.asarray(tb.column("terminated")), np.asarray(tb.column("truncated"))
+    assert trunc.sum() > 0 and not (term & trunc).any()
+    # SB3's list of dicts still works, and a wrong length is refused naming the count
+    with pytest.raises(ValueError, match="infos has 1 entries, expected n_envs=2"):
+        ours.add(obs, obs, np.zeros(2, np.int64), np.zeros(2), np.zeros(2, bool), [{}])
+
+
+# -- frame_padding="reset": gymnasium's FrameStackObservation, CleanRL's dqn_atari.py ----------
+
+def stacked_envs(n, max_steps, k=4, padding="reset"):
+    """CartPole through FrameStackObservation, flattened: a vector of ``k`` frames, oldest first."""
+    def make():
+        env = gym.make("CartPole-v1", max_episode_steps=max_steps)
+        env = gym.wrappers.FrameStackObservation(env, k, padding_type=padding)
+        return gym.wrappers.FlattenObservation(env)
+    return gym.vector.SyncVectorEnv([make] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def gym_roll(envs, steps, buffers, seed=0, final_obs_at="both"):
+    """A CleanRL-style loop; ``final_obs_at``: "both" puts the final observation back at every
+    episode end (what SB3 does), "truncation" only at truncations (what CleanRL does)."""
+    obs, _ = envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    for _ in range(steps):
+        actions = envs.action_space.sample()
+        next_obs, rewards, terms, truncs, infos = envs.step(actions)
+        real = next_obs.copy()
+        for idx in np.flatnonzero(truncs | terms if final_obs_at == "both" else truncs):
+            real[idx] = infos["final_obs"][idx]
+        for b in buffers:
+            b.add(obs, real, actions, rewards, terms, infos)
+        obs = next_obs
+
+
+def check_all_rows(ours, ref, terminal_next_may_differ=False):
+    """Every row written, against SB3's buffer; with ``terminal_next_may_differ``, a terminal
+    row's next_observations only in its newest frame. Returns the terminal rows whose
+    next_observations differed from SB3's."""
+    held = len(ours.tfdata_buffer)
+    seen, differed = np.zeros(held, bool), set()
+    for _ in range(50):
+        batch = ours.sample(held)
+        pos, e = ours.positions(ours.last_indices)
+        seen[np.asarray(ours.last_indices)] = True
+        if ours.full:  # SB3 overwrote the step the drop-in still holds there (see check_batch)
+            keep = th.from_numpy(pos != (ours.pos - 1) % ours.buffer_size)
+            batch = batch._replace(**{f: getattr(batch, f)[keep] for f in FIELDS})
+            pos, e = pos[keep.numpy()], e[keep.numpy()]
+        expected = sb3_at(ref, pos, e)
+        term = batch.dones.numpy()[:, 0] == 1
+        fields = [f for f in FIELDS if f != "next_observations"]
+        assert_rows_equal(batch, expected, fields)
+        n, k = len(pos), ours.frame_stack or 1
+        got = batch.next_observations.numpy().reshape(n, k, -1)
+        want = expected.next_observations.numpy().reshape(n, k, -1)
+        same = (got == want).all(axis=(1, 2))
+        assert same[~term].all()
+        if terminal_next_may_differ:
+            assert np.array_equal(got[:, -1], want[:, -1])  # the newest frame is next_obs's
+            obs = batch.observations.numpy().reshape(n, k, -1)
+            assert np.array_equal(got[term, :-1], obs[term, 1:])
+            differed |= set((pos * ours.n_envs + e)[term & ~same].tolist())
+        else:
+            assert same.all()
+        if seen.all():
+            break
+    assert seen.all()
+    return len(differed)
+
+
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_reset_padding_stacks_equal_sb3s(n_envs):
+    envs = stacked_envs(n_envs, 18)
+    args = (150 * n_envs, envs.single_observation_space, envs.single_action_space, "cpu")
+    assert envs.single_observation_space.shape == (16,)
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False, seed=0,
+                                   frame_stack=4, frame_padding="reset")
+    ref = sb3_buffers.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False)
+    gym_roll(envs, 120, [ours, ref])
+    assert ref.dones.sum() > 0 and ours.resets_cut > 0  # terminations and truncations
+    assert check_all_rows(ours, ref) == 0
+    # the same stream with SB3's zero padding is refused, naming the padding
+    zero = tfdata.sb3.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False, seed=0,
+                                   frame_stack=4)
+    with pytest.raises(tfdata.SpecError, match="padding_type='zero'"):
+        gym_roll(envs, 3, [zero])
+
+
+def test_frame_padding_refusals():
+    box, act = spaces.Box(-1, 1, (8,), np.float32), spaces.Discrete(2)
+    with pytest.raises(ValueError, match="frame_padding must be 'zero'.*'first'"):
+        tfdata.sb3.ReplayBuffer(100, box, act, frame_stack=4, frame_padding="first")
+    with pytest.raises(ValueError, match="without frame_stack"):
+        tfdata.sb3.ReplayBuffer(100, box, act, frame_padding="reset")
+
+
+def test_cleanrl_loop_terminal_next_obs_is_shifted():
+    """CleanRL passes the next episode's first stack as a terminated transition's next_obs: the
+    drop-in keeps obs shifted and that stack's newest frame; every other field and row as SB3's."""
+    envs = stacked_envs(2, 40)
+    args = (300, envs.single_observation_space, envs.single_action_space, "cpu")
+    ours = tfdata.sb3.ReplayBuffer(*args, n_envs=2, handle_timeout_termination=False, seed=0,
+                                   frame_stack=4, frame_padding="reset")
+    ref = sb3_buffers.ReplayBuffer(*args, n_envs=2, handle_timeout_termination=False)
+    gym_roll(envs, 140, [ours, ref], final_obs_at="truncation")
+    assert check_all_rows(ours, ref, terminal_next_may_differ=True) > 0
+
+
+def cleanrl_atari_envs(n_envs):
+    """CleanRL's ``dqn_atari.py`` ``make_env`` (gymnasium 1.x names), a short time limit."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    import ale_py
+    from stable_baselines3.common.atari_wrappers import (ClipRewardEnv, EpisodicLifeEnv, FireResetEnv,
+                                                         MaxAndSkipEnv, NoopResetEnv)
+
+    gym.register_envs(ale_py)
+
+    def make():
+        env = gym.make("BreakoutNoFrameskip-v4", max_episode_steps=400)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = NoopResetEnv(env, noop_max=30)
+        env = MaxAndSkipEnv(env, skip=4)
+        env = EpisodicLifeEnv(env)
+        if "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireResetEnv(env)
+        env = ClipRewardEnv(env)
+        env = gym.wrappers.ResizeObservation(env, (84, 84))
+        env = gym.wrappers.GrayscaleObservation(env)
+        return gym.wrappers.FrameStackObservation(env, 4)
+    return gym.vector.SyncVectorEnv([make] * n_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def test_cleanrl_dqn_atari_loop_with_reset_padding():
+    envs = cleanrl_atari_envs(2)
+    assert envs.single_observation_space.shape == (4, 84, 84)
+    args = (240, envs.single_observation_space, envs.single_action_space, "cpu")
+    # CleanRL's line (optimize_memory_usage=True, handle_timeout_termination=False) and the two options
+    ours = tfdata.sb3.ReplayBuffer(*args, optimize_memory_usage=True, handle_timeout_termination=False,
+                                   n_envs=2, seed=0, frame_stack=4, frame_padding="reset")
+    ref = sb3_buffers.ReplayBuffer(*args, n_envs=2, handle_timeout_termination=False)
+    gym_roll(envs, 200, [ours, ref], final_obs_at="truncation")
+    assert ref.dones.sum() > 0  # lives lost: EpisodicLifeEnv's terminations
+    check_all_rows(ours, ref, terminal_next_may_differ=True)

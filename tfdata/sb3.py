@@ -55,11 +55,22 @@ class ReplayBuffer(SB3ReplayBuffer):
         ``n_stack`` of the ``VecFrameStack`` that made the observations. The space must be
         stacked on its first axis: a channel-first image ``(K*C, H, W)`` (what SB3 hands a
         buffer after ``VecTransposeImage``, which it adds itself for channel-last images) or a
-        vector ``(K*n,)``; frames oldest first, zeros before an episode's first frame. Only the
-        newest frame of each transition is stored (``frame_padding="zero"``), and every stack is
-        checked on insert: one that does not continue its stream raises
+        vector ``(K*n,)``; frames oldest first. Only the newest frame of each transition is
+        stored, and every stack is checked on insert: one that does not continue its stream,
+        or an episode's first stack not padded as ``frame_padding`` says, raises
         :class:`tfdata.SpecError`, naming the row. The depth cannot be read off the space
         (``(4, 84, 84)`` is 4 grey frames or one frame of 4 channels): give it.
+    frame_padding : {"zero", "reset"}, default "zero"
+        What precedes an episode's first frame in its first stacks: ``"zero"``, zeros, as SB3's
+        ``VecFrameStack`` pads; ``"reset"``, copies of the first frame, as gymnasium's
+        ``FrameStackObservation`` (its default ``padding_type="reset"``; gym's ``FrameStack``
+        likewise) pads, which CleanRL's ``dqn_atari.py`` uses. Only with ``frame_stack``.
+        A terminal transition (``done`` and not a timeout) whose ``next_obs`` is not ``obs``
+        shifted by one frame is stored with ``obs`` shifted by one and ``next_obs``'s newest
+        frame: CleanRL's loops put the final observation back only for truncations and pass
+        the next episode's first stack at a termination, which only a terminal transition can
+        hold (every algorithm multiplies its next value by ``1 - done``). A timeout's
+        ``next_obs`` must continue the stack (SpecError otherwise).
     n_step : int, default 1
         n-step returns (tfdata's ``n_step``): ``rewards`` is the discounted return of up to
         ``n_step`` transitions of the stream, ``next_observations`` and ``dones`` those of the
@@ -123,7 +134,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, layout=None, frame_stack: int | None = None,
-                 n_step: int = 1, gamma: float = 0.99, n_steps: int | None = None,
+                 frame_padding: str = "zero", n_step: int = 1, gamma: float = 0.99, n_steps: int | None = None,
                  prioritized: bool = False, seed: int | None = None, ring_size: int = 2,
                  allocator=None, memory_budget=None):
         if isinstance(observation_space, spaces.Dict):
@@ -152,6 +163,13 @@ class ReplayBuffer(SB3ReplayBuffer):
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.frame_stack = _frame_depth(frame_stack, observation_space, self.obs_shape)
+        if frame_padding not in ("zero", "reset"):
+            raise ValueError(f"frame_padding must be 'zero' (SB3's VecFrameStack) or 'reset' "
+                             f"(gymnasium's FrameStackObservation), got {frame_padding!r}")
+        if frame_padding != "zero" and not self.frame_stack:
+            raise ValueError(f"frame_padding={frame_padding!r} given without frame_stack: it says "
+                             f"how stacks are padded, and only frame_stack stores stacks by frame")
+        self.frame_padding = frame_padding
         self.n_step, self.gamma = int(n_step), float(gamma)
         self._options = {"layout": layout, "seed": seed, "ring_size": ring_size,
                          "allocator": allocator, "memory_budget": memory_budget}
@@ -177,7 +195,7 @@ class ReplayBuffer(SB3ReplayBuffer):
                 "action": (self._action_dtype, (self.action_dim,)), "reward": "f4",
                 "terminated": "?", "truncated": "?"}
         o = self._options
-        extra = ({"frame_stack": {"obs": self.frame_stack}, "frame_padding": "zero"}
+        extra = ({"frame_stack": {"obs": self.frame_stack}, "frame_padding": self.frame_padding}
                  if self.frame_stack else {"elide_next": True})
         if self.n_step > 1:
             extra.update(n_step=self.n_step, gamma=self.gamma)
@@ -205,9 +223,16 @@ class ReplayBuffer(SB3ReplayBuffer):
         action : ndarray, n_envs * action_dim values
             Reshaped to ``(n_envs, action_dim)`` as SB3 does (discrete actions included).
         reward, done : ndarray, shape (n_envs,)
-        infos : list of dict, n_envs long
-            ``"TimeLimit.truncated"``: a timeout, not terminal when
-            ``handle_timeout_termination``.
+        infos : list of dict, n_envs long, or dict of arrays, or anything
+            Read only when ``handle_timeout_termination``, as SB3 reads it (CleanRL passes
+            gymnasium's vector-env info dict with the flag off; it is then ignored). With the
+            flag on: SB3's list of one dict per environment, ``infos[i]["TimeLimit.truncated"]``
+            a timeout (not terminal); or gymnasium's vector-env dict of arrays,
+            ``infos["TimeLimit.truncated"][i]`` where ``infos["_TimeLimit.truncated"][i]``
+            (all when that mask is absent), and the same keys in ``infos["final_info"]``, where
+            gymnasium's same-step autoreset puts an ended episode's info. gymnasium's own
+            ``TimeLimit`` reports truncation in ``truncated``, not in ``infos``: pass
+            ``terminated`` as ``done`` with the flag off, as CleanRL does.
         """
         e = self.n_envs
         if isinstance(self.observation_space, spaces.Discrete):
@@ -217,12 +242,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         next_obs = np.asarray(next_obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
         action = np.asarray(action).reshape((e, self.action_dim))
         done = np.asarray(done).reshape(e).astype(bool)
-        if len(infos) != e:
-            raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e}")
-        if self.handle_timeout_termination:
-            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
-        else:
-            timeout = np.zeros(e, bool)
+        timeout = self._timeouts(infos) if self.handle_timeout_termination else _NO_TIMEOUTS
         if self._held:
             self._cut_resets(obs)
             self._write_held()
@@ -232,11 +252,40 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._reward[...] = np.asarray(reward).reshape(e)
         self._terminated[...] = done & ~timeout
         self._truncated[...] = done & timeout
+        if self.frame_stack and self._terminated.any():
+            self._shift_terminal_stacks()
         self._held = True
         self.pos += 1
         if self.pos == self.buffer_size:
             self.full = True
             self.pos = 0
+
+    def _timeouts(self, infos) -> np.ndarray:
+        """``infos``' timeouts, bool ``(n_envs,)``: SB3's list of dicts or gymnasium's dict."""
+        e = self.n_envs
+        if isinstance(infos, dict):
+            timeout = np.zeros(e, bool)
+            for d in (infos, infos.get("final_info")):
+                if isinstance(d, dict) and "TimeLimit.truncated" in d:
+                    hit = np.asarray(d["TimeLimit.truncated"], bool).reshape(e)
+                    mask = d.get("_TimeLimit.truncated")
+                    timeout |= hit if mask is None else hit & np.asarray(mask, bool).reshape(e)
+            return timeout
+        if len(infos) != e:
+            raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e} (one dict "
+                             f"per environment) or gymnasium's vector-env info dict")
+        return np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
+
+    def _shift_terminal_stacks(self) -> None:
+        """A terminal transition's ``next_obs`` that does not continue its stack (CleanRL's
+        loops pass the next episode's first stack): ``obs`` shifted by one frame and
+        ``next_obs``'s newest frame instead (see ``frame_padding``)."""
+        k = self.frame_stack
+        obs = self._obs.reshape(self.n_envs, k, -1)
+        nxt = self._next_obs.reshape(self.n_envs, k, -1)
+        for i in np.flatnonzero(self._terminated):
+            if not np.array_equal(obs[i, 1:].view(np.uint8), nxt[i, :-1].view(np.uint8)):
+                nxt[i, :-1] = obs[i, 1:]
 
     def _cut_resets(self, obs: np.ndarray) -> None:
         """End, as a timeout, each held stream that the new step does not continue."""
@@ -366,10 +415,16 @@ class ReplayBuffer(SB3ReplayBuffer):
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         tf_state = state.pop("tfdata_state")
+        state.setdefault("frame_padding", "zero")  # pickled before the option existed
         self.__dict__.update(state)
         self.last_indices = None
         self._buffer = self._make_buffer()
         self._buffer.load_state_dict(tf_state)
+
+
+#: the timeouts of every step when handle_timeout_termination is off (never written)
+_NO_TIMEOUTS = np.zeros(1, bool)
+_NO_TIMEOUTS.flags.writeable = False
 
 
 class _IgnoredWrites:
