@@ -600,3 +600,57 @@ def test_cleanrl_dqn_atari_loop_with_reset_padding():
     gym_roll(envs, 200, [ours, ref], final_obs_at="truncation")
     assert ref.dones.sum() > 0  # lives lost: EpisodicLifeEnv's terminations
     check_all_rows(ours, ref, terminal_next_may_differ=True)
+
+
+# -- what the planted-bug review found untested, and refusals that change nothing --------------
+
+def test_reset_forgets_the_held_step():
+    """After reset() the step held before it is never written: the buffer holds only the steps
+    added after the reset."""
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    ours, ref = pair(env, 64)
+    roll(env, 20, [ours])
+    ours.reset()
+    roll(env, 6, [ours, ref], seed=4)
+    assert len(ours.tfdata_buffer) == 5 * 2  # the sixth step is held
+    assert check_batch(ours, ref, ours.sample(10)) == 10
+    assert (ours.positions(np.arange(10))[0] < 5).all()
+
+
+def test_n_step_with_normalized_rewards_is_refused():
+    if not tfdata.sb3.HAS_DISCOUNTS:
+        pytest.skip("this SB3 has no discounts in its samples")
+    venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0), norm_reward=True)
+    args = (100, venv.observation_space, venv.action_space)
+    ours = tfdata.sb3.ReplayBuffer(*args, n_step=3, seed=0)
+    roll(venv, 10, [ours])
+    with pytest.raises(NotImplementedError, match="norm_reward"):
+        ours.sample(4, env=venv)
+    ours.sample(4, env=VecNormalize(make_vec_env("Pendulum-v1", n_envs=1), norm_reward=False))
+
+
+def test_gymnasium_info_mask_hides_unset_timeouts():
+    """gymnasium's ``_key`` mask says which environments set a key: a value where the mask is
+    False is not that environment's (not a timeout)."""
+    box, act = spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(2)
+    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=2, seed=0)
+    obs = np.zeros((2, 2), np.float32)
+    infos = {"TimeLimit.truncated": np.array([True, True]),
+             "_TimeLimit.truncated": np.array([False, True])}
+    ours.add(obs, obs + 1, np.zeros(2, np.int64), np.zeros(2), np.ones(2, bool), infos)
+    ours.add(obs + 5, obs + 6, np.zeros(2, np.int64), np.zeros(2), np.zeros(2, bool), [{}, {}])
+    tb = ours.tfdata_buffer
+    assert np.asarray(tb.column("terminated")).tolist() == [True, False]
+    assert np.asarray(tb.column("truncated")).tolist() == [False, True]
+
+
+def test_float64_actions_are_stored_as_float32_as_sb3_does():
+    box = spaces.Box(-1, 1, (3,), np.float32)
+    act = spaces.Box(-1, 1, (2,), np.float64)
+    ours = tfdata.sb3.ReplayBuffer(50, box, act, seed=0)
+    ref = sb3_buffers.ReplayBuffer(50, box, act)
+    obs = np.zeros((1, 3), np.float32)
+    for b in (ours, ref):
+        b.add(obs, obs + 1, np.full((1, 2), 0.1), np.ones(1), np.zeros(1, bool), [{}])
+        b.add(obs + 1, obs + 2, np.full((1, 2), 0.2), np.ones(1), np.zeros(1, bool), [{}])
+    assert ours.sample(1).actions.dtype == ref.sample(1).actions.dtype == th.float32
