@@ -654,3 +654,57 @@ def test_float64_actions_are_stored_as_float32_as_sb3_does():
         b.add(obs, obs + 1, np.full((1, 2), 0.1), np.ones(1), np.zeros(1, bool), [{}])
         b.add(obs + 1, obs + 2, np.full((1, 2), 0.2), np.ones(1), np.zeros(1, bool), [{}])
     assert ours.sample(1).actions.dtype == ref.sample(1).actions.dtype == th.float32
+
+
+def _state_of(b):
+    return (b.pos, b.full, b.size(), b.resets_cut, b._held, len(b.tfdata_buffer),
+            [a.copy() for a in (b._obs, b._next_obs, b._action, b._reward, b._terminated, b._truncated)])
+
+
+def _same_state(a, b):
+    assert a[:6] == b[:6]
+    for x, y in zip(a[6], b[6]):
+        assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("arg, value, match", [
+    ("obs", np.zeros((2, 5), np.float32), "obs has 10 values .*expected 8"),
+    ("next_obs", np.zeros((3, 4), np.float32), "next_obs has 12 values .*expected 8"),
+    ("action", np.zeros(3, np.int64), "action has 3 values .*expected 2"),
+    ("reward", np.zeros(3), r"reward has 3 values .*expected 2: shape \(2,\)"),
+    ("reward", np.array(["a", "b"]), "reward of dtype <U1 cannot be cast to float32"),
+    ("done", np.zeros(1, bool), "done has 1 values .*expected 2"),
+    ("infos", [{}, 3], "infos holds int entries"),
+])
+def test_a_refused_add_names_the_argument_and_changes_nothing(arg, value, match):
+    box, act = spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2)
+    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=2, seed=0)
+    obs = np.zeros((2, 4), np.float32)
+    step = dict(obs=obs, next_obs=obs + 1, action=np.zeros(2, np.int64), reward=np.ones(2),
+                done=np.zeros(2, bool), infos=[{}, {}])
+    ours.add(**step)
+    step = {**step, "obs": obs + 1, "next_obs": obs + 2}
+    ours.add(**step)
+    before = _state_of(ours)
+    with pytest.raises(ValueError, match=match):
+        ours.add(**{**step, arg: value})
+    _same_state(before, _state_of(ours))
+    ours.add(**{**step, "obs": obs + 2, "next_obs": obs + 3})  # continues as if never called
+    assert len(ours.tfdata_buffer) == 4 and ours.resets_cut == 0
+
+
+def test_a_stack_refused_by_tfdata_leaves_the_held_step_unchanged():
+    """The held step is checked by tfdata when the next step arrives; when tfdata refuses it,
+    the held step (its flags: the new step would have cut its stream) and resets_cut are as
+    they were."""
+    box, act = spaces.Box(-5, 5, (4,), np.float32), spaces.Discrete(2)
+    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=1, seed=0, frame_stack=2)
+    bad_first = np.array([[1, 1, 2, 2]], np.float32)  # not zero-padded: an episode's first stack
+    ours.add(bad_first, np.array([[2, 2, 3, 3]], np.float32), np.zeros(1, np.int64), np.ones(1),
+             np.zeros(1, bool), [{}])
+    before = _state_of(ours)
+    other = np.array([[0, 0, 7, 7]], np.float32)  # does not continue: would cut the stream
+    with pytest.raises(tfdata.SpecError):
+        ours.add(other, np.array([[7, 7, 8, 8]], np.float32), np.zeros(1, np.int64), np.ones(1),
+                 np.zeros(1, bool), [{}])
+    _same_state(before, _state_of(ours))

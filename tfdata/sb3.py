@@ -235,21 +235,20 @@ class ReplayBuffer(SB3ReplayBuffer):
             ``terminated`` as ``done`` with the flag off, as CleanRL does.
         """
         e = self.n_envs
-        if isinstance(self.observation_space, spaces.Discrete):
-            obs = np.reshape(obs, (e, *self.obs_shape))
-            next_obs = np.reshape(next_obs, (e, *self.obs_shape))
-        obs = np.asarray(obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
-        next_obs = np.asarray(next_obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
-        action = np.asarray(action).reshape((e, self.action_dim))
-        done = np.asarray(done).reshape(e).astype(bool)
+        # every argument checked and converted before anything changes: a refused call leaves
+        # the held step, pos and the tfdata buffer as they were
+        obs = _step_array("obs", obs, (e, *self.obs_shape), self._obs_dtype)
+        next_obs = _step_array("next_obs", next_obs, (e, *self.obs_shape), self._obs_dtype)
+        action = _step_array("action", action, (e, self.action_dim), self._action_dtype)
+        reward = _step_array("reward", reward, (e,), np.float32)
+        done = _step_array("done", done, (e,), bool)
         timeout = self._timeouts(infos) if self.handle_timeout_termination else _NO_TIMEOUTS
         if self._held:
-            self._cut_resets(obs)
-            self._write_held()
+            self._write_held(self._cut_resets(obs))
         self._obs[...] = obs
         self._next_obs[...] = next_obs
         self._action[...] = action
-        self._reward[...] = np.asarray(reward).reshape(e)
+        self._reward[...] = reward
         self._terminated[...] = done & ~timeout
         self._truncated[...] = done & timeout
         if self.frame_stack and self._terminated.any():
@@ -274,6 +273,10 @@ class ReplayBuffer(SB3ReplayBuffer):
         if len(infos) != e:
             raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e} (one dict "
                              f"per environment) or gymnasium's vector-env info dict")
+        if not all(isinstance(i, dict) for i in infos):
+            given = sorted({type(i).__name__ for i in infos if not isinstance(i, dict)})
+            raise ValueError(f"add: infos holds {', '.join(given)} entries, expected one dict per "
+                             f"environment (SB3's list) or gymnasium's vector-env info dict")
         return np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
 
     def _shift_terminal_stacks(self) -> None:
@@ -287,20 +290,27 @@ class ReplayBuffer(SB3ReplayBuffer):
             if not np.array_equal(obs[i, 1:].view(np.uint8), nxt[i, :-1].view(np.uint8)):
                 nxt[i, :-1] = obs[i, 1:]
 
-    def _cut_resets(self, obs: np.ndarray) -> None:
-        """End, as a timeout, each held stream that the new step does not continue."""
+    def _cut_resets(self, obs: np.ndarray) -> np.ndarray:
+        """The held streams that the new step does not continue (to end as timeouts), bool
+        ``(n_envs,)``; nothing changes here."""
         ended = self._terminated | self._truncated
+        cut = np.zeros(self.n_envs, bool)
         for i in range(self.n_envs):
             # bytes, as tfdata compares them (-0.0 is not 0.0, a NaN equals itself)
             if not ended[i] and not np.array_equal(obs[i].view(np.uint8), self._next_obs[i].view(np.uint8)):
-                self._truncated[i] = True
-                self.resets_cut += 1
+                cut[i] = True
+        return cut
 
-    def _write_held(self) -> None:
+    def _write_held(self, cut: np.ndarray) -> None:
+        """Write the held step, the streams in ``cut`` ended as timeouts; the held step and
+        :attr:`resets_cut` change only once tfdata has accepted it."""
         shape = (self.n_envs, *self._stored_shape())
+        truncated = self._truncated | cut
         self._buffer.extend({"obs": self._obs.reshape(shape), "next_obs": self._next_obs.reshape(shape),
                              "action": self._action, "reward": self._reward,
-                             "terminated": self._terminated, "truncated": self._truncated})
+                             "terminated": self._terminated, "truncated": truncated})
+        self._truncated[...] = truncated
+        self.resets_cut += int(cut.sum())
         self._held = False
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
@@ -425,6 +435,21 @@ class ReplayBuffer(SB3ReplayBuffer):
 #: the timeouts of every step when handle_timeout_termination is off (never written)
 _NO_TIMEOUTS = np.zeros(1, bool)
 _NO_TIMEOUTS.flags.writeable = False
+
+
+def _step_array(name: str, value, shape: tuple, dtype) -> np.ndarray:
+    """``value`` as ``shape`` and ``dtype`` (any shape of as many values, as SB3 reshapes them),
+    or ValueError naming the argument, what was expected and what was given."""
+    a = np.asarray(value)
+    want = int(np.prod(shape))
+    if a.size != want:
+        raise ValueError(f"add: {name} has {a.size} values (shape {a.shape}), expected {want}: "
+                         f"shape {shape} (n_envs first)")
+    try:
+        return a.reshape(shape).astype(dtype, copy=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"add: {name} of dtype {a.dtype} cannot be cast to {np.dtype(dtype)}: "
+                         f"{err}") from None
 
 
 class _IgnoredWrites:
