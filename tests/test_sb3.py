@@ -708,3 +708,34 @@ def test_a_stack_refused_by_tfdata_leaves_the_held_step_unchanged():
         ours.add(other, np.array([[7, 7, 8, 8]], np.float32), np.zeros(1, np.int64), np.ones(1),
                  np.zeros(1, bool), [{}])
     _same_state(before, _state_of(ours))
+
+
+def _pickled_state():
+    import pickle
+
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    ours, _ = pair(env, 64)
+    roll(env, 12, [ours])
+    return pickle.loads(pickle.dumps(ours)).__getstate__(), ours
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("buffer_size", 10 ** 9, r"capacity'\] is 64, expected buffer_size \* n_envs = 2000000000"),
+    ("n_envs", 0, "n_envs is 0, expected an int >= 1"),
+    ("pos", 40, "pos is 40, expected below buffer_size=32"),
+    ("_held", "yes", "_held is 'yes', expected a bool"),
+    ("_obs", np.zeros((3, 4), np.float32), r"_obs is \(\(3, 4\), 'float32'\), expected an array of shape \(2, 4\)"),
+    ("_reward", np.zeros(2), "_reward is .*float64.*expected .*float32"),
+    ("obs_shape", (5,), r"obs_shape is \(5,\), expected \(4,\)"),
+    ("tfdata_state", None, "tfdata_state is 'NoneType'"),
+])
+def test_an_inconsistent_pickle_is_refused_before_allocating(key, value, match):
+    state, ours = _pickled_state()
+    state[key] = value
+    rb = tfdata.sb3.ReplayBuffer.__new__(tfdata.sb3.ReplayBuffer)
+    with pytest.raises(ValueError, match=match):
+        rb.__setstate__(state)
+    # the same state, untouched, loads
+    good, _ = _pickled_state()
+    rb.__setstate__(good)
+    assert rb.size() == ours.size()
