@@ -600,3 +600,142 @@ def test_cleanrl_dqn_atari_loop_with_reset_padding():
     gym_roll(envs, 200, [ours, ref], final_obs_at="truncation")
     assert ref.dones.sum() > 0  # lives lost: EpisodicLifeEnv's terminations
     check_all_rows(ours, ref, terminal_next_may_differ=True)
+
+
+# -- what the planted-bug review found untested, and refusals that change nothing --------------
+
+def test_reset_forgets_the_held_step():
+    """After reset() the step held before it is never written: the buffer holds only the steps
+    added after the reset."""
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    ours, ref = pair(env, 64)
+    roll(env, 20, [ours])
+    ours.reset()
+    roll(env, 6, [ours, ref], seed=4)
+    assert len(ours.tfdata_buffer) == 5 * 2  # the sixth step is held
+    assert check_batch(ours, ref, ours.sample(10)) == 10
+    assert (ours.positions(np.arange(10))[0] < 5).all()
+
+
+def test_n_step_with_normalized_rewards_is_refused():
+    if not tfdata.sb3.HAS_DISCOUNTS:
+        pytest.skip("this SB3 has no discounts in its samples")
+    venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0), norm_reward=True)
+    args = (100, venv.observation_space, venv.action_space)
+    ours = tfdata.sb3.ReplayBuffer(*args, n_step=3, seed=0)
+    roll(venv, 10, [ours])
+    with pytest.raises(NotImplementedError, match="norm_reward"):
+        ours.sample(4, env=venv)
+    ours.sample(4, env=VecNormalize(make_vec_env("Pendulum-v1", n_envs=1), norm_reward=False))
+
+
+def test_gymnasium_info_mask_hides_unset_timeouts():
+    """gymnasium's ``_key`` mask says which environments set a key: a value where the mask is
+    False is not that environment's (not a timeout)."""
+    box, act = spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(2)
+    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=2, seed=0)
+    obs = np.zeros((2, 2), np.float32)
+    infos = {"TimeLimit.truncated": np.array([True, True]),
+             "_TimeLimit.truncated": np.array([False, True])}
+    ours.add(obs, obs + 1, np.zeros(2, np.int64), np.zeros(2), np.ones(2, bool), infos)
+    ours.add(obs + 5, obs + 6, np.zeros(2, np.int64), np.zeros(2), np.zeros(2, bool), [{}, {}])
+    tb = ours.tfdata_buffer
+    assert np.asarray(tb.column("terminated")).tolist() == [True, False]
+    assert np.asarray(tb.column("truncated")).tolist() == [False, True]
+
+
+def test_float64_actions_are_stored_as_float32_as_sb3_does():
+    box = spaces.Box(-1, 1, (3,), np.float32)
+    act = spaces.Box(-1, 1, (2,), np.float64)
+    ours = tfdata.sb3.ReplayBuffer(50, box, act, seed=0)
+    ref = sb3_buffers.ReplayBuffer(50, box, act)
+    obs = np.zeros((1, 3), np.float32)
+    for b in (ours, ref):
+        b.add(obs, obs + 1, np.full((1, 2), 0.1), np.ones(1), np.zeros(1, bool), [{}])
+        b.add(obs + 1, obs + 2, np.full((1, 2), 0.2), np.ones(1), np.zeros(1, bool), [{}])
+    assert ours.sample(1).actions.dtype == ref.sample(1).actions.dtype == th.float32
+
+
+def _state_of(b):
+    return (b.pos, b.full, b.size(), b.resets_cut, b._held, len(b.tfdata_buffer),
+            [a.copy() for a in (b._obs, b._next_obs, b._action, b._reward, b._terminated, b._truncated)])
+
+
+def _same_state(a, b):
+    assert a[:6] == b[:6]
+    for x, y in zip(a[6], b[6]):
+        assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("arg, value, match", [
+    ("obs", np.zeros((2, 5), np.float32), "obs has 10 values .*expected 8"),
+    ("next_obs", np.zeros((3, 4), np.float32), "next_obs has 12 values .*expected 8"),
+    ("action", np.zeros(3, np.int64), "action has 3 values .*expected 2"),
+    ("reward", np.zeros(3), r"reward has 3 values .*expected 2: shape \(2,\)"),
+    ("reward", np.array(["a", "b"]), "reward of dtype <U1 cannot be cast to float32"),
+    ("done", np.zeros(1, bool), "done has 1 values .*expected 2"),
+    ("infos", [{}, 3], "infos holds int entries"),
+])
+def test_a_refused_add_names_the_argument_and_changes_nothing(arg, value, match):
+    box, act = spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2)
+    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=2, seed=0)
+    obs = np.zeros((2, 4), np.float32)
+    step = dict(obs=obs, next_obs=obs + 1, action=np.zeros(2, np.int64), reward=np.ones(2),
+                done=np.zeros(2, bool), infos=[{}, {}])
+    ours.add(**step)
+    step = {**step, "obs": obs + 1, "next_obs": obs + 2}
+    ours.add(**step)
+    before = _state_of(ours)
+    with pytest.raises(ValueError, match=match):
+        ours.add(**{**step, arg: value})
+    _same_state(before, _state_of(ours))
+    ours.add(**{**step, "obs": obs + 2, "next_obs": obs + 3})  # continues as if never called
+    assert len(ours.tfdata_buffer) == 4 and ours.resets_cut == 0
+
+
+def test_a_stack_refused_by_tfdata_leaves_the_held_step_unchanged():
+    """The held step is checked by tfdata when the next step arrives; when tfdata refuses it,
+    the held step (its flags: the new step would have cut its stream) and resets_cut are as
+    they were."""
+    box, act = spaces.Box(-5, 5, (4,), np.float32), spaces.Discrete(2)
+    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=1, seed=0, frame_stack=2)
+    bad_first = np.array([[1, 1, 2, 2]], np.float32)  # not zero-padded: an episode's first stack
+    ours.add(bad_first, np.array([[2, 2, 3, 3]], np.float32), np.zeros(1, np.int64), np.ones(1),
+             np.zeros(1, bool), [{}])
+    before = _state_of(ours)
+    other = np.array([[0, 0, 7, 7]], np.float32)  # does not continue: would cut the stream
+    with pytest.raises(tfdata.SpecError):
+        ours.add(other, np.array([[7, 7, 8, 8]], np.float32), np.zeros(1, np.int64), np.ones(1),
+                 np.zeros(1, bool), [{}])
+    _same_state(before, _state_of(ours))
+
+
+def _pickled_state():
+    import pickle
+
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    ours, _ = pair(env, 64)
+    roll(env, 12, [ours])
+    return pickle.loads(pickle.dumps(ours)).__getstate__(), ours
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("buffer_size", 40, r"capacity'\] is 64, expected buffer_size \* n_envs = 80"),
+    ("n_envs", 0, "n_envs is 0, expected an int >= 1"),
+    ("pos", 40, "pos is 40, expected below buffer_size=32"),
+    ("_held", "yes", "_held is 'yes', expected a bool"),
+    ("_obs", np.zeros((3, 4), np.float32), r"_obs is \(\(3, 4\), 'float32'\), expected an array of shape \(2, 4\)"),
+    ("_reward", np.zeros(2), "_reward is .*float64.*expected .*float32"),
+    ("obs_shape", (5,), r"obs_shape is \(5,\), expected \(4,\)"),
+    ("tfdata_state", None, "tfdata_state is 'NoneType'"),
+])
+def test_an_inconsistent_pickle_is_refused_before_allocating(key, value, match):
+    state, ours = _pickled_state()
+    state[key] = value
+    rb = tfdata.sb3.ReplayBuffer.__new__(tfdata.sb3.ReplayBuffer)
+    with pytest.raises(ValueError, match=match):
+        rb.__setstate__(state)
+    # the same state, untouched, loads
+    good, _ = _pickled_state()
+    rb.__setstate__(good)
+    assert rb.size() == ours.size()

@@ -16,7 +16,7 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer as SB3ReplayBuffer
-from stable_baselines3.common.preprocessing import is_image_space_channels_first
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape, is_image_space_channels_first
 from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
 from .replay.buffer import ReplayBuffer as TfdataReplayBuffer
@@ -127,7 +127,9 @@ class ReplayBuffer(SB3ReplayBuffer):
     **Pickling** (SB3's ``save_replay_buffer`` / ``load_replay_buffer``): the pickle holds the
     SB3-side attributes and the tfdata buffer's ``state_dict()`` (plain numpy arrays and
     scalars), and loading rebuilds the buffer and restores that state, validated as any state
-    is; sampling continues bit for bit. Not a tfdata checkpoint: SB3 writes one file, or a
+    is; the SB3-side attributes (sizes, shapes, the held step's arrays) are checked against
+    each other and that state before the buffer is allocated (ValueError naming the
+    attribute). Sampling continues bit for bit. Not a tfdata checkpoint: SB3 writes one file, or a
     file object, and a checkpoint is a directory; the file is SB3's pickle either way.
     """
 
@@ -235,21 +237,20 @@ class ReplayBuffer(SB3ReplayBuffer):
             ``terminated`` as ``done`` with the flag off, as CleanRL does.
         """
         e = self.n_envs
-        if isinstance(self.observation_space, spaces.Discrete):
-            obs = np.reshape(obs, (e, *self.obs_shape))
-            next_obs = np.reshape(next_obs, (e, *self.obs_shape))
-        obs = np.asarray(obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
-        next_obs = np.asarray(next_obs).astype(self._obs_dtype, copy=False).reshape(e, *self.obs_shape)
-        action = np.asarray(action).reshape((e, self.action_dim))
-        done = np.asarray(done).reshape(e).astype(bool)
+        # every argument checked and converted before anything changes: a refused call leaves
+        # the held step, pos and the tfdata buffer as they were
+        obs = _step_array("obs", obs, (e, *self.obs_shape), self._obs_dtype)
+        next_obs = _step_array("next_obs", next_obs, (e, *self.obs_shape), self._obs_dtype)
+        action = _step_array("action", action, (e, self.action_dim), self._action_dtype)
+        reward = _step_array("reward", reward, (e,), np.float32)
+        done = _step_array("done", done, (e,), bool)
         timeout = self._timeouts(infos) if self.handle_timeout_termination else _NO_TIMEOUTS
         if self._held:
-            self._cut_resets(obs)
-            self._write_held()
+            self._write_held(self._cut_resets(obs))
         self._obs[...] = obs
         self._next_obs[...] = next_obs
         self._action[...] = action
-        self._reward[...] = np.asarray(reward).reshape(e)
+        self._reward[...] = reward
         self._terminated[...] = done & ~timeout
         self._truncated[...] = done & timeout
         if self.frame_stack and self._terminated.any():
@@ -274,6 +275,10 @@ class ReplayBuffer(SB3ReplayBuffer):
         if len(infos) != e:
             raise ValueError(f"add: infos has {len(infos)} entries, expected n_envs={e} (one dict "
                              f"per environment) or gymnasium's vector-env info dict")
+        if not all(isinstance(i, dict) for i in infos):
+            given = sorted({type(i).__name__ for i in infos if not isinstance(i, dict)})
+            raise ValueError(f"add: infos holds {', '.join(given)} entries, expected one dict per "
+                             f"environment (SB3's list) or gymnasium's vector-env info dict")
         return np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
 
     def _shift_terminal_stacks(self) -> None:
@@ -287,20 +292,27 @@ class ReplayBuffer(SB3ReplayBuffer):
             if not np.array_equal(obs[i, 1:].view(np.uint8), nxt[i, :-1].view(np.uint8)):
                 nxt[i, :-1] = obs[i, 1:]
 
-    def _cut_resets(self, obs: np.ndarray) -> None:
-        """End, as a timeout, each held stream that the new step does not continue."""
+    def _cut_resets(self, obs: np.ndarray) -> np.ndarray:
+        """The held streams that the new step does not continue (to end as timeouts), bool
+        ``(n_envs,)``; nothing changes here."""
         ended = self._terminated | self._truncated
+        cut = np.zeros(self.n_envs, bool)
         for i in range(self.n_envs):
             # bytes, as tfdata compares them (-0.0 is not 0.0, a NaN equals itself)
             if not ended[i] and not np.array_equal(obs[i].view(np.uint8), self._next_obs[i].view(np.uint8)):
-                self._truncated[i] = True
-                self.resets_cut += 1
+                cut[i] = True
+        return cut
 
-    def _write_held(self) -> None:
+    def _write_held(self, cut: np.ndarray) -> None:
+        """Write the held step, the streams in ``cut`` ended as timeouts; the held step and
+        :attr:`resets_cut` change only once tfdata has accepted it."""
         shape = (self.n_envs, *self._stored_shape())
+        truncated = self._truncated | cut
         self._buffer.extend({"obs": self._obs.reshape(shape), "next_obs": self._next_obs.reshape(shape),
                              "action": self._action, "reward": self._reward,
-                             "terminated": self._terminated, "truncated": self._truncated})
+                             "terminated": self._terminated, "truncated": truncated})
+        self._truncated[...] = truncated
+        self.resets_cut += int(cut.sum())
         self._held = False
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
@@ -414,8 +426,9 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
-        tf_state = state.pop("tfdata_state")
+        tf_state = state.pop("tfdata_state", None)
         state.setdefault("frame_padding", "zero")  # pickled before the option existed
+        _check_pickled(state, tf_state)  # before the buffer it describes is allocated
         self.__dict__.update(state)
         self.last_indices = None
         self._buffer = self._make_buffer()
@@ -425,6 +438,75 @@ class ReplayBuffer(SB3ReplayBuffer):
 #: the timeouts of every step when handle_timeout_termination is off (never written)
 _NO_TIMEOUTS = np.zeros(1, bool)
 _NO_TIMEOUTS.flags.writeable = False
+
+
+def _step_array(name: str, value, shape: tuple, dtype) -> np.ndarray:
+    """``value`` as ``shape`` and ``dtype`` (any shape of as many values, as SB3 reshapes them),
+    or ValueError naming the argument, what was expected and what was given."""
+    a = np.asarray(value)
+    want = int(np.prod(shape))
+    if a.size != want:
+        raise ValueError(f"add: {name} has {a.size} values (shape {a.shape}), expected {want}: "
+                         f"shape {shape} (n_envs first)")
+    try:
+        return a.reshape(shape).astype(dtype, copy=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"add: {name} of dtype {a.dtype} cannot be cast to {np.dtype(dtype)}: "
+                         f"{err}") from None
+
+
+def _check_pickled(state: dict, tf_state) -> None:
+    """ValueError unless a pickled buffer's SB3-side attributes agree with each other and with
+    its tfdata state (what the buffer is rebuilt from, allocated before the tfdata state's own
+    check): sizes, shapes and the held step's arrays."""
+    def bad(what, expected, given):
+        raise ValueError(f"load: pickled tfdata.sb3.ReplayBuffer: {what} is {given!r}, expected "
+                         f"{expected}")
+
+    if not isinstance(tf_state, dict) or not {"capacity", "num_envs"} <= tf_state.keys():
+        bad("tfdata_state", "a tfdata state dict (with capacity and num_envs)", type(tf_state).__name__)
+
+    def count(key, low):
+        v = state.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            bad(key, f"an int >= {low}", v)
+        return int(v)
+
+    n_envs, size = count("n_envs", 1), count("buffer_size", 1)
+    if tf_state["num_envs"] != n_envs:
+        bad("tfdata_state['num_envs']", f"n_envs={n_envs}", tf_state["num_envs"])
+    if tf_state["capacity"] != size * n_envs:
+        bad("tfdata_state['capacity']", f"buffer_size * n_envs = {size * n_envs}", tf_state["capacity"])
+    pos = count("pos", 0)
+    if pos >= size:
+        bad("pos", f"below buffer_size={size}", pos)
+    for key in ("full", "_held", "handle_timeout_termination"):
+        if not isinstance(state.get(key), (bool, np.bool_)):
+            bad(key, "a bool", state.get(key))
+    count("n_step", 1)
+    space, act_space = state.get("observation_space"), state.get("action_space")
+    if not isinstance(space, spaces.Space) or not isinstance(act_space, spaces.Space):
+        bad("observation_space/action_space", "gymnasium spaces", (type(space).__name__,
+                                                                   type(act_space).__name__))
+    obs_shape, action_dim = tuple(get_obs_shape(space)), int(get_action_dim(act_space))
+    if tuple(state.get("obs_shape", ())) != obs_shape:
+        bad("obs_shape", f"{obs_shape} (the observation space's)", state.get("obs_shape"))
+    if state.get("action_dim") != action_dim:
+        bad("action_dim", f"{action_dim} (the action space's)", state.get("action_dim"))
+    if state.get("frame_padding") not in ("zero", "reset"):
+        bad("frame_padding", "'zero' or 'reset'", state.get("frame_padding"))
+    if state.get("frame_stack") != _frame_depth(state.get("frame_stack"), space, obs_shape):
+        bad("frame_stack", "None or an int", state.get("frame_stack"))
+    held = {"_obs": ((n_envs, *obs_shape), state.get("_obs_dtype")),
+            "_next_obs": ((n_envs, *obs_shape), state.get("_obs_dtype")),
+            "_action": ((n_envs, action_dim), state.get("_action_dtype")),
+            "_reward": ((n_envs,), np.float32), "_terminated": ((n_envs,), bool),
+            "_truncated": ((n_envs,), bool)}
+    for key, (shape, dtype) in held.items():
+        a = state.get(key)
+        if not isinstance(a, np.ndarray) or a.shape != shape or dtype is None or a.dtype != dtype:
+            given = (a.shape, str(a.dtype)) if isinstance(a, np.ndarray) else type(a).__name__
+            bad(key, f"an array of shape {shape} and dtype {dtype}", given)
 
 
 class _IgnoredWrites:
