@@ -10,6 +10,7 @@ when it is imported: it is the optional extra ``tfdata[sb3]``, reached as ``impo
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -444,7 +445,7 @@ def _step_array(name: str, value, shape: tuple, dtype) -> np.ndarray:
     """``value`` as ``shape`` and ``dtype`` (any shape of as many values, as SB3 reshapes them),
     or ValueError naming the argument, what was expected and what was given."""
     a = np.asarray(value)
-    want = int(np.prod(shape))
+    want = math.prod(shape)  # a tuple of ints: numpy's prod would run a ufunc reduction per call
     if a.size != want:
         raise ValueError(f"add: {name} has {a.size} values (shape {a.shape}), expected {want}: "
                          f"shape {shape} (n_envs first)")
