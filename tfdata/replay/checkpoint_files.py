@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from ..errors import FormatError
-from ..storage.files import fsync_dir
+from ..storage.files import fsync_dir, read_npy_header
 from .samplers import STATE_BYTES_BASE, STATE_BYTES_PER_SLOT, shown as _show
 
 FORMAT = "tfdata.checkpoint"
@@ -311,8 +311,6 @@ class Arrays:
 
     def header(self, where: str, ref):
         """``(file path, header)`` of the array reference ``ref``, checked."""
-        from ..storage.files import read_npy_header
-
         c = self.check
         if not isinstance(ref, dict) or set(ref) != {"$array"}:
             c.fail(where, 'an array reference {"$array": "arrays/<name>.npy"}', ref)
@@ -408,8 +406,6 @@ def check_portable(fpath: str, header, where: str) -> None:
 def _check_rows_file(fpath: str, where: str) -> None:
     """Byte order and alignment of a rows file whose header parses (one that does not is
     reported by the open of the rows, which names what is wrong)."""
-    from ..storage.files import read_npy_header
-
     try:
         h = read_npy_header(fpath, allow_tail=True, follow=False)
     except (FormatError, OSError):
