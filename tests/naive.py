@@ -613,6 +613,71 @@ def episode_break_naive(episode, current, term, trunc, cursor: int, size: int, c
     return -1
 
 
+def elide_step_naive(src, nxt, term, trunc, p: int, final_idx, finals, free, n_free: int, pending,
+                     has_pending, episode, current):
+    """Reference of ``kernels.elide_step`` on copies: ``(code, state)``, ``code`` as the kernel
+    returns it and ``state`` the arrays after the call (unchanged when refused), as a dict.
+
+    The rule, written as a model of the generic path (``Episodes.check``, ``reserve``,
+    ``write``): rows continue their stream (bytes of ``src`` equal the stream's previous next
+    value unless that row ended); the final table has an entry for each ending row after the
+    overwritten rows' entries are pushed back; entries are popped in row order."""
+    state = {k: np.array(v) for k, v in dict(final_idx=final_idx, finals=finals, free=free,
+                                               pending=pending, has_pending=has_pending,
+                                               episode=episode, current=current).items()}
+    n, e = len(src), len(pending)
+    cap, k, nf = len(episode), len(free), len(finals)
+    shapes_ok = (e > 0 and n > 0 and n % e == 0 and nxt.shape == src.shape
+                 and pending.shape[1:] == src.shape[1:] and finals.shape[1:] == src.shape[1:]
+                 and len(term) == n and len(trunc) == n and len(has_pending) == e
+                 and len(current) == e and len(final_idx) == cap and 0 <= p and p + n <= cap
+                 and 0 <= n_free <= k)
+    if not shapes_ok:
+        return 2, state
+    ended = [bool(term[r]) or bool(trunc[r]) for r in range(n)]
+    for r in range(n):
+        if r < e:
+            prev, live = pending[r], bool(has_pending[r])
+        else:
+            prev, live = nxt[r - e], not ended[r - e]
+        if live and bytes(src[r]) != bytes(prev):
+            return 0, state
+    stack = [int(x) for x in free[:n_free]]
+    olds = [int(final_idx[p + r]) for r in range(n)]
+    recycled = [o for o in olds if 0 <= o < nf]
+    if len(stack) + len(recycled) > k:
+        return 2, state
+    if len(stack) + len(recycled) < sum(ended):
+        return 1, state
+    stack += recycled
+    fi, fin, fr = state["final_idx"], state["finals"], state["free"]
+    for r in range(n):
+        fi[p + r] = -1
+    cur = [int(c) for c in current]
+    for r in range(n):
+        s = r % e
+        if ended[r]:
+            f = stack.pop()
+            if 0 <= f < nf:
+                fin[f] = nxt[r]
+                fi[p + r] = f
+        state["episode"][p + r] = cur[s]
+        if ended[r]:
+            cur[s] = (cur[s] + 1) % 2**32
+        if r >= n - e:
+            state["pending"][s] = nxt[r]
+            state["has_pending"][s] = not ended[r]
+    state["current"][:] = cur
+    # the stack as the kernel leaves it: entries below n_free live, the rest as written
+    fr[:len(stack)] = stack
+    for j, o in enumerate(recycled):  # slots written by pushes that later pops uncovered
+        pos = n_free + j
+        if pos >= len(stack):
+            fr[pos] = o
+    state["n_free"] = len(stack)
+    return -1 - len(stack), state
+
+
 def final_mismatch_naive(final_slots, term, trunc, size: int) -> int:
     """Reference of ``kernels._checkpoint.first_final_mismatch``."""
     want = [s for s in range(size) if term[s] or trunc[s]]

@@ -69,7 +69,7 @@ def assert_same_state(fast, slow):
     """Same cursor, the same bytes in every field, the same episode numbers."""
     a, b = fast.state_dict(), slow.state_dict()
     assert a["writer"] == b["writer"]
-    for name in fast.spec.names:
+    for name in a["data"]:  # the stored fields
         np.testing.assert_array_equal(a["data"][name].view(np.uint8), b["data"][name].view(np.uint8),
                                       err_msg=name)
     np.testing.assert_array_equal(a["episodes"]["episode"], b["episodes"]["episode"])
@@ -440,3 +440,146 @@ def test_scatter_fields_matches_reference_and_refuses_bad_arguments():
         if r_got == -1:
             np.testing.assert_array_equal(got, before)
     assert scatter_fields(np.zeros((4, 8), np.uint8), 0, 1, (b"ab", b"c"), np.zeros((2, 1), np.int64)) == -1
+
+
+def test_elide_step_matches_reference_and_refuses_with_nothing_changed():
+    """The elided extend's kernel against its reference: streams of 1 to 3 environments whose
+    rows mostly continue (bytes from a two-symbol alphabet), ends of episodes, final tables
+    short of entries, and arguments that disagree (a slot past the end, a count of free
+    entries out of range, entries out of the table). Called through the one entry point the
+    buffers use (no other specialization)."""
+    from tfdata.kernels import ELIDE_READONLY, ELIDE_STRIDED, call_strided, elide_step
+
+    from .naive import elide_step_naive
+
+    rng = np.random.default_rng(21)
+    codes = set()
+    for trial in range(600):
+        e = int(rng.integers(1, 4))
+        n = e * int(rng.integers(1, 4))
+        width = int(rng.integers(1, 6))
+        cap = e * int(rng.integers(1, 6)) + (0 if trial % 5 else int(rng.integers(0, 3)))
+        k = int(rng.integers(0, 6))
+        nf = int(rng.integers(0, 6))
+        src = rng.integers(0, 2, (n, width), dtype=np.uint8)
+        nxt = rng.integers(0, 2, (n, width), dtype=np.uint8)
+        pending = rng.integers(0, 2, (e, width), dtype=np.uint8)
+        term, trunc = rng.random(n) < 0.3, rng.random(n) < 0.1
+        for r in range(n):  # mostly continuous
+            if rng.random() < 0.85:
+                src[r] = pending[r] if r < e else nxt[r - e]
+        has_pending = rng.random(e) < 0.7
+        final_idx = rng.integers(-2, nf + 2, cap).astype(np.int32)
+        finals = rng.integers(0, 256, (nf, width), dtype=np.uint8)
+        free = rng.integers(-1, nf + 1, k).astype(np.int32)
+        n_free = int(rng.integers(-1, k + 2)) if trial % 9 == 0 else int(rng.integers(0, k + 1))
+        episode = rng.integers(0, 2**32, cap, dtype=np.uint32)
+        current = rng.integers(2**32 - 2, 2**32, e, dtype=np.uint32)  # wraps at 2**32
+        p = int(rng.integers(-1, cap + 1)) if trial % 11 == 0 else int(rng.integers(0, max(1, cap - n + 1)))
+        if trial % 3 == 0:  # strided rows and flags, as a caller's slices give them
+            src = np.repeat(src, 2, axis=0)[::2]
+            term = np.repeat(term, 2)[::2]
+        args = [src, nxt, term, trunc, p, final_idx, finals, free, n_free, pending, has_pending,
+                episode, current]
+        want_code, want = elide_step_naive(*args)
+        got_code = call_strided(elide_step, ELIDE_STRIDED, *args, readonly=ELIDE_READONLY)
+        codes.add(max(got_code, -1))
+        assert got_code == want_code, trial
+        got = dict(final_idx=final_idx, finals=finals, free=free, pending=pending,
+                   has_pending=has_pending, episode=episode, current=current)
+        for name, arr in got.items():
+            np.testing.assert_array_equal(arr, want[name], err_msg=f"trial {trial}: {name}")
+    assert codes == {-1, 0, 1, 2}  # accepted, broken stream, no room, bad arguments: all seen
+
+
+def elided_buffers(layout, num_envs, cap):
+    spec = Spec({"obs": ("f4", (3,)), "action": "i8", "reward": "f4", "next_obs": ("f4", (3,)),
+                 "terminated": "?", "truncated": "?"})
+    return [ReplayBuffer(spec, cap, layout=layout, seed=3, num_envs=num_envs, elide_next=True)
+            for _ in range(2)]
+
+
+def assert_same_elided_state(fast, slow):
+    """:func:`assert_same_state` and the elision's bookkeeping, entry for entry."""
+    assert_same_state(fast, slow)
+    assert set(fast.state_dict()["data"]) == {"obs", "action", "reward", "terminated", "truncated"}
+    a, b = fast.state_dict()["episodes"], slow.state_dict()["episodes"]
+    for key in ("final_slots", "has_pending"):
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    for key in ("finals", "pending"):
+        np.testing.assert_array_equal(a[key]["next_obs"], b[key]["next_obs"], err_msg=key)
+    ea, eb = fast._episodes, slow._episodes  # the same entries taken: the same table and stack
+    np.testing.assert_array_equal(ea.final_idx, eb.final_idx)
+    assert ea.n_free == eb.n_free
+    np.testing.assert_array_equal(ea.free[:ea.n_free], eb.free[:eb.n_free])
+    np.testing.assert_array_equal(ea.finals["next_obs"], eb.finals["next_obs"])
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, (("obs", "action"), ("reward", "terminated", "truncated"))])
+@pytest.mark.parametrize("num_envs", [1, 3])
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_generated_elided_extend_writes_and_refuses_what_the_checked_extend_does(layout, num_envs, data):
+    """``elide_next=True``: vector-env steps (continuous streams, episode ends that outgrow the
+    final table, resets that break a stream, float64 observations, several steps at once,
+    the ring's end) written by the generated extend and by the checked extend: accepted or
+    refused alike, the same bytes, episode numbers, final table, pending values and batches."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    cap = num_envs * data.draw(st.sampled_from([2, 3, 7, 40]))
+    fast, slow = elided_buffers(layout, num_envs, cap)
+    e = num_envs
+    obs = rng.integers(0, 3, (e, 3)).astype(np.float32)
+    for _ in range(data.draw(st.integers(1, 60))):
+        steps = 1 if rng.random() < 0.8 else int(rng.integers(2, 4))
+        n = e * steps
+        nxt = rng.integers(0, 3, (n, 3)).astype(np.float32)
+        o = np.concatenate([obs, nxt[:-e]])
+        term, trunc = rng.random(n) < 0.25, rng.random(n) < 0.05
+        for r in range(e, n):  # an ended stream starts again anywhere
+            if term[r - e] or trunc[r - e]:
+                o[r] = rng.integers(0, 3, 3)
+        if rng.random() < 0.1:
+            o[int(rng.integers(0, n))] += 7  # a reset that breaks a stream: refused
+        batch = {"obs": o, "action": rng.integers(0, 4, n), "reward": rng.standard_normal(n),
+                 "next_obs": nxt, "terminated": term, "truncated": trunc}
+        if rng.random() < 0.1:
+            batch["obs"] = o.astype(np.float64)  # converted by the checked path
+        outcome = []
+        for call in (slow._checked_extend, fast.extend):
+            try:
+                call(batch)
+                outcome.append(True)
+            except Exception as exc:  # noqa: BLE001 -- the same refusal on both paths
+                outcome.append(type(exc))
+        assert outcome[0] == outcome[1], outcome
+        if outcome[0] is True:
+            obs = np.where((term | trunc)[-e:, None], rng.integers(0, 3, (e, 3)), nxt[-e:]).astype(np.float32)
+    assert_same_elided_state(fast, slow)
+    if len(slow):
+        b = min(8, len(slow))
+        assert_batches_equal(dict(fast.sample(b)), dict(slow.sample(b)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("num_envs", [1, 4])
+def test_one_elided_step_takes_the_generated_extend(layout, num_envs):
+    """A vector env's steps into an ``elide_next`` buffer, with episode ends: the generic path
+    runs only for the step that reaches the ring's end and when the final table grows."""
+    fast, slow = elided_buffers(layout, num_envs, 16 * num_envs)
+    calls = []
+    generic = fast.extend.__globals__["slow"]
+    fast.extend.__globals__["slow"] = lambda b: calls.append(1) or generic(b)
+    rng = np.random.default_rng(num_envs)
+    obs = rng.standard_normal((num_envs, 3)).astype(np.float32)
+    steps = 40
+    for t in range(steps):
+        nxt = rng.standard_normal((num_envs, 3)).astype(np.float32)
+        end = np.full(num_envs, t % 5 == 4)
+        batch = {"obs": obs, "action": rng.integers(0, 4, num_envs),
+                 "reward": rng.standard_normal(num_envs), "next_obs": nxt, "terminated": end,
+                 "truncated": np.zeros(num_envs, bool)}
+        fast.extend(batch)
+        slow._checked_extend(batch)
+        obs = np.where(end[:, None], rng.standard_normal((num_envs, 3)), nxt).astype(np.float32)
+    assert 2 <= len(calls) <= 6  # 2 laps of 16 steps; the table grows at most a few times
+    assert_same_elided_state(fast, slow)

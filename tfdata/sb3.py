@@ -191,6 +191,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         #: streams cut by an environment reset that did not end an episode (see Notes)
         self.resets_cut = 0
         self.last_indices = None
+        self._bind_held()
 
     def _make_buffer(self) -> TfdataReplayBuffer:
         shape, dt = self._stored_shape(), self._obs_dtype
@@ -239,21 +240,31 @@ class ReplayBuffer(SB3ReplayBuffer):
         """
         e = self.n_envs
         # every argument checked and converted before anything changes: a refused call leaves
-        # the held step, pos and the tfdata buffer as they were
-        obs = _step_array("obs", obs, (e, *self.obs_shape), self._obs_dtype)
-        next_obs = _step_array("next_obs", next_obs, (e, *self.obs_shape), self._obs_dtype)
-        action = _step_array("action", action, (e, self.action_dim), self._action_dtype)
-        reward = _step_array("reward", reward, (e,), np.float32)
-        done = _step_array("done", done, (e,), bool)
-        timeout = self._timeouts(infos) if self.handle_timeout_termination else _NO_TIMEOUTS
+        # the held step, pos and the tfdata buffer as they were. Values already of the held
+        # arrays' dtype and shape (what SB3 passes) skip the conversion.
+        want, dt = self._obs.shape, self._obs_dtype
+        if not (type(obs) is np.ndarray and obs.dtype is dt and obs.shape == want):
+            obs = _step_array("obs", obs, want, dt)
+        if not (type(next_obs) is np.ndarray and next_obs.dtype is dt and next_obs.shape == want):
+            next_obs = _step_array("next_obs", next_obs, want, dt)
+        action = _step_array("action", action, self._action.shape, self._action_dtype)
+        if not (type(reward) is np.ndarray and reward.dtype is _F32 and reward.shape == self._reward.shape):
+            reward = _step_array("reward", reward, (e,), np.float32)
+        if not (type(done) is np.ndarray and done.dtype is _BOOL and done.shape == self._reward.shape):
+            done = _step_array("done", done, (e,), bool)
+        timeout = self._timeouts(infos) if self.handle_timeout_termination else None
         if self._held:
-            self._write_held(self._cut_resets(obs))
+            self._write_held(obs)
         self._obs[...] = obs
         self._next_obs[...] = next_obs
         self._action[...] = action
         self._reward[...] = reward
-        self._terminated[...] = done & ~timeout
-        self._truncated[...] = done & timeout
+        if timeout is None:
+            self._terminated[...] = done
+            self._truncated[...] = False
+        else:
+            np.logical_and(done, ~timeout, out=self._terminated)
+            np.logical_and(done, timeout, out=self._truncated)
         if self.frame_stack and self._terminated.any():
             self._shift_terminal_stacks()
         self._held = True
@@ -262,9 +273,15 @@ class ReplayBuffer(SB3ReplayBuffer):
             self.full = True
             self.pos = 0
 
-    def _timeouts(self, infos) -> np.ndarray:
-        """``infos``' timeouts, bool ``(n_envs,)``: SB3's list of dicts or gymnasium's dict."""
+    def _timeouts(self, infos) -> np.ndarray | None:
+        """``infos``' timeouts, bool ``(n_envs,)``, or None for none: SB3's list of dicts or
+        gymnasium's dict."""
         e = self.n_envs
+        if type(infos) is list and len(infos) == e:
+            # SB3's list of dicts, most steps without a timeout
+            hits = [d.get("TimeLimit.truncated", False) for d in infos if type(d) is dict]
+            if len(hits) == e:
+                return np.array(hits, bool) if any(hits) else None
         if isinstance(infos, dict):
             timeout = np.zeros(e, bool)
             for d in (infos, infos.get("final_info")):
@@ -300,20 +317,34 @@ class ReplayBuffer(SB3ReplayBuffer):
         cut = np.zeros(self.n_envs, bool)
         for i in range(self.n_envs):
             # bytes, as tfdata compares them (-0.0 is not 0.0, a NaN equals itself)
-            if not ended[i] and not np.array_equal(obs[i].view(np.uint8), self._next_obs[i].view(np.uint8)):
+            if not ended[i] and obs[i].tobytes() != self._next_obs[i].tobytes():
                 cut[i] = True
         return cut
 
-    def _write_held(self, cut: np.ndarray) -> None:
-        """Write the held step, the streams in ``cut`` ended as timeouts; the held step and
-        :attr:`resets_cut` change only once tfdata has accepted it."""
+    def _bind_held(self) -> None:
+        """The held step as the batch :meth:`_write_held` passes to tfdata: views of the held
+        arrays, stacks as ``(K, frame...)``, built once."""
         shape = (self.n_envs, *self._stored_shape())
-        truncated = self._truncated | cut
-        self._buffer.extend({"obs": self._obs.reshape(shape), "next_obs": self._next_obs.reshape(shape),
-                             "action": self._action, "reward": self._reward,
-                             "terminated": self._terminated, "truncated": truncated})
-        self._truncated[...] = truncated
-        self.resets_cut += int(cut.sum())
+        self._held_batch = {"obs": self._obs.reshape(shape), "next_obs": self._next_obs.reshape(shape),
+                            "action": self._action, "reward": self._reward,
+                            "terminated": self._terminated, "truncated": self._truncated}
+
+    def _write_held(self, obs: np.ndarray) -> None:
+        """Write the held step, the streams that ``obs`` (the new step's) does not continue
+        ended as timeouts; the held step and :attr:`resets_cut` change only once tfdata has
+        accepted it."""
+        if obs.tobytes() == self._next_obs.tobytes():  # every stream continues: most steps
+            self._buffer.extend(self._held_batch)
+            self._held = False
+            return
+        cut = self._cut_resets(obs)
+        if not cut.any():
+            self._buffer.extend(self._held_batch)
+        else:
+            batch = dict(self._held_batch, truncated=self._truncated | cut)
+            self._buffer.extend(batch)
+            self._truncated |= cut
+            self.resets_cut += int(cut.sum())
         self._held = False
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
@@ -421,7 +452,8 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     # -- pickling (SB3's save_replay_buffer / load_replay_buffer) -----------------------------
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_buffer", "last_indices")}
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_buffer", "last_indices", "_held_batch")}
         state["tfdata_state"] = self._buffer.state_dict()
         return state
 
@@ -432,13 +464,12 @@ class ReplayBuffer(SB3ReplayBuffer):
         _check_pickled(state, tf_state)  # before the buffer it describes is allocated
         self.__dict__.update(state)
         self.last_indices = None
+        self._bind_held()
         self._buffer = self._make_buffer()
         self._buffer.load_state_dict(tf_state)
 
 
-#: the timeouts of every step when handle_timeout_termination is off (never written)
-_NO_TIMEOUTS = np.zeros(1, bool)
-_NO_TIMEOUTS.flags.writeable = False
+_F32, _BOOL = np.dtype(np.float32), np.dtype(bool)
 
 
 def _step_array(name: str, value, shape: tuple, dtype) -> np.ndarray:

@@ -20,8 +20,9 @@ from ._tree import (first_bad_priority, tree_build, tree_fill, tree_fill_values,
 
 from ._streams import NSTEP_STRIDED, RING, SHARDS  # noqa: E402
 from ._strided import call_strided, strided  # noqa: E402
-from ._episodes import (ELIDED_READONLY, ELIDED_STRIDED, copy_field_rows,  # noqa: E402
-                        copy_next_elided, first_discontinuity, stamp_episodes)
+from ._episodes import (ELIDE_READONLY, ELIDE_STRIDED, ELIDED_READONLY, ELIDED_STRIDED,  # noqa: E402
+                        copy_field_rows, copy_next_elided, elide_step, first_discontinuity,
+                        stamp_episodes)
 
 from ._frames import (RING_STACKS, SHARD_STACKS, final_ring_index, final_ring_room,  # noqa: E402
                       final_ring_write, frame_breaks, frame_push, frame_push_u8, frames_write,
@@ -43,10 +44,11 @@ BY_STREAMS = {"ring": RING, "shards": SHARDS}
 STACKS_BY_STREAMS = {"ring": RING_STACKS, "shards": SHARD_STACKS}
 
 __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tree_fill_values", "tree_set", "BY_LAYOUT",
-           "copy_field_rows", "copy_next_elided", "first_discontinuity", "stamp_episodes", "RING", "SHARDS", "BY_STREAMS",
+           "copy_field_rows", "copy_next_elided", "elide_step", "first_discontinuity", "stamp_episodes", "RING", "SHARDS", "BY_STREAMS",
            "frame_breaks", "frame_push", "frame_push_u8", "frames_write", "RING_STACKS", "SHARD_STACKS",
            "STACKS_BY_STREAMS", "torn_stacks", "final_ring_index", "final_ring_room", "final_ring_write",
            "cold_frame_stacks", "cold_next_frame_stacks",
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",
-           "draw_prioritized", "read_heads", "torn_after_copy", "strided", "call_strided", "NSTEP_STRIDED", "ELIDED_STRIDED", "ELIDED_READONLY"]
+           "draw_prioritized", "read_heads", "torn_after_copy", "strided", "call_strided", "NSTEP_STRIDED", "ELIDED_STRIDED", "ELIDED_READONLY",
+           "ELIDE_STRIDED", "ELIDE_READONLY"]

@@ -175,6 +175,118 @@ def first_discontinuity(src, nxt, term, trunc, pending, has_pending):
     return -1
 
 
+#: refusals of :func:`elide_step` (nothing changed): a row does not continue its stream, the
+#: final table has too few free entries (the generic path grows it), arguments that do not fit
+ELIDE_BREAK, ELIDE_GROW, ELIDE_BAD = 0, 1, 2
+#: the arguments of :func:`elide_step` of any stride (the caller's rows and flags) and those it
+#: only reads, for :func:`tfdata.kernels.strided`: one specialization for every caller
+ELIDE_STRIDED = (0, 1, 2, 3)
+ELIDE_READONLY = (0, 1, 2, 3)
+
+
+@njit(**NJIT_OPTIONS)
+def elide_step(src, nxt, term, trunc, p, final_idx, finals, free, n_free, pending, has_pending,
+               episode, current):
+    """Whole steps of rows into an elided buffer's bookkeeping, all of it or nothing: the
+    continuity check of :func:`first_discontinuity`, room in the final table, then the final
+    table, the pending next values and the episode numbers (the storage writes the rows).
+
+    The entries of the final table are recycled and taken in the order of the generic path
+    (``Episodes.write``): every overwritten row's entry pushed in slot order, then one popped per
+    episode-ending row in row order; the same state results.
+
+    Parameters
+    ----------
+    src, nxt : ndarray of uint8, shape (n, width), any stride
+        The rows' source field (``obs``) and next field (``next_obs``), as bytes; ``n`` a
+        multiple of ``E = len(pending)``, time-major.
+    term, trunc : ndarray of bool, shape (n,), any stride
+    p : int
+        The slot of the first row; rows go to ``[p, p + n)``, which must not wrap.
+    final_idx : ndarray of int32, shape (capacity,)
+    finals : ndarray of uint8, shape (F, width)
+    free : ndarray of int32, shape (K,)
+        Free final-table entries, ``free[:n_free]`` (a stack).
+    n_free : int
+    pending : ndarray of uint8, shape (E, width)
+    has_pending : ndarray of bool, shape (E,)
+    episode : ndarray of uint32, shape (capacity,)
+    current : ndarray of uint32, shape (E,)
+
+    Returns
+    -------
+    int
+        ``< 0`` written: ``-1 - n_free`` with the free entries after the write; else a refusal
+        (:data:`ELIDE_BREAK`, :data:`ELIDE_GROW`, :data:`ELIDE_BAD`), nothing changed.
+    """
+    n = src.shape[0]
+    e = pending.shape[0]
+    width = src.shape[1]
+    capacity = episode.shape[0]
+    k = free.shape[0]
+    nf = finals.shape[0]
+    if (e == 0 or n == 0 or n % e != 0 or nxt.shape[0] != n or nxt.shape[1] != width
+            or pending.shape[1] != width or finals.shape[1] != width or term.shape[0] != n
+            or trunc.shape[0] != n or has_pending.shape[0] != e or current.shape[0] != e
+            or final_idx.shape[0] != capacity or p < 0 or p + n > capacity or n_free < 0
+            or n_free > k):
+        return ELIDE_BAD
+    for r in range(n):
+        if r < e:
+            if not has_pending[r]:
+                continue
+            for w in range(width):
+                if src[r, w] != pending[r, w]:
+                    return ELIDE_BREAK
+        else:
+            q = r - e
+            if term[q] or trunc[q]:
+                continue
+            for w in range(width):
+                if src[r, w] != nxt[q, w]:
+                    return ELIDE_BREAK
+    need = 0
+    freed = 0
+    for r in range(n):
+        if term[r] or trunc[r]:
+            need += 1
+        old = final_idx[p + r]
+        if 0 <= old < nf:
+            freed += 1
+    if n_free + freed > k:
+        return ELIDE_BAD
+    if n_free + freed < need:
+        return ELIDE_GROW
+    # everything checked: write
+    for r in range(n):
+        old = final_idx[p + r]
+        if 0 <= old < nf:
+            free[n_free] = old
+            n_free += 1
+        final_idx[p + r] = -1
+    s = 0  # r % e, counted
+    for r in range(n):
+        ended = term[r] or trunc[r]
+        if ended:
+            n_free -= 1
+            f = free[n_free]
+            if 0 <= f < nf:
+                for w in range(width):
+                    finals[f, w] = nxt[r, w]
+                final_idx[p + r] = f
+        episode[p + r] = current[s]
+        if ended:
+            current[s] += np.uint32(1)
+        if r >= n - e:
+            for w in range(width):
+                pending[s, w] = nxt[r, w]
+            has_pending[s] = not ended
+        s += 1
+        if s == e:
+            s = 0
+    return -1 - n_free
+
+
 @njit(**INLINE_OPTIONS)
 def fill_slice(s, b, cursor, num_envs, capacity, episode, idx, mask):
     """The ring's slice fill (:mod:`tfdata.kernels._streams`) from a cursor, for the kernels of

@@ -256,7 +256,8 @@ def _sources(f) -> frozenset:
 
 
 def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 16, num_envs: int = 1,
-                stamp=None, on_write=None, on_wrap=None, write=None, store=None, gate=None):
+                stamp=None, on_write=None, on_wrap=None, write=None, store=None, gate=None,
+                elide=None):
     """Return ``extend(batch)`` for ``spec``, specialised to batches of at most ``max_rows`` rows
     (one step of a vector env): each field becomes the bytes of its ``n`` rows (``tobytes`` for
     the field's own dtype; ``tolist`` and :mod:`struct` for the dtypes in :func:`_sources`, such
@@ -298,14 +299,24 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         ``(wait, count)``: ``wait(n)`` under the lock before the slot is read (a rate limiter
         waits there, releasing the lock), ``count(n)`` under the lock once ``n`` rows are
         written. None: no line is generated.
+    elide : Elision, optional
+        The buffer does not store one next field (``elide_next``): ``regions`` are those of
+        the stored fields, and one compiled call (:func:`tfdata.kernels.elide_step`) checks the
+        stream's continuity and keeps the final table, the pending values and the episode
+        numbers before the stored fields are written. A row that breaks its stream, a full
+        final table or a wrap goes to ``slow``, which raises or grows the table.
     """
     records = any(len(members) > 1 for _, _, members in regions)
+    if elide is not None:
+        # the storage's field i is the caller's field stored[i]
+        regions = [(raw, stride, [(elide.stored[i], off) for i, off in members])
+                   for raw, stride, members in regions]
     if max_rows < num_envs:
         return slow
     ns = {"on_wrap": on_wrap, "write": write, "store": store, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
           "acquire": lock.acquire, "release": lock.release, "on_write": on_write,
           "stamp": None if stamp is None else stamp[0],
-          "packer": _packer, "StructError": struct.error, "frombuffer": np.frombuffer,
+          "packer": _packer, "StructError": struct.error, "frombuffer": np.frombuffer, "U8": np.uint8,
           "gate": None if gate is None else gate[0], "count": None if gate is None else gate[1]}
     names = spec.names
     reads, checks, blobs = [], [], []
@@ -315,6 +326,10 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         # shape[1:] == sh also fixes ndim, except for a scalar field (a 0-d array has shape[1:] == ())
         shape = f"v{i}.ndim == 1" if not f.shape else f"v{i}.shape[1:] == sh{i}"
         checks.append(f"type(v{i}) is ndarray and {shape} and v{i}.dtype in src{i}")
+        if elide is not None and i in (elide.i_src, elide.i_next):
+            checks[-1] += f" and v{i}.dtype is dt{i}"  # compared and kept as bytes
+        if elide is not None and i not in elide.stored:
+            continue
         if len(ns[f"src{i}"]) == 1:
             blobs.append(f"        b{i} = v{i}.tobytes()")
         else:
@@ -364,6 +379,49 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
                     f"                    raise RuntimeError('scatter_fields refused region {r}')"]
         writes = [f"            if n > {PACK_ROWS}:", *big, "            else:",
                   *["    " + w for w in writes]]
+    tail = [
+        *writes,
+        *([] if stamp is None else [
+            f"            stamp(v{stamp[1]}, v{stamp[2]}, p)"]),
+        *([] if on_write is None else ["            for k in range(n):",
+                                       "                on_write(p + k)"]),
+        *(["            w.cursor = p + n if p + n != cap else 0"] if on_wrap is None else [
+            "            if p + n != cap:",
+            "                w.cursor = p + n",
+            "            else:",
+            "                on_wrap()",
+            "                w.cursor = 0"]),
+        "            if w.size != cap:",
+        "                w.size = min(cap, w.size + n)",
+        *([] if gate is None else ["            count(n)"]),
+    ]
+    if elide is not None:
+        def first_step(*args):  # compiled at the first write, not when the buffer is built
+            ns["estep"] = step = elide.compile(args)
+            return step(*args)
+
+        ns.update(estep=first_step, ep=elide.episodes, NXT=elide.name, fin=[None, None],
+                  final_bytes=elide.final_bytes, pend=elide.pending, hasp=elide.has_pending,
+                  episode=elide.episode, current=elide.current)
+        i_s, i_n = elide.i_src, elide.i_next
+        blobs += [f"        s8 = {_row_bytes(spec[names[i_s]], f'v{i_s}')}",
+                  f"        n8 = {_row_bytes(spec[names[i_n]], f'v{i_n}')}"]
+
+        def elided(tail):
+            t, tr = elide.i_term, elide.i_trunc
+            return [
+                "            t = ep.finals[NXT]",
+                "            if t is not fin[0]:  # the table grew: its bytes again",
+                "                fin[0], fin[1] = t, final_bytes(t)",
+                f"            r = estep(s8, n8, v{t}, v{tr}, p, ep.final_idx, fin[1], ep.free,",
+                "                      ep.n_free, pend, hasp, episode, current)",
+                "            if r >= 0:  # refused: the generic path says why, or grows the table",
+                "                wrapped = True",
+                "            else:",
+                "                ep.n_free = -1 - r",
+                *["    " + line for line in tail],
+                "                ep.stamped = w.cursor",
+            ]
     lines = [
         "def extend(batch):",
         f"    if type(batch) is not dict or len(batch) != {len(spec)}:",
@@ -411,20 +469,7 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         "            wrapped = True",
         "        else:",
         "            wrapped = False",
-        *writes,
-        *([] if stamp is None else [
-            f"            stamp(v{stamp[1]}, v{stamp[2]}, p)"]),
-        *([] if on_write is None else ["            for k in range(n):",
-                                       "                on_write(p + k)"]),
-        *(["            w.cursor = p + n if p + n != cap else 0"] if on_wrap is None else [
-            "            if p + n != cap:",
-            "                w.cursor = p + n",
-            "            else:",
-            "                on_wrap()",
-            "                w.cursor = 0"]),
-        "            if w.size != cap:",
-        "                w.size = min(cap, w.size + n)",
-        *([] if gate is None else ["            count(n)"]),
+        *(tail if elide is None else elided(tail)),
         "    finally:",
         "        release()",
         "    if wrapped:",
@@ -435,6 +480,42 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
     extend = ns.pop("extend")
     extend.__source__ = src
     return extend
+
+
+def _row_bytes(f, v: str) -> str:
+    """The expression of ``v`` (``n`` rows of field ``f``, its dtype) as uint8 ``(n, f.nbytes)``,
+    a view when its rows' bytes are contiguous (numpy raises ValueError otherwise)."""
+    if len(f.shape) == 1:
+        return f"{v}.view(U8)"
+    return f"{v}.reshape(n, {f.nbytes // f.dtype.itemsize}).view(U8)"
+
+
+class Elision:
+    """What the generated extend of an elided buffer needs from its :class:`Episodes`: one
+    next field ``name`` (position ``i_next``) elided, read from field ``i_src``; the flags at
+    ``i_term`` and ``i_trunc``; ``stored``: the caller's position of each stored field."""
+
+    __slots__ = ("episodes", "name", "i_next", "i_src", "i_term", "i_trunc", "stored",
+                 "pending", "has_pending", "episode", "current")
+
+    def __init__(self, episodes, name, i_next, i_src, stored, pending):
+        self.episodes, self.name = episodes, name
+        self.i_next, self.i_src, self.stored = i_next, i_src, list(stored)
+        self.i_term, self.i_trunc = episodes.term_i, episodes.trunc_i
+        self.pending, self.has_pending = pending, episodes.has_pending
+        self.episode, self.current = episodes.episode, episodes.current
+
+    @staticmethod
+    def compile(args):
+        """The entry point of :func:`tfdata.kernels.elide_step` for arguments like ``args``
+        (one specialization: the caller's arrays of any stride, read-only or not)."""
+        from .. import kernels
+
+        return kernels.strided(kernels.elide_step, args, kernels.ELIDE_STRIDED, kernels.ELIDE_READONLY)
+
+    @staticmethod
+    def final_bytes(table: np.ndarray) -> np.ndarray:
+        return table.reshape(table.shape[0], -1).view(np.uint8)
 
 
 @functools.lru_cache(maxsize=256)

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import SpecError
 from .episodes import steps_error
-from .fastpush import make_extend, make_push
+from .fastpush import Elision, make_extend, make_push
 from .frames import make_push as frame_push
 
 
@@ -265,10 +265,12 @@ class RingWriter:
         form and rows are written as they are; else ``slow``. ``write(values, n)`` takes larger
         batches of exact dtypes. ``gate``: ``(wait, count)``, ``wait(n)`` called under the lock
         before the slot is read, ``count(n)`` after ``n`` rows are written (a rate limiter)."""
+        ep = self.episodes
+        if self.frames is None and ep is not None and ep.elide:
+            return self._make_elided_extend(spec, lock, slow, write, gate)
         on_write, usable = self._slot_writes()
         if not usable:
             return slow
-        ep = self.episodes
         late = ep is not None and self.num_envs == 1  # one stream: stamped late, as a push
         return make_extend(spec, self, lock, slow, self.storage.byte_regions(),
                            max_rows=max(16, self.num_envs), num_envs=self.num_envs,
@@ -276,6 +278,20 @@ class RingWriter:
                            on_write=on_write, on_wrap=self._on_wrap(ep.wrapped if late else None),
                            write=write, store=self.storage.write_rows
                            if not self._per_row() and (ep is None or late) else None, gate=gate)
+
+    def _make_elided_extend(self, spec, lock, slow, write, gate):
+        """:meth:`make_extend` of a buffer that elides one next field (``elide_next``): the
+        generated extend with the elision's bookkeeping in one compiled call."""
+        ep = self.episodes
+        on_write, usable = self._slot_writes(batched=True)
+        if not usable or len(ep.pairs) != 1:
+            return slow
+        (i_next, i_src, name, _), = ep.pairs
+        elide = Elision(ep, name, i_next, i_src, ep.stored_pos, ep.pending_words(name, 1))
+        return make_extend(spec, self, lock, slow, self.storage.byte_regions(),
+                           max_rows=max(16, self.num_envs), num_envs=self.num_envs,
+                           on_write=on_write, on_wrap=self._on_wrap(None), write=write,
+                           gate=gate, elide=elide)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
