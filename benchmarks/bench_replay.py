@@ -16,8 +16,10 @@ from functools import partial
 import numpy as np
 import psutil
 
+import tfdata
+
 from .common import (CAPACITIES, CARTPOLE, HOT, IMAGE, IMAGE_CAPACITY, LAYOUTS, build_and_fill,
-                     fill_chunk, filled_buffer, first_time, memcpy_reference, one_row,
+                     fill_chunk, filled_buffer, first_time, memcpy_reference, new_buffer, one_row,
                      p99_over_median, random_rows, warm_kernels)
 
 # every operation below is timed one call per sample (asv forces number=1 when a class has a
@@ -190,6 +192,52 @@ class ExtendStep:
 
     def time_extend(self, layout, rows):
         self.op()
+
+
+class ExtendElidedStep:
+    """:class:`ExtendStep` into a buffer that does not store ``next_obs`` (``elide_next=True``,
+    ``rows`` streams, a full ring of :data:`CAPACITIES[0] <CAPACITIES>` rows): the same
+    gymnasium arrays, ``obs`` continuing each stream (the step's ``obs`` is its ``next_obs``),
+    one stream in 20 ending its episode (a final-table entry written, one recycled).
+    ``"numpy"`` is the hand-written baseline's ``extend``, which stores ``next_obs``."""
+
+    params = [LAYOUTS, [1, 8]]
+    param_names = ["layout", "rows"]
+    repeat = _MANY_SAMPLES
+
+    def setup(self, layout, rows):
+        warm_kernels()
+        rng = np.random.default_rng(4)
+        obs = rng.standard_normal((rows, 4), dtype=np.float32)
+        ends = np.zeros(rows, bool)
+        ends[::20] = rows >= 20
+        step = {"obs": obs, "action": rng.integers(0, 2, rows), "reward": np.ones(rows),
+                "next_obs": obs, "terminated": ends, "truncated": np.zeros(rows, bool)}
+        if rows < 20:  # one stream in 20 on average: every 20th step ends every stream
+            end = dict(step, terminated=np.ones(rows, bool))
+            steps = [step] * 19 + [end]
+        else:
+            steps = [step]
+        self.ops, self.k = _cached_rows(("elided", layout, rows), partial(_elided, layout, rows, steps))
+
+    def time_extend(self, layout, rows):
+        k = self.k[0]
+        self.ops[k % len(self.ops)]()
+        self.k[0] = k + 1
+
+
+def _elided(layout, rows, steps):
+    """A full buffer for :class:`ExtendElidedStep` (built once per process: asv runs ``setup``
+    before every sample), its extends of ``steps`` in turn and the count of calls."""
+    cap = CAPACITIES[0]
+    if layout == "numpy":
+        buf = new_buffer("numpy", CARTPOLE, cap)
+    else:
+        buf = tfdata.ReplayBuffer(CARTPOLE, cap, layout=layout, num_envs=rows, elide_next=True, seed=0)
+    for k in range(cap // rows + 3):  # full, every page touched
+        buf.extend(steps[k % len(steps)])
+    k = cap // rows + 3
+    return [partial(buf.extend, s) for s in steps], [k]
 
 
 class ExtendImageStep:
