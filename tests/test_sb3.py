@@ -93,10 +93,13 @@ def pair(env, buffer_size, handle=True, **kwargs):
 
 
 @pytest.mark.parametrize("env_id", sorted(ENVS))
-@pytest.mark.parametrize("n_envs", [1, 4])
+@pytest.mark.parametrize("n_envs", [1, 4, 12])
 @pytest.mark.parametrize("handle", [True, False])
 @pytest.mark.parametrize("layout", ["aos", "soa"])
 def test_rows_equal_sb3s_buffer(env_id, n_envs, handle, layout):
+    """Every sampled row against SB3's buffer given the same adds; steps are staged and written
+    to tfdata in batches (17 steps of one env, 5 of 4, 2 of 12), so samples come both before
+    and after the stage fills."""
     env = make_vec_env(env_id, n_envs=n_envs, seed=1, env_kwargs=ENVS[env_id])
     ours, ref = pair(env, 48 * n_envs, handle, layout=layout)
     assert isinstance(ours, sb3_buffers.ReplayBuffer)
@@ -115,7 +118,7 @@ def test_rows_equal_sb3s_buffer(env_id, n_envs, handle, layout):
         ref.add(obs, next_obs, action, reward, done, infos)
         obs = new_obs
         assert (ours.pos, ours.full, ours.size()) == (ref.pos, ref.full, ref.size())
-        if t >= 3 and t % 7 == 0:
+        if t >= 3 and t % (23 if n_envs == 1 else 7) in (0, 3):
             batch = ours.sample(32)
             assert check_batch(ours, ref, batch) >= 24
             assert batch.discounts is None
@@ -333,6 +336,22 @@ def test_sac_learns_with_it():
     assert model.replay_buffer.compared > 0
 
 
+@pytest.mark.parametrize("algo", ["TD3", "DDPG"])
+def test_td3_and_ddpg_learn_with_it(algo):
+    """The issue's other two off-policy algorithms: every batch they train on checked against
+    SB3's buffer given the same adds (TD3's delayed policy updates and target smoothing read
+    the same samples), on 2 environments, the ring wrapping."""
+    import stable_baselines3
+
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0)
+    model = getattr(stable_baselines3, algo)(
+        "MlpPolicy", env, replay_buffer_class=Checked, replay_buffer_kwargs={"seed": 0},
+        learning_starts=60, batch_size=32, buffer_size=300, policy_kwargs={"net_arch": [16]}, seed=0)
+    model.learn(400)
+    rb = model.replay_buffer
+    assert rb.compared > 0 and rb.full
+
+
 def test_import_tfdata_imports_neither_torch_nor_sb3():
     code = "import sys, tfdata; print('torch' in sys.modules, 'stable_baselines3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -540,7 +559,7 @@ def test_reset_padding_stacks_equal_sb3s(n_envs):
     # the same stream with SB3's zero padding is refused, naming the padding
     zero = tfdata.sb3.ReplayBuffer(*args, n_envs=n_envs, handle_timeout_termination=False, seed=0,
                                    frame_stack=4)
-    with pytest.raises(tfdata.SpecError, match="padding_type='zero'"):
+    with pytest.raises(ValueError, match="obs of env 0 starts a stream .* frame_padding='reset' takes"):
         gym_roll(envs, 3, [zero])
 
 
@@ -657,8 +676,9 @@ def test_float64_actions_are_stored_as_float32_as_sb3_does():
 
 
 def _state_of(b):
-    return (b.pos, b.full, b.size(), b.resets_cut, b._held, len(b.tfdata_buffer),
-            [a.copy() for a in (b._obs, b._next_obs, b._action, b._reward, b._terminated, b._truncated)])
+    # the stage as it is (tfdata_buffer would write it), and tfdata's rows
+    return (b.pos, b.full, b.size(), b.resets_cut, b._staged, len(b._buffer),
+            [a.copy() for a in b._stage.values()])
 
 
 def _same_state(a, b):
@@ -693,21 +713,43 @@ def test_a_refused_add_names_the_argument_and_changes_nothing(arg, value, match)
     assert len(ours.tfdata_buffer) == 4 and ours.resets_cut == 0
 
 
-def test_a_stack_refused_by_tfdata_leaves_the_held_step_unchanged():
-    """The held step is checked by tfdata when the next step arrives; when tfdata refuses it,
-    the held step (its flags: the new step would have cut its stream) and resets_cut are as
-    they were."""
-    box, act = spaces.Box(-5, 5, (4,), np.float32), spaces.Discrete(2)
-    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=1, seed=0, frame_stack=2)
-    bad_first = np.array([[1, 1, 2, 2]], np.float32)  # not zero-padded: an episode's first stack
-    ours.add(bad_first, np.array([[2, 2, 3, 3]], np.float32), np.zeros(1, np.int64), np.ones(1),
-             np.zeros(1, bool), [{}])
+@pytest.mark.parametrize("padding", ["zero", "reset"])
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_a_bad_stack_is_refused_at_its_own_add_and_changes_nothing(padding, n_envs):
+    """A stack tfdata would refuse (an episode's first stack not padded, a ``next_obs`` that is
+    not ``obs`` shifted by one frame) is refused by the ``add`` that passes it, naming the
+    environment; the held step, ``pos`` and the tfdata buffer are as they were, and the next
+    good steps are written (the refusal does not come back at every later ``add``)."""
+    box, act = spaces.Box(-9, 9, (4,), np.float32), spaces.Discrete(2)
+    ours = tfdata.sb3.ReplayBuffer(100, box, act, n_envs=n_envs, seed=0, frame_stack=2,
+                                   frame_padding=padding)
+    e = n_envs
+
+    def first(x):  # an episode's first stack of frame (x, x)
+        return np.array([[0, 0, x, x] if padding == "zero" else [x, x, x, x]] * e, np.float32)
+
+    def shifted(s, x):
+        return np.concatenate([s[:, 2:], np.full((e, 2), x, np.float32)], axis=1)
+
+    a, r, d = np.zeros(e, np.int64), np.ones(e), np.zeros(e, bool)
+    s0 = first(1)
+    ours.add(s0, shifted(s0, 2), a, r, d, [{}] * e)
     before = _state_of(ours)
-    other = np.array([[0, 0, 7, 7]], np.float32)  # does not continue: would cut the stream
-    with pytest.raises(tfdata.SpecError):
-        ours.add(other, np.array([[7, 7, 8, 8]], np.float32), np.zeros(1, np.int64), np.ones(1),
-                 np.zeros(1, bool), [{}])
+    s1 = shifted(s0, 2)
+    bad_next = shifted(s1, 3)
+    bad_next[-1, :2] = 5  # its older frame is not obs's newest
+    with pytest.raises(ValueError, match=f"next_obs of env {e - 1} is not obs shifted by one frame"):
+        ours.add(s1, bad_next, a, r, d, [{}] * e)
     _same_state(before, _state_of(ours))
+    unpadded = first(7)
+    unpadded[-1, :2] = 3  # a reset's first stack, not padded: starts a stream, refused
+    with pytest.raises(ValueError, match=f"obs of env {e - 1} starts a stream .* not padded"):
+        ours.add(unpadded, shifted(unpadded, 8), a, r, d, [{}] * e)
+    _same_state(before, _state_of(ours))
+    ours.add(s1, shifted(s1, 3), a, r, d, [{}] * e)  # continues as if never called
+    s2 = first(4)  # a reset mid-episode: cuts the streams, then starts them again
+    ours.add(s2, shifted(s2, 5), a, r, d, [{}] * e)
+    assert len(ours.tfdata_buffer) == 2 * e and ours.resets_cut == e
 
 
 def _pickled_state():

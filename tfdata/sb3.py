@@ -115,7 +115,11 @@ class ReplayBuffer(SB3ReplayBuffer):
     done; such a transition is stored as a timeout (an episode end that is not terminal, as it
     was). ``size()``, ``pos`` and ``full`` count the held step, as SB3 counts it; ``sample``
     draws from the steps written, so the newest step joins the draws one step later than with
-    SB3's buffer, and an n-step window stops before it.
+    SB3's buffer, and an n-step window stops before it. The steps before it are staged and
+    written to tfdata together, up to 16 rows in one call (17 steps of one environment, 5 of
+    4), and before every ``sample``, pickle or :attr:`tfdata_buffer`: what a sample draws from
+    is the same, and an ``add`` costs a copy into the stage. A step is checked at its own
+    ``add`` (its stacks too, with ``frame_stack``), so a staged step is never refused later.
 
     **Batch lifetime.** On the CPU the tensors of a sample are ``torch.from_numpy`` views of
     tfdata's output ring, no copy: they hold the batch until ``ring_size`` more samples of the
@@ -179,19 +183,24 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._obs_dtype = np.dtype(observation_space.dtype)
         self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
         self._buffer = self._make_buffer()
-        # the step held back until the next one says whether its streams continued
-        e = self.n_envs
-        self._held = False
-        self._obs = np.zeros((e, *self.obs_shape), self._obs_dtype)
-        self._next_obs = np.zeros((e, *self.obs_shape), self._obs_dtype)
-        self._action = np.zeros((e, self.action_dim), self._action_dtype)
-        self._reward = np.zeros(e, np.float32)
-        self._terminated = np.zeros(e, bool)
-        self._truncated = np.zeros(e, bool)
+        self._make_stage()
         #: streams cut by an environment reset that did not end an episode (see Notes)
         self.resets_cut = 0
         self.last_indices = None
-        self._bind_held()
+
+    def _make_stage(self) -> None:
+        """The steps added and not yet written to tfdata: ``_stage[field][:_staged]``, oldest
+        first, the newest held back until the next step says whether its streams continued.
+        Written in one extend of up to 16 rows (the generated one-step extend) when the stage
+        is full, and before every sample."""
+        e = self.n_envs
+        self._depth = 16 // e + 1 if e <= 8 else 2
+        shapes = {"obs": ((e, *self.obs_shape), self._obs_dtype),
+                  "next_obs": ((e, *self.obs_shape), self._obs_dtype),
+                  "action": ((e, self.action_dim), self._action_dtype),
+                  "reward": ((e,), np.float32), "terminated": ((e,), bool), "truncated": ((e,), bool)}
+        self._stage = {k: np.zeros((self._depth, *shape), dt) for k, (shape, dt) in shapes.items()}
+        self._staged = 0
 
     def _make_buffer(self) -> TfdataReplayBuffer:
         shape, dt = self._stored_shape(), self._obs_dtype
@@ -242,32 +251,47 @@ class ReplayBuffer(SB3ReplayBuffer):
         # every argument checked and converted before anything changes: a refused call leaves
         # the held step, pos and the tfdata buffer as they were. Values already of the held
         # arrays' dtype and shape (what SB3 passes) skip the conversion.
-        want, dt = self._obs.shape, self._obs_dtype
+        S = self._stage
+        want, dt = S["obs"].shape[1:], self._obs_dtype
         if not (type(obs) is np.ndarray and obs.dtype is dt and obs.shape == want):
             obs = _step_array("obs", obs, want, dt)
         if not (type(next_obs) is np.ndarray and next_obs.dtype is dt and next_obs.shape == want):
             next_obs = _step_array("next_obs", next_obs, want, dt)
-        action = _step_array("action", action, self._action.shape, self._action_dtype)
-        if not (type(reward) is np.ndarray and reward.dtype is _F32 and reward.shape == self._reward.shape):
+        a_shape = S["action"].shape[1:]
+        if type(action) is np.ndarray and action.dtype is self._action_dtype and action.size == e * a_shape[1]:
+            action = action.reshape(a_shape)
+        else:
+            action = _step_array("action", action, a_shape, self._action_dtype)
+        # gymnasium's float64 rewards: numpy's assignment into the held float32 array casts them
+        # as astype would, and cannot fail
+        if not (type(reward) is np.ndarray and reward.dtype in _REWARDS and reward.shape == (e,)):
             reward = _step_array("reward", reward, (e,), np.float32)
-        if not (type(done) is np.ndarray and done.dtype is _BOOL and done.shape == self._reward.shape):
+        if not (type(done) is np.ndarray and done.dtype is _BOOL and done.shape == (e,)):
             done = _step_array("done", done, (e,), bool)
         timeout = self._timeouts(infos) if self.handle_timeout_termination else None
-        if self._held:
-            self._write_held(obs)
-        self._obs[...] = obs
-        self._next_obs[...] = next_obs
-        self._action[...] = action
-        self._reward[...] = reward
+        if self.frame_stack:  # refused at this call, not when the step is written at the next
+            self._check_stacks(obs, next_obs, done if timeout is None else done & ~timeout)
+        j = self._staged
+        if j == self._depth:
+            self._flush()  # tfdata refuses nothing the checks above let in; if it did: unchanged
+            j = 1
+        if j and obs.tobytes() != S["next_obs"][j - 1].tobytes():  # most steps: every stream continues
+            cut = self._cut_resets(obs, j - 1)
+            S["truncated"][j - 1] |= cut
+            self.resets_cut += int(cut.sum())
+        S["obs"][j] = obs
+        S["next_obs"][j] = next_obs
+        S["action"][j] = action
+        S["reward"][j] = reward
         if timeout is None:
-            self._terminated[...] = done
-            self._truncated[...] = False
+            S["terminated"][j] = done
+            S["truncated"][j] = False
         else:
-            np.logical_and(done, ~timeout, out=self._terminated)
-            np.logical_and(done, timeout, out=self._truncated)
-        if self.frame_stack and self._terminated.any():
-            self._shift_terminal_stacks()
-        self._held = True
+            np.logical_and(done, ~timeout, out=S["terminated"][j])
+            np.logical_and(done, timeout, out=S["truncated"][j])
+        if self.frame_stack and S["terminated"][j].any():
+            self._shift_terminal_stacks(j)
+        self._staged = j + 1
         self.pos += 1
         if self.pos == self.buffer_size:
             self.full = True
@@ -299,53 +323,76 @@ class ReplayBuffer(SB3ReplayBuffer):
                              f"environment (SB3's list) or gymnasium's vector-env info dict")
         return np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos])
 
-    def _shift_terminal_stacks(self) -> None:
-        """A terminal transition's ``next_obs`` that does not continue its stack (CleanRL's
-        loops pass the next episode's first stack): ``obs`` shifted by one frame and
-        ``next_obs``'s newest frame instead (see ``frame_padding``)."""
-        k = self.frame_stack
-        obs = self._obs.reshape(self.n_envs, k, -1)
-        nxt = self._next_obs.reshape(self.n_envs, k, -1)
-        for i in np.flatnonzero(self._terminated):
+    def _check_stacks(self, obs: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray) -> None:
+        """ValueError unless tfdata will accept this step's stacks when it is written: each
+        ``next_obs`` (but a terminal one, shifted by :meth:`_shift_terminal_stacks`) is ``obs``
+        shifted by one frame, and an ``obs`` that starts its stream (the first step, after an
+        episode's end or a reset that cut it) is padded as ``frame_padding`` says. A stream
+        that continues needs nothing more: its stack is the held ``next_obs``, checked so."""
+        k, e, S, h = self.frame_stack, self.n_envs, self._stage, self._staged - 1
+        o, nx = obs.reshape(e, k, -1), next_obs.reshape(e, k, -1)
+        held = S["next_obs"][h].reshape(e, k, -1)
+        for i in range(e):
+            if not terminated[i] and o[i, 1:].tobytes() != nx[i, :-1].tobytes():
+                raise ValueError(f"add: next_obs of env {i} is not obs shifted by one frame (its "
+                                 f"first {k - 1} frames must be obs's last {k - 1}), and the "
+                                 f"transition is not terminal: frame_stack={k} stores one frame per step")
+            if h >= 0 and not (S["terminated"][h, i] or S["truncated"][h, i]) and \
+                    o[i].tobytes() == held[i].tobytes():
+                continue  # the stream continues
+            if self.frame_padding == "zero":
+                bad = np.any(o[i, :-1].view(np.uint8))
+                want = (f"its first {k - 1} frames zero, as SB3's VecFrameStack pads (frame_padding="
+                        f"'zero'; frame_padding='reset' takes gymnasium's FrameStackObservation's copies)")
+            else:
+                bad = o[i, :-1].tobytes() != np.repeat(o[i, -1:], k - 1, axis=0).tobytes()
+                want = (f"its first {k - 1} frames copies of its last, as gymnasium's "
+                        f"FrameStackObservation pads (frame_padding='reset')")
+            if bad:
+                raise ValueError(f"add: obs of env {i} starts a stream (the first step, or after an "
+                                 f"episode's end or a reset) but is not padded as an episode's "
+                                 f"first stack: expected {want}")
+
+    def _shift_terminal_stacks(self, j: int) -> None:
+        """A terminal transition's ``next_obs`` (of staged step ``j``) that does not continue
+        its stack (CleanRL's loops pass the next episode's first stack): ``obs`` shifted by
+        one frame and ``next_obs``'s newest frame instead (see ``frame_padding``)."""
+        k, S = self.frame_stack, self._stage
+        obs = S["obs"][j].reshape(self.n_envs, k, -1)
+        nxt = S["next_obs"][j].reshape(self.n_envs, k, -1)
+        for i in np.flatnonzero(S["terminated"][j]):
             if not np.array_equal(obs[i, 1:].view(np.uint8), nxt[i, :-1].view(np.uint8)):
                 nxt[i, :-1] = obs[i, 1:]
 
-    def _cut_resets(self, obs: np.ndarray) -> np.ndarray:
-        """The held streams that the new step does not continue (to end as timeouts), bool
-        ``(n_envs,)``; nothing changes here."""
-        ended = self._terminated | self._truncated
+    def _cut_resets(self, obs: np.ndarray, h: int) -> np.ndarray:
+        """The streams of staged step ``h`` that ``obs`` (the next step's) does not continue
+        (to end as timeouts), bool ``(n_envs,)``; nothing changes here."""
+        S = self._stage
+        ended = S["terminated"][h] | S["truncated"][h]
+        held = S["next_obs"][h]
         cut = np.zeros(self.n_envs, bool)
         for i in range(self.n_envs):
             # bytes, as tfdata compares them (-0.0 is not 0.0, a NaN equals itself)
-            if not ended[i] and obs[i].tobytes() != self._next_obs[i].tobytes():
+            if not ended[i] and obs[i].tobytes() != held[i].tobytes():
                 cut[i] = True
         return cut
 
-    def _bind_held(self) -> None:
-        """The held step as the batch :meth:`_write_held` passes to tfdata: views of the held
-        arrays, stacks as ``(K, frame...)``, built once."""
-        shape = (self.n_envs, *self._stored_shape())
-        self._held_batch = {"obs": self._obs.reshape(shape), "next_obs": self._next_obs.reshape(shape),
-                            "action": self._action, "reward": self._reward,
-                            "terminated": self._terminated, "truncated": self._truncated}
-
-    def _write_held(self, obs: np.ndarray) -> None:
-        """Write the held step, the streams that ``obs`` (the new step's) does not continue
-        ended as timeouts; the held step and :attr:`resets_cut` change only once tfdata has
-        accepted it."""
-        if obs.tobytes() == self._next_obs.tobytes():  # every stream continues: most steps
-            self._buffer.extend(self._held_batch)
-            self._held = False
+    def _flush(self) -> None:
+        """Write every staged step but the newest to tfdata, in one extend, and keep the newest
+        as the stage's first; nothing changes if tfdata refuses."""
+        j = self._staged
+        if j <= 1:
             return
-        cut = self._cut_resets(obs)
-        if not cut.any():
-            self._buffer.extend(self._held_batch)
-        else:
-            batch = dict(self._held_batch, truncated=self._truncated | cut)
-            self._buffer.extend(batch)
-            self._truncated |= cut
-            self.resets_cut += int(cut.sum())
-        self._held = False
+        k, e, S = j - 1, self.n_envs, self._stage
+        rows = k * e
+        shape = (rows, *self._stored_shape())
+        self._buffer.extend({"obs": S["obs"][:k].reshape(shape), "next_obs": S["next_obs"][:k].reshape(shape),
+                             "action": S["action"][:k].reshape(rows, -1), "reward": S["reward"][:k].reshape(rows),
+                             "terminated": S["terminated"][:k].reshape(rows),
+                             "truncated": S["truncated"][:k].reshape(rows)})
+        for a in S.values():
+            a[0] = a[k]
+        self._staged = 1
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
         """Draw ``batch_size`` transitions uniformly, with replacement, from the steps written.
@@ -359,6 +406,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         :attr:`last_indices` (see :meth:`positions`). Tensors on the CPU are views of the
         output ring: see the class Notes for how long they hold the batch.
         """
+        self._flush()
         held = len(self._buffer)
         if held == 0:
             raise ValueError("sample: no transition written yet (a step is written when the next "
@@ -416,7 +464,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         """Forget every transition (SB3's ``reset``; tfdata's ``clear``)."""
         BaseBuffer.reset(self)
         self._buffer.clear()
-        self._held = False
+        self._staged = 0
 
     # -- what SB3 writes when it truncates the last trajectory --------------------------------
     @property
@@ -431,14 +479,15 @@ class ReplayBuffer(SB3ReplayBuffer):
     @property
     def tfdata_buffer(self) -> TfdataReplayBuffer:
         """The :class:`tfdata.ReplayBuffer` holding the written transitions (its ``nbytes_parts``,
-        ``column``, ``stats``); writing to it directly bypasses :attr:`pos` and the held step."""
+        ``column``, ``stats``): every step added but the newest. Writing to it directly bypasses
+        :attr:`pos` and the held step."""
+        self._flush()
         return self._buffer
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the tfdata buffer's ``nbytes`` plus the held step."""
-        held = (self._obs, self._next_obs, self._action, self._reward, self._terminated, self._truncated)
-        return self._buffer.nbytes + sum(a.nbytes for a in held)
+        """Bytes held: the tfdata buffer's ``nbytes`` plus the staged steps."""
+        return self._buffer.nbytes + sum(a.nbytes for a in self._stage.values())
 
     def positions(self, indices) -> tuple:
         """``(pos, env)`` of tfdata slots (``last_indices``): where SB3's buffer, given the same
@@ -452,8 +501,12 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     # -- pickling (SB3's save_replay_buffer / load_replay_buffer) -----------------------------
     def __getstate__(self) -> dict:
+        self._flush()  # the state every sample sees: all written but the held step
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_buffer", "last_indices", "_held_batch")}
+                 if k not in ("_buffer", "last_indices", "_stage", "_staged", "_depth")}
+        state["_held"] = self._staged == 1
+        for name, a in self._stage.items():
+            state["_" + name] = a[0].copy()
         state["tfdata_state"] = self._buffer.state_dict()
         return state
 
@@ -462,14 +515,23 @@ class ReplayBuffer(SB3ReplayBuffer):
         tf_state = state.pop("tfdata_state", None)
         state.setdefault("frame_padding", "zero")  # pickled before the option existed
         _check_pickled(state, tf_state)  # before the buffer it describes is allocated
+        held = {name: state.pop("_" + name) for name in _STAGED}
+        staged = int(bool(state.pop("_held")))
         self.__dict__.update(state)
         self.last_indices = None
-        self._bind_held()
+        self._make_stage()
+        self._staged = staged
+        for name, a in held.items():
+            self._stage[name][0] = a
         self._buffer = self._make_buffer()
         self._buffer.load_state_dict(tf_state)
 
 
-_F32, _BOOL = np.dtype(np.float32), np.dtype(bool)
+_BOOL = np.dtype(bool)
+#: the staged fields, pickled as the held step's ``_obs``, ``_next_obs``, ... (one step each)
+_STAGED = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
+#: reward dtypes the held float32 array takes by assignment as they are
+_REWARDS = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.float16))
 
 
 def _step_array(name: str, value, shape: tuple, dtype) -> np.ndarray:
