@@ -97,6 +97,29 @@ class Add:
         self.k[0] = k + 1
 
 
+class AddAfterTrainStep:
+    """:class:`Add` of one environment with the caches cold, as in training: before each timed
+    call ``setup`` reads 64 MiB (twice the last-level cache of the machines here), as a
+    gradient step's tensors evict the buffer's code and data between two ``add`` calls."""
+
+    params = [["aos", "soa", "sb3"], ["cartpole", "pendulum"]]
+    param_names = ["layout", "task"]
+    repeat = (100, 1000, 2.0)
+    _junk = None
+
+    def setup(self, layout, task):
+        warm_kernels()
+        _, self.ops, self.k = _buffer(layout, task, 1)
+        if AddAfterTrainStep._junk is None:
+            AddAfterTrainStep._junk = np.ones(8 << 20)  # 64 MiB of float64, touched
+        AddAfterTrainStep._junk.sum()
+
+    def time_add(self, layout, task):
+        k = self.k[0]
+        self.ops[k % 20]()
+        self.k[0] = k + 1
+
+
 class Sample:
     """``sample(256)`` as SB3's ``train`` calls it: SB3's ``ReplayBufferSamples`` of torch
     tensors on the CPU."""
