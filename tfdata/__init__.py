@@ -24,7 +24,7 @@ from .shared import SharedReplayBuffer, SharedWriter  # noqa: E402
 from .spec import Field, Spec  # noqa: E402
 from .storage import AoSStorage, SoAStorage, make_storage  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "nn", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "RateLimiter", "RolloutBuffer", "Spec", "Field", "SpecError", "StaleBatchError", "AoSStorage", "SoAStorage",
            "make_storage", "SharedReplayBuffer", "SharedWriter", "SharedBufferError", "WriterLostWarning",
