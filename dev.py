@@ -2,7 +2,8 @@
 """Set up and run tfdata on a machine that has only python3.
 
     python3 dev.py demo    # the main job: every experiment in quick mode, reports under reports/quick/
-    python3 dev.py test    # the whole test suite
+    python3 dev.py test    # the whole test suite, on every core (pytest-xdist, one test file per
+                           # worker at a time; TFDATA_TEST_WORKERS=N to choose, 1 for one process)
     python3 dev.py bench   # asv over the benchmark suite, once, quick (what CI runs)
     python3 dev.py compile [dqn|ppo|suite|all] [--cold]
                            # kernel specializations compiled and cold compile time (default: the
@@ -122,6 +123,17 @@ def run(cmd: list[str], **kw) -> None:
         sys.exit(rc)
 
 
+def _workers(rest: list[str]) -> list[str]:
+    """pytest-xdist's arguments for ``test``: a worker per core, each test file on one worker
+    (the kernels a file compiles are compiled once, and a file's tests share its process, as
+    the tests of shared memory, Ray and memory accounting expect); none when the caller chose
+    (``-n``, ``-p no:xdist``) or asked for one worker."""
+    n = os.environ.get("TFDATA_TEST_WORKERS") or str(os.cpu_count() or 1)
+    if n == "1" or any(a == "-n" or a.startswith(("-n", "--numprocesses")) or "no:xdist" in a for a in rest):
+        return []
+    return ["-n", n, "--dist", "loadfile"]
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in ("demo", "test", "bench", "compile", "system", "arm64", "edge"):
         sys.exit(__doc__)
@@ -138,7 +150,7 @@ def main(argv: list[str]) -> None:
     if cmd == "demo":
         run([PY, "-m", "tfdata", "run", "all", "--quick", *rest])
     elif cmd == "test":
-        run([PY, "-m", "pytest", *rest])
+        run([PY, "-m", "pytest", *_workers(rest), *rest])
     elif cmd == "compile":
         run([PY, os.path.join(ROOT, "experiments", "compile_budget.py"), *rest])
     elif cmd == "arm64":
