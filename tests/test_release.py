@@ -89,10 +89,13 @@ def test_the_wheel_installs_into_a_clean_venv_and_samples(dist, tmp_path):
     import, build a buffer, write, sample (the kernels compile there)."""
     v = tfdata.__version__
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # nothing of this checkout on the path (pip would find tfdata there and install nothing)
+    env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR")}
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
     py = str(venv / "bin" / "python")
     subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    os.path.join(dist, f"tfdata-{v}-py3-none-any.whl")], check=True)
+                    os.path.join(dist, f"tfdata-{v}-py3-none-any.whl")], check=True, env=env,
+                   cwd=str(tmp_path))
     code = (
         "import importlib.metadata as m, os, numpy as np, tfdata\n"
         "assert os.path.dirname(tfdata.__file__).startswith(os.path.realpath(os.environ['VENV']))\n"
@@ -107,7 +110,6 @@ def test_the_wheel_installs_into_a_clean_venv_and_samples(dist, tmp_path):
         "    s = b.sample(32)\n"
         "    assert s['action'].shape == (32,) and (s['action'] < 50).all()\n"
         "print('ok')\n")
-    env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR")}
     env.update(VENV=str(venv), V=v)
     out = subprocess.run([py, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
