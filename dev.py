@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Set up and run tfdata on a machine that has only python3.
 
-    python3 dev.py demo    # the main job: every experiment in quick mode, reports under reports/quick/
+    python3 dev.py demo    # the main job: the experiments that answer tfdata's main questions, quick
+                           # (about 5 minutes), reports and the index under reports/quick/;
+                           # --all: every experiment in quick mode
     python3 dev.py test    # the whole test suite, on every core (pytest-xdist, one test file per
                            # worker at a time; TFDATA_TEST_WORKERS=N to choose, 1 for one process)
     python3 dev.py bench   # asv over the benchmark suite, once, quick (what CI runs)
@@ -148,7 +150,8 @@ def main(argv: list[str]) -> None:
         system()  # best effort: without them only the jemalloc/mimalloc runs skip
     ensure_env()
     if cmd == "demo":
-        run([PY, "-m", "tfdata", "run", "all", "--quick", *rest])
+        which = "all" if "--all" in rest else "demo"
+        run([PY, "-m", "tfdata", "run", which, "--quick", *[a for a in rest if a != "--all"]])
     elif cmd == "test":
         run([PY, "-m", "pytest", *_workers(rest), *rest])
     elif cmd == "compile":

@@ -77,6 +77,21 @@ def test_a_study_runs_its_file_with_its_arguments(tmp_path):
     assert res["argv"] == ["--study", "replay_ratio", "--quick"]
 
 
+def test_demo_runs_the_demo_experiments_in_order(tmp_path, monkeypatch):
+    """``run demo`` runs :data:`cli.DEMO` (known experiments), each in its own process, quick."""
+    assert cli.DEMO and set(cli.DEMO) <= set(cli.EXPERIMENTS)
+    ran = []
+
+    def call(cmd, **kwargs):
+        ran.append((os.path.basename(cmd[1]), cmd[2:]))
+        return 0
+
+    root = fake_checkout(tmp_path, GOOD)
+    monkeypatch.setattr(cli.subprocess, "call", call)
+    assert cli.main(["--root", str(root), "run", "demo", "--quick"]) == 0
+    assert ran == [(f"{cli.STUDIES.get(n, (n,))[0]}.py", ["--quick"]) for n in cli.DEMO]
+
+
 def test_unknown_experiment_and_missing_checkout(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="unknown experiment 'layot'"):
         cli.main(["--root", REPO, "run", "layot"])

@@ -1,7 +1,9 @@
 """The ``tfdata`` command: run the experiments of a source checkout and index their reports.
 
     tfdata list                      # the experiments and where their reports go
-    tfdata run all --quick           # every experiment, quick mode (minutes): the main job
+    tfdata run demo --quick          # the experiments that answer the main questions, quick
+                                     # (about 5 minutes on a fresh checkout): the main job
+    tfdata run all --quick           # every experiment, quick mode
     tfdata run layout alloc          # chosen experiments, full mode (the published figures)
     tfdata run prefetch -- --seeds 0,1   # arguments after -- go to every experiment
     tfdata index                     # rewrite reports/README.md from the reports on disk
@@ -47,6 +49,10 @@ EXPERIMENTS = {
     "atari_frames": "atari_frames",
     "sb3_buffers": "sb3",
 }
+#: What ``run demo`` runs: which layout for which workload, a training loop without torch
+#: against CleanRL's, and Atari frames at one frame per transition (each quick: a few minutes
+#: in all with numba's cache cold)
+DEMO = ("layout", "dqn_cartpole", "atari_frames")
 #: Experiments that are a study of another experiment's file: name -> (file stem, its arguments).
 STUDIES = {"replay_ratio": ("dqn_cartpole", ["--study", "replay_ratio"])}
 ALIASES = {"dqn": "dqn_cartpole", "ppo": "ppo_cartpole", "sac": "sac_continuous", "alloc": "allocators", "shuffle": "shuffle_quality", "sumtree": "sumtree_shape",
@@ -322,7 +328,7 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default=None, help="the tfdata checkout (default: found from here)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the experiments")
-    r = sub.add_parser("run", help="run experiments (names, or all)")
+    r = sub.add_parser("run", help="run experiments (names, demo, or all)")
     r.add_argument("names", nargs="+")
     r.add_argument("--quick", action="store_true", help="minutes instead of the full figures")
     r.add_argument("--keep-going", action="store_true", help="run the rest after a failure")
@@ -354,7 +360,12 @@ def main(argv=None) -> int:
         reports = os.path.join(root, "reports", "quick") if args.quick else os.path.join(root, "reports")
         print(write_index(reports, root, args.quick))
         return 0
-    names = list(EXPERIMENTS) if args.names == ["all"] else [_name(n) for n in args.names]
+    if args.names == ["all"]:
+        names = list(EXPERIMENTS)
+    elif args.names == ["demo"]:
+        names = list(DEMO)
+    else:
+        names = [_name(n) for n in args.names]
     return run(names, args.quick, root, extra, args.keep_going)
 
 
