@@ -89,7 +89,34 @@ def _copy_sources() -> None:
             shutil.copy2(src, dst)
 
 
+def _title(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("# "):
+                return line[2:].strip()
+    return os.path.basename(os.path.dirname(path))
+
+
+def _write_gallery() -> None:
+    """_generated/gallery.md: every report, linked, with its plots (the reports' PNG files)."""
+    reports = os.path.join(GENERATED, "reports")
+    lines = ["# Plots of the reports", "",
+             "Every report under `reports/` with the plots of its folder; a plot opens full size.", ""]
+    for folder, dirs, files in sorted(os.walk(reports)):
+        dirs.sort()
+        if "README.md" not in files or folder == reports:
+            continue
+        rel = os.path.relpath(folder, GENERATED).replace(os.sep, "/")
+        lines += [f"## [{_title(os.path.join(folder, 'README.md'))}]({rel}/README.md)", "",
+                  f"`{rel}/`", ""]
+        for png in sorted(f for f in files if f.endswith(".png")):
+            lines += [f"[![{png}]({rel}/{png})]({rel}/{png})", ""]
+    with open(os.path.join(GENERATED, "gallery.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
 _copy_sources()
+_write_gallery()
 
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 
@@ -118,7 +145,7 @@ def rewrite_links(text: str, source_file: str) -> str:
     test) points at the file itself."""
     here = _repo_path(source_file)
     here_dir = posixpath.dirname(here)
-    docs_here = posixpath.dirname(_docs_path(here) or "")
+    docs_here = os.path.relpath(os.path.dirname(source_file), DOCS).replace(os.sep, "/")
 
     def sub(m: re.Match) -> str:
         target = m.group(2)
