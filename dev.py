@@ -7,6 +7,7 @@
     python3 dev.py test    # the whole test suite, on every core (pytest-xdist, one test file per
                            # worker at a time; TFDATA_TEST_WORKERS=N to choose, 1 for one process)
     python3 dev.py bench   # asv over the benchmark suite, once, quick (what CI runs)
+    python3 dev.py docs    # the documentation site into docs/_build/html (warnings are errors)
     python3 dev.py compile [dqn|ppo|suite|all] [--cold]
                            # kernel specializations compiled and cold compile time (default: the
                            # DQN and PPO loops; suite: its count, --cold: on an empty numba cache,
@@ -37,7 +38,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.environ.get("TFDATA_VENV", os.path.join(ROOT, ".venv"))
 BIN = os.path.join(VENV, "bin")
 PY = os.path.join(BIN, "python")
-EXTRAS = "test,bench,rl,torch,dqn,ppo,sac,sb3,ray,atari,compress"
+EXTRAS = "test,bench,rl,torch,dqn,ppo,sac,sb3,ray,atari,compress,docs"
 # Debian's jemalloc can be loaded into Python only with this glibc tunable set before the
 # interpreter starts (see tfdata/alloc.py); every command runs with it
 TUNABLE = "glibc.rtld.optional_static_tls=4096"
@@ -137,7 +138,7 @@ def _workers(rest: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("demo", "test", "bench", "compile", "system", "arm64", "edge"):
+    if not argv or argv[0] not in ("demo", "test", "bench", "docs", "compile", "system", "arm64", "edge"):
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "system":
@@ -154,6 +155,9 @@ def main(argv: list[str]) -> None:
         run([PY, "-m", "tfdata", "run", which, "--quick", *[a for a in rest if a != "--all"]])
     elif cmd == "test":
         run([PY, "-m", "pytest", *_workers(rest), *rest])
+    elif cmd == "docs":
+        run([PY, "-m", "sphinx", "-b", "html", "-W", "--keep-going",
+             os.path.join(ROOT, "docs"), os.path.join(ROOT, "docs", "_build", "html"), *rest])
     elif cmd == "compile":
         run([PY, os.path.join(ROOT, "experiments", "compile_budget.py"), *rest])
     elif cmd == "arm64":

@@ -223,7 +223,7 @@ def map_storage(path: str, spec, rows: int, layout) -> tuple[object, list]:
     Returns
     -------
     data : structured ndarray of spec.aos_dtype, shape (rows,) for "aos"; for "soa" a dict of
-        ndarray of shape (rows, *field.shape); for a grouping a tuple of one array per group
+        ndarray of shape ``(rows, *field.shape)``; for a grouping a tuple of one array per group
         (the backing :class:`tfdata.storage.GroupStorage` takes)
     maps : list of (MappedFile, row_bytes)
     """

@@ -306,7 +306,7 @@ class Writer:
 
         Parameters
         ----------
-        batch : mapping of str to array of shape (n, *field.shape)
+        batch : mapping of str to array of shape ``(n, *field.shape)``
             Validated by the spec first: a rejected batch writes nothing.
 
         Returns
