@@ -231,20 +231,8 @@ def elide_step(src, nxt, term, trunc, p, final_idx, finals, free, n_free, pendin
             or final_idx.shape[0] != capacity or p < 0 or p + n > capacity or n_free < 0
             or n_free > k):
         return ELIDE_BAD
-    for r in range(n):
-        if r < e:
-            if not has_pending[r]:
-                continue
-            for w in range(width):
-                if src[r, w] != pending[r, w]:
-                    return ELIDE_BREAK
-        else:
-            q = r - e
-            if term[q] or trunc[q]:
-                continue
-            for w in range(width):
-                if src[r, w] != nxt[q, w]:
-                    return ELIDE_BREAK
+    if first_discontinuity(src, nxt, term, trunc, pending, has_pending) >= 0:
+        return ELIDE_BREAK
     need = 0
     freed = 0
     for r in range(n):
