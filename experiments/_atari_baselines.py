@@ -246,6 +246,9 @@ def measure(kind: str, capacity: int, fill: int, d: dict, samples: int) -> dict:
     if kind != "numpy":  # what SB3 imports (torch) is resident before the buffer is built
         import stable_baselines3  # noqa: F401
         import torch  # noqa: F401
+    # a small buffer of the kind first: what its first construction initialises once (torch's
+    # device, the spaces) is not counted as the buffer's (it depends on what ran before)
+    make_buffer(kind, 8, int(d["num_actions"]))
     rng = np.random.default_rng(0)
     r0 = rss_bytes()
     buf = make_buffer(kind, capacity, int(d["num_actions"]))

@@ -339,6 +339,9 @@ def fresh_pages_allocator() -> bool:
 
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim(0)
+        # M_MMAP_MAX: a process that already holds 65,536 mmapped chunks (glibc's default cap; a
+        # long-lived test worker can) would take the rest from the heap, zeroed by hand: resident
+        libc.mallopt(-4, 1 << 24)
         return libc.mallopt(-3, 4096) == 1  # M_MMAP_THRESHOLD: fixed, no dynamic raising
     except (OSError, AttributeError):
         return False
