@@ -6,7 +6,8 @@
                            # --all: every experiment in quick mode
     python3 dev.py test    # the whole test suite, on every core (pytest-xdist, one test file per
                            # worker at a time; TFDATA_TEST_WORKERS=N to choose, 1 for one process)
-    python3 dev.py bench   # asv over the benchmark suite, once, quick (what CI runs)
+    python3 dev.py bench   # asv over the benchmark suite, once, quick (what CI runs; each
+                           # benchmark forked from a server that imported the suite once)
     python3 dev.py docs    # the documentation site into docs/_build/html (warnings are errors)
     python3 dev.py compile [dqn|ppo|suite|all] [--cold]
                            # kernel specializations compiled and cold compile time (default: the
@@ -167,8 +168,11 @@ def main(argv: list[str]) -> None:
         sys.exit(arm64.main(rest, PY))
     elif cmd == "bench":
         run([os.path.join(BIN, "asv"), "machine", "--yes"])
-        # asv 0.6 exits with 2 when a benchmark fails, so a broken benchmark fails CI
-        run([os.path.join(BIN, "asv"), "run", "--python=same", "--quick", "--show-stderr", *rest])
+        # asv 0.6 exits with 2 when a benchmark fails, so a broken benchmark fails CI. The quick
+        # pass forks each benchmark from a server that imported the suite once (asv's default
+        # starts an interpreter per benchmark: most of the pass was imports)
+        launch = [] if any(a.startswith("--launch-method") for a in rest) else ["--launch-method", "forkserver"]
+        run([os.path.join(BIN, "asv"), "run", "--python=same", "--quick", "--show-stderr", *launch, *rest])
 
 
 if __name__ == "__main__":
