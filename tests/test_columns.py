@@ -514,6 +514,19 @@ def test_field_stats_are_read_only_and_normalize():
     np.testing.assert_allclose(y, ((x - s.mean) / np.sqrt(s.var + 1e-8)).astype(np.float32))
     assert np.abs(s.normalize(x * 1e6, clip=5.0)).max() == 5.0
     assert buf.stats("obs") is s  # nothing changed: the same object
+    # eps inside the root: a constant element (variance 0) with eps = 1 is divided by 1, and a
+    # varying element by sqrt(var + 1), not by std + 1
+    c = ReplayBuffer(CART, 100, stats=["obs"])
+    rows = random_rows(CART, 50, np.random.default_rng(4))
+    rows["obs"][:, 0] = 2.5
+    rows["obs"][:, 1] *= 30.0
+    c.extend(rows)
+    cs = c.stats("obs")
+    assert cs.var[0] == 0.0 and cs.var[1] > 100
+    z = cs.normalize(np.array([[3.5, 1.0, 0.0, 0.0]], np.float64), eps=1.0)
+    assert z[0, 0] == 1.0
+    np.testing.assert_allclose(z[0, 1], (1.0 - cs.mean[1]) / np.sqrt(cs.var[1] + 1.0), rtol=1e-12)
+    assert abs(z[0, 1] - (1.0 - cs.mean[1]) / (cs.std[1] + 1.0)) > 1e-6
     r = ReplayBuffer(CART, 10, stats=["reward"])
     r.push({k: v[0] for k, v in random_rows(CART, 1, np.random.default_rng(0)).items()})
     assert r.stats("reward").mean.shape == () and r.stats("reward").var == 0.0

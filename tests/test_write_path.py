@@ -29,8 +29,9 @@ WIDE = Spec({
 })
 
 F32_MAX = float(np.finfo(np.float32).max)
-EDGE_FLOATS = [0.0, -0.0, 1e-45, 1.5, -2.75, F32_MAX, -F32_MAX, F32_MAX * (1 + 2**-30), 1e39,
-               float("inf"), float("-inf"), float("nan"), 2.0**53 + 1, 1e300, 0.1]
+EDGE_FLOATS = [0.0, -0.0, 1e-45, -1e-45, 1.5, -2.75, F32_MAX, -F32_MAX, F32_MAX * (1 + 2**-30),
+               -F32_MAX * (1 + 2**-30), 1e39, -1e39, float("inf"), float("-inf"), float("nan"),
+               2.0**53 + 1, 1e300, -1e300, 0.1]
 EDGE_INTS = [0, 1, -1, 127, 128, 255, 256, -129, 2**31 - 1, 2**31, 2**32, 2**53, 2**53 + 1,
              -(2**53) - 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63), 2**64, 2**1023, 2**1100]
 NUMPY_TYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
@@ -148,6 +149,53 @@ def test_first_tier_bytes_equal_numpy_assignment_for_edge_values(layout):
         assert a.tobytes() == ref.tobytes() == b.tobytes(), (name, v, a, ref)
         checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_refused_edge_value_into_a_full_ring_leaves_every_row(layout):
+    """A full ring (the cursor on a live row): every scalar field given each edge value, pushed
+    and extended. A refused value, of either sign, leaves every stored byte, the cursor and the
+    episode numbers as they were; an accepted one changes the row at the cursor only."""
+    rng = np.random.default_rng(3)
+    cases = [(f.name, v) for f in WIDE if not f.shape and f.dtype.kind in "fc"
+             for v in EDGE_FLOATS + EDGE_INTS] + \
+            [(f.name, v) for f in WIDE if not f.shape and f.dtype.kind in "iu" for v in EDGE_INTS]
+    refused = 0
+    for call in ("push", "extend"):
+        buf = ReplayBuffer(WIDE, 2, layout=layout, seed=0)
+        for _ in range(3):  # wrapped: the cursor is on a live row
+            buf.push(full_row(rng, lambda f: False if f.dtype.kind == "b" else 1))
+        for name, v in cases:
+            before = buf.state_dict()
+            row = full_row(rng, lambda f: v if f.name == name else (False if f.dtype.kind == "b" else 0))
+            try:
+                with np.errstate(all="ignore"):
+                    if call == "push":
+                        buf.push(row)
+                    else:
+                        buf.extend({k: np.asarray([x]) if np.ndim(x) == 0 else np.asarray(x)[None]
+                                    for k, x in row.items()})
+            except (ValueError, TypeError, OverflowError):
+                refused += 1
+                assert_same_state(buf, _Frozen(before))
+                continue
+            after = buf.state_dict()
+            cursor = before["writer"]["cursor"]
+            for other in range(2):
+                if other != cursor:
+                    for f in before["data"]:
+                        assert before["data"][f][other].tobytes() == after["data"][f][other].tobytes(), (name, v)
+    assert refused > 50
+
+
+class _Frozen:
+    """A state dict standing in for a buffer in :func:`assert_same_state`."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
 
 
 def episode_reference(flags, capacity):
