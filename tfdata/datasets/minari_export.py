@@ -11,6 +11,7 @@ import numpy as np
 
 from ..dataset import Dataset, thawed
 from ..replay.core import ReplayCore
+from .minari_format import minari_space
 
 #: The fields a source must have, and those it may have besides.
 NEEDED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
@@ -206,7 +207,6 @@ def to_minari(source, dataset_id: str, *, env=None, observation_space=None, acti
     """
     import minari
     from minari.dataset.minari_dataset import parse_dataset_id
-    from minari.serialization import deserialize_space
     from minari.storage import get_dataset_path
 
     spec, n, read, meta = _source_rows(source)
@@ -230,7 +230,7 @@ def to_minari(source, dataset_id: str, *, env=None, observation_space=None, acti
     spaces = {}
     for what, given in (("observation_space", observation_space), ("action_space", action_space)):
         if given is None and isinstance(meta.get(what), str):
-            given = deserialize_space(meta[what])
+            given = minari_space(meta[what])
         if given is None:
             raise ValueError(f"{what}: not given, and neither env= nor the source's metadata "
                              f"gives it: pass env= or observation_space= and action_space=")

@@ -166,6 +166,20 @@ def kept_metadata(meta: dict) -> dict:
     return kept
 
 
+def minari_space(text: str):
+    """The gymnasium space of a serialized space kept by :func:`kept_metadata` (Minari's
+    serialization; a Box's bounds may be scalars, which Minari's reader does not take)."""
+    from minari.serialization import deserialize_space
+
+    space = json.loads(text)
+    if isinstance(space, dict) and space.get("type") == "Box":
+        shape = tuple(space.get("shape", ()))
+        for bound in ("low", "high"):
+            if not isinstance(space.get(bound), list):
+                space[bound] = np.full(shape, space[bound], dtype=float).tolist()
+    return deserialize_space(json.dumps(space))
+
+
 class _Episode:
     """One checked episode group: its id, its ``T`` steps and its datasets."""
 
