@@ -180,13 +180,6 @@ def minari_space(text: str):
     return deserialize_space(json.dumps(space))
 
 
-class _Episode:
-    """One checked episode group: its id, its ``T`` steps and its datasets."""
-
-    def __init__(self, eid: int, steps: int, data: dict):
-        self.id, self.steps, self.data = eid, steps, data
-
-
 def _dataset(h5py, group, key: str, where: str, h5: str):
     """``group[key]``, which must be a dataset reached by a hard link, with its data in this file."""
     link = group.get(key, getlink=True)
@@ -219,62 +212,70 @@ def _numeric(ds, where: str, h5: str) -> np.dtype:
 
 
 class MinariReader:
-    """The checked structure of a Minari HDF5 file: the fields of its transitions and its
-    episodes, every dataset's link, kind, dtype, shape and chunk size checked before a row is
-    read. ``read(episode, start, stop)`` gives the columns of steps ``[start, stop)``."""
+    """A Minari HDF5 file read episode by episode, every dataset's link, kind, dtype, shape and
+    chunk size checked before a row of it is read. The first episode fixes the fields
+    (:attr:`spec`); :meth:`open` checks an episode against them, :meth:`read` gives the
+    columns of steps ``[start, stop)``. No dataset stays open after its episode: h5py gives
+    each open dataset a chunk cache, which would add up over many episodes."""
 
     def __init__(self, h5py, f, h5: str, meta: dict, mpath: str, ids):
-        self.h5py, self.f, self.h5 = h5py, f, h5
-        spaces = {k: parse_space(meta, f"{k}_space", mpath) for k in ("observation", "action")}
+        self.h5py, self.f, self.h5, self.meta, self.mpath = h5py, f, h5, meta, mpath
+        self.spaces = {k: parse_space(meta, f"{k}_space", mpath) for k in ("observation", "action")}
         jpeg = meta.get("jpeg_encoding", True)
-        self.jpeg = {"observations": jpeg and is_image_space(spaces["observation"]),
-                     "actions": jpeg and is_image_space(spaces["action"])}
+        self.jpeg = {"observations": jpeg and is_image_space(self.spaces["observation"]),
+                     "actions": jpeg and is_image_space(self.spaces["action"])}
         if ids is None:
             n = meta.get("total_episodes")
             if n is None:
                 raise FormatError(f"{mpath}: total_episodes: missing")
             ids = np.arange(n, dtype=np.int64)
-        self.episodes = []
-        first = {}
-        total = 0
-        for eid in ids.tolist():
-            name = f"episode_{eid}"
-            link = f.get(name, getlink=True)
-            if link is None:
-                raise FormatError(f"{h5}: {name}: missing (the metadata lists {len(ids)} episodes)")
-            if not isinstance(link, h5py.HardLink):
-                raise FormatError(f"{h5}: {name}: is a {type(link).__name__}, not a group")
-            g = f[name]
-            if not isinstance(g, h5py.Group):
-                raise FormatError(f"{h5}: {name}: is a {type(g).__name__}, expected a group of datasets")
-            data = {}
-            for key, space in (("observations", spaces["observation"]), ("actions", spaces["action"])):
-                where = f"{name}/{key}"
-                kind = g.get(key, getlink=True)
-                if kind is not None and isinstance(kind, h5py.HardLink) and isinstance(g[key], h5py.Group):
-                    raise ValueError(f"{h5}: {where}: is a group: the {key[:-1]} space is a Dict or "
-                                     f"Tuple space, which tfdata cannot hold (a field is one numeric "
-                                     f"array per step: {', '.join(HELD_SPACES)} spaces)")
-                data[key] = _dataset(h5py, g, key, where, h5)
-            for key in _EPISODE_KEYS[2:]:
-                data[key] = _dataset(h5py, g, key, f"{name}/{key}", h5)
-            steps = self._check_shapes(name, data, spaces, first)
-            if steps >= MAX_STEPS:
-                raise FormatError(f"{h5}: {name}/actions: {steps} steps, more than {MAX_STEPS}")
-            total += steps
-            self.episodes.append(_Episode(eid, steps, data))
-        if len(ids) == meta.get("total_episodes", -1) and "total_steps" in meta and meta["total_steps"] != total:
-            raise FormatError(f"{mpath}: total_steps: says {meta['total_steps']}, the episodes of "
-                              f"{h5} hold {total}")
-        if not self.episodes:
+        self.ids = ids.tolist()
+        if not self.ids:
             raise FormatError(f"{mpath}: total_episodes: the dataset holds no episode")
-        self.rows = total
+        self.first = {}
+        self.open(self.ids[0])
+        first = self.first
         self.spec = Spec({"obs": first["observations"], "action": first["actions"],
                           "reward": first["rewards"], "next_obs": first["observations"],
                           "terminated": (np.bool_, ()), "truncated": (np.bool_, ()),
                           "episode": (np.int64, ()), "step": (np.int64, ())})
         if self.spec.row_nbytes > MAX_ROW_NBYTES:
             raise FormatError(f"{h5}: a transition of {self.spec.row_nbytes} bytes, more than {MAX_ROW_NBYTES}")
+
+    def open(self, eid: int) -> tuple[int, dict]:
+        """``(steps, {key: dataset})`` of episode ``eid``, checked."""
+        h5py, f, h5 = self.h5py, self.f, self.h5
+        name = f"episode_{eid}"
+        link = f.get(name, getlink=True)
+        if link is None:
+            raise FormatError(f"{h5}: {name}: missing (the metadata lists {len(self.ids)} episodes)")
+        if not isinstance(link, h5py.HardLink):
+            raise FormatError(f"{h5}: {name}: is a {type(link).__name__}, not a group")
+        g = f[name]
+        if not isinstance(g, h5py.Group):
+            raise FormatError(f"{h5}: {name}: is a {type(g).__name__}, expected a group of datasets")
+        data = {}
+        for key in ("observations", "actions"):
+            where = f"{name}/{key}"
+            kind = g.get(key, getlink=True)
+            if kind is not None and isinstance(kind, h5py.HardLink) and isinstance(g[key], h5py.Group):
+                raise ValueError(f"{h5}: {where}: is a group: the {key[:-1]} space is a Dict or "
+                                 f"Tuple space, which tfdata cannot hold (a field is one numeric "
+                                 f"array per step: {', '.join(HELD_SPACES)} spaces)")
+            data[key] = _dataset(h5py, g, key, where, h5)
+        for key in _EPISODE_KEYS[2:]:
+            data[key] = _dataset(h5py, g, key, f"{name}/{key}", h5)
+        steps = self._check_shapes(name, data, self.spaces, self.first)
+        if steps >= MAX_STEPS:
+            raise FormatError(f"{h5}: {name}/actions: {steps} steps, more than {MAX_STEPS}")
+        return steps, data
+
+    def check_total(self, total: int) -> None:
+        """Refuse a file whose episodes do not hold the steps its metadata counts."""
+        meta = self.meta
+        if len(self.ids) == meta.get("total_episodes", -1) and meta.get("total_steps", total) != total:
+            raise FormatError(f"{self.mpath}: total_steps: says {meta['total_steps']}, the episodes "
+                              f"of {self.h5} hold {total}")
 
     def _check_shapes(self, name: str, data: dict, spaces: dict, first: dict) -> int:
         h5 = self.h5
@@ -316,12 +317,13 @@ class MinariReader:
             first.setdefault(key, got)
         return steps
 
-    def read(self, ep: _Episode, start: int, stop: int) -> dict:
-        """The columns of steps ``[start, stop)`` of ``ep`` (``next_obs`` a view of ``obs``)."""
-        name = f"episode_{ep.id}"
+    def read(self, eid: int, data: dict, start: int, stop: int) -> dict:
+        """The columns of steps ``[start, stop)`` of episode ``eid`` (its datasets ``data``, from
+        :meth:`open`), ``next_obs`` a view of ``obs``."""
+        name = f"episode_{eid}"
         cols = {}
         for key in _EPISODE_KEYS:
-            ds = ep.data[key]
+            ds = data[key]
             end = stop + 1 if key == "observations" else stop
             try:
                 values = ds[start:end]
@@ -343,7 +345,7 @@ class MinariReader:
         n = stop - start
         return {"obs": cols["observations"][:n], "action": cols["actions"], "reward": cols["rewards"],
                 "next_obs": cols["observations"][1:], "terminated": cols["terminations"],
-                "truncated": cols["truncations"], "episode": np.full(n, ep.id, np.int64),
+                "truncated": cols["truncations"], "episode": np.full(n, eid, np.int64),
                 "step": np.arange(start, stop, dtype=np.int64)}
 
 
@@ -368,6 +370,13 @@ def _decode_jpeg(frames, shape: tuple, where: str) -> np.ndarray:
         except Exception as exc:  # noqa: BLE001
             raise FormatError(f"{where}: row {i}: undecodable ({type(exc).__name__}: {str(exc)[:100]})") from None
     return out
+
+
+def _joined(pieces: list) -> dict:
+    """The columns of consecutive pieces of rows as one (no copy for a single piece)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
 
 
 def from_minari(dataset, path, layout="aos", *, overwrite: bool = False,
@@ -463,6 +472,20 @@ def from_minari(dataset, path, layout="aos", *, overwrite: bool = False,
         step = _files.chunk_rows(spec.row_nbytes, chunk_bytes)
         with _files.Writer(path, spec, layout, overwrite=overwrite, metadata=keep,
                            _publish_at_close=True) as w:
-            for ep in reader.episodes:
-                for start in range(0, ep.steps, step):
-                    w.append(reader.read(ep, start, min(start + step, ep.steps)))
+            pending, held, total = [], 0, 0  # pieces of episodes filling appends of ``step`` rows
+            for eid in reader.ids:
+                steps, data = reader.open(eid)
+                total += steps
+                start = 0
+                while start < steps:
+                    stop = min(steps, start + step - held)
+                    pending.append(reader.read(eid, data, start, stop))
+                    held += stop - start
+                    start = stop
+                    if held == step:
+                        w.append(_joined(pending))
+                        pending, held = [], 0
+                del data  # its datasets closed before the next episode's open
+            reader.check_total(total)  # raised inside the writer: nothing is published
+            if pending:
+                w.append(_joined(pending))
