@@ -374,6 +374,18 @@ def _mutations():
         f["episode_1"].create_dataset("observations", shape=(7, 4), dtype="f4", maxshape=(None, 4),
                                       chunks=(1 << 21, 4))
 
+    def sparse(f):  # a huge declared shape over storage never written (chunked, contiguous)
+        del f["episode_1/observations"], f["episode_2/observations"]
+        f["episode_1"].create_dataset("observations", shape=(7 << 20, 4), dtype="f4", chunks=(4096, 4))
+        f["episode_2"].create_dataset("observations", shape=(7 << 20, 4), dtype="f4")
+
+    def long_episode(f):  # 40 steps written: more than the 15 the metadata counts in all
+        for k in ("actions", "rewards", "terminations", "truncations", "observations"):
+            del f[f"episode_1/{k}"]
+        g = f["episode_1"]
+        g["observations"], g["actions"] = np.zeros((41, 4), np.float32), np.zeros(40, np.int64)
+        g["rewards"], g["terminations"], g["truncations"] = np.zeros(40), np.zeros(40, bool), np.zeros(40, bool)
+
     compound = np.zeros(6, dtype=[("a", "f4"), ("b", "i4")])
     return [
         ("truncated", truncate, "main_data.hdf5"),
@@ -391,6 +403,8 @@ def _mutations():
         ("soft link", h5(soft), "episode_1/rewards"),
         ("episode is a dataset", h5(episode_is_dataset), "episode_1"),
         ("absurd chunks", h5(big_chunks), "episode_1/observations"),
+        ("sparse huge dataset", h5(sparse), "episode_1/observations"),
+        ("steps beyond the metadata's", h5(long_episode), "more than the 15 the metadata counts"),
         ("huge metadata", meta("[" + "0," * (9 << 20) + "0]"), "metadata.json"),
         ("malformed metadata", meta('{"total_episodes": 3,'), "metadata.json"),
         ("metadata not an object", meta("[1, 2]"), "metadata.json"),
@@ -480,7 +494,7 @@ def write(d, steps, width):
             e = min(steps + 1, s + (1 << 16))
             o[s:e] = np.arange(s, e, dtype=np.float32)[:, None]
         for k, dt in (("actions", "i8"), ("rewards", "f8"), ("terminations", "?"), ("truncations", "?")):
-            g.create_dataset(k, (steps,), dt, chunks=(min(1 << 16, steps),), fillvalue=0)
+            g.create_dataset(k, data=np.zeros(steps, dt), chunks=(min(1 << 16, steps),))
 
 write(top + "/small", 1000, 64)
 write(top + "/big", {steps}, 64)

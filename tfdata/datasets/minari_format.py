@@ -36,6 +36,10 @@ H5_CACHE = 1 << 20
 MAX_STEPS = 1 << 40
 MAX_ROW_NBYTES = 1 << 30
 MAX_EPISODES = 1 << 31
+#: A chunked dataset declaring more than ``SPARSE_RATIO`` times the bytes it stores (beyond
+#: ``SPARSE_SLACK``) is refused: its unwritten chunks would be read as fill values.
+SPARSE_RATIO = 64
+SPARSE_SLACK = 1 << 20
 #: Spaces tfdata holds: one numeric array per step.
 HELD_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary")
 #: A serialized space longer than this is kept with its bounds as scalars when they are uniform.
@@ -199,6 +203,12 @@ def _dataset(h5py, group, key: str, where: str, h5: str):
         if chunk > MAX_H5_CHUNK:
             raise FormatError(f"{h5}: {where}: HDF5 chunks of {chunk} bytes (more than "
                               f"{MAX_H5_CHUNK}): reading any row would take a whole chunk")
+    declared = int(np.prod(ds.shape, dtype=object)) * ds.dtype.itemsize
+    stored = ds.id.get_storage_size()
+    if declared > SPARSE_SLACK and stored * SPARSE_RATIO < declared:
+        # storage never written reads as fill values: a small file could make a huge dataset
+        raise FormatError(f"{h5}: {where}: declares {declared} bytes but stores {stored}; "
+                          f"an absurd size (data never written)")
     return ds
 
 
@@ -266,8 +276,10 @@ class MinariReader:
         for key in _EPISODE_KEYS[2:]:
             data[key] = _dataset(h5py, g, key, f"{name}/{key}", h5)
         steps = self._check_shapes(name, data, self.spaces, self.first)
-        if steps >= MAX_STEPS:
-            raise FormatError(f"{h5}: {name}/actions: {steps} steps, more than {MAX_STEPS}")
+        limit = self.meta.get("total_steps", MAX_STEPS - 1)
+        if steps > limit:
+            raise FormatError(f"{h5}: {name}/actions: {steps} steps, more than the {limit} the "
+                              f"metadata counts for the whole dataset")
         return steps, data
 
     def check_total(self, total: int) -> None:
