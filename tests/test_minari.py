@@ -218,17 +218,18 @@ def _spaces(obs_shape=(3,)):
                 action_space=gym.spaces.Discrete(4))
 
 
+@pytest.mark.parametrize("chunk_bytes", [16 << 20, 100])  # 100: episodes across chunks
 @pytest.mark.parametrize("with_ids", [True, False])
-def test_from_minari_of_to_minari_is_the_same_rows(root, tmp_path, with_ids):
+def test_from_minari_of_to_minari_is_the_same_rows(root, tmp_path, with_ids, chunk_bytes):
     rng = np.random.default_rng(7)
     cols = _random_transitions(rng, [5, 1, 9, 3], last_open=not with_ids)
     if not with_ids:
         cols = {k: v for k, v in cols.items() if k not in ("episode", "step")}
     src = tfdata.ArrayDataset(cols)
-    dsid = f"rt/ids{int(with_ids)}-v0"
+    dsid = f"rt/ids{int(with_ids)}-c{chunk_bytes}-v0"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        to_minari(src, dsid, **_spaces())
+        to_minari(src, dsid, chunk_bytes=chunk_bytes, **_spaces())
     out = str(tmp_path / "back")
     from_minari(minari.load_dataset(dsid), out, "soa")
     with tfdata.MmapDataset.open(out) as ds:
@@ -452,7 +453,13 @@ def test_to_minari_refusals_change_nothing(root, tmp_path):
     before = {os.path.join(r, f): open(os.path.join(r, f), "rb").read() for r, _, fs in os.walk(taken) for f in fs}
     broken = dict(cols, next_obs=cols["next_obs"].copy())
     broken["next_obs"][1, 0] += 1
+    ends_inside = dict(cols, terminated=cols["terminated"].copy())
+    ends_inside["terminated"][1] = True  # row 1 ends an episode that rows 2.. continue
+    steps_jump = dict(cols, step=cols["step"].copy())
+    steps_jump["step"][5] += 3
     cases = [
+        ("refuse/g-v0", tfdata.ArrayDataset(ends_inside), _spaces(), "row 1 ends an episode"),
+        ("refuse/h-v0", tfdata.ArrayDataset(steps_jump), _spaces(), "rows 4 and 5 of one episode"),
         ("refuse/taken-v0", tfdata.ArrayDataset(cols), _spaces(), "exists"),
         ("refuse/a-v0", tfdata.ArrayDataset(dict(cols, extra=np.zeros(7))), _spaces(), "extra"),
         ("refuse/b-v0", tfdata.ArrayDataset({k: v for k, v in cols.items() if k != "reward"}), _spaces(), "reward"),

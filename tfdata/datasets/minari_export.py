@@ -64,10 +64,10 @@ def _check_fields(spec) -> None:
             + ("; " if missing and extra else "")
             + (f"{extra} have no place in it: project them away (dataset.project([...]))"
                if extra else ""))
-    for a, b in (("obs", "next_obs"),):
-        if spec[a].dtype != spec[b].dtype or spec[a].shape != spec[b].shape:
-            raise ValueError(f"source: next_obs is {spec[b].dtype}{list(spec[b].shape)}, obs "
-                             f"{spec[a].dtype}{list(spec[a].shape)}: they must be the same")
+    obs, nxt = spec["obs"], spec["next_obs"]
+    if obs.dtype != nxt.dtype or obs.shape != nxt.shape:
+        raise ValueError(f"source: next_obs is {nxt.dtype}{list(nxt.shape)}, obs "
+                         f"{obs.dtype}{list(obs.shape)}: they must be the same")
     for n in ("terminated", "truncated", "episode", "step"):
         if n in spec.names and (spec[n].shape != () or spec[n].dtype.kind not in "biu"):
             raise ValueError(f"source: field {n!r}: expected a bool or integer scalar per row, "
