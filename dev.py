@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.environ.get("TFDATA_VENV", os.path.join(ROOT, ".venv"))
 BIN = os.path.join(VENV, "bin")
 PY = os.path.join(BIN, "python")
-EXTRAS = "test,bench,rl,torch,dqn,ppo,sac,sb3,ray,atari,compress,docs"
+EXTRAS = "test,bench,rl,torch,dqn,ppo,sac,sb3,ray,atari,compress,minari,docs"
 # Debian's jemalloc can be loaded into Python only with this glibc tunable set before the
 # interpreter starts (see tfdata/alloc.py); every command runs with it
 TUNABLE = "glibc.rtld.optional_static_tls=4096"

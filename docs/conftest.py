@@ -11,7 +11,7 @@ files). Two conventions of the markdown sources, invisible on the site:
   replaced text must occur in the example.
 
 An example that imports an optional dependency (torch, ray, gymnasium, Stable-Baselines3, the
-ALE, zstandard) runs where it is installed and is skipped with the reason only when the import
+ALE, zstandard, Minari) runs where it is installed and is skipped with the reason only when the import
 fails; so are the page's later examples, which build on it.
 """
 
@@ -29,7 +29,8 @@ from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 from sybil.region import Lexeme
 
 #: the top-level modules of the optional extras
-OPTIONAL = {"torch", "ray", "gymnasium", "stable_baselines3", "ale_py", "zstandard", "mujoco", "cv2"}
+OPTIONAL = {"torch", "ray", "gymnasium", "stable_baselines3", "ale_py", "zstandard", "mujoco", "cv2",
+            "minari", "h5py"}
 
 _RUN_WITH = re.compile(r"<!--\s*run-with:((?:(?!-->).)*)-->\s*\Z", re.S)
 _PAIR = re.compile(r'"((?:[^"\\]|\\.)*)"\s*->\s*"((?:[^"\\]|\\.)*)"')

@@ -314,3 +314,80 @@ def test_writer_bad_input_changes_nothing(tmp_path):
     with pytest.raises(ValueError, match="needs an AoS file"):
         soa.append_records(np.zeros(1, tfdata.Spec(ID_SPEC).aos_dtype))
     soa.close()
+
+
+# -- the optional "metadata" object of a directory's manifest -----------------------------------
+
+
+def test_metadata_is_kept_read_only_through_appends_and_convert(tmp_path):
+    import tfdata
+
+    meta = {"dataset_id": "a/b-v0", "author": ["x", "y"], "nested": {"k": [1, 2.5, None, True]}}
+    path = str(tmp_path / "d")
+    with tfdata.io.Writer(path, {"x": ("f4", (2,))}, "soa", metadata=meta) as w:
+        w.append({"x": np.ones((3, 2), np.float32)})
+    with tfdata.io.Writer.open(path) as w:  # an append keeps it
+        w.append({"x": np.zeros((2, 2), np.float32)})
+    tfdata.io.convert(path, str(tmp_path / "g"), [["x"]])
+    tfdata.io.convert(path, str(tmp_path / "a.npy"), "aos")
+    for p in (path, str(tmp_path / "g")):
+        with tfdata.MmapDataset.open(p) as ds:
+            assert len(ds) == 5
+            got = ds.metadata
+            assert got["dataset_id"] == "a/b-v0" and tuple(got["author"]) == ("x", "y")
+            assert tuple(got["nested"]["k"]) == (1, 2.5, None, True)
+            with pytest.raises(TypeError):
+                got["dataset_id"] = "other"
+            with pytest.raises(TypeError):
+                got["nested"]["k"] = []
+    with tfdata.MmapDataset.open(str(tmp_path / "a.npy")) as ds:
+        assert dict(ds.metadata) == {}
+    tfdata.io.save(str(tmp_path / "plain"), {"x": np.arange(3)}, "soa")
+    with tfdata.MmapDataset.open(str(tmp_path / "plain")) as ds:  # a manifest without it
+        assert dict(ds.metadata) == {}
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({1: 2}, "not a str"), ({"a": object()}, "not a plain JSON value"), ([1], "JSON object"),
+    ({"a": np.int64(1)}, "not a plain JSON value"), ({"a": "x" * (300 << 10)}, "bytes of JSON"),
+])
+def test_writer_refuses_metadata_that_is_not_plain_json(tmp_path, bad, match):
+    import tfdata
+
+    with pytest.raises(ValueError, match=match):
+        tfdata.io.Writer(str(tmp_path / "d"), {"x": "f4"}, "soa", metadata=bad)
+    with pytest.raises(ValueError, match="AoS file has no manifest"):
+        tfdata.io.Writer(str(tmp_path / "a.npy"), {"x": "f4"}, "aos", metadata={"a": 1})
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("value,match", [
+    ([1, 2], "JSON object"), ({"a": {"b": 1}}, None), ("deep", "nested deeper"),
+    ({"k": "x" * (300 << 10)}, "bytes of JSON"),
+])
+def test_a_hostile_metadata_object_is_a_format_error(tmp_path, value, match):
+    import json
+
+    import tfdata
+
+    path = str(tmp_path / "d")
+    tfdata.io.save(path, {"x": np.arange(3)}, "soa")
+    mpath = os.path.join(path, "manifest.json")
+    doc = json.load(open(mpath))
+    if value == "deep":
+        value = {}
+        cur = value
+        for _ in range(40):
+            cur["k"] = {}
+            cur = cur["k"]
+    doc["metadata"] = value
+    with open(mpath, "w") as f:
+        json.dump(doc, f)
+    if match is None:
+        with tfdata.MmapDataset.open(path) as ds:
+            assert ds.metadata["a"]["b"] == 1
+        return
+    with pytest.raises(tfdata.FormatError, match=f"manifest.json: metadata.*{match}"):
+        tfdata.MmapDataset.open(path)
+    with pytest.raises(tfdata.FormatError, match="manifest.json: metadata"):
+        tfdata.io.Writer.open(path)

@@ -258,3 +258,59 @@ def test_every_refused_call_leaves_every_user_file(tmp_path):
         signal.signal(signal.SIGALRM, old)
     assert succeeded == []
     assert shared.sweep(top) == [] and snapshot(top) == before
+
+
+def test_from_minari_refused_calls_leave_every_user_file(tmp_path):
+    """``tfdata.datasets.from_minari`` takes two paths: it writes neither over a user's file nor
+    through one, and reads no FIFO (a Minari directory whose metadata.json is one)."""
+    import json
+    import signal
+
+    h5py = pytest.importorskip("h5py", reason="the minari extra (h5py) is not installed")
+    from tfdata.datasets import from_minari
+
+    top = str(tmp_path / "user")
+    os.mkdir(top)
+    p = _user_tree(top)
+    src = str(tmp_path / "minari" / "data")  # a valid Minari dataset, outside the user's tree
+    os.makedirs(src)
+    with open(os.path.join(src, "metadata.json"), "w") as f:
+        json.dump({"total_episodes": 1, "total_steps": 3, "data_format": "hdf5"}, f)
+    with h5py.File(os.path.join(src, "main_data.hdf5"), "w") as f:
+        g = f.create_group("episode_0")
+        g["observations"] = np.zeros((4, 2), np.float32)
+        g["actions"], g["rewards"] = np.zeros(3, np.int64), np.zeros(3)
+        g["terminations"], g["truncations"] = np.arange(3) == 2, np.zeros(3, bool)
+    fifo_src = str(tmp_path / "fifo_minari")
+    os.mkdir(fifo_src)
+    os.mkfifo(os.path.join(fifo_src, "metadata.json"))
+    not_ours = [p[n] for n in ("sentinel.txt", "proj", "ckpt", "notes.npy", "link.npy", "fifo.npy")]
+    calls = [(f"from_minari(src, {path}, {layout})", lambda path=path, layout=layout: from_minari(src, path, layout))
+             for path in p.values() for layout in ("aos", "soa")]
+    calls += [(f"from_minari(src, {path}, {layout}, overwrite)",
+               lambda path=path, layout=layout: from_minari(src, path, layout, overwrite=True))
+              for path in not_ours for layout in ("aos", "soa")]
+    calls += [(f"from_minari({path}, new)", lambda path=path: from_minari(path, str(tmp_path / "new")))
+              for path in p.values()]
+    calls += [("from_minari(fifo metadata)", lambda: from_minari(fifo_src, os.path.join(top, "new")))]
+    before = snapshot(top)
+
+    def hang(*_):
+        raise TimeoutError("the call blocked")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    try:
+        for what, call in calls:
+            signal.alarm(20)
+            try:
+                with pytest.raises(Exception) as info:  # noqa: PT011 - any refusal; the tree matters
+                    call()
+                assert not isinstance(info.value, TimeoutError), f"{what}: blocked"
+            finally:
+                signal.alarm(0)
+            assert snapshot(top) == before, f"{what} changed the user's files"
+            assert not os.path.exists(tmp_path / "new")
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    from_minari(src, os.path.join(top, "fresh"), "soa")  # the source itself is fine
+    assert os.path.isdir(os.path.join(top, "fresh"))

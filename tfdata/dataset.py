@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -44,6 +45,9 @@ class Dataset:
     records = None
     #: one array per group (grouped datasets), else None
     blocks = None
+    #: what the dataset's manifest keeps beside its rows (where it came from: a Minari dataset's
+    #: id, environment spec, author...), read-only; empty for data in memory and AoS files
+    metadata = MappingProxyType({})
 
     def _bind(self, spec: Spec, records=None, columns=None, groups=None, blocks=None) -> None:
         # Subclasses call this once they hold their arrays.
@@ -209,6 +213,7 @@ class ProjectedDataset(_MappedPages, Dataset):
 
         rows = parent._rows.project(names, alloc.resolve(getattr(parent, "_allocator", None)))
         self.parent, self.names = parent, names
+        self.metadata = parent.metadata
         self.spec = parent.spec.subset(names)
         self.layout, self.dtype = parent.layout, None
         self._rows, self._n = rows, len(parent)
@@ -318,6 +323,10 @@ class MmapDataset(_MappedPages, Dataset):
     path : str
     mapped_nbytes : int
         Bytes of data mapped (the file sizes minus headers).
+    metadata : mapping
+        The ``"metadata"`` object of a directory's manifest (``tfdata.io.Writer(...,
+        metadata=)``, :func:`tfdata.datasets.from_minari`), read-only (nested objects too, lists
+        as tuples); empty for an AoS file or a manifest without one.
     """
 
     @classmethod
@@ -339,8 +348,10 @@ class MmapDataset(_MappedPages, Dataset):
         self = cls.__new__(cls)
         self.path = path
         if os.path.isdir(path):
+            metadata = _io.read_metadata(path)  # checked before anything is mapped
             spec, rows, self._maps = _io.map_directory(path)
             self._bind(spec, **rows)
+            self.metadata = _frozen(metadata)
         else:
             records, mf = _io.map_npy(path)
             if records.dtype.names is None or records.ndim != 1:
@@ -371,6 +382,25 @@ class MmapDataset(_MappedPages, Dataset):
             mf.close()
 
 
+def _frozen(value):
+    """A read-only copy of a JSON value: objects as mapping proxies, lists as tuples."""
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def thawed(value):
+    """A plain, writable copy of a JSON value :attr:`MmapDataset.metadata` holds (dicts and
+    lists), as :func:`json.dumps` and :class:`tfdata.io.Writer` take it."""
+    if isinstance(value, Mapping):
+        return {k: thawed(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thawed(v) for v in value]
+    return value
+
+
 def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20, *,
             overwrite: bool = False) -> None:
     """Copy the dataset at ``src`` to ``dst`` in ``layout``, streaming, in bounded memory.
@@ -383,7 +413,8 @@ def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20, *,
     :class:`tfdata.io.Writer`, and releases the source pages it has read, so memory stays around two
     chunks whatever the size of the dataset. Converts between AoS files, SoA directories and
     grouped directories (``layout`` a list of groups of field names), or copies a plain numpy
-    file into tfdata's format.
+    file into tfdata's format. The source's metadata goes with it when the destination is a
+    directory (an AoS file keeps none).
     """
     src, dst = os.fspath(src), os.fspath(dst)
     rs, rd = os.path.realpath(src), os.path.realpath(dst)
@@ -394,7 +425,9 @@ def convert(src: str, dst: str, layout: str, chunk_bytes: int = 16 << 20, *,
                          f"to a new path")
     with MmapDataset.open(src) as ds:
         step = _io.chunk_rows(ds.row_nbytes, chunk_bytes)
-        with _io.Writer(dst, ds.spec, layout, overwrite=overwrite, _publish_at_close=True) as w:
+        keep = ds.metadata and _io.holds_metadata(_io.dataset_layout(layout, ds.spec))
+        with _io.Writer(dst, ds.spec, layout, overwrite=overwrite, _publish_at_close=True,
+                        metadata=thawed(ds.metadata) if keep else None) as w:
             for start in range(0, len(ds), step):
                 stop = min(start + step, len(ds))
                 w.append(ds.rows(start, stop))

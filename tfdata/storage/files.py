@@ -26,14 +26,14 @@ into place), :mod:`.mapping` (memory maps: :class:`MappedFile`, :func:`create`,
 
 from __future__ import annotations
 
-__all__ = ["MANIFEST", "SOA_FORMAT", "SOA_VERSION", "GROUPS_FORMAT", "GROUPS_VERSION", "read_group_manifest", "map_groups", "map_directory", "directory_format", "dataset_layout", "FORMAT_VERSION", "PAGE", "HEADER_BYTES", "NpyHeader", "MAX_NDIM", "MAX_NBYTES", "check_regular", "check_directory", "read_npy_header", "header_nbytes", "npy_header", "MappedFile", "ResidentFile", "map_npy", "spec_of_dtype", "read_json_doc", "read_manifest", "map_soa", "chunk_rows", "save", "fsync_dir", "check_replaceable", "remove_names", "Writer", "create_region", "map_storage", "create"]
+__all__ = ["MANIFEST", "SOA_FORMAT", "SOA_VERSION", "GROUPS_FORMAT", "GROUPS_VERSION", "read_group_manifest", "map_groups", "map_directory", "directory_format", "dataset_layout", "FORMAT_VERSION", "PAGE", "HEADER_BYTES", "NpyHeader", "MAX_NDIM", "MAX_NBYTES", "check_regular", "check_directory", "read_npy_header", "header_nbytes", "npy_header", "MappedFile", "ResidentFile", "map_npy", "spec_of_dtype", "read_json_doc", "read_manifest", "map_soa", "chunk_rows", "holds_metadata", "read_metadata", "metadata_problem", "save", "fsync_dir", "check_replaceable", "remove_names", "Writer", "create_region", "map_storage", "create"]
 
 from .manifest import (GROUPS_FORMAT, GROUPS_VERSION, MANIFEST, SOA_FORMAT, SOA_VERSION, directory_format,
-                       read_group_manifest, read_json_doc, read_manifest)
+                       metadata_problem, read_group_manifest, read_json_doc, read_manifest, read_metadata)
 from .mapping import (MappedFile, ResidentFile, create, create_region, map_directory, map_groups, map_npy,
                       map_soa, map_storage)
 from .npy import (FORMAT_VERSION, HEADER_BYTES, MAX_NBYTES, MAX_NDIM, PAGE, NpyHeader, header_nbytes,
                   npy_header, read_npy_header, spec_of_dtype)
 from .paths import check_directory, check_regular, fsync_dir, remove_names
 from .replace import check_replaceable, dataset_layout
-from .writer import Writer, chunk_rows, save
+from .writer import Writer, chunk_rows, holds_metadata, save

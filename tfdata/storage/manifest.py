@@ -23,6 +23,10 @@ SOA_VERSION = (1, 0)
 GROUPS_FORMAT = "tfdata.groups"
 GROUPS_VERSION = (1, 0)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+#: Most bytes of JSON a directory's ``"metadata"`` object may take (the whole manifest is at
+#: most 1 MiB), and how deeply its values may nest.
+MAX_METADATA = 256 << 10
+MAX_METADATA_DEPTH = 16
 
 
 def read_json_doc(path: str, what: str, fmt, limit: int) -> dict:
@@ -145,6 +149,48 @@ def read_group_manifest(path: str) -> tuple:
     return rows, spec, groups, [(os.path.join(path, f), d, sh) for f, (d, sh) in zip(files, arrays)]
 
 
+def metadata_problem(value) -> str | None:
+    """What is wrong with ``value`` as a dataset's metadata, or None: it must be a JSON object of
+    plain values (str keys; None, bool, int, float, str, lists and objects of those), nested at
+    most :data:`MAX_METADATA_DEPTH` deep and at most :data:`MAX_METADATA` bytes as JSON."""
+    if not isinstance(value, dict):
+        return f"expected a JSON object (dict), got {type(value).__name__}"
+    stack = [(value, "metadata", 0)]
+    while stack:  # iterative: a deep value cannot exhaust the interpreter's stack
+        v, where, depth = stack.pop()
+        if depth > MAX_METADATA_DEPTH:
+            return f"{where}: nested deeper than {MAX_METADATA_DEPTH}"
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    return f"{where}: key {str(k)[:50]!r} is not a str"
+                stack.append((x, f"{where}.{k[:50]}", depth + 1))
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v))
+        elif not (v is None or isinstance(v, (bool, int, float, str))):
+            return f"{where}: {type(v).__name__} is not a plain JSON value"
+    try:
+        size = len(json.dumps(value))
+    except (ValueError, TypeError) as exc:
+        return f"not JSON ({str(exc)[:100]})"
+    if size > MAX_METADATA:
+        return f"{size} bytes of JSON, more than the {MAX_METADATA} a manifest keeps"
+    return None
+
+
+def read_metadata(path: str) -> dict:
+    """The ``"metadata"`` object of the dataset directory ``path``'s manifest (``{}`` when it has
+    none), checked (:func:`metadata_problem`): FormatError naming the manifest otherwise."""
+    mpath = os.path.join(path, MANIFEST)
+    doc = read_json_doc(mpath, "tfdata dataset directory", (SOA_FORMAT, GROUPS_FORMAT), 1 << 20)
+    if "metadata" not in doc:
+        return {}
+    problem = metadata_problem(doc["metadata"])
+    if problem is not None:
+        raise FormatError(f"{mpath}: metadata: {problem}")
+    return doc["metadata"]
+
+
 def directory_format(path: str) -> str:
     """The format of the dataset directory ``path`` (its manifest's ``"format"``:
     :data:`SOA_FORMAT` or :data:`GROUPS_FORMAT`), read and bounded, not yet checked."""
@@ -182,12 +228,14 @@ def soa_entries(spec: Spec) -> list[tuple[Field, str]]:
     return entries
 
 
-def write_manifest(path: str, rows: int, entries) -> None:
+def write_manifest(path: str, rows: int, entries, metadata: dict | None = None) -> None:
     """Replace the manifest of the SoA directory ``path``: ``rows`` committed rows, the files of
-    ``entries`` (:func:`soa_entries`)."""
+    ``entries`` (:func:`soa_entries`), and ``metadata`` (checked by the caller) if given."""
     doc = {"format": SOA_FORMAT, "version": list(SOA_VERSION), "rows": rows,
            "fields": [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape), "file": fname}
                       for f, fname in entries]}
+    if metadata:
+        doc["metadata"] = metadata
     _replace_json(path, doc)
 
 
@@ -203,12 +251,16 @@ def group_entries(spec: Spec, groups: tuple) -> list[tuple[tuple, np.dtype, tupl
     return out
 
 
-def write_group_manifest(path: str, rows: int, spec: Spec, entries) -> None:
+def write_group_manifest(path: str, rows: int, spec: Spec, entries,
+                         metadata: dict | None = None) -> None:
     """Replace the manifest of the grouped directory ``path``: ``rows`` committed rows, the
-    fields of ``spec``, the groups and files of ``entries`` (:func:`group_entries`)."""
+    fields of ``spec``, the groups and files of ``entries`` (:func:`group_entries`), and
+    ``metadata`` (checked by the caller) if given."""
     doc = {"format": GROUPS_FORMAT, "version": list(GROUPS_VERSION), "rows": rows,
            "fields": [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape)} for f in spec],
            "groups": [{"fields": list(g), "file": fname} for g, _, _, fname in entries]}
+    if metadata:
+        doc["metadata"] = metadata
     _replace_json(path, doc)
 
 

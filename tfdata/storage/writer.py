@@ -12,8 +12,8 @@ import numpy as np
 from ..errors import FormatError, SpecError
 from ..spec import Spec
 from .manifest import (GROUPS_FORMAT, MANIFEST, directory_files, directory_format, group_entries,
-                       group_header, read_group_manifest, read_manifest, soa_entries,
-                       write_group_manifest, write_manifest)
+                       group_header, metadata_problem, read_group_manifest, read_manifest,
+                       read_metadata, soa_entries, write_group_manifest, write_manifest)
 from .npy import check_header_text, header_nbytes, npy_header, read_npy_header, spec_of_dtype
 from .replace import Staged, dataset_layout
 
@@ -32,6 +32,12 @@ def _columns_of(data) -> tuple[Spec, dict, np.dtype | None]:
         spec = Spec({k: (v.dtype, v.shape[1:]) for k, v in cols.items()})
         return spec, cols, None
     raise TypeError(f"expected a structured ndarray or a mapping of arrays, got {type(data).__name__}")
+
+
+def holds_metadata(layout) -> bool:
+    """Whether a dataset of ``layout`` (resolved) keeps metadata: directories do, in their
+    manifest; an AoS file has only its NPY header, which numpy reads up to 10000 bytes."""
+    return layout != "aos"
 
 
 def chunk_rows(row_nbytes: int, chunk_bytes: int = 16 << 20) -> int:
@@ -184,8 +190,8 @@ class Writer:
     """
 
     def __init__(self, path: str, spec, layout="aos", *, dtype: np.dtype | None = None,
-                 overwrite: bool = False, _append: bool = False, _rows: int = 0,
-                 _publish_at_close: bool = False):
+                 overwrite: bool = False, metadata: dict | None = None, _append: bool = False,
+                 _rows: int = 0, _publish_at_close: bool = False):
         self.path = os.fspath(path)
         self._parts = None
         self._staged = None
@@ -197,6 +203,14 @@ class Writer:
         create = not _append
         # everything that can refuse runs before a file is made
         self._files = None  # a directory's files: (name, dtype, row_shape, spec indices, records)
+        if metadata is not None:
+            if not holds_metadata(layout):
+                raise ValueError(f"{self.path}: metadata: an AoS file has no manifest to keep it "
+                                 f"in; write a directory (layout='soa' or a grouping)")
+            problem = metadata_problem(metadata)
+            if problem is not None:
+                raise ValueError(f"{self.path}: metadata: {problem}")
+        self.metadata = metadata
         if layout == "aos":
             self.dtype = np.dtype(dtype) if dtype is not None else self.spec.aos_dtype
             if self.dtype.names is None or spec_of_dtype(self.dtype) != self.spec:
@@ -261,9 +275,9 @@ class Writer:
 
     def _write_manifest(self, rows: int) -> None:
         if self.layout == "soa":
-            write_manifest(self._dir, rows, self._entries)
+            write_manifest(self._dir, rows, self._entries, self.metadata)
         else:
-            write_group_manifest(self._dir, rows, self.spec, self._entries)
+            write_group_manifest(self._dir, rows, self.spec, self._entries, self.metadata)
 
     @classmethod
     def open(cls, path: str) -> "Writer":
@@ -276,7 +290,8 @@ class Writer:
                 if h.offset != header_nbytes(dt, sh):
                     raise _not_appendable(fpath)
             try:
-                return cls(path, spec, groups, _append=True, _rows=rows)
+                return cls(path, spec, groups, metadata=read_metadata(path) or None, _append=True,
+                           _rows=rows)
             except SpecError as exc:
                 raise FormatError(f"{os.path.join(path, MANIFEST)}: {exc}") from None
         if os.path.isdir(path):
@@ -286,7 +301,8 @@ class Writer:
                 if h.offset != header_nbytes(field.dtype, field.shape):
                     raise _not_appendable(fpath)
             try:
-                return cls(path, Spec([f for f, _ in entries]), "soa", _append=True, _rows=rows)
+                return cls(path, Spec([f for f, _ in entries]), "soa",
+                           metadata=read_metadata(path) or None, _append=True, _rows=rows)
             except SpecError as exc:  # a field name the manifest allows but no file name can be
                 raise FormatError(f"{os.path.join(path, MANIFEST)}: {exc}") from None
         if os.path.islink(path):  # appending writes in place: through a link it would write elsewhere
