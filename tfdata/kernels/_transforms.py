@@ -33,7 +33,8 @@ def normalize(x, cnt, vals, moments, eps, has_clip, clip, out):
         The field's statistics tree (:mod:`tfdata.kernels._columns`): its root gives mean and
         variance of the rows held now.
     moments : ndarray of float64, shape (5, k)
-        Scratch: the root's mean, var, std, min, max are written here.
+        Scratch: the root's mean, var, std, min, max are written here, then
+        ``sqrt(var + eps)`` over the std row.
     eps, clip : float
         Added to the variance; the bound (used only when ``has_clip``).
     out : ndarray of float32, shape (rows, k)
@@ -48,15 +49,19 @@ def normalize(x, cnt, vals, moments, eps, has_clip, clip, out):
     k = x.shape[1]
     if n < 0 or moments.shape[1] < k or out.shape[0] < x.shape[0] or out.shape[1] < k:
         return -1
-    for i in range(x.shape[0]):
-        for j in range(k):
-            v = (np.float64(x[i, j]) - moments[0, j]) / np.sqrt(moments[1, j] + eps)
-            if has_clip:  # comparisons are False for NaN: it passes through
-                if v < -clip:
-                    v = -clip
-                elif v > clip:
-                    v = clip
-            out[i, j] = np.float32(v)
+    for j in range(k):  # the divisor once per element, in the std row (scratch here)
+        moments[2, j] = np.sqrt(moments[1, j] + eps)
+    mean, den = moments[0], moments[2]
+    if has_clip:
+        for i in range(x.shape[0]):
+            for j in range(k):
+                v = (np.float64(x[i, j]) - mean[j]) / den[j]
+                # comparisons are False for NaN: it passes through
+                out[i, j] = np.float32(-clip if v < -clip else clip if v > clip else v)
+    else:
+        for i in range(x.shape[0]):
+            for j in range(k):
+                out[i, j] = np.float32((np.float64(x[i, j]) - mean[j]) / den[j])
     return n
 
 
@@ -130,10 +135,25 @@ def random_shift(x, pad, state, out):
     for b in range(x.shape[0]):
         dy, ctr = draw_one(nn, threshold, key, ctr)
         dx, ctr = draw_one(nn, threshold, key, ctr)
+        sh = dx - pad  # out column w reads column w + sh, clamped to [0, W - 1]
+        # out columns [lo, hi) read inside the image; those before read column 0, those
+        # after column W - 1
+        lo = min(max(-sh, 0), W)
+        hi = max(min(W - sh, W), lo)
         for c in range(C):
             for y in range(H):
                 sy = min(max(y + dy - pad, 0), H - 1)
-                for w in range(W):
-                    sx = min(max(w + dx - pad, 0), W - 1)
-                    out[b, c, y, w] = x[b, c, sy, sx]
+                row, dst = x[b, c, sy], out[b, c, y]
+                # as views from their first index: indices from a range are known not to be
+                # negative, so the copy needs no wraparound check and is vectorized
+                src, mid = row[lo + sh:], dst[lo:]
+                for w in range(hi - lo):
+                    mid[w] = src[w]
+                edge = row[0]
+                for w in range(lo):
+                    dst[w] = edge
+                edge = row[W - 1]
+                tail = dst[hi:]
+                for w in range(W - hi):
+                    tail[w] = edge
     state[1] = ctr
