@@ -377,6 +377,9 @@ class RingCheckpoint:
             state["rate_limiter"] = limiter.read_state(c, st["rate_limiter"], size,
                                                        doc["config"]["rate_limiter"])
         buf = c.rebuild(cls, spec, **config, **cls.sampler_options(sm), **options["rest"])
+        if "transforms" in config and "transforms" not in st:
+            c.fail("state.transforms", "a list of the transforms' states (config.transforms "
+                   "lists transforms)", show=False)
         if "transforms" in st:  # their RNG positions, checked by each (JSON values only)
             try:
                 state["transforms"] = check_states(buf.transform_parts, st["transforms"])
