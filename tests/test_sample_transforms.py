@@ -434,3 +434,11 @@ def test_transforms_apply_under_the_lock_for_every_thread():
     # every row of every batch took exactly its two draws (no draw lost to a race)
     _, counter = naive.random_shift(np.zeros((300, 1, 2, 2), np.uint8), 3, naive.key_of(2), 0)
     assert state_of(buf) == [{"seed": 2, "counter": counter}]
+
+
+def test_shared_buffers_refuse_transforms_before_making_a_region(tmp_path):
+    from tfdata import SharedReplayBuffer
+
+    with pytest.raises(NotImplementedError, match="transforms"):
+        SharedReplayBuffer(CARTPOLE, 16, dir=str(tmp_path), transforms=[ScaleReward(2.0)])
+    assert not os.listdir(tmp_path)
