@@ -442,3 +442,24 @@ def test_shared_buffers_refuse_transforms_before_making_a_region(tmp_path):
     with pytest.raises(NotImplementedError, match="transforms"):
         SharedReplayBuffer(CARTPOLE, 16, dir=str(tmp_path), transforms=[ScaleReward(2.0)])
     assert not os.listdir(tmp_path)
+
+
+def test_a_hostile_transform_state_is_a_format_error(tmp_path):
+    import json
+
+    buf = ReplayBuffer(IMAGES, 10, seed=0, transforms=[RandomShift("obs", seed=3)])
+    buf.extend(rows_of(IMAGES, 10))
+    buf.save(tmp_path / "ck")
+    path = tmp_path / "ck" / "state.json"
+    doc = json.loads(path.read_text())
+    states = [None, [{"seed": "x", "counter": 0}], [{"seed": 1, "counter": 2 ** 64}], [None],
+              [{"seed": 1, "counter": 0}, None], {"0": {"seed": 1, "counter": 0}}]
+    for bad in states:
+        st = dict(doc["state"])
+        if bad is None:
+            del st["transforms"]
+        else:
+            st["transforms"] = bad
+        path.write_text(json.dumps(dict(doc, state=st)))
+        with pytest.raises(FormatError, match="state.transforms"):
+            ReplayBuffer.load(tmp_path / "ck")
