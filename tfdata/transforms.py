@@ -656,7 +656,7 @@ class _FunctionPart(Part):
         return rows
 
 
-# -- helpers, lists, configs ----------------------------------------------------------------
+# -- checks, lists, configs -----------------------------------------------------------------
 
 
 def _elems(field) -> int:
