@@ -1729,3 +1729,44 @@ def sac_actor_act_naive(layers, x, eps, scale, bias, deterministic: bool) -> np.
             y = np.tanh(mean + std * np.asarray(eps[r], np.float64))
         out.append(y * np.asarray(scale, np.float64) + np.asarray(bias, np.float64))
     return np.array(out)
+
+
+# -- sample transforms (tfdata.transforms) ------------------------------------------------------
+
+
+def normalize(x, mean, var, eps: float, clip=None) -> np.ndarray:
+    """``(x - mean) / sqrt(var + eps)`` in float64, optionally clipped, rounded to float32."""
+    out = (np.asarray(x, np.float64) - mean) / np.sqrt(var + eps)
+    if clip is not None:
+        out = np.clip(out, -clip, clip)
+    return out.astype(np.float32)
+
+
+def scale_clip(x, scale: float, low=None, high=None) -> np.ndarray:
+    """``clip(x * scale, low, high)``, the product in float64, rounded once to ``x``'s dtype."""
+    out = np.asarray(x, np.float64) * scale
+    if low is not None:
+        out = np.clip(out, low, high)
+    return out.astype(np.asarray(x).dtype)
+
+
+def cast(x, dtype, scale=None) -> np.ndarray:
+    x = np.asarray(x)
+    if scale is None:
+        return x.astype(dtype)
+    return (x.astype(np.float64) * scale).astype(dtype)
+
+
+def random_shift(images, pad: int, key: int, counter: int) -> tuple[np.ndarray, int]:
+    """DrQ's shift: each row padded with its edge pixels (``np.pad(mode="edge")``) on the last
+    two axes, then cropped at ``(dy, dx)``, drawn as the counter RNG's bounded draws from
+    ``[0, 2 * pad]`` (dy, then dx, row by row). Returns (shifted, new counter)."""
+    images = np.asarray(images)
+    out = np.empty_like(images)
+    H, W = images.shape[-2:]
+    widths = [(0, 0)] * (images.ndim - 3) + [(pad, pad), (pad, pad)]
+    for b in range(images.shape[0]):
+        (dy, dx), counter = draw_indices(key, counter, 2 * pad + 1, 2)
+        padded = np.pad(images[b], widths, mode="edge")
+        out[b] = padded[..., dy:dy + H, dx:dx + W]
+    return out, counter

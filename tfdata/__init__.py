@@ -23,6 +23,9 @@ from .rollout import RolloutBuffer  # noqa: E402
 from .shared import SharedReplayBuffer, SharedWriter  # noqa: E402
 from .spec import Field, Spec  # noqa: E402
 from .storage import AoSStorage, SoAStorage, make_storage  # noqa: E402
+from . import transforms  # noqa: E402
+from .transforms import (Cast, ClipReward, Compiled, Function, Normalize, RandomShift,  # noqa: E402
+                         ScaleReward)
 
 from . import datasets  # noqa: E402  (minari and h5py are imported when a conversion runs)
 
@@ -30,5 +33,6 @@ __version__ = "0.2.0"
 
 __all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "nn", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "RateLimiter", "RolloutBuffer", "Spec", "Field", "SpecError", "StaleBatchError", "AoSStorage", "SoAStorage",
            "make_storage", "SharedReplayBuffer", "SharedWriter", "SharedBufferError", "WriterLostWarning",
-           "__version__"]
+           "transforms", "Cast", "ClipReward", "Compiled", "Function", "Normalize", "RandomShift",
+           "ScaleReward", "__version__"]
 __all__.append("datasets")

@@ -39,6 +39,10 @@ class Batch(Mapping):
 
     Notes
     -----
+    A field has its spec's dtype and shape unless a transform of the buffer changed it
+    (``transforms=``, :mod:`tfdata.transforms`): ``Normalize`` shows its field as float32,
+    ``Cast`` as the dtype it names; shapes never change.
+
     Arrays returned by ``sample(copy=False)`` are views into the buffer's output ring. They stay
     valid until the same thread has called ``sample`` with the same batch size (and the same
     ``fields``: a projection has its own ring) ``ring_size`` more times; after that the same

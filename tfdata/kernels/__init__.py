@@ -30,6 +30,7 @@ from ._frames import (RING_STACKS, SHARD_STACKS, final_ring_index, final_ring_ro
 from ._cold import cold_frame_stacks, cold_next_frame_stacks  # noqa: E402
 
 from ._loader import touch_pages, window_order  # noqa: E402
+from ._transforms import cast, normalize, random_shift, scale_clip  # noqa: E402
 
 from ._shared import fifo_commit, fifo_plan, shard_begin, shard_publish  # noqa: E402
 from ._replays import replays_claim, replays_log, replays_recover  # noqa: E402
@@ -51,4 +52,4 @@ __all__ = ["aos", "soa", "spans", "draw_indices", "tree_build", "tree_fill", "tr
            "permutation", "touch_pages", "window_order",
            "fifo_commit", "fifo_plan", "shard_begin", "shard_publish", "replays_claim", "replays_log", "replays_recover",
            "draw_prioritized", "read_heads", "torn_after_copy", "strided", "call_strided", "NSTEP_STRIDED", "ELIDED_STRIDED", "ELIDED_READONLY",
-           "ELIDE_STRIDED", "ELIDE_READONLY"]
+           "ELIDE_STRIDED", "ELIDE_READONLY", "cast", "normalize", "random_shift", "scale_clip"]

@@ -178,6 +178,13 @@ class ReplayBuffer(ReplayCore):
         frames) stays in the file only (see :attr:`cold_info`). Needs the ``zstandard`` package
         (``pip install 'tfdata[compress]'``; ImportError otherwise). See
         :mod:`tfdata.storage.cold`.
+    transforms : list, optional
+        Applied to every batch in order, under the lock, after the gather and the buffer's own
+        transforms (n-step, elision, frame stacks): :class:`tfdata.transforms.Normalize`,
+        ``ScaleReward``, ``ClipReward``, ``RandomShift``, ``Cast``, ``Compiled`` (a numba
+        function of yours, run without the GIL), ``Function`` (a Python callable). A transform
+        may change a field's dtype (``Normalize``: float32). Recorded in ``config`` and
+        checkpoints (a function of yours by its import path: see :meth:`load`).
     allocator : str or tfdata.alloc.Allocator, optional
         Where every array of the buffer comes from (rows, output rings, trees, bookkeeping):
         ``"numpy"``, ``"jemalloc"``, ``"mimalloc"``, ``"hugepages"`` or ``"nohugepages"`` (see
@@ -249,7 +256,7 @@ class ReplayBuffer(ReplayCore):
                  allocator=None, memory_budget=None, stats=None, rate_limiter=None,
                  replays: int | None = None, policy: str | None = None,
                  timeout: float | None = None, frame_stack=None, frame_padding="reset",
-                 compress_cold: bool = False):
+                 compress_cold: bool = False, transforms=None):
         sampler = _named_sampler(sampler, seed, {"replays": replays, "policy": policy,
                                                  "timeout": timeout})
         super().__init__(spec, capacity, sampler, layout=layout, ring_size=ring_size,
@@ -258,7 +265,7 @@ class ReplayBuffer(ReplayCore):
                          hot_rows=hot_rows, hot_bytes=hot_bytes, allocator=allocator,
                          memory_budget=memory_budget, stats=stats, rate_limiter=rate_limiter,
                          frame_stack=frame_stack, frame_padding=frame_padding,
-                         compress_cold=compress_cold)
+                         compress_cold=compress_cold, transforms=transforms)
 
     @property
     def config(self) -> dict:

@@ -137,6 +137,8 @@ class Parts:
     transforms : list
         What a sample applies after the sampler's draw, in order (n-step, elision, frames, and
         last a spilling storage's release).
+    sample_transforms : list
+        The bound parts of ``transforms=`` (:mod:`tfdata.transforms`), also in ``transforms``.
     held
         What a rate-limited sample waits on: ``.size`` is the rows a batch can draw.
     limiter : RateLimiter or None
@@ -144,7 +146,8 @@ class Parts:
     """
 
     __slots__ = ("plan", "storage", "writer", "sampler", "lock", "episodes", "frame_stacks",
-                 "stats", "spill", "cold", "streams", "transforms", "held", "limiter")
+                 "stats", "spill", "cold", "streams", "transforms", "held", "limiter",
+                 "sample_transforms")
 
 
 def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
@@ -216,6 +219,10 @@ def build(plan, allocator, budget_room=None, grow_budget=None) -> Parts:
         flags = (p.storage.field(roles["terminated"]), p.storage.field(roles["truncated"]))
         p.transforms.append(FrameStack(plan.spec, p.frame_stacks, p.episodes, flags, p.streams,
                                        allocator, p.cold))
+    # the user's transforms, after the buffer's own (they see n-step returns, stacks)
+    ctx = plan.transform_context(p.stats, allocator)
+    p.sample_transforms = [t.bind(ctx) for t in plan.transforms]
+    p.transforms.extend(p.sample_transforms)
     if p.spill is not None:  # after every other transform has read its rows
         p.transforms.append(_SpillRelease(p.spill))
     p.lock = threading.Lock()

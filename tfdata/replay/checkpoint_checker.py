@@ -42,7 +42,8 @@ _DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
 # earlier version may lack
 _CONFIG_KEYS = ("capacity", "layout", "ring_size", "num_envs", "n_step", "gamma", "next_of",
                 "elide_next", "roles")
-_CONFIG_OPTIONAL = ("stats", "sampler", "rate_limiter", "frame_stack", "frame_padding")
+_CONFIG_OPTIONAL = ("stats", "sampler", "rate_limiter", "frame_stack", "frame_padding",
+                    "transforms")
 #: the keywords of a load a checkpoint never sets: where a buffer spills and what memory it
 #: takes are the caller's
 OVERRIDES = ("spill_path", "hot_rows", "hot_bytes", "allocator", "memory_budget")

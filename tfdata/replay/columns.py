@@ -416,6 +416,14 @@ class RunningStats:
         self.sync()
         return self.trees[name].summary()
 
+    def tree(self, name: str) -> tuple:
+        """``(cnt, vals, moments)`` of field ``name``'s tree (int64 ``(nodes,)``, float64
+        ``(nodes, 4, k)``, float64 ``(5, k)`` scratch), what a kernel reads the statistics of the
+        rows held from after :meth:`sync` (:func:`tfdata.kernels._transforms.normalize`): the
+        same arrays for the buffer's life."""
+        t = self.trees[name]
+        return t.cnt, t.vals, t.out
+
     def mark(self, name: str, slots: np.ndarray) -> None:
         """Rows ``slots`` (int64, each < capacity) of field ``name`` were rewritten in place."""
         t = self.trees.get(name)

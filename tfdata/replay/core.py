@@ -224,6 +224,18 @@ class ReplayCore(Sampling):
     def ring_size(self) -> int:
         return self._planned.ring_size
 
+    @property
+    def transforms(self) -> tuple:
+        """The transforms every sample applies, in order (``transforms=``, see
+        :mod:`tfdata.transforms`)."""
+        return self._planned.transforms
+
+    @property
+    def transform_parts(self) -> tuple:
+        """The bound parts of :attr:`transforms` (what a state's ``transforms`` entry is
+        checked by)."""
+        return tuple(self._parts.sample_transforms)
+
     def __len__(self) -> int:
         return self._writer.size
 
@@ -339,7 +351,7 @@ class ReplayCore(Sampling):
         save(self, path, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path, *, samplers=(), **spill):
+    def load(cls, path, *, samplers=(), transforms=(), **spill):
         """Rebuild a buffer saved with :meth:`save`; it continues exactly where it stopped.
 
         ``ReplayBuffer.load`` returns whichever buffer class was saved (``ReplayBuffer`` or
@@ -353,11 +365,15 @@ class ReplayCore(Sampling):
         running statistics of other fields than the checkpoint's (computed from the rows: a
         checkpoint written before statistics existed can have them so);
         ``layout=`` rebuilds it in another layout (the same samples).
+        ``transforms=[my_fn, ...]``: the functions of yours a checkpoint's ``Compiled`` and
+        ``Function`` transforms may name (an allow-list, by import path ``module:qualname``; a
+        path recorded in the checkpoint that is not among them is a FormatError naming it).
         """
         from .checkpoint import load
 
         # a checkpoint of another class is refused before anything is built
-        return load(path, planning.buffer_classes(ReplayCore), want=cls, samplers=samplers, **spill)
+        return load(path, planning.buffer_classes(ReplayCore), want=cls, samplers=samplers,
+                    transforms=transforms, **spill)
 
     def load_state_dict(self, state: Mapping, release=None, records=None) -> None:
         """Restore a :meth:`state_dict`; validated in full first, so a bad state changes nothing.

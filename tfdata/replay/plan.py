@@ -18,6 +18,7 @@ import numpy as np
 from .._budget import parse_bytes
 from .._checks import check_int
 from ..spec import Spec
+from ..transforms import Context, check_transforms
 from ..storage import isolate_layout, output_nbytes, resolve_layout, restrict_layout, storage_nbytes
 from . import combinations
 from .columns import check_stats_fields, stats_nbytes
@@ -32,7 +33,7 @@ from .writers import writer_for
 CONFIG_DEFAULTS = dict(layout=None, ring_size=2, num_envs=1, n_step=None, gamma=0.99,
                        next_of="auto", elide_next=False, roles=None, spill_path=None,
                        hot_rows=None, hot_bytes=None, stats=None, frame_stack=None,
-                       frame_padding="reset", compress_cold=False)
+                       frame_padding="reset", compress_cold=False, transforms=None)
 
 
 def min_capacity(spec, **options) -> int:
@@ -117,6 +118,7 @@ class Plan:
         self.stored = stored_spec(self.frame_spec, self.elided, bool(self.elided))
         self.stats_fields = check_stats_fields(self.spec, self.stored, stats, self.elided,
                                                bool(self.elided))
+        self.transforms = check_transforms(o["transforms"], self.transform_context())
         # the layout of the spec's fields (what ``layout`` returns), and of the stored ones
         # (a stacked field's frames in a column of their own)
         self.layout = resolve_layout(o["layout"], self.spec)
@@ -146,6 +148,11 @@ class Plan:
                              f"fewer than a stack of {kmax} frames; use a capacity of at least "
                              f"{kmax * self.num_envs}")
 
+    def transform_context(self, stats=None, allocator=None) -> Context:
+        """What the sample transforms are checked against (and, given ``stats`` and
+        ``allocator``, bound to)."""
+        return Context(self.spec, self.roles, self.stats_fields, self.stacked, stats, allocator)
+
     @property
     def tracks_episodes(self) -> bool:
         """Episode numbers are kept: the spec has the flags and the writer keeps stream order
@@ -173,6 +180,8 @@ class Plan:
         if self.frames is not None:
             config["frame_stack"] = dict(self.frames["stacks"])
             config["frame_padding"] = padding_config(self.frames)
+        if self.transforms:
+            config["transforms"] = [t.config() for t in self.transforms]
         return config
 
     def storage(self) -> dict:
@@ -239,4 +248,7 @@ class Plan:
                 total += FrameStack.plan_ring(self.spec, self.frames, rows, fields)
             if self.n_step is not None:
                 total += NStep.plan_ring(rows, length, self.roles, fields)
+        if self.transforms:
+            ctx = self.transform_context()
+            total += sum(t.ring_nbytes(ctx, rows, fields) for t in self.transforms)
         return total

@@ -69,7 +69,8 @@ class Sampling:
         Returns
         -------
         Batch
-            ``batch[name]`` has dtype ``spec[name].dtype`` and shape
+            ``batch[name]`` has dtype ``spec[name].dtype`` (unless a transform changes it:
+            ``Normalize`` gives float32, ``Cast`` its dtype) and shape
             ``(batch_size, *spec[name].shape)``; ``batch.indices`` (int64, ``(batch_size,)``)
             holds the storage slots. A prioritized buffer also sets ``batch.weights`` (float32
             importance weights, at most 1) and ``batch.versions``.

@@ -16,13 +16,15 @@ from ..errors import SpecError
 from ..spec import Spec
 from .samplers import RNG_KEYS, sampler_name, state_key
 from .writers import RingWriter
+from ..transforms import check_states, from_config
 
 STATE_FORMAT = "tfdata.ReplayBuffer"
 STATE_VERSION = 1
 #: the keys of a state dict that are not a sampler's: every other key is the part a sampler
 #: keeps beyond its RNG position, under its name (:func:`tfdata.replay.samplers.state_key`)
 STATE_KEYS = frozenset({"format", "version", "spec", "capacity", "layout", "writer", "sampler",
-                        "data", "num_envs", "episodes", "frames", "stats", "rate_limiter"})
+                        "data", "num_envs", "episodes", "frames", "stats", "rate_limiter",
+                        "transforms"})
 
 
 def gather(parts, copy: bool) -> dict:
@@ -49,6 +51,8 @@ def gather(parts, copy: bool) -> dict:
         state["stats"] = parts.stats.state_dict()
     if parts.limiter is not None:
         state["rate_limiter"] = parts.limiter.state_dict()
+    if parts.sample_transforms:  # their RNG positions (None for a transform without state)
+        state["transforms"] = [t.state_dict() for t in parts.sample_transforms]
     return state
 
 
@@ -155,7 +159,11 @@ def restore(parts, state: Mapping, release=None, records=None) -> None:
     counts = None
     if parts.limiter is not None:
         counts = _limiter_counts(parts.limiter, state.get("rate_limiter"), size)
+    transforms = check_states(parts.sample_transforms, state.get("transforms"))
     with parts.lock:
+        for t, st in zip(parts.sample_transforms, transforms):
+            if st is not None:
+                t.load_state(st)
         if counts is not None:
             parts.limiter.load_state(counts)
         parts.storage.load_state_dict(data, size, release, records)
@@ -179,6 +187,10 @@ class RingCheckpoint:
     # -- save ---------------------------------------------------------------------------------
     @staticmethod
     def unsaved_reason(buffer) -> str | None:
+        for t in buffer.transforms:
+            reason = t.unsaved_reason()
+            if reason is not None:
+                return reason
         return type(buffer).unsaved_reason(buffer.sampler)
 
     @staticmethod
@@ -200,17 +212,22 @@ class RingCheckpoint:
         from .._budget import parse_bytes
         from .checkpoint_checker import OVERRIDES
 
-        bad = set(given) - set(OVERRIDES) - {"stats", "layout"}
+        bad = set(given) - set(OVERRIDES) - {"stats", "layout", "transforms"}
         if bad:
             raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: "
-                            f"{OVERRIDES + ('stats', 'layout', 'samplers')}")
+                            f"{OVERRIDES + ('stats', 'layout', 'samplers', 'transforms')}")
         given = dict(given)
+        allowed = given.pop("transforms", ())
+        allowed = () if allowed is None else allowed
+        if isinstance(allowed, (str, bytes)) or not hasattr(allowed, "__iter__"):
+            raise TypeError(f"load: transforms must be a list of functions, got "
+                            f"{type(allowed).__name__}")
         wanted = {"stats": given.pop("stats")} if "stats" in given else {}
         layout = given.pop("layout", None)
         budget = given.get("memory_budget")
         if given.get("allocator") is not None:
             given["allocator"] = alloc.resolve(given["allocator"])
-        return {"wanted": wanted, "layout": layout, "rest": given,
+        return {"wanted": wanted, "layout": layout, "rest": given, "transforms": list(allowed),
                 "budget": None if budget is None else parse_bytes("memory_budget", budget)}
 
     @staticmethod
@@ -241,13 +258,16 @@ class RingCheckpoint:
         state_keys += ("rate_limiter",) if limited else ()
         framed = isinstance(doc["config"], dict) and "frame_stack" in doc["config"]
         state_keys += ("frames",) if framed else ()
-        c.obj("state", st, state_keys, optional=("stats",))
+        c.obj("state", st, state_keys, optional=("stats", "transforms"))
         if st["format"] != STATE_FORMAT or type(st["version"]) is not int or st["version"] != 1:
             raise FormatError(f"{c.spath}: state: format {shown(st['format'])} version "
                               f"{shown(st['version'])} is not a tfdata.ReplayBuffer state of "
                               f"version 1")
         spec = c.spec(st["spec"])
         config, sampler_config = c.config(doc["config"], spec)
+        if "transforms" in config:  # user functions resolved only among the caller's
+            config["transforms"] = from_config(config["transforms"], options["transforms"],
+                                               f"{c.spath}: config.transforms")
         cap, layout, envs = config["capacity"], config["layout"], config["num_envs"]
         for k, want in (("capacity", cap), ("num_envs", envs)):
             if type(st[k]) is not type(want) or st[k] != want:
@@ -357,6 +377,15 @@ class RingCheckpoint:
             state["rate_limiter"] = limiter.read_state(c, st["rate_limiter"], size,
                                                        doc["config"]["rate_limiter"])
         buf = c.rebuild(cls, spec, **config, **cls.sampler_options(sm), **options["rest"])
+        if "transforms" in config and "transforms" not in st:
+            c.fail("state.transforms", "a list of the transforms' states (config.transforms "
+                   "lists transforms)", show=False)
+        if "transforms" in st:  # their RNG positions, checked by each (JSON values only)
+            try:
+                state["transforms"] = check_states(buf.transform_parts, st["transforms"])
+            except (TypeError, ValueError) as exc:
+                raise c.caught(exc, "state.transforms") from None
+            state["transforms"] = st["transforms"]
         state["data"] = {name: ds.field(name) for name in stored.names}
         release = ds.release
         order = None

@@ -206,6 +206,9 @@ class SharedReplayBuffer(Sampling):
         need an entry that a held row still uses (more than ``final_frames`` episodes ending
         within ``shard_capacity`` rows of a shard) is refused with SharedBufferError, nothing
         written.
+    transforms : None
+        Not built for shared buffers (NotImplementedError): a row drawn again after a torn
+        read would miss them.
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
         process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
@@ -234,7 +237,11 @@ class SharedReplayBuffer(Sampling):
                  n_step: int | None = None, gamma: float = 0.99, next_of="auto", roles=None,
                  memory_budget=None, stats=None, rate_limiter=None, sampler=None,
                  replays: int | None = None, timeout: float | None = None, frame_stack=None,
-                 frame_padding="reset", final_frames: int | None = None):
+                 frame_padding="reset", final_frames: int | None = None, transforms=None):
+        if transforms:  # a row drawn again after a torn read would miss them (see the record)
+            raise NotImplementedError("SharedReplayBuffer: transforms= is not built for shared "
+                                      "buffers yet; apply them to the batch after sample (see "
+                                      "docs/design/sample-transforms.md)")
         spec = spec if isinstance(spec, Spec) else Spec(spec)
         shards, cap = check_shards(capacity, num_writers)
         if mode not in MODES:
