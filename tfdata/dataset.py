@@ -119,6 +119,17 @@ class Dataset:
         self.spec[name]
         return self._fields[name]
 
+    def byte_bases(self) -> tuple:
+        """The arrays holding the rows, as read-only C-contiguous ``uint8[len, row_bytes]``
+        views (the record array, one per column, one per group): where :meth:`spans` point,
+        as :meth:`tfdata.storage.Storage.byte_bases` for a storage."""
+        return tuple(self._rows.kernel_store)
+
+    def spans(self) -> dict:
+        """Where each field's bytes are: ``{name: (base, offset, width)}`` in the rows of
+        :meth:`byte_bases` (see :meth:`tfdata.storage.Storage.spans`)."""
+        return self._rows.spans()
+
     def project(self, fields) -> "ProjectedDataset":
         """The fields ``fields`` of this dataset, over the same memory (nothing is copied).
 
@@ -229,6 +240,12 @@ class ProjectedDataset(_MappedPages, Dataset):
 
     def _copy_range(self, start: int, m: int, out: Output) -> None:
         self._rows.copy_range(start, m, out)
+
+    def byte_bases(self) -> tuple:
+        raise TypeError(f"{self!r}: a projection has no byte bases of its own; use its parent's")
+
+    def spans(self) -> dict:
+        raise TypeError(f"{self!r}: a projection has no spans of its own; use its parent's")
 
     def close(self) -> None:
         """Drop the references to the parent's memory (the parent's files stay open)."""

@@ -1,0 +1,469 @@
+"""Batches mixed from several sources: :class:`MixedReplayBuffer`.
+
+Each batch takes a fixed share of its rows from each source: a dataset (read-only rows, drawn
+uniformly by a sampler this buffer owns) or a replay buffer (drawn by its own sampler, under its
+own lock, through :meth:`~tfdata.ReplayBuffer.sample_into`). Every source gathers straight into
+its rows of one output batch, through a projection of its rows into C-contiguous columns
+(:class:`~tfdata.storage.Projection`): one kernel call per source, no copy after. The design and
+what was rejected: docs/design/mixed.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping
+from fractions import Fraction
+
+import numpy as np
+
+from .._budget import parse_bytes
+from .._checks import check_int
+from .._rng import MASK64
+from ..batch import UNHELD, Batch, getrefcount, retire
+from ..dataset import Dataset
+from ..errors import MemoryBudgetError, SpecError
+from ..storage import Output, Projection
+from .core import ReplayCore
+from . import mixed_files
+from .mixed_files import MAX_SOURCES, NAME
+from .prioritized import PrioritizedReplayBuffer
+from .rings import fields_key
+from .samplers import StateError, shown, state_int
+from .samplers.uniform import UniformSampler
+
+__all__ = ["MixedBatch", "MixedReplayBuffer", "split"]
+
+
+
+class MixedBatch(Batch):
+    """A :class:`~tfdata.Batch` of rows from several sources.
+
+    Attributes
+    ----------
+    source : ndarray of uint8, shape (batch_size,)
+        The source number of each row (the order of ``sources``): rows ``[0, k0)`` come from
+        source 0, ``[k0, k0 + k1)`` from source 1, ...
+    indices : ndarray of int64, shape (batch_size,)
+        Each row's row number (dataset) or slot (buffer) in its source.
+    weights : ndarray of float32, shape (batch_size,)
+        1 for rows of uniform sources; a prioritized source's importance weights for its rows,
+        normalized as that source normalizes them alone (``(p_min / p_i) ** beta`` over its
+        own tree: at most 1), per source.
+    versions : ndarray of uint32, shape (batch_size,), or None
+        The write versions of the rows of prioritized sources (0 for other rows); None when no
+        source is prioritized.
+    """
+
+    __slots__ = ("source",)
+
+    def __init__(self, fields, indices, source, weights, versions):
+        super().__init__(fields, indices, weights, versions)
+        self.source = source
+
+    def copy(self) -> "MixedBatch":
+        """A deep copy, valid forever."""
+        return MixedBatch({k: v.copy() for k, v in self._fields.items()}, self.indices.copy(),
+                          self.source.copy(), self.weights.copy(),
+                          None if self.versions is None else self.versions.copy())
+
+
+def split(batch_size: int, fractions) -> list:
+    """Rows of a batch of ``batch_size`` per source, by the largest remainder method: source
+    ``i`` gets ``floor(B * f_i / sum(f))`` rows (exact rational arithmetic on the float
+    fractions), and the rows left go one each to the sources of the largest remainders, ties to
+    the earlier source. Deterministic, and the shares sum to ``batch_size``."""
+    fr = [Fraction(f) for f in fractions]
+    total = sum(fr)
+    quotas = [batch_size * f / total for f in fr]
+    ks = [q.numerator // q.denominator for q in quotas]
+    order = sorted(range(len(fr)), key=lambda i: (-(quotas[i] - ks[i]), i))
+    for i in order[:batch_size - sum(ks)]:
+        ks[i] += 1
+    return ks
+
+
+def _spec_text(spec) -> str:
+    return "{" + ", ".join(f"{f.name}: {f.dtype}{list(f.shape)}" for f in spec) + "}"
+
+
+class _Ring:
+    """``ring_size`` mixed batches of one shape, each with the draws that fill it."""
+
+    __slots__ = ("draws", "batches", "next", "nbytes", "need", "keep", "__weakref__")
+
+
+class MixedReplayBuffer:
+    """Batches drawn from several sources in fixed proportions (offline-to-online RL: RLPD's
+    half from a dataset, half from the online buffer).
+
+    Parameters
+    ----------
+    sources : mapping of str to source
+        In batch order. A source is an :class:`~tfdata.ArrayDataset` or
+        :class:`~tfdata.MmapDataset` (any layout; read-only rows drawn uniformly with
+        replacement by a sampler of this buffer), or a :class:`~tfdata.ReplayBuffer` or
+        :class:`~tfdata.PrioritizedReplayBuffer` (its own sampler, lock and writes: keep
+        pushing to it; no n-step, elided next fields, frame stacks or spilling). Every source
+        has the same fields, dtypes and shapes; layouts may differ. At most 255 sources; names
+        are plain words (letters, digits, ``_ . -``).
+    fractions : mapping of str to float, optional
+        Each source's share, positive, summing to 1 (within 1e-6); default equal shares. The
+        rows of a batch per source: :func:`split` (largest remainder).
+    seed : int, optional
+        Dataset source ``i`` (``i`` its number among all sources) is drawn by a uniform
+        sampler seeded ``(seed + i) mod 2**64`` (the counter RNG of every tfdata sampler); None
+        draws a seed from the OS (recorded in :meth:`state_dict`).
+    ring_size : int, default 2
+        Batches per output ring (see :meth:`sample`).
+    allocator, memory_budget
+        Where the output rings come from; bytes they may take (checked before each ring).
+
+    Raises
+    ------
+    SpecError
+        Sources whose fields differ (the field and both sources' specs named).
+    ValueError, TypeError
+        Bad fractions, names, sources, seed. Nothing is built.
+    """
+
+    def __init__(self, sources: Mapping, fractions: Mapping | None = None, *, seed=None,
+                 ring_size: int = 2, allocator=None, memory_budget=None):
+        from .. import alloc
+
+        if not isinstance(sources, Mapping) or not 1 <= len(sources) <= MAX_SOURCES:
+            raise TypeError(f"sources: expected a mapping of 1 to {MAX_SOURCES} names to sources, "
+                            f"got {shown(sources)}")
+        names = list(sources)
+        for n in names:
+            if not isinstance(n, str) or not NAME.match(n):
+                raise ValueError(f"sources: name {n!r}: expected a plain word of at most 64 "
+                                 f"letters, digits, '_', '.', '-'")
+        first = None
+        for n in names:
+            s = sources[n]
+            if isinstance(s, ReplayCore):
+                s.check_sample_into()
+            elif not isinstance(s, Dataset) or not hasattr(s, "byte_bases"):
+                raise TypeError(f"sources[{n!r}]: expected a ReplayBuffer, "
+                                f"PrioritizedReplayBuffer, ArrayDataset or MmapDataset, got "
+                                f"{type(s).__name__}")
+            if first is None:
+                first = n
+            elif s.spec != sources[first].spec:
+                self._refuse_spec(first, sources[first].spec, n, s.spec)
+        self._fractions = self._check_fractions(names, fractions)
+        self.ring_size = check_int("ring_size", ring_size, 1, 1 << 16)
+        if seed is None:
+            import secrets
+
+            seed = secrets.randbits(63)
+        if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed: expected an int or None, got {shown(seed)}")
+        self.seed = int(seed) & MASK64
+        self.memory_budget = None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+        self.allocator = alloc.resolve(allocator)
+        self.spec = sources[first].spec
+        self._names, self._sources = tuple(names), dict(sources)
+        self._samplers = {}  # name: the uniform sampler of a dataset source
+        for i, n in enumerate(names):
+            if not isinstance(sources[n], ReplayCore):
+                self._samplers[n] = UniformSampler((self.seed + i) & MASK64)
+        self._prioritized = any(isinstance(s, PrioritizedReplayBuffer) for s in sources.values())
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._rings = weakref.WeakSet()  # every thread's, for nbytes_parts
+        self._projections: dict = {}  # (source, names): Projection
+
+    @staticmethod
+    def _refuse_spec(a, sa, b, sb):
+        fa, fb = {f.name: f for f in sa}, {f.name: f for f in sb}
+        for name in list(fa) + [n for n in fb if n not in fa]:
+            x, y = fa.get(name), fb.get(name)
+            if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape:
+                show = lambda f: "absent" if f is None else f"{f.dtype}{list(f.shape)}"  # noqa: E731
+                raise SpecError(f"sources {a!r} and {b!r} differ at field {name!r} ({show(x)} "
+                                f"against {show(y)}): {a}: {_spec_text(sa)}; {b}: {_spec_text(sb)}")
+        raise SpecError(f"sources {a!r} and {b!r} hold their fields in another order: "
+                        f"{a}: {_spec_text(sa)}; {b}: {_spec_text(sb)}")
+
+    @staticmethod
+    def _check_fractions(names, fractions) -> dict:
+        if fractions is None:
+            return {n: 1.0 / len(names) for n in names}
+        if not isinstance(fractions, Mapping) or set(fractions) != set(names):
+            raise ValueError(f"fractions: expected one fraction per source {list(names)}, got "
+                             f"{list(fractions) if isinstance(fractions, Mapping) else shown(fractions)}")
+        out = {}
+        for n in names:
+            f = fractions[n]
+            if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)) \
+                    or not 0.0 < float(f) <= 1.0:
+                raise ValueError(f"fractions[{n!r}]: expected a number in (0, 1], got {shown(f)}")
+            out[n] = float(f)
+        if abs(sum(out.values()) - 1.0) > 1e-6:
+            raise ValueError(f"fractions: expected a sum of 1, got {sum(out.values())!r} "
+                             f"({out})")
+        return out
+
+    # -- introspection -----------------------------------------------------------------------
+    @property
+    def sources(self) -> dict:
+        """``{name: source}``, in batch order (a new dict)."""
+        return dict(self._sources)
+
+    @property
+    def fractions(self) -> dict:
+        """``{name: fraction}`` (a new dict)."""
+        return dict(self._fractions)
+
+    def shares(self, batch_size: int) -> dict:
+        """``{name: rows}`` of a batch of ``batch_size`` rows (:func:`split`)."""
+        return dict(zip(self._names, split(batch_size, self._fractions.values())))
+
+    def __len__(self) -> int:
+        """Rows held by all sources together."""
+        return sum(len(s) for s in self._sources.values())
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {type(s).__name__}({len(s)} rows) x {self._fractions[n]:g}"
+                          for n, s in self._sources.items())
+        return f"MixedReplayBuffer({parts})"
+
+    @property
+    def config(self) -> dict:
+        """What rebuilds this buffer beside its sources: source names and kinds, fractions,
+        ring size (the seed is in the state)."""
+        return {"sources": [[n, "buffer" if isinstance(s, ReplayCore) else "dataset"]
+                            for n, s in self._sources.items()],
+                "fractions": dict(self._fractions), "ring_size": self.ring_size}
+
+    @classmethod
+    def from_config(cls, config: Mapping, sources: Mapping, *, seed=None, **kwargs):
+        """A buffer of ``config`` (a :attr:`config`) over ``sources`` (the same names and kinds)."""
+        kinds = [list(x) for x in config["sources"]]
+        given = [[n, "buffer" if isinstance(s, ReplayCore) else "dataset"] for n, s in sources.items()]
+        if kinds != given:
+            raise ValueError(f"sources: expected {kinds} (names and kinds, in order), got {given}")
+        return cls(sources, config["fractions"], seed=seed, ring_size=config["ring_size"], **kwargs)
+
+    # -- memory ------------------------------------------------------------------------------
+    def plan_ring(self, batch_size: int, fields=None) -> int:
+        """Bytes of one output ring of ``batch_size`` rows (of ``fields``, default all):
+        per batch the columns, indices (8 bytes a row), ``source`` (1), ``weights`` (4),
+        ``versions`` (4, with a prioritized source) and each buffer source's sampler arrays for
+        its rows (its ``ring_nbytes``)."""
+        names = self.spec.names if fields is None else self.spec.select(fields)
+        row = sum(self.spec[n].nbytes for n in names) + 8 + 1 + 4 + (4 if self._prioritized else 0)
+        per = batch_size * row + sum(
+            s.sampler.ring_nbytes(k, None) for s, k in zip(self._sources.values(),
+                                                           split(batch_size, self._fractions.values()))
+            if isinstance(s, ReplayCore))
+        return self.ring_size * per
+
+    @property
+    def nbytes_parts(self) -> dict:
+        """``{"output_rings": bytes}``: every thread's rings (the sources' memory is theirs)."""
+        return {"output_rings": int(sum(r.nbytes for r in list(self._rings)))}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.nbytes_parts.values())
+
+    # -- sampling ----------------------------------------------------------------------------
+    def _projection(self, i: int, names: tuple) -> Projection:
+        # one C-contiguous column per field whatever the source's layout: every source writes
+        # the same output
+        key = (i, names)
+        p = self._projections.get(key)
+        if p is None:
+            s = self._sources[self._names[i]]
+            src = s.storage if isinstance(s, ReplayCore) else s
+            p = self._projections[key] = Projection(self.spec, names, src.byte_bases(), src.spans(),
+                                                    self.allocator)
+        return p
+
+    def _admit(self, batch_size: int, ks: list) -> None:
+        for n, k in zip(self._names, ks):
+            f = self._fractions[n]
+            if k == 0:
+                raise ValueError(f"batch_size {batch_size}: source {n!r} (fraction {f:g}) would "
+                                 f"get 0 rows; a batch takes at least one row of every source "
+                                 f"(batch_size >= {int(np.ceil(1 / f))} for this one)")
+            if k > len(self._sources[n]):
+                raise ValueError(f"batch_size {batch_size}: source {n!r} holds "
+                                 f"{len(self._sources[n])} rows, fewer than its share of {k} "
+                                 f"rows (fraction {f:g}); rows are drawn with replacement, but a "
+                                 f"share needs that many rows held")
+
+    def _new_ring(self, batch_size: int, names: tuple, key) -> _Ring:
+        ks = split(batch_size, self._fractions.values())
+        self._admit(batch_size, ks)
+        planned = self.plan_ring(batch_size, names)
+        if self.memory_budget is not None and self.nbytes + planned > self.memory_budget:
+            raise MemoryBudgetError(f"memory_budget {self.memory_budget} bytes: an output ring of "
+                                    f"batch_size {batch_size} needs {planned} bytes beside the "
+                                    f"{self.nbytes} held")
+        a, ring = self.allocator, _Ring()
+        ring.draws, ring.batches, ring.next, ring.keep = [], [], 0, []
+        ring.need = [(self._sources[n], k, n) for n, k in zip(self._names, ks)]
+        for _ in range(self.ring_size):
+            out = self._projection(0, names).new_output(batch_size, a)
+            source = a.zeros(batch_size, np.uint8)
+            weights = a.zeros(batch_size, np.float32)
+            weights[:] = 1.0
+            versions = a.zeros(batch_size, np.uint32) if self._prioritized else None
+            draws, at = [], 0
+            for i, (n, k) in enumerate(zip(self._names, ks)):
+                source[at:at + k] = i
+                proj, s = self._projection(i, names), self._sources[n]
+                win = Output(out.indices[at:at + k], {}, proj.kernel_rows(out, at, k), None, proj)
+                if isinstance(s, ReplayCore):
+                    arrays, shown_as = s.sampler.ring_arrays(k, None, win), {}
+                    ring.keep.append(dict(arrays))  # as allocated (what the plan counts)
+                    s.sampler.batch_view(arrays, {}, shown_as)
+                    for key_, v in list(arrays.items()):  # the batch's own rows, not a copy
+                        if v is shown_as.get("weights"):
+                            arrays[key_] = weights[at:at + k]
+                        elif v is shown_as.get("versions") and versions is not None:
+                            arrays[key_] = versions[at:at + k]
+                    draws.append((s.sample_into, win, arrays))
+                else:
+                    draws.append((self._samplers[n].sample, len(s), win, {}))
+                at += k
+            ring.draws.append(draws)
+            ring.keep += [out.indices, *out.kernel_out, source, weights]
+            if versions is not None:
+                ring.keep.append(versions)
+            ring.batches.append(MixedBatch({m: out.fields[m] for m in names}, out.indices, source,
+                                           weights, versions))
+        rings = getattr(self._local, "rings", None)
+        if rings is None:
+            rings = self._local.rings = {}
+        rings[key] = rings[(batch_size, names)] = ring
+        ring.nbytes = int(sum(sum(v.nbytes for v in x.values() if isinstance(v, np.ndarray))
+                              if isinstance(x, dict) else x.nbytes for x in ring.keep))
+        self._rings.add(ring)
+        return ring
+
+    def sample(self, batch_size: int, *, copy: bool = False, fields=None) -> MixedBatch:
+        """One batch: each source's share of rows (:meth:`shares`), drawn by its sampler
+        straight into its rows of the batch.
+
+        Parameters
+        ----------
+        batch_size : int
+            Every source gets at least one row, and no more than it holds; both checked before
+            a new output ring is allocated (ValueError naming the source).
+        copy : bool, default False
+            False: views into this thread's output ring, valid until this thread has sampled
+            ``ring_size`` more batches of this size and fields (a batch held then goes stale:
+            :class:`~tfdata.StaleBatchError`); True: arrays that are the caller's.
+        fields : list of str, optional
+            Only these fields (the same rows and random numbers as a full batch).
+
+        Returns
+        -------
+        MixedBatch
+            ``batch[name]``: ``spec[name].dtype``, ``(batch_size, *shape)``, C-contiguous;
+            ``source``, ``indices``, ``weights``, ``versions`` as :class:`MixedBatch` says.
+            The same seed and source states give the same batches, bit for bit, whatever the
+            sources' layouts.
+        """
+        if type(batch_size) is not int:
+            batch_size = check_int("batch_size", batch_size, 1)
+        key = batch_size if fields is None else (batch_size, fields_key(fields))
+        try:
+            ring = self._local.rings[key]
+        except (AttributeError, KeyError, TypeError):
+            names = self.spec.names if fields is None else self.spec.select(fields)
+            ring = self._new_ring(check_int("batch_size", batch_size, 1), names, key)
+        with self._lock:
+            for s, k, n in ring.need:  # before any source draws: a refused batch draws nothing
+                if k > len(s):
+                    raise ValueError(f"source {n!r} holds {len(s)} rows, fewer than its share "
+                                     f"of {k} rows of a batch of {batch_size}")
+            i = ring.next
+            for draw in ring.draws[i]:
+                draw[0](*draw[1:])
+            ring.next = (i + 1) % len(ring.batches)
+            batch = ring.batches[i]
+            if getrefcount(batch) > UNHELD:
+                batch = ring.batches[i] = retire(batch)
+        return batch.copy() if copy else batch
+
+    def update_priorities(self, batch: MixedBatch, priorities) -> None:
+        """Route ``priorities`` (float ``(batch_size,)``) of a batch of this buffer to its
+        prioritized sources, each with its own checks (values, slots, rows overwritten since
+        the sample, by the batch's versions); rows of other sources are ignored (their values
+        are not read). Every update is checked before any is applied, with every prioritized
+        source's lock held: a refusal (ValueError, StaleBatchError) changes nothing."""
+        if not isinstance(batch, MixedBatch):
+            raise TypeError(f"update_priorities: expected a MixedBatch of this buffer, got "
+                            f"{type(batch).__name__}")
+        source, idx, versions = batch.source, batch.indices, batch.versions  # stale: raises
+        p = np.asarray(priorities, dtype=np.float64)
+        if p.shape != idx.shape:
+            raise SpecError(f"update_priorities: expected priorities of shape {idx.shape}, got "
+                            f"shape {p.shape}")
+        targets = [(i, s) for i, s in enumerate(self._sources.values())
+                   if isinstance(s, PrioritizedReplayBuffer)]
+        locks = [s.lock for _, s in targets]
+        for lock in locks:  # in source order, always: no two callers wait on each other
+            lock.acquire()
+        try:
+            prepared = []
+            for i, s in targets:
+                rows = source == i
+                prepared.append((s, s.prepare_update(Batch({}, idx[rows], versions=versions[rows]),
+                                                     p[rows])))
+            for s, prep in prepared:
+                s.apply_update(prep)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The RNG positions of the dataset sources' samplers: ``{"seed", "datasets": {name:
+        counter}}``. The buffer sources' states are theirs (their ``state_dict``), not
+        included; :meth:`save` writes them beside this one."""
+        with self._lock:
+            return {"seed": self.seed, "datasets": {n: s.counter for n, s in self._samplers.items()}}
+
+    def check_state(self, state) -> tuple:
+        """Validate a :meth:`state_dict` (untrusted: every key and value), nothing changed;
+        :class:`~tfdata.replay.samplers.StateError` naming the field."""
+        if not isinstance(state, Mapping) or set(state) != {"seed", "datasets"}:
+            raise StateError("state", "an object of the keys ['datasets', 'seed']", shown(state))
+        seed = state_int(state, "seed", "seed", 0, MASK64)
+        d = state["datasets"]
+        if not isinstance(d, Mapping) or set(d) != set(self._samplers):
+            raise StateError("datasets", f"one counter per dataset source {sorted(self._samplers)}",
+                             shown(d))
+        return seed, {n: state_int(d, n, f"datasets.{n}", 0, MASK64) for n in self._samplers}
+
+    def load_state_dict(self, state) -> None:
+        """Restore a :meth:`state_dict` (checked in full first)."""
+        seed, counters = self.check_state(state)
+        with self._lock:
+            self.seed = seed
+            for i, n in enumerate(self._names):
+                if n in counters:
+                    self._samplers[n].load_state(((seed + i) & MASK64, counters[n]))
+
+    def save(self, path, *, overwrite: bool = False) -> None:
+        """Write a checkpoint directory: this buffer's config and state, each buffer source as
+        its own checkpoint inside, each dataset source by reference (its path and identity,
+        never its rows; see :mod:`tfdata.replay.mixed_files`). Atomic: written beside ``path``,
+        then renamed; ``overwrite=True`` replaces only a mixed checkpoint."""
+        mixed_files.save(self, path, overwrite)
+
+    @classmethod
+    def load(cls, path, *, datasets=None, samplers=(), **kwargs) -> "MixedReplayBuffer":
+        """Rebuild a buffer saved with :meth:`save`; it continues with the same batches.
+        ``datasets``: ``{name: dataset}`` for dataset sources not opened from their recorded
+        path (an ArrayDataset's; checked against the recorded rows and spec). ``samplers``: as
+        for :meth:`tfdata.ReplayBuffer.load`. FormatError (naming file and field) for a
+        checkpoint it will not read, or a dataset that changed since the save."""
+        return mixed_files.load(cls, path, datasets or {}, samplers, kwargs)
