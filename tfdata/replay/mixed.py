@@ -70,10 +70,11 @@ class MixedBatch(Batch):
 
 def split(batch_size: int, fractions) -> list:
     """Rows of a batch of ``batch_size`` per source, by the largest remainder method: source
-    ``i`` gets ``floor(B * f_i / sum(f))`` rows (exact rational arithmetic on the float
-    fractions), and the rows left go one each to the sources of the largest remainders, ties to
-    the earlier source. Deterministic, and the shares sum to ``batch_size``."""
-    fr = [Fraction(f) for f in fractions]
+    ``i`` gets ``floor(B * f_i / sum(f))`` rows, and the rows left go one each to the sources of
+    the largest remainders, ties to the earlier source. Each fraction is taken as the nearest
+    rational of denominator at most 10**6 and the arithmetic is exact, so 1/3 written as a
+    float ties with 1/3. Deterministic, and the shares sum to ``batch_size``."""
+    fr = [Fraction(f).limit_denominator(10**6) for f in fractions]
     total = sum(fr)
     quotas = [batch_size * f / total for f in fr]
     ks = [q.numerator // q.denominator for q in quotas]
@@ -144,10 +145,16 @@ class MixedReplayBuffer:
             s = sources[n]
             if isinstance(s, ReplayCore):
                 s.check_sample_into()
-            elif not isinstance(s, Dataset) or not hasattr(s, "byte_bases"):
+            elif not isinstance(s, Dataset):
                 raise TypeError(f"sources[{n!r}]: expected a ReplayBuffer, "
                                 f"PrioritizedReplayBuffer, ArrayDataset or MmapDataset, got "
                                 f"{type(s).__name__}")
+            else:
+                s.byte_bases()  # a projected dataset has none: TypeError
+                for f in s.spec:  # bytes are copied as they are: the batch's dtypes are the spec's
+                    if s.field(f.name).dtype != f.dtype:
+                        raise TypeError(f"sources[{n!r}]: field {f.name!r} is stored as "
+                                        f"{s.field(f.name).dtype}, not {f.dtype}: convert it first")
             if first is None:
                 first = n
             elif s.spec != sources[first].spec:
