@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from functools import partial
 from collections.abc import Mapping
 from fractions import Fraction
 
@@ -91,7 +92,7 @@ def _spec_text(spec) -> str:
 class _Ring:
     """``ring_size`` mixed batches of one shape, each with the draws that fill it."""
 
-    __slots__ = ("draws", "batches", "next", "nbytes", "need", "keep", "__weakref__")
+    __slots__ = ("draws", "batches", "next", "nbytes", "need", "shares", "keep", "__weakref__")
 
 
 class MixedReplayBuffer:
@@ -313,14 +314,18 @@ class MixedReplayBuffer:
                                     f"{self.nbytes} held")
         a, ring = self.allocator, _Ring()
         ring.draws, ring.batches, ring.next, ring.keep = [], [], 0, []
-        ring.need = [(self._sources[n], k, n) for n, k in zip(self._names, ks)]
+        # the buffer sources, whose rows held can change: checked before any source draws when
+        # there are two (with one, its own draw refuses first: it draws before the datasets)
+        ring.shares = [(self._sources[n], k, n) for n, k in zip(self._names, ks)
+                       if isinstance(self._sources[n], ReplayCore)]
+        ring.need = ring.shares if len(ring.shares) > 1 else ()
         for _ in range(self.ring_size):
             out = self._projection(0, names).new_output(batch_size, a)
             source = a.zeros(batch_size, np.uint8)
             weights = a.zeros(batch_size, np.float32)
             weights[:] = 1.0
             versions = a.zeros(batch_size, np.uint32) if self._prioritized else None
-            draws, at = [], 0
+            first, draws, at = [], [], 0
             for i, (n, k) in enumerate(zip(self._names, ks)):
                 source[at:at + k] = i
                 proj, s = self._projection(i, names), self._sources[n]
@@ -334,11 +339,11 @@ class MixedReplayBuffer:
                             arrays[key_] = weights[at:at + k]
                         elif v is shown_as.get("versions") and versions is not None:
                             arrays[key_] = versions[at:at + k]
-                    draws.append((s.sample_into, win, arrays))
+                    first.append(partial(s.sample_into, win, arrays))
                 else:
-                    draws.append((self._samplers[n].sample, len(s), win, {}))
+                    draws.append(partial(self._samplers[n].sample, len(s), win, {}))
                 at += k
-            ring.draws.append(draws)
+            ring.draws.append(tuple(first + draws))  # the buffers first: they can refuse
             ring.keep += [out.indices, *out.kernel_out, source, weights]
             if versions is not None:
                 ring.keep.append(versions)
@@ -388,16 +393,26 @@ class MixedReplayBuffer:
         with self._lock:
             for s, k, n in ring.need:  # before any source draws: a refused batch draws nothing
                 if k > len(s):
-                    raise ValueError(f"source {n!r} holds {len(s)} rows, fewer than its share "
-                                     f"of {k} rows of a batch of {batch_size}")
+                    self._short(s, k, n, batch_size)
             i = ring.next
-            for draw in ring.draws[i]:
-                draw[0](*draw[1:])
+            try:
+                for draw in ring.draws[i]:
+                    draw()
+            except ValueError:
+                for s, k, n in ring.shares:
+                    if k > len(s):
+                        self._short(s, k, n, batch_size)
+                raise
             ring.next = (i + 1) % len(ring.batches)
             batch = ring.batches[i]
             if getrefcount(batch) > UNHELD:
                 batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
+
+    @staticmethod
+    def _short(s, k, n, batch_size):
+        raise ValueError(f"source {n!r} holds {len(s)} rows, fewer than its share of {k} rows "
+                         f"of a batch of {batch_size}: nothing was drawn")
 
     def update_priorities(self, batch: MixedBatch, priorities) -> None:
         """Route ``priorities`` (float ``(batch_size,)``) of a batch of this buffer to its
