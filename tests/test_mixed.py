@@ -349,3 +349,36 @@ def test_state_dict_round_trip():
         b.load_state_dict({"seed": 3, "datasets": {"x": 1}})
     b.load_state_dict(state)
     assert_batches_equal(dict(expect), dict(b.sample(9)))
+
+
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_steady_state_allocates_nothing(layout):
+    import tracemalloc
+
+    m = MixedReplayBuffer({"d": ArrayDataset(rows(), layout=layout),
+                           "p": online("prioritized", layout)}, seed=0)
+    for _ in range(4):  # warm: compile, build this size's ring
+        m.update_priorities(m.sample(64), np.ones(64))
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for _ in range(300):
+            m.sample(64)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # one allocated batch (64 rows of 46 bytes) would exceed these bounds
+    assert current - base < 1024, current - base
+    assert peak - base < 2048, peak - base
+
+
+def test_two_buffers_a_short_one_refused_before_any_draws():
+    a, b = online(seed=1), online("prioritized", seed=2)
+    m = MixedReplayBuffer({"d": ArrayDataset(rows()), "a": a, "b": b}, seed=0)
+    m.sample(30)
+    b.clear()
+    states = m.state_dict(), a.state_dict()["sampler"], b.state_dict()["sampler"]
+    with pytest.raises(ValueError, match=r"source 'b' holds 0 rows, fewer than its share of 10"):
+        m.sample(30)
+    assert (m.state_dict(), a.state_dict()["sampler"], b.state_dict()["sampler"]) == states

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from functools import partial
 from collections.abc import Mapping
-from fractions import Fraction
+from functools import partial
 
 import numpy as np
 
@@ -22,71 +21,17 @@ from .._budget import parse_bytes
 from .._checks import check_int
 from .._rng import MASK64
 from ..batch import UNHELD, Batch, getrefcount, retire
-from ..dataset import Dataset
 from ..errors import MemoryBudgetError, SpecError
 from ..storage import Output, Projection
-from .core import ReplayCore
 from . import mixed_files
-from .mixed_files import MAX_SOURCES, NAME
+from .core import ReplayCore
+from .mixing import MixedBatch, check_fractions, check_sources, split
 from .prioritized import PrioritizedReplayBuffer
 from .rings import fields_key
 from .samplers import StateError, shown, state_int
 from .samplers.uniform import UniformSampler
 
 __all__ = ["MixedBatch", "MixedReplayBuffer", "split"]
-
-
-
-class MixedBatch(Batch):
-    """A :class:`~tfdata.Batch` of rows from several sources.
-
-    Attributes
-    ----------
-    source : ndarray of uint8, shape (batch_size,)
-        The source number of each row (the order of ``sources``): rows ``[0, k0)`` come from
-        source 0, ``[k0, k0 + k1)`` from source 1, ...
-    indices : ndarray of int64, shape (batch_size,)
-        Each row's row number (dataset) or slot (buffer) in its source.
-    weights : ndarray of float32, shape (batch_size,)
-        1 for rows of uniform sources; a prioritized source's importance weights for its rows,
-        normalized as that source normalizes them alone (``(p_min / p_i) ** beta`` over its
-        own tree: at most 1), per source.
-    versions : ndarray of uint32, shape (batch_size,), or None
-        The write versions of the rows of prioritized sources (0 for other rows); None when no
-        source is prioritized.
-    """
-
-    __slots__ = ("source",)
-
-    def __init__(self, fields, indices, source, weights, versions):
-        super().__init__(fields, indices, weights, versions)
-        self.source = source
-
-    def copy(self) -> "MixedBatch":
-        """A deep copy, valid forever."""
-        return MixedBatch({k: v.copy() for k, v in self._fields.items()}, self.indices.copy(),
-                          self.source.copy(), self.weights.copy(),
-                          None if self.versions is None else self.versions.copy())
-
-
-def split(batch_size: int, fractions) -> list:
-    """Rows of a batch of ``batch_size`` per source, by the largest remainder method: source
-    ``i`` gets ``floor(B * f_i / sum(f))`` rows, and the rows left go one each to the sources of
-    the largest remainders, ties to the earlier source. Each fraction is taken as the nearest
-    rational of denominator at most 10**6 and the arithmetic is exact, so 1/3 written as a
-    float ties with 1/3. Deterministic, and the shares sum to ``batch_size``."""
-    fr = [Fraction(f).limit_denominator(10**6) for f in fractions]
-    total = sum(fr)
-    quotas = [batch_size * f / total for f in fr]
-    ks = [q.numerator // q.denominator for q in quotas]
-    order = sorted(range(len(fr)), key=lambda i: (-(quotas[i] - ks[i]), i))
-    for i in order[:batch_size - sum(ks)]:
-        ks[i] += 1
-    return ks
-
-
-def _spec_text(spec) -> str:
-    return "{" + ", ".join(f"{f.name}: {f.dtype}{list(f.shape)}" for f in spec) + "}"
 
 
 class _Ring:
@@ -133,34 +78,8 @@ class MixedReplayBuffer:
                  ring_size: int = 2, allocator=None, memory_budget=None):
         from .. import alloc
 
-        if not isinstance(sources, Mapping) or not 1 <= len(sources) <= MAX_SOURCES:
-            raise TypeError(f"sources: expected a mapping of 1 to {MAX_SOURCES} names to sources, "
-                            f"got {shown(sources)}")
-        names = list(sources)
-        for n in names:
-            if not isinstance(n, str) or not NAME.match(n):
-                raise ValueError(f"sources: name {n!r}: expected a plain word of at most 64 "
-                                 f"letters, digits, '_', '.', '-'")
-        first = None
-        for n in names:
-            s = sources[n]
-            if isinstance(s, ReplayCore):
-                s.check_sample_into()
-            elif not isinstance(s, Dataset):
-                raise TypeError(f"sources[{n!r}]: expected a ReplayBuffer, "
-                                f"PrioritizedReplayBuffer, ArrayDataset or MmapDataset, got "
-                                f"{type(s).__name__}")
-            else:
-                s.byte_bases()  # a projected dataset has none: TypeError
-                for f in s.spec:  # bytes are copied as they are: the batch's dtypes are the spec's
-                    if s.field(f.name).dtype != f.dtype:
-                        raise TypeError(f"sources[{n!r}]: field {f.name!r} is stored as "
-                                        f"{s.field(f.name).dtype}, not {f.dtype}: convert it first")
-            if first is None:
-                first = n
-            elif s.spec != sources[first].spec:
-                self._refuse_spec(first, sources[first].spec, n, s.spec)
-        self._fractions = self._check_fractions(names, fractions)
+        names, first = check_sources(sources)
+        self._fractions = check_fractions(names, fractions)
         self.ring_size = check_int("ring_size", ring_size, 1, 1 << 16)
         if seed is None:
             import secrets
@@ -182,37 +101,6 @@ class MixedReplayBuffer:
         self._local = threading.local()
         self._rings = weakref.WeakSet()  # every thread's, for nbytes_parts
         self._projections: dict = {}  # (source, names): Projection
-
-    @staticmethod
-    def _refuse_spec(a, sa, b, sb):
-        fa, fb = {f.name: f for f in sa}, {f.name: f for f in sb}
-        for name in list(fa) + [n for n in fb if n not in fa]:
-            x, y = fa.get(name), fb.get(name)
-            if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape:
-                show = lambda f: "absent" if f is None else f"{f.dtype}{list(f.shape)}"  # noqa: E731
-                raise SpecError(f"sources {a!r} and {b!r} differ at field {name!r} ({show(x)} "
-                                f"against {show(y)}): {a}: {_spec_text(sa)}; {b}: {_spec_text(sb)}")
-        raise SpecError(f"sources {a!r} and {b!r} hold their fields in another order: "
-                        f"{a}: {_spec_text(sa)}; {b}: {_spec_text(sb)}")
-
-    @staticmethod
-    def _check_fractions(names, fractions) -> dict:
-        if fractions is None:
-            return {n: 1.0 / len(names) for n in names}
-        if not isinstance(fractions, Mapping) or set(fractions) != set(names):
-            raise ValueError(f"fractions: expected one fraction per source {list(names)}, got "
-                             f"{list(fractions) if isinstance(fractions, Mapping) else shown(fractions)}")
-        out = {}
-        for n in names:
-            f = fractions[n]
-            if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)) \
-                    or not 0.0 < float(f) <= 1.0:
-                raise ValueError(f"fractions[{n!r}]: expected a number in (0, 1], got {shown(f)}")
-            out[n] = float(f)
-        if abs(sum(out.values()) - 1.0) > 1e-6:
-            raise ValueError(f"fractions: expected a sum of 1, got {sum(out.values())!r} "
-                             f"({out})")
-        return out
 
     # -- introspection -----------------------------------------------------------------------
     @property

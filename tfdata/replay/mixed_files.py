@@ -12,7 +12,6 @@ input: every key and value is checked before it reaches a constructor or a path.
 from __future__ import annotations
 
 import hashlib
-import re
 import json
 import os
 import shutil
@@ -25,14 +24,12 @@ from ..storage.files import fsync_dir
 from .checkpoint_files import checkpoint_files
 from .buffer import ReplayBuffer
 from .core import ReplayCore
+from .mixing import MAX_SOURCES, NAME
 from .samplers import shown
 
 FORMAT, VERSION, DOC, SOURCES = "tfdata.mixed", 1, "mixed.json", "sources"
 DOC_LIMIT = 1 << 20
 MAX_PATH = 4096
-#: a source's name: a plain word (it names a checkpoint's parts and messages)
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-MAX_SOURCES = 255  # a batch's source column is uint8
 
 
 def _spec_list(spec) -> list:
