@@ -130,6 +130,21 @@ class Dataset:
         :meth:`byte_bases` (see :meth:`tfdata.storage.Storage.spans`)."""
         return self._rows.spans()
 
+    def row_format(self) -> tuple:
+        """A hashable token of how a row is held, equal to a storage's or another dataset's
+        when their outputs are interchangeable (see :meth:`tfdata.storage.Storage.row_format`):
+        a dataset written by :func:`tfdata.io.save` from a spec's columns has the format of a
+        buffer of that spec and layout."""
+        return self._rows.row_format()
+
+    def window(self, out: Output, at: int, k: int) -> Output:
+        """Rows ``[at, at + k)`` of ``out``, an output of this :meth:`row_format` (this
+        dataset's :meth:`new_output`, or a storage's of the same format), as an output whose
+        ``kernels`` (the SoA kernels over byte rows) and ``store`` are this dataset's: a
+        sampler draws rows of this dataset into it (``out.kernels.sample_uniform(out.store,
+        ...)``), writing only those rows of ``out``."""
+        return self._rows.window(out, at, k)
+
     def project(self, fields) -> "ProjectedDataset":
         """The fields ``fields`` of this dataset, over the same memory (nothing is copied).
 
@@ -243,6 +258,12 @@ class ProjectedDataset(_MappedPages, Dataset):
 
     def byte_bases(self) -> tuple:
         raise TypeError(f"{self!r}: a projection has no byte bases of its own; use its parent's")
+
+    def row_format(self) -> tuple:
+        raise TypeError(f"{self!r}: a projection has no row format of its own; use its parent's")
+
+    def window(self, out: Output, at: int, k: int) -> Output:
+        raise TypeError(f"{self!r}: a projection gathers through its own outputs only")
 
     def spans(self) -> dict:
         raise TypeError(f"{self!r}: a projection has no spans of its own; use its parent's")
