@@ -97,6 +97,11 @@ class MixedReplayBuffer:
             if not isinstance(sources[n], ReplayCore):
                 self._samplers[n] = UniformSampler((self.seed + i) & MASK64)
         self._prioritized = any(isinstance(s, PrioritizedReplayBuffer) for s in sources.values())
+        # the rows' holders: a dataset, or a buffer's storage; one row format for all of them
+        # lets full batches be outputs of that format, each holder gathering with its own kernels
+        self._holders = [s.storage if isinstance(s, ReplayCore) else s for s in sources.values()]
+        formats = {h.row_format() for h in self._holders}
+        self.shared_format = len(formats) == 1
         self._lock = threading.Lock()
         self._local = threading.local()
         self._rings = weakref.WeakSet()  # every thread's, for nbytes_parts
@@ -146,11 +151,16 @@ class MixedReplayBuffer:
     # -- memory ------------------------------------------------------------------------------
     def plan_ring(self, batch_size: int, fields=None) -> int:
         """Bytes of one output ring of ``batch_size`` rows (of ``fields``, default all):
-        per batch the columns, indices (8 bytes a row), ``source`` (1), ``weights`` (4),
+        per batch the rows (in the sources' row format when they share one, else the columns),
+        indices (8 bytes a row), ``source`` (1), ``weights`` (4),
         ``versions`` (4, with a prioritized source) and each buffer source's sampler arrays for
         its rows (its ``ring_nbytes``)."""
-        names = self.spec.names if fields is None else self.spec.select(fields)
-        row = sum(self.spec[n].nbytes for n in names) + 8 + 1 + 4 + (4 if self._prioritized else 0)
+        if fields is None and self.shared_format:
+            row = self._holders[0].row_nbytes  # the format's rows, padding included
+        else:
+            row = sum(self.spec[n].nbytes for n in (self.spec.names if fields is None
+                                                    else self.spec.select(fields)))
+        row += 8 + 1 + 4 + (4 if self._prioritized else 0)
         per = batch_size * row + sum(
             s.sampler.ring_nbytes(k, None) for s, k in zip(self._sources.values(),
                                                            split(batch_size, self._fractions.values()))
@@ -173,11 +183,18 @@ class MixedReplayBuffer:
         key = (i, names)
         p = self._projections.get(key)
         if p is None:
-            s = self._sources[self._names[i]]
-            src = s.storage if isinstance(s, ReplayCore) else s
+            src = self._holders[i]
             p = self._projections[key] = Projection(self.spec, names, src.byte_bases(), src.spans(),
                                                     self.allocator)
         return p
+
+    def _window(self, out, own: bool, i: int, names, at: int, k: int) -> Output:
+        """Rows ``[at, at + k)`` of ``out`` (in the sources' own format, or columns) as source
+        ``i``'s kernels fill them."""
+        if own:
+            return self._holders[i].window(out, at, k)
+        proj = self._projection(i, names)
+        return Output(out.indices[at:at + k], {}, proj.kernel_rows(out, at, k), None, proj)
 
     def _admit(self, batch_size: int, ks: list) -> None:
         for n, k in zip(self._names, ks):
@@ -192,10 +209,11 @@ class MixedReplayBuffer:
                                  f"rows (fraction {f:g}); rows are drawn with replacement, but a "
                                  f"share needs that many rows held")
 
-    def _new_ring(self, batch_size: int, names: tuple, key) -> _Ring:
+    def _new_ring(self, batch_size: int, names: tuple, key, whole: bool) -> _Ring:
         ks = split(batch_size, self._fractions.values())
+        own = whole and self.shared_format  # else one C-contiguous column per field
         self._admit(batch_size, ks)
-        planned = self.plan_ring(batch_size, names)
+        planned = self.plan_ring(batch_size, None if whole else names)
         if self.memory_budget is not None and self.nbytes + planned > self.memory_budget:
             raise MemoryBudgetError(f"memory_budget {self.memory_budget} bytes: an output ring of "
                                     f"batch_size {batch_size} needs {planned} bytes beside the "
@@ -208,7 +226,8 @@ class MixedReplayBuffer:
                        if isinstance(self._sources[n], ReplayCore)]
         ring.need = ring.shares if len(ring.shares) > 1 else ()
         for _ in range(self.ring_size):
-            out = self._projection(0, names).new_output(batch_size, a)
+            out = (self._holders[0].new_output(batch_size, a) if own
+                   else self._projection(0, names).new_output(batch_size, a))
             source = a.zeros(batch_size, np.uint8)
             weights = a.zeros(batch_size, np.float32)
             weights[:] = 1.0
@@ -216,8 +235,7 @@ class MixedReplayBuffer:
             first, draws, at = [], [], 0
             for i, (n, k) in enumerate(zip(self._names, ks)):
                 source[at:at + k] = i
-                proj, s = self._projection(i, names), self._sources[n]
-                win = Output(out.indices[at:at + k], {}, proj.kernel_rows(out, at, k), None, proj)
+                s, win = self._sources[n], self._window(out, own, i, names, at, k)
                 if isinstance(s, ReplayCore):
                     arrays, shown_as = s.sampler.ring_arrays(k, None, win), {}
                     ring.keep.append(dict(arrays))  # as allocated (what the plan counts)
@@ -232,7 +250,7 @@ class MixedReplayBuffer:
                     draws.append(partial(self._samplers[n].sample, len(s), win, {}))
                 at += k
             ring.draws.append(tuple(first + draws))  # the buffers first: they can refuse
-            ring.keep += [out.indices, *out.kernel_out, source, weights]
+            ring.keep += [out, source, weights]  # the output: its indices and rows
             if versions is not None:
                 ring.keep.append(versions)
             ring.batches.append(MixedBatch({m: out.fields[m] for m in names}, out.indices, source,
@@ -240,7 +258,9 @@ class MixedReplayBuffer:
         rings = getattr(self._local, "rings", None)
         if rings is None:
             rings = self._local.rings = {}
-        rings[key] = rings[(batch_size, names)] = ring
+        rings[key] = ring
+        if not own:  # fields= every field: the same columns
+            rings[(batch_size, names)] = ring
         ring.nbytes = int(sum(sum(v.nbytes for v in x.values() if isinstance(v, np.ndarray))
                               if isinstance(x, dict) else x.nbytes for x in ring.keep))
         self._rings.add(ring)
@@ -277,7 +297,7 @@ class MixedReplayBuffer:
             ring = self._local.rings[key]
         except (AttributeError, KeyError, TypeError):
             names = self.spec.names if fields is None else self.spec.select(fields)
-            ring = self._new_ring(check_int("batch_size", batch_size, 1), names, key)
+            ring = self._new_ring(check_int("batch_size", batch_size, 1), names, key, fields is None)
         with self._lock:
             for s, k, n in ring.need:  # before any source draws: a refused batch draws nothing
                 if k > len(s):
