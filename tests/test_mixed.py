@@ -64,11 +64,19 @@ def test_dataset_alone_is_sampled_like_a_buffer():
     assert m.state_dict() == {"seed": 11, "datasets": {"d": counter}}
 
 
+# (dataset layout, buffer layout): one row format (records, columns, blocks), or two
+PAIRS = [("aos", "aos"), ("soa", "soa"), (LAYOUTS[2], LAYOUTS[2]), ("soa", "aos")]
+PAIR_IDS = ["aos", "soa", "groups", "soa+aos"]
+
+
 @pytest.mark.parametrize("kind", ["uniform", "prioritized"])
-def test_each_sources_rows_are_its_own_samplers(kind):
+@pytest.mark.parametrize("lay_d, lay_b", PAIRS, ids=PAIR_IDS)
+def test_each_sources_rows_are_its_own_samplers(kind, lay_d, lay_b):
     data = rows()
-    buf, twin = online(kind), online(kind)
-    m = MixedReplayBuffer({"off": ArrayDataset(data), "on": buf}, {"off": 0.75, "on": 0.25}, seed=3)
+    buf, twin = online(kind, lay_b), online(kind, lay_b)
+    m = MixedReplayBuffer({"off": ArrayDataset(data, layout=lay_d), "on": buf},
+                          {"off": 0.75, "on": 0.25}, seed=3)
+    assert m.shared_format == (lay_d == lay_b)
     counter = 0
     for B in (8, 13, 8):
         b = m.sample(B)
@@ -78,6 +86,8 @@ def test_each_sources_rows_are_its_own_samplers(kind):
         np.testing.assert_array_equal(b.indices[:k0], idx)
         assert_batches_equal({k: v[:k0] for k, v in b.items()}, {k: v[idx] for k, v in data.items()})
         t = twin.sample(k1)
+        for k in t:  # one format: the fields are what that layout's batches show
+            assert (b[k].strides == t[k].strides) == m.shared_format, k
         np.testing.assert_array_equal(b.indices[k0:], t.indices)
         assert_batches_equal({k: v[k0:] for k, v in b.items()}, {k: np.asarray(t[k]) for k in t})
         np.testing.assert_array_equal(b.weights[:k0], 1)
@@ -144,6 +154,69 @@ def test_layouts_give_the_same_batches(kind):
                 np.testing.assert_array_equal(getattr(x, attr), getattr(y, attr))
 
 
+def packed(data):
+    """``data`` as records of a packed dtype (no padding): not a buffer's record format."""
+    dt = np.dtype([(k, v.dtype, v.shape[1:]) for k, v in data.items()])
+    rec = np.zeros(len(data["obs"]), dt)
+    for k, v in data.items():
+        rec[k] = v
+    return rec
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["aos", "soa", "groups"])
+def test_row_formats_of_buffers_and_datasets(tmp_path, layout):
+    data = rows()
+    buf = online("uniform", layout)
+    path = saved_dataset(tmp_path, layout, data)  # written from the spec's columns
+    with MmapDataset.open(path) as mm:
+        fmt = buf.storage.row_format()
+        assert hash(fmt) == hash(mm.row_format()) and fmt == mm.row_format()
+        assert fmt == ArrayDataset(data, layout=layout).row_format()
+        others = [x for x in LAYOUTS if x != layout]
+        assert all(fmt != online("uniform", x).storage.row_format() for x in others)
+        assert all(fmt != ArrayDataset(data, layout=x).row_format() for x in others)
+        assert fmt != ArrayDataset(packed(data)).row_format()
+        # a converted dataset and a buffer of its spec and layout (RLPD's case): one format
+        m = MixedReplayBuffer({"off": mm, "on": buf}, seed=6)
+        assert m.shared_format
+        b, t = m.sample(20), online("uniform", layout).sample(10)
+        assert all(b[k].strides == t[k].strides for k in t)
+        idx, _ = dataset_draw(6, 0, 0, N_DS, 10)
+        np.testing.assert_array_equal(b.indices[:10], idx)
+        assert_batches_equal({k: v[:10] for k, v in b.items()}, {k: v[idx] for k, v in data.items()})
+        assert_batches_equal({k: v[10:] for k, v in b.items()},
+                             {k: np.asarray(t[k]) for k in t})
+
+
+def test_padded_records_of_another_dtype_take_the_columns():
+    data = rows()
+    rec = packed(data)
+    a = MixedReplayBuffer({"d": ArrayDataset(rec), "b": online()}, seed=8)
+    same = MixedReplayBuffer({"d": ArrayDataset(data, layout="aos"), "b": online()}, seed=8)
+    assert not a.shared_format and same.shared_format
+    for B in (5, 16):
+        x, y = a.sample(B), same.sample(B)
+        assert all(x[k].flags.c_contiguous for k in x)
+        assert_batches_equal(dict(x), dict(y))
+        np.testing.assert_array_equal(x.indices, y.indices)
+
+
+@pytest.mark.parametrize("lay_d, lay_b", PAIRS, ids=PAIR_IDS)
+def test_fields_every_field_gives_columns_whatever_the_format(lay_d, lay_b):
+    data = rows()
+    m = MixedReplayBuffer({"d": ArrayDataset(data, layout=lay_d), "b": online("prioritized", lay_b)},
+                          seed=2)
+    twin = MixedReplayBuffer({"d": ArrayDataset(data, layout=lay_d),
+                              "b": online("prioritized", lay_b)}, seed=2)
+    for _ in range(3):
+        f, p = m.sample(12), twin.sample(12, fields=list(CART.names))
+        assert all(p[k].flags.c_contiguous for k in p)
+        assert_batches_equal(dict(f), dict(p))
+        np.testing.assert_array_equal(f.weights, p.weights)
+        np.testing.assert_array_equal(f.versions, p.versions)
+    assert m.nbytes == m.plan_ring(12) and twin.nbytes == twin.plan_ring(12, list(CART.names))
+
+
 def test_fields_projection_is_the_full_batch_restricted():
     data = rows()
     full = MixedReplayBuffer({"d": ArrayDataset(data, layout=LAYOUTS[2]), "b": online("prioritized")},
@@ -160,9 +233,10 @@ def test_fields_projection_is_the_full_batch_restricted():
         part.sample(10, fields=["nope"])
 
 
-def test_memory_plan_and_budget():
-    m = MixedReplayBuffer({"d": ArrayDataset(rows()), "p": online("prioritized")}, seed=0,
-                          ring_size=3)
+@pytest.mark.parametrize("lay_d, lay_b", PAIRS, ids=PAIR_IDS)
+def test_memory_plan_and_budget(lay_d, lay_b):
+    m = MixedReplayBuffer({"d": ArrayDataset(rows(), layout=lay_d),
+                           "p": online("prioritized", lay_b)}, seed=0, ring_size=3)
     assert m.nbytes_parts == {"output_rings": 0}
     m.sample(10)
     m.sample(4, fields=["obs"])
