@@ -3,9 +3,12 @@
 Each batch takes a fixed share of its rows from each source: a dataset (read-only rows, drawn
 uniformly by a sampler this buffer owns) or a replay buffer (drawn by its own sampler, under its
 own lock, through :meth:`~tfdata.ReplayBuffer.sample_into`). Every source gathers straight into
-its rows of one output batch, through a projection of its rows into C-contiguous columns
-(:class:`~tfdata.storage.Projection`): one kernel call per source, no copy after. The design and
-what was rejected: docs/design/mixed.md.
+its rows of one output batch: one kernel call per source, no copy after. When every source holds
+its rows in one row format (``row_format()``: a buffer of AoS records and a dataset written from
+its spec, say), the batch is an output of that format and each source fills its rows with its
+own kernels (``window``), as a uniform sample would; otherwise, and for ``fields=``, each
+gathers through a projection into C-contiguous columns (:class:`~tfdata.storage.Projection`).
+The design and what was rejected: docs/design/mixed.md.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..errors import MemoryBudgetError, SpecError
 from ..storage import Output, Projection
 from . import mixed_files
 from .core import ReplayCore
-from .mixing import MixedBatch, check_fractions, check_sources, split
+from .mixing import MixedBatch, check_fractions, check_shares, check_sources, refuse_short, split
 from .prioritized import PrioritizedReplayBuffer
 from .rings import fields_key
 from .samplers import StateError, shown, state_int
@@ -65,6 +68,11 @@ class MixedReplayBuffer:
         Batches per output ring (see :meth:`sample`).
     allocator, memory_budget
         Where the output rings come from; bytes they may take (checked before each ring).
+
+    Attributes
+    ----------
+    shared_format : bool
+        Whether every source holds its rows in one row format: full batches are then in it.
 
     Raises
     ------
@@ -196,23 +204,10 @@ class MixedReplayBuffer:
         proj = self._projection(i, names)
         return Output(out.indices[at:at + k], {}, proj.kernel_rows(out, at, k), None, proj)
 
-    def _admit(self, batch_size: int, ks: list) -> None:
-        for n, k in zip(self._names, ks):
-            f = self._fractions[n]
-            if k == 0:
-                raise ValueError(f"batch_size {batch_size}: source {n!r} (fraction {f:g}) would "
-                                 f"get 0 rows; a batch takes at least one row of every source "
-                                 f"(batch_size >= {int(np.ceil(1 / f))} for this one)")
-            if k > len(self._sources[n]):
-                raise ValueError(f"batch_size {batch_size}: source {n!r} holds "
-                                 f"{len(self._sources[n])} rows, fewer than its share of {k} "
-                                 f"rows (fraction {f:g}); rows are drawn with replacement, but a "
-                                 f"share needs that many rows held")
-
     def _new_ring(self, batch_size: int, names: tuple, key, whole: bool) -> _Ring:
         ks = split(batch_size, self._fractions.values())
         own = whole and self.shared_format  # else one C-contiguous column per field
-        self._admit(batch_size, ks)
+        check_shares(batch_size, ks, self._fractions, self._sources)
         planned = self.plan_ring(batch_size, None if whole else names)
         if self.memory_budget is not None and self.nbytes + planned > self.memory_budget:
             raise MemoryBudgetError(f"memory_budget {self.memory_budget} bytes: an output ring of "
@@ -285,7 +280,9 @@ class MixedReplayBuffer:
         Returns
         -------
         MixedBatch
-            ``batch[name]``: ``spec[name].dtype``, ``(batch_size, *shape)``, C-contiguous;
+            ``batch[name]``: ``spec[name].dtype``, ``(batch_size, *shape)``: with
+            :attr:`shared_format` as a buffer of the sources' layout shows it (strided views of
+            records for AoS, of a group's block), else and with ``fields`` C-contiguous.
             ``source``, ``indices``, ``weights``, ``versions`` as :class:`MixedBatch` says.
             The same seed and source states give the same batches, bit for bit, whatever the
             sources' layouts.
@@ -301,7 +298,7 @@ class MixedReplayBuffer:
         with self._lock:
             for s, k, n in ring.need:  # before any source draws: a refused batch draws nothing
                 if k > len(s):
-                    self._short(s, k, n, batch_size)
+                    refuse_short(s, k, n, batch_size)
             i = ring.next
             try:
                 for draw in ring.draws[i]:
@@ -309,18 +306,13 @@ class MixedReplayBuffer:
             except ValueError:
                 for s, k, n in ring.shares:
                     if k > len(s):
-                        self._short(s, k, n, batch_size)
+                        refuse_short(s, k, n, batch_size)
                 raise
             ring.next = (i + 1) % len(ring.batches)
             batch = ring.batches[i]
             if getrefcount(batch) > UNHELD:
                 batch = ring.batches[i] = retire(batch)
         return batch.copy() if copy else batch
-
-    @staticmethod
-    def _short(s, k, n, batch_size):
-        raise ValueError(f"source {n!r} holds {len(s)} rows, fewer than its share of {k} rows "
-                         f"of a batch of {batch_size}: nothing was drawn")
 
     def update_priorities(self, batch: MixedBatch, priorities) -> None:
         """Route ``priorities`` (float ``(batch_size,)``) of a batch of this buffer to its

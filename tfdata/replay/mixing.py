@@ -15,7 +15,8 @@ from ..errors import SpecError
 from .core import ReplayCore
 from .samplers import shown
 
-__all__ = ["MixedBatch", "split", "check_sources", "check_fractions", "NAME", "MAX_SOURCES"]
+__all__ = ["MixedBatch", "split", "check_sources", "check_fractions", "check_shares", "refuse_short",
+           "NAME", "MAX_SOURCES"]
 
 #: a source's name: a plain word (it names a checkpoint's parts and messages)
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -141,3 +142,25 @@ def check_fractions(names, fractions) -> dict:
         raise ValueError(f"fractions: expected a sum of 1, got {sum(out.values())!r} "
                          f"({out})")
     return out
+
+
+def check_shares(batch_size: int, ks: list, fractions: dict, sources: dict) -> None:
+    """Refuse (ValueError naming the source) the shares ``ks`` of a batch of ``batch_size`` rows
+    when one is 0 or above the rows its source holds (``fractions`` and ``sources`` by name, in
+    batch order): before a ring is allocated."""
+    for (n, s), k in zip(sources.items(), ks):
+        f = fractions[n]
+        if k == 0:
+            raise ValueError(f"batch_size {batch_size}: source {n!r} (fraction {f:g}) would "
+                             f"get 0 rows; a batch takes at least one row of every source "
+                             f"(batch_size >= {int(np.ceil(1 / f))} for this one)")
+        if k > len(s):
+            raise ValueError(f"batch_size {batch_size}: source {n!r} holds {len(s)} rows, fewer "
+                             f"than its share of {k} rows (fraction {f:g}); rows are drawn with "
+                             f"replacement, but a share needs that many rows held")
+
+
+def refuse_short(s, k: int, n: str, batch_size: int):
+    """ValueError: source ``s`` (named ``n``) holds fewer rows than its share ``k``."""
+    raise ValueError(f"source {n!r} holds {len(s)} rows, fewer than its share of {k} rows "
+                     f"of a batch of {batch_size}: nothing was drawn")
