@@ -3,11 +3,12 @@ replay buffer, both of 1M CartPole rows, beside one uniform ``sample(256)`` of t
 the numpy baseline "two samples concatenated" (``buf.sample(128)``, a dataset gather of 128 rows
 drawn by numpy, then ``np.concatenate`` per field), in the same run.
 
-``layout`` is the layout of both sources (``"groups"``: :data:`benchmarks.common.GROUPINGS`).
-``kind``: ``"mixed"`` the mixed buffer's ``sample(256)``, ``"uniform"`` the buffer's own
-``sample(256)``, ``"uniform_columns"`` the same with ``fields=`` every field (one C-contiguous
-column per field, as a mixed batch holds them: the same copy, one source), ``"concat"`` the
-baseline. The figures and their ratios:
+``layout`` is the layout of both sources (``"groups"``: :data:`benchmarks.common.GROUPINGS`),
+so they share one row format: the mixed batch is in that format, each source copying its rows
+as a uniform sample does. ``kind``: ``"mixed"`` the mixed buffer's ``sample(256)``,
+``"uniform"`` the buffer's own ``sample(256)``, ``"uniform_columns"`` the same with ``fields=``
+every field (one C-contiguous column per field, as a mixed batch of sources in different
+formats holds them), ``"concat"`` the baseline. The figures and their ratios:
 docs/design/mixed.md, "Measured".
 """
 

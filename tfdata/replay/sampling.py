@@ -133,8 +133,9 @@ class Sampling:
             An output of a projection of this buffer's storage (``storage.project(names)`` or
             a :class:`~tfdata.storage.Projection` over ``storage.byte_bases()`` and
             ``storage.spans()``), or one whose ``indices`` (int64, ``(k,)``) and ``kernel_out``
-            are views of rows ``[a, a + k)`` of a larger output of one: the rows are written
-            there, and nowhere else.
+            are views of rows ``[a, a + k)`` of a larger output of one, or
+            ``storage.window(big, a, k)`` of an output ``big`` of the storage's
+            ``row_format()``: the rows are written there, and nowhere else.
         arrays : dict
             The sampler's per-batch arrays for ``k`` rows (``sampler.ring_arrays(k, None,
             out)``; an array may be replaced by a view of the same dtype and shape, e.g. into a
