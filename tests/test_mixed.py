@@ -270,6 +270,8 @@ def test_refusals_change_nothing():
         MixedReplayBuffer({"a": ds, "b": ReplayBuffer(Spec(ODD), 8)})
     with pytest.raises(NotImplementedError, match="transforms"):
         MixedReplayBuffer({"a": ds, "b": ReplayBuffer(CART, 8, n_step=3)})
+    with pytest.raises(NotImplementedError, match="transforms="):
+        MixedReplayBuffer({"a": ds, "b": ReplayBuffer(CART, 8, transforms=[tfdata.ScaleReward(2.0)])})
     with pytest.raises(TypeError, match="projection"):
         MixedReplayBuffer({"a": ds.project(["obs"])})
     buf = online(n=5)

@@ -54,8 +54,9 @@ class MixedReplayBuffer:
         :class:`~tfdata.MmapDataset` (any layout; read-only rows drawn uniformly with
         replacement by a sampler of this buffer), or a :class:`~tfdata.ReplayBuffer` or
         :class:`~tfdata.PrioritizedReplayBuffer` (its own sampler, lock and writes: keep
-        pushing to it; no n-step, elided next fields, frame stacks or spilling). Every source
-        has the same fields, dtypes and shapes; layouts may differ. At most 255 sources; names
+        pushing to it; no n-step, elided next fields, frame stacks, spilling or
+        ``transforms``). Every source has the same fields, dtypes and shapes; layouts may
+        differ. At most 255 sources; names
         are plain words (letters, digits, ``_ . -``).
     fractions : mapping of str to float, optional
         Each source's share, positive, summing to 1 (within 1e-6); default equal shares. The

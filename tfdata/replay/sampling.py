@@ -110,11 +110,12 @@ class Sampling:
     def check_sample_into(self) -> None:
         """Refuse (NotImplementedError, naming why) a buffer whose rows :meth:`sample_into`
         cannot draw: one whose sample applies transforms (n-step, elided next fields, frame
-        stacks, spilling) or whose sampler does not gather through its output (``projects``)."""
+        stacks, spilling, transforms on sample) or whose sampler does not gather through its
+        output (``projects``)."""
         if self._ringset.transforms:
             raise NotImplementedError(f"{type(self).__name__}: its samples apply transforms "
-                                      f"(n_step, elide_next, frame_stack or spill_path), which "
-                                      f"sample_into does not run")
+                                      f"(n_step, elide_next, frame_stack, spill_path or "
+                                      f"transforms=), which sample_into does not run")
         if not self.sampler.projects:
             raise NotImplementedError(f"{type(self).__name__}: its sampler "
                                       f"{type(self.sampler).__name__} does not gather through "
