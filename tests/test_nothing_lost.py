@@ -197,6 +197,12 @@ def _refused_calls(p: dict, buf, sbuf=None) -> list:
                 calls += [(f"shared.save({path}, overwrite)", lambda path=path: sbuf.save(path, overwrite=True)),
                           (f"SharedReplayBuffer.load({path})",
                            lambda path=path: shared.SharedReplayBuffer.load(path, dir=sbuf.path.rsplit(os.sep, 1)[0]))]
+    mixed = tfdata.MixedReplayBuffer({"d": tfdata.ArrayDataset(_rows(10)), "b": buf}, seed=0)
+    calls += [(f"mixed.save({path})", lambda path=path: mixed.save(path)) for path in p.values()]
+    calls += [(f"mixed.save({path}, overwrite)", lambda path=path: mixed.save(path, overwrite=True))
+              for path in p.values()]  # not one of them is a mixed checkpoint
+    calls += [(f"MixedReplayBuffer.load({path})", lambda path=path: tfdata.MixedReplayBuffer.load(path))
+              for path in p.values()]
     if sbuf is not None:
         calls += [(f"shared.save({path})", lambda path=path: sbuf.save(path)) for path in p.values()]
         calls += [("SharedReplayBuffer.load(ckpt of a ReplayBuffer)",

@@ -19,6 +19,7 @@ from .errors import (AllocatorError, FormatError, MemoryBudgetError, SharedBuffe
                      SpecError, StaleBatchError, WriterLostWarning)
 from .replay.limiter import RateLimiter  # noqa: E402
 from .replay.prioritized import PrioritizedReplayBuffer  # noqa: E402
+from .replay.mixed import MixedBatch, MixedReplayBuffer  # noqa: E402
 from .rollout import RolloutBuffer  # noqa: E402
 from .shared import SharedReplayBuffer, SharedWriter  # noqa: E402
 from .spec import Field, Spec  # noqa: E402
@@ -31,7 +32,7 @@ from . import datasets  # noqa: E402  (minari and h5py are imported when a conve
 
 __version__ = "0.2.0"
 
-__all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "nn", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "RateLimiter", "RolloutBuffer", "Spec", "Field", "SpecError", "StaleBatchError", "AoSStorage", "SoAStorage",
+__all__ = ["AllocatorError", "MemoryBudgetError", "alloc", "memory", "nn", "ArrayDataset", "DataLoader", "Dataset", "FormatError", "LoaderConfig", "MmapDataset", "io", "Batch", "ReplayBuffer", "PrioritizedReplayBuffer", "MixedReplayBuffer", "MixedBatch", "RateLimiter", "RolloutBuffer", "Spec", "Field", "SpecError", "StaleBatchError", "AoSStorage", "SoAStorage",
            "make_storage", "SharedReplayBuffer", "SharedWriter", "SharedBufferError", "WriterLostWarning",
            "transforms", "Cast", "ClipReward", "Compiled", "Function", "Normalize", "RandomShift",
            "ScaleReward", "__version__"]

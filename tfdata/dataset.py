@@ -119,6 +119,32 @@ class Dataset:
         self.spec[name]
         return self._fields[name]
 
+    def byte_bases(self) -> tuple:
+        """The arrays holding the rows, as read-only C-contiguous ``uint8[len, row_bytes]``
+        views (the record array, one per column, one per group): where :meth:`spans` point,
+        as :meth:`tfdata.storage.Storage.byte_bases` for a storage."""
+        return tuple(self._rows.kernel_store)
+
+    def spans(self) -> dict:
+        """Where each field's bytes are: ``{name: (base, offset, width)}`` in the rows of
+        :meth:`byte_bases` (see :meth:`tfdata.storage.Storage.spans`)."""
+        return self._rows.spans()
+
+    def row_format(self) -> tuple:
+        """A hashable token of how a row is held, equal to a storage's or another dataset's
+        when their outputs are interchangeable (see :meth:`tfdata.storage.Storage.row_format`):
+        a dataset written by :func:`tfdata.io.save` from a spec's columns has the format of a
+        buffer of that spec and layout."""
+        return self._rows.row_format()
+
+    def window(self, out: Output, at: int, k: int) -> Output:
+        """Rows ``[at, at + k)`` of ``out``, an output of this :meth:`row_format` (this
+        dataset's :meth:`new_output`, or a storage's of the same format), as an output whose
+        ``kernels`` (the SoA kernels over byte rows) and ``store`` are this dataset's: a
+        sampler draws rows of this dataset into it (``out.kernels.sample_uniform(out.store,
+        ...)``), writing only those rows of ``out``."""
+        return self._rows.window(out, at, k)
+
     def project(self, fields) -> "ProjectedDataset":
         """The fields ``fields`` of this dataset, over the same memory (nothing is copied).
 
@@ -229,6 +255,18 @@ class ProjectedDataset(_MappedPages, Dataset):
 
     def _copy_range(self, start: int, m: int, out: Output) -> None:
         self._rows.copy_range(start, m, out)
+
+    def byte_bases(self) -> tuple:
+        raise TypeError(f"{self!r}: a projection has no byte bases of its own; use its parent's")
+
+    def row_format(self) -> tuple:
+        raise TypeError(f"{self!r}: a projection has no row format of its own; use its parent's")
+
+    def window(self, out: Output, at: int, k: int) -> Output:
+        raise TypeError(f"{self!r}: a projection gathers through its own outputs only")
+
+    def spans(self) -> dict:
+        raise TypeError(f"{self!r}: a projection has no spans of its own; use its parent's")
 
     def close(self) -> None:
         """Drop the references to the parent's memory (the parent's files stay open)."""

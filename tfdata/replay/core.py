@@ -221,6 +221,13 @@ class ReplayCore(Sampling):
         return dict(self._planned.roles)
 
     @property
+    def lock(self):
+        """The buffer's lock (a ``threading.Lock``), which push, extend, sample and the state
+        hold: held by a caller that makes checks and changes over several buffers as one
+        (:meth:`tfdata.PrioritizedReplayBuffer.prepare_update`)."""
+        return self._lock
+
+    @property
     def ring_size(self) -> int:
         return self._planned.ring_size
 

@@ -222,6 +222,32 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         with self._lock:
             self.sampler.update(idx, p, versions, len(self))
 
+    def prepare_update(self, indices, priorities) -> tuple:
+        """Every check of :meth:`update_priorities`, nothing changed: ``(slots, priorities,
+        versions)`` for :meth:`apply_update`. The caller holds :attr:`lock` through both calls
+        (a write between them could overwrite a slot found fresh); a caller updating several
+        buffers as one prepares every update, then applies them. Raises as
+        :meth:`update_priorities`."""
+        idx, versions = batch_slots(indices)
+        p = self.sampler.checked_priorities(priorities, idx.shape[0], "update_priorities")
+        idx = idx.astype(np.int64, copy=False)
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise ValueError(f"update_priorities: indices must be in [0, {n}), got values in "
+                             f"[{int(idx.min())}, {int(idx.max())}]")
+        if versions is not None and idx.size:
+            stale = idx[~self.sampler.fresh(idx, versions)]
+            if stale.size:
+                raise ValueError(f"update_priorities: stale batch: slots {stale.tolist()[:10]} "
+                                 "were overwritten after it was sampled")
+        return idx, p, versions
+
+    def apply_update(self, prepared: tuple) -> None:
+        """Apply what :meth:`prepare_update` returned (:attr:`lock` held since)."""
+        idx, p, versions = prepared
+        if idx.size:
+            self.sampler.update(idx, p, versions, len(self))
+
     # -- writing ----------------------------------------------------------------------------
     def push(self, row: Mapping, priority=None) -> None:
         """Append one row (see :meth:`ReplayBuffer.push`), with the maximum priority unless

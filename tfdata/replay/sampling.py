@@ -107,6 +107,61 @@ class Sampling:
         batch.write_position = position  # what update_field(name, batch, ...) checks rows by
         return batch.copy() if copy else batch
 
+    def check_sample_into(self) -> None:
+        """Refuse (NotImplementedError, naming why) a buffer whose rows :meth:`sample_into`
+        cannot draw: one whose sample applies transforms (n-step, elided next fields, frame
+        stacks, spilling, transforms on sample) or whose sampler does not gather through its
+        output (``projects``)."""
+        if self._ringset.transforms:
+            raise NotImplementedError(f"{type(self).__name__}: its samples apply transforms "
+                                      f"(n_step, elide_next, frame_stack, spill_path or "
+                                      f"transforms=), which sample_into does not run")
+        if not self.sampler.projects:
+            raise NotImplementedError(f"{type(self).__name__}: its sampler "
+                                      f"{type(self.sampler).__name__} does not gather through "
+                                      f"its output (its 'projects' is False)")
+
+    def sample_into(self, out, arrays: dict) -> int:
+        """Draw ``len(out.indices)`` rows with this buffer's sampler into ``out``, as
+        :meth:`sample` draws a batch: one lock, one sampler call, the rows held checked first.
+
+        The contract through which a :class:`~tfdata.MixedReplayBuffer` fills the rows of a
+        batch that come from this buffer (call :meth:`check_sample_into` once first).
+
+        Parameters
+        ----------
+        out : tfdata.storage.Output
+            An output of a projection of this buffer's storage (``storage.project(names)`` or
+            a :class:`~tfdata.storage.Projection` over ``storage.byte_bases()`` and
+            ``storage.spans()``), or one whose ``indices`` (int64, ``(k,)``) and ``kernel_out``
+            are views of rows ``[a, a + k)`` of a larger output of one, or
+            ``storage.window(big, a, k)`` of an output ``big`` of the storage's
+            ``row_format()``: the rows are written there, and nowhere else.
+        arrays : dict
+            The sampler's per-batch arrays for ``k`` rows (``sampler.ring_arrays(k, None,
+            out)``; an array may be replaced by a view of the same dtype and shape, e.g. into a
+            larger batch's ``weights``).
+
+        Returns
+        -------
+        int
+            The write position at the draw (``laps * capacity + cursor``).
+
+        Raises
+        ------
+        ValueError
+            ``k`` larger than the rows held: nothing was drawn.
+        """
+        k = out.indices.shape[0]
+        n = self._gate.acquire(k)
+        try:
+            return self._draw(n, out, (arrays,), ())
+        except BaseException:
+            self._gate.undo(k)
+            raise
+        finally:
+            self._lock.release()
+
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
                          copy: bool = False, fields=None):
         """Draw ``batch_size`` slices of ``length`` consecutive steps of one stream and episode.

@@ -69,6 +69,12 @@ class AoSStorage(Storage):
         """Rows ``[at, at + k)`` of ``out`` as the kernels see them (a view)."""
         return out.kernel_out[at:at + k]
 
+    def _row_arrays(self) -> tuple:
+        return (self.data,)
+
+    def _kernel_view(self, rows: tuple):
+        return rows[0].view(np.uint64)  # the record's words, as new_output's kernel_out
+
     def byte_bases(self) -> tuple:
         return (self.data.view(np.uint8).reshape(self.capacity, self.spec.aos_dtype.itemsize),)
 
@@ -76,9 +82,10 @@ class AoSStorage(Storage):
         fields = self.spec.aos_dtype.fields
         return {f.name: (0, int(fields[f.name][1]), f.nbytes) for f in self.spec}
 
-    def new_output(self, batch_size: int) -> Output:
+    def new_output(self, batch_size: int, allocator=None) -> Output:
+        a = self.allocator if allocator is None else allocator
         dtype = self.spec.aos_dtype
-        records = self.allocator.zeros(batch_size, dtype)
+        records = a.zeros(batch_size, dtype)
         fields = {name: records[name] for name in self.spec.names}
         words = records.view(np.uint64).reshape(batch_size, dtype.itemsize // 8)
-        return Output(self.allocator.zeros(batch_size, np.int64), fields, words, records, self)
+        return Output(a.zeros(batch_size, np.int64), fields, words, records, self)

@@ -32,8 +32,11 @@ Methods: those of :class:`Storage`, each documented there.
 :class:`Storage` implements what the layouts share. A layout sets ``layout``,
 ``kernel_layout``, ``file_suffix``, ``kernel_store`` and ``_fields`` / ``_field_list`` (views
 of every field, by name and in spec order), and implements ``nbytes``, ``column``, ``_words``,
-``byte_bases``, ``spans``, ``byte_regions``, ``append_to`` and ``new_output`` (and
-``kernel_rows`` when its outputs are not one array per group or field).
+``byte_bases``, ``spans``, ``byte_regions``, ``append_to``, ``_row_arrays`` (the arrays
+holding the rows: what :meth:`Storage.row_format` describes) and ``new_output(batch_size,
+allocator=None)`` (an :class:`Output` of ``batch_size`` rows in this layout, from
+``allocator``, default the storage's), and ``kernel_rows`` and ``_kernel_view`` when its
+outputs are not one array per group or field.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import Spec
-from .output import Output
+from .output import Output, output_bytes, row_format
 from .projection import Projection
 
 
@@ -82,6 +85,36 @@ class Storage:
         """Rows ``[at, at + k)`` of ``out`` as the kernels see them (views; one per array of
         the output, as SoA and groupings hold them)."""
         return tuple(c[at:at + k] for c in out.kernel_out)
+
+    def row_format(self) -> tuple:
+        """A hashable token of how a row is held (layout, fields, the arrays' dtypes with their
+        offsets and padding, their row shapes; :func:`~tfdata.storage.output.row_format`):
+        storages and datasets of equal formats fill each other's outputs (:meth:`window`)."""
+        return row_format(self.layout, self.spec.names, self._row_arrays())
+
+    def _row_arrays(self) -> tuple:
+        raise NotImplementedError
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one row as stored and as :meth:`new_output` holds it (padding included)."""
+        return self.nbytes // self.capacity
+
+    def window(self, out: Output, at: int, k: int) -> Output:
+        """Rows ``[at, at + k)`` of ``out`` as an output this storage's kernels fill.
+
+        ``out`` is an output of this storage's :meth:`row_format`, made by :meth:`new_output`
+        of this storage, of another storage or of a dataset (``Dataset.new_output``) of the same
+        format. The window's ``indices`` (int64, ``(k,)``) and ``kernel_out`` are views of
+        ``out``'s rows, its ``source`` this storage (its kernels and ``kernel_store``), its
+        ``fields`` empty (the fields are ``out``'s): a sampler draws into it as into an output
+        of its own, and writes only those rows."""
+        rows = tuple(b[at:at + k] for b in output_bytes(out))
+        return Output(out.indices[at:at + k], {}, self._kernel_view(rows), None, self)
+
+    def _kernel_view(self, rows: tuple):
+        # byte rows, as the SoA kernels read a column or a group
+        return rows
 
     def byte_bases(self) -> tuple:
         """The arrays holding the rows, as C-contiguous ``uint8[capacity, row_bytes]`` views

@@ -112,6 +112,9 @@ class GroupStorage(Storage):
                  [(index[name], self._where[name][1]) for name in g])
                 for g, kb in zip(self.layout, self._bytes)]
 
+    def _row_arrays(self) -> tuple:
+        return self.blocks
+
     def byte_bases(self) -> tuple:
         return self._bytes
 
@@ -127,8 +130,8 @@ class GroupStorage(Storage):
         holds the whole group copies it as one block of that record dtype."""
         return {g: (k, b.dtype) for k, (g, b) in enumerate(zip(self.layout, self.blocks)) if len(g) > 1}
 
-    def new_output(self, batch_size: int) -> Output:
-        a = self.allocator
+    def new_output(self, batch_size: int, allocator=None) -> Output:
+        a = self.allocator if allocator is None else allocator
         blocks = [a.zeros((batch_size,) + shape, dtype) for dtype, shape in group_arrays(self.spec, self.layout)]
         fields = {}
         for g, block in zip(self.layout, blocks):

@@ -50,6 +50,26 @@ class Output:
         return int(self.indices.nbytes + sum(a.nbytes for a in rows))
 
 
+def row_format(layout, names, arrays) -> tuple:
+    """The row format of rows held in ``arrays`` (the arrays of a storage or a dataset, each
+    ``(rows, *row_shape)``: one record array, one per field, one per group) of fields ``names``
+    laid out as ``layout``: ``(layout, names, ((dtype, row_shape), ...))``, hashable.
+
+    Two holders of one row format make interchangeable outputs (the same arrays, dtypes,
+    offsets, widths and padding), so each can gather rows into an output the other made (its
+    ``window``). Callers compare formats for equality only; what is inside is this package's.
+    """
+    return (layout, tuple(names), tuple((a.dtype, tuple(a.shape[1:])) for a in arrays))
+
+
+def output_bytes(out: Output) -> tuple:
+    """The rows of ``out`` as byte views, one C-contiguous ``uint8[batch_size, row_bytes]`` per
+    array it holds (a record array's words, a column, a group's block): the form in which a
+    holder of the same row format reads another's output."""
+    kout = out.kernel_out if isinstance(out.kernel_out, tuple) else (out.kernel_out,)
+    return tuple(a if a.dtype == np.uint8 else a.view(np.uint8) for a in kout)
+
+
 def bytes2d(arr: np.ndarray) -> np.ndarray:
     """uint8 view ``(rows, row_bytes)`` of a C-contiguous array ``(rows, ...)``."""
     return arr.reshape(arr.shape[0], -1).view(np.uint8)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..spec import Spec
 from .groups import group_arrays
-from .output import Output, readonly
+from .output import Output, output_bytes, readonly, row_format
 from .projection import Projection
 
 
@@ -71,6 +71,36 @@ class Rows:
             self.row_nbytes = int(sum(f.nbytes for f in spec))
             self.fields = columns
             self.kernel_store = tuple(readonly(byte_rows(columns[f.name], f.nbytes)) for f in spec)
+
+    @property
+    def kernels(self):
+        """The kernel module that copies these rows: :mod:`tfdata.kernels.soa`, over the byte
+        rows of :attr:`kernel_store` (an AoS record is one byte row)."""
+        from .. import kernels  # numba: imported when a dataset is built, not at import
+
+        return kernels.soa
+
+    def row_format(self) -> tuple:
+        """A hashable token of how a row is held (see
+        :meth:`tfdata.storage.Storage.row_format`): equal to a storage's when the records have
+        the storage's record dtype (offsets and padding included), or the columns or group
+        blocks its dtypes and shapes."""
+        if self.blocks is not None:
+            arrays = self.blocks
+        elif self.records is not None:
+            arrays = (self.records,)
+        else:
+            arrays = tuple(self.columns[n] for n in self.spec.names)
+        return row_format(self.layout, self.spec.names, arrays)
+
+    def window(self, out: Output, at: int, k: int) -> Output:
+        """Rows ``[at, at + k)`` of ``out`` (an output of this :meth:`row_format`, made by a
+        dataset's or a storage's ``new_output``) as an output of these rows: ``indices``
+        (int64, ``(k,)``) and ``kernel_out`` (byte rows) views of ``out``'s, ``source`` these
+        rows (:attr:`kernels`, :attr:`kernel_store`), ``fields`` empty (see
+        :meth:`tfdata.storage.Storage.window`)."""
+        return Output(out.indices[at:at + k], {}, tuple(b[at:at + k] for b in output_bytes(out)),
+                      None, self)
 
     def spans(self) -> dict:
         """``{name: (base, offset, width)}``: where each field's bytes are in the rows of

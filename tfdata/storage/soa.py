@@ -52,13 +52,17 @@ class SoAStorage(Storage):
         return [(col[start:stop].reshape(-1).view(np.uint8), f.nbytes, [(i, 0)])
                 for i, (f, col) in enumerate(zip(self.spec, self._field_list))]
 
+    def _row_arrays(self) -> tuple:
+        return tuple(self._field_list)
+
     def byte_bases(self) -> tuple:
         return self.kernel_store
 
     def spans(self) -> dict:
         return {f.name: (i, 0, f.nbytes) for i, f in enumerate(self.spec)}
 
-    def new_output(self, batch_size: int) -> Output:
-        fields = {f.name: self.allocator.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}
+    def new_output(self, batch_size: int, allocator=None) -> Output:
+        a = self.allocator if allocator is None else allocator
+        fields = {f.name: a.zeros((batch_size,) + f.shape, f.dtype) for f in self.spec}
         kernel_out = tuple(bytes2d(fields[name]) for name in self.spec.names)
-        return Output(self.allocator.zeros(batch_size, np.int64), fields, kernel_out, None, self)
+        return Output(a.zeros(batch_size, np.int64), fields, kernel_out, None, self)
