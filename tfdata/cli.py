@@ -48,6 +48,7 @@ EXPERIMENTS = {
     "frame_codecs": "frame_codecs",
     "atari_frames": "atari_frames",
     "sb3_buffers": "sb3",
+    "offline": "offline",
 }
 #: What ``run demo`` runs: which layout for which workload, a training loop without torch
 #: against CleanRL's, and Atari frames at one frame per transition (each quick: a few minutes
