@@ -435,18 +435,23 @@ def test_steady_state_allocates_nothing(layout):
                            "p": online("prioritized", layout)}, seed=0)
     for _ in range(4):  # warm: compile, build this size's ring
         m.update_priorities(m.sample(64), np.ones(64))
+    grown = []
     tracemalloc.start()
     try:
-        base, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        for _ in range(300):
-            m.sample(64)
-        current, peak = tracemalloc.get_traced_memory()
+        # three windows: sampling that allocates shows in each; a one-off allocation of something
+        # else in the process (a finalizer, another test's thread) in one at most
+        for _ in range(3):
+            base, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            for _ in range(300):
+                m.sample(64)
+            current, peak = tracemalloc.get_traced_memory()
+            grown.append((current - base, peak - base))
     finally:
         tracemalloc.stop()
-    # one allocated batch (64 rows of 46 bytes) would exceed these bounds
-    assert current - base < 1024, current - base
-    assert peak - base < 2048, peak - base
+    # one allocated batch (64 rows of 46 bytes), or 4 bytes per sample, would exceed these bounds
+    assert min(g for g, _ in grown) < 1024, grown
+    assert min(p for _, p in grown) < 2048, grown
 
 
 def test_two_buffers_a_short_one_refused_before_any_draws():
