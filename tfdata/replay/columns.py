@@ -394,9 +394,9 @@ class RunningStats:
         """Recompute the blocks written or marked since the last call, and their ancestors."""
         w = self.writer
         pos = self.wraps * self.capacity + w.cursor
-        moved = pos - self.synced
-        if not moved and not self.marked:
+        if pos == self.synced and not self.marked:  # current: what every sample of Normalize asks
             return
+        moved = pos - self.synced
         live = w.size
         for t in self.trees.values():
             if moved:
