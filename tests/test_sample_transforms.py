@@ -453,14 +453,6 @@ def test_transforms_apply_under_the_lock_for_every_thread():
     assert state_of(buf) == [{"seed": 2, "counter": counter}]
 
 
-def test_shared_buffers_refuse_transforms_before_making_a_region(tmp_path):
-    from tfdata import SharedReplayBuffer
-
-    with pytest.raises(NotImplementedError, match="transforms"):
-        SharedReplayBuffer(CARTPOLE, 16, dir=str(tmp_path), transforms=[ScaleReward(2.0)])
-    assert not os.listdir(tmp_path)
-
-
 def test_a_hostile_transform_state_is_a_format_error(tmp_path):
     import json
 

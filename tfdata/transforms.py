@@ -64,11 +64,16 @@ class Context:
         ``tree(name)``); None when only checking.
     allocator : optional
         Allocates the ring arrays (``zeros(shape, dtype)``); None when only checking.
+    no_stats : str, optional
+        Why this kind of buffer keeps no running statistics at all (``Normalize`` is then
+        refused with NotImplementedError giving this reason); None: it keeps those of
+        ``stats_fields``.
     """
 
-    def __init__(self, spec, roles, stats_fields=(), stacked=(), stats=None, allocator=None):
+    def __init__(self, spec, roles, stats_fields=(), stacked=(), stats=None, allocator=None,
+                 no_stats=None):
         self.spec, self.roles, self.stats_fields, self.stacked = spec, dict(roles), tuple(stats_fields), tuple(stacked)
-        self.stats, self.allocator = stats, allocator
+        self.stats, self.allocator, self.no_stats = stats, allocator, no_stats
 
 
 def import_path(fn) -> str | None:
@@ -230,6 +235,9 @@ class Normalize(SampleTransform):
     def check(self, ctx: Context) -> None:
         f = _field(ctx.spec, "Normalize", self.field)
         s = _field(ctx.spec, "Normalize(stats_of=)", self.stats_of)
+        if ctx.no_stats is not None:
+            raise NotImplementedError(f"transforms=[Normalize({self.field!r})]: {ctx.no_stats}; "
+                                      f"normalize the batch after sample instead")
         if self.stats_of not in ctx.stats_fields:
             raise SpecError(f"Normalize({self.field!r}): field {self.stats_of!r} has no running "
                             f"statistics; build the buffer with stats=[{self.stats_of!r}] "

@@ -65,6 +65,10 @@ class Streams:
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
         pass
 
+    def project(self, names) -> "Streams":
+        """Itself: its arrays are the draw's, whatever fields a batch holds."""
+        return self
+
 
 class RingStreams(Streams):
     """``num_envs`` streams interleaved in a ring of ``capacity`` slots (environment ``e``'s step
