@@ -98,6 +98,10 @@ class FieldStats:
     def normalize(self, x, eps: float = 1e-8, clip: float | None = None) -> np.ndarray:
         """``(x - mean) / sqrt(var + eps)``, optionally clipped to ``[-clip, clip]``.
 
+        The sample transform :class:`tfdata.transforms.Normalize` multiplies by
+        ``1 / sqrt(var + eps)`` instead: in float32, the same values but for one within an ulp
+        of float64 of a float32 rounding boundary.
+
         Parameters
         ----------
         x : array_like, shape ``(..., *field.shape)``
