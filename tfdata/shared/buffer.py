@@ -264,7 +264,8 @@ class SharedReplayBuffer(Sampling):
             replays=(1 if replays is None else replays) if exactly_k else None,
             rate_limiter=None if rate_limiter is None else rate_limiter.params(),
             n_step=n_step, frame_stack=frame_stack is not None, stats=stats is not None,
-            fifo=mode == "fifo", prioritized=bool(prioritized)))
+            fifo=mode == "fifo", prioritized=bool(prioritized),
+            transforms=bool(transforms) and not isinstance(transforms, str)))
         if exactly_k:
             policy = "block" if policy is None else policy
         elif mode == "fifo":
@@ -281,9 +282,6 @@ class SharedReplayBuffer(Sampling):
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
         frames = frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
-        if transforms and mode == "fifo":
-            raise NotImplementedError("SharedReplayBuffer(mode='fifo') with transforms=: get_batch "
-                                      "delivers the rows as written; use mode='replay'")
         # the sample transforms, checked against the spec (the stacks' shapes) and the roles
         self._tctx = Context(spec, episodes["roles"], (), () if frames is None else
                              tuple(frames[0]["stacks"]), allocator=alloc.resolve(None),
