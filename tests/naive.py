@@ -1735,8 +1735,9 @@ def sac_actor_act_naive(layers, x, eps, scale, bias, deterministic: bool) -> np.
 
 
 def normalize(x, mean, var, eps: float, clip=None) -> np.ndarray:
-    """``(x - mean) / sqrt(var + eps)`` in float64, optionally clipped, rounded to float32."""
-    out = (np.asarray(x, np.float64) - mean) / np.sqrt(var + eps)
+    """``(x - mean) * (1 / sqrt(var + eps))`` in float64, optionally clipped, rounded to
+    float32 (the factor's reciprocal first, then a product: the transform's definition)."""
+    out = (np.asarray(x, np.float64) - mean) * (1.0 / np.sqrt(np.asarray(var, np.float64) + eps))
     if clip is not None:
         out = np.clip(out, -clip, clip)
     return out.astype(np.float32)

@@ -22,6 +22,7 @@ import pytest
 
 import tfdata
 from tfdata.replay import combinations
+from tfdata.transforms import ScaleReward
 from tfdata.shared import SharedReplayBuffer, SharedWriter
 
 SPEC = {"id": "i8", "obs": ("f4", (2, 3)), "action": "i8", "reward": "f4",
@@ -79,6 +80,8 @@ SHARED = {
     "frame_stack": SINGLE["frame_stack"],
     "stats": SINGLE["stats"],
     "layout": SINGLE["layout"],
+    # an identity (x * 1.0, rounded back): the batches' checks hold; the path runs the transform
+    "transforms": [("transforms", {"transforms": [ScaleReward(1.0)]}, {"transforms": True})],
 }
 # triples where three options meet in one mechanism
 SINGLE_TRIPLES = [

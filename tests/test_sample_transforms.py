@@ -97,7 +97,24 @@ def test_normalize_divides_by_the_root_of_var_plus_eps():
     b = buf.sample(8)
     assert np.all(b["obs"][:, 0] == 0.0)
     x = rows["obs"][b.indices, 1].astype(np.float64)
-    assert np.array_equal(b["obs"][:, 1], (x / np.sqrt(5.0)).astype(np.float32))  # not x / 3
+    assert np.array_equal(b["obs"][:, 1], (x * (1.0 / np.sqrt(5.0))).astype(np.float32))
+    assert not np.array_equal(b["obs"][:, 1], (x / 3.0).astype(np.float32))  # sqrt(var) + eps
+    # FieldStats.normalize divides by the same root: equal here (see Normalize's docstring)
+    assert np.array_equal(b["obs"], buf.stats("obs").normalize(rows["obs"][b.indices], eps=1.0))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
+def test_normalize_agrees_with_field_stats_normalize(layout):
+    """The transform multiplies by 1 / sqrt(var + eps), FieldStats.normalize divides by the
+    root: the float32 results are the same but within an ulp of a rounding boundary (none in
+    these rows)."""
+    buf = ReplayBuffer(CARTPOLE, 256, layout=layout, seed=5, stats=["obs"],
+                       transforms=[Normalize("obs")])
+    buf.extend(rows_of(CARTPOLE, 256, seed=11))
+    b = buf.sample(256)
+    x = np.array(buf.storage.field("obs"))[b.indices]
+    got = buf.stats("obs").normalize(x)
+    assert got.dtype == np.float32 and np.array_equal(b["obs"], got)
 
 
 def test_normalize_clip_bounds_and_nan():
@@ -434,14 +451,6 @@ def test_transforms_apply_under_the_lock_for_every_thread():
     # every row of every batch took exactly its two draws (no draw lost to a race)
     _, counter = naive.random_shift(np.zeros((300, 1, 2, 2), np.uint8), 3, naive.key_of(2), 0)
     assert state_of(buf) == [{"seed": 2, "counter": counter}]
-
-
-def test_shared_buffers_refuse_transforms_before_making_a_region(tmp_path):
-    from tfdata import SharedReplayBuffer
-
-    with pytest.raises(NotImplementedError, match="transforms"):
-        SharedReplayBuffer(CARTPOLE, 16, dir=str(tmp_path), transforms=[ScaleReward(2.0)])
-    assert not os.listdir(tmp_path)
 
 
 def test_a_hostile_transform_state_is_a_format_error(tmp_path):

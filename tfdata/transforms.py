@@ -8,8 +8,8 @@ ring holds (allocated once, when the ring of a batch shape is built: sampling al
 nothing) and that the batch then shows instead:
 
 :class:`Normalize`
-    ``(x - mean) / sqrt(var + eps)`` from the running statistics of the rows held (``stats=``);
-    the batch's field becomes float32.
+    ``(x - mean) * (1 / sqrt(var + eps))`` from the running statistics of the rows held
+    (``stats=``); the batch's field becomes float32.
 :class:`ScaleReward`, :class:`ClipReward`
     The reward (its role, see ``roles=``) scaled, or clipped, in place.
 :class:`RandomShift`
@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 
@@ -63,11 +64,16 @@ class Context:
         ``tree(name)``); None when only checking.
     allocator : optional
         Allocates the ring arrays (``zeros(shape, dtype)``); None when only checking.
+    no_stats : str, optional
+        Why this kind of buffer keeps no running statistics at all (``Normalize`` is then
+        refused with NotImplementedError giving this reason); None: it keeps those of
+        ``stats_fields``.
     """
 
-    def __init__(self, spec, roles, stats_fields=(), stacked=(), stats=None, allocator=None):
+    def __init__(self, spec, roles, stats_fields=(), stacked=(), stats=None, allocator=None,
+                 no_stats=None):
         self.spec, self.roles, self.stats_fields, self.stacked = spec, dict(roles), tuple(stats_fields), tuple(stacked)
-        self.stats, self.allocator = stats, allocator
+        self.stats, self.allocator, self.no_stats = stats, allocator, no_stats
 
 
 def import_path(fn) -> str | None:
@@ -180,14 +186,20 @@ class _Skip(Part):
 
 
 class Normalize(SampleTransform):
-    """``(x - mean) / sqrt(var + eps)``, optionally clipped to ``[-clip, clip]``, from the
-    running statistics of the rows held when the batch is sampled.
+    """``(x - mean) * (1 / sqrt(var + eps))``, optionally clipped to ``[-clip, clip]``, from
+    the running statistics of the rows held when the batch is sampled.
+
+    Computed in float64 and rounded once to float32: the reciprocal ``1 / sqrt(var + eps)``
+    once per element, then a product per value. :meth:`tfdata.replay.columns.FieldStats.normalize`
+    divides instead, ``(x - mean) / sqrt(var + eps)``: the two float64 values differ by at most
+    an ulp or two of float64, so the float32 results are equal except for a value within that
+    distance of a float32 rounding boundary (one ulp of float32 apart there).
 
     Parameters
     ----------
     field : str
-        The batch's field; the batch then shows it as float32, shape unchanged (computed in
-        float64, rounded once). A NaN stays NaN.
+        The batch's field; the batch then shows it as float32, shape unchanged. A NaN stays
+        NaN.
     eps : float, default 1e-8
         Added to the variance (a constant element becomes 0, not NaN).
     clip : float, optional
@@ -223,6 +235,9 @@ class Normalize(SampleTransform):
     def check(self, ctx: Context) -> None:
         f = _field(ctx.spec, "Normalize", self.field)
         s = _field(ctx.spec, "Normalize(stats_of=)", self.stats_of)
+        if ctx.no_stats is not None:
+            raise NotImplementedError(f"transforms=[Normalize({self.field!r})]: {ctx.no_stats}; "
+                                      f"normalize the batch after sample instead")
         if self.stats_of not in ctx.stats_fields:
             raise SpecError(f"Normalize({self.field!r}): field {self.stats_of!r} has no running "
                             f"statistics; build the buffer with stats=[{self.stats_of!r}] "
@@ -246,7 +261,7 @@ class Normalize(SampleTransform):
 class _NormalizePart(Part):
     def __init__(self, desc, ctx):
         super().__init__(desc, ctx)
-        self.stats = ctx.stats
+        self.sync = ctx.stats.sync  # the statistics of the rows held now (cheap when current)
         self.tree = ctx.stats.tree(desc.stats_of)  # (cnt, vals, moments), updated in place
 
     def ring_arrays(self, batch_size, length, out) -> dict:
@@ -259,13 +274,13 @@ class _NormalizePart(Part):
         cnt, vals, moments = self.tree
         args = (_rows2d(fields[d.field], rows), cnt, vals, moments, float(d.eps),
                 d.clip is not None, float(d.clip or 0.0), _rows2d(dst, rows))
-        arrays["call"] = (self.k.strided(self.k.normalize, args), args)
+        # the call bound once, with its arguments: the sample path makes it without unpacking
+        arrays["call"] = partial(self.k.strided(self.k.normalize, args), *args)
         fields[d.field] = dst
 
     def apply(self, out, arrays, rows, where):
-        self.stats.sync()  # the statistics of the rows held now
-        kernel, args = arrays["call"]
-        kernel(*args)
+        self.sync()
+        arrays["call"]()
         return rows
 
 

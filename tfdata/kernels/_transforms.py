@@ -23,7 +23,11 @@ _TWO32 = np.uint64(1 << 32)
 
 @njit(**NJIT_OPTIONS)
 def normalize(x, cnt, vals, moments, eps, has_clip, clip, out):
-    """``out = (x - mean) / sqrt(var + eps)`` per element, clipped to ``[-clip, clip]``.
+    """``out = (x - mean) * (1 / sqrt(var + eps))`` per element, clipped to ``[-clip, clip]``.
+
+    Every operation in float64, the result rounded once to float32: ``r = 1 / sqrt(var + eps)``
+    once per element of a row, then ``float32((x - mean) * r)`` for each row (a product, not
+    a quotient: a division per value is what this kernel would spend its time on).
 
     Parameters
     ----------
@@ -34,11 +38,11 @@ def normalize(x, cnt, vals, moments, eps, has_clip, clip, out):
         variance of the rows held now.
     moments : ndarray of float64, shape (5, k)
         Scratch: the root's mean, var, std, min, max are written here, then
-        ``sqrt(var + eps)`` over the std row.
+        ``1 / sqrt(var + eps)`` over the std row.
     eps, clip : float
         Added to the variance; the bound (used only when ``has_clip``).
     out : ndarray of float32, shape (rows, k)
-        The normalized values: computed in float64, rounded once. A NaN stays NaN.
+        The normalized values. A NaN stays NaN.
 
     Returns
     -------
@@ -46,22 +50,23 @@ def normalize(x, cnt, vals, moments, eps, has_clip, clip, out):
         The rows the statistics count (-1 for inconsistent arrays: nothing written).
     """
     n = stats_summary(cnt, vals, moments)
-    k = x.shape[1]
-    if n < 0 or moments.shape[1] < k or out.shape[0] < x.shape[0] or out.shape[1] < k:
+    rows, k = x.shape[0], x.shape[1]
+    if n < 0 or moments.shape[1] < k or out.shape[0] < rows or out.shape[1] < k:
         return -1
-    for j in range(k):  # the divisor once per element, in the std row (scratch here)
-        moments[2, j] = np.sqrt(moments[1, j] + eps)
-    mean, den = moments[0], moments[2]
-    if has_clip:
-        for i in range(x.shape[0]):
-            for j in range(k):
-                v = (np.float64(x[i, j]) - mean[j]) / den[j]
+    # one element of every row at a time: its mean and factor stay in registers, and the
+    # loop over the rows has no inner loop of k (a few elements) to set up per row
+    for j in range(k):
+        mean = moments[0, j]
+        r = 1.0 / np.sqrt(moments[1, j] + eps)
+        moments[2, j] = r
+        if has_clip:
+            for i in range(rows):
+                v = (np.float64(x[i, j]) - mean) * r
                 # comparisons are False for NaN: it passes through
                 out[i, j] = np.float32(-clip if v < -clip else clip if v > clip else v)
-    else:
-        for i in range(x.shape[0]):
-            for j in range(k):
-                out[i, j] = np.float32((np.float64(x[i, j]) - mean[j]) / den[j])
+        else:
+            for i in range(rows):
+                out[i, j] = np.float32((np.float64(x[i, j]) - mean) * r)
     return n
 
 

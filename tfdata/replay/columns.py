@@ -98,6 +98,10 @@ class FieldStats:
     def normalize(self, x, eps: float = 1e-8, clip: float | None = None) -> np.ndarray:
         """``(x - mean) / sqrt(var + eps)``, optionally clipped to ``[-clip, clip]``.
 
+        The sample transform :class:`tfdata.transforms.Normalize` multiplies by
+        ``1 / sqrt(var + eps)`` instead: in float32, the same values but for one within an ulp
+        of float64 of a float32 rounding boundary.
+
         Parameters
         ----------
         x : array_like, shape ``(..., *field.shape)``
@@ -394,9 +398,9 @@ class RunningStats:
         """Recompute the blocks written or marked since the last call, and their ancestors."""
         w = self.writer
         pos = self.wraps * self.capacity + w.cursor
-        moved = pos - self.synced
-        if not moved and not self.marked:
+        if pos == self.synced and not self.marked:  # current: what every sample of Normalize asks
             return
+        moved = pos - self.synced
         live = w.size
         for t in self.trees.values():
             if moved:

@@ -25,10 +25,10 @@ The facets (absent options have the value shown as default):
     exactly-k's (None otherwise).
 ``rate_limiter``
     the limiter's ``params()`` (None: no limiter).
-``n_step``, ``elide_next``, ``frame_stack``, ``compress_cold``, ``spill``, ``stats``, ``fifo``, ``prioritized``
+``n_step``, ``elide_next``, ``frame_stack``, ``compress_cold``, ``spill``, ``stats``, ``fifo``, ``prioritized``, ``transforms``
     n-step length or None; the others bools (``frame_stack``: any stacked field;
     ``spill``: a ``spill_path``; ``stats``: any ``stats=`` field; ``fifo``: a shared FIFO;
-    ``prioritized``: sampling by priority).
+    ``prioritized``: sampling by priority; ``transforms``: any sample transform).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SHARED = ("SharedReplayBuffer",)
 DEFAULTS = {"buffer": "ReplayBuffer", "sampler": "uniform", "stream_order": True, "policy": None,
             "replays": None, "rate_limiter": None, "n_step": None, "elide_next": False,
             "frame_stack": False, "compress_cold": False, "spill": False, "stats": False,
-            "fifo": False, "prioritized": False}
+            "fifo": False, "prioritized": False, "transforms": False}
 
 
 def facets(buffer: str, **given) -> dict:
@@ -191,6 +191,9 @@ RULES = (
          lambda o: o["rate_limiter"] is not None and o["fifo"],
          "a FIFO delivers every row once: its reader waits for rows and its writers for room "
          "already"),
+    Rule("transforms", "mode='fifo'", SHARED, NotImplementedError,
+         lambda o: o["transforms"] and o["fifo"],
+         "not built: get_batch delivers the rows as written; use mode='replay'"),
     Rule("stats", "shared memory", SHARED, NotImplementedError,
          lambda o: o["stats"],
          "its rows are written by other processes, which the learner does not hear; use a "

@@ -103,7 +103,8 @@ class Rings:
             transforms = (self.transforms if fields is None
                           else [t.project(fields) for t in self.transforms])
         if length is not None and self.slice_parts is not None:
-            transforms = self.slice_parts
+            transforms = (self.slice_parts if fields is None
+                          else [t.project(fields) for t in self.slice_parts])
         if self.reserve is not None:
             with self.lock:  # a sample in another thread reads the scratch it replaces
                 self.reserve(batch_size)

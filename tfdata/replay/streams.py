@@ -65,6 +65,10 @@ class Streams:
     def batch_view(self, arrays: dict, fields: dict, attrs: dict) -> None:
         pass
 
+    def project(self, names) -> "Streams":
+        """Itself: its arrays are the draw's, whatever fields a batch holds."""
+        return self
+
 
 class RingStreams(Streams):
     """``num_envs`` streams interleaved in a ring of ``capacity`` slots (environment ``e``'s step
@@ -130,8 +134,10 @@ class RingStreams(Streams):
         writer = self.writer
         if transforms:
             rows, cursor = out.indices, writer.cursor
-            for t, a in zip(transforms, arrays[1:]):
-                rows = t.apply(out, a, rows, cursor)
+            i = 1  # (an index, not zip over a slice: no list, no iterator per sample)
+            for t in transforms:
+                rows = t.apply(out, arrays[i], rows, cursor)
+                i += 1
         return writer.laps * writer.capacity + writer.cursor
 
     def slices(self, n: int, out, arrays: list, length: int, reject: bool) -> int:

@@ -30,6 +30,7 @@ from ..replay.sampling import Sampling
 from ..replay.slices import Slices
 from ..replay.transforms import NStep, episode_options
 from ..spec import Spec
+from ..transforms import Context, check_transforms
 from ..storage import output_nbytes, resolve_layout
 from .columns import ShardColumns
 from .fifo import FifoLearner
@@ -41,6 +42,10 @@ from .state import ShardCheckpoint
 from .streams import ShardStreams, check_sampler, sampler_classes, unsaved_reason
 
 __all__ = ["SharedReplayBuffer"]
+
+#: why a shared buffer's transforms cannot read running statistics (``Normalize``)
+NO_STATS = ("a SharedReplayBuffer keeps no running statistics (stats= is not supported: they "
+            "hear the writes of one process's buffer)")
 
 
 class _RingBudget:
@@ -71,7 +76,8 @@ class _RingBudget:
             + (streams.ring_nbytes(batch_size) if length else 0)
             + (0 if r.frames is None else
                FrameStack.plan_ring(buf.spec, r.frames.frames, rows, fields)
-               + streams.ring_nbytes(batch_size)))
+               + streams.ring_nbytes(batch_size))
+            + sum(t.ring_nbytes(buf._tctx, rows, fields) for t in buf._transforms))
         check_budget(buf.memory_budget, nbytes, f"sampling batches of {batch_size}"
                      + (f" slices of {length} rows" if length else " rows")
                      + (f" of fields {list(fields)}" if fields is not None else ""))
@@ -206,9 +212,13 @@ class SharedReplayBuffer(Sampling):
         need an entry that a held row still uses (more than ``final_frames`` episodes ending
         within ``shard_capacity`` rows of a shard) is refused with SharedBufferError, nothing
         written.
-    transforms : None
-        Not built for shared buffers (NotImplementedError): a row drawn again after a torn
-        read would miss them.
+    transforms : list, optional
+        Replay mode: transforms applied to every batch, as :class:`~tfdata.ReplayBuffer`'s
+        ``transforms=`` (:mod:`tfdata.transforms`): after the draw is final (every row, window
+        or stack a writer touched drawn again), on the whole batch, once, after the n-step
+        returns and frame stacks; per step of :meth:`sample_sequences` slices. ``RandomShift``'s
+        counter is in checkpoints. Not ``Normalize`` (NotImplementedError: a shared buffer
+        keeps no running statistics, see ``stats``), nor with ``mode="fifo"``.
     stats : None
         Not supported (NotImplementedError): running statistics hear the writes of one
         process's buffer; so is :meth:`update_field`. :meth:`column` and :meth:`column_stats`
@@ -238,10 +248,6 @@ class SharedReplayBuffer(Sampling):
                  memory_budget=None, stats=None, rate_limiter=None, sampler=None,
                  replays: int | None = None, timeout: float | None = None, frame_stack=None,
                  frame_padding="reset", final_frames: int | None = None, transforms=None):
-        if transforms:  # a row drawn again after a torn read would miss them (see the record)
-            raise NotImplementedError("SharedReplayBuffer: transforms= is not built for shared "
-                                      "buffers yet; apply them to the batch after sample (see "
-                                      "docs/design/sample-transforms.md)")
         spec = spec if isinstance(spec, Spec) else Spec(spec)
         shards, cap = check_shards(capacity, num_writers)
         if mode not in MODES:
@@ -258,7 +264,8 @@ class SharedReplayBuffer(Sampling):
             replays=(1 if replays is None else replays) if exactly_k else None,
             rate_limiter=None if rate_limiter is None else rate_limiter.params(),
             n_step=n_step, frame_stack=frame_stack is not None, stats=stats is not None,
-            fifo=mode == "fifo", prioritized=bool(prioritized)))
+            fifo=mode == "fifo", prioritized=bool(prioritized),
+            transforms=bool(transforms) and not isinstance(transforms, str)))
         if exactly_k:
             policy = "block" if policy is None else policy
         elif mode == "fifo":
@@ -275,6 +282,11 @@ class SharedReplayBuffer(Sampling):
         # everything that can refuse runs before the region exists
         episodes = episode_options(spec, n_step, gamma, next_of, False, roles)
         frames = frame_options(spec, frame_stack, frame_padding, final_frames, next_of, roles, cap)
+        # the sample transforms, checked against the spec (the stacks' shapes) and the roles
+        self._tctx = Context(spec, episodes["roles"], (), () if frames is None else
+                             tuple(frames[0]["stacks"]), allocator=alloc.resolve(None),
+                             no_stats=NO_STATS)
+        self._transforms = check_transforms(transforms, self._tctx)
         if given is not None:
             sampler = given
         elif prioritized:
@@ -352,6 +364,9 @@ class SharedReplayBuffer(Sampling):
         # region's tables after the draw, as of heads read before it (see shared/frames.py)
         if fr is not None:
             transforms.append(FrameStack(fr.spec, fr, fr, flags, streams, alloc.resolve(None)))
+        # the user's, last: run by the streams once the draw is final (after every redraw)
+        self._transform_parts = [t.bind(self._tctx) for t in self._transforms]
+        transforms.extend(self._transform_parts)
         self._lock = threading.Lock()
         self._watch = WriterWatch(region, name)
         # the parts of the one sample path (tfdata.replay.sampling), over the region: the output
@@ -360,7 +375,8 @@ class SharedReplayBuffer(Sampling):
         self._budget = _RingBudget(self, transforms[0] if self.n_step is not None else None)
         self._ringset = Rings(spec, region.stored_spec, () if fr is None else tuple(fr.stacks),
                               self._ring_size, st, sampler, transforms, self._lock, self._budget,
-                              slice_parts=[streams], reserve=streams.reserve)
+                              slice_parts=[streams, *self._transform_parts],
+                              reserve=streams.reserve)
         self._local = self._ringset.local
         self._limiter = None
         self._gate = ShardGate(region, self._lock, streams, self._watch, name)
@@ -377,7 +393,7 @@ class SharedReplayBuffer(Sampling):
         self._queue = FifoLearner(region, self._lock, self._ring_size, self._k, name, self._watch)
         self._checkpoint = ShardCheckpoint(region, sampler, self._lock, self._k, self._limiter, name,
                                            self._ring_size, bool(prioritized), episodes,
-                                           streams, self._given)
+                                           streams, self._given, self._transform_parts)
 
     @property
     def rate_limiter(self):
@@ -497,6 +513,17 @@ class SharedReplayBuffer(Sampling):
         """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
         return self._checkpoint.config()
 
+    @property
+    def transforms(self) -> tuple:
+        """The transforms every sample applies, in order (``transforms=``)."""
+        return self._transforms
+
+    @property
+    def transform_parts(self) -> tuple:
+        """The bound parts of :attr:`transforms` (what a state's ``transforms`` entry is
+        checked by)."""
+        return tuple(self._transform_parts)
+
     def snapshot(self):
         """A context manager: the state as of the shards' heads, this buffer's lock held (see
         :meth:`tfdata.shared.state.ShardCheckpoint.snapshot`)."""
@@ -519,7 +546,7 @@ class SharedReplayBuffer(Sampling):
 
     @classmethod
     def load(cls, path, *, name: str | None = None, dir: str | None = None, memory_budget=None,
-             layout=None, samplers=()):
+             layout=None, samplers=(), transforms=()):
         """A new buffer (a new region, named ``name``) holding a checkpoint written by
         :meth:`save`; writers attach to it as to any buffer and continue each shard after its
         saved rows. The checkpoint is validated before the region is created
@@ -529,15 +556,21 @@ class SharedReplayBuffer(Sampling):
         region's layout, if not the one saved (the samples are the same). ``samplers``: sampler
         classes of yours a checkpoint may name (an allow-list, by their ``name``, as for
         :meth:`tfdata.ReplayBuffer.load`): rebuilt by their ``from_config``, their state checked
-        by their ``check_state`` before the region is created."""
+        by their ``check_state`` before the region is created. ``transforms``: the functions
+        of yours a checkpoint's ``Compiled`` and ``Function`` transforms may name (an
+        allow-list, as for :meth:`tfdata.ReplayBuffer.load`)."""
         from ..replay.checkpoint import load
 
         return load(path, {cls.__name__: cls}, cls, samplers, name=name, dir=dir,
-                    memory_budget=memory_budget, layout=layout)
+                    memory_budget=memory_budget, layout=layout, transforms=transforms)
 
     def unsaved_reason(self) -> str | None:
-        """Why a checkpoint could not rebuild this buffer's sampler (None: it can; see
-        :func:`tfdata.shared.streams.unsaved_reason`)."""
+        """Why a checkpoint could not rebuild this buffer's transforms or sampler (None: it
+        can; see :func:`tfdata.shared.streams.unsaved_reason`)."""
+        for t in self._transforms:  # a user function without an import path
+            reason = t.unsaved_reason()
+            if reason is not None:
+                return reason
         return unsaved_reason(self.sampler) if self._given else None
 
     def restore(self, ds, plan: dict) -> None:

@@ -33,6 +33,7 @@ from ..replay.samplers.prioritized import OPTIONS as _PRIORITIZED_KEYS
 from ..replay.samplers.prioritized import EPOCH_RULE, PrioritizedSampler, leaves32, odd_epoch, read_scalars
 from ..replay.samplers.without_replacement import read_undrawn
 from ..storage import file_name, storage_nbytes
+from ..transforms import Normalize, check_states, from_config
 from .region import CURSOR, HEAD, RESERVED, SAMPLES
 
 __all__ = ["ShardCheckpoint", "MAX_WRITERS"]
@@ -45,6 +46,25 @@ _STATE = ("format", "version", "spec", "capacity", "layout", "num_writers", "hea
 _FRAME_KEYS = ("frame_stack", "frame_padding", "final_frames")
 MAX_WRITERS = 4096
 _MAX_HEAD = (1 << 62) - 1
+
+
+def _read_transforms(c, config: dict, st: dict, options: dict):
+    """``(descriptions, states)`` of config.transforms and state.transforms (None: the buffer
+    has none), the user functions resolved only among those given to load; the states are
+    checked by the parts once the buffer is rebuilt."""
+    if "transforms" not in config:
+        if "transforms" in st:
+            c.fail("state.transforms", "absent (config.transforms lists no transforms)", show=False)
+        return None
+    got = from_config(config["transforms"], options["transforms"], f"{c.spath}: config.transforms")
+    for i, t in enumerate(got):
+        if isinstance(t, Normalize):  # the constructor would refuse it: the file's error
+            c.fail(f"config.transforms[{i}]", "a transform a SharedReplayBuffer runs (not "
+                   "normalize: it keeps no running statistics)", t.name)
+    if "transforms" not in st:
+        c.fail("state.transforms", "a list of the transforms' states (config.transforms lists "
+               "transforms)", show=False)
+    return got, st["transforms"]
 
 
 def _exactly_k_config(c, v: dict) -> None:
@@ -146,11 +166,12 @@ class ShardCheckpoint:
     ``name`` (for messages), ``ring_size`` and ``prioritized``, ``episodes`` (the buffer's
     ``n_step``, ``gamma``, ``next_of`` and ``roles``), ``streams`` (its
     :class:`~tfdata.shared.streams.ShardStreams`, which catch the sampler up on the rows
-    published) and ``given`` (the sampler is an object the caller gave: saved by its name and
-    ``config()``)."""
+    published), ``given`` (the sampler is an object the caller gave: saved by its name and
+    ``config()``) and ``transforms`` (the bound parts of ``transforms=``: their descriptions
+    in the config, their states, a RandomShift's counter, in the state)."""
 
     def __init__(self, region, sampler, lock, kernels, limiter, name: str, ring_size: int,
-                 prioritized: bool, episodes: dict, streams, given: bool):
+                 prioritized: bool, episodes: dict, streams, given: bool, transforms=()):
         self._region = region
         self._sampler = sampler
         self._lock = lock
@@ -164,6 +185,7 @@ class ShardCheckpoint:
         self._next_of, self._roles = episodes["next_of"], episodes["roles"]
         self._streams = streams
         self._given = given
+        self._transforms = list(transforms)
 
     def config(self) -> dict:
         """The constructor's keyword arguments that rebuild this buffer (what a checkpoint keeps)."""
@@ -192,6 +214,8 @@ class ShardCheckpoint:
                        beta_steps=sm.beta_steps, eps=sm.eps)
         if self._limiter is not None:  # its parameters; the counts are in the state
             cfg["rate_limiter"] = self._limiter.params()
+        if self._transforms:  # absent: none (checkpoints as before)
+            cfg["transforms"] = [t.desc.config() for t in self._transforms]
         return cfg
 
     # -- save (the contract of tfdata.replay.checkpoint) -----------------------------------
@@ -248,6 +272,8 @@ class ShardCheckpoint:
                                       "cursors": [int(r.words(s)[CURSOR]) for s in range(r.shards)]}
             if r.frames is not None:  # as of the heads; settled by settle_frames after the rows
                 state["frame_copies"] = shared_frames.copies(r.frames)
+            if self._transforms:  # their RNG positions (None for a transform without state)
+                state["transforms"] = [t.state_dict() for t in self._transforms]
             yield state
 
     def finish(self, state: dict) -> None:
@@ -315,15 +341,21 @@ class ShardCheckpoint:
         for the new region: the rows are copied field by field)."""
         from .._budget import parse_bytes
 
-        bad = set(given) - {"name", "dir", "memory_budget", "layout"}
+        bad = set(given) - {"name", "dir", "memory_budget", "layout", "transforms"}
         if bad:
             raise TypeError(f"load: unexpected keyword(s) {sorted(bad)}; allowed: name, dir, "
-                            f"memory_budget, layout, samplers")
-        rest = {k: v for k, v in given.items() if k != "layout"}
+                            f"memory_budget, layout, samplers, transforms")
+        allowed = given.get("transforms", ())
+        allowed = () if allowed is None else allowed
+        if isinstance(allowed, (str, bytes)) or not hasattr(allowed, "__iter__"):
+            raise TypeError(f"load: transforms must be a list of functions, got "
+                            f"{type(allowed).__name__}")
+        rest = {k: v for k, v in given.items() if k not in ("layout", "transforms")}
         budget = rest.get("memory_budget")
         if budget is not None:
             parse_bytes("memory_budget", budget)  # the caller's error, not the file's
-        return {"layout": given.get("layout"), "rest": rest, "budget": budget}
+        return {"layout": given.get("layout"), "rest": rest, "budget": budget,
+                "transforms": list(allowed)}
 
     @staticmethod
     def read(c, arrays, doc, cls, sampler, known, options) -> dict:
@@ -341,7 +373,7 @@ class ShardCheckpoint:
         ukey = None if ucls is None else state_key(ucls)
         ucfg = None
         if ucls is not None:
-            own = set(_CONFIG) | {"sampler", "rate_limiter"}
+            own = set(_CONFIG) | {"sampler", "rate_limiter", "transforms"}
             ucfg = {k: x for k, x in v.items() if k not in own}
             v = doc["config"] = {k: x for k, x in v.items() if k in own}
             if v.get("prioritized") is not False:
@@ -353,7 +385,8 @@ class ShardCheckpoint:
         framed = isinstance(v, dict) and any(k in v for k in _FRAME_KEYS)
         st = c.obj("state", doc["state"], _STATE + (("rate_limiter",) if limited else ())
                    + (("without_replacement",) if wor else ()) + (("exactly_k",) if ek else ())
-                   + (("frames",) if framed else ()) + ((ukey,) if ukey else ()))
+                   + (("frames",) if framed else ()) + ((ukey,) if ukey else ()),
+                   optional=("transforms",))
         if st["format"] != "tfdata.SharedReplayBuffer" or st["version"] != 1 or type(st["version"]) is not int:
             c.fail("state.format", "a tfdata.SharedReplayBuffer state of version 1", st["format"])
         spec = c.spec(st["spec"])
@@ -363,8 +396,9 @@ class ShardCheckpoint:
         prioritized = isinstance(v, dict) and v.get("prioritized") is True
         config = c.obj("config", v, _CONFIG + (_PRIORITIZED_KEYS if prioritized else ())
                        + (_FRAME_KEYS if framed else ()),
-                       optional=("rate_limiter", "sampler") + _EXACTLY_K_KEYS)
+                       optional=("rate_limiter", "sampler", "transforms") + _EXACTLY_K_KEYS)
         _exactly_k_config(c, config)  # replays, policy, timeout: present exactly with exactly_k
+        transforms = _read_transforms(c, config, st, options)
         if ek and config["policy"] == "overwrite":
             c.fail("config.policy", "'block' or 'drop' (a SharedReplayBuffer)", config["policy"])
         cap, layout, shards = c.streams(config, spec, "num_writers", MAX_WRITERS)
@@ -494,7 +528,7 @@ class ShardCheckpoint:
                 "frames": frames, "frame_part": frame_part, "final_frames": final_frames,
                 "roles": roles, "pri": pri, "leaves": leaves, "versions": versions,
                 "undrawn": undrawn, "replays": replays, "user": user, "user_state": user_state,
-                "wor": wor, "ek": ek}
+                "wor": wor, "ek": ek, "transforms": transforms}
 
     @staticmethod
     def build(c, p: dict, ds, cls, options):
@@ -520,6 +554,8 @@ class ShardCheckpoint:
             kw.update({k: config[k] for k in ("sampler",) + _EXACTLY_K_KEYS})
         if p["frames"] is not None:
             kw.update({k: config[k] for k in _FRAME_KEYS})
+        if p["transforms"] is not None:
+            kw["transforms"] = p["transforms"][0]
         user = p["user"]
         if user is not None:
             kw["sampler"] = user
@@ -527,9 +563,18 @@ class ShardCheckpoint:
                         seed=None if user is not None else p["sampler"]["seed"], **kw,
                         **options["rest"])
         try:
+            states = None
+            if p["transforms"] is not None:  # their RNG positions, checked by each part
+                try:
+                    states = check_states(list(buf.transform_parts), p["transforms"][1])
+                except (TypeError, ValueError) as exc:
+                    raise c.caught(exc, "state.transforms") from None
             buf.restore(ds, p)
             if user is not None:
                 user.load_state(p["user_state"])
+            for t, s in zip(buf.transform_parts, states or ()):
+                if s is not None:
+                    t.load_state(s)
         except BaseException:
             buf.close()
             raise

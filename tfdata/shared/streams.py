@@ -71,7 +71,7 @@ _BUFFER_OPTIONS = ("capacity", "num_writers", "mode", "policy", "layout", "seed"
                    "name", "dir", "prioritized", "alpha", "beta", "beta_final", "beta_steps", "eps",
                    "n_step", "gamma", "next_of", "roles", "memory_budget", "stats",
                    "rate_limiter", "sampler", "replays", "timeout", "frame_stack",
-                   "frame_padding", "final_frames")
+                   "frame_padding", "final_frames", "transforms")
 
 
 def check_sampler(sampler, seed, mode, prioritized, n_step, frame_stack, rate_limiter) -> None:
@@ -148,7 +148,8 @@ class ShardStreams(Streams):
         The buffer's, for messages.
     nstep, frames : bool
         Whether the buffer's transforms are an n-step transform, then a frame stack (either may
-        be absent).
+        be absent); the transforms after them are the sample transforms (``transforms=``),
+        applied once the draw is final.
     given : bool
         The sampler is an object of the user's.
 
@@ -190,6 +191,7 @@ class ShardStreams(Streams):
         self.mode = region.mode
         self.flags, self.allocator = flags, allocator
         self._nstep, self._frames, self._given = nstep, frames, given
+        self._own = int(nstep) + int(frames)  # the transforms redrawn rows are rebuilt by
         self.episode = np.zeros(0, np.uint32)  # the shards' episodes end at flagged rows
         self.geo = allocator.zeros(SHARD_HEADER + 7 * self.shards, np.int64)
         self.geo[:SHARD_HEADER] = (self.shards, self.cap)
@@ -495,12 +497,20 @@ class ShardStreams(Streams):
     # -- the draws of the sample path (the contract of tfdata.replay.streams) ----------------
     def draw(self, n: int, out, arrays: list, transforms: tuple) -> None:
         """Fill ``out`` (lock held; ``n`` is not read: the heads say what is held): the rows
-        alone, or with the ring's ``transforms`` (:meth:`windows`)."""
-        if transforms:
+        alone, or with the n-step windows and frame stacks (:meth:`windows`); then the sample
+        transforms (``transforms=``, the ring's after those two), once, on the whole batch:
+        every row a writer touched has been drawn again by then, so each is applied exactly
+        once, to the rows returned."""
+        own = self._own
+        if own:
             t = transforms[0] if self._nstep else None
-            self.windows(out, arrays, t, transforms[-1] if self._frames else None)
+            self.windows(out, arrays, t, transforms[own - 1] if self._frames else None)
         else:  # caught up, drawn, checked by the shard rows
             self.draw_rows(out, arrays[0])
+        if len(transforms) > own:
+            rows, geo = out.indices, self.geo
+            for i in range(own, len(transforms)):
+                rows = transforms[i].apply(out, arrays[i + 1], rows, geo)
 
     def refuse_slices(self) -> None:
         """Refuse what this buffer cannot slice, saying why."""
@@ -532,7 +542,7 @@ class ShardStreams(Streams):
         K - 1 rows back and one row forward (its next frame): the obs stack is the window's
         first row's, the next_obs stack its last row's."""
         k, r = self._k, self._region
-        fa = None if ft is None else arrays[-1]
+        fa = None if ft is None else arrays[self._own]  # the frame stack's (the last of the own)
         heads = self.heads_snapshot
         # the marks of the rows drawn: the n-step transform's, or the frame transform's (which
         # then also marks the windows' last rows)
