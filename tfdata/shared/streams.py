@@ -191,7 +191,8 @@ class ShardStreams(Streams):
         self.mode = region.mode
         self.flags, self.allocator = flags, allocator
         self._nstep, self._frames, self._given = nstep, frames, given
-        self._own = int(nstep) + int(frames)  # the transforms redrawn rows are rebuilt by
+        # the transforms (n-step, frames: the first of the list) a redrawn row is rebuilt by
+        self._own = int(nstep) + int(frames)
         self.episode = np.zeros(0, np.uint32)  # the shards' episodes end at flagged rows
         self.geo = allocator.zeros(SHARD_HEADER + 7 * self.shards, np.int64)
         self.geo[:SHARD_HEADER] = (self.shards, self.cap)
