@@ -305,7 +305,7 @@ class MixedReplayBuffer:
                             arrays[key_] = versions[at:at + k]
                     first.append(partial(s.sample_into, win, arrays))
                 else:
-                    draws.append(partial(self._samplers[n].sample, len(s), win, {}))
+                    draws.append(self._samplers[n].sample_call(len(s), win, {}))
                 at += k
             ring.draws.append(tuple(first + draws))  # the buffers first: they can refuse
             ring.keep += [out, source, weights]  # the output: its indices and rows
