@@ -41,8 +41,7 @@ __all__ = ["MixedBatch", "MixedReplayBuffer", "split"]
 class _Ring:
     """``ring_size`` mixed batches of one shape, each with the draws that fill it."""
 
-    __slots__ = ("draws", "after", "batches", "next", "nbytes", "need", "shares", "keep",
-                 "__weakref__")
+    __slots__ = ("draws", "batches", "next", "nbytes", "need", "shares", "keep", "__weakref__")
 
 
 class MixedReplayBuffer:
@@ -277,7 +276,7 @@ class MixedReplayBuffer:
                                     f"batch_size {batch_size} needs {planned} bytes beside the "
                                     f"{self.nbytes} held")
         a, ring = self.allocator, _Ring()
-        ring.draws, ring.after, ring.batches, ring.next, ring.keep = [], [], [], 0, []
+        ring.draws, ring.batches, ring.next, ring.keep = [], [], 0, []
         # the buffer sources, whose rows held can change: checked before any source draws when
         # there are two (with one, its own draw refuses first: it draws before the datasets)
         ring.shares = [(self._sources[n], k, n) for n, k in zip(self._names, ks)
@@ -307,7 +306,6 @@ class MixedReplayBuffer:
                 else:
                     draws.append(self._samplers[n].sample_call(len(s), win, {}))
                 at += k
-            ring.draws.append(tuple(first + draws))  # the buffers first: they can refuse
             ring.keep += [out, source, weights]  # the output: its indices and rows
             if versions is not None:
                 ring.keep.append(versions)
@@ -319,7 +317,9 @@ class MixedReplayBuffer:
                 p.batch_view(arrays, fields, {})
                 ring.keep.append(arrays)
                 after.append(partial(p.apply, out, arrays, out.indices, None))
-            ring.after.append(tuple(after))
+            # one sequence per slot: the buffers first (they can refuse), then the datasets,
+            # then the transforms
+            ring.draws.append(tuple(first + draws + after))
             ring.batches.append(MixedBatch({m: fields[m] for m in names}, out.indices, source,
                                            weights, versions))
         rings = getattr(self._local, "rings", None)
@@ -373,15 +373,13 @@ class MixedReplayBuffer:
                     refuse_short(s, k, n, batch_size)
             i = ring.next
             try:
-                for draw in ring.draws[i]:
+                for draw in ring.draws[i]:  # and the transforms after them
                     draw()
             except ValueError:
                 for s, k, n in ring.shares:
                     if k > len(s):
                         refuse_short(s, k, n, batch_size)
                 raise
-            for apply in ring.after[i]:
-                apply()
             ring.next = (i + 1) % len(ring.batches)
             batch = ring.batches[i]
             if getrefcount(batch) > UNHELD:
