@@ -302,14 +302,21 @@ def test_steady_state_allocates_nothing(layout):
                                       Compiled(double_reward, ["reward"])])
     for _ in range(4):
         m.sample(64)
+    grown = []
     tracemalloc.start()
     try:
-        base, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        for _ in range(200):
-            m.sample(64)
-        current, peak = tracemalloc.get_traced_memory()
+        # three windows: sampling that allocates shows in each, a one-off allocation of
+        # something else in the process in one at most
+        for _ in range(3):
+            base, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            for _ in range(200):
+                m.sample(64)
+            current, peak = tracemalloc.get_traced_memory()
+            grown.append((current - base, peak - base))
     finally:
         tracemalloc.stop()
-    assert current - base < 1024, current - base
-    assert peak - base < 2048, peak - base
+    # one output array of a transform (64 rows of 4 float32 at least), or 4 bytes per sample,
+    # would exceed these bounds
+    assert min(g for g, _ in grown) < 768, grown
+    assert min(p for _, p in grown) < 1024, grown
