@@ -28,6 +28,7 @@ from ..errors import MemoryBudgetError, SpecError
 from ..storage import Output, Projection
 from . import mixed_files
 from .core import ReplayCore
+from .mixed_transforms import MixedTransforms
 from .mixing import MixedBatch, check_fractions, check_shares, check_sources, refuse_short, split
 from .prioritized import PrioritizedReplayBuffer
 from .rings import fields_key
@@ -68,7 +69,21 @@ class MixedReplayBuffer:
     ring_size : int, default 2
         Batches per output ring (see :meth:`sample`).
     allocator, memory_budget
-        Where the output rings come from; bytes they may take (checked before each ring).
+        Where the output rings (and the statistics of ``stats_from``) come from; bytes they may
+        take (checked before each ring).
+    transforms : list of tfdata.transforms objects, optional
+        Applied to every batch, in order, after every source has gathered its rows, under this
+        buffer's lock (see :mod:`tfdata.transforms`): the same descriptions, parts and rules
+        as ``ReplayBuffer(transforms=)`` (their output arrays are held by the output rings;
+        ``fields=`` projections as there). A source's own ``transforms=`` is refused.
+    roles : dict, optional
+        ``{role: field}`` for the transforms that read a role (``reward``: ScaleReward,
+        ClipReward), as for :class:`~tfdata.ReplayBuffer`; default the fields of those names.
+    stats_from : str, optional
+        The dataset source whose statistics :class:`~tfdata.Normalize` reads: every row of
+        it, computed once here (a mixed buffer keeps no running statistics of its own).
+        Required with a Normalize, refused without; a buffer source is refused
+        (NotImplementedError).
 
     Attributes
     ----------
@@ -84,7 +99,8 @@ class MixedReplayBuffer:
     """
 
     def __init__(self, sources: Mapping, fractions: Mapping | None = None, *, seed=None,
-                 ring_size: int = 2, allocator=None, memory_budget=None):
+                 ring_size: int = 2, allocator=None, memory_budget=None, transforms=None,
+                 roles=None, stats_from=None):
         from .. import alloc
 
         names, first = check_sources(sources)
@@ -115,6 +131,9 @@ class MixedReplayBuffer:
         self._local = threading.local()
         self._rings = weakref.WeakSet()  # every thread's, for nbytes_parts
         self._projections: dict = {}  # (source, names): Projection
+        # last: every other argument checked before the statistics' trees are allocated
+        self._xf = MixedTransforms(self.spec, self._sources, transforms, roles, stats_from,
+                                   self.allocator, self.memory_budget)
 
     # -- introspection -----------------------------------------------------------------------
     @property
@@ -141,20 +160,55 @@ class MixedReplayBuffer:
         return f"MixedReplayBuffer({parts})"
 
     @property
+    def transforms(self) -> tuple:
+        """The transforms every batch gets, in order (``transforms=``)."""
+        return self._xf.transforms
+
+    @property
+    def transform_parts(self) -> tuple:
+        """The bound parts of :attr:`transforms` (what a state's ``transforms`` entry is of)."""
+        return self._xf.parts
+
+    @property
+    def stats_from(self) -> str | None:
+        """The dataset source whose statistics ``Normalize`` reads (``stats_from=``)."""
+        return self._xf.stats_from
+
+    def stats(self, name: str):
+        """The statistics ``Normalize`` reads for field ``name``: of every row of the
+        ``stats_from`` dataset (a :class:`~tfdata.replay.columns.FieldStats`: ``count``,
+        ``mean``, ``var``, ...). ValueError for a field without them."""
+        if self._xf.stats is None or name not in self._xf.stats_fields:
+            raise ValueError(f"stats: no statistics of {name!r} are kept (those a Normalize of "
+                             f"transforms= reads: {list(self._xf.stats_fields)})")
+        return self._xf.stats.read(name)
+
+    @property
     def config(self) -> dict:
         """What rebuilds this buffer beside its sources: source names and kinds, fractions,
-        ring size (the seed is in the state)."""
-        return {"sources": [[n, "buffer" if isinstance(s, ReplayCore) else "dataset"]
-                            for n, s in self._sources.items()],
-                "fractions": dict(self._fractions), "ring_size": self.ring_size}
+        ring size (the seed is in the state) and, with transforms, ``transforms`` (each by
+        name and parameters), ``stats_from`` and ``roles``."""
+        config = {"sources": [[n, "buffer" if isinstance(s, ReplayCore) else "dataset"]
+                              for n, s in self._sources.items()],
+                  "fractions": dict(self._fractions), "ring_size": self.ring_size}
+        if self._xf.transforms:
+            config.update(self._xf.config())
+        return config
 
     @classmethod
-    def from_config(cls, config: Mapping, sources: Mapping, *, seed=None, **kwargs):
-        """A buffer of ``config`` (a :attr:`config`) over ``sources`` (the same names and kinds)."""
+    def from_config(cls, config: Mapping, sources: Mapping, *, seed=None, transforms=(), **kwargs):
+        """A buffer of ``config`` (a :attr:`config`) over ``sources`` (the same names and kinds);
+        ``transforms``: the functions of yours its ``Compiled`` and ``Function`` transforms
+        name (resolved only among them, as :meth:`load`)."""
+        from ..transforms import from_config
+
         kinds = [list(x) for x in config["sources"]]
         given = [[n, "buffer" if isinstance(s, ReplayCore) else "dataset"] for n, s in sources.items()]
         if kinds != given:
             raise ValueError(f"sources: expected {kinds} (names and kinds, in order), got {given}")
+        if "transforms" in config:
+            kwargs.update(transforms=from_config(config["transforms"], transforms),
+                          stats_from=config["stats_from"], roles=config["roles"])
         return cls(sources, config["fractions"], seed=seed, ring_size=config["ring_size"], **kwargs)
 
     # -- memory ------------------------------------------------------------------------------
@@ -163,7 +217,7 @@ class MixedReplayBuffer:
         per batch the rows (in the sources' row format when they share one, else the columns),
         indices (8 bytes a row), ``source`` (1), ``weights`` (4),
         ``versions`` (4, with a prioritized source) and each buffer source's sampler arrays for
-        its rows (its ``ring_nbytes``)."""
+        its rows (its ``ring_nbytes``), and the transforms' output arrays."""
         if fields is None and self.shared_format:
             row = self._holders[0].row_nbytes  # the format's rows, padding included
         else:
@@ -174,12 +228,18 @@ class MixedReplayBuffer:
             s.sampler.ring_nbytes(k, None) for s, k in zip(self._sources.values(),
                                                            split(batch_size, self._fractions.values()))
             if isinstance(s, ReplayCore))
+        per += self._xf.ring_nbytes(batch_size, None if fields is None else tuple(
+            self.spec.select(fields)))
         return self.ring_size * per
 
     @property
     def nbytes_parts(self) -> dict:
-        """``{"output_rings": bytes}``: every thread's rings (the sources' memory is theirs)."""
-        return {"output_rings": int(sum(r.nbytes for r in list(self._rings)))}
+        """``{"output_rings": bytes}``: every thread's rings (the sources' memory is theirs);
+        with ``stats_from``, ``"trees"``: the trees of the statistics ``Normalize`` reads."""
+        parts = {"output_rings": int(sum(r.nbytes for r in list(self._rings)))}
+        if self._xf.stats is not None:
+            parts["trees"] = self._xf.nbytes
+        return parts
 
     @property
     def nbytes(self) -> int:
@@ -209,6 +269,7 @@ class MixedReplayBuffer:
         ks = split(batch_size, self._fractions.values())
         own = whole and self.shared_format  # else one C-contiguous column per field
         check_shares(batch_size, ks, self._fractions, self._sources)
+        parts = self._xf.parts if whole else self._xf.project(names)  # refuses before allocating
         planned = self.plan_ring(batch_size, None if whole else names)
         if self.memory_budget is not None and self.nbytes + planned > self.memory_budget:
             raise MemoryBudgetError(f"memory_budget {self.memory_budget} bytes: an output ring of "
@@ -243,13 +304,23 @@ class MixedReplayBuffer:
                             arrays[key_] = versions[at:at + k]
                     first.append(partial(s.sample_into, win, arrays))
                 else:
-                    draws.append(partial(self._samplers[n].sample, len(s), win, {}))
+                    draws.append(self._samplers[n].sample_call(len(s), win, {}))
                 at += k
-            ring.draws.append(tuple(first + draws))  # the buffers first: they can refuse
             ring.keep += [out, source, weights]  # the output: its indices and rows
             if versions is not None:
                 ring.keep.append(versions)
-            ring.batches.append(MixedBatch({m: out.fields[m] for m in names}, out.indices, source,
+            # the transforms, over the whole batch once every source has gathered: each takes
+            # the fields as the ones before it left them, and shows its outputs instead
+            fields, after = dict(out.fields), []
+            for p in parts:
+                arrays = p.ring_arrays(batch_size, None, out)
+                p.batch_view(arrays, fields, {})
+                ring.keep.append(arrays)
+                after.append(partial(p.apply, out, arrays, out.indices, None))
+            # one sequence per slot: the buffers first (they can refuse), then the datasets,
+            # then the transforms
+            ring.draws.append(tuple(first + draws + after))
+            ring.batches.append(MixedBatch({m: fields[m] for m in names}, out.indices, source,
                                            weights, versions))
         rings = getattr(self._local, "rings", None)
         if rings is None:
@@ -302,7 +373,7 @@ class MixedReplayBuffer:
                     refuse_short(s, k, n, batch_size)
             i = ring.next
             try:
-                for draw in ring.draws[i]:
+                for draw in ring.draws[i]:  # and the transforms after them
                     draw()
             except ValueError:
                 for s, k, n in ring.shares:
@@ -349,44 +420,61 @@ class MixedReplayBuffer:
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The RNG positions of the dataset sources' samplers: ``{"seed", "datasets": {name:
-        counter}}``. The buffer sources' states are theirs (their ``state_dict``), not
-        included; :meth:`save` writes them beside this one."""
+        counter}}``, and with transforms ``"transforms"``: each one's state (RandomShift's
+        ``{"seed", "counter"}``, None for a transform without state). The buffer sources'
+        states are theirs (their ``state_dict``), not included; :meth:`save` writes them beside
+        this one."""
         with self._lock:
-            return {"seed": self.seed, "datasets": {n: s.counter for n, s in self._samplers.items()}}
+            state = {"seed": self.seed, "datasets": {n: s.counter for n, s in self._samplers.items()}}
+            if self._xf.parts:
+                state["transforms"] = self._xf.state_dict()
+            return state
 
     def check_state(self, state) -> tuple:
         """Validate a :meth:`state_dict` (untrusted: every key and value), nothing changed;
         :class:`~tfdata.replay.samplers.StateError` naming the field."""
-        if not isinstance(state, Mapping) or set(state) != {"seed", "datasets"}:
-            raise StateError("state", "an object of the keys ['datasets', 'seed']", shown(state))
+        keys = {"seed", "datasets"} | ({"transforms"} if self._xf.parts else set())
+        if not isinstance(state, Mapping) or set(state) != keys:
+            raise StateError("state", f"an object of the keys {sorted(keys)}", shown(state))
         seed = state_int(state, "seed", "seed", 0, MASK64)
         d = state["datasets"]
         if not isinstance(d, Mapping) or set(d) != set(self._samplers):
             raise StateError("datasets", f"one counter per dataset source {sorted(self._samplers)}",
                              shown(d))
-        return seed, {n: state_int(d, n, f"datasets.{n}", 0, MASK64) for n in self._samplers}
+        counters = {n: state_int(d, n, f"datasets.{n}", 0, MASK64) for n in self._samplers}
+        return seed, counters, self._xf.check_state(state.get("transforms"))
 
     def load_state_dict(self, state) -> None:
         """Restore a :meth:`state_dict` (checked in full first)."""
-        seed, counters = self.check_state(state)
+        seed, counters, transforms = self.check_state(state)
         with self._lock:
             self.seed = seed
             for i, n in enumerate(self._names):
                 if n in counters:
                     self._samplers[n].load_state(((seed + i) & MASK64, counters[n]))
+            self._xf.load_state(transforms)
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Write a checkpoint directory: this buffer's config and state, each buffer source as
         its own checkpoint inside, each dataset source by reference (its path and identity,
         never its rows; see :mod:`tfdata.replay.mixed_files`). Atomic: written beside ``path``,
-        then renamed; ``overwrite=True`` replaces only a mixed checkpoint."""
+        then renamed; ``overwrite=True`` replaces only a mixed checkpoint. TypeError, before
+        anything is written, for a transform whose function has no import path (a lambda)."""
+        reason = self._xf.unsaved_reason()
+        if reason is not None:
+            raise TypeError(f"save: {reason}; a checkpoint could not rebuild it (nothing was "
+                            f"written)")
         mixed_files.save(self, path, overwrite)
 
     @classmethod
-    def load(cls, path, *, datasets=None, samplers=(), **kwargs) -> "MixedReplayBuffer":
+    def load(cls, path, *, datasets=None, samplers=(), transforms=(), **kwargs) -> "MixedReplayBuffer":
         """Rebuild a buffer saved with :meth:`save`; it continues with the same batches.
         ``datasets``: ``{name: dataset}`` for dataset sources not opened from their recorded
         path (an ArrayDataset's; checked against the recorded rows and spec). ``samplers``: as
-        for :meth:`tfdata.ReplayBuffer.load`. FormatError (naming file and field) for a
-        checkpoint it will not read, or a dataset that changed since the save."""
-        return mixed_files.load(cls, path, datasets or {}, samplers, kwargs)
+        for :meth:`tfdata.ReplayBuffer.load`. ``transforms``: the functions of yours the
+        checkpoint's ``Compiled`` and ``Function`` transforms may name (an allow-list by import
+        path ``module:qualname``; nothing else is imported or called), as for
+        :meth:`tfdata.ReplayBuffer.load`. FormatError (naming file and field) for a checkpoint
+        it will not read, a function not among those given, or a dataset that changed since
+        the save."""
+        return mixed_files.load(cls, path, datasets or {}, samplers, transforms, kwargs)

@@ -168,8 +168,10 @@ def _check(dpath: str, doc) -> tuple:
     if doc["format"] != FORMAT or type(doc["version"]) is not int or doc["version"] != VERSION:
         raise _fail(dpath, "format", f"{FORMAT!r} version {VERSION}", [doc["format"], doc["version"]])
     c = doc["config"]
-    if not isinstance(c, dict) or set(c) != {"sources", "fractions", "ring_size"}:
-        raise _fail(dpath, "config", "an object of the keys sources, fractions, ring_size", c)
+    base, extra = {"sources", "fractions", "ring_size"}, {"transforms", "stats_from", "roles"}
+    if not isinstance(c, dict) or set(c) not in (base, base | extra):
+        raise _fail(dpath, "config", "an object of the keys sources, fractions, ring_size (and "
+                    "transforms, stats_from, roles with transforms)", c)
     src = c["sources"]
     if not isinstance(src, list) or not 1 <= len(src) <= MAX_SOURCES:
         raise _fail(dpath, "config.sources", f"a list of 1 to {MAX_SOURCES} sources", src)
@@ -185,6 +187,13 @@ def _check(dpath: str, doc) -> tuple:
         raise _fail(dpath, "config.fractions", f"a float per source {names}", fr)
     if type(c["ring_size"]) is not int or not 1 <= c["ring_size"] <= 1 << 16:
         raise _fail(dpath, "config.ring_size", "an int in [1, 65536]", c["ring_size"])
+    if "transforms" in c:  # the list itself: from_config at load, against the functions given
+        if c["stats_from"] is not None and c["stats_from"] not in names:
+            raise _fail(dpath, "config.stats_from", f"null or a source of {names}", c["stats_from"])
+        roles = c["roles"]
+        if not isinstance(roles, dict) or len(roles) > 8 or not all(
+                isinstance(k, str) and isinstance(v, str) and NAME.match(v) for k, v in roles.items()):
+            raise _fail(dpath, "config.roles", "an object of role names to field names", roles)
     wanted = {s[0] for s in src if s[1] == "dataset"}
     refs = doc["datasets"]
     if not isinstance(refs, dict) or set(refs) != wanted:
@@ -209,14 +218,22 @@ def _check(dpath: str, doc) -> tuple:
     return c, doc["state"], refs
 
 
-def load(cls, path, datasets, samplers, kwargs):
+def load(cls, path, datasets, samplers, transforms, kwargs):
     """Rebuild the mixed buffer saved at ``path`` (see the module)."""
     from ..dataset import MmapDataset
     from .samplers import StateError
 
+    from ..transforms import from_config
+
     path = os.fspath(path)
     dpath, doc = _read(path)
     config, state, refs = _check(dpath, doc)
+    if "transforms" in config:  # user functions resolved only among the caller's, nothing imported
+        kwargs = dict(kwargs, transforms=from_config(config["transforms"], transforms,
+                                                     f"{dpath}: config.transforms"),
+                      stats_from=config["stats_from"], roles=config["roles"])
+    elif transforms and not isinstance(transforms, (list, tuple)):
+        raise TypeError(f"transforms must be a list of functions, got {type(transforms).__name__}")
     names = [s[0] for s in config["sources"]]
     if not isinstance(datasets, dict) or not set(datasets) <= set(refs):
         raise ValueError(f"datasets: expected a dict of the dataset sources {sorted(refs)}, got "
@@ -254,6 +271,6 @@ def load(cls, path, datasets, samplers, kwargs):
         buf.load_state_dict(state)
     except StateError as exc:
         raise FormatError(f"{dpath}: state.{exc.field}: expected {exc.expected}, got {exc.got}") from None
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, NotImplementedError) as exc:
         raise FormatError(f"{dpath}: config: {exc}") from None
     return buf

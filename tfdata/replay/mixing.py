@@ -91,6 +91,11 @@ def check_sources(sources) -> tuple:
     for n in names:
         s = sources[n]
         if isinstance(s, ReplayCore):
+            if s.transforms:  # they would see this source's rows of a batch only
+                raise NotImplementedError(
+                    f"sources[{n!r}]: a source's own transforms= are not applied to its rows of "
+                    f"a mixed batch; give them to the mixed buffer instead: "
+                    f"MixedReplayBuffer(sources, transforms=[...]) applies them to every batch")
             s.check_sample_into()
         elif not isinstance(s, Dataset):
             raise TypeError(f"sources[{n!r}]: expected a ReplayBuffer, "

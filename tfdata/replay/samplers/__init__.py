@@ -350,6 +350,14 @@ class Sampler:
     def sample(self, n: int, out, arrays: dict) -> None:
         raise NotImplementedError
 
+    def sample_call(self, n: int, out, arrays: dict):
+        """:meth:`sample` of ``n`` rows into ``out`` bound once, as a callable of no arguments:
+        for a caller that draws from a fixed number of rows (a dataset's) into the same output
+        every time. A sampler may bind its kernel itself (the uniform sampler does)."""
+        from functools import partial
+
+        return partial(self.sample, n, out, arrays)
+
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
                       part=None) -> int:
         raise NotImplementedError(f"{type(self).__name__} draws no slices")

@@ -20,6 +20,17 @@ class UniformSampler(Sampler):
         # the kernels of the output's source: the storage's, or a projection's (span kernels)
         out.kernels.sample_uniform(out.store, n, self.state, out.indices, out.kernel_out)
 
+    def sample_call(self, n: int, out, arrays: dict):
+        # the kernel's entry point for these very arguments: no frame of this method and no
+        # lookup of the kernel by the arguments' types per call (the RNG state is updated in
+        # place, so the bound arrays stay this sampler's)
+        from functools import partial
+
+        from ...kernels import strided
+
+        args = (out.store, n, self.state, out.indices, out.kernel_out)
+        return partial(strided(out.kernels.sample_uniform, args, ()), *args)
+
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
                       part=None) -> int:
         mask = arrays["mask"]
