@@ -308,9 +308,9 @@ def write_report(s: dict, sample: dict, mixed: dict, transform: dict, run: dict,
                  f"{verdict(r['minari_over_tfdata'] >= TARGETS['vs_minari'])}) and "
                  f"{r['tfdata_over_numpy']:.2f}x a numpy gather over arrays in memory (target ≤ "
                  f"{TARGETS['vs_numpy']}x: {verdict(r['tfdata_over_numpy'] <= TARGETS['vs_numpy'])}); a mixed batch "
-                 f"costs {r['mixed_over_one']:.2f}x one uniform sample (target ≤ {TARGETS['mixed']}x: "
+                 f"costs {r['mixed_over_one']:.3f}x one uniform sample (target ≤ {TARGETS['mixed']}x: "
                  f"{verdict(r['mixed_over_one'] <= TARGETS['mixed'])}); `Normalize` in the sample costs "
-                 f"{r['normalize_over_plain']:.2f}x the sample without it (target ≤ {TARGETS['transform']}x: "
+                 f"{r['normalize_over_plain']:.3f}x the sample without it (target ≤ {TARGETS['transform']}x: "
                  f"{verdict(r['normalize_over_plain'] <= TARGETS['transform'])}).")
     same = s.get("rows_identical", {})
     L.append("* Every converted row equals the transition built from Minari's episodes ("
