@@ -115,3 +115,38 @@ def assert_batches_equal(a: dict, b: dict) -> None:
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
         assert a[k].dtype == b[k].dtype, k
+
+
+def traced_growth(call, calls: int, windows: int = 3) -> list:
+    """``(current, peak)`` bytes tracemalloc saw grow over each of ``windows`` runs of ``calls``
+    calls of ``call()``: allocation by ``call`` shows in every window, a one-off allocation of
+    something else in the process (a finalizer, another test's thread) in one at most, so a
+    test bounds the smallest."""
+    import tracemalloc
+
+    grown = []
+    tracemalloc.start()
+    try:
+        for _ in range(windows):
+            base, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            for _ in range(calls):
+                call()
+            current, peak = tracemalloc.get_traced_memory()
+            grown.append((current - base, peak - base))
+    finally:
+        tracemalloc.stop()
+    return grown
+
+
+def sample_until_redraw(buf, check, rows: int = 640, seconds: float = 300) -> int:
+    """Sample 64 rows at a time from a shared buffer being overwritten, checking each batch, until
+    ``rows`` rows and at least one redraw of a torn row (capped at ``seconds``, not timed);
+    returns the rows sampled."""
+    sampled = 0
+    deadline = time.monotonic() + seconds
+    while (sampled < rows or buf.redraws == 0) and time.monotonic() < deadline:
+        check(buf.sample(64))
+        sampled += 64
+    return sampled
+

@@ -21,7 +21,7 @@ from tfdata.errors import FormatError
 from tfdata.replay.mixed import split
 
 from . import naive
-from .conftest import CARTPOLE, ODD, assert_batches_equal, random_rows
+from .conftest import CARTPOLE, ODD, assert_batches_equal, random_rows, traced_growth
 
 CART = Spec(CARTPOLE)
 LAYOUTS = ["aos", "soa", [["obs", "action", "reward"], ["next_obs"], ["terminated", "truncated"]]]
@@ -429,26 +429,12 @@ def test_state_dict_round_trip():
 
 @pytest.mark.parametrize("layout", ["aos", "soa"])
 def test_steady_state_allocates_nothing(layout):
-    import tracemalloc
 
     m = MixedReplayBuffer({"d": ArrayDataset(rows(), layout=layout),
                            "p": online("prioritized", layout)}, seed=0)
     for _ in range(4):  # warm: compile, build this size's ring
         m.update_priorities(m.sample(64), np.ones(64))
-    grown = []
-    tracemalloc.start()
-    try:
-        # three windows: sampling that allocates shows in each; a one-off allocation of something
-        # else in the process (a finalizer, another test's thread) in one at most
-        for _ in range(3):
-            base, _ = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            for _ in range(300):
-                m.sample(64)
-            current, peak = tracemalloc.get_traced_memory()
-            grown.append((current - base, peak - base))
-    finally:
-        tracemalloc.stop()
+    grown = traced_growth(lambda: m.sample(64), 300)
     # one allocated batch (64 rows of 46 bytes), or 4 bytes per sample, would exceed these bounds
     assert min(g for g, _ in grown) < 1024, grown
     assert min(p for _, p in grown) < 2048, grown

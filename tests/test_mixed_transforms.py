@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from tfdata import (ArrayDataset, Cast, ClipReward, Compiled, FormatError, Funct
                     MixedReplayBuffer, Normalize, RandomShift, ReplayBuffer, ScaleReward, Spec)
 
 from . import naive
-from .conftest import CARTPOLE, assert_batches_equal, random_rows
+from .conftest import CARTPOLE, assert_batches_equal, random_rows, traced_growth
 
 CART = Spec(CARTPOLE)
 IMAGES = Spec({"obs": ("u1", (2, 9, 11)), "reward": "f4", "terminated": "?", "truncated": "?"})
@@ -302,20 +301,7 @@ def test_steady_state_allocates_nothing(layout):
                                       Compiled(double_reward, ["reward"])])
     for _ in range(4):
         m.sample(64)
-    grown = []
-    tracemalloc.start()
-    try:
-        # three windows: sampling that allocates shows in each, a one-off allocation of
-        # something else in the process in one at most
-        for _ in range(3):
-            base, _ = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            for _ in range(200):
-                m.sample(64)
-            current, peak = tracemalloc.get_traced_memory()
-            grown.append((current - base, peak - base))
-    finally:
-        tracemalloc.stop()
+    grown = traced_growth(lambda: m.sample(64), 200)
     # one output array of a transform (64 rows of 4 float32 at least), or 4 bytes per sample,
     # would exceed these bounds
     assert min(g for g, _ in grown) < 768, grown

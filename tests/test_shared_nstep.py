@@ -16,7 +16,7 @@ import pytest
 from tfdata import PrioritizedReplayBuffer, ReplayBuffer, Spec, SpecError
 from tfdata.shared import SharedReplayBuffer, SharedWriter
 
-from .conftest import assert_batches_equal, row
+from .conftest import assert_batches_equal, row, sample_until_redraw
 
 FORK = mp.get_context("fork")
 # every field is a function of the row's id: a window can be recomputed from its first id
@@ -125,12 +125,7 @@ def test_windows_stay_whole_while_writer_processes_overwrite(layout, prioritized
         deadline = time.monotonic() + 60
         while len(buf) < 2 * cap and time.monotonic() < deadline:
             time.sleep(0.01)
-        sampled = 0
-        deadline = time.monotonic() + 300  # a cap: until 640 rows and a redraw, not for a time
-        while (sampled < 640 or buf.redraws == 0) and time.monotonic() < deadline:
-            b = buf.sample(64)
-            check_windows(b, n, gamma, 2, cap)
-            sampled += 64
+        sampled = sample_until_redraw(buf, lambda b: check_windows(b, n, gamma, 2, cap))
         stop.set()
         for p in procs:
             p.join(30)

@@ -20,7 +20,7 @@ from tfdata import (Cast, ClipReward, FormatError, Function, Normalize, Prioriti
 from tfdata.shared import SharedReplayBuffer, SharedWriter
 
 from . import naive
-from .conftest import assert_batches_equal, row
+from .conftest import assert_batches_equal, row, sample_until_redraw
 from .test_shared_frames import K, WriterEnv, spec_of, take
 from .test_shared_nstep import SPEC as ID_SPEC, check_windows, id_rows
 
@@ -243,15 +243,13 @@ def test_rows_and_windows_redrawn_while_writer_processes_overwrite(n_step, shm_d
         deadline = time.monotonic() + 60
         while len(buf) < 2 * cap and time.monotonic() < deadline:
             time.sleep(0.01)
-        sampled = 0
-        deadline = time.monotonic() + 300  # a cap: until 640 rows and a redraw, not for a time
-        while (sampled < 640 or buf.redraws == 0) and time.monotonic() < deadline:
-            b = buf.sample(64)
+        def check(b):
             if n_step is None:
                 np.testing.assert_array_equal(b["reward"], 2.0 * np.asarray(b["id"], np.float64))
             else:
                 check_windows(_Halved(b), n_step, gamma, 2, cap)
-            sampled += 64
+
+        sampled = sample_until_redraw(buf, check)
         stop.set()
         for p in procs:
             p.join(30)
