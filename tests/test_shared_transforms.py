@@ -22,7 +22,7 @@ from tfdata.shared import SharedReplayBuffer, SharedWriter
 from . import naive
 from .conftest import assert_batches_equal, row, sample_until_redraw
 from .test_shared_frames import K, WriterEnv, spec_of, take
-from .test_shared_nstep import SPEC as ID_SPEC, check_windows, id_rows
+from .test_shared_nstep import SPEC as ID_SPEC, _writer, check_windows, id_rows
 
 FORK = mp.get_context("fork")
 IMAGES = {"obs": ("u1", (2, 9, 11)), "action": "i8", "reward": "f8", "terminated": "?",
@@ -31,14 +31,6 @@ IMAGES = {"obs": ("u1", (2, 9, 11)), "action": "i8", "reward": "f8", "terminated
 
 def negate_reward(fields):
     return {"reward": -fields["reward"]}
-
-
-@pytest.fixture
-def shm_dir(tmp_path, monkeypatch):
-    d = tmp_path / "shm"
-    d.mkdir()
-    monkeypatch.setenv("TFDATA_SHM_DIR", str(d))
-    return d
 
 
 def image_rows(n, seed=0) -> dict:
@@ -209,17 +201,6 @@ def test_a_row_drawn_again_is_transformed_once(shm_dir):
         w.close()
 
 
-def _overwrite(name, shard, stop, errors):
-    try:
-        with SharedWriter(name, shard) as w:
-            i = 0
-            while not stop.is_set():
-                w.extend(id_rows(np.arange(i, i + 16) + 1_000_000 * shard))
-                i += 16
-    except BaseException as exc:
-        errors.put(f"shard {shard}: {exc!r}")
-
-
 class _Halved:
     """A batch with its reward halved (what check_windows recomputes), the rest as it is."""
 
@@ -237,7 +218,7 @@ def test_rows_and_windows_redrawn_while_writer_processes_overwrite(n_step, shm_d
     kw = {} if n_step is None else dict(n_step=n_step, gamma=gamma)
     with SharedReplayBuffer(ID_SPEC, 2 * cap, num_writers=2, seed=1,
                             transforms=[ScaleReward(2.0)], **kw) as buf:
-        procs = [FORK.Process(target=_overwrite, args=(buf.name, s, stop, errors)) for s in range(2)]
+        procs = [FORK.Process(target=_writer, args=(buf.name, s, stop, errors)) for s in range(2)]
         for p in procs:
             p.start()
         deadline = time.monotonic() + 60
