@@ -5,6 +5,7 @@ of hostile files built with h5py; the memory bound, in a subprocess."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -387,8 +388,47 @@ def _mutations():
         g["observations"], g["actions"] = np.zeros((41, 4), np.float32), np.zeros(40, np.int64)
         g["rewards"], g["terminations"], g["truncations"] = np.zeros(40), np.zeros(40, bool), np.zeros(40, bool)
 
+    def edit_meta(**changes):  # the metadata as written, with some entries changed
+        def change(d):
+            path = os.path.join(d, "metadata.json")
+            with open(path) as f:
+                doc = json.load(f)
+            doc.update(changes)
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return change
+
+    def flags_of_two(f):  # in every episode: the first episode's dtype is the same int8
+        for i in range(3):
+            flags = np.zeros(f[f"episode_{i}/terminations"].shape[0], np.int8)
+            flags[-1] = 2
+            del f[f"episode_{i}/terminations"]
+            f[f"episode_{i}"].create_dataset("terminations", data=flags)
+
+    sparse_steps = 1 << 17  # 2 MiB of observations declared, none stored
+
+    def sparse_consistent(f):  # every dataset of the episode declared, of consistent shapes
+        g = f["episode_1"]
+        for k in ("actions", "rewards", "terminations", "truncations", "observations"):
+            del g[k]
+        g.create_dataset("observations", shape=(sparse_steps + 1, 4), dtype="f4", chunks=(4096, 4))
+        for k, dt in (("actions", "i8"), ("rewards", "f8"), ("terminations", "?"), ("truncations", "?")):
+            g.create_dataset(k, shape=(sparse_steps,), dtype=dt, chunks=(4096,))
+
+    def sparse_everywhere(d):
+        h5(sparse_consistent)(d)
+        edit_meta(total_steps=4 + sparse_steps + 5)(d)
+
+    box5 = json.dumps({"type": "Box", "dtype": "float32", "shape": [5], "low": [-1.0] * 5, "high": [1.0] * 5})
     compound = np.zeros(6, dtype=[("a", "f4"), ("b", "i4")])
     return [
+        ("observations not of the space's shape", edit_meta(observation_space=box5), "episode_0/observations"),
+        ("other observation dtype", replace("observations", np.zeros((7, 4), np.float64)), "episode_1/observations"),
+        ("other action dtype", replace("actions", np.zeros(6, np.int32)), "episode_1/actions"),
+        ("flags of 2 in every episode", h5(flags_of_two), "episode_0/terminations"),
+        ("sparse dataset of consistent shapes", sparse_everywhere, "episode_1/observations"),
+        ("total_episodes not an int", edit_meta(total_episodes="3"), "total_episodes"),
+        ("jpeg_encoding not a bool", edit_meta(jpeg_encoding="false"), "jpeg_encoding"),
         ("truncated", truncate, "main_data.hdf5"),
         ("not hdf5", not_hdf5, "main_data.hdf5"),
         ("missing observations", h5(lambda f: f["episode_1"].__delitem__("observations")), "episode_1/observations"),
@@ -466,6 +506,13 @@ def test_to_minari_refusals_change_nothing(root, tmp_path):
         ("refuse/c-v0", tfdata.ArrayDataset(broken), _spaces(), "next_obs of row 1 is not the obs of row 2"),
         ("refuse/d-v0", tfdata.ArrayDataset(cols), _spaces((5,)), "observation space"),
         ("refuse/e-v0", tfdata.ArrayDataset(cols), {}, "observation_space"),
+        ("refuse/i-v0", tfdata.ArrayDataset(cols),
+         dict(_spaces(), observation_space=gym.spaces.Box(-np.inf, np.inf, (3,), np.float64)),
+         "field 'obs' is float32.*observation space"),
+        ("refuse/j-v0", tfdata.ArrayDataset(dict(cols, terminated=cols["terminated"].astype(np.float32))),
+         _spaces(), "field 'terminated'"),
+        ("refuse/k-v0", tfdata.ArrayDataset(dict(cols, truncated=np.stack([cols["truncated"]] * 2, 1))),
+         _spaces(), "field 'truncated'"),
     ]
     for dsid, src, spaces, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -477,6 +524,93 @@ def test_to_minari_refusals_change_nothing(root, tmp_path):
         to_minari(buf, "refuse/f-v0", **_spaces())
     after = {os.path.join(r, f): open(os.path.join(r, f), "rb").read() for r, _, fs in os.walk(taken) for f in fs}
     assert after == before
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+@pytest.mark.parametrize("rows_a_chunk", [None, 1, 2, 3])
+def test_to_minari_refusals_do_not_depend_on_the_chunks(root, with_ids, rows_a_chunk):
+    """A row that ends an episode its next row continues, and steps that jump inside an
+    episode, are refused wherever the chunks of rows read fall (here: rows 0-1 | 2-3 with two
+    rows a chunk)."""
+    cols = _random_transitions(np.random.default_rng(5), [4, 3])
+    if not with_ids:
+        cols = {k: v for k, v in cols.items() if k != "episode"}
+    ends_inside = dict(cols, terminated=cols["terminated"].copy())
+    ends_inside["terminated"][1] = True  # ids: episode 0 goes on at row 2
+    steps_jump = dict(cols, step=cols["step"].copy())
+    steps_jump["step"][2:4] += 3  # episode 0's rows 1 and 2: steps 1 and 5
+    cases = [(steps_jump, "rows 1 and 2 of one episode have steps 1 and 5")]
+    if with_ids:
+        cases.append((ends_inside, "row 1 ends an episode"))
+    for i, (src, match) in enumerate(cases):
+        ds = tfdata.ArrayDataset(src)
+        chunk_bytes = 16 << 20 if rows_a_chunk is None else rows_a_chunk * ds.spec.row_nbytes
+        dsid = f"chunks/r{rows_a_chunk}-i{int(with_ids)}-{i}-v0"
+        with pytest.raises(ValueError, match=match):
+            to_minari(ds, dsid, chunk_bytes=chunk_bytes, **_spaces())
+        assert not os.path.exists(os.path.join(root, *dsid.split("/")))
+
+
+def test_to_minari_arguments_take_precedence_over_the_sources_metadata(cartpole, tmp_path):
+    out = str(tmp_path / "c")
+    from_minari(cartpole, out, "soa")  # its manifest keeps Minari's metadata
+    with tfdata.MmapDataset.open(out) as ds, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        to_minari(ds, "cartpole/given-v0", observation_space=cartpole.observation_space,
+                  action_space=cartpole.action_space, author="someone else", description="given")
+    meta = minari.load_dataset("cartpole/given-v0").storage.metadata
+    assert meta["author"] == {"someone else"} and meta["description"] == "given"
+    assert meta["algorithm_name"] == "random" and meta["author_email"] == {"tests@example.org"}
+
+
+def _jpeg_frames(frames, mode: str) -> list:
+    from PIL import Image
+
+    out = []
+    for fr in frames:
+        b = io.BytesIO()
+        Image.fromarray(fr, mode).save(b, format="JPEG", quality=95)
+        out.append(np.frombuffer(b.getvalue(), np.uint8))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["same frame", "L frame of as many pixels", "L frame of the same size"])
+def test_jpeg_frames_of_another_size_or_mode_are_refused(tmp_path, kind):
+    """An image space is stored JPEG-encoded: a frame is checked for the space's size and mode
+    before its pixels are used, even when its pixel count fits the space's shape."""
+    pytest.importorskip("PIL")
+    rng = np.random.default_rng(2)
+    shape = (32, 32, 3)
+    enc = _jpeg_frames(rng.integers(0, 256, (4, *shape), dtype=np.uint8), "RGB")
+    if kind == "L frame of as many pixels":  # 32 wide, 96 high: 32 * 32 * 3 values
+        enc[2] = _jpeg_frames(rng.integers(0, 256, (1, 96, 32), dtype=np.uint8), "L")[0]
+    elif kind == "L frame of the same size":
+        enc[2] = _jpeg_frames(rng.integers(0, 256, (1, 32, 32), dtype=np.uint8), "L")[0]
+    data = str(tmp_path / "src" / "data")
+    os.makedirs(data)
+    space = {"type": "Box", "dtype": "uint8", "shape": list(shape), "low": np.zeros(shape).tolist(),
+             "high": np.full(shape, 255.0).tolist()}
+    with open(os.path.join(data, "metadata.json"), "w") as f:
+        json.dump({"total_episodes": 1, "total_steps": 3, "data_format": "hdf5", "jpeg_encoding": True,
+                   "observation_space": json.dumps(space),
+                   "action_space": json.dumps({"type": "Discrete", "dtype": "int64", "start": 0, "n": 2})}, f)
+    with h5py.File(os.path.join(data, "main_data.hdf5"), "w") as f:
+        g = f.create_group("episode_0")
+        obs = g.create_dataset("observations", (4,), dtype=h5py.vlen_dtype(np.uint8))
+        for i, e in enumerate(enc):
+            obs[i] = e
+        g["actions"], g["rewards"] = np.zeros(3, np.int64), np.zeros(3)
+        g["terminations"], g["truncations"] = np.arange(3) == 2, np.zeros(3, bool)
+        g.create_group("infos")
+    out = str(tmp_path / "out")
+    if kind == "same frame":
+        from_minari(data, out, "soa")
+        with tfdata.MmapDataset.open(out) as ds:
+            assert ds.spec["obs"].shape == shape and len(ds) == 3
+        return
+    with pytest.raises(FormatError, match="episode_0/observations: row 2: .*expected RGB of 32x32"):
+        from_minari(data, out, "soa")
+    assert not os.path.exists(out)
 
 
 # -- memory ----------------------------------------------------------------------------------

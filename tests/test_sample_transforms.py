@@ -54,6 +54,17 @@ def action_as_float(obs, action, out):
         out[i] = action[i] + obs[i, 0]
 
 
+@njit(nogil=True)
+def triple_reward(reward):
+    """Used by one test only: whether it was ever compiled says whether its machine code ran."""
+    for i in range(reward.shape[0]):
+        reward[i] = reward[i] * 3.0
+
+
+def half_more_action(fields):
+    return {"action": fields["action"] + 0.5}
+
+
 def negate_obs(fields):
     return {"obs": -fields["obs"]}
 
@@ -280,6 +291,64 @@ def test_compiled_runs_without_the_gil():
     assert _released_mid_copy(out, lambda: buf.sample(600))
 
 
+def test_compiled_runs_the_numba_function_not_its_python_function():
+    """The dispatcher itself is called (its machine code, which releases the GIL), not its
+    Python function: the first call compiles it for the batch's types."""
+    assert triple_reward.signatures == []
+    rows = rows_of(CARTPOLE, 20)
+    buf = ReplayBuffer(CARTPOLE, 20, seed=0, transforms=[Compiled(triple_reward, ["reward"])])
+    buf.extend(rows)
+    b = buf.sample(8)
+    assert len(triple_reward.signatures) == 1
+    assert np.array_equal(b["reward"], rows["reward"][b.indices] * np.float32(3))
+
+
+def test_function_results_are_cast_as_same_kind_only():
+    """A Function's returned arrays are copied in with numpy's same_kind casting: float values
+    into an integer field are refused, not truncated."""
+    buf = ReplayBuffer(CARTPOLE, 20, seed=0, transforms=[Function(half_more_action)])
+    buf.extend(rows_of(CARTPOLE, 20))
+    with pytest.raises(TypeError, match="same_kind"):
+        buf.sample(4)
+
+
+@pytest.mark.parametrize("both", [False, True], ids=["next_obs without stats", "both with stats"])
+def test_normalize_stats_of_uses_that_fields_statistics(both):
+    rows = rows_of(CARTPOLE, 30)
+    rows["next_obs"] = rows["next_obs"] * 10 + 5  # statistics of their own, far from obs's
+    buf = ReplayBuffer(CARTPOLE, 30, seed=6, stats=["obs", "next_obs"] if both else ["obs"],
+                       transforms=[Normalize("next_obs", stats_of="obs")])
+    buf.extend(rows)
+    b = buf.sample(16)
+    s = buf.stats("obs")
+    want = naive.normalize(rows["next_obs"][b.indices], s.mean, s.var, 1e-8)
+    assert np.array_equal(b["next_obs"], want)
+
+
+@pytest.mark.parametrize("make,error,match", [
+    (lambda: ScaleReward(float("inf")), ValueError, "finite"),
+    (lambda: ScaleReward(float("nan")), ValueError, "finite"),
+    (lambda: ClipReward(1.0, -1.0), ValueError, "low <= high"),
+    (lambda: Normalize("obs", clip=0.0), ValueError, "clip must be > 0"),
+    (lambda: Normalize("obs", clip=-1.0), ValueError, "clip must be > 0"),
+    (lambda: Normalize("obs", eps=-1e-8), ValueError, "eps must be >= 0"),
+    (lambda: RandomShift("obs", -1), ValueError, "pad"),
+    (lambda: RandomShift("obs", 256), ValueError, "pad"),
+    (lambda: Cast("obs", "i4", scale=2.0), ValueError, "scale needs dtype float32 or float64"),
+    (lambda: ScaleReward(True), TypeError, "scale must be a real number"),
+], ids=["scale inf", "scale nan", "low > high", "clip 0", "clip < 0", "eps < 0", "pad < 0", "pad > 255",
+        "int cast with scale", "scale a bool"])
+def test_a_transforms_parameters_are_checked_when_it_is_made(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_normalize_of_a_frame_stacked_field_is_refused():
+    spec = {"obs": ("u1", (2, 6, 6)), "reward": "f4", "terminated": "?", "truncated": "?"}
+    with pytest.raises(NotImplementedError, match="frame-stacked"):
+        ReplayBuffer(spec, 16, frame_stack={"obs": 2}, stats=["obs"], transforms=[Normalize("obs")])
+
+
 def test_user_functions_are_checked_at_construction():
     with pytest.raises(TypeError, match="numba function"):
         Compiled(add_one_in_place, ["reward"])
@@ -361,7 +430,9 @@ def test_a_hostile_config_is_a_format_error(tmp_path):
     doc = json.loads(path.read_text())
     for bad in ([{"name": "normalize"}], [{"name": "os:system"}], "x",
                 [{"name": "normalize", "field": "obs", "eps": -1, "clip": None, "stats_of": "obs"}],
-                [{"name": "function", "fn": "os:system", "fields": None}]):
+                [{"name": "function", "fn": "os:system", "fields": None}],
+                [{"name": "normalize", "field": "obs", "eps": 1e-8, "clip": None, "stats_of": "obs",
+                  "then": "os:system"}]):
         path.write_text(json.dumps(dict(doc, config=dict(doc["config"], transforms=bad))))
         with pytest.raises(FormatError, match="config.transforms"):
             ReplayBuffer.load(tmp_path / "ck")
@@ -392,7 +463,7 @@ def test_refused_construction_allocates_nothing(transform, match):
 def test_nbytes_equal_the_plan(layout):
     spec = dict(CARTPOLE, img=("u1", (2, 5, 5)))
     ts = [Normalize("obs"), Cast("img", "f4", 1 / 255), RandomShift("img", 1, seed=0),
-          Compiled(action_as_float, ["obs", "action"], outputs={"action": "f8"})]
+          Compiled(action_as_float, ["obs", "action"], outputs={"action": "f8"}), Cast("reward", "f8")]
     lay = [g + (["img"] if i == 0 else []) for i, g in enumerate(GROUPED)] if layout is GROUPED else layout
     buf = ReplayBuffer(spec, 30, layout=lay, seed=0, stats=["obs"], transforms=ts)
     buf.extend(rows_of(spec, 30))

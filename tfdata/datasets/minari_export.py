@@ -102,6 +102,7 @@ def _episode_bounds(spec, n: int, read, chunk: int) -> list[tuple[int, int]]:
     starts = [0] if n else []
     has_ep, has_step = "episode" in spec.names, "step" in spec.names
     prev = None
+    last = None  # the previous chunk's last row: (step, episode id or None, whether it ended)
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         cols = read(lo, hi)
@@ -124,13 +125,18 @@ def _episode_bounds(spec, n: int, read, chunk: int) -> list[tuple[int, int]]:
             starts.extend(int(r) + 1 for r in np.flatnonzero(ends) + lo if r + 1 < n)
         if has_step:
             st = np.asarray(cols["step"]).astype(np.int64)
-            if hi - lo > 1:
-                same = (ep[1:] == ep[:-1]) if has_ep else ~ends[:-1]
-                bad = np.flatnonzero(same & (st[1:] != st[:-1] + 1))
-                if bad.size:
-                    r = lo + int(bad[0])
-                    raise ValueError(f"source: rows {r} and {r + 1} of one episode have steps "
-                                     f"{st[bad[0]]} and {st[bad[0] + 1]}: rows must be in step order")
+            same = (ep[1:] == ep[:-1]) if has_ep else ~ends[:-1]
+            first = lo
+            if last is not None:  # the pair across the chunks' boundary is checked too
+                st = np.concatenate([[last[0]], st])
+                same = np.concatenate([[ep[0] == last[1] if has_ep else not last[2]], same])
+                first = lo - 1
+            bad = np.flatnonzero(same & (st[1:] != st[:-1] + 1))
+            if bad.size:
+                r = first + int(bad[0])
+                raise ValueError(f"source: rows {r} and {r + 1} of one episode have steps "
+                                 f"{st[bad[0]]} and {st[bad[0] + 1]}: rows must be in step order")
+            last = (int(st[-1]), int(ep[-1]) if has_ep else None, bool(ends[-1]))
     starts = sorted(set(starts))
     return list(zip(starts, starts[1:] + [n]))
 
