@@ -181,29 +181,33 @@ def checkpoint_files(path: str) -> tuple[list, list]:
     return files[::-1], dirs
 
 
-def check_replaceable(path: str) -> None:
-    try:
-        checkpoint_files(path)
-    except (FormatError, OSError) as exc:
-        raise FileExistsError(f"{path}: exists and is not a tfdata checkpoint directory, so it is "
-                              f"not replaced ({exc})") from None
+def _listed(path: str) -> list:
+    """The paths of the checkpoint ``path``, deepest first (files, directories, ``path``)."""
+    files, dirs = checkpoint_files(path)
+    return [os.path.join(path, r) for r in files] + [os.path.join(path, r) for r in dirs] + [path]
 
 
-def _remove_checkpoint(path: str) -> None:
-    """Delete the checkpoint directory ``path`` (moved aside by this module) file by file, after
-    checking that it holds only checkpoint files; otherwise leave it, with a warning."""
+def check_replaceable(path: str, listed=_listed, kind: str = "tfdata checkpoint directory") -> None:
+    """FileExistsError unless ``listed(path)`` accepts ``path`` as a checkpoint of ``kind``."""
     try:
-        files, dirs = checkpoint_files(path)
-    except (FormatError, OSError) as exc:
+        listed(path)
+    except (FormatError, OSError, ValueError) as exc:
+        raise FileExistsError(f"{path}: exists and is not a {kind}, so it is not replaced "
+                              f"({exc})") from None
+
+
+def _remove_checkpoint(path: str, listed=_listed) -> None:
+    """Delete the checkpoint directory ``path`` (moved aside by :func:`publish`) path by path,
+    after ``listed`` checked it holds only checkpoint files; otherwise leave it, with a warning."""
+    try:
+        paths = listed(path)
+    except (FormatError, OSError, ValueError) as exc:
         warnings.warn(f"{path}: the replaced checkpoint was left there: it holds more than a "
                       f"checkpoint ({exc})", RuntimeWarning, stacklevel=3)
         return
     try:
-        for rel in files:
-            os.unlink(os.path.join(path, rel))
-        for rel in dirs:
-            os.rmdir(os.path.join(path, rel))
-        os.rmdir(path)
+        for p in paths:
+            (os.rmdir if stat.S_ISDIR(os.lstat(p).st_mode) else os.unlink)(p)
     except OSError as exc:  # a file appeared meanwhile: it stays
         warnings.warn(f"{path}: the replaced checkpoint could not be removed completely ({exc})",
                       RuntimeWarning, stacklevel=3)
@@ -242,16 +246,17 @@ def encode(obj, base: str, prefix: str, arrays: list):
     return obj
 
 
-def begin(path, overwrite: bool) -> tuple:
-    """Check that ``path`` may be written (docs/design/checkpoints.md) and create this call's
-    temporary directory beside it; returns ``(path, tmp, stem, parent)``."""
+def begin(path, overwrite: bool, listed=_listed, kind: str = "tfdata checkpoint directory") -> tuple:
+    """Check that ``path`` may be written (docs/design/checkpoints.md: only a checkpoint that
+    ``listed`` accepts is replaced, named ``kind`` in refusals) and create this call's temporary
+    directory beside it; returns ``(path, tmp, stem, parent)``."""
     path = os.fspath(path)
     path = path.rstrip(os.sep) or path
     if os.path.lexists(path):
         if not overwrite:
             raise FileExistsError(f"{path}: exists; a checkpoint replaces an existing path only "
-                                  f"when asked (overwrite=True), and only a tfdata checkpoint")
-        check_replaceable(path)
+                                  f"when asked (overwrite=True), and only a {kind}")
+        check_replaceable(path, listed, kind)
     parent = os.path.dirname(os.path.abspath(path))
     stem = "." + os.path.basename(os.path.abspath(path))[:100] + "."
     tmp = tempfile.mkdtemp(prefix=stem, suffix=".tmp", dir=parent)  # exclusively this call's
@@ -270,12 +275,13 @@ def finish(tmp: str, path: str, stem: str, parent: str, overwrite: bool, doc: di
     for d in (os.path.join(tmp, ARRAYS), os.path.join(tmp, rows_name), tmp):
         if os.path.isdir(d):
             fsync_dir(d)
-    _publish(tmp, path, stem, parent, overwrite)
+    publish(tmp, path, stem, parent, overwrite)
 
 
-
-def _publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool) -> None:
-    """Rename the complete checkpoint ``tmp`` to ``path``, replacing only a checkpoint."""
+def publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool, listed=_listed,
+            kind: str = "tfdata checkpoint directory") -> None:
+    """Rename the complete checkpoint ``tmp`` to ``path``, replacing only a checkpoint that
+    ``listed`` accepts (the old one moved aside, then removed path by path)."""
     if not os.path.lexists(path):
         # a directory that appeared meanwhile makes this fail unless it is empty (nothing lost)
         os.rename(tmp, path)
@@ -283,7 +289,7 @@ def _publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool) -> No
         return
     if not overwrite:  # it appeared while this call was writing
         raise FileExistsError(f"{path}: exists; not replaced (overwrite=False)")
-    check_replaceable(path)  # again: it may have changed while this call was writing
+    check_replaceable(path, listed, kind)  # again: it may have changed while this call was writing
     aside = tempfile.mkdtemp(prefix=stem, suffix=".old", dir=parent)
     os.rename(path, aside)  # onto the empty directory just made: a name only this call knows
     try:
@@ -292,7 +298,7 @@ def _publish(tmp: str, path: str, stem: str, parent: str, overwrite: bool) -> No
         os.rename(aside, path)  # put the old checkpoint back
         raise
     fsync_dir(parent)
-    _remove_checkpoint(aside)
+    _remove_checkpoint(aside, listed)
 
 
 # -- loading: arrays and rows ------------------------------------------------------------------

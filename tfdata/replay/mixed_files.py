@@ -16,12 +16,10 @@ import json
 import os
 import shutil
 import stat
-import tempfile
-import warnings
 
 from ..errors import FormatError
 from ..storage.files import fsync_dir
-from .checkpoint_files import checkpoint_files
+from .checkpoint_files import begin, checkpoint_files, publish
 from .buffer import ReplayBuffer
 from .core import ReplayCore
 from .mixing import MAX_SOURCES, NAME
@@ -74,21 +72,12 @@ def _is_mixed(path: str) -> list:
     return files + dirs + [path]
 
 
+KIND = "tfdata mixed checkpoint"
+
+
 def save(buf, path, overwrite: bool) -> None:
     """Write ``buf`` to the mixed checkpoint ``path`` (see the module)."""
-    path = os.fspath(path).rstrip(os.sep) or os.fspath(path)
-    if os.path.lexists(path):
-        if not overwrite:
-            raise FileExistsError(f"{path}: exists; a checkpoint replaces an existing path only "
-                                  f"when asked (overwrite=True), and only a mixed checkpoint")
-        try:
-            _is_mixed(path)
-        except (OSError, ValueError, FormatError) as exc:
-            raise FileExistsError(f"{path}: exists and is not a tfdata mixed checkpoint, so it "
-                                  f"is not replaced ({exc})") from None
-    parent = os.path.dirname(os.path.abspath(path))
-    stem = "." + os.path.basename(os.path.abspath(path))[:100] + "."
-    tmp = tempfile.mkdtemp(prefix=stem, suffix=".tmp", dir=parent)  # this call's own
+    path, tmp, stem, parent = begin(path, overwrite, _is_mixed, KIND)
     try:
         os.mkdir(os.path.join(tmp, SOURCES))
         refs = {}
@@ -109,28 +98,10 @@ def save(buf, path, overwrite: bool) -> None:
             os.fsync(f.fileno())
         fsync_dir(os.path.join(tmp, SOURCES))
         fsync_dir(tmp)
-        if not os.path.lexists(path):
-            os.rename(tmp, path)
-            fsync_dir(parent)
-            return
-        _is_mixed(path)  # again: it may have changed meanwhile
-        aside = tempfile.mkdtemp(prefix=stem, suffix=".old", dir=parent)
-        os.rename(path, aside)
-        try:
-            os.rename(tmp, path)
-        except BaseException:
-            os.rename(aside, path)
-            raise
-        fsync_dir(parent)
+        publish(tmp, path, stem, parent, overwrite, _is_mixed, KIND)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # this call's own directory, nothing else
         raise
-    try:  # the replaced checkpoint, file by file, only its own files
-        for p in _is_mixed(aside):
-            (os.rmdir if stat.S_ISDIR(os.lstat(p).st_mode) else os.unlink)(p)
-    except (OSError, ValueError, FormatError) as exc:
-        warnings.warn(f"{aside}: the replaced checkpoint was left there ({exc})", RuntimeWarning,
-                      stacklevel=3)
 
 
 def _fail(dpath: str, field: str, expected: str, got) -> FormatError:
