@@ -480,7 +480,11 @@ def test_fuzzed_frame_checkpoints_load_faithfully_or_raise_format_error(pristine
                 _mutate_array(data, os.path.join(ck, "arrays", data.draw(st.sampled_from(arrays))),
                               sentinel)
             else:
-                sub = data.draw(st.sampled_from([doc["state"]["frames"], doc["config"], doc]))
+                # a first mutation may have deleted or replaced what a second would pick
+                state = doc.get("state") if isinstance(doc, dict) else None
+                subs = [state.get("frames") if isinstance(state, dict) else None,
+                        doc.get("config") if isinstance(doc, dict) else None, doc]
+                sub = data.draw(st.sampled_from([x for x in subs if isinstance(x, dict) and x]))
                 _mutate_state(data, sub, sentinel)
         with open(os.path.join(ck, "state.json"), "w") as f:
             json.dump(doc, f)
