@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import tempfile
 
 import numpy as np
@@ -58,7 +57,7 @@ import psutil
 
 import tfdata
 
-from .common import MemcpyReference, first_time, warm_kernels
+from .common import MemcpyReference, first_time, tmpdir, warm_kernels
 
 K = 4
 FRAME = (84, 84)
@@ -229,17 +228,6 @@ class FrameMemory:
 ROWS = 20_000
 BATCH = 32
 _COLD: dict = {}
-_DIR: list = []
-
-
-def _tmpdir() -> str:
-    if not _DIR:
-        import atexit
-
-        path = tempfile.mkdtemp(prefix="tfdata-bench-frames-")
-        atexit.register(shutil.rmtree, path, True)
-        _DIR.append(path)
-    return _DIR[0]
 
 
 def atari_frames(steps: int = ROWS + 1, seed: int = 0, game: str = "Breakout") -> dict:
@@ -329,7 +317,7 @@ def filled(layout: str, cold: float, tier: str):
     data = atari_frames()
     kw = dict(layout=layout, seed=0, frame_stack=K)
     if tier != "ram":
-        path = os.path.join(_tmpdir(), f"spill-{layout}-{cold}-{tier}" + (".npy" if layout == "aos" else ""))
+        path = os.path.join(tmpdir("frames"), f"spill-{layout}-{cold}-{tier}" + (".npy" if layout == "aos" else ""))
         kw.update(spill_path=path, hot_rows=max(1, round(ROWS * (1 - cold))),
                   compress_cold=tier == "zstd")
     buf = tfdata.ReplayBuffer(SPEC, ROWS, **kw)

@@ -89,7 +89,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
@@ -98,7 +97,7 @@ import psutil
 
 import tfdata
 
-from .common import (CARTPOLE, IMAGE, NumpyBuffer, read_through, build_and_fill, fill, fill_chunk, first_time,
+from .common import (CARTPOLE, IMAGE, NumpyBuffer, read_through, build_and_fill, fill, fill_chunk, first_time, tmpdir,
                      random_rows, warm_kernels)
 
 #: rows of the big CartPole files (Write, Read): 80 chunks of 65,536 (252 MB of AoS records)
@@ -132,22 +131,12 @@ _FILE_REPEAT = (3, 8, 10.0)
 
 
 # -- files and caches -----------------------------------------------------------------------
-_TMP: list = []
 _COUNTER = itertools.count()
-
-
-def tmpdir() -> str:
-    """This process's temporary directory, removed at exit."""
-    if not _TMP:
-        path = tempfile.mkdtemp(prefix="tfdata-bench-io-")
-        atexit.register(shutil.rmtree, path, True)
-        _TMP.append(path)
-    return _TMP[0]
 
 
 def new_path(stem: str) -> str:
     """A path in :func:`tmpdir` that does not exist yet."""
-    return os.path.join(tmpdir(), f"{stem}-{next(_COUNTER)}")
+    return os.path.join(tmpdir("io"), f"{stem}-{next(_COUNTER)}")
 
 
 def remove(path: str | None) -> None:

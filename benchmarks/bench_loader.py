@@ -85,15 +85,12 @@ on this kind of machine only figures measured side by side mean anything.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import importlib.util
 import multiprocessing
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -101,7 +98,8 @@ import psutil
 
 import tfdata
 
-from .common import CARTPOLE, IMAGE, child_seconds, fill_chunk, first_call_seconds, first_time, read_through
+from .common import (CARTPOLE, IMAGE, child_seconds, fill_chunk, first_call_seconds, first_time, read_through,
+                     tmpdir)
 
 PAGE = 4096
 SPECS = {"cartpole": CARTPOLE, "image": IMAGE}
@@ -156,16 +154,6 @@ def median_seconds(run, runs: int = 7, min_runs: int = 3, budget: float = 2.0) -
 
 
 # -- files --------------------------------------------------------------------------------------
-_TMP: list = []
-
-
-def tmpdir() -> str:
-    """This process's temporary directory, removed at exit."""
-    if not _TMP:
-        path = tempfile.mkdtemp(prefix="tfdata-bench-loader-")
-        atexit.register(shutil.rmtree, path, True)
-        _TMP.append(path)
-    return _TMP[0]
 
 
 def _write(path: str, kind: str, rows: int, layout: str) -> None:
@@ -202,7 +190,7 @@ def dataset_file(kind: str, rows: int, layout: str) -> str:
     key = (kind, rows, layout)
     path = _FILES.get(key)
     if path is None:
-        path = os.path.join(tmpdir(), f"{kind}-{rows}" + (".npy" if layout == "aos" else ".soa"))
+        path = os.path.join(tmpdir("loader"), f"{kind}-{rows}" + (".npy" if layout == "aos" else ".soa"))
         _write_in_child(path, kind, rows, layout)
         read_through(path)
         _FILES[key] = path

@@ -11,15 +11,12 @@ do not install them: run ``asv run --python=same -b bench_minari`` in one that h
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 
-from .common import warm_kernels
+from .common import tmpdir, warm_kernels
 
 EPISODES = 400  # sample_episodes draws without replacement: more than a batch
 STEPS = 250
@@ -44,8 +41,7 @@ def _source() -> str:
     if "src" in _CACHE:
         return _CACHE["src"]
     h5py = _imports()[0]
-    top = tempfile.mkdtemp(prefix="tfdata-bench-minari-")
-    atexit.register(shutil.rmtree, top, True)  # each asv process writes its own copy
+    top = tmpdir("minari")  # each asv process writes its own copy
     data = os.path.join(top, "data")
     os.makedirs(data)
     obs_space = {"type": "Box", "dtype": "float32", "shape": [4],

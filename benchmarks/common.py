@@ -317,3 +317,49 @@ def child_seconds(code: str, *args: str, env: dict | None = None) -> float:
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr}")
     return float(proc.stdout.strip().splitlines()[-1])
+
+
+# -- temporary files ----------------------------------------------------------------------------
+_TMPDIRS: dict = {}  # (pid, name): path, made by that process
+_TMP_PREFIX = "tfdata-bench-files-"
+
+
+def tmpdir(name: str) -> str:
+    """This process's temporary directory for the files of ``name`` (a benchmark module), made
+    once per process as ``tfdata-bench-files-<pid>-<name>-*`` in the temporary directory.
+
+    It is removed at exit, and, since asv's forkserver ends each benchmark's process with
+    ``os._exit`` (no exit handler runs), by the next process that makes one: every directory of
+    this pattern whose process is no longer running is removed first. Without that, each forked
+    benchmark left its files behind, gigabytes over one quick pass (the spill files of
+    ``bench_frames.ColdSample`` alone: 141 MB per case), until the disk was full.
+    """
+    import atexit
+
+    pid = os.getpid()
+    path = _TMPDIRS.get((pid, name))
+    if path is None:
+        if not any(p == pid for p, _ in _TMPDIRS):
+            atexit.register(remove_tmpdirs)
+        _remove_orphans()
+        path = _TMPDIRS[(pid, name)] = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{pid}-{name}-")
+    return path
+
+
+def remove_tmpdirs() -> None:
+    """Remove the directories :func:`tmpdir` made in this process."""
+    pid = os.getpid()
+    for key in [k for k in _TMPDIRS if k[0] == pid]:
+        shutil.rmtree(_TMPDIRS.pop(key), ignore_errors=True)
+
+
+def _remove_orphans() -> None:
+    import psutil
+
+    top = tempfile.gettempdir()
+    for entry in os.listdir(top):
+        if not entry.startswith(_TMP_PREFIX):
+            continue
+        pid = entry[len(_TMP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(os.path.join(top, entry), ignore_errors=True)
