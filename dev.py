@@ -13,7 +13,8 @@
                            # kernel specializations compiled and cold compile time (default: the
                            # DQN and PPO loops; suite: its count, --cold: on an empty numba cache,
                            # timed, about 30 min); reports/compile_budget/
-    python3 dev.py system  # install the allocator libraries (jemalloc, mimalloc) with apt-get
+    python3 dev.py system  # install the allocator libraries (jemalloc, mimalloc) with apt-get;
+                           # --browser: Chromium too (the test that opens the docs site in it)
     python3 dev.py arm64   # aarch64 under emulation: a Debian arm64 root, a subset of the tests and
                            # the cross-architecture determinism check (tools/arm64.py; needs root)
     python3 dev.py edge [--quick] [--no-cgroup]
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -85,32 +87,44 @@ def _have_libraries() -> bool:
     return all(found)
 
 
-def system() -> int:
-    """Install the allocator libraries with apt-get (as root, or with sudo without a password).
+def system(browser: bool = False) -> int:
+    """Install the allocator libraries with apt-get (as root, or with sudo without a password),
+    and with ``browser`` Chromium (tests/test_docs_site.py opens the built site in it).
 
     Returns 0 when they are present afterwards, else 1 after saying what to do.
     """
+    if browser and not any(shutil.which(n) for n in ("chromium", "chromium-browser")):
+        if _apt(["chromium"]) != 0:
+            print("could not install chromium (Debian/Ubuntu: sudo apt-get install chromium)",
+                  file=sys.stderr)
+            return 1
     if _have_libraries():
         print("allocator libraries present: " + ", ".join(LIBRARY_FILES))
         return 0
-    apt = "/usr/bin/apt-get"
-    if os.path.exists(apt):
-        prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
-        cmd = prefix + [apt, "install", "-y", "--no-install-recommends", *SYSTEM_PACKAGES]
-        print("installing " + " ".join(SYSTEM_PACKAGES) + ": " + " ".join(cmd), flush=True)
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        rc = subprocess.call(cmd, env=env)
-        if rc and not prefix:  # package lists may be missing on a fresh machine
-            subprocess.call([apt, "update"], env=env)
-            rc = subprocess.call(cmd, env=env)
-        if rc == 0 and _have_libraries():
-            return 0
+    if _apt(list(SYSTEM_PACKAGES)) == 0 and _have_libraries():
+        return 0
     print("could not install the allocator libraries (jemalloc, mimalloc).\n"
           "  Debian/Ubuntu: sudo apt-get install " + " ".join(SYSTEM_PACKAGES) + "\n"
           "  elsewhere: install jemalloc and mimalloc and set TFDATA_JEMALLOC / TFDATA_MIMALLOC to\n"
           "  their shared libraries. Without them tfdata works with allocator='numpy' (the default);\n"
           "  their tests and benchmarks skip.", file=sys.stderr)
     return 1
+
+
+def _apt(packages: list[str]) -> int:
+    """``apt-get install`` of ``packages``: its exit code, 1 without apt-get."""
+    apt = "/usr/bin/apt-get"
+    if not os.path.exists(apt):
+        return 1
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    cmd = prefix + [apt, "install", "-y", "--no-install-recommends", *packages]
+    print("installing " + " ".join(packages) + ": " + " ".join(cmd), flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    rc = subprocess.call(cmd, env=env)
+    if rc and not prefix:  # package lists may be missing on a fresh machine
+        subprocess.call([apt, "update"], env=env)
+        rc = subprocess.call(cmd, env=env)
+    return rc
 
 
 def _env() -> dict:
@@ -143,7 +157,7 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "system":
-        sys.exit(system())
+        sys.exit(system(browser="--browser" in rest))
     if cmd == "edge":  # no allocator libraries, no torch: what a board has
         ensure_env(EDGE_EXTRAS)
         run([PY, os.path.join(ROOT, "experiments", "edge_profile.py"), *rest])

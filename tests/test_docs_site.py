@@ -111,7 +111,10 @@ def _chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    why = "chromium is not installed (Debian: apt-get install chromium; python3 dev.py system --browser)"
+    if os.environ.get("TFDATA_REQUIRE_BROWSER") == "1":  # CI installs it: a missing one fails
+        pytest.fail(f"TFDATA_REQUIRE_BROWSER=1 but {why}")
+    pytest.skip(why)
 
 
 def _dom(page) -> str:
