@@ -46,7 +46,7 @@ _REGION_NAME = re.compile(r"^(region\.json|region|owner\.lock|writer-[0-9]{1,6}\
 
 # control words (uint64): global words, then one block of 16 per shard. The writer's words and
 # the consumer's are 64 bytes apart, so the two processes never write to one cache line.
-_CLOSED = 0            # global: set by the owner when it closes the buffer
+CLOSED = 0            # global: set by the owner when it closes the buffer
 # global, written by the learner only: rows it has sampled in all, the "samples" count of a
 # rate limiter (region.json "rate_limiter"); its "inserts" are the sum of the shards' heads
 SAMPLES = 1
@@ -226,7 +226,7 @@ class Region:
 
     @property
     def closed(self) -> bool:
-        return bool(self.ctrl[_CLOSED])
+        return bool(self.ctrl[CLOSED])
 
     def writers(self, fifo: bool) -> list[dict]:
         """The state of every shard (see ``SharedReplayBuffer.writers``); ``fifo``: count the
@@ -394,7 +394,7 @@ def remove_region(path: str, ctrl: np.ndarray, owner: int, owner_fd: int) -> Non
     files, release the owner lock. Nothing in another process (a forked child)."""
     if os.getpid() != owner:
         return
-    ctrl[_CLOSED] = 1
+    ctrl[CLOSED] = 1
     _remove_region_files(path)
     release(owner_fd)
 
@@ -475,7 +475,7 @@ def sweep(dir: str | None = None) -> list[str]:
         try:
             try:
                 ctrl = io.MappedFile(os.path.join(path, "region"), 0, writable=True)
-                ctrl.at(0, np.uint64, (1,))[_CLOSED] = 1
+                ctrl.at(0, np.uint64, (1,))[CLOSED] = 1
             except (OSError, ValueError):
                 pass
             _remove_region_files(path)

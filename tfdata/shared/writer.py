@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import platform
 import threading
 import time
 import weakref
@@ -18,11 +19,28 @@ from . import frames as shared_frames
 from ..replay.core import weak_method as _weak_method
 from ..replay.fastpush import make_push
 from ..replay.writers import RingWriter
-from .region import (ATTACHED, ATTACHES, CURSOR, DROPPED, FINISHED, GENERATION, HEAD, HELD, PID,
+from .region import (ATTACHED, ATTACHES, CLOSED, CURSOR, DROPPED, FINISHED, GENERATION, HEAD, HELD, PID,
                      RESERVED, SAMPLES, STATE, WATCH_S, kernels, open_region, region_path, release,
                      writer_alive)
 
 __all__ = ["SharedWriter"]
+
+#: Whether this machine's CPU shows other cores every store in program order (x86-64). Then the
+#: seqlock's ordered stores and release fences (:mod:`tfdata.kernels._sync`) are plain stores, and
+#: a one-row push announces and publishes its row with stores through memoryviews instead of two
+#: compiled calls (docs/design/shared-memory.md, "What a push costs"). Elsewhere (AArch64, which
+#: may reorder stores) it calls the kernels, whose stores carry the ordering.
+ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
+
+
+class _Shard:
+    """What this writer knows of its shard that a one-row push changes or checks (the hooks of
+    :func:`store_hooks` hold it, not the writer, so they keep no reference cycle)."""
+
+    __slots__ = ("head", "open")
+
+    def __init__(self, head: int):
+        self.head, self.open = head, True
 
 
 class SharedWriter:
@@ -89,7 +107,7 @@ class SharedWriter:
         # an exactly-k replay shard: each row goes to the next free slot at or after the cursor
         self._ek = region.exactly_k
         self._drop = region.policy == "drop"
-        self._head = int(self._words[HEAD])
+        self._shard_state = _Shard(int(self._words[HEAD]))
         self._dropped = int(self._words[DROPPED])
         # any start is right (free slots are in the words); the last writer's keeps the order
         self._cursor = int(self._words[CURSOR]) % self._cap
@@ -142,6 +160,11 @@ class SharedWriter:
             if self._ek:  # exactly-k "block": the generated push, to the slot _place_ek finds
                 hooks = dict(on_write=_weak_method(self, "_publish_ek_one"),
                              place=_weak_method(self, "_place_ek"))
+            elif ORDERED_STORES and self._limiter is None:
+                on_begin, on_write = store_hooks(self._shard_state, region, shard,
+                                                 _weak_method(self, "_write_check"),
+                                                 _weak_method(self, "_wait_for_room"))
+                hooks = dict(on_begin=on_begin, on_write=on_write)
             else:
                 hooks = dict(on_write=_weak_method(self, "_publish_one"),
                              on_begin=_weak_method(self, "_begin_one" if self._limiter is None
@@ -149,6 +172,14 @@ class SharedWriter:
             self._fast_push = make_push(self.spec, views, self._ring, self._lock,
                                         _weak_method(self, "_checked_push"),
                                         regions=self._storage.byte_regions(lo, hi), **hooks)
+
+    @property
+    def _head(self) -> int:
+        return self._shard_state.head
+
+    @_head.setter
+    def _head(self, head: int) -> None:
+        self._shard_state.head = head
 
     def _sync_ring(self) -> None:
         self._ring.cursor = self._head % self._cap
@@ -453,6 +484,7 @@ class SharedWriter:
 
     def close(self) -> None:
         """Detach: the shard counts as finished, the lock is released (idempotent)."""
+        self._shard_state.open = False
         self._finalizer()
 
     def __enter__(self) -> "SharedWriter":
@@ -463,6 +495,50 @@ class SharedWriter:
 
     def __repr__(self) -> str:
         return f"SharedWriter(shard={self.shard}, published={self._head}, path={self._region.path!r})"
+
+
+def store_hooks(st: _Shard, region, shard: int, refuse, wait_for_room) -> tuple:
+    """``(on_begin, on_write)`` of a one-row push (:func:`~tfdata.replay.fastpush.make_push`) for
+    a CPU that shows stores in program order (:data:`ORDERED_STORES`): the stores of
+    :func:`~tfdata.kernels._shared.shard_begin` and :func:`~tfdata.kernels._shared.shard_publish`
+    for one row, in their order, as single 64-bit stores through memoryviews.
+
+    ``on_begin`` refuses (``refuse()`` raises) when the buffer is closed, the writer closed or
+    the process forked since it attached; in FIFO mode it waits while the shard is full
+    (``wait_for_room(0, 1)``); then it stores the reserve (never lowered) before any byte of the
+    row. ``on_write`` stores the row's publication time (when the buffer keeps them) and then the
+    head. The count of dropped rows is not stored again: a one-row push never drops (the
+    ``"drop"`` policy takes the generic path), so the word already holds it.
+    """
+    words = _words_view(region.words(shard))
+    ctrl = _words_view(region.ctrl)
+    stamps = _words_view(region.stamps) if region.stamps.shape[0] else None
+    tails = region.tails if region.mode == "fifo" else None
+    base, cap, generation, born = shard * region.cap, region.cap, GENERATION, GENERATION[0]
+
+    def on_begin(slot: int) -> None:
+        if ctrl[CLOSED] or generation[0] != born or not st.open:
+            refuse()
+        end = st.head + 1
+        if tails is not None and end - int(tails[shard]) > cap:
+            wait_for_room(0, 1)
+        if words[RESERVED] < end:
+            words[RESERVED] = end
+
+    def on_write(slot: int) -> None:
+        head = st.head
+        if stamps is not None:
+            stamps[base + head % cap] = time.monotonic_ns()
+        words[HEAD] = head + 1
+        st.head = head + 1
+
+    return on_begin, on_write
+
+
+def _words_view(words: np.ndarray) -> memoryview:
+    """``words`` (uint64, C-contiguous) as a memoryview whose item stores are single 64-bit
+    stores."""
+    return memoryview(words).cast("B").cast("Q")
 
 
 def _detach(words: np.ndarray, lockfd: int, pid: int) -> None:
