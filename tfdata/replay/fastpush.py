@@ -43,7 +43,12 @@ _CODES = {"b": "?", "i1": "b", "u1": "B", "i2": "h", "u2": "H", "i4": "i", "u4":
           "u8": "Q", "f4": "f", "f8": "d"}
 _F32_MAX = float(np.finfo(np.float32).max)
 _EXACT = 2 ** 53  # ints up to this size are exact doubles: one rounding into float32, as numpy's
-_SMALL_INTS = (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)
+_INF = float("inf")
+# every numpy integer scalar type (np.longlong is a type of its own beside np.int64), and the
+# ones whose every value is an exact double
+_NP_INTS = frozenset(t for t in set(np.sctypeDict.values())
+                     if isinstance(t, type) and issubclass(t, np.generic) and np.dtype(t).kind in "iu")
+_SMALL_INTS = frozenset(t for t in _NP_INTS if np.dtype(t).itemsize <= 4)
 
 
 def _code(dtype: np.dtype) -> str | None:
@@ -51,28 +56,67 @@ def _code(dtype: np.dtype) -> str | None:
     return _CODES.get(key)
 
 
+def _array_guard(v: str, i: int) -> str:
+    """The check that ``v`` is an ndarray of field ``i``'s dtype ``dt{i}`` and shape ``sh{i}``:
+    a view or slice of a larger array, contiguous or not, passes; an equal dtype that is not
+    numpy's own object passes too (an unpickled array's, as a subprocess vector env returns)."""
+    return (f"type({v}) is ndarray and ({v}.dtype is dt{i} or {v}.dtype == dt{i})"
+            f" and {v}.shape == sh{i}")
+
+
 def _tier1(f, v: str, i: int, ns: dict) -> str | None:
     """The first tier's check of field ``f`` held in variable ``v``, or None if the field cannot
-    take the first tier (float16, complex)."""
+    take the first tier (float16, complex).
+
+    A scalar passes by its type alone when every value of that type packs as numpy assigns it
+    (``pk``), or by its type and its value (``rk``, ``ik``): ints within the field's range, ints
+    of a float field within 2**53 (exact doubles: one rounding, as numpy's cast), floats of a
+    float32 field within its range, NaN or infinite (``struct`` refuses a finite value that
+    rounds to infinity, numpy stores the infinity). The types are numpy's scalars of every width
+    and Python's; a 0-d array is read as its scalar before (see :func:`_scalars`).
+    """
     if _code(f.dtype) is None:
         return None
     if f.shape:
-        return f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}"
+        ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
+        return _array_guard(v, i)
     kind = f.dtype.kind
-    if kind == "b":
-        ns[f"pk{i}"] = frozenset({bool, np.bool_})
-        return f"type({v}) in pk{i}"
+    if kind == "b":  # ints of 0 and 1 only, as Spec.check_row
+        ns[f"pk{i}"], ns[f"rk{i}"] = frozenset({bool, np.bool_}), frozenset({int}) | _NP_INTS
+        return f"(type({v}) in pk{i} or type({v}) in rk{i} and 0 <= {v} <= 1)"
     if kind in "iu":
-        # bool and the numpy ints that cast safely are in range by type; np.bool_ has no __index__
-        ns[f"pk{i}"] = frozenset(t for t in f.scalar_types if t is not np.bool_)
-        return f"(type({v}) is int and lo{i} <= {v} <= hi{i} or type({v}) in pk{i})"
-    ok = {float, bool, np.float64, np.float32, np.float16}
-    ok |= {t for t in _SMALL_INTS if t in f.scalar_types}
-    ns[f"pk{i}"] = frozenset(ok)
+        # the numpy ints that cast safely are in range by type; others (and Python's) by value;
+        # np.bool_ has no __index__ (read as a bool before: see _scalars)
+        ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
+        ns[f"pk{i}"] = safe = frozenset(t for t in f.scalar_types if t is not np.bool_)
+        ns[f"rk{i}"] = (_NP_INTS - safe) | {int}
+        return (f"(type({v}) is int and lo{i} <= {v} <= hi{i} or type({v}) in pk{i}"
+                f" or type({v}) in rk{i} and lo{i} <= {v} <= hi{i})")
+    ns[f"ik{i}"] = frozenset({int}) | (_NP_INTS - _SMALL_INTS)  # exact below 2**53 only
+    ints = f"type({v}) in ik{i} and -EXACT <= {v} <= EXACT"
     if f.dtype.itemsize == 4:
-        return (f"(type({v}) in pk{i} and -F32 <= {v} <= F32 "
-                f"or type({v}) is int and -EXACT <= {v} <= EXACT)")
-    return f"(type({v}) in pk{i} or type({v}) is int and -EXACT <= {v} <= EXACT)"
+        ns[f"rk{i}"] = frozenset({float, np.float64})
+        ns[f"pk{i}"] = frozenset({np.float32, np.float16, bool, np.bool_}) | _SMALL_INTS
+        return (f"(type({v}) in rk{i} and (-F32 <= {v} <= F32 or {v} != {v} or {v} == INF"
+                f" or {v} == -INF) or type({v}) in pk{i} or {ints})")
+    ns[f"pk{i}"] = frozenset({float, np.float64, np.float32, np.float16, bool, np.bool_}) | _SMALL_INTS
+    return f"(type({v}) in pk{i} or {ints})"
+
+
+def _scalars(spec: Spec, ns: dict) -> list:
+    """Source lines that read a 0-d array given for a scalar field as its numpy scalar, and a
+    numpy bool given for an integer field as a Python bool (``struct`` takes no np.bool_ for
+    an integer code): the values a failed first check looks at again."""
+    lines = []
+    for i, f in enumerate(spec):
+        if f.shape or _code(f.dtype) is None:
+            continue
+        lines += [f"        if type(v{i}) is ndarray and v{i}.ndim == 0:",
+                  f"            v{i} = v{i}[()]"]
+        if f.dtype.kind in "iu":
+            lines += [f"        if type(v{i}) is bool_:", f"            v{i} = bool(v{i})"]
+    ns["bool_"] = np.bool_
+    return lines
 
 
 def exact_guard(f, i: int, ns: dict) -> str:
@@ -82,7 +126,7 @@ def exact_guard(f, i: int, ns: dict) -> str:
     v = f"v{i}"
     if f.shape:
         ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
-        return f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}"
+        return _array_guard(v, i)
     ns[f"ok{i}"] = f.scalar_types
     if f.int_bounds is not None:
         ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
@@ -136,7 +180,8 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         raise ValueError("make_push: place and on_begin are exclusive")
     ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity,
           "on_write": on_write, "on_begin": on_begin, "gate": gate, "place": place, "acquire": lock.acquire,
-          "release": lock.release, "F32": _F32_MAX, "EXACT": _EXACT, "on_wrap": on_wrap}
+          "release": lock.release, "F32": _F32_MAX, "EXACT": _EXACT, "INF": _INF,
+          "on_wrap": on_wrap}
     reads, checks, writes, fast_checks = [], [], [], []
     for i, f in enumerate(spec):
         v = f"v{i}"
@@ -170,8 +215,13 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
     ]
     if fast is not None:
         guard, body = fast
+        cond = "(" + "\n            and ".join(guard) + ")"
         lines += [
-            "    if (" + "\n            and ".join(guard) + "):",
+            f"    fast = {cond}",
+            "    if not fast:  # 0-d arrays, numpy bools of an int field: read, then checked again",
+            *_scalars(spec, ns),
+            f"        fast = {cond}",
+            "    if fast:",
             "        acquire()",
             "        try:",
             *write("            ", body),
@@ -256,7 +306,7 @@ def _sources(f) -> frozenset:
 
 
 def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 16, num_envs: int = 1,
-                stamp=None, on_write=None, on_wrap=None, write=None, store=None, gate=None,
+                stamp=None, on_write=None, on_wrap=None, write=None, direct=False, gate=None,
                 elide=None):
     """Return ``extend(batch)`` for ``spec``, specialised to batches of at most ``max_rows`` rows
     (one step of a vector env): each field becomes the bytes of its ``n`` rows (``tobytes`` for
@@ -289,12 +339,12 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         ``write(values, n)``: the buffer's write of ``n`` rows already checked (values in spec
         order). A larger batch whose every field has exactly the field's dtype and the same
         ``n`` goes there, which spares it the generic check.
-    store : callable, optional
-        ``store(start, values, src_start, count)``: the storage's ``write_rows``. Given when no
-        part reacts to a write that does not reach the ring's end (no hook, or only hooks that
-        hear laps) and episode numbers are stamped late (or not kept): such a larger batch that
-        does not reach the ring's end is then written under the lock without the writer's
-        bookkeeping.
+    direct : bool
+        True when no part reacts to a write that does not reach the ring's end (no hook, or
+        only hooks that hear laps) and episode numbers are stamped late (or not kept): such a
+        larger batch that does not reach the ring's end is then written under the lock without
+        the writer's bookkeeping, one numpy assignment per field into its strided view of
+        ``regions`` (see :func:`_many_rows`).
     gate : tuple, optional
         ``(wait, count)``: ``wait(n)`` under the lock before the slot is read (a rate limiter
         waits there, releasing the lock), ``count(n)`` under the lock once ``n`` rows are
@@ -313,19 +363,24 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
                    for raw, stride, members in regions]
     if max_rows < num_envs:
         return slow
-    ns = {"on_wrap": on_wrap, "write": write, "store": store, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
+    ns = {"on_wrap": on_wrap, "write": write, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
           "acquire": lock.acquire, "release": lock.release, "on_write": on_write,
           "stamp": None if stamp is None else stamp[0],
           "packer": _packer, "StructError": struct.error, "frombuffer": np.frombuffer, "U8": np.uint8,
           "gate": None if gate is None else gate[0], "count": None if gate is None else gate[1]}
     names = spec.names
-    reads, checks, blobs = [], [], []
+    reads, arrays, rows, checks, blobs = [], [], [], [], []
     for i, f in enumerate(spec):
         reads.append(f"        v{i} = batch[{f.name!r}]")
         ns[f"src{i}"], ns[f"dt{i}"], ns[f"sh{i}"] = _sources(f), f.dtype, f.shape
-        # shape[1:] == sh also fixes ndim, except for a scalar field (a 0-d array has shape[1:] == ())
-        shape = f"v{i}.ndim == 1" if not f.shape else f"v{i}.shape[1:] == sh{i}"
-        checks.append(f"type(v{i}) is ndarray and {shape} and v{i}.dtype in src{i}")
+        # each check once, the cheap ones first: arrays of the right ndim, then their rows (the
+        # first array's, n, read after the ndim is known), then shapes and dtypes
+        arrays.append(f"type(v{i}) is ndarray and v{i}.ndim == {1 + len(f.shape)}")
+        if i:
+            rows.append(f"len(v{i}) == n")
+        if f.shape:
+            rows.append(f"v{i}.shape[1:] == sh{i}")
+        checks.append(f"v{i}.dtype in src{i}")
         if elide is not None and i in (elide.i_src, elide.i_next):
             checks[-1] += f" and v{i}.dtype is dt{i}"  # compared and kept as bytes
         if elide is not None and i not in elide.stored:
@@ -334,7 +389,7 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
             blobs.append(f"        b{i} = v{i}.tobytes()")
         else:
             code = _code(f.dtype)
-            blobs.append(f"        b{i} = v{i}.tobytes() if v{i}.dtype is dt{i} else "
+            blobs.append(f"        b{i} = v{i}.tobytes() if (v{i}.dtype is dt{i} or v{i}.dtype == dt{i}) else "
                          f"packer({code!r}, n).pack(*v{i}.tolist())")
     writes = []
     for r, (raw, stride, members) in enumerate(regions):
@@ -430,32 +485,14 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         *reads,
         "    except KeyError:",
         "        return slow(batch)",
-        "    if not (" + "\n            and ".join(checks) + "):",
+        "    if not (" + "\n            and ".join(arrays) + "):",
         "        return slow(batch)",
-        "    n = v0.shape[0]",
-        *([] if write is None else [
-            f"    if n > {max_rows}:",
-            "        if (" + "\n                and ".join(
-                f"v{i}.dtype is dt{i} and v{i}.shape[0] == n" for i in range(len(spec))) + "):",
-            *([] if store is None else [
-                "            values = [" + ", ".join(f"v{i}" for i in range(len(spec))) + "]",
-                "            acquire()",
-                "            try:",
-                *([] if gate is None else ["                gate(n)"]),
-                "                p = w.cursor",
-                "                if p + n < cap:  # not reaching the end: no wrap, no lap",
-                "                    store(p, values, 0, n)",
-                *([] if gate is None else ["                    count(n)"]),
-                "                    w.cursor = p + n",
-                "                    if w.size != cap:",
-                "                        w.size = min(cap, w.size + n)",
-                "                    return",
-                "            finally:",
-                "                release()"]),
-            "            return write([" + ", ".join(f"v{i}" for i in range(len(spec))) + "], n)",
-            "        return slow(batch)"]),
-        f"    if not 0 < n <= {max_rows} or n % {num_envs}"
-        + "".join(f" or v{i}.shape[0] != n" for i in range(1, len(spec))) + ":",
+        "    n = len(v0)",
+        "    if not (" + "\n            and ".join(rows or ["True"]) + "):",
+        "        return slow(batch)",
+        *([] if write is None else _many_rows(spec, max_rows, regions if direct else None, gate, ns)),
+        f"    if not (0 < n <= {max_rows} and n % {num_envs} == 0\n            and "
+        + "\n            and ".join(checks) + "):",
         "        return slow(batch)",
         "    try:",
         *blobs,
@@ -480,6 +517,66 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
     extend = ns.pop("extend")
     extend.__source__ = src
     return extend
+
+
+def _many_rows(spec: Spec, max_rows: int, regions, gate, ns: dict) -> list:
+    """Source lines of a generated extend for a batch of more than ``max_rows`` rows.
+
+    Without ``regions``, a batch whose every field has the field's dtype goes to ``write``
+    (which spares it the generic check). With them (``direct``), a scalar field may also come
+    in a dtype numpy casts from without loss of a value class (float64 rewards, int64 into a
+    float field: the generic path's own numpy assignment), and a batch that does not reach the
+    ring's end is written under the lock as one numpy assignment per field into a strided view
+    of the storage's bytes: a shaped field as one opaque ``V{nbytes}`` item per row (numpy's
+    strided copy of such items is several times faster than through the ``(rows, *shape)``
+    view), read from the caller's rows by a view that fails, before the lock, when their last
+    axis is not contiguous (then ``write``). Anything else: ``slow``.
+    """
+    values = "[" + ", ".join(f"v{i}" for i in range(len(spec))) + "]"
+    conds, views, writes = [], [], []
+    for i, f in enumerate(spec):
+        exact = f"(v{i}.dtype is dt{i} or v{i}.dtype == dt{i})"
+        if regions is not None and not f.shape:
+            ns[f"okb{i}"] = frozenset(d for d in _sources(f) if f.cast_rule(d) == "ok")
+            exact = f"(v{i}.dtype is dt{i} or v{i}.dtype in okb{i})"
+        conds.append(exact)
+    lines = [f"    if n > {max_rows}:",
+             "        if (" + "\n                and ".join(conds) + "):"]
+    if regions is not None:
+        for raw, stride, members in regions:
+            rows = raw.shape[0] // stride
+            for i, off in members:
+                f = spec[spec.names[i]]
+                if f.shape and stride == f.nbytes:  # a column of its own: contiguous
+                    ns[f"d{i}"] = np.ndarray((rows, *f.shape), f.dtype, buffer=raw, offset=off)
+                    writes.append(f"                    d{i}[p:p + n] = v{i}")
+                elif f.shape:
+                    ns[f"V{i}"] = np.dtype(f"V{f.nbytes}")
+                    ns[f"d{i}"] = np.ndarray((rows, 1), ns[f"V{i}"], buffer=raw, offset=off,
+                                             strides=(stride, f.nbytes))
+                    flat = f"v{i}" if len(f.shape) == 1 else f"v{i}.reshape(n, {f.nbytes // f.dtype.itemsize})"
+                    views.append(f"                s{i} = {flat}.view(V{i})")
+                    writes.append(f"                    d{i}[p:p + n] = s{i}")
+                else:
+                    ns[f"d{i}"] = np.ndarray((rows,), f.dtype, buffer=raw, offset=off, strides=(stride,))
+                    writes.append(f"                    d{i}[p:p + n] = v{i}")
+        lines += [
+            *(["            try:", *views, "            except ValueError:  # rows not contiguous",
+               f"                return write({values}, n)"] if views else []),
+            "            acquire()",
+            "            try:",
+            *([] if gate is None else ["                gate(n)"]),
+            "                p = w.cursor",
+            "                if p + n < cap:  # not reaching the end: no wrap, no lap",
+            *writes,
+            *([] if gate is None else ["                    count(n)"]),
+            "                    w.cursor = p + n",
+            "                    if w.size != cap:",
+            "                        w.size = min(cap, w.size + n)",
+            "                    return",
+            "            finally:",
+            "                release()"]
+    return lines + [f"            return write({values}, n)", "        return slow(batch)"]
 
 
 def _row_bytes(f, v: str) -> str:
