@@ -287,21 +287,19 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
     return guard, body + numpy_writes
 
 
-# dtypes whose values a field takes through tolist() and struct exactly as numpy casts them
-_FLOAT_SOURCES = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.bool_, np.int8,
-                                             np.int16, np.int32, np.uint8, np.uint16, np.uint32))
-_INT_SOURCES = tuple(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
-                                           np.uint16, np.uint32, np.uint64))
+# the numeric dtypes a scalar field of an extend of few rows may come in: those numpy casts
+# without loss of a value class (``astype``, the generic path's own cast) and, into an integer
+# field, the integers that fit only by value (``tolist`` and ``struct``, which checks the range)
+_NUMERIC = tuple(np.dtype(c) for c in "?bhilqBHILQefdg")
 
 
 def _sources(f) -> frozenset:
-    """Source dtypes an extend of few rows converts itself for field ``f`` (its own always)."""
+    """Source dtypes an extend converts itself for field ``f`` (its own always)."""
     ok = {f.dtype}
-    if not f.shape and _code(f.dtype) is not None:
-        if f.dtype.kind == "f":
-            ok |= {d for d in _FLOAT_SOURCES if f.cast_rule(d) == "ok"}
-        elif f.dtype.kind in "iu":
-            ok |= {d for d in _INT_SOURCES if f.cast_rule(d) != "no"}  # range: struct checks it
+    if not f.shape and _code(f.dtype) is not None and f.dtype.kind in "fiu":
+        ok |= {d for d in _NUMERIC if f.cast_rule(d) == "ok"}
+        if f.dtype.kind in "iu":
+            ok |= {d for d in _NUMERIC if f.cast_rule(d) == "range"}
     return frozenset(ok)
 
 
@@ -388,9 +386,13 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         if len(ns[f"src{i}"]) == 1:
             blobs.append(f"        b{i} = v{i}.tobytes()")
         else:
-            code = _code(f.dtype)
-            blobs.append(f"        b{i} = v{i}.tobytes() if (v{i}.dtype is dt{i} or v{i}.dtype == dt{i}) else "
-                         f"packer({code!r}, n).pack(*v{i}.tolist())")
+            # numpy's cast (the generic path's own) where it loses no value class; ints that fit
+            # by value only through struct, which checks the range
+            ns[f"cast{i}"] = cast = frozenset(d for d in ns[f"src{i}"] if f.cast_rule(d) == "ok")
+            other = f"v{i}.astype(dt{i}).tobytes()"
+            if len(cast) < len(ns[f"src{i}"]):
+                other += f" if v{i}.dtype in cast{i} else packer({_code(f.dtype)!r}, n).pack(*v{i}.tolist())"
+            blobs.append(f"        b{i} = v{i}.tobytes() if v{i}.dtype is dt{i} or v{i}.dtype == dt{i} else {other}")
     writes = []
     for r, (raw, stride, members) in enumerate(regions):
         ns[f"r{r}"] = memoryview(raw)
@@ -525,7 +527,8 @@ def _many_rows(spec: Spec, max_rows: int, regions, gate, ns: dict) -> list:
     Without ``regions``, a batch whose every field has the field's dtype goes to ``write``
     (which spares it the generic check). With them (``direct``), a scalar field may also come
     in a dtype numpy casts from without loss of a value class (float64 rewards, int64 into a
-    float field: the generic path's own numpy assignment), and a batch that does not reach the
+    float field: the generic path's own numpy assignment) or in integers that fit the field
+    by value (checked as the generic path does, by ``min`` and ``max``), and a batch that does not reach the
     ring's end is written under the lock as one numpy assignment per field into a strided view
     of the storage's bytes: a shaped field as one opaque ``V{nbytes}`` item per row (numpy's
     strided copy of such items is several times faster than through the ``(rows, *shape)``
@@ -537,8 +540,14 @@ def _many_rows(spec: Spec, max_rows: int, regions, gate, ns: dict) -> list:
     for i, f in enumerate(spec):
         exact = f"(v{i}.dtype is dt{i} or v{i}.dtype == dt{i})"
         if regions is not None and not f.shape:
-            ns[f"okb{i}"] = frozenset(d for d in _sources(f) if f.cast_rule(d) == "ok")
-            exact = f"(v{i}.dtype is dt{i} or v{i}.dtype in okb{i})"
+            ns[f"okb{i}"] = frozenset(d for d in _NUMERIC if f.cast_rule(d) == "ok") | {f.dtype}
+            exact = f"(v{i}.dtype is dt{i} or v{i}.dtype in okb{i}"
+            fits = frozenset(d for d in _NUMERIC if f.cast_rule(d) == "range")
+            if fits:  # ints that fit by value: the generic path's range check, before the lock
+                ns[f"fit{i}"] = fits
+                ns[f"lo{i}"], ns[f"hi{i}"] = (0, 1) if f.dtype.kind == "b" else f.int_bounds
+                exact += f"\n                     or v{i}.dtype in fit{i} and lo{i} <= v{i}.min() and v{i}.max() <= hi{i}"
+            exact += ")"
         conds.append(exact)
     lines = [f"    if n > {max_rows}:",
              "        if (" + "\n                and ".join(conds) + "):"]
