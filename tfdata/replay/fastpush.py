@@ -196,14 +196,20 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         if on_wrap is None:
             advance = [f"{indent}w.cursor = p + 1 if p + 1 != cap else 0"]
         else:
-            advance = [f"{indent}if p + 1 != cap:", f"{indent}    w.cursor = p + 1", f"{indent}else:",
-                       f"{indent}    on_wrap()", f"{indent}    w.cursor = 0"]
+            advance = [f"{indent}q = p + 1", f"{indent}if q != cap:", f"{indent}    w.cursor = q",
+                       f"{indent}else:", f"{indent}    on_wrap()", f"{indent}    w.cursor = 0"]
         return [*([] if gate is None else [f"{indent}gate(1)"]),
                 f"{indent}p = w.cursor" if place is None else f"{indent}p = place(w.cursor)",
                 *([] if on_begin is None else [f"{indent}on_begin(p)"]),
                 *writes,
                 *([] if on_write is None else [f"{indent}on_write(p)"]),
                 *advance, f"{indent}if w.size != cap:", f"{indent}    w.size += 1"]
+    def second_tier(indent: str) -> list:
+        """The numpy assignments of values the first tier does not take, after their check."""
+        return [f"{indent}if not (" + f"\n{indent}        and ".join(checks) + "):",
+                f"{indent}    return slow(row)", f"{indent}with lock:",
+                *write(indent + "    ", [indent + line[4:] for line in writes])]
+
     lines = [
         "def push(row):",
         f"    if type(row) is not dict or len(row) != {len(spec)}:",
@@ -217,24 +223,20 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         guard, body = fast
         cond = "(" + "\n            and ".join(guard) + ")"
         lines += [
-            f"    fast = {cond}",
-            "    if not fast:  # 0-d arrays, numpy bools of an int field: read, then checked again",
+            f"    if not {cond}:",
+            "        # 0-d arrays, numpy bools of an int field: read as scalars, then checked again",
             *_scalars(spec, ns),
-            f"        fast = {cond}",
-            "    if fast:",
-            "        acquire()",
-            "        try:",
-            *write("            ", body),
-            "        finally:",
-            "            release()",
-            "        return",
+            f"        if not {cond}:",
+            *["        " + line for line in second_tier("    ")],
+            "            return",
+            "    acquire()",
+            "    try:",
+            *write("        ", [line[4:] for line in body]),  # (body: written at 12 spaces)
+            "    finally:",
+            "        release()",
         ]
-    lines += [
-        "    if not (" + "\n            and ".join(checks) + "):",
-        "        return slow(row)",
-        "    with lock:",
-        *write("        ", writes),
-    ]
+    else:
+        lines += second_tier("    ")
     src = "\n".join(lines)
     exec(_compiled(src), ns)
     # popped: the function's globals are ns, so ns holding it would be a reference cycle that
@@ -263,7 +265,7 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
             f = spec[spec.names[i]]
             if f.shape:
                 nb = f.nbytes
-                body.append(f"            q = p * {stride} + {off}")
+                body.append(f"            q = p * {stride}" + (f" + {off}" if off else ""))
                 body.append(f"            r{r}[q:q + {nb}] = v{i}.tobytes()")
             else:
                 ns[f"m{r}"] = memoryview(raw).cast(_code(f.dtype))
