@@ -24,7 +24,7 @@ import struct
 
 import numpy as np
 
-from ..spec import Spec
+from ..spec import Field, Spec
 
 #: records of at most this many rows are packed one ``pack_into`` each; more are interleaved by
 #: one compiled call per region (``kernels._records``)
@@ -82,25 +82,38 @@ def _tier1(f, v: str, i: int, ns: dict) -> str | None:
         return _array_guard(v, i)
     kind = f.dtype.kind
     if kind == "b":  # ints of 0 and 1 only, as Spec.check_row
-        ns[f"pk{i}"], ns[f"rk{i}"] = frozenset({bool, np.bool_}), frozenset({int}) | _NP_INTS
+        ns[f"pk{i}"], ns[f"rk{i}"] = _BOOLS, _INTS
         return f"(type({v}) in pk{i} or type({v}) in rk{i} and 0 <= {v} <= 1)"
     if kind in "iu":
-        # the numpy ints that cast safely are in range by type; others (and Python's) by value;
-        # np.bool_ has no __index__ (read as a bool before: see _scalars)
         ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
-        ns[f"pk{i}"] = safe = frozenset(t for t in f.scalar_types if t is not np.bool_)
-        ns[f"rk{i}"] = (_NP_INTS - safe) | {int}
+        ns[f"pk{i}"], ns[f"rk{i}"] = _int_types(f.dtype, f.scalar_types)
         return (f"(type({v}) is int and lo{i} <= {v} <= hi{i} or type({v}) in pk{i}"
                 f" or type({v}) in rk{i} and lo{i} <= {v} <= hi{i})")
-    ns[f"ik{i}"] = frozenset({int}) | (_NP_INTS - _SMALL_INTS)  # exact below 2**53 only
+    ns[f"ik{i}"] = _WIDE_INTS  # exact below 2**53 only
     ints = f"type({v}) in ik{i} and -EXACT <= {v} <= EXACT"
     if f.dtype.itemsize == 4:
-        ns[f"rk{i}"] = frozenset({float, np.float64})
-        ns[f"pk{i}"] = frozenset({np.float32, np.float16, bool, np.bool_}) | _SMALL_INTS
+        ns[f"rk{i}"], ns[f"pk{i}"] = _DOUBLES, _INTO_F4
         return (f"(type({v}) in rk{i} and (-F32 <= {v} <= F32 or {v} != {v} or {v} == INF"
                 f" or {v} == -INF) or type({v}) in pk{i} or {ints})")
-    ns[f"pk{i}"] = frozenset({float, np.float64, np.float32, np.float16, bool, np.bool_}) | _SMALL_INTS
+    ns[f"pk{i}"] = _INTO_F8
     return f"(type({v}) in pk{i} or {ints})"
+
+
+_BOOLS = frozenset({bool, np.bool_})
+_INTS = frozenset({int}) | _NP_INTS
+_WIDE_INTS = frozenset({int}) | (_NP_INTS - _SMALL_INTS)
+_DOUBLES = frozenset({float, np.float64})
+_INTO_F4 = frozenset({np.float32, np.float16, bool, np.bool_}) | _SMALL_INTS
+_INTO_F8 = _INTO_F4 | _DOUBLES
+
+
+@functools.lru_cache(maxsize=64)
+def _int_types(dtype: np.dtype, scalar_types: frozenset) -> tuple:
+    """``(pk, rk)`` of an integer field: the numpy ints that cast safely are in range by type;
+    the others (and Python's) by value; np.bool_ has no __index__ (read as a bool before: see
+    :func:`_scalars`)."""
+    safe = frozenset(t for t in scalar_types if t is not np.bool_)
+    return safe, (_NP_INTS - safe) | {int}
 
 
 def _scalars(spec: Spec, ns: dict) -> list:
@@ -295,13 +308,22 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
 _NUMERIC = tuple(np.dtype(c) for c in "?bhilqBHILQefdg")
 
 
+@functools.lru_cache(maxsize=64)
+def _casts(dtype: np.dtype, rule: str) -> frozenset:
+    """The dtypes of :data:`_NUMERIC` whose values enter a scalar field of ``dtype`` by
+    ``rule`` (:meth:`tfdata.spec.Field.cast_rule`); cached: every buffer built asks again."""
+    f = Field("f", dtype)
+    out = frozenset(d for d in _NUMERIC if f.cast_rule(d) == rule)
+    return out | {dtype} if rule == "ok" else out  # its own dtype, whatever its byte order
+
+
 def _sources(f) -> frozenset:
     """Source dtypes an extend converts itself for field ``f`` (its own always)."""
     ok = {f.dtype}
     if not f.shape and _code(f.dtype) is not None and f.dtype.kind in "fiu":
-        ok |= {d for d in _NUMERIC if f.cast_rule(d) == "ok"}
+        ok |= _casts(f.dtype, "ok")
         if f.dtype.kind in "iu":
-            ok |= {d for d in _NUMERIC if f.cast_rule(d) == "range"}
+            ok |= _casts(f.dtype, "range")
     return frozenset(ok)
 
 
@@ -390,7 +412,7 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         else:
             # numpy's cast (the generic path's own) where it loses no value class; ints that fit
             # by value only through struct, which checks the range
-            ns[f"cast{i}"] = cast = frozenset(d for d in ns[f"src{i}"] if f.cast_rule(d) == "ok")
+            ns[f"cast{i}"] = cast = ns[f"src{i}"] & _casts(f.dtype, "ok")
             other = f"v{i}.astype(dt{i}).tobytes()"
             if len(cast) < len(ns[f"src{i}"]):
                 other += f" if v{i}.dtype in cast{i} else packer({_code(f.dtype)!r}, n).pack(*v{i}.tolist())"
@@ -537,14 +559,15 @@ def _many_rows(spec: Spec, max_rows: int, regions, gate, ns: dict) -> list:
     view), read from the caller's rows by a view that fails, before the lock, when their last
     axis is not contiguous (then ``write``). Anything else: ``slow``.
     """
-    values = "[" + ", ".join(f"v{i}" for i in range(len(spec))) + "]"
+    fields = list(spec)
+    values = "[" + ", ".join(f"v{i}" for i in range(len(fields))) + "]"
     conds, views, writes = [], [], []
-    for i, f in enumerate(spec):
+    for i, f in enumerate(fields):
         exact = f"(v{i}.dtype is dt{i} or v{i}.dtype == dt{i})"
         if regions is not None and not f.shape:
-            ns[f"okb{i}"] = frozenset(d for d in _NUMERIC if f.cast_rule(d) == "ok") | {f.dtype}
+            ns[f"okb{i}"] = _casts(f.dtype, "ok")
             exact = f"(v{i}.dtype is dt{i} or v{i}.dtype in okb{i}"
-            fits = frozenset(d for d in _NUMERIC if f.cast_rule(d) == "range")
+            fits = _casts(f.dtype, "range")
             if fits:  # ints that fit by value: the generic path's range check, before the lock
                 ns[f"fit{i}"] = fits
                 ns[f"lo{i}"], ns[f"hi{i}"] = (0, 1) if f.dtype.kind == "b" else f.int_bounds
@@ -557,7 +580,7 @@ def _many_rows(spec: Spec, max_rows: int, regions, gate, ns: dict) -> list:
         for raw, stride, members in regions:
             rows = raw.shape[0] // stride
             for i, off in members:
-                f = spec[spec.names[i]]
+                f = fields[i]
                 if f.shape and stride == f.nbytes:  # a column of its own: contiguous
                     ns[f"d{i}"] = np.ndarray((rows, *f.shape), f.dtype, buffer=raw, offset=off)
                     writes.append(f"                    d{i}[p:p + n] = v{i}")
