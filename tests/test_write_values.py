@@ -167,6 +167,8 @@ def _refused(k):
         ("action", dict(base, action=np.uint64(2**63))),
         ("action", dict(base, action=1.0)),
         ("action", dict(base, action=np.array(2.5))),
+        ("action", dict(base, action=np.array(5, dtype=object))),
+        ("reward", dict(base, reward=np.array(0.5, dtype=object))),
         ("terminated", dict(base, terminated=2)),
         ("terminated", dict(base, terminated=np.int64(-1))),
         ("terminated", dict(base, terminated=np.array(3))),

@@ -3,17 +3,18 @@ is docs/design/write-path.md.
 
 For a given spec the checks are known when the buffer is built, so this module writes them out
 once, field by field, as the source of one small function (as ``dataclasses`` does), compiled
-with ``exec``. The generated function only accepts the inputs it can prove safe (exact ndarray
-dtype and shape, scalar types that cast without loss, ints in range, a plain dict with exactly
-the spec's keys); anything else goes to the generic path, which validates in full and raises the
-precise error. Both paths write the same values.
+with ``exec``. The generated function only accepts the inputs it can prove safe (ndarrays of the
+field's dtype and shape, views and slices included; scalars whose type casts without loss, or
+whose value fits; 0-d arrays read as their scalar; a plain dict with exactly the spec's keys);
+anything else goes to the generic path, which validates in full and raises the precise error.
+Both paths write the same values.
 
 Two tiers of writes. The first writes with :mod:`struct` into byte views of the storage (one
 ``Struct.pack_into`` per region of records, one ``memoryview`` item or slice per column); since
 ``pack_into`` zeroes its span and then writes field by field, it takes only values it can prove
-it packs exactly as numpy would assign them (exact scalar types, ints in range, floats of a
-float32 field within the float32 range, ints of a float field at most 2**53). Other valid values
-take the second tier, numpy assignments. The storage says where each field's bytes are
+it packs exactly as numpy would assign them (Python and numpy scalars of every width: ints in
+range, floats of a float32 field within its range or not finite, ints of a float field at most
+2**53). Other valid values take the second tier, numpy assignments. The storage says where each field's bytes are
 (:meth:`tfdata.storage.AoSStorage.byte_regions`); this module never sees a layout.
 """
 
@@ -124,7 +125,8 @@ def _scalars(spec: Spec, ns: dict) -> list:
     for i, f in enumerate(spec):
         if f.shape or _code(f.dtype) is None:
             continue
-        lines += [f"        if type(v{i}) is ndarray and v{i}.ndim == 0:",
+        # (numeric only: an object array's item is anything, and the generic path refuses it)
+        lines += [f"        if type(v{i}) is ndarray and v{i}.ndim == 0 and v{i}.dtype.kind in 'biuf':",
                   f"            v{i} = v{i}[()]"]
         if f.dtype.kind in "iu":
             lines += [f"        if type(v{i}) is bool_:", f"            v{i} = bool(v{i})"]
@@ -332,8 +334,9 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
                 elide=None):
     """Return ``extend(batch)`` for ``spec``, specialised to batches of at most ``max_rows`` rows
     (one step of a vector env): each field becomes the bytes of its ``n`` rows (``tobytes`` for
-    the field's own dtype; ``tolist`` and :mod:`struct` for the dtypes in :func:`_sources`, such
-    as the float64 rewards and int64 actions gymnasium returns), then the rows are written with
+    the field's own dtype; numpy's ``astype`` for a dtype of :func:`_sources` it casts from
+    without losing a value class, such as the float64 rewards gymnasium returns; ``tolist`` and
+    :mod:`struct`, which checks the range, for ints that fit by value), then the rows are written with
     one slice assignment per region (SoA), one ``pack_into`` per record (AoS, up to
     :data:`PACK_ROWS` rows) or one compiled call per region of records (more rows,
     :func:`tfdata.kernels._records.scatter_fields`). Everything that
