@@ -362,8 +362,9 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         As in :func:`make_push`: called when a batch fills the last slot.
     write : callable, optional
         ``write(values, n)``: the buffer's write of ``n`` rows already checked (values in spec
-        order). A larger batch whose every field has exactly the field's dtype and the same
-        ``n`` goes there, which spares it the generic check.
+        order). A larger batch whose every field has exactly the field's dtype (with
+        ``direct``, also the dtypes :func:`_many_rows` takes) and the same ``n`` goes there,
+        which spares it the generic check.
     direct : bool
         True when no part reacts to a write that does not reach the ring's end (no hook, or
         only hooks that hear laps) and episode numbers are stamped late (or not kept): such a
