@@ -52,6 +52,51 @@ class Push:
         self.buf.push(self.row)
 
 
+def env_rows(values: str, count: int = 1024) -> list:
+    """``count`` CartPole rows as one gymnasium environment hands them to user code: ``obs`` and
+    ``next_obs`` float32 views of consecutive rows of one larger array, and the scalars as
+    CartPole-v1 returns them (``"python"``: a Python int action, float reward and bools) or as
+    numpy scalars (``"numpy"``: ``action_space.sample()``'s int64, a float64 reward, numpy bool
+    flags, as wrappers and vector envs give them)."""
+    rng = np.random.default_rng(6)
+    obs = rng.standard_normal((count + 1, 4), dtype=np.float32)
+    actions, rewards, ends = rng.integers(0, 2, count), rng.random(count), rng.random(count) < 0.05
+    rows = []
+    for k in range(count):
+        if values == "python":
+            a, r, t, tr = int(actions[k]), float(rewards[k]), bool(ends[k]), False
+        else:
+            a, r, t, tr = actions[k], np.float64(rewards[k]), ends[k], np.bool_(False)
+        rows.append({"obs": obs[k], "action": a, "reward": r, "next_obs": obs[k + 1],
+                     "terminated": t, "truncated": tr})
+    return rows
+
+
+class PushEnvRow:
+    """Append one CartPole row as an environment hands it (:func:`env_rows`: observations that
+    are views of a larger array, Python or numpy scalars), a different row each call, to a full
+    buffer of 1M rows (the cursor wraps). ``"numpy"`` is the hand-written ring's push."""
+
+    params = [LAYOUTS + ["groups"], ["python", "numpy"]]
+    param_names = ["layout", "values"]
+    repeat = _MANY_SAMPLES
+    capacity = 1_000_000
+
+    def setup(self, layout, values):
+        warm_kernels()
+        self.push = filled_buffer(layout, CARTPOLE, self.capacity).push
+        self.rows = _cached_rows(("env", values), partial(env_rows, values))
+        self.k = _cached_rows(("env-k", layout, values), lambda: [0])
+        if first_time("env-row", layout, values):
+            for row in self.rows:
+                self.push(row)
+
+    def time_push(self, layout, values):
+        k = self.k[0]
+        self.push(self.rows[k & 1023])
+        self.k[0] = k + 1
+
+
 class Extend:
     """Append 1000 CartPole rows (one array per field, exact dtypes) to a full buffer."""
 

@@ -3,17 +3,18 @@ is docs/design/write-path.md.
 
 For a given spec the checks are known when the buffer is built, so this module writes them out
 once, field by field, as the source of one small function (as ``dataclasses`` does), compiled
-with ``exec``. The generated function only accepts the inputs it can prove safe (exact ndarray
-dtype and shape, scalar types that cast without loss, ints in range, a plain dict with exactly
-the spec's keys); anything else goes to the generic path, which validates in full and raises the
-precise error. Both paths write the same values.
+with ``exec``. The generated function only accepts the inputs it can prove safe (ndarrays of the
+field's dtype and shape, views and slices included; scalars whose type casts without loss, or
+whose value fits; 0-d arrays read as their scalar; a plain dict with exactly the spec's keys);
+anything else goes to the generic path, which validates in full and raises the precise error.
+Both paths write the same values.
 
 Two tiers of writes. The first writes with :mod:`struct` into byte views of the storage (one
 ``Struct.pack_into`` per region of records, one ``memoryview`` item or slice per column); since
 ``pack_into`` zeroes its span and then writes field by field, it takes only values it can prove
-it packs exactly as numpy would assign them (exact scalar types, ints in range, floats of a
-float32 field within the float32 range, ints of a float field at most 2**53). Other valid values
-take the second tier, numpy assignments. The storage says where each field's bytes are
+it packs exactly as numpy would assign them (Python and numpy scalars of every width: ints in
+range, floats of a float32 field within its range or not finite, ints of a float field at most
+2**53). Other valid values take the second tier, numpy assignments. The storage says where each field's bytes are
 (:meth:`tfdata.storage.AoSStorage.byte_regions`); this module never sees a layout.
 """
 
@@ -24,7 +25,7 @@ import struct
 
 import numpy as np
 
-from ..spec import Spec
+from ..spec import Field, Spec
 
 #: records of at most this many rows are packed one ``pack_into`` each; more are interleaved by
 #: one compiled call per region (``kernels._records``)
@@ -43,7 +44,12 @@ _CODES = {"b": "?", "i1": "b", "u1": "B", "i2": "h", "u2": "H", "i4": "i", "u4":
           "u8": "Q", "f4": "f", "f8": "d"}
 _F32_MAX = float(np.finfo(np.float32).max)
 _EXACT = 2 ** 53  # ints up to this size are exact doubles: one rounding into float32, as numpy's
-_SMALL_INTS = (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)
+_INF = float("inf")
+# every numpy integer scalar type (np.longlong is a type of its own beside np.int64), and the
+# ones whose every value is an exact double
+_NP_INTS = frozenset(t for t in set(np.sctypeDict.values())
+                     if isinstance(t, type) and issubclass(t, np.generic) and np.dtype(t).kind in "iu")
+_SMALL_INTS = frozenset(t for t in _NP_INTS if np.dtype(t).itemsize <= 4)
 
 
 def _code(dtype: np.dtype) -> str | None:
@@ -51,28 +57,81 @@ def _code(dtype: np.dtype) -> str | None:
     return _CODES.get(key)
 
 
+def _array_guard(v: str, i: int) -> str:
+    """The check that ``v`` is an ndarray of field ``i``'s dtype ``dt{i}`` and shape ``sh{i}``:
+    a view or slice of a larger array, contiguous or not, passes; an equal dtype that is not
+    numpy's own object passes too (an unpickled array's, as a subprocess vector env returns)."""
+    return (f"type({v}) is ndarray and ({v}.dtype is dt{i} or {v}.dtype == dt{i})"
+            f" and {v}.shape == sh{i}")
+
+
 def _tier1(f, v: str, i: int, ns: dict) -> str | None:
     """The first tier's check of field ``f`` held in variable ``v``, or None if the field cannot
-    take the first tier (float16, complex)."""
+    take the first tier (float16, complex).
+
+    A scalar passes by its type alone when every value of that type packs as numpy assigns it
+    (``pk``), or by its type and its value (``rk``, ``ik``): ints within the field's range, ints
+    of a float field within 2**53 (exact doubles: one rounding, as numpy's cast), floats of a
+    float32 field within its range, NaN or infinite (``struct`` refuses a finite value that
+    rounds to infinity, numpy stores the infinity). The types are numpy's scalars of every width
+    and Python's; a 0-d array is read as its scalar before (see :func:`_scalars`).
+    """
     if _code(f.dtype) is None:
         return None
     if f.shape:
-        return f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}"
+        ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
+        return _array_guard(v, i)
     kind = f.dtype.kind
-    if kind == "b":
-        ns[f"pk{i}"] = frozenset({bool, np.bool_})
-        return f"type({v}) in pk{i}"
+    if kind == "b":  # ints of 0 and 1 only, as Spec.check_row
+        ns[f"pk{i}"], ns[f"rk{i}"] = _BOOLS, _INTS
+        return f"(type({v}) in pk{i} or type({v}) in rk{i} and 0 <= {v} <= 1)"
     if kind in "iu":
-        # bool and the numpy ints that cast safely are in range by type; np.bool_ has no __index__
-        ns[f"pk{i}"] = frozenset(t for t in f.scalar_types if t is not np.bool_)
-        return f"(type({v}) is int and lo{i} <= {v} <= hi{i} or type({v}) in pk{i})"
-    ok = {float, bool, np.float64, np.float32, np.float16}
-    ok |= {t for t in _SMALL_INTS if t in f.scalar_types}
-    ns[f"pk{i}"] = frozenset(ok)
+        ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
+        ns[f"pk{i}"], ns[f"rk{i}"] = _int_types(f.dtype, f.scalar_types)
+        return (f"(type({v}) is int and lo{i} <= {v} <= hi{i} or type({v}) in pk{i}"
+                f" or type({v}) in rk{i} and lo{i} <= {v} <= hi{i})")
+    ns[f"ik{i}"] = _WIDE_INTS  # exact below 2**53 only
+    ints = f"type({v}) in ik{i} and -EXACT <= {v} <= EXACT"
     if f.dtype.itemsize == 4:
-        return (f"(type({v}) in pk{i} and -F32 <= {v} <= F32 "
-                f"or type({v}) is int and -EXACT <= {v} <= EXACT)")
-    return f"(type({v}) in pk{i} or type({v}) is int and -EXACT <= {v} <= EXACT)"
+        ns[f"rk{i}"], ns[f"pk{i}"] = _DOUBLES, _INTO_F4
+        return (f"(type({v}) in rk{i} and (-F32 <= {v} <= F32 or {v} != {v} or {v} == INF"
+                f" or {v} == -INF) or type({v}) in pk{i} or {ints})")
+    ns[f"pk{i}"] = _INTO_F8
+    return f"(type({v}) in pk{i} or {ints})"
+
+
+_BOOLS = frozenset({bool, np.bool_})
+_INTS = frozenset({int}) | _NP_INTS
+_WIDE_INTS = frozenset({int}) | (_NP_INTS - _SMALL_INTS)
+_DOUBLES = frozenset({float, np.float64})
+_INTO_F4 = frozenset({np.float32, np.float16, bool, np.bool_}) | _SMALL_INTS
+_INTO_F8 = _INTO_F4 | _DOUBLES
+
+
+@functools.lru_cache(maxsize=64)
+def _int_types(dtype: np.dtype, scalar_types: frozenset) -> tuple:
+    """``(pk, rk)`` of an integer field: the numpy ints that cast safely are in range by type;
+    the others (and Python's) by value; np.bool_ has no __index__ (read as a bool before: see
+    :func:`_scalars`)."""
+    safe = frozenset(t for t in scalar_types if t is not np.bool_)
+    return safe, (_NP_INTS - safe) | {int}
+
+
+def _scalars(spec: Spec, ns: dict) -> list:
+    """Source lines that read a 0-d array given for a scalar field as its numpy scalar, and a
+    numpy bool given for an integer field as a Python bool (``struct`` takes no np.bool_ for
+    an integer code): the values a failed first check looks at again."""
+    lines = []
+    for i, f in enumerate(spec):
+        if f.shape or _code(f.dtype) is None:
+            continue
+        # (numeric only: an object array's item is anything, and the generic path refuses it)
+        lines += [f"        if type(v{i}) is ndarray and v{i}.ndim == 0 and v{i}.dtype.kind in 'biuf':",
+                  f"            v{i} = v{i}[()]"]
+        if f.dtype.kind in "iu":
+            lines += [f"        if type(v{i}) is bool_:", f"            v{i} = bool(v{i})"]
+    ns["bool_"] = np.bool_
+    return lines
 
 
 def exact_guard(f, i: int, ns: dict) -> str:
@@ -82,7 +141,7 @@ def exact_guard(f, i: int, ns: dict) -> str:
     v = f"v{i}"
     if f.shape:
         ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
-        return f"type({v}) is ndarray and {v}.dtype is dt{i} and {v}.shape == sh{i}"
+        return _array_guard(v, i)
     ns[f"ok{i}"] = f.scalar_types
     if f.int_bounds is not None:
         ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
@@ -136,7 +195,8 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         raise ValueError("make_push: place and on_begin are exclusive")
     ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity,
           "on_write": on_write, "on_begin": on_begin, "gate": gate, "place": place, "acquire": lock.acquire,
-          "release": lock.release, "F32": _F32_MAX, "EXACT": _EXACT, "on_wrap": on_wrap}
+          "release": lock.release, "F32": _F32_MAX, "EXACT": _EXACT, "INF": _INF,
+          "on_wrap": on_wrap}
     reads, checks, writes, fast_checks = [], [], [], []
     for i, f in enumerate(spec):
         v = f"v{i}"
@@ -151,14 +211,20 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         if on_wrap is None:
             advance = [f"{indent}w.cursor = p + 1 if p + 1 != cap else 0"]
         else:
-            advance = [f"{indent}if p + 1 != cap:", f"{indent}    w.cursor = p + 1", f"{indent}else:",
-                       f"{indent}    on_wrap()", f"{indent}    w.cursor = 0"]
+            advance = [f"{indent}q = p + 1", f"{indent}if q != cap:", f"{indent}    w.cursor = q",
+                       f"{indent}else:", f"{indent}    on_wrap()", f"{indent}    w.cursor = 0"]
         return [*([] if gate is None else [f"{indent}gate(1)"]),
                 f"{indent}p = w.cursor" if place is None else f"{indent}p = place(w.cursor)",
                 *([] if on_begin is None else [f"{indent}on_begin(p)"]),
                 *writes,
                 *([] if on_write is None else [f"{indent}on_write(p)"]),
                 *advance, f"{indent}if w.size != cap:", f"{indent}    w.size += 1"]
+    def second_tier(indent: str) -> list:
+        """The numpy assignments of values the first tier does not take, after their check."""
+        return [f"{indent}if not (" + f"\n{indent}        and ".join(checks) + "):",
+                f"{indent}    return slow(row)", f"{indent}with lock:",
+                *write(indent + "    ", [indent + line[4:] for line in writes])]
+
     lines = [
         "def push(row):",
         f"    if type(row) is not dict or len(row) != {len(spec)}:",
@@ -170,21 +236,22 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
     ]
     if fast is not None:
         guard, body = fast
+        cond = "(" + "\n            and ".join(guard) + ")"
         lines += [
-            "    if (" + "\n            and ".join(guard) + "):",
-            "        acquire()",
-            "        try:",
-            *write("            ", body),
-            "        finally:",
-            "            release()",
-            "        return",
+            f"    if not {cond}:",
+            "        # 0-d arrays, numpy bools of an int field: read as scalars, then checked again",
+            *_scalars(spec, ns),
+            f"        if not {cond}:",
+            *["        " + line for line in second_tier("    ")],
+            "            return",
+            "    acquire()",
+            "    try:",
+            *write("        ", [line[4:] for line in body]),  # (body: written at 12 spaces)
+            "    finally:",
+            "        release()",
         ]
-    lines += [
-        "    if not (" + "\n            and ".join(checks) + "):",
-        "        return slow(row)",
-        "    with lock:",
-        *write("        ", writes),
-    ]
+    else:
+        lines += second_tier("    ")
     src = "\n".join(lines)
     exec(_compiled(src), ns)
     # popped: the function's globals are ns, so ns holding it would be a reference cycle that
@@ -213,7 +280,7 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
             f = spec[spec.names[i]]
             if f.shape:
                 nb = f.nbytes
-                body.append(f"            q = p * {stride} + {off}")
+                body.append(f"            q = p * {stride}" + (f" + {off}" if off else ""))
                 body.append(f"            r{r}[q:q + {nb}] = v{i}.tobytes()")
             else:
                 ns[f"m{r}"] = memoryview(raw).cast(_code(f.dtype))
@@ -237,31 +304,39 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
     return guard, body + numpy_writes
 
 
-# dtypes whose values a field takes through tolist() and struct exactly as numpy casts them
-_FLOAT_SOURCES = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.bool_, np.int8,
-                                             np.int16, np.int32, np.uint8, np.uint16, np.uint32))
-_INT_SOURCES = tuple(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
-                                           np.uint16, np.uint32, np.uint64))
+# the numeric dtypes a scalar field of an extend of few rows may come in: those numpy casts
+# without loss of a value class (``astype``, the generic path's own cast) and, into an integer
+# field, the integers that fit only by value (``tolist`` and ``struct``, which checks the range)
+_NUMERIC = tuple(np.dtype(c) for c in "?bhilqBHILQefdg")
+
+
+@functools.lru_cache(maxsize=64)
+def _casts(dtype: np.dtype, rule: str) -> frozenset:
+    """The dtypes of :data:`_NUMERIC` whose values enter a scalar field of ``dtype`` by
+    ``rule`` (:meth:`tfdata.spec.Field.cast_rule`); cached: every buffer built asks again."""
+    f = Field("f", dtype)
+    out = frozenset(d for d in _NUMERIC if f.cast_rule(d) == rule)
+    return out | {dtype} if rule == "ok" else out  # its own dtype, whatever its byte order
 
 
 def _sources(f) -> frozenset:
-    """Source dtypes an extend of few rows converts itself for field ``f`` (its own always)."""
+    """Source dtypes an extend converts itself for field ``f`` (its own always)."""
     ok = {f.dtype}
-    if not f.shape and _code(f.dtype) is not None:
-        if f.dtype.kind == "f":
-            ok |= {d for d in _FLOAT_SOURCES if f.cast_rule(d) == "ok"}
-        elif f.dtype.kind in "iu":
-            ok |= {d for d in _INT_SOURCES if f.cast_rule(d) != "no"}  # range: struct checks it
+    if not f.shape and _code(f.dtype) is not None and f.dtype.kind in "fiu":
+        ok |= _casts(f.dtype, "ok")
+        if f.dtype.kind in "iu":
+            ok |= _casts(f.dtype, "range")
     return frozenset(ok)
 
 
 def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 16, num_envs: int = 1,
-                stamp=None, on_write=None, on_wrap=None, write=None, store=None, gate=None,
+                stamp=None, on_write=None, on_wrap=None, write=None, direct=False, gate=None,
                 elide=None):
     """Return ``extend(batch)`` for ``spec``, specialised to batches of at most ``max_rows`` rows
     (one step of a vector env): each field becomes the bytes of its ``n`` rows (``tobytes`` for
-    the field's own dtype; ``tolist`` and :mod:`struct` for the dtypes in :func:`_sources`, such
-    as the float64 rewards and int64 actions gymnasium returns), then the rows are written with
+    the field's own dtype; numpy's ``astype`` for a dtype of :func:`_sources` it casts from
+    without losing a value class, such as the float64 rewards gymnasium returns; ``tolist`` and
+    :mod:`struct`, which checks the range, for ints that fit by value), then the rows are written with
     one slice assignment per region (SoA), one ``pack_into`` per record (AoS, up to
     :data:`PACK_ROWS` rows) or one compiled call per region of records (more rows,
     :func:`tfdata.kernels._records.scatter_fields`). Everything that
@@ -287,14 +362,15 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         As in :func:`make_push`: called when a batch fills the last slot.
     write : callable, optional
         ``write(values, n)``: the buffer's write of ``n`` rows already checked (values in spec
-        order). A larger batch whose every field has exactly the field's dtype and the same
-        ``n`` goes there, which spares it the generic check.
-    store : callable, optional
-        ``store(start, values, src_start, count)``: the storage's ``write_rows``. Given when no
-        part reacts to a write that does not reach the ring's end (no hook, or only hooks that
-        hear laps) and episode numbers are stamped late (or not kept): such a larger batch that
-        does not reach the ring's end is then written under the lock without the writer's
-        bookkeeping.
+        order). A larger batch whose every field has exactly the field's dtype (with
+        ``direct``, also the dtypes :func:`_many_rows` takes) and the same ``n`` goes there,
+        which spares it the generic check.
+    direct : bool
+        True when no part reacts to a write that does not reach the ring's end (no hook, or
+        only hooks that hear laps) and episode numbers are stamped late (or not kept): such a
+        larger batch that does not reach the ring's end is then written under the lock without
+        the writer's bookkeeping, one numpy assignment per field into its strided view of
+        ``regions`` (see :func:`_many_rows`).
     gate : tuple, optional
         ``(wait, count)``: ``wait(n)`` under the lock before the slot is read (a rate limiter
         waits there, releasing the lock), ``count(n)`` under the lock once ``n`` rows are
@@ -313,19 +389,24 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
                    for raw, stride, members in regions]
     if max_rows < num_envs:
         return slow
-    ns = {"on_wrap": on_wrap, "write": write, "store": store, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
+    ns = {"on_wrap": on_wrap, "write": write, "ndarray": np.ndarray, "slow": slow, "w": writer, "cap": writer.capacity,
           "acquire": lock.acquire, "release": lock.release, "on_write": on_write,
           "stamp": None if stamp is None else stamp[0],
           "packer": _packer, "StructError": struct.error, "frombuffer": np.frombuffer, "U8": np.uint8,
           "gate": None if gate is None else gate[0], "count": None if gate is None else gate[1]}
     names = spec.names
-    reads, checks, blobs = [], [], []
+    reads, arrays, rows, checks, blobs = [], [], [], [], []
     for i, f in enumerate(spec):
         reads.append(f"        v{i} = batch[{f.name!r}]")
         ns[f"src{i}"], ns[f"dt{i}"], ns[f"sh{i}"] = _sources(f), f.dtype, f.shape
-        # shape[1:] == sh also fixes ndim, except for a scalar field (a 0-d array has shape[1:] == ())
-        shape = f"v{i}.ndim == 1" if not f.shape else f"v{i}.shape[1:] == sh{i}"
-        checks.append(f"type(v{i}) is ndarray and {shape} and v{i}.dtype in src{i}")
+        # each check once, the cheap ones first: arrays of the right ndim, then their rows (the
+        # first array's, n, read after the ndim is known), then shapes and dtypes
+        arrays.append(f"type(v{i}) is ndarray and v{i}.ndim == {1 + len(f.shape)}")
+        if i:
+            rows.append(f"len(v{i}) == n")
+        if f.shape:
+            rows.append(f"v{i}.shape[1:] == sh{i}")
+        checks.append(f"v{i}.dtype in src{i}")
         if elide is not None and i in (elide.i_src, elide.i_next):
             checks[-1] += f" and v{i}.dtype is dt{i}"  # compared and kept as bytes
         if elide is not None and i not in elide.stored:
@@ -333,9 +414,13 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         if len(ns[f"src{i}"]) == 1:
             blobs.append(f"        b{i} = v{i}.tobytes()")
         else:
-            code = _code(f.dtype)
-            blobs.append(f"        b{i} = v{i}.tobytes() if v{i}.dtype is dt{i} else "
-                         f"packer({code!r}, n).pack(*v{i}.tolist())")
+            # numpy's cast (the generic path's own) where it loses no value class; ints that fit
+            # by value only through struct, which checks the range
+            ns[f"cast{i}"] = cast = ns[f"src{i}"] & _casts(f.dtype, "ok")
+            other = f"v{i}.astype(dt{i}).tobytes()"
+            if len(cast) < len(ns[f"src{i}"]):
+                other += f" if v{i}.dtype in cast{i} else packer({_code(f.dtype)!r}, n).pack(*v{i}.tolist())"
+            blobs.append(f"        b{i} = v{i}.tobytes() if v{i}.dtype is dt{i} or v{i}.dtype == dt{i} else {other}")
     writes = []
     for r, (raw, stride, members) in enumerate(regions):
         ns[f"r{r}"] = memoryview(raw)
@@ -430,32 +515,14 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         *reads,
         "    except KeyError:",
         "        return slow(batch)",
-        "    if not (" + "\n            and ".join(checks) + "):",
+        "    if not (" + "\n            and ".join(arrays) + "):",
         "        return slow(batch)",
-        "    n = v0.shape[0]",
-        *([] if write is None else [
-            f"    if n > {max_rows}:",
-            "        if (" + "\n                and ".join(
-                f"v{i}.dtype is dt{i} and v{i}.shape[0] == n" for i in range(len(spec))) + "):",
-            *([] if store is None else [
-                "            values = [" + ", ".join(f"v{i}" for i in range(len(spec))) + "]",
-                "            acquire()",
-                "            try:",
-                *([] if gate is None else ["                gate(n)"]),
-                "                p = w.cursor",
-                "                if p + n < cap:  # not reaching the end: no wrap, no lap",
-                "                    store(p, values, 0, n)",
-                *([] if gate is None else ["                    count(n)"]),
-                "                    w.cursor = p + n",
-                "                    if w.size != cap:",
-                "                        w.size = min(cap, w.size + n)",
-                "                    return",
-                "            finally:",
-                "                release()"]),
-            "            return write([" + ", ".join(f"v{i}" for i in range(len(spec))) + "], n)",
-            "        return slow(batch)"]),
-        f"    if not 0 < n <= {max_rows} or n % {num_envs}"
-        + "".join(f" or v{i}.shape[0] != n" for i in range(1, len(spec))) + ":",
+        "    n = len(v0)",
+        "    if not (" + "\n            and ".join(rows or ["True"]) + "):",
+        "        return slow(batch)",
+        *([] if write is None else _many_rows(spec, max_rows, regions if direct else None, gate, ns)),
+        f"    if not (0 < n <= {max_rows} and n % {num_envs} == 0\n            and "
+        + "\n            and ".join(checks) + "):",
         "        return slow(batch)",
         "    try:",
         *blobs,
@@ -480,6 +547,74 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
     extend = ns.pop("extend")
     extend.__source__ = src
     return extend
+
+
+def _many_rows(spec: Spec, max_rows: int, regions, gate, ns: dict) -> list:
+    """Source lines of a generated extend for a batch of more than ``max_rows`` rows.
+
+    Without ``regions``, a batch whose every field has the field's dtype goes to ``write``
+    (which spares it the generic check). With them (``direct``), a scalar field may also come
+    in a dtype numpy casts from without loss of a value class (float64 rewards, int64 into a
+    float field: the generic path's own numpy assignment) or in integers that fit the field
+    by value (checked as the generic path does, by ``min`` and ``max``), and a batch that does not reach the
+    ring's end is written under the lock as one numpy assignment per field into a strided view
+    of the storage's bytes: a shaped field as one opaque ``V{nbytes}`` item per row (numpy's
+    strided copy of such items is several times faster than through the ``(rows, *shape)``
+    view), read from the caller's rows by a view that fails, before the lock, when their last
+    axis is not contiguous (then ``write``). Anything else: ``slow``.
+    """
+    fields = list(spec)
+    values = "[" + ", ".join(f"v{i}" for i in range(len(fields))) + "]"
+    conds, views, writes = [], [], []
+    for i, f in enumerate(fields):
+        exact = f"(v{i}.dtype is dt{i} or v{i}.dtype == dt{i})"
+        if regions is not None and not f.shape:
+            ns[f"okb{i}"] = _casts(f.dtype, "ok")
+            exact = f"(v{i}.dtype is dt{i} or v{i}.dtype in okb{i}"
+            fits = _casts(f.dtype, "range")
+            if fits:  # ints that fit by value: the generic path's range check, before the lock
+                ns[f"fit{i}"] = fits
+                ns[f"lo{i}"], ns[f"hi{i}"] = (0, 1) if f.dtype.kind == "b" else f.int_bounds
+                exact += f"\n                     or v{i}.dtype in fit{i} and lo{i} <= v{i}.min() and v{i}.max() <= hi{i}"
+            exact += ")"
+        conds.append(exact)
+    lines = [f"    if n > {max_rows}:",
+             "        if (" + "\n                and ".join(conds) + "):"]
+    if regions is not None:
+        for raw, stride, members in regions:
+            rows = raw.shape[0] // stride
+            for i, off in members:
+                f = fields[i]
+                if f.shape and stride == f.nbytes:  # a column of its own: contiguous
+                    ns[f"d{i}"] = np.ndarray((rows, *f.shape), f.dtype, buffer=raw, offset=off)
+                    writes.append(f"                    d{i}[p:p + n] = v{i}")
+                elif f.shape:
+                    ns[f"V{i}"] = np.dtype(f"V{f.nbytes}")
+                    ns[f"d{i}"] = np.ndarray((rows, 1), ns[f"V{i}"], buffer=raw, offset=off,
+                                             strides=(stride, f.nbytes))
+                    flat = f"v{i}" if len(f.shape) == 1 else f"v{i}.reshape(n, {f.nbytes // f.dtype.itemsize})"
+                    views.append(f"                s{i} = {flat}.view(V{i})")
+                    writes.append(f"                    d{i}[p:p + n] = s{i}")
+                else:
+                    ns[f"d{i}"] = np.ndarray((rows,), f.dtype, buffer=raw, offset=off, strides=(stride,))
+                    writes.append(f"                    d{i}[p:p + n] = v{i}")
+        lines += [
+            *(["            try:", *views, "            except ValueError:  # rows not contiguous",
+               f"                return write({values}, n)"] if views else []),
+            "            acquire()",
+            "            try:",
+            *([] if gate is None else ["                gate(n)"]),
+            "                p = w.cursor",
+            "                if p + n < cap:  # not reaching the end: no wrap, no lap",
+            *writes,
+            *([] if gate is None else ["                    count(n)"]),
+            "                    w.cursor = p + n",
+            "                    if w.size != cap:",
+            "                        w.size = min(cap, w.size + n)",
+            "                    return",
+            "            finally:",
+            "                release()"]
+    return lines + [f"            return write({values}, n)", "        return slow(batch)"]
 
 
 def _row_bytes(f, v: str) -> str:

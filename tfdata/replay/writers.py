@@ -276,8 +276,7 @@ class RingWriter:
                            max_rows=max(16, self.num_envs), num_envs=self.num_envs,
                            stamp=None if ep is None or late else (ep.stamp_rows, ep.term_i, ep.trunc_i),
                            on_write=on_write, on_wrap=self._on_wrap(ep.wrapped if late else None),
-                           write=write, store=self.storage.write_rows
-                           if not self._per_row() and (ep is None or late) else None, gate=gate)
+                           write=write, direct=not self._per_row() and (ep is None or late), gate=gate)
 
     def _make_elided_extend(self, spec, lock, slow, write, gate):
         """:meth:`make_extend` of a buffer that elides one next field (``elide_next``): the

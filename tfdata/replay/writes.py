@@ -47,7 +47,9 @@ class Writes:
             self.rows(values, n, None)
 
     def values(self, values: list, n: int) -> None:
-        """Write ``n >= 1`` rows whose fields the caller checked (exact dtypes and shapes)."""
+        """Write ``n >= 1`` rows whose fields the caller checked: shapes, and dtypes the generic
+        check passes as they are (the field's own, or one numpy casts without losing a value
+        class, or ints whose values fit)."""
         self.rows(values, n, None)
 
     def rows(self, values: list, n: int, extra) -> None:
