@@ -54,7 +54,7 @@ from ._replays import replays_draw
 from ._rng import fill_indices
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
-from ._tree import is_weights, live_limit, stratified_find
+from ._tree import epoch_stamp, is_weights, live_limit, stratified_find
 
 _TWO32 = np.uint64(1 << 32)
 
@@ -199,8 +199,8 @@ def sample_uniform(store, n, state, idx, out):
             copy_field(store[f], idx, out[f])
 
 
-def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u, weights, versions,
-                       out):
+def sample_prioritized(store, n, sums, mm, leaves, version, ring, state, beta, idx, u, weights,
+                       versions, out):
     """Stratified proportional sample with importance weights, gathered into ``out``.
 
     Parameters
@@ -213,6 +213,9 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
         The priority tree (see ``tfdata.kernels._tree``).
     version : ndarray of uint8, shape (capacity,)
         Write count of every slot, modulo 256.
+    ring : int
+        Rows per lap of the ring (of a shard's): the epoch of the versions is
+        ``sums[0] // ring`` modulo 2**24 (``tfdata.kernels._tree.epoch_stamp``).
     state : ndarray of uint64, shape (2,)
         Counter-based RNG state, advanced in place (one word per draw).
     beta : float
@@ -224,7 +227,7 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
     weights : ndarray of float32, shape (batch,)
         Output: ``(p_min / p_i) ** beta``, so the largest possible weight is 1.
     versions : ndarray of uint32, shape (batch,)
-        Output: ``version[idx]``, to detect stale priority updates (the caller adds its epoch).
+        Output: ``epoch << 8 | version[idx]``, to detect stale priority updates.
     out
         As for :func:`gather`; output: the sampled rows.
 
@@ -256,8 +259,9 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
             for f in range(len(store)):
                 prefetch_row(base_of(store[f]), j)
     is_weights(mm, leaves, idx, beta, weights)
+    stamp = epoch_stamp(sums, ring)
     for i in range(idx.shape[0]):
-        versions[i] = version[idx[i]]
+        versions[i] = stamp | np.uint32(version[idx[i]])
     if ONE_FIELD:
         copy_field(store, idx, out)
     else:

@@ -231,6 +231,17 @@ def epoch_of(sums, ring: int) -> int:
     return (int(sums[0]) // ring) & _EPOCH_MASK
 
 
+@njit(**INLINE_OPTIONS)
+def epoch_stamp(sums, ring):
+    """``epoch_of(sums, ring) << 8`` as uint32, in a kernel: what a sample ORs into each drawn
+    slot's 8-bit version. 0 when ``ring < 1`` or ``sums[0]`` is not a count (a last line: the
+    value stays a uint32 whatever the array holds)."""
+    c = sums[0] if sums.shape[0] > 0 else 0.0
+    if not (ring >= 1 and c >= 0.0 and c < 9.0e18):
+        return np.uint32(0)
+    return np.uint32(((np.int64(c) // ring) & _EPOCH_MASK) << 8)
+
+
 def stale_mask(version, slots, versions, laps: int) -> np.ndarray:
     """Which ``slots`` (int64) :func:`tree_update` would refuse as stale: bool array."""
     v = np.asarray(versions).astype(np.int64)
