@@ -120,6 +120,11 @@ def test_sample_prioritized_matches_reference(layout, capacity, live):
         epoch = (2 * capacity + 3) // capacity
         np.testing.assert_array_equal(versions, (epoch << 8) | version[ref].astype(np.uint32))
         _assert_rows(spec, out, data, ref, batch)
+    for ring, count in ((0, 5.0), (capacity, np.nan), (capacity, -1.0), (capacity, np.inf)):
+        sums[0] = count  # no ring, or no count of rows: no epoch (the versions stay in range)
+        assert st.kernels.sample_prioritized(st.kernel_store, n, sums, mm, lv, version, ring, state,
+                                             0.7, idx, u, weights, versions, out.kernel_out) == 0
+        np.testing.assert_array_equal(versions, version[idx])
 
 
 @pytest.mark.parametrize("layout", ["aos", "soa"])
