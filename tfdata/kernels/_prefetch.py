@@ -3,10 +3,10 @@
 ``prefetch(arr, i)`` emits LLVM's ``llvm.prefetch`` (read, keep in every cache level, data)
 for the line of element ``[i, 0, ...]`` of ``arr``; ``prefetch_row(arr, i)`` for the first and
 the last byte of row ``i`` (the ``arr.shape[1:]`` elements from ``[i, 0, ...]``), since a row
-may straddle two lines. A prefetch
-never faults and changes no value: it only starts the load of a line early, so that a kernel
-can issue the misses of a whole batch before it needs the first of them. Callers still keep
-``i`` inside the array (no kernel touches memory outside its arrays, hint or not).
+may straddle two lines. A prefetch never faults and changes no value: it only starts the load
+of a line early, so that a kernel can issue the misses of a whole batch before it needs the
+first of them. Callers still keep ``i`` inside the array (no kernel touches memory outside its
+arrays, hint or not).
 
 Why and where it pays: docs/design/prioritized.md ("The floor"), with the figures in
 reports/prioritized.md.
@@ -39,15 +39,16 @@ def _row_pointer(context, builder, sig, args):
     return ary, builder.bitcast(ptr, cgutils.voidptr_t)
 
 
-def _typed(arr, idx) -> bool:
-    return isinstance(arr, types.Array) and arr.layout == "C" and isinstance(idx, types.Integer)
+def _typed(arr, idx, contiguous: bool) -> bool:
+    return (isinstance(arr, types.Array) and isinstance(idx, types.Integer)
+            and (arr.layout == "C" or not contiguous))
 
 
 @intrinsic
 def prefetch(typingctx, arr, idx):
-    """Prefetch the line of element ``[idx, 0, ...]`` of ``arr`` (a C-contiguous array; ``idx``
-    an integer in ``[0, arr.shape[0])``)."""
-    if not _typed(arr, idx):
+    """Prefetch the line of element ``[idx, 0, ...]`` of ``arr`` (any array; ``idx`` an integer
+    in ``[0, arr.shape[0])``)."""
+    if not _typed(arr, idx, False):
         return None
 
     def codegen(context, builder, sig, args):
@@ -61,7 +62,7 @@ def prefetch(typingctx, arr, idx):
 def prefetch_row(typingctx, arr, idx):
     """Prefetch the first and the last byte of row ``idx`` of ``arr`` (a C-contiguous array,
     any dtype and dimensions; ``idx`` an integer in ``[0, arr.shape[0])``)."""
-    if not _typed(arr, idx):
+    if not _typed(arr, idx, True):  # a row's bytes follow its first: C-contiguous only
         return None
 
     def codegen(context, builder, sig, args):
