@@ -8,7 +8,9 @@ as tfdata so that every figure has its ratio to the baseline taken side by side.
 call with no Python, lock, checks or batch object around it (what is left to gain).
 
 :class:`SampleUpdateLoop` is the step as a training loop takes it (a buffer filled by small
-``extend`` calls, the garbage collector on, fresh priorities each step, uniform or skewed).
+``extend`` calls, the garbage collector on, fresh priorities each step, uniform or skewed);
+:class:`HugePages` is that step with each allocator, and :class:`StepFloor` measures the parts
+of its floor (docs/design/prioritized.md, "The floor").
 
 Filled buffers are built once per process, then given random priorities over every slot (the
 same ones for every layout), so the trees are not flat when timing starts. As everywhere in
