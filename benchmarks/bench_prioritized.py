@@ -7,6 +7,11 @@ as tfdata so that every figure has its ratio to the baseline taken side by side.
 :class:`FloorStep`: tfdata's own tree kernels with the row copy, the whole step in one compiled
 call with no Python, lock, checks or batch object around it (what is left to gain).
 
+:class:`SampleUpdateLoop` is the step as a training loop takes it (a buffer filled by small
+``extend`` calls, the garbage collector on, fresh priorities each step, uniform or skewed);
+:class:`HugePages` is that step with each allocator, and :class:`StepFloor` measures the parts
+of its floor (docs/design/prioritized.md, "The floor").
+
 Filled buffers are built once per process, then given random priorities over every slot (the
 same ones for every layout), so the trees are not flat when timing starts. As everywhere in
 this suite, asv_runner calls ``setup`` before every timed call, so ``setup`` only looks things
@@ -14,6 +19,8 @@ up in per-process caches (and, for the update, draws the batch whose priorities 
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -414,6 +421,84 @@ class SampleUpdate:
         self.buf.update_priorities(self.indices, self.priorities)
 
 
+def step_priorities(kind: str, rng, batch: int) -> np.ndarray:
+    """The priorities one step of :class:`SampleUpdateLoop` writes: ``"uniform"`` fresh uniform
+    values in (0, 1]; ``"skewed"`` lognormal(0, 2) values (about four decades apart: a few rows
+    carry most of the mass, as absolute TD errors do in training)."""
+    if kind == "uniform":
+        return 1.0 - rng.random(batch)
+    return rng.lognormal(0.0, 2.0, batch)
+
+
+class SampleUpdateLoop:
+    """The step of a training loop, ``b = sample(256)`` then ``update_priorities(b, p)``, in the
+    conditions of a side-by-side run against other libraries: a buffer of CartPole rows filled
+    by ``extend`` in chunks of 1,000 rows (new rows at the maximum priority), then a loop with
+    the garbage collector on, fresh priorities each step (:func:`step_priorities`) so that the
+    tree's shape keeps changing. ``"skewed"`` first gives every slot such a priority, so the
+    batches are drawn from a skewed distribution, as in training.
+
+    ``track_step``: the median of 2000 steps, each timed alone with ``perf_counter_ns`` after
+    200 untimed ones, in µs (asv's ``time_`` benchmarks turn the collector off: this one keeps
+    it on, as a training loop does). The buffer is built in the benchmark's own process, never
+    shared with another case. numpy: :class:`NumpySumTreeBuffer`, given the batch's indices.
+    Target: tfdata at 1M rows >= 8x faster than numpy.
+    """
+
+    params = [LAYOUTS, CAPACITIES, ["uniform", "skewed"]]
+    param_names = ["layout", "capacity", "priorities"]
+    batch = 256
+    steps = 2000
+    timeout = 600
+    number = 1
+    repeat = 1
+
+    def setup(self, layout, capacity, priorities):
+        warm_prioritized()
+        buf = new_prioritized(layout, capacity)
+        chunk = random_rows(CARTPOLE, 1000, seed=1)
+        for start in range(0, capacity, 1000):
+            buf.extend(chunk)
+        self.rng = np.random.default_rng(6)
+        if priorities == "skewed":
+            for start in range(0, capacity, 65_536):
+                slots = np.arange(start, min(capacity, start + 65_536), dtype=np.int64)
+                buf.update_priorities(slots, step_priorities("skewed", self.rng, len(slots)))
+        self.buf = buf
+        self.step = self._step(layout, priorities)
+        for _ in range(200):
+            self.step()
+
+    def _step(self, layout, priorities):
+        sample, update, rng, batch = self.buf.sample, self.buf.update_priorities, self.rng, self.batch
+        clock = time.perf_counter_ns
+        numpy = layout == "numpy"
+
+        def step():
+            p = step_priorities(priorities, rng, batch)
+            t0 = clock()
+            b = sample(batch)
+            update(b.indices if numpy else b, p)
+            return clock() - t0
+
+        return step
+
+    def track_step(self, layout, capacity, priorities):
+        import gc
+
+        step = self.step
+        was = gc.isenabled()
+        gc.enable()
+        try:
+            times = [step() for _ in range(self.steps)]
+        finally:
+            if not was:
+                gc.disable()
+        return float(np.median(times)) / 1e3
+
+    track_step.unit = "µs"
+
+
 class SampleTail:
     """Tail latency of one step, ``sample(256)`` + ``update_priorities(batch)`` (the batch
     itself: stale-checked; numpy gets its indices), at 1M CartPole rows: p99 over median of
@@ -451,6 +536,259 @@ class SampleTail:
         return p99_over_median(lambda: update(sample(batch), priorities), self.calls)
 
     track_p99_over_median.unit = "ratio"
+
+
+def tree_on_huge_pages(sampler) -> None:
+    """Move a prioritized sampler's tree and versions (``sums``, ``mm``, ``leaves``, ``v8``: 6
+    MiB at 1M slots, each array under 4 MiB, which numpy leaves on small pages) into one private
+    mapping aligned to 2 MiB and advised ``MADV_HUGEPAGE``, for the sample and update paths
+    (only :class:`HugePages` does this: the write hooks keep the old arrays)."""
+    import mmap
+
+    arrays = [sampler.sums, sampler.mm, sampler.leaves, sampler.v8]
+    huge = 2 << 20
+    total = sum(a.nbytes + 64 for a in arrays) + huge
+    m = mmap.mmap(-1, -(-total // huge) * huge + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    raw = np.frombuffer(m, np.uint8)
+    at = (-raw.ctypes.data) % huge
+    moved = []
+    for a in arrays:
+        at += (-(raw.ctypes.data + at)) % 64
+        b = raw[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
+        b[...] = a
+        moved.append(b)
+        at += a.nbytes
+    sampler.sums, sampler.mm, sampler.leaves, sampler.v8 = moved
+    sampler.trees = (sampler.sums, sampler.mm, sampler.leaves)  # (the views keep ``m`` alive)
+
+
+class HugePages(SampleUpdateLoop):
+    """:class:`SampleUpdateLoop` (AoS, 1M rows, uniform priorities) with the buffer's memory from
+    each allocator: ``"numpy"`` (the default: numpy advises huge pages for its arrays of 4 MiB or
+    more, here the rows and the leaves), ``"nohugepages"`` (none), ``"hugepages"`` (every array
+    of 2 MiB or more), and ``"hugepages+tree"``: that, and the tree and versions moved into one
+    huge-page mapping (:func:`tree_on_huge_pages`). Figures: docs/design/prioritized.md."""
+
+    params = [["aos"], ["numpy", "nohugepages", "hugepages", "hugepages+tree"]]
+    param_names = ["layout", "allocator"]
+
+    def setup(self, layout, allocator):
+        warm_prioritized()
+        buf = tfdata.PrioritizedReplayBuffer(CARTPOLE, 1_000_000, alpha=ALPHA, beta=BETA, eps=EPS,
+                                             layout=layout, seed=0,
+                                             allocator=allocator.split("+")[0])
+        chunk = random_rows(CARTPOLE, 1000, seed=1)
+        for _ in range(1000):
+            buf.extend(chunk)
+        if allocator.endswith("+tree"):
+            tree_on_huge_pages(buf.sampler)
+        self.buf, self.rng = buf, np.random.default_rng(6)
+        self.step = self._step(layout, "uniform")
+        for _ in range(200):
+            self.step()
+
+    def track_step(self, layout, allocator):
+        return SampleUpdateLoop.track_step(self, layout, 1_000_000, "uniform")
+
+    track_step.unit = "µs"
+
+
+_PARTS: dict = {}
+
+
+def _part_kernels() -> dict:
+    """The floor's parts as compiled loops (compiled once per process, not cached), each running
+    ``reps`` batches so that one call's dispatch is spread over them; see :class:`StepFloor`."""
+    kernels = _PARTS.get("kernels")
+    if kernels is not None:
+        return kernels
+    from numba import njit
+
+    opts = dict(nogil=True, boundscheck=False, error_model="numpy")
+
+    @njit(**opts)
+    def pows(a, b, beta, alpha, eps, w, leaf, reps):
+        for r in range(reps):  # the weights' and the leaves' powers of one step (a row of
+            for i in range(a.shape[1]):  # outputs per batch: no store is dead)
+                w[r, i] = np.float32((a[r, i] / b[r, i]) ** beta)
+            for i in range(a.shape[1]):
+                leaf[r, i] = np.float32((a[r, i] + eps) ** alpha)
+
+    @njit(**opts)
+    def rows(records, idx, out, reps):
+        for r in range(reps):  # 256 random whole rows, as a uniform sample copies them
+            for i in range(idx.shape[1]):
+                out[r, i] = records[idx[r, i]]
+
+    @njit(**opts)
+    def lines(tree, at, reps):
+        acc = 0.0
+        for r in range(reps):  # independent loads of random lines: every miss can overlap
+            for i in range(at.shape[1]):
+                acc += tree[at[r, i]]
+        return acc
+
+    @njit(**opts)
+    def chase(nxt, start, steps):
+        j = start
+        for _ in range(steps):  # each load's address is the previous load's value
+            j = nxt[j]
+        return j
+
+    @njit(**opts)
+    def blocks(leaves, at, sums, lo_hi, reps):
+        for r in range(reps):  # a block's sum in slot order, its smallest positive, its largest
+            for i in range(at.shape[1]):
+                base = at[r, i]
+                t = 0.0
+                lo = np.float32(np.inf)
+                hi = np.float32(0.0)
+                for k in range(16):
+                    v = leaves[base + k]
+                    t += np.float64(v)
+                    lo = v if (v > 0.0) & (v < lo) else lo
+                    hi = v if v > hi else hi
+                sums[r, i] = t
+                lo_hi[r, i, 0] = lo
+                lo_hi[r, i, 1] = hi
+
+    @njit(**opts)
+    def noop(a, b, c, d, e, f, g, h, i, j, k, m, n, o):
+        return 0
+
+    kernels = _PARTS["kernels"] = dict(pows=pows, rows=rows, lines=lines, chase=chase,
+                                       blocks=blocks, noop=noop)
+    return kernels
+
+
+class StepFloor:
+    """The parts of the floor of one prioritized step (``sample(256)`` + ``update_priorities``,
+    1M CartPole rows), each measured alone at its best, in µs per step
+    (docs/design/prioritized.md, "The floor", adds them up):
+
+    * ``pows``: the 512 float64 powers a step must compute exactly (256 weights, 256 leaves);
+    * ``rows``: 256 random 48 B rows of 1M copied (a 48 MB record array, huge pages as numpy
+      advises them): the gather;
+    * ``lines``: 3,072 independent loads of random 64 B lines of a 6 MiB array (the tree's
+      size): the 12 lines per draw beyond L1 that a step touches (5 levels of sums, 5 of
+      min/max, the block's leaves, the version), with every miss free to overlap;
+    * ``chase``: the same number of dependent loads (a random cycle over those lines): what
+      each of them costs when nothing overlaps (``chase / lines`` is the memory-level
+      parallelism the loads found);
+    * ``blocks``: 256 blocks of 16 float32 leaves summed in slot order in float64 (the exact
+      sums) with their smallest and largest leaf;
+    * ``python``: the cheapest public sample call (``ReplayBuffer.sample(1)``, uniform, 1,000
+      rows) plus one call of a compiled no-op with the update kernel's 14 arguments;
+    * ``onepath``: the public step (AoS, 1M rows filled as in :class:`SampleUpdateLoop`, GC on)
+      with all the mass on slot 0 (every other slot at priority 0, slot 0 and each update at
+      the largest accepted priority), so that every draw walks the same path and copies the
+      same row: the same instructions as any step (the descent is branch-free, the update
+      walks each slot's path), the Python around them, and no cache miss.
+
+    Compiled parts run 32 batches per call, each on fresh random inputs; the median over 400
+    calls / 32. ``python``: medians of 2000 calls each.
+    """
+
+    params = [["pows", "rows", "lines", "chase", "blocks", "python", "onepath"]]
+    param_names = ["part"]
+    timeout = 300
+    number = 1
+    repeat = 1
+    reps = 32
+    calls = 400
+    batch = 256
+    per_draw = 12
+
+    def setup(self, part):
+        self.k = _part_kernels()
+        self.rng = np.random.default_rng(7)
+        self.part = part
+
+    def _median(self, call, calls) -> float:
+        clock = time.perf_counter_ns
+        times = []
+        for _ in range(calls):
+            t0 = clock()
+            call()
+            times.append(clock() - t0)
+        return float(np.median(times)) / 1e3
+
+    def track_part(self, part):
+        k, rng, b, reps = self.k, self.rng, self.batch, self.reps
+        if part == "python":
+            buf = tfdata.ReplayBuffer(CARTPOLE, 1000, seed=0)
+            buf.extend(random_rows(CARTPOLE, 1000))
+            arrays = [np.zeros(256) for _ in range(14)]
+            noop = k["noop"]
+            noop(*arrays)
+            return (self._median(lambda: buf.sample(1), 2000)
+                    + self._median(lambda: noop(*arrays), 2000))
+        if part == "onepath":
+            buf = tfdata.PrioritizedReplayBuffer(CARTPOLE, 1_000_000, alpha=ALPHA, beta=BETA,
+                                                 eps=EPS, layout="aos", seed=0)
+            chunk = random_rows(CARTPOLE, 1000, seed=1)
+            for _ in range(1000):
+                buf.extend(chunk)
+            top = buf.priority_range[1]
+            p = np.zeros(1_000_000)
+            p[0] = top
+            buf.update_priorities(np.arange(1_000_000, dtype=np.int64), p)
+            high = np.full(b, top)
+            sample, update = buf.sample, buf.update_priorities
+
+            def step():
+                update(sample(b), high)
+
+            for _ in range(200):
+                step()
+            assert (buf.sample(b).indices == 0).all()
+            import gc
+
+            was = gc.isenabled()
+            gc.enable()
+            try:
+                return self._median(step, 2000)
+            finally:
+                if not was:
+                    gc.disable()
+        if part == "pows":
+            a, bb = rng.random((reps, b)) + 1e-3, rng.random((reps, b)) + 1.0
+            w, leaf = np.zeros((reps, b), np.float32), np.zeros((reps, b), np.float32)
+            fn = k["pows"]
+            call = lambda: fn(a, bb, BETA, ALPHA, EPS, w, leaf, reps)  # noqa: E731
+        elif part == "rows":
+            dtype = np.dtype([(f.name, f.dtype, f.shape) for f in CARTPOLE], align=True)
+            records = np.zeros(1_000_000, dtype)
+            records.view(np.uint8)[:] = 1  # every page resident
+            sets = [rng.integers(0, len(records), (reps, b)) for _ in range(16)]
+            out = np.zeros((reps, b), dtype)
+            fn, it = k["rows"], iter(range(1 << 62))
+            call = lambda: fn(records, sets[next(it) & 15], out, reps)  # noqa: E731
+        elif part in ("lines", "chase"):
+            tree = np.ones((6 << 20) // 8)
+            nlines = tree.shape[0] // 8
+            n = b * self.per_draw
+            if part == "lines":
+                sets = [rng.integers(0, nlines, (reps, n)) * 8 for _ in range(16)]
+                fn, it = k["lines"], iter(range(1 << 62))
+                call = lambda: fn(tree, sets[next(it) & 15], reps)  # noqa: E731
+            else:
+                order = rng.permutation(nlines) * 8
+                nxt = np.zeros(tree.shape[0], np.int64)
+                nxt[order] = np.roll(order, -1)
+                fn = k["chase"]
+                call = lambda: fn(nxt, int(order[0]), reps * n)  # noqa: E731
+        else:
+            leaves = rng.random(1 << 20).astype(np.float32)
+            sets = [rng.integers(0, (1 << 20) // 16, (reps, b)) * 16 for _ in range(16)]
+            sums, lo_hi = np.zeros((reps, b)), np.zeros((reps, b, 2), np.float32)
+            fn, it = k["blocks"], iter(range(1 << 62))
+            call = lambda: fn(leaves, sets[next(it) & 15], sums, lo_hi, reps)  # noqa: E731
+        call()
+        return self._median(call, self.calls) / reps
+
+    track_part.unit = "µs"
 
 
 class Push:

@@ -107,17 +107,24 @@ def test_sample_prioritized_matches_reference(layout, capacity, live):
     weights, versions = np.empty(batch, np.float32), np.empty(batch, np.uint32)
     out = st.new_output(batch + 3)
     counter = 0
+    sums[0] = 2 * capacity + 3  # rows written: the laps of the ring are the versions' epoch
     for _ in range(4):
-        ret = st.kernels.sample_prioritized(st.kernel_store, n, sums, mm, lv, version, state, 0.7,
-                                            idx, u, weights, versions, out.kernel_out)
+        ret = st.kernels.sample_prioritized(st.kernel_store, n, sums, mm, lv, version, capacity,
+                                            state, 0.7, idx, u, weights, versions, out.kernel_out)
         ref, counter = naive.stratified_slots(naive.key_of(7), counter, leaves, batch, n)
         assert ret == 0
         np.testing.assert_array_equal(idx, ref)
         assert int(state[1]) == counter
         np.testing.assert_allclose(weights, ((leaves[:n].min() / leaves[ref]) ** 0.7).astype(np.float32),
                                    rtol=1e-6)
-        np.testing.assert_array_equal(versions, version[ref])
+        epoch = (2 * capacity + 3) // capacity
+        np.testing.assert_array_equal(versions, (epoch << 8) | version[ref].astype(np.uint32))
         _assert_rows(spec, out, data, ref, batch)
+    for ring, count in ((0, 5.0), (capacity, np.nan), (capacity, -1.0), (capacity, np.inf)):
+        sums[0] = count  # no ring, or no count of rows: no epoch (the versions stay in range)
+        assert st.kernels.sample_prioritized(st.kernel_store, n, sums, mm, lv, version, ring, state,
+                                             0.7, idx, u, weights, versions, out.kernel_out) == 0
+        np.testing.assert_array_equal(versions, version[idx])
 
 
 @pytest.mark.parametrize("layout", ["aos", "soa"])

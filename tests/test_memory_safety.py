@@ -140,7 +140,8 @@ def test_the_sampling_kernel_never_leaves_the_live_rows(layout, case):
     vers = np.zeros(batch, np.uint32)
     out = buf.storage.new_output(batch)
     k = buf.storage.kernels.sample_prioritized
-    ret = k(buf.storage.kernel_store, n, *tree, version, state, 0.5, idx, u, w, vers, out.kernel_out)
+    ret = k(buf.storage.kernel_store, n, *tree, version, cap, state, 0.5, idx, u, w, vers,
+            out.kernel_out)
     with np.errstate(over="ignore", invalid="ignore"):
         ref = naive.stratified_slots(naive.key_of(3), 0, leaves, batch, min(n, cap))
     if ref is None:

@@ -380,3 +380,46 @@ def test_fast_push_sets_what_the_checked_push_sets(layout):
     np.testing.assert_array_equal(fast.sampler.version, slow.sampler.version)
     assert_batches_equal(fast.state_dict()["data"], slow.state_dict()["data"])
     assert_batches_equal(dict(fast.sample(5)), dict(slow.sample(5)))
+
+
+@pytest.mark.parametrize("priorities,error,message", [
+    (np.array([1.0, np.nan]), ValueError, r"finite and >= 0, got nan at position 1"),
+    (np.array([-0.5, 1.0]), ValueError, r"got -0.5 at position 0"),
+    (np.array([1.0, 1.0, 1.0]), SpecError, r"expected priorities of shape \(2,\), got shape \(3,\)"),
+    (np.array([[1.0, 1.0]]), SpecError, r"expected priorities of shape \(2,\), got shape \(1, 2\)"),
+])
+def test_bad_updates_of_a_batch_change_nothing(layout, priorities, error, message):
+    """A batch as sampled with float64 priorities takes the update's short path: the same
+    checks, the same refusals, nothing changed."""
+    buf = PrioritizedReplayBuffer({"x": "i8"}, 8, seed=0, layout=layout)
+    buf.extend({"x": np.arange(5)}, priorities=[1, 2, 3, 4, 5])
+    before = buf.priorities()
+    batch = buf.sample(2)
+    with pytest.raises(error, match=message):
+        buf.update_priorities(batch, priorities)
+    np.testing.assert_array_equal(buf.priorities(), before)
+
+
+def test_a_batch_updates_as_its_slots_do(layout):
+    """update_priorities(batch, p) with float64 p (the short path), with a list (the checked
+    path) and with the batch's indices: the same priorities; a stale batch is refused on the
+    short path too, changing nothing."""
+    bufs = [PrioritizedReplayBuffer(CARTPOLE, 64, seed=3, layout=layout) for _ in range(3)]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        rows = random_rows(bufs[0].spec, 40, rng)
+        p = rng.random(16) * 4
+        for k, buf in enumerate(bufs):
+            buf.extend(rows)
+            b = buf.sample(16)
+            buf.update_priorities(b if k < 2 else b.indices, p if k == 0 else p.tolist())
+        a, c, d = (buf.priorities() for buf in bufs)
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(a, d)
+    buf = bufs[0]
+    b = buf.sample(16)
+    buf.extend(random_rows(buf.spec, 64, rng))  # every slot overwritten
+    before = buf.priorities()
+    with pytest.raises(ValueError, match="stale batch"):
+        buf.update_priorities(b, np.ones(16))
+    np.testing.assert_array_equal(buf.priorities(), before)

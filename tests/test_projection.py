@@ -144,8 +144,8 @@ def test_sample_prioritized_spans_matches_the_reference(layout, capacity):
         weights, versions = np.empty(batch, np.float32), np.empty(batch, np.uint32)
         out = proj.new_output(batch + 3)
         canary(out, batch)
-        ret = proj.kernels.sample_prioritized(proj.kernel_store, n, sums, mm, lv, version, state,
-                                              0.7, idx, u, weights, versions, out.kernel_out)
+        ret = proj.kernels.sample_prioritized(proj.kernel_store, n, sums, mm, lv, version, capacity,
+                                              state, 0.7, idx, u, weights, versions, out.kernel_out)
         ref, counter = naive.stratified_slots(naive.key_of(7), 0, leaves, batch, n)
         assert ret == 0 and int(state[1]) == counter
         np.testing.assert_array_equal(idx, ref)

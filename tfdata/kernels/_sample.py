@@ -1,24 +1,25 @@
 """The gather and sampling kernels, written once for both layouts and for projections.
 
-The functions below are templates, never called as they are. They copy rows with
-``copy_field``, test ``ONE_FIELD`` and bound a tuple store's rows with ``rows_of``, names this
-module leaves unbound: each layout module calls :func:`specialize` with its own and gets the six
-kernels as ``@njit(**NJIT_OPTIONS)`` dispatchers, compiled from copies of the templates whose
-globals bind them. SoA (``ONE_FIELD = False``) copies its tuple of ``uint8[capacity,
-field_bytes]`` byte views field by field with :func:`.soa.copy_columns`; AoS (``ONE_FIELD =
-True``) copies its one ``uint64[capacity, words]`` record array with :func:`.aos.copy_records`.
-Both copy a whole row (of a field, for SoA) at a time with a :func:`row_copy` made for their
-widths. The third specialization, :mod:`.spans` (``ONE_FIELD = False``), is not a layout: its
-store is a tuple of ``(base, offset)`` pairs, one per field of a projection (``sample(batch,
-fields=[...])``), each field's bytes at a byte offset of a base's rows, copied with a
-:func:`span_copy` into one column per field; so one projected copy serves every layout.
-numba prunes the branch of a constant global before typing (the other branch would not even
-type) and inlines the copy as any ``inline="always"`` global, so each kernel compiles, in the
-same time, to the machine code of a hand-written kernel for its layout. Each is cached like
-any kernel: the entry is named after the layout (``_sample.aos.sample_uniform-<line>.py311.nbi``),
-keyed by the signature and invalidated by an edit of this file, of the layout's module, or of
-a source either imports (:mod:`tfdata._kernel_cache`): of :func:`.aos.copy_records`,
-:func:`.spans.copy_spans`, :func:`._pool.pool_draw` or :func:`._replays.replays_draw` too.
+The functions below are templates, never called as they are. They copy rows with ``copy_field``,
+test ``ONE_FIELD``, bound a tuple store's rows with ``rows_of`` and name the arrays it reads
+with ``base_of``, names this module leaves unbound: each layout module calls :func:`specialize`
+with its own and gets the six kernels as ``@njit(**NJIT_OPTIONS)`` dispatchers, compiled from
+copies of the templates whose globals bind them. SoA (``ONE_FIELD = False``) copies its tuple of
+``uint8[capacity, field_bytes]`` byte views field by field with :func:`.soa.copy_columns`; AoS
+(``ONE_FIELD = True``) copies its one ``uint64[capacity, words]`` record array with
+:func:`.aos.copy_records`. Both copy a whole row (of a field, for SoA) at a time with a
+:func:`row_copy` made for their widths. The third specialization, :mod:`.spans` (``ONE_FIELD =
+False``), is not a layout: its store is a tuple of ``(base, offset)`` pairs, one per field of a
+projection (``sample(batch, fields=[...])``), each field's bytes at a byte offset of a base's
+rows, copied with a :func:`span_copy` into one column per field; so one projected copy serves
+every layout. numba prunes the branch of a constant global before typing (the other branch would
+not even type) and inlines the copy as any ``inline="always"`` global, so each kernel compiles,
+in the same time, to the machine code of a hand-written kernel for its layout. Each is cached
+like any kernel: the entry is named after the layout
+(``_sample.aos.sample_uniform-<line>.py311.nbi``), keyed by the signature and invalidated by an
+edit of this file, of the layout's module, or of a source either imports
+(:mod:`tfdata._kernel_cache`): of :func:`.aos.copy_records`, :func:`.spans.copy_spans`,
+:func:`._pool.pool_draw` or :func:`._replays.replays_draw` too.
 
 Tried and dropped: the copy passed as an argument (numba cannot cache the kernel: "dynamic
 globals"); a closure over the copy (compiled again in every process: numba keys a closure's
@@ -48,11 +49,12 @@ from numba.extending import intrinsic
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._pool import pool_draw
+from ._prefetch import prefetch, prefetch_row
 from ._replays import replays_draw
 from ._rng import fill_indices
 from ._shared import draw_slot, draw_slots, in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
-from ._tree import is_weights, live_limit, stratified_find
+from ._tree import epoch_stamp, is_weights, live_limit, stratified_find
 
 _TWO32 = np.uint64(1 << 32)
 
@@ -145,10 +147,12 @@ def _block_copy(sizes, offset: bool):
 
 #: bound by :func:`specialize`: whether the store is one array of rows (AoS) rather than a tuple
 #: of them (SoA, spans), ``copy_field(src, idx, dst)``, ``dst[i] = src[idx[i]]`` for every i,
-#: and ``rows_of(src)``, the rows of one element of a tuple store
+#: ``rows_of(src)``, the rows of one element of a tuple store, and ``base_of(src)``, the array
+#: whose rows that element reads (what a prefetch of its rows names)
 ONE_FIELD = False
 copy_field = None
 rows_of = None
+base_of = None
 
 
 def gather(store, idx, out):
@@ -195,8 +199,8 @@ def sample_uniform(store, n, state, idx, out):
             copy_field(store[f], idx, out[f])
 
 
-def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u, weights, versions,
-                       out):
+def sample_prioritized(store, n, sums, mm, leaves, version, ring, state, beta, idx, u, weights,
+                       versions, out):
     """Stratified proportional sample with importance weights, gathered into ``out``.
 
     Parameters
@@ -209,6 +213,9 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
         The priority tree (see ``tfdata.kernels._tree``).
     version : ndarray of uint8, shape (capacity,)
         Write count of every slot, modulo 256.
+    ring : int
+        Rows per lap of the ring (of a shard's): the epoch of the versions is
+        ``sums[0] // ring`` modulo 2**24 (``tfdata.kernels._tree.epoch_stamp``).
     state : ndarray of uint64, shape (2,)
         Counter-based RNG state, advanced in place (one word per draw).
     beta : float
@@ -220,7 +227,7 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
     weights : ndarray of float32, shape (batch,)
         Output: ``(p_min / p_i) ** beta``, so the largest possible weight is 1.
     versions : ndarray of uint32, shape (batch,)
-        Output: ``version[idx]``, to detect stale priority updates (the caller adds its epoch).
+        Output: ``epoch << 8 | version[idx]``, to detect stale priority updates.
     out
         As for :func:`gather`; output: the sampled rows.
 
@@ -241,9 +248,20 @@ def sample_prioritized(store, n, sums, mm, leaves, version, state, beta, idx, u,
     if limit == 0:
         return -1
     stratified_find(sums, leaves, limit, state, idx, u)
-    is_weights(mm, leaves, idx, beta, weights)
+    # the rows' and versions' lines requested before the weights' powers, so that their misses
+    # overlap that arithmetic instead of following it
     for i in range(idx.shape[0]):
-        versions[i] = version[idx[i]]
+        j = idx[i]
+        prefetch(version, j)
+        if ONE_FIELD:
+            prefetch_row(store, j)
+        else:
+            for f in range(len(store)):
+                prefetch_row(base_of(store[f]), j)
+    is_weights(mm, leaves, idx, beta, weights)
+    stamp = epoch_stamp(sums, ring)
+    for i in range(idx.shape[0]):
+        versions[i] = stamp | np.uint32(version[idx[i]])
     if ONE_FIELD:
         copy_field(store, idx, out)
     else:
@@ -376,11 +394,18 @@ def array_rows(src):
     return src.shape[0]
 
 
-def specialize(layout: str, one_field: bool, copy, rows=array_rows) -> tuple:
+@njit(**INLINE_OPTIONS)
+def array_base(src):
+    """The array whose rows one element of a tuple store reads (SoA: itself): the ``base_of``
+    of :func:`specialize`'s default."""
+    return src
+
+
+def specialize(layout: str, one_field: bool, copy, rows=array_rows, base=array_base) -> tuple:
     """The kernels of :data:`KERNELS` for one layout, in that order, as cached numba kernels
-    whose ``ONE_FIELD`` is ``one_field``, whose ``copy_field`` is ``copy`` and whose ``rows_of``
-    is ``rows``."""
-    env = dict(globals(), ONE_FIELD=one_field, copy_field=copy, rows_of=rows)
+    whose ``ONE_FIELD`` is ``one_field``, whose ``copy_field`` is ``copy``, whose ``rows_of``
+    is ``rows`` and whose ``base_of`` is ``base``."""
+    env = dict(globals(), ONE_FIELD=one_field, copy_field=copy, rows_of=rows, base_of=base)
     kernels = []
     for template in KERNELS:
         fn = FunctionType(template.__code__, env, template.__name__, template.__defaults__)

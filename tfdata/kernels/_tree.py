@@ -44,6 +44,7 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._prefetch import prefetch
 from ._rng import GOLDEN, mix64
 
 _ONE = np.uint64(1)
@@ -228,6 +229,17 @@ _EPOCH_MASK = (1 << 24) - 1
 def epoch_of(sums, ring: int) -> int:
     """Laps of a ring of ``ring`` slots written so far, modulo 2**24 (from ``sums[0]``)."""
     return (int(sums[0]) // ring) & _EPOCH_MASK
+
+
+@njit(**INLINE_OPTIONS)
+def epoch_stamp(sums, ring):
+    """``epoch_of(sums, ring) << 8`` as uint32, in a kernel: what a sample ORs into each drawn
+    slot's 8-bit version. 0 when ``ring < 1`` or ``sums[0]`` is not a count (a last line: the
+    value stays a uint32 whatever the array holds)."""
+    c = sums[0] if sums.shape[0] > 0 else 0.0
+    if not (ring >= 1 and c >= 0.0 and c < 9.0e18):
+        return np.uint32(0)
+    return np.uint32(((np.int64(c) // ring) & _EPOCH_MASK) << 8)
 
 
 def stale_mask(version, slots, versions, laps: int) -> np.ndarray:
@@ -508,20 +520,24 @@ def stratified_find(sums, leaves, limit, state, idx, u):
     state[1] = ctr
     # branch-free steps (selects): which way a draw goes is a coin toss the branch predictor
     # loses half the time, and with no mispredictions the CPU runs ahead into the next draws'
-    # loads (reports/prioritized.md, "Tried and rejected": the descent with branches)
+    # loads (reports/prioritized.md, "Tried and rejected": the descent with branches). At node
+    # j the 8 nodes two levels below its children, 8j..8j+7, are one cache line (64-byte
+    # aligned sums) whichever way the draw goes: prefetched, that line is in cache when the
+    # draw gets there, so each miss overlaps two levels of every draw's descent
+    ns = sums.shape[0]
     width = nb
     while width > 1:
         for i in range(batch):
-            left = 2 * idx[i]
+            j = idx[i]
+            if 8 * j < ns:
+                prefetch(sums, 8 * j)
+            left = 2 * j
             u[i], idx[i] = _step(sums[left], sums[left + 1], u[i], left, 1)
         width >>= 1
-    # touch every drawn block's cache line first, so that the misses overlap (the descents
-    # below then hit the cache); acc only keeps the loads
-    acc = 0.0
+    # every drawn block's cache line prefetched before the first scan, so that the misses
+    # overlap (a pass of loads did that before, slower: its loads had to complete in order)
     for i in range(batch):
-        acc += leaves[(idx[i] - nb) << _SHIFT]
-    if acc == -1.0:
-        u[0] = u[0]
+        prefetch(leaves, (idx[i] - nb) << _SHIFT)
     last = limit - 1
     for i in range(batch):
         # the slot: the first leaf whose cumulative mass passes x, i.e. the number of leaves

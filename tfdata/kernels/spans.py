@@ -50,8 +50,14 @@ def span_rows(src):
     return src[0].shape[0]
 
 
+@njit(**INLINE_OPTIONS)
+def span_base(src):
+    """The base array of one ``(base, offset)`` element of the store."""
+    return src[0]
+
+
 gather, sample_uniform, sample_prioritized, sample_shared, sample_pool, sample_exactly_k = specialize(
-    "spans", one_field=False, copy=copy_spans, rows=span_rows)
+    "spans", one_field=False, copy=copy_spans, rows=span_rows, base=span_base)
 
 __all__ = ["gather", "sample_uniform", "sample_prioritized", "sample_shared", "sample_pool",
            "sample_exactly_k"]

@@ -14,6 +14,8 @@ from .buffer import ReplayBuffer
 from .core import MAX_CAPACITY, ReplayCore
 from .samplers.prioritized import PrioritizedSampler
 
+_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
+
 
 def batch_slots(indices) -> tuple:
     """What ``update_priorities`` accepts, as ``(slots, versions)``: a :class:`Batch` gives its
@@ -212,6 +214,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         tfdata.StaleBatchError
             ``indices`` is a batch whose ring slot was reused by a later sample (a ValueError).
         """
+        if type(indices) is Batch:  # a batch of rows as sampled, float64 priorities: no conversion
+            idx = indices.indices
+            if (type(idx) is np.ndarray and idx.dtype is _INT64 and idx.ndim == 1 and idx.size
+                    and type(priorities) is np.ndarray and priorities.dtype is _FLOAT64
+                    and priorities.shape == idx.shape):
+                with self._lock:
+                    self.sampler.update(idx, priorities, indices.versions, len(self))
+                return
         idx, versions = batch_slots(indices)
         # dtype and shape here; values, slots and versions in the update's one kernel call
         p = self.sampler.as_priorities(priorities, idx.shape[0], "update_priorities")

@@ -15,6 +15,7 @@ OPTIONS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 #: the keys of its state beyond the RNG position
 STATE_KEYS = ("alpha", "eps", "samples", "leaves", "versions")
 _U64 = (1 << 64) - 1
+_UINT32 = np.dtype(np.uint32)
 
 
 def leaves32(leaves: np.ndarray) -> tuple:
@@ -194,12 +195,12 @@ class PrioritizedSampler(Sampler):
 
     def sample(self, n: int, out, arrays: dict) -> None:
         # stratified proportional draws, IS weights, versions and rows in one kernel call
-        versions = arrays["versions"]
+        # (the kernel stamps the epoch into the versions: no numpy call after it)
         if out.kernels.sample_prioritized(out.store, n, self.sums, self.mm, self.leaves, self.v8,
-                                          self.state, self.beta, out.indices, arrays["scratch"],
-                                          arrays["weights"], versions, out.kernel_out):
+                                          self.ring, self.state, self.beta, out.indices,
+                                          arrays["scratch"], arrays["weights"], arrays["versions"],
+                                          out.kernel_out):
             raise self.no_mass(n)
-        versions |= np.uint32(self._epoch_of(self.sums, self.ring) << 8)
         self.samples += 1
 
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
@@ -276,10 +277,11 @@ class PrioritizedSampler(Sampler):
         check = versions is not None
         if not check:
             versions = self._NO_VERSIONS
-        elif versions.dtype != np.uint32:
+        elif versions.dtype is not _UINT32 and versions.dtype != _UINT32:
             versions = versions.astype(np.uint32)  # e.g. uint64 from ray: epoch << 8 | count
         got = self._update(self.sums, self.mm, self.leaves, self.v8, idx, p, versions, check,
-                           self.epoch(), n, self.p_low, self.p_high, self.eps, self.alpha)
+                           self._epoch_of(self.sums, self.ring), n, self.p_low, self.p_high,
+                           self.eps, self.alpha)
         if got == 0:
             return
         from ...kernels._tree import BAD_PRIORITY, BAD_SLOT
