@@ -112,28 +112,21 @@ def test_stores_and_kernels_leave_the_same_buffer(layout, shm_dir, monkeypatch):
             np.testing.assert_array_equal(x, y)
 
 
-def test_a_push_to_a_closed_buffer_is_refused_and_writes_nothing(ordered, shm_dir):
-    buf = SharedReplayBuffer(ID_SPEC, CAP, layout="aos", seed=0)
-    w = SharedWriter(buf.name, 0)
-    rows = one_rows(3)
-    w.push(rows[0])
-    buf.close()
-    with pytest.raises(Exception, match="closed"):
-        w.push(rows[1])
-    assert w.published == 1
-    w.close()
-    with pytest.raises(Exception, match="closed"):
-        w.push(rows[2])
-
-
-def test_a_closed_writer_refuses_a_push_and_writes_nothing(ordered, shm_dir):
+@pytest.mark.parametrize("closing", ["buffer", "writer"])
+def test_a_push_after_a_close_is_refused_and_writes_nothing(closing, ordered, shm_dir):
     with SharedReplayBuffer(ID_SPEC, CAP, layout="aos", seed=0) as buf:
         w = SharedWriter(buf.name, 0)
-        rows = one_rows(2)
+        rows = one_rows(3)
         w.push(rows[0])
-        w.close()
+        (buf if closing == "buffer" else w).close()
         with pytest.raises(Exception, match="closed"):
             w.push(rows[1])
+        if closing == "buffer":
+            assert w.published == 1
+            w.close()
+            with pytest.raises(Exception, match="closed"):
+                w.push(rows[2])
+            return
         state = buf.writers()[0]
         assert (state["published"], state["torn"]) == (1, 0)
         w2 = SharedWriter(buf.name, 0)  # the shard is free, and continues after the one row

@@ -182,19 +182,26 @@ def _refused(k):
     ]
 
 
+def _full_rings(layout: str, cap: int) -> tuple:
+    """A ring of ``cap`` rows that has wrapped (the cursor on a live row) filled by the fast
+    push, its twin filled by the generic path, and the naive ring given the same rows."""
+    fast = ReplayBuffer(SPEC, cap, layout=layout, seed=0)
+    slow = ReplayBuffer(SPEC, cap, layout=layout, seed=0)
+    model = RingModel(cap)
+    for k in range(cap + 2):
+        row = _row_kinds(k)["python"]
+        fast.push(row)
+        slow._checked_push(row)
+        model.push(row)
+    return fast, slow, model
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_refused_values_leave_a_full_ring_as_it_was(layout):
     """A full ring with the cursor on a live row: each refused value, pushed or extended (one
     row, and 40 rows), raises SpecError naming the field and leaves every byte, the cursor and
     the size as they were; the row that follows then lands as the generic path's."""
-    buf = ReplayBuffer(SPEC, 5, layout=layout, seed=0)
-    ref = ReplayBuffer(SPEC, 5, layout=layout, seed=0)
-    model = RingModel(5)
-    for k in range(7):
-        row = _row_kinds(k)["python"]
-        buf.push(row)
-        ref._checked_push(row)
-        model.push(row)
+    buf, ref, model = _full_rings(layout, 5)
     before = {f.name: buf.storage.field(f.name).tobytes() for f in SPEC}
     for name, row in _refused(3):
         for call in ("push", "step", "batch"):
@@ -262,14 +269,7 @@ def test_floats_beyond_float32_land_as_numpy_casts_them_in_a_full_ring(layout):
     """Finite floats beyond float32's range, of both signs (numpy stores an infinity, struct
     would refuse after zeroing the record): never the first tier; in a full ring each lands at
     the cursor as the generic path and the naive ring have it, and no other row changes."""
-    fast = ReplayBuffer(SPEC, 4, layout=layout, seed=0)
-    slow = ReplayBuffer(SPEC, 4, layout=layout, seed=0)
-    model = RingModel(4)
-    for k in range(6):
-        row = _row_kinds(k)["python"]
-        fast.push(row)
-        slow._checked_push(row)
-        model.push(row)
+    fast, slow, model = _full_rings(layout, 4)
     seen = _watch(fast.push)
     values = [1e39, -1e39, 1e300, -1e300, np.float64(-1e39), np.float64(3.5e38), -3.4028236e38]
     for k, v in enumerate(values):
