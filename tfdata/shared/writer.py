@@ -19,9 +19,9 @@ from . import frames as shared_frames
 from ..replay.core import weak_method as _weak_method
 from ..replay.fastpush import make_push
 from ..replay.writers import RingWriter
-from .region import (ATTACHED, ATTACHES, CLOSED, CURSOR, DROPPED, FINISHED, GENERATION, HEAD, HELD, PID,
-                     RESERVED, SAMPLES, STATE, WATCH_S, kernels, open_region, region_path, release,
-                     writer_alive)
+from .region import (ATTACHED, ATTACHES, CLOSED, CURSOR, DROPPED, FINISHED, GENERATION, HEAD, HELD,
+                     PID, RESERVED, SAMPLES, STATE, WATCH_S, kernels, open_region, region_path,
+                     release, writer_alive)
 
 __all__ = ["SharedWriter"]
 
