@@ -77,6 +77,7 @@ class ReplayCore(Sampling):
             gates = self._bind_limiter(rate_limiter)
             self._gate = LimiterGate(rate_limiter, p.writer, p.held, sampler, self.num_envs, p.lock)
         self._draw = p.streams.draw
+        self._draw_call = p.streams.draw_call
         self._slices = Slices(sampler, p.streams, p.lock, self._gate, self._ringset,
                               p.writer.capacity, self.num_envs)
         writes = self._writes = Writes(self.spec, p)

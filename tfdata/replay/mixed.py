@@ -302,7 +302,7 @@ class MixedReplayBuffer:
                             arrays[key_] = weights[at:at + k]
                         elif v is shown_as.get("versions") and versions is not None:
                             arrays[key_] = versions[at:at + k]
-                    first.append(partial(s.sample_into, win, arrays))
+                    first.append(s.sample_into_call(win, arrays))
                 else:
                     draws.append(self._samplers[n].sample_call(len(s), win, {}))
                 at += k

@@ -6,7 +6,8 @@ shared buffer's :mod:`tfdata.shared.gate`), the streams, which draw (the contrac
 :mod:`tfdata.replay.streams`: :class:`~tfdata.replay.streams.RingStreams` over a ring,
 :class:`~tfdata.shared.streams.ShardStreams` over the shards of a region) and the slices
 (:class:`~tfdata.replay.slices.Slices`). A buffer class sets those parts (``_local``,
-``_ringset``, ``_gate``, ``_draw``: its streams' ``draw``, ``_slices``, ``_lock``); the path
+``_ringset``, ``_gate``, ``_draw`` and ``_draw_call``: its streams' ``draw`` and
+``draw_call``, ``_slices``, ``_lock``); the path
 has no branch on which features are on: the gate waits and counts, the streams know where the
 rows are, the transforms are a list.
 """
@@ -161,6 +162,31 @@ class Sampling:
             raise
         finally:
             self._lock.release()
+
+    def sample_into_call(self, out, arrays: dict):
+        """:meth:`sample_into` of ``out`` and ``arrays`` bound once: a callable of no arguments
+        that draws as :meth:`sample_into` does (the same lock, gate, rows and random numbers)
+        and returns nothing. What a :class:`~tfdata.MixedReplayBuffer` calls for every batch:
+        the sampler's kernel is found once, here, not per call.
+
+        ``out`` and ``arrays`` as for :meth:`sample_into`; ``arrays`` must hold the arrays the
+        sampler will use from now on (a sampler may bind them).
+        """
+        k = out.indices.shape[0]
+        run = self._draw_call(out, arrays)
+        acquire, undo, release = self._gate.acquire, self._gate.undo, self._lock.release
+
+        def call():
+            n = acquire(k)
+            try:
+                run(n)
+            except BaseException:
+                undo(k)
+                raise
+            finally:
+                release()
+
+        return call
 
     def sample_sequences(self, batch_size: int, length: int, *, policy: str = "mask",
                          copy: bool = False, fields=None):

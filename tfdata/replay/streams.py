@@ -41,6 +41,9 @@ samplers' ``sample_slices`` and the slice path use):
     then each transform's) from the ``n`` rows the gate let through: the sampler's draw, then
     the ring's ``transforms``, each on the rows the one before returns; returns the write
     position a batch's rows are checked by (``update_field``), or None.
+``draw_call(out, arrays)``
+    :meth:`draw` into ``out`` with no transforms, bound once: a callable of ``n`` for a caller
+    that fills the same output every time (a buffer's rows inside a mixed batch).
 ``slices(n, out, arrays, length, reject)``, ``refuse_slices()``
     The same for slices of ``length`` rows (returns where the transforms of slices read the
     streams); what this kind of buffer cannot slice, refused with the reason.
@@ -68,6 +71,15 @@ class Streams:
     def project(self, names) -> "Streams":
         """Itself: its arrays are the draw's, whatever fields a batch holds."""
         return self
+
+    def draw_call(self, out, arrays: dict):
+        """:meth:`draw` into ``out`` with no transforms, as a callable of ``n`` (lock held)."""
+        draw, arrays = self.draw, (arrays,)
+
+        def call(n):
+            draw(n, out, arrays, ())
+
+        return call
 
 
 class RingStreams(Streams):
@@ -139,6 +151,10 @@ class RingStreams(Streams):
                 rows = t.apply(out, arrays[i], rows, cursor)
                 i += 1
         return writer.laps * writer.capacity + writer.cursor
+
+    def draw_call(self, out, arrays: dict):
+        # the sampler's draw alone: no transforms, and the write position is not wanted
+        return self.sampler.draw_call(out, arrays)
 
     def slices(self, n: int, out, arrays: list, length: int, reject: bool) -> int:
         """The sampler's slices of ``length`` rows from the ``n`` held; returns the writer's

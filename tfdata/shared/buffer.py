@@ -386,6 +386,7 @@ class SharedReplayBuffer(Sampling):
             self._limiter = rate_limiter
             self._gate = SampleGate(region, self._lock, rate_limiter, sampler, self._watch, name)
         self._draw = streams.draw
+        self._draw_call = streams.draw_call
         self._slices = Slices(sampler, streams, self._lock, self._gate, self._ringset,
                               shards * cap, 1)
         # the column reads, the FIFO learner (its calls refuse a replay region), the checkpoints

@@ -350,6 +350,18 @@ class Sampler:
     def sample(self, n: int, out, arrays: dict) -> None:
         raise NotImplementedError
 
+    def draw_call(self, out, arrays: dict):
+        """:meth:`sample` into ``out`` bound once, as a callable of ``n`` (the rows held): for a
+        caller that draws into the same output every time from a number of rows that changes
+        (a buffer's batch rows inside a larger batch). A sampler may bind its kernel itself
+        (the uniform sampler does)."""
+        sample = self.sample
+
+        def call(n):
+            sample(n, out, arrays)
+
+        return call
+
     def sample_call(self, n: int, out, arrays: dict):
         """:meth:`sample` of ``n`` rows into ``out`` bound once, as a callable of no arguments:
         for a caller that draws from a fixed number of rows (a dataset's) into the same output

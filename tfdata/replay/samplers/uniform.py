@@ -31,6 +31,18 @@ class UniformSampler(Sampler):
         args = (out.store, n, self.state, out.indices, out.kernel_out)
         return partial(strided(out.kernels.sample_uniform, args, ()), *args)
 
+    def draw_call(self, out, arrays: dict):
+        # the same entry point, with the rows held an argument of each call
+        from ...kernels import strided
+
+        store, state, idx, rows = out.store, self.state, out.indices, out.kernel_out
+        entry = strided(out.kernels.sample_uniform, (store, 0, state, idx, rows), ())
+
+        def call(n):
+            entry(store, n, state, idx, rows)
+
+        return call
+
     def sample_slices(self, n, streams, geo, reject, max_draws, out, arrays,
                       part=None) -> int:
         mask = arrays["mask"]
