@@ -64,7 +64,8 @@ def test_quick_run_writes_the_report(quick_run):
     assert all(c["wall_s"] > 0 and c["peak_growth"] >= 0 for c in s["conversion"].values())
     assert set(res["sample"]) == {"numpy", "tfdata aos", "tfdata soa", "minari"}
     for layout in ("aos", "soa"):
-        assert set(res["mixed"][layout]) == {"mixed", "one buffer", "two samples concatenated"}
+        assert set(res["mixed"][layout]) == {"mixed", "one buffer", "one buffer, both sources' rows",
+                                            "two samples concatenated"}
         assert set(res["transform"][layout]) == {"Normalize in the sample", "sample without",
                                                  "numpy after the gather"}
         assert all(v["n"] > 0 for v in res["mixed"][layout].values())
