@@ -421,6 +421,30 @@ class SampleUpdate:
         self.buf.update_priorities(self.indices, self.priorities)
 
 
+class SequenceUpdate:
+    """The step of a recurrent learner on a full buffer of CartPole rows with random
+    priorities: ``b = sample_sequences(batch, 8)`` (start rows drawn in proportion to their
+    priority, slices cut at episode ends, masked), then ``update_priorities(b, p)`` of the start
+    rows. tfdata's layouts only: the numpy sum tree above draws no slices."""
+
+    params = [TFDATA_LAYOUTS, CAPACITIES, BATCHES]
+    param_names = ["layout", "capacity", "batch"]
+    repeat = _MANY_SAMPLES
+    length = 8
+
+    def setup(self, layout, capacity, batch):
+        self.buf = _setup(layout, capacity, batch)
+        self.priorities = new_priorities(batch)
+        if first_time("prioritized-sequences", layout, capacity, batch):
+            for _ in range(3):  # allocates this shape's output ring
+                self.buf.update_priorities(self.buf.sample_sequences(batch, self.length),
+                                           self.priorities)
+
+    def time_sequence_update(self, layout, capacity, batch):
+        buf = self.buf
+        buf.update_priorities(buf.sample_sequences(batch, self.length), self.priorities)
+
+
 def step_priorities(kind: str, rng, batch: int) -> np.ndarray:
     """The priorities one step of :class:`SampleUpdateLoop` writes: ``"uniform"`` fresh uniform
     values in (0, 1]; ``"skewed"`` lognormal(0, 2) values (about four decades apart: a few rows
