@@ -76,15 +76,17 @@ def test_draw_prioritized_matches_the_stratified_reference(seed):
     state = np.array([naive.key_of(seed), 3], np.uint64)
     idx, u = np.zeros(batch, np.int64), np.zeros(batch)
     w, v = np.zeros(batch, np.float32), np.zeros(batch, np.uint32)
-    assert kernels.draw_prioritized(s, mm, lv, version, state, 0.6, idx, u, w, v) == 0
+    ring = int(rng.integers(1, 2 * slots + 1))  # sums[0] (no node) counts rows written: the epoch
+    s[0] = float(int(rng.integers(0, 40)) * ring + int(rng.integers(0, ring)))
+    assert kernels.draw_prioritized(s, mm, lv, version, ring, state, 0.6, idx, u, w, v) == 0
     want, counter = naive.stratified_slots(naive.key_of(seed), 3, leaves, batch, slots)
     np.testing.assert_array_equal(idx, want)
     assert int(state[1]) == counter
     live = leaves[leaves > 0]
     np.testing.assert_allclose(w, (live.min() / leaves[idx]) ** 0.6, rtol=1e-6)
-    np.testing.assert_array_equal(v, version[idx])
+    np.testing.assert_array_equal(v, (int(s[0]) // ring) << 8 | version[idx].astype(np.uint32))
     empty = np.zeros_like(s)
-    assert kernels.draw_prioritized(empty, mm, lv, version, state, 0.6, idx, u, w, v) == -1
+    assert kernels.draw_prioritized(empty, mm, lv, version, ring, state, 0.6, idx, u, w, v) == -1
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -172,7 +174,8 @@ def test_shard_streams_slices_prioritized_match_the_reference(seed):
     state = np.array([naive.key_of(seed), 0], np.uint64)
     idx, mask = np.zeros((batch, length), np.int64), np.zeros((batch, length), bool)
     u, w, v = np.zeros(batch), np.zeros(batch, np.float32), np.zeros(batch, np.uint32)
-    assert kernels.SHARDS.slices_prioritized(geo, 0, s, mm, lv, version, state, 0.5, NO_EPISODES,
+    s[0] = float(3 * cap + 5)  # rows written so far: epoch 3 of a shard's ring of cap rows
+    assert kernels.SHARDS.slices_prioritized(geo, 0, s, mm, lv, version, cap, state, 0.5, NO_EPISODES,
                                              term, trunc, False, 10, idx, mask, u, w, v) == -1
     starts, _ = naive.stratified_slots(naive.key_of(seed), 0, leaves, batch, slots)
     np.testing.assert_array_equal(idx[:, 0], starts)
@@ -182,4 +185,4 @@ def test_shard_streams_slices_prioritized_match_the_reference(seed):
         np.testing.assert_array_equal(idx[b], want_idx)
         np.testing.assert_array_equal(mask[b], want_mask)
     np.testing.assert_allclose(w, (leaves[held].min() / leaves[starts]) ** 0.5, rtol=1e-6)
-    np.testing.assert_array_equal(v, version[starts])
+    np.testing.assert_array_equal(v, 3 << 8 | version[starts].astype(np.uint32))

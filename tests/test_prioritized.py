@@ -356,6 +356,29 @@ def test_a_batch_held_while_8_bit_versions_come_round_is_stale(layout):
     np.testing.assert_array_equal(buf.priorities(), np.full(4, np.float32(3.0 + 1e-9)))
 
 
+def test_sequence_versions_carry_the_epoch(layout):
+    """The start rows' versions of ``sample_sequences`` are those a row sample gives now (the
+    epoch, laps of the ring, in bits 8 and up); an update of a held sequence batch whose start
+    rows were overwritten since is refused, a fresh one accepted."""
+    buf = PrioritizedReplayBuffer(CARTPOLE, 16, layout=layout, seed=2)
+    rows = random_rows(buf.spec, 16 * 3 + 5, np.random.default_rng(1))
+    rows["terminated"][:] = rows["truncated"][:] = False
+    for a in range(0, 16 * 3 + 5, 16):  # a lap per extend (an extend keeps its last 16 rows)
+        buf.extend({k: v[a:a + 16] for k, v in rows.items()})
+    b = buf.sample_sequences(4, 3)
+    assert buf.sampler.epoch() == 3 and (b.versions >> 8 == 3).all()
+    np.testing.assert_array_equal(b.versions, buf.sampler.version[b.indices[:, 0]])
+    old = buf.sample_sequences(4, 3, copy=True)
+    buf.extend({k: v[:16] for k, v in rows.items()})  # a lap: every start row overwritten
+    before = buf.priorities()
+    with pytest.raises(ValueError, match="stale batch"):
+        buf.update_priorities(old, np.full(4, 2.0))
+    np.testing.assert_array_equal(buf.priorities(), before)
+    fresh = buf.sample_sequences(4, 3)
+    assert (fresh.versions >> 8 == 4).all()
+    buf.update_priorities(fresh, np.full(4, 2.0))
+
+
 def test_fast_push_sets_what_the_checked_push_sets(layout):
     """The per-spec push with its one-kernel priority update against the generic path: same rows,
     trees, versions and samples, through wrap-around and overwrites of the maximum."""

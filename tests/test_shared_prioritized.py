@@ -139,8 +139,13 @@ def test_writer_processes_overwrite_while_the_learner_samples(layout, shm_dir):
         n = 0
         deadline = time.monotonic() + 300  # a cap: until 640 rows and a redraw, not for a time
         while (n < 640 or buf.redraws == 0) and time.monotonic() < deadline:
+            e0 = buf.sampler.epoch()
             b = buf.sample(128)
+            e1 = buf.sampler.epoch()
             assert consistent(b).all()
+            # every row's version carries the epoch of its draw, a redrawn row's too
+            epochs = b.versions >> 8
+            assert ((epochs >= e0) & (epochs <= e1)).all(), (e0, e1, epochs)
             leaves = buf.priorities()
             want = (leaves[leaves > 0].min() / leaves[b.indices]) ** 0.5
             np.testing.assert_allclose(b.weights, want, rtol=1e-5)  # weights of the trees drawn from

@@ -172,8 +172,10 @@ def test_prioritized_starts_match_the_reference(kind, reject, seed):
     state = np.array([key, 0], np.uint64)
     idx, mask = np.zeros((batch, length), np.int64), np.zeros((batch, length), bool)
     u, w, v = np.zeros(batch), np.zeros(batch, np.float32), np.zeros(batch, np.uint32)
-    got = kernels.BY_STREAMS[kind].slices_prioritized(geo, lay.C, sums, mm, lv, version, state, 0.5, ep,
-                                                      a["term"], a["trunc"], reject, 10_000, idx,
+    ring = int(rng.integers(1, 2 * lay.C + 1))  # sums[0] (no node) counts rows written: the epoch
+    sums[0] = float(int(rng.integers(0, 40)) * ring + int(rng.integers(0, ring)))
+    got = kernels.BY_STREAMS[kind].slices_prioritized(geo, lay.C, sums, mm, lv, version, ring, state, 0.5,
+                                                      ep, a["term"], a["trunc"], reject, 10_000, idx,
                                                       mask, u, w, v)
     fits = {s for s in np.flatnonzero(held)
             if naive.slice_forward(int(s), lay.forward(kind, int(s)), length, a["term"], a["trunc"])[1].all()}
@@ -191,7 +193,7 @@ def test_prioritized_starts_match_the_reference(kind, reject, seed):
         np.testing.assert_array_equal(idx[b], want_idx)
         np.testing.assert_array_equal(mask[b], want_mask)
     np.testing.assert_allclose(w, (leaves[held].min() / leaves[starts]) ** 0.5, rtol=1e-6)
-    np.testing.assert_array_equal(v, version[starts])
+    np.testing.assert_array_equal(v, (int(sums[0]) // ring) << 8 | version[starts].astype(np.uint32))
 
 
 # -- buffers: the feature x {one process, shared} matrix --------------------------------------

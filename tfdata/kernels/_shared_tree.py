@@ -19,7 +19,7 @@ from numba import njit
 from .._config import NJIT_OPTIONS
 from ._shared import in_windows, snapshot_heads, windows
 from ._sync import fence_acquire
-from ._tree import is_weights, live_limit, stratified_find, tree_overwrite_max
+from ._tree import epoch_stamp, is_weights, live_limit, stratified_find, tree_overwrite_max
 
 
 @njit(**NJIT_OPTIONS)
@@ -86,9 +86,10 @@ def read_heads(heads, cap, scratch):
 
 
 @njit(**NJIT_OPTIONS)
-def draw_prioritized(sums, mm, leaves, version, state, beta, idx, u, weights, versions):
+def draw_prioritized(sums, mm, leaves, version, ring, state, beta, idx, u, weights, versions):
     """Stratified proportional draws into ``idx`` with IS weights and versions (as
-    ``sample_prioritized`` without the copy); ``idx`` may be a one-row slice for a redraw.
+    ``sample_prioritized`` without the copy: ``versions[i] = epoch << 8 | version[idx[i]]``, the
+    epoch from ``sums[0]`` and ``ring`` as there); ``idx`` may be a one-row slice for a redraw.
 
     Returns 0, or -1 with nothing drawn when the root mass is not finite and positive. Every
     slot drawn is in ``[0, version.shape[0])`` whatever the trees hold.
@@ -98,8 +99,9 @@ def draw_prioritized(sums, mm, leaves, version, state, beta, idx, u, weights, ve
         return -1
     stratified_find(sums, leaves, limit, state, idx, u)
     is_weights(mm, leaves, idx, beta, weights)
+    stamp = epoch_stamp(sums, ring)
     for i in range(idx.shape[0]):
-        versions[i] = version[idx[i]]
+        versions[i] = stamp | np.uint32(version[idx[i]])
     return 0
 
 

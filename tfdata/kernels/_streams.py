@@ -40,7 +40,7 @@ from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
 from ._rng import draw_one
-from ._tree import is_weight, live_limit, stratified_find
+from ._tree import epoch_stamp, is_weight, live_limit, stratified_find
 
 _TWO32 = np.uint64(1 << 32)
 #: words of a shard geometry before its heads snapshot
@@ -370,8 +370,8 @@ def slices(geo, n_rows, state, episode, term, trunc, reject, max_draws, idx, mas
     return -1
 
 
-def slices_prioritized(geo, n_rows, sums, mm, leaves, version, state, beta, episode, term, trunc,
-                       reject, max_draws, idx, mask, u, weights, versions):
+def slices_prioritized(geo, n_rows, sums, mm, leaves, version, ring, state, beta, episode, term,
+                       trunc, reject, max_draws, idx, mask, u, weights, versions):
     """:func:`slices` with starts drawn in proportion to their priority.
 
     Starts are drawn as :func:`tfdata.kernels.aos.sample_prioritized` draws rows: stratified,
@@ -387,13 +387,16 @@ def slices_prioritized(geo, n_rows, sums, mm, leaves, version, state, beta, epis
     sums, mm, leaves
         The priority tree (see :mod:`tfdata.kernels._tree`).
     version : ndarray of uint8, shape (slots,)
+    ring : int
+        Rows per lap of the ring (of a shard's): the epoch is ``sums[0] // ring`` modulo 2**24
+        (:func:`tfdata.kernels._tree.epoch_stamp`).
     state : ndarray of uint64, shape (2,)
     beta : float
     u : ndarray of float64, shape (B,)
         Scratch.
     weights : ndarray of float32, shape (B,)
     versions : ndarray of uint32, shape (B,)
-        Output: ``version[start]`` (the caller adds its epoch).
+        Output: ``epoch << 8 | version[start]``.
 
     Returns
     -------
@@ -420,10 +423,11 @@ def slices_prioritized(geo, n_rows, sums, mm, leaves, version, state, beta, epis
                 s = one[0]
                 tries += 1
         _fill(geo, g, s, b, episode, term, trunc, idx, mask)
+    stamp = epoch_stamp(sums, ring)
     for b in range(idx.shape[0]):
         s = idx[b, 0]
         weights[b] = is_weight(mm, leaves, s, beta)
-        versions[b] = version[s]
+        versions[b] = stamp | np.uint32(version[s])
     return -1
 
 

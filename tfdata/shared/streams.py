@@ -424,9 +424,8 @@ class ShardStreams(Streams):
             else:
                 u, w, v = arrays["scratch"][one], arrays["weights"][one], arrays["versions"][one]
                 k.read_heads(self.heads, self.cap, scratch)
-                if k.draw_prioritized(*sm.trees, sm.v8, sm.state, sm.beta, idx, u, w, v):
+                if k.draw_prioritized(*sm.trees, sm.v8, sm.ring, sm.state, sm.beta, idx, u, w, v):
                     raise sm.no_mass(0)
-                sm.stamp(v)
             out.source.gather_at(idx, out, i)
             k.torn_after_copy(self.reserved, self.cap, scratch, idx, mark)
         self.redraws += tries

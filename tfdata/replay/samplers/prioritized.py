@@ -151,10 +151,6 @@ class PrioritizedSampler(Sampler):
         """Laps of the ring written so far, modulo 2**24."""
         return self._epoch_of(self.sums, self.ring)
 
-    def stamp(self, versions: np.ndarray) -> None:
-        """Put the epoch in the versions a kernel just wrote (``v8[slot]``)."""
-        versions |= np.uint32(self._epoch_of(self.sums, self.ring) << 8)
-
     def fresh(self, slots: np.ndarray, versions: np.ndarray) -> np.ndarray:
         """Which ``slots`` (int64) of a batch with these ``versions`` an update would accept
         (bool array)."""
@@ -212,10 +208,10 @@ class PrioritizedSampler(Sampler):
             idx, mask, u = idx[part], mask[part], u[part]
             weights, versions = weights[part], versions[part]
         term, trunc = streams.flags
+        # (the kernel stamps the epoch into the versions, as the row sample's does)
         failed = streams.kernels.slices_prioritized(
-            geo, n, self.sums, self.mm, self.leaves, self.v8, self.state, self.beta,
+            geo, n, self.sums, self.mm, self.leaves, self.v8, self.ring, self.state, self.beta,
             streams.episode, term, trunc, reject, max_draws, idx, mask, u, weights, versions)
-        self.stamp(versions)
         if failed == -2:
             raise self.no_mass(n)
         if failed == -1 and part is None:  # a whole batch: one step of the beta schedule
