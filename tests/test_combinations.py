@@ -220,7 +220,10 @@ def can_sample(buf):
         return False
     sampler = buf.sampler
     if getattr(sampler, "name", None) == "exactly_k":
-        return sampler.awaiting >= B
+        # both: a write's hooks add to the rows awaiting replay before it moves the rows held
+        # (len), and a first sample checks len before it takes the lock; read in this order,
+        # both only grow between this thread's samples
+        return sampler.awaiting >= B and len(buf) >= B
     return len(buf) >= B
 
 
