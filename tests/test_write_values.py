@@ -178,6 +178,12 @@ def _refused(k):
         ("reward", dict(base, reward=np.array([1.0]))),
         ("obs", dict(base, obs=_OBS[k:k + 2, :2])),
         ("obs", dict(base, obs=_OBS[k, :3])),
+        # one element more, the same elements with a second axis, and a 0-d array: the push
+        # checks a 1-D field by ndim and length, not by its shape tuple
+        ("obs", dict(base, obs=_OBS[k, :5])),
+        ("obs", dict(base, obs=_OBS[k:k + 4, :1])),
+        ("next_obs", dict(base, next_obs=_OBS[k + 1:k + 2, :4])),
+        ("next_obs", dict(base, next_obs=np.array(1.0, np.float32))),
         ("obs", dict(base, obs=_OBS[k, :4].astype(np.complex64))),
     ]
 

@@ -57,12 +57,15 @@ def _code(dtype: np.dtype) -> str | None:
     return _CODES.get(key)
 
 
-def _array_guard(v: str, i: int) -> str:
-    """The check that ``v`` is an ndarray of field ``i``'s dtype ``dt{i}`` and shape ``sh{i}``:
-    a view or slice of a larger array, contiguous or not, passes; an equal dtype that is not
-    numpy's own object passes too (an unpickled array's, as a subprocess vector env returns)."""
-    return (f"type({v}) is ndarray and ({v}.dtype is dt{i} or {v}.dtype == dt{i})"
-            f" and {v}.shape == sh{i}")
+def _array_guard(v: str, i: int, shape: tuple) -> str:
+    """The check that ``v`` is an ndarray of field ``i``'s dtype ``dt{i}`` and shape ``sh{i}``
+    (``shape``): a view or slice of a larger array, contiguous or not, passes; an equal dtype
+    that is not numpy's own object passes too (an unpickled array's, as a subprocess vector env
+    returns). A 1-D shape is checked as ``ndim`` and ``len``, which builds no tuple."""
+    head = f"type({v}) is ndarray and ({v}.dtype is dt{i} or {v}.dtype == dt{i})"
+    if len(shape) == 1:
+        return f"{head} and {v}.ndim == 1 and len({v}) == {shape[0]}"
+    return f"{head} and {v}.shape == sh{i}"
 
 
 def _tier1(f, v: str, i: int, ns: dict) -> str | None:
@@ -80,11 +83,13 @@ def _tier1(f, v: str, i: int, ns: dict) -> str | None:
         return None
     if f.shape:
         ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
-        return _array_guard(v, i)
+        return _array_guard(v, i, f.shape)
     kind = f.dtype.kind
     if kind == "b":  # ints of 0 and 1 only, as Spec.check_row
         ns[f"pk{i}"], ns[f"rk{i}"] = _BOOLS, _INTS
-        return f"(type({v}) in pk{i} or type({v}) in rk{i} and 0 <= {v} <= 1)"
+        # Python's bools by identity first: the commonest flags, cheaper than a set lookup
+        return (f"({v} is True or {v} is False or type({v}) in pk{i}"
+                f" or type({v}) in rk{i} and 0 <= {v} <= 1)")
     if kind in "iu":
         ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
         ns[f"pk{i}"], ns[f"rk{i}"] = _int_types(f.dtype, f.scalar_types)
@@ -94,10 +99,13 @@ def _tier1(f, v: str, i: int, ns: dict) -> str | None:
     ints = f"type({v}) in ik{i} and -EXACT <= {v} <= EXACT"
     if f.dtype.itemsize == 4:
         ns[f"rk{i}"], ns[f"pk{i}"] = _DOUBLES, _INTO_F4
-        return (f"(type({v}) in rk{i} and (-F32 <= {v} <= F32 or {v} != {v} or {v} == INF"
-                f" or {v} == -INF) or type({v}) in pk{i} or {ints})")
+        # a Python float within range by its type first (the commonest reward); NF32, not
+        # -F32: a negation in the source would build a float at every call
+        return (f"(type({v}) is float and NF32 <= {v} <= F32 or type({v}) in rk{i}"
+                f" and (NF32 <= {v} <= F32 or {v} != {v} or {v} == INF or {v} == -INF)"
+                f" or type({v}) in pk{i} or {ints})")
     ns[f"pk{i}"] = _INTO_F8
-    return f"(type({v}) in pk{i} or {ints})"
+    return f"(type({v}) is float or type({v}) in pk{i} or {ints})"
 
 
 _BOOLS = frozenset({bool, np.bool_})
@@ -141,7 +149,7 @@ def exact_guard(f, i: int, ns: dict) -> str:
     v = f"v{i}"
     if f.shape:
         ns[f"dt{i}"], ns[f"sh{i}"] = f.dtype, f.shape
-        return _array_guard(v, i)
+        return _array_guard(v, i, f.shape)
     ns[f"ok{i}"] = f.scalar_types
     if f.int_bounds is not None:
         ns[f"lo{i}"], ns[f"hi{i}"] = f.int_bounds
@@ -195,7 +203,7 @@ def make_push(spec: Spec, arrays: list, writer, lock, slow, on_wrap=None, on_wri
         raise ValueError("make_push: place and on_begin are exclusive")
     ns = {"ndarray": np.ndarray, "slow": slow, "w": writer, "lock": lock, "cap": writer.capacity,
           "on_write": on_write, "on_begin": on_begin, "gate": gate, "place": place, "acquire": lock.acquire,
-          "release": lock.release, "F32": _F32_MAX, "EXACT": _EXACT, "INF": _INF,
+          "release": lock.release, "F32": _F32_MAX, "NF32": -_F32_MAX, "EXACT": _EXACT, "INF": _INF,
           "on_wrap": on_wrap}
     reads, checks, writes, fast_checks = [], [], [], []
     for i, f in enumerate(spec):
@@ -280,8 +288,10 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
             f = spec[spec.names[i]]
             if f.shape:
                 nb = f.nbytes
-                body.append(f"            q = p * {stride}" + (f" + {off}" if off else ""))
-                body.append(f"            r{r}[q:q + {nb}] = v{i}.tobytes()")
+                # pack_into of the bytes: no slice of the memoryview to build
+                ns[f"S{r}"] = struct.Struct(f"{nb}s")
+                at = f"p * {stride}" + (f" + {off}" if off else "")
+                body.append(f"            S{r}.pack_into(r{r}, {at}, v{i}.tobytes())")
             else:
                 ns[f"m{r}"] = memoryview(raw).cast(_code(f.dtype))
                 body.append(f"            m{r}[p] = v{i}")
