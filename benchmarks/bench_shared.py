@@ -53,8 +53,8 @@ import numpy as np
 import tfdata
 
 from . import bench_prioritized
-from .common import (CARTPOLE, TFDATA_LAYOUTS, fill, fill_chunk, filled_buffer, first_time, one_row,
-                     random_rows, warm_kernels)
+from .common import (CAPACITIES, CARTPOLE, TFDATA_LAYOUTS, fill, fill_chunk, filled_buffer,
+                     first_time, one_row, random_rows, warm_kernels)
 
 _MANY_SAMPLES = (200, 2000, 2.0)   # one call per sample (asv forces number=1 with a setup)
 WRITE_CAPACITY = 100_000
@@ -274,11 +274,13 @@ class PrioritizedStep(bench_prioritized.SampleUpdateLoop):
     shard, its writer closed once the buffer is full (the first step folds every row in, before
     timing). ``shared+writer``: the same, with one writer process (forked in ``setup``) pushing
     one row per call, as fast as it can, while the steps are timed. ``local``:
-    ``PrioritizedReplayBuffer``, the same options. Every buffer is built in this benchmark's
-    process and removed in ``teardown`` (and by the reaper if the process ends first).
+    ``PrioritizedReplayBuffer``, the same options (with one writer, ``shared`` draws the same
+    batches as ``local``: the same rows, seed and priorities). Every buffer is built in this
+    benchmark's process and removed in ``teardown`` (and by the reaper if the process ends
+    first).
     """
 
-    params = [TFDATA_LAYOUTS, ["local", "shared", "shared+writer"], [10_000, SAMPLE_CAPACITY]]
+    params = [TFDATA_LAYOUTS, ["local", "shared", "shared+writer"], CAPACITIES]
     param_names = ["layout", "buffer", "capacity"]
     writer_seconds = 300  # the writer process stops by itself after this, whatever happens
 
@@ -287,9 +289,9 @@ class PrioritizedStep(bench_prioritized.SampleUpdateLoop):
         if buffer == "local":
             super().setup(layout, capacity, "uniform")
             return
-        bench_prioritized.warm_prioritized()
-        _warm_shared()
         p = bench_prioritized
+        p.warm_prioritized()
+        _warm_shared()
         try:
             buf = tfdata.SharedReplayBuffer(CARTPOLE, capacity, layout=layout, seed=0,
                                             prioritized=True, alpha=p.ALPHA, beta=p.BETA, eps=p.EPS)
@@ -311,6 +313,11 @@ class PrioritizedStep(bench_prioritized.SampleUpdateLoop):
                                       args=(buf.name, one_row(CARTPOLE, seed=2), self.stop,
                                             os.getpid(), self.writer_seconds))
             self.writer.start()
+            end = time.monotonic() + 60
+            while buf.writers()[0]["published"] == capacity:  # until the writer pushes
+                if not self.writer.is_alive() or time.monotonic() > end:
+                    raise RuntimeError("the writer process published no row")
+                time.sleep(0.01)
         for _ in range(199):
             self.step()
 
