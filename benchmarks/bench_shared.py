@@ -10,6 +10,14 @@ baseline inside the same run.
 * ``Sample``: ``sample(256)`` from a full 1M-row CartPole buffer with no writer attached:
   ``shared`` (1 shard), ``shared4`` (the same rows in 4 shards, as 4 writers leave them) and
   ``local``.
+* ``PrioritizedStep``: the training step of ``bench_prioritized.SampleUpdateLoop``
+  (``b = sample(256)`` then ``update_priorities(b, p)``, fresh uniform priorities each step, the
+  garbage collector on, ``track_step`` the median of 2000 steps in µs) on a prioritized buffer
+  of CartPole rows filled by ``extend`` in chunks of 1,000 rows: ``shared``
+  (``prioritized=True``, one shard, its writer closed), ``shared+writer`` (the same, while one
+  writer process pushes one row per call as fast as it can: every step folds the rows published
+  since the last one and redraws the rows it copied while they were being overwritten) and
+  ``local`` (``PrioritizedReplayBuffer``).
 * ``FifoRoundTrip``: ``extend`` 256 rows into a FIFO buffer and ``get_batch(256)`` them back;
   ``local``: ``ReplayBuffer.extend`` 256 rows + ``sample(256)``.
 * ``FirstCalls``: ``track_first_calls_cold_cache``, the first push, extend, sample and
@@ -31,17 +39,22 @@ removes the regions it was given when this process ends, however it ends).
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+
+import numpy as np
 
 import tfdata
 
-from .common import (CARTPOLE, TFDATA_LAYOUTS, fill, fill_chunk, filled_buffer, first_time, one_row,
-                     random_rows, warm_kernels)
+from . import bench_prioritized
+from .common import (CAPACITIES, CARTPOLE, TFDATA_LAYOUTS, fill, fill_chunk, filled_buffer,
+                     first_time, one_row, random_rows, warm_kernels)
 
 _MANY_SAMPLES = (200, 2000, 2.0)   # one call per sample (asv forces number=1 with a setup)
 WRITE_CAPACITY = 100_000
@@ -236,6 +249,92 @@ class SampleFeatures:
 
     def time_sample(self, layout, buffer, feature):
         self.sample(BATCH)
+
+
+def _push_until_stopped(name: str, row: dict, stop, parent: int, seconds: float) -> None:
+    """A writer process: push ``row`` into shard 0 of region ``name``, one row per call, until
+    ``stop`` is set, the parent is gone (asv ends it with ``os._exit``: no teardown) or
+    ``seconds`` have passed."""
+    end = time.monotonic() + seconds
+    with tfdata.SharedWriter(name, 0) as w:
+        push = w.push
+        while not stop.is_set() and os.getppid() == parent and time.monotonic() < end:
+            for _ in range(256):
+                push(row)
+
+
+class PrioritizedStep(bench_prioritized.SampleUpdateLoop):
+    """The step of a prioritized training loop, ``b = sample(256)`` then
+    ``update_priorities(b, p)``, over shared memory and in one process.
+
+    The step, its priorities and its timing are :class:`bench_prioritized.SampleUpdateLoop`'s
+    (uniform priorities, the collector on, the median of 2000 steps after 200 untimed ones, in
+    µs), and so is the fill: CartPole rows by ``extend`` in chunks of 1,000, here through a
+    ``SharedWriter`` of this process. ``shared``: ``SharedReplayBuffer(prioritized=True)``, one
+    shard, its writer closed once the buffer is full (the first step folds every row in, before
+    timing). ``shared+writer``: the same, with one writer process (forked in ``setup``) pushing
+    one row per call, as fast as it can, while the steps are timed. ``local``:
+    ``PrioritizedReplayBuffer``, the same options (with one writer, ``shared`` draws the same
+    batches as ``local``: the same rows, seed and priorities). Every buffer is built in this
+    benchmark's process and removed in ``teardown`` (and by the reaper if the process ends
+    first).
+    """
+
+    params = [TFDATA_LAYOUTS, ["local", "shared", "shared+writer"], CAPACITIES]
+    param_names = ["layout", "buffer", "capacity"]
+    writer_seconds = 300  # the writer process stops by itself after this, whatever happens
+
+    def setup(self, layout, buffer, capacity):
+        self.writer = self.shared = None
+        if buffer == "local":
+            super().setup(layout, capacity, "uniform")
+            return
+        p = bench_prioritized
+        p.warm_prioritized()
+        _warm_shared()
+        try:
+            buf = tfdata.SharedReplayBuffer(CARTPOLE, capacity, layout=layout, seed=0,
+                                            prioritized=True, alpha=p.ALPHA, beta=p.BETA, eps=p.EPS)
+        except TypeError:  # a commit whose shared buffer has no priorities
+            raise NotImplementedError from None
+        self.shared = buf
+        _reap_at_exit(buf.path)
+        with tfdata.SharedWriter(buf.name, 0) as w:
+            chunk = random_rows(CARTPOLE, 1000, seed=1)
+            for _ in range(0, capacity, 1000):
+                w.extend(chunk)
+        self.buf, self.rng = buf, np.random.default_rng(6)
+        self.step = self._step(layout, "uniform")
+        self.step()  # the first of the 200 untimed steps folds every row in (all pages touched)
+        if buffer == "shared+writer":
+            ctx = mp.get_context("fork")  # the child has this process's kernels loaded
+            self.stop = ctx.Event()
+            self.writer = ctx.Process(target=_push_until_stopped, daemon=True,
+                                      args=(buf.name, one_row(CARTPOLE, seed=2), self.stop,
+                                            os.getpid(), self.writer_seconds))
+            self.writer.start()
+            end = time.monotonic() + 60
+            while buf.writers()[0]["published"] == capacity:  # until the writer pushes
+                if not self.writer.is_alive() or time.monotonic() > end:
+                    raise RuntimeError("the writer process published no row")
+                time.sleep(0.01)
+        for _ in range(199):
+            self.step()
+
+    def teardown(self, layout, buffer, capacity):
+        if self.writer is not None:
+            self.stop.set()
+            self.writer.join(30)
+            if self.writer.is_alive():
+                self.writer.kill()
+                self.writer.join()
+        if self.shared is not None:
+            self.shared.close()
+
+    def track_step(self, layout, buffer, capacity):
+        return bench_prioritized.SampleUpdateLoop.track_step(self, layout, capacity, "uniform")
+
+    track_step.unit = "µs"
 
 
 class FifoRoundTrip:
