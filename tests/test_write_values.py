@@ -454,3 +454,27 @@ def test_refused_lists_and_flags_raise_the_generic_error_and_leave_a_full_ring(l
     model.extend(step)
     assert seen["slow"] == 0
     _assert_same_rows(SPEC, buf, ref, model)
+
+
+@pytest.mark.parametrize("layout", NARROW_LAYOUTS)
+@pytest.mark.parametrize("n", [1, 3])
+def test_refused_lists_of_ints_out_of_a_narrow_range_leave_a_full_ring(layout, n):
+    """Lists and tuples of ints one beyond a uint8 or int32 field's range (numpy reads them
+    as int64: the range rule), int flags beyond 0 and 1 into a full ring of NARROW: the generic
+    path's SpecError word for word, nothing changed."""
+    buf, ref = (ReplayBuffer(NARROW, 5, layout=layout, seed=0) for _ in range(2))
+    for row in _narrow_rows(2) * 2:
+        buf.push(row)
+        ref._checked_push(row)
+    before = _state(buf)
+    assert buf._writer.cursor == 3 and len(buf) == 5
+    for name, value in [("a8", [256]), ("a8", [-1]), ("a8", (0, 255, 2**40)), ("a32", [2**31]),
+                        ("a32", (-(2**31) - 1,)), ("a32", [np.int64(2**31)]), ("a8", [np.uint16(256)]),
+                        ("terminated", [3]), ("truncated", (np.int8(-1),))]:
+        step = dict(_narrow_step(0, n), **{name: type(value)((list(value) * n)[-n:])})
+        with pytest.raises(SpecError, match=name) as generic:
+            ref._checked_extend(step)
+        with pytest.raises(SpecError) as got:
+            buf.extend(step)
+        assert str(got.value) == str(generic.value)
+        assert _state(buf) == before, (name, value)
