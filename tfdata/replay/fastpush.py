@@ -342,7 +342,10 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
     :func:`tfdata.kernels._records.scatter_fields`). Everything that
     can refuse (a value out of range, a float too large for float32) runs before the first byte
     is written; a refused or unusual batch (more rows, a wrap of the ring, anything else) goes to
-    ``slow``, the generic validated extend.
+    ``slow``, the generic validated extend. Only when a check fails, the batch is looked at
+    once more: a scalar field's list or tuple read by ``np.asarray`` (the generic path's
+    reading), ints of 0 and 1 given for a bool field read as bools (:func:`_as_flags`); then
+    checked again.
 
     Parameters
     ----------
