@@ -243,17 +243,44 @@ def _step(k, n, kind):
                     action=rng.integers(0, 3, (n, 2))[:, 1])
     elif kind == "unpickled":
         step = pickle.loads(pickle.dumps(step))
+    elif kind in _LIST_KINDS:
+        step.update(_LIST_KINDS[kind](step, rng, n))
     return step
 
 
+# a scalar field's rows as a loop builds them (lists and tuples of Python or numpy scalars),
+# and ints as flags (arrays of 0 and 1 as some wrappers return): what the one-step extend
+# reads itself (np.asarray, the generic path's own reading, then its rules)
+_LIST_KINDS = {
+    "python lists": lambda s, rng, n: dict(
+        action=s["action"].tolist(), reward=s["reward"].tolist(), terminated=s["terminated"].tolist(),
+        truncated=tuple(s["truncated"].tolist())),
+    "python int flags": lambda s, rng, n: dict(
+        terminated=[int(t) for t in s["terminated"]], truncated=tuple(int(t) for t in rng.random(n) < 0.5)),
+    "numpy scalar lists": lambda s, rng, n: dict(
+        action=list(s["action"]), reward=[np.float32(r) for r in s["reward"]],
+        terminated=list(s["terminated"]), truncated=tuple(np.bool_(t) for t in s["truncated"])),
+    "mixed lists": lambda s, rng, n: dict(  # ints and floats: float64, as numpy reads them
+        reward=[int(k) if k % 2 else 0.25 * k for k in range(n)],
+        action=tuple(np.int32(a) for a in s["action"]), terminated=[bool(t) for t in s["terminated"]]),
+    "int flag arrays": lambda s, rng, n: dict(
+        terminated=s["terminated"].astype(np.int64), truncated=(rng.random(n) < 0.5).astype(np.uint8)),
+    "int8 flags, list rewards": lambda s, rng, n: dict(
+        terminated=s["terminated"].astype(np.int8), truncated=np.ones(n, np.uint64),
+        reward=s["reward"].tolist()),
+}
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("kind", ["gymnasium", "exact", "int rewards", "strided", "unpickled"])
+@pytest.mark.parametrize("kind", ["gymnasium", "exact", "int rewards", "strided", "unpickled",
+                                  *_LIST_KINDS])
 @pytest.mark.parametrize("n", [1, 8, 40])
 def test_extend_of_each_kind_of_step_takes_the_generated_path(layout, kind, n):
     """Steps of 1 and 8 rows (converted by the generated extend) and batches of 40 (assigned
     field by field into the storage), float64 or int rewards, int64 or uint64 actions, views,
-    strided columns, unpickled dtypes: the generic path runs only for the batch that crosses
-    the ring's end, and the rows equal the generic path's and the naive ring's."""
+    strided columns, unpickled dtypes, lists and tuples of Python and numpy scalars, int flags:
+    the generic path runs only for the batch that crosses the ring's end, and the rows equal
+    the generic path's and the naive ring's."""
     cap = 3 * n + 2
     fast = ReplayBuffer(SPEC, cap, layout=layout, seed=0)
     slow = ReplayBuffer(SPEC, cap, layout=layout, seed=0)
@@ -286,3 +313,174 @@ def test_floats_beyond_float32_land_as_numpy_casts_them_in_a_full_ring(layout):
         model.push(row)
     assert seen["slow"] == 0 and seen["numpy"] == len(values)
     _assert_same_rows(SPEC, fast, slow, model)
+
+
+def _narrow_step(k, n):
+    """A step of NARROW: lists of ints at the edges of the uint8 and int32 fields, of floats
+    and ints into float64, int flags as lists and as arrays of every width."""
+    obs = _OBS[k:k + n, 1:4]
+    edge8, edge32 = [0, 255, 7][k % 3], [-(2**31), 2**31 - 1, -5][k % 3]
+    flag = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64][k % 8]
+    return {"obs": obs, "a8": [edge8] * n, "a32": tuple([edge32] * n),
+            "r64": [1e300, 2**53, -7, 0.1][:n] + [float(k)] * max(0, n - 4),
+            "terminated": [(k + j) % 2 for j in range(n)],
+            "truncated": np.array([(k + j + 1) % 2 for j in range(n)], flag)}
+
+
+@pytest.mark.parametrize("layout", NARROW_LAYOUTS)
+@pytest.mark.parametrize("n", [1, 3, 16])
+def test_extend_of_lists_and_int_flags_into_narrower_fields_takes_the_generated_path(layout, n):
+    """Lists of ints that fit uint8 and int32 by value (checked as the generic path checks
+    them), floats and ints into float64, int flags of every width: no call leaves the
+    generated extend but the one that crosses the ring's end, and the rows are the generic
+    path's and the naive ring's."""
+    cap = 2 * n + 1
+    fast = ReplayBuffer(NARROW, cap, layout=layout, seed=0)
+    slow = ReplayBuffer(NARROW, cap, layout=layout, seed=0)
+    model = RingModel(cap)
+    seen = _watch(fast.extend)
+    crossings = 0
+    for k in range(8):
+        step = _narrow_step(k, n)
+        crossings += fast._writer.cursor + n > cap
+        fast.extend(step)
+        slow._checked_extend(step)
+        model.extend(step)
+    assert seen["slow"] == crossings
+    _assert_same_rows(NARROW, fast, slow, model)
+
+
+def _state(buf) -> dict:
+    """Everything a write may change: the writer, the stored bytes, the episode bookkeeping."""
+    out = {}
+
+    def walk(prefix, d):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(f"{prefix}{k}.", v)
+            else:
+                out[prefix + k] = v.tobytes() if isinstance(v, np.ndarray) else v
+
+    walk("", buf.state_dict())
+    out.pop("sampler.counter", None)
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("num_envs,elide", [(2, False), (1, True), (3, True)])
+def test_lists_and_int_flags_of_several_streams_and_elided_buffers(layout, num_envs, elide):
+    """Several streams (episode numbers stamped from the flags at each write) and a buffer
+    that elides next_obs (its compiled step reads the flags): steps whose scalar fields are
+    lists, tuples and int flags take the generated extend (the generic path only where an
+    elided buffer's final table grows), and leave the generic path's state, entry for entry,
+    and that of the same steps with bool flags."""
+    cap = 5 * num_envs
+    fast, slow, bools = (ReplayBuffer(SPEC, cap, layout=layout, seed=0, num_envs=num_envs,
+                                      elide_next=elide) for _ in range(3))
+    seen = _watch(fast.extend)
+    rng = np.random.default_rng(num_envs)
+    obs = _OBS[:num_envs, :4].copy()
+    kinds = list(_LIST_KINDS)
+    for t in range(24):
+        nxt = rng.standard_normal((num_envs, 4)).astype(np.float32)
+        step = dict(_step(t, num_envs, "gymnasium"), obs=obs, next_obs=nxt)
+        step.update(_LIST_KINDS[kinds[t % len(kinds)]](step, rng, num_envs))
+        fast.extend(step)
+        slow._checked_extend(step)
+        # the generic path once read int flags as they came: its kernels then raised mid-write
+        bools._checked_extend(dict(step, terminated=np.asarray(step["terminated"], bool),
+                                   truncated=np.asarray(step["truncated"], bool)))
+        ends = np.asarray(step["terminated"], bool) | np.asarray(step["truncated"], bool)
+        obs = np.where(ends[:, None], rng.standard_normal((num_envs, 4)), nxt).astype(np.float32)
+    # steps of num_envs rows fill the ring exactly: none crosses its end; an elided buffer's
+    # final table grows a few times (the generic path's work)
+    assert seen["slow"] == 0 if not elide else seen["slow"] <= 3
+    assert _state(fast) == _state(slow) == _state(bools)
+    if elide:  # every stored row is read back with its elided next_obs
+        b = len(slow)
+        got, want = dict(fast.sample(b)), dict(slow.sample(b))
+        for k in want:
+            assert got[k].tobytes() == want[k].tobytes(), k
+
+
+def _refused_steps(n):
+    """Steps of ``n`` rows the spec refuses, each for one field (the rest valid lists and
+    flags the generated extend takes), the field or word the error names first."""
+    obs = _OBS[:n, :4]
+    base = {"obs": obs, "action": [1] * n, "reward": [0.5] * n, "next_obs": _OBS[1:n + 1, :4],
+            "terminated": [0] * n, "truncated": np.zeros(n, np.int64)}
+    bad = [
+        ("terminated", dict(terminated=[2] + [0] * (n - 1))),
+        ("terminated", dict(terminated=[0] * (n - 1) + [-1])),
+        ("terminated", dict(terminated=np.array([0] * (n - 1) + [2]))),
+        ("terminated", dict(terminated=np.array([256] + [0] * (n - 1), np.int64))),
+        ("terminated", dict(terminated=np.array([0] * (n - 1) + [-1], np.int8))),
+        ("truncated", dict(truncated=np.array([1] * (n - 1) + [255], np.uint8))),
+        ("truncated", dict(truncated=[0.0] * n)),
+        ("truncated", dict(truncated=np.ones(n, np.float32))),
+        ("action", dict(action=[1.0] + [0] * (n - 1))),
+        ("action", dict(action=[0] * (n - 1) + [2**63])),
+        ("action", dict(action=[0] * (n - 1) + [2**64])),
+        ("action", dict(action=[[0]] * n)),
+        ("action", dict(action=["1"] * n)),
+        ("reward", dict(reward=[1.0] * (n - 1) + [[2.0, 3.0]])),
+        ("reward", dict(reward=[1.0] * (n + 1))),
+        ("reward", dict(reward="ab")),
+        ("reward", dict(reward=[1 + 1j] * n)),
+        ("reward", dict(reward=[None] * n)),
+        ("reward", dict(reward=())),
+    ]
+    if n > 1:
+        bad.append(("reward", dict(reward=[0.5] * (n - 1))))
+    return [(name, dict(base, **change)) for name, change in bad]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [1, 4])
+def test_refused_lists_and_flags_raise_the_generic_error_and_leave_a_full_ring(layout, n):
+    """A full ring with the cursor on a live row: each refused step (a flag other than 0 and 1,
+    in a list or an int array of any width; float flags; a float or an int out of range in a
+    list of ints; a ragged, nested, too long or too short list; strings, complex, None; a
+    string for a list) raises the generic path's SpecError, word for word, and leaves every
+    byte, the cursor and the size as they were; the step that follows lands as the generic
+    path's."""
+    buf, ref, model = _full_rings(layout, 7)
+    before = _state(buf)
+    for name, step in _refused_steps(n):
+        with pytest.raises(SpecError, match=name) as generic:
+            ref._checked_extend(step)
+        with pytest.raises(SpecError) as got:
+            buf.extend(step)
+        assert str(got.value) == str(generic.value)
+        assert _state(buf) == before, (name, str(got.value))
+    step = dict(_step(3, n, "python lists"), obs=_OBS[:n, :4], next_obs=_OBS[1:n + 1, :4])
+    seen = _watch(buf.extend)
+    buf.extend(step)
+    ref._checked_extend(step)
+    model.extend(step)
+    assert seen["slow"] == 0
+    _assert_same_rows(SPEC, buf, ref, model)
+
+
+@pytest.mark.parametrize("layout", NARROW_LAYOUTS)
+@pytest.mark.parametrize("n", [1, 3])
+def test_refused_lists_of_ints_out_of_a_narrow_range_leave_a_full_ring(layout, n):
+    """Lists and tuples of ints one beyond a uint8 or int32 field's range (numpy reads them
+    as int64: the range rule), int flags beyond 0 and 1 into a full ring of NARROW: the generic
+    path's SpecError word for word, nothing changed."""
+    buf, ref = (ReplayBuffer(NARROW, 5, layout=layout, seed=0) for _ in range(2))
+    for row in _narrow_rows(2) * 2:
+        buf.push(row)
+        ref._checked_push(row)
+    before = _state(buf)
+    assert buf._writer.cursor == 3 and len(buf) == 5
+    for name, value in [("a8", [256]), ("a8", [-1]), ("a8", (0, 255, 2**40)), ("a32", [2**31]),
+                        ("a32", (-(2**31) - 1,)), ("a32", [np.int64(2**31)]), ("a8", [np.uint16(256)]),
+                        ("terminated", [3]), ("truncated", (np.int8(-1),))]:
+        step = dict(_narrow_step(0, n), **{name: type(value)((list(value) * n)[-n:])})
+        with pytest.raises(SpecError, match=name) as generic:
+            ref._checked_extend(step)
+        with pytest.raises(SpecError) as got:
+            buf.extend(step)
+        assert str(got.value) == str(generic.value)
+        assert _state(buf) == before, (name, value)

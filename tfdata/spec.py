@@ -228,6 +228,10 @@ class Field:
         if arr.shape != expected:
             raise SpecError(f"field {self.name!r}: expected shape {expected}, got shape {arr.shape}")
         self._check_cast(arr)
+        if self.dtype.kind == "b" and arr.dtype.kind != "b":
+            # ints of 0 and 1 (checked) as bools: the episode bookkeeping's kernels read flags
+            # as bool arrays (int arrays made them raise after the rows were written)
+            arr = arr.astype(np.bool_)
         return arr
 
     def to_array(self, value) -> np.ndarray:

@@ -352,7 +352,10 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
     :func:`tfdata.kernels._records.scatter_fields`). Everything that
     can refuse (a value out of range, a float too large for float32) runs before the first byte
     is written; a refused or unusual batch (more rows, a wrap of the ring, anything else) goes to
-    ``slow``, the generic validated extend.
+    ``slow``, the generic validated extend. Only when a check fails, the batch is looked at
+    once more: a scalar field's list or tuple read by ``np.asarray`` (the generic path's
+    reading), ints of 0 and 1 given for a bool field read as bools (:func:`_as_flags`); then
+    checked again.
 
     Parameters
     ----------
@@ -403,11 +406,21 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
           "acquire": lock.acquire, "release": lock.release, "on_write": on_write,
           "stamp": None if stamp is None else stamp[0],
           "packer": _packer, "StructError": struct.error, "frombuffer": np.frombuffer, "U8": np.uint8,
+          "asarray": np.asarray, "as_flags": _as_flags,
           "gate": None if gate is None else gate[0], "count": None if gate is None else gate[1]}
     names = spec.names
     reads, arrays, rows, checks, blobs = [], [], [], [], []
+    lists, flags = [], []  # the second look of a batch whose arrays or dtypes fail the checks
     for i, f in enumerate(spec):
         reads.append(f"        v{i} = batch[{f.name!r}]")
+        if not f.shape:
+            # a scalar field's list or tuple: read as the generic path reads it (np.asarray)
+            lists += [f"            if type(v{i}) is list or type(v{i}) is tuple:",
+                      f"                v{i} = asarray(v{i})"]
+        if f.dtype.kind == "b" and not f.shape and (elide is None or i in elide.stored):
+            # ints as flags, 0 and 1 only (the generic path's range rule): read as bools
+            ns[f"fl{i}"] = _casts(f.dtype, "range")
+            flags += [f"            if v{i}.dtype in fl{i}:", f"                v{i} = as_flags(v{i})"]
         ns[f"src{i}"], ns[f"dt{i}"], ns[f"sh{i}"] = _sources(f), f.dtype, f.shape
         # each check once, the cheap ones first: arrays of the right ndim, then their rows (the
         # first array's, n, read after the ndim is known), then shapes and dtypes
@@ -526,14 +539,28 @@ def make_extend(spec: Spec, writer, lock, slow, regions: list, max_rows: int = 1
         "    except KeyError:",
         "        return slow(batch)",
         "    if not (" + "\n            and ".join(arrays) + "):",
-        "        return slow(batch)",
+        *(["        return slow(batch)"] if not lists else [
+            "        try:",
+            *lists,
+            "        except Exception:  # ragged, junk: the generic path says why",
+            "            return slow(batch)",
+            "        if not (" + "\n                and ".join(arrays) + "):",
+            "            return slow(batch)"]),
         "    n = len(v0)",
         "    if not (" + "\n            and ".join(rows or ["True"]) + "):",
         "        return slow(batch)",
         *([] if write is None else _many_rows(spec, max_rows, regions if direct else None, gate, ns)),
         f"    if not (0 < n <= {max_rows} and n % {num_envs} == 0\n            and "
         + "\n            and ".join(checks) + "):",
-        "        return slow(batch)",
+        *(["        return slow(batch)"] if not flags else [
+            f"        if not (0 < n <= {max_rows} and n % {num_envs} == 0):",
+            "            return slow(batch)",
+            "        try:",
+            *flags,
+            "        except ValueError:  # not 0 or 1: the generic path refuses it",
+            "            return slow(batch)",
+            "        if not (" + "\n                and ".join(checks) + "):",
+            "            return slow(batch)"]),
         "    try:",
         *blobs,
         "    except (StructError, OverflowError, TypeError, ValueError):",
@@ -661,6 +688,19 @@ class Elision:
     @staticmethod
     def final_bytes(table: np.ndarray) -> np.ndarray:
         return table.reshape(table.shape[0], -1).view(np.uint8)
+
+
+def _as_flags(v: np.ndarray) -> np.ndarray:
+    """bool ``(n,)`` (read-only) of ``v``, ints ``(n,)``, if every value is 0 or 1 (the generic
+    path's rule for ints into a bool field); ValueError otherwise (``bytes`` refuses a value
+    outside ``[0, 255]``, ``strip`` leaves any other byte)."""
+    b = bytes(v.tolist())
+    if b.strip(b"\x00\x01"):
+        raise ValueError("flags other than 0 and 1")
+    return np.frombuffer(b, _BOOL)
+
+
+_BOOL = np.dtype(np.bool_)
 
 
 @functools.lru_cache(maxsize=256)

@@ -20,10 +20,11 @@ class Writes:
         at each write, since the buffer binds it after building the parts).
     """
 
-    __slots__ = ("spec", "parts")
+    __slots__ = ("spec", "parts", "flags")
 
     def __init__(self, spec, parts):
         self.spec, self.parts = spec, parts
+        self.flags = [i for i, f in enumerate(spec) if f.dtype.kind == "b"]
 
     def push(self, row, extra=None) -> None:
         """Check ``row`` (a mapping of field to value) in full, then write it."""
@@ -50,6 +51,10 @@ class Writes:
         """Write ``n >= 1`` rows whose fields the caller checked: shapes, and dtypes the generic
         check passes as they are (the field's own, or one numpy casts without losing a value
         class, or ints whose values fit)."""
+        for i in self.flags:  # ints of 0 and 1 as bools, as Spec.check_batch gives them
+            # (the episode bookkeeping's kernels read flags as bool arrays)
+            if values[i].dtype.kind != "b":
+                values[i] = values[i].astype(bool)
         self.rows(values, n, None)
 
     def rows(self, values: list, n: int, extra) -> None:
