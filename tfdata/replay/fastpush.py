@@ -306,7 +306,8 @@ def _fast_writes(spec: Spec, regions: list, fast_checks: list, ns: dict):
             args.append(f"v{i}.tobytes()" if f.shape else f"v{i}")
             at = off + f.nbytes
         ns[f"S{r}"] = struct.Struct("".join(fmt))
-        body.append(f"            S{r}.pack_into(r{r}, p * {stride} + {packed[0][0]}, {', '.join(args)})")
+        at = f"p * {stride}" + (f" + {packed[0][0]}" if packed[0][0] else "")
+        body.append(f"            S{r}.pack_into(r{r}, {at}, {', '.join(args)})")
     for i, c in enumerate(fast_checks):
         if c is None:  # the second tier's check: numpy writes it, validated as there
             c = exact_guard(spec[spec.names[i]], i, ns)
