@@ -83,6 +83,34 @@ def test_an_update_for_an_overwritten_row_is_refused(shm_dir):
             buf.update_priorities(np.zeros((2, 2), np.int64), [1.0, 1.0])
 
 
+@pytest.mark.parametrize("priorities,error,message", [
+    (np.array([1.0, np.nan]), ValueError, r"finite and >= 0, got nan at position 1"),
+    (np.array([-0.5, 1.0]), ValueError, r"got -0.5 at position 0"),
+    (np.array([1e300, 1.0]), ValueError, r"priority 1e\+300 at position 0"),
+    (np.array([1.0, 1.0, 1.0]), SpecError, r"expected priorities of shape \(2,\), got shape \(3,\)"),
+    (np.array([[1.0, 1.0]]), SpecError, r"expected priorities of shape \(2,\), got shape \(1, 2\)"),
+    ([1.0, 1.0, 1.0], SpecError, r"expected priorities of shape \(2,\), got shape \(3,\)"),
+    (np.array(["a", "b"]), SpecError, r"priorities must be numbers"),
+])
+@pytest.mark.parametrize("layout", ["aos", "soa"])
+def test_bad_updates_of_a_batch_change_nothing(shm_dir, layout, priorities, error, message):
+    """A batch as sampled takes the update's short path (float64 priorities of its shape) or the
+    checked one (anything else): the single-process buffer's refusals, word for word, and
+    nothing changed."""
+    with SharedReplayBuffer(CARTPOLE, 8, layout=layout, seed=0, prioritized=True) as buf, \
+            SharedWriter(buf.name, 0) as w:
+        w.extend(random_rows(SPEC, 5, np.random.default_rng(0)))
+        batch = buf.sample(2)
+        first = buf.priorities()
+        buf.update_priorities(batch, np.array([3.0, 0.5]))  # the short path writes
+        assert not np.array_equal(buf.priorities(), first)
+        batch = buf.sample(2)
+        before = buf.priorities()
+        with pytest.raises(error, match=message):
+            buf.update_priorities(batch, priorities)
+        np.testing.assert_array_equal(buf.priorities(), before)
+
+
 def test_settings_are_checked_before_the_region_exists(shm_dir):
     with pytest.raises(ValueError, match="FIFO"):
         SharedReplayBuffer(CARTPOLE, 8, mode="fifo", prioritized=True)

@@ -35,6 +35,27 @@ def batch_slots(indices) -> tuple:
     return idx, versions
 
 
+def update_args(sampler, indices, priorities):
+    """``(slots, priorities, versions)`` of ``update_priorities(indices, priorities)`` for
+    ``sampler.update`` (int64 ``(k,)``, float64 ``(k,)``, the batch's versions or None), or None
+    when there is no slot. Checks the dtypes and shapes (SpecError); the values, slots and
+    versions are checked by the update's one kernel call. A batch of rows as sampled, with
+    float64 priorities of its shape, is taken as it is."""
+    if type(indices) is Batch:
+        idx = indices.indices
+        if (type(idx) is np.ndarray and idx.dtype is _INT64 and idx.ndim == 1 and idx.size
+                and type(priorities) is np.ndarray and priorities.dtype is _FLOAT64
+                and priorities.shape == idx.shape):
+            return idx, priorities, indices.versions
+    idx, versions = batch_slots(indices)
+    p = sampler.as_priorities(priorities, idx.shape[0], "update_priorities")
+    if idx.size == 0:
+        return None
+    if idx.dtype != np.int64:
+        idx = idx.astype(np.int64)
+    return idx, p, versions
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """A replay buffer that samples rows in proportion to ``(priority + eps) ** alpha``.
 
@@ -214,23 +235,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         tfdata.StaleBatchError
             ``indices`` is a batch whose ring slot was reused by a later sample (a ValueError).
         """
-        if type(indices) is Batch:  # a batch of rows as sampled, float64 priorities: no conversion
-            idx = indices.indices
-            if (type(idx) is np.ndarray and idx.dtype is _INT64 and idx.ndim == 1 and idx.size
-                    and type(priorities) is np.ndarray and priorities.dtype is _FLOAT64
-                    and priorities.shape == idx.shape):
-                with self._lock:
-                    self.sampler.update(idx, priorities, indices.versions, len(self))
-                return
-        idx, versions = batch_slots(indices)
-        # dtype and shape here; values, slots and versions in the update's one kernel call
-        p = self.sampler.as_priorities(priorities, idx.shape[0], "update_priorities")
-        if idx.size == 0:
-            return
-        if idx.dtype != np.int64:
-            idx = idx.astype(np.int64)
-        with self._lock:
-            self.sampler.update(idx, p, versions, len(self))
+        got = update_args(self.sampler, indices, priorities)
+        if got is not None:
+            with self._lock:
+                self.sampler.update(*got, len(self))
 
     def prepare_update(self, indices, priorities) -> tuple:
         """Every check of :meth:`update_priorities`, nothing changed: ``(slots, priorities,

@@ -17,7 +17,7 @@ from .._checks import check_int as _check_int
 from ..batch import Batch
 from ..errors import SharedBufferError
 from ..replay import combinations
-from ..replay.prioritized import PrioritizedReplayBuffer, batch_slots
+from ..replay.prioritized import PrioritizedReplayBuffer, update_args
 from ..replay.samplers import Sampler, sampler_name as _sampler_name
 from ..replay.samplers.prioritized import PrioritizedSampler
 from ..replay.samplers.exactly_k import ExactlyKSampler, PollWaits
@@ -671,13 +671,10 @@ class SharedReplayBuffer(Sampling):
         published but not yet folded takes the live maximum when it is, as at a write.
         """
         s = self._prioritized("update_priorities")
-        idx, versions = batch_slots(indices)
-        p = s.checked_priorities(priorities, idx.shape[0], "update_priorities")
-        if idx.size == 0:
-            return
-        idx = idx.astype(np.int64, copy=False)
-        with self._lock:
-            s.update(idx, p, versions, self.capacity)
+        got = update_args(s, indices, priorities)
+        if got is not None:
+            with self._lock:
+                s.update(*got, self.capacity)
 
     # -- FIFO ------------------------------------------------------------------------------
     def get_batch(self, batch_size: int, *, timeout: float | None = None, partial: bool = False,
