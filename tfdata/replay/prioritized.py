@@ -237,8 +237,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         got = update_args(self.sampler, indices, priorities)
         if got is not None:
-            with self._lock:
+            lock = self._lock  # acquire/release: cheaper than a with block on this hot path
+            lock.acquire()
+            try:
                 self.sampler.update(*got, len(self))
+            finally:
+                lock.release()
 
     def prepare_update(self, indices, priorities) -> tuple:
         """Every check of :meth:`update_priorities`, nothing changed: ``(slots, priorities,

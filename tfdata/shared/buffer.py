@@ -673,8 +673,12 @@ class SharedReplayBuffer(Sampling):
         s = self._prioritized("update_priorities")
         got = update_args(s, indices, priorities)
         if got is not None:
-            with self._lock:
+            lock = self._lock  # acquire/release: cheaper than a with block on this hot path
+            lock.acquire()
+            try:
                 s.update(*got, self.capacity)
+            finally:
+                lock.release()
 
     # -- FIFO ------------------------------------------------------------------------------
     def get_batch(self, batch_size: int, *, timeout: float | None = None, partial: bool = False,
