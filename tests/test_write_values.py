@@ -281,20 +281,25 @@ def test_extend_of_each_kind_of_step_takes_the_generated_path(layout, kind, n):
     strided columns, unpickled dtypes, lists and tuples of Python and numpy scalars, int flags:
     the generic path runs only for the batch that crosses the ring's end, and the rows equal
     the generic path's and the naive ring's."""
-    cap = 3 * n + 2
-    fast = ReplayBuffer(SPEC, cap, layout=layout, seed=0)
-    slow = ReplayBuffer(SPEC, cap, layout=layout, seed=0)
+    _extend_twins(SPEC, 3 * n + 2, layout, n, [_step(k, n, kind) for k in range(5)])
+
+
+def _extend_twins(spec, cap: int, layout: str, n: int, steps: list) -> None:
+    """Extend a ring of ``cap`` rows by ``steps`` of ``n`` rows, its twin by the generic path
+    and the naive ring: the generic path runs only for a step of at most 16 rows that crosses
+    the ring's end (a larger batch that does goes to the writer), and the rows are the same."""
+    fast = ReplayBuffer(spec, cap, layout=layout, seed=0)
+    slow = ReplayBuffer(spec, cap, layout=layout, seed=0)
     model = RingModel(cap)
     seen = _watch(fast.extend)
     crossings = 0
-    for k in range(5):
-        step = _step(k, n, kind)
-        crossings += n <= 16 and fast._writer.cursor + n > cap  # a larger batch: the writer's
+    for step in steps:
+        crossings += n <= 16 and fast._writer.cursor + n > cap
         fast.extend(step)
         slow._checked_extend(step)
         model.extend(step)
     assert seen["slow"] == crossings
-    _assert_same_rows(SPEC, fast, slow, model)
+    _assert_same_rows(spec, fast, slow, model)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -334,20 +339,7 @@ def test_extend_of_lists_and_int_flags_into_narrower_fields_takes_the_generated_
     them), floats and ints into float64, int flags of every width: no call leaves the
     generated extend but the one that crosses the ring's end, and the rows are the generic
     path's and the naive ring's."""
-    cap = 2 * n + 1
-    fast = ReplayBuffer(NARROW, cap, layout=layout, seed=0)
-    slow = ReplayBuffer(NARROW, cap, layout=layout, seed=0)
-    model = RingModel(cap)
-    seen = _watch(fast.extend)
-    crossings = 0
-    for k in range(8):
-        step = _narrow_step(k, n)
-        crossings += fast._writer.cursor + n > cap
-        fast.extend(step)
-        slow._checked_extend(step)
-        model.extend(step)
-    assert seen["slow"] == crossings
-    _assert_same_rows(NARROW, fast, slow, model)
+    _extend_twins(NARROW, 2 * n + 1, layout, n, [_narrow_step(k, n) for k in range(8)])
 
 
 def _state(buf) -> dict:
