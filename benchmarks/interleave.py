@@ -3,7 +3,8 @@ baseline in each round, the order rotated from round to round, so that a change 
 shared machine hits them alike (asv runs each candidate in a process of its own, at other
 times). Prints the median of each candidate and its ratio to the numpy baseline's::
 
-    python -m benchmarks.interleave              # push (PushEnvRow's rows) and extend(1000)
+    python -m benchmarks.interleave              # push (PushEnvRow's rows), extend(1000), and
+                                                 # one 8-row vector-env step (arrays, lists, int flags)
     python -m benchmarks.interleave --rounds 20 --capacity 10000
 
 Not an asv benchmark (asv finds no ``time_`` here); the rows and buffers are those of
@@ -32,6 +33,7 @@ def candidates(capacity: int) -> dict:
     batches = {"exact": random_rows(CARTPOLE, 1000, seed=3)}
     batches["float64 rewards"] = dict(batches["exact"], reward=batches["exact"]["reward"].astype(np.float64))
     rows = {v: env_rows(v) for v in ("python", "numpy")}
+    steps = env_steps(8)
     for layout in _LAYOUTS:
         buf = new_buffer(layout, CARTPOLE, capacity)
         fill(buf, capacity, fill_chunk(CARTPOLE))
@@ -39,6 +41,28 @@ def candidates(capacity: int) -> dict:
             out["push", values, layout] = (buf.push, [(r,) for r in rs])
         for values, batch in batches.items():
             out["extend(1000)", values, layout] = (buf.extend, [(batch,)])
+        for values, ss in steps.items():
+            out["step(8)", values, layout] = (buf.extend, [(s,) for s in ss])
+    return out
+
+
+def env_steps(n: int, count: int = 64) -> dict:
+    """``count`` steps of ``n`` CartPole rows as a vector env's loop hands them to ``extend``:
+    ``"arrays"`` (gymnasium's: float32 observation rows, int64 actions, float64 rewards, bool
+    flags), ``"lists"`` (the rewards and flags as lists of Python scalars, as a loop that
+    gathers them builds them) and ``"int flags"`` (the flags as int64 arrays of 0 and 1)."""
+    rng = np.random.default_rng(8)
+    out = {"arrays": [], "lists": [], "int flags": []}
+    for _ in range(count):
+        obs = rng.standard_normal((n + 1, 4), dtype=np.float32)
+        ends = rng.random(n) < 0.05
+        step = {"obs": obs[:n], "action": rng.integers(0, 2, n), "reward": rng.random(n),
+                "next_obs": obs[1:], "terminated": ends, "truncated": np.zeros(n, bool)}
+        out["arrays"].append(step)
+        out["lists"].append(dict(step, reward=step["reward"].tolist(), terminated=ends.tolist(),
+                                 truncated=[False] * n))
+        out["int flags"].append(dict(step, terminated=ends.astype(np.int64),
+                                     truncated=np.zeros(n, np.int64)))
     return out
 
 
@@ -79,7 +103,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     med = run(a.capacity, a.rounds, a.per_round)
     print(f"{a.capacity:,} rows, {a.rounds} rounds of {a.per_round} calls; median per call, "
-          f"and its ratio to the numpy baseline's (push: time over numpy's; extend: speed over numpy's)")
+          f"and its ratio to the numpy baseline's (push: time over numpy's; extend and step: speed "
+          f"over numpy's)")
     for (op, values, layout), ns in med.items():
         base = med[op, values, "numpy"]
         ratio = ns / base if op == "push" else base / ns
