@@ -662,20 +662,30 @@ def _part_kernels() -> dict:
 
     @njit(**opts)
     def blocks(leaves, at, sums, lo_hi, reps):
-        for r in range(reps):  # a block's sum in slot order, its smallest positive, its largest
-            for i in range(at.shape[1]):
-                base = at[r, i]
-                t = 0.0
-                lo = np.float32(np.inf)
-                hi = np.float32(0.0)
+        inf, zero = np.float32(np.inf), np.float32(0.0)
+        for r in range(reps):  # a block's sum in slot order, its smallest positive, its largest;
+            for i in range(0, at.shape[1], 4):  # four blocks at a time, as the update does
+                b0, b1, b2, b3 = at[r, i], at[r, i + 1], at[r, i + 2], at[r, i + 3]
+                t0 = t1 = t2 = t3 = 0.0
+                l0 = l1 = l2 = l3 = inf
+                h0 = h1 = h2 = h3 = zero
                 for k in range(16):
-                    v = leaves[base + k]
-                    t += np.float64(v)
-                    lo = v if (v > 0.0) & (v < lo) else lo
-                    hi = v if v > hi else hi
-                sums[r, i] = t
-                lo_hi[r, i, 0] = lo
-                lo_hi[r, i, 1] = hi
+                    v0, v1, v2, v3 = leaves[b0 + k], leaves[b1 + k], leaves[b2 + k], leaves[b3 + k]
+                    t0 += np.float64(v0)
+                    t1 += np.float64(v1)
+                    t2 += np.float64(v2)
+                    t3 += np.float64(v3)
+                    l0 = v0 if (v0 > 0.0) & (v0 < l0) else l0
+                    l1 = v1 if (v1 > 0.0) & (v1 < l1) else l1
+                    l2 = v2 if (v2 > 0.0) & (v2 < l2) else l2
+                    l3 = v3 if (v3 > 0.0) & (v3 < l3) else l3
+                    h0 = v0 if v0 > h0 else h0
+                    h1 = v1 if v1 > h1 else h1
+                    h2 = v2 if v2 > h2 else h2
+                    h3 = v3 if v3 > h3 else h3
+                sums[r, i], sums[r, i + 1], sums[r, i + 2], sums[r, i + 3] = t0, t1, t2, t3
+                lo_hi[r, i, 0], lo_hi[r, i + 1, 0], lo_hi[r, i + 2, 0], lo_hi[r, i + 3, 0] = l0, l1, l2, l3
+                lo_hi[r, i, 1], lo_hi[r, i + 1, 1], lo_hi[r, i + 2, 1], lo_hi[r, i + 3, 1] = h0, h1, h2, h3
 
     @njit(**opts)
     def noop(a, b, c, d, e, f, g, h, i, j, k, m, n, o):

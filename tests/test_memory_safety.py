@@ -173,6 +173,12 @@ def test_the_tree_kernels_skip_slots_outside_the_tree():
     glv, lv = guarded(size, 0.0, np.float32)
     gv, version = guarded(size, 0, np.uint8)
     kernels.tree_set(s, mm, lv, np.array([-1, 3, 32, 33]), np.array([5.0, 2.0, 7.0, 9.0]))
+    # a slot outside the tree at each place of a group of four blocks, and in the tail after one
+    for bad in (-1, 32, 47):
+        for at in range(5):
+            slots = np.full(5, 3)
+            slots[at] = bad
+            kernels.tree_set(s, mm, lv, slots, np.full(5, 2.0))
     kernels.tree_fill(s, mm, lv, 30, 10, 1.0)
     kernels.tree_fill(s, mm, lv, -4, 5, 0.5)
     kernels.tree_fill_values(s, mm, lv, 31, np.array([3.0, 3.0, 3.0]))
@@ -184,6 +190,26 @@ def test_the_tree_kernels_skip_slots_outside_the_tree():
     assert not version.any()
     leaves = np.zeros(size)
     leaves[0], leaves[3], leaves[30], leaves[31] = 0.5, 2.0, 1.0, 3.0
+    for got, want in zip((s, mm, lv), naive.block_tree(leaves, size)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("bad", [-1, -16, -17, 256, 271, 2 ** 40])
+def test_tree_set_skips_a_slot_outside_the_tree_wherever_it_is_in_the_batch(bad):
+    """The update recomputes blocks four at a time: a slot outside the tree at any place of a
+    group of four, or in the tail, is skipped, and no node of the tree (an inner one for a
+    negative slot, or past the arrays) is written from it."""
+    size = 256
+    rng = np.random.default_rng(3)
+    leaves = rng.random(size) + 0.5
+    s, mm, lv = (a.copy() for a in naive.block_tree(leaves, size))
+    for at in range(6):
+        slots = rng.integers(0, 16, 6)  # all in block 0: the other blocks' ancestors are left alone
+        slots[at] = bad
+        values = rng.random(6) + 0.5
+        kernels.tree_set(s, mm, lv, slots, values)
+        keep = slots != bad
+        leaves[slots[keep]] = values[keep]
     for got, want in zip((s, mm, lv), naive.block_tree(leaves, size)):
         np.testing.assert_array_equal(got, want)
 
