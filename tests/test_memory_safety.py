@@ -194,6 +194,35 @@ def test_the_tree_kernels_skip_slots_outside_the_tree():
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("start, count", [(16, 48), (0, 64), (8, 56), (33, 31), (0, 40), (20, 1)])
+def test_tree_fills_write_only_the_blocks_of_their_range(start, count):
+    """The fills recompute blocks four at a time: whatever the number of blocks in the range
+    and where it ends, no block past it (and nothing past the tree's arrays) is written."""
+    size = 64
+    nb = size // naive.BLOCK
+    pad = 5
+    gs = np.full(2 * nb + 2 * pad, -7.0)
+    gmm = np.full((2 * nb + 2 * pad, 2), -7.0, np.float32)
+    glv = np.full(size + 2 * naive.BLOCK, 9.0, np.float32)  # a whole poisoned block each side
+    s, mm, lv = gs[pad:-pad], gmm[pad:-pad], glv[naive.BLOCK:-naive.BLOCK]
+    leaves = np.random.default_rng(start).random(size) + 0.5
+    for got, want in zip((s, mm, lv), naive.block_tree(leaves, size)):
+        got[...] = want
+    values = np.arange(1.0, count + 1.0)
+    for fill in ("fill", "values"):
+        if fill == "fill":
+            kernels.tree_fill(s, mm, lv, start, count, 2.0)
+            leaves[start:start + count] = 2.0
+        else:
+            kernels.tree_fill_values(s, mm, lv, start, values)
+            leaves[start:start + count] = values
+        for got, want in zip((s, mm, lv), naive.block_tree(leaves, size)):
+            np.testing.assert_array_equal(got, want)
+        assert (gs[:pad] == -7.0).all() and (gs[-pad:] == -7.0).all()
+        assert (gmm[:pad] == -7.0).all() and (gmm[-pad:] == -7.0).all()
+        assert (glv[:naive.BLOCK] == 9.0).all() and (glv[-naive.BLOCK:] == 9.0).all()
+
+
 @pytest.mark.parametrize("bad", [-1, -16, -17, 256, 271, 2 ** 40])
 def test_tree_set_skips_a_slot_outside_the_tree_wherever_it_is_in_the_batch(bad):
     """The update recomputes blocks four at a time: a slot outside the tree at any place of a

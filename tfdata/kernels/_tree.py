@@ -445,12 +445,23 @@ def priority_bounds(eps: float, alpha: float, leaves: int):
 
 
 @njit(**INLINE_OPTIONS)
+def _blocks_range(sums, mm, leaves, nb, start, stop):
+    """Recompute blocks ``[start, stop)`` (inside ``[0, NB)``), four at a time."""
+    b = start
+    while b + 4 <= stop:
+        _block4(sums, mm, leaves, nb, b, b + 1, b + 2, b + 3)
+        b += 4
+    while b < stop:
+        _block(sums, mm, leaves, nb, b)
+        b += 1
+
+
+@njit(**INLINE_OPTIONS)
 def _fill_range(sums, mm, leaves, nb, lo, hi):
     """Recompute the blocks of slots ``[lo, hi]`` (inside ``[0, P)``) and their ancestors."""
     blo = lo >> _SHIFT
     bhi = hi >> _SHIFT
-    for b in range(blo, bhi + 1):
-        _block(sums, mm, leaves, nb, b)
+    _blocks_range(sums, mm, leaves, nb, blo, bhi + 1)
     _pull_range(sums, mm, nb + blo, nb + bhi)
 
 
@@ -532,8 +543,7 @@ def tree_build(sums, mm, leaves, values):
     n = values.shape[0]
     for s in range(p):
         leaves[s] = _to32(np.float64(values[s])) if s < n else _ZERO32
-    for b in range(nb):
-        _block(sums, mm, leaves, nb, b)
+    _blocks_range(sums, mm, leaves, nb, 0, nb)
     for i in range(nb - 1, 0, -1):
         _pull(sums, mm, i)
 
