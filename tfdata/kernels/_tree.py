@@ -145,7 +145,11 @@ def _block(sums, mm, leaves, nb, b):
         s += np.float64(v)
         lo = v if (v > 0.0) & (v < lo) else lo
         hi = v if v > hi else hi
-    i = nb + b
+    _set_node(sums, mm, nb + b, s, lo, hi)
+
+
+@njit(**INLINE_OPTIONS)
+def _set_node(sums, mm, i, s, lo, hi):
     sums[i] = s
     mm[i, 0] = lo
     mm[i, 1] = hi
@@ -180,18 +184,10 @@ def _block4(sums, mm, leaves, nb, b0, b1, b2, b3):
         hi1 = v1 if v1 > hi1 else hi1
         hi2 = v2 if v2 > hi2 else hi2
         hi3 = v3 if v3 > hi3 else hi3
-    sums[nb + b0] = s0
-    mm[nb + b0, 0] = lo0
-    mm[nb + b0, 1] = hi0
-    sums[nb + b1] = s1
-    mm[nb + b1, 0] = lo1
-    mm[nb + b1, 1] = hi1
-    sums[nb + b2] = s2
-    mm[nb + b2, 0] = lo2
-    mm[nb + b2, 1] = hi2
-    sums[nb + b3] = s3
-    mm[nb + b3, 0] = lo3
-    mm[nb + b3, 1] = hi3
+    _set_node(sums, mm, nb + b0, s0, lo0, hi0)
+    _set_node(sums, mm, nb + b1, s1, lo1, hi1)
+    _set_node(sums, mm, nb + b2, s2, lo2, hi2)
+    _set_node(sums, mm, nb + b3, s3, lo3, hi3)
 
 
 @njit(**INLINE_OPTIONS)
