@@ -692,7 +692,7 @@ class StepFloor:
       each of them costs when nothing overlaps (``chase / lines`` is the memory-level
       parallelism the loads found);
     * ``blocks``: 256 blocks of 16 float32 leaves summed in slot order in float64 (the exact
-      sums) with their smallest and largest leaf;
+      sums) with their smallest and largest leaf, four at a time as the update does;
     * ``python``: the cheapest public sample call (``ReplayBuffer.sample(1)``, uniform, 1,000
       rows) plus one call of a compiled no-op with the update kernel's 14 arguments;
     * ``onepath``: the public step (AoS, 1M rows filled as in :class:`SampleUpdateLoop`, GC on)
