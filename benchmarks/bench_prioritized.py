@@ -197,6 +197,16 @@ def check_baseline(draws: int = 200_000) -> None:
 _FLOOR: dict = {}
 
 
+def _with_scratch() -> bool:
+    """Whether this tfdata's ``is_weights`` and ``tree_update`` take scratch arrays (their
+    powers computed a batch at a time), so that the floor runs on older commits too."""
+    import inspect
+
+    from tfdata.kernels._tree import tree_update
+
+    return "scratch" in inspect.signature(tree_update.py_func).parameters
+
+
 def _floor_kernels():
     """``(draw, step)``, compiled once per process (not cached), from tfdata's tree kernels:
     ``draw`` is the stratified descent, importance weights, versions and the row copy
@@ -211,11 +221,33 @@ def _floor_kernels():
             raise NotImplementedError(f"no block tree kernels in this tfdata ({exc})") from None
         from numba import njit
 
+        inline = dict(inline="always", boundscheck=False, error_model="numpy")
+        if _with_scratch():  # the weights' and leaves' powers computed in scratch arrays
+
+            @njit(**inline)
+            def weights(mm, leaves, idx, beta, w, u):
+                is_weights(mm, leaves, idx, beta, w, u)
+
+            @njit(**inline)
+            def update(sums, mm, leaves, version, idx, p, vv, n, low, high, eps, alpha, scratch):
+                return tree_update(sums, mm, leaves, version, idx, p, vv, True, 0, n, low, high,
+                                   eps, alpha, scratch)
+        else:  # an older tfdata
+
+            @njit(**inline)
+            def weights(mm, leaves, idx, beta, w, u):
+                is_weights(mm, leaves, idx, beta, w)
+
+            @njit(**inline)
+            def update(sums, mm, leaves, version, idx, p, vv, n, low, high, eps, alpha, scratch):
+                return tree_update(sums, mm, leaves, version, idx, p, vv, True, 0, n, low, high,
+                                   eps, alpha)
+
         @njit(nogil=True, boundscheck=False, error_model="numpy")
         def draw(records, n, sums, mm, leaves, version, state, beta, idx, u, w, vv, out):
             limit = live_limit(sums, leaves, n, records.shape[0])
             stratified_find(sums, leaves, limit, state, idx, u)
-            is_weights(mm, leaves, idx, beta, w)
+            weights(mm, leaves, idx, beta, w, u)
             for i in range(idx.shape[0]):
                 vv[i] = version[idx[i]]
             for i in range(idx.shape[0]):
@@ -223,10 +255,9 @@ def _floor_kernels():
 
         @njit(nogil=True, boundscheck=False, error_model="numpy")
         def step(records, n, sums, mm, leaves, version, state, beta, idx, u, w, vv, out, p, low,
-                 high, eps, alpha):
+                 high, eps, alpha, scratch):
             draw(records, n, sums, mm, leaves, version, state, beta, idx, u, w, vv, out)
-            return tree_update(sums, mm, leaves, version, idx, p, vv, True, 0, n, low, high, eps,
-                               alpha)
+            return update(sums, mm, leaves, version, idx, p, vv, n, low, high, eps, alpha, scratch)
 
         kernels = _FLOOR["kernels"] = (draw, step)
     return kernels
@@ -272,6 +303,8 @@ class FloorStep:
         self.n = capacity
         self.state = np.array([0x9E3779B97F4A7C15, 0], np.uint64)
         self._bufs: dict = {}
+        scratch = np.zeros(256, np.float32)  # the sampler's, for the update's powers
+        self.scratch = (scratch, scratch) if _with_scratch() else (scratch,)
 
     def _arrays(self, batch: int) -> tuple:
         a = self._bufs.get(batch)
@@ -291,13 +324,13 @@ class FloorStep:
 
         vv = self.version[indices].astype(np.uint32)
         tree_update(self.sums, self.mm, self.leaves, self.version, indices, priorities, vv, True, 0,
-                    self.n, self.low, self.high, EPS, ALPHA)
+                    self.n, self.low, self.high, EPS, ALPHA, *self.scratch[1:])
 
     def step(self, batch: int, priorities) -> None:
         idx, u, w, vv, out = self._arrays(batch)
         self.step_kernel(self.records, self.n, self.sums, self.mm, self.leaves, self.version,
                          self.state, BETA, idx, u, w, vv, out, priorities, self.low, self.high, EPS,
-                         ALPHA)
+                         ALPHA, self.scratch[0])
 
 
 # -- buffers ----------------------------------------------------------------------------------
@@ -631,13 +664,30 @@ def _part_kernels() -> dict:
 
     opts = dict(nogil=True, boundscheck=False, error_model="numpy")
 
+    inline = dict(inline="always", boundscheck=False, error_model="numpy")
+    try:
+        from tfdata.kernels._pow import pow32
+    except ImportError:  # an older tfdata: every power with ``**``
+
+        @njit(**inline)
+        def pow32(x, y):
+            return np.float32(np.nan)
+
     @njit(**opts)
-    def pows(a, b, beta, alpha, eps, w, leaf, reps):
+    def pows(a, b, beta, alpha, eps, w, leaf, u, reps):
         for r in range(reps):  # the weights' and the leaves' powers of one step (a row of
-            for i in range(a.shape[1]):  # outputs per batch: no store is dead)
-                w[r, i] = np.float32((a[r, i] / b[r, i]) ** beta)
+            for i in range(a.shape[1]):  # outputs per batch: no store is dead), as the kernels
+                u[i] = a[r, i] / b[r, i]  # compute them: pow32, then ``**`` where it is unsure
             for i in range(a.shape[1]):
-                leaf[r, i] = np.float32((a[r, i] + eps) ** alpha)
+                w[r, i] = pow32(u[i], beta)
+            for i in range(a.shape[1]):
+                if w[r, i] != w[r, i]:
+                    w[r, i] = np.float32(u[i] ** beta)
+            for i in range(a.shape[1]):
+                leaf[r, i] = pow32(a[r, i] + eps, alpha)
+            for i in range(a.shape[1]):
+                if leaf[r, i] != leaf[r, i]:
+                    leaf[r, i] = np.float32((a[r, i] + eps) ** alpha)
 
     @njit(**opts)
     def rows(records, idx, out, reps):
@@ -660,7 +710,15 @@ def _part_kernels() -> dict:
             j = nxt[j]
         return j
 
-    from tfdata.kernels._tree import _block4
+    try:
+        from tfdata.kernels._tree import _block4
+    except ImportError:  # an older tfdata: the blocks one at a time
+        from tfdata.kernels._tree import _block
+
+        @njit(**inline)
+        def _block4(sums, mm, leaves, nb, b0, b1, b2, b3):
+            for b in (b0, b1, b2, b3):
+                _block(sums, mm, leaves, nb, b)
 
     @njit(**opts)
     def blocks(leaves, at, sums, mm, reps):
@@ -669,7 +727,7 @@ def _part_kernels() -> dict:
                 _block4(sums, mm, leaves, 0, at[r, i], at[r, i + 1], at[r, i + 2], at[r, i + 3])
 
     @njit(**opts)
-    def noop(a, b, c, d, e, f, g, h, i, j, k, m, n, o):
+    def noop(*args):
         return 0
 
     kernels = _PARTS["kernels"] = dict(pows=pows, rows=rows, lines=lines, chase=chase,
@@ -682,7 +740,8 @@ class StepFloor:
     1M CartPole rows), each measured alone at its best, in µs per step
     (docs/design/prioritized.md, "The floor", adds them up):
 
-    * ``pows``: the 512 float64 powers a step must compute exactly (256 weights, 256 leaves);
+    * ``pows``: the 512 powers a step must compute exactly (256 weights, 256 leaves), as the
+      kernels compute them (``tfdata.kernels._pow.pow32``, then ``**`` where it is unsure);
     * ``rows``: 256 random 48 B rows of 1M copied (a 48 MB record array, huge pages as numpy
       advises them): the gather;
     * ``lines``: 3,072 independent loads of random 64 B lines of a 6 MiB array (the tree's
@@ -694,7 +753,7 @@ class StepFloor:
     * ``blocks``: 256 blocks of 16 float32 leaves summed in slot order in float64 (the exact
       sums) with their smallest and largest leaf, four at a time as the update does;
     * ``python``: the cheapest public sample call (``ReplayBuffer.sample(1)``, uniform, 1,000
-      rows) plus one call of a compiled no-op with the update kernel's 14 arguments;
+      rows) plus one call of a compiled no-op with the update kernel's 15 arguments;
     * ``onepath``: the public step (AoS, 1M rows filled as in :class:`SampleUpdateLoop`, GC on)
       with all the mass on slot 0 (every other slot at priority 0, slot 0 and each update at
       the largest accepted priority), so that every draw walks the same path and copies the
@@ -734,7 +793,7 @@ class StepFloor:
         if part == "python":
             buf = tfdata.ReplayBuffer(CARTPOLE, 1000, seed=0)
             buf.extend(random_rows(CARTPOLE, 1000))
-            arrays = [np.zeros(256) for _ in range(14)]
+            arrays = [np.zeros(256) for _ in range(15 if _with_scratch() else 14)]
             noop = k["noop"]
             noop(*arrays)
             return (self._median(lambda: buf.sample(1), 2000)
@@ -770,8 +829,8 @@ class StepFloor:
         if part == "pows":
             a, bb = rng.random((reps, b)) + 1e-3, rng.random((reps, b)) + 1.0
             w, leaf = np.zeros((reps, b), np.float32), np.zeros((reps, b), np.float32)
-            fn = k["pows"]
-            call = lambda: fn(a, bb, BETA, ALPHA, EPS, w, leaf, reps)  # noqa: E731
+            fn, u = k["pows"], np.zeros(b)
+            call = lambda: fn(a, bb, BETA, ALPHA, EPS, w, leaf, u, reps)  # noqa: E731
         elif part == "rows":
             dtype = np.dtype([(f.name, f.dtype, f.shape) for f in CARTPOLE], align=True)
             records = np.zeros(1_000_000, dtype)

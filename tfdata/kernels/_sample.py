@@ -258,7 +258,7 @@ def sample_prioritized(store, n, sums, mm, leaves, version, ring, state, beta, i
         else:
             for f in range(len(store)):
                 prefetch_row(base_of(store[f]), j)
-    is_weights(mm, leaves, idx, beta, weights)
+    is_weights(mm, leaves, idx, beta, weights, u)
     stamp = epoch_stamp(sums, ring)
     for i in range(idx.shape[0]):
         versions[i] = stamp | np.uint32(version[idx[i]])

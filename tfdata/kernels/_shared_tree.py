@@ -98,7 +98,7 @@ def draw_prioritized(sums, mm, leaves, version, ring, state, beta, idx, u, weigh
     if limit == 0:
         return -1
     stratified_find(sums, leaves, limit, state, idx, u)
-    is_weights(mm, leaves, idx, beta, weights)
+    is_weights(mm, leaves, idx, beta, weights, u)
     stamp = epoch_stamp(sums, ring)
     for i in range(idx.shape[0]):
         versions[i] = stamp | np.uint32(version[idx[i]])

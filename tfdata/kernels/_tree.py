@@ -44,6 +44,7 @@ import numpy as np
 from numba import njit
 
 from .._config import INLINE_OPTIONS, NJIT_OPTIONS
+from ._pow import pow32
 from ._prefetch import prefetch
 from ._rng import GOLDEN, mix64
 
@@ -62,6 +63,7 @@ MAX_LEAF = float(np.finfo(np.float32).max)
 # a float64 at or above this rounds to float32 inf (the tie at max + half an ulp goes to even, inf)
 _F32_INF_AT = MAX_LEAF + 2.0 ** 103
 _INF32 = np.float32(np.inf)
+_NAN32 = np.float32(np.nan)
 _ZERO32 = np.float32(0.0)
 
 
@@ -305,7 +307,7 @@ def stale_mask(version, slots, versions, laps: int) -> np.ndarray:
 
 @njit(**NJIT_OPTIONS)
 def tree_update(sums, mm, leaves, version, slots, priorities, versions, check, laps, n, low, high,
-                eps, alpha):
+                eps, alpha, scratch):
     """``update_priorities`` in one call: check everything, then write the leaves.
 
     Parameters
@@ -331,6 +333,9 @@ def tree_update(sums, mm, leaves, version, slots, priorities, versions, check, l
     low, high : float
         Accepted priorities (:func:`priority_bounds`).
     eps, alpha : float
+    scratch : ndarray of float32, shape (m,)
+        Where the leaves' powers are computed, ``m`` at a time (any ``m``; 0 computes them one
+        at a time).
 
     Returns
     -------
@@ -359,10 +364,29 @@ def tree_update(sums, mm, leaves, version, slots, priorities, versions, check, l
             v = np.int64(versions[j])
             if version[slots[j]] != (v & 0xFF) or ((laps - (v >> 8)) & _EPOCH_MASK) >= LAPS_GUARD:
                 return 4 * j + STALE
-    for j in range(k):
-        leaves[slots[j]] = _to32((priorities[j] + eps) ** alpha)
+    _write_leaves(leaves, slots, priorities, eps, alpha, scratch, k)
     _pull_slots(sums, mm, leaves, nb, p, slots)
     return 0
+
+
+@njit(**INLINE_OPTIONS)
+def _write_leaves(leaves, slots, priorities, eps, alpha, scratch, k):
+    """``leaves[slots[j]] = float32((priorities[j] + eps) ** alpha)`` for ``j < k``, in order
+    (a slot listed twice takes its last value), the powers computed ``len(scratch)`` at a time
+    by :func:`~tfdata.kernels._pow.pow32` in ``scratch`` (float32), where they vectorise; one at a
+    time with ``**`` where it is not certain, or with no scratch."""
+    m = scratch.shape[0]
+    j0 = 0
+    while j0 < k:
+        c = min(m, k - j0)
+        for i in range(c):
+            scratch[i] = pow32(priorities[j0 + i] + eps, alpha)
+        for i in range(max(c, 1)):
+            v = scratch[i] if c > 0 else _NAN32
+            if v != v:
+                v = _to32((priorities[j0 + i] + eps) ** alpha)
+            leaves[slots[j0 + i]] = v
+        j0 += max(c, 1)
 
 
 @njit(**NJIT_OPTIONS)
@@ -629,8 +653,15 @@ def is_weight(mm, leaves, s, beta):
 
 
 @njit(**INLINE_OPTIONS)
-def is_weights(mm, leaves, idx, beta, weights):
-    """``weights[i] = (N P(i))**-beta / max_j (N P(j))**-beta = (p_min / p_i)**beta`` (float32)."""
+def is_weights(mm, leaves, idx, beta, weights, u):
+    """``weights[i] = (N P(i))**-beta / max_j (N P(j))**-beta = (p_min / p_i)**beta`` (float32),
+    for ``i`` below the length of ``idx``, ``weights`` and ``u`` (float64 scratch)."""
     pmin = np.float64(mm[1, 0])
-    for i in range(idx.shape[0]):
-        weights[i] = (pmin / np.float64(leaves[idx[i]])) ** beta
+    n = min(idx.shape[0], weights.shape[0], u.shape[0])
+    for i in range(n):  # the loads apart from the powers, so that their misses overlap
+        u[i] = pmin / np.float64(leaves[idx[i]])
+    for i in range(n):  # one vectorised loop; NaN where pow32 is not certain
+        weights[i] = pow32(u[i], beta)
+    for i in range(n):
+        if weights[i] != weights[i]:
+            weights[i] = u[i] ** beta

@@ -14,6 +14,8 @@ from . import Sampler, StateError, config_keys, config_value, shown, state_int, 
 OPTIONS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 #: the keys of its state beyond the RNG position
 STATE_KEYS = ("alpha", "eps", "samples", "leaves", "versions")
+#: leaves whose powers one update computes together (float32 scratch of the sampler)
+POWERS = 256
 _U64 = (1 << 64) - 1
 _UINT32 = np.dtype(np.uint32)
 
@@ -130,17 +132,18 @@ class PrioritizedSampler(Sampler):
         self.sums, self.mm, self.leaves, self._leaves_raw = new_tree(capacity, allocator)
         self.trees = (self.sums, self.mm, self.leaves)
         self.v8 = allocator.zeros(capacity, np.uint8)
+        self._powers = allocator.zeros(POWERS, np.float32)  # the update's leaves, a chunk at a time
         self.ring = capacity  # rows per lap of the ring (a shard's, in a shared buffer)
 
     def plan(self, capacity: int) -> dict:
         from ...kernels._tree import tree_nbytes
 
-        return {"trees": tree_nbytes(capacity), "bookkeeping": capacity}
+        return {"trees": tree_nbytes(capacity), "bookkeeping": capacity + 4 * POWERS}
 
     @property
     def nbytes(self) -> dict:
         return {"trees": int(self.sums.nbytes + self.mm.nbytes + self._leaves_raw.nbytes),
-                "bookkeeping": int(self.v8.nbytes)}
+                "bookkeeping": int(self.v8.nbytes + self._powers.nbytes)}
 
     @property
     def version(self) -> np.ndarray:
@@ -277,7 +280,7 @@ class PrioritizedSampler(Sampler):
             versions = versions.astype(np.uint32)  # e.g. uint64 from ray: epoch << 8 | count
         got = self._update(self.sums, self.mm, self.leaves, self.v8, idx, p, versions, check,
                            self._epoch_of(self.sums, self.ring), n, self.p_low, self.p_high,
-                           self.eps, self.alpha)
+                           self.eps, self.alpha, self._powers)
         if got == 0:
             return
         from ...kernels._tree import BAD_PRIORITY, BAD_SLOT
