@@ -377,7 +377,8 @@ def test_checkpoint_loads_onto_the_chosen_allocator(handle, tmp_path):
     got = tfdata.PrioritizedReplayBuffer.load(tmp_path / "ck", allocator=handle)
     assert handle.stats()["live_bytes"] == got.nbytes
     np.testing.assert_array_equal(got.sample(8).indices, buf.sample(8).indices)
-    # 16 rows: 768 B of rows, 80 of episode numbers and 8-bit versions, 160 of trees (<= 1 KiB)
+    # 16 rows: 768 B of rows, 80 of episode numbers and 8-bit versions, 160 of trees and 4 of
+    # the update's scratch (<= 1 KiB)
     with pytest.raises(tfdata.MemoryBudgetError, match="largest capacity that fits is 16"):  # not a bad file
         tfdata.PrioritizedReplayBuffer.load(tmp_path / "ck", memory_budget="1k")
 

@@ -129,8 +129,9 @@ def test_budget_counts_trees_and_rings(shm_dir):
             SharedWriter(buf.name, 0) as w:
         parts = buf.nbytes_parts
         # float32 leaves (one block of alignment slack), float64 sums and float32 min/max over
-        # the 64 blocks of 16 leaves
-        assert parts["shared_region"] == buf.nbytes and parts["trees"] == 4 * (1024 + 16) + 2 * 64 * 16
+        # the 64 blocks of 16 leaves, and the update's float32 scratch, one value per block
+        assert parts["shared_region"] == buf.nbytes
+        assert parts["trees"] == 4 * (1024 + 16) + 2 * 64 * 16 + 4 * 64
         w.extend(random_rows(SPEC, 1024, np.random.default_rng(0)))
         buf.sample(16)
         assert buf.nbytes_parts["output_rings"] > 0

@@ -14,7 +14,8 @@ from . import Sampler, StateError, config_keys, config_value, shown, state_int, 
 OPTIONS = ("alpha", "beta", "beta_final", "beta_steps", "eps")
 #: the keys of its state beyond the RNG position
 STATE_KEYS = ("alpha", "eps", "samples", "leaves", "versions")
-#: leaves whose powers one update computes together (float32 scratch of the sampler)
+#: most leaves whose powers one update computes together (float32 scratch of the sampler: one
+#: value per block of 16 leaves up to this, so a small tree's stays small)
 POWERS = 256
 _U64 = (1 << 64) - 1
 _UINT32 = np.dtype(np.uint32)
@@ -111,6 +112,11 @@ class PrioritizedSampler(Sampler):
 
         return leaves_of(capacity)
 
+    def powers_of(self, capacity: int) -> int:
+        """Length of the scratch in which an update computes its leaves' powers, a chunk at a
+        time: one value per block of 16 leaves, at most :data:`POWERS`."""
+        return min(POWERS, self.leaves_of(capacity) // 16)
+
     def bounds(self, capacity: int):
         """``(low, high, max_leaf)``: the accepted priorities and the largest leaf, or None
         when no priority gives a leaf in range (imports numba's kernels module)."""
@@ -132,18 +138,19 @@ class PrioritizedSampler(Sampler):
         self.sums, self.mm, self.leaves, self._leaves_raw = new_tree(capacity, allocator)
         self.trees = (self.sums, self.mm, self.leaves)
         self.v8 = allocator.zeros(capacity, np.uint8)
-        self._powers = allocator.zeros(POWERS, np.float32)  # the update's leaves, a chunk at a time
+        self._powers = allocator.zeros(self.powers_of(capacity), np.float32)
         self.ring = capacity  # rows per lap of the ring (a shard's, in a shared buffer)
 
     def plan(self, capacity: int) -> dict:
         from ...kernels._tree import tree_nbytes
 
-        return {"trees": tree_nbytes(capacity), "bookkeeping": capacity + 4 * POWERS}
+        return {"trees": tree_nbytes(capacity) + 4 * self.powers_of(capacity), "bookkeeping": capacity}
 
     @property
     def nbytes(self) -> dict:
-        return {"trees": int(self.sums.nbytes + self.mm.nbytes + self._leaves_raw.nbytes),
-                "bookkeeping": int(self.v8.nbytes + self._powers.nbytes)}
+        return {"trees": int(self.sums.nbytes + self.mm.nbytes + self._leaves_raw.nbytes
+                             + self._powers.nbytes),
+                "bookkeeping": int(self.v8.nbytes)}
 
     @property
     def version(self) -> np.ndarray:
