@@ -18,6 +18,8 @@ computes ``x ** y`` where it returned NaN: about 0.6% of the values.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -53,6 +55,18 @@ X_LOW, X_HIGH = 2.0 ** -1000, 2.0 ** 1000
 Y_MAX = 8.0
 A_LOW, A_HIGH = 2.0 ** -120, 2.0 ** 120
 _NAN32 = np.float32(np.nan)
+#: the polynomials' coefficients, highest power first: 2 / (2j + 1) of s**2j for log(m) / s,
+#: j = 9..0; 1 / j! of r**j for exp(r), j = 13..0
+_LOG = tuple(2.0 / j for j in range(19, 0, -2))
+_EXP = tuple(1.0 / math.factorial(j) for j in range(13, -1, -1))
+
+
+@njit(**INLINE_OPTIONS)
+def _horner(x, coeffs):
+    p = coeffs[0]
+    for c in coeffs[1:]:
+        p = p * x + c
+    return p
 
 
 #: relative error of :func:`power` for x in [X_LOW, X_HIGH], |y| <= Y_MAX and a result in
@@ -71,34 +85,12 @@ def power(x, y):
     # log(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716: terms to s**19
     s = (m - 1.0) / (m + 1.0)
     z = s * s
-    p = 2.0 / 19.0
-    p = p * z + 2.0 / 17.0
-    p = p * z + 2.0 / 15.0
-    p = p * z + 2.0 / 13.0
-    p = p * z + 2.0 / 11.0
-    p = p * z + 2.0 / 9.0
-    p = p * z + 2.0 / 7.0
-    p = p * z + 2.0 / 5.0
-    p = p * z + 2.0 / 3.0
-    p = p * z + 2.0
+    p = _horner(z, _LOG)
     t = y * (s * p + np.float64(k) * _LN2)
     # exp(t) = 2**n exp(r), |r| <= ln(2) / 2: Taylor terms to r**13
     n = np.floor(t * _INV_LN2 + 0.5)
     r = t - n * _LN2
-    q = 1.0 / 6227020800.0
-    q = q * r + 1.0 / 479001600.0
-    q = q * r + 1.0 / 39916800.0
-    q = q * r + 1.0 / 3628800.0
-    q = q * r + 1.0 / 362880.0
-    q = q * r + 1.0 / 40320.0
-    q = q * r + 1.0 / 5040.0
-    q = q * r + 1.0 / 720.0
-    q = q * r + 1.0 / 120.0
-    q = q * r + 1.0 / 24.0
-    q = q * r + 1.0 / 6.0
-    q = q * r + 0.5
-    q = q * r + 1.0
-    q = q * r + 1.0
+    q = _horner(r, _EXP)
     n = min(max(n, -1000.0), 1000.0)  # the shift below stays defined; such a result is refused
     return _float(_bits(q) + (np.int64(n) << 52))
 
